@@ -1,0 +1,58 @@
+"""`strata`: the entry point. Subcommands are imported lazily, so `strata plan` and
+`strata synth` start without importing numba or touching CUDA."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from strata import __version__
+from strata.errors import StrataError
+
+# name -> one-line help. Each name is a module strata.cli.<name> with
+# `add_arguments(parser)` and `run(args) -> int`; its heavy imports live inside run().
+COMMANDS: dict[str, str] = {
+    "generate": "generate text from a prompt (CPU or GPU backend)",
+    "plan": "print the VRAM plan for a model and GPU(s) without loading anything",
+    "synth": "write a synthetic GGUF model of a real shape (for tests and benchmarks)",
+    "bench": "measure prefill and decode speed against their bounds",
+}
+
+
+def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
+    parser = argparse.ArgumentParser(
+        prog="strata",
+        description="Run Mixture-of-Experts GGUF models on GPUs smaller than the model.",
+    )
+    parser.add_argument("--version", action="version", version=f"strata {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only the chosen subcommand's module is imported
+            module = importlib.import_module(f"strata.cli.{name}")
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    return parser, chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser, chosen = _parser_for(argv)
+    args = parser.parse_args(argv)
+    if chosen is None or not hasattr(args, "_run"):
+        parser.print_help()
+        return 0 if chosen is None else 1
+    try:
+        return int(args._run(args) or 0)
+    except StrataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

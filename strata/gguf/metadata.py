@@ -1,0 +1,86 @@
+"""Typed access to a GGUF file's key/value metadata, with errors that name the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType
+
+from strata.gguf.errors import MissingKeyError
+
+_INT_TYPES = {
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+}
+_FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+
+
+class Metadata:
+    """The metadata of one file. Values are decoded on first use; arrays stay numpy where numeric."""
+
+    def __init__(self, path: str, fields: dict[str, Any]):
+        self.path = path
+        self._fields = fields  # name -> gguf ReaderField
+        self._cache: dict[str, Any] = {}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._fields
+
+    def keys(self) -> list[str]:
+        return [k for k in self._fields if not k.startswith("GGUF.")]
+
+    def _field(self, key: str):
+        f = self._fields.get(key)
+        if f is None:
+            raise MissingKeyError(self.path, f"missing metadata key {key!r}")
+        return f
+
+    def value(self, key: str) -> Any:
+        """The decoded value: int, float, bool, str, or a list / numpy array for arrays."""
+        if key in self._cache:
+            return self._cache[key]
+        f = self._field(key)
+        t = f.types[0]
+        if t == GGUFValueType.ARRAY:
+            sub = f.types[-1] if len(f.types) > 1 else None
+            if sub == GGUFValueType.STRING:
+                v: Any = [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
+            else:
+                v = np.concatenate([np.asarray(f.parts[i]) for i in f.data]) if f.data else np.zeros(0)
+        elif t == GGUFValueType.STRING:
+            v = bytes(f.parts[-1]).decode("utf-8", errors="replace")
+        else:
+            v = f.parts[-1][0].item()
+        self._cache[key] = v
+        return v
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.value(key) if key in self._fields else default
+
+    def int(self, key: str, default: int | None = None) -> int:
+        if key not in self._fields and default is not None:
+            return default
+        f = self._field(key)
+        if f.types[0] not in _INT_TYPES:
+            raise MissingKeyError(self.path, f"metadata key {key!r} should be an integer, "
+                                             f"found {f.types[0].name}")
+        return int(self.value(key))
+
+    def float(self, key: str, default: float | None = None) -> float:
+        if key not in self._fields and default is not None:
+            return default
+        f = self._field(key)
+        if f.types[0] not in _FLOAT_TYPES | _INT_TYPES:
+            raise MissingKeyError(self.path, f"metadata key {key!r} should be a number, "
+                                             f"found {f.types[0].name}")
+        return float(self.value(key))
+
+    def str(self, key: str, default: str | None = None) -> str:
+        if key not in self._fields and default is not None:
+            return default
+        f = self._field(key)
+        if f.types[0] != GGUFValueType.STRING:
+            raise MissingKeyError(self.path, f"metadata key {key!r} should be a string, "
+                                             f"found {f.types[0].name}")
+        return self.value(key)

@@ -1,0 +1,1 @@
+"""GGML quant formats on the host: the type table and dequantization."""

@@ -1,0 +1,43 @@
+"""Test-wide settings.
+
+Kernels run in numba's CUDA simulator unless STRATA_TEST_GPU=1 asks for the real GPU: the choice
+must be made before numba.cuda is first imported, so it is made here, once per test process.
+Tests marked `gpu` need the real device and skip cleanly elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+USE_REAL_GPU = os.environ.get("STRATA_TEST_GPU") == "1"
+if not USE_REAL_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def _real_gpu_present() -> bool:
+    if not USE_REAL_GPU:
+        return False
+    try:
+        from numba import cuda
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _real_gpu_present():
+        return
+    why = ("needs a CUDA GPU: run with STRATA_TEST_GPU=1 on a machine that has one"
+           if not USE_REAL_GPU else "STRATA_TEST_GPU=1 but numba sees no CUDA GPU")
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tmp_models(tmp_path_factory):
+    """A per-session folder for GGUF files the tests write."""
+    return tmp_path_factory.mktemp("models")
