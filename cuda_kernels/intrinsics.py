@@ -1,0 +1,288 @@
+"""Low-level device helpers the kernels share: typed loads from byte buffers, bit casts, dp4a,
+warp reductions.
+
+Each helper has two bodies with one meaning. On a GPU (or when compiling PTX) they are numba
+intrinsics that emit the exact instruction (a 4-byte load, `cvt.f32.f16`, `dp4a`, a 16-byte
+`ld.global.nc.v4.u32`, warp shuffles). Under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, the
+CI test mode) intrinsics cannot run, so each is a plain Python function computing the same value;
+the simulator has no warp shuffles at all, so the warp reductions are emulated with a per-block
+scratch and the simulator's barrier. Integer helpers return values that never rely on wrapping, so
+Python ints (simulator) and numba's int64 arithmetic (GPU) agree.
+
+Contract for the emulated warp helpers: every live thread of the block calls them the same number of
+times (the kernels keep reductions out of divergent branches).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import cuda, config
+
+SIMULATED = bool(config.ENABLE_CUDASIM)
+FULL_MASK = 0xFFFFFFFF
+
+__all__ = [
+    "SIMULATED", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "h2f", "u2f", "f2u",
+    "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax",
+]
+
+
+if SIMULATED:
+
+    def ld_u8(a, off):
+        """Byte `off` of a uint8 array as an int."""
+        return int(a[off])
+
+    def ld_u16(a, off):
+        """Little-endian u16 at byte `off` (2-aligned on the GPU)."""
+        return int(a[off]) | (int(a[off + 1]) << 8)
+
+    def ld_u32(a, off):
+        """Little-endian u32 at byte `off` (4-aligned on the GPU)."""
+        return (int(a[off]) | (int(a[off + 1]) << 8) | (int(a[off + 2]) << 16)
+                | (int(a[off + 3]) << 24))
+
+    def ld_u32_any(a, off):
+        """Little-endian u32 at any byte offset (two aligned loads and a funnel shift on the GPU)."""
+        return ld_u32(a, off)
+
+    def ld_nc_u32x4(a, off):
+        """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
+        return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
+
+    def ld_x4(x, i):
+        """x[i:i+4] of a float32 or float16 array as four float32 (i a multiple of 4)."""
+        return (np.float32(x[i]), np.float32(x[i + 1]), np.float32(x[i + 2]), np.float32(x[i + 3]))
+
+    def h2f(bits):
+        """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
+        return np.float32(np.array([int(bits) & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
+
+    def u2f(bits):
+        """The float32 whose bit pattern is `bits`."""
+        return np.array([int(bits) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+    def f2u(x):
+        """The bit pattern of float32 `x` as an int."""
+        return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+
+    def dp4a(a, b, c):
+        """c + the dot product of the four signed bytes of a and of b."""
+        va = np.array([int(a) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
+        vb = np.array([int(b) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
+        return int(c) + int((va * vb).sum())
+
+    def _warp_gather(v):
+        """Every lane's `v` of the caller's warp, in lane order (simulator only)."""
+        t = threading.current_thread()
+        mgr = t._manager
+        store = mgr.__dict__.setdefault("_strata_warp", {})
+        seq = t.__dict__.get("_strata_seq", 0)
+        t._strata_seq = seq + 1
+        store[(seq, t.thread_id)] = v
+        t.syncthreads()
+        warp0 = t.thread_id - t.thread_id % 32
+        vals = [store[(seq, w)] for w in range(warp0, warp0 + 32) if (seq, w) in store]
+        t.syncthreads()
+        store.pop((seq, t.thread_id), None)
+        return vals
+
+    def warp_sum(v):
+        """Sum of `v` over the warp, in every lane."""
+        vals = _warp_gather(v)
+        s = vals[0]
+        for x in vals[1:]:
+            s = s + x
+        return s
+
+    def warp_max(v):
+        """Max of `v` over the warp, in every lane."""
+        return max(_warp_gather(v))
+
+    def warp_bcast(v, lane):
+        """Lane `lane`'s `v`, in every lane."""
+        return _warp_gather(v)[lane]
+
+    def warp_argmax(v, i):
+        """(max v, its i) over the warp, ties to the smaller i, in every lane."""
+        pairs = _warp_gather((v, i))
+        best = pairs[0]
+        for p in pairs[1:]:
+            if p[0] > best[0] or (p[0] == best[0] and p[1] < best[1]):
+                best = p
+        return best
+
+else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+    def _byte_ptr(context, builder, aryty, ary, off):
+        data = context.make_array(aryty)(context, builder, value=ary).data
+        off64 = builder.sext(off, _I64) if off.type.width < 64 else off
+        return builder.gep(builder.bitcast(data, _I8.as_pointer()), [off64])
+
+    def _loader(width, align):
+        llty = ir.IntType(width)
+        nbty = {16: types.uint16, 32: types.uint32}[width]
+
+        @intrinsic
+        def load(typingctx, a, off):
+            if not (isinstance(a, types.Array) and isinstance(off, types.Integer)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+                return builder.load(builder.bitcast(ptr, llty.as_pointer()), align=align)
+            return nbty(a, off), codegen
+        return load
+
+    _ld_u16 = _loader(16, 2)
+    _ld_u32 = _loader(32, 4)
+
+    @intrinsic
+    def _fshr(typingctx, lo, hi, s):
+        # (hi:lo) >> s, low word; the NVVM front end rejects llvm.fshr, so the PTX is written out.
+        def codegen(context, builder, sig, args):
+            vals = [builder.trunc(v, _I32) if v.type.width > 32 else v for v in args]
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32] * 3),
+                               "shf.r.clamp.b32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, vals)
+        return types.uint32(lo, hi, s), codegen
+
+    @intrinsic
+    def ld_nc_u32x4(typingctx, a, off):
+        """Four u32 at a 16-aligned byte offset, one `ld.global.nc.v4.u32`."""
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, sig, args):
+            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            addr = builder.ptrtoint(ptr, _I64)
+            sty = ir.LiteralStructType([_I32] * 4)
+            asm = ir.InlineAsm(
+                ir.FunctionType(sty, [_I64]),
+                "{ .reg .u64 g; cvta.to.global.u64 g, $4; ld.global.nc.v4.u32 {$0,$1,$2,$3}, [g]; }",
+                "=r,=r,=r,=r,l")
+            res = builder.call(asm, [addr])
+            vals = [builder.extract_value(res, i) for i in range(4)]
+            return context.make_tuple(builder, ret, vals)
+        return ret(a, off), codegen
+
+    @intrinsic
+    def ld_x4(typingctx, x, i):
+        """x[i:i+4] of a float32 (16-aligned) or float16 (8-aligned) array as four float32."""
+        if not (isinstance(x, types.Array) and x.dtype in (types.float32, types.float16)):
+            return None
+        ret = types.UniTuple(types.float32, 4)
+        is_half = x.dtype == types.float16
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+            elt = ir.HalfType() if is_half else ir.FloatType()
+            vty = ir.VectorType(elt, 4)
+            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+            vec = builder.load(ptr, align=8 if is_half else 16)
+            vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(4)]
+            if is_half:
+                vals = [builder.fpext(v, ir.FloatType()) for v in vals]
+            return context.make_tuple(builder, ret, vals)
+        return ret(x, i), codegen
+
+    @intrinsic
+    def h2f(typingctx, bits):
+        """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
+        def codegen(context, builder, sig, args):
+            v = args[0]
+            v = builder.trunc(v, _I16) if v.type.width > 16 else v
+            return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def u2f(typingctx, bits):
+        """The float32 whose bit pattern is `bits`."""
+        def codegen(context, builder, sig, args):
+            v = args[0]
+            v = builder.trunc(v, _I32) if v.type.width > 32 else v
+            return builder.bitcast(v, ir.FloatType())
+        return types.float32(bits), codegen
+
+    @intrinsic
+    def f2u(typingctx, x):
+        """The bit pattern of float32 `x`."""
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], _I32)
+        return types.uint32(types.float32), codegen
+
+    @intrinsic
+    def _dp4a(typingctx, a, b, c):
+        def codegen(context, builder, sig, args):
+            vals = [builder.trunc(v, _I32) if v.type.width > 32 else v for v in args]
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32] * 3),
+                               "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r")
+            return builder.call(asm, vals)
+        return types.int32(a, b, c), codegen
+
+    @cuda.jit(device=True, inline="always")
+    def ld_u8(a, off):
+        return np.int32(a[off])
+
+    @cuda.jit(device=True, inline="always")
+    def ld_u16(a, off):
+        return _ld_u16(a, off)
+
+    @cuda.jit(device=True, inline="always")
+    def ld_u32(a, off):
+        return _ld_u32(a, off)
+
+    @cuda.jit(device=True, inline="always")
+    def ld_u32_any(a, off):
+        base = off & ~3
+        return _fshr(_ld_u32(a, base), _ld_u32(a, base + 4), (off & 3) * 8)
+
+    @cuda.jit(device=True, inline="always")
+    def dp4a(a, b, c):
+        return _dp4a(a, b, c)
+
+    @cuda.jit(device=True, inline="always")
+    def warp_sum(v):
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 16)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 8)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 4)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        return v
+
+    @cuda.jit(device=True, inline="always")
+    def warp_max(v):
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 16))
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 8))
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 4))
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
+        return v
+
+    @cuda.jit(device=True, inline="always")
+    def warp_bcast(v, lane):
+        return cuda.shfl_sync(FULL_MASK, v, lane)
+
+    @cuda.jit(device=True, inline="always")
+    def _argmax_step(v, i, off):
+        ov = cuda.shfl_xor_sync(FULL_MASK, v, off)
+        oi = cuda.shfl_xor_sync(FULL_MASK, i, off)
+        if ov > v or (ov == v and oi < i):
+            return ov, oi
+        return v, i
+
+    @cuda.jit(device=True, inline="always")
+    def warp_argmax(v, i):
+        v, i = _argmax_step(v, i, 16)
+        v, i = _argmax_step(v, i, 8)
+        v, i = _argmax_step(v, i, 4)
+        v, i = _argmax_step(v, i, 2)
+        v, i = _argmax_step(v, i, 1)
+        return v, i

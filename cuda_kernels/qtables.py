@@ -1,0 +1,35 @@
+"""Lookup tables of the GGML formats, built once at import from gguf-py's own tables (a runtime
+dependency: its grids are data, read here, never re-typed).
+
+Device code reads them with `cuda.const.array_like(...)`, so each kernel specialization embeds only
+the tables its format uses (the largest, IQ2_S's grid, is 8 KiB of the 64 KiB constant bank).
+Grid rows are packed little-endian: a 4-value IQ3 row is one u32, an 8-value IQ2 row two u32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+
+
+def _packed_grid(cls) -> np.ndarray:
+    cls.init_grid()
+    n_rows, n_cols = cls.grid_shape
+    vals = np.asarray(cls.grid, dtype=np.float32).reshape(n_rows, n_cols)
+    as_bytes = vals.astype(np.uint8)  # grid values are small positive integers
+    if not np.array_equal(as_bytes.astype(np.float32), vals):
+        raise ValueError(f"{cls.__name__}: grid values are not bytes")
+    return np.ascontiguousarray(as_bytes).view(np.uint32).reshape(n_rows, n_cols // 4).copy()
+
+
+GRID_IQ2_XXS = _packed_grid(quants.IQ2_XXS)  # [256, 2] u32: 8 magnitudes per row
+GRID_IQ2_XS = _packed_grid(quants.IQ2_XS)    # [512, 2] u32
+GRID_IQ2_S = _packed_grid(quants.IQ2_S)      # [1024, 2] u32
+GRID_IQ3_XXS = _packed_grid(quants.IQ3_XXS)[:, 0].copy()  # [256] u32: 4 magnitudes per row
+GRID_IQ3_S = _packed_grid(quants.IQ3_S)[:, 0].copy()      # [512] u32
+
+# [128] u8: 7 stored sign bits -> 8 sign bits (the 8th makes the count of negatives even)
+KSIGNS = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8).copy()
+
+KVALUES_IQ4NL = np.array(quants.IQ4_NL.kvalues, dtype=np.float32)  # [16] non-linear 4-bit levels
+KVALUES_MXFP4 = np.array(quants.MXFP4.kvalues, dtype=np.float32)   # [16] e2m1 levels, doubled

@@ -1,0 +1,50 @@
+"""Random valid quantized rows for kernel tests: random bytes with every fp16 scale field (and
+MXFP4's exponent byte) overwritten by a finite value, so gguf-py's `dequantize` is finite and
+serves as the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+# byte offsets of the fp16 scale fields inside one block
+_F16_FIELDS = {
+    T.Q8_0: (0,), T.Q4_0: (0,), T.Q5_0: (0,), T.IQ4_NL: (0,), T.Q4_1: (0, 2), T.Q5_1: (0, 2),
+    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+    T.IQ4_XS: (0,), T.IQ3_S: (0,), T.IQ3_XXS: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,),
+    T.IQ2_S: (0,),
+}
+
+
+def _own_random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
+    block_values, block_bytes = GGML_QUANT_SIZES[t]
+    if t in (T.F32, T.F16, T.BF16):
+        vals = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+        if t == T.F32:
+            return vals.view(np.uint8).copy()
+        if t == T.F16:
+            return vals.astype(np.float16).view(np.uint8).copy()
+        return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).copy()
+    n_blocks = n_rows * n_cols // block_values
+    raw = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    if t == T.MXFP4:
+        raw[:, 0] = rng.integers(118, 130, size=n_blocks)
+    for off in _F16_FIELDS.get(t, ()):
+        mag = rng.uniform(0.25, 1.0, size=n_blocks) * 2.0 ** -5
+        sign = np.where(rng.random(n_blocks) < 0.5, -1.0, 1.0)
+        raw[:, off:off + 2] = (mag * sign).astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(n_rows, -1)
+
+
+def random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[n_rows, row_bytes] uint8 rows of `n_cols` values in a valid random encoding."""
+    t = T(int(ggml_type))
+    return _own_random_rows(t, n_rows, n_cols, rng)
+
+
+def reference(ggml_type, rows: np.ndarray, n_cols: int) -> np.ndarray:
+    """gguf-py's dequantization of [n_rows, row_bytes] rows, float64 [n_rows, n_cols]."""
+    t = T(int(ggml_type))
+    out = dequantize(np.ascontiguousarray(rows), t)
+    return np.asarray(out, dtype=np.float64).reshape(rows.shape[0], n_cols)
