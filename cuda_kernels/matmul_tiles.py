@@ -1,0 +1,357 @@
+"""Tiled GEMM kernels over quantized weights: out[r, n] = sum_k x[row(r), k] * W[n, k].
+
+W is stored in a GGML format, one row per output feature, each group's (expert's) matrix at its
+own byte offset of one uint8 buffer. A block computes a BM x BN output tile: per step of 32 k
+values it dequantizes the BN weight rows' next 32 values into shared memory (the format's `dq32`
+decoder) and stages the BM activation rows, then multiplies the two tiles.
+
+Two bodies share the tile machinery:
+* tensor cores (`tc_kernel`): tiles held as f16 pairs, warps issue `mma.sync.m16n8k16` with f32
+  accumulators, two shared-memory buffers so one barrier per k step suffices;
+* FMA (`fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback path.
+
+Row modes, fixed when a kernel is built:
+* grouped: the block's row tile comes from the routing schedule (tile_group, tile_m0, n_tiles);
+  rows of group g are positions group_off[g]:group_off[g+1]; else dense rows 0..n_rows.
+* gather: the activation row of position p is token perm[p] // k_top (the MoE gate/up input),
+  else row p itself.
+* swiglu: the tile's columns pair gate rows (base0) with up rows (base1) of the same feature and
+  the epilogue writes silu(gate) * up; else plain columns of one matrix (base0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from numba import cuda, float32, int64, uint32
+
+from .mma import mma_16816, pack_half2
+
+K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
+
+
+@dataclass(frozen=True, slots=True)
+class TcTile:
+    """Tensor-core tile: BM x BN per block, warps_m x warps_n warps of (bm/warps_m) x (bn/warps_n)."""
+
+    bm: int
+    bn: int
+    warps_m: int
+    warps_n: int
+
+    def __post_init__(self):
+        wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
+        if min(self.bm, self.bn, self.warps_m, self.warps_n) < 1 or wtm % 16 or wtn % 16 \
+                or wtm * self.warps_m != self.bm or wtn * self.warps_n != self.bn:
+            raise ValueError(f"bad tensor-core tile {self}: warp tiles must be 16-row multiples "
+                             "by 16-column multiples and divide the block tile")
+        if (self.bm * 16) % self.threads or self.threads % 16:
+            raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads")
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+
+@dataclass(frozen=True, slots=True)
+class FmaTile:
+    """FMA tile: BM x BN per block, threads_m x threads_n threads of (bm/tm) x (bn/tn) outputs."""
+
+    bm: int
+    bn: int
+    threads_m: int
+    threads_n: int
+
+    def __post_init__(self):
+        if min(self.bm, self.bn, self.threads_m, self.threads_n) < 1 \
+                or self.bm % self.threads_m or self.bn % self.threads_n \
+                or (self.bn // self.threads_n) % 2 or self.threads % 32 \
+                or (self.bm * K_STEP) % self.threads:
+            raise ValueError(f"bad FMA tile {self}: thread counts must divide the tile, "
+                             "columns per thread be even and threads whole warps")
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+
+TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4)
+FMA_TILE = FmaTile(bm=64, bn=64, threads_m=16, threads_n=16)
+
+
+@cuda.jit(device=True, inline="always")
+def silu_mul(gate, up):
+    """silu(gate) * up = gate * sigmoid(gate) * up (exp overflow for very negative gate gives -0)."""
+    return gate / (float32(1.0) + math.exp(-gate)) * up
+
+
+def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, swiglu: bool,
+              out_half: bool):
+    """Build the tensor-core GEMM kernel for one weight decoder and one set of modes.
+
+    Kernel arguments: (x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
+    tile_group, tile_m0, n_tiles, n_rows, out); x is u32 pairs of f16 ([n, k/2]) when `x_half`
+    else f32 [n, k]; out is u32 pairs of f16 ([rows, n_out/2]) when `out_half` else f32.
+    """
+    BM, BN, WN = tile.bm, tile.bn, tile.warps_n
+    NTHREADS = tile.threads
+    WTM, WTN = tile.bm // tile.warps_m, tile.bn // tile.warps_n
+    MT, NT = WTM // 16, WTN // 8
+    HALF_NT, HALF_WTN = NT // 2, WTN // 2
+    SA = 20  # u32 words per shared row: 16 f16 pairs + 4 pad, so fragment reads hit 32 banks
+    WORDS_A, WORDS_B = BM * SA, BN * SA
+    A_ITERS, ROW_STEP = BM * 16 // NTHREADS, NTHREADS // 16
+    B_ITERS = (BN + NTHREADS - 1) // NTHREADS
+    N_ACC = MT * NT * 4
+    COLS = BN // 2 if swiglu else BN  # output features per block
+    # array sizes must be plain constants for numba's typing, not expressions
+    SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
+
+    @cuda.jit(device=True, inline="always")
+    def load_a(x, arow, sA, buf, kt, tid):
+        aw = tid % 16
+        for i in range(A_ITERS):
+            r = tid // 16 + i * ROW_STEP
+            src = arow[i]
+            word = uint32(0)
+            if src >= 0:
+                if x_half:
+                    word = uint32(x[src, kt * 16 + aw])
+                else:
+                    word = pack_half2(x[src, kt * 32 + 2 * aw], x[src, kt * 32 + 2 * aw + 1])
+            sA[buf * WORDS_A + r * SA + aw] = word
+
+    @cuda.jit(device=True, inline="always")
+    def load_b(wbuf, boff, vals, sB, buf, kt, tid):
+        for i in range(B_ITERS):
+            r = tid + i * NTHREADS
+            if r < BN:
+                dst = buf * WORDS_B + r * SA
+                if boff[i] >= 0:
+                    dq32(wbuf, boff[i], kt, vals, 0)
+                    for w in range(16):
+                        sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
+                else:
+                    for w in range(16):
+                        sB[dst + w] = uint32(0)
+
+    @cuda.jit(device=True, inline="always")
+    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
+        g, t = lane >> 2, lane & 3
+        for kk in range(2):
+            for mt in range(MT):
+                ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
+                afr[mt * 4 + 0] = sA[ra]
+                afr[mt * 4 + 1] = sA[ra + 8 * SA]
+                afr[mt * 4 + 2] = sA[ra + 4]
+                afr[mt * 4 + 3] = sA[ra + 8 * SA + 4]
+            for nt in range(NT):
+                rb = buf * WORDS_B + (wn * WTN + nt * 8 + g) * SA + kk * 8 + t
+                bfr[nt * 2] = sB[rb]
+                bfr[nt * 2 + 1] = sB[rb + 4]
+            for mt in range(MT):
+                for nt in range(NT):
+                    c = (mt * NT + nt) * 4
+                    d = mma_16816(afr[mt * 4], afr[mt * 4 + 1], afr[mt * 4 + 2], afr[mt * 4 + 3],
+                                  bfr[nt * 2], bfr[nt * 2 + 1],
+                                  acc[c], acc[c + 1], acc[c + 2], acc[c + 3])
+                    acc[c] = d[0]
+                    acc[c + 1] = d[1]
+                    acc[c + 2] = d[2]
+                    acc[c + 3] = d[3]
+
+    @cuda.jit(device=True, inline="always")
+    def store_pair(out, pos, col, n_out, v0, v1):
+        if out_half:
+            if col < n_out:
+                out[pos, col // 2] = pack_half2(v0, v1)
+        else:
+            if col < n_out:
+                out[pos, col] = v0
+            if col + 1 < n_out:
+                out[pos, col + 1] = v1
+
+    @cuda.jit(device=True, inline="always")
+    def epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane):
+        g, t = lane >> 2, lane & 3
+        for mt in range(MT):
+            for h in range(2):
+                m = m0 + wm * WTM + mt * 16 + g + 8 * h
+                if m < count:
+                    pos = row0 + m
+                    if swiglu:
+                        for nt in range(HALF_NT):
+                            cg = (mt * NT + nt) * 4 + 2 * h
+                            cu = (mt * NT + nt + HALF_NT) * 4 + 2 * h
+                            col = nb * COLS + wn * HALF_WTN + nt * 8 + 2 * t
+                            store_pair(out, pos, col, n_out, silu_mul(acc[cg], acc[cu]),
+                                       silu_mul(acc[cg + 1], acc[cu + 1]))
+                    else:
+                        for nt in range(NT):
+                            c = (mt * NT + nt) * 4 + 2 * h
+                            col = nb * COLS + wn * WTN + nt * 8 + 2 * t
+                            store_pair(out, pos, col, n_out, acc[c], acc[c + 1])
+
+    @cuda.jit(device=True, inline="always")
+    def weight_row(r, nb):
+        """(feature, which matrix) of tile row r: swiglu pairs gate and up within each warp."""
+        if swiglu:
+            within = r % WTN
+            return nb * COLS + (r // WTN) * HALF_WTN + within % HALF_WTN, within >= HALF_WTN
+        return nb * COLS + r, False
+
+    @cuda.jit
+    def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
+               tile_group, tile_m0, n_tiles, n_rows, out):
+        tid = cuda.threadIdx.x
+        nb = cuda.blockIdx.x
+        slot = cuda.blockIdx.y
+        if grouped:
+            if slot >= n_tiles[0]:
+                return
+            grp = tile_group[slot]
+            m0 = tile_m0[slot]
+            row0 = group_off[grp]
+            count = group_off[grp + 1] - row0
+        else:
+            grp = 0
+            m0 = slot * BM
+            row0 = 0
+            count = n_rows
+        sA = cuda.shared.array(SH_A, uint32)
+        sB = cuda.shared.array(SH_B, uint32)
+        vals = cuda.local.array(K_STEP, float32)
+        acc = cuda.local.array(N_ACC, float32)
+        afr = cuda.local.array(N_AFR, uint32)
+        bfr = cuda.local.array(N_BFR, uint32)
+        arow = cuda.local.array(A_ITERS, int64)
+        boff = cuda.local.array(B_ITERS, int64)
+        for i in range(N_ACC):
+            acc[i] = float32(0.0)
+        for i in range(A_ITERS):
+            m = m0 + tid // 16 + i * ROW_STEP
+            arow[i] = -1
+            if m < count:
+                arow[i] = perm[row0 + m] // k_top if gather else row0 + m
+        for i in range(B_ITERS):
+            f, second = weight_row(tid + i * NTHREADS, nb)
+            base = base1[grp] if second else base0[grp]
+            boff[i] = base + f * row_bytes if f < n_out else -1
+        warp, lane = tid // 32, tid % 32
+        wm, wn = warp // WN, warp % WN
+        for kt in range(k_dim // K_STEP):
+            buf = kt & 1  # two buffers: the buffer written now was last read two steps ago
+            load_a(x, arow, sA, buf, kt, tid)
+            load_b(wbuf, boff, vals, sB, buf, kt, tid)
+            cuda.syncthreads()
+            mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
+        epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
+
+    return kernel
+
+
+def fma_kernel(dq32, *, tile: FmaTile, grouped: bool, gather: bool, swiglu: bool):
+    """Build the f32 FMA GEMM kernel (same arguments as `tc_kernel`; x f32 or f16, out f32)."""
+    BM, BN, TX, TY = tile.bm, tile.bn, tile.threads_n, tile.threads_m
+    NTHREADS = tile.threads
+    TM, TN = BM // TY, BN // TX
+    HALF_TN = TN // 2
+    SK = K_STEP + 1  # padded shared row: column reads by consecutive threads hit distinct banks
+    A_ITERS, ROW_STEP = BM * K_STEP // NTHREADS, NTHREADS // K_STEP
+    B_ITERS = (BN + NTHREADS - 1) // NTHREADS
+    COLS = BN // 2 if swiglu else BN
+    SH_A, SH_B, N_ACC = BM * SK, BN * SK, TM * TN
+
+    @cuda.jit
+    def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
+               tile_group, tile_m0, n_tiles, n_rows, out):
+        tid = cuda.threadIdx.x
+        nb = cuda.blockIdx.x
+        slot = cuda.blockIdx.y
+        if grouped:
+            if slot >= n_tiles[0]:
+                return
+            grp = tile_group[slot]
+            m0 = tile_m0[slot]
+            row0 = group_off[grp]
+            count = group_off[grp + 1] - row0
+        else:
+            grp = 0
+            m0 = slot * BM
+            row0 = 0
+            count = n_rows
+        sA = cuda.shared.array(SH_A, float32)
+        sB = cuda.shared.array(SH_B, float32)
+        acc = cuda.local.array(N_ACC, float32)
+        a = cuda.local.array(TM, float32)
+        b = cuda.local.array(TN, float32)
+        arow = cuda.local.array(A_ITERS, int64)
+        boff = cuda.local.array(B_ITERS, int64)
+        for i in range(N_ACC):
+            acc[i] = float32(0.0)
+        for i in range(A_ITERS):
+            m = m0 + tid // K_STEP + i * ROW_STEP
+            arow[i] = -1
+            if m < count:
+                arow[i] = perm[row0 + m] // k_top if gather else row0 + m
+        for i in range(B_ITERS):
+            r = tid + i * NTHREADS
+            if swiglu:
+                second = r >= COLS
+                f = nb * COLS + (r - COLS if second else r)
+            else:
+                second = False
+                f = nb * COLS + r
+            base = base1[grp] if second else base0[grp]
+            boff[i] = base + f * row_bytes if f < n_out else -1
+        tx, ty = tid % TX, tid // TX
+        ac = tid % K_STEP
+        for kt in range(k_dim // K_STEP):
+            for i in range(A_ITERS):
+                r = tid // K_STEP + i * ROW_STEP
+                v = float32(0.0)
+                if arow[i] >= 0:
+                    v = float32(x[arow[i], kt * K_STEP + ac])
+                sA[r * SK + ac] = v
+            for i in range(B_ITERS):
+                r = tid + i * NTHREADS
+                if r < BN:
+                    if boff[i] >= 0:
+                        dq32(wbuf, boff[i], kt, sB, r * SK)
+                    else:
+                        for w in range(K_STEP):
+                            sB[r * SK + w] = float32(0.0)
+            cuda.syncthreads()
+            for kk in range(K_STEP):
+                for i in range(TM):
+                    a[i] = sA[(ty + i * TY) * SK + kk]
+                for j in range(TN):
+                    b[j] = sB[(tx + j * TX) * SK + kk]
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i * TN + j] += a[i] * b[j]
+            cuda.syncthreads()
+        for i in range(TM):
+            m = m0 + ty + i * TY
+            if m < count:
+                pos = row0 + m
+                if swiglu:
+                    for j in range(HALF_TN):
+                        col = nb * COLS + tx + j * TX
+                        if col < n_out:
+                            out[pos, col] = silu_mul(acc[i * TN + j], acc[i * TN + j + HALF_TN])
+                else:
+                    for j in range(TN):
+                        col = nb * COLS + tx + j * TX
+                        if col < n_out:
+                            out[pos, col] = acc[i * TN + j]
+
+    return kernel
+
+
+def n_col_blocks(n_out: int, block_cols: int, swiglu: bool) -> int:
+    """Blocks along the output features: a swiglu tile of BN columns makes BN/2 features."""
+    return math.ceil(n_out / (block_cols // 2 if swiglu else block_cols))
+
+
