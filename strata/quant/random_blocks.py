@@ -77,39 +77,58 @@ def _calibration(name: str) -> tuple[float, float]:
     return float(m_ratio), float((x + m_ratio * y).std())
 
 
-def _fill_f16_scales(blocks: np.ndarray, name: str, scale: np.ndarray, rng) -> None:
+def _fp16_bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).astype("<f2").view("<u2")
+
+
+def _fill_f16_scales(blocks: np.ndarray, name: str, scale, rng) -> None:
+    """Set the fp16 fields; `scale` is one number or one per block ([n_blocks] f64)."""
     d_offs, m_offs = _F16_FIELDS[name]
     m_ratio, unit_std = _calibration(name)
-    k = scale / unit_std  # [n_blocks] f64
+    k = np.asarray(scale, dtype=np.float64) / unit_std
     if np.any(k * max(1.0, abs(m_ratio)) > _F16_MAX):
-        raise ValueError(f"{name}: scale {scale.max():g} needs an fp16 scale field past "
+        raise ValueError(f"{name}: scale {np.max(scale):g} needs an fp16 scale field past "
                          f"{_F16_MAX:g}")
-    # A random sign per block (d and m flip together) keeps the mean at zero over blocks.
-    sign = np.where(_random_bytes(rng, len(blocks)) & 1, -1.0, 1.0)  # [n_blocks]
-    d = (sign * k).astype(np.float16).view(np.uint8).reshape(-1, 2)  # [n_blocks, 2] u8
-    m = (sign * k * m_ratio).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    # A random sign per block (d and m flip together) keeps the mean at zero over blocks; it is
+    # flipped in the fp16 bits, so a uniform scale is converted once, not per block.
+    sign = (_random_bytes(rng, len(blocks)) & 1).astype("<u2") << 15  # [n_blocks] u16
+    d = (_fp16_bits(k) ^ sign).view(np.uint8).reshape(-1, 2)  # [n_blocks, 2] u8
+    m = (_fp16_bits(k * m_ratio) ^ sign).view(np.uint8).reshape(-1, 2)
     for o in d_offs:
         blocks[:, o:o + 2] = d
     for o in m_offs:
         blocks[:, o:o + 2] = m
 
 
-def _fill_e8m0_scale(blocks: np.ndarray, name: str, scale: np.ndarray) -> None:
+def _fill_e8m0_scale(blocks: np.ndarray, name: str, scale) -> None:
     # E8M0 byte e >= 2 scales the doubled E2M1 values by 2**(e - 128); their std is ~5.4.
     unit_std = float(np.std(gguf_quants.MXFP4.kvalues))
     with np.errstate(divide="ignore"):
-        e = np.rint(np.log2(scale / unit_std)) + 128
+        e = np.rint(np.log2(np.asarray(scale, dtype=np.float64) / unit_std)) + 128
     blocks[:, _E8M0_FIELD[name]] = np.clip(e, 2, 254).astype(np.uint8)
 
 
-def _random_quant_blocks(q: QuantType, scale: np.ndarray, rng) -> np.ndarray:
-    n_blocks = len(scale)
+def _random_quant_blocks(q: QuantType, n_blocks: int, scale, rng) -> np.ndarray:
     blocks = _random_bytes(rng, n_blocks * q.block_bytes).reshape(n_blocks, q.block_bytes)
     if q.name in _E8M0_FIELD:
         _fill_e8m0_scale(blocks, q.name, scale)
     else:
         _fill_f16_scales(blocks, q.name, scale, rng)
     return blocks  # [n_blocks, block_bytes] u8
+
+
+def _uniform(rng: np.random.Generator, n_values: int, scale: float) -> np.ndarray:
+    """n_values uniform on [-sqrt(3), sqrt(3)) * scale (mean 0, std scale) from raw random bits:
+    several times faster than normal samples, and a weight's distribution does not matter."""
+    bits = _random_bytes(rng, 4 * n_values).view("<u4")  # [n_values] u32
+    np.right_shift(bits, 8, out=bits)  # 24 random bits: exact in float32
+    out = np.empty(n_values, dtype=np.float32)  # [n_values] f32
+    np.copyto(out, bits, casting="unsafe")
+    # In place: a fresh array per step costs a page fault per 4 KiB, which dominates here.
+    out *= np.float32(2.0 ** -24)
+    out -= np.float32(0.5)
+    out *= np.float32(2.0 * np.sqrt(3.0) * scale)
+    return out
 
 
 def _check_scale(scale: float) -> float:
@@ -125,7 +144,7 @@ def random_blocks(ggml_type: int | str, n_blocks: int, rng: np.random.Generator,
     type's block is one value).
 
     Dequantized, the values are finite with mean ~0 and standard deviation ~`scale` (within a
-    small factor: the random sub-scales of K- and i-quants spread it). Float types are normal
+    small factor: the random sub-scales of K- and i-quants spread it). Float types hold uniform
     samples of that deviation.
     """
     q = _check_type(ggml_type)
@@ -133,9 +152,9 @@ def random_blocks(ggml_type: int | str, n_blocks: int, rng: np.random.Generator,
     if n_blocks < 0:
         raise ValueError(f"n_blocks must be >= 0, got {n_blocks}")
     if q.ggml_type in FLOAT_VALUE_DECODERS:
-        values = rng.standard_normal(n_blocks, dtype=np.float32) * np.float32(scale)
+        values = _uniform(rng, n_blocks, scale)  # [n_blocks] f32: one value per block
         return quantize_rows(values, q.ggml_type, rng).reshape(n_blocks, q.block_bytes)
-    return _random_quant_blocks(q, np.full(n_blocks, scale), rng)
+    return _random_quant_blocks(q, n_blocks, scale, rng)
 
 
 def quantize_rows(values: np.ndarray, ggml_type: int | str,
@@ -162,5 +181,5 @@ def quantize_rows(values: np.ndarray, ggml_type: int | str,
             raise ValueError(f"{q.name}: values must be finite")
         n_per_row = rows.shape[1] // q.block_size
         scale = np.repeat(rows.std(axis=1, dtype=np.float64), n_per_row)  # [n_blocks] f64
-        out = _random_quant_blocks(q, scale, rng).reshape(rows.shape[0], row_bytes)
+        out = _random_quant_blocks(q, len(scale), scale, rng).reshape(rows.shape[0], row_bytes)
     return out.reshape(row_bytes) if values.ndim == 1 else out
