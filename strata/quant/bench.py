@@ -45,8 +45,10 @@ def measure(name: str, ggml_type: int, *, n_input_bytes: int, repeat: int) -> di
     t_one = _best_seconds(lambda: decode_blocks(ggml_type, raw, 0, out, 0, n_blocks), repeat)
     return {
         "format": name, "input_bytes": int(raw.nbytes), "n_values": int(n_values),
-        "dequantize_gb_s_in": raw.nbytes / t_all / 1e9, "dequantize_gvalues_s": n_values / t_all / 1e9,
-        "one_thread_gb_s_in": raw.nbytes / t_one / 1e9, "one_thread_gvalues_s": n_values / t_one / 1e9,
+        "dequantize_gb_s_in": raw.nbytes / t_all / 1e9,
+        "dequantize_gvalues_s": n_values / t_all / 1e9,
+        "one_thread_gb_s_in": raw.nbytes / t_one / 1e9,
+        "one_thread_gvalues_s": n_values / t_one / 1e9,
     }
 
 

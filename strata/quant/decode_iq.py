@@ -21,7 +21,7 @@ F32 = np.float32
 
 @njit(cache=True)
 def _put8(dst, at, db, grid, idx, signs):
-    """Write 8 values db * grid[U(idx), U(t)], negated where bit t of `signs` is set."""
+    """Write 8 values db * grid[idx, t], negated where bit t of `signs` is set."""
     for t in range(8):
         v = db * grid[U(idx), U(t)]
         dst[U(at + t)] = -v if (signs >> t) & 1 else v
@@ -29,7 +29,7 @@ def _put8(dst, at, db, grid, idx, signs):
 
 @njit(cache=True)
 def _put4(dst, at, db, grid, idx, signs, first_bit):
-    """Write 4 values db * grid[U(idx), U(t)], with signs from bits first_bit.. of `signs`."""
+    """Write 4 values db * grid[idx, t], with signs from bits first_bit.. of `signs`."""
     for t in range(4):
         v = db * grid[U(idx), U(t)]
         dst[U(at + t)] = -v if (signs >> (first_bit + t)) & 1 else v

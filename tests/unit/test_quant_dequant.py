@@ -127,7 +127,9 @@ def test_dequantize_tensor_from_a_model_file(tmp_path):
     gate = random_blocks("Q8_0", 4 * 32 * 64 // 32, rng).reshape(4, 32, 2 * 34)
     down = random_blocks("IQ4_NL", 4 * 64 * 32 // 32, rng).reshape(4, 64, 18)
     path = ggufmake.write(tmp_path / "m.gguf", retype={
-        "blk.0.ffn_gate_exps.weight": (T.Q8_0, gate), "blk.1.ffn_down_exps.weight": (T.IQ4_NL, down)})
+        "blk.0.ffn_gate_exps.weight": (T.Q8_0, gate),
+        "blk.1.ffn_down_exps.weight": (T.IQ4_NL, down),
+    })
     mf = open_model(path)
     got = dequantize_tensor(mf, "blk.0.ffn_gate_exps.weight")
     assert got.shape == (c["n_expert"], c["n_ff"], c["n_embd"])
