@@ -1,0 +1,46 @@
+"""`strata serve`: an OpenAI- and Anthropic-compatible HTTP endpoint for one model."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    # Every default is None: the config file fills what the command line leaves out, and
+    # ServeConfig holds the real defaults once.
+    p.add_argument("-m", "--model", help="the GGUF model file")
+    p.add_argument("--config", metavar="FILE.json",
+                   help="a JSON object of these knobs (keys as the long options; the command "
+                        "line wins)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, help="TCP port (default 8080; 0 picks a free one)")
+    p.add_argument("--backend", help="engine backend: auto, cuda or cpu (default cpu)")
+    p.add_argument("--api-key", dest="api_key",
+                   help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
+                        "(or set STRATA_API_KEY)")
+    p.add_argument("--model-name", dest="model_name",
+                   help="the model id clients send (default: the file name without .gguf)")
+    p.add_argument("--alias", dest="aliases", action="append", metavar="NAME",
+                   help="another model id accepted for this model (repeatable)")
+    p.add_argument("--batch", type=int,
+                   help="sequences decoded together, one slot each (default 1)")
+    p.add_argument("--max-context", dest="max_context", type=int,
+                   help="tokens of context per sequence (default: the engine's)")
+    p.add_argument("--max-queue", dest="max_queue", type=int,
+                   help="requests that may wait for a slot before a 503 (default 256)")
+    p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int,
+                   help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--max-tokens-limit", dest="max_tokens_limit", type=int,
+                   help="upper bound on any request's max_tokens (default: the context left)")
+    p.add_argument("--chat-template", dest="chat_template", metavar="FILE",
+                   help="a Jinja chat template to use instead of the model file's")
+    p.add_argument("--log-level", dest="log_level",
+                   choices=("critical", "error", "warning", "info", "debug"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.serve.config import build_config
+    from strata.serve.server import run_server
+
+    cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "config"}
+    return run_server(build_config(cli, args.config))

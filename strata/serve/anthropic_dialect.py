@@ -1,0 +1,124 @@
+"""The Anthropic dialect: `POST /v1/messages` (and `/v1/messages/count_tokens`).
+
+Responses are `message` objects with `text` and `tool_use` content blocks; a stream is the
+event sequence of the official API: `message_start`, `ping`, then per block
+`content_block_start` / `content_block_delta`* / `content_block_stop`, then `message_delta`
+(stop reason and output tokens) and `message_stop`. Errors are
+``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from strata.serve.anthropic_request import parse_messages
+from strata.serve.chat import prepare_chat
+from strata.serve.errors import ApiError, error_types
+from strata.serve.fields import Fields
+from strata.serve.generation import Generation
+from strata.serve.job import FinishEvent
+from strata.serve.sse import event_stream, sse, unless_disconnected
+from strata.serve.state import ServerState
+from strata.serve.tools import ToolCall
+
+
+def error_body(err: ApiError) -> dict:
+    return {"type": "error", "error": {"type": error_types(err.status)[1], "message": err.message}}
+
+
+def stop_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:
+    if finish.reason == "length":
+        return "max_tokens"
+    if finish.stop_sequence is not None:
+        return "stop_sequence"
+    return "tool_use" if calls else "end_turn"
+
+
+def usage(finish: FinishEvent) -> dict:
+    return {"input_tokens": finish.n_prompt, "output_tokens": finish.n_completion,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def _tool_use(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+
+
+async def messages(request: Request, state: ServerState, body: dict) -> Response:
+    req = parse_messages(Fields(body), state)
+    prepared = prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+    gen = Generation(state.worker, prepared, id_prefix="toolu_")
+    mid = f"msg_{secrets.token_hex(12)}"
+    if req.stream:
+        return event_stream(_events(gen, mid, state.model.name), gen.cancel, prepared.headers)
+    content: list[dict] = []
+    async def collect() -> None:
+        async for item in gen.items():
+            if isinstance(item, ToolCall):
+                content.append(_tool_use(item))
+            elif content and content[-1]["type"] == "text":
+                content[-1]["text"] += item
+            else:
+                content.append({"type": "text", "text": item})
+    await unless_disconnected(request, collect(), gen.cancel)
+    if gen.finish.reason == "error":
+        raise ApiError(500, f"generation failed: {gen.finish.error}")
+    return JSONResponse({
+        "id": mid, "type": "message", "role": "assistant", "model": state.model.name,
+        "content": content, "stop_reason": stop_reason(gen.finish, gen.tool_calls),
+        "stop_sequence": gen.finish.stop_sequence, "usage": usage(gen.finish),
+    }, headers=prepared.headers)
+
+
+async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]:
+    n_prompt = len(gen.prepared.prompt)
+    yield sse({"type": "message_start", "message": {
+        "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": n_prompt, "output_tokens": 0,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}},
+        "message_start")
+    yield sse({"type": "ping"}, "ping")
+    index, open_text = -1, False
+    async for item in gen.items():
+        if isinstance(item, ToolCall):
+            if open_text:
+                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                open_text = False
+            index += 1
+            start = {**_tool_use(item), "input": {}}
+            yield sse({"type": "content_block_start", "index": index, "content_block": start},
+                      "content_block_start")
+            yield sse({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "input_json_delta", "partial_json": item.arguments_json}},
+                      "content_block_delta")
+            yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+            continue
+        if not open_text:
+            index += 1
+            open_text = True
+            yield sse({"type": "content_block_start", "index": index,
+                       "content_block": {"type": "text", "text": ""}}, "content_block_start")
+        yield sse({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "text_delta", "text": item}}, "content_block_delta")
+    if gen.finish.reason == "error":
+        yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")), "error")
+        return
+    if open_text:
+        yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+    yield sse({"type": "message_delta",
+               "delta": {"stop_reason": stop_reason(gen.finish, gen.tool_calls),
+                         "stop_sequence": gen.finish.stop_sequence},
+               "usage": {"output_tokens": gen.finish.n_completion}}, "message_delta")
+    yield sse({"type": "message_stop"}, "message_stop")
+
+
+async def count_tokens(request: Request, state: ServerState, body: dict) -> Response:
+    """`/v1/messages/count_tokens`: the prompt's length through the chat template."""
+    req = parse_messages(Fields(body), state, counting=True)
+    text = state.model.render_chat(list(req.chat.messages),
+                                   list(req.chat.tools) if req.chat.tools else None)
+    return JSONResponse({"input_tokens": len(state.model.encode(text))})

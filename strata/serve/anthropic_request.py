@@ -1,0 +1,180 @@
+"""Reading Anthropic Messages request bodies into a `ChatInput`.
+
+Content blocks map onto template messages: text joins into the message's content, `tool_use`
+becomes an assistant tool call, each `tool_result` a `tool` message, `thinking` the assistant's
+`reasoning_content`. A block this model cannot take — an image or document, inside a
+`tool_result` or not — is a 400 naming the block's path; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.serve.chat import ChatInput
+from strata.serve.errors import bad_request
+from strata.serve.fields import Fields, join
+
+MAX_STOPS = 16
+_NOT_TEXT = ("image", "document", "search_result", "container_upload")
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesRequest:
+    chat: ChatInput
+    stream: bool
+
+
+def _refuse_block(kind: str, path: str) -> None:
+    if kind in _NOT_TEXT:
+        raise bad_request(f"{path} is an {kind!r} block, but this model takes text only: "
+                          f"remove the block or serve a model that accepts it", path)
+    raise bad_request(f"{join(path, 'type')}: content block type {kind!r} is not supported here",
+                      join(path, "type"))
+
+
+def _text_blocks(value: Any, path: str) -> str:
+    """A string, or an array of text blocks joined; any other block is refused by path."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{path}: expected a string or an array of content blocks", path)
+    texts = []
+    for j, raw in enumerate(value):
+        b = Fields(raw, join(path, j))
+        kind = b.str("type", required=True)
+        if kind != "text":
+            _refuse_block(kind, join(path, j))
+        texts.append(b.str("text", required=True))
+    return "".join(texts)
+
+
+def _tool_result(b: Fields) -> dict:
+    content = b.raw("content")
+    text = "" if content is None else _text_blocks(content, b.where("content"))
+    if b.bool("is_error"):
+        text = f"Error: {text}" if text else "Error"
+    return {"role": "tool", "content": text, "tool_call_id": b.str("tool_use_id", required=True)}
+
+
+def _user(m: Fields, out: list[dict]) -> None:
+    content = m.raw("content", required=True)
+    if isinstance(content, str):
+        out.append({"role": "user", "content": content})
+        return
+    if not isinstance(content, list):
+        raise bad_request(f"{m.where('content')}: expected a string or an array of content "
+                          f"blocks", m.where("content"))
+    texts: list[str] = []
+    for j, raw in enumerate(content):
+        b = Fields(raw, join(m.where("content"), j))
+        kind = b.str("type", required=True)
+        if kind == "text":
+            texts.append(b.str("text", required=True))
+        elif kind == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": "".join(texts)})
+                texts = []
+            out.append(_tool_result(b))
+        else:
+            _refuse_block(kind, b.path)
+    if texts or not content:
+        out.append({"role": "user", "content": "".join(texts)})
+
+
+def _assistant(m: Fields, out: list[dict]) -> None:
+    content = m.raw("content", required=True)
+    if isinstance(content, str):
+        out.append({"role": "assistant", "content": content})
+        return
+    if not isinstance(content, list):
+        raise bad_request(f"{m.where('content')}: expected a string or an array of content "
+                          f"blocks", m.where("content"))
+    texts, calls, thinking = [], [], []
+    for j, raw in enumerate(content):
+        b = Fields(raw, join(m.where("content"), j))
+        kind = b.str("type", required=True)
+        if kind == "text":
+            texts.append(b.str("text", required=True))
+        elif kind == "tool_use":
+            args = b.obj_at("input", required=True)
+            calls.append({"type": "function", "id": b.str("id", required=True),
+                          "function": {"name": b.str("name", required=True, non_empty=True),
+                                       "arguments": args.obj}})
+        elif kind == "thinking":
+            thinking.append(b.str("thinking", required=True))
+        elif kind == "redacted_thinking":
+            raise bad_request(f"{b.path}: a redacted_thinking block cannot be read by this model",
+                              b.path)
+        else:
+            _refuse_block(kind, b.path)
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
+    out.append(msg)
+
+
+def _tools(f: Fields) -> tuple[list[dict], str]:
+    tools = []
+    for j, raw in enumerate(f.list("tools") or []):
+        t = Fields(raw, join("tools", j))
+        kind = t.str("type", default="custom")
+        if kind != "custom":
+            raise bad_request(f"tools[{j}].type: server tool {kind!r} is not available here; "
+                              f"only client tools (with input_schema) are", f"tools[{j}].type")
+        schema = t.obj_at("input_schema", required=True)
+        tools.append({"type": "function", "function": {
+            "name": t.str("name", required=True, non_empty=True),
+            "description": t.str("description", default=""), "parameters": schema.obj}})
+    c = f.obj_at("tool_choice")
+    if c is None:
+        return tools, "auto"
+    kind = c.str("type", required=True, choices=("auto", "any", "tool", "none"))
+    if kind in ("any", "tool") and not tools:
+        raise bad_request(f"tool_choice: {kind!r} needs at least one tool", "tool_choice")
+    if kind == "tool":
+        name = c.str("name", required=True)
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice.name: {name!r} is not among the tools",
+                              "tool_choice.name")
+        return tools, name
+    return tools, {"any": "required"}.get(kind, kind)
+
+
+def _stops(f: Fields) -> tuple[str, ...]:
+    stops = f.list("stop_sequences") or []
+    for j, s in enumerate(stops):
+        if not isinstance(s, str) or not s:
+            raise bad_request(f"stop_sequences[{j}]: expected a non-empty string",
+                              f"stop_sequences[{j}]")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"stop_sequences: at most {MAX_STOPS}, got {len(stops)}",
+                          "stop_sequences")
+    return tuple(stops)
+
+
+def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesRequest:
+    """The request as a `ChatInput`; `counting` (count_tokens) makes max_tokens optional."""
+    state.check_model(f.str("model", required=True))
+    max_tokens = f.int("max_tokens", required=not counting, minimum=1)
+    messages: list[dict] = []
+    if f.has("system"):
+        messages.append({"role": "system", "content": _text_blocks(f.raw("system"), "system")})
+    raw = f.list("messages", required=True, non_empty=True)
+    for i, item in enumerate(raw):
+        m = Fields(item, join("messages", i))
+        role = m.str("role", required=True, choices=("user", "assistant"))
+        (_user if role == "user" else _assistant)(m, messages)
+    thinking = f.obj_at("thinking")
+    if thinking is not None and thinking.str("type", required=True) != "disabled":
+        raise bad_request("thinking: extended-thinking budgets are not supported; leave it out",
+                          "thinking.type")
+    tools, choice = _tools(f)
+    chat = ChatInput(
+        messages=tuple(messages), tools=tuple(tools), tool_choice=choice, max_tokens=max_tokens,
+        temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
+        top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
+        top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f))
+    return MessagesRequest(chat=chat, stream=f.bool("stream"))

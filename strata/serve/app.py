@@ -1,0 +1,175 @@
+"""The HTTP application: one route table, one error wrapper, auth, bounded bodies.
+
+Every route goes through `_endpoint`, which checks the API key, reads the body under the size
+limit, parses JSON, runs the handler, and turns any failure into the route's dialect error
+shape: an `ApiError` keeps its 4xx/5xx, anything else is logged and becomes a 500. Handlers
+never touch the engine: they queue jobs for the one worker thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from strata.serve import anthropic_dialect, openai_dialect
+from strata.serve.errors import ApiError
+from strata.serve.fields import parse_json
+from strata.serve.openapi import build_schema
+from strata.serve.sse import ClientGone
+from strata.serve.state import ServerState
+
+log = logging.getLogger("strata.serve")
+STATIC_DIR = Path(__file__).parent / "static"
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _dialect_of(path: str) -> str:
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def error_response(path: str, err: ApiError) -> JSONResponse:
+    """The error in the shape the route's clients parse."""
+    render = (anthropic_dialect.error_body if _dialect_of(path) == "anthropic"
+              else openai_dialect.error_body)
+    headers = dict(err.headers)
+    if err.status == 401:
+        headers.setdefault("www-authenticate", "Bearer")
+    return JSONResponse(render(err), status_code=err.status, headers=headers)
+
+
+def check_auth(request: Request, api_key: str | None) -> None:
+    """`Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant time."""
+    if api_key is None:
+        return
+    given = request.headers.get("x-api-key")
+    auth = request.headers.get("authorization", "")
+    if given is None and auth[:7].lower() == "bearer ":
+        given = auth[7:].strip()
+    if given is None:
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
+    if not hmac.compare_digest(given.encode(), api_key.encode()):
+        raise ApiError(401, "invalid API key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with a 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {int(declared):,} bytes; the limit is "
+                            f"{limit:,} (--max-body-bytes)")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit:,} bytes "
+                                f"(--max-body-bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+Handler = Callable[..., Awaitable[Response]]
+
+
+class Server:
+    """Builds the Starlette app around a `ServerState`."""
+
+    def __init__(self, state: ServerState, *, api_key: str | None, max_body_bytes: int):
+        if max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
+        self.state = state
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    def _endpoint(self, handler: Handler, *, body: bool, auth: bool = True):
+        async def endpoint(request: Request) -> Response:
+            path = request.url.path
+            try:
+                if auth:
+                    check_auth(request, self.api_key)
+                if body:
+                    data = parse_json(await read_body(request, self.max_body_bytes))
+                    response = await handler(request, self.state, data)
+                else:
+                    response = await handler(request, self.state)
+            except ApiError as e:
+                response = error_response(path, e)
+            except ClientGone:
+                response = Response(status_code=499)  # nobody is left to read it
+            except Exception as e:
+                log.exception("unhandled error on %s %s", request.method, path)
+                response = error_response(path, ApiError(
+                    500, f"internal server error ({type(e).__name__}: {e}); see the server log"))
+            self.state.metrics.record_request(path, response.status_code)
+            return response
+        return endpoint
+
+    def routes(self) -> list:
+        e = self._endpoint
+        return [
+            Route("/v1/models", e(openai_dialect.list_models, body=False), methods=["GET"]),
+            Route("/v1/chat/completions", e(openai_dialect.chat_completions, body=True),
+                  methods=["POST"]),
+            Route("/v1/completions", e(openai_dialect.completions, body=True), methods=["POST"]),
+            Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
+            Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
+                  methods=["POST"]),
+            Route("/health", e(health, body=False, auth=False), methods=["GET"]),
+            Route("/metrics", e(metrics, body=False), methods=["GET"]),
+            Route("/monitor.json", e(monitor, body=False), methods=["GET"]),
+            Route("/openapi.json", e(openapi, body=False, auth=False), methods=["GET"]),
+            Route("/", index, methods=["GET"]),
+            Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
+        ]
+
+    def app(self) -> Starlette:
+        async def http_error(request: Request, exc: HTTPException) -> Response:
+            path = request.url.path
+            if exc.status_code == 404:
+                msg = f"no route {path!r}; see /openapi.json for the routes"
+            elif exc.status_code == 405:
+                msg = f"{request.method} is not allowed on {path}"
+            else:
+                msg = str(exc.detail)
+            response = error_response(path, ApiError(exc.status_code, msg))
+            self.state.metrics.record_request("(unrouted)", response.status_code)
+            return response
+
+        return Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error})
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+
+async def health(request: Request, state: ServerState) -> Response:
+    alive = state.worker.alive
+    body = {"status": "ok" if alive else "engine worker stopped", "model": state.model.name,
+            **state.metrics.snapshot()}
+    return JSONResponse(body, status_code=200 if alive else 503)
+
+
+async def metrics(request: Request, state: ServerState) -> Response:
+    return PlainTextResponse(state.metrics.render(state.devices()), media_type=PROMETHEUS_TYPE)
+
+
+async def monitor(request: Request, state: ServerState) -> Response:
+    """Everything the monitor page draws, in one JSON document."""
+    return JSONResponse({
+        "model": state.model.name, "max_context": state.model.max_context,
+        "plan": state.plan_summary, "metrics": state.metrics.snapshot(),
+        "devices": [dataclasses.asdict(d) for d in state.devices()],
+    })
+
+
+async def openapi(request: Request, state: ServerState) -> Response:
+    return JSONResponse(build_schema(state.model.name, (state.model.name, *state.model.aliases)))

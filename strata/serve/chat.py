@@ -1,0 +1,91 @@
+"""`ChatInput`: a chat request in one form, whichever dialect it came in; `prepare_chat` turns
+it into prompt tokens through the model's own chat template.
+
+Messages follow the form chat templates read: ``{"role": "system"|"user"|"assistant"|"tool",
+"content": str}``, an assistant's calls as ``tool_calls=[{"type": "function", "function":
+{"name", "arguments": dict}}]``, and tools as ``{"type": "function", "function": {"name",
+"description", "parameters"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from strata.serve.generation import Prepared, fit_max_tokens
+from strata.serve.job import Sampling
+from strata.serve.tools import OPEN_TAG
+
+TOOL_CHOICES = ("auto", "none", "required")
+
+
+class ChatModel(Protocol):
+    max_context: int
+    tool_calls_parsed: bool  # the template's tool-call format is one we parse back
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChatInput:
+    """A validated chat request. `tool_choice` is "auto", "none", "required" or a tool's name
+    (that tool must be called)."""
+
+    messages: tuple[dict, ...]
+    tools: tuple[dict, ...] = ()
+    tool_choice: str = "auto"
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.messages:
+            raise ValueError("a chat needs at least one message")
+        names = {t["function"]["name"] for t in self.tools}
+        if self.tool_choice not in TOOL_CHOICES and self.tool_choice not in names:
+            raise ValueError(f"tool_choice names {self.tool_choice!r}, which is not among the "
+                             f"tools ({', '.join(sorted(names)) or 'none given'})")
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                        top_k=self.top_k, seed=self.seed, stop=self.stop)
+
+
+def forced_prefix(tool_choice: str) -> str:
+    """Assistant text that makes a `<tool_call>` model call a tool (any, or the named one):
+    the start of the call is written for it and it continues from there."""
+    if tool_choice == "required":
+        return OPEN_TAG + "\n"
+    if tool_choice in ("auto", "none"):
+        return ""
+    return OPEN_TAG + "\n" + '{"name": ' + json.dumps(tool_choice) + ', "arguments": '
+
+
+def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Prepared:
+    """Render, tokenize, clamp max_tokens to the room left: the request as the worker runs it."""
+    use_tools = bool(chat.tools) and chat.tool_choice != "none"
+    text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None)
+    prefix = forced_prefix(chat.tool_choice) if use_tools and model.tool_calls_parsed else ""
+    prompt = model.encode(text + prefix)
+    max_tokens = fit_max_tokens(len(prompt), chat.max_tokens, max_context=model.max_context,
+                                limit=limit)
+    return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens),
+                    requested_max_tokens=chat.max_tokens,
+                    parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix)
+
+
+def tool_arguments(value: Any) -> Any:
+    """An assistant call's arguments as the template wants them: a dict when they are JSON."""
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        return parsed if isinstance(parsed, dict) else value
+    return value

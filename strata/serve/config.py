@@ -1,0 +1,141 @@
+"""`ServeConfig`: every knob of `strata serve`, from defaults, a JSON file, and the command line.
+
+The config file is one JSON object whose keys are the long option names, with `_` or `-`
+(``{"model": "m.gguf", "port": 8080, "batch": 4, "api_key": "..."}``). The command line wins
+over the file, the file over the defaults. An unknown key or a wrong type is an error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from strata.errors import StrataError
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+
+
+class ServeConfigError(StrataError):
+    """A bad knob: in the config file or on the command line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """The server's knobs. `model` is the GGUF path; `batch` is how many sequences decode
+    together (one slot each); `max_context` caps each sequence (None: the engine's default)."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    backend: str = "cpu"
+    api_key: str | None = None
+    model_name: str | None = None
+    aliases: tuple[str, ...] = ()
+    batch: int = 1
+    max_context: int | None = None
+    max_queue: int = 256
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_tokens_limit: int | None = None
+    chat_template: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ServeConfigError("model: a GGUF file is required (-m FILE)")
+        if not 0 <= self.port <= 65535:
+            raise ServeConfigError(f"port: {self.port} is not a TCP port (0-65535; 0 picks one)")
+        if self.batch < 1:
+            raise ServeConfigError(f"batch: must be at least 1, got {self.batch}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ServeConfigError(f"max_context: must be at least 2, got {self.max_context}")
+        if self.max_queue < 1:
+            raise ServeConfigError(f"max_queue: must be at least 1, got {self.max_queue}")
+        if self.max_body_bytes < 1024:
+            raise ServeConfigError(f"max_body_bytes: must be at least 1024, got "
+                                   f"{self.max_body_bytes}")
+        if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
+            raise ServeConfigError(f"max_tokens_limit: must be at least 1, got "
+                                   f"{self.max_tokens_limit}")
+        if self.api_key is not None and not self.api_key:
+            raise ServeConfigError("api_key: must not be empty (leave it out to disable auth)")
+        if self.log_level not in ("critical", "error", "warning", "info", "debug"):
+            raise ServeConfigError(f"log_level: {self.log_level!r} is not one of critical, "
+                                   f"error, warning, info, debug")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _field_types() -> dict[str, Any]:
+    return {f.name: f.type for f in fields(ServeConfig)}
+
+
+def _check_type(key: str, value: Any, declared: str) -> Any:
+    if value is None:
+        if "None" not in declared:
+            raise ServeConfigError(f"{key}: must not be null")
+        return None
+    if declared.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ServeConfigError(f"{key}: expected an integer, got {value!r}")
+    elif declared.startswith("str"):
+        if not isinstance(value, str):
+            raise ServeConfigError(f"{key}: expected a string, got {value!r}")
+    elif declared.startswith("tuple"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ServeConfigError(f"{key}: expected an array of strings, got {value!r}")
+        return tuple(value)
+    return value
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The knobs in a JSON config file, keys normalised to field names and types checked."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ServeConfigError(f"config file {str(p)!r}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServeConfigError(f"config file {str(p)!r} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ServeConfigError(f"config file {str(p)!r}: expected a JSON object of knobs")
+    types = _field_types()
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in types:
+            raise ServeConfigError(f"config file {str(p)!r}: unknown knob {key!r} (known: "
+                                   f"{', '.join(sorted(types))})")
+        out[name] = _check_type(name, value, str(types[name]))
+    if "model" in out and out["model"] and not Path(out["model"]).is_absolute():
+        out["model"] = str((p.parent / out["model"]).resolve())  # relative to the file
+    return out
+
+
+def build_config(cli: dict[str, Any], config_file: str | None) -> ServeConfig:
+    """Defaults, then the file's knobs, then every CLI value that was given (not None)."""
+    merged: dict[str, Any] = read_config_file(config_file) if config_file else {}
+    for key, value in cli.items():
+        if value is not None and key in _field_types():
+            merged[key] = tuple(value) if isinstance(value, list) else value
+    if merged.get("api_key") is None and os.environ.get("STRATA_API_KEY"):
+        merged["api_key"] = os.environ["STRATA_API_KEY"]
+    if not merged.get("model"):
+        raise ServeConfigError("model: a GGUF file is required (-m FILE, or \"model\" in "
+                               "the config file)")
+    return ServeConfig(**merged)
+
+
+def as_dict(config: ServeConfig) -> dict[str, Any]:
+    """The knobs as a config file would hold them (the API key masked)."""
+    d = dataclasses.asdict(config)
+    if d["api_key"] is not None:
+        d["api_key"] = "***"
+    d["aliases"] = list(d["aliases"])
+    return d

@@ -1,0 +1,161 @@
+"""`Fields`: typed reads from a request's JSON object, each failure a 400 naming the field.
+
+Both dialects validate through this one reader, so every wrong type, missing key or
+out-of-range value gets the same kind of message: ``max_tokens: expected an integer, got
+string``, with `param` set to the field's dotted path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from strata.serve.errors import ApiError, bad_request
+
+_MISSING = object()
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; a 400 for anything else (NaN and Infinity included)."""
+    if not body:
+        raise bad_request("the request body is empty: expected a JSON object")
+    try:
+        value = json.loads(body, parse_constant=_reject_constant)
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not UTF-8 ({e.reason})") from e
+    except (json.JSONDecodeError, ValueError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_type_name(value)}")
+    return value
+
+
+def join(path: str, key: str | int) -> str:
+    """The dotted path of a child: ``join("messages", 2)`` is ``messages[2]``."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+class Fields:
+    """One JSON object of the request, read by key with type checks."""
+
+    def __init__(self, obj: Any, path: str = ""):
+        if not isinstance(obj, dict):
+            where = path or "the request body"
+            raise bad_request(f"{where}: expected an object, got {_type_name(obj)}", path or None)
+        self.obj = obj
+        self.path = path
+
+    def where(self, key: str) -> str:
+        return join(self.path, key)
+
+    def _fail(self, key: str, expected: str, value: Any) -> ApiError:
+        return bad_request(f"{self.where(key)}: expected {expected}, got {_type_name(value)}",
+                           self.where(key))
+
+    def _get(self, key: str, required: bool) -> Any:
+        value = self.obj.get(key, _MISSING)
+        if value is _MISSING and required:
+            raise bad_request(f"{self.where(key)}: this field is required", self.where(key))
+        return value
+
+    def has(self, key: str) -> bool:
+        """Present and not null (both APIs treat an explicit null as absent)."""
+        return self.obj.get(key) is not None
+
+    def raw(self, key: str, *, required: bool = False) -> Any:
+        value = self._get(key, required)
+        return None if value is _MISSING else value
+
+    def str(self, key: str, *, required: bool = False, default: str | None = None,
+            choices: tuple[str, ...] | None = None, non_empty: bool = False) -> str | None:
+        value = self._get(key, required)
+        if value is _MISSING or (value is None and not required):
+            return default
+        if not isinstance(value, str):
+            raise self._fail(key, "a string", value)
+        if non_empty and not value:
+            raise bad_request(f"{self.where(key)}: must not be empty", self.where(key))
+        if choices is not None and value not in choices:
+            raise bad_request(f"{self.where(key)}: {value!r} is not one of "
+                              f"{', '.join(repr(c) for c in choices)}", self.where(key))
+        return value
+
+    def int(self, key: str, *, required: bool = False, default: int | None = None,
+            minimum: int | None = None, maximum: int | None = None) -> int | None:
+        value = self._get(key, required)
+        if value is _MISSING or (value is None and not required):
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._fail(key, "an integer", value)
+        self._check_range(key, value, minimum, maximum)
+        return value
+
+    def number(self, key: str, *, default: float | None = None, minimum: float | None = None,
+               maximum: float | None = None) -> float | None:
+        value = self._get(key, False)
+        if value is _MISSING or value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._fail(key, "a number", value)
+        if not math.isfinite(value):
+            raise bad_request(f"{self.where(key)}: must be finite", self.where(key))
+        self._check_range(key, value, minimum, maximum)
+        return float(value)
+
+    def bool(self, key: str, *, default: bool = False) -> bool:
+        value = self._get(key, False)
+        if value is _MISSING or value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._fail(key, "a boolean", value)
+        return value
+
+    def list(self, key: str, *, required: bool = False, non_empty: bool = False) -> list | None:
+        value = self._get(key, required)
+        if value is _MISSING or (value is None and not required):
+            return None
+        if not isinstance(value, list):
+            raise self._fail(key, "an array", value)
+        if non_empty and not value:
+            raise bad_request(f"{self.where(key)}: must not be empty", self.where(key))
+        return value
+
+    def obj_at(self, key: str, *, required: bool = False) -> "Fields | None":
+        value = self._get(key, required)
+        if value is _MISSING or (value is None and not required):
+            return None
+        return Fields(value, self.where(key))
+
+    def _check_range(self, key: str, value: float, minimum: float | None,
+                     maximum: float | None) -> None:
+        if minimum is not None and value < minimum:
+            raise bad_request(f"{self.where(key)}: {value} is below the minimum {minimum}",
+                              self.where(key))
+        if maximum is not None and value > maximum:
+            raise bad_request(f"{self.where(key)}: {value} is above the maximum {maximum}",
+                              self.where(key))

@@ -1,0 +1,114 @@
+"""`Generation`: one request's job seen from the asyncio side — prepare, submit, read events.
+
+Both dialects turn their request into a `Prepared` (prompt tokens, sampling, tool handling),
+then read `items()`: plain text pieces and parsed `ToolCall`s, in order. `finish` holds the
+worker's `FinishEvent` afterwards. `max_tokens` is clamped to the room the prompt leaves in
+the context and the clamp is reported in response headers, never refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+from strata.serve.errors import bad_request
+from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
+from strata.serve.tools import ToolCall, ToolCallParser
+
+
+class Submitter(Protocol):
+    def submit(self, job: Job) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request ready for the worker."""
+
+    prompt: tuple[int, ...]
+    sampling: Sampling
+    requested_max_tokens: int | None  # what the client asked for (None: as much as fits)
+    parse_tools: bool = False  # split <tool_call> blocks out of the text
+    forced_prefix: str = ""  # text the prompt already ends with, fed to the tool parser first
+
+    @property
+    def clamped(self) -> bool:
+        return (self.requested_max_tokens is not None
+                and self.requested_max_tokens > self.sampling.max_tokens)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers that say what max_tokens the request ran with and why."""
+        h = {"x-strata-max-tokens": str(self.sampling.max_tokens)}
+        if self.clamped:
+            h["x-strata-max-tokens-clamped-from"] = str(self.requested_max_tokens)
+        return h
+
+
+def fit_max_tokens(n_prompt: int, requested: int | None, *, max_context: int,
+                   limit: int | None, param: str = "messages") -> int:
+    """The max_tokens a request runs with: what it asked, at most the room its prompt leaves
+    (and the server's own limit). A prompt that leaves no room at all is a 400."""
+    room = max_context - n_prompt
+    if room < 1:
+        raise bad_request(f"the prompt is {n_prompt} tokens but the context holds {max_context}: "
+                          f"shorten it by at least {n_prompt - max_context + 1} tokens", param)
+    want = room if requested is None else requested
+    if limit is not None:
+        want = min(want, limit)
+    return max(1, min(want, room))
+
+
+class Generation:
+    """Submit a prepared request and read its output; `cancel()` when the client goes away."""
+
+    def __init__(self, worker: Submitter, prepared: Prepared, *, id_prefix: str = "call_"):
+        self.prepared = prepared
+        self._loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self.job = Job(prepared.prompt, prepared.sampling, self._sink)
+        self._parser = ToolCallParser(id_prefix) if prepared.parse_tools else None
+        self.finish: FinishEvent | None = None
+        self.tool_calls: list[ToolCall] = []
+        worker.submit(self.job)
+
+    def _sink(self, event) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:  # the event loop closed: the server is going down
+            self.job.cancel()
+
+    def cancel(self) -> None:
+        self.job.cancel()
+
+    def _parsed(self, pieces: list) -> list[str | ToolCall]:
+        for p in pieces:
+            if isinstance(p, ToolCall):
+                self.tool_calls.append(p)
+        return [p for p in pieces if not (isinstance(p, str) and not p)]
+
+    async def items(self) -> AsyncIterator[str | ToolCall]:
+        """Text pieces and tool calls until the job ends; `finish` is set afterwards."""
+        if self._parser is not None and self.prepared.forced_prefix:
+            for item in self._parsed(self._parser.feed(self.prepared.forced_prefix)):
+                yield item
+        while True:
+            event = await self._events.get()
+            if isinstance(event, TextEvent):
+                pieces = [event.text] if self._parser is None else self._parser.feed(event.text)
+                for item in self._parsed(pieces):
+                    yield item
+                continue
+            self.finish = event
+            if self._parser is not None:
+                for item in self._parsed(self._parser.finish()):
+                    yield item
+            return
+
+    async def collect(self) -> tuple[str, list[ToolCall]]:
+        """All text (joined) and all tool calls, for a non-streaming response."""
+        text = []
+        async for item in self.items():
+            if isinstance(item, str):
+                text.append(item)
+        return "".join(text), list(self.tool_calls)

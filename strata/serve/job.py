@@ -1,0 +1,97 @@
+"""`Job`: one generation request as the engine worker sees it, and the events it sends back.
+
+The HTTP side builds a Job (prompt tokens, `Sampling`, a thread-safe `sink`), queues it, and
+reads `TextEvent`s and one final `FinishEvent` from the sink. Cancelling (a client that went
+away) is a flag the worker reads between decode steps; it never blocks either side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How to pick tokens and when to stop. `top_k=0` and `top_p=1` mean off; `temperature=0`
+    is greedy; `stop` strings end the text before they appear."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class TextEvent:
+    """Newly decoded text (never splits a UTF-8 character, never holds part of a stop string)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    """The job is over: why, the token counts, and the stop string that ended it, if one did."""
+
+    reason: str
+    n_prompt: int
+    n_completion: int
+    stop_sequence: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.reason not in FINISH_REASONS:
+            raise ValueError(f"finish reason {self.reason!r} is not one of {FINISH_REASONS}")
+
+
+Event = TextEvent | FinishEvent
+
+
+class Job:
+    """A queued or running generation. `sink` is called from the worker thread with each event
+    and must be thread-safe and non-blocking."""
+
+    def __init__(self, prompt: Sequence[int], sampling: Sampling,
+                 sink: Callable[[Event], None]):
+        if not prompt:
+            raise ValueError("a job needs at least one prompt token")
+        self.id = next(_ids)
+        self.prompt: tuple[int, ...] = tuple(int(t) for t in prompt)
+        self.sampling = sampling
+        self._sink = sink
+        self._cancel = threading.Event()
+        self.t_submit = time.monotonic()
+        self.n_steps_after_cancel = 0  # decode steps run while the flag was set (bound: <= 1)
+
+    def cancel(self) -> None:
+        """Ask the worker to stop this job: a queued job never runs, a running one is dropped
+        before the next decode step."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def emit(self, event: Event) -> None:
+        self._sink(event)

@@ -1,0 +1,68 @@
+"""`ServedModel`: the model as the HTTP side and the worker see it — its names, tokenizer, chat
+template, end-of-turn tokens, and a sampler and text decoder per sequence.
+
+Chat prompts are rendered with the model's own template and encoded with its control tokens
+recognised and no extra BOS (the template writes it where the model wants one); plain
+completion prompts follow the file's `add_bos_token`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from strata.engine.sampler import Sampler, SamplingParams
+from strata.serve.errors import bad_request
+from strata.serve.job import Sampling
+from strata.serve.tools import template_uses_hermes_calls
+from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
+
+SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..2**64-1
+
+
+class ServedModel:
+    """One served model. `accepts_images` is False for every text-only model Strata runs: the
+    dialects refuse image content by path instead of dropping it."""
+
+    accepts_images = False
+
+    def __init__(self, *, name: str, aliases: Sequence[str], tokenizer: Tokenizer,
+                 template: ChatTemplate, max_context: int):
+        if max_context < 2:
+            raise ValueError(f"max_context must be at least 2, got {max_context}")
+        self.name = name
+        self.aliases = tuple(a for a in aliases if a != name)
+        self.tokenizer = tokenizer
+        self.template = template
+        self.max_context = max_context
+        self.n_vocab = tokenizer.n_vocab
+        self.stop_token_ids = tokenizer.eot_ids
+        self.tool_calls_parsed = template_uses_hermes_calls(template.source)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """The prompt text; a template that rejects the conversation is the client's 400."""
+        try:
+            return self.template.render(messages, add_generation_prompt=True, tools=tools)
+        except ChatTemplateError as e:
+            raise bad_request(f"messages: {e}", "messages") from e
+
+    def encode(self, text: str) -> list[int]:
+        """A rendered chat prompt's tokens."""
+        return self.tokenizer.encode(text, add_bos=False, parse_special=True)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw completion prompt's tokens (BOS as the file says)."""
+        return self.tokenizer.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special=True)
+
+    def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
+        seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
+        return Sampler(SamplingParams(
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+            min_p=0.0, repeat_penalty=1.0, seed=seed))
+
+    def text_stream(self, after: int) -> StreamDecoder:
+        return self.tokenizer.stream_decoder(skip_special=True, after=after)

@@ -1,0 +1,118 @@
+"""The server's OpenAPI 3.0 description (`GET /openapi.json`): the routes and the request
+bodies they accept, used by clients that read schemas and by the schema fuzz test."""
+
+from __future__ import annotations
+
+from strata import __version__
+
+_STR = {"type": "string"}
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
+_STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
+_FUNCTION = {"type": "object", "required": ["name"], "properties": {
+    "name": _STR, "description": _STR, "parameters": {"type": "object"}}}
+
+
+def _sampling(temperature_max: float) -> dict:
+    return {
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": temperature_max},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+    }
+
+
+def _chat_body(models: list[str]) -> dict:
+    message = {"type": "object", "required": ["role"], "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}], "nullable": True},
+        "tool_call_id": _STR,
+        "tool_calls": {"type": "array", "items": {"type": "object", "properties": {
+            "id": _STR, "type": {"type": "string", "enum": ["function"]},
+            "function": {"type": "object", "properties": {"name": _STR, "arguments": _STR}}}}},
+    }}
+    return {"type": "object", "required": ["model", "messages"], "properties": {
+        "model": {"type": "string", "enum": models},
+        "messages": {"type": "array", "items": message, "minItems": 1},
+        **_sampling(2.0),
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "seed": {"type": "integer"},
+        "stop": _STOP,
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["type", "function"],
+                                             "properties": {"type": {"type": "string",
+                                                                     "enum": ["function"]},
+                                                            "function": _FUNCTION}}},
+        "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                                  {"type": "object"}]},
+    }}
+
+
+def _completion_body(models: list[str]) -> dict:
+    return {"type": "object", "required": ["model", "prompt"], "properties": {
+        "model": {"type": "string", "enum": models},
+        "prompt": {"oneOf": [_STR, {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
+        **_sampling(2.0), "seed": {"type": "integer"}, "stop": _STOP, "echo": {"type": "boolean"},
+    }}
+
+
+def _messages_body(models: list[str], *, counting: bool) -> dict:
+    block = {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]},
+        "text": _STR, "id": _STR, "name": _STR, "input": {"type": "object"},
+        "tool_use_id": _STR, "content": {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}]},
+        "is_error": {"type": "boolean"}}}
+    message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"type": "string", "enum": ["user", "assistant"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": block}]}}}
+    required = ["model", "messages"] + ([] if counting else ["max_tokens"])
+    return {"type": "object", "required": required, "properties": {
+        "model": {"type": "string", "enum": models},
+        "messages": {"type": "array", "items": message, "minItems": 1},
+        "system": {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}]},
+        **_sampling(1.0),
+        "top_k": {"type": "integer", "minimum": 0},
+        "stop_sequences": {"type": "array", "items": _STR, "maxItems": 16},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"],
+                                             "properties": {"name": _STR, "description": _STR,
+                                                            "input_schema": {"type": "object"}}}},
+        "tool_choice": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
+    }}
+
+
+def _post(summary: str, schema: dict) -> dict:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
+        "responses": {"200": {"description": "the result (JSON, or an SSE stream when stream "
+                                             "is true)"},
+                      "400": {"description": "a malformed request; the body names the field"},
+                      "401": {"description": "missing or wrong API key"},
+                      "404": {"description": "unknown model"},
+                      "413": {"description": "the body is over the size limit"},
+                      "503": {"description": "the queue is full"}}}}
+
+
+def _get(summary: str) -> dict:
+    return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
+
+
+def build_schema(title: str, models: tuple[str, ...]) -> dict:
+    """The OpenAPI document for a server serving `models` (the name and its aliases)."""
+    names = list(models)
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": f"strata serve: {title}", "version": __version__},
+        "paths": {
+            "/v1/models": _get("the served model"),
+            "/v1/chat/completions": _post("OpenAI chat completion", _chat_body(names)),
+            "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
+            "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
+            "/v1/messages/count_tokens": _post("Anthropic token count",
+                                               _messages_body(names, counting=True)),
+            "/health": _get("liveness and load"),
+            "/metrics": _get("Prometheus metrics"),
+            "/monitor.json": _get("the monitor page's data"),
+        },
+    }

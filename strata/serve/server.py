@@ -1,0 +1,195 @@
+"""`run_server`: open the model, build the engine's slots, print the plan, warm up, serve.
+
+Start-up prints what will be used (backend, slots, context, memory per region), warms the
+engine up with one real prefill and decode step, and only then prints one `READY <url>` line:
+a configuration that cannot run (an unknown backend, a plan that does not fit) fails before it
+with the refusal's message, and READY is never printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from starlette.applications import Starlette
+
+from strata.serve.app import Server
+from strata.serve.batch import PerSlotEngines
+from strata.serve.config import ServeConfig, ServeConfigError
+from strata.serve.devices import cpu_report, plan_reports
+from strata.serve.metrics import DeviceReport, Metrics
+from strata.serve.model import ServedModel
+from strata.serve.state import ServerState
+from strata.serve.worker import Worker
+
+log = logging.getLogger("strata.serve")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB"
+
+
+@dataclass(slots=True)
+class Loaded:
+    """Everything a running server holds."""
+
+    config: ServeConfig
+    state: ServerState
+    worker: Worker
+    plan_lines: list[str]
+
+
+def _template_source(config: ServeConfig) -> str | None:
+    if config.chat_template is None:
+        return None
+    try:
+        return Path(config.chat_template).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ServeConfigError(f"chat_template: cannot read {config.chat_template!r}: "
+                               f"{e.strerror}") from None
+
+
+def _batch_engine(make_engine: Callable[[], Any], n_slots: int) -> Any:
+    """A backend that batches natively offers `make_engine.batch(n_slots)`; every other backend
+    gets one engine per slot."""
+    native = getattr(make_engine, "batch", None)
+    return native(n_slots) if native is not None else PerSlotEngines(make_engine, n_slots)
+
+
+def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], list[DeviceReport]]:
+    if plan is not None:
+        stats = getattr(engine, "expert_hit_rates", None)
+        return lambda: plan_reports(plan, hit_rates=stats() if stats else None)
+    engines = getattr(engine, "engines", ())
+    report = cpu_report(weights_bytes, engines)
+    return lambda: [report]
+
+
+def load(config: ServeConfig) -> Loaded:
+    """Open the model and build the engine, worker and state (no network yet)."""
+    from strata.engine.backends import engine_factory
+    from strata.gguf import open_model
+    from strata.tokenizer import ChatTemplate, Tokenizer
+
+    model_file = open_model(config.model)
+    meta = model_file.metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    template = ChatTemplate.from_metadata(meta, tokenizer, template=_template_source(config))
+    backend, make_engine = engine_factory(model_file, config.backend,
+                                          max_context=config.max_context)
+    engine = _batch_engine(make_engine, config.batch)
+    name = config.model_name or Path(config.model).stem
+    served = ServedModel(name=name, aliases=config.aliases, tokenizer=tokenizer,
+                         template=template, max_context=engine.max_context)
+    metrics = Metrics()
+    worker = Worker(engine, served, metrics, max_queue=config.max_queue)
+    plan = getattr(make_engine, "plan", None)
+    weights_bytes = sum(t.n_bytes for t in model_file.tensors.values())
+    devices = _devices_reader(engine, weights_bytes, plan)
+    summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
+               "weights_bytes": weights_bytes, "arch": model_file.arch,
+               "tool_calls_parsed": served.tool_calls_parsed}
+    state = ServerState(model=served, worker=worker, metrics=metrics,
+                        max_tokens_limit=config.max_tokens_limit, devices=devices,
+                        plan_summary=summary)
+    return Loaded(config, state, worker, _plan_lines(config, model_file, summary, devices()))
+
+
+def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
+                devices: list[DeviceReport]) -> list[str]:
+    s = model_file.shape
+    lines = [f"model    {config.model} ({s.arch}: {s.n_layer} layers, {s.n_expert} experts "
+             f"top-{s.n_expert_used}, vocab {s.n_vocab:,})",
+             f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
+             f"{summary['max_context']:,} tokens of context each",
+             f"tools    {'<tool_call> blocks parsed into tool calls' if summary['tool_calls_parsed'] else 'returned as text (template format unknown)'}"]
+    for d in devices:
+        where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
+        regions = ", ".join(f"{r.name} {_mib(r.n_bytes)}" for r in d.regions)
+        lines.append(f"memory   {d.device} ({d.label}){where}: {regions}")
+    return lines
+
+
+def _http_line(config: ServeConfig, url: str) -> str:
+    auth = "API key required" if config.api_key else "no API key"
+    return (f"http     {url}, {auth}, bodies up to {_mib(config.max_body_bytes)}, "
+            f"queue {config.max_queue}")
+
+
+def warm_up(loaded: Loaded) -> float:
+    """One real prefill and decode step through slot 0 (kernels compile here, not in the first
+    request); seconds taken."""
+    t0 = time.perf_counter()
+    engine = loaded.worker.engine
+    token = next(iter(sorted(loaded.state.model.stop_token_ids)), 0)
+    engine.prefill(0, [token])
+    engine.decode([0], [token])
+    engine.release(0)
+    return time.perf_counter() - t0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (port 0 picks a free one), made before READY is printed."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ServeConfigError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_app(loaded: Loaded, ready: Callable[[], None]) -> Starlette:
+    """The app, with a lifespan that starts the worker and announces READY."""
+    cfg = loaded.config
+    app = Server(loaded.state, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes).app()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        loaded.worker.start()
+        ready()
+        try:
+            yield
+        finally:
+            loaded.worker.stop()
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def run_server(config: ServeConfig, *, out: TextIO = sys.stdout) -> int:
+    """Load, print the plan, warm up, bind, serve until interrupted."""
+    import uvicorn
+
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loaded = load(config)
+    sock = bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    url = ServeConfig(**{**_fields(config), "host": host, "port": port}).url
+    for line in loaded.plan_lines + [_http_line(config, url)]:
+        print(line, file=out, flush=True)
+    print(f"warm-up  {warm_up(loaded):.2f} s", file=out, flush=True)
+
+    def ready() -> None:
+        print(f"READY {url}", file=out, flush=True)
+
+    app = build_app(loaded, ready)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=config.log_level, access_log=False,
+                                           lifespan="on", timeout_graceful_shutdown=5))
+    server.run(sockets=[sock])
+    return 0
+
+
+def _fields(config: ServeConfig) -> dict:
+    return {f: getattr(config, f) for f in config.__dataclass_fields__}

@@ -1,0 +1,31 @@
+"""`ServerState`: what every route handler reads — the model, the worker, metrics, knobs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from strata.serve.errors import not_found
+from strata.serve.metrics import DeviceReport, Metrics
+
+
+@dataclass(slots=True)
+class ServerState:
+    """One server's shared objects. `model` is a `ServedModel` (or a test double with the same
+    surface); `devices()` measures the memory picture on demand."""
+
+    model: Any
+    worker: Any
+    metrics: Metrics
+    max_tokens_limit: int | None = None
+    devices: Callable[[], list[DeviceReport]] = list
+    plan_summary: dict = field(default_factory=dict)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str) -> None:
+        """A 404 naming the served model(s) when a request asks for another."""
+        served = (self.model.name, *self.model.aliases)
+        if name not in served:
+            raise not_found(f"model {name!r} is not served here; this server serves "
+                            f"{', '.join(repr(n) for n in served)}", "model")

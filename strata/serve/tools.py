@@ -1,0 +1,125 @@
+"""Tool calls in generated text: the Hermes/Qwen format, parsed back into structured calls.
+
+Qwen3 (and the ChatML templates written in its style) have the model answer a tool call as
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+`ToolCallParser` splits streamed text into plain text and completed `ToolCall`s. Text that might
+be the start of a tag is held back; whitespace just before a call is dropped (it only separates
+the call from the prose). A block whose JSON does not parse, or names no function, is returned
+as text: the client sees what the model wrote instead of a call it did not make.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One parsed call: the function's name and its arguments (a JSON object)."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+def new_call_id(prefix: str) -> str:
+    """A fresh call id in the dialect's style (``call_...`` or ``toolu_...``)."""
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def template_uses_hermes_calls(template_source: str) -> bool:
+    """Whether a chat template's tool calls are `<tool_call>` blocks (Qwen, Hermes, ChatML)."""
+    return OPEN_TAG in template_source and CLOSE_TAG in template_source
+
+
+def parse_call(body: str, id_prefix: str) -> ToolCall | None:
+    """The call in one block's body, or None when it is not a well-formed call."""
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    name = value.get("name")
+    args = value.get("arguments", value.get("parameters", {}))
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(name, str) or not name or not isinstance(args, dict):
+        return None
+    return ToolCall(name=name, arguments=args, id=new_call_id(id_prefix))
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ToolCallParser:
+    """Feed generated text; get back a list of `str` pieces and `ToolCall`s in order."""
+
+    def __init__(self, id_prefix: str = "call_"):
+        self.id_prefix = id_prefix
+        self._buf = ""  # text not yet decided
+        self._in_call = False
+        self.n_calls = 0
+
+    def feed(self, text: str) -> list[str | ToolCall]:
+        self._buf += text
+        out: list[str | ToolCall] = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(CLOSE_TAG)
+                if end == -1:
+                    return out
+                body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
+                self._in_call = False
+                call = parse_call(body.strip(), self.id_prefix)
+                if call is None:
+                    out.append(OPEN_TAG + body + CLOSE_TAG)
+                else:
+                    self.n_calls += 1
+                    out.append(call)
+                    self._buf = self._buf.lstrip()
+                continue
+            start = self._buf.find(OPEN_TAG)
+            if start != -1:
+                before = self._buf[:start].rstrip()
+                if before:
+                    out.append(before)
+                self._buf = self._buf[start + len(OPEN_TAG):]
+                self._in_call = True
+                continue
+            # hold back a possible partial tag and the whitespace before it
+            ready = self._buf[:len(self._buf) - _partial_tag(self._buf, OPEN_TAG)].rstrip()
+            if ready:
+                out.append(ready)
+            self._buf = self._buf[len(ready):]
+            return out
+
+    def finish(self) -> list[str | ToolCall]:
+        """What is left when generation ends: an unterminated call comes back as its raw text."""
+        rest = (OPEN_TAG + self._buf) if self._in_call else self._buf
+        self._buf, self._in_call = "", False
+        if self.n_calls and not rest.strip():
+            return []  # whitespace after the last call only separated it from nothing
+        return [rest] if rest else []

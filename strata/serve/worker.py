@@ -1,0 +1,236 @@
+"""`Worker`: the one thread that drives the engine. HTTP handlers never touch it directly.
+
+Jobs wait in a FIFO queue. Whenever a slot is free the next job is admitted (its prompt is
+prefilled); then every running sequence advances one token in one batched `decode` call.
+Cancelled jobs are dropped before each step, so a client that goes away frees its slot within
+one decode step, and a job cancelled while queued is never prefilled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+
+from strata.serve.batch import BatchEngine
+from strata.serve.errors import ApiError
+from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
+from strata.serve.metrics import Metrics
+from strata.serve.stops import StopMatcher
+
+log = logging.getLogger("strata.serve")
+
+
+class TextStream(Protocol):
+    """Token ids in, text out, never splitting a UTF-8 character."""
+
+    def push(self, token: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class Decoding(Protocol):
+    """What the worker needs from the model besides the engine."""
+
+    stop_token_ids: frozenset[int]
+
+    def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]: ...
+
+    def text_stream(self, after: int) -> TextStream:
+        """A fresh decoder for text that follows token `after` (the prompt's last)."""
+        ...
+
+
+@dataclass(slots=True)
+class _Seq:
+    job: Job
+    slot: int
+    sample: Callable[[np.ndarray], int]
+    text: TextStream
+    stops: StopMatcher
+    last_token: int = -1
+    n_generated: int = 0
+    done: bool = field(default=False)
+
+
+class Worker:
+    """Owns the engine; `submit()` is safe from any thread."""
+
+    def __init__(self, engine: BatchEngine, decoding: Decoding, metrics: Metrics, *,
+                 max_queue: int = 256):
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be at least 1, got {max_queue}")
+        self.engine = engine
+        self.decoding = decoding
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._queue: deque[Job] = deque()
+        self._cv = threading.Condition()
+        self._free = list(range(engine.n_slots - 1, -1, -1))
+        self._active: list[_Seq] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        metrics.set_load(queue_depth=0, active=0, n_slots=engine.n_slots)
+
+    # -- the HTTP side ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; a 503 when the queue is full or the worker is stopping."""
+        need = len(job.prompt) + job.sampling.max_tokens - 1  # the last token is never decoded
+        if need > self.engine.max_context:
+            raise ValueError(f"job {job.id} needs {need} positions but the context holds "
+                             f"{self.engine.max_context}: clamp max_tokens before submitting")
+        with self._cv:
+            if self._stopping:
+                raise ApiError(503, "the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise ApiError(503, f"the request queue is full ({self.max_queue} waiting); "
+                                    f"retry later")
+            self._queue.append(job)
+            self._publish_load()
+            self._cv.notify()
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread is running (False before `start()` and after it died)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    # -- the engine thread -----------------------------------------------------------------
+
+    def _publish_load(self) -> None:
+        self.metrics.set_load(queue_depth=len(self._queue), active=len(self._active),
+                              n_slots=self.engine.n_slots)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopping and not self._queue and not self._active:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+            self._admit()
+            self._drop_cancelled()
+            if self._active:
+                self._decode_step()
+            self._publish_load()
+        for seq in list(self._active):
+            self._finish(seq, "cancelled", cancelled_in="running")
+        with self._cv:
+            queued, self._queue = list(self._queue), deque()
+        for job in queued:
+            job.emit(FinishEvent("cancelled", len(job.prompt), 0))
+
+    def _next_job(self) -> Job | None:
+        with self._cv:
+            return self._queue.popleft() if self._queue else None
+
+    def _admit(self) -> None:
+        while self._free:
+            job = self._next_job()
+            if job is None:
+                return
+            if job.cancelled:
+                self.metrics.record_finish("cancelled", 0, cancelled_in="queued")
+                job.emit(FinishEvent("cancelled", len(job.prompt), 0))
+                continue
+            slot = self._free.pop()
+            seq = _Seq(job=job, slot=slot, sample=self.decoding.sampler(job.sampling),
+                       text=self.decoding.text_stream(job.prompt[-1]),
+                       stops=StopMatcher(job.sampling.stop))
+            self._active.append(seq)
+            self._publish_load()
+            t0 = time.perf_counter()
+            try:
+                logits = self.engine.prefill(slot, job.prompt)
+            except Exception as e:  # an engine failure ends this job, never the server
+                log.exception("prefill failed for job %d", job.id)
+                self._finish(seq, "error", error=f"prefill failed: {e}")
+                continue
+            self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0)
+            self._accept(seq, logits)
+
+    def _drop_cancelled(self) -> None:
+        for seq in list(self._active):
+            if seq.job.cancelled:
+                self._finish(seq, "cancelled", cancelled_in="running")
+
+    def _decode_step(self) -> None:
+        batch = list(self._active)
+        t0 = time.perf_counter()
+        try:
+            logits = self.engine.decode([s.slot for s in batch], [s.last_token for s in batch])
+        except Exception as e:
+            log.exception("decode step failed for %d sequences", len(batch))
+            for seq in batch:
+                self._finish(seq, "error", error=f"decode failed: {e}")
+            return
+        self.metrics.record_decode(len(batch), time.perf_counter() - t0)
+        for seq, row in zip(batch, logits):
+            if seq.job.cancelled:
+                seq.job.n_steps_after_cancel += 1
+            self._accept(seq, row)
+
+    def _accept(self, seq: _Seq, logits: np.ndarray) -> None:
+        """Sample the next token of `seq` and send what it decides."""
+        token = int(seq.sample(logits))
+        seq.n_generated += 1
+        if token in self.decoding.stop_token_ids:
+            self._emit_text(seq, seq.text.flush())
+            self._finish(seq, "stop")
+            return
+        piece, hit = seq.stops.feed(seq.text.push(token))
+        if piece:
+            seq.job.emit(TextEvent(piece))
+        if hit is not None:
+            self._finish(seq, "stop", stop_sequence=hit)
+        elif seq.n_generated >= seq.job.sampling.max_tokens:
+            self._emit_text(seq, seq.text.flush())
+            self._finish(seq, "length")
+        else:
+            seq.last_token = token
+
+    def _emit_text(self, seq: _Seq, tail: str) -> None:
+        piece, hit = seq.stops.feed(tail)
+        piece += "" if hit is not None else seq.stops.flush()
+        if piece:
+            seq.job.emit(TextEvent(piece))
+
+    def _finish(self, seq: _Seq, reason: str, *, stop_sequence: str | None = None,
+                error: str | None = None, cancelled_in: str | None = None) -> None:
+        if seq.done:
+            return
+        seq.done = True
+        self._active.remove(seq)
+        try:
+            self.engine.release(seq.slot)
+        except Exception:
+            log.exception("releasing slot %d failed", seq.slot)
+        self._free.append(seq.slot)
+        self.metrics.record_finish(reason, seq.n_generated, cancelled_in=cancelled_in)
+        seq.job.emit(FinishEvent(reason, len(seq.job.prompt), seq.n_generated,
+                                 stop_sequence=stop_sequence, error=error))
+        self._publish_load()

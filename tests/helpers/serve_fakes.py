@@ -1,0 +1,126 @@
+"""Test doubles for the serve layer: a character-level model whose answers are scripted, and
+a batch engine that plays them back token by token (one-hot logits).
+
+Token ids are Unicode code points below 256 (so text round-trips exactly); id 256 is the
+end-of-turn token. The engine records every call so tests can check batching and cancellation.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from strata.serve.errors import bad_request
+from strata.serve.job import Sampling
+
+EOT = 256
+N_VOCAB = 257
+
+
+def encode(text: str) -> list[int]:
+    return [min(ord(c), 255) for c in text]
+
+
+def render(messages: list[dict], tools: list[dict] | None) -> str:
+    """A ChatML-like rendering, tools listed in the system part as Qwen's template does."""
+    out = []
+    if tools:
+        names = ",".join(t["function"]["name"] for t in tools)
+        out.append(f"<tools>{names}</tools>")
+    for m in messages:
+        calls = "".join(f"<tool_call>{c['function']['name']}</tool_call>"
+                        for c in m.get("tool_calls", []))
+        out.append(f"<{m['role']}>{m['content']}{calls}")
+    return "".join(out) + "<assistant>"
+
+
+class FakeText:
+    def push(self, token: int) -> str:
+        return chr(token)
+
+    def flush(self) -> str:
+        return ""
+
+
+class FakeModel:
+    """The `ServedModel` surface over the character vocabulary."""
+
+    def __init__(self, *, max_context: int = 4096, name: str = "fake", tool_calls: bool = True):
+        self.name = name
+        self.aliases = ("fake-alias",)
+        self.max_context = max_context
+        self.n_vocab = N_VOCAB
+        self.tool_calls_parsed = tool_calls
+        self.stop_token_ids = frozenset({EOT})
+        self.rendered: list[str] = []
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
+        if messages[-1]["role"] == "assistant":
+            raise bad_request("the conversation must not end with an assistant turn", "messages")
+        text = render(messages, tools)
+        self.rendered.append(text)
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        return encode(text)
+
+    encode_prompt = encode
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids if i != EOT)
+
+    def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
+        return lambda logits: int(np.argmax(logits))
+
+    def text_stream(self, after: int) -> FakeText:
+        return FakeText()
+
+
+class ScriptedEngine:
+    """A `BatchEngine` whose slot answers `script(prompt_text)`, then the end-of-turn token.
+    `gate`, when set, is a semaphore every decode step takes one permit from (so a test can
+    hold sequences mid-flight and let them advance step by step)."""
+
+    def __init__(self, script: Callable[[str], str], *, n_slots: int = 1,
+                 max_context: int = 4096):
+        self.script = script
+        self.n_slots = n_slots
+        self.max_context = max_context
+        self._answer: dict[int, list[int]] = {}
+        self._pos: dict[int, int] = {}
+        self.prefills: list[str] = []  # prompt texts, in admission order
+        self.decode_batches: list[tuple[int, ...]] = []  # slots of each decode step
+        self.released: list[int] = []
+        self.gate: threading.Semaphore | None = None
+        self.fail_prefill_on: str | None = None  # a prompt substring that makes prefill raise
+
+    def _logits(self, slot: int) -> np.ndarray:
+        answer, pos = self._answer[slot], self._pos[slot]
+        row = np.zeros(N_VOCAB, np.float32)  # [n_vocab] f32 one-hot
+        row[answer[pos] if pos < len(answer) else EOT] = 1.0
+        return row
+
+    def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+        text = "".join(chr(t) for t in tokens)
+        if self.fail_prefill_on is not None and self.fail_prefill_on in text:
+            raise RuntimeError("scripted prefill failure")
+        self.prefills.append(text)
+        self._answer[slot] = encode(self.script(text))
+        self._pos[slot] = 0
+        return self._logits(slot)
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        if self.gate is not None:
+            if not self.gate.acquire(timeout=10):
+                raise TimeoutError("the test never released the decode gate")
+        self.decode_batches.append(tuple(slots))
+        rows = []
+        for s in slots:
+            self._pos[s] += 1
+            rows.append(self._logits(s))
+        return np.stack(rows)
+
+    def release(self, slot: int) -> None:
+        self.released.append(slot)

@@ -1,0 +1,346 @@
+"""The HTTP layer in process (Starlette's test client) over a scripted engine: shapes of
+responses and streams in both dialects, tool calls, clamping, and every error path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from helpers.serve_fakes import FakeModel, ScriptedEngine, render
+from strata.serve.app import Server
+from strata.serve.metrics import Metrics
+from strata.serve.state import ServerState
+from strata.serve.worker import Worker
+
+KEY = "sekrit"
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def script(prompt: str) -> str:
+    if "RAISE" in prompt:
+        return "unused"
+    if "weather" in prompt and "<tool>" not in prompt:
+        return "Checking." + CALL
+    if "STOPME" in prompt:
+        return "one two three"
+    return "Hi there!"
+
+
+class Harness:
+    def __init__(self, *, max_context=4096, api_key=KEY, max_body_bytes=64 << 10):
+        self.model = FakeModel(max_context=max_context)
+        self.engine = ScriptedEngine(script, n_slots=2, max_context=max_context)
+        self.metrics = Metrics()
+        self.worker = Worker(self.engine, self.model, self.metrics)
+        state = ServerState(model=self.model, worker=self.worker, metrics=self.metrics)
+        self.app = Server(state, api_key=api_key, max_body_bytes=max_body_bytes).app()
+
+    def __enter__(self):
+        self.worker.start()
+        self.client = TestClient(self.app, headers={"authorization": f"Bearer {KEY}"})
+        return self
+
+    def __exit__(self, *exc):
+        self.worker.stop()
+
+
+@pytest.fixture
+def h():
+    with Harness() as harness:
+        yield harness
+
+
+def chat(**kw):
+    body = {"model": "fake", "messages": [{"role": "user", "content": "hello"}]}
+    body.update(kw)
+    return body
+
+
+def sse_events(text: str) -> list[tuple[str | None, str]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        event, data = None, None
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        out.append((event, data))
+    return out
+
+
+# -- OpenAI ------------------------------------------------------------------------------
+
+def test_models_lists_name_and_aliases(h):
+    r = h.client.get("/v1/models")
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == ["fake", "fake-alias"]
+
+
+def test_chat_completion_shape_and_usage(h):
+    r = h.client.post("/v1/chat/completions", json=chat(max_tokens=100))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    choice = body["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "Hi there!", "refusal": None}
+    assert choice["finish_reason"] == "stop"
+    n_prompt = len(render([{"role": "user", "content": "hello"}], None))
+    assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 10,
+                             "total_tokens": n_prompt + 10}
+    assert r.headers["x-strata-max-tokens"] == "100"
+    assert "x-strata-max-tokens-clamped-from" not in r.headers
+
+
+def test_chat_stream_chunks_usage_and_done(h):
+    r = h.client.post("/v1/chat/completions",
+                      json=chat(stream=True, stream_options={"include_usage": True}))
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [d for _, d in sse_events(r.text)]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in events[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "Hi there!"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-2]["usage"] is None
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 10
+
+
+def test_stop_sequence(h):
+    r = h.client.post("/v1/chat/completions",
+                      json=chat(messages=[{"role": "user", "content": "STOPME"}], stop=[" two"]))
+    assert r.json()["choices"][0]["message"]["content"] == "one"
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+def test_max_tokens_is_clamped_to_the_room_left():
+    with Harness(max_context=60) as h:
+        r = h.client.post("/v1/chat/completions", json=chat(max_tokens=1000))
+        assert r.status_code == 200
+        room = 60 - len(render([{"role": "user", "content": "hello"}], None))
+        assert r.headers["x-strata-max-tokens"] == str(room)
+        assert r.headers["x-strata-max-tokens-clamped-from"] == "1000"
+        r = h.client.post("/v1/chat/completions",
+                          json=chat(messages=[{"role": "user", "content": "x" * 100}]))
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "messages"
+        assert "context holds 60" in r.json()["error"]["message"]
+
+
+def test_tool_call_parsed_into_tool_calls(h):
+    tools = [{"type": "function", "function": {"name": "get_weather",
+                                               "parameters": {"type": "object"}}}]
+    body = chat(messages=[{"role": "user", "content": "weather?"}], tools=tools)
+    msg = h.client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert msg["finish_reason"] == "tool_calls"
+    assert msg["message"]["content"] == "Checking."
+    (call,) = msg["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert "<tools>get_weather</tools>" in h.model.rendered[-1]
+
+    chunks = [json.loads(d) for _, d in sse_events(
+        h.client.post("/v1/chat/completions", json={**body, "stream": True}).text)[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    (tc,) = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert tc["index"] == 0 and tc["function"]["name"] == "get_weather"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_result_round_trip_and_forced_choice(h):
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    history = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    r = h.client.post("/v1/chat/completions", json=chat(messages=history, tools=tools))
+    assert r.status_code == 200, r.text
+    assert "<tool>sunny" in h.model.rendered[-1]
+    assert "<tool_call>get_weather</tool_call>" in h.model.rendered[-1]
+    h.client.post("/v1/chat/completions",
+                  json=chat(tools=tools, tool_choice={"type": "function",
+                                                      "function": {"name": "get_weather"}}))
+    assert h.engine.prefills[-1].endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+
+
+def test_text_completion_and_echo(h):
+    r = h.client.post("/v1/completions", json={"model": "fake", "prompt": "abc", "echo": True})
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "abcHi there!"
+    assert body["usage"]["prompt_tokens"] == 3
+    r = h.client.post("/v1/completions", json={"model": "fake", "prompt": [97, 98], "stream": True,
+                                               "max_tokens": 2})
+    chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "Hi"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+# -- Anthropic ---------------------------------------------------------------------------
+
+def msgs(**kw):
+    body = {"model": "fake", "max_tokens": 256, "messages": [{"role": "user", "content": "hello"}]}
+    body.update(kw)
+    return body
+
+
+def test_message_shape_with_system_blocks(h):
+    r = h.client.post("/v1/messages", json=msgs(system=[{"type": "text", "text": "be brief"}]))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["type"] == "message" and body["id"].startswith("msg_")
+    assert body["content"] == [{"type": "text", "text": "Hi there!"}]
+    assert body["stop_reason"] == "end_turn" and body["stop_sequence"] is None
+    assert body["usage"]["output_tokens"] == 10
+    assert h.model.rendered[-1].startswith("<system>be brief<user>hello")
+
+
+def test_message_stream_event_sequence(h):
+    r = h.client.post("/v1/messages", json=msgs(stream=True))
+    events = sse_events(r.text)
+    names = [e for e, _ in events]
+    assert names[:4] == ["message_start", "ping", "content_block_start", "content_block_delta"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    data = [json.loads(d) for _, d in events]
+    assert all(d["type"] == e for (e, _), d in zip(events, data))
+    text = "".join(d["delta"]["text"] for d in data if d["type"] == "content_block_delta")
+    assert text == "Hi there!"
+    assert data[-2]["delta"]["stop_reason"] == "end_turn"
+    assert data[-2]["usage"]["output_tokens"] == 10
+
+
+def test_message_tool_use_and_tool_result(h):
+    tools = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    r = h.client.post("/v1/messages", json=msgs(
+        messages=[{"role": "user", "content": "weather?"}], tools=tools))
+    body = r.json()
+    assert body["stop_reason"] == "tool_use"
+    text, use = body["content"]
+    assert text == {"type": "text", "text": "Checking."}
+    assert use["type"] == "tool_use" and use["id"].startswith("toolu_")
+    assert use["input"] == {"city": "Paris"}
+    follow = [{"role": "user", "content": "weather?"},
+              {"role": "assistant", "content": body["content"]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
+                                            "content": [{"type": "text", "text": "sunny"}]}]}]
+    r = h.client.post("/v1/messages", json=msgs(messages=follow, tools=tools))
+    assert r.status_code == 200, r.text
+    assert "<tool>sunny" in h.model.rendered[-1]
+
+    events = sse_events(h.client.post("/v1/messages", json=msgs(
+        messages=[{"role": "user", "content": "weather?"}], tools=tools, stream=True)).text)
+    data = [json.loads(d) for _, d in events]
+    starts = [d["content_block"] for d in data if d["type"] == "content_block_start"]
+    assert [s["type"] for s in starts] == ["text", "tool_use"]
+    (js,) = [d["delta"]["partial_json"] for d in data
+             if d["type"] == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
+    assert json.loads(js) == {"city": "Paris"}
+
+
+@pytest.mark.parametrize("content, path", [
+    ([{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}],
+     "messages[0].content[0]"),
+    ([{"type": "tool_result", "tool_use_id": "t1", "content": [
+        {"type": "text", "text": "see"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}]}],
+     "messages[0].content[0].content[1]"),
+])
+def test_image_blocks_are_refused_by_path(h, content, path):
+    r = h.client.post("/v1/messages", json=msgs(messages=[{"role": "user", "content": content}]))
+    assert r.status_code == 400
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert path in err["error"]["message"] and "image" in err["error"]["message"]
+
+
+def test_openai_image_part_refused_by_path(h):
+    r = h.client.post("/v1/chat/completions", json=chat(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]}]))
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages[0].content[1]"
+
+
+# -- errors ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps(chat(max_tokens="ten")).encode(), 400, "max_tokens"),
+    (json.dumps(chat(temperature=9)).encode(), 400, "temperature"),
+    (json.dumps(chat(messages=[{"role": "wizard", "content": "x"}])).encode(), 400,
+     "messages[0].role"),
+    (json.dumps(chat(messages=[])).encode(), 400, "messages"),
+    (json.dumps(chat(model="gpt-9")).encode(), 404, "model"),
+    (json.dumps(chat(n=3)).encode(), 400, "n"),
+])
+def test_openai_errors_name_the_field(h, body, status, param):
+    r = h.client.post("/v1/chat/completions", content=body,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_anthropic_errors_use_its_shape(h):
+    r = h.client.post("/v1/messages", json={"model": "fake", "messages": []})
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "max_tokens: this field is required"}}
+
+
+def test_auth_required_by_header_or_bearer(h):
+    bare = TestClient(h.app)
+    assert bare.get("/v1/models").status_code == 401
+    assert bare.get("/v1/models").json()["error"]["type"] == "authentication_error"
+    assert bare.post("/v1/messages", json=msgs()).json()["error"]["type"] == "authentication_error"
+    assert bare.get("/v1/models", headers={"x-api-key": "nope"}).status_code == 401
+    assert bare.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200
+    assert bare.get("/health").status_code == 200  # liveness stays open
+
+
+def test_oversize_body_is_a_413(h):
+    big = chat(messages=[{"role": "user", "content": "x" * (70 << 10)}])
+    r = h.client.post("/v1/chat/completions", json=big)
+    assert r.status_code == 413
+    assert "limit" in r.json()["error"]["message"]
+
+
+def test_unknown_route_and_method_are_json(h):
+    r = h.client.get("/v1/nothing")
+    assert r.status_code == 404 and "no route" in r.json()["error"]["message"]
+    r = h.client.get("/v1/messages")
+    assert r.status_code == 405 and r.json()["type"] == "error"
+
+
+def test_internal_failure_is_a_logged_500_and_the_server_lives(h, caplog):
+    def boom(messages, tools):
+        raise RuntimeError("template exploded")
+    h.model.render_chat = boom
+    r = h.client.post("/v1/messages", json=msgs())
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "api_error"
+    assert "template exploded" in caplog.text
+    assert h.client.get("/health").json()["status"] == "ok"
+
+
+def test_metrics_and_monitor(h):
+    h.client.post("/v1/chat/completions", json=chat())
+    text = h.client.get("/metrics").text
+    assert 'strata_requests_total{route="/v1/chat/completions",status="200"} 1' in text
+    assert "strata_completion_tokens_total 10" in text
+    assert "# TYPE strata_decode_tokens_per_second gauge" in text
+    mon = h.client.get("/monitor.json").json()
+    assert mon["model"] == "fake" and mon["metrics"]["slots"] == 2
+    assert h.client.get("/").headers["content-type"].startswith("text/html")
+    schema = h.client.get("/openapi.json").json()
+    assert "/v1/messages" in schema["paths"]
