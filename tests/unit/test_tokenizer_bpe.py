@@ -262,3 +262,18 @@ def test_no_warning_for_a_clean_vocabulary(meta):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Tokenizer.from_metadata(meta)
+
+
+def test_benchmark_runs_and_its_texts_round_trip(tmp_path, meta, tok):
+    import json
+
+    from strata.tokenizer import bench
+    path = write_gguf(tmp_path / "tok.gguf", meta)
+    out = tmp_path / "bench.json"
+    assert bench.main([path, "--kb", "1", "--repeat", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["texts"]
+    assert [r["text"] for r in rows] == ["prose", "code", "cjk"]
+    for r, text in zip(rows, bench._texts(1000).values()):
+        assert r["bytes"] == len(text.encode()) >= 1000
+        assert r["tokens"] == len(tok.encode(text, add_bos=False))
+        assert tok.decode(tok.encode(text)) == text
