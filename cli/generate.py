@@ -1,0 +1,141 @@
+"""`strata generate`: generate text from a prompt, streaming it to stdout as it is produced."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from strata.errors import StrataError
+
+DEFAULT_N_PREDICT = 128
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", metavar="FILE",
+                   help="GGUF model (default: the built-in tiny synthetic model, made once in "
+                        "the user cache)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text")
+    src.add_argument("--prompt-tokens", metavar="IDS", help="prompt as token ids: 1,2,3")
+    src.add_argument("--chat", metavar="TEXT",
+                     help="a user message, wrapped in the model's chat template")
+    p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
+                   help=f"tokens to generate at most (default {DEFAULT_N_PREDICT})")
+    p.add_argument("--temperature", type=float, default=0.8, metavar="T",
+                   help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, metavar="K", help="0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, metavar="P",
+                   help="1 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, metavar="P",
+                   help="0 = off (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                   help="1 = off (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="sampling seed (default: random)")
+    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto picks CUDA when a GPU and the CUDA engine exist, else the CPU")
+    p.add_argument("--max-context", type=int, default=None, metavar="N",
+                   help="KV cache positions (default: the model's, at most 4096)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object at the end instead of streaming text")
+    p.add_argument("--logits-out", metavar="FILE.npy",
+                   help="save float32 [n_generated, n_vocab]: row i chose generated token i")
+
+
+def _sampling(args):
+    from strata.engine import SamplingParams
+
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                              seed=args.seed)
+    except ValueError as e:
+        raise StrataError(f"bad sampling option: {e}") from None
+
+
+def _parse_ids(text: str) -> list[int]:
+    parts = [s.strip() for s in text.split(",") if s.strip()]
+    if not parts:
+        raise StrataError("--prompt-tokens is empty: give ids like 1,2,3")
+    try:
+        return [int(s) for s in parts]
+    except ValueError:
+        raise StrataError(f"--prompt-tokens must be comma-separated integers, got {text!r}") \
+            from None
+
+
+def _prompt_ids(args, model, tokenizer) -> list[int]:
+    if args.prompt_tokens is not None:
+        ids = _parse_ids(args.prompt_tokens)
+        bad = [i for i in ids if not 0 <= i < model.shape.n_vocab]
+        if bad:
+            raise StrataError(f"token id {bad[0]} is outside the vocabulary "
+                              f"(0..{model.shape.n_vocab - 1})")
+        return ids
+    text = args.prompt if args.prompt is not None else args.chat
+    if not text:
+        raise StrataError("the prompt is empty: give some text")
+    if args.chat is not None:
+        from strata.tokenizer import ChatTemplate
+
+        text = ChatTemplate.from_metadata(model.metadata, tokenizer).render(
+            [{"role": "user", "content": text}], add_generation_prompt=True)
+    return tokenizer.encode(text)
+
+
+def _model_path(args) -> str:
+    if args.model:
+        return args.model
+    from strata.synth import default_model_path
+
+    return str(default_model_path(progress=not args.json))
+
+
+def run(args) -> int:
+    from strata.engine import Sampler, generate
+    from strata.engine.backends import engine_factory
+    from strata.gguf import open_model
+    from strata.tokenizer import Tokenizer
+
+    if args.n_predict < 1:
+        raise StrataError(f"-n must be at least 1, got {args.n_predict}")
+    if args.max_context is not None and args.max_context < 1:
+        raise StrataError(f"--max-context must be at least 1, got {args.max_context}")
+    sampling = _sampling(args)
+    model = open_model(_model_path(args))
+    tokenizer = Tokenizer.from_metadata(model.metadata)
+    prompt = _prompt_ids(args, model, tokenizer)
+    backend, make_engine = engine_factory(model, args.backend, max_context=args.max_context)
+    engine = make_engine()
+
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    gen = generate(engine, prompt, n_predict=args.n_predict, sampler=Sampler(sampling),
+                   stop_ids=tokenizer.eot_ids, text=tokenizer.stream_decoder(after=prompt[-1]),
+                   on_text=None if args.json else show, keep_logits=bool(args.logits_out))
+    if args.logits_out:
+        import numpy as np
+
+        np.save(args.logits_out, gen.logits)
+    stats = {
+        "prompt_tokens": gen.prompt_tokens, "generated_tokens": len(gen.tokens),
+        "prefill_tokens_per_s": round(gen.prefill_tokens_per_s, 3),
+        "decode_tokens_per_s": round(gen.decode_tokens_per_s, 3), "backend": backend,
+        "stop_reason": gen.stop_reason, "prefill_s": round(gen.prefill_s, 6),
+        "decode_s": round(gen.decode_s, 6), "max_context": engine.max_context,
+        "model": model.path,
+    }
+    if args.json:
+        print(json.dumps({"tokens": gen.tokens, "text": gen.text, "stats": stats}))
+    else:
+        print()
+        print(f"[{backend}] prompt {gen.prompt_tokens} tokens at "
+              f"{gen.prefill_tokens_per_s:.1f} tok/s, generated {len(gen.tokens)} at "
+              f"{gen.decode_tokens_per_s:.1f} tok/s", file=sys.stderr)
+    if gen.stop_reason == "context":
+        print(f"stopped: the context of {engine.max_context} tokens is full "
+              f"(raise --max-context)", file=sys.stderr)
+    return 0

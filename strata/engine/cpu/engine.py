@@ -1,0 +1,62 @@
+"""`CpuEngine`: the shared qwen3moe forward on the CPU backend, one sequence per engine."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from strata.engine.cpu.layers import CpuLayers, CpuModel
+from strata.engine.engine import Callback, Engine
+from strata.engine.qwen3moe import forward
+from strata.gguf import ModelFile
+from strata.kv import HostKVCache
+
+DEFAULT_PREFILL_CHUNK = 256  # tokens per forward call: bounds activation memory on long prompts
+
+
+class CpuEngine(Engine):
+    """Runs a qwen3moe model on the CPU with numba kernels over the quantized blocks.
+
+    Several engines built from one `CpuModel` share its (read-only, mapped) weights; each has
+    its own KV cache of `max_context` positions, allocated here."""
+
+    backend = "cpu"
+
+    def __init__(self, model: CpuModel | ModelFile, *, max_context: int | None = None,
+                 cb: Callback | None = None, profile: bool = False,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+        self.model = model if isinstance(model, CpuModel) else CpuModel(model)
+        self.shape = s = self.model.shape
+        self.max_context = min(s.n_ctx_train, 4096) if max_context is None else int(max_context)
+        if self.max_context < 1:
+            raise ValueError(f"max_context must be at least 1, got {self.max_context}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.cb = cb
+        self.prefill_chunk = prefill_chunk
+        self.kv = HostKVCache(s.n_layer, self.max_context, s.n_head_kv, s.head_dim)
+        self.layers = CpuLayers(self.model, self.kv, profile=profile)
+        self._n_past = 0
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def reset(self) -> None:
+        self._n_past = 0
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = self.check_tokens(tokens)
+        logits = None
+        for i in range(0, ids.size, self.prefill_chunk):
+            logits = self._run(ids[i:i + self.prefill_chunk])
+        return logits
+
+    def decode_step(self, token: int) -> np.ndarray:
+        return self._run(self.check_tokens([token]))
+
+    def _run(self, ids: np.ndarray) -> np.ndarray:
+        logits = forward(self.layers, self.shape, ids, self._n_past, cb=self.cb)
+        self._n_past += ids.size
+        return logits

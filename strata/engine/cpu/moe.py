@@ -1,0 +1,113 @@
+"""Parallel kernels of the mixture-of-experts block, straight from the stacked expert tensors.
+
+The routed (token, expert) pairs arrive grouped by expert: `g_expert[g]` is group g's expert and
+its pairs are `g_start[g]..g_start[g+1]-1`; pair p belongs to token `pair_tok[p]` with routing
+weight `pair_w[p]`. Threads split the rows of the expert matrices (not the experts), so every
+thread streams a slice of every active expert and no two threads write the same output. A group
+of one token dots the rows straight from their bytes; a larger group decodes each row once and
+dots it with all its tokens.
+
+Stacked tensors come as raw rows: gate/up are uint8[n_expert * n_ff, row_bytes] (expert e's rows
+are e*n_ff .. e*n_ff+n_ff-1), down is uint8[n_expert * n_embd, row_bytes].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from strata.engine.cpu.qdot import FAST, LANES, decode_row, dot_f32, row_dot
+
+F32 = np.float32
+
+
+@njit(cache=True, fastmath=FAST)
+def silu(v):
+    return v / (F32(1.0) + np.exp(-v))
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, xs16, h, n_chunks):
+    """h[p, r] = silu(gate_e[r] . x[tok]) * (up_e[r] . x[tok]) for every pair p = (tok, e).
+
+    groups: int64[2, n_groups + 1] (row 0: expert of each group, row 1: group starts);
+    x: float32[n_tok, n_embd]; xs16: its 16-sums; h: float32[n_pairs, n_ff];
+    n_chunks: `n_chunks_for(n_ff)`."""
+    n_ff = h.shape[1]
+    n_embd = x.shape[1]
+    n_groups = groups.shape[1] - 1
+    for c in prange(n_chunks):
+        acc = np.empty(LANES, F32)
+        bg = np.empty(n_embd, F32)
+        bu = np.empty(n_embd, F32)
+        for r in range(c * n_ff // n_chunks, (c + 1) * n_ff // n_chunks):
+            for g in range(n_groups):
+                row = groups[0, g] * n_ff + r
+                p0 = groups[1, g]
+                p1 = groups[1, g + 1]
+                if p1 - p0 == 1:
+                    t = pair_tok[p0]
+                    vg = row_dot(fmt_g, bs_g, wg[row], x[t], xs16[t], acc, bg)
+                    vu = row_dot(fmt_u, bs_u, wu[row], x[t], xs16[t], acc, bu)
+                    h[p0, r] = silu(vg) * vu
+                else:
+                    decode_row(fmt_g, bs_g, wg[row], bg)
+                    decode_row(fmt_u, bs_u, wu[row], bu)
+                    for p in range(p0, p1):
+                        t = pair_tok[p]
+                        h[p, r] = silu(dot_f32(bg, x[t], acc)) * dot_f32(bu, x[t], acc)
+
+
+@njit(cache=True, parallel=True, fastmath=FAST)
+def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, hs16, out, n_chunks):
+    """out[tok, r] = sum over the token's pairs p of pair_w[p] * (down_e[r] . h[p]).
+
+    out: float32[n_tok, n_embd], zeroed by the caller; h: float32[n_pairs, n_ff]; hs16 its sums;
+    n_chunks: `n_chunks_for(n_embd)`."""
+    n_embd = out.shape[1]
+    n_ff = h.shape[1]
+    n_groups = groups.shape[1] - 1
+    for c in prange(n_chunks):
+        acc = np.empty(LANES, F32)
+        buf = np.empty(n_ff, F32)
+        for r in range(c * n_embd // n_chunks, (c + 1) * n_embd // n_chunks):
+            for g in range(n_groups):
+                row = groups[0, g] * n_embd + r
+                p0 = groups[1, g]
+                p1 = groups[1, g + 1]
+                if p1 - p0 == 1:
+                    v = row_dot(fmt_d, bs_d, wd[row], h[p0], hs16[p0], acc, buf)
+                    out[pair_tok[p0], r] += pair_w[p0] * v
+                else:
+                    decode_row(fmt_d, bs_d, wd[row], buf)
+                    for p in range(p0, p1):
+                        out[pair_tok[p], r] += pair_w[p] * dot_f32(buf, h[p], acc)
+
+
+@njit(cache=True)
+def softmax_topk(logits, k, ids, weights):
+    """Router: per token, softmax over all experts, the k largest probabilities (lower index
+    first on ties), renormalised to sum to 1. logits: [n_tok, n_expert]; ids: int64[n_tok, k];
+    weights: float32[n_tok, k]."""
+    n_expert = logits.shape[1]
+    p = np.empty(n_expert, F32)
+    for t in range(logits.shape[0]):
+        mx = logits[t].max()
+        total = F32(0.0)
+        for e in range(n_expert):
+            p[e] = np.exp(logits[t, e] - mx)
+            total += p[e]
+        for e in range(n_expert):
+            p[e] /= total
+        chosen = 0.0
+        for j in range(k):
+            best = -1
+            for e in range(n_expert):
+                if p[e] >= 0 and (best < 0 or p[e] > p[best]):
+                    best = e
+            ids[t, j] = best
+            weights[t, j] = p[best]
+            chosen += p[best]
+            p[best] = -1.0
+        for j in range(k):
+            weights[t, j] = weights[t, j] / F32(chosen)

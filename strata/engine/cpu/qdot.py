@@ -1,0 +1,236 @@
+"""The dot product of one quantized weight row with an f32 activation vector, from the row's bytes.
+
+The hot formats (F32, F16, BF16, Q8_0, Q4_K, Q6_K) have fused loops: each value is turned into a
+float and multiplied into one of `LANES` independent accumulators, so the compiler keeps the
+loop in vector registers and the sum is reduced once per row, not once per block. Scales that are
+constant over a sub-block are applied per value (one extra multiply) or, for the K-quant minimums,
+factored out against precomputed sums of 16 activations (`xs16`). Every other format decodes a
+block at a time into a scratch row with the quant package's `decode_block` and then takes a plain
+f32 dot: correct for every format, and the fused loops can be added one format at a time.
+
+All functions take `row`: uint8[::1] (one row's bytes), `x`: float32[::1] (the row's width),
+`xs16`: float32[::1] (sums of x over groups of 16; only the K-quants read it), and scratch
+`acc`: float32[LANES], `buf`: float32[width].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as _T
+from numba import njit
+
+from strata.quant.blocks import decode_block
+from strata.quant.scalars import f16_bits_to_f32
+
+F32 = np.float32
+LANES = 64  # independent accumulators: enough for four 16-wide vector registers
+FAST = {"contract", "reassoc", "nsz"}  # fused multiply-add and reassociation of the lane sums
+
+F32_T, F16_T, BF16_T = int(_T.F32), int(_T.F16), int(_T.BF16)
+Q8_0_T, Q4_K_T, Q6_K_T = int(_T.Q8_0), int(_T.Q4_K), int(_T.Q6_K)
+
+
+@njit(cache=True, fastmath=FAST)
+def _lanes_zero(acc):
+    for i in range(LANES):
+        acc[i] = 0.0
+
+
+@njit(cache=True, fastmath=FAST)
+def _lanes_sum(acc):
+    s = F32(0.0)
+    for i in range(LANES):
+        s += acc[i]
+    return s
+
+
+@njit(cache=True)
+def _f16(row, off):
+    return f16_bits_to_f32(np.int64(row[off]) | (np.int64(row[off + 1]) << 8))
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_f32(w, x, acc):
+    """Dot of two f32 vectors of the same length (w may be a decoded row)."""
+    n = x.shape[0]
+    _lanes_zero(acc)
+    n_full = n - n % LANES
+    for b in range(0, n_full, LANES):
+        for i in range(LANES):
+            acc[i] += w[b + i] * x[b + i]
+    s = _lanes_sum(acc)
+    for i in range(n_full, n):
+        s += w[i] * x[i]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_f16(row, x, acc):
+    """F16 row: each half converted by the exponent re-bias trick (vectorizes; exact)."""
+    h = row.view(np.uint16)
+    n = x.shape[0]
+    _lanes_zero(acc)
+    n_full = n - n % LANES
+    for b in range(0, n_full, LANES):
+        for i in range(LANES):
+            acc[i] += f16_bits_to_f32(np.int64(h[b + i])) * x[b + i]
+    s = _lanes_sum(acc)
+    for i in range(n_full, n):
+        s += f16_bits_to_f32(np.int64(h[i])) * x[i]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_bf16(row, x, acc):
+    """BF16 row: a bf16 is the top half of an f32."""
+    h = row.view(np.uint16)
+    n = x.shape[0]
+    _lanes_zero(acc)
+    n_full = n - n % LANES
+    for b in range(0, n_full, LANES):
+        for i in range(LANES):
+            acc[i] += np.uint32(np.uint32(h[b + i]) << 16).view(F32) * x[b + i]
+    s = _lanes_sum(acc)
+    for i in range(n_full, n):
+        s += np.uint32(np.uint32(h[i]) << 16).view(F32) * x[i]
+    return s
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_q8_0(row, x, acc):
+    """Q8_0: 34-byte blocks of fp16 d and 32 int8; value = d * q."""
+    q = row.view(np.int8)
+    _lanes_zero(acc)
+    for b in range(row.shape[0] // 34):
+        o = b * 34
+        d = _f16(row, o)
+        xo = b * 32
+        for i in range(32):
+            acc[i] += d * (F32(q[o + 2 + i]) * x[xo + i])
+    return _lanes_sum(acc)
+
+
+@njit(cache=True)
+def _k4_scale_min(row, sc, k):
+    """Sub-block k's 6-bit (scale, min) from a Q4_K/Q5_K 12-byte packed scale array at `sc`."""
+    if k < 4:
+        return row[sc + k] & 63, row[sc + k + 4] & 63
+    packed = row[sc + k + 4]
+    return ((packed & 15) | ((row[sc + k - 4] >> 6) << 4),
+            (packed >> 4) | ((row[sc + k] >> 6) << 4))
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_q4_k(row, x, xs16, acc):
+    """Q4_K: 144-byte super-blocks of 256; value = d*sc*q - dmin*m per 32. The minimum term is
+    dmin * m * (sum of the 32 activations), taken from xs16."""
+    _lanes_zero(acc)
+    mins = F32(0.0)
+    for b in range(row.shape[0] // 144):
+        o = b * 144
+        d = _f16(row, o)
+        dmin = _f16(row, o + 2)
+        for c in range(4):  # 32 bytes hold sub-blocks 2c (low nibbles) and 2c+1 (high)
+            s0, m0 = _k4_scale_min(row, o + 4, 2 * c)
+            s1, m1 = _k4_scale_min(row, o + 4, 2 * c + 1)
+            d0 = d * F32(s0)
+            d1 = d * F32(s1)
+            qo = o + 16 + 32 * c
+            xo = 256 * b + 64 * c
+            for i in range(32):
+                acc[i] += d0 * (F32(row[qo + i] & 15) * x[xo + i])
+            for i in range(32):
+                acc[32 + i] += d1 * (F32(row[qo + i] >> 4) * x[xo + 32 + i])
+            g = xo // 16
+            mins += dmin * (F32(m0) * (xs16[g] + xs16[g + 1]) + F32(m1) * (xs16[g + 2] + xs16[g + 3]))
+    return _lanes_sum(acc) - mins
+
+
+@njit(cache=True, fastmath=FAST)
+def dot_q6_k(row, x, acc):
+    """Q6_K: 210-byte super-blocks of 256 (low nibbles, 2-bit highs, 16 int8 scales, fp16 d);
+    value = d * scale * (q - 32), one scale per 16 values."""
+    sc8 = row.view(np.int8)
+    _lanes_zero(acc)
+    for b in range(row.shape[0] // 210):
+        o = b * 210
+        d = _f16(row, o + 208)
+        for h in range(2):  # two halves of 128 values
+            ql = o + 64 * h
+            qh = o + 128 + 32 * h
+            sc = o + 192 + 8 * h
+            xo = 256 * b + 128 * h
+            for g in range(2):  # values l = 16g..16g+15 of each 32-value quarter
+                s0 = d * F32(sc8[sc + g])
+                s1 = d * F32(sc8[sc + g + 2])
+                s2 = d * F32(sc8[sc + g + 4])
+                s3 = d * F32(sc8[sc + g + 6])
+                for i in range(16):
+                    lo = np.int32(row[ql + 16 * g + i])
+                    hi = np.int32(row[ql + 32 + 16 * g + i])
+                    top = np.int32(row[qh + 16 * g + i])
+                    q1 = ((lo & 15) | ((top & 3) << 4)) - 32
+                    q2 = ((hi & 15) | (((top >> 2) & 3) << 4)) - 32
+                    q3 = ((lo >> 4) | (((top >> 4) & 3) << 4)) - 32
+                    q4 = ((hi >> 4) | (((top >> 6) & 3) << 4)) - 32
+                    xi = xo + 16 * g + i
+                    acc[i] += s0 * (F32(q1) * x[xi])
+                    acc[16 + i] += s1 * (F32(q2) * x[xi + 32])
+                    acc[32 + i] += s2 * (F32(q3) * x[xi + 64])
+                    acc[48 + i] += s3 * (F32(q4) * x[xi + 96])
+    return _lanes_sum(acc)
+
+
+@njit(cache=True, fastmath=FAST)
+def decode_row(fmt, block_size, row, buf):
+    """Decode a whole row into buf[:width] (width = len(buf)) as f32, any supported format."""
+    n = buf.shape[0]
+    if fmt == F32_T:
+        w = row.view(np.float32)
+        for i in range(n):
+            buf[i] = w[i]
+    elif fmt == F16_T:
+        h = row.view(np.uint16)
+        for i in range(n):
+            buf[i] = f16_bits_to_f32(np.int64(h[i]))
+    elif fmt == BF16_T:
+        h = row.view(np.uint16)
+        for i in range(n):
+            buf[i] = np.uint32(np.uint32(h[i]) << 16).view(F32)
+    else:
+        n_blocks = n // block_size
+        block_bytes = row.shape[0] // n_blocks
+        for b in range(n_blocks):
+            decode_block(fmt, row, b * block_bytes, buf, b * block_size)
+
+
+@njit(cache=True, fastmath=FAST)
+def row_dot(fmt, block_size, row, x, xs16, acc, buf):
+    """dot(row's values, x) for any supported format: fused where there is a fused loop, else
+    decode into `buf` (float32[len(x)]) and an f32 dot."""
+    if fmt == Q8_0_T:
+        return dot_q8_0(row, x, acc)
+    if fmt == Q4_K_T:
+        return dot_q4_k(row, x, xs16, acc)
+    if fmt == Q6_K_T:
+        return dot_q6_k(row, x, acc)
+    if fmt == F32_T:
+        return dot_f32(row.view(np.float32), x, acc)
+    if fmt == F16_T:
+        return dot_f16(row, x, acc)
+    if fmt == BF16_T:
+        return dot_bf16(row, x, acc)
+    decode_row(fmt, block_size, row, buf)
+    return dot_f32(buf, x, acc)
+
+
+@njit(cache=True, fastmath=FAST)
+def sums16(x, out):
+    """out[t, g] = sum of x[t, 16g:16g+16] (rows whose width is not a multiple of 16 get the
+    whole groups only; no format that reads the sums has such rows)."""
+    for t in range(x.shape[0]):
+        for g in range(out.shape[1]):
+            s = F32(0.0)
+            for i in range(16):
+                s += x[t, 16 * g + i]
+            out[t, g] = s

@@ -1,0 +1,72 @@
+"""`Engine`: what every backend's engine offers — one sequence, a KV cache sized for
+`max_context`, `prefill` and `decode_step` returning the next token's logits.
+
+The sampler, the generation loop and the server drive any engine through this interface only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, Sequence
+
+import numpy as np
+
+from strata.errors import StrataError
+from strata.gguf import ModelShape
+
+# cb(name, layer, tensor): sees each intermediate of the forward (layer -1 outside the blocks).
+Callback = Callable[[str, int, np.ndarray], None]
+
+
+class EngineInputError(StrataError, ValueError):
+    """Tokens the engine cannot take: empty, out of the vocabulary, or past the context."""
+
+
+class ContextFullError(EngineInputError):
+    """The sequence would not fit in the engine's `max_context` positions."""
+
+
+class Engine(ABC):
+    """One sequence through a model. `prefill` appends tokens at positions n_past.. and
+    `decode_step` appends one; both return float32[n_vocab] logits of the next token."""
+
+    backend: str  # "cpu", "cuda", ...
+    shape: ModelShape
+    max_context: int
+
+    @property
+    @abstractmethod
+    def n_past(self) -> int:
+        """Positions of the sequence already in the KV cache."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget the sequence (the KV cache is reused, not freed)."""
+
+    @abstractmethod
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Process `tokens` after the current sequence; float32[n_vocab] logits of the token
+        that follows them."""
+
+    @abstractmethod
+    def decode_step(self, token: int) -> np.ndarray:
+        """Process one token; float32[n_vocab] logits of the next."""
+
+    def check_tokens(self, tokens: Sequence[int]) -> np.ndarray:
+        """The tokens as int64[n], or an `EngineInputError` naming what is wrong."""
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or arr.size == 0:
+            raise EngineInputError("the prompt is empty: give at least one token")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise EngineInputError(f"token ids must be integers, got {arr.dtype}")
+        bad = arr[(arr < 0) | (arr >= self.shape.n_vocab)]
+        if bad.size:
+            raise EngineInputError(f"token id {int(bad[0])} is outside the vocabulary "
+                                   f"(0..{self.shape.n_vocab - 1})")
+        if self.n_past + arr.size > self.max_context:
+            what = (f"the prompt has {arr.size} tokens" if self.n_past == 0 else
+                    f"{arr.size} more tokens after {self.n_past}")
+            raise ContextFullError(
+                f"{what} but the context holds {self.max_context} (raise --max-context; "
+                f"the model was trained for {self.shape.n_ctx_train})")
+        return arr.astype(np.int64)

@@ -1,0 +1,105 @@
+"""The generation loop, backend-independent: prefill the prompt, then sample and decode one token
+at a time until a stop token, the token budget, or the end of the context."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+
+from strata.engine.engine import Engine
+from strata.engine.sampler import Sampler
+
+STOP_REASONS = ("stop", "length", "context")
+
+
+class TextStream(Protocol):
+    """Token ids in, text out, never splitting a UTF-8 character (the tokenizer's
+    StreamDecoder)."""
+
+    def push(self, token: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@dataclass(slots=True)
+class Generation:
+    """What one generation produced. `tokens` are the generated ids (a stop token that ended it
+    is the last one, and adds no text); `logits` (when kept) is float32[len(tokens), n_vocab],
+    row i the logits that chose tokens[i]."""
+
+    prompt_tokens: int
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    stop_reason: str = "length"  # one of STOP_REASONS
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    logits: np.ndarray | None = None
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens decoded per second: the first generated token comes from the prefill, so
+        len(tokens) - 1 decode steps fed the rest."""
+        n = len(self.tokens) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: Sampler,
+             stop_ids: Iterable[int] = (), text: TextStream | None = None,
+             on_text: Callable[[str], None] | None = None,
+             keep_logits: bool = False) -> Generation:
+    """Generate up to `n_predict` tokens after `prompt` on a fresh sequence of `engine`.
+
+    Stops at a token in `stop_ids` (reason "stop"), after `n_predict` tokens ("length"), or
+    when the context is full ("context"). Text goes through `text` (when given) and each new
+    piece to `on_text` as soon as it is complete."""
+    if n_predict < 1:
+        raise ValueError(f"n_predict must be at least 1, got {n_predict}")
+    stops = frozenset(int(t) for t in stop_ids)
+    engine.reset()
+    sampler.accept(prompt)
+    out = Generation(prompt_tokens=len(prompt))
+    rows: list[np.ndarray] = []
+    pieces: list[str] = []
+
+    def emit(piece: str) -> None:
+        if piece:
+            pieces.append(piece)
+            if on_text is not None:
+                on_text(piece)
+
+    t0 = time.perf_counter()
+    logits = engine.prefill(prompt)
+    out.prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    while True:
+        if keep_logits:
+            rows.append(np.array(logits, dtype=np.float32))
+        token = sampler(logits)
+        out.tokens.append(token)
+        if token in stops:
+            out.stop_reason = "stop"
+            break
+        if text is not None:
+            emit(text.push(token))
+        if len(out.tokens) >= n_predict:
+            out.stop_reason = "length"
+            break
+        if engine.n_past >= engine.max_context:
+            out.stop_reason = "context"
+            break
+        logits = engine.decode_step(token)
+    out.decode_s = time.perf_counter() - t0
+    if text is not None:
+        emit(text.flush())
+    out.text = "".join(pieces)
+    if keep_logits:
+        out.logits = np.stack(rows) if rows else np.zeros((0, engine.shape.n_vocab), np.float32)
+    return out
+

@@ -1,0 +1,39 @@
+"""`HostKVCache`: the keys and values of one sequence in host memory, preallocated for the
+whole context so a long generation never reallocates (and never runs out half-way)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class HostKVCache:
+    """K and V of every layer for positions 0..n_ctx-1: `k[layer]` is [n_ctx, n_head_kv,
+    head_dim] f32. The pages are reserved up front and touched as positions fill, so a large
+    `n_ctx` costs address space, not resident memory, until it is used."""
+
+    def __init__(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int):
+        for name, v in (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
+                        ("head_dim", head_dim)):
+            if v < 1:
+                raise ValueError(f"{name} must be at least 1, got {v}")
+        self.n_layer, self.n_ctx = n_layer, n_ctx
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        self.k = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), np.float32)
+        self.v = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), np.float32)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.n_layer * self.n_head_kv * self.head_dim * self.k.itemsize
+
+    def store(self, layer: int, start: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write k, v ([n_tokens, n_head_kv, head_dim]) at positions start..start+n_tokens-1."""
+        n = k.shape[0]
+        if start < 0 or start + n > self.n_ctx:
+            raise ValueError(f"positions {start}..{start + n - 1} fall outside the cache's "
+                             f"{self.n_ctx} positions")
+        self.k[layer, start:start + n] = k
+        self.v[layer, start:start + n] = v

@@ -1,0 +1,128 @@
+"""`strata generate` end to end on the CPU backend: JSON output, streaming, logits, chat, stopping,
+the built-in default model, and every bad input as a clear one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ggufmake
+from helpers import reference as ref
+from helpers.engine_models import PROMPT, model_path
+from strata.cli.main import main
+from strata.gguf import open_model
+from strata.tokenizer import ChatTemplate, Tokenizer
+
+IDS = ",".join(map(str, PROMPT))
+GREEDY = ["--temperature", "0"]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_models):
+    return str(model_path(tmp_models, "Q8_0"))
+
+
+def _run(capsys, *argv):
+    code = main(["generate", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _json(capsys, *argv):
+    code, out, err = _run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_greedy_tokens_are_the_reference_and_text_their_decoding(capsys, model):
+    res = _json(capsys, "-m", model, "--prompt-tokens", IDS, "-n", "6", *GREEDY)
+    want, _ = ref.greedy(ref.RefModel.load(model), PROMPT, 6)
+    assert res["tokens"] == want
+    tok = Tokenizer.from_metadata(open_model(model).metadata)
+    assert res["text"] == tok.decode(want)
+    st = res["stats"]
+    assert (st["prompt_tokens"], st["generated_tokens"], st["backend"]) == (7, 6, "cpu")
+    assert st["prefill_tokens_per_s"] > 0 and st["decode_tokens_per_s"] > 0
+    assert st["stop_reason"] == "length"
+
+
+def test_text_streams_to_stdout_and_stats_go_to_stderr(capsys, model):
+    res = _json(capsys, "-m", model, "--prompt", "The cat sat", "-n", "5", *GREEDY)
+    code, out, err = _run(capsys, "-m", model, "--prompt", "The cat sat", "-n", "5", *GREEDY)
+    assert code == 0
+    assert out == res["text"] + "\n"
+    assert "[cpu] prompt" in err and "generated 5" in err
+
+
+def test_logits_out_holds_the_row_that_chose_each_token(capsys, model, tmp_path):
+    path = tmp_path / "logits.npy"
+    res = _json(capsys, "-m", model, "--prompt-tokens", IDS, "-n", "4", *GREEDY,
+                "--logits-out", str(path))
+    logits = np.load(path)
+    assert logits.dtype == np.float32 and logits.shape == (4, 640)
+    assert np.argmax(logits, axis=1).tolist() == res["tokens"]
+    want = ref.forward(ref.RefModel.load(model), PROMPT)[-1]
+    assert np.linalg.norm(logits[0] - want) / np.linalg.norm(want) < 1e-3
+
+
+def test_chat_wraps_the_message_in_the_template(capsys, model):
+    res = _json(capsys, "-m", model, "--chat", "Hello there", "-n", "2", *GREEDY)
+    meta = open_model(model).metadata
+    tok = Tokenizer.from_metadata(meta)
+    text = ChatTemplate.from_metadata(meta, tok).render([{"role": "user", "content": "Hello there"}])
+    assert "Hello there" in text and text != "Hello there"
+    assert res["stats"]["prompt_tokens"] == len(tok.encode(text))
+
+
+def test_a_seed_repeats_a_sampled_generation(capsys, model):
+    argv = ("-m", model, "--prompt-tokens", IDS, "-n", "8", "--temperature", "1.5",
+            "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "11")
+    assert _json(capsys, *argv)["tokens"] == _json(capsys, *argv)["tokens"]
+
+
+def test_generation_stops_at_the_context_limit_with_a_message(capsys, model):
+    code, out, err = _run(capsys, "-m", model, "--prompt-tokens", IDS, "-n", "10",
+                          "--max-context", "9", *GREEDY, "--json")
+    assert code == 0
+    res = json.loads(out)
+    assert res["stats"]["stop_reason"] == "context" and len(res["tokens"]) == 3
+    assert "context of 9 tokens is full" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-tokens", "1,640"], "token id 640 is outside the vocabulary (0..639)"),
+    (["--prompt-tokens", "1,x"], "--prompt-tokens must be comma-separated integers"),
+    (["--prompt", ""], "the prompt is empty"),
+    (["--prompt-tokens", IDS, "-n", "0"], "-n must be at least 1"),
+    (["--prompt-tokens", IDS, "--max-context", "4"],
+     "the prompt has 7 tokens but the context holds 4"),
+    (["--prompt-tokens", IDS, "--top-p", "0"], "bad sampling option: top_p"),
+    (["--prompt-tokens", IDS, "--backend", "cuda"],
+     "--backend cuda: the CUDA engine (GPU) is not available in this build"),
+])
+def test_bad_input_is_a_clear_error(capsys, model, argv, message):
+    code, out, err = _run(capsys, "-m", model, *argv)
+    assert code == 1 and out == ""
+    assert err.startswith("error: ") and message in err, err
+    assert "Traceback" not in err
+
+
+def test_a_file_of_another_architecture_is_refused(capsys, tmp_path):
+    path = ggufmake.write(tmp_path / "llama.gguf", arch="llama")
+    code, _, err = _run(capsys, "-m", path, "--prompt-tokens", "1,2")
+    assert code == 1 and "architecture 'llama' is not supported" in err
+
+
+def test_the_default_model_runs_on_a_fresh_machine(tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    cmd = [sys.executable, "-m", "strata.cli.main", "generate", "--prompt", "Hello", "-n", "4",
+           "--seed", "1"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert list((tmp_path / "cache" / "strata").glob("tiny-*.gguf"))
+    assert "[cpu] prompt" in p.stderr and "generated 4" in p.stderr

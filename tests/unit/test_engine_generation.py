@@ -1,0 +1,135 @@
+"""The generation loop's stopping rules, streaming and logits, on a scripted engine (the loop is
+backend-independent; the real engines are checked against references elsewhere), and the backend
+registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine import BackendError, Engine, Sampler, SamplingParams, generate, select_backend
+from strata.engine.backends import CHOICES
+from strata.gguf import ModelShape
+
+N_VOCAB = 12
+
+
+class ScriptedEngine(Engine):
+    """Logits whose arg-max is the next token of `script`; records what it was fed."""
+
+    backend = "scripted"
+
+    def __init__(self, script, max_context=64):
+        self.script = list(script)
+        self.max_context = max_context
+        self.shape = ModelShape(
+            arch="test", n_layer=0, n_embd=1, n_head=1, n_head_kv=1, head_dim=1, n_expert=1,
+            n_expert_used=1, n_ff_expert=1, n_vocab=N_VOCAB, n_ctx_train=max_context,
+            rope_freq_base=1.0, rms_norm_eps=1e-6, global_tensors=(), layers=(), file_bytes=0)
+        self.fed: list[int] = []
+        self._n_past = 0
+        self._step = 0
+
+    @property
+    def n_past(self):
+        return self._n_past
+
+    def reset(self):
+        self._n_past = 0
+        self._step = 0
+
+    def _logits(self):
+        z = np.zeros(N_VOCAB, np.float32)
+        z[self.script[self._step]] = 1.0 + self._step
+        self._step += 1
+        return z
+
+    def prefill(self, tokens):
+        ids = self.check_tokens(tokens)
+        self.fed += ids.tolist()
+        self._n_past += ids.size
+        return self._logits()
+
+    def decode_step(self, token):
+        return self.prefill([token])
+
+
+class Letters:
+    """A text stream that spells token t as chr(ord('a') + t), holding token 11 back until the
+    next token (like half of a UTF-8 character)."""
+
+    def __init__(self):
+        self.held = ""
+
+    def push(self, t):
+        out, self.held = self.held, ""
+        if t == 11:
+            self.held = "!"
+            return out
+        return out + chr(ord("a") + t)
+
+    def flush(self):
+        out, self.held = self.held, ""
+        return out
+
+
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_stops_at_a_stop_token_which_adds_no_text():
+    eng = ScriptedEngine([1, 2, 9, 3])
+    pieces = []
+    g = generate(eng, [4, 5], n_predict=10, sampler=Sampler(GREEDY), stop_ids={9},
+                 text=Letters(), on_text=pieces.append)
+    assert g.tokens == [1, 2, 9] and g.stop_reason == "stop"
+    assert g.text == "bc" and pieces == ["b", "c"]
+    assert eng.fed == [4, 5, 1, 2]  # the stop token is never decoded
+
+
+def test_stops_after_n_predict_tokens_and_keeps_each_choosing_row():
+    eng = ScriptedEngine([1, 11, 3, 4, 5])
+    g = generate(eng, [0], n_predict=3, sampler=Sampler(GREEDY), text=Letters(), keep_logits=True)
+    assert g.tokens == [1, 11, 3] and g.stop_reason == "length"
+    assert g.text == "b!d"  # the held piece comes out with the next token
+    assert g.logits.shape == (3, N_VOCAB) and g.logits.dtype == np.float32
+    assert np.argmax(g.logits, axis=1).tolist() == g.tokens
+    assert g.prompt_tokens == 1 and g.prefill_s >= 0 and g.decode_s >= 0
+
+
+def test_stops_when_the_context_is_full():
+    eng = ScriptedEngine([1, 2, 3, 4, 5, 6], max_context=4)
+    g = generate(eng, [7, 8], n_predict=10, sampler=Sampler(GREEDY))
+    # positions 0..3 hold the prompt and two decoded tokens; the third token comes from them
+    assert g.tokens == [1, 2, 3] and g.stop_reason == "context"
+    assert eng.n_past == 4
+
+
+def test_a_reused_engine_starts_a_fresh_sequence():
+    eng = ScriptedEngine([1, 2, 3])
+    generate(eng, [0], n_predict=2, sampler=Sampler(GREEDY))
+    g = generate(eng, [0], n_predict=2, sampler=Sampler(GREEDY))
+    assert g.tokens == [1, 2] and eng.n_past == 2
+
+
+def test_the_prompt_feeds_the_repeat_penalty():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0))
+    generate(ScriptedEngine([1, 2]), [5, 6], n_predict=2, sampler=s)
+    assert list(s.recent) == [5, 6, 1, 2]
+
+
+def test_n_predict_must_be_positive():
+    with pytest.raises(ValueError, match="n_predict must be at least 1"):
+        generate(ScriptedEngine([1]), [0], n_predict=0, sampler=Sampler(GREEDY))
+
+
+def test_auto_and_cpu_select_the_cpu_engine_here():
+    assert select_backend("cpu")[0] == "cpu"
+    assert select_backend("auto")[0] == "cpu"
+    assert CHOICES == ("auto", "cuda", "cpu")
+
+
+def test_an_absent_backend_is_a_clear_error():
+    with pytest.raises(BackendError, match="CUDA engine .* is not available in this build.*cpu"):
+        select_backend("cuda")
+    with pytest.raises(BackendError, match="unknown backend 'tpu'"):
+        select_backend("tpu")

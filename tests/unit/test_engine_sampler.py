@@ -1,0 +1,89 @@
+"""The sampler: greedy, each filter against its definition, the repeat penalty, seeds, and the
+empirical distribution of draws against the filtered softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine.sampler import Sampler, SamplingParams, apply_repeat_penalty, filtered_probs
+
+OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
+LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], np.float32)
+
+
+def _softmax(z, t=1.0):
+    e = np.exp((z - z.max()) / t)
+    return e / e.sum()
+
+
+def test_greedy_is_the_arg_max():
+    s = Sampler(SamplingParams(temperature=0))
+    assert s(LOGITS) == 3
+    assert s(np.array([0.0, 5.0, 5.0], np.float32)) == 1  # first of equal maxima
+
+
+def test_unfiltered_probabilities_are_the_tempered_softmax():
+    p = filtered_probs(LOGITS, SamplingParams(temperature=0.7, **OFF))
+    np.testing.assert_allclose(p, _softmax(LOGITS.astype(np.float64), 0.7), rtol=1e-12)
+
+
+def test_top_k_keeps_the_k_largest():
+    p = filtered_probs(LOGITS, SamplingParams(temperature=1.0, **{**OFF, "top_k": 2}))
+    assert set(np.flatnonzero(p)) == {0, 3}
+    np.testing.assert_allclose(p[[3, 0]], _softmax(np.array([3.0, 2.0])))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    full = _softmax(LOGITS.astype(np.float64))
+    order = np.argsort(-full)
+    # the two most likely tokens hold less than 0.85, the three most likely more
+    assert full[order[:2]].sum() < 0.85 < full[order[:3]].sum()
+    p = filtered_probs(LOGITS, SamplingParams(temperature=1.0, **{**OFF, "top_p": 0.85}))
+    assert set(np.flatnonzero(p)) == set(order[:3])
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    full = _softmax(LOGITS.astype(np.float64))
+    p = filtered_probs(LOGITS, SamplingParams(temperature=1.0, **{**OFF, "min_p": 0.3}))
+    assert set(np.flatnonzero(p)) == set(np.flatnonzero(full >= 0.3 * full.max()))
+    assert p.sum() == pytest.approx(1.0)
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():
+    out = apply_repeat_penalty(LOGITS, np.array([0, 4, 0]), 2.0)
+    assert out[0] == pytest.approx(1.0) and out[4] == pytest.approx(-2.0)
+    np.testing.assert_array_equal(np.delete(out, [0, 4]), np.delete(LOGITS, [0, 4]))
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=10.0))
+    s.accept([3])
+    assert s(LOGITS) == 0  # token 3 was recent: its 3.0 became 0.3
+
+
+def test_a_seed_makes_draws_repeatable():
+    params = SamplingParams(temperature=1.0, seed=123, **OFF)
+    s1, s2 = Sampler(params), Sampler(params)
+    draws = [s1(LOGITS) for _ in range(50)]
+    assert draws == [s2(LOGITS) for _ in range(50)]
+    assert len(set(draws)) > 1  # really sampling, not stuck on one token
+
+
+def test_draws_follow_the_filtered_distribution():
+    params = SamplingParams(temperature=0.9, top_k=4, top_p=0.97, min_p=0.02, seed=1)
+    want = filtered_probs(LOGITS, params)
+    s = Sampler(params)
+    n = 20000
+    counts = np.bincount([s(LOGITS) for _ in range(n)], minlength=LOGITS.size)
+    assert np.all(counts[want == 0] == 0)
+    # each kept token within 5 standard errors of its expected count
+    se = np.sqrt(n * want * (1 - want))
+    assert np.all(np.abs(counts - n * want) <= 5 * se + 1e-9)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(temperature=-1), "temperature"), (dict(top_k=-2), "top_k"), (dict(top_p=0), "top_p"),
+    (dict(min_p=1.5), "min_p"), (dict(repeat_penalty=0), "repeat_penalty"),
+    (dict(seed=-3), "seed"), (dict(repeat_last_n=-1), "repeat_last_n"),
+])
+def test_bad_parameters_name_themselves(bad, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**bad)
