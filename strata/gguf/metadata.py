@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from gguf import GGUFValueType
 
 from strata.gguf.errors import MissingKeyError
+from strata.gguf.header import Header
 
 _INT_TYPES = {
     GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
@@ -19,10 +19,16 @@ _FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 class Metadata:
     """The metadata of one file. Values are decoded on first use; arrays stay numpy where numeric."""
 
-    def __init__(self, path: str, fields: dict[str, Any]):
-        self.path = path
-        self._fields = fields  # name -> gguf ReaderField
+    def __init__(self, header: Header):
+        self.path = header.path
+        self._header = header
+        self._fields = header.fields  # name -> Field (where the value lies)
         self._cache: dict[str, Any] = {}
+
+    @classmethod
+    def read(cls, path: str) -> "Metadata":
+        """The metadata of the GGUF file at `path` (header only; no architecture checks)."""
+        return cls(Header(str(path)))
 
     def __contains__(self, key: str) -> bool:
         return key in self._fields
@@ -40,18 +46,8 @@ class Metadata:
         """The decoded value: int, float, bool, str, or a list / numpy array for arrays."""
         if key in self._cache:
             return self._cache[key]
-        f = self._field(key)
-        t = f.types[0]
-        if t == GGUFValueType.ARRAY:
-            sub = f.types[-1] if len(f.types) > 1 else None
-            if sub == GGUFValueType.STRING:
-                v: Any = [bytes(f.parts[i]).decode("utf-8", errors="replace") for i in f.data]
-            else:
-                v = np.concatenate([np.asarray(f.parts[i]) for i in f.data]) if f.data else np.zeros(0)
-        elif t == GGUFValueType.STRING:
-            v = bytes(f.parts[-1]).decode("utf-8", errors="replace")
-        else:
-            v = f.parts[-1][0].item()
+        self._field(key)
+        v = self._header.value(key)
         self._cache[key] = v
         return v
 
@@ -62,25 +58,25 @@ class Metadata:
         if key not in self._fields and default is not None:
             return default
         f = self._field(key)
-        if f.types[0] not in _INT_TYPES:
+        if f.vtype not in _INT_TYPES:
             raise MissingKeyError(self.path, f"metadata key {key!r} should be an integer, "
-                                             f"found {f.types[0].name}")
+                                             f"found {f.vtype.name}")
         return int(self.value(key))
 
     def float(self, key: str, default: float | None = None) -> float:
         if key not in self._fields and default is not None:
             return default
         f = self._field(key)
-        if f.types[0] not in _FLOAT_TYPES | _INT_TYPES:
+        if f.vtype not in _FLOAT_TYPES | _INT_TYPES:
             raise MissingKeyError(self.path, f"metadata key {key!r} should be a number, "
-                                             f"found {f.types[0].name}")
+                                             f"found {f.vtype.name}")
         return float(self.value(key))
 
     def str(self, key: str, default: str | None = None) -> str:
         if key not in self._fields and default is not None:
             return default
         f = self._field(key)
-        if f.types[0] != GGUFValueType.STRING:
+        if f.vtype != GGUFValueType.STRING:
             raise MissingKeyError(self.path, f"metadata key {key!r} should be a string, "
-                                             f"found {f.types[0].name}")
+                                             f"found {f.vtype.name}")
         return self.value(key)

@@ -10,53 +10,41 @@ import os
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
 from strata.gguf.arch import REGISTRY
 from strata.gguf.errors import (
-    ModelFileError, NotGGUFError, TruncatedError, UnknownArchitectureError, UnsupportedQuantError,
+    ModelFileError, TruncatedError, UnknownArchitectureError, UnsupportedQuantError,
 )
+from strata.gguf.header import Header
 from strata.gguf.metadata import Metadata
 from strata.gguf.shape import ModelShape
 from strata.gguf.tensors import TensorInfo
 from strata.quant.types import TYPES
 
-GGUF_MAGIC = b"GGUF"
 
-
-class _HeaderReader(GGUFReader):
-    """gguf-py's reader, stopped before it builds numpy views of the tensor data: we only need
-    each tensor's type, dimensions and offset, and check its byte range against the file."""
-
-    def _build_tensors(self, start_offs, fields):  # noqa: D401 - gguf-py's hook
-        self.tensor_fields = fields
-        self.tensor_data_start = int(start_offs)
-        self.tensors = []
-
-
-def _tensor_table(path: str, reader: _HeaderReader, file_bytes: int) -> dict[str, TensorInfo]:
+def _tensor_table(header: Header) -> dict[str, TensorInfo]:
+    path, file_bytes = header.path, header.file_bytes
     table: dict[str, TensorInfo] = {}
-    for f in reader.tensor_fields:
-        _name_len, name_data, _n_dims, dims, raw_type, rel_offset = f.parts
-        name = bytes(name_data).decode("utf-8", errors="replace")
+    for rt in header.tensors:
+        name, ne = rt.name, rt.ne
         if name in table:
             raise ModelFileError(path, f"tensor {name!r} appears twice in the tensor table")
-        ggml_type = int(raw_type[0])
-        q = TYPES.get(ggml_type)
+        q = TYPES.get(rt.ggml_type)
         if q is None:
-            raise UnsupportedQuantError(path, f"tensor {name!r} has unknown GGML type {ggml_type}")
-        ne = tuple(int(d) for d in dims)
+            raise UnsupportedQuantError(path, f"tensor {name!r} has unknown GGML type "
+                                              f"{rt.ggml_type}")
         if any(d <= 0 for d in ne):
             raise ModelFileError(path, f"tensor {name!r} has a non-positive dimension {list(ne)}")
         if ne[0] % q.block_size:
             raise ModelFileError(path, f"tensor {name!r}: row length {ne[0]} is not a multiple of "
                                        f"{q.name}'s block of {q.block_size}")
         n_bytes = q.tensor_bytes(ne)
-        offset = reader.tensor_data_start + int(rel_offset[0])
+        offset = header.data_start + rt.rel_offset
         if offset + n_bytes > file_bytes:
             raise TruncatedError(path, f"tensor {name!r} data ends at byte {offset + n_bytes:,} "
                                        f"but the file has {file_bytes:,} bytes (truncated?)")
-        table[name] = TensorInfo(name, ggml_type, ne, offset, n_bytes)
+        table[name] = TensorInfo(name, rt.ggml_type, ne, offset, n_bytes)
     return table
 
 
@@ -77,21 +65,11 @@ class ModelFile:
         p = Path(self.path)
         if not p.is_file():
             raise ModelFileError(self.path, "no such file")
-        self.file_bytes = p.stat().st_size
-        with open(p, "rb") as fh:
-            magic = fh.read(4)
-        if magic != GGUF_MAGIC:
-            raise NotGGUFError(self.path, f"not a GGUF file (starts with {magic!r}, "
-                                          f"expected {GGUF_MAGIC!r})")
-        try:
-            reader = _HeaderReader(self.path, "r")
-        except (IndexError, ValueError, KeyError, OverflowError, UnicodeDecodeError) as e:
-            # gguf-py reads past the mapped bytes of a cut header as short arrays, then fails on
-            # whatever comes next; any such failure means the header itself is incomplete.
-            raise TruncatedError(self.path, f"the GGUF header is truncated or corrupt ({e})") from e
-        self._data: np.memmap = reader.data  # [file_bytes] uint8, read-only mapping
-        self.metadata = Metadata(self.path, reader.fields)
-        self.tensors = _tensor_table(self.path, reader, self.file_bytes)
+        header = Header(self.path)
+        self.file_bytes = header.file_bytes
+        self._data = header.data()  # [file_bytes] uint8, read-only mapping
+        self.metadata = Metadata(header)
+        self.tensors = _tensor_table(header)
         arch_name = self.metadata.str("general.architecture")
         arch = REGISTRY.get(arch_name)
         if arch is None:

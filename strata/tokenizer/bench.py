@@ -64,7 +64,7 @@ def measure(path: str, *, n_bytes: int, repeat: int) -> dict:
     from strata.tokenizer.tokenizer import Tokenizer
 
     t0 = time.perf_counter()
-    meta = Metadata(path, GGUFReader(path).fields)
+    meta = Metadata.read(path)
     t1 = time.perf_counter()
     tok = Tokenizer.from_metadata(meta)
     t2 = time.perf_counter()

@@ -215,8 +215,7 @@ def write_gguf(path, meta: dict, *, arch: str = "qwen2", extra: dict | None = No
 def read_meta(path):
     """The file's metadata the way `ModelFile` exposes it (without needing a known arch)."""
     from strata.gguf.metadata import Metadata
-    r = gguf.GGUFReader(str(path))
-    return Metadata(str(path), r.fields)
+    return Metadata.read(str(path))
 
 
 # ------------------------------------------------------------------------- naive references

@@ -102,3 +102,51 @@ def test_no_output_head_means_tied(tmp_path):
     path = ggufmake.write(tmp_path / "m.gguf", drop_tensors=("output.weight",))
     s = open_model(path).shape
     assert [t.name for t in s.global_tensors] == ["token_embd.weight", "output_norm.weight"]
+
+
+def test_header_values_match_gguf_py(tmp_path):
+    """The fast header reader decodes every value type as gguf-py's reader does."""
+    from strata.gguf.metadata import Metadata
+
+    path = str(tmp_path / "kv.gguf")
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_uint8("t.u8", 200); w.add_int8("t.i8", -5); w.add_uint16("t.u16", 60000)
+    w.add_int16("t.i16", -30000); w.add_uint32("t.u32", 4_000_000_000); w.add_int32("t.i32", -7)
+    w.add_uint64("t.u64", 2**40); w.add_int64("t.i64", -(2**40)); w.add_float32("t.f32", 1.5)
+    w.add_float64("t.f64", -2.25); w.add_bool("t.b", True); w.add_string("t.s", "héllo ✓")
+    w.add_array("t.as", ["a", "", "ü" * 3, "z" * 300])
+    w.add_array("t.ai", [1, -2, 3]); w.add_array("t.af", [0.5, 1.5]); w.add_array("t.ab", [True, False])
+    w.add_array("t.empty", [])
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.close()
+    meta = Metadata.read(path)
+    ref = gguf.GGUFReader(path)
+    for key, field in ref.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        got = meta.value(key)
+        want = field.contents()
+        if isinstance(got, np.ndarray):
+            np.testing.assert_array_equal(got, np.asarray(want, dtype=got.dtype), err_msg=key)
+        elif isinstance(want, float):
+            assert got == pytest.approx(want), key
+        else:
+            assert got == want, key
+    assert meta.int("t.u32") == 4_000_000_000 and meta.str("t.s") == "héllo ✓"
+    with pytest.raises(MissingKeyError, match="t.s.*should be an integer"):
+        meta.int("t.s")
+
+
+def test_header_records_a_vocabulary_without_decoding_it(tmp_path):
+    """Opening skips over the vocabulary's strings; they are decoded only when asked for."""
+    from strata.gguf.metadata import Metadata
+
+    path = str(tmp_path / "v.gguf")
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_token_list([f"tok{i}" for i in range(150_000)])
+    w.add_uint32("after.vocab", 7)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.close()
+    meta = Metadata.read(path)
+    assert meta._fields["tokenizer.ggml.tokens"].count == 150_000
+    assert not meta._cache  # nothing decoded yet
+    assert meta.int("after.vocab") == 7  # the walk found the field behind the strings
+    assert meta.value("tokenizer.ggml.tokens")[149_999] == "tok149999"
