@@ -58,8 +58,6 @@ def _best(fn, repeat: int) -> float:
 
 def measure(path: str, *, n_bytes: int, repeat: int) -> dict:
     """Load/build seconds and, per text, encode/decode seconds and tokens."""
-    from gguf import GGUFReader
-
     from strata.gguf.metadata import Metadata
     from strata.tokenizer.tokenizer import Tokenizer
 
