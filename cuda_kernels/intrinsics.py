@@ -25,7 +25,8 @@ FULL_MASK = 0xFFFFFFFF
 
 __all__ = [
     "SIMULATED", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "h2f", "u2f", "f2u",
-    "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax",
+    "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
+    "block_max",
 ]
 
 
@@ -113,6 +114,16 @@ if SIMULATED:
             if p[0] > best[0] or (p[0] == best[0] and p[1] < best[1]):
                 best = p
         return best
+
+    def warp_suffix_sum(v):
+        """Sum of `v` over this lane and every higher lane."""
+        t = threading.current_thread()
+        vals = _warp_gather(v)
+        lane = t.thread_id % 32
+        s = vals[lane]
+        for x in vals[lane + 1:]:
+            s = s + x
+        return s
 
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
@@ -286,3 +297,43 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
         v, i = _argmax_step(v, i, 2)
         v, i = _argmax_step(v, i, 1)
         return v, i
+
+    @cuda.jit(device=True, inline="always")
+    def warp_suffix_sum(v):
+        lane = cuda.laneid
+        for off in (1, 2, 4, 8, 16):
+            o = cuda.shfl_down_sync(FULL_MASK, v, off)
+            if lane + off < 32:
+                v += o
+        return v
+
+
+@cuda.jit(device=True, inline="always")
+def block_sum(v, scratch):
+    """Sum of `v` over the block, in every thread. `scratch`: a shared float32 array of >= 32
+    entries the caller owns; every thread of the block must call this (it synchronises)."""
+    lane = cuda.threadIdx.x & 31
+    n_warps = (cuda.blockDim.x + 31) >> 5
+    s = warp_sum(v)
+    if lane == 0:
+        scratch[cuda.threadIdx.x >> 5] = s
+    cuda.syncthreads()
+    t = scratch[lane] if lane < n_warps else np.float32(0.0)
+    t = warp_sum(t)
+    cuda.syncthreads()
+    return t
+
+
+@cuda.jit(device=True, inline="always")
+def block_max(v, scratch):
+    """Max of `v` over the block, in every thread (same rules as block_sum)."""
+    lane = cuda.threadIdx.x & 31
+    n_warps = (cuda.blockDim.x + 31) >> 5
+    s = warp_max(v)
+    if lane == 0:
+        scratch[cuda.threadIdx.x >> 5] = s
+    cuda.syncthreads()
+    t = scratch[lane] if lane < n_warps else scratch[0]
+    t = warp_max(t)
+    cuda.syncthreads()
+    return t

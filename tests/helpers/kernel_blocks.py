@@ -39,12 +39,12 @@ def _own_random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator) -
 
 def random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
     """[n_rows, row_bytes] uint8 rows of `n_cols` values in a valid random encoding."""
-    t = T(int(ggml_type))
+    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
     return _own_random_rows(t, n_rows, n_cols, rng)
 
 
 def reference(ggml_type, rows: np.ndarray, n_cols: int) -> np.ndarray:
     """gguf-py's dequantization of [n_rows, row_bytes] rows, float64 [n_rows, n_cols]."""
-    t = T(int(ggml_type))
+    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
     out = dequantize(np.ascontiguousarray(rows), t)
     return np.asarray(out, dtype=np.float64).reshape(rows.shape[0], n_cols)

@@ -1,0 +1,217 @@
+"""Decode attention over the KV cache, split along the keys (flash-decoding).
+
+One query token, `n_head` query heads sharing `n_kv_head` KV heads (GQA group G = n_head /
+n_kv_head). Pass 1 (`decode_attention`): a block per (kv head, split of `split_len` keys) scores
+its keys for the G query heads, takes the split's softmax statistics (max m, sum l of exp(s - m))
+and the unnormalised sum of exp(s - m) * v; pass 2 (`combine_splits`) merges the splits. The
+sequence length is read from device memory (seq_len[0] + n_new keys are valid), so a CUDA graph
+captured once (grid sized for the cache's capacity; splits past the length exit at once) replays
+at every position.
+
+Work inside a block: a warp owns one key at a time; lane l holds dims l*D..l*D+D-1 (D =
+head_dim/32) of the key and of all G query vectors (in registers). The G partial dot products
+are reduced across the warp by a transposing butterfly (each step halves the values per lane),
+9 shuffles for G = 8 instead of 40. Keys are loaded `UNROLL` at a time so several rows are in
+flight per lane.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .kvcache import KvSide, make_reader
+from .mma import shfl_xor
+
+WARPS = 4
+THREADS = 32 * WARPS
+UNROLL = 4
+SPLIT_LEN = 256
+NEG_INF = float32(-np.inf)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.cache
+def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
+    D = head_dim // 32
+    GP = _pow2_at_least(group)  # padded group: the butterfly halves the value count
+    STEPS_SCATTER = GP.bit_length() - 1  # butterfly steps that halve the values per lane
+    REPL = 32 // GP  # lanes that end holding the same head's sum
+    read_k = make_reader(k_fmt, D, _row_bytes(k_fmt, head_dim))
+    read_v = make_reader(v_fmt, D, _row_bytes(v_fmt, head_dim))
+    N_SCORES, N_RED = group * split_len, group * head_dim
+    N_Q, N_KV, N_ACC = GP * D, UNROLL * D, group * D
+
+    @cuda.jit
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, qk_scale, part_o, part_ml):
+        hk, split = cuda.blockIdx.x, cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        n_kv = q.shape[0] // group
+        length = min(seq_len[0] + n_new, n_ctx)
+        k0 = split * split_len
+        n_keys = min(split_len, length - k0)
+        if n_keys <= 0:
+            return
+        s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, split]
+        s_red = cuda.shared.array(N_RED, float32)   # [G, head_dim] cross-warp sum of P V
+        qreg = cuda.local.array(N_Q, float32)
+        kv = cuda.local.array(N_KV, float32)
+        part = cuda.local.array(GP, float32)
+        acc = cuda.local.array(N_ACC, float32)
+        for g in range(GP):
+            for i in range(D):
+                qreg[g * D + i] = float32(0.0)
+                if g < group:
+                    qreg[g * D + i] = q[hk * group + g, lane * D + i] * qk_scale
+        # pass A: scores
+        for base in range(warp * UNROLL, n_keys, WARPS * UNROLL):
+            for u in range(UNROLL):  # past the split's end: re-read its last key, discarded below
+                key = k0 + min(base + u, n_keys - 1)
+                read_k(kd, ks, key * n_kv + hk, lane * D, kv, u * D)
+            for u in range(UNROLL):
+                for g in range(GP):
+                    s = float32(0.0)
+                    for i in range(D):
+                        s += qreg[g * D + i] * kv[u * D + i]
+                    part[g] = s
+                half = GP // 2
+                mask = 16
+                for _ in range(STEPS_SCATTER):  # transposing butterfly: lane keeps one half
+                    upper = (lane & mask) != 0
+                    for i in range(half):
+                        send = part[i] if upper else part[i + half]
+                        keep = part[i + half] if upper else part[i]
+                        part[i] = keep + shfl_xor(send, mask)
+                    half //= 2
+                    mask //= 2
+                s = part[0]
+                while mask >= 1:
+                    s += shfl_xor(s, mask)
+                    mask //= 2
+                head = lane // REPL  # the head index bits are the lane's top bits
+                if lane % REPL == 0 and head < group and base + u < n_keys:
+                    s_p[head * split_len + base + u] = s
+        cuda.syncthreads()
+        # pass B: softmax statistics per head
+        for g in range(warp, group, WARPS):
+            m = NEG_INF
+            for k in range(lane, n_keys, 32):
+                m = max(m, s_p[g * split_len + k])
+            for sh in (16, 8, 4, 2, 1):
+                m = max(m, shfl_xor(m, sh))
+            total = float32(0.0)
+            for k in range(lane, n_keys, 32):
+                p = math.exp(s_p[g * split_len + k] - m)
+                s_p[g * split_len + k] = p
+                total += p
+            for sh in (16, 8, 4, 2, 1):
+                total += shfl_xor(total, sh)
+            if lane == 0:
+                part_ml[split, hk * group + g, 0] = m
+                part_ml[split, hk * group + g, 1] = total
+        cuda.syncthreads()
+        # pass C: unnormalised P V
+        for i in range(N_ACC):
+            acc[i] = float32(0.0)
+        for base in range(warp * UNROLL, n_keys, WARPS * UNROLL):
+            for u in range(UNROLL):
+                key = k0 + min(base + u, n_keys - 1)
+                read_v(vd, vs, key * n_kv + hk, lane * D, kv, u * D)
+            for u in range(UNROLL):
+                if base + u < n_keys:
+                    for g in range(group):
+                        p = s_p[g * split_len + base + u]
+                        for i in range(D):
+                            acc[g * D + i] += p * kv[u * D + i]
+        for w in range(WARPS):  # fixed order: the sum does not depend on scheduling
+            if warp == w:
+                for g in range(group):
+                    for i in range(D):
+                        o = g * head_dim + lane * D + i
+                        s_red[o] = acc[g * D + i] if w == 0 else s_red[o] + acc[g * D + i]
+            cuda.syncthreads()
+        for o in range(tid, N_RED, THREADS):
+            part_o[split, hk * group + o // head_dim, o % head_dim] = s_red[o]
+
+    return kernel
+
+
+@cuda.jit
+def _combine(part_o, part_ml, seq_len, n_new, n_ctx, split_len, out):
+    h = cuda.blockIdx.x
+    length = min(seq_len[0] + n_new, n_ctx)
+    n_used = (length + split_len - 1) // split_len
+    m = NEG_INF
+    for s in range(n_used):
+        m = max(m, part_ml[s, h, 0])
+    den = float32(0.0)
+    for s in range(n_used):
+        den += math.exp(part_ml[s, h, 0] - m) * part_ml[s, h, 1]
+    for d in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
+        acc = float32(0.0)
+        for s in range(n_used):
+            acc += math.exp(part_ml[s, h, 0] - m) * part_o[s, h, d]
+        out[h, d] = acc / den
+
+
+def _check_pair(k: KvSide, v: KvSide):
+    a, b = k.layout, v.layout
+    if (a.n_ctx, a.n_kv_head, a.head_dim) != (b.n_ctx, b.n_kv_head, b.head_dim):
+        raise ValueError(f"K and V caches differ in shape: {a} vs {b}")
+
+
+def _row_bytes(fmt, head_dim):
+    return {"f16": 2 * head_dim, "int8": head_dim, "q4_0": head_dim // 32 * 18}[fmt]
+
+
+def n_splits(n_ctx: int, split_len: int = SPLIT_LEN) -> int:
+    """Splits covering a cache of `n_ctx` positions (the grid a captured graph is built for)."""
+    return -(-n_ctx // split_len)
+
+
+def allocate_partials(n_head: int, head_dim: int, n_ctx: int, split_len: int = SPLIT_LEN):
+    """(part_o [n_split, n_head, head_dim] f32, part_ml [n_split, n_head, 2] f32) scratch."""
+    s = n_splits(n_ctx, split_len)
+    return (cuda.device_array((s, n_head, head_dim), np.float32),
+            cuda.device_array((s, n_head, 2), np.float32))
+
+
+def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
+                     split_len: int = SPLIT_LEN, stream=0):
+    """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
+
+    q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
+    cache sides (the new tokens already written); L = seq_len[0] + n_new read on the device;
+    out: [n_head, head_dim] f32; partials: from `allocate_partials` (same split_len).
+    """
+    lay = k.layout
+    _check_pair(k, v)
+    n_head, hd = q.shape if q.ndim == 2 else (0, 0)
+    if q.dtype != np.float32 or q.ndim != 2 or hd != lay.head_dim or n_head % lay.n_kv_head:
+        raise ValueError(f"q must be float32 [n_head, {lay.head_dim}] with n_head a multiple of "
+                         f"{lay.n_kv_head}, got {q.dtype} {tuple(q.shape)}")
+    group = n_head // lay.n_kv_head
+    if group > 32:
+        raise ValueError(f"GQA group of {group} query heads per KV head exceeds 32")
+    if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    part_o, part_ml = partials
+    n_split = n_splits(lay.n_ctx, split_len)
+    if tuple(part_o.shape) != (n_split, n_head, hd) or tuple(part_ml.shape) != (n_split, n_head, 2):
+        raise ValueError(f"partials must be [{n_split}, {n_head}, {hd}] and [{n_split}, "
+                         f"{n_head}, 2] for split_len {split_len}")
+    if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
+        raise ValueError("seq_len must be an int32 [1] device array")
+    kernel = _split_kernel(lay.fmt, v.layout.fmt, hd, group, split_len)
+    scale = np.float32(1.0 / math.sqrt(hd))
+    kernel[(lay.n_kv_head, n_split), THREADS, stream](
+        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, scale, part_o, part_ml)
+    _combine[n_head, min(128, hd), stream](part_o, part_ml, seq_len, n_new, lay.n_ctx, split_len,
+                                           out)

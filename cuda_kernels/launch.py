@@ -1,0 +1,71 @@
+"""What every launcher shares: argument checks with precise messages, grid arithmetic, and the
+registry of kernels the PTX compile check builds.
+
+Launchers never copy: on a GPU every array must already be a device array (a host array would make
+numba copy it synchronously, which breaks CUDA-graph capture and costs a sync per launch). Under
+the simulator numpy arrays are accepted, since the simulator copies anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from numba import cuda
+
+from .intrinsics import SIMULATED
+
+
+def check_array(name: str, a: Any, dtype, shape: tuple[int | None, ...] | None = None) -> None:
+    """Refuse `a` unless it is a C-contiguous device array of `dtype` (a dtype or a tuple of them)
+    whose shape matches `shape` (None entries match any size)."""
+    if a is None:
+        raise ValueError(f"{name}: missing array")
+    if not SIMULATED and not cuda.is_cuda_array(a):
+        raise ValueError(f"{name}: expected a device array, got {type(a).__name__} "
+                         f"(copy it to the device once, outside the decode loop)")
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if np.dtype(a.dtype) not in [np.dtype(d) for d in dtypes]:
+        want = " or ".join(np.dtype(d).name for d in dtypes)
+        raise ValueError(f"{name}: dtype {np.dtype(a.dtype).name}, expected {want}")
+    if shape is not None:
+        if len(a.shape) != len(shape) or any(w is not None and w != s
+                                             for s, w in zip(a.shape, shape)):
+            want = tuple("*" if w is None else w for w in shape)
+            raise ValueError(f"{name}: shape {tuple(a.shape)}, expected {want}")
+    if not _c_contiguous(a):
+        raise ValueError(f"{name}: must be C-contiguous")
+
+
+def _c_contiguous(a: Any) -> bool:
+    flags = getattr(a, "flags", None)
+    if flags is not None:
+        return bool(flags["C_CONTIGUOUS"])
+    return bool(a.is_c_contiguous())
+
+
+def flat(a: Any) -> Any:
+    """A 1-D view of a C-contiguous array (device or host)."""
+    return a.reshape(a.size) if len(a.shape) != 1 else a
+
+
+def n_blocks(n_items: int, per_block: int) -> int:
+    return max(1, -(-int(n_items) // per_block))
+
+
+@dataclass(frozen=True, slots=True)
+class PtxCheck:
+    """One kernel specialization for the compile check: `build()` returns (py_func, signature)."""
+
+    family: str
+    name: str
+    build: Callable[[], tuple[Callable[..., Any], tuple]]
+
+
+PTX_CHECKS: list[PtxCheck] = []
+
+
+def register_ptx(family: str, name: str, build: Callable[[], tuple[Callable[..., Any], tuple]]):
+    """Add a kernel specialization to the compile check (modules call this at import)."""
+    PTX_CHECKS.append(PtxCheck(family, name, build))

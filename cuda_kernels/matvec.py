@@ -1,0 +1,126 @@
+"""Matrix-vector products directly on quantized rows: y = W x for one token (decode) and for a
+small batch of 2..8 tokens, every supported format; x float32 or float16, y float32.
+
+One warp per output row: lane l takes the row's 32-value groups l, l+32, ... through the format's
+fused `dot32` (one token) or decodes each group once with `dq32` and dots it with every token's x
+(batch), then the warp reduces with shuffles. Each kernel is specialised per (format, batch size),
+so the batch loop unrolls and the per-token sums stay in registers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, types
+
+from .intrinsics import ld_x4, warp_sum
+from .launch import check_array, flat, n_blocks, register_ptx
+from .qformats import BY_NAME, FORMATS, get_format
+
+WARPS = 4          # rows per block
+THREADS = 32 * WARPS
+MAX_TOKENS = 8
+F0 = np.float32(0.0)
+
+_CACHE: dict[tuple[int, int], object] = {}
+
+
+def _single(fmt):
+    dot32 = fmt.dot32
+
+    @cuda.jit
+    def matvec1(w, row_bytes, n_groups, n_rows, x, y):
+        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+        acc = F0
+        if row < n_rows:
+            off = row * row_bytes
+            for j in range(lane, n_groups, 32):
+                acc += dot32(w, off, j, x, j * 32)
+        s = warp_sum(acc)
+        if lane == 0 and row < n_rows:
+            y[row] = s
+    return matvec1
+
+
+def _batched(fmt, n_tok):
+    dq32 = fmt.dq32
+
+    @cuda.jit
+    def matvec_batch(w, row_bytes, n_groups, n_rows, x, y):
+        # w: [n_rows * row_bytes] u8; x: [n_tok * n_cols] f32|f16; y: [n_tok * n_rows] f32
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+        n_cols = n_groups * 32
+        acc = cuda.local.array(n_tok, np.float32)
+        vals = cuda.local.array(32, np.float32)
+        for t in range(n_tok):
+            acc[t] = F0
+        if row < n_rows:
+            off = row * row_bytes
+            for j in range(lane, n_groups, 32):
+                dq32(w, off, j, vals, 0)
+                for t in range(n_tok):
+                    s = F0
+                    for i in range(8):
+                        x0, x1, x2, x3 = ld_x4(x, t * n_cols + j * 32 + 4 * i)
+                        s += (vals[4 * i] * x0 + vals[4 * i + 1] * x1 + vals[4 * i + 2] * x2
+                              + vals[4 * i + 3] * x3)
+                    acc[t] += s
+        for t in range(n_tok):
+            s = warp_sum(acc[t])
+            if lane == 0 and row < n_rows:
+                y[t * n_rows + row] = s
+    return matvec_batch
+
+
+def kernel_for(ggml_type, n_tok: int):
+    """The compiled-on-first-use kernel for (format, batch size)."""
+    fmt = get_format(ggml_type)
+    key = (fmt.ggml_type, n_tok)
+    k = _CACHE.get(key)
+    if k is None:
+        k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
+        _CACHE[key] = k
+    return k
+
+
+def matvec(w, ggml_type, x, y, *, stream=0) -> None:
+    """y = W x on quantized rows. `w`: uint8, C-contiguous, 1-D or [n_rows, row_bytes], starting
+    16-byte aligned; `x`: [n_cols] or [n_tok, n_cols] float32/float16 (n_tok <= 8); `y`: [n_rows]
+    or [n_tok, n_rows] float32. n_cols must be a multiple of the format's block size."""
+    fmt = get_format(ggml_type)
+    check_array("x", x, (np.float32, np.float16))
+    if len(x.shape) not in (1, 2):
+        raise ValueError(f"x: shape {tuple(x.shape)}, expected [n_cols] or [n_tok, n_cols]")
+    n_tok = 1 if len(x.shape) == 1 else x.shape[0]
+    n_cols = x.shape[-1]
+    if not 1 <= n_tok <= MAX_TOKENS:
+        raise ValueError(f"x: {n_tok} tokens, matvec takes 1..{MAX_TOKENS}")
+    row_bytes = fmt.row_bytes(n_cols)
+    check_array("y", y, np.float32)
+    if len(y.shape) != len(x.shape) or (n_tok > 1 and y.shape[0] != n_tok):
+        raise ValueError(f"y: shape {tuple(y.shape)} does not match x {tuple(x.shape)}")
+    n_rows = y.shape[-1]
+    check_array("w", w, np.uint8)
+    if w.size < n_rows * row_bytes:
+        raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
+                         f"{n_rows * row_bytes}")
+    kernel_for(fmt.ggml_type, n_tok)[n_blocks(n_rows, WARPS), THREADS, stream](
+        flat(w), row_bytes, n_cols // 32, n_rows, flat(x), flat(y))
+
+
+def _ptx(fmt, n_tok, x_type):
+    def build():
+        k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
+        return k.py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
+                           x_type[::1], types.float32[::1])
+    return build
+
+
+for _f in FORMATS.values():
+    register_ptx("matvec", f"matvec1_{_f.name}_f32", _ptx(_f, 1, types.float32))
+    register_ptx("matvec", f"matvec1_{_f.name}_f16", _ptx(_f, 1, types.float16))
+    register_ptx("matvec", f"matvec8_{_f.name}_f32", _ptx(_f, 8, types.float32))
+for _n in range(2, MAX_TOKENS):
+    register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))

@@ -1,0 +1,88 @@
+"""MoE router: softmax over the experts' logits, top-k (k <= 16, up to 512 experts), optional
+renormalisation of the k weights to sum 1 (Qwen3's norm_topk_prob).
+
+One warp per token: each lane holds 16 expert slots (experts lane, lane+32, ...), so the softmax is
+two warp reductions and each of the k picks is one warp argmax; the winning lane retires its entry.
+Ties go to the lower expert id. The k ids come out in descending weight order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from .intrinsics import warp_argmax, warp_max, warp_sum
+from .launch import check_array, n_blocks, register_ptx
+
+MAX_EXPERTS = 512
+MAX_K = 16
+SLOTS = MAX_EXPERTS // 32
+WARPS = 4
+NEG_INF = np.float32(-np.inf)
+F0 = np.float32(0.0)
+
+
+@cuda.jit
+def route_kernel(logits, n_tok, n_expert, k, norm_topk, ids, weights):
+    # logits: [n_tok, n_expert] f32; ids: [n_tok, k] i32; weights: [n_tok, k] f32
+    lane = cuda.threadIdx.x & 31
+    tok = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    active = tok < n_tok
+    vals = cuda.local.array(SLOTS, np.float32)
+    m = NEG_INF
+    for s in range(SLOTS):
+        e = lane + 32 * s
+        v = logits[tok, e] if active and e < n_expert else NEG_INF
+        vals[s] = v
+        m = max(m, v)
+    m = warp_max(m)
+    z = F0
+    for s in range(SLOTS):
+        if vals[s] > NEG_INF:
+            z += math.exp(vals[s] - m)
+    z = warp_sum(z)
+    my_id = 0
+    my_p = F0
+    picked = F0
+    for r in range(k):
+        best = NEG_INF
+        best_e = 1 << 30
+        for s in range(SLOTS):
+            if vals[s] > best:
+                best = vals[s]
+                best_e = lane + 32 * s
+        best, best_e = warp_argmax(best, best_e)
+        p = math.exp(best - m) / z if best > NEG_INF else F0
+        picked += p
+        if lane == r:
+            my_id = best_e
+            my_p = p
+        for s in range(SLOTS):  # constant indices keep vals in registers
+            if lane + 32 * s == best_e:
+                vals[s] = NEG_INF
+    if active and lane < k:
+        ids[tok, lane] = my_id
+        weights[tok, lane] = my_p / picked if norm_topk else my_p
+
+
+def route(logits, ids, weights, *, norm_topk: bool = True, stream=0) -> None:
+    """Top-k routing of `logits` [n_tok, n_expert] (float32, n_expert <= 512) into `ids`
+    [n_tok, k] int32 and `weights` [n_tok, k] float32 (k <= 16, k <= n_expert)."""
+    check_array("logits", logits, np.float32, (None, None))
+    n_tok, n_expert = logits.shape
+    if not 1 <= n_expert <= MAX_EXPERTS:
+        raise ValueError(f"logits: {n_expert} experts, the router takes 1..{MAX_EXPERTS}")
+    check_array("ids", ids, np.int32, (n_tok, None))
+    k = ids.shape[1]
+    if not 1 <= k <= min(MAX_K, n_expert):
+        raise ValueError(f"ids: k = {k}, expected 1..{min(MAX_K, n_expert)}")
+    check_array("weights", weights, np.float32, (n_tok, k))
+    route_kernel[n_blocks(n_tok, WARPS), 32 * WARPS, stream](
+        logits, n_tok, n_expert, k, bool(norm_topk), ids, weights)
+
+
+register_ptx("router", "route", lambda: (route_kernel.py_func, (
+    types.float32[:, ::1], types.int64, types.int64, types.int64, types.boolean,
+    types.int32[:, ::1], types.float32[:, ::1])))

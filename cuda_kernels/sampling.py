@@ -1,0 +1,338 @@
+"""On-device token choice, so a decode step never waits on the host: greedy argmax, and a seeded
+sampler (repetition penalty, top-k, top-p, min-p, temperature) whose random number is a hash of
+(seed, step). Both append the chosen id to a device token history and bump its length, which the
+next step's embedding lookup reads.
+
+The sampler runs in one block: radix select (4 passes of a 256-bin histogram) finds the k largest
+logits (k = top_k, or KMAX = 256 when top_k is 0 or larger: candidates past the 256th are never
+sampled), a bitonic sort orders them, then one thread applies top-p and min-p to the T=1
+probabilities of the candidates, and samples the kept prefix at the given temperature (the order
+llama.cpp's default chain uses). Temperature <= 0 means greedy.
+
+Device parameters, so a captured graph reads the current request's settings:
+  fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)
+  iparams int64 [3]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block size)
+The repetition penalty rewrites the penalised logits in place (v / p if v > 0 else v * p).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from .intrinsics import SIMULATED, f2u, warp_argmax, warp_suffix_sum
+from .launch import check_array, register_ptx
+
+THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
+KMAX = 256
+NEG_INF = np.float32(-np.inf)
+F0 = np.float32(0.0)
+M32 = 0xFFFFFFFF
+
+
+@cuda.jit(device=True, inline="always")
+def mix32(x):
+    """A 32-bit integer hash (xor-shift-multiply), in int64 arithmetic that never wraps."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    x ^= x >> 16
+    return x
+
+
+@cuda.jit(device=True, inline="always")
+def uniform01(seed, step):
+    """A float32 in [0, 1) from (seed, step); `uniform(seed, step)` is the host mirror."""
+    h = mix32(mix32(mix32((np.int64(step) ^ 0x9E3779B9) & M32) ^ (seed & M32)) ^ ((seed >> 32) & M32))
+    return np.float32(h >> 8) * np.float32(1.0 / 16777216.0)
+
+
+def uniform(seed: int, step: int) -> float:
+    """Host mirror of the device random number for (seed, step)."""
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & M32
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & M32
+        return x ^ (x >> 16)
+    h = mix(mix(mix((step ^ 0x9E3779B9) & M32) ^ (seed & M32)) ^ ((seed >> 32) & M32))
+    return float(np.float32(h >> 8) * np.float32(1.0 / 16777216.0))
+
+
+@cuda.jit(device=True, inline="always")
+def fkey(v):
+    """An unsigned key ordering floats like their values (NaN ranks as -inf)."""
+    if v != v:
+        v = NEG_INF
+    u = f2u(v)
+    return (u ^ M32) if u & 0x80000000 else (u | 0x80000000)
+
+
+@cuda.jit(device=True, inline="always")
+def block_argmax(v, i, sv, si):
+    v, i = warp_argmax(v, i)
+    if (cuda.threadIdx.x & 31) == 0:
+        sv[cuda.threadIdx.x >> 5] = v
+        si[cuda.threadIdx.x >> 5] = i
+    cuda.syncthreads()
+    lane = cuda.threadIdx.x & 31
+    n_warps = cuda.blockDim.x >> 5
+    v, i = warp_argmax(sv[lane] if lane < n_warps else NEG_INF,
+                       si[lane] if lane < n_warps else 1 << 30)
+    cuda.syncthreads()
+    return v, i
+
+
+@cuda.jit(device=True, inline="always")
+def push_token(tokens, n_tokens, tok):
+    """Append `tok` to the history (thread 0 only); a full history is left unchanged."""
+    n = n_tokens[0]
+    if n < tokens.shape[0]:
+        tokens[n] = tok
+        n_tokens[0] = n + 1
+
+
+@cuda.jit(device=True, inline="always")
+def greedy(logits, n_vocab, sv, si):
+    best = NEG_INF
+    bi = 1 << 30
+    for i in range(cuda.threadIdx.x, n_vocab, cuda.blockDim.x):
+        v = logits[i]
+        if v > best:
+            best = v
+            bi = i
+    return block_argmax(best, bi, sv, si)
+
+
+@cuda.jit
+def argmax_kernel(logits, n_vocab, tokens, n_tokens):
+    # logits: [n_vocab] f32; tokens: [capacity] i32 history; n_tokens: [1] i32
+    sv = cuda.shared.array(32, np.float32)
+    si = cuda.shared.array(32, np.int32)
+    _, bi = greedy(logits, n_vocab, sv, si)
+    if cuda.threadIdx.x == 0:
+        push_token(tokens, n_tokens, bi)
+
+
+@cuda.jit(device=True, inline="always")
+def apply_penalty(logits, tokens, n, rp, last_n):
+    """Penalise the last `last_n` (<= blockDim) tokens once each: every copy of a repeated token
+    reads the unpenalised logit before any thread writes, so duplicates write the same value."""
+    t = cuda.threadIdx.x
+    tok = 0
+    v = F0
+    if t < last_n:
+        tok = tokens[n - 1 - t]
+        v = logits[tok]
+    cuda.syncthreads()
+    if t < last_n:
+        logits[tok] = v / rp if v > F0 else v * rp
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def select_bin(hist, remaining, misc):
+    """Find the bin b with count(bins > b) < remaining <= count(bins >= b); misc[0] = b,
+    misc[1] = count(bins > b). Every warp computes it (uniform calls); warp 0 writes."""
+    lane = cuda.threadIdx.x & 31
+    c = 0
+    for q in range(8):
+        c += hist[8 * lane + q]
+    suffix = warp_suffix_sum(c)  # bins >= 8 * lane
+    above = suffix - c
+    if cuda.threadIdx.x < 32 and above < remaining and remaining <= suffix:
+        acc = above
+        for q in range(7, -1, -1):
+            h = hist[8 * lane + q]
+            if acc + h >= remaining:
+                misc[0] = 8 * lane + q
+                misc[1] = acc
+                break
+            acc += h
+
+
+@cuda.jit(device=True, inline="always")
+def radix_threshold(logits, n_vocab, k, hist, misc):
+    """(key of the k-th largest logit, how many logits equal to it belong to the top k)."""
+    t = cuda.threadIdx.x
+    prefix = 0
+    mask = 0
+    remaining = k
+    for p in range(4):
+        shift = 24 - 8 * p
+        for b in range(t, 256, cuda.blockDim.x):
+            hist[b] = 0
+        cuda.syncthreads()
+        for i in range(t, n_vocab, cuda.blockDim.x):
+            key = fkey(logits[i])
+            if (key & mask) == prefix:
+                cuda.atomic.add(hist, (key >> shift) & 255, 1)
+        cuda.syncthreads()
+        select_bin(hist, remaining, misc)
+        cuda.syncthreads()
+        remaining -= misc[1]
+        prefix |= np.int64(misc[0]) << shift
+        mask |= 255 << shift
+        cuda.syncthreads()
+    return prefix, remaining
+
+
+@cuda.jit(device=True, inline="always")
+def gather_top(logits, n_vocab, k, thr, n_ties, cand_v, cand_i, misc):
+    t = cuda.threadIdx.x
+    if t == 0:
+        misc[2] = 0
+        misc[3] = 0
+    for s in range(t, KMAX, cuda.blockDim.x):
+        cand_v[s] = NEG_INF
+        cand_i[s] = -1
+    cuda.syncthreads()
+    n_gt = k - n_ties
+    for i in range(t, n_vocab, cuda.blockDim.x):
+        v = logits[i]
+        key = fkey(v)
+        if key > thr:
+            s = cuda.atomic.add(misc, 2, 1)
+            cand_v[s] = v
+            cand_i[s] = i
+        elif key == thr:
+            s = cuda.atomic.add(misc, 3, 1)
+            if s < n_ties:
+                cand_v[n_gt + s] = v
+                cand_i[n_gt + s] = i
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def bitonic_desc(cand_v, cand_i):
+    """Sort the KMAX candidates by value, descending."""
+    size = 2
+    while size <= KMAX:
+        stride = size >> 1
+        while stride > 0:
+            for pr in range(cuda.threadIdx.x, KMAX >> 1, cuda.blockDim.x):
+                i = 2 * stride * (pr // stride) + pr % stride
+                j = i + stride
+                desc = (i & size) == 0
+                if (cand_v[i] < cand_v[j]) == desc:
+                    tv = cand_v[i]
+                    cand_v[i] = cand_v[j]
+                    cand_v[j] = tv
+                    ti = cand_i[i]
+                    cand_i[i] = cand_i[j]
+                    cand_i[j] = ti
+            cuda.syncthreads()
+            stride >>= 1
+        size <<= 1
+
+
+@cuda.jit(device=True, inline="always")
+def choose(cand_v, cand_i, k, temp, top_p, min_p, u):
+    """Top-p and min-p on the T=1 probabilities of the k sorted candidates, then sample the kept
+    prefix at temperature `temp` with the uniform number u."""
+    v0 = cand_v[0]
+    total = F0
+    for i in range(k):
+        total += math.exp(cand_v[i] - v0)
+    keep = k
+    cum = F0
+    for i in range(k):
+        p = math.exp(cand_v[i] - v0)
+        if i > 0 and (p < min_p or cum >= top_p * total):
+            keep = i
+            break
+        cum += p
+    wsum = F0
+    for i in range(keep):
+        wsum += math.exp((cand_v[i] - v0) / temp)
+    target = u * wsum
+    acc = F0
+    chosen = cand_i[keep - 1]
+    for i in range(keep):
+        acc += math.exp((cand_v[i] - v0) / temp)
+        if acc > target:
+            chosen = cand_i[i]
+            break
+    return chosen
+
+
+@cuda.jit
+def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams):
+    # logits: [n_vocab] f32 (penalised in place); tokens: [capacity] i32; n_tokens: [1] i32;
+    # fparams: [4] f32; iparams: [3] i64. One block.
+    sv = cuda.shared.array(32, np.float32)
+    si = cuda.shared.array(32, np.int32)
+    hist = cuda.shared.array(256, np.int32)
+    misc = cuda.shared.array(4, np.int32)
+    cand_v = cuda.shared.array(KMAX, np.float32)
+    cand_i = cuda.shared.array(KMAX, np.int32)
+    n = n_tokens[0]
+    temp = fparams[0]
+    rp = fparams[3]
+    last_n = min(iparams[2], n, cuda.blockDim.x)
+    if rp != np.float32(1.0) and last_n > 0:
+        apply_penalty(logits, tokens, n, rp, last_n)
+    if temp <= F0:
+        _, bi = greedy(logits, n_vocab, sv, si)
+        if cuda.threadIdx.x == 0:
+            push_token(tokens, n_tokens, bi)
+        return
+    k = iparams[1]
+    if k <= 0 or k > KMAX:
+        k = KMAX
+    k = min(k, n_vocab)
+    thr, n_ties = radix_threshold(logits, n_vocab, k, hist, misc)
+    gather_top(logits, n_vocab, k, thr, n_ties, cand_v, cand_i, misc)
+    bitonic_desc(cand_v, cand_i)
+    if cuda.threadIdx.x == 0:
+        u = uniform01(iparams[0], n)
+        tok = choose(cand_v, cand_i, k, temp, fparams[1], fparams[2], u)
+        push_token(tokens, n_tokens, tok)
+
+
+def _check_history(tokens, n_tokens):
+    check_array("tokens", tokens, np.int32, (None,))
+    check_array("n_tokens", n_tokens, np.int32, (1,))
+
+
+def argmax(logits, tokens, n_tokens, *, stream=0) -> None:
+    """Append argmax(logits) (float32 [n_vocab], ties to the lower id) to the device history
+    `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0]."""
+    check_array("logits", logits, np.float32, (None,))
+    _check_history(tokens, n_tokens)
+    argmax_kernel[1, THREADS, stream](logits, logits.shape[0], tokens, n_tokens)
+
+
+def sample(logits, tokens, n_tokens, fparams, iparams, *, stream=0) -> None:
+    """Sample one token into the device history (see the module doc for the parameters)."""
+    check_array("logits", logits, np.float32, (None,))
+    _check_history(tokens, n_tokens)
+    check_array("fparams", fparams, np.float32, (4,))
+    check_array("iparams", iparams, np.int64, (3,))
+    sample_kernel[1, THREADS, stream](logits, logits.shape[0], tokens, n_tokens, fparams, iparams)
+
+
+def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                repeat_penalty: float = 1.0, penalty_last_n: int = 64, seed: int = 0):
+    """(fparams, iparams) host arrays for `sample`, validated (copy them to the device)."""
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if not 0.0 <= min_p < 1.0:
+        raise ValueError(f"min_p must be in [0, 1), got {min_p}")
+    if repeat_penalty <= 0.0:
+        raise ValueError(f"repeat_penalty must be > 0, got {repeat_penalty}")
+    if top_k < 0 or penalty_last_n < 0:
+        raise ValueError("top_k and penalty_last_n must be >= 0")
+    f = np.array([temperature, top_p, min_p, repeat_penalty], dtype=np.float32)
+    i = np.array([seed & (2**63 - 1), top_k, penalty_last_n], dtype=np.int64)
+    return f, i
+
+
+_F32 = types.float32[::1]
+_I32 = types.int32[::1]
+register_ptx("sampling", "argmax", lambda: (argmax_kernel.py_func, (_F32, types.int64, _I32, _I32)))
+register_ptx("sampling", "sample", lambda: (sample_kernel.py_func, (
+    _F32, types.int64, _I32, _I32, _F32, types.int64[::1])))

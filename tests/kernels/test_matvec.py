@@ -1,0 +1,65 @@
+"""matvec kernels on quantized rows against a float64 product of gguf-py's dequantization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.kernel_blocks import random_rows, reference
+from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.qformats import BY_NAME
+
+N_ROWS = 5  # two blocks of 4 warps, the second one partly empty
+
+
+def _weights(name, rng, n_cols=None):
+    fmt = BY_NAME[name]
+    n_cols = n_cols or max(fmt.block_values, 64)
+    rows = random_rows(fmt.ggml_type, N_ROWS, n_cols, rng)
+    return rows, reference(fmt.ggml_type, rows, n_cols), n_cols
+
+
+def _rel(got, want):
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("name", sorted(BY_NAME))
+def test_matvec_one_token_every_format(name):
+    rng = np.random.default_rng(len(name) * 31 + 1)
+    rows, ref, n_cols = _weights(name, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    y = np.full(N_ROWS, np.nan, dtype=np.float32)
+    matvec(rows, name, x, y)
+    assert _rel(y, ref @ x.astype(np.float64)) < 1e-5
+
+
+@pytest.mark.parametrize("name,n_tok", [("Q4_K", 3), ("Q6_K", 8), ("IQ3_S", 2), ("Q8_0", 4)])
+def test_matvec_small_batch(name, n_tok):
+    rng = np.random.default_rng(n_tok)
+    rows, ref, n_cols = _weights(name, rng, n_cols=512 if name == "Q8_0" else None)
+    x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+    y = np.full((n_tok, N_ROWS), np.nan, dtype=np.float32)
+    matvec(rows, name, x, y)
+    assert _rel(y, x.astype(np.float64) @ ref.T) < 1e-5
+
+
+def test_matvec_f16_activations():
+    rng = np.random.default_rng(11)
+    rows, ref, n_cols = _weights("IQ4_XS", rng)
+    x = rng.standard_normal(n_cols).astype(np.float16)
+    y = np.full(N_ROWS, np.nan, dtype=np.float32)
+    matvec(rows, "IQ4_XS", x, y)
+    assert _rel(y, ref @ x.astype(np.float64)) < 1e-5
+
+
+def test_matvec_refuses_bad_arguments():
+    w = np.zeros(N_ROWS * 144, dtype=np.uint8)
+    x = np.zeros(256, dtype=np.float32)
+    with pytest.raises(ValueError, match="1..8"):
+        matvec(w, "Q4_K", np.zeros((9, 256), np.float32), np.zeros((9, N_ROWS), np.float32))
+    with pytest.raises(ValueError, match="does not match"):
+        matvec(w, "Q4_K", x, np.zeros((2, N_ROWS), np.float32))
+    with pytest.raises(ValueError, match="needs 864"):
+        matvec(w, "Q4_K", x, np.zeros(6, np.float32))
+    with pytest.raises(ValueError, match="dtype int32"):
+        matvec(w, "Q4_K", x.astype(np.int32), np.zeros(N_ROWS, np.float32))

@@ -1,0 +1,87 @@
+"""On-device argmax and sampling against a float64 numpy mirror of the same rules (simulator)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample, uniform
+
+
+def _penalise(logits, hist, rp, last_n):
+    l = logits.copy()
+    for tok in set(hist[max(0, len(hist) - last_n):].tolist()):
+        v = l[tok]
+        l[tok] = v / np.float32(rp) if v > 0 else v * np.float32(rp)
+    return l
+
+
+def _ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
+                penalty_last_n, seed):
+    l = _penalise(logits, hist, repeat_penalty, min(penalty_last_n, 64)).astype(np.float64)
+    if temperature <= 0:
+        return int(np.argmax(l))
+    k = top_k if 0 < top_k <= KMAX else KMAX
+    order = np.argsort(-l, kind="stable")[:min(k, l.size)]
+    v = l[order]
+    p = np.exp(v - v[0])
+    keep, cum = len(v), 0.0
+    for i in range(len(v)):
+        if i > 0 and (p[i] < min_p or cum >= top_p * p.sum()):
+            keep = i
+            break
+        cum += p[i]
+    w = np.exp((v[:keep] - v[0]) / temperature)
+    target = uniform(seed, len(hist)) * w.sum()
+    return int(order[np.argmax(np.cumsum(w) > target)])
+
+
+def test_argmax_appends_to_the_history():
+    logits = np.array([1.0, 5.0, -2.0, 5.0, 4.0], np.float32)
+    tokens = np.full(4, -1, np.int32)
+    n = np.array([2], np.int32)
+    argmax(logits, tokens, n)
+    assert n[0] == 3 and tokens[2] == 1  # ties go to the lower id
+    n[0] = 4  # a full history is left alone
+    argmax(logits, tokens, n)
+    assert n[0] == 4 and tokens.tolist() == [-1, -1, 1, -1]
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0),
+    dict(temperature=1.0, top_k=300, top_p=0.5, min_p=0.0, repeat_penalty=1.3),
+    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=5.0),
+])
+def test_sample_matches_the_reference_over_steps(params):
+    rng = np.random.default_rng(hash(tuple(params.items())) % 2**32)
+    full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=1234567891234) | params
+    f, i = make_params(**full)
+    tokens = np.full(16, -1, np.int32)
+    tokens[:3] = rng.integers(0, 1000, 3)
+    n = np.array([3], np.int32)
+    for _ in range(3):
+        logits = (rng.standard_normal(1000) * 2.5).astype(np.float32)
+        logits[tokens[n[0] - 1]] += 6  # give the penalty something to bite on
+        want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
+        sample(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want
+
+
+def test_sample_with_tied_logits_stays_in_the_top_k():
+    rng = np.random.default_rng(9)
+    logits = rng.integers(0, 6, 700).astype(np.float32)  # many ties at the threshold
+    f, i = make_params(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, seed=3)
+    tokens = np.zeros(4, np.int32)
+    n = np.array([0], np.int32)
+    sample(logits, tokens, n, f, i)
+    assert n[0] == 1 and logits[tokens[0]] == 5.0
+
+
+def test_seed_changes_the_draw_and_params_are_checked():
+    draws = {uniform(s, 7) for s in range(50)}
+    assert len(draws) == 50 and all(0.0 <= d < 1.0 for d in draws)
+    with pytest.raises(ValueError, match="top_p"):
+        make_params(temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        make_params(temperature=1.0, repeat_penalty=0.0)
