@@ -1,0 +1,105 @@
+"""Attention kernels and the KV write in the CUDA simulator, for every KV format, against float64
+references (caches filled on the host; Q4_0 encoded and decoded by gguf-py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from helpers.kv_problem import attention_reference, decode_rows, encode_rows, filled_side
+from helpers.moe_problem import rel_err
+from strata.cuda_kernels import attention, attention_prefill, kvcache
+
+FORMATS = ("f16", "int8", "q4_0")
+HD = 64
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kv_write_quantizes_at_device_position(fmt):
+    rng = np.random.default_rng(1)
+    lay = kvcache.KvLayout(fmt, n_ctx=12, n_kv_head=2, head_dim=HD)
+    side = kvcache.allocate_kv_side(lay)
+    x = rng.standard_normal((3, 2, HD)).astype(np.float32)
+    seq = cuda.to_device(np.array([4], np.int32))
+    kvcache.kv_write(cuda.to_device(x), side, seq)
+    kvcache.advance_seq_len(seq, 3)
+    assert seq.copy_to_host()[0] == 7
+    data = side.data.copy_to_host().reshape(12 * 2, lay.row_bytes)[8:14]
+    scale = side.scale.copy_to_host()[8:14] if fmt == "int8" else None
+    got = decode_rows(fmt, data, scale, HD)
+    want_raw, want_scale = encode_rows(fmt, x.reshape(6, HD))
+    want = decode_rows(fmt, want_raw, want_scale, HD)
+    if fmt == "q4_0":  # same rounding rule as gguf-py's quantize, up to f32 vs f64 ties
+        assert np.mean(data == want_raw) > 0.97
+        assert np.abs(got - want).max() <= np.abs(x).max() / 8 + 1e-6
+    else:
+        assert np.array_equal(data, want_raw)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_kv_write_rejects_bad_input():
+    side = kvcache.allocate_kv_side(kvcache.KvLayout("f16", 4, 2, HD))
+    seq = cuda.to_device(np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="src must be float32"):
+        kvcache.kv_write(cuda.to_device(np.zeros((1, 3, HD), np.float32)), side, seq)
+    with pytest.raises(ValueError, match="seq_len must be an int32"):
+        kvcache.kv_write(cuda.to_device(np.zeros((1, 2, HD), np.float32)), side,
+                         cuda.to_device(np.zeros(1, np.int64)))
+    with pytest.raises(ValueError, match="not one of"):
+        kvcache.KvLayout("q8_0", 4, 2, HD)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kvcache.KvLayout("f16", 4, 2, 48)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_attention_causal_over_prefix(fmt):
+    rng = np.random.default_rng(2)
+    n_kv, group, start, n_q = 1, 2, 7, 19  # a cached prefix, a chunk over two query blocks
+    lay = kvcache.KvLayout(fmt, n_ctx=40, n_kv_head=n_kv, head_dim=HD)
+    k, kref = filled_side(lay, rng.standard_normal((start + n_q, n_kv, HD)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((start + n_q, n_kv, HD)), rng)
+    q = rng.standard_normal((n_q, n_kv * group, HD)).astype(np.float32)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    seq = cuda.to_device(np.array([start], np.int32))
+    attention_prefill.prefill_attention(cuda.to_device(q), k, v, seq, out, warps=1, bkv=16)
+    got = out.copy_to_host()
+    assert np.isfinite(got).all()
+    assert rel_err(got, attention_reference(q, kref, vref, start)) < 2e-3
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_attention_splits_and_gqa(fmt):
+    rng = np.random.default_rng(3)
+    n_kv, group, length, split = 2, 3, 45, 16  # GQA group padded to 4; a partial last split
+    lay = kvcache.KvLayout(fmt, n_ctx=70, n_kv_head=n_kv, head_dim=HD)
+    k, kref = filled_side(lay, rng.standard_normal((length, n_kv, HD)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, HD)), rng)
+    q = rng.standard_normal((n_kv * group, HD)).astype(np.float32)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    parts = attention.allocate_partials(n_kv * group, HD, lay.n_ctx, split_len=split)
+    seq = cuda.to_device(np.array([length - 1], np.int32))  # the new token is written already
+    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=split)
+    ref = attention_reference(q[None], kref, vref, length - 1)[0]
+    assert rel_err(out.copy_to_host(), ref) < 1e-5
+
+
+def test_attention_launchers_reject_bad_input():
+    lay = kvcache.KvLayout("f16", 8, 2, HD)
+    k = kvcache.allocate_kv_side(lay)
+    v = kvcache.allocate_kv_side(kvcache.KvLayout("f16", 8, 1, HD))
+    seq = cuda.to_device(np.zeros(1, np.int32))
+    q = cuda.to_device(np.zeros((4, HD), np.float32))
+    parts = attention.allocate_partials(4, HD, 8)
+    with pytest.raises(ValueError, match="differ in shape"):
+        attention.decode_attention(q, k, v, seq, cuda.to_device(np.zeros((4, HD), np.float32)),
+                                   parts)
+    with pytest.raises(ValueError, match="q must be float32"):
+        attention.decode_attention(cuda.to_device(np.zeros((3, HD), np.float32)), k, k, seq,
+                                   q, parts)
+    with pytest.raises(ValueError, match="partials must be"):
+        attention.decode_attention(q, k, k, seq, cuda.to_device(np.zeros((4, HD), np.float32)),
+                                   attention.allocate_partials(4, HD, 8, split_len=4))
+    with pytest.raises(ValueError, match="out must be float32"):
+        attention_prefill.prefill_attention(cuda.to_device(np.zeros((2, 4, HD), np.float32)),
+                                            k, k, seq, q)
