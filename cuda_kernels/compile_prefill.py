@@ -1,0 +1,96 @@
+"""PTX compile specs of the prefill-side kernels (matmul, routing, attention, KV write), registered
+with `launch.register_ptx` under family "prefill" when this module is imported by the compile
+check (`python -m strata.cuda_kernels.compile_check --family prefill`).
+
+The tensor-core grouped GEMM is compiled for every format (its weight-tile loader is the only
+per-format part); the other modes and the FMA path for the formats the 30B models use.
+"""
+
+from __future__ import annotations
+
+from numba import types as T
+
+from . import attention, attention_prefill, kvcache, route
+from .launch import register_ptx
+from .matmul import _fma, _tc
+from .matmul_tiles import FMA_TILE, TC_TILE
+from .qformats import BY_NAME, FORMATS
+
+FAMILY = "prefill"
+_I32, _I64, _F32 = T.int32[::1], T.int64, T.float32
+_U8, _F16 = T.uint8[::1], T.float16[::1]
+_SCHED = (_I32, _I32, _I64, _I32, _I32, _I32, _I64)  # group_off perm k_top tile_group m0 n rows
+
+
+def _gemm_sig(x_half: bool, out_half: bool):
+    x = T.uint32[:, ::1] if x_half else T.float32[:, ::1]
+    out = T.uint32[:, ::1] if out_half else T.float32[:, ::1]
+    return (x, _U8, T.int64[::1], T.int64[::1], _I64, _I64, _I64) + _SCHED + (out,)
+
+
+def _tc_spec(t, *, x_half, grouped, gather, swiglu, out_half):
+    def build():
+        k = _tc(t, TC_TILE, x_half, grouped, gather, swiglu, out_half)
+        return k.py_func, _gemm_sig(x_half, out_half)
+    return build
+
+
+def _fma_spec(t, *, grouped, gather, swiglu):
+    def build():
+        return _fma(t, FMA_TILE, grouped, gather, swiglu).py_func, _gemm_sig(False, False)
+    return build
+
+
+def _fixed(kernel, sig):
+    return lambda: (kernel.py_func, sig)
+
+
+def _attn_specs(fmt):
+    q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
+    yield (f"decode_attn_{fmt}", lambda: (attention._split_kernel(fmt, fmt, 128, 8, 256).py_func,
+                                          (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+    yield (f"prefill_attn_{fmt}",
+           lambda: (attention_prefill._prefill_kernel(fmt, fmt, 128, attention_prefill.WARPS,
+                                                      attention_prefill.BKV).py_func,
+                    (q3, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3)))
+    yield (f"kv_write_{fmt}", lambda: (kvcache._write_kernel(fmt, 128).py_func,
+                                       (q3, _I32, _I64, _U8, _F16)))
+
+
+def register() -> None:
+    for f in FORMATS.values():
+        register_ptx(FAMILY, f"moe_gate_up_tc_{f.name}",
+                     _tc_spec(f.ggml_type, x_half=True, grouped=True, gather=True, swiglu=True,
+                              out_half=True))
+    for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_K"):
+        t = BY_NAME[name].ggml_type
+        register_ptx(FAMILY, f"moe_down_tc_{name}",
+                     _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
+                              out_half=False))
+    for name in ("Q4_K", "Q8_0"):
+        t = BY_NAME[name].ggml_type
+        register_ptx(FAMILY, f"dense_tc_f32in_{name}",
+                     _tc_spec(t, x_half=False, grouped=False, gather=False, swiglu=False,
+                              out_half=False))
+        register_ptx(FAMILY, f"moe_gate_up_fma_{name}",
+                     _fma_spec(t, grouped=True, gather=True, swiglu=True))
+        register_ptx(FAMILY, f"moe_down_fma_{name}",
+                     _fma_spec(t, grouped=True, gather=False, swiglu=False))
+        register_ptx(FAMILY, f"dense_fma_{name}",
+                     _fma_spec(t, grouped=False, gather=False, swiglu=False))
+    f2 = T.float32[:, ::1]
+    register_ptx(FAMILY, "route_zero", _fixed(route._zero_counts, (_I32,)))
+    register_ptx(FAMILY, "route_count", _fixed(route._count, (_I32, _I64, _I32)))
+    register_ptx(FAMILY, "route_scan", _fixed(route._scan, (_I32, _I64, _I64) + (_I32,) * 5))
+    register_ptx(FAMILY, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
+    register_ptx(FAMILY, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
+    register_ptx(FAMILY, "decode_attn_combine",
+                 _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
+                                             _I64, _I64, _I64, f2)))
+    register_ptx(FAMILY, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
+    for fmt in kvcache.KV_FORMATS:
+        for name, build in _attn_specs(fmt):
+            register_ptx(FAMILY, name, build)
+
+
+register()
