@@ -1,0 +1,86 @@
+"""`strata plan -m FILE --dry-run`: the VRAM plan of a model on your GPUs (NVML) or on cards
+you don't have (`--gpu-mem 16GiB`), without allocating anything. Exit 0: accepted; 2: refused
+(the refusal and its knobs are printed); 1: bad input.
+
+Imports stay light (no numba, no CUDA): the model's header is read, nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_ACCEPTED, EXIT_BAD_INPUT, EXIT_REFUSED = 0, 1, 2
+
+
+def _bad_input_exit(parser: argparse.ArgumentParser):
+    # argparse exits 2 on a bad flag; 2 means "refused" here, so bad input exits 1
+    def error(message: str):
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    return error
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from strata.plan.devices import DRIVER_MODELS
+    from strata.plan.knobs import add_engine_knobs
+
+    p.error = _bad_input_exit(p)
+    p.add_argument("-m", "--model", required=True, metavar="FILE", help="GGUF model file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan only (always the case: `strata plan` never allocates)")
+    p.add_argument("--gpu-mem", metavar="SIZE[,SIZE...]",
+                   help="plan for cards of these sizes instead of reading the GPUs (16GiB, 16G, "
+                        "12000MiB, 1.5TiB); no GPU needed")
+    p.add_argument("--driver-model", choices=DRIVER_MODELS,
+                   help="driver model of the --gpu-mem cards (default: wddm on Windows, "
+                        "else linux)")
+    p.add_argument("--device", type=int, default=0, metavar="N",
+                   help="which GPU to plan when reading them through NVML (default 0)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_engine_knobs(p)
+
+
+def _devices(args: argparse.Namespace):
+    from strata.plan.devices import parse_gpu_mem
+    from strata.plan.options import OptionError
+
+    if args.gpu_mem is not None:
+        model = args.driver_model or ("wddm" if sys.platform.startswith("win") else "linux")
+        return parse_gpu_mem(args.gpu_mem, driver_model=model), []
+    from strata.memory.probe import probe_devices
+
+    found = probe_devices()
+    chosen = [d for d in found if d.index == args.device]
+    if not chosen:
+        raise OptionError(f"--device {args.device}: NVML sees GPUs "
+                          f"{', '.join(str(d.index) for d in found)}")
+    notes = []
+    if len(found) > 1:
+        notes.append(f"{len(found)} GPUs present; planning GPU {args.device} alone (splitting "
+                     f"layers across GPUs is not available yet)")
+    return chosen, notes
+
+
+def run(args: argparse.Namespace) -> int:
+    from strata.gguf import open_model
+    from strata.plan import plan
+    from strata.plan.knobs import load_profile, options_from_args
+
+    options = options_from_args(args)
+    devices, notes = _devices(args)
+    mf = open_model(args.model)
+    shape = mf.shape
+    profile = load_profile(mf.metadata, shape.n_layer, shape.n_expert, args.profile)
+    result = plan(shape, devices, options, profile=profile)
+    if args.json:
+        import json
+        d = result.to_dict()
+        d["notes"] = notes + d["notes"]
+        print(json.dumps(d, indent=2))
+    else:
+        from strata.plan.report import render
+        render(result, model_name=mf.metadata.get("general.name") or args.model,
+               extra_notes=notes)
+    return EXIT_ACCEPTED if result.accepted else EXIT_REFUSED

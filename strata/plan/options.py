@@ -1,0 +1,109 @@
+"""The user's knobs, validated once; defaults live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.errors import StrataError
+from strata.plan.layout import KV_TYPES
+
+CHUNK_GRID = 256  # prompt chunks are multiples of this many tokens
+DEFAULT_MAX_CONTEXT = 32768  # when --max-context is not given (capped by the model's training)
+AUTO_CEILING_DEFAULT = 16384  # --prefill auto without :CEILING
+LEND_PCT_DEFAULT = 90  # the prompt path may borrow up to this share of the cache's slots...
+LEND_FLOOR_SLOTS = 128  # ...always leaving at least this many slots unlent
+RING_BYTES_DEFAULT = 1 << 30  # the prefill ring's byte budget: see policy.py
+
+
+class OptionError(StrataError, ValueError):
+    """A knob has a value the planner cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRequest:
+    """`--prefill auto`, `auto:CEILING` or a fixed chunk `N` (tokens, a multiple of 256)."""
+
+    auto: bool = True
+    tokens: int = 0  # auto: the ceiling (0: AUTO_CEILING_DEFAULT); fixed: the chunk
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or (not self.auto and self.tokens == 0):
+            raise OptionError(f"--prefill: chunk must be positive, got {self.tokens}")
+        if self.tokens % CHUNK_GRID:
+            lo = self.tokens // CHUNK_GRID * CHUNK_GRID
+            raise OptionError(f"--prefill: {self.tokens} is not a multiple of {CHUNK_GRID} "
+                              f"(try {max(lo, CHUNK_GRID)} or {lo + CHUNK_GRID})")
+
+    @classmethod
+    def parse(cls, text: str) -> "PrefillRequest":
+        t = text.strip().lower()
+        try:
+            if t == "auto":
+                return cls(True, 0)
+            if t.startswith("auto:"):
+                return cls(True, int(t[5:]))
+            return cls(False, int(t))
+        except ValueError as e:
+            if isinstance(e, OptionError):
+                raise
+            raise OptionError(f"--prefill {text!r}: expected auto, auto:CEILING or a number of "
+                              f"tokens (a multiple of {CHUNK_GRID})") from None
+
+    @property
+    def ceiling(self) -> int:
+        return (self.tokens or AUTO_CEILING_DEFAULT) if self.auto else self.tokens
+
+    def __str__(self) -> str:
+        if self.auto:
+            return f"auto:{self.tokens}" if self.tokens else "auto"
+        return str(self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """Every knob the planner reads. None means 'the default for this model / device'."""
+
+    max_context: int | None = None  # tokens; None: min(training context, 32768)
+    kv_type: str = "f16"  # f16 | int8 | q4_0
+    kv_resident: int | None = None  # tokens of KV kept in VRAM; None: all of max_context
+    prefill: PrefillRequest = PrefillRequest()
+    expert_cache: int | None = None  # slots; None: auto (the elastic remainder)
+    vram_reserve_mib: int | None = None  # None: 512 MiB, or max(1 GiB, 5%) under WDDM
+    ring_mib: int | None = None  # the prefill ring's budget; None: RING_BYTES_DEFAULT
+    spec: int = 0  # draft tokens per step; 0: no draft head
+    batch: int = 1  # decode sequences
+    prefill_borrow: bool = True  # the prompt path may borrow expert-cache slots
+    embd_on_host: bool = True  # token_embd lookup from host memory
+    lend_pct: int = LEND_PCT_DEFAULT
+    lend_floor_slots: int = LEND_FLOOR_SLOTS
+
+    def __post_init__(self) -> None:
+        def bad(flag: str, why: str) -> OptionError:
+            return OptionError(f"{flag}: {why}")
+
+        if self.max_context is not None and self.max_context < CHUNK_GRID:
+            raise bad("--max-context", f"must be at least {CHUNK_GRID}, got {self.max_context}")
+        if self.kv_type not in KV_TYPES:
+            raise bad("--kv", f"{self.kv_type!r} is not one of {', '.join(KV_TYPES)}")
+        if self.kv_resident is not None and self.kv_resident < CHUNK_GRID:
+            raise bad("--kv-resident", f"must be at least {CHUNK_GRID} tokens, "
+                                       f"got {self.kv_resident}")
+        if self.expert_cache is not None and self.expert_cache < 0:
+            raise bad("--expert-cache", f"must be auto or a slot count >= 0, "
+                                        f"got {self.expert_cache}")
+        if self.vram_reserve_mib is not None and self.vram_reserve_mib < 0:
+            raise bad("--vram-reserve-mib", f"must be >= 0, got {self.vram_reserve_mib}")
+        if self.ring_mib is not None and self.ring_mib < 1:
+            raise bad("--ring-mib", f"must be >= 1, got {self.ring_mib}")
+        if self.spec < 0:
+            raise bad("--spec", f"must be >= 0, got {self.spec}")
+        if self.batch < 1:
+            raise bad("--batch", f"must be >= 1, got {self.batch}")
+        if not 0 < self.lend_pct <= 100:
+            raise bad("--lend-pct", f"must be in 1..100, got {self.lend_pct}")
+        if self.lend_floor_slots < 0:
+            raise bad("--lend-floor-slots", f"must be >= 0, got {self.lend_floor_slots}")
+
+    @property
+    def ring_bytes(self) -> int:
+        return RING_BYTES_DEFAULT if self.ring_mib is None else self.ring_mib << 20

@@ -1,0 +1,221 @@
+"""`plan(shape, devices, options) -> Plan`: every byte of every device decided before anything is
+allocated. Pure: numbers in, a frozen plan out; no CUDA, no file I/O.
+
+Order of decisions on a device: the fixed regions (weights, KV, activations, draft head, the
+context allowance, the reserve) come first and never give way; what is left goes to the prompt
+path and the expert cache. The cache is elastic and gives way first: it takes what the prompt
+path leaves (owned), or lends its coldest tail to it (borrowed). A configuration with no room
+for a 256-token prompt path beside the cache's floor is refused with the knobs that make room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from strata.gguf.shape import ModelShape
+from strata.plan.budget import (
+    ALLOC_GRANULE, Setting, cache_floor_slots, fixed_bytes, fixed_layouts, minimum_bytes,
+    n_pairs, resolve,
+)
+from strata.plan.cache import CacheLayout, fill_cache
+from strata.plan.capability import prompt_may_borrow
+from strata.plan.devices import DeviceInfo, default_reserve_bytes, fmt_bytes
+from strata.plan.layout import (
+    Layout, LayoutBuilder, kv_bytes_per_token, prompt_layout, ring_layout, ring_slot_bytes,
+)
+from strata.plan.options import CHUNK_GRID, PlanOptions
+from strata.plan.policy import (
+    OWNED_AUTO_CHUNK, PromptPath, PromptPricing, choose_prompt_path, loan_limit,
+)
+from strata.plan.profile import RoutingProfile
+from strata.plan.refusal import suggest_knobs
+from strata.plan.result import DevicePlan, KvPlan, Plan, PlanInputError, Refusal
+
+SYSMEM_FALLBACK_HINT = ('under WDDM the driver pages VRAM it runs out of into system memory '
+                        'instead of failing (prefill then runs ~10-20x slower): set '
+                        '"Prefer No Sysmem Fallback" for strata in the NVIDIA Control Panel '
+                        '(Manage 3D settings > CUDA - Sysmem Fallback Policy)')
+
+
+def plan(shape: ModelShape, devices: Sequence[DeviceInfo], options: PlanOptions | None = None,
+         *, profile: RoutingProfile | None = None) -> Plan:
+    """Plan `shape` on `devices`. A refused plan (`accepted` False) carries the refusal."""
+    options = options or PlanOptions()
+    devices = list(devices)
+    if not devices:
+        raise PlanInputError("no GPU to plan for")
+    if len(devices) > 1:
+        raise PlanInputError(
+            f"{len(devices)} GPUs given, but splitting the layers across GPUs is not available "
+            f"yet: plan one GPU (one --gpu-mem size, or --device N)")
+    if profile is None:
+        profile = RoutingProfile.uniform(shape.n_layer, shape.n_expert)
+    elif (profile.n_layer, profile.n_expert) != (shape.n_layer, shape.n_expert):
+        raise PlanInputError(f"the routing profile is [{profile.n_layer}, {profile.n_expert}], "
+                             f"the model is [{shape.n_layer}, {shape.n_expert}]")
+    return _plan_device(shape, devices[0], options, profile)
+
+
+def _plan_device(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
+                 profile: RoutingProfile) -> Plan:
+    s, notes, warnings = resolve(shape, dev, options)
+    fixed = fixed_layouts(shape, s, options)
+    avail = dev.free_bytes - fixed_bytes(fixed, s)
+    pricing = PromptPricing(shape, options.kv_type, s.stage_tokens, options.ring_bytes)
+    outcome = _elastic(shape, profile, options, pricing, avail, s.max_context, notes)
+    kv = _kv_plan(shape, s, options, fixed["kv"])
+    embd = "device" if "token_embd.weight" in fixed["weights"] else "host"
+    common = dict(request=options.prefill, kv=kv, options=options, token_embd=embd,
+                  shape=shape, profile=profile)
+    if isinstance(outcome, str):
+        needed = minimum_bytes(shape, dev, options, profile)
+        refusal = Refusal(outcome, dev.index, dev.free_bytes, needed,
+                          suggest_knobs(shape, dev, options, profile, needed))
+        empty = fill_cache(shape, profile, n_slots=0)
+        dp = _device_plan(shape, dev, s, fixed, empty, None, pricing)
+        return Plan(False, (dp,), prefill=None, predicted_hit_rate=None, hit_rate_model="",
+                    refusal=refusal, notes=tuple(notes), warnings=tuple(warnings), **common)
+    cache, path = outcome
+    dp = _device_plan(shape, dev, s, fixed, cache, path, pricing)
+    _warn_wddm(dev, dp, warnings)
+    return Plan(True, (dp,), prefill=path, predicted_hit_rate=profile.hit_rate(cache.pairs()),
+                hit_rate_model=_hit_model(profile), refusal=None, notes=tuple(notes),
+                warnings=tuple(warnings), **common)
+
+
+def _elastic(shape: ModelShape, profile: RoutingProfile, options: PlanOptions,
+             pricing: PromptPricing, avail: int, max_context: int,
+             notes: list[str]) -> tuple[CacheLayout, PromptPath] | str:
+    """The expert cache and the prompt path in `avail` bytes, or why they do not fit."""
+    if avail < 0:
+        return ("the fixed regions (dense weights, KV cache, activations, draft head, context "
+                "and reserve) do not fit")
+
+    def lend(cache: CacheLayout):
+        if not prompt_may_borrow(options):
+            return None
+        return loan_limit(cache, lend_pct=options.lend_pct, floor_slots=options.lend_floor_slots)
+
+    def choose(loan, room: int, ring: bool, out: list[str]) -> PromptPath | None:
+        return choose_prompt_path(options.prefill, pricing, max_chunk=max_context, loan=loan,
+                                  owned_room=room, ring=ring, notes=out)
+
+    total_pairs = n_pairs(shape)
+    if options.expert_cache is not None:
+        n = cache_floor_slots(shape, options)
+        if n < options.expert_cache:
+            notes.append(f"--expert-cache {options.expert_cache}: the model has only {n} "
+                         f"(layer, expert) pairs; clamped to {n}")
+        cache = fill_cache(shape, profile, n_slots=n)
+        if cache.total_bytes > avail:
+            return (f"--expert-cache {n} needs {fmt_bytes(cache.total_bytes)}, but only "
+                    f"{fmt_bytes(avail)} is left beside the fixed regions")
+        path = choose(lend(cache), avail - cache.total_bytes, n < total_pairs, notes)
+        return (cache, path) if path else f"no prompt path fits beside --expert-cache {n}"
+
+    resident = _all_resident(shape, profile, options, avail, max_context, choose)
+    if resident is not None and resident[2]:
+        notes.extend(resident[3])
+        return resident[0], resident[1]
+    general = _general(shape, profile, options, avail, lend, choose)
+    if isinstance(general, str):
+        if resident is None:
+            return general
+        general = resident  # every expert resident with a small chunk beats a refusal
+    notes.extend(general[3])
+    return general[0], general[1]
+
+
+def _all_resident(shape, profile, options, avail, max_context, choose):
+    """Every expert in VRAM and an owned prompt path with no ring: (cache, path, good, notes),
+    `good` when the chunk reaches the owned default (auto) or the request (fixed); None if it
+    does not fit."""
+    every = fill_cache(shape, profile, n_slots=n_pairs(shape))
+    if every.total_bytes > avail:
+        return None
+    out: list[str] = []
+    path = choose(None, avail - every.total_bytes, False, out)
+    if path is None:
+        return None
+    req, cap = options.prefill, max(CHUNK_GRID, max_context // CHUNK_GRID * CHUNK_GRID)
+    target = min(req.ceiling, cap, OWNED_AUTO_CHUNK) if req.auto else min(req.tokens, cap)
+    return every, path, path.chunk >= target, out
+
+
+def _general(shape, profile, options, avail, lend, choose):
+    """A cache of at least its floor, the prompt path borrowed from it or owned beside it:
+    (cache, path, True, notes), or why not."""
+    floor = cache_floor_slots(shape, options)
+    floor_bytes = fill_cache(shape, profile, n_slots=floor).total_bytes
+    if floor_bytes > avail:
+        return (f"the expert cache's floor ({floor} slots: one token's experts in every layer, "
+                f"{fmt_bytes(floor_bytes)}) does not fit beside the fixed regions")
+    cache = fill_cache(shape, profile, budget_bytes=avail)
+    out: list[str] = []
+    path = choose(lend(cache), avail - floor_bytes, True, out)
+    if path is None:
+        return "no prompt path (256 tokens and a 2-slot ring) fits beside the expert cache's floor"
+    if path.mode == "owned":
+        cache = fill_cache(shape, profile, budget_bytes=avail - path.owned_bytes)
+    return cache, path, True, out
+
+
+def _device_plan(shape: ModelShape, dev: DeviceInfo, s: Setting, fixed: dict[str, Layout],
+                 cache: CacheLayout, path: PromptPath | None,
+                 pricing: PromptPricing) -> DevicePlan:
+    b = LayoutBuilder("arena")
+    for name in ("weights", "kv", "activations", "draft"):
+        if name in fixed:
+            b.add_layout(name, fixed[name])
+    prompt = ring = None
+    if path is not None:
+        prompt = prompt_layout(shape, path.chunk, kv_type=pricing.kv_type,
+                               kv_stage_tokens=pricing.kv_stage_tokens)
+        ring = ring_layout(shape, ring_bytes=path.ring_slots * ring_slot_bytes(shape))
+        if path.mode == "owned":
+            b.add_layout("prompt", prompt)
+            if ring.total_bytes:
+                b.add_layout("ring", ring)
+    b.add_layout("expert_cache", cache.as_layout())
+    end = b.build().total_bytes
+    pad = -end % ALLOC_GRANULE
+    if pad:
+        b.add("pad", "uint8", (pad,))
+    return DevicePlan(dev, (0, shape.n_layer), b.build(), cache, prompt, ring,
+                      s.reserve_bytes, s.context_bytes)
+
+
+def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout) -> KvPlan:
+    per_token = kv_bytes_per_token(shape, options.kv_type)
+    return KvPlan(options.kv_type, s.max_context, per_token, s.resident_tokens, s.stage_tokens,
+                  kv.total_bytes, (s.max_context - s.resident_tokens) * per_token)
+
+
+def _hit_model(profile: RoutingProfile) -> str:
+    if profile.share is not None:
+        return "routing profile (measured counts)"
+    src = "the file's expert ranking" if profile.source == "expert_rank" else "uniform ranking"
+    return f"coverage 1-(1-f)^3 per layer ({src})"
+
+
+def _warn_wddm(dev: DeviceInfo, dp: DevicePlan, warnings: list[str]) -> None:
+    if not dev.is_wddm:
+        return
+    free_after = dp.reserve_bytes + dp.headroom_bytes
+    safe = default_reserve_bytes(dev)
+    if free_after < safe:
+        warnings.append(f"thin headroom under WDDM: {fmt_bytes(free_after)} stays free, "
+                        f"{fmt_bytes(safe)} is the safe margin on this card; "
+                        + SYSMEM_FALLBACK_HINT)
+
+
+def replan(previous: Plan, *, free_bytes: int, device: int = 0) -> Plan:
+    """The same model and knobs against less free VRAM on `device` (the post-touch correction):
+    the fixed regions stay, the elastic cache shrinks, and the prompt path is chosen again by
+    the same policy against the cache that results (a lost loan is repriced as owned)."""
+    if previous.shape is None or previous.profile is None:
+        raise PlanInputError("this plan does not carry its inputs and cannot be repriced")
+    old = previous.device(device).device
+    dev = replace(old, free_bytes=max(0, min(free_bytes, old.total_bytes)))
+    return plan(previous.shape, [dev], previous.options, profile=previous.profile)

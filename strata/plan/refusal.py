@@ -1,0 +1,140 @@
+"""The knobs a refusal offers: each one a concrete flag, with the bytes it frees computed by the
+same `minimum_bytes` the refusal's 'needed' comes from, largest effect first.
+
+Where one knob alone can make room, its value is the gentlest that does (the largest context,
+the most resident KV, the largest cache); where it cannot, the knob says so and offers a value
+that frees a lot. `--prefill` never appears: an explicit chunk is reduced automatically, so the
+refusals left are those where even a 256-token chunk does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from strata.gguf.shape import ModelShape
+from strata.plan.budget import fixed_layouts, minimum_bytes, resolve
+from strata.plan.devices import MiB, DeviceInfo
+from strata.plan.layout import KV_TYPES, Q4_0_BLOCK
+from strata.plan.options import PlanOptions
+from strata.plan.profile import RoutingProfile
+from strata.plan.result import Knob
+
+RESERVE_MIN_MIB = 256  # the smallest reserve a knob suggests
+KNOB_GRID = 1024  # tokens: suggested contexts and resident windows are multiples of this
+NOT_ENOUGH = "not enough alone"
+
+
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest integer in [lo, hi] with ok (monotone: true below some point), or None."""
+    if hi < lo or not ok(lo):
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Pricer:
+    def __init__(self, shape, dev, options, profile, needed):
+        self.shape, self.dev, self.options, self.profile = shape, dev, options, profile
+        self.needed = needed
+
+    def need(self, **change) -> int:
+        return minimum_bytes(self.shape, self.dev, replace(self.options, **change), self.profile)
+
+    def fits(self, **change) -> bool:
+        return self.need(**change) <= self.dev.free_bytes
+
+    def knob(self, flag: str, note: str = "", **change) -> Knob | None:
+        freed = self.needed - self.need(**change)
+        if freed <= 0:
+            return None
+        if not note and self.needed - freed > self.dev.free_bytes:
+            note = NOT_ENOUGH
+        return Knob(flag, freed, note)
+
+    def on_grid(self, flag: str, field: str, current: int) -> Knob | None:
+        """The largest multiple of KNOB_GRID below `current` that fits, else a quarter of it."""
+        top = (current - 1) // KNOB_GRID
+        m = _largest(1, top, lambda m: self.fits(**{field: m * KNOB_GRID}))
+        value = m * KNOB_GRID if m else max(KNOB_GRID, current // 4 // KNOB_GRID * KNOB_GRID)
+        if value >= current:
+            return None
+        return self.knob(f"{flag} {value}", **{field: value})
+
+
+def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
+                  profile: RoutingProfile, needed: int) -> tuple[Knob, ...]:
+    """Every knob that frees bytes, largest effect first; more GPUs last (not available yet)."""
+    p = _Pricer(shape, dev, options, profile, needed)
+    s, _, _ = resolve(shape, dev, options)
+    found = [
+        p.on_grid("--max-context", "max_context", s.max_context),
+        *_kv_type_knobs(p, shape, options),
+        p.on_grid("--kv-resident", "kv_resident", s.resident_tokens),
+        _reserve_knob(p, dev, s.reserve_bytes),
+        p.knob("--spec 0 (no draft head)", spec=0) if options.spec else None,
+        p.knob("--batch 1", batch=1) if options.batch > 1 else None,
+        p.knob("drop --embd-on-gpu", embd_on_host=True) if not options.embd_on_host else None,
+        _cache_knob(p, options),
+    ]
+    knobs = sorted((k for k in found if k is not None), key=lambda k: -k.frees_bytes)
+    gpus = _more_gpus_knob(shape, dev, options)
+    return tuple(knobs + ([gpus] if gpus else []))
+
+
+def _kv_type_knobs(p: _Pricer, shape: ModelShape, options: PlanOptions) -> list[Knob | None]:
+    lighter = KV_TYPES[KV_TYPES.index(options.kv_type) + 1:]
+    if shape.head_dim % Q4_0_BLOCK:
+        lighter = tuple(t for t in lighter if t != "q4_0")
+    return [p.knob(f"--kv {t}", kv_type=t) for t in lighter]
+
+
+def _reserve_knob(p: _Pricer, dev: DeviceInfo, reserve: int) -> Knob | None:
+    floor = RESERVE_MIN_MIB * MiB
+    if reserve <= floor:
+        return None
+    short = p.needed - dev.free_bytes
+    mib = max(RESERVE_MIN_MIB, -(-(reserve - short) // MiB))
+    note = "thin headroom under WDDM: see 'Prefer No Sysmem Fallback'" if dev.is_wddm else ""
+    return p.knob(f"--vram-reserve-mib {mib}", note, vram_reserve_mib=mib)
+
+
+def _cache_knob(p: _Pricer, options: PlanOptions) -> Knob | None:
+    n = options.expert_cache
+    if n is None or n == 0:
+        return None
+    k = _largest(0, n - 1, lambda k: p.fits(expert_cache=k))
+    if k is None:
+        return p.knob("--expert-cache 0", expert_cache=0)
+    return p.knob(f"--expert-cache {k}", expert_cache=k)
+
+
+def _more_gpus_knob(shape: ModelShape, dev: DeviceInfo, options: PlanOptions) -> Knob | None:
+    """A second GPU running half the layers: what this card would no longer hold (weights and
+    KV of the other half). Layer split is a later feature, so the knob says so."""
+    if shape.n_layer < 2:
+        return None
+    s, _, _ = resolve(shape, dev, options)
+    half = shape.n_layer // 2
+
+    def held(lo: int, hi: int) -> int:
+        f = fixed_layouts(shape, s, options, lo=lo, hi=hi)
+        return f["weights"].total_bytes + f["kv"].total_bytes
+
+    whole = held(0, shape.n_layer)
+    freed = whole - max(held(0, half), held(half, shape.n_layer))
+    return Knob("a second GPU", freed, "layer split is not available yet") if freed > 0 else None
+
+
+def knobs_for_shortfall(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
+                        profile: RoutingProfile, short_bytes: int) -> tuple[Knob, ...]:
+    """The knobs that free at least `short_bytes` more than this configuration's minimum (an
+    arena that kept losing VRAM after it was planned); those that free less say so."""
+    m = minimum_bytes(shape, dev, options, profile)
+    tight = replace(dev, free_bytes=max(0, min(dev.total_bytes, m - short_bytes)))
+    return suggest_knobs(shape, tight, options, profile, m)

@@ -1,0 +1,206 @@
+"""Layouts: one function per buffer family prices AND lays out; totals are sums of 256-byte
+aligned regions; byte counts match formulas written out here by hand; the plan's regions are
+taken from these functions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers.moe_shapes import qwen3moe
+from strata.plan import (
+    PlanOptions, cache_layout, draft_layout, kv_layout, parse_gpu_mem, plan, prompt_layout,
+    ring_layout, session_layout, weights_layout,
+)
+from strata.plan.layout import ALIGN, LayoutBuilder, kv_bytes_per_token
+
+S30 = qwen3moe()  # Qwen3-30B-A3B dims, Q4_K_M mix
+
+
+def _check_layout(layout):
+    end = 0
+    for r in layout.regions:
+        assert r.offset == end and r.offset % ALIGN == 0, r
+        assert r.n_bytes == math.prod(r.shape) * np.dtype(r.dtype).itemsize, r
+        end = r.offset + -(-r.n_bytes // ALIGN) * ALIGN
+    assert layout.total_bytes == end == sum(-(-r.n_bytes // ALIGN) * ALIGN
+                                            for r in layout.regions)
+
+
+@pytest.mark.parametrize("layout", [
+    session_layout(S30, batch=3, max_context=40000, kv_stage_tokens=1000),
+    prompt_layout(S30, 1280, kv_type="int8", kv_stage_tokens=512),
+    kv_layout(S30, kv_type="q4_0", resident_tokens=777),
+    ring_layout(S30, ring_bytes=100 << 20),
+    weights_layout(S30, 0, 48, embd_on_host=False),
+    draft_layout(S30, 4, kv_type="f16", resident_tokens=4096),
+], ids=["session", "prompt", "kv", "ring", "weights", "draft"])
+def test_total_is_sum_of_aligned_regions(layout):
+    _check_layout(layout)
+
+
+def test_builder_refuses_duplicate_and_negative():
+    b = LayoutBuilder("x")
+    b.add("a", np.float32, (3,))
+    with pytest.raises(ValueError, match="added twice"):
+        b.add("a", np.float32, (3,))
+    with pytest.raises(ValueError, match="negative"):
+        b.add("b", np.float32, (-1, 2))
+    assert b.build().region("a").aligned_bytes == ALIGN
+
+
+@pytest.mark.parametrize("kv_type,per_head", [("f16", 128 * 2), ("int8", 128 + 2),
+                                              ("q4_0", 128 // 32 * 18)])
+def test_kv_bytes_by_type(kv_type, per_head):
+    t = 1000
+    lay = kv_layout(S30, kv_type=kv_type, resident_tokens=t)
+    exact = 2 * 48 * t * 4 * per_head  # K and V, 48 layers, 4 kv heads
+    assert sum(r.n_bytes for r in lay.regions) == exact
+    assert kv_bytes_per_token(S30, kv_type) == 2 * 48 * 4 * per_head
+    half = kv_layout(S30, kv_type=kv_type, resident_tokens=t, lo=10, hi=34)
+    assert sum(r.n_bytes for r in half.regions) == exact // 2
+
+
+def test_kv_q4_0_needs_head_dim_multiple_of_32():
+    odd = qwen3moe("f32", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=48, n_expert=4,
+                   n_expert_used=2, n_ff=32, n_vocab=64)
+    with pytest.raises(ValueError, match="head_dim divisible by 32"):
+        kv_layout(odd, kv_type="q4_0", resident_tokens=10)
+    with pytest.raises(ValueError, match="not one of"):
+        kv_layout(S30, kv_type="q8", resident_tokens=10)
+
+
+def test_prompt_layout_buffers():
+    c, k = 512, 8
+    lay = prompt_layout(S30, c)
+    tiles = -(-c * k // 64) + 128
+    want = {"hidden": ("float32", (c, 2048)), "normed": ("float16", (c, 2048)),
+            "q": ("float32", (c, 4096)), "attn_out": ("float32", (c, 4096)),
+            "router_logits": ("float32", (c, 128)), "topk_ids": ("int32", (c, k)),
+            "expert_counts": ("int32", (129,)), "expert_offsets": ("int32", (129,)),
+            "expert_cursor": ("int32", (128,)), "perm_ids": ("int32", (c * k,)),
+            "inv_ids": ("int32", (c * k,)), "tile_group": ("int32", (tiles,)),
+            "tile_m0": ("int32", (tiles,)), "n_tiles": ("int32", (1,)),
+            "gathered": ("float16", (c * k, 2048)), "expert_mid": ("float16", (c * k, 768)),
+            "expert_out": ("float32", (c * k, 2048)), "logits": ("float32", (151936,))}
+    for name, (dtype, shape) in want.items():
+        r = lay.region(name)
+        assert (r.dtype, r.shape) == (dtype, shape), name
+    assert "kv_stage" not in lay
+    staged = prompt_layout(S30, c, kv_type="int8", kv_stage_tokens=100)
+    assert staged.region("kv_stage").shape == (2, 100, 2 * 4 * (128 + 2))
+    # the price grows with the chunk (what the bisection relies on)
+    sizes = [prompt_layout(S30, x).total_bytes for x in range(256, 8193, 256)]
+    assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
+
+
+def test_session_layout_scales_with_batch_and_context():
+    one = session_layout(S30, batch=1, max_context=32768)
+    four = session_layout(S30, batch=4, max_context=32768)
+    assert four.region("logits").shape == (4, 151936)
+    assert four.region("q").shape == (4, 32 * 128)
+    assert four.region("moe_h").shape == (4, 8, 768)
+    assert one.region("attn_part_o").shape == (1, 128, 32, 128)  # 32768 / 256 splits
+    assert one.region("attn_part_ml").shape == (1, 128, 32, 2)
+    assert session_layout(S30, batch=1, max_context=32769).region("attn_part_o").shape[1] == 129
+    assert one.region("history").shape == (1, 32768)
+    assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
+    assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
+    assert one.region("hit_counts").dtype == "int64"
+    assert four.total_bytes > one.total_bytes
+
+
+def test_layouts_match_the_kernels_contract():
+    """The shapes the existing kernels take: split length, KV rows, routing tiles."""
+    from cuda_kernels import attention, kvcache, matmul_tiles, route
+    from strata.plan.layout import ROUTE_TILE_ROWS, SPLIT_K_TOKENS
+
+    assert SPLIT_K_TOKENS == attention.SPLIT_LEN
+    assert ROUTE_TILE_ROWS == min(matmul_tiles.TC_TILE.bm, matmul_tiles.FMA_TILE.bm)
+    assert prompt_layout(S30, 512).region("tile_m0").shape == (
+        route.max_tiles(512 * 8, 128, ROUTE_TILE_ROWS),)
+    for fmt in ("f16", "int8", "q4_0"):
+        kl = kvcache.KvLayout(fmt, 1000, 4, 128)
+        lay = kv_layout(S30, kv_type=fmt, resident_tokens=1000)
+        assert lay.region("k").shape == (48, 1000, 4, kl.row_bytes)
+        assert kv_bytes_per_token(S30, fmt) == 2 * 48 * kl.bytes_per_token
+
+
+def test_ring_slots_from_largest_blob():
+    blob = 3 * 884736 + 405504  # Q4_K gate/up + a Q6_K down: the largest expert
+    assert S30.expert_slot_bytes_max == blob == 3059712
+    lay = ring_layout(S30, ring_bytes=1 << 30)
+    assert lay.region("slots").shape == ((1 << 30) // blob, blob)
+    assert lay.total_bytes == (1 << 30) // blob * blob
+    assert ring_layout(S30, ring_bytes=1).region("slots").shape[0] == 2  # at least two
+    assert ring_layout(S30, ring_bytes=0).total_bytes == 0
+
+
+def test_weights_layout_ranges_and_embedding():
+    t = S30.tensors
+    host = weights_layout(S30, 0, 48, embd_on_host=True)
+    dev = weights_layout(S30, 0, 48, embd_on_host=False)
+    assert "token_embd.weight" not in host and "output.weight" in host
+    assert dev.region("token_embd.weight").n_bytes == t["token_embd.weight"].n_bytes
+    assert all(host.region(n).n_bytes == t[n].n_bytes for n in host.names)
+    first, last = weights_layout(S30, 0, 24, embd_on_host=False), \
+        weights_layout(S30, 24, 48, embd_on_host=False)
+    assert "output.weight" not in first and "token_embd.weight" not in last
+    assert set(first.names) | set(last.names) == set(dev.names)
+    tied = qwen3moe(tied=True)
+    assert "token_embd.weight" in weights_layout(tied, 0, 48, embd_on_host=True)  # the head
+    with pytest.raises(ValueError, match="layer range"):
+        weights_layout(S30, 10, 60, embd_on_host=True)
+
+
+def test_cache_layout_sized_slots_exact_offsets():
+    sizes = [S30.expert_slot_bytes(i) for i in range(48)]
+    # Q4_K_M: layers 5 and 8 store ffn_down as Q6_K, layer 6 as Q4_K
+    assert (sizes[5], sizes[6], sizes[8]) == (3059712, 2654208, 3059712)
+    spl = [0] * 48
+    spl[5], spl[6], spl[8] = 3, 2, 1
+    lay = cache_layout(S30, spl)
+    order = [5, 6, 8, 5, 6, 5]  # default: slot 0 of every layer, then slot 1, ...
+    assert list(lay.slot_layer) == order
+    expect, off = [], 0
+    for layer in order:
+        expect.append(off)
+        off += -(-sizes[layer] // ALIGN) * ALIGN
+    assert list(lay.slot_offset) == expect and lay.total_bytes == off
+    assert list(lay.slot_bytes) == [sizes[x] for x in order]
+    assert lay.offset(5, 2) == expect[5] and lay.offset(6, 1) == expect[4]
+    assert lay.suffix_bytes(2) == off - expect[4] == sizes[6] + sizes[5]
+    assert lay.slots_to_cover(1) == 1 and lay.slots_to_cover(lay.suffix_bytes(2)) == 2
+    assert lay.slots_to_cover(lay.suffix_bytes(2) + 1) == 3
+    with pytest.raises(IndexError):
+        lay.offset(8, 1)
+    with pytest.raises(ValueError, match="slot counts"):
+        cache_layout(S30, [200] + [0] * 47)
+    with pytest.raises(ValueError, match="does not match"):
+        cache_layout(S30, spl, order=[5, 5, 5, 6, 6, 6])
+
+
+def test_plan_regions_are_the_layout_functions():
+    opts = PlanOptions(max_context=32768, kv_resident=16384, spec=2, batch=2)
+    p = plan(S30, parse_gpu_mem("24GiB"), opts)
+    assert p.accepted
+    d = p.device()
+    r = d.regions
+    stage = p.kv.stage_tokens
+    assert stage == 8192
+    assert r["kv"] == kv_layout(S30, kv_type="f16", resident_tokens=16384).total_bytes
+    assert r["weights"] == weights_layout(S30, 0, 48, embd_on_host=True).total_bytes
+    assert r["activations"] == session_layout(S30, batch=2, max_context=32768,
+                                              kv_stage_tokens=stage).total_bytes
+    assert r["draft"] == draft_layout(S30, 2, kv_type="f16", resident_tokens=16384).total_bytes
+    assert r["expert_cache"] == d.cache.total_bytes
+    pre = p.prefill
+    assert pre.prompt_bytes == prompt_layout(S30, pre.chunk, kv_stage_tokens=stage).total_bytes
+    assert pre.ring_bytes == ring_layout(
+        S30, ring_bytes=pre.ring_slots * S30.expert_slot_bytes_max).total_bytes
+    if pre.mode == "borrowed":
+        assert pre.lend_bytes == d.cache.suffix_bytes(pre.lend_slots)
+        assert pre.lend_bytes >= pre.prompt_bytes + pre.ring_bytes
+    assert sum(r.values()) == d.planned_bytes <= d.device.free_bytes
