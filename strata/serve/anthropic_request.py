@@ -168,9 +168,8 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         role = m.str("role", required=True, choices=("user", "assistant"))
         (_user if role == "user" else _assistant)(m, messages)
     thinking = f.obj_at("thinking")
-    if thinking is not None and thinking.str("type", required=True) != "disabled":
-        raise bad_request("thinking: extended-thinking budgets are not supported; leave it out",
-                          "thinking.type")
+    if thinking is not None:  # a budget hint: the model thinks as its template lets it
+        thinking.str("type", required=True)
     tools, choice = _tools(f)
     chat = ChatInput(
         messages=tuple(messages), tools=tuple(tools), tool_choice=choice, max_tokens=max_tokens,

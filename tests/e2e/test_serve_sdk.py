@@ -1,0 +1,195 @@
+"""The official `openai` and `anthropic` Python SDKs against a real `strata serve` process on the
+tiny synthetic model (CPU backend): chat, streaming, usage, a tool round trip through the chat
+template, and errors surfacing as the SDKs' own exception types."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.serve_process import API_KEY, MODEL_NAME, start_server
+
+openai = pytest.importorskip("openai")
+anthropic = pytest.importorskip("anthropic")
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_models):
+    s = start_server(tmp_models)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def test_start_up_printed_the_plan_before_ready(server):
+    ready = next(i for i, line in enumerate(server.lines) if line.startswith("READY "))
+    before = "\n".join(server.lines[:ready])
+    assert "backend  cpu: 4 slot(s)" in before and "1,024 tokens of context" in before
+    assert "memory   cpu" in before and "kv (4 slots)" in before
+    assert "<tool_call> blocks parsed" in before
+    assert server.url.startswith("http://127.0.0.1:") and not server.url.endswith(":1")
+
+
+def test_openai_models_and_chat(oai):
+    assert [m.id for m in oai.models.list().data] == [MODEL_NAME, "tiny-alias"]
+    r = oai.chat.completions.create(model=MODEL_NAME, max_tokens=5, temperature=0,
+                                    messages=[{"role": "system", "content": "Be brief."},
+                                              {"role": "user", "content": "Hello"}])
+    assert r.object == "chat.completion"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(r.choices[0].message.content, str)
+    assert 0 < r.usage.completion_tokens <= 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    again = oai.chat.completions.create(model="tiny-alias", max_tokens=5, temperature=0,
+                                        messages=[{"role": "system", "content": "Be brief."},
+                                                  {"role": "user", "content": "Hello"}])
+    assert again.choices[0].message.content == r.choices[0].message.content  # greedy: same
+
+
+def test_openai_stream_matches_non_stream_and_reports_usage(oai):
+    kw = dict(model=MODEL_NAME, max_tokens=6, temperature=0,
+              messages=[{"role": "user", "content": "Tell me about rivers"}])
+    whole = oai.chat.completions.create(**kw)
+    chunks = list(oai.chat.completions.create(**kw, stream=True,
+                                              stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and
+              c.choices[0].finish_reason]
+    assert finals == [whole.choices[0].finish_reason]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_openai_seeded_sampling_repeats(oai):
+    kw = dict(model=MODEL_NAME, max_tokens=6, temperature=0.9, top_p=0.9, seed=1234,
+              messages=[{"role": "user", "content": "Once upon a time"}])
+    assert (oai.chat.completions.create(**kw).choices[0].message.content
+            == oai.chat.completions.create(**kw).choices[0].message.content)
+
+
+def test_openai_legacy_completion(oai):
+    r = oai.completions.create(model=MODEL_NAME, prompt="The river", max_tokens=4, temperature=0)
+    assert r.object == "text_completion" and r.usage.completion_tokens <= 4
+    streamed = "".join(c.choices[0].text for c in oai.completions.create(
+        model=MODEL_NAME, prompt="The river", max_tokens=4, temperature=0, stream=True))
+    assert streamed == r.choices[0].text
+
+
+def test_openai_tool_round_trip(oai):
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    plain = oai.chat.completions.create(model=MODEL_NAME, max_tokens=1, messages=ask)
+    with_tools = oai.chat.completions.create(model=MODEL_NAME, max_tokens=3, messages=ask,
+                                             tools=TOOLS)
+    # the tools went through the chat template into the prompt
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+    follow = ask + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_abc", "type": "function",
+             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
+        {"role": "tool", "tool_call_id": "call_abc", "content": "Sunny, 21 C"},
+    ]
+    r = oai.chat.completions.create(model=MODEL_NAME, max_tokens=3, messages=follow, tools=TOOLS)
+    assert r.usage.prompt_tokens > with_tools.usage.prompt_tokens  # call and result rendered
+    forced = oai.chat.completions.create(
+        model=MODEL_NAME, max_tokens=2, messages=ask, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    # the forced call's opening is part of the prompt
+    assert forced.usage.prompt_tokens > with_tools.usage.prompt_tokens
+
+
+def test_openai_errors_are_sdk_exceptions(server, oai):
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])
+    assert "gpt-nope" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL_NAME, max_tokens=2, temperature=7,
+                                    messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL_NAME, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url",
+                                          "image_url": {"url": "data:image/png;base64,AA"}}]}])
+    assert "messages[0].content[0]" in e.value.message
+    bad_key = openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+
+
+def test_anthropic_message_and_usage(claude):
+    r = claude.messages.create(model=MODEL_NAME, max_tokens=5, extra_body={"temperature": 0},
+                               system="Be brief.",
+                               messages=[{"role": "user", "content": "Hello"}])
+    assert r.type == "message" and r.role == "assistant"
+    assert r.stop_reason in ("end_turn", "max_tokens")
+    assert 0 < r.usage.output_tokens <= 5 and r.usage.input_tokens > 0
+    assert all(b.type == "text" for b in r.content)
+
+
+def test_anthropic_stream_events(claude):
+    kw = dict(model=MODEL_NAME, max_tokens=6, extra_body={"temperature": 0},
+              messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me"}]}])
+    whole = claude.messages.create(**kw)
+    with claude.messages.stream(**kw) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_delta" in kinds or whole.content == []
+    assert [b.text for b in final.content] == [b.text for b in whole.content]
+    assert final.usage.output_tokens == whole.usage.output_tokens
+    assert final.stop_reason == whole.stop_reason
+
+
+def test_anthropic_tool_round_trip(claude):
+    tools = [{"name": "get_weather", "description": "Weather in a city",
+              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = claude.messages.create(model=MODEL_NAME, max_tokens=3, messages=ask, tools=tools)
+    assert r.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    follow = ask + [
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1",
+             "content": [{"type": "text", "text": "Sunny, 21 C"}]},
+            {"type": "text", "text": "Thanks"}]},
+    ]
+    r2 = claude.messages.create(model=MODEL_NAME, max_tokens=3, messages=follow, tools=tools)
+    assert r2.usage.input_tokens > r.usage.input_tokens
+    counted = claude.messages.count_tokens(model=MODEL_NAME, messages=follow, tools=tools)
+    assert counted.input_tokens == r2.usage.input_tokens
+
+
+def test_anthropic_errors_are_sdk_exceptions(server, claude):
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(model="claude-nope", max_tokens=2,
+                               messages=[{"role": "user", "content": "x"}])
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model=MODEL_NAME, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                          "content": [image]}]}])
+    assert "messages[0].content[0].content[0]" in e.value.message
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    bad_key = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad_key.messages.create(model=MODEL_NAME, max_tokens=2,
+                                messages=[{"role": "user", "content": "x"}])
