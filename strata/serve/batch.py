@@ -44,7 +44,8 @@ def last_logits(logits: Any) -> np.ndarray:
     if arr.ndim == 2:
         return arr[-1]
     if arr.ndim != 1:
-        raise ValueError(f"logits should be [n_vocab] or [n_tokens, n_vocab], got shape {arr.shape}")
+        raise ValueError(f"logits should be [n_vocab] or [n_tokens, n_vocab], got shape "
+                         f"{arr.shape}")
     return arr
 
 

@@ -153,7 +153,8 @@ class Metrics:
         w = _Writer()
         with self._lock:
             reqs = sorted(self.requests.items())
-            w.family("strata_requests_total", "counter", "HTTP requests answered, by route and status.",
+            w.family("strata_requests_total", "counter",
+                     "HTTP requests answered, by route and status.",
                      [({"route": r, "status": str(s)}, n) for (r, s), n in reqs])
             w.family("strata_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
                      [({}, self.prompt_tokens)])
@@ -180,7 +181,8 @@ class Metrics:
                  f"Prompt tokens per wall second over the last {RATE_WINDOW_S:g} s.",
                  [({}, self.rate("prefill"))])
         w.family("strata_decode_tokens_per_second", "gauge",
-                 f"Generated tokens per wall second over the last {RATE_WINDOW_S:g} s (all sequences).",
+                 f"Generated tokens per wall second over the last {RATE_WINDOW_S:g} s "
+                 f"(all sequences).",
                  [({}, self.rate("decode"))])
         _render_devices(w, list(devices))
         return w.text()
@@ -188,7 +190,8 @@ class Metrics:
 
 def _render_devices(w: _Writer, devices: list[DeviceReport]) -> None:
     w.family("strata_region_bytes", "gauge", "Bytes of each engine memory region, per device.",
-             [({"device": d.device, "region": r.name}, r.n_bytes) for d in devices for r in d.regions])
+             [({"device": d.device, "region": r.name}, r.n_bytes)
+              for d in devices for r in d.regions])
     for field, help_text in (("total_bytes", "Device memory in total (NVML)."),
                              ("used_bytes", "Device memory in use by all processes (NVML)."),
                              ("free_bytes", "Device memory free (NVML).")):
@@ -196,7 +199,8 @@ def _render_devices(w: _Writer, devices: list[DeviceReport]) -> None:
                  [({"device": d.device}, getattr(d, field)) for d in devices
                   if getattr(d, field) is not None])
     w.family("strata_expert_cache_slots", "gauge", "Expert-cache slots in VRAM, per device.",
-             [({"device": d.device}, d.expert_slots) for d in devices if d.expert_slots is not None])
+             [({"device": d.device}, d.expert_slots) for d in devices
+              if d.expert_slots is not None])
     w.family("strata_expert_cache_hit_ratio", "gauge",
              "Expert lookups served from the VRAM cache, per device.",
              [({"device": d.device}, d.expert_hit_rate) for d in devices

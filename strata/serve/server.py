@@ -104,11 +104,13 @@ def load(config: ServeConfig) -> Loaded:
 def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
                 devices: list[DeviceReport]) -> list[str]:
     s = model_file.shape
+    tools = ("<tool_call> blocks parsed into tool calls" if summary["tool_calls_parsed"]
+             else "returned as text (the template's call format is not one Strata parses)")
     lines = [f"model    {config.model} ({s.arch}: {s.n_layer} layers, {s.n_expert} experts "
              f"top-{s.n_expert_used}, vocab {s.n_vocab:,})",
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
              f"{summary['max_context']:,} tokens of context each",
-             f"tools    {'<tool_call> blocks parsed into tool calls' if summary['tool_calls_parsed'] else 'returned as text (template format unknown)'}"]
+             f"tools    {tools}"]
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
         regions = ", ".join(f"{r.name} {_mib(r.n_bytes)}" for r in d.regions)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from helpers.serve_process import API_KEY, MODEL_NAME, ServeProcess, start_server, tiny_model, wait_for
+from helpers.serve_process import (
+    API_KEY, MODEL_NAME, ServeProcess, start_server, tiny_model, wait_for,
+)
 
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 
@@ -163,6 +166,22 @@ def test_disconnect_frees_the_slot_and_queued_cancels_never_run(server, http):
     # the four streams stopped long before their 900 tokens each
     assert metric(http, "strata_completion_tokens_total") - done_before < 4 * 900
     assert http.post("/v1/chat/completions", json=chat()).status_code == 200
+
+
+def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server, http):
+    before = metric(http, "strata_requests_cancelled_total", where="running")
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps(chat("Tell me a long story", max_tokens=900, temperature=0.8,
+                           seed=3)).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head + body)
+        assert wait_for(lambda: metric(http, "strata_active_sequences") == 1)
+    assert wait_for(lambda: metric(http, "strata_requests_cancelled_total", where="running")
+                    == before + 1, timeout=5)
+    assert metric(http, "strata_active_sequences") == 0
 
 
 def test_metrics_and_health(http):

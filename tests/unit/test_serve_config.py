@@ -1,0 +1,73 @@
+"""`strata serve` knobs: defaults, the JSON config file, the command line winning over it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from strata.serve.config import ServeConfig, ServeConfigError, as_dict, build_config
+
+
+def write(tmp_path, obj, name="serve.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+    return str(path)
+
+
+def test_cli_wins_over_file_over_defaults(tmp_path):
+    path = write(tmp_path, {"model": "/m.gguf", "port": 9000, "batch": 4, "api-key": "k1",
+                            "aliases": ["a", "b"]})
+    cfg = build_config({"port": 7000, "batch": None, "host": None}, path)
+    assert (cfg.port, cfg.batch, cfg.api_key, cfg.host) == (7000, 4, "k1", "127.0.0.1")
+    assert cfg.aliases == ("a", "b")
+    assert cfg.max_body_bytes == ServeConfig(model="x").max_body_bytes
+    assert as_dict(cfg)["api_key"] == "***"
+
+
+def test_relative_model_path_is_relative_to_the_file(tmp_path):
+    cfg = build_config({}, write(tmp_path, {"model": "models/m.gguf"}))
+    assert cfg.model == str((tmp_path / "models" / "m.gguf").resolve())
+
+
+def test_api_key_from_environment_only_when_not_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_API_KEY", "from-env")
+    assert build_config({"model": "m"}, None).api_key == "from-env"
+    assert build_config({"model": "m", "api_key": "cli"}, None).api_key == "cli"
+
+
+@pytest.mark.parametrize("content, needle", [
+    ({"model": "m", "bach": 2}, "unknown knob 'bach'"),
+    ({"model": "m", "port": "80"}, "port: expected an integer"),
+    ({"model": "m", "batch": True}, "batch: expected an integer"),
+    ({"model": "m", "aliases": "x"}, "aliases: expected an array of strings"),
+    ({"model": "m", "host": None}, "host: must not be null"),
+    ([1, 2], "expected a JSON object"),
+    ("{oops", "not valid JSON"),
+])
+def test_bad_config_files_name_the_problem(tmp_path, content, needle):
+    with pytest.raises(ServeConfigError, match=None) as e:
+        build_config({}, write(tmp_path, content))
+    assert needle in str(e.value)
+
+
+def test_missing_file_and_missing_model(tmp_path):
+    with pytest.raises(ServeConfigError, match="no such file"):
+        build_config({}, str(tmp_path / "absent.json"))
+    with pytest.raises(ServeConfigError, match="model: a GGUF file is required"):
+        build_config({"port": 1}, None)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"port": 70000}, "port"), ({"batch": 0}, "batch"), ({"max_context": 1}, "max_context"),
+    ({"max_queue": 0}, "max_queue"), ({"max_body_bytes": 10}, "max_body_bytes"),
+    ({"max_tokens_limit": 0}, "max_tokens_limit"), ({"api_key": ""}, "api_key"),
+    ({"log_level": "loud"}, "log_level"),
+])
+def test_each_knob_is_checked(kw, needle):
+    with pytest.raises(ServeConfigError, match=needle):
+        ServeConfig(model="m.gguf", **kw)
+
+
+def test_url_brackets_ipv6():
+    assert ServeConfig(model="m", host="::1", port=8080).url == "http://[::1]:8080"
