@@ -23,9 +23,12 @@ class NumbaBackend:
 
     def memory_info(self) -> tuple[int, int]:
         ctx = cuda.current_context()
-        pending = getattr(ctx, "deallocations", None)
-        if pending is not None:
-            pending.clear()  # numba defers frees: a released buffer must not count as used
+        # numba defers frees (device memory in its memory manager's queue): a released buffer
+        # must not count as used
+        for owner in (ctx, getattr(ctx, "memory_manager", None)):
+            pending = getattr(owner, "deallocations", None)
+            if pending is not None:
+                pending.clear()
         if self._memory_info is not None:
             return self._memory_info()
         free, total = ctx.get_memory_info()

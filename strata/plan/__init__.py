@@ -14,7 +14,7 @@ from strata.plan.layout import (
     session_layout, weights_layout,
 )
 from strata.plan.options import PlanOptions, PrefillRequest
-from strata.plan.planner import plan
+from strata.plan.planner import plan, replan
 from strata.plan.policy import PromptPath, choose_prompt_path
 from strata.plan.profile import RoutingProfile
 from strata.plan.result import DevicePlan, Knob, Plan, PlanInputError, Refusal
@@ -24,6 +24,6 @@ __all__ = [
     "PlanInputError", "PlanOptions", "PrefillRequest", "PromptPath", "PromptUse", "Refusal",
     "Region", "RoutingProfile", "RuntimeContractError", "cache_layout", "check_runtime_use",
     "choose_prompt_path", "draft_layout", "fill_cache", "kv_layout", "kv_streams",
-    "parse_gpu_mem", "parse_size", "plan", "prompt_layout", "prompt_may_borrow", "ring_layout",
-    "runtime_use", "select_pairs", "session_layout", "weights_layout",
+    "parse_gpu_mem", "parse_size", "plan", "prompt_layout", "prompt_may_borrow", "replan",
+    "ring_layout", "runtime_use", "select_pairs", "session_layout", "weights_layout",
 ]

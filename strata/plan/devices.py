@@ -10,9 +10,10 @@ from strata.errors import StrataError
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 DRIVER_MODELS = ("linux", "wddm", "tcc", "mcdm")
 # Free VRAM read before this process has a CUDA context (NVML, --gpu-mem) still has to pay for
-# the context, its loaded kernels and the driver's own allocations: an estimate, checked by the
-# arena's post-touch re-read (which sees the real figure).
-CUDA_CONTEXT_BYTES = 384 * MiB
+# the context, its loaded kernels and the driver's own allocations: an estimate (numba's context
+# took 527 MiB on an H200; cards with fewer SMs take less), checked by the arena, which re-reads
+# free VRAM inside the live context.
+CUDA_CONTEXT_BYTES = 512 * MiB
 RESERVE_BYTES_DEFAULT = 512 * MiB  # left free after the arena is touched (Linux, TCC)
 WDDM_RESERVE_MIN = 1 * GiB  # under WDDM/MCDM: max(1 GiB, 5% of the card) by default
 WDDM_RESERVE_SHARE = 0.05

@@ -15,19 +15,16 @@ from typing import Sequence
 
 from strata.gguf.shape import ModelShape
 from strata.plan.budget import (
-    ALLOC_GRANULE, Setting, cache_floor_slots, fixed_bytes, fixed_layouts, minimum_bytes,
-    n_pairs, resolve,
+    ALLOC_GRANULE, Setting, fixed_bytes, fixed_layouts, minimum_bytes, resolve,
 )
 from strata.plan.cache import CacheLayout, fill_cache
-from strata.plan.capability import prompt_may_borrow
 from strata.plan.devices import DeviceInfo, default_reserve_bytes, fmt_bytes
+from strata.plan.elastic import decide
 from strata.plan.layout import (
     Layout, LayoutBuilder, kv_bytes_per_token, prompt_layout, ring_layout, ring_slot_bytes,
 )
-from strata.plan.options import CHUNK_GRID, PlanOptions
-from strata.plan.policy import (
-    OWNED_AUTO_CHUNK, PromptPath, PromptPricing, choose_prompt_path, loan_limit,
-)
+from strata.plan.options import PlanOptions
+from strata.plan.policy import PromptPath, PromptPricing
 from strata.plan.profile import RoutingProfile
 from strata.plan.refusal import suggest_knobs
 from strata.plan.result import DevicePlan, KvPlan, Plan, PlanInputError, Refusal
@@ -63,7 +60,8 @@ def _plan_device(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     fixed = fixed_layouts(shape, s, options)
     avail = dev.free_bytes - fixed_bytes(fixed, s)
     pricing = PromptPricing(shape, options.kv_type, s.stage_tokens, options.ring_bytes)
-    outcome = _elastic(shape, profile, options, pricing, avail, s.max_context, notes)
+    outcome = decide(shape, profile, options, pricing, avail=avail, max_context=s.max_context,
+                     notes=notes)
     kv = _kv_plan(shape, s, options, fixed["kv"])
     embd = "device" if "token_embd.weight" in fixed["weights"] else "host"
     common = dict(request=options.prefill, kv=kv, options=options, token_embd=embd,
@@ -82,83 +80,6 @@ def _plan_device(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     return Plan(True, (dp,), prefill=path, predicted_hit_rate=profile.hit_rate(cache.pairs()),
                 hit_rate_model=_hit_model(profile), refusal=None, notes=tuple(notes),
                 warnings=tuple(warnings), **common)
-
-
-def _elastic(shape: ModelShape, profile: RoutingProfile, options: PlanOptions,
-             pricing: PromptPricing, avail: int, max_context: int,
-             notes: list[str]) -> tuple[CacheLayout, PromptPath] | str:
-    """The expert cache and the prompt path in `avail` bytes, or why they do not fit."""
-    if avail < 0:
-        return ("the fixed regions (dense weights, KV cache, activations, draft head, context "
-                "and reserve) do not fit")
-
-    def lend(cache: CacheLayout):
-        if not prompt_may_borrow(options):
-            return None
-        return loan_limit(cache, lend_pct=options.lend_pct, floor_slots=options.lend_floor_slots)
-
-    def choose(loan, room: int, ring: bool, out: list[str]) -> PromptPath | None:
-        return choose_prompt_path(options.prefill, pricing, max_chunk=max_context, loan=loan,
-                                  owned_room=room, ring=ring, notes=out)
-
-    total_pairs = n_pairs(shape)
-    if options.expert_cache is not None:
-        n = cache_floor_slots(shape, options)
-        if n < options.expert_cache:
-            notes.append(f"--expert-cache {options.expert_cache}: the model has only {n} "
-                         f"(layer, expert) pairs; clamped to {n}")
-        cache = fill_cache(shape, profile, n_slots=n)
-        if cache.total_bytes > avail:
-            return (f"--expert-cache {n} needs {fmt_bytes(cache.total_bytes)}, but only "
-                    f"{fmt_bytes(avail)} is left beside the fixed regions")
-        path = choose(lend(cache), avail - cache.total_bytes, n < total_pairs, notes)
-        return (cache, path) if path else f"no prompt path fits beside --expert-cache {n}"
-
-    resident = _all_resident(shape, profile, options, avail, max_context, choose)
-    if resident is not None and resident[2]:
-        notes.extend(resident[3])
-        return resident[0], resident[1]
-    general = _general(shape, profile, options, avail, lend, choose)
-    if isinstance(general, str):
-        if resident is None:
-            return general
-        general = resident  # every expert resident with a small chunk beats a refusal
-    notes.extend(general[3])
-    return general[0], general[1]
-
-
-def _all_resident(shape, profile, options, avail, max_context, choose):
-    """Every expert in VRAM and an owned prompt path with no ring: (cache, path, good, notes),
-    `good` when the chunk reaches the owned default (auto) or the request (fixed); None if it
-    does not fit."""
-    every = fill_cache(shape, profile, n_slots=n_pairs(shape))
-    if every.total_bytes > avail:
-        return None
-    out: list[str] = []
-    path = choose(None, avail - every.total_bytes, False, out)
-    if path is None:
-        return None
-    req, cap = options.prefill, max(CHUNK_GRID, max_context // CHUNK_GRID * CHUNK_GRID)
-    target = min(req.ceiling, cap, OWNED_AUTO_CHUNK) if req.auto else min(req.tokens, cap)
-    return every, path, path.chunk >= target, out
-
-
-def _general(shape, profile, options, avail, lend, choose):
-    """A cache of at least its floor, the prompt path borrowed from it or owned beside it:
-    (cache, path, True, notes), or why not."""
-    floor = cache_floor_slots(shape, options)
-    floor_bytes = fill_cache(shape, profile, n_slots=floor).total_bytes
-    if floor_bytes > avail:
-        return (f"the expert cache's floor ({floor} slots: one token's experts in every layer, "
-                f"{fmt_bytes(floor_bytes)}) does not fit beside the fixed regions")
-    cache = fill_cache(shape, profile, budget_bytes=avail)
-    out: list[str] = []
-    path = choose(lend(cache), avail - floor_bytes, True, out)
-    if path is None:
-        return "no prompt path (256 tokens and a 2-slot ring) fits beside the expert cache's floor"
-    if path.mode == "owned":
-        cache = fill_cache(shape, profile, budget_bytes=avail - path.owned_bytes)
-    return cache, path, True, out
 
 
 def _device_plan(shape: ModelShape, dev: DeviceInfo, s: Setting, fixed: dict[str, Layout],
@@ -193,8 +114,10 @@ def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout) ->
 
 
 def _hit_model(profile: RoutingProfile) -> str:
-    if profile.share is not None:
+    if profile.source == "counts":
         return "routing profile (measured counts)"
+    if profile.share is not None:
+        return "the file's expert ranking and routing shares"
     src = "the file's expert ranking" if profile.source == "expert_rank" else "uniform ranking"
     return f"coverage 1-(1-f)^3 per layer ({src})"
 

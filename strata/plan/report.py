@@ -38,7 +38,8 @@ def _detail(plan: Plan, dp: DevicePlan, name: str) -> str:
         return f"batch {plan.options.batch}"
     if name == "expert_cache":
         c = dp.cache
-        return f"{c.n_slots} of {dp.layers[1] * plan.shape.n_expert} pairs" if plan.shape else ""
+        lo, hi = dp.layers
+        return f"{c.n_slots} of {(hi - lo) * plan.shape.n_expert} pairs" if plan.shape else ""
     if name in ("prompt", "ring") and p is not None and p.mode == "borrowed":
         return "borrowed: inside the expert cache's tail"
     return ""

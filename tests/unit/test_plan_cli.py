@@ -8,61 +8,13 @@ import os
 import subprocess
 import sys
 
-import gguf
 import numpy as np
 import pytest
 
 from helpers import ggufmake
-from helpers.moe_shapes import QWEN3_235B, more_bits
 from strata.cli.main import main
 from strata.plan import parse_gpu_mem, parse_size
 from strata.plan.devices import GiB, MiB, SizeError
-
-
-def write_header_only(path, cfg: dict, *, mix: str = "q4_k_m", extra=None) -> str:
-    """A qwen3moe file whose tensor data is a sparse hole: the header of any size of model."""
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    k = "qwen3moe."
-    for key, val in (("block_count", cfg["n_layer"]), ("context_length", cfg["n_ctx"]),
-                     ("embedding_length", cfg["n_embd"]), ("attention.head_count", cfg["n_head"]),
-                     ("attention.head_count_kv", cfg["n_head_kv"]),
-                     ("attention.key_length", cfg["head_dim"]),
-                     ("attention.value_length", cfg["head_dim"]),
-                     ("expert_count", cfg["n_expert"]), ("expert_used_count", cfg["n_expert_used"]),
-                     ("expert_feed_forward_length", cfg["n_ff"])):
-        w.add_uint32(k + key, val)
-    w.add_string("general.name", "header-only test model")
-    for key, (values, vtype) in (extra or {}).items():
-        w.add_array(key, values) if vtype is None else w.add_key_value(
-            key, values, gguf.GGUFValueType.ARRAY, sub_type=vtype)
-    total = 0
-    for name, np_shape in ggufmake.tensor_shapes(cfg).items():
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-        base = name.split(".")[-2] if name.startswith("blk.") else name.split(".")[0]
-        t = _type(mix, base, layer, cfg["n_layer"])
-        block, size = gguf.GGML_QUANT_SIZES[t]
-        byte_shape = (*np_shape[:-1], np_shape[-1] // block * size)
-        n = int(np.prod(byte_shape))
-        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), n, raw_dtype=t)
-        total += -(-n // 32) * 32
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    header = os.path.getsize(path)
-    os.truncate(path, -(-header // 32) * 32 + total)  # a hole: nothing is written
-    return str(path)
-
-
-def _type(mix, base, layer, n_layer):
-    Q = gguf.GGMLQuantizationType
-    if base.endswith("norm") or base == "ffn_gate_inp" or mix == "f32":
-        return Q.F32
-    if base == "output":
-        return Q.Q6_K
-    if base in ("attn_v", "ffn_down_exps") and more_bits(layer, n_layer):
-        return Q.Q6_K
-    return Q.Q4_K
 
 
 @pytest.fixture(scope="module")
@@ -217,21 +169,35 @@ def test_profiles(capsys, small, tmp_path):
     np.save(path, np.ones((3, 4)))
     assert main(["plan", "-m", small, "--gpu-mem", "2GiB", "--profile", str(path)]) == 1
     assert "[2, 4]" in capsys.readouterr().err
-    cfg = dict(ggufmake.SMALL, n_ctx=4096)
-    rank = np.array([[3, 2, 1, 0], [0, 1, 2, 3]]).ravel().tolist()
-    ranked = write_header_only(tmp_path / "ranked.gguf", cfg, mix="f32", extra={
-        "strata.synth.expert_rank": (rank, gguf.GGUFValueType.UINT32)})
-    rc, d = run_json(capsys, "-m", ranked, "--gpu-mem", "2GiB")
-    assert rc == 0 and "expert ranking" in d["predicted"]["model"]
 
 
-def test_235b_sparse_header(capsys, tmp_path):
-    path = write_header_only(tmp_path / "q235.gguf", QWEN3_235B)
+def test_synthesized_file_ranks_the_cache(capsys, tmp_path):
+    import gguf
+    from strata.synth import preset, write_model
+
+    path = tmp_path / "tiny.gguf"
+    write_model(path, preset("tiny"), mix="Q8_0", skew=8.0, header_only=True, progress=False)
+    rc, d = run_json(capsys, "-m", str(path), "--gpu-mem", "2GiB", "--expert-cache", "16")
+    assert rc == 0 and d["predicted"]["model"] == "the file's expert ranking and routing shares"
+    assert d["devices"][0]["expert_cache_slots_per_layer"] == [4, 4, 4, 4]
+    # the file's own shares (read with gguf-py): the 4 hottest of 8 experts in every layer
+    field = gguf.GGUFReader(str(path)).fields["strata.synth.expert_share"]
+    share = np.array([field.parts[i][0] for i in field.data], dtype=np.float64)
+    assert d["predicted"]["expert_hit_rate"] == pytest.approx(share[:4].sum() / share.sum())
+    assert d["predicted"]["expert_hit_rate"] > 1 - 0.5 ** 3  # skewed past the default curve
+
+
+def test_235b_synthesized_sparse_header(capsys, tmp_path):
+    from strata.synth import preset, write_model
+
+    path = tmp_path / "q235.gguf"
+    write_model(path, preset("qwen3-235b-a22b"), mix="Q4_K_M", header_only=True, progress=False)
     assert os.stat(path).st_blocks * 512 < 64 * MiB  # a hole, not 130 GB of data
-    rc, d = run_json(capsys, "-m", path, "--gpu-mem", "80GiB")
-    assert rc == 0 and d["devices"][0]["layers"] == [0, 94]
-    assert d["prefill"]["mode"] == "borrowed"
-    rc, d = run_json(capsys, "-m", path, "--gpu-mem", "16GiB")
+    rc, d = run_json(capsys, "-m", str(path), "--gpu-mem", "80GiB")
+    dev = d["devices"][0]
+    assert rc == 0 and dev["layers"] == [0, 94] and d["prefill"]["mode"] == "borrowed"
+    assert dev["expert_slot_bytes"] > dev["expert_slot_bytes_min"]  # Q4_K_M: mixed slot sizes
+    rc, d = run_json(capsys, "-m", str(path), "--gpu-mem", "16GiB")
     assert rc == 2 and d["refusal"]["knobs"]
 
 
