@@ -8,13 +8,17 @@ import argparse
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # Every default is None: the config file fills what the command line leaves out, and
     # ServeConfig holds the real defaults once.
-    p.add_argument("-m", "--model", help="the GGUF model file")
+    p.add_argument("-m", "--model", metavar="FILE",
+                   help="GGUF model (default: the built-in tiny synthetic model, made once in "
+                        "the user cache)")
     p.add_argument("--config", metavar="FILE.json",
                    help="a JSON object of these knobs (keys as the long options; the command "
                         "line wins)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, help="TCP port (default 8080; 0 picks a free one)")
-    p.add_argument("--backend", help="engine backend: auto, cuda or cpu (default cpu)")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"),
+                   help="auto (the default) picks CUDA when a GPU and the CUDA engine exist, "
+                        "else the CPU")
     p.add_argument("--api-key", dest="api_key",
                    help="require 'Authorization: Bearer KEY' or 'x-api-key: KEY' "
                         "(or set STRATA_API_KEY)")
@@ -43,4 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from strata.serve.server import run_server
 
     cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "config"}
-    return run_server(build_config(cli, args.config))
+    def default_model() -> str:
+        from strata.synth import default_model_path
+        return str(default_model_path())
+
+    return run_server(build_config(cli, args.config, default_model=default_model))

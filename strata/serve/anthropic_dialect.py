@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 from typing import AsyncIterator
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -49,7 +50,9 @@ def _tool_use(call: ToolCall) -> dict:
 
 async def messages(request: Request, state: ServerState, body: dict) -> Response:
     req = parse_messages(Fields(body), state)
-    prepared = prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+    # rendering and tokenizing a long prompt is CPU work: keep it off the event loop
+    prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
+                                       limit=state.max_tokens_limit)
     gen = Generation(state.worker, prepared, id_prefix="toolu_")
     mid = f"msg_{secrets.token_hex(12)}"
     if req.stream:
@@ -119,6 +122,9 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
 async def count_tokens(request: Request, state: ServerState, body: dict) -> Response:
     """`/v1/messages/count_tokens`: the prompt's length through the chat template."""
     req = parse_messages(Fields(body), state, counting=True)
-    text = state.model.render_chat(list(req.chat.messages),
-                                   list(req.chat.tools) if req.chat.tools else None)
-    return JSONResponse({"input_tokens": len(state.model.encode(text))})
+
+    def count() -> int:
+        tools = list(req.chat.tools) if req.chat.tools else None
+        return len(state.model.encode(state.model.render_chat(list(req.chat.messages), tools)))
+
+    return JSONResponse({"input_tokens": await run_in_threadpool(count)})

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from strata.errors import StrataError
 
@@ -31,7 +31,7 @@ class ServeConfig:
     model: str
     host: str = "127.0.0.1"
     port: int = 8080
-    backend: str = "cpu"
+    backend: str = "auto"
     api_key: str | None = None
     model_name: str | None = None
     aliases: tuple[str, ...] = ()
@@ -118,14 +118,18 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
-def build_config(cli: dict[str, Any], config_file: str | None) -> ServeConfig:
-    """Defaults, then the file's knobs, then every CLI value that was given (not None)."""
+def build_config(cli: dict[str, Any], config_file: str | None, *,
+                 default_model: Callable[[], str] | None = None) -> ServeConfig:
+    """Defaults, then the file's knobs, then every CLI value that was given (not None);
+    `default_model()` names the model when neither gives one."""
     merged: dict[str, Any] = read_config_file(config_file) if config_file else {}
     for key, value in cli.items():
         if value is not None and key in _field_types():
             merged[key] = tuple(value) if isinstance(value, list) else value
     if merged.get("api_key") is None and os.environ.get("STRATA_API_KEY"):
         merged["api_key"] = os.environ["STRATA_API_KEY"]
+    if not merged.get("model") and default_model is not None:
+        merged["model"] = default_model()
     if not merged.get("model"):
         raise ServeConfigError("model: a GGUF file is required (-m FILE, or \"model\" in "
                                "the config file)")

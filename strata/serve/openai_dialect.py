@@ -12,6 +12,7 @@ import secrets
 import time
 from typing import Any, AsyncIterator
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -68,7 +69,9 @@ async def list_models(request: Request, state: ServerState) -> Response:
 
 async def chat_completions(request: Request, state: ServerState, body: dict) -> Response:
     req = parse_chat(Fields(body), state)
-    prepared = prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+    # rendering and tokenizing a long prompt is CPU work: keep it off the event loop
+    prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
+                                       limit=state.max_tokens_limit)
     gen = Generation(state.worker, prepared, id_prefix="call_")
     rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if req.stream:
@@ -120,7 +123,7 @@ async def _chat_chunks(gen: Generation, rid: str, created: int, model: str,
 
 
 async def completions(request: Request, state: ServerState, body: dict) -> Response:
-    req = parse_completion(Fields(body), state)
+    req = await run_in_threadpool(parse_completion, Fields(body), state)  # tokenizes
     max_tokens = fit_max_tokens(len(req.prompt), req.max_tokens,
                                 max_context=state.model.max_context,
                                 limit=state.max_tokens_limit, param="prompt")

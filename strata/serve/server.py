@@ -43,6 +43,7 @@ class Loaded:
     state: ServerState
     worker: Worker
     plan_lines: list[str]
+    plan: Any = None  # the accepted VRAM plan, on backends that plan
 
 
 def _template_source(config: ServeConfig) -> str | None:
@@ -98,7 +99,8 @@ def load(config: ServeConfig) -> Loaded:
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
                         plan_summary=summary)
-    return Loaded(config, state, worker, _plan_lines(config, model_file, summary, devices()))
+    return Loaded(config, state, worker, _plan_lines(config, model_file, summary, devices()),
+                  plan)
 
 
 def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
@@ -181,6 +183,10 @@ def run_server(config: ServeConfig, *, out: TextIO = sys.stdout) -> int:
     url = ServeConfig(**{**_fields(config), "host": host, "port": port}).url
     for line in loaded.plan_lines + [_http_line(config, url)]:
         print(line, file=out, flush=True)
+    if loaded.plan is not None:  # the GPU engine's accepted plan, as `strata plan` shows it
+        from strata.plan.report import render
+        render(loaded.plan, model_name=loaded.state.model.name, file=out)
+        out.flush()
     print(f"warm-up  {warm_up(loaded):.2f} s", file=out, flush=True)
 
     def ready() -> None:
