@@ -94,14 +94,14 @@ def matvec(w, ggml_type, x, y, *, stream=0) -> None:
     if len(x.shape) not in (1, 2):
         raise ValueError(f"x: shape {tuple(x.shape)}, expected [n_cols] or [n_tok, n_cols]")
     n_tok = 1 if len(x.shape) == 1 else x.shape[0]
-    n_cols = x.shape[-1]
+    n_cols = tuple(x.shape)[-1]
     if not 1 <= n_tok <= MAX_TOKENS:
         raise ValueError(f"x: {n_tok} tokens, matvec takes 1..{MAX_TOKENS}")
     row_bytes = fmt.row_bytes(n_cols)
     check_array("y", y, np.float32)
     if len(y.shape) != len(x.shape) or (n_tok > 1 and y.shape[0] != n_tok):
         raise ValueError(f"y: shape {tuple(y.shape)} does not match x {tuple(x.shape)}")
-    n_rows = y.shape[-1]
+    n_rows = tuple(y.shape)[-1]
     check_array("w", w, np.uint8)
     if w.size < n_rows * row_bytes:
         raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "

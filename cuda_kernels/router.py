@@ -56,8 +56,8 @@ def route_kernel(logits, n_tok, n_expert, k, norm_topk, ids, weights):
         best, best_e = warp_argmax(best, best_e)
         p = math.exp(best - m) / z if best > NEG_INF else F0
         picked += p
-        if lane == r:
-            my_id = best_e
+        if lane == r:  # all-NaN logits leave no winner: clamp, never index past the table
+            my_id = min(best_e, n_expert - 1)
             my_p = p
         for s in range(SLOTS):  # constant indices keep vals in registers
             if lane + 32 * s == best_e:

@@ -1,12 +1,15 @@
-"""Random valid quantized rows for kernel tests: random bytes with every fp16 scale field (and
-MXFP4's exponent byte) overwritten by a finite value, so gguf-py's `dequantize` is finite and
-serves as the reference."""
+"""Random valid quantized rows for kernel tests, and gguf-py's dequantization as their reference.
+
+`random_rows` uses the quant package's `random_blocks`; `own_random_rows` is random bytes with
+every fp16 scale field (and MXFP4's exponent byte) overwritten by a finite value."""
 
 from __future__ import annotations
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize
+
+from strata.quant.random_blocks import random_blocks
 
 # byte offsets of the fp16 scale fields inside one block
 _F16_FIELDS = {
@@ -38,7 +41,17 @@ def _own_random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator) -
 
 
 def random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
-    """[n_rows, row_bytes] uint8 rows of `n_cols` values in a valid random encoding."""
+    """[n_rows, row_bytes] uint8 rows of `n_cols` values in a valid random encoding (the quant
+    package's generator, whose values have a realistic spread)."""
+    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
+    block_values = GGML_QUANT_SIZES[t][0]
+    blocks = random_blocks(t, n_rows * n_cols // block_values, rng, scale=1.0)
+    return blocks.reshape(n_rows, -1)
+
+
+def own_random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Like `random_rows`, with uniformly random bits everywhere but the scale fields (a harsher
+    input: every code point of every field is hit)."""
     t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
     return _own_random_rows(t, n_rows, n_cols, rng)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from helpers.kernel_blocks import random_rows, reference
+from helpers.kernel_blocks import own_random_rows as random_rows, reference
 from strata.cuda_kernels.qformats import BY_NAME, FORMATS, get_format, specialize
 
 N_ROWS = 2

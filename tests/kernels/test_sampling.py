@@ -5,35 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample, uniform
-
-
-def _penalise(logits, hist, rp, last_n):
-    l = logits.copy()
-    for tok in set(hist[max(0, len(hist) - last_n):].tolist()):
-        v = l[tok]
-        l[tok] = v / np.float32(rp) if v > 0 else v * np.float32(rp)
-    return l
-
-
-def _ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
-                penalty_last_n, seed):
-    l = _penalise(logits, hist, repeat_penalty, min(penalty_last_n, 64)).astype(np.float64)
-    if temperature <= 0:
-        return int(np.argmax(l))
-    k = top_k if 0 < top_k <= KMAX else KMAX
-    order = np.argsort(-l, kind="stable")[:min(k, l.size)]
-    v = l[order]
-    p = np.exp(v - v[0])
-    keep, cum = len(v), 0.0
-    for i in range(len(v)):
-        if i > 0 and (p[i] < min_p or cum >= top_p * p.sum()):
-            keep = i
-            break
-        cum += p[i]
-    w = np.exp((v[:keep] - v[0]) / temperature)
-    target = uniform(seed, len(hist)) * w.sum()
-    return int(order[np.argmax(np.cumsum(w) > target)])
+from helpers.sampling_ref import ref_sample as _ref_sample
+from strata.cuda_kernels.sampling import argmax, make_params, sample, uniform
 
 
 def test_argmax_appends_to_the_history():

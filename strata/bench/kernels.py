@@ -1,0 +1,343 @@
+"""Kernel microbenchmarks: what each decode kernel achieves against the ceiling measured in the
+same run (HBM read bandwidth and device-to-device copy), and what a CUDA graph saves over plain
+launches for a whole decode step.
+
+    python -m strata.bench.kernels [--out DIR] [--only ceilings,matvec,moe,decode_step]
+
+Every timing is a CUDA-graph replay (plain Python launches cost more than these kernels run),
+after a warm-up, median of several replays, on random (never zero) data, rotating through enough
+weight copies that the 50 MB L2 cannot hold them. Groups are registered with `@bench(name)`;
+`strata.bench.kernels_prefill` (when present) adds its own. Prints one table and writes JSON
+(date, commit, device, command, ceilings, results) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+EXTRA_MODULES = ("strata.bench.kernels_prefill", "strata.bench.kernels_decode")
+REGISTRY: dict[str, Callable[["Ctx"], list["Result"]]] = {}
+MIB = 1 << 20
+
+
+def bench(group: str):
+    """Register `fn(ctx) -> list[Result]` as benchmark group `group`."""
+    def deco(fn):
+        REGISTRY[group] = fn
+        return fn
+    return deco
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    group: str
+    name: str
+    shape: str
+    us: float                 # per launch (or per step)
+    bytes_moved: int          # the fewest bytes the operation must move
+    ceiling_gbps: float       # the measured ceiling it is compared with
+    target: float = 0.0       # fraction of the ceiling it aims at (0: none)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes_moved / (self.us * 1e-6) / 1e9 if self.us > 0 else 0.0
+
+    @property
+    def frac(self) -> float:
+        return self.gbps / self.ceiling_gbps if self.ceiling_gbps else 0.0
+
+
+class Ctx:
+    """Shared state of one run: the stream, the measured ceilings, timing helpers."""
+
+    def __init__(self, seed: int = 0):
+        from numba import cuda
+        self.cuda = cuda
+        self.stream = cuda.stream()
+        self.rng = np.random.default_rng(seed)
+        self.read_gbps = 0.0
+        self.copy_gbps = 0.0
+        self.notes: list[str] = []
+
+    def events_ms(self, fn: Callable[[], None], reps: int) -> float:
+        """Milliseconds of `reps` calls of fn (which enqueues work on self.stream)."""
+        start, stop = self.cuda.event(), self.cuda.event()
+        start.record(self.stream)
+        for _ in range(reps):
+            fn()
+        stop.record(self.stream)
+        stop.synchronize()
+        return self.cuda.event_elapsed_time(start, stop)
+
+    def time_graph(self, record: Callable[[object], None], n_launch: int, *,
+                   reps: int = 10, trials: int = 5) -> float:
+        """Microseconds per launch of a graph of `record(stream)` (which makes n_launch
+        launches), after running record once plainly (compilation) and two warm replays."""
+        from strata.cuda_kernels.graph import capture
+        record(self.stream)
+        self.stream.synchronize()
+        try:
+            g = capture(record, self.stream)
+        except Exception as e:  # reported, and the plain timing stands in (marked in notes)
+            self.notes.append(f"graph capture failed ({type(e).__name__}: {e}); plain timing")
+            print(self.notes[-1], file=sys.stderr)
+            return self.time_plain(record, n_launch)
+        for _ in range(2):
+            g.replay(self.stream)
+        times = [self.events_ms(lambda: g.replay(self.stream), reps) for _ in range(trials)]
+        return float(np.median(times)) * 1e3 / (reps * n_launch)
+
+    def time_plain(self, record: Callable[[object], None], n_launch: int, reps: int = 3) -> float:
+        record(self.stream)
+        self.stream.synchronize()
+        times = [self.events_ms(lambda: record(self.stream), 1) for _ in range(reps)]
+        return float(np.median(times)) * 1e3 / n_launch
+
+    def upload(self, host: np.ndarray):
+        return self.cuda.to_device(np.ascontiguousarray(host), stream=self.stream)
+
+    def replicate(self, host_u8, n_copies: int):
+        """A device uint8 buffer holding n_copies back-to-back copies of host_u8 (a host or
+        device array)."""
+        n = host_u8.size
+        dev = self.cuda.device_array(n * n_copies, np.uint8, stream=self.stream)
+        first = dev[:n]
+        first.copy_to_device(host_u8, stream=self.stream)
+        for c in range(1, n_copies):
+            dev[c * n:(c + 1) * n].copy_to_device(first, stream=self.stream)
+        self.stream.synchronize()
+        return dev
+
+
+def n_rotation(n_bytes: int, floor_bytes: int = 512 * MIB, cap: int = 64) -> int:
+    """Copies to rotate through so the set is well past the L2."""
+    return max(1, min(cap, math.ceil(floor_bytes / max(1, n_bytes))))
+
+
+# ---- ceilings --------------------------------------------------------------------------------
+
+def _read_kernel():
+    from numba import cuda
+    from strata.cuda_kernels.intrinsics import ld_nc_u32x4
+
+    @cuda.jit
+    def read_all(buf, n16, out):
+        t = cuda.grid(1)
+        acc = 0
+        for c in range(t, n16, cuda.gridsize(1)):
+            a, b, c2, d = ld_nc_u32x4(buf, c * 16)
+            acc ^= a ^ b ^ c2 ^ d
+        if acc == 0x5EED5EED:  # keeps the loads; practically never true
+            out[0] = acc
+    return read_all
+
+
+@bench("ceilings")
+def ceilings(ctx: Ctx) -> list[Result]:
+    n = 4 << 30  # 4 GiB
+    src = ctx.cuda.device_array(n, np.uint8, stream=ctx.stream)
+    chunk = ctx.rng.integers(0, 256, 64 * MIB, dtype=np.uint8)
+    for off in range(0, n, chunk.size):
+        src[off:off + chunk.size].copy_to_device(chunk, stream=ctx.stream)
+    out = ctx.cuda.device_array(1, np.uint32, stream=ctx.stream)
+    k = _read_kernel()
+    n_sm = ctx.cuda.get_current_device().MULTIPROCESSOR_COUNT
+    us_read = ctx.time_graph(lambda s: k[n_sm * 8, 512, s](src, n // 16, out), 1, reps=3)
+    ctx.read_gbps = n / (us_read * 1e-6) / 1e9
+    dst = ctx.cuda.device_array(n // 2, np.uint8, stream=ctx.stream)
+    half = src[:n // 2]
+    dst.copy_to_device(half, stream=ctx.stream)
+    ms = np.median([ctx.events_ms(lambda: dst.copy_to_device(half, stream=ctx.stream), 3)
+                    for _ in range(3)])
+    us_copy = ms * 1e3 / 3
+    ctx.copy_gbps = 2 * (n // 2) / (us_copy * 1e-6) / 1e9
+    del src, dst
+    return [Result("ceilings", "HBM read (ld.global.nc.v4)", "4 GiB", us_read, n, ctx.read_gbps),
+            Result("ceilings", "device-to-device copy (read+write)", "2 GiB", us_copy, n,
+                   ctx.copy_gbps)]
+
+
+# ---- matvec ----------------------------------------------------------------------------------
+
+MATVEC_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S")
+MATVEC_SHAPES = (("4096x4096", 4096, 4096), ("8192x8192", 8192, 8192),
+                 ("2048->4096", 4096, 2048), ("4096->2048", 2048, 4096),
+                 ("2048->151936", 151936, 2048))  # (label, n_rows, n_cols)
+
+
+def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.ndarray:
+    from strata.cuda_kernels.qformats import get_format
+    from strata.quant.random_blocks import random_blocks
+    fmt = get_format(ggml_type)
+    blocks = random_blocks(fmt.name, n_rows * n_cols // fmt.block_values, ctx.rng, scale=0.02)
+    return blocks.reshape(-1)
+
+
+@bench("matvec")
+def matvec_group(ctx: Ctx) -> list[Result]:
+    from strata.cuda_kernels.matvec import matvec
+    out = []
+    from strata.cuda_kernels.qformats import get_format
+    n_max = max(r * c for _, r, c in MATVEC_SHAPES)
+    for name in MATVEC_FORMATS:
+        # one random tensor per format; each shape rotates copies of a prefix of it
+        big = ctx.upload(random_weights(ctx, name, n_max // 2048, 2048))
+        for label, n_rows, n_cols in MATVEC_SHAPES:
+            w_bytes = n_rows * get_format(name).row_bytes(n_cols)
+            n_copies = n_rotation(w_bytes)
+            dev = ctx.replicate(big[:w_bytes], n_copies)
+            views = [dev[c * w_bytes:(c + 1) * w_bytes] for c in range(n_copies)]
+            x = ctx.upload(ctx.rng.standard_normal(n_cols).astype(np.float32))
+            y = ctx.cuda.device_array(n_rows, np.float32, stream=ctx.stream)
+            rounds = max(1, 64 // n_copies)
+
+            def record(s, views=views, x=x, y=y, name=name, rounds=rounds):
+                for _ in range(rounds):
+                    for v in views:
+                        matvec(v, name, x, y, stream=s)
+            us = ctx.time_graph(record, rounds * n_copies)
+            out.append(Result("matvec", f"matvec {name}", label, us,
+                              w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70))
+            del dev, views
+        del big
+    return out
+
+
+# ---- MoE -------------------------------------------------------------------------------------
+
+def moe_setup(ctx: Ctx, gu: str, dn: str, *, n_layer: int, n_expert: int, n_embd: int = 2048,
+              n_ff: int = 768, n_slot_layer: int = 0):
+    """A VRAM cache of n_layer layers x n_slot_layer distinct random experts (default: all
+    n_expert), every expert a hit: expert e of layer l sits in slot l*n_slot_layer + e % that."""
+    from strata.cuda_kernels.moe import ExpertLayout
+    lay = ExpertLayout(n_embd, n_ff, gu, dn)
+    n_sl = n_slot_layer or n_expert
+    one_layer = np.zeros((n_sl, lay.expert_bytes), np.uint8)
+    g = random_weights(ctx, gu, n_sl * n_ff, n_embd).reshape(n_sl, -1)
+    u = random_weights(ctx, gu, n_sl * n_ff, n_embd).reshape(n_sl, -1)
+    d = random_weights(ctx, dn, n_sl * n_embd, n_ff).reshape(n_sl, -1)
+    one_layer[:, :g.shape[1]] = g
+    one_layer[:, lay.up_off:lay.up_off + u.shape[1]] = u
+    one_layer[:, lay.down_off:lay.down_off + d.shape[1]] = d
+    cache = ctx.replicate(one_layer.reshape(-1), n_layer)
+    table = (np.arange(n_layer, dtype=np.int32)[:, None] * n_sl
+             + np.arange(n_expert, dtype=np.int32)[None, :] % n_sl)
+    slot_table = ctx.upload(table.astype(np.int32))
+    slot_off = ctx.upload(np.arange(n_layer * n_sl, dtype=np.int64) * lay.expert_bytes)
+    host_off = ctx.upload(np.zeros((n_layer, n_expert), np.int64))
+    return lay, cache, slot_table, slot_off, host_off
+
+
+def moe_routing(ctx: Ctx, n_layer: int, n_expert: int, k: int):
+    ids = [ctx.upload(ctx.rng.permutation(n_expert)[:k].astype(np.int32)) for _ in range(n_layer)]
+    w = ctx.rng.random((n_layer, k)).astype(np.float32)
+    w /= w.sum(1, keepdims=True)
+    return ids, [ctx.upload(r) for r in w]
+
+
+@bench("moe")
+def moe_group(ctx: Ctx) -> list[Result]:
+    from strata.cuda_kernels.moe import moe_decode
+    out = []
+    n_layer, n_expert, k = 12, 128, 8
+    for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")):
+        lay, cache, slot_table, slot_off, host_off = moe_setup(
+            ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
+        ids, wts = moe_routing(ctx, n_layer, n_expert, k)
+        x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
+        h = ctx.cuda.device_array((k, lay.n_ff), np.float32, stream=ctx.stream)
+        y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
+        miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
+        counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+
+        def record(s, lay=lay, cache=cache, slot_table=slot_table, slot_off=slot_off,
+                   host_off=host_off, ids=ids, wts=wts, x=x, h=h, y=y, miss=miss,
+                   counters=counters):
+            for layer in range(n_layer):
+                moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
+                           slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
+                           host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
+                           stream=s)
+        us = ctx.time_graph(record, n_layer)
+        out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits", "2048x768", us,
+                          k * lay.expert_bytes, ctx.read_gbps, 0.60))
+        del cache
+    return out
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+def _commit() -> str:
+    if os.environ.get("STRATA_COMMIT"):
+        return os.environ["STRATA_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def print_table(results: list[Result]) -> None:
+    print(f"\n{'group':<12} {'kernel':<36} {'shape':<14} {'us':>9} {'GB/s':>8} {'ceiling':>8} "
+          f"{'achieved':>8} {'target':>7}")
+    for r in results:
+        target = f"{r.target:.0%}" if r.target else "-"
+        mark = "" if not r.target else ("ok" if r.frac >= r.target else "MISS")
+        print(f"{r.group:<12} {r.name:<36} {r.shape:<14} {r.us:>9.2f} {r.gbps:>8.0f} "
+              f"{r.ceiling_gbps:>8.0f} {r.frac:>8.0%} {target:>7} {mark}")
+        for key, val in r.extra.items():
+            print(f"{'':<12}   {key}: {val}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="kernel microbenchmarks against measured ceilings")
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--only", default="", help="comma-separated groups (ceilings always runs)")
+    a = p.parse_args(argv)
+    for m in EXTRA_MODULES:
+        if importlib.util.find_spec(m) is not None:
+            importlib.import_module(m)
+    wanted = [g for g in a.only.split(",") if g] or [g for g in REGISTRY if g != "ceilings"]
+    unknown = [g for g in wanted if g not in REGISTRY]
+    if unknown:
+        print(f"unknown groups {unknown}; known: {list(REGISTRY)}", file=sys.stderr)
+        return 2
+    ctx = Ctx()
+    results = list(REGISTRY["ceilings"](ctx))
+    for g in wanted:
+        if g != "ceilings":
+            print(f"[bench] {g} ...", flush=True)
+            results += REGISTRY[g](ctx)
+    print_table(results)
+    dev = ctx.cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": _commit(), "device": name,
+           "command": "python -m strata.bench.kernels " + " ".join(argv or sys.argv[1:]),
+           "ceilings": {"read_gbps": ctx.read_gbps, "copy_gbps": ctx.copy_gbps},
+           "notes": ctx.notes,
+           "results": [asdict(r) | {"gbps": r.gbps, "frac": r.frac} for r in results]}
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "kernels_bench.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    # run main() of the importable module, so groups other modules register land in its REGISTRY
+    sys.exit(importlib.import_module("strata.bench.kernels").main())

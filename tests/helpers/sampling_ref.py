@@ -1,0 +1,37 @@
+"""A float64 numpy mirror of the on-device sampler's rules (penalty, top-k, top-p, min-p,
+temperature, inverse-CDF draw with the sampler's own hash of (seed, step))."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.cuda_kernels.sampling import KMAX, THREADS, uniform
+
+
+def penalise(logits, hist, rp, last_n):
+    out = logits.copy()
+    for tok in set(hist[max(0, len(hist) - last_n):].tolist()):
+        v = out[tok]
+        out[tok] = v / np.float32(rp) if v > 0 else v * np.float32(rp)
+    return out
+
+
+def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
+               penalty_last_n, seed, block=THREADS):
+    """The token the sampler must pick for float32 `logits` after history `hist`."""
+    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
+    if temperature <= 0:
+        return int(np.argmax(lg))
+    k = top_k if 0 < top_k <= KMAX else KMAX
+    order = np.argsort(-lg, kind="stable")[:min(k, lg.size)]
+    v = lg[order]
+    p = np.exp(v - v[0])
+    keep, cum = len(v), 0.0
+    for i in range(len(v)):
+        if i > 0 and (p[i] < min_p or cum >= top_p * p.sum()):
+            keep = i
+            break
+        cum += p[i]
+    w = np.exp((v[:keep] - v[0]) / temperature)
+    target = uniform(seed, len(hist)) * w.sum()
+    return int(order[np.argmax(np.cumsum(w) > target)])
