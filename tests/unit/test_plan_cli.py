@@ -213,3 +213,23 @@ def test_cli_does_not_import_numba(small):
     flags = json.loads(out.stderr.strip().splitlines()[-1])
     assert flags == {"rc": 0, "numba": False}
     assert json.loads(out.stdout)["accepted"] is True
+
+
+def test_ring_budget_knob_and_env():
+    import argparse
+
+    from strata.plan.knobs import add_engine_knobs, options_from_args
+    from strata.plan.options import OptionError
+
+    p = argparse.ArgumentParser()
+    add_engine_knobs(p)
+    assert options_from_args(p.parse_args([]), environ={}).ring_bytes == 1 << 30
+    assert options_from_args(p.parse_args([]), environ={"STRATA_RING_MIB": "64"}).ring_mib == 64
+    flag = p.parse_args(["--ring-mib", "32"])
+    assert options_from_args(flag, environ={"STRATA_RING_MIB": "64"}).ring_mib == 32
+    with pytest.raises(OptionError, match="STRATA_RING_MIB"):
+        options_from_args(p.parse_args([]), environ={"STRATA_RING_MIB": "big"})
+    opts = options_from_args(p.parse_args(["--prefill", "auto:4096", "--expert-cache", "12",
+                                           "--no-prefill-borrow", "--embd-on-gpu"]), environ={})
+    assert (opts.prefill.ceiling, opts.expert_cache, opts.prefill_borrow, opts.embd_on_host) == \
+        (4096, 12, False, False)
