@@ -196,8 +196,8 @@ def test_metrics_and_health(http):
 
 
 def test_a_backend_that_cannot_run_never_reports_ready(tmp_models):
-    proc = ServeProcess(tmp_models, config={"model": str(tiny_model(tmp_models))},
-                        args=["--port", "0", "--backend", "nosuch"])
+    proc = ServeProcess(tmp_models, config={"model": str(tiny_model(tmp_models)),
+                                            "backend": "nosuch"}, args=["--port", "0"])
     assert proc.wait_exit() == 1
     out = "\n".join(proc.lines)
     assert "error:" in out and "nosuch" in out
