@@ -36,25 +36,49 @@ if SIMULATED:
         """Byte `off` of a uint8 array as an int."""
         return int(a[off])
 
+    # The simulated loads check the alignment the device instruction needs (relative to the
+    # array start: device allocations are 256-byte aligned) and touch exactly the bytes the
+    # device would, so CI catches misaligned and out-of-bounds accesses.
+
+    def _aligned(off, n):
+        if int(off) % n:
+            raise IndexError(f"misaligned {8 * n}-bit load at byte offset {off}")
+
     def ld_u16(a, off):
-        """Little-endian u16 at byte `off` (2-aligned on the GPU)."""
+        """Little-endian u16 at byte `off` (2-aligned)."""
+        _aligned(off, 2)
         return int(a[off]) | (int(a[off + 1]) << 8)
 
     def ld_u32(a, off):
-        """Little-endian u32 at byte `off` (4-aligned on the GPU)."""
+        """Little-endian u32 at byte `off` (4-aligned). An aligned word that starts inside the
+        array may run past its end (the device reads it within the same page): those bytes
+        read as 0 here; a word starting past the end is an error."""
+        _aligned(off, 4)
+        off = int(off)
+        if off + 3 >= len(a) and off < len(a):
+            return sum(int(a[off + i]) << (8 * i) for i in range(len(a) - off))
         return (int(a[off]) | (int(a[off + 1]) << 8) | (int(a[off + 2]) << 16)
                 | (int(a[off + 3]) << 24))
 
     def ld_u32_any(a, off):
-        """Little-endian u32 at any byte offset (two aligned loads and a funnel shift on the GPU)."""
-        return ld_u32(a, off)
+        """Little-endian u32 at any byte offset: the aligned word holding byte `off`, and the next
+        one only when `off` is misaligned (so it never reads past the 4 bytes' own word)."""
+        off = int(off)
+        base = off & ~3
+        lo = ld_u32(a, base)
+        if off & 3 == 0:
+            return lo
+        s = 8 * (off & 3)
+        return ((lo >> s) | (ld_u32(a, base + 4) << (32 - s))) & 0xFFFFFFFF
 
     def ld_nc_u32x4(a, off):
         """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
+        _aligned(off, 16)
         return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
 
     def ld_x4(x, i):
         """x[i:i+4] of a float32 or float16 array as four float32 (i a multiple of 4)."""
+        _aligned(i, 4)
         return (np.float32(x[i]), np.float32(x[i + 1]), np.float32(x[i + 2]), np.float32(x[i + 3]))
 
     def h2f(bits):
@@ -252,8 +276,10 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     @cuda.jit(device=True, inline="always")
     def ld_u32_any(a, off):
+        # the next word only when misaligned (else re-read the same one): never past the end
         base = off & ~3
-        return _fshr(_ld_u32(a, base), _ld_u32(a, base + 4), (off & 3) * 8)
+        sh = off & 3
+        return _fshr(_ld_u32(a, base), _ld_u32(a, base + (4 if sh else 0)), sh * 8)
 
     @cuda.jit(device=True, inline="always")
     def dp4a(a, b, c):
