@@ -30,6 +30,7 @@ P_MAX = 0.995  # a rank cannot be chosen by every token: selections are capped h
 AMPLITUDE = 1.0  # embedding's direction part per routing dim, against noise std 1
 SPREAD = 1.5  # router noise weight (the softmax temperature of the gate)
 FIT_ITERS, REFIT_ITERS = 150, 12
+FIT_TOL = 0.005  # stop once every rank's selection rate is this close to its target
 
 
 def rng_for(seed: int, *keys: int | str) -> np.random.Generator:
@@ -162,6 +163,8 @@ def fit_biases(along: np.ndarray, noise: np.ndarray, target: np.ndarray, k: int,
         err = float(np.abs(rate - goal).max())
         if err < best_err:
             best, best_err = bias.copy(), err
+        if err < FIT_TOL:
+            break
         step = scale * (0.6 if it < n_iter // 2 else 0.25)
         bias += step * (np.log(goal / (1 - goal)) - np.log(rate / (1 - rate)))
         bias -= bias.mean()
