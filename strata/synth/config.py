@@ -8,6 +8,7 @@ power-of-two assumptions where the block sizes allow it.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
 from strata.synth.errors import SynthError
@@ -40,7 +41,7 @@ class SynthConfig:
         for f in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_expert",
                   "n_expert_used", "n_ff_expert", "n_vocab", "n_ctx_train"):
             v = getattr(self, f)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
                 raise SynthError(f"{self.name}: {f} must be a positive integer, got {v!r}")
         if self.n_head % self.n_head_kv:
             raise SynthError(f"{self.name}: n_head_kv ({self.n_head_kv}) must divide "
