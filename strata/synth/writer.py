@@ -132,9 +132,9 @@ def write_model(path: str | os.PathLike[str], config: SynthConfig, *, mix: str =
     rd = routing.design(config, seed, skew)
     specs = layout.tensor_specs(config, mix)
     t0 = time.perf_counter()
-    tmp = _tmp_path(path)
-    w = _open_writer(tmp, config, specs, mix, seed, rd, header_only)
+    tmp, w = _tmp_path(path), None
     try:
+        w = _open_writer(tmp, config, specs, mix, seed, rd, header_only)
         fout = w.fout[0]
         w.write_padding(fout, fout.tell())
         data_start = fout.tell()
@@ -151,7 +151,8 @@ def write_model(path: str | os.PathLike[str], config: SynthConfig, *, mix: str =
         w.close()
         os.replace(tmp, path)
     except BaseException as e:
-        w.close()
+        if w is not None:
+            w.close()
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise SynthError(f"writing {path} failed: {e.strerror or e}") from e
@@ -172,10 +173,12 @@ class _Progress:
     def __enter__(self):
         if not self.show:
             return lambda n: None
+        from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                    TimeRemainingColumn, TransferSpeedColumn)
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                            TransferSpeedColumn(), TimeRemainingColumn(), transient=False)
+                            TransferSpeedColumn(), TimeRemainingColumn(),
+                            console=Console(stderr=True))
         self.bar.__enter__()
         task = self.bar.add_task(f"writing {self.label}", total=self.total)
         return lambda n: self.bar.update(task, advance=n)
