@@ -74,7 +74,8 @@ def test_chat_wraps_the_message_in_the_template(capsys, model):
     res = _json(capsys, "-m", model, "--chat", "Hello there", "-n", "2", *GREEDY)
     meta = open_model(model).metadata
     tok = Tokenizer.from_metadata(meta)
-    text = ChatTemplate.from_metadata(meta, tok).render([{"role": "user", "content": "Hello there"}])
+    message = [{"role": "user", "content": "Hello there"}]
+    text = ChatTemplate.from_metadata(meta, tok).render(message)
     assert "Hello there" in text and text != "Hello there"
     assert res["stats"]["prompt_tokens"] == len(tok.encode(text))
 

@@ -116,7 +116,7 @@ def _moe(m: RefModel, x: np.ndarray, il: int) -> np.ndarray:
     for i in range(x.shape[0]):
         top = np.argsort(-probs[i], kind="stable")[:m.n_expert_used]
         w = probs[i, top] / probs[i, top].sum()
-        for e, we in zip(top, w):
+        for e, we in zip(top, w, strict=True):
             g = t[b + "ffn_gate_exps"][e] @ x[i]
             u = t[b + "ffn_up_exps"][e] @ x[i]
             out[i] += we * (t[b + "ffn_down_exps"][e] @ (g / (1.0 + np.exp(-g)) * u))

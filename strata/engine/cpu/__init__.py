@@ -6,7 +6,14 @@ The CPU pool for the GPU engine's missed experts is `CpuExperts`.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
+
+# Idle OpenMP threads sleep instead of spinning between kernels: on a machine whose cores are
+# shared (other processes, other engines) spinning workers steal the time the others need and a
+# parallel region costs milliseconds instead of microseconds. Read once, when numba first starts
+# its thread pool; a value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from strata.engine.cpu.engine import CpuEngine
 from strata.engine.cpu.experts import CpuExperts

@@ -142,43 +142,43 @@ def dot_q4_k(row, x, xs16, acc):
             for i in range(32):
                 acc[32 + i] += d1 * (F32(row[qo + i] >> 4) * x[xo + 32 + i])
             g = xo // 16
-            mins += dmin * (F32(m0) * (xs16[g] + xs16[g + 1]) + F32(m1) * (xs16[g + 2] + xs16[g + 3]))
+            mins += dmin * (F32(m0) * (xs16[g] + xs16[g + 1])
+                            + F32(m1) * (xs16[g + 2] + xs16[g + 3]))
     return _lanes_sum(acc) - mins
 
 
 @njit(cache=True, fastmath=FAST)
-def dot_q6_k(row, x, acc):
-    """Q6_K: 210-byte super-blocks of 256 (low nibbles, 2-bit highs, 16 int8 scales, fp16 d);
-    value = d * scale * (q - 32), one scale per 16 values."""
+def dot_q6_k(row, x, xs16, acc):
+    """Q6_K: 210-byte super-blocks of 256 (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
+    scales, fp16 d); value = d * scale * (q - 32), one scale per 16 values. Each 128-value half
+    is four 32-value quarters: quarter k takes the low (k < 2) or high nibbles of ql[32*(k%2)..]
+    and bits 2k..2k+1 of qh; its two scales are 2k and 2k+1 of the half's eight. The -32 offset
+    is taken out as -32 * scale * (sum of the 16 activations), from xs16, once per block."""
     sc8 = row.view(np.int8)
     _lanes_zero(acc)
+    offs = F32(0.0)
     for b in range(row.shape[0] // 210):
         o = b * 210
         d = _f16(row, o + 208)
-        for h in range(2):  # two halves of 128 values
-            ql = o + 64 * h
+        for h in range(2):
             qh = o + 128 + 32 * h
-            sc = o + 192 + 8 * h
-            xo = 256 * b + 128 * h
-            for g in range(2):  # values l = 16g..16g+15 of each 32-value quarter
-                s0 = d * F32(sc8[sc + g])
-                s1 = d * F32(sc8[sc + g + 2])
-                s2 = d * F32(sc8[sc + g + 4])
-                s3 = d * F32(sc8[sc + g + 6])
-                for i in range(16):
-                    lo = np.int32(row[ql + 16 * g + i])
-                    hi = np.int32(row[ql + 32 + 16 * g + i])
-                    top = np.int32(row[qh + 16 * g + i])
-                    q1 = ((lo & 15) | ((top & 3) << 4)) - 32
-                    q2 = ((hi & 15) | (((top >> 2) & 3) << 4)) - 32
-                    q3 = ((lo >> 4) | (((top >> 4) & 3) << 4)) - 32
-                    q4 = ((hi >> 4) | (((top >> 6) & 3) << 4)) - 32
-                    xi = xo + 16 * g + i
-                    acc[i] += s0 * (F32(q1) * x[xi])
-                    acc[16 + i] += s1 * (F32(q2) * x[xi + 32])
-                    acc[32 + i] += s2 * (F32(q3) * x[xi + 64])
-                    acc[48 + i] += s3 * (F32(q4) * x[xi + 96])
-    return _lanes_sum(acc)
+            for k in range(4):
+                ql = o + 64 * h + 32 * (k & 1)
+                nib = 4 * (k >> 1)
+                top = 2 * k
+                xo = 256 * b + 128 * h + 32 * k
+                s0 = d * F32(sc8[o + 192 + 8 * h + 2 * k])
+                s1 = d * F32(sc8[o + 192 + 8 * h + 2 * k + 1])
+                for j in range(32):  # one loop of 32 (a select picks the scale) vectorizes
+                    q = ((row[ql + j] >> nib) & 15) | (((row[qh + j] >> top) & 3) << 4)
+                    s = s0 if j < 16 else s1
+                    acc[32 * (k & 1) + j] += s * (F32(q) * x[xo + j])
+        # scale m covers values 16m..16m+15 of the block: xs16[16b + m]
+        t = F32(0.0)
+        for m in range(16):
+            t += F32(sc8[o + 192 + m]) * xs16[16 * b + m]
+        offs += d * t
+    return _lanes_sum(acc) - F32(32.0) * offs
 
 
 @njit(cache=True, fastmath=FAST)
@@ -213,7 +213,7 @@ def row_dot(fmt, block_size, row, x, xs16, acc, buf):
     if fmt == Q4_K_T:
         return dot_q4_k(row, x, xs16, acc)
     if fmt == Q6_K_T:
-        return dot_q6_k(row, x, acc)
+        return dot_q6_k(row, x, xs16, acc)
     if fmt == F32_T:
         return dot_f32(row.view(np.float32), x, acc)
     if fmt == F16_T:

@@ -1,0 +1,225 @@
+"""`strata bench --backend cpu`: prefill and decode speed of the CPU engine, and the expert
+path's read throughput, against this machine's memory bandwidth measured in the same run.
+
+With no `-m`, synthetic files of `--preset` with `--layers` blocks are written once per mix to the
+user cache; decode time is scaled to the preset's full depth (the head runs once per token, the
+blocks once per layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+from strata.errors import StrataError
+
+MEMBW_BYTES = 1 << 29  # 512 MiB copied: far past every cache
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="cpu", choices=("cpu",),
+                   help="engine to measure (the CPU engine)")
+    p.add_argument("-m", "--model", action="append", metavar="FILE",
+                   help="GGUF file to measure (repeatable); default: synthetic --preset files")
+    p.add_argument("--preset", default="qwen3-30b-a3b", help="synthetic model shape")
+    p.add_argument("--mix", default="Q4_K_M,Q8_0", help="comma-separated quant mixes")
+    p.add_argument("--layers", type=int, default=4, help="blocks in the synthetic files")
+    p.add_argument("--n-prompt", type=int, default=32, help="prompt tokens to prefill")
+    p.add_argument("--n-decode", type=int, default=16, help="tokens to decode")
+    p.add_argument("--n-pool", type=int, default=64,
+                   help="single-token calls of the expert pool with random experts")
+    p.add_argument("--membw-mib", type=int, default=MEMBW_BYTES >> 20,
+                   help="MiB the bandwidth copy moves (far more than the caches)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
+
+
+def measure_copy_bandwidth(n_bytes: int = MEMBW_BYTES, repeats: int = 5) -> float:
+    """GB/s of a numpy copy (bytes read + bytes written per second), best of `repeats`."""
+    import numpy as np
+
+    src = np.ones(n_bytes // 8, np.float64)  # [n] f64, touched
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best / 1e9
+
+
+def _warm(path: str) -> float:
+    """Read the whole file once so its pages are resident (GB/s of that read)."""
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 26):
+            n += len(chunk)
+    return n / max(time.perf_counter() - t0, 1e-9) / 1e9
+
+
+def _synthetic(preset_name: str, mix: str, n_layer: int, seed: int) -> tuple[str, int]:
+    from strata.synth import preset, write_model
+    from strata.synth.cache import cache_dir
+
+    cfg = preset(preset_name)
+    if not 1 <= n_layer <= cfg.n_layer:
+        raise StrataError(f"--layers must be in 1..{cfg.n_layer} for {preset_name}")
+    folder = cache_dir() / "bench"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{preset_name}-L{n_layer}-{mix}-s{seed}.gguf"
+    if not path.is_file():
+        write_model(path, cfg.with_layers(n_layer), mix=mix, seed=seed, progress=True)
+    return str(path), cfg.n_layer
+
+
+def _decode(engine, first_logits, n_decode: int) -> float:
+    import numpy as np
+
+    logits = first_logits
+    t0 = time.perf_counter()
+    for _ in range(n_decode):
+        logits = engine.decode_step(int(np.argmax(logits)))
+    return time.perf_counter() - t0
+
+
+def _pool(model, n_calls: int, seed: int) -> dict:
+    """The expert pool alone: one token, random distinct experts of random layers per call."""
+    import numpy as np
+
+    s = model.shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(s.n_embd).astype(np.float32)
+    calls = [(int(rng.integers(s.n_layer)), rng.choice(s.n_expert, s.n_expert_used, replace=False))
+             for _ in range(n_calls)]
+    w = np.full(s.n_expert_used, 1.0 / s.n_expert_used, np.float32)
+    layer0, ids0 = calls[0]
+    model.experts(x, layer0, ids0, w)  # compile / load outside the timing
+    t0 = time.perf_counter()
+    for layer, ids in calls:
+        model.experts(x, layer, ids, w)
+    dt = time.perf_counter() - t0
+    n_bytes = sum(model.experts.bytes_read(layer, ids) for layer, ids in calls)
+    return {"calls": n_calls, "seconds": dt, "bytes": n_bytes, "gb_per_s": n_bytes / dt / 1e9}
+
+
+def bench_file(path: str, *, n_layer_full: int, n_prompt: int, n_decode: int, n_pool: int,
+               seed: int, copy_gbps: float) -> dict:
+    """Measure one file; every number the table and the JSON show."""
+    import numpy as np
+
+    from strata.engine.cpu import CpuEngine, CpuModel
+    from strata.gguf import open_model
+
+    warm_gbps = _warm(path)
+    model = CpuModel(open_model(path))
+    s = model.shape
+    engine = CpuEngine(model, max_context=n_prompt + n_decode + 1, profile=True)
+    prompt = np.random.default_rng(seed).integers(0, s.n_vocab, n_prompt).tolist()
+    engine.prefill(prompt[:2])  # compile / load the kernels outside the timing
+    engine.decode_step(prompt[2])
+    engine.reset()
+    t0 = time.perf_counter()
+    logits = engine.prefill(prompt)
+    prefill_s = time.perf_counter() - t0
+    engine.layers.seconds.clear()
+    engine.layers.expert_bytes = 0
+    decode_s = _decode(engine, logits, n_decode)
+    per_tok = {k: v / n_decode for k, v in engine.layers.seconds.items()}
+    per_tok["other"] = decode_s / n_decode - sum(per_tok.values())
+    expert_gbps = engine.layers.expert_bytes / max(engine.layers.seconds["experts"], 1e-12) / 1e9
+    t_tok = decode_s / n_decode
+    t_head = per_tok.get("head", 0.0)
+    t_full = t_head + (t_tok - t_head) * n_layer_full / s.n_layer
+    layer_bytes = (model.dense_bytes_per_token - model.matrices["output"].n_bytes) / s.n_layer \
+        + engine.layers.expert_bytes / n_decode / s.n_layer
+    full_bytes = layer_bytes * n_layer_full + model.matrices["output"].n_bytes
+    return {
+        "file": os.path.basename(path), "file_bytes": os.path.getsize(path),
+        "n_layer": s.n_layer, "n_layer_scaled_to": n_layer_full, "warm_read_gb_per_s": warm_gbps,
+        "prefill_tokens": n_prompt, "prefill_tokens_per_s": n_prompt / prefill_s,
+        "decode_tokens": n_decode, "decode_tokens_per_s": 1 / t_tok,
+        "decode_tokens_per_s_scaled": 1 / t_full,
+        "decode_bytes_per_token_scaled": full_bytes,
+        "decode_tokens_per_s_bound_scaled": copy_gbps * 1e9 / full_bytes,
+        "decode_ms_per_token_by_part": {k: round(v * 1e3, 3) for k, v in per_tok.items()},
+        "expert_bytes_per_token": engine.layers.expert_bytes / n_decode,
+        "expert_gb_per_s": expert_gbps, "expert_fraction_of_copy_bw": expert_gbps / copy_gbps,
+        "pool": _pool(model, n_pool, seed),
+    }
+
+
+def _device() -> dict:
+    import numba
+
+    name = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                        name)
+    except OSError:
+        pass
+    return {"cpu": name, "cpu_count": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+            "threading_layer": numba.threading_layer(), "python": platform.python_version(),
+            "numba": numba.__version__}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _table(res: dict) -> str:
+    bw = res["copy_gb_per_s"]
+    lines = [f"memory bandwidth (numpy copy, read+write): {bw:.2f} GB/s",
+             f"{'file':38s} {'prefill':>9s} {'decode':>8s} {'dec@full':>9s} {'bound':>8s} "
+             f"{'experts':>9s} {'of bw':>6s} {'pool':>9s} {'of bw':>6s}",
+             f"{'':38s} {'tok/s':>9s} {'tok/s':>8s} {'tok/s':>9s} {'tok/s':>8s} "
+             f"{'GB/s':>9s} {'':>6s} {'GB/s':>9s} {'':>6s}"]
+    for r in res["results"]:
+        pool = r["pool"]["gb_per_s"]
+        lines.append(
+            f"{r['file'][:38]:38s} {r['prefill_tokens_per_s']:9.2f} "
+            f"{r['decode_tokens_per_s']:8.2f} {r['decode_tokens_per_s_scaled']:9.2f} "
+            f"{r['decode_tokens_per_s_bound_scaled']:8.2f} {r['expert_gb_per_s']:9.2f} "
+            f"{100 * r['expert_fraction_of_copy_bw']:5.1f}% {pool:9.2f} {100 * pool / bw:5.1f}%")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    for name in ("layers", "n_prompt", "n_decode", "n_pool", "membw_mib"):
+        if getattr(args, name) < 1:
+            raise StrataError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.model:
+        from strata.gguf import open_model
+
+        files = [(p, open_model(p).shape.n_layer) for p in args.model]
+    else:
+        files = [_synthetic(args.preset, m.strip(), args.layers, args.seed)
+                 for m in args.mix.split(",") if m.strip()]
+    copy_gbps = measure_copy_bandwidth(args.membw_mib << 20)
+    res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "commit": _commit(), "command": "strata " + " ".join(sys.argv[1:]),
+           "backend": "cpu", "copy_gb_per_s": copy_gbps, "results": []}
+    for path, n_full in files:
+        res["results"].append(bench_file(path, n_layer_full=n_full, n_prompt=args.n_prompt,
+                                         n_decode=args.n_decode, n_pool=args.n_pool,
+                                         seed=args.seed, copy_gbps=copy_gbps))
+    res["copy_gb_per_s_after"] = measure_copy_bandwidth(args.membw_mib << 20)
+    res["device"] = _device()
+    print(_table(res))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    return 0
