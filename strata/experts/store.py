@@ -1,0 +1,150 @@
+"""`HostStore`: every expert of a model in one host buffer the GPU can read, one blob per
+(layer, expert), laid out as the MoE kernels read it: gate rows, then up rows, then down rows.
+
+Why a repacked copy rather than the GGUF mapping itself: the file stores each layer's experts as
+three stacked tensors (all gates, then all ups, then all downs), so one expert's bytes are three
+distant pieces, and the decode kernel finds an expert from ONE base offset with fixed offsets to
+up and down (`cuda_kernels.moe.ExpertLayout`). In a Q4_K_M file the down projections of some
+layers are Q6_K, so the distance from an expert's gate to its down changes with the expert: the
+file cannot be read in place. The copy is also what makes the memory registrable: a read-only
+mmap cannot be page-locked, a private numpy buffer can (`mempin`, mapped), cheaply once it is
+touched (REFERENCE.md: 0.3 s for 8 GiB).
+
+The token embedding may live here too (`--embd-on-gpu` off, the default): the embedding kernel
+reads one row per token over PCIe.
+
+Pure numpy: the GPU side registers `buffer` (see `strata.engine.cuda.hostmem`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from strata.gguf import ModelFile
+from strata.gguf.arch.qwen3moe import EXPERT_NAMES
+from strata.gguf.shape import ModelShape
+
+BLOB_ALIGN = 256  # every blob starts on this boundary (the kernels' 16-byte vector loads)
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+def _align(n: int, a: int = BLOB_ALIGN) -> int:
+    return -(-n // a) * a
+
+
+@dataclass(frozen=True, slots=True)
+class BlobLayout:
+    """One layer's expert blob: gate [n_ff, n_embd] and up in `gate_type`, down [n_embd, n_ff]
+    in `down_type`, at byte offsets 0, `up_off`, `down_off`; `n_bytes` in all (the plan's slot
+    size, `ModelShape.expert_slot_bytes`)."""
+
+    gate_type: int
+    down_type: int
+    gate_bytes: int  # one expert's gate matrix (= its up matrix)
+    down_bytes: int
+
+    @property
+    def up_off(self) -> int:
+        return self.gate_bytes
+
+    @property
+    def down_off(self) -> int:
+        return 2 * self.gate_bytes
+
+    @property
+    def n_bytes(self) -> int:
+        return 2 * self.gate_bytes + self.down_bytes
+
+
+def blob_layout(shape: ModelShape, layer: int) -> BlobLayout:
+    """The blob of `layer`; ValueError when gate and up differ in format (the fused gate/up
+    kernels read both with one decoder)."""
+    gate, up, down = shape.layers[layer].experts
+    if gate.ggml_type != up.ggml_type:
+        raise ValueError(f"layer {layer}: ffn_gate_exps ({gate.qtype.name}) and ffn_up_exps "
+                         f"({up.qtype.name}) differ in format; the GPU engine needs them equal")
+    n = shape.n_expert
+    lay = BlobLayout(gate.ggml_type, down.ggml_type, gate.slice_bytes(n), down.slice_bytes(n))
+    if lay.gate_bytes % 16:
+        raise ValueError(f"layer {layer}: an expert's gate matrix is {lay.gate_bytes} bytes, "
+                         f"not a multiple of 16 (the kernels' aligned loads need it)")
+    return lay
+
+
+class HostStore:
+    """Expert blobs (and optionally the token embedding) in one uint8 host buffer.
+
+    `host_off[layer, expert]` is the byte offset of that blob in `buffer`; `embd_off` the offset
+    of token_embd's rows (or -1)."""
+
+    def __init__(self, shape: ModelShape, *, with_embd: bool, embd_bytes: int = 0):
+        self.shape = shape
+        self.layouts = tuple(blob_layout(shape, i) for i in range(shape.n_layer))
+        strides = [_align(lay.n_bytes) for lay in self.layouts]
+        off = np.zeros((shape.n_layer, shape.n_expert), np.int64)  # [n_layer, n_expert] int64
+        pos = 0
+        for i, stride in enumerate(strides):
+            off[i] = pos + np.arange(shape.n_expert, dtype=np.int64) * stride
+            pos += stride * shape.n_expert
+        self.host_off = off
+        self.layer_base = tuple(int(off[i, 0]) for i in range(shape.n_layer))
+        self.strides = tuple(strides)
+        self.expert_bytes = pos  # the experts' part, blobs aligned
+        self.embd_off = pos if with_embd else -1
+        self.n_bytes = pos + (_align(embd_bytes) if with_embd else 0)
+        self.buffer = np.empty(max(self.n_bytes, BLOB_ALIGN), np.uint8)  # [n_bytes] uint8
+        self.fill_seconds = 0.0
+
+    def blob(self, layer: int, expert: int) -> np.ndarray:
+        """The blob of (layer, expert): a uint8 view of `buffer`."""
+        off = int(self.host_off[layer, expert])
+        return self.buffer[off:off + self.layouts[layer].n_bytes]
+
+    def layer_blobs(self, layer: int) -> np.ndarray:
+        """[n_expert, stride] uint8 view: row e holds expert e's blob (and its alignment pad)."""
+        base, stride = self.layer_base[layer], self.strides[layer]
+        return self.buffer[base:base + stride * self.shape.n_expert].reshape(-1, stride)
+
+    def embd(self, n_rows: int, row_bytes: int) -> np.ndarray:
+        """token_embd's rows [n_rows, row_bytes] (only when built with the embedding)."""
+        if self.embd_off < 0:
+            raise ValueError("this host store was built without the token embedding")
+        return self.buffer[self.embd_off:self.embd_off + n_rows * row_bytes].reshape(
+            n_rows, row_bytes)
+
+    def fill_from(self, model: ModelFile, *, progress: Progress | None = None) -> float:
+        """Copy every expert (and the embedding) out of the mapped file; returns seconds."""
+        t0 = time.perf_counter()
+        total, done = self.n_bytes, 0
+        for il in range(self.shape.n_layer):
+            lay, rows = self.layouts[il], self.layer_blobs(il)
+            n = self.shape.n_expert
+            parts = ((0, lay.gate_bytes), (lay.up_off, lay.gate_bytes),
+                     (lay.down_off, lay.down_bytes))
+            for name, (off, size) in zip(EXPERT_NAMES, parts):
+                src = model.raw(f"blk.{il}.{name}.weight").reshape(n, size)
+                rows[:, off:off + size] = src
+            done += self.strides[il] * n
+            if progress is not None:
+                progress(done, total)
+        if self.embd_off >= 0:
+            src = model.raw("token_embd.weight")
+            self.buffer[self.embd_off:self.embd_off + src.size] = src
+            if progress is not None:
+                progress(total, total)
+        self.fill_seconds = time.perf_counter() - t0
+        return self.fill_seconds
+
+
+def build_store(model: ModelFile, *, with_embd: bool,
+                progress: Progress | None = None) -> HostStore:
+    """A filled `HostStore` of `model`."""
+    embd = model.tensors["token_embd.weight"].n_bytes if with_embd else 0
+    store = HostStore(model.shape, with_embd=with_embd, embd_bytes=embd)
+    store.fill_from(model, progress=progress)
+    return store

@@ -1,0 +1,63 @@
+"""The host expert store: one blob per (layer, expert) laid out gate | up | down, equal to the
+GGUF file's own expert slices, aligned, the plan's slot size; the embedding rows after them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers.engine_models import CONFIG, model_path
+from strata.experts import blob_layout, build_store
+from strata.experts.store import BLOB_ALIGN
+from strata.gguf import open_model
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q8_0"])
+def test_blobs_are_the_files_expert_slices(tmp_models, mix):
+    mf = open_model(model_path(tmp_models, mix))
+    s = mf.shape
+    store = build_store(mf, with_embd=True)
+    for il in range(s.n_layer):
+        lay = blob_layout(s, il)
+        assert lay.n_bytes == s.expert_slot_bytes(il)  # the plan's slot size
+        for e in (0, s.n_expert // 2, s.n_expert - 1):
+            want = np.concatenate([mf.expert_raw(f"blk.{il}.{n}.weight", e).reshape(-1)
+                                   for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")])
+            np.testing.assert_array_equal(store.blob(il, e), want)
+            assert store.host_off[il, e] % BLOB_ALIGN == 0
+    t = mf.tensors["token_embd.weight"]
+    np.testing.assert_array_equal(store.embd(t.n_rows, t.row_bytes), mf.raw_rows(t.name))
+    assert store.embd_off % BLOB_ALIGN == 0 and store.fill_seconds > 0
+
+
+def test_store_without_embedding_refuses_rows(tmp_models):
+    mf = open_model(model_path(tmp_models, "Q8_0"))
+    store = build_store(mf, with_embd=False)
+    assert store.embd_off == -1 and store.n_bytes == store.expert_bytes
+    with pytest.raises(ValueError, match="without the token embedding"):
+        store.embd(1, 1)
+
+
+def test_progress_reaches_the_total(tmp_models):
+    mf = open_model(model_path(tmp_models, "Q8_0"))
+    seen = []
+    build_store(mf, with_embd=True, progress=lambda done, total: seen.append((done, total)))
+    assert seen[-1][0] == seen[-1][1] and all(a <= b for a, b in seen)
+
+
+def test_gate_and_up_of_different_formats_are_refused(tmp_models):
+    legacy = open_model(model_path(tmp_models, "LEGACY_MIX"))  # gate Q4_0, up Q5_0
+    with pytest.raises(ValueError, match=r"ffn_gate_exps \(Q4_0\) and ffn_up_exps \(Q5_0\)"):
+        build_store(legacy, with_embd=False)
+    mf = open_model(model_path(tmp_models, "Q8_0"))
+    s = mf.shape
+    gate, up, down = s.layers[0].experts
+    layers = list(s.layers)
+    layers[0] = dataclasses.replace(layers[0], experts=(
+        gate, dataclasses.replace(up, ggml_type=2), down))
+    bad = dataclasses.replace(s, layers=tuple(layers))
+    with pytest.raises(ValueError, match="differ in format"):
+        blob_layout(bad, 0)
+    assert CONFIG.n_layer == s.n_layer
