@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "plan": "print the VRAM plan for a model and GPU(s) without loading anything",
     "synth": "write a synthetic GGUF model of a real shape (for tests and benchmarks)",
     "bench": "measure prefill and decode speed against their bounds",
+    "profile": "record a routing profile (which experts each layer uses) by running prompts",
     "serve": "serve a model over HTTP: OpenAI and Anthropic APIs, metrics, a monitor page",
 }
 
