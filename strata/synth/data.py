@@ -38,12 +38,12 @@ class TensorData:
     """Makes every tensor's bytes for one model; `pieces(spec)` yields them in order."""
 
     def __init__(self, cfg: SynthConfig, specs: list[layout.TensorSpec], seed: int,
-                 rd: routing.RoutingDesign):
-        self.cfg, self.seed, self.rd = cfg, seed, rd
+                 rd: routing.RoutingDesign, n_real: int):
+        self.cfg, self.seed, self.rd, self.n_real = cfg, seed, rd, n_real
         self.pools: dict[tuple[str, float], BlockPool] = {}
         self.largest: dict[tuple[str, float], int] = {}
         for s in specs:
-            if s.kind == layout.RANDOM:
+            if s.kind in (layout.RANDOM, layout.HEAD):
                 key = (s.type_name, s.std)
                 self.largest[key] = max(self.largest.get(key, 0), s.n_bytes)
         self.embd = next(s for s in specs if s.kind == layout.EMBED)
@@ -61,6 +61,9 @@ class TensorData:
             yield self._router(spec.layer)
         elif spec.kind == layout.NORM:
             yield norm_values(self.seed, spec.name, spec.shape[0])
+        elif spec.kind == layout.HEAD:
+            yield from self._random(spec, stop=self.n_real)
+            yield from self._filler_rows(spec)
         else:
             yield from self._random(spec)
 
@@ -124,16 +127,34 @@ class TensorData:
             self.pools[key] = BlockPool(spec.type_name, spec.std, n, rng)
         return self.pools[key]
 
-    def _random(self, spec: layout.TensorSpec) -> Iterator[np.ndarray]:
+    def _random(self, spec: layout.TensorSpec, stop: int | None = None) -> Iterator[np.ndarray]:
+        """Rows [0, stop) of `spec` (all by default) as windows of its pool."""
+        stop = spec.n_rows if stop is None else stop
         pool = self._pool(spec)
         blocks_per_row = spec.row_bytes // pool.blocks.shape[1]
         rows_per_piece = max(1, min(PIECE_BYTES // spec.row_bytes,
                                     pool.n_blocks // blocks_per_row))
-        for r0 in range(0, spec.n_rows, rows_per_piece):
-            n = min(rows_per_piece, spec.n_rows - r0)
+        for r0 in range(0, stop, rows_per_piece):
+            n = min(rows_per_piece, stop - r0)
             piece = pool.window(n * blocks_per_row).reshape(n, spec.row_bytes)
             if spec.zero_routing_rows:
                 out_dim = (r0 + np.arange(n)) % self.cfg.n_embd
                 piece = piece.copy()
                 piece[self.routing_mask[out_dim]] = 0
             yield piece
+
+    def _filler_rows(self, spec: layout.TensorSpec) -> Iterator[np.ndarray]:
+        """Head rows of the unused filler tokens: all one row, minus the routing direction (which
+        every hidden state carries, see `routing`), so their logits sit near FILLER_LOGIT."""
+        n_fill = spec.n_rows - self.n_real
+        n_dims = len(self.rd.dims)
+        along = routing.AMPLITUDE * np.sqrt(n_dims)  # a hidden state's share of the direction
+        push = layout.FILLER_LOGIT * layout.final_rms(self.cfg, n_dims, routing.AMPLITUDE) / along
+        gain = norm_values(self.seed, "output_norm.weight", self.cfg.n_embd)[self.rd.dims]
+        row = np.zeros((1, self.cfg.n_embd), np.float32)
+        row[0, self.rd.dims] = push * self.rd.direction / gain
+        one = encode_rows(row, spec.type_name)  # [1, row_bytes]
+        per_piece = max(1, min(n_fill, PIECE_BYTES // spec.row_bytes))
+        piece = np.repeat(one, per_piece, axis=0)
+        for r0 in range(0, n_fill, per_piece):
+            yield piece[:min(per_piece, n_fill - r0)]

@@ -1,8 +1,9 @@
-"""Float rows -> GGML blocks, for the tensors whose values the synthesizer designs (the token
-embedding carries the routing direction, see `strata.synth.routing`).
+"""Float rows -> GGML blocks, for the values the synthesizer designs (the token embedding carries
+the routing direction, see `strata.synth.routing`; the head's filler-token rows push those
+tokens' logits down).
 
-gguf-py quantizes the simple formats; the K and IQ formats an embedding can take (Q4_K, IQ4_XS,
-IQ3_S, IQ4_NL) are encoded here with plain round-to-nearest choices. They need not be good
+gguf-py quantizes the simple formats; the K and IQ formats those tensors can take (Q4_K, Q6_K,
+IQ4_XS, IQ3_S, IQ4_NL) are encoded here with plain round-to-nearest choices. They need not be good
 quantizers, only faithful to the block layouts: what the file means is whatever
 `gguf.quants.dequantize` reads back, and the tests compare the two.
 """
@@ -122,6 +123,28 @@ def encode_q4_k(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def encode_q6_k(x: np.ndarray) -> np.ndarray:
+    """[n, 256] float -> [n, 210] Q6_K blocks: value = d * scale * (q - 32), an int8 scale per
+    16 values, 6-bit q split into a low nibble (ql) and two high bits (qh)."""
+    n = x.shape[0]
+    grp = x.reshape(n, 16, 16)
+    sg = np.abs(grp).max(axis=2) / 31  # [n, 16] wanted step of each 16-value group
+    d = _f16(sg.max(axis=1) / 127)
+    df = d.astype(np.float32)[:, None]
+    sc = np.clip(np.rint(sg / np.where(df == 0, 1, df)), 0, 127).astype(np.int8)
+    step = (df * sc)[..., None]
+    q = np.clip(np.rint(grp / np.where(step == 0, 1, step)), -32, 31).astype(np.int16) + 32
+    q = q.astype(np.uint8).reshape(n, 2, 128)  # two halves of 128 values
+    lo, hi = q & 0xF, q >> 4
+    out = np.empty((n, 210), np.uint8)
+    out[:, 0:128] = (lo[:, :, :64] | (lo[:, :, 64:] << 4)).reshape(n, 128)
+    hi4 = hi.reshape(n, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    out[:, 128:192] = np.bitwise_or.reduce(hi4, axis=2).reshape(n, 64)
+    out[:, 192:208] = sc.view(np.uint8)
+    out[:, 208:210] = d.view(np.uint8).reshape(n, 2)
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def _iq3s_lookup() -> np.ndarray:
     """For each of the 8**4 combinations of four odd levels 1..15, the nearest IQ3_S grid
@@ -162,7 +185,8 @@ def encode_iq3_s(x: np.ndarray) -> np.ndarray:
 
 
 _ENCODERS = {"IQ4_NL": (32, encode_iq4_nl), "IQ4_XS": (QK, encode_iq4_xs),
-             "Q4_K": (QK, encode_q4_k), "IQ3_S": (QK, encode_iq3_s)}
+             "Q4_K": (QK, encode_q4_k), "Q6_K": (QK, encode_q6_k),
+             "IQ3_S": (QK, encode_iq3_s)}
 ENCODABLE = ("F32", "F16", *_GGUF_QUANTIZE, *_ENCODERS)
 
 

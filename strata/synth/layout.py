@@ -17,10 +17,11 @@ from strata.synth.mixes import tensor_type
 LAYER_GAIN = 0.3
 SILU_GLU_RMS = 0.6  # RMS of silu(a) * b for a, b ~ N(0, 1)
 LOGIT_STD = 2.0
+FILLER_LOGIT = -16.0  # about where the head puts unused filler tokens: never sampled
 NORM_GAIN_RANGE = (0.8, 1.2)  # norm weights: uniform in this range
 
 # kinds of value generation
-EMBED, ROUTER, NORM, RANDOM = "embed", "router", "norm", "random"
+EMBED, ROUTER, NORM, RANDOM, HEAD = "embed", "router", "norm", "random", "head"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,13 @@ class TensorSpec:
     @property
     def n_bytes(self) -> int:
         return self.row_bytes * self.n_rows
+
+
+def final_rms(cfg: SynthConfig, n_routing_dims: int, amplitude: float) -> float:
+    """Rough RMS of the last hidden state: the embedding's (noise 1, plus the routing direction
+    over its dims) and two updates of ~LAYER_GAIN per layer, all independent."""
+    var = 1.0 + amplitude ** 2 * n_routing_dims / cfg.n_embd + 2 * cfg.n_layer * LAYER_GAIN ** 2
+    return math.sqrt(var)
 
 
 def _block_specs(cfg: SynthConfig, mix: str, i: int) -> list[TensorSpec]:
@@ -96,5 +104,5 @@ def tensor_specs(cfg: SynthConfig, mix: str) -> list[TensorSpec]:
         specs += _block_specs(cfg, mix, i)
     specs.append(TensorSpec("output_norm.weight", "output_norm", -1, "F32", (cfg.n_embd,), NORM))
     specs.append(TensorSpec("output.weight", "output", -1, tensor_type(mix, "output", -1, cfg),
-                            (cfg.n_vocab, cfg.n_embd), RANDOM, LOGIT_STD / math.sqrt(cfg.n_embd)))
+                            (cfg.n_vocab, cfg.n_embd), HEAD, LOGIT_STD / math.sqrt(cfg.n_embd)))
     return specs

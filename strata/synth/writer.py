@@ -100,7 +100,7 @@ class _Sink:
 
 
 def _write_data(sink: _Sink, cfg, specs, seed, rd) -> None:
-    data = TensorData(cfg, specs, seed, rd)
+    data = TensorData(cfg, specs, seed, rd, build_vocab(cfg.n_vocab).n_real)
     align = gguf.GGUF_DEFAULT_ALIGNMENT
     for s in specs:
         for piece in data.pieces(s):

@@ -17,6 +17,7 @@ from gguf.quants import dequantize
 from strata.synth import PRESETS, write_model
 from strata.synth.metadata import KEY_EXPERT_RANK, KEY_EXPERT_SHARE
 from strata.synth.routing import coverage
+from strata.synth.vocab import build_vocab
 
 CFG = PRESETS["tiny"]
 
@@ -115,6 +116,9 @@ def test_logits_finite_and_spread(tmp_models, mix):
     assert np.isfinite(logits).all()
     assert 0.1 < logits.std() < 100
     assert logits.std(axis=0).mean() > 0.1  # positions differ, not one constant vector
+    n_real = build_vocab(CFG.n_vocab).n_real  # unused fillers are never predicted
+    assert _softmax(logits)[:, n_real:].sum(axis=1).max() < 1e-3
+    assert np.all(logits[:, n_real:].max(axis=1) < logits[:, :n_real].min(axis=1))
 
 
 def test_measured_coverage_follows_skew3(skewed):
