@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .intrinsics import h2f, ld_u16, ld_u32, ld_u32_any
-from .mma import pack_half2, shfl_xor
+from .mma import half2_lo, pack_half2, shfl_xor
 
 KV_FORMATS = ("f16", "int8", "q4_0")
 
@@ -157,7 +157,8 @@ def _write_kernel(fmt: str, head_dim: int):
                 amax = max(amax, abs(src[t, h, d0 + i]))
             for m in (16, 8, 4, 2, 1):
                 amax = max(amax, shfl_xor(amax, m))
-            s = amax / float32(127.0)
+            # quantize with the scale as stored (f16), so q * scale reproduces the value best
+            s = half2_lo(pack_half2(amax / float32(127.0), float32(0.0)))
             inv = float32(1.0) / s if s > 0 else float32(0.0)
             for i in range(DPL):
                 q = int(math.floor(src[t, h, d0 + i] * inv + float32(0.5)))

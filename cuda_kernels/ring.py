@@ -43,7 +43,7 @@ class CudaRingOps:
 
     def record(self, stream):
         from numba import cuda
-        ev = cuda.event(timing=False)
+        ev = cuda.event()
         ev.record(stream)
         return ev
 

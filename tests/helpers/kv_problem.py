@@ -51,10 +51,12 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int)
     """Causal GQA attention, float64: q [n_q, n_head, d] at positions start.., k/v [L, n_kv, d]."""
     n_q, n_head, d = q.shape
     group = n_head // k.shape[1]
+    length = start + n_q
+    masked = np.arange(length)[None, :] > (start + np.arange(n_q))[:, None]  # [n_q, L]
     out = np.zeros(q.shape)
-    for i in range(n_q):
-        for h in range(n_head):
-            s = k[:start + i + 1, h // group] @ q[i, h].astype(np.float64) / np.sqrt(d)
-            p = np.exp(s - s.max())
-            out[i, h] = (p / p.sum()) @ v[:start + i + 1, h // group]
+    for h in range(n_head):
+        s = q[:, h].astype(np.float64) @ k[:length, h // group].T / np.sqrt(d)
+        s[masked] = -np.inf
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:length, h // group]
     return out
