@@ -67,14 +67,22 @@ def _open_writer(path: Path, cfg: SynthConfig, specs, mix: str, seed: int,
     return w
 
 
+SYNC_BYTES = 1 << 30
+
+
 class _Sink:
     """Writes pieces to the file on its own thread, so making the next piece overlaps writing
-    this one (file writes release the GIL); at most `depth` pieces wait in between."""
+    this one (file writes release the GIL); at most `depth` pieces wait in between.
+
+    Every SYNC_BYTES the written data is flushed to disk and dropped from the page cache: a
+    model larger than free RAM otherwise makes every write reclaim cache pages first, which
+    cost more CPU than the copy itself (measured: 43 s against 11 s of system time for 18.6 GB)."""
 
     def __init__(self, fout, advance, depth: int = 4):
         self.fout, self.advance = fout, advance
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
+        self.unsynced = 0
         self.thread = threading.Thread(target=self._run, name="synth-writer", daemon=True)
         self.thread.start()
 
@@ -84,8 +92,19 @@ class _Sink:
                 try:
                     self.fout.write(memoryview(piece).cast("B"))
                     self.advance(piece.nbytes)
+                    self.unsynced += piece.nbytes
+                    if self.unsynced >= SYNC_BYTES:
+                        self._sync_and_drop()
                 except BaseException as e:  # handed to the producer by put() / close()
                     self.error = e
+
+    def _sync_and_drop(self) -> None:
+        self.fout.flush()
+        fd = self.fout.fileno()
+        getattr(os, "fdatasync", os.fsync)(fd)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        self.unsynced = 0
 
     def put(self, piece: np.ndarray) -> None:
         if self.error is not None:
