@@ -17,6 +17,7 @@ from strata.cli.main import main
 from strata.gguf import open_model
 from strata.synth import MIXES, PRESETS, SynthError, default_model_path, write_model
 from strata.synth import data as synth_data
+from strata.synth import writer as synth_writer
 from strata.synth.layout import tensor_specs
 from strata.synth.metadata import KEY_EXPERT_RANK, KEY_ROUTING_DIMS, KEY_SKEW
 
@@ -85,6 +86,18 @@ def test_same_seed_same_bytes(tmp_path):
     for p, seed in ((a, 9), (b, 9), (c, 10)):
         write_model(p, TINY.with_layers(1), mix="IQ_MIX", seed=seed, skew=3, progress=False)
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+
+
+def test_periodic_sync_writes_the_same_bytes(tmp_path, monkeypatch):
+    plain, synced = tmp_path / "plain.gguf", tmp_path / "synced.gguf"
+    write_model(plain, TINY, mix="Q4_K_M", seed=2, progress=False)
+    monkeypatch.setattr(synth_writer, "SYNC_BYTES", 1 << 20)  # sync + drop cache every MiB
+    calls = []
+    real = synth_writer._Sink._sync_and_drop
+    monkeypatch.setattr(synth_writer._Sink, "_sync_and_drop",
+                        lambda self: (calls.append(self.unsynced), real(self)))
+    write_model(synced, TINY, mix="Q4_K_M", seed=2, progress=False)
+    assert len(calls) >= 4 and plain.read_bytes() == synced.read_bytes()
 
 
 def test_header_only_235b_is_sparse_and_full_size(tmp_path):
