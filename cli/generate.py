@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="1 = off (default 1.0)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="sampling seed (default: random)")
-    p.add_argument("--backend", default="auto", choices=("auto", "cpu", "cuda"),
+    p.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
                    help="auto picks CUDA when a GPU and the CUDA engine exist, else the CPU")
     p.add_argument("--max-context", type=int, default=None, metavar="N",
                    help="KV cache positions (default: the model's, at most 4096)")

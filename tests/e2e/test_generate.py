@@ -103,14 +103,29 @@ def test_generation_stops_at_the_context_limit_with_a_message(capsys, model):
     (["--prompt-tokens", IDS, "--max-context", "4"],
      "the prompt has 7 tokens but the context holds 4"),
     (["--prompt-tokens", IDS, "--top-p", "0"], "bad sampling option: top_p"),
-    (["--prompt-tokens", IDS, "--backend", "cuda"],
-     "--backend cuda: the CUDA engine (GPU) is not available in this build"),
 ])
 def test_bad_input_is_a_clear_error(capsys, model, argv, message):
     code, out, err = _run(capsys, "-m", model, *argv)
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err, err
     assert "Traceback" not in err
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(capsys, model, monkeypatch):
+    import sys
+    import types
+
+    from strata.engine import backends
+
+    gpu = types.ModuleType("no_gpu_here")
+    gpu.unavailable_reason = lambda: "no CUDA GPU is visible to numba"
+    monkeypatch.setitem(sys.modules, "no_gpu_here", gpu)
+    monkeypatch.setattr(backends, "BACKENDS", (
+        backends.Backend("cuda", "no_gpu_here", "the CUDA engine (GPU)"), *backends.BACKENDS[1:]))
+    code, out, err = _run(capsys, "-m", model, "--prompt-tokens", IDS, "--backend", "cuda")
+    assert code == 1 and out == ""
+    assert err == ("error: --backend cuda: no CUDA GPU is visible to numba; "
+                   "available here: cpu\n")
 
 
 def test_a_file_of_another_architecture_is_refused(capsys, tmp_path):

@@ -4,11 +4,14 @@ registry."""
 
 from __future__ import annotations
 
+import sys
+import types
+
 import numpy as np
 import pytest
 
 from strata.engine import BackendError, Engine, Sampler, SamplingParams, generate, select_backend
-from strata.engine.backends import CHOICES
+from strata.engine import backends
 from strata.gguf import ModelShape
 
 N_VOCAB = 12
@@ -122,14 +125,51 @@ def test_n_predict_must_be_positive():
         generate(ScriptedEngine([1]), [0], n_predict=0, sampler=Sampler(GREEDY))
 
 
-def test_auto_and_cpu_select_the_cpu_engine_here():
-    assert select_backend("cpu")[0] == "cpu"
+def _fake_backend(monkeypatch, name, reason):
+    """Register a backend module `name` whose unavailable_reason() is `reason`."""
+    mod = types.ModuleType(name)
+    mod.unavailable_reason = lambda: reason
+    mod.engine_factory = lambda model, **kw: (lambda: ("engine of", name))
+    monkeypatch.setitem(sys.modules, name, mod)
+    return mod
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A registry of: a GPU backend without a GPU, one absent from the build, the real CPU."""
+    _fake_backend(monkeypatch, "fake_gpu_backend", "no CUDA GPU is visible to numba")
+    monkeypatch.setattr(backends, "BACKENDS", (
+        backends.Backend("cuda", "fake_gpu_backend", "the CUDA engine (GPU)"),
+        backends.Backend("tpu", "strata.engine.no_such_backend", "the TPU engine"),
+        backends.Backend("cpu", "strata.engine.cpu", "the CPU engine (numba)"),
+    ))
+
+
+def test_auto_takes_the_first_backend_that_can_run(registry, monkeypatch):
     assert select_backend("auto")[0] == "cpu"
-    assert CHOICES == ("auto", "cuda", "cpu")
+    assert select_backend("cpu")[0] == "cpu"
+    _fake_backend(monkeypatch, "fake_gpu_backend", None)  # now a GPU is there
+    name, mod = select_backend("auto")
+    assert name == "cuda" and mod.engine_factory(None)() == ("engine of", "fake_gpu_backend")
 
 
-def test_an_absent_backend_is_a_clear_error():
-    with pytest.raises(BackendError, match="CUDA engine .* is not available in this build.*cpu"):
+def test_a_backend_that_cannot_run_is_a_clear_error(registry):
+    with pytest.raises(BackendError, match=r"--backend cuda: no CUDA GPU is visible to numba; "
+                                           r"available here: cpu"):
         select_backend("cuda")
-    with pytest.raises(BackendError, match="unknown backend 'tpu'"):
+    with pytest.raises(BackendError, match=r"--backend tpu: the TPU engine is not available in "
+                                           r"this build of strata; available here: cpu"):
         select_backend("tpu")
+    with pytest.raises(BackendError, match="unknown backend 'gpu'"):
+        select_backend("gpu")
+
+
+def test_the_cli_offers_every_registered_backend():
+    import argparse
+
+    from strata.cli import generate as cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    choices = next(a.choices for a in p._actions if a.dest == "backend")
+    assert tuple(choices) == backends.CHOICES == ("auto", "cuda", "cpu")

@@ -3,7 +3,8 @@
 The routed (token, expert) pairs arrive grouped by expert: `g_expert[g]` is group g's expert and
 its pairs are `g_start[g]..g_start[g+1]-1`; pair p belongs to token `pair_tok[p]` with routing
 weight `pair_w[p]`. Threads split the rows of the expert matrices (not the experts), so every
-thread streams a slice of every active expert and no two threads write the same output. A group
+thread streams a slice of every active expert, one expert after another, and no two threads
+write the same output. A group
 of one token dots the rows straight from their bytes; a larger group decodes each row once and
 dots it with all its tokens.
 
@@ -40,19 +41,21 @@ def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, xs16, h, n_ch
         acc = np.empty(LANES, F32)
         bg = np.empty(n_embd, F32)
         bu = np.empty(n_embd, F32)
-        for r in range(c * n_ff // n_chunks, (c + 1) * n_ff // n_chunks):
-            for g in range(n_groups):
-                row = groups[0, g] * n_ff + r
-                p0 = groups[1, g]
-                p1 = groups[1, g + 1]
+        r0 = c * n_ff // n_chunks
+        r1 = (c + 1) * n_ff // n_chunks
+        for g in range(n_groups):  # one expert at a time: two sequential streams per thread
+            base = groups[0, g] * n_ff
+            p0 = groups[1, g]
+            p1 = groups[1, g + 1]
+            for r in range(r0, r1):
                 if p1 - p0 == 1:
                     t = pair_tok[p0]
-                    vg = row_dot(fmt_g, bs_g, wg[row], x[t], xs16[t], acc, bg)
-                    vu = row_dot(fmt_u, bs_u, wu[row], x[t], xs16[t], acc, bu)
+                    vg = row_dot(fmt_g, bs_g, wg[base + r], x[t], xs16[t], acc, bg)
+                    vu = row_dot(fmt_u, bs_u, wu[base + r], x[t], xs16[t], acc, bu)
                     h[p0, r] = silu(vg) * vu
                 else:
-                    decode_row(fmt_g, bs_g, wg[row], bg)
-                    decode_row(fmt_u, bs_u, wu[row], bu)
+                    decode_row(fmt_g, bs_g, wg[base + r], bg)
+                    decode_row(fmt_u, bs_u, wu[base + r], bu)
                     for p in range(p0, p1):
                         t = pair_tok[p]
                         h[p, r] = silu(dot_f32(bg, x[t], acc)) * dot_f32(bu, x[t], acc)
@@ -70,16 +73,18 @@ def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, hs16, out, n_chunks):
     for c in prange(n_chunks):
         acc = np.empty(LANES, F32)
         buf = np.empty(n_ff, F32)
-        for r in range(c * n_embd // n_chunks, (c + 1) * n_embd // n_chunks):
-            for g in range(n_groups):
-                row = groups[0, g] * n_embd + r
-                p0 = groups[1, g]
-                p1 = groups[1, g + 1]
+        r0 = c * n_embd // n_chunks
+        r1 = (c + 1) * n_embd // n_chunks
+        for g in range(n_groups):
+            base = groups[0, g] * n_embd
+            p0 = groups[1, g]
+            p1 = groups[1, g + 1]
+            for r in range(r0, r1):
                 if p1 - p0 == 1:
-                    v = row_dot(fmt_d, bs_d, wd[row], h[p0], hs16[p0], acc, buf)
+                    v = row_dot(fmt_d, bs_d, wd[base + r], h[p0], hs16[p0], acc, buf)
                     out[pair_tok[p0], r] += pair_w[p0] * v
                 else:
-                    decode_row(fmt_d, bs_d, wd[row], buf)
+                    decode_row(fmt_d, bs_d, wd[base + r], buf)
                     for p in range(p0, p1):
                         out[pair_tok[p], r] += pair_w[p] * dot_f32(buf, h[p], acc)
 

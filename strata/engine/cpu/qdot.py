@@ -1,16 +1,20 @@
 """The dot product of one quantized weight row with an f32 activation vector, from the row's bytes.
 
-The hot formats (F32, F16, BF16, Q8_0, Q4_K, Q6_K) have fused loops: each value is turned into a
-float and multiplied into one of `LANES` independent accumulators, so the compiler keeps the
-loop in vector registers and the sum is reduced once per row, not once per block. Scales that are
-constant over a sub-block are applied per value (one extra multiply) or, for the K-quant minimums,
-factored out against precomputed sums of 16 activations (`xs16`). Every other format decodes a
-block at a time into a scratch row with the quant package's `decode_block` and then takes a plain
-f32 dot: correct for every format, and the fused loops can be added one format at a time.
+The hot formats (F32, F16, BF16, Q8_0, Q4_K, Q6_K) have fused loops: each block's values are
+unpacked, converted to f32 and multiplied into `LANES` independent accumulators by straight-line
+vector code (`simd`), and the sum is reduced once per row, not once per block. Scales constant
+over a sub-block multiply its values; the K-quants' constant offsets (Q4_K's minimums, Q6_K's -32)
+are factored out against precomputed sums of 16 activations (`xs16`). Every other format decodes
+a block at a time into a scratch row with the quant package's `decode_block` and then takes a
+plain f32 dot: correct for every format; a fused loop can be added one format at a time.
 
 All functions take `row`: uint8[::1] (one row's bytes), `x`: float32[::1] (the row's width),
 `xs16`: float32[::1] (sums of x over groups of 16; only the K-quants read it), and scratch
 `acc`: float32[LANES], `buf`: float32[width].
+
+Development note: numba's disk cache keys each function on its own file only, so the parallel
+drivers (matmul.py, moe.py) that inline these keep their cached code after an edit here; delete
+strata/engine/cpu/__pycache__ when changing this file or simd.py.
 """
 
 from __future__ import annotations
@@ -19,11 +23,17 @@ import numpy as np
 from gguf import GGMLQuantizationType as _T
 from numba import njit
 
+from strata.engine.cpu.simd import (
+    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at,
+)
 from strata.quant.blocks import decode_block
 from strata.quant.scalars import f16_bits_to_f32
 
 F32 = np.float32
-LANES = 64  # independent accumulators: enough for four 16-wide vector registers
+# Independent accumulators. They live in memory (numba cannot name a vector register), so each
+# update waits for the previous one to the same address (~10 cycles): blocks and sub-blocks
+# rotate through LANES so that an accumulator is touched about once per 256 values.
+LANES = 256
 FAST = {"contract", "reassoc", "nsz"}  # fused multiply-add and reassociation of the lane sums
 
 F32_T, F16_T, BF16_T = int(_T.F32), int(_T.F16), int(_T.BF16)
@@ -44,9 +54,7 @@ def _lanes_sum(acc):
     return s
 
 
-@njit(cache=True)
-def _f16(row, off):
-    return f16_bits_to_f32(np.int64(row[off]) | (np.int64(row[off + 1]) << 8))
+_f16 = half_at  # the fp16 at a byte offset, as f32
 
 
 @njit(cache=True, fastmath=FAST)
@@ -65,8 +73,7 @@ def dot_f32(w, x, acc):
 
 
 @njit(cache=True, fastmath=FAST)
-def dot_f16(row, x, acc):
-    """F16 row: each half converted by the exponent re-bias trick (vectorizes; exact)."""
+def _dot_f16_bits(row, x, acc):
     h = row.view(np.uint16)
     n = x.shape[0]
     _lanes_zero(acc)
@@ -78,6 +85,24 @@ def dot_f16(row, x, acc):
     for i in range(n_full, n):
         s += f16_bits_to_f32(np.int64(h[i])) * x[i]
     return s
+
+
+@njit(cache=True, fastmath=FAST)
+def _dot_f16_native(row, x, acc):
+    n = x.shape[0]
+    _lanes_zero(acc)
+    n_full = n - n % 32
+    for b in range(0, n_full, 32):
+        fma_h16x32(acc, b % LANES, row, 2 * b, x, b)
+    s = _lanes_sum(acc)
+    for i in range(n_full, n):
+        s += _f16(row, 2 * i) * x[i]
+    return s
+
+
+# F16 row: 32 halves at a time converted in hardware where there is a converter, else each half
+# by the exponent re-bias trick (also exact).
+dot_f16 = _dot_f16_native if NATIVE_HALF else _dot_f16_bits
 
 
 @njit(cache=True, fastmath=FAST)
@@ -99,14 +124,10 @@ def dot_bf16(row, x, acc):
 @njit(cache=True, fastmath=FAST)
 def dot_q8_0(row, x, acc):
     """Q8_0: 34-byte blocks of fp16 d and 32 int8; value = d * q."""
-    q = row.view(np.int8)
     _lanes_zero(acc)
     for b in range(row.shape[0] // 34):
         o = b * 34
-        d = _f16(row, o)
-        xo = b * 32
-        for i in range(32):
-            acc[i] += d * (F32(q[o + 2 + i]) * x[xo + i])
+        fma_i8x32(acc, 32 * (b & 7), row, o + 2, x, 32 * b, _f16(row, o))
     return _lanes_sum(acc)
 
 
@@ -135,12 +156,8 @@ def dot_q4_k(row, x, xs16, acc):
             s1, m1 = _k4_scale_min(row, o + 4, 2 * c + 1)
             d0 = d * F32(s0)
             d1 = d * F32(s1)
-            qo = o + 16 + 32 * c
             xo = 256 * b + 64 * c
-            for i in range(32):
-                acc[i] += d0 * (F32(row[qo + i] & 15) * x[xo + i])
-            for i in range(32):
-                acc[32 + i] += d1 * (F32(row[qo + i] >> 4) * x[xo + 32 + i])
+            fma_u4x64(acc, 64 * c, row, o + 16 + 32 * c, x, xo, d0, d1)
             g = xo // 16
             mins += dmin * (F32(m0) * (xs16[g] + xs16[g + 1])
                             + F32(m1) * (xs16[g + 2] + xs16[g + 3]))
@@ -169,10 +186,7 @@ def dot_q6_k(row, x, xs16, acc):
                 xo = 256 * b + 128 * h + 32 * k
                 s0 = d * F32(sc8[o + 192 + 8 * h + 2 * k])
                 s1 = d * F32(sc8[o + 192 + 8 * h + 2 * k + 1])
-                for j in range(32):  # one loop of 32 (a select picks the scale) vectorizes
-                    q = ((row[ql + j] >> nib) & 15) | (((row[qh + j] >> top) & 3) << 4)
-                    s = s0 if j < 16 else s1
-                    acc[32 * (k & 1) + j] += s * (F32(q) * x[xo + j])
+                fma_q6x32(acc, 128 * h + 32 * k, row, ql, qh, nib, top, x, xo, s0, s1)
         # scale m covers values 16m..16m+15 of the block: xs16[16b + m]
         t = F32(0.0)
         for m in range(16):
