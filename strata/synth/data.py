@@ -1,8 +1,9 @@
 """The bytes of each tensor of a synthetic model, made piece by piece (a few MB at a time).
 
 Kinds (see `layout`): the token embedding is designed floats encoded to its type (it carries the
-routing direction), routers are fitted F32 matrices, norms are F32 gains, everything else is
-random blocks cut from pools, with the rows of routing dimensions zeroed where asked.
+routing direction), routers are fitted F32 matrices, norms are F32 gains, the head is random rows
+for real tokens and one designed row repeated for the unused fillers, everything else is random
+blocks cut from pools, with the rows of routing dimensions zeroed where asked.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class TensorData:
         self._bias: np.ndarray | None = None
 
     def pieces(self, spec: layout.TensorSpec) -> Iterator[np.ndarray]:
+        """The tensor's bytes in file order, a few MB per piece (uint8 or float32 arrays)."""
         if spec.kind == layout.EMBED:
             yield from self._embedding()
         elif spec.kind == layout.ROUTER:
