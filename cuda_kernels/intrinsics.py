@@ -24,7 +24,7 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 FULL_MASK = 0xFFFFFFFF
 
 __all__ = [
-    "SIMULATED", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "h2f", "u2f", "f2u",
+    "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max",
 ]
@@ -80,6 +80,16 @@ if SIMULATED:
         """x[i:i+4] of a float32 or float16 array as four float32 (i a multiple of 4)."""
         _aligned(i, 4)
         return (np.float32(x[i]), np.float32(x[i + 1]), np.float32(x[i + 2]), np.float32(x[i + 3]))
+
+    def prmt(a, b, sel):
+        """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the
+        8 bytes b:a (a the low word)."""
+        both = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
+        out = 0
+        for k in range(4):
+            src = (int(sel) >> (4 * k)) & 7
+            out |= ((both >> (8 * src)) & 0xFF) << (8 * k)
+        return out
 
     def h2f(bits):
         """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
@@ -163,7 +173,7 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     def _loader(width, align):
         llty = ir.IntType(width)
-        nbty = {16: types.uint16, 32: types.uint32}[width]
+        nbty = {8: types.uint8, 16: types.uint16, 32: types.uint32}[width]
 
         @intrinsic
         def load(typingctx, a, off):
@@ -176,6 +186,7 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return nbty(a, off), codegen
         return load
 
+    _ld_u8 = _loader(8, 1)  # raw loads: no negative-index wraparound code
     _ld_u16 = _loader(16, 2)
     _ld_u32 = _loader(32, 4)
 
@@ -229,6 +240,19 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
         return ret(x, i), codegen
 
     @intrinsic
+    def _prmt(typingctx, a, b, sel):
+        def codegen(context, builder, sig, args):
+            vals = [builder.trunc(v, _I32) if v.type.width > 32 else v for v in args]
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32] * 3), "prmt.b32 $0, $1, $2, $3;",
+                               "=r,r,r,r")
+            return builder.call(asm, vals)
+        return types.uint32(a, b, sel), codegen
+
+    @cuda.jit(device=True, inline="always")
+    def prmt(a, b, sel):
+        return _prmt(a, b, sel)
+
+    @intrinsic
     def h2f(typingctx, bits):
         """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
         def codegen(context, builder, sig, args):
@@ -264,7 +288,7 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     @cuda.jit(device=True, inline="always")
     def ld_u8(a, off):
-        return np.int32(a[off])
+        return np.int32(_ld_u8(a, off))
 
     @cuda.jit(device=True, inline="always")
     def ld_u16(a, off):
@@ -363,3 +387,14 @@ def block_max(v, scratch):
     t = warp_max(t)
     cuda.syncthreads()
     return t
+
+
+MAGIC_2P23 = 0x4B000000       # float32 bits of 2^23: OR-ing a byte u into its low bits gives 2^23+u
+F_2P23 = np.float32(8388608.0)
+
+
+@cuda.jit(device=True, inline="always")
+def byte_to_f32(w, b, bias):
+    """Byte b (a compile-time 0..3) of word w, as float32, minus `bias` (float32, 2^23 + offset):
+    one byte permute and one add, no integer-to-float conversion."""
+    return u2f(prmt(w, MAGIC_2P23, 0x7440 | b)) - bias

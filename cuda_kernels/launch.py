@@ -50,6 +50,20 @@ def flat(a: Any) -> Any:
     return a.reshape(a.size) if len(a.shape) != 1 else a
 
 
+_TABLES: dict[int, Any] = {}
+
+
+def device_table(fmt) -> Any:
+    """The format's lookup table in device memory (made on first use, i.e. at warm-up, never
+    during graph capture); the numpy table under the simulator."""
+    if SIMULATED:
+        return fmt.table
+    t = _TABLES.get(fmt.ggml_type)
+    if t is None:
+        t = _TABLES[fmt.ggml_type] = cuda.to_device(fmt.table)
+    return t
+
+
 def n_blocks(n_items: int, per_block: int) -> int:
     return max(1, -(-int(n_items) // per_block))
 

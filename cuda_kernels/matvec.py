@@ -3,40 +3,65 @@ small batch of 2..8 tokens, every supported format; x float32 or float16, y floa
 
 One warp per output row: lane l takes the row's 32-value groups l, l+32, ... through the format's
 fused `dot32` (one token) or decodes each group once with `dq32` and dots it with every token's x
-(batch), then the warp reduces with shuffles. Each kernel is specialised per (format, batch size),
+(batch), then the warp reduces with shuffles. x is staged in shared memory (see `xstage`: read
+from global memory, the lanes' scattered x reads were the kernel's bottleneck). Each kernel is specialised per (format, batch size),
 so the batch loop unrolls and the per-token sums stay in registers.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, from_dtype, types
 
 from .intrinsics import ld_x4, warp_sum
-from .launch import check_array, flat, n_blocks, register_ptx
+from .xstage import XPAD, stage_x, staged_bytes
+from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .qformats import BY_NAME, FORMATS, get_format
 
 WARPS = 4          # rows per block
 THREADS = 32 * WARPS
 MAX_TOKENS = 8
+TILE_GROUPS = 128  # 4096 columns of x staged at a time (18 KiB of shared memory)
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[int, int], object] = {}
 
 
+def _table(fmt):
+    """(staged table length, its dtype, whether to stage it) for a kernel factory."""
+    return fmt.table.size, fmt.table.dtype.type, fmt.has_table
+
+
+@cuda.jit(device=True, inline="always")
+def stage_table(tab, tab_s, n):
+    for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        tab_s[i] = tab[i]
+
+
 def _single(fmt):
-    dot32 = fmt.dot32
+    dot32t = fmt.dot32t
+    n_tab, tab_type, has_tab = _table(fmt)
 
     @cuda.jit
-    def matvec1(w, row_bytes, n_groups, n_rows, x, y):
-        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32
+    def matvec1(w, row_bytes, n_groups, n_rows, x, y, tab):
+        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32; tab: the format's
+        # table; dynamic shared: [TILE_GROUPS * XPAD] f32, x staged one column tile at a time
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        xs = cuda.shared.array(0, types.float32)
         lane = cuda.threadIdx.x & 31
         row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+        off = row * row_bytes
         acc = F0
-        if row < n_rows:
-            off = row * row_bytes
-            for j in range(lane, n_groups, 32):
-                acc += dot32(w, off, j, x, j * 32)
+        for g0 in range(0, n_groups, TILE_GROUPS):
+            ng = min(TILE_GROUPS, n_groups - g0)
+            cuda.syncthreads()
+            stage_x(x, g0 * 32, ng * 32, xs, 0)
+            cuda.syncthreads()
+            if row < n_rows:
+                for j in range(lane, ng, 32):
+                    acc += dot32t(w, off, g0 + j, xs, j * XPAD, tab_s)
         s = warp_sum(acc)
         if lane == 0 and row < n_rows:
             y[row] = s
@@ -44,34 +69,52 @@ def _single(fmt):
 
 
 def _batched(fmt, n_tok):
-    dq32 = fmt.dq32
+    dq32t = fmt.dq32t
+    tile = batch_tile_groups(n_tok)
+    n_tab, tab_type, has_tab = _table(fmt)
 
     @cuda.jit
-    def matvec_batch(w, row_bytes, n_groups, n_rows, x, y):
-        # w: [n_rows * row_bytes] u8; x: [n_tok * n_cols] f32|f16; y: [n_tok * n_rows] f32
+    def matvec_batch(w, row_bytes, n_groups, n_rows, x, y, tab):
+        # w: [n_rows * row_bytes] u8; x: [n_tok * n_cols] f32|f16; y: [n_tok * n_rows] f32;
+        # dynamic shared: [n_tok, tile * XPAD] f32
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        xs = cuda.shared.array(0, types.float32)
         lane = cuda.threadIdx.x & 31
         row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
         n_cols = n_groups * 32
+        off = row * row_bytes
         acc = cuda.local.array(n_tok, np.float32)
         vals = cuda.local.array(32, np.float32)
         for t in range(n_tok):
             acc[t] = F0
-        if row < n_rows:
-            off = row * row_bytes
-            for j in range(lane, n_groups, 32):
-                dq32(w, off, j, vals, 0)
-                for t in range(n_tok):
-                    s = F0
-                    for i in range(8):
-                        x0, x1, x2, x3 = ld_x4(x, t * n_cols + j * 32 + 4 * i)
-                        s += (vals[4 * i] * x0 + vals[4 * i + 1] * x1 + vals[4 * i + 2] * x2
-                              + vals[4 * i + 3] * x3)
-                    acc[t] += s
+        for g0 in range(0, n_groups, tile):
+            ng = min(tile, n_groups - g0)
+            cuda.syncthreads()
+            for t in range(n_tok):
+                stage_x(x, t * n_cols + g0 * 32, ng * 32, xs, t * tile * XPAD)
+            cuda.syncthreads()
+            if row < n_rows:
+                for j in range(lane, ng, 32):
+                    dq32t(w, off, g0 + j, vals, 0, tab_s)
+                    for t in range(n_tok):
+                        s = F0
+                        for i in range(8):
+                            x0, x1, x2, x3 = ld_x4(xs, t * tile * XPAD + j * XPAD + 4 * i)
+                            s += (vals[4 * i] * x0 + vals[4 * i + 1] * x1
+                                  + vals[4 * i + 2] * x2 + vals[4 * i + 3] * x3)
+                        acc[t] += s
         for t in range(n_tok):
             s = warp_sum(acc[t])
             if lane == 0 and row < n_rows:
                 y[t * n_rows + row] = s
     return matvec_batch
+
+
+def batch_tile_groups(n_tok: int) -> int:
+    """Column groups staged per tile for n_tok tokens (shared memory <= ~37 KiB)."""
+    return TILE_GROUPS if n_tok == 1 else 32
 
 
 def kernel_for(ggml_type, n_tok: int):
@@ -106,15 +149,19 @@ def matvec(w, ggml_type, x, y, *, stream=0) -> None:
     if w.size < n_rows * row_bytes:
         raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
                          f"{n_rows * row_bytes}")
-    kernel_for(fmt.ggml_type, n_tok)[n_blocks(n_rows, WARPS), THREADS, stream](
-        flat(w), row_bytes, n_cols // 32, n_rows, flat(x), flat(y))
+    n_groups = n_cols // 32
+    tile = batch_tile_groups(n_tok)
+    smem = staged_bytes(min(n_groups, tile) if n_tok == 1 else n_tok * tile)
+    kernel_for(fmt.ggml_type, n_tok)[n_blocks(n_rows, WARPS), THREADS, stream, smem](
+        flat(w), row_bytes, n_groups, n_rows, flat(x), flat(y), device_table(fmt))
 
 
 def _ptx(fmt, n_tok, x_type):
     def build():
         k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
+        tab = types.Array(from_dtype(fmt.table.dtype), 1, "C")
         return k.py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
-                           x_type[::1], types.float32[::1])
+                           x_type[::1], types.float32[::1], tab)
     return build
 
 

@@ -23,16 +23,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, from_dtype, types
 
 from .elementwise import silu
 from .intrinsics import warp_sum
-from .launch import check_array, n_blocks, register_ptx
+from .launch import check_array, device_table, n_blocks, register_ptx
+from .matvec import stage_table
+from .xstage import XPAD, stage_x, staged_bytes
 from .qformats import FORMATS, get_format
 
 WARPS = 4
 THREADS = 32 * WARPS
 MAX_K = 16
+MAX_STAGED_BYTES = 48 * 1024  # static limit of dynamic shared memory without an opt-in
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
@@ -90,12 +93,20 @@ def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
 
 
 def _gate_up_factory(fmt):
-    dot32 = fmt.dot32
+    dot32t = fmt.dot32t
+    n_tab, tab_type, has_tab = fmt.table.size, fmt.table.dtype.type, fmt.has_table
 
     @cuda.jit
     def moe_gate_up(x, ids, slot_table, layer, cache, slot_off, host, host_off, cpu_misses,
-                    miss_list, counters, row_bytes, n_groups, n_ff, up_off, h):
-        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert)
+                    miss_list, counters, row_bytes, n_groups, n_ff, up_off, h, tab):
+        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert);
+        # tab: the format's table; dynamic shared: [n_groups * XPAD] f32, the staged x
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        xs = cuda.shared.array(0, types.float32)
+        stage_x(x, 0, n_groups * 32, xs, 0)
+        cuda.syncthreads()
         kk = cuda.blockIdx.y
         lane = cuda.threadIdx.x & 31
         row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
@@ -110,8 +121,8 @@ def _gate_up_factory(fmt):
             src = cache if where == 0 else host
             off = base + row * row_bytes
             for j in range(lane, n_groups, 32):
-                g += dot32(src, off, j, x, j * 32)
-                u += dot32(src, off + up_off, j, x, j * 32)
+                g += dot32t(src, off, j, xs, j * XPAD, tab_s)
+                u += dot32t(src, off + up_off, j, xs, j * XPAD, tab_s)
         g = warp_sum(g)
         u = warp_sum(u)
         if lane == 0 and row < n_ff:
@@ -120,14 +131,21 @@ def _gate_up_factory(fmt):
 
 
 def _down_factory(fmt):
-    dot32 = fmt.dot32
+    dot32t = fmt.dot32t
+    n_tab, tab_type, has_tab = fmt.table.size, fmt.table.dtype.type, fmt.has_table
 
     @cuda.jit
     def moe_down(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
-                 cpu_misses, down_off, row_bytes, n_groups, n_embd, accumulate, out):
-        # h: [k * n_ff] f32; weights: [k] f32; out: [n_embd] f32 (= or += sum_k w_k down_k h_k)
+                 cpu_misses, down_off, row_bytes, n_groups, n_embd, accumulate, out, tab):
+        # h: [k * n_ff] f32; weights: [k] f32; out: [n_embd] f32 (= or += sum_k w_k down_k h_k);
+        # dynamic shared: [k * n_groups * XPAD] f32, the staged h
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
+        hs = cuda.shared.array(0, types.float32)
+        stage_x(h, 0, k * n_groups * 32, hs, 0)
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
         t = cuda.threadIdx.x
         if t < k:
             where, base = resolve(slot_table, layer, ids[t], slot_off, host_off, cpu_misses)
@@ -136,7 +154,6 @@ def _down_factory(fmt):
         cuda.syncthreads()
         lane = t & 31
         row = cuda.blockIdx.x * WARPS + (t >> 5)
-        n_ff = n_groups * 32
         acc = F0
         if row < n_embd:
             for q in range(lane, k * n_groups, 32):
@@ -145,8 +162,8 @@ def _down_factory(fmt):
                 where = s_where[kk]
                 if where >= 0:
                     src = cache if where == 0 else host
-                    acc += weights[kk] * dot32(src, s_base[kk] + row * row_bytes, j, h,
-                                               kk * n_ff + j * 32)
+                    acc += weights[kk] * dot32t(src, s_base[kk] + row * row_bytes, j, hs,
+                                                q * XPAD, tab_s)
         acc = warp_sum(acc)
         if lane == 0 and row < n_embd:
             out[row] = out[row] + acc if accumulate else acc
@@ -185,16 +202,19 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
+    if staged_bytes(k * layout.n_ff // 32) > MAX_STAGED_BYTES:
+        raise ValueError(f"moe: k * n_ff = {k * layout.n_ff} values of h exceed the "
+                         f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
     gu = _kernel("gate_up", get_format(layout.gate_up_type).ggml_type)
-    gu[(n_blocks(layout.n_ff, WARPS), k), THREADS, stream](
+    gu[(n_blocks(layout.n_ff, WARPS), k), THREADS, stream, staged_bytes(layout.n_embd // 32)](
         x, ids, slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses), miss_list,
         counters, layout.gate_row_bytes, layout.n_embd // 32, layout.n_ff, layout.up_off,
-        h.reshape(h.size))
+        h.reshape(h.size), device_table(get_format(layout.gate_up_type)))
     dn = _kernel("down", get_format(layout.down_type).ggml_type)
-    dn[n_blocks(layout.n_embd, WARPS), THREADS, stream](
+    dn[n_blocks(layout.n_embd, WARPS), THREADS, stream, staged_bytes(k * layout.n_ff // 32)](
         h.reshape(h.size), ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
         bool(cpu_misses), layout.down_off, layout.down_row_bytes, layout.n_ff // 32,
-        layout.n_embd, bool(accumulate), out)
+        layout.n_embd, bool(accumulate), out, device_table(get_format(layout.down_type)))
 
 
 _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
@@ -204,7 +224,13 @@ _GU_SIG = (_F32, _I32, _I32_2D, types.int64, _U8, _I64, _U8, _I64_2D, types.bool
 _DN_SIG = (_F32, _I32, _F32, types.int64, _I32_2D, types.int64, _U8, _I64, _U8, _I64_2D,
            types.boolean, types.int64, types.int64, types.int64, types.int64, types.boolean, _F32)
 
+
+def _tab_type(fmt):
+    return types.Array(from_dtype(fmt.table.dtype), 1, "C")
+
+
 for _f in FORMATS.values():
     register_ptx("moe", f"moe_gate_up_{_f.name}",
-                 lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG))
-    register_ptx("moe", f"moe_down_{_f.name}", lambda f=_f: (_down_factory(f).py_func, _DN_SIG))
+                 lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))
+    register_ptx("moe", f"moe_down_{_f.name}",
+                 lambda f=_f: (_down_factory(f).py_func, _DN_SIG + (_tab_type(f),)))

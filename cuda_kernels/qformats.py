@@ -14,8 +14,18 @@ Contract (every format; a row is `n` values, `n` a multiple of the format's bloc
   is). The decoders read whole aligned words, never past the 32 values' own blocks' 4-byte-rounded
   end, and write nothing but the 32 destination values.
 
-`FORMATS[ggml_type]` gives ``Format(name, block_values, block_bytes, dq32, dot32)``; kernels are
-specialised per format by closing over ``dq32``/``dot32`` in a kernel factory (see `specialize`).
+`FORMATS[ggml_type]` gives ``Format(name, block_values, block_bytes, dq32, dot32, ...)``; kernels
+are specialised per format by closing over ``dq32``/``dot32`` in a kernel factory (see
+`specialize`).
+
+Lookup-table formats (IQ*, MXFP4) read their tables from constant memory in dq32/dot32, where
+lanes reading different entries serialise. Hot kernels use the table variants instead:
+``dq32t``/``dot32t`` take one more argument, ``tab``, the format's flat table (``Format.table``,
+float32 or uint32) which the kernel has staged in shared memory; for formats without a table
+``Format.table`` is a 1-element placeholder and ``tab`` is ignored.
+
+Every device function is ``inline="always"``: numba compiles a non-inlined device function for
+the *current* GPU, which fails in ``compile_ptx`` on a machine without one.
 """
 
 from __future__ import annotations
@@ -24,17 +34,24 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 from gguf import GGMLQuantizationType as T
+from numba import cuda
 
+from . import qtables as Q
 from .qformats_iq import (dot32_iq2_s, dot32_iq2_xs, dot32_iq2_xxs, dot32_iq3_s, dot32_iq3_xxs,
-                          dq32_iq2_s, dq32_iq2_xs, dq32_iq2_xxs, dq32_iq3_s, dq32_iq3_xxs)
+                          dot32t_iq2_s, dot32t_iq2_xs, dot32t_iq2_xxs, dot32t_iq3_s,
+                          dot32t_iq3_xxs, dq32_iq2_s, dq32_iq2_xs, dq32_iq2_xxs, dq32_iq3_s,
+                          dq32_iq3_xxs, dq32t_iq2_s, dq32t_iq2_xs, dq32t_iq2_xxs, dq32t_iq3_s,
+                          dq32t_iq3_xxs)
 from .qformats_k import (dot32_iq4_xs, dot32_q2_k, dot32_q3_k, dot32_q4_k, dot32_q5_k,
-                         dot32_q6_k, dq32_iq4_xs, dq32_q2_k, dq32_q3_k, dq32_q4_k, dq32_q5_k,
-                         dq32_q6_k)
+                         dot32_q6_k, dot32t_iq4_xs, dq32_iq4_xs, dq32_q2_k, dq32_q3_k, dq32_q4_k,
+                         dq32_q5_k, dq32_q6_k, dq32t_iq4_xs)
 from .qformats_simple import (dot32_bf16, dot32_f16, dot32_f32, dot32_iq4_nl, dot32_mxfp4,
                               dot32_q4_0, dot32_q4_1, dot32_q5_0, dot32_q5_1, dot32_q8_0,
                               dq32_bf16, dq32_f16, dq32_f32, dq32_iq4_nl, dq32_mxfp4, dq32_q4_0,
-                              dq32_q4_1, dq32_q5_0, dq32_q5_1, dq32_q8_0)
+                              dq32_q4_1, dq32_q5_0, dq32_q5_1, dq32_q8_0, dot32t_iq4_nl,
+                              dot32t_mxfp4, dq32t_iq4_nl, dq32t_mxfp4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +64,13 @@ class Format:
     block_bytes: int
     dq32: Callable[..., Any]
     dot32: Callable[..., Any]
+    dq32t: Callable[..., Any]   # (..., tab): the table variants (see the module doc)
+    dot32t: Callable[..., Any]
+    table: np.ndarray           # the flat table dq32t/dot32t index (1-element placeholder if none)
+
+    @property
+    def has_table(self) -> bool:
+        return self.table is not Q.NO_TABLE
 
     def row_bytes(self, n_values: int) -> int:
         """Bytes of a row of `n_values` values (a whole number of 32-value groups and blocks)."""
@@ -56,8 +80,22 @@ class Format:
         return n_values // self.block_values * self.block_bytes
 
 
-def _fmt(t: T, block_values: int, block_bytes: int, dq32, dot32) -> tuple[int, Format]:
-    return int(t), Format(int(t), t.name, block_values, block_bytes, dq32, dot32)
+def _ignore_table(dq32, dot32):
+    @cuda.jit(device=True, inline="always")
+    def dq32t(src, row_off, j, dst, dst_off, tab):
+        dq32(src, row_off, j, dst, dst_off)
+
+    @cuda.jit(device=True, inline="always")
+    def dot32t(src, row_off, j, x, x_off, tab):
+        return dot32(src, row_off, j, x, x_off)
+    return dq32t, dot32t
+
+
+def _fmt(t: T, block_values: int, block_bytes: int, dq32, dot32, tabled=None,
+         table=Q.NO_TABLE) -> tuple[int, Format]:
+    dq32t, dot32t = tabled if tabled is not None else _ignore_table(dq32, dot32)
+    return int(t), Format(int(t), t.name, block_values, block_bytes, dq32, dot32, dq32t, dot32t,
+                          table)
 
 
 FORMATS: dict[int, Format] = dict([
@@ -74,14 +112,14 @@ FORMATS: dict[int, Format] = dict([
     _fmt(T.Q4_K, 256, 144, dq32_q4_k, dot32_q4_k),
     _fmt(T.Q5_K, 256, 176, dq32_q5_k, dot32_q5_k),
     _fmt(T.Q6_K, 256, 210, dq32_q6_k, dot32_q6_k),
-    _fmt(T.IQ4_NL, 32, 18, dq32_iq4_nl, dot32_iq4_nl),
-    _fmt(T.IQ4_XS, 256, 136, dq32_iq4_xs, dot32_iq4_xs),
-    _fmt(T.IQ3_S, 256, 110, dq32_iq3_s, dot32_iq3_s),
-    _fmt(T.IQ3_XXS, 256, 98, dq32_iq3_xxs, dot32_iq3_xxs),
-    _fmt(T.IQ2_XXS, 256, 66, dq32_iq2_xxs, dot32_iq2_xxs),
-    _fmt(T.IQ2_XS, 256, 74, dq32_iq2_xs, dot32_iq2_xs),
-    _fmt(T.IQ2_S, 256, 82, dq32_iq2_s, dot32_iq2_s),
-    _fmt(T.MXFP4, 32, 17, dq32_mxfp4, dot32_mxfp4),
+    _fmt(T.IQ4_NL, 32, 18, dq32_iq4_nl, dot32_iq4_nl, (dq32t_iq4_nl, dot32t_iq4_nl), Q.TABLE_IQ4NL),
+    _fmt(T.IQ4_XS, 256, 136, dq32_iq4_xs, dot32_iq4_xs, (dq32t_iq4_xs, dot32t_iq4_xs), Q.TABLE_IQ4NL),
+    _fmt(T.IQ3_S, 256, 110, dq32_iq3_s, dot32_iq3_s, (dq32t_iq3_s, dot32t_iq3_s), Q.TABLE_IQ3_S),
+    _fmt(T.IQ3_XXS, 256, 98, dq32_iq3_xxs, dot32_iq3_xxs, (dq32t_iq3_xxs, dot32t_iq3_xxs), Q.TABLE_IQ3_XXS),
+    _fmt(T.IQ2_XXS, 256, 66, dq32_iq2_xxs, dot32_iq2_xxs, (dq32t_iq2_xxs, dot32t_iq2_xxs), Q.TABLE_IQ2_XXS),
+    _fmt(T.IQ2_XS, 256, 74, dq32_iq2_xs, dot32_iq2_xs, (dq32t_iq2_xs, dot32t_iq2_xs), Q.TABLE_IQ2_XS),
+    _fmt(T.IQ2_S, 256, 82, dq32_iq2_s, dot32_iq2_s, (dq32t_iq2_s, dot32t_iq2_s), Q.TABLE_IQ2_S),
+    _fmt(T.MXFP4, 32, 17, dq32_mxfp4, dot32_mxfp4, (dq32t_mxfp4, dot32t_mxfp4), Q.TABLE_MXFP4),
 ])
 
 BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS.values()}

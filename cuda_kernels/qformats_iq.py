@@ -1,6 +1,8 @@
 """Device decoders of the lattice ("IQ") formats: IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S. The
 contract is in `qformats`. Group j of a row is sub-block jb = j % 8 of super-block j // 8; each
-grid row gives 4 (IQ3) or 8 (IQ2) magnitudes, signs come as bits.
+grid row gives 4 (IQ3) or 8 (IQ2) magnitudes, signs come as bits. The `*32t` variants read the
+format's flat table (`qtables.TABLE_*`, staged in shared memory by the kernels that care); the
+contract's dq32/dot32 pass the constant-memory copy.
 
 Layouts (byte offsets inside one 256-value super-block):
   IQ3_S   110: d @0, qs[64] @2, qh[8] @66, signs[32] @74, scales[4] @106.
@@ -22,7 +24,8 @@ import numpy as np
 from numba import cuda
 
 from .intrinsics import h2f, ld_u16, ld_u32_any, ld_u8, ld_x4
-from .qtables import GRID_IQ2_S, GRID_IQ2_XS, GRID_IQ2_XXS, GRID_IQ3_S, GRID_IQ3_XXS, KSIGNS
+from .qtables import (KS_OFF_IQ2_XS, KS_OFF_IQ2_XXS, KS_OFF_IQ3_XXS, TABLE_IQ2_S, TABLE_IQ2_XS,
+                      TABLE_IQ2_XXS, TABLE_IQ3_S, TABLE_IQ3_XXS)
 
 F0 = np.float32(0.0)
 F_QUARTER = np.float32(0.25)
@@ -60,97 +63,91 @@ def _iq3s_row(src, o, jb, g):
 
 @cuda.jit(device=True, inline="always")
 def _iq3s_scale(src, o, jb):
-    return h2f(ld_u16(src, o)) * np.float32(1 + 2 * ((ld_u8(src, o + 106 + (jb >> 1)) >> (4 * (jb & 1))) & 0xF))
+    nib = (ld_u8(src, o + 106 + (jb >> 1)) >> (4 * (jb & 1))) & 0xF
+    return h2f(ld_u16(src, o)) * np.float32(1 + 2 * nib)
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq3_s(src, row_off, j, dst, dst_off):
-    grid = cuda.const.array_like(GRID_IQ3_S)
+def dq32t_iq3_s(src, row_off, j, dst, dst_off, tab):
     o = row_off + (j >> 3) * 110
     jb = j & 7
     db = _iq3s_scale(src, o, jb)
     signs = ld_u32_any(src, o + 74 + 4 * jb)
     for g in range(8):
-        _dq4(grid[_iq3s_row(src, o, jb, g)], signs, 4 * g, db, dst, dst_off + 4 * g)
+        _dq4(tab[_iq3s_row(src, o, jb, g)], signs, 4 * g, db, dst, dst_off + 4 * g)
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq3_s(src, row_off, j, x, x_off):
-    grid = cuda.const.array_like(GRID_IQ3_S)
+def dot32t_iq3_s(src, row_off, j, x, x_off, tab):
     o = row_off + (j >> 3) * 110
     jb = j & 7
     signs = ld_u32_any(src, o + 74 + 4 * jb)
     acc = F0
     for g in range(8):
-        acc += _dot4(grid[_iq3s_row(src, o, jb, g)], signs, 4 * g, x, x_off + 4 * g)
+        acc += _dot4(tab[_iq3s_row(src, o, jb, g)], signs, 4 * g, x, x_off + 4 * g)
     return _iq3s_scale(src, o, jb) * acc
 
 
 # ---- IQ3_XXS ----
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq3_xxs(src, row_off, j, dst, dst_off):
-    grid = cuda.const.array_like(GRID_IQ3_XXS)
-    ks = cuda.const.array_like(KSIGNS)
+def dq32t_iq3_xxs(src, row_off, j, dst, dst_off, tab):
     o = row_off + (j >> 3) * 98
     jb = j & 7
     aux = ld_u32_any(src, o + 66 + 4 * jb)
     db = h2f(ld_u16(src, o)) * (F_HALF + np.float32(aux >> 28)) * F_HALF
     for g in range(8):
-        signs = ks[(aux >> (7 * (g >> 1))) & 127]
-        _dq4(grid[ld_u8(src, o + 2 + 8 * jb + g)], signs, 4 * (g & 1), db, dst, dst_off + 4 * g)
+        signs = tab[KS_OFF_IQ3_XXS + ((aux >> (7 * (g >> 1))) & 127)]
+        _dq4(tab[ld_u8(src, o + 2 + 8 * jb + g)], signs, 4 * (g & 1), db, dst, dst_off + 4 * g)
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq3_xxs(src, row_off, j, x, x_off):
-    grid = cuda.const.array_like(GRID_IQ3_XXS)
-    ks = cuda.const.array_like(KSIGNS)
+def dot32t_iq3_xxs(src, row_off, j, x, x_off, tab):
     o = row_off + (j >> 3) * 98
     jb = j & 7
     aux = ld_u32_any(src, o + 66 + 4 * jb)
     acc = F0
     for g in range(8):
-        signs = ks[(aux >> (7 * (g >> 1))) & 127]
-        acc += _dot4(grid[ld_u8(src, o + 2 + 8 * jb + g)], signs, 4 * (g & 1), x, x_off + 4 * g)
+        signs = tab[KS_OFF_IQ3_XXS + ((aux >> (7 * (g >> 1))) & 127)]
+        acc += _dot4(tab[ld_u8(src, o + 2 + 8 * jb + g)], signs, 4 * (g & 1), x, x_off + 4 * g)
     return h2f(ld_u16(src, o)) * (F_HALF + np.float32(aux >> 28)) * F_HALF * acc
 
 
-# ---- IQ2 family: 8-value grid rows (two packed words) ----
+# ---- IQ2 family: 8-value grid rows (two consecutive table words) ----
 
 @cuda.jit(device=True, inline="always")
-def _dq8(grid, row, signs, scale, dst, o):
-    _dq4(grid[row, 0], signs, 0, scale, dst, o)
-    _dq4(grid[row, 1], signs, 4, scale, dst, o + 4)
-
-
-@cuda.jit(device=True, inline="always")
-def _dot8(grid, row, signs, x, xo):
-    return _dot4(grid[row, 0], signs, 0, x, xo) + _dot4(grid[row, 1], signs, 4, x, xo + 4)
+def _dq8(tab, row, signs, scale, dst, o):
+    _dq4(tab[2 * row], signs, 0, scale, dst, o)
+    _dq4(tab[2 * row + 1], signs, 4, scale, dst, o + 4)
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq2_xxs(src, row_off, j, dst, dst_off):
-    grid = cuda.const.array_like(GRID_IQ2_XXS)
-    ks = cuda.const.array_like(KSIGNS)
-    o = row_off + (j >> 3) * 66 + 2 + 8 * (j & 7)
+def _dot8(tab, row, signs, x, xo):
+    return _dot4(tab[2 * row], signs, 0, x, xo) + _dot4(tab[2 * row + 1], signs, 4, x, xo + 4)
+
+
+@cuda.jit(device=True, inline="always")
+def dq32t_iq2_xxs(src, row_off, j, dst, dst_off, tab):
+    base = row_off + (j >> 3) * 66
+    o = base + 2 + 8 * (j & 7)
     a = ld_u32_any(src, o)
     b = ld_u32_any(src, o + 4)
-    db = h2f(ld_u16(src, o - 2 - 8 * (j & 7))) * (F_HALF + np.float32(b >> 28)) * F_QUARTER
+    db = h2f(ld_u16(src, base)) * (F_HALF + np.float32(b >> 28)) * F_QUARTER
     for l in range(4):
-        _dq8(grid, (a >> (8 * l)) & 0xFF, ks[(b >> (7 * l)) & 127], db, dst, dst_off + 8 * l)
+        _dq8(tab, (a >> (8 * l)) & 0xFF, tab[KS_OFF_IQ2_XXS + ((b >> (7 * l)) & 127)], db,
+             dst, dst_off + 8 * l)
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq2_xxs(src, row_off, j, x, x_off):
-    grid = cuda.const.array_like(GRID_IQ2_XXS)
-    ks = cuda.const.array_like(KSIGNS)
+def dot32t_iq2_xxs(src, row_off, j, x, x_off, tab):
     base = row_off + (j >> 3) * 66
     o = base + 2 + 8 * (j & 7)
     a = ld_u32_any(src, o)
     b = ld_u32_any(src, o + 4)
     acc = F0
     for l in range(4):
-        acc += _dot8(grid, (a >> (8 * l)) & 0xFF, ks[(b >> (7 * l)) & 127], x, x_off + 8 * l)
+        acc += _dot8(tab, (a >> (8 * l)) & 0xFF, tab[KS_OFF_IQ2_XXS + ((b >> (7 * l)) & 127)],
+                     x, x_off + 8 * l)
     return h2f(ld_u16(src, base)) * (F_HALF + np.float32(b >> 28)) * F_QUARTER * acc
 
 
@@ -161,27 +158,25 @@ def _iq2_scale(src, so, jb, l):
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq2_xs(src, row_off, j, dst, dst_off):
-    grid = cuda.const.array_like(GRID_IQ2_XS)
-    ks = cuda.const.array_like(KSIGNS)
+def dq32t_iq2_xs(src, row_off, j, dst, dst_off, tab):
     o = row_off + (j >> 3) * 74
     jb = j & 7
     d = h2f(ld_u16(src, o))
     for l in range(4):
         q = ld_u16(src, o + 2 + 8 * jb + 2 * l)
-        _dq8(grid, q & 511, ks[q >> 9], d * _iq2_scale(src, o + 66, jb, l), dst, dst_off + 8 * l)
+        _dq8(tab, q & 511, tab[KS_OFF_IQ2_XS + (q >> 9)], d * _iq2_scale(src, o + 66, jb, l),
+             dst, dst_off + 8 * l)
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq2_xs(src, row_off, j, x, x_off):
-    grid = cuda.const.array_like(GRID_IQ2_XS)
-    ks = cuda.const.array_like(KSIGNS)
+def dot32t_iq2_xs(src, row_off, j, x, x_off, tab):
     o = row_off + (j >> 3) * 74
     jb = j & 7
     acc = F0
     for l in range(4):
         q = ld_u16(src, o + 2 + 8 * jb + 2 * l)
-        acc += _iq2_scale(src, o + 66, jb, l) * _dot8(grid, q & 511, ks[q >> 9], x, x_off + 8 * l)
+        acc += _iq2_scale(src, o + 66, jb, l) * _dot8(tab, q & 511, tab[KS_OFF_IQ2_XS + (q >> 9)],
+                                                      x, x_off + 8 * l)
     return h2f(ld_u16(src, o)) * acc
 
 
@@ -191,25 +186,75 @@ def _iq2s_row(src, o, jb, l):
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq2_s(src, row_off, j, dst, dst_off):
-    grid = cuda.const.array_like(GRID_IQ2_S)
+def dq32t_iq2_s(src, row_off, j, dst, dst_off, tab):
     o = row_off + (j >> 3) * 82
     jb = j & 7
     d = h2f(ld_u16(src, o))
     for l in range(4):
         signs = ld_u8(src, o + 34 + 4 * jb + l)
-        _dq8(grid, _iq2s_row(src, o, jb, l), signs, d * _iq2_scale(src, o + 74, jb, l),
+        _dq8(tab, _iq2s_row(src, o, jb, l), signs, d * _iq2_scale(src, o + 74, jb, l),
              dst, dst_off + 8 * l)
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq2_s(src, row_off, j, x, x_off):
-    grid = cuda.const.array_like(GRID_IQ2_S)
+def dot32t_iq2_s(src, row_off, j, x, x_off, tab):
     o = row_off + (j >> 3) * 82
     jb = j & 7
     acc = F0
     for l in range(4):
         signs = ld_u8(src, o + 34 + 4 * jb + l)
-        acc += _iq2_scale(src, o + 74, jb, l) * _dot8(grid, _iq2s_row(src, o, jb, l), signs,
+        acc += _iq2_scale(src, o + 74, jb, l) * _dot8(tab, _iq2s_row(src, o, jb, l), signs,
                                                       x, x_off + 8 * l)
     return h2f(ld_u16(src, o)) * acc
+
+
+# ---- the contract's entry points: the same decoders on the constant-memory tables ----
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq3_s(src, row_off, j, dst, dst_off):
+    dq32t_iq3_s(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ3_S))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq3_s(src, row_off, j, x, x_off):
+    return dot32t_iq3_s(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ3_S))
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq3_xxs(src, row_off, j, dst, dst_off):
+    dq32t_iq3_xxs(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ3_XXS))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq3_xxs(src, row_off, j, x, x_off):
+    return dot32t_iq3_xxs(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ3_XXS))
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq2_xxs(src, row_off, j, dst, dst_off):
+    dq32t_iq2_xxs(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ2_XXS))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq2_xxs(src, row_off, j, x, x_off):
+    return dot32t_iq2_xxs(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ2_XXS))
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq2_xs(src, row_off, j, dst, dst_off):
+    dq32t_iq2_xs(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ2_XS))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq2_xs(src, row_off, j, x, x_off):
+    return dot32t_iq2_xs(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ2_XS))
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq2_s(src, row_off, j, dst, dst_off):
+    dq32t_iq2_s(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ2_S))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq2_s(src, row_off, j, x, x_off):
+    return dot32t_iq2_s(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ2_S))

@@ -21,11 +21,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import h2f, ld_u16, ld_u32, ld_u32_any, ld_u8, ld_x4
+from .intrinsics import F_2P23, byte_to_f32, h2f, ld_u16, ld_u32, ld_u32_any, ld_u8, ld_x4
 from .qformats_simple import sx8
-from .qtables import KVALUES_IQ4NL
+from .qtables import TABLE_IQ4NL
 
 F0 = np.float32(0.0)
+B_Q6 = np.float32(8388608.0 + 32.0)  # 2^23 + the 6-bit bias, for byte_to_f32
 
 
 @cuda.jit(device=True, inline="always")
@@ -159,10 +160,10 @@ def dot32_q4_k(src, row_off, j, x, x_off):
     acc = F0
     xs = F0
     for t in range(8):
-        w = ld_u32(src, qo + 4 * t) >> sh
+        m = (ld_u32(src, qo + 4 * t) >> sh) & 0x0F0F0F0F  # four nibbles, one per byte
         x0, x1, x2, x3 = ld_x4(x, x_off + 4 * t)
-        acc += (np.float32(w & 0xF) * x0 + np.float32((w >> 8) & 0xF) * x1
-                + np.float32((w >> 16) & 0xF) * x2 + np.float32((w >> 24) & 0xF) * x3)
+        acc += (byte_to_f32(m, 0, F_2P23) * x0 + byte_to_f32(m, 1, F_2P23) * x1
+                + byte_to_f32(m, 2, F_2P23) * x2 + byte_to_f32(m, 3, F_2P23) * x3)
         xs += x0 + x1 + x2 + x3
     dm = ld_u32(src, o)
     sc, mn = _k4_scale_min(src, o + 4, jb)
@@ -241,8 +242,8 @@ def dot32_q6_k(src, row_off, j, x, x_off):
         for t in range(4):
             w = _q6_word(src, o, jb, 4 * h + t)
             x0, x1, x2, x3 = ld_x4(x, x_off + 16 * h + 4 * t)
-            a += (np.float32((w & 0xFF) - 32) * x0 + np.float32(((w >> 8) & 0xFF) - 32) * x1
-                  + np.float32(((w >> 16) & 0xFF) - 32) * x2 + np.float32((w >> 24) - 32) * x3)
+            a += (byte_to_f32(w, 0, B_Q6) * x0 + byte_to_f32(w, 1, B_Q6) * x1
+                  + byte_to_f32(w, 2, B_Q6) * x2 + byte_to_f32(w, 3, B_Q6) * x3)
         acc += np.float32(sx8(ld_u8(src, o + 192 + 2 * jb + h))) * a
     return h2f(ld_u16(src, o + 208)) * acc
 
@@ -257,8 +258,7 @@ def _iq4xs_scale(src, o, jb):
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq4_xs(src, row_off, j, dst, dst_off):
-    kv = cuda.const.array_like(KVALUES_IQ4NL)
+def dq32t_iq4_xs(src, row_off, j, dst, dst_off, kv):
     o = row_off + (j >> 3) * 136
     jb = j & 7
     dl = h2f(ld_u16(src, o)) * np.float32(_iq4xs_scale(src, o, jb))
@@ -271,8 +271,7 @@ def dq32_iq4_xs(src, row_off, j, dst, dst_off):
 
 
 @cuda.jit(device=True, inline="always")
-def dot32_iq4_xs(src, row_off, j, x, x_off):
-    kv = cuda.const.array_like(KVALUES_IQ4NL)
+def dot32t_iq4_xs(src, row_off, j, x, x_off, kv):
     o = row_off + (j >> 3) * 136
     jb = j & 7
     qo = o + 8 + 16 * jb
@@ -285,3 +284,13 @@ def dot32_iq4_xs(src, row_off, j, x, x_off):
                 + kv[(w >> 24) & 0xF] * x3 + kv[(w >> 4) & 0xF] * y0 + kv[(w >> 12) & 0xF] * y1
                 + kv[(w >> 20) & 0xF] * y2 + kv[(w >> 28) & 0xF] * y3)
     return h2f(ld_u16(src, o)) * np.float32(_iq4xs_scale(src, o, jb)) * acc
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq4_xs(src, row_off, j, dst, dst_off):
+    dq32t_iq4_xs(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ4NL))
+
+
+@cuda.jit(device=True, inline="always")
+def dot32_iq4_xs(src, row_off, j, x, x_off):
+    return dot32t_iq4_xs(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ4NL))

@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import h2f, ld_u16, ld_u32, ld_u32_any, ld_u8, ld_x4, u2f
-from .qtables import KVALUES_IQ4NL, KVALUES_MXFP4
+from .intrinsics import byte_to_f32, h2f, ld_u16, ld_u32, ld_u32_any, ld_u8, ld_x4, u2f
+from .qtables import TABLE_IQ4NL, TABLE_MXFP4
 
 F0 = np.float32(0.0)
+B_Q8 = np.float32(8388608.0 + 128.0)  # 2^23 + the bias of q + 128, for byte_to_f32
 
 
 @cuda.jit(device=True, inline="always")
@@ -110,10 +111,10 @@ def dot32_q8_0(src, row_off, j, x, x_off):
     o = row_off + j * 34
     acc = F0
     for t in range(8):
-        w = ld_u32_any(src, o + 2 + 4 * t)
+        w = ld_u32_any(src, o + 2 + 4 * t) ^ 0x80808080  # int8 q -> byte q + 128
         x0, x1, x2, x3 = ld_x4(x, x_off + 4 * t)
-        acc += (np.float32(sx8(w & 0xFF)) * x0 + np.float32(sx8((w >> 8) & 0xFF)) * x1
-                + np.float32(sx8((w >> 16) & 0xFF)) * x2 + np.float32(sx8(w >> 24)) * x3)
+        acc += (byte_to_f32(w, 0, B_Q8) * x0 + byte_to_f32(w, 1, B_Q8) * x1
+                + byte_to_f32(w, 2, B_Q8) * x2 + byte_to_f32(w, 3, B_Q8) * x3)
     return h2f(ld_u16(src, o)) * acc
 
 
@@ -196,17 +197,25 @@ def _dot_nibbles_table(src, qo, x, x_off, kv):
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_iq4_nl(src, row_off, j, dst, dst_off):
-    kv = cuda.const.array_like(KVALUES_IQ4NL)
+def dq32t_iq4_nl(src, row_off, j, dst, dst_off, tab):
     o = row_off + j * 18
-    _dq_nibbles_table(src, o + 2, h2f(ld_u16(src, o)), dst, dst_off, kv)
+    _dq_nibbles_table(src, o + 2, h2f(ld_u16(src, o)), dst, dst_off, tab)
+
+
+@cuda.jit(device=True, inline="always")
+def dot32t_iq4_nl(src, row_off, j, x, x_off, tab):
+    o = row_off + j * 18
+    return h2f(ld_u16(src, o)) * _dot_nibbles_table(src, o + 2, x, x_off, tab)
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_iq4_nl(src, row_off, j, dst, dst_off):
+    dq32t_iq4_nl(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_IQ4NL))
 
 
 @cuda.jit(device=True, inline="always")
 def dot32_iq4_nl(src, row_off, j, x, x_off):
-    kv = cuda.const.array_like(KVALUES_IQ4NL)
-    o = row_off + j * 18
-    return h2f(ld_u16(src, o)) * _dot_nibbles_table(src, o + 2, x, x_off, kv)
+    return dot32t_iq4_nl(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_IQ4NL))
 
 
 @cuda.jit(device=True, inline="always")
@@ -218,17 +227,25 @@ def e8m0_half(e):
 
 
 @cuda.jit(device=True, inline="always")
-def dq32_mxfp4(src, row_off, j, dst, dst_off):
-    kv = cuda.const.array_like(KVALUES_MXFP4)
+def dq32t_mxfp4(src, row_off, j, dst, dst_off, tab):
     o = row_off + j * 17
-    _dq_nibbles_table(src, o + 1, e8m0_half(ld_u8(src, o)), dst, dst_off, kv)
+    _dq_nibbles_table(src, o + 1, e8m0_half(ld_u8(src, o)), dst, dst_off, tab)
+
+
+@cuda.jit(device=True, inline="always")
+def dot32t_mxfp4(src, row_off, j, x, x_off, tab):
+    o = row_off + j * 17
+    return e8m0_half(ld_u8(src, o)) * _dot_nibbles_table(src, o + 1, x, x_off, tab)
+
+
+@cuda.jit(device=True, inline="always")
+def dq32_mxfp4(src, row_off, j, dst, dst_off):
+    dq32t_mxfp4(src, row_off, j, dst, dst_off, cuda.const.array_like(TABLE_MXFP4))
 
 
 @cuda.jit(device=True, inline="always")
 def dot32_mxfp4(src, row_off, j, x, x_off):
-    kv = cuda.const.array_like(KVALUES_MXFP4)
-    o = row_off + j * 17
-    return e8m0_half(ld_u8(src, o)) * _dot_nibbles_table(src, o + 1, x, x_off, kv)
+    return dot32t_mxfp4(src, row_off, j, x, x_off, cuda.const.array_like(TABLE_MXFP4))
 
 
 # ---- 5-bit blocks: Q5_0, Q5_1 ----

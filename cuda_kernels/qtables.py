@@ -33,3 +33,22 @@ KSIGNS = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8).copy()
 
 KVALUES_IQ4NL = np.array(quants.IQ4_NL.kvalues, dtype=np.float32)  # [16] non-linear 4-bit levels
 KVALUES_MXFP4 = np.array(quants.MXFP4.kvalues, dtype=np.float32)   # [16] e2m1 levels, doubled
+
+
+def _with_signs(grid: np.ndarray) -> np.ndarray:
+    return np.concatenate([grid.reshape(-1), KSIGNS.astype(np.uint32)]).astype(np.uint32)
+
+
+# One flat table per format, what its `*32t` decoders index (kernels stage it in shared memory):
+#   grid rows at 0 (IQ2 rows as 2 consecutive u32), then KSIGNS at KS_OFF_<fmt> where used.
+TABLE_IQ4NL = KVALUES_IQ4NL                        # [16] f32
+TABLE_MXFP4 = KVALUES_MXFP4                        # [16] f32
+TABLE_IQ3_S = GRID_IQ3_S                           # [512] u32
+TABLE_IQ3_XXS = _with_signs(GRID_IQ3_XXS)          # [256 + 128] u32
+TABLE_IQ2_XXS = _with_signs(GRID_IQ2_XXS)          # [512 + 128] u32
+TABLE_IQ2_XS = _with_signs(GRID_IQ2_XS)            # [1024 + 128] u32
+TABLE_IQ2_S = GRID_IQ2_S.reshape(-1).copy()        # [2048] u32
+KS_OFF_IQ3_XXS = GRID_IQ3_XXS.size
+KS_OFF_IQ2_XXS = GRID_IQ2_XXS.size
+KS_OFF_IQ2_XS = GRID_IQ2_XS.size
+NO_TABLE = np.zeros(1, dtype=np.uint32)            # stands in where a format has none

@@ -63,3 +63,13 @@ def test_matvec_refuses_bad_arguments():
         matvec(w, "Q4_K", x, np.zeros(6, np.float32))
     with pytest.raises(ValueError, match="dtype int32"):
         matvec(w, "Q4_K", x.astype(np.int32), np.zeros(N_ROWS, np.float32))
+
+
+@pytest.mark.parametrize("n_tok,n_cols", [(1, 4096 + 256), (2, 1280)])
+def test_matvec_spans_several_staged_column_tiles(n_tok, n_cols):
+    rng = np.random.default_rng(n_cols)
+    rows, ref, _ = _weights("Q4_K", rng, n_cols=n_cols)
+    x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
+    y = np.full((n_tok, N_ROWS), np.nan, dtype=np.float32)
+    matvec(rows, "Q4_K", x[0] if n_tok == 1 else x, y[0] if n_tok == 1 else y)
+    assert _rel(y, x.astype(np.float64) @ ref.T) < 1e-5

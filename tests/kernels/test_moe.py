@@ -24,8 +24,8 @@ def _experts(layout, gu, dn, n_total, rng):
 
 
 @pytest.mark.parametrize("gu,dn,n_embd,n_ff,cpu_misses", [
-    ("Q4_K", "Q8_0", 256, 32, False),
-    ("IQ4_NL", "Q8_0", 64, 32, True),
+    ("IQ4_XS", "Q8_0", 256, 32, False),
+    ("Q8_0", "IQ4_NL", 64, 32, True),
 ])
 def test_moe_decode(gu, dn, n_embd, n_ff, cpu_misses):
     rng = np.random.default_rng(n_embd + n_ff)
