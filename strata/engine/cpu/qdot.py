@@ -24,7 +24,8 @@ from gguf import GGMLQuantizationType as _T
 from numba import njit
 
 from strata.engine.cpu.simd import (
-    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at,
+    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at, put_h16x32, put_i8x32,
+    put_q6x32, put_u4x64,
 )
 from strata.quant.blocks import decode_block
 from strata.quant.scalars import f16_bits_to_f32
@@ -196,16 +197,58 @@ def dot_q6_k(row, x, xs16, acc):
 
 
 @njit(cache=True, fastmath=FAST)
+def _decode_q8_0(row, buf):
+    for b in range(row.shape[0] // 34):
+        put_i8x32(buf, 32 * b, row, 34 * b + 2, _f16(row, 34 * b))
+
+
+@njit(cache=True, fastmath=FAST)
+def _decode_q4_k(row, buf):
+    for b in range(row.shape[0] // 144):
+        o = b * 144
+        d = _f16(row, o)
+        dmin = _f16(row, o + 2)
+        for c in range(4):
+            s0, m0 = _k4_scale_min(row, o + 4, 2 * c)
+            s1, m1 = _k4_scale_min(row, o + 4, 2 * c + 1)
+            put_u4x64(buf, 256 * b + 64 * c, row, o + 16 + 32 * c, d * F32(s0), d * F32(s1),
+                      dmin * F32(m0), dmin * F32(m1))
+
+
+@njit(cache=True, fastmath=FAST)
+def _decode_q6_k(row, buf):
+    sc8 = row.view(np.int8)
+    for b in range(row.shape[0] // 210):
+        o = b * 210
+        d = _f16(row, o + 208)
+        for h in range(2):
+            for k in range(4):
+                sc = o + 192 + 8 * h + 2 * k
+                put_q6x32(buf, 256 * b + 128 * h + 32 * k, row, o + 64 * h + 32 * (k & 1),
+                          o + 128 + 32 * h, 4 * (k >> 1), 2 * k, d * F32(sc8[sc]),
+                          d * F32(sc8[sc + 1]))
+
+
+@njit(cache=True, fastmath=FAST)
 def decode_row(fmt, block_size, row, buf):
     """Decode a whole row into buf[:width] (width = len(buf)) as f32, any supported format."""
     n = buf.shape[0]
-    if fmt == F32_T:
+    if fmt == Q8_0_T:
+        _decode_q8_0(row, buf)
+    elif fmt == Q4_K_T:
+        _decode_q4_k(row, buf)
+    elif fmt == Q6_K_T:
+        _decode_q6_k(row, buf)
+    elif fmt == F32_T:
         w = row.view(np.float32)
         for i in range(n):
             buf[i] = w[i]
     elif fmt == F16_T:
+        n_full = n - n % 32 if NATIVE_HALF else 0
+        for b in range(0, n_full, 32):
+            put_h16x32(buf, b, row, 2 * b)
         h = row.view(np.uint16)
-        for i in range(n):
+        for i in range(n_full, n):
             buf[i] = f16_bits_to_f32(np.int64(h[i]))
     elif fmt == BF16_T:
         h = row.view(np.uint16)

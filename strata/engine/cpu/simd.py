@@ -7,8 +7,9 @@ instructions with no loop at all: load the block's bytes as one vector, unpack t
 f32, multiply by the scale and the activations, add into 32 (or 64) accumulators. LLVM lowers the
 vectors to whatever the CPU has (AVX-512, AVX2, NEON...).
 
-Every function indexes with `intp` offsets and checks no bounds: callers guarantee them. `acc`,
-`x`: float32 arrays; `row`: uint8 array.
+`fma_*` accumulate a block's values times activations; `put_*` store its values (decoding a row
+for a batch of tokens). Every function indexes with `intp` offsets and checks no bounds: callers
+guarantee them. `acc`, `buf`, `x`: float32 arrays; `row`: uint8 array.
 """
 
 from __future__ import annotations
@@ -62,15 +63,76 @@ def _scaled(builder, q, scale, xv):
     return builder.fmul(builder.fmul(q, s, flags=["fast"]), xv, flags=["fast"])
 
 
+def _times(builder, q, scale):
+    return builder.fmul(q, _splat(builder, scale, q.type.count, _F32), flags=["fast"])
+
+
+def _store(context, builder, aryty, buf, at, values):
+    """buf[at : at + n] = values."""
+    builder.store(values, _ptr(context, builder, aryty, buf, at, values.type), align=4)
+
+
+def _plus(builder, v, k: int):
+    return builder.add(v, ir.Constant(v.type, k))
+
+
+# -- the values of one block's bytes, as f32 vectors (unscaled) --------------------------------
+
+def _int8s(context, builder, rowty, row, off):
+    """32 signed bytes -> f32x32."""
+    return builder.sitofp(_load_bytes(context, builder, rowty, row, off, 32), _vec(_F32, 32))
+
+
+def _nibbles(context, builder, rowty, row, off):
+    """32 bytes -> (low nibbles, high nibbles), each f32x32."""
+    b = _load_bytes(context, builder, rowty, row, off, 32)
+    lo = builder.and_(b, ir.Constant(_vec(_I8, 32), [15] * 32))
+    hi = builder.lshr(b, ir.Constant(_vec(_I8, 32), [4] * 32))
+    f = _vec(_F32, 32)
+    return builder.uitofp(lo, f), builder.uitofp(hi, f)
+
+
+def _six_bits(context, builder, rowty, row, ql, qh, nib, top):
+    """q = ((row[ql+j] >> nib) & 15) | (((row[qh+j] >> top) & 3) << 4), j < 32 -> f32x32."""
+    v8 = _vec(_I8, 32)
+    lo = _load_bytes(context, builder, rowty, row, ql, 32)
+    hi = _load_bytes(context, builder, rowty, row, qh, 32)
+    lo = builder.and_(builder.lshr(lo, _splat(builder, builder.trunc(nib, _I8), 32, _I8)),
+                      ir.Constant(v8, [15] * 32))
+    hi = builder.and_(builder.lshr(hi, _splat(builder, builder.trunc(top, _I8), 32, _I8)),
+                      ir.Constant(v8, [3] * 32))
+    q = builder.or_(lo, builder.shl(hi, ir.Constant(v8, [4] * 32)))
+    return builder.uitofp(q, _vec(_F32, 32))
+
+
+def _two_scales(builder, sa, sb):
+    """f32x32: sa in lanes 0-15, sb in 16-31."""
+    return builder.shuffle_vector(_splat(builder, sa, 32, _F32), _splat(builder, sb, 32, _F32),
+                                  ir.Constant(_vec(_I32, 32), list(range(16)) +
+                                              list(range(48, 64))))
+
+
+def _halves(context, builder, rowty, row, off):
+    """32 fp16 at byte off -> f32x32 (hardware conversion: see NATIVE_HALF)."""
+    h = builder.load(_ptr(context, builder, rowty, row, off, _vec(ir.HalfType(), 32)), align=1)
+    return builder.fpext(h, _vec(_F32, 32))
+
+
+# -- accumulate: acc[lane : lane + n] += values * x[xo : xo + n] -------------------------------
+
+_I = types.intp
+_F = types.float32
+
+
 @intrinsic
 def fma_i8x32(typingctx, acc, lane, row, off, x, xo, scale):
-    """acc[lane:lane+32] += scale * int8(row[off:off+32]) * x[xo:xo+32]   (Q8_0)."""
-    sig = types.void(acc, types.intp, row, types.intp, x, types.intp, types.float32)
+    """acc[lane:+32] += scale * int8(row[off:off+32]) * x[xo:+32]   (Q8_0)."""
+    sig = types.void(acc, _I, row, _I, x, _I, _F)
 
     def codegen(context, builder, signature, args):
         acc_a, lane_v, row_a, off_v, x_a, xo_v, sc = args
         at = signature.args
-        q = builder.sitofp(_load_bytes(context, builder, at[2], row_a, off_v, 32), _vec(_F32, 32))
+        q = _int8s(context, builder, at[2], row_a, off_v)
         xv = _load_f32(context, builder, at[4], x_a, xo_v, 32)
         _accumulate(context, builder, at[0], acc_a, lane_v, _scaled(builder, q, sc, xv))
         return context.get_dummy_value()
@@ -80,26 +142,19 @@ def fma_i8x32(typingctx, acc, lane, row, off, x, xo, scale):
 
 @intrinsic
 def fma_u4x64(typingctx, acc, lane, row, off, x, xo, scale_lo, scale_hi):
-    """32 bytes at row[off] hold 64 nibbles: low nibbles are values 0-31 (scale_lo, x[xo:+32]),
-    high nibbles values 32-63 (scale_hi, x[xo+32:+32]); into acc[lane:lane+64]   (Q4_K)."""
-    sig = types.void(acc, types.intp, row, types.intp, x, types.intp, types.float32,
-                     types.float32)
+    """32 bytes at row[off] hold 64 nibbles: the low ones are values 0-31 (scale_lo,
+    x[xo:+32]), the high ones values 32-63 (scale_hi, x[xo+32:+32]); into acc[lane:+64] (Q4_K)."""
+    sig = types.void(acc, _I, row, _I, x, _I, _F, _F)
 
     def codegen(context, builder, signature, args):
         acc_a, lane_v, row_a, off_v, x_a, xo_v, s_lo, s_hi = args
         at = signature.args
-        b = _load_bytes(context, builder, at[2], row_a, off_v, 32)
-        lo = builder.and_(b, ir.Constant(_vec(_I8, 32), [15] * 32))
-        hi = builder.lshr(b, ir.Constant(_vec(_I8, 32), [4] * 32))
+        lo, hi = _nibbles(context, builder, at[2], row_a, off_v)
         x_lo = _load_f32(context, builder, at[4], x_a, xo_v, 32)
-        xo_hi = builder.add(xo_v, ir.Constant(xo_v.type, 32))
-        x_hi = _load_f32(context, builder, at[4], x_a, xo_hi, 32)
-        f = _vec(_F32, 32)
-        _accumulate(context, builder, at[0], acc_a, lane_v,
-                    _scaled(builder, builder.uitofp(lo, f), s_lo, x_lo))
-        _accumulate(context, builder, at[0], acc_a,
-                    builder.add(lane_v, ir.Constant(lane_v.type, 32)),
-                    _scaled(builder, builder.uitofp(hi, f), s_hi, x_hi))
+        x_hi = _load_f32(context, builder, at[4], x_a, _plus(builder, xo_v, 32), 32)
+        _accumulate(context, builder, at[0], acc_a, lane_v, _scaled(builder, lo, s_lo, x_lo))
+        _accumulate(context, builder, at[0], acc_a, _plus(builder, lane_v, 32),
+                    _scaled(builder, hi, s_hi, x_hi))
         return context.get_dummy_value()
 
     return sig, codegen
@@ -107,29 +162,17 @@ def fma_u4x64(typingctx, acc, lane, row, off, x, xo, scale_lo, scale_hi):
 
 @intrinsic
 def fma_q6x32(typingctx, acc, lane, row, ql, qh, nib, top, x, xo, scale_a, scale_b):
-    """32 six-bit values q = ((row[ql+j] >> nib) & 15) | (((row[qh+j] >> top) & 3) << 4);
-    values 0-15 times scale_a, 16-31 times scale_b, times x[xo:xo+32], into acc[lane:+32]
-    (Q6_K without its -32 offset, which the caller takes out)."""
-    sig = types.void(acc, types.intp, row, types.intp, types.intp, types.int64, types.int64,
-                     x, types.intp, types.float32, types.float32)
+    """32 six-bit values (see `_six_bits`), 0-15 times scale_a and 16-31 times scale_b, times
+    x[xo:+32], into acc[lane:+32]   (Q6_K without its -32 offset: the caller takes it out)."""
+    sig = types.void(acc, _I, row, _I, _I, types.int64, types.int64, x, _I, _F, _F)
 
     def codegen(context, builder, signature, args):
         acc_a, lane_v, row_a, ql_v, qh_v, nib_v, top_v, x_a, xo_v, sa, sb = args
         at = signature.args
-        v8 = _vec(_I8, 32)
-        lo = _load_bytes(context, builder, at[2], row_a, ql_v, 32)
-        hi = _load_bytes(context, builder, at[2], row_a, qh_v, 32)
-        nib8 = _splat(builder, builder.trunc(nib_v, _I8), 32, _I8)
-        top8 = _splat(builder, builder.trunc(top_v, _I8), 32, _I8)
-        lo = builder.and_(builder.lshr(lo, nib8), ir.Constant(v8, [15] * 32))
-        hi = builder.and_(builder.lshr(hi, top8), ir.Constant(v8, [3] * 32))
-        q = builder.or_(lo, builder.shl(hi, ir.Constant(v8, [4] * 32)))
-        qf = builder.uitofp(q, _vec(_F32, 32))
-        s = builder.shuffle_vector(_splat(builder, sa, 32, _F32), _splat(builder, sb, 32, _F32),
-                                   ir.Constant(_vec(_I32, 32), list(range(16)) +
-                                               list(range(48, 64))))
+        q = _six_bits(context, builder, at[2], row_a, ql_v, qh_v, nib_v, top_v)
         xv = _load_f32(context, builder, at[7], x_a, xo_v, 32)
-        prod = builder.fmul(builder.fmul(qf, s, flags=["fast"]), xv, flags=["fast"])
+        prod = builder.fmul(builder.fmul(q, _two_scales(builder, sa, sb), flags=["fast"]), xv,
+                            flags=["fast"])
         _accumulate(context, builder, at[0], acc_a, lane_v, prod)
         return context.get_dummy_value()
 
@@ -138,17 +181,79 @@ def fma_q6x32(typingctx, acc, lane, row, ql, qh, nib, top, x, xo, scale_a, scale
 
 @intrinsic
 def fma_h16x32(typingctx, acc, lane, row, off, x, xo):
-    """acc[lane:lane+32] += f16(row[off : off+64] as 32 halves) * x[xo:xo+32]   (F16 rows)."""
-    sig = types.void(acc, types.intp, row, types.intp, x, types.intp)
+    """acc[lane:+32] += (32 fp16 at byte off of row) * x[xo:+32]   (F16 rows)."""
+    sig = types.void(acc, _I, row, _I, x, _I)
 
     def codegen(context, builder, signature, args):
         acc_a, lane_v, row_a, off_v, x_a, xo_v = args
         at = signature.args
-        h = builder.load(_ptr(context, builder, at[2], row_a, off_v, _vec(ir.HalfType(), 32)),
-                         align=1)
-        w = builder.fpext(h, _vec(_F32, 32))
+        w = _halves(context, builder, at[2], row_a, off_v)
         xv = _load_f32(context, builder, at[4], x_a, xo_v, 32)
         _accumulate(context, builder, at[0], acc_a, lane_v, builder.fmul(w, xv, flags=["fast"]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# -- decode: buf[at : at + n] = the block's values ---------------------------------------------
+
+@intrinsic
+def put_i8x32(typingctx, buf, at, row, off, scale):
+    """buf[at:+32] = scale * int8(row[off:off+32])   (Q8_0)."""
+    sig = types.void(buf, _I, row, _I, _F)
+
+    def codegen(context, builder, signature, args):
+        buf_a, at_v, row_a, off_v, sc = args
+        q = _int8s(context, builder, signature.args[2], row_a, off_v)
+        _store(context, builder, signature.args[0], buf_a, at_v, _times(builder, q, sc))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def put_u4x64(typingctx, buf, at, row, off, scale_lo, scale_hi, min_lo, min_hi):
+    """buf[at:+32] = scale_lo * low nibbles - min_lo; buf[at+32:+32] = scale_hi * high
+    nibbles - min_hi   (Q4_K)."""
+    sig = types.void(buf, _I, row, _I, _F, _F, _F, _F)
+
+    def codegen(context, builder, signature, args):
+        buf_a, at_v, row_a, off_v, s_lo, s_hi, m_lo, m_hi = args
+        lo, hi = _nibbles(context, builder, signature.args[2], row_a, off_v)
+        for v, s, m, where in ((lo, s_lo, m_lo, at_v), (hi, s_hi, m_hi, _plus(builder, at_v, 32))):
+            val = builder.fsub(_times(builder, v, s), _splat(builder, m, 32, _F32),
+                               flags=["fast"])
+            _store(context, builder, signature.args[0], buf_a, where, val)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def put_q6x32(typingctx, buf, at, row, ql, qh, nib, top, scale_a, scale_b):
+    """buf[at:+32] = scale * (q - 32), scale_a for values 0-15, scale_b for 16-31   (Q6_K)."""
+    sig = types.void(buf, _I, row, _I, _I, types.int64, types.int64, _F, _F)
+
+    def codegen(context, builder, signature, args):
+        buf_a, at_v, row_a, ql_v, qh_v, nib_v, top_v, sa, sb = args
+        q = _six_bits(context, builder, signature.args[2], row_a, ql_v, qh_v, nib_v, top_v)
+        q = builder.fsub(q, ir.Constant(_vec(_F32, 32), [32.0] * 32), flags=["fast"])
+        val = builder.fmul(q, _two_scales(builder, sa, sb), flags=["fast"])
+        _store(context, builder, signature.args[0], buf_a, at_v, val)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def put_h16x32(typingctx, buf, at, row, off):
+    """buf[at:+32] = 32 fp16 at byte off of row, as f32   (F16 rows)."""
+    sig = types.void(buf, _I, row, _I)
+
+    def codegen(context, builder, signature, args):
+        buf_a, at_v, row_a, off_v = args
+        w = _halves(context, builder, signature.args[2], row_a, off_v)
+        _store(context, builder, signature.args[0], buf_a, at_v, w)
         return context.get_dummy_value()
 
     return sig, codegen
