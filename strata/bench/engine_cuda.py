@@ -1,0 +1,207 @@
+"""`strata bench --backend cuda`: the CUDA engine's prefill and decode speed on one model, each
+against the bound it is held to, measured in the same run:
+
+* decode: the bytes one token reads — dense weights and cached experts from VRAM at the measured
+  device copy bandwidth, missed experts over PCIe at the measured host->device bandwidth (the
+  miss-path bound) — and the measured vs the plan's predicted expert hit rate;
+* prefill: the bytes streamed through the ring at the measured PCIe bandwidth (the streaming
+  bound), and llama.cpp's measured number on the same card (REFERENCE.md) as the bar;
+* the device allocations made while loading and running (numba's memory manager, counted): one,
+  the arena, is the plan's contract.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from strata.errors import StrataError
+
+LLAMA_CPP_BAR = {  # REFERENCE.md, llama.cpp on the same H200 (tok/s)
+    "decode_q4_k_m_all_gpu": 304, "prefill_pp4096_q4_k_m_all_gpu": 9100,
+    "decode_q8_0_n_cpu_moe_39": 35.2, "prefill_pp4096_q8_0_n_cpu_moe_39": 463}
+COPY_BYTES = 1 << 30
+
+
+def _bandwidths() -> dict:
+    """Device-to-device copy (bytes read per second) and pinned host->device GB/s, measured on
+    temporary buffers before the engine's arena exists (and freed)."""
+    from numba import cuda
+
+    n = COPY_BYTES
+    a = cuda.device_array(n, np.uint8)
+    b = cuda.device_array(n, np.uint8)
+    host = cuda.pinned_array(n // 4, np.uint8)
+    host[:] = 1
+    s = cuda.stream()
+    out = {}
+    for name, fn, n_bytes in (("d2d", lambda: b.copy_to_device(a, stream=s), n),
+                              ("h2d", lambda: a[:n // 4].copy_to_device(host, stream=s), n // 4)):
+        fn()
+        s.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            s.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        out[name + "_gb_per_s"] = n_bytes / best / 1e9
+    del a, b
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent, timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _decode_bytes(m, hit_rate: float) -> tuple[float, float]:
+    """(VRAM bytes, host bytes) one decode token reads at `hit_rate`."""
+    s = m.shape
+    dense = sum(x.data.size for x in m.matrices.values())  # every layer's and the head
+    expert = sum(s.n_expert_used * lay.n_bytes for lay in m.store.layouts)
+    return dense + hit_rate * expert, (1 - hit_rate) * expert
+
+
+def measure(args, options) -> dict:
+    from numba import cuda
+
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.cuda.model import CudaModel
+    from strata.gguf import open_model
+    from strata.memory import emm
+
+    counter = emm.install_counting_manager()
+    # counted only when numba's context was made with the counting manager (no context before)
+    counting = isinstance(getattr(cuda.current_context(), "memory_manager", None),
+                          emm.CountingMemoryManager)
+    bw = _bandwidths()
+    n_before = len(counter.sizes)
+    mf = open_model(args.model[0])
+    t0 = time.perf_counter()
+    m = CudaModel(mf, options, log=lambda t: print(t, file=sys.stderr))
+    load_s = time.perf_counter() - t0
+    eng = CudaEngine(m, use_graph=options.graph)
+    s = mf.shape
+    rng = np.random.default_rng(args.seed)
+    n_prompt, n_gen = args.prompt_tokens, args.gen
+    if n_prompt + n_gen > eng.max_context:
+        raise StrataError(f"--prompt-tokens {n_prompt} + --gen {n_gen} exceed the plan's "
+                          f"context of {eng.max_context} (raise --max-context)")
+    warm = rng.integers(0, s.n_vocab, min(n_prompt, 300)).tolist()
+    eng.prefill(warm)  # compiles every kernel outside the timings
+    eng.decode_tokens(4)  # and captures the decode graph
+    eng.reset()
+    prompt = rng.integers(0, s.n_vocab, n_prompt).tolist()
+    streamed0 = eng.traffic.bytes_streamed
+    t0 = time.perf_counter()
+    eng.prefill(prompt)
+    prefill_s = time.perf_counter() - t0
+    streamed = eng.traffic.bytes_streamed - streamed0
+    hits0 = eng.hits()
+    t0 = time.perf_counter()
+    toks = eng.decode_tokens(n_gen)
+    decode_s = time.perf_counter() - t0
+    hits = eng.hits().since(hits0)
+    allocs = counter.sizes[n_before:]
+    hit = hits.hit_rate if hits.hit_rate is not None else 0.0
+    vram_b, host_b = _decode_bytes(m, hit)
+    t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (bw["h2d_gb_per_s"] * 1e9)
+    decode_tps = (n_gen - 1) / decode_s
+    prefill_tps = n_prompt / prefill_s
+    stream_bound = n_prompt / (streamed / (bw["h2d_gb_per_s"] * 1e9)) if streamed else None
+    pred = m.plan.predicted_hit_rate
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    res = {
+        "model": Path(args.model[0]).name, "file_bytes": mf.file_bytes,
+        "gpu_mem_cap": options.gpu_mem, "plan": m.plan.to_dict(), "load": m.report,
+        "load_seconds": load_s, "bandwidth": bw,
+        "device_allocations": {"count": len(allocs) if counting else None,
+                               "bytes": allocs if counting else None,
+                               "arena_bytes": m.arena.device_plan.arena_bytes},
+        "prefill": {"tokens": n_prompt, "seconds": prefill_s, "tokens_per_s": prefill_tps,
+                    "chunk": eng.last_prompt_use.chunk, "mode": eng.last_prompt_use.mode,
+                    "ring_slots": eng.last_prompt_use.ring_slots,
+                    "bytes_streamed": streamed,
+                    "pcie_streaming_bound_tokens_per_s": stream_bound,
+                    "fraction_of_streaming_bound": prefill_tps / stream_bound
+                    if stream_bound else None},
+        "decode": {"tokens": n_gen, "seconds": decode_s, "tokens_per_s": decode_tps,
+                   "graph": options.graph, "graph_nodes": eng.step.n_graph_nodes,
+                   "hit_rate_measured": hits.hit_rate, "hit_rate_predicted": pred,
+                   "hit_rate_per_layer": [None if np.isnan(x) else float(x)
+                                          for x in hits.layer_rates()],
+                   "vram_bytes_per_token": vram_b, "host_bytes_per_token": host_b,
+                   "bound_tokens_per_s": 1 / t_bound,
+                   "fraction_of_bound": decode_tps * t_bound, "first_tokens": toks[:16]},
+        "llama_cpp_bar": LLAMA_CPP_BAR, "device": name,
+    }
+    m.close()
+    return res
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def table(r: dict) -> str:
+    p, d, bw = r["prefill"], r["decode"], r["bandwidth"]
+    bound_p = p["pcie_streaming_bound_tokens_per_s"]
+    alloc = r["device_allocations"]
+    cap = f" (budget {r['gpu_mem_cap'] / 2**30:.1f} GiB)" if r["gpu_mem_cap"] else ""
+    bp = "-" if bound_p is None else f"{bound_p:.1f}"
+    lines = [
+        f"{r['model']} on {r['device']}{cap}",
+        f"  measured: device copy {bw['d2d_gb_per_s']:.0f} GB/s, host->device "
+        f"{bw['h2d_gb_per_s']:.1f} GB/s; device allocations: "
+        f"{'not counted' if alloc['count'] is None else alloc['count']} "
+        f"(arena {alloc['arena_bytes'] / 2**30:.2f} GiB)",
+        f"  {'':8s} {'tok/s':>10s} {'bound':>10s} {'of bound':>9s}  held against",
+        f"  {'prefill':8s} {p['tokens_per_s']:10.1f} {bp:>10s} "
+        f"{_pct(p['fraction_of_streaming_bound']):>9s}  PCIe streaming of "
+        f"{p['bytes_streamed'] / 1e9:.2f} GB ({p['tokens']} tokens, chunk {p['chunk']} "
+        f"{p['mode']}, ring {p['ring_slots']} slots)",
+        f"  {'decode':8s} {d['tokens_per_s']:10.1f} {d['bound_tokens_per_s']:10.1f} "
+        f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
+        f"host {d['host_bytes_per_token'] / 1e9:.3f} GB per token",
+        f"  expert hit rate: measured {_pct(d['hit_rate_measured'])}, predicted "
+        f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']})",
+    ]
+    return "\n".join(lines)
+
+
+def run_cuda(args) -> int:
+    """The CLI entry: measure, print the table, write JSON when asked."""
+    from strata.engine.cuda.options import CudaOptions
+    from strata.plan.devices import parse_size
+    from strata.plan.knobs import options_from_args
+
+    if not args.model or len(args.model) != 1:
+        raise StrataError("--backend cuda measures one model: give -m FILE once")
+    if args.prompt_tokens < 1 or args.gen < 2:
+        raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
+    gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
+    options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
+                          profile_path=args.profile, progress=not args.json)
+    res = measure(args, options)
+    res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
+               command="strata " + " ".join(sys.argv[1:]), backend="cuda")
+    if args.json:
+        print(json.dumps(res, indent=2, default=float))
+    else:
+        print(table(res))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(res, indent=2, default=float))
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,134 @@
+"""One decode step as a fixed sequence of kernel launches whose every changing input lives in
+device memory — the token (history[seq_len]), the position and length (seq_len), the routing,
+the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
+
+Per step: embedding of history[seq_len]; per layer: RMSNorm, q/k/v matvecs, per-head norm and
+RoPE at seq_len, KV write at seq_len, split-K attention over seq_len + 1 keys, output
+projection and residual add, RMSNorm, router matvec, top-k, the MoE (cache slot or mapped host
+memory per expert, added into the residual, hits/misses counted per layer); final norm, head,
+seq_len += 1, then (by mode) nothing, argmax or the seeded sampler appending to the history.
+
+`--no-graph` runs the same `record` launch by launch: the same kernels, the same tokens.
+"""
+
+from __future__ import annotations
+
+from strata.cuda_kernels.attention import decode_attention
+from strata.cuda_kernels.elementwise import add, embed
+from strata.cuda_kernels.intrinsics import SIMULATED
+from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
+from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.moe import moe_decode
+from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
+from strata.cuda_kernels.router import route
+from strata.cuda_kernels.sampling import argmax, sample
+from strata.engine.cuda.model import CudaModel
+from strata.plan.layout import SPLIT_K_TOKENS  # the split the plan sized the partials for
+
+MODES = ("logits", "greedy", "sample")  # what follows the head in a step
+
+
+class DecodeStep:
+    """The step's launches over one `CudaModel`'s buffers, plain or as graphs (one per mode)."""
+
+    def __init__(self, m: CudaModel, *, use_graph: bool):
+        self.m = m
+        self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
+        self.graphs: dict[str, object] = {}
+        self._warm: set[str] = set()
+        a, s = m.acts, m.shape
+        self.x = a["hidden"]  # [1, n_embd] f32, the residual stream
+        self.x1 = a["hidden"].reshape(s.n_embd)
+        self.xn = a["normed"]
+        self.xn1 = a["normed"].reshape(s.n_embd)
+        self.tmp1 = a["residual"].reshape(s.n_embd)  # the output projection, before the add
+        self.q, self.k, self.v = a["q"], a["k"], a["v"]  # [1, heads * head_dim] f32
+        self.q2 = a["q"].reshape(s.n_head, s.head_dim)
+        self.attn2 = a["attn_out"].reshape(s.n_head, s.head_dim)
+        self.attn1 = a["attn_out"].reshape(s.n_head * s.head_dim)
+        self.k3 = a["k"].reshape(1, s.n_head_kv, s.head_dim)
+        self.v3 = a["v"].reshape(1, s.n_head_kv, s.head_dim)
+        self.partials = (a["attn_part_o"][0], a["attn_part_ml"][0])
+        self.logits = a["logits"][0]  # [n_vocab] f32
+        self.history = a["history"][0]  # [max_context] i32
+        self.n_tokens = a["n_tokens"]  # [1] i32
+        self.seq_len = a["seq_len"]  # [1] i32: tokens in the KV cache = the next position
+
+    # -- the launches ------------------------------------------------------------------------
+
+    def record(self, stream, mode: str) -> None:
+        """Enqueue one step on `stream` (also what a graph captures)."""
+        m, s = self.m, self.m.shape
+        embed(m.embd_table, m.embd_type, self.history, self.seq_len, self.x, stream=stream)
+        for il in range(s.n_layer):
+            self._layer(il, stream)
+        rms_norm(self.x, m.norms["output_norm"], self.xn, eps=s.rms_norm_eps, stream=stream)
+        head = m.matrices["output"]
+        matvec(head.data, head.ggml_type, self.xn1, self.logits, stream=stream)
+        advance_seq_len(self.seq_len, 1, stream=stream)
+        self.pick(mode, stream)
+
+    def pick(self, mode: str, stream) -> None:
+        """Append the next token to the device history (mode greedy / sample), or nothing."""
+        a = self.m.acts
+        if mode == "greedy":
+            argmax(self.logits, self.history, self.n_tokens, stream=stream)
+        elif mode == "sample":
+            sample(self.logits, self.history, self.n_tokens, a["sample_fparams"][0],
+                   a["sample_iparams"][0], stream=stream)
+        elif mode != "logits":
+            raise ValueError(f"decode mode {mode!r} is not one of {MODES}")
+
+    def _layer(self, il: int, stream) -> None:
+        m, s, a = self.m, self.m.shape, self.m.acts
+        b = f"blk.{il}."
+        eps = s.rms_norm_eps
+        rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
+        for name, out in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v)):
+            w = m.matrices[b + name]
+            matvec(w.data, w.ggml_type, self.xn1, out.reshape(out.size), stream=stream)
+        qk_norm_rope(self.q, self.k, self.seq_len, n_head=s.n_head, n_head_kv=s.n_head_kv,
+                     head_dim=s.head_dim, theta=s.rope_freq_base,
+                     q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
+                     eps=eps, stream=stream)
+        k_side, v_side = m.kv_sides[il]
+        kv_write(self.k3, k_side, self.seq_len, stream=stream)
+        kv_write(self.v3, v_side, self.seq_len, stream=stream)
+        decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
+                         n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
+        w = m.matrices[b + "attn_output"]
+        matvec(w.data, w.ggml_type, self.attn1, self.tmp1, stream=stream)
+        add(self.x1, self.tmp1, self.x1, stream=stream)
+        rms_norm(self.x, m.norms[b + "ffn_norm"], self.xn, eps=eps, stream=stream)
+        w = m.matrices[b + "ffn_gate_inp"]
+        logits = a["router_logits"]
+        matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
+        route(logits, a["topk_ids"], a["topk_weights"], norm_topk=True, stream=stream)
+        moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
+                   layout=m.layouts[il], slot_table=a["slot_table"], cache=m.cache_bytes,
+                   slot_off=a["slot_off"], host=m.host.device, host_off=a["host_off"],
+                   h=a["moe_h"][0], out=self.x1, miss_list=a["miss_list"][0],
+                   counters=a["hit_counts"], accumulate=True, stream=stream)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, mode: str) -> None:
+        """Enqueue one step on the model's stream: a graph replay once the mode's kernels have
+        run plainly (compiled) once, else plain launches."""
+        stream = self.m.stream
+        if not self.use_graph:
+            self.record(stream, mode)
+            return
+        g = self.graphs.get(mode)
+        if g is None and mode in self._warm:
+            from strata.cuda_kernels.graph import capture
+            g = self.graphs[mode] = capture(lambda st: self.record(st, mode), stream)
+        if g is None:
+            self.record(stream, mode)
+            self._warm.add(mode)
+        else:
+            g.replay(stream)
+
+    @property
+    def n_graph_nodes(self) -> dict[str, int]:
+        return {k: g.n_nodes for k, g in self.graphs.items()}

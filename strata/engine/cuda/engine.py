@@ -1,0 +1,149 @@
+"""`CudaEngine`: one sequence on the GPU through a loaded `CudaModel`.
+
+The `Engine` interface (prefill / decode_step return logits to the host) is served by the same
+device step as the fast path, `decode_tokens`, which samples on the device and reads the tokens
+back only at the end. The device keeps the truth — `seq_len` (tokens in the KV cache) and the
+token history — and the engine mirrors `n_past`. Between calls the history holds exactly the
+sequence (`n_tokens == seq_len`); a step reads its input token at history[seq_len].
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from strata.cuda_kernels.sampling import make_params
+from strata.engine.cuda.decode import DecodeStep
+from strata.engine.cuda.model import CudaModel
+from strata.engine.cuda.prefill import PromptRun
+from strata.engine.engine import ContextFullError, Engine
+from strata.engine.sampler import SamplingParams
+from strata.experts import DecodeHits, PrefillTraffic
+from strata.plan import check_runtime_use, runtime_use
+
+
+class CudaEngine(Engine):
+    """qwen3moe on one GPU, exactly within its plan (see `strata.engine.cuda`)."""
+
+    backend = "cuda"
+
+    def __init__(self, model: CudaModel, *, use_graph: bool = True):
+        self.m = model
+        self.shape = model.shape
+        self.max_context = model.plan.kv.max_context
+        self.step = DecodeStep(model, use_graph=use_graph)
+        self.traffic = PrefillTraffic()
+        self.n_prompts = 0
+        self.last_prompt_use = None
+        self._n_past = 0
+        self._logits = np.zeros(model.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
+        self._one = np.zeros(1, np.int32)
+        self.reset()
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    def reset(self) -> None:
+        self._n_past = 0
+        self._set_lengths(0, 0)
+
+    def _set_lengths(self, seq_len: int, n_tokens: int) -> None:
+        a, st = self.m.acts, self.m.stream
+        a["seq_len"].copy_to_device(np.array([seq_len], np.int32), stream=st)
+        a["n_tokens"].copy_to_device(np.array([n_tokens], np.int32), stream=st)
+
+    # -- prompt ------------------------------------------------------------------------------
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = self.check_tokens(tokens)
+        m = self.m
+        use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
+        self.last_prompt_use = use
+        if use.mode == "borrowed":
+            m.cache.lend(use.lend_slots)  # misses on the device before any buffer is written
+        try:
+            P, R = m.arena.prompt_views(use)
+            run = PromptRun(m, P, R, use.chunk, self.traffic)
+            for off in range(0, ids.size, use.chunk):
+                part = ids[off:off + use.chunk]
+                run.chunk_step(part, self._n_past)
+                self._n_past += int(part.size)
+        finally:
+            m.cache.refill()
+        self._set_lengths_host_only()
+        self.n_prompts += 1
+        return self._read_logits()
+
+    def _set_lengths_host_only(self) -> None:
+        # seq_len advanced on the device; the history now holds n_past tokens
+        self.m.acts["n_tokens"].copy_to_device(np.array([self._n_past], np.int32),
+                                               stream=self.m.stream)
+
+    def _read_logits(self) -> np.ndarray:
+        self.m.acts["logits"][0].copy_to_host(self._logits, stream=self.m.stream)
+        self.m.stream.synchronize()
+        return self._logits.copy()
+
+    # -- decode --------------------------------------------------------------------------------
+
+    def decode_step(self, token: int) -> np.ndarray:
+        self.check_tokens([token])
+        a, st, p = self.m.acts, self.m.stream, self._n_past
+        self._one[0] = token
+        a["history"][0][p:p + 1].copy_to_device(self._one, stream=st)
+        a["n_tokens"].copy_to_device(np.array([p + 1], np.int32), stream=st)
+        self.step.run("logits")
+        self._n_past += 1
+        return self._read_logits()
+
+    def decode_tokens(self, n: int, sampling: SamplingParams | None = None) -> list[int]:
+        """Pick `n` tokens on the device, the first from the current logits (after `prefill`
+        or a step), each next one after a device step; returns them (read back once). Greedy
+        when `sampling` is None or has temperature 0."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if self._n_past == 0:
+            raise ValueError("decode_tokens needs a prefilled sequence")
+        if self._n_past + n - 1 > self.max_context:
+            raise ContextFullError(f"{n} tokens after {self._n_past} exceed the context of "
+                                   f"{self.max_context}")
+        mode = self._set_sampling(sampling)
+        a, st, start = self.m.acts, self.m.stream, self._n_past
+        self.step.pick(mode, st)
+        for _ in range(n - 1):
+            self.step.run(mode)
+            self._n_past += 1
+        out = np.zeros(n, np.int32)
+        a["history"][0][start:start + n].copy_to_host(out, stream=st)
+        a["n_tokens"].copy_to_device(np.array([self._n_past], np.int32), stream=st)
+        st.synchronize()
+        return [int(t) for t in out]
+
+    def _set_sampling(self, sampling: SamplingParams | None) -> str:
+        if sampling is None or sampling.temperature == 0:
+            return "greedy"
+        f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
+                           top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
+                           repeat_penalty=sampling.repeat_penalty,
+                           penalty_last_n=sampling.repeat_last_n,
+                           seed=sampling.seed if sampling.seed is not None else
+                           int(time.time_ns()))
+        a = self.m.acts
+        a["sample_fparams"][0].copy_to_device(f, stream=self.m.stream)
+        a["sample_iparams"][0].copy_to_device(i, stream=self.m.stream)
+        return "sample"
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def hits(self) -> DecodeHits:
+        """The device's per-layer decode hit/miss counters (cumulative)."""
+        out = np.zeros((self.shape.n_layer, 2), np.int64)
+        self.m.acts["hit_counts"].copy_to_host(out, stream=self.m.stream)
+        self.m.stream.synchronize()
+        return DecodeHits(out)
+
+    def synchronize(self) -> None:
+        self.m.stream.synchronize()

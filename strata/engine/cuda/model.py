@@ -1,0 +1,242 @@
+"""`CudaModel`: a model loaded by its plan, once — the arena (one device allocation), the dense
+weights copied into it, every expert in a registered host store, the expert cache filled in rank
+order, and typed views of every buffer the decode and prompt paths use.
+
+Nothing here allocates device memory outside the arena: KV sides, split-K partials, routing
+arrays and the slot table are all views of the plan's regions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+from numba import cuda
+
+from strata.cuda_kernels.kvcache import KvLayout, KvSide
+from strata.cuda_kernels.moe import ExpertLayout
+from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
+from strata.engine.cuda.options import CudaEngineError, CudaOptions
+from strata.experts import ExpertCache, build_store, profile_source
+from strata.gguf import ModelFile
+from strata.memory import open_arena
+from strata.memory.arena import Arena, live_device_info
+from strata.plan import plan as make_plan
+from strata.plan.devices import DeviceInfo, fmt_bytes
+from strata.plan.knobs import load_profile
+
+F32_TYPE = 0
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")
+NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "ffn_norm")
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    """A quantized matrix in VRAM: raw bytes (uint8 view), GGML type, [n_rows, n_cols]."""
+
+    data: Any
+    ggml_type: int
+    n_rows: int
+    n_cols: int
+
+
+class SlotWriter:
+    """The expert cache's device side (`strata.experts.CacheDevice`): the slot table and the
+    slots' bytes, written on the compute stream so kernels see changes in order."""
+
+    def __init__(self, table, cache, slot_offset: np.ndarray, store, stream):
+        self.table, self.cache, self.slot_offset = table, cache, slot_offset
+        self.store, self.stream = store, stream
+
+    def write_table(self, table: np.ndarray) -> None:
+        self.table.copy_to_device(np.ascontiguousarray(table, np.int32), stream=self.stream)
+
+    def load(self, slot: int, layer: int, expert: int) -> None:
+        blob = self.store.blob(layer, expert)
+        off = int(self.slot_offset[slot])
+        self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
+
+
+def capped_device(backend, gpu_mem: int | None) -> DeviceInfo:
+    """The live device, its free memory capped at `gpu_mem` (a smaller card's budget)."""
+    name = "GPU"
+    try:
+        name = cuda.get_current_device().name
+        name = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # the simulator's device has no usable name
+        pass
+    live = live_device_info(backend, name=name)
+    if gpu_mem is None:
+        return live
+    free = min(live.free_bytes, gpu_mem)
+    return dataclasses.replace(live, name=f"{live.name} (capped at {fmt_bytes(gpu_mem)})",
+                               free_bytes=free, total_bytes=max(free, min(live.total_bytes,
+                                                                            gpu_mem)))
+
+
+class CudaModel:
+    """Everything the CUDA engine loads once (see the module doc). `report` holds what loading
+    measured (bytes, seconds, GB/s, where misses are served)."""
+
+    def __init__(self, model: ModelFile, options: CudaOptions | None = None, *,
+                 backend=None, log: Log | None = None):
+        if model.arch != "qwen3moe":
+            raise CudaEngineError(f"{model.path}: the CUDA engine runs qwen3moe, not {model.arch}")
+        self.file = model
+        self.options = options = options or CudaOptions()
+        self.log = log or (lambda text: None)
+        self.shape = s = model.shape
+        self.report: dict[str, Any] = {}
+        if backend is None:
+            from strata.memory.numba_backend import NumbaBackend
+            backend = NumbaBackend(options.device)
+        self._plan_and_open(model, backend)
+        self.stream = cuda.stream()
+        self.copy_stream = cuda.stream()
+        self.acts = self.arena.views("activations")
+        self._carve_kv()
+        self._load_weights(model)
+        self._load_experts(model)
+        self.layouts = tuple(ExpertLayout(s.n_embd, s.n_ff_expert, lay.gate_type, lay.down_type)
+                             for lay in self.store.layouts)
+        self.stream.synchronize()
+
+    # -- plan and arena ----------------------------------------------------------------------
+
+    def _plan_and_open(self, model: ModelFile, backend) -> None:
+        s, o = self.shape, self.options
+        profile = load_profile(model.metadata, s.n_layer, s.n_expert, o.profile_path)
+        self.profile = profile
+        self.report["profile"] = profile_source(model.metadata, o.profile_path)
+        device = capped_device(backend, o.gpu_mem)
+        planned = make_plan(s, [device], o.plan, profile=profile)
+        if not planned.accepted:
+            raise CudaEngineError(planned.refusal.message())
+        if planned.kv.host_bytes > 0:
+            raise CudaEngineError("--kv-resident below the context (KV streamed from host memory)"
+                                  " is not supported by the CUDA engine yet: keep the whole KV "
+                                  "cache in VRAM (lower --max-context, or --kv int8 / q4_0)")
+        t0 = time.perf_counter()
+        self.arena: Arena = open_arena(planned, backend)
+        self.plan = self.arena.plan  # after any post-touch shrink
+        self.report["arena_bytes"] = self.arena.device_plan.arena_bytes
+        self.report["arena_seconds"] = time.perf_counter() - t0
+        for note in self.arena.notes:
+            self.log(note)
+
+    def region_offset(self, family: str, name: str | None = None) -> int:
+        """Byte offset of a region (or of one of its sub-regions) inside the arena."""
+        top = self.arena.device_plan.arena.region(family)
+        return top.offset + (top.sub.region(name).offset if name else 0)
+
+    def arena_offset(self, view) -> int:
+        """Byte offset of a view of the arena from the arena's start."""
+        return device_address(view) - device_address(self.arena.buffer)
+
+    def _raw(self, offset: int, dtype: str, shape: tuple[int, ...]):
+        return self.arena.backend.view(self.arena.buffer, offset, dtype, shape)
+
+    # -- KV ------------------------------------------------------------------------------------
+
+    def _carve_kv(self) -> None:
+        s, p = self.shape, self.plan
+        kv = self.arena.views("kv")
+        lay = KvLayout(p.options.kv_type, p.kv.resident_tokens, s.n_head_kv, s.head_dim)
+        # f16 and q4_0 sides have no scales; the kernels take a float16 placeholder never read
+        spare = self._raw(self.region_offset("activations", "hidden"), "float16", (1,))
+        self.kv_layout = lay
+        self.kv_sides = []
+        for il in range(s.n_layer):
+            sides = []
+            for side in ("k", "v"):
+                scale = kv[side + "_scale"][il].reshape(-1) if lay.fmt == "int8" else spare
+                sides.append(KvSide(lay, kv[side][il].reshape(-1), scale))
+            self.kv_sides.append(tuple(sides))
+
+    # -- dense weights -------------------------------------------------------------------------
+
+    def _load_weights(self, model: ModelFile) -> None:
+        s = self.shape
+        layout = self.arena.device_plan.arena.region("weights").sub
+        pieces = [(self.arena.view("weights", r.name), model.raw(r.name)) for r in layout.regions]
+        n, secs = upload(pieces, self.stream, progress=self.options.progress)
+        self.report.update(weights_bytes=n, weights_seconds=secs,
+                           weights_gb_per_s=n / max(secs, 1e-9) / 1e9)
+        self.log(f"dense weights: {n / 1e9:.2f} GB copied in {secs:.2f} s "
+                 f"({n / max(secs, 1e-9) / 1e9:.1f} GB/s, pinned staging)")
+        self.norms: dict[str, Any] = {}
+        for name in ["output_norm"] + [f"blk.{il}.{n}" for il in range(s.n_layer) for n in NORMS]:
+            t = model.tensors[name + ".weight"]
+            if t.ggml_type != F32_TYPE:
+                raise CudaEngineError(f"{name}.weight is {t.qtype.name}; the CUDA engine reads "
+                                      f"norm weights as F32")
+            self.norms[name] = self.arena.view("weights", name + ".weight").view(np.float32)
+        self.matrices: dict[str, Matrix] = {}
+        for il in range(s.n_layer):
+            for n in MATRICES:
+                self.matrices[f"blk.{il}.{n}"] = self._matrix(model, f"blk.{il}.{n}.weight")
+        head = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"
+        self.matrices["output"] = self._matrix(model, head)
+
+    def _matrix(self, model: ModelFile, name: str) -> Matrix:
+        t = model.tensors[name]
+        return Matrix(self.arena.view("weights", name), t.ggml_type, t.ne[1], t.ne[0])
+
+    # -- experts -------------------------------------------------------------------------------
+
+    def _load_experts(self, model: ModelFile) -> None:
+        s, p, o = self.shape, self.plan, self.options
+        on_host = p.token_embd == "host"
+        with progress_bar("expert store", 1, o.progress) as update:
+            self.store = build_store(model, with_embd=on_host,
+                                     progress=lambda d, t: update(d / max(t, 1)))
+        self.host: MappedHost = map_host(self.store.buffer)
+        self.report.update(store_bytes=self.store.n_bytes, store_fill_seconds=self.store.fill_seconds,
+                           store_register_seconds=self.host.seconds, store_memory=self.host.how)
+        self.log(f"expert store: {self.store.n_bytes / 1e9:.2f} GB of host memory, filled in "
+                 f"{self.store.fill_seconds:.2f} s, {self.host.how} in {self.host.seconds:.2f} s; "
+                 f"decode misses read it zero-copy (mapped), the prompt path copies through the "
+                 f"ring")
+        embd = model.tensors["token_embd.weight"]
+        if on_host:
+            n = embd.n_rows * embd.row_bytes
+            off = self.store.embd_off
+            self.embd_table = self.host.device[off:off + n].reshape(embd.n_rows, embd.row_bytes)
+        else:
+            self.embd_table = self.arena.view("weights", "token_embd.weight").reshape(
+                embd.n_rows, embd.row_bytes)
+        self.embd_type = embd.ggml_type
+        self.acts["host_off"].copy_to_device(self.store.host_off, stream=self.stream)
+        cache_layout = self.arena.device_plan.cache
+        self.cache_base = self.region_offset("expert_cache")
+        if cache_layout.total_bytes:
+            self.cache_bytes = self.arena.cache_bytes()
+        else:  # no slot: the kernels take a stand-in that the all-miss table never lets them read
+            self.cache_bytes = self._raw(self.region_offset("activations", "hidden"), "uint8",
+                                         (256,))
+        slot_off = np.zeros(s.n_layer * s.n_expert, np.int64)  # [n_layer * n_expert] int64
+        slot_off[:cache_layout.n_slots] = cache_layout.slot_offset
+        self.acts["slot_off"].copy_to_device(slot_off, stream=self.stream)
+        writer = SlotWriter(self.acts["slot_table"], self.cache_bytes, cache_layout.slot_offset,
+                            self.store, self.stream)
+        self.cache = ExpertCache(cache_layout, s.n_layer, s.n_expert, writer)
+        t0 = time.perf_counter()
+        n = self.cache.fill()
+        self.stream.synchronize()
+        secs = time.perf_counter() - t0
+        n_bytes = int(cache_layout.slot_bytes.sum())
+        self.report.update(cache_slots=cache_layout.n_slots, cache_fill_seconds=secs,
+                           cache_bytes=n_bytes, predicted_hit_rate=p.predicted_hit_rate)
+        hit = "n/a" if p.predicted_hit_rate is None else f"{p.predicted_hit_rate:.1%}"
+        self.log(f"expert cache: {n} of {s.n_layer * s.n_expert} experts in {cache_layout.n_slots}"
+                 f" slots ({n_bytes / 1e9:.2f} GB, {n_bytes / max(secs, 1e-9) / 1e9:.1f} GB/s), "
+                 f"ranked by {self.report['profile']}; predicted decode hit rate {hit}")
+
+    def close(self) -> None:
+        """Give the arena back."""
+        self.arena.close()

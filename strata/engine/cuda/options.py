@@ -1,0 +1,36 @@
+"""`CudaOptions`: how the CUDA engine loads (the plan's knobs, a budget cap, graphs on/off)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strata.errors import StrataError
+from strata.plan.options import PlanOptions
+
+
+class CudaEngineError(StrataError):
+    """The CUDA engine cannot run this model or configuration (the message says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CudaOptions:
+    """`plan`: the VRAM knobs; `gpu_mem`: a budget cap in bytes (an H200 standing in for a
+    smaller card); `graph`: decode steps as CUDA-graph replays (False: the same kernels launched
+    one by one); `profile_path`: routing counts (.npy) to rank the expert cache by."""
+
+    plan: PlanOptions = field(default_factory=PlanOptions)
+    gpu_mem: int | None = None
+    device: int = 0
+    graph: bool = True
+    profile_path: str | None = None
+    progress: bool = True
+    tensor_cores: bool = True
+
+    def __post_init__(self) -> None:
+        if self.gpu_mem is not None and self.gpu_mem <= 0:
+            raise CudaEngineError(f"--gpu-mem must be positive, got {self.gpu_mem} bytes")
+        if self.device < 0:
+            raise CudaEngineError(f"--device must be >= 0, got {self.device}")
+        if self.plan.batch != 1:
+            raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes one "
+                                  f"sequence (batch 1)")

@@ -1,0 +1,280 @@
+"""The prompt path: chunks of the plan's size through every layer on the GPU.
+
+Per chunk and layer: dense projections and causal attention (tensor-core GEMMs over f16
+activations, KV written at the device sequence length); the router's top-k grouped by expert on
+the device; the grouping's counts read back (the one host sync per layer), which splits the
+layer's used experts into resident ones (computed in place from their cache slots) and the rest,
+streamed through the ring: host->VRAM copies on the copy stream, ordered by events, while the
+compute stream works on what is already there. For a chunk large enough that a layer uses most
+of its experts, the next layer's non-resident experts are staged before this layer's MoE runs,
+so their copies overlap its compute. A layer with more streamed experts than ring slots runs in
+waves (each wave's entries selected by `mask_ids`, half the ring loading while half computes).
+
+Borrowed prompt paths: the plan's loan is taken from the expert cache first (its experts become
+misses on the device table before any prompt buffer is written), the buffers and the ring are
+carved in the lent slots, and the cache is refilled when the prompt is done. Every prompt use
+passes the plan's runtime contract first.
+
+Scratch: the engine keeps its few prompt-time arrays (positions, the wave's ids, the experts'
+weight offsets, a zero offset) in the prompt layout's `gathered` region, which the grouped GEMMs
+do not use (they gather the activation rows themselves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from strata.cuda_kernels import matmul as mm
+from strata.cuda_kernels.attention_prefill import prefill_attention
+from strata.cuda_kernels.elementwise import add, embed
+from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
+from strata.cuda_kernels.matmul import QuantWeights, dense_matmul, moe_down, moe_gate_up
+from strata.cuda_kernels.matmul_tiles import TC_TILE
+from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
+from strata.cuda_kernels.ring import ExpertRing
+from strata.cuda_kernels.route import Routing, combine, route_tokens
+from strata.cuda_kernels.router import route
+from strata.engine.cuda.kernels import fill_positions, mask_ids, rms_norm_f16
+from strata.engine.cuda.model import CudaModel
+from strata.experts import PrefillTraffic
+from strata.plan import check_runtime_use, runtime_use
+from strata.plan.layout import ring_slot_bytes
+
+PREFETCH_ENTRIES_PER_EXPERT = 2  # chunk * k >= this * n_expert: stage the next layer ahead
+
+
+@dataclass(slots=True)
+class Scratch:
+    """The engine's prompt-time arrays, carved from `gathered`."""
+
+    pos: Any  # [chunk] i32
+    ids: Any  # [chunk * k] i32, one wave's entries
+    wave_of: Any  # [n_expert] i32
+    base: Any  # [3, n_expert] i64: gate, up, down byte offsets in the arena
+    zero: Any  # [1] i64
+    dummy: Any  # [1] i32, the dense GEMM's unused schedule
+
+
+class PromptRun:
+    """One prompt's buffers, ring and per-layer MoE placement."""
+
+    def __init__(self, m: CudaModel, P: dict[str, Any], R: dict[str, Any], chunk: int,
+                 traffic: PrefillTraffic):
+        self.m, self.P, self.chunk, self.traffic = m, P, chunk, traffic
+        s = m.shape
+        self.k, self.n_expert = s.n_expert_used, s.n_expert
+        self.scr = self._carve_scratch()
+        mm._DUMMY["i32"] = self.scr.dummy  # the dense launches' stand-in, inside the arena
+        self.ring = None
+        if "slots" in R:
+            slot_bytes = ring_slot_bytes(s)
+            flat = R["slots"].reshape(-1)
+            self.ring = ExpertRing(flat, slot_bytes, m.copy_stream)
+            self.ring_base = m.arena_offset(flat)
+            ev = cuda.event()  # the ring's first copies must follow whatever read those bytes
+            ev.record(m.stream)
+            ev.wait(m.copy_stream)
+        self.arena_u8 = m.arena.buffer
+        self.host_counts = np.zeros(self.n_expert + 1, np.int32)
+        self.host_base = np.zeros((3, self.n_expert), np.int64)  # [3, n_expert] i64
+        self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
+        self.staged_layer = -1
+        self.dense = self._dense_weights()
+
+    def _carve_scratch(self) -> Scratch:
+        m, c, n_e = self.m, self.chunk, self.n_expert
+        off = m.arena_offset(self.P["gathered"])
+        fields = (("pos", "int32", (c,)), ("ids", "int32", (c * self.k,)),
+                  ("wave_of", "int32", (n_e,)), ("base", "int64", (3, n_e)),
+                  ("zero", "int64", (1,)), ("dummy", "int32", (1,)))
+        out, pos = {}, 0
+        for name, dt, shape in fields:
+            out[name] = m._raw(off + pos, dt, shape)
+            pos += -(-int(np.prod(shape)) * np.dtype(dt).itemsize // 256) * 256
+        if pos > self.P["gathered"].size * 2:
+            raise RuntimeError("the prompt scratch does not fit in the gathered region")
+        out["zero"].copy_to_device(np.zeros(1, np.int64), stream=m.stream)
+        out["dummy"].copy_to_device(np.zeros(1, np.int32), stream=m.stream)
+        return Scratch(**out)
+
+    def _dense_weights(self) -> dict[str, QuantWeights]:
+        out = {}
+        for name, w in self.m.matrices.items():
+            if name == "output":
+                continue
+            out[name] = QuantWeights(w.data, self.scr.zero, w.ggml_type, w.n_rows, w.n_cols)
+        return out
+
+    # -- a chunk ---------------------------------------------------------------------------------
+
+    def chunk_step(self, ids: np.ndarray, start: int) -> None:
+        """Run tokens `ids` at positions start.. ; the last token's logits land in the session's
+        logits buffer and seq_len advances by len(ids)."""
+        m, s, P, st = self.m, self.m.shape, self.P, self.m.stream
+        a = m.acts
+        n = int(ids.size)
+        history = a["history"][0]
+        history[start:start + n].copy_to_device(ids.astype(np.int32), stream=st)
+        x = P["hidden"][:n]
+        embed(m.embd_table, m.embd_type, history, a["seq_len"], x, stream=st)
+        for il in range(s.n_layer):
+            self._attention(il, n, x)
+            self._moe(il, n, x)
+        rms_norm(P["hidden"][n - 1:n], m.norms["output_norm"], a["normed"], eps=s.rms_norm_eps,
+                 stream=st)
+        head = m.matrices["output"]
+        matvec(head.data, head.ggml_type, a["normed"].reshape(s.n_embd), a["logits"][0],
+               stream=st)
+        advance_seq_len(a["seq_len"], n, stream=st)
+        self.traffic.n_chunks += 1
+
+    def _attention(self, il: int, n: int, x) -> None:
+        m, s, P, st = self.m, self.m.shape, self.P, self.m.stream
+        a, b, eps = m.acts, f"blk.{il}.", s.rms_norm_eps
+        x16 = P["normed"][:n]
+        rms_norm_f16(x, m.norms[b + "attn_norm"], x16, eps=eps, stream=st)
+        q, k, v = P["q"][:n], P["k"][:n], P["v"][:n]
+        for name, out in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
+            dense_matmul(x16, self.dense[b + name], out, stream=st)
+        pos = self.scr.pos[:n]
+        fill_positions(pos, a["seq_len"], stream=st)
+        qk_norm_rope(q, k, pos, n_head=s.n_head, n_head_kv=s.n_head_kv, head_dim=s.head_dim,
+                     theta=s.rope_freq_base, q_norm_w=m.norms[b + "attn_q_norm"],
+                     k_norm_w=m.norms[b + "attn_k_norm"], eps=eps, stream=st)
+        k_side, v_side = m.kv_sides[il]
+        kv_write(k.reshape(n, s.n_head_kv, s.head_dim), k_side, a["seq_len"], stream=st)
+        kv_write(v.reshape(n, s.n_head_kv, s.head_dim), v_side, a["seq_len"], stream=st)
+        att = P["attn_out"][:n]
+        prefill_attention(q.reshape(n, s.n_head, s.head_dim), k_side, v_side, a["seq_len"],
+                          att.reshape(n, s.n_head, s.head_dim), stream=st)
+        tmp = P["expert_out"][:n]  # [n, n_embd] f32: free until the MoE's down projection
+        dense_matmul(att, self.dense[b + "attn_output"], tmp, stream=st)
+        add(x, tmp, x, stream=st)
+        rms_norm_f16(x, m.norms[b + "ffn_norm"], x16, eps=eps, stream=st)
+        logits = P["router_logits"][:n]
+        dense_matmul(x16, self.dense[b + "ffn_gate_inp"], logits, stream=st)
+        route(logits, P["topk_ids"][:n], P["topk_weights"][:n], norm_topk=True, stream=st)
+
+    # -- the MoE of one layer ----------------------------------------------------------------------
+
+    def _routing(self, n: int, ids) -> Routing:
+        P, ne = self.P, n * self.k
+        r = Routing(n, self.k, self.n_expert, TC_TILE.bm, counts=P["expert_counts"],
+                    offsets=P["expert_offsets"], cursor=P["expert_cursor"],
+                    perm=P["perm_ids"][:ne], inv=P["inv_ids"][:ne], tile_group=P["tile_group"],
+                    tile_m0=P["tile_m0"], n_tiles=P["n_tiles"])
+        return route_tokens(ids, r, stream=self.m.stream)
+
+    def _moe(self, il: int, n: int, x) -> None:
+        m, st = self.m, self.m.stream
+        ids = self.P["topk_ids"][:n]
+        routing = self._routing(n, ids)
+        routing.counts.copy_to_host(self.host_counts, stream=st)
+        st.synchronize()
+        used = self.host_counts[:self.n_expert] > 0
+        resident = m.cache.resident(il)
+        streamed = np.flatnonzero(used & ~resident)
+        in_place = np.flatnonzero(used & resident)
+        lay = m.store.layouts[il]
+        self.traffic.add_layer(il, resident=len(in_place), streamed=len(streamed),
+                               n_bytes=len(streamed) * lay.n_bytes)
+        self._point(il, in_place, m.cache_base + m.cache.layout.slot_offset[
+            m.cache.table[il, in_place]] if len(in_place) else np.zeros(0, np.int64))
+        if len(streamed) and self.ring is None:
+            raise RuntimeError(f"layer {il}: {len(streamed)} experts are not resident and the "
+                               f"plan has no ring")
+        if self.ring is None or len(streamed) <= self.ring.n_slots:
+            slots = self._stage(il, streamed)
+            self._compute(il, n, x, routing, slots)
+        else:
+            self._waves(il, n, x, streamed, in_place)
+        self._prefetch(il + 1, n)
+
+    def _point(self, il: int, experts: np.ndarray, offsets: np.ndarray) -> None:
+        lay = self.m.store.layouts[il]
+        self.host_base[0, experts] = offsets
+        self.host_base[1, experts] = offsets + lay.up_off
+        self.host_base[2, experts] = offsets + lay.down_off
+
+    def _stage(self, il: int, experts: np.ndarray) -> list:
+        """Ring slots holding `experts` of layer il (staging those not prefetched)."""
+        if self.staged_layer != il:
+            self.staged, self.staged_layer = {}, il
+        slots = []
+        for e in experts:
+            e = int(e)
+            sl = self.staged.pop(e, None)
+            if sl is None:
+                sl = self.ring.stage(self.m.store.blob(il, e))
+            slots.append(sl)
+            self._point(il, np.array([e]), np.array([self.ring_base + sl.offset]))
+        for sl in self.staged.values():  # prefetched but unused: give the slot back
+            self.ring.acquire(sl, self.m.stream)
+            self.ring.release(sl, self.m.stream)
+        self.staged = {}
+        return slots
+
+    def _prefetch(self, il: int, n: int) -> None:
+        """Stage layer il's non-resident experts now when the chunk is large enough that most
+        will be used, so their copies overlap this layer's compute."""
+        m = self.m
+        if self.ring is None or il >= m.shape.n_layer \
+                or n * self.k < PREFETCH_ENTRIES_PER_EXPERT * self.n_expert:
+            return
+        todo = np.flatnonzero(~m.cache.resident(il))
+        if not len(todo) or len(todo) > self.ring.n_slots:
+            return
+        self.staged = {int(e): self.ring.stage(m.store.blob(il, int(e))) for e in todo}
+        self.staged_layer = il
+
+    def _weights(self, il: int) -> tuple[QuantWeights, QuantWeights, QuantWeights]:
+        s, lay, base = self.m.shape, self.m.store.layouts[il], self.scr.base
+        gate = QuantWeights(self.arena_u8, base[0], lay.gate_type, s.n_ff_expert, s.n_embd)
+        up = QuantWeights(self.arena_u8, base[1], lay.gate_type, s.n_ff_expert, s.n_embd)
+        down = QuantWeights(self.arena_u8, base[2], lay.down_type, s.n_embd, s.n_ff_expert)
+        return gate, up, down
+
+    def _compute(self, il: int, n: int, x, routing: Routing, slots: list) -> None:
+        st = self.m.stream
+        self.scr.base.copy_to_device(self.host_base, stream=st)
+        for sl in slots:
+            self.ring.acquire(sl, st)
+        gate, up, down = self._weights(il)
+        ne = n * self.k
+        h, y = self.P["expert_mid"][:ne], self.P["expert_out"][:ne]
+        moe_gate_up(self.P["normed"][:n], gate, up, routing, h, stream=st)
+        moe_down(h, down, routing, y, stream=st)
+        combine(y, routing, self.P["topk_weights"][:n], x, accumulate=True, stream=st)
+        for sl in slots:
+            self.ring.release(sl, st)
+
+    def _waves(self, il: int, n: int, x, streamed: np.ndarray, in_place: np.ndarray) -> None:
+        """More streamed experts than ring slots: waves of half the ring, the next wave's copies
+        running while this wave computes."""
+        m, st = self.m, self.m.stream
+        if self.staged_layer == il:
+            self._stage(il, np.zeros(0, np.int64))  # drop a prefetch that cannot be used whole
+        width = max(1, self.ring.n_slots // 2)
+        waves = [streamed[i:i + width] for i in range(0, len(streamed), width)]
+        wave_of = np.full(self.n_expert, -1, np.int32)
+        wave_of[in_place] = 0
+        for w, group in enumerate(waves):
+            wave_of[group] = w
+        self.scr.wave_of.copy_to_device(wave_of, stream=st)
+        ids = self.P["topk_ids"][:n]
+        masked = self.scr.ids[:n * self.k].reshape(n, self.k)
+        pending = [self.ring.stage(m.store.blob(il, int(e))) for e in waves[0]]
+        for w, group in enumerate(waves):
+            slots = pending
+            if w + 1 < len(waves):
+                pending = [self.ring.stage(m.store.blob(il, int(e))) for e in waves[w + 1]]
+            for e, sl in zip(group, slots):
+                self._point(il, np.array([e]), np.array([self.ring_base + sl.offset]))
+            mask_ids(ids, self.scr.wave_of, w, masked, stream=st)
+            routing = self._routing(n, masked)
+            self._compute(il, n, x, routing, slots)

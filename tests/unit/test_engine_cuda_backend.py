@@ -1,0 +1,71 @@
+"""The CUDA backend in the registry (where no GPU runs: the simulator), its option checks, and
+the bench's table and argument errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.engine.backends import BackendError, select_backend
+
+
+def test_cuda_backend_refuses_the_simulator_and_auto_falls_back_to_cpu():
+    from strata.engine.cuda import unavailable_reason
+
+    assert "simulator" in unavailable_reason()
+    with pytest.raises(BackendError, match="simulator.*available here: cpu"):
+        select_backend("cuda")
+    assert select_backend("auto")[0] == "cpu"
+
+
+def test_cuda_options_refuse_batches_and_bad_budgets():
+    from strata.engine.cuda.options import CudaEngineError, CudaOptions
+    from strata.plan.options import PlanOptions
+
+    with pytest.raises(CudaEngineError, match="batch 1"):
+        CudaOptions(plan=PlanOptions(batch=2))
+    with pytest.raises(CudaEngineError, match="--gpu-mem"):
+        CudaOptions(gpu_mem=0)
+
+
+def test_factory_refuses_intermediates(tmp_models):
+    from helpers.engine_models import model_path
+    from strata.engine.cuda import CudaEngineError, engine_factory
+    from strata.gguf import open_model
+
+    with pytest.raises(CudaEngineError, match="intermediates"):
+        engine_factory(open_model(model_path(tmp_models, "Q8_0")), cb=lambda *a: None)
+
+
+def _result(streamed: int):
+    return {
+        "model": "m.gguf", "device": "H200", "gpu_mem_cap": 8 << 30,
+        "bandwidth": {"d2d_gb_per_s": 3000.0, "h2d_gb_per_s": 50.0},
+        "device_allocations": {"count": 1, "bytes": [123], "arena_bytes": 7 << 30},
+        "prefill": {"tokens": 4096, "tokens_per_s": 5000.0, "chunk": 4096, "mode": "borrowed",
+                    "ring_slots": 8, "bytes_streamed": streamed,
+                    "pcie_streaming_bound_tokens_per_s": 6000.0 if streamed else None,
+                    "fraction_of_streaming_bound": 5 / 6 if streamed else None},
+        "decode": {"tokens_per_s": 80.0, "bound_tokens_per_s": 100.0, "fraction_of_bound": 0.8,
+                   "vram_bytes_per_token": 1e9, "host_bytes_per_token": 2e8,
+                   "hit_rate_measured": 0.61, "hit_rate_predicted": 0.6},
+        "plan": {"predicted": {"model": "the file's expert ranking"}},
+    }
+
+
+def test_bench_table_shows_each_number_against_its_bound():
+    from strata.bench.engine_cuda import table
+
+    text = table(_result(10**9))
+    assert "budget 8.0 GiB" in text and "device allocations: 1" in text
+    assert "5000.0" in text and "6000.0" in text and "83.3%" in text
+    assert "80.0" in text and "100.0" in text and "80.0%" in text
+    assert "measured 61.0%, predicted 60.0%" in text
+    resident = table(_result(0))
+    assert "PCIe streaming of 0.00 GB" in resident
+
+
+def test_bench_cuda_needs_one_model(capsys):
+    from strata.cli.main import main
+
+    assert main(["bench", "--backend", "cuda"]) == 1
+    assert "give -m FILE once" in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""The CUDA engine's orchestration under numba's CUDA simulator (CI has no GPU): a one-layer
+model with an empty expert cache, so the prompt streams every expert through the ring and the
+decode step reads every expert from mapped host memory; logits against the CPU engine and the
+float64 reference, the plan's one arena, the device hit/miss counters.
+
+Slow (about two minutes: the simulator runs each CUDA thread as a Python thread), so the model is
+the smallest the synthesizer writes; the GPU tests (tests/gpu/test_engine_gpu.py) cover the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers.reference import RefModel, forward
+from strata.synth import PRESETS, write_model
+
+pytestmark = pytest.mark.slow
+MICRO = dataclasses.replace(
+    PRESETS["tiny"], name="micro", n_layer=1, n_embd=128, n_head=2, n_head_kv=1, head_dim=64,
+    n_expert=4, n_expert_used=2, n_ff_expert=64, n_vocab=512, n_ctx_train=512)
+PROMPT = [5, 77, 300]
+
+
+def test_engine_in_the_simulator(tmp_models):
+    from strata.engine.cpu import CpuEngine
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.cuda.model import CudaModel
+    from strata.engine.cuda.options import CudaOptions
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=1, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))  # the simulator has no size
+    allocations = []
+    allocate = card.allocate
+    card.allocate = lambda n: allocations.append(n) or allocate(n)
+    opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0, ring_mib=1),
+                       graph=False, progress=False)
+    m = CudaModel(mf, opts, backend=card)
+    assert allocations == [m.arena.device_plan.arena_bytes]
+    assert m.plan.prefill.mode == "owned" and m.plan.prefill.ring_slots >= 2
+    eng = CudaEngine(m, use_graph=False)
+    got = eng.prefill(PROMPT)
+    assert eng.traffic.n_streamed == eng.traffic.per_layer_streamed[0] > 0
+    cpu = CpuEngine(mf, max_context=64)
+    want_cpu = cpu.prefill(PROMPT)
+    ref = forward(RefModel.load(path), PROMPT + [int(np.argmax(want_cpu))])
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    assert rel(got, ref[-2]) < 0.02 and rel(got, want_cpu) < 0.02
+    tok = int(np.argmax(got))
+    assert tok == int(np.argmax(want_cpu)) == int(np.argmax(ref[-2]))
+    got2 = eng.decode_step(tok)
+    assert eng.n_past == len(PROMPT) + 1
+    assert rel(got2, ref[-1]) < 0.02 and rel(got2, cpu.decode_step(tok)) < 0.02
+    np.testing.assert_array_equal(eng.hits().counts, [[0, MICRO.n_expert_used]])  # all missed
