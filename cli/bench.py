@@ -1,6 +1,9 @@
 """`strata bench --backend cpu`: prefill and decode speed of the CPU engine, and the expert
 path's read throughput, against this machine's memory bandwidth measured in the same run.
 
+`strata bench --backend cuda -m FILE [--gpu-mem SIZE] [--prompt-tokens N] [--gen N] [--json]`:
+the CUDA engine's prefill and decode against their bounds (`strata.bench.engine_cuda`).
+
 With no `-m`, synthetic files of `--preset` with `--layers` blocks are written once per mix to the
 user cache; decode time is scaled to the preset's full depth (the head runs once per token, the
 blocks once per layer).
@@ -23,8 +26,8 @@ MEMBW_BYTES = 1 << 29  # 512 MiB copied: far past every cache
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cpu", choices=("cpu",),
-                   help="engine to measure (the CPU engine)")
+    p.add_argument("--backend", default="cpu", choices=("cpu", "cuda"),
+                   help="engine to measure (default: the CPU engine)")
     p.add_argument("-m", "--model", action="append", metavar="FILE",
                    help="GGUF file to measure (repeatable); default: synthetic --preset files")
     p.add_argument("--preset", default="qwen3-30b-a3b", help="synthetic model shape")
@@ -38,6 +41,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MiB the bandwidth copy moves (far more than the caches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
+    g = p.add_argument_group("--backend cuda")
+    g.add_argument("--gpu-mem", metavar="SIZE",
+                   help="plan for this much VRAM (e.g. 8GiB): a smaller card's budget")
+    g.add_argument("--prompt-tokens", type=int, default=4096, metavar="N",
+                   help="prompt length to prefill (default 4096)")
+    g.add_argument("--gen", type=int, default=128, metavar="N",
+                   help="tokens to decode (default 128)")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    g.add_argument("--no-graph", action="store_true",
+                   help="launch the decode kernels one by one instead of a CUDA graph")
+    from strata.plan.knobs import add_engine_knobs
+    add_engine_knobs(p)
 
 
 def measure_copy_bandwidth(n_bytes: int = MEMBW_BYTES, repeats: int = 5) -> float:
@@ -167,7 +182,9 @@ def _device() -> dict:
         pass
     return {"cpu": name, "cpu_count": os.cpu_count(), "numba_threads": numba.get_num_threads(),
             "threading_layer": numba.threading_layer(), "python": platform.python_version(),
-            "numba": numba.__version__}
+            "numba": numba.__version__,
+            # other processes' load during the run: the numbers are only as quiet as the machine
+            "load_average_1_5_15": [round(v, 2) for v in os.getloadavg()]}
 
 
 def _commit() -> str | None:
@@ -197,6 +214,10 @@ def _table(res: dict) -> str:
 
 
 def run(args) -> int:
+    if args.backend == "cuda":
+        from strata.bench.engine_cuda import run_cuda
+
+        return run_cuda(args)
     for name in ("layers", "n_prompt", "n_decode", "n_pool", "membw_mib"):
         if getattr(args, name) < 1:
             raise StrataError(f"--{name.replace('_', '-')} must be at least 1")
@@ -207,8 +228,10 @@ def run(args) -> int:
     else:
         files = [_synthetic(args.preset, m.strip(), args.layers, args.seed)
                  for m in args.mix.split(",") if m.strip()]
+    load_before = [round(v, 2) for v in os.getloadavg()]
     copy_gbps = measure_copy_bandwidth(args.membw_mib << 20)
-    res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    res = {"load_average_before": load_before,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": _commit(), "command": "strata " + " ".join(sys.argv[1:]),
            "backend": "cpu", "copy_gb_per_s": copy_gbps, "results": []}
     for path, n_full in files:
