@@ -24,7 +24,8 @@ SIMULATED = bool(config.ENABLE_CUDASIM)
 FULL_MASK = 0xFFFFFFFF
 
 __all__ = [
-    "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "h2f", "u2f", "f2u",
+    "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4",
+    "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max",
 ]

@@ -1,11 +1,17 @@
-"""Matrix-vector products directly on quantized rows: y = W x for one token (decode) and for a
-small batch of 2..8 tokens, every supported format; x float32 or float16, y float32.
+"""Matrix-vector products directly on quantized rows: y = W x for one token (decode) and for a small
+batch of 2..8 tokens, every supported format; x float32 or float16, y float32.
 
 One warp per output row: lane l takes the row's 32-value groups l, l+32, ... through the format's
-fused `dot32` (one token) or decodes each group once with `dq32` and dots it with every token's x
-(batch), then the warp reduces with shuffles. x is staged in shared memory (see `xstage`: read
-from global memory, the lanes' scattered x reads were the kernel's bottleneck). Each kernel is specialised per (format, batch size),
-so the batch loop unrolls and the per-token sums stay in registers.
+fused `dot32t` (one token) or decodes each group once with `dq32t` and dots it with every token's
+x (batch), then the warp reduces with shuffles. x is staged in shared memory (see `xstage`: read
+from global memory, one warp load of x touched 32 cache lines) and so is the format's lookup table
+(constant memory serialises lanes that read different entries). Each kernel is specialised per
+(format, batch size), so the batch loop unrolls and the per-token sums stay in registers.
+
+Measured on an H200 (bench/results/2026-11-29_kernels_decode.json) this reaches 10-30% of the HBM
+read bandwidth, not the 70% aimed at: each lane decodes a whole 32-value group alone, so a warp's
+weight loads are strided rather than contiguous and the per-value integer work (64-bit index
+arithmetic from numba's int64 typing) bounds it.
 """
 
 from __future__ import annotations
