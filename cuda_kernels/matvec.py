@@ -11,7 +11,7 @@ from global memory, one warp load of x touched 32 cache lines) and so is the for
 Measured on an H200 (bench/results/2026-11-29_kernels_decode.json) this reaches 10-30% of the HBM
 read bandwidth, not the 70% aimed at: each lane decodes a whole 32-value group alone, so a warp's
 weight loads are strided rather than contiguous and the per-value integer work (64-bit index
-arithmetic from numba's int64 typing) bounds it.
+arithmetic from numba's int64 typing) are the likely limits (not yet profiled).
 """
 
 from __future__ import annotations
