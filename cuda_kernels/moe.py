@@ -202,6 +202,9 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
+    if staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
+        raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
+                         f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
     if staged_bytes(k * layout.n_ff // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: k * n_ff = {k * layout.n_ff} values of h exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")

@@ -75,3 +75,15 @@ def test_layout_checks():
         ExpertLayout(256, 256, "Q4_K", "Q6_K", up_off=16)
     with pytest.raises(ValueError, match="aligned"):
         ExpertLayout(256, 256, "Q4_K", "Q6_K", down_off=2 * 256 * 144 + 8)
+
+
+def test_moe_refuses_h_larger_than_shared_memory():
+    lay = ExpertLayout(256, 1024, "Q8_0", "Q8_0")
+    k = 16  # 16 * 1024 staged values of h: 72 KiB > 48 KiB
+    z = np.zeros
+    with pytest.raises(ValueError, match="shared memory"):
+        moe_decode(z(256, np.float32), z(k, np.int32), z(k, np.float32), layer=0, layout=lay,
+                   slot_table=z((1, 16), np.int32), cache=z(16, np.uint8),
+                   slot_off=z(1, np.int64), host=z(16, np.uint8), host_off=z((1, 16), np.int64),
+                   h=z((k, 1024), np.float32), out=z(256, np.float32),
+                   miss_list=z(k, np.int32), counters=z((1, 2), np.int64))
