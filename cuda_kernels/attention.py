@@ -29,7 +29,7 @@ from .mma import shfl_xor
 WARPS = 4
 THREADS = 32 * WARPS
 UNROLL = 4
-SPLIT_LEN = 256
+SPLIT_LEN = 128
 NEG_INF = float32(-np.inf)
 
 
@@ -47,6 +47,19 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
     read_v = make_reader(v_fmt, D, _row_bytes(v_fmt, head_dim))
     N_SCORES, N_RED = group * split_len, group * head_dim
     N_Q, N_KV, N_ACC = GP * D, UNROLL * D, group * D
+    STEP = WARPS * UNROLL  # keys per round of the block
+
+    @cuda.jit(device=True, inline="always")
+    def load_k(kd, ks, k0, base, n_keys, n_kv, hk, lane, dst):
+        for u in range(UNROLL):  # past the split's end: re-read its last key, discarded later
+            key = k0 + min(base + u, n_keys - 1)
+            read_k(kd, ks, key * n_kv + hk, lane * D, dst, u * D)
+
+    @cuda.jit(device=True, inline="always")
+    def load_v(vd, vs, k0, base, n_keys, n_kv, hk, lane, dst):
+        for u in range(UNROLL):
+            key = k0 + min(base + u, n_keys - 1)
+            read_v(vd, vs, key * n_kv + hk, lane * D, dst, u * D)
 
     @cuda.jit
     def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, qk_scale, part_o, part_ml):
@@ -63,6 +76,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
         s_red = cuda.shared.array(N_RED, float32)   # [G, head_dim] cross-warp sum of P V
         qreg = cuda.local.array(N_Q, float32)
         kv = cuda.local.array(N_KV, float32)
+        kv_next = cuda.local.array(N_KV, float32)  # the next round's rows, loading meanwhile
         part = cuda.local.array(GP, float32)
         acc = cuda.local.array(N_ACC, float32)
         for g in range(GP):
@@ -70,11 +84,13 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
                 qreg[g * D + i] = float32(0.0)
                 if g < group:
                     qreg[g * D + i] = q[hk * group + g, lane * D + i] * qk_scale
-        # pass A: scores
-        for base in range(warp * UNROLL, n_keys, WARPS * UNROLL):
-            for u in range(UNROLL):  # past the split's end: re-read its last key, discarded below
-                key = k0 + min(base + u, n_keys - 1)
-                read_k(kd, ks, key * n_kv + hk, lane * D, kv, u * D)
+        # pass A: scores; rows of round r + 1 are requested before round r is computed
+        load_k(kd, ks, k0, warp * UNROLL, n_keys, n_kv, hk, lane, kv_next)
+        for base in range(warp * UNROLL, n_keys, STEP):
+            for i in range(N_KV):
+                kv[i] = kv_next[i]
+            if base + STEP < n_keys:
+                load_k(kd, ks, k0, base + STEP, n_keys, n_kv, hk, lane, kv_next)
             for u in range(UNROLL):
                 for g in range(GP):
                     s = float32(0.0)
@@ -98,6 +114,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
                 head = lane // REPL  # the head index bits are the lane's top bits
                 if lane % REPL == 0 and head < group and base + u < n_keys:
                     s_p[head * split_len + base + u] = s
+        load_v(vd, vs, k0, warp * UNROLL, n_keys, n_kv, hk, lane, kv_next)  # lands during pass B
         cuda.syncthreads()
         # pass B: softmax statistics per head
         for g in range(warp, group, WARPS):
@@ -120,10 +137,11 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
         # pass C: unnormalised P V
         for i in range(N_ACC):
             acc[i] = float32(0.0)
-        for base in range(warp * UNROLL, n_keys, WARPS * UNROLL):
-            for u in range(UNROLL):
-                key = k0 + min(base + u, n_keys - 1)
-                read_v(vd, vs, key * n_kv + hk, lane * D, kv, u * D)
+        for base in range(warp * UNROLL, n_keys, STEP):
+            for i in range(N_KV):
+                kv[i] = kv_next[i]
+            if base + STEP < n_keys:
+                load_v(vd, vs, k0, base + STEP, n_keys, n_kv, hk, lane, kv_next)
             for u in range(UNROLL):
                 if base + u < n_keys:
                     for g in range(group):

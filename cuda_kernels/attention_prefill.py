@@ -37,23 +37,25 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
     NO = head_dim // 8       # n8 dim tiles of O
     KS = head_dim // 2 + 4   # words per K row in shared (pad: conflict-free fragment reads)
     VS = bkv // 2 + 4        # words per transposed V row (one dim, key pairs)
-    SH_K, SH_V = bkv * KS, head_dim * VS
+    SH_K, SH_V = bkv * KS, head_dim * VS  # one buffer each; two buffers are allocated
+    SH_K2, SH_V2 = 2 * SH_K, 2 * SH_V
     K_CHUNKS, V_CHUNKS = bkv * head_dim // 8, bkv * head_dim // 16
     read_k = make_reader(k_fmt, 8, _row_bytes(k_fmt, head_dim))
     read_v = make_reader(v_fmt, 8, _row_bytes(v_fmt, head_dim))
     N_QF, N_S, N_O, N_P = KK * 4, NS * 4, NO * 4, KC * 4
 
     @cuda.jit(device=True, inline="always")
-    def load_tiles(kd, ks, vd, vs, sK, sV, kt0, length, n_kv, hk, tid, va, vb):
+    def load_tiles(kd, ks, vd, vs, sK, sV, kt0, length, n_kv, hk, tid, va, vb, buf):
+        ok, ov = buf * SH_K, buf * SH_V
         for c in range(tid, K_CHUNKS, NTHREADS):
             key, d0 = c // (head_dim // 8), (c % (head_dim // 8)) * 8
             if kt0 + key < length:
                 read_k(kd, ks, (kt0 + key) * n_kv + hk, d0, va, 0)
                 for w in range(4):
-                    sK[key * KS + d0 // 2 + w] = pack_half2(va[2 * w], va[2 * w + 1])
+                    sK[ok + key * KS + d0 // 2 + w] = pack_half2(va[2 * w], va[2 * w + 1])
             else:  # keys past the sequence are zeros, never stale cache bytes (NaN * 0 = NaN)
                 for w in range(4):
-                    sK[key * KS + d0 // 2 + w] = uint32(0)
+                    sK[ok + key * KS + d0 // 2 + w] = uint32(0)
         for c in range(tid, V_CHUNKS, NTHREADS):
             kp, d0 = c % (bkv // 2), (c // (bkv // 2)) * 8
             for e in range(8):
@@ -64,7 +66,7 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
             if kt0 + 2 * kp + 1 < length:
                 read_v(vd, vs, (kt0 + 2 * kp + 1) * n_kv + hk, d0, vb, 0)
             for e in range(8):
-                sV[(d0 + e) * VS + kp] = pack_half2(va[e], vb[e])
+                sV[ov + (d0 + e) * VS + kp] = pack_half2(va[e], vb[e])
 
     @cuda.jit(device=True, inline="always")
     def row_update(s, o, m_old, l_old, first, kt0, pos, length, t):
@@ -105,8 +107,8 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
         length = min(start + n_q, n_ctx)
         r0 = qb * BQ + warp * 16 + g
         r1 = r0 + 8
-        sK = cuda.shared.array(SH_K, uint32)
-        sV = cuda.shared.array(SH_V, uint32)
+        sK = cuda.shared.array(SH_K2, uint32)
+        sV = cuda.shared.array(SH_V2, uint32)
         qf = cuda.local.array(N_QF, uint32)
         s = cuda.local.array(N_S, float32)
         o = cuda.local.array(N_O, float32)
@@ -127,15 +129,18 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
         l0, l1 = float32(0.0), float32(0.0)
         pos0, pos1 = start + r0, start + r1
         kv_end = min(length, start + min(n_q, (qb + 1) * BQ))
+        load_tiles(kd, ks, vd, vs, sK, sV, 0, length, n_kv, hk, tid, va, vb, 0)
+        cuda.syncthreads()
         for kt0 in range(0, kv_end, bkv):
-            cuda.syncthreads()  # the previous tile is consumed by every warp
-            load_tiles(kd, ks, vd, vs, sK, sV, kt0, length, n_kv, hk, tid, va, vb)
-            cuda.syncthreads()
+            # compute on this tile's buffer, then stage the next tile into the other one (last
+            # read one tile ago, before the barrier every warp has passed since)
+            buf = (kt0 // bkv) & 1
+            ok, ov = buf * SH_K, buf * SH_V
             for i in range(N_S):
                 s[i] = float32(0.0)
             for nt in range(NS):
                 for kk in range(KK):
-                    rb = (nt * 8 + g) * KS + kk * 8 + t
+                    rb = ok + (nt * 8 + g) * KS + kk * 8 + t
                     d4 = mma_16816(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
                                    sK[rb], sK[rb + 4], s[nt * 4], s[nt * 4 + 1], s[nt * 4 + 2],
                                    s[nt * 4 + 3])
@@ -151,12 +156,16 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
                 pf[kc * 4 + 3] = pack_half2(s[b + 2], s[b + 3])
             for nt in range(NO):
                 for kc in range(KC):
-                    rb = (nt * 8 + g) * VS + kc * 8 + t
+                    rb = ov + (nt * 8 + g) * VS + kc * 8 + t
                     d4 = mma_16816(pf[kc * 4], pf[kc * 4 + 1], pf[kc * 4 + 2], pf[kc * 4 + 3],
                                    sV[rb], sV[rb + 4], o[nt * 4], o[nt * 4 + 1], o[nt * 4 + 2],
                                    o[nt * 4 + 3])
                     for e in range(4):
                         o[nt * 4 + e] = d4[e]
+            if kt0 + bkv < kv_end:
+                load_tiles(kd, ks, vd, vs, sK, sV, kt0 + bkv, length, n_kv, hk, tid, va, vb,
+                           buf ^ 1)
+            cuda.syncthreads()
         l0 += shfl_xor(l0, 1)
         l0 += shfl_xor(l0, 2)
         l1 += shfl_xor(l1, 1)

@@ -47,7 +47,7 @@ def _fixed(kernel, sig):
 
 def _attn_specs(fmt):
     q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
-    yield (f"decode_attn_{fmt}", lambda: (attention._split_kernel(fmt, fmt, 128, 8, 256).py_func,
+    yield (f"decode_attn_{fmt}", lambda: (attention._split_kernel(fmt, fmt, 128, 8, attention.SPLIT_LEN).py_func,
                                           (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
     yield (f"prefill_attn_{fmt}",
            lambda: (attention_prefill._prefill_kernel(fmt, fmt, 128, attention_prefill.WARPS,

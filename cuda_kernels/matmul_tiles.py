@@ -101,18 +101,23 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     HALF_NT, HALF_WTN = NT // 2, WTN // 2
     SA = 20  # u32 words per shared row: 16 f16 pairs + 4 pad, so fragment reads hit 32 banks
     WORDS_A, WORDS_B = BM * SA, BN * SA
-    A_ITERS, ROW_STEP = BM * 16 // NTHREADS, NTHREADS // 16
-    B_ITERS = (BN + NTHREADS - 1) // NTHREADS
+    # With enough threads, one thread per weight row decodes B while the others stage A, so no
+    # thread idles through the other's work; small tiles give every thread both jobs.
+    ROLE_SPLIT = NTHREADS >= 2 * BN and (BM * 16) % (NTHREADS - BN) == 0
+    NAT = NTHREADS - BN if ROLE_SPLIT else NTHREADS  # threads staging A
+    NBT = BN if ROLE_SPLIT else NTHREADS             # threads decoding B
+    A_ITERS, ROW_STEP = BM * 16 // NAT, NAT // 16
+    B_ITERS = (BN + NBT - 1) // NBT
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
 
     @cuda.jit(device=True, inline="always")
-    def load_a(x, arow, sA, buf, kt, tid):
-        aw = tid % 16
+    def load_a(x, arow, sA, buf, kt, at):
+        aw = at % 16
         for i in range(A_ITERS):
-            r = tid // 16 + i * ROW_STEP
+            r = at // 16 + i * ROW_STEP
             src = arow[i]
             word = uint32(0)
             if src >= 0:
@@ -123,9 +128,9 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             sA[buf * WORDS_A + r * SA + aw] = word
 
     @cuda.jit(device=True, inline="always")
-    def load_b(wbuf, boff, vals, sB, buf, kt, tid):
+    def load_b(wbuf, boff, vals, sB, buf, kt, bt):
         for i in range(B_ITERS):
-            r = tid + i * NTHREADS
+            r = bt + i * NBT
             if r < BN:
                 dst = buf * WORDS_B + r * SA
                 if boff[i] >= 0:
@@ -135,6 +140,18 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                 else:
                     for w in range(16):
                         sB[dst + w] = uint32(0)
+
+    @cuda.jit(device=True, inline="always")
+    def stage(x, arow, sA, wbuf, boff, vals, sB, buf, kt, tid):
+        """Fill buffer `buf` with the A rows and dequantized B rows of k step `kt`."""
+        if ROLE_SPLIT:
+            if tid < BN:
+                load_b(wbuf, boff, vals, sB, buf, kt, tid)
+            else:
+                load_a(x, arow, sA, buf, kt, tid - BN)
+        else:
+            load_a(x, arow, sA, buf, kt, tid)
+            load_b(wbuf, boff, vals, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
     def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
@@ -229,23 +246,30 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         boff = cuda.local.array(B_ITERS, int64)
         for i in range(N_ACC):
             acc[i] = float32(0.0)
+        at = tid - BN if ROLE_SPLIT else tid
         for i in range(A_ITERS):
-            m = m0 + tid // 16 + i * ROW_STEP
+            m = m0 + at // 16 + i * ROW_STEP
             arow[i] = -1
-            if m < count:
+            if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
         for i in range(B_ITERS):
-            f, second = weight_row(tid + i * NTHREADS, nb)
+            f, second = weight_row(tid + i * NBT, nb)
             base = base1[grp] if second else base0[grp]
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
-        for kt in range(k_dim // K_STEP):
-            buf = kt & 1  # two buffers: the buffer written now was last read two steps ago
-            load_a(x, arow, sA, buf, kt, tid)
-            load_b(wbuf, boff, vals, sB, buf, kt, tid)
-            cuda.syncthreads()
+        n_k = k_dim // K_STEP
+        stage(x, arow, sA, wbuf, boff, vals, sB, 0, 0, tid)
+        cuda.syncthreads()
+        for kt in range(n_k):
+            # issue this step's mma first, then stage the next step into the other buffer: the
+            # global loads and dequantization overlap the tensor-core work in flight. That buffer
+            # was last read in step kt-1, which every warp finished before the last barrier.
+            buf = kt & 1
             mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
+            if kt + 1 < n_k:
+                stage(x, arow, sA, wbuf, boff, vals, sB, buf ^ 1, kt + 1, tid)
+            cuda.syncthreads()
         epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
 
     return kernel

@@ -181,14 +181,25 @@ def moe_inputs(rng, *, ggml_type="Q4_K", n_tok, d, ff, n_exp, k_top):
     return dict(buf=buf, base=base, ids=ids, w=w, x=x, type=q.ggml_type)
 
 
-def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False, **shape) -> dict:
+def _resources(dispatcher) -> dict:
+    """Registers / local bytes per thread and static shared bytes of a compiled kernel."""
+    try:
+        return {"regs": max(dispatcher.get_regs_per_thread().values()),
+                "local_bytes": max(dispatcher.get_local_mem_per_thread().values()),
+                "shared_bytes": max(dispatcher.get_shared_mem_per_block().values())}
+    except Exception as e:
+        return {"resources": f"unavailable: {type(e).__name__}"}
+
+
+def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False, tile=None,
+              **shape) -> dict:
     """Grouped expert GEMMs of one chunk (gate/up + SwiGLU, down), TFLOP/s."""
     from strata.cuda_kernels import matmul, route
     from strata.cuda_kernels.matmul_tiles import FMA_TILE, TC_TILE
     cuda = _cuda()
     s = dict(MOE, **shape)
     inp = moe_inputs(np.random.default_rng(0), ggml_type=ggml_type, **s)
-    tile = TC_TILE if tensor_cores else FMA_TILE
+    tile = tile or (TC_TILE if tensor_cores else FMA_TILE)
     buf = cuda.to_device(inp["buf"])
     qw = {k: matmul.QuantWeights(buf, cuda.to_device(v), inp["type"],
                                  *((s["ff"], s["d"]) if k != "down" else (s["d"], s["ff"])))
@@ -205,13 +216,17 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
     wts = cuda.to_device(inp["w"])
     reps = 3 if quick else 10
     t_gu = time_ms(lambda: matmul.moe_gate_up(x, qw["gate"], qw["up"], routing, h,
-                                              tensor_cores=tensor_cores), reps=reps)
-    t_dn = time_ms(lambda: matmul.moe_down(h, qw["down"], routing, y, tensor_cores=tensor_cores),
-                   reps=reps)
+                                              tensor_cores=tensor_cores, tile=tile), reps=reps)
+    t_dn = time_ms(lambda: matmul.moe_down(h, qw["down"], routing, y, tensor_cores=tensor_cores,
+                                           tile=tile), reps=reps)
+    kern = (matmul._tc(inp["type"], tile, True, True, True, True, True) if tensor_cores
+            else matmul._fma(inp["type"], tile, True, True, True))
     t_rt = time_ms(lambda: route.route_tokens(ids, routing), reps=reps)
     t_cb = time_ms(lambda: route.combine(y, routing, wts, out), reps=reps)
     flops = 3 * 2 * n_e * s["d"] * s["ff"]
-    return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}", **s,
+    label = f"{tile.bm}x{tile.bn}"
+    return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
+            "gate_up_kernel": _resources(kern),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
             "tflops": flops / ((t_gu + t_dn) * 1e9),
             "weight_gb": inp["buf"].nbytes / 1e9}
@@ -249,20 +264,23 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, n_head=32, n_kv=4, hd=128,
-                           quick=False) -> dict:
+                           split_len=None, quick=False) -> dict:
     from strata.cuda_kernels import attention
     cuda = _cuda()
     rng = np.random.default_rng(2)
     lay, (k, v) = _kv_sides(fmt, n_ctx, n_kv, hd, n_ctx, rng)
     q = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
     out = cuda.device_array((n_head, hd), np.float32)
-    parts = attention.allocate_partials(n_head, hd, n_ctx)
+    split_len = split_len or attention.SPLIT_LEN
+    parts = attention.allocate_partials(n_head, hd, n_ctx, split_len)
     seq = cuda.to_device(np.array([n_ctx - 1], np.int32))
     ms, how = time_graph_ms(lambda s: attention.decode_attention(q, k, v, seq, out, parts,
-                                                                 stream=s),
+                                                                 split_len=split_len, stream=s),
                             reps=10 if quick else 50)
     n_bytes = 2 * n_ctx * lay.bytes_per_token
-    return {"name": f"decode_attn_{fmt}", "n_ctx": n_ctx, "ms": ms, "timing": how,
+    kern = attention._split_kernel(fmt, fmt, hd, n_head // n_kv, split_len)
+    return {"name": f"decode_attn_{fmt}_s{split_len}", "n_ctx": n_ctx, "ms": ms, "timing": how,
+            "kernel": _resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
 
@@ -278,15 +296,31 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
     t = time_ms(lambda: attention_prefill.prefill_attention(q, k, v, seq, out),
                 reps=3 if quick else 10)
     flops = attention_prefill.attention_flops(n_q, start, n_head, hd)
+    kern = attention_prefill._prefill_kernel(fmt, fmt, hd, attention_prefill.WARPS,
+                                             attention_prefill.BKV)
     return {"name": f"prefill_attn_{fmt}", "n_q": n_q, "start": start, "ms": t,
+            "kernel": _resources(kern),
             "tflops": flops / (t * 1e9)}
+
+
+def _tc_tile(bm, bn, wm, wn):
+    from strata.cuda_kernels.matmul_tiles import TcTile
+    return TcTile(bm, bn, wm, wn)
 
 
 ENTRIES = {
     "moe_q4k_tc": lambda quick: bench_moe(tensor_cores=True, quick=quick),
+    "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                                 tile=_tc_tile(64, 128, 2, 2)),
+    "moe_q4k_tc_128x64": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                                 tile=_tc_tile(128, 64, 4, 2)),
     "moe_q4k_fma": lambda quick: bench_moe(tensor_cores=False, quick=quick),
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
     "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
+    "decode_attn_f16_s64": lambda quick: bench_decode_attention(fmt="f16", split_len=64,
+                                                                quick=quick),
+    "decode_attn_f16_s256": lambda quick: bench_decode_attention(fmt="f16", split_len=256,
+                                                                 quick=quick),
     "decode_attn_int8": lambda quick: bench_decode_attention(fmt="int8", quick=quick),
     "decode_attn_q4_0": lambda quick: bench_decode_attention(fmt="q4_0", quick=quick),
     "prefill_attn_f16": lambda quick: bench_prefill_attention(fmt="f16", quick=quick),

@@ -17,6 +17,7 @@ from strata.cuda_kernels.qformats import BY_NAME
 
 TC_SMALL = TcTile(bm=16, bn=32, warps_m=1, warps_n=1)
 TC_TWO_WARPS = TcTile(bm=32, bn=64, warps_m=2, warps_n=1)
+TC_ROLES = TcTile(bm=32, bn=32, warps_m=2, warps_n=1)  # threads >= 2 * bn: decode/stage roles split
 FMA_SMALL = FmaTile(bm=16, bn=32, threads_m=4, threads_n=8)
 
 
@@ -74,7 +75,8 @@ def test_route_groups_entries_by_expert():
 
 
 @pytest.mark.parametrize("tensor_cores,tile,x_half", [
-    (True, TC_TWO_WARPS, True), (True, TC_SMALL, False), (False, FMA_SMALL, False)])
+    (True, TC_TWO_WARPS, True), (True, TC_ROLES, True), (True, TC_SMALL, False),
+    (False, FMA_SMALL, False)])
 def test_moe_chunk_matches_reference(tensor_cores, tile, x_half):
     rng = np.random.default_rng(11)
     n_exp = 3
