@@ -1,7 +1,8 @@
 """Test models and loaders for the CUDA engine: small synthetic qwen3moe files whose dimensions
-the GPU kernels take (head_dim a multiple of 32) and are still odd (width 768 = three 256-blocks,
-q_dim 576 not a multiple of 256, 6 query heads over 2 KV heads, 16 experts top-4, expert width
-256, a 640-token vocabulary), and a loader with explicit plan knobs."""
+the GPU kernels take (the decode attention reads head_dim / 32 values per lane, an even count
+dividing 32: head_dim 64) and are still odd (width 768 = three 256-blocks, q_dim 384 not a
+multiple of 256, 6 query heads over 2 KV heads, 16 experts top-4, expert width 256, a 640-token
+vocabulary), and a loader with explicit plan knobs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from strata.synth import PRESETS, write_model
 
 CONFIG = dataclasses.replace(
     PRESETS["tiny"], name="gpu-engine-test", n_layer=2, n_embd=768, n_head=6, n_head_kv=2,
-    head_dim=96, n_expert=16, n_expert_used=4, n_ff_expert=256, n_vocab=640, n_ctx_train=1024)
+    head_dim=64, n_expert=16, n_expert_used=4, n_ff_expert=256, n_vocab=640, n_ctx_train=1024)
 
 # The mixes whose expert gate and up share a format (what the GPU MoE kernels read).
 MIXES = ("Q8_0", "Q4_K_M", "Q4_0", "IQ4_XS")

@@ -69,3 +69,19 @@ def test_bench_cuda_needs_one_model(capsys):
 
     assert main(["bench", "--backend", "cuda"]) == 1
     assert "give -m FILE once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("head_dim,kv,ok", [(64, "f16", True), (128, "f16", True),
+                                            (96, "f16", False), (80, "f16", False),
+                                            (64, "int8", False), (128, "q4_0", True)])
+def test_head_sizes_the_attention_kernels_take(head_dim, kv, ok):
+    from helpers.moe_shapes import tiny
+    from strata.engine.cuda.model import check_kernel_shape
+    from strata.engine.cuda.options import CudaEngineError
+
+    shape = tiny(head_dim=head_dim)
+    if ok:
+        check_kernel_shape(shape, kv)
+    else:
+        with pytest.raises(CudaEngineError, match=f"head_dim {head_dim} with --kv {kv}"):
+            check_kernel_shape(shape, kv)

@@ -62,6 +62,18 @@ class SlotWriter:
         self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
 
 
+def check_kernel_shape(shape, kv_type: str) -> None:
+    """Refuse head sizes the attention kernels cannot read: a lane reads head_dim / 32 values of a
+    cache row, a count that must divide 32, be even for f16 rows and a multiple of 4 for int8 and
+    q4_0 rows (whole 32-bit words)."""
+    d, rem = divmod(shape.head_dim, 32)
+    step = 2 if kv_type == "f16" else 4
+    if rem or d == 0 or 32 % d or d % step:
+        ok = "64, 128, 256" if kv_type == "f16" else "128, 256"
+        raise CudaEngineError(f"head_dim {shape.head_dim} with --kv {kv_type}: the CUDA attention "
+                              f"kernels take head_dim {ok} (the CPU backend runs any)")
+
+
 def capped_device(backend, gpu_mem: int | None) -> DeviceInfo:
     """The live device, its free memory capped at `gpu_mem` (a smaller card's budget)."""
     name = "GPU"
@@ -89,6 +101,7 @@ class CudaModel:
             raise CudaEngineError(f"{model.path}: the CUDA engine runs qwen3moe, not {model.arch}")
         self.file = model
         self.options = options = options or CudaOptions()
+        check_kernel_shape(model.shape, options.plan.kv_type)
         self.log = log or (lambda text: None)
         self.shape = s = model.shape
         self.report: dict[str, Any] = {}
