@@ -14,7 +14,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from strata.engine.cpu.qdot import FAST, LANES, decode_row, dot_f32, row_dot
+from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
 
 F32 = np.float32
 CHUNKS_PER_THREAD = 4  # a few chunks per thread even out rows of uneven cost (page faults)
@@ -76,7 +76,7 @@ def linear(w, fmt, block_size, x, xs16, out, n_chunks):
     n_rows = w.shape[0]
     n_tok, n_in = x.shape
     for c in prange(n_chunks):
-        acc = np.empty(LANES, F32)
+        acc = np.empty(ACC_SIZE, F32)
         four = np.empty(4, F32)
         buf = np.empty(n_in, F32)
         for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from strata.engine.cpu.qdot import FAST, LANES, decode_row, dot_f32, row_dot
+from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
 
 F32 = np.float32
 
@@ -38,7 +38,7 @@ def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, xs16, h, n_ch
     n_embd = x.shape[1]
     n_groups = groups.shape[1] - 1
     for c in prange(n_chunks):
-        acc = np.empty(LANES, F32)
+        acc = np.empty(ACC_SIZE, F32)
         bg = np.empty(n_embd, F32)
         bu = np.empty(n_embd, F32)
         r0 = c * n_ff // n_chunks
@@ -71,7 +71,7 @@ def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, hs16, out, n_chunks):
     n_ff = h.shape[1]
     n_groups = groups.shape[1] - 1
     for c in prange(n_chunks):
-        acc = np.empty(LANES, F32)
+        acc = np.empty(ACC_SIZE, F32)
         buf = np.empty(n_ff, F32)
         r0 = c * n_embd // n_chunks
         r1 = (c + 1) * n_embd // n_chunks

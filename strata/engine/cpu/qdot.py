@@ -10,7 +10,7 @@ plain f32 dot: correct for every format; a fused loop can be added one format at
 
 All functions take `row`: uint8[::1] (one row's bytes), `x`: float32[::1] (the row's width),
 `xs16`: float32[::1] (sums of x over groups of 16; only the K-quants read it), and scratch
-`acc`: float32[LANES], `buf`: float32[width].
+`acc`: float32[ACC_SIZE], `buf`: float32[width].
 
 Development note: numba's disk cache keys each function on its own file only, so the parallel
 drivers (matmul.py, moe.py) that inline these keep their cached code after an edit here; delete
@@ -24,8 +24,8 @@ from gguf import GGMLQuantizationType as _T
 from numba import njit
 
 from strata.engine.cpu.simd import (
-    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at, put_h16x32, put_i8x32,
-    put_q6x32, put_u4x64,
+    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at, k4_scales, put_h16x32,
+    put_i8x32, put_q6x32, put_u4x64,
 )
 from strata.quant.blocks import decode_block
 from strata.quant.scalars import f16_bits_to_f32
@@ -36,6 +36,7 @@ F32 = np.float32
 # LANES so that an accumulator is touched about once per 128 values (more lanes cost more to
 # clear and sum per row than they gain: measured on 768-value rows).
 LANES = 128
+ACC_SIZE = LANES + 16  # the lanes, then a fused loop's per-block scratch
 FAST = {"contract", "reassoc", "nsz"}  # fused multiply-add and reassociation of the lane sums
 
 F32_T, F16_T, BF16_T = int(_T.F32), int(_T.F16), int(_T.BF16)
@@ -145,24 +146,22 @@ def _k4_scale_min(row, sc, k):
 
 @njit(cache=True, fastmath=FAST)
 def dot_q4_k(row, x, xs16, acc):
-    """Q4_K: 144-byte super-blocks of 256; value = d*sc*q - dmin*m per 32. The minimum term is
-    dmin * m * (sum of the 32 activations), taken from xs16."""
+    """Q4_K: 144-byte super-blocks of 256 (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and
+    minimums, 128 bytes of nibbles); value = d*sc*q - dmin*m per 32. The minimum term is
+    dmin * m * (sum of the 32 activations), from xs16; acc[LANES:LANES+8] holds the block's
+    scales, acc[LANES+8:LANES+16] the minimum terms until the row ends."""
     _lanes_zero(acc)
-    mins = F32(0.0)
+    for i in range(LANES, LANES + 16):
+        acc[i] = 0.0
     for b in range(row.shape[0] // 144):
         o = b * 144
-        d = _f16(row, o)
-        dmin = _f16(row, o + 2)
+        k4_scales(row, o + 4, _f16(row, o), _f16(row, o + 2), xs16, 16 * b, acc, LANES)
         for c in range(4):  # 32 bytes hold sub-blocks 2c (low nibbles) and 2c+1 (high)
-            s0, m0 = _k4_scale_min(row, o + 4, 2 * c)
-            s1, m1 = _k4_scale_min(row, o + 4, 2 * c + 1)
-            d0 = d * F32(s0)
-            d1 = d * F32(s1)
-            xo = 256 * b + 64 * c
-            fma_u4x64(acc, 64 * (c & 1), row, o + 16 + 32 * c, x, xo, d0, d1)
-            g = xo // 16
-            mins += dmin * (F32(m0) * (xs16[g] + xs16[g + 1])
-                            + F32(m1) * (xs16[g + 2] + xs16[g + 3]))
+            fma_u4x64(acc, 64 * (c & 1), row, o + 16 + 32 * c, x, 256 * b + 64 * c,
+                      acc[LANES + 2 * c], acc[LANES + 2 * c + 1])
+    mins = F32(0.0)
+    for i in range(LANES + 8, LANES + 16):
+        mins += acc[i]
     return _lanes_sum(acc) - mins
 
 
