@@ -13,6 +13,7 @@ against the bound it is held to, measured in the same run:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,8 +31,8 @@ COPY_BYTES = 1 << 30
 
 
 def _bandwidths() -> dict:
-    """Device-to-device copy (bytes read per second) and pinned host->device GB/s, measured on
-    temporary buffers before the engine's arena exists (and freed)."""
+    """Device-to-device copy (HBM traffic: bytes read + written per second) and pinned
+    host->device GB/s, measured on temporary buffers before the engine's arena exists."""
     from numba import cuda
 
     n = COPY_BYTES
@@ -41,7 +42,7 @@ def _bandwidths() -> dict:
     host[:] = 1
     s = cuda.stream()
     out = {}
-    for name, fn, n_bytes in (("d2d", lambda: b.copy_to_device(a, stream=s), n),
+    for name, fn, n_bytes in (("d2d", lambda: b.copy_to_device(a, stream=s), 2 * n),
                               ("h2d", lambda: a[:n // 4].copy_to_device(host, stream=s), n // 4)):
         fn()
         s.synchronize()
@@ -57,6 +58,8 @@ def _bandwidths() -> dict:
 
 
 def _commit() -> str | None:
+    if os.environ.get("STRATA_COMMIT"):  # an installed copy has no git checkout beside it
+        return os.environ["STRATA_COMMIT"]
     try:
         r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                            cwd=Path(__file__).resolve().parent, timeout=10)
@@ -163,7 +166,7 @@ def table(r: dict) -> str:
     bp = "-" if bound_p is None else f"{bound_p:.1f}"
     lines = [
         f"{r['model']} on {r['device']}{cap}",
-        f"  measured: device copy {bw['d2d_gb_per_s']:.0f} GB/s, host->device "
+        f"  measured: device copy {bw['d2d_gb_per_s']:.0f} GB/s (read+write), host->device "
         f"{bw['h2d_gb_per_s']:.1f} GB/s; device allocations: "
         f"{'not counted' if alloc['count'] is None else alloc['count']} "
         f"(arena {alloc['arena_bytes'] / 2**30:.2f} GiB)",
@@ -195,8 +198,13 @@ def run_cuda(args) -> int:
     options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
                           profile_path=args.profile, progress=not args.json)
     res = measure(args, options)
+    command = (f"strata bench --backend cuda -m {args.model[0]} --prompt-tokens "
+               f"{args.prompt_tokens} --gen {args.gen}"
+               + (f" --gpu-mem {args.gpu_mem}" if args.gpu_mem else "")
+               + (f" --max-context {args.max_context}" if args.max_context else "")
+               + (" --no-graph" if args.no_graph else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
-               command="strata " + " ".join(sys.argv[1:]), backend="cuda")
+               command=command, backend="cuda")
     if args.json:
         print(json.dumps(res, indent=2, default=float))
     else:
