@@ -42,7 +42,6 @@ from strata.cuda_kernels.router import route
 from strata.engine.cuda.kernels import fill_positions, mask_ids, rms_norm_f16
 from strata.engine.cuda.model import CudaModel
 from strata.experts import PrefillTraffic
-from strata.plan import check_runtime_use, runtime_use
 from strata.plan.layout import ring_slot_bytes
 
 PREFETCH_ENTRIES_PER_EXPERT = 2  # chunk * k >= this * n_expert: stage the next layer ahead
