@@ -29,7 +29,7 @@ from .mma import shfl_xor
 WARPS = 4
 THREADS = 32 * WARPS
 UNROLL = 4
-SPLIT_LEN = 128
+SPLIT_LEN = 256
 NEG_INF = float32(-np.inf)
 
 
@@ -161,21 +161,56 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
     return kernel
 
 
+COMBINE_WARPS = 8
+MAX_SPLITS = 4096  # 16 KiB of split weights in shared memory: 1M positions at split 256
+COMBINE_THREADS = COMBINE_WARPS * 32
+
+
+@cuda.jit(device=True, inline="always")
+def _block_reduce(v, is_max, s_red, warp, lane):
+    """Max or sum of v over the block (COMBINE_WARPS warps), returned to every thread."""
+    for sh in (16, 8, 4, 2, 1):
+        o = shfl_xor(v, sh)
+        v = max(v, o) if is_max else v + o
+    if lane == 0:
+        s_red[warp] = v
+    cuda.syncthreads()
+    v = s_red[0]
+    for w in range(1, COMBINE_WARPS):
+        v = max(v, s_red[w]) if is_max else v + s_red[w]
+    cuda.syncthreads()
+    return v
+
+
 @cuda.jit
 def _combine(part_o, part_ml, seq_len, n_new, n_ctx, split_len, out):
-    h = cuda.blockIdx.x
+    """Block (head, 32-dim slice): merge the used splits; every loop runs across the splits in
+    parallel (a serial walk over hundreds of splits was the slowest part of decode)."""
+    h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
+    tid = cuda.threadIdx.x
+    warp, lane = tid // 32, tid % 32
+    s_w = cuda.shared.array(MAX_SPLITS, float32)
+    s_red = cuda.shared.array(COMBINE_THREADS, float32)
     length = min(seq_len[0] + n_new, n_ctx)
-    n_used = (length + split_len - 1) // split_len
+    n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
     m = NEG_INF
-    for s in range(n_used):
+    for s in range(tid, n_used, COMBINE_THREADS):
         m = max(m, part_ml[s, h, 0])
+    m = _block_reduce(m, True, s_red, warp, lane)
     den = float32(0.0)
-    for s in range(n_used):
-        den += math.exp(part_ml[s, h, 0] - m) * part_ml[s, h, 1]
-    for d in range(cuda.threadIdx.x, out.shape[1], cuda.blockDim.x):
-        acc = float32(0.0)
-        for s in range(n_used):
-            acc += math.exp(part_ml[s, h, 0] - m) * part_o[s, h, d]
+    for s in range(tid, n_used, COMBINE_THREADS):
+        w = math.exp(part_ml[s, h, 0] - m)
+        s_w[s] = w
+        den += w * part_ml[s, h, 1]
+    den = _block_reduce(den, False, s_red, warp, lane)  # its barriers also publish s_w
+    acc = float32(0.0)
+    for s in range(warp, n_used, COMBINE_WARPS):
+        acc += s_w[s] * part_o[s, h, d]
+    s_red[warp * 32 + lane] = acc
+    cuda.syncthreads()
+    if warp == 0:
+        for w in range(1, COMBINE_WARPS):
+            acc += s_red[w * 32 + lane]
         out[h, d] = acc / den
 
 
@@ -222,6 +257,9 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
         raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     part_o, part_ml = partials
     n_split = n_splits(lay.n_ctx, split_len)
+    if n_split > MAX_SPLITS:
+        raise ValueError(f"{lay.n_ctx} positions make {n_split} splits of {split_len}; at most "
+                         f"{MAX_SPLITS}: use a longer split_len")
     if tuple(part_o.shape) != (n_split, n_head, hd) or tuple(part_ml.shape) != (n_split, n_head, 2):
         raise ValueError(f"partials must be [{n_split}, {n_head}, {hd}] and [{n_split}, "
                          f"{n_head}, 2] for split_len {split_len}")
@@ -231,5 +269,5 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     scale = np.float32(1.0 / math.sqrt(hd))
     kernel[(lay.n_kv_head, n_split), THREADS, stream](
         q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, scale, part_o, part_ml)
-    _combine[n_head, min(128, hd), stream](part_o, part_ml, seq_len, n_new, lay.n_ctx, split_len,
-                                           out)
+    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](part_o, part_ml, seq_len, n_new,
+                                                             lay.n_ctx, split_len, out)

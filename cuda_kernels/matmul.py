@@ -18,6 +18,7 @@ Tensor cores (f16 tiles, f32 accumulation; x may be f16 or f32) are the default;
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -112,6 +113,8 @@ def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routi
         tile = tile or TC_TILE
         if not isinstance(tile, TcTile):
             raise ValueError(f"tensor-core launch needs a TcTile, got {tile!r}")
+        if w0.n_cols % tile.k_step:  # a k depth the 64-value step does not divide
+            tile = dataclasses.replace(tile, kch=1)
         out_half = out.dtype == np.float16
         if out_half and n_out % 2:
             raise ValueError(f"a float16 output needs an even column count, got {n_out}")

@@ -33,12 +33,14 @@ K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of
 
 @dataclass(frozen=True, slots=True)
 class TcTile:
-    """Tensor-core tile: BM x BN per block, warps_m x warps_n warps of (bm/warps_m) x (bn/warps_n)."""
+    """Tensor-core tile: BM x BN per block, warps_m x warps_n warps of (bm/warps_m) x (bn/warps_n),
+    a k step of 32 * kch values (kch dequantized chunks per weight row per step)."""
 
     bm: int
     bn: int
     warps_m: int
     warps_n: int
+    kch: int = 1
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -46,8 +48,17 @@ class TcTile:
                 or wtm * self.warps_m != self.bm or wtn * self.warps_n != self.bn:
             raise ValueError(f"bad tensor-core tile {self}: warp tiles must be 16-row multiples "
                              "by 16-column multiples and divide the block tile")
-        if (self.bm * 16) % self.threads or self.threads % 16:
-            raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads")
+        if (self.bm * 16) % self.threads or self.threads % 16 or self.kch not in (1, 2):
+            raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads"
+                             " and kch 1 or 2")
+        shared = 2 * 4 * (self.bm + self.bn) * (16 * self.kch + 4)
+        if shared > 48 * 1024:
+            raise ValueError(f"bad tensor-core tile {self}: its two buffers need {shared} bytes "
+                             "of shared memory (48 KiB at most)")
+
+    @property
+    def k_step(self) -> int:
+        return K_STEP * self.kch
 
     @property
     def threads(self) -> int:
@@ -99,15 +110,20 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     WTM, WTN = tile.bm // tile.warps_m, tile.bn // tile.warps_n
     MT, NT = WTM // 16, WTN // 8
     HALF_NT, HALF_WTN = NT // 2, WTN // 2
-    SA = 20  # u32 words per shared row: 16 f16 pairs + 4 pad, so fragment reads hit 32 banks
+    KCH = tile.kch
+    WPR = 16 * KCH  # u32 words (f16 pairs) per row per step
+    SA = WPR + 4  # shared row: 4 words of pad, so fragment reads hit 32 distinct banks
     WORDS_A, WORDS_B = BM * SA, BN * SA
     # With enough threads, one thread per weight row decodes B while the others stage A, so no
     # thread idles through the other's work; small tiles give every thread both jobs.
-    ROLE_SPLIT = NTHREADS >= 2 * BN and (BM * 16) % (NTHREADS - BN) == 0
-    NAT = NTHREADS - BN if ROLE_SPLIT else NTHREADS  # threads staging A
-    NBT = BN if ROLE_SPLIT else NTHREADS             # threads decoding B
-    A_ITERS, ROW_STEP = BM * 16 // NAT, NAT // 16
-    B_ITERS = (BN + NBT - 1) // NBT
+    # (with f32 activations the A threads also convert: measured slower, so both jobs are shared)
+    ROLE_SPLIT = (x_half and NTHREADS >= 2 * BN * KCH and (NTHREADS - BN * KCH) % WPR == 0
+                  and (BM * WPR) % (NTHREADS - BN * KCH) == 0)
+    NBT = BN * KCH if ROLE_SPLIT else NTHREADS  # threads decoding B (one chunk per round)
+    NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
+    A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
+    B_ITEMS = BN * KCH  # (row, chunk) pairs per step
+    B_ITERS = (B_ITEMS + NBT - 1) // NBT
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
@@ -115,26 +131,28 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
-        aw = at % 16
+        aw = at % WPR
         for i in range(A_ITERS):
-            r = at // 16 + i * ROW_STEP
+            r = at // WPR + i * ROW_STEP
             src = arow[i]
             word = uint32(0)
             if src >= 0:
                 if x_half:
-                    word = uint32(x[src, kt * 16 + aw])
+                    word = uint32(x[src, kt * WPR + aw])
                 else:
-                    word = pack_half2(x[src, kt * 32 + 2 * aw], x[src, kt * 32 + 2 * aw + 1])
+                    c = kt * 2 * WPR + 2 * aw
+                    word = pack_half2(x[src, c], x[src, c + 1])
             sA[buf * WORDS_A + r * SA + aw] = word
 
     @cuda.jit(device=True, inline="always")
     def load_b(wbuf, boff, vals, sB, buf, kt, bt):
         for i in range(B_ITERS):
-            r = bt + i * NBT
-            if r < BN:
-                dst = buf * WORDS_B + r * SA
+            item = bt + i * NBT
+            if item < B_ITEMS:
+                r, c = item // KCH, item % KCH
+                dst = buf * WORDS_B + r * SA + 16 * c
                 if boff[i] >= 0:
-                    dq32(wbuf, boff[i], kt, vals, 0)
+                    dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
                     for w in range(16):
                         sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
                 else:
@@ -145,10 +163,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     def stage(x, arow, sA, wbuf, boff, vals, sB, buf, kt, tid):
         """Fill buffer `buf` with the A rows and dequantized B rows of k step `kt`."""
         if ROLE_SPLIT:
-            if tid < BN:
+            if tid < NBT:
                 load_b(wbuf, boff, vals, sB, buf, kt, tid)
             else:
-                load_a(x, arow, sA, buf, kt, tid - BN)
+                load_a(x, arow, sA, buf, kt, tid - NBT)
         else:
             load_a(x, arow, sA, buf, kt, tid)
             load_b(wbuf, boff, vals, sB, buf, kt, tid)
@@ -156,7 +174,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     @cuda.jit(device=True, inline="always")
     def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
         g, t = lane >> 2, lane & 3
-        for kk in range(2):
+        for kk in range(2 * KCH):
             for mt in range(MT):
                 ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
                 afr[mt * 4 + 0] = sA[ra]
@@ -246,19 +264,19 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         boff = cuda.local.array(B_ITERS, int64)
         for i in range(N_ACC):
             acc[i] = float32(0.0)
-        at = tid - BN if ROLE_SPLIT else tid
+        at = tid - NBT if ROLE_SPLIT else tid
         for i in range(A_ITERS):
-            m = m0 + at // 16 + i * ROW_STEP
+            m = m0 + at // WPR + i * ROW_STEP
             arow[i] = -1
             if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
         for i in range(B_ITERS):
-            f, second = weight_row(tid + i * NBT, nb)
+            f, second = weight_row((tid + i * NBT) // KCH, nb)
             base = base1[grp] if second else base0[grp]
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
-        n_k = k_dim // K_STEP
+        n_k = k_dim // (K_STEP * KCH)
         stage(x, arow, sA, wbuf, boff, vals, sB, 0, 0, tid)
         cuda.syncthreads()
         for kt in range(n_k):

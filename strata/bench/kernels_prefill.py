@@ -224,7 +224,7 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
     t_rt = time_ms(lambda: route.route_tokens(ids, routing), reps=reps)
     t_cb = time_ms(lambda: route.combine(y, routing, wts, out), reps=reps)
     flops = 3 * 2 * n_e * s["d"] * s["ff"]
-    label = f"{tile.bm}x{tile.bn}"
+    label = f"{tile.bm}x{tile.bn}" + (f"k{tile.k_step}" if tensor_cores else "")
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
             "gate_up_kernel": _resources(kern),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
@@ -303,23 +303,23 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
             "tflops": flops / (t * 1e9)}
 
 
-def _tc_tile(bm, bn, wm, wn):
+def _tc_tile(bm, bn, wm, wn, kch=1):
     from strata.cuda_kernels.matmul_tiles import TcTile
-    return TcTile(bm, bn, wm, wn)
+    return TcTile(bm, bn, wm, wn, kch)
 
 
 ENTRIES = {
     "moe_q4k_tc": lambda quick: bench_moe(tensor_cores=True, quick=quick),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(64, 128, 2, 2)),
-    "moe_q4k_tc_128x64": lambda quick: bench_moe(tensor_cores=True, quick=quick,
-                                                 tile=_tc_tile(128, 64, 4, 2)),
+    "moe_q4k_tc_64x64k64": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                                   tile=_tc_tile(64, 64, 2, 2, 2)),
     "moe_q4k_fma": lambda quick: bench_moe(tensor_cores=False, quick=quick),
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
     "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
-    "decode_attn_f16_s64": lambda quick: bench_decode_attention(fmt="f16", split_len=64,
-                                                                quick=quick),
-    "decode_attn_f16_s256": lambda quick: bench_decode_attention(fmt="f16", split_len=256,
+    "decode_attn_f16_s128": lambda quick: bench_decode_attention(fmt="f16", split_len=128,
+                                                                 quick=quick),
+    "decode_attn_f16_s512": lambda quick: bench_decode_attention(fmt="f16", split_len=512,
                                                                  quick=quick),
     "decode_attn_int8": lambda quick: bench_decode_attention(fmt="int8", quick=quick),
     "decode_attn_q4_0": lambda quick: bench_decode_attention(fmt="q4_0", quick=quick),

@@ -69,10 +69,10 @@ def _moe_reference(inp, s, mats):
     return out
 
 
-def _run_moe(inp, s, *, tensor_cores, gate_type=None, down_type=None):
+def _run_moe(inp, s, *, tensor_cores, gate_type=None, down_type=None, tile=None):
     from strata.cuda_kernels import matmul, route
     from strata.cuda_kernels.matmul_tiles import FMA_TILE, TC_TILE
-    tile = TC_TILE if tensor_cores else FMA_TILE
+    tile = tile or (TC_TILE if tensor_cores else FMA_TILE)
     buf = cuda.to_device(inp["buf"])
     types = {"gate": gate_type or inp["type"], "up": gate_type or inp["type"],
              "down": down_type or inp["type"]}
@@ -87,8 +87,8 @@ def _run_moe(inp, s, *, tensor_cores, gate_type=None, down_type=None):
     y = _poisoned((n_e, s["d"]))
     out = _poisoned((s["n_tok"], s["d"]))
     matmul.moe_gate_up(cuda.to_device(inp["x"].astype(xdt)), qw["gate"], qw["up"], routing, h,
-                       tensor_cores=tensor_cores)
-    matmul.moe_down(h, qw["down"], routing, y, tensor_cores=tensor_cores)
+                       tensor_cores=tensor_cores, tile=tile)
+    matmul.moe_down(h, qw["down"], routing, y, tensor_cores=tensor_cores, tile=tile)
     route.combine(y, routing, cuda.to_device(inp["w"]), out)
     return out.copy_to_host()
 
@@ -119,11 +119,16 @@ def _full_problem():
     return _FULL["inp"], _FULL["ref"]
 
 
-@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tc", "fma"])
-def test_moe_chunk_q4k_full_size(tensor_cores):
+@pytest.mark.parametrize("tensor_cores,tile", [(True, None), (True, (64, 64, 2, 2, 2)),
+                                               (True, (64, 128, 2, 2, 1)), (False, None)],
+                         ids=["tc", "tc-64x64k64", "tc-64x128", "fma"])
+def test_moe_chunk_q4k_full_size(tensor_cores, tile):
+    from strata.cuda_kernels.matmul_tiles import TcTile
     inp, ref = _full_problem()
-    got = _run_moe(inp, MOE, tensor_cores=tensor_cores)
-    _check(f"moe Q4_K {'tc' if tensor_cores else 'fma'}", f"{MOE['n_tok']}x{MOE['d']}x"
+    tile = TcTile(*tile) if tile else None
+    got = _run_moe(inp, MOE, tensor_cores=tensor_cores, tile=tile)
+    _check(f"moe Q4_K {'tc' if tensor_cores else 'fma'} {tile or ''}"[:34],
+           f"{MOE['n_tok']}x{MOE['d']}x"
            f"{MOE['ff']} e{MOE['n_exp']} k{MOE['k_top']}", got, ref,
            TC_TOL if tensor_cores else F32_TOL)
 

@@ -18,6 +18,8 @@ from strata.cuda_kernels.qformats import BY_NAME
 TC_SMALL = TcTile(bm=16, bn=32, warps_m=1, warps_n=1)
 TC_TWO_WARPS = TcTile(bm=32, bn=64, warps_m=2, warps_n=1)
 TC_ROLES = TcTile(bm=32, bn=32, warps_m=2, warps_n=1)  # threads >= 2 * bn: decode/stage roles split
+TC_K64 = TcTile(bm=32, bn=32, warps_m=2, warps_n=1, kch=2)  # 64-value k steps
+TC_K64_ROLES = TcTile(bm=32, bn=16, warps_m=2, warps_n=1, kch=2)
 FMA_SMALL = FmaTile(bm=16, bn=32, threads_m=4, threads_n=8)
 
 
@@ -75,8 +77,8 @@ def test_route_groups_entries_by_expert():
 
 
 @pytest.mark.parametrize("tensor_cores,tile,x_half", [
-    (True, TC_TWO_WARPS, True), (True, TC_ROLES, True), (True, TC_SMALL, False),
-    (False, FMA_SMALL, False)])
+    (True, TC_TWO_WARPS, True), (True, TC_ROLES, True), (True, TC_K64, False),
+    (True, TC_K64_ROLES, True), (True, TC_SMALL, False), (False, FMA_SMALL, False)])
 def test_moe_chunk_matches_reference(tensor_cores, tile, x_half):
     rng = np.random.default_rng(11)
     n_exp = 3
@@ -171,3 +173,5 @@ def test_launchers_reject_bad_input():
         route.route_tokens(cuda.to_device(pr.ids.astype(np.int64)), routing)
     with pytest.raises(ValueError, match="bad tensor-core tile"):
         TcTile(bm=24, bn=32, warps_m=1, warps_n=1)
+    with pytest.raises(ValueError, match="shared memory"):
+        TcTile(bm=128, bn=128, warps_m=2, warps_n=4, kch=2)
