@@ -42,7 +42,7 @@ from strata.cuda_kernels.router import route
 from strata.engine.cuda.kernels import fill_positions, mask_ids, rms_norm_f16
 from strata.engine.cuda.model import CudaModel
 from strata.experts import PrefillTraffic
-from strata.plan.layout import ring_slot_bytes
+from strata.plan.layout import ROUTE_TILE_ROWS, ring_slot_bytes
 
 PREFETCH_ENTRIES_PER_EXPERT = 2  # chunk * k >= this * n_expert: stage the next layer ahead
 
@@ -67,6 +67,9 @@ class PromptRun:
         self.m, self.P, self.chunk, self.traffic = m, P, chunk, traffic
         s = m.shape
         self.k, self.n_expert = s.n_expert_used, s.n_expert
+        if TC_TILE.bm < ROUTE_TILE_ROWS:  # the plan sized the tile schedule for its row tiles
+            raise RuntimeError(f"the grouped GEMM's {TC_TILE.bm}-row tiles need a longer tile "
+                               f"schedule than the plan's {ROUTE_TILE_ROWS}-row bound")
         self.scr = self._carve_scratch()
         mm._DUMMY["i32"] = self.scr.dummy  # the dense launches' stand-in, inside the arena
         self.ring = None
