@@ -25,6 +25,7 @@ MODULES = (
     "strata.cuda_kernels.router",
     "strata.cuda_kernels.elementwise",
     "strata.cuda_kernels.sampling",
+    "strata.cuda_kernels.compile_prefill",  # matmul, routing, attention, KV write (family "prefill")
 )
 CC = (9, 0)
 

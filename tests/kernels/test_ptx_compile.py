@@ -19,5 +19,6 @@ def test_every_kernel_compiles_for_sm90():
     tail = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
     assert " 0 failed" in proc.stdout, tail
-    for family in ("dequant", "matvec", "moe", "norm_rope", "router", "elementwise", "sampling"):
+    for family in ("dequant", "matvec", "moe", "norm_rope", "router", "elementwise", "sampling",
+                   "prefill"):
         assert f"\n{family} " in proc.stdout, f"no {family} kernels were checked\n{tail}"
