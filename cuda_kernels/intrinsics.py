@@ -27,7 +27,7 @@ __all__ = [
     "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4",
     "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
-    "block_max",
+    "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
 ]
 
 
@@ -157,6 +157,43 @@ if SIMULATED:
         lane = t.thread_id % 32
         s = vals[lane]
         for x in vals[lane + 1:]:
+            s = s + x
+        return s
+
+    def ld_nc_u32x2(a, off):
+        """Two little-endian u32 at an 8-aligned byte offset of a read-only global buffer. The
+        8 bytes may run past the array's end (the device reads them within the same aligned
+        chunk): those read as 0; a chunk starting past the end is an error."""
+        _aligned(off, 8)
+        return (ld_u32(a, off), ld_u32(a, off + 4) if int(off) + 4 < len(a) else 0)
+
+    def funnel_r(lo, hi, sh):
+        """The low word of the 64-bit hi:lo shifted right by sh bits (0 <= sh <= 32)."""
+        both = (int(lo) & 0xFFFFFFFF) | ((int(hi) & 0xFFFFFFFF) << 32)
+        return (both >> min(int(sh), 32)) & 0xFFFFFFFF
+
+    def ld_f32_at(a, byte_off):
+        """The float32 at byte offset `byte_off` (4-aligned) of a 4-byte-element array."""
+        _aligned(byte_off, 4)
+        return np.float32(a[int(byte_off) >> 2])
+
+    def ld_u32_at(a, byte_off):
+        """The u32 at byte offset `byte_off` (4-aligned) of a 4-byte-element array."""
+        _aligned(byte_off, 4)
+        return int(a[int(byte_off) >> 2])
+
+    def st_x4(xs, i, v0, v1, v2, v3):
+        """xs[i:i+4] = v0..v3 on a float32 array (i a multiple of 4)."""
+        _aligned(i, 4)
+        xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
+
+    def quad_sum(v):
+        """Sum of `v` over this lane's aligned group of 4 lanes, in each of them."""
+        t = threading.current_thread()
+        vals = _warp_gather(v)
+        q0 = (t.thread_id % 32) & ~3
+        s = vals[q0]
+        for x in vals[q0 + 1:q0 + 4]:
             s = s + x
         return s
 
@@ -356,6 +393,69 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             o = cuda.shfl_down_sync(FULL_MASK, v, off)
             if lane + off < 32:
                 v += o
+        return v
+
+    @intrinsic
+    def ld_nc_u32x2(typingctx, a, off):
+        """Two u32 at an 8-aligned byte offset, one `ld.global.nc.v2.u32`."""
+        ret = types.UniTuple(types.uint32, 2)
+
+        def codegen(context, builder, sig, args):
+            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+            addr = builder.ptrtoint(ptr, _I64)
+            sty = ir.LiteralStructType([_I32] * 2)
+            asm = ir.InlineAsm(
+                ir.FunctionType(sty, [_I64]),
+                "{ .reg .u64 g; cvta.to.global.u64 g, $2; ld.global.nc.v2.u32 {$0,$1}, [g]; }",
+                "=r,=r,l")
+            res = builder.call(asm, [addr])
+            vals = [builder.extract_value(res, i) for i in range(2)]
+            return context.make_tuple(builder, ret, vals)
+        return ret(a, off), codegen
+
+    @cuda.jit(device=True, inline="always")
+    def funnel_r(lo, hi, sh):
+        return _fshr(lo, hi, sh)
+
+    def _word_loader(result_type):
+        @intrinsic
+        def load(typingctx, a, off):
+            if not (isinstance(a, types.Array) and isinstance(off, types.Integer)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+                llty = ir.FloatType() if result_type == types.float32 else _I32
+                return builder.load(builder.bitcast(ptr, llty.as_pointer()), align=4)
+            return result_type(a, off), codegen
+        return load
+
+    ld_f32_at = _word_loader(types.float32)
+    ld_u32_at = _word_loader(types.uint32)
+
+    @intrinsic
+    def st_x4(typingctx, xs, i, v0, v1, v2, v3):
+        """xs[i:i+4] = v0..v3, one 16-byte store (float32 array, i a multiple of 4)."""
+        if not (isinstance(xs, types.Array) and xs.dtype == types.float32):
+            return None
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+            vty = ir.VectorType(ir.FloatType(), 4)
+            vec = ir.Constant(vty, ir.Undefined)
+            for k in range(4):
+                vec = builder.insert_element(vec, args[2 + k], ir.Constant(_I32, k))
+            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+            builder.store(vec, ptr, align=16)
+            return context.get_dummy_value()
+        return types.void(xs, i, types.float32, types.float32, types.float32,
+                          types.float32), codegen
+
+    @cuda.jit(device=True, inline="always")
+    def quad_sum(v):
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
+        v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
         return v
 
 

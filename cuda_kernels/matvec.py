@@ -1,17 +1,17 @@
 """Matrix-vector products directly on quantized rows: y = W x for one token (decode) and for a small
 batch of 2..8 tokens, every supported format; x float32 or float16, y float32.
 
-One warp per output row: lane l takes the row's 32-value groups l, l+32, ... through the format's
-fused `dot32t` (one token) or decodes each group once with `dq32t` and dots it with every token's
-x (batch), then the warp reduces with shuffles. x is staged in shared memory (see `xstage`: read
-from global memory, one warp load of x touched 32 cache lines) and so is the format's lookup table
-(constant memory serialises lanes that read different entries). Each kernel is specialised per
-(format, batch size), so the batch loop unrolls and the per-token sums stay in registers.
+One token, formats with a lane decoding (`lanes`: Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS, IQ3_S): each
+warp takes two rows; per step its lanes cover 32 // lanes consecutive super-blocks of both rows,
+each lane loading its fixed slice with wide loads (the warp's loads cover whole contiguous
+super-blocks) and dotting it with x staged once per block in shared memory (padded per format:
+conflict-free). The loads of the next step are issued before the current one is computed, and
+the first step's before x is staged, so each warp keeps several 16-byte loads per lane in flight.
 
-Measured on an H200 (bench/results/2026-11-29_kernels_decode.json) this reaches 10-30% of the HBM
-read bandwidth, not the 70% aimed at: each lane decodes a whole 32-value group alone, so a warp's
-weight loads are strided rather than contiguous and the per-value integer work (64-bit index
-arithmetic from numba's int64 typing) are the likely limits (not yet profiled).
+Other formats, batches, and rows longer than the staged x fits (`lanes_fit`): one warp per row,
+lane l takes the row's 32-value groups l, l+32, ... through the format's fused `dot32t` (one
+token) or decodes each group once with `dq32t` and dots it with every token's x (batch), x staged
+in shared memory per column tile (`xstage`). Each kernel is specialised per (format, batch size).
 """
 
 from __future__ import annotations
@@ -20,15 +20,22 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .intrinsics import ld_x4, warp_sum
-from .xstage import XPAD, stage_x, staged_bytes
+from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps,
+                    split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .qformats import BY_NAME, FORMATS, get_format
+from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
 WARPS = 4          # rows per block
 THREADS = 32 * WARPS
 MAX_TOKENS = 8
 TILE_GROUPS = 128  # 4096 columns of x staged at a time (18 KiB of shared memory)
 F0 = np.float32(0.0)
+LANE_WARPS = 8     # warps per block of the lane kernels, 2 rows each
+LANE_THREADS = 32 * LANE_WARPS
+PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
+MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
+MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
 
 _CACHE: dict[tuple[int, int], object] = {}
 
@@ -118,6 +125,73 @@ def _batched(fmt, n_tok):
     return matvec_batch
 
 
+def _lanes_single(lf: LaneFormat):
+    first, run = row_pair_steps(lf)
+    n_values, per_step = lf.sb_values, lf.sbs_per_step
+    pa_a, pa_pa, pa_b, pa_pb = lf.pad
+    sums = lf.sums
+    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+
+    @cuda.jit
+    def matvec_lanes(w, row_bytes, n_sb, n_rows, sums_off, log, x, y, tab):
+        # w: [n_rows * row_bytes] u8, rows of n_sb super-blocks; x: [n_sb * sb_values] f32|f16;
+        # y: [n_rows] f32; two rows per 1 << log warps (interleaved steps); dynamic shared:
+        # padded x [sums_off] f32, then (sums) its 16-value sums
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        s_part = cuda.shared.array(PART_SLOTS, types.float32)
+        xs = cuda.shared.array(0, types.float32)
+        warp = cuda.threadIdx.x >> 5
+        sub = warp & ((1 << log) - 1)
+        row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + (warp >> log)) * 2
+        off_a = min(row0, n_rows - 1) * row_bytes
+        off_b = min(row0 + 1, n_rows - 1) * row_bytes
+        cur = first(w, off_a, off_b, n_sb, sub * per_step)   # in flight while x is staged
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        cuda.syncthreads()
+        acc_a, acc_b = run(w, off_a, off_b, n_sb, cur, xs, sums_off, tab_s, sub * per_step,
+                           per_step << log)
+        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+        if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+            if row0 < n_rows:
+                y[row0] = acc_a
+            if row0 + 1 < n_rows:
+                y[row0 + 1] = acc_b
+    return matvec_lanes
+
+
+def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
+    """Whether n_vals staged values (padded, with their sums) and the format's table fit the
+    shared memory of one block of the lane kernels."""
+    return padded_bytes(n_vals, lf.pad, lf.sums) + lf.table.nbytes <= MAX_SHARED_BYTES
+
+
+def _lanes_kernel(lf: LaneFormat):
+    key = (lf.ggml_type, 0)
+    k = _CACHE.get(key)
+    if k is None:
+        k = _CACHE[key] = _lanes_single(lf)
+    return k
+
+
+def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
+    """log2 of the warps sharing a row pair of the lane kernels for n_rows rows of n_sb
+    super-blocks (see `lanes.split_log`)."""
+    n_steps = -(-n_sb // lf.sbs_per_step)
+    return split_log(-(-n_rows // 2), n_steps, warps=LANE_WARPS, min_blocks=MIN_LANE_BLOCKS)
+
+
+def _launch_lanes(lf, w, x, y, n_rows: int, n_cols: int, row_bytes: int, stream) -> None:
+    kern = _lanes_kernel(lf)
+    n_sb = n_cols // lf.sb_values
+    log = lane_split(lf, n_rows, n_sb)
+    smem = padded_bytes(n_cols, lf.pad, lf.sums)
+    kern[n_blocks(n_rows, 2 * (LANE_WARPS >> log)), LANE_THREADS, stream, smem](
+        flat(w), row_bytes, n_sb, n_rows, padded_len(n_cols, lf.pad), log, x, y,
+        device_table(lf))
+
+
 def batch_tile_groups(n_tok: int) -> int:
     """Column groups staged per tile for n_tok tokens (shared memory <= ~37 KiB)."""
     return TILE_GROUPS if n_tok == 1 else 32
@@ -155,6 +229,12 @@ def matvec(w, ggml_type, x, y, *, stream=0) -> None:
     if w.size < n_rows * row_bytes:
         raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
                          f"{n_rows * row_bytes}")
+    if n_rows == 0:
+        return
+    lf = lane_format(fmt.ggml_type)
+    if n_tok == 1 and lf is not None and lanes_fit(lf, n_cols):
+        _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream)
+        return
     n_groups = n_cols // 32
     tile = batch_tile_groups(n_tok)
     smem = staged_bytes(min(n_groups, tile) if n_tok == 1 else n_tok * tile)
@@ -175,5 +255,20 @@ for _f in FORMATS.values():
     register_ptx("matvec", f"matvec1_{_f.name}_f32", _ptx(_f, 1, types.float32))
     register_ptx("matvec", f"matvec1_{_f.name}_f16", _ptx(_f, 1, types.float16))
     register_ptx("matvec", f"matvec8_{_f.name}_f32", _ptx(_f, 8, types.float32))
+
+
+def _ptx_lanes(lf, x_type):
+    def build():
+        tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
+        return _lanes_single(lf).py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
+                                           types.int64, types.int64, x_type[::1],
+                                           types.float32[::1], tab)
+    return build
+
+
+for _lf in LANE_FORMATS.values():
+    register_ptx("matvec", f"matvec_lanes_{_lf.name}_f32", _ptx_lanes(_lf, types.float32))
+register_ptx("matvec", "matvec_lanes_Q4_K_f16",
+             _ptx_lanes(lane_format(BY_NAME["Q4_K"].ggml_type), types.float16))
 for _n in range(2, MAX_TOKENS):
     register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))

@@ -13,9 +13,13 @@ With `cpu_misses` set a missed expert is skipped here and written to miss_list (
 top-k position; -1 elsewhere) for the CPU pool, which adds its share to the output itself.
 counters [n_layer, 2] int64 counts hits and misses per layer.
 
-Two kernels: gate_up (grid: n_ff/4 blocks x k experts, one warp per row, gate and up rows dotted
-with x in one pass, h = silu(g) * u) and down (one warp per output row, its lanes spread over all
-(expert, group) pairs, weighted by the router weights and summed, optionally added to `out`).
+Two kernels: gate_up (grid: row blocks x k experts, h = silu(gate x) * (up x)) and down (each
+output row sums the router-weighted down rows of all k experts, optionally added to `out`).
+Formats with a lane decoding (`lanes`) use lane kernels, as matvec does: a gate_up warp takes the
+gate and the up row of one h entry; a down warp takes two output rows and, per step, its lane
+groups take consecutive (cached expert, super-block) units of them, the missed experts left out of
+the unit list. Other formats use one warp per row (gate_up) or one warp per output row with lanes
+spread over all (expert, 32-value group) pairs (down).
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from numba import cuda, from_dtype, types
 
 from .elementwise import silu
 from .intrinsics import warp_sum
+from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps
 from .launch import check_array, device_table, n_blocks, register_ptx
-from .matvec import stage_table
-from .xstage import XPAD, stage_x, staged_bytes
+from .matvec import LANE_THREADS, LANE_WARPS, PART_SLOTS, lane_split, lanes_fit, stage_table
 from .qformats import FORMATS, get_format
+from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -170,11 +175,153 @@ def _down_factory(fmt):
     return moe_down
 
 
+def _gate_up_lanes(lf: LaneFormat):
+    first, run = row_pair_steps(lf)
+    n_values, per_step = lf.sb_values, lf.sbs_per_step
+    pa_a, pa_pa, pa_b, pa_pb = lf.pad
+    sums = lf.sums
+    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+
+    @cuda.jit
+    def moe_gate_up_lanes(x, ids, slot_table, layer, cache, slot_off, host, host_off, cpu_misses,
+                          miss_list, counters, row_bytes, n_sb, n_ff, up_off, sums_off, h, tab):
+        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert); one warp
+        # per h entry (its gate and up rows); dynamic shared: padded x [sums_off] f32, then
+        # (sums) its 16-value sums
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        xs = cuda.shared.array(0, types.float32)
+        kk = cuda.blockIdx.y
+        row = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
+        e = ids[kk]
+        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
+        if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
+            miss_list[kk] = e if where < 0 else -1
+            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        g = F0
+        u = F0
+        if where >= 0:  # the same in the whole block
+            src = cache if where == 0 else host
+            off_g = base + min(row, n_ff - 1) * row_bytes
+            cur = first(src, off_g, off_g + up_off, n_sb, 0)
+            if has_tab:
+                stage_table(tab, tab_s, n_tab)
+            stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+            cuda.syncthreads()
+            g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0, per_step)
+        if (cuda.threadIdx.x & 31) == 0 and row < n_ff:
+            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+    return moe_gate_up_lanes
+
+
+@cuda.jit(device=True, inline="always")
+def _unit(u, n_sb, inv_n_sb):
+    """(expert position c, super-block sb) of unit u = c * n_sb + sb (float division, then
+    corrected: u stays far below 2^24)."""
+    c = int((np.float32(u) + np.float32(0.5)) * inv_n_sb)
+    sb = u - c * n_sb
+    if sb < 0:
+        c -= 1
+        sb += n_sb
+    if sb >= n_sb:
+        c += 1
+        sb -= n_sb
+    return c, sb
+
+
+def _down_lanes(lf: LaneFormat):
+    load, dot = lf.load, lf.dot
+    lanes, per_step = lf.lanes, lf.sbs_per_step
+    sb_bytes, sb_values, sb_padded, sb_sums = (lf.sb_bytes, lf.sb_values, lf.padded_sb,
+                                               lf.sb_values // 16)
+    pa_a, pa_pa, pa_b, pa_pb = lf.pad
+    sums = lf.sums
+    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+
+    @cuda.jit
+    def moe_down_lanes(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
+                       cpu_misses, down_off, row_bytes, n_sb, inv_n_sb, n_embd, accumulate,
+                       sums_off, log, out, tab):
+        # h: [k * n_ff] f32; weights: [k] f32; out: [n_embd] f32 (= or += sum_k w_k down_k h_k);
+        # two output rows per 1 << log warps (interleaved steps); unit c * n_sb + sb is
+        # super-block sb of the c-th expert not left to the CPU; dynamic shared: padded h
+        # [sums_off] f32, then (sums) its 16-value sums
+        s_where = cuda.shared.array(MAX_K, np.int32)
+        s_base = cuda.shared.array(MAX_K, np.int64)
+        s_kk = cuda.shared.array(MAX_K, np.int32)
+        s_wt = cuda.shared.array(MAX_K, np.float32)
+        s_n = cuda.shared.array(1, np.int32)
+        s_part = cuda.shared.array(PART_SLOTS, types.float32)
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        xs = cuda.shared.array(0, types.float32)
+        t = cuda.threadIdx.x
+        if t == 0:
+            n = 0
+            for kk in range(k):
+                where, base = resolve(slot_table, layer, ids[kk], slot_off, host_off, cpu_misses)
+                if where >= 0:
+                    s_where[n] = where
+                    s_base[n] = base + down_off
+                    s_kk[n] = kk
+                    s_wt[n] = weights[kk]
+                    n += 1
+            s_n[0] = n
+        cuda.syncthreads()
+        n_units = s_n[0] * n_sb
+        sub = (t >> 5) & ((1 << log) - 1)
+        u_first = sub * per_step
+        u_stride = per_step << log
+        row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + ((t >> 5) >> log)) * 2
+        off_a = min(row0, n_embd - 1) * row_bytes
+        off_b = min(row0 + 1, n_embd - 1) * row_bytes
+        part = t & (lanes - 1)
+        grp = (t & 31) // lanes
+        acc_a = F0
+        acc_b = F0
+        if n_units > 0:  # the same in the whole block
+            last_u = n_units - 1
+            c, sb = _unit(min(u_first + grp, last_u), n_sb, inv_n_sb)
+            src = cache if s_where[c] == 0 else host
+            off = s_base[c] + sb * sb_bytes
+            cur_a = load(src, off + off_a, part)   # in flight while h is staged
+            cur_b = load(src, off + off_b, part)
+            if has_tab:
+                stage_table(tab, tab_s, n_tab)
+            stage_padded(h, 0, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+            cuda.syncthreads()
+            for u0 in range(u_first, n_units, u_stride):
+                cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
+                src = cache if s_where[cn] == 0 else host
+                off = s_base[cn] + sbn * sb_bytes
+                nxt_a = load(src, off + off_a, part)
+                nxt_b = load(src, off + off_b, part)
+                q = s_kk[c] * n_sb + sb             # position of the unit's h slice
+                da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+                db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+                if u0 + grp < n_units:
+                    acc_a += s_wt[c] * da
+                    acc_b += s_wt[c] * db
+                cur_a = nxt_a
+                cur_b = nxt_b
+                c = cn
+                sb = sbn
+        acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
+        if (t & 31) == 0 and sub == 0:
+            if row0 < n_embd:
+                out[row0] = out[row0] + acc_a if accumulate else acc_a
+            if row0 + 1 < n_embd:
+                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+    return moe_down_lanes
+
+
+_FACTORIES = {"gate_up": _gate_up_factory, "down": _down_factory,
+              "gate_up_lanes": _gate_up_lanes, "down_lanes": _down_lanes}
+
+
 def _kernel(kind: str, ggml_type: int):
     key = (kind, ggml_type)
     if key not in _CACHE:
-        factory = _gate_up_factory if kind == "gate_up" else _down_factory
-        _CACHE[key] = factory(FORMATS[ggml_type])
+        spec = LANE_FORMATS[ggml_type] if kind.endswith("_lanes") else FORMATS[ggml_type]
+        _CACHE[key] = _FACTORIES[kind](spec)
     return _CACHE[key]
 
 
@@ -184,6 +331,19 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
     and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
     out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k]."""
+    _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
+                slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
+                miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
+                accumulate=accumulate, stream=stream)
+
+
+def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
+                h, out, miss_list, counters, cpu_misses, accumulate, stream,
+                max_row_blocks: int | None = None) -> None:
+    """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
+    simulator tests run one block of each: a whole grid costs minutes there)."""
+    def rows(n):
+        return n if max_row_blocks is None else min(n, max_row_blocks)
     check_array("x", x, np.float32, (layout.n_embd,))
     check_array("ids", ids, np.int32, (None,))
     k = ids.shape[0]
@@ -202,23 +362,46 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
-    if staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
+    gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
+    gu_lanes, dn_lanes = lane_format(gu_fmt.ggml_type), lane_format(dn_fmt.ggml_type)
+    gu_lanes = gu_lanes if gu_lanes is not None and lanes_fit(gu_lanes, layout.n_embd) else None
+    dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, k * layout.n_ff) else None
+    if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
-    if staged_bytes(k * layout.n_ff // 32) > MAX_STAGED_BYTES:
+    if dn_lanes is None and staged_bytes(k * layout.n_ff // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: k * n_ff = {k * layout.n_ff} values of h exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
-    gu = _kernel("gate_up", get_format(layout.gate_up_type).ggml_type)
-    gu[(n_blocks(layout.n_ff, WARPS), k), THREADS, stream, staged_bytes(layout.n_embd // 32)](
-        x, ids, slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses), miss_list,
-        counters, layout.gate_row_bytes, layout.n_embd // 32, layout.n_ff, layout.up_off,
-        h.reshape(h.size), device_table(get_format(layout.gate_up_type)))
-    dn = _kernel("down", get_format(layout.down_type).ggml_type)
-    dn[n_blocks(layout.n_embd, WARPS), THREADS, stream, staged_bytes(k * layout.n_ff // 32)](
-        h.reshape(h.size), ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
-        bool(cpu_misses), layout.down_off, layout.down_row_bytes, layout.n_ff // 32,
-        layout.n_embd, bool(accumulate), out, device_table(get_format(layout.down_type)))
-
+    h1 = h.reshape(h.size)
+    where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
+    if gu_lanes is not None:
+        n_sb = layout.n_embd // gu_lanes.sb_values
+        _kernel("gate_up_lanes", gu_fmt.ggml_type)[
+            (rows(n_blocks(layout.n_ff, LANE_WARPS)), k), LANE_THREADS, stream,
+            padded_bytes(layout.n_embd, gu_lanes.pad, gu_lanes.sums)](
+            x, ids, *where, miss_list, counters, layout.gate_row_bytes, n_sb, layout.n_ff,
+            layout.up_off, padded_len(layout.n_embd, gu_lanes.pad), h1, device_table(gu_lanes))
+    else:
+        _kernel("gate_up", gu_fmt.ggml_type)[
+            (rows(n_blocks(layout.n_ff, WARPS)), k), THREADS, stream,
+            staged_bytes(layout.n_embd // 32)](
+            x, ids, *where, miss_list, counters, layout.gate_row_bytes, layout.n_embd // 32,
+            layout.n_ff, layout.up_off, h1, device_table(gu_fmt))
+    if dn_lanes is not None:
+        n_sb = layout.n_ff // dn_lanes.sb_values
+        log = lane_split(dn_lanes, layout.n_embd, k * n_sb)  # as if every expert were cached
+        _kernel("down_lanes", dn_fmt.ggml_type)[
+            rows(n_blocks(layout.n_embd, 2 * (LANE_WARPS >> log))), LANE_THREADS, stream,
+            padded_bytes(k * layout.n_ff, dn_lanes.pad, dn_lanes.sums)](
+            h1, ids, weights, k, *where, layout.down_off, layout.down_row_bytes, n_sb,
+            np.float32(1.0 / n_sb), layout.n_embd, bool(accumulate),
+            padded_len(k * layout.n_ff, dn_lanes.pad), log, out, device_table(dn_lanes))
+    else:
+        _kernel("down", dn_fmt.ggml_type)[
+            rows(n_blocks(layout.n_embd, WARPS)), THREADS, stream,
+            staged_bytes(k * layout.n_ff // 32)](
+            h1, ids, weights, k, *where, layout.down_off, layout.down_row_bytes,
+            layout.n_ff // 32, layout.n_embd, bool(accumulate), out, device_table(dn_fmt))
 
 _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
 _I32_2D, _I64_2D = types.int32[:, ::1], types.int64[:, ::1]
@@ -232,6 +415,15 @@ def _tab_type(fmt):
     return types.Array(from_dtype(fmt.table.dtype), 1, "C")
 
 
+_GUL_SIG = _GU_SIG[:-1] + (types.int64, _F32)
+_DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
+                          types.int64, _F32)
+
+for _l in LANE_FORMATS.values():
+    register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
+                 lambda f=_l: (_gate_up_lanes(f).py_func, _GUL_SIG + (_tab_type(f),)))
+    register_ptx("moe", f"moe_down_lanes_{_l.name}",
+                 lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)))
 for _f in FORMATS.values():
     register_ptx("moe", f"moe_gate_up_{_f.name}",
                  lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .intrinsics import ld_x4, quad_sum, st_x4
+
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
 
 
@@ -25,3 +27,52 @@ def stage_x(x, x_base, n_vals, xs, xs_base):
 def staged_bytes(n_groups: int) -> int:
     """Dynamic shared memory for n_groups staged groups."""
     return int(n_groups) * XPAD * 4
+
+
+# ---- padded staging for the lane-cooperative kernels (`lanes`) ------------------------------
+#
+# Those kernels give each lane a fixed slice of a super-block, so the lanes of one 16-byte
+# shared-memory phase (8 lanes) read x at a format-specific stride. Position v of x is staged at
+#     pad_pos(v) = v + PA * (v >> A) + PB * (v >> B)
+# floats, with (A, PA, B, PB) chosen per format so that those 8 reads fall in 8 distinct
+# 16-byte bank groups; 16 consecutive values never straddle a pad (A >= 4). After the padded x,
+# optionally, the sums of x over each 16 consecutive values (formats with a per-block minimum,
+# whose dot needs sum(x) over the block).
+
+@cuda.jit(device=True, inline="always")
+def pad_pos(v, a, pa, b, pb):
+    """Staged position of x value v under the padding (a, pa, b, pb)."""
+    return v + pa * (v >> a) + pb * (v >> b)
+
+
+def padded_len(n_vals: int, pad: tuple[int, int, int, int]) -> int:
+    """Floats the padded copy of n_vals values occupies, rounded up to 4 (16-byte aligned)."""
+    a, pa, b, pb = pad
+    n = n_vals + pa * (n_vals >> a) + pb * (n_vals >> b)
+    return -(-n // 4) * 4
+
+
+def padded_bytes(n_vals: int, pad: tuple[int, int, int, int], sums: bool) -> int:
+    """Dynamic shared memory of a padded staging of n_vals values (plus their 16-value sums)."""
+    return 4 * (padded_len(n_vals, pad) + (n_vals // 16 if sums else 0))
+
+
+@cuda.jit(device=True, inline="always")
+def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
+    """xs[pad_pos(i)] = x[x_base + i] for i < n_vals (a multiple of 16; x float32 or float16,
+    x_base a multiple of 4), and with `sums` xs[sums_off + i // 16] = the sum of those 16 values.
+    The whole block calls this; every thread runs the same number of iterations (the sums use
+    4-lane shuffles)."""
+    n_quads = n_vals >> 2
+    for q0 in range(0, n_quads, cuda.blockDim.x):
+        q = q0 + cuda.threadIdx.x
+        s = np.float32(0.0)
+        if q < n_quads:
+            x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
+            p = pad_pos(4 * q, a, pa, b, pb)
+            st_x4(xs, p, x0, x1, x2, x3)
+            s = (x0 + x1) + (x2 + x3)
+        if sums:
+            s = quad_sum(s)
+            if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
+                xs[sums_off + (q >> 2)] = s

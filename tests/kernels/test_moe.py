@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from helpers.kernel_blocks import random_rows, reference
-from strata.cuda_kernels.moe import ExpertLayout, moe_decode
+from strata.cuda_kernels.lanes import lane_format
+from strata.cuda_kernels.matvec import LANE_WARPS, lane_split
+from strata.cuda_kernels.moe import ExpertLayout, _moe_decode, moe_decode
+from strata.cuda_kernels.qformats import get_format
 
 
 def _experts(layout, gu, dn, n_total, rng):
@@ -23,24 +26,35 @@ def _experts(layout, gu, dn, n_total, rng):
     return blobs, mats
 
 
-@pytest.mark.parametrize("gu,dn,n_embd,n_ff,cpu_misses", [
-    ("IQ4_XS", "Q8_0", 256, 32, False),
-    ("Q8_0", "IQ4_NL", 64, 32, True),
-])
-def test_moe_decode(gu, dn, n_embd, n_ff, cpu_misses):
-    rng = np.random.default_rng(n_embd + n_ff)
-    n_layer, n_expert, layer = 2, 6, 1
-    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+def _store(layout, gu, dn, rng, n_layer=2, n_expert=6, layer=1):
+    """Experts in host memory, experts 4 and 0 of `layer` also in (unpacked) cache slots:
+    (moe_decode's store arguments, the float64 matrices)."""
     blobs, mats = _experts(layout, gu, dn, n_layer * n_expert, rng)
-    host = blobs.reshape(-1).copy()
-    host_off = (np.arange(n_layer * n_expert, dtype=np.int64) * layout.expert_bytes).reshape(n_layer, n_expert)
+    host_off = (np.arange(n_layer * n_expert, dtype=np.int64)
+                * layout.expert_bytes).reshape(n_layer, n_expert)
     slot_table = np.full((n_layer, n_expert), -1, np.int32)
-    slot_table[layer, 4], slot_table[layer, 0] = 1, 0   # experts 4 and 0 of layer 1 are cached
+    slot_table[layer, 4], slot_table[layer, 0] = 1, 0
     gap = 48                                             # slots need not be packed
     slot_off = np.array([0, layout.expert_bytes + gap], np.int64)
     cache = np.zeros(2 * layout.expert_bytes + gap, np.uint8)
     cache[:layout.expert_bytes] = blobs[layer * n_expert + 0]
     cache[layout.expert_bytes + gap:] = blobs[layer * n_expert + 4]
+    store = dict(slot_table=slot_table, cache=cache, slot_off=slot_off,
+                 host=blobs.reshape(-1).copy(), host_off=host_off)
+    return store, mats
+
+
+@pytest.mark.parametrize("gu,dn,n_embd,n_ff,cpu_misses", [
+    ("IQ4_XS", "Q8_0", 256, 32, False),     # lane kernels (gate_up and down)
+    ("Q8_0", "IQ4_NL", 64, 32, True),       # lane gate_up, generic down
+])
+def test_moe_decode(gu, dn, n_embd, n_ff, cpu_misses):
+    rng = np.random.default_rng(n_embd + n_ff)
+    n_layer, n_expert, layer = 2, 6, 1
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    store, mats = _store(layout, gu, dn, rng)
+    slot_table, cache, slot_off = store["slot_table"], store["cache"], store["slot_off"]
+    host, host_off = store["host"], store["host_off"]
 
     ids = np.array([4, 2, 0], np.int32)                  # expert 2 misses
     weights = np.array([0.5, 0.3, 0.2], np.float32)
@@ -87,3 +101,62 @@ def test_moe_refuses_h_larger_than_shared_memory():
                    slot_off=z(1, np.int64), host=z(16, np.uint8), host_off=z((1, 16), np.int64),
                    h=z((k, 1024), np.float32), out=z(256, np.float32),
                    miss_list=z(k, np.int32), counters=z((1, 2), np.int64))
+
+
+@pytest.mark.parametrize("gu,dn,n_ff,cpu_misses", [
+    ("Q4_K", "Q6_K", 512, False),   # down: 6 units in 2 steps, shared by 2 warps
+    ("Q4_K", "Q6_K", 512, True),    # the missed expert left out of the units
+    ("IQ3_S", "Q5_K", 256, True),
+    ("Q6_K", "IQ3_S", 256, False),
+    ("Q5_K", "IQ4_XS", 256, False),
+])
+def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses):
+    """The lane kernels of K and IQ formats, each run on its first row block only (whole grids
+    take minutes in the simulator): those rows against float64, every other row unwritten."""
+    rng = np.random.default_rng(n_ff + len(gu + dn))
+    n_embd, n_expert, layer = 256, 6, 1
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    store, mats = _store(layout, gu, dn, rng)
+    ids = np.array([4, 2, 0], np.int32)                  # expert 2 misses
+    weights = np.array([0.5, 0.3, 0.2], np.float32)
+    x = rng.standard_normal(n_embd).astype(np.float32)
+    h0 = rng.standard_normal((3, n_ff)).astype(np.float32)   # what gate_up leaves is read too
+    out0 = rng.standard_normal(n_embd).astype(np.float32)
+    h, out = h0.copy(), out0.copy()
+    _moe_decode(x, ids, weights, layer=layer, layout=layout, **store, h=h, out=out,
+                miss_list=np.zeros(3, np.int32), counters=np.zeros((2, 2), np.int64),
+                cpu_misses=cpu_misses, accumulate=True, stream=0, max_row_blocks=1)
+    n_h = LANE_WARPS                                    # one gate/up row pair per warp
+    n_out = 2 * (LANE_WARPS >> lane_split(lane_format(get_format(dn).ggml_type), n_embd,
+                                          3 * (n_ff // 256)))
+    x64 = x.astype(np.float64)
+    want = out0[:n_out].astype(np.float64)
+    for kk, (e, w) in enumerate(zip(ids, weights)):
+        g, u, d = mats[layer * n_expert + e]
+        missed = cpu_misses and e == 2
+        gx, ux = g[:n_h] @ x64, u[:n_h] @ x64
+        np.testing.assert_allclose(h[kk, :n_h], 0.0 if missed else gx / (1 + np.exp(-gx)) * ux,
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(h[kk, n_h:], h0[kk, n_h:])
+        if not missed:
+            want += w * (d[:n_out] @ h[kk].astype(np.float64))
+    assert np.linalg.norm(out[:n_out] - want) / np.linalg.norm(want - out0[:n_out]) < 1e-5
+    np.testing.assert_array_equal(out[n_out:], out0[n_out:])
+
+
+def test_moe_every_expert_left_to_the_cpu():
+    rng = np.random.default_rng(9)
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    store, _ = _store(layout, "Q4_K", "Q6_K", rng)
+    out0 = rng.standard_normal(256).astype(np.float32)
+    out = out0.copy()
+    h = np.full((2, 256), np.nan, np.float32)
+    miss_list = np.full(2, -9, np.int32)
+    counters = np.zeros((2, 2), np.int64)
+    _moe_decode(rng.standard_normal(256).astype(np.float32), np.array([3, 1], np.int32),
+                np.array([0.6, 0.4], np.float32), layer=1, layout=layout, **store, h=h, out=out,
+                miss_list=miss_list, counters=counters, cpu_misses=True, accumulate=True,
+                stream=0, max_row_blocks=1)
+    np.testing.assert_array_equal(out, out0)            # no expert: nothing added
+    np.testing.assert_array_equal(h[:, :LANE_WARPS], 0.0)
+    assert miss_list.tolist() == [3, 1] and counters.tolist() == [[0, 0], [0, 2]]

@@ -1,0 +1,112 @@
+"""Lane decoders (see `lanes`) of IQ4_XS and IQ3_S; block layouts in `qformats_k` and
+`qformats_iq`.
+
+Slices:
+  IQ4_XS  8 lanes: part p = sub-block p, qs[16p .. 16p + 15] (8-byte aligned: two 8-byte loads)
+          plus the 8-byte header (d, scales_h, scales_l).
+  IQ3_S   4 lanes: part p = sub-blocks 2p and 2p + 1: qs[16p .. +15], qh[2p], qh[2p + 1],
+          signs[8p .. +7], the scale byte p and d (2-byte aligned: span loads).
+The lookup tables are the kernel's shared-memory copies of the format's `qtables` table,
+addressed by byte offset (IQ4_XS: 16 float32 levels; IQ3_S: 512 u32 grid rows of 4 bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from .intrinsics import F_2P23, MAGIC_2P23, byte_to_f32, f2u, h2f, ld_f32_at, ld_nc_u32x2, ld_u16
+from .intrinsics import ld_u32_at, ld_u8, ld_x4, u2f
+from .lanes_k import small_f32
+from .spans import span2, span4
+
+B_S6 = np.float32(8388608.0 + 32.0)  # 2^23 + the bias of IQ4_XS's 6-bit scales
+
+
+# ---- IQ4_XS ----
+
+@cuda.jit(device=True, inline="always")
+def load_iq4_xs(w, off, part):
+    h0, h1 = ld_nc_u32x2(w, off)
+    q0, q1 = ld_nc_u32x2(w, off + 8 + 16 * part)
+    q2, q3 = ld_nc_u32x2(w, off + 16 + 16 * part)
+    return (h0, h1, q0, q1, q2, q3)
+
+
+@cuda.jit(device=True, inline="always")
+def _kv4(i4, tab, x0, x1, x2, x3):
+    """sum over bytes b of i4 (each 4 * a level index) of level * x_b."""
+    a = ld_f32_at(tab, i4 & 0xFF) * x0
+    a += ld_f32_at(tab, (i4 >> 8) & 0xFF) * x1
+    a += ld_f32_at(tab, (i4 >> 16) & 0xFF) * x2
+    a += ld_f32_at(tab, i4 >> 24) * x3
+    return a
+
+
+@cuda.jit(device=True, inline="always")
+def _iq4_word(q, tab, xs, p):
+    x0, x1, x2, x3 = ld_x4(xs, p)
+    y0, y1, y2, y3 = ld_x4(xs, p + 16)
+    return (_kv4((q << 2) & 0x3C3C3C3C, tab, x0, x1, x2, x3)
+            + _kv4((q >> 2) & 0x3C3C3C3C, tab, y0, y1, y2, y3))
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq4_xs(v, part, xs, xo, so, tab):
+    h0 = v[0]
+    p = xo + 36 * part                             # padding: 4 floats per 32 values
+    acc = (_iq4_word(v[2], tab, xs, p) + _iq4_word(v[3], tab, xs, p + 4)
+           + _iq4_word(v[4], tab, xs, p + 8) + _iq4_word(v[5], tab, xs, p + 12))
+    sc = ((v[1] >> (4 * part)) & 0xF) | (((h0 >> (16 + 2 * part)) & 3) << 4)
+    return h2f(h0 & 0xFFFF) * (u2f(MAGIC_2P23 | sc) - B_S6) * acc
+
+
+# ---- IQ3_S ----
+
+@cuda.jit(device=True, inline="always")
+def load_iq3_s(w, off, part):
+    q0, q1, q2, q3 = span4(w, off + 2 + 16 * part)
+    s0, s1 = span2(w, off + 74 + 8 * part)
+    return (q0, q1, q2, q3, s0, s1, ld_u16(w, off + 66 + 2 * part), ld_u8(w, off + 106 + part),
+            ld_u16(w, off))
+
+
+@cuda.jit(device=True, inline="always")
+def _signed(g, b, signs, bit, x):
+    """(magnitude byte b of grid word g, negated where bit `bit` of signs is set) * x."""
+    m = byte_to_f32(g, b, F_2P23)
+    return u2f(f2u(m) ^ ((signs << (31 - bit)) & 0x80000000)) * x
+
+
+@cuda.jit(device=True, inline="always")
+def _iq3_g4(q, b, qh, g, signs, tab, xs, p):
+    """The 4 values of grid entry g (index byte b of word q, ninth bit g of qh)."""
+    row = ((q >> (8 * b)) & 0xFF) | (((qh >> g) & 1) << 8)
+    grid = ld_u32_at(tab, 4 * row)
+    x0, x1, x2, x3 = ld_x4(xs, p)
+    a = _signed(grid, 0, signs, 4 * g, x0)
+    a += _signed(grid, 1, signs, 4 * g + 1, x1)
+    a += _signed(grid, 2, signs, 4 * g + 2, x2)
+    a += _signed(grid, 3, signs, 4 * g + 3, x3)
+    return a
+
+
+@cuda.jit(device=True, inline="always")
+def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
+    """Dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7)."""
+    a = _iq3_g4(qa, 0, qh, 0, signs, tab, xs, p) + _iq3_g4(qa, 1, qh, 1, signs, tab, xs, p + 4)
+    a += _iq3_g4(qa, 2, qh, 2, signs, tab, xs, p + 8) + _iq3_g4(qa, 3, qh, 3, signs, tab, xs, p + 12)
+    b = _iq3_g4(qb, 0, qh, 4, signs, tab, xs, p + 16) + _iq3_g4(qb, 1, qh, 5, signs, tab, xs, p + 20)
+    b += _iq3_g4(qb, 2, qh, 6, signs, tab, xs, p + 24) + _iq3_g4(qb, 3, qh, 7, signs, tab, xs, p + 28)
+    return a + b
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq3_s(v, part, xs, xo, so, tab):
+    qh = v[6]
+    sc = v[7]
+    # padding: 4 floats per 32 values and 4 more per 256
+    p = xo + 72 * part
+    a = _iq3_sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p)
+    b = _iq3_sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 36)
+    return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * a + small_f32(1 + 2 * (sc >> 4)) * b)

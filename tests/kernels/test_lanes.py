@@ -1,0 +1,167 @@
+"""The lane-cooperative decode path: span loads, padded x staging, the paddings' bank layout,
+and the lane matvec against gguf-py's dequantization (tails, split steps, misaligned rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, types
+
+from helpers.kernel_blocks import own_random_rows, random_rows, reference
+from strata.cuda_kernels import matvec as mv
+from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
+from strata.cuda_kernels.qtables import NO_TABLE
+from strata.cuda_kernels.spans import span2, span4, span8
+from strata.cuda_kernels.xstage import padded_len, stage_padded
+
+BY_LANE_NAME = {f.name: f for f in LANE_FORMATS.values()}
+
+
+@cuda.jit
+def _spans_kernel(buf, offs, out):
+    i = cuda.grid(1)
+    if i < offs.size:
+        o = offs[i]
+        a = span2(buf, o)
+        b = span4(buf, o)
+        c = span8(buf, o)
+        for j in range(2):
+            out[i, j] = a[j]
+        for j in range(4):
+            out[i, 2 + j] = b[j]
+        for j in range(8):
+            out[i, 6 + j] = c[j]
+
+
+def test_spans_read_every_even_offset_up_to_the_buffer_end():
+    rng = np.random.default_rng(3)
+    buf = rng.integers(0, 256, 70, dtype=np.uint8)
+    offs = np.arange(0, 70 - 32 + 1, 2, dtype=np.int64)   # the 32-byte span ends at the end
+    out = np.zeros((offs.size, 14), np.int64)
+    _spans_kernel[1, 32](buf, offs, out)
+    for i, o in enumerate(offs):
+        want = buf[o:o + 32].view("<u4").astype(np.int64)
+        assert out[i, :2].tolist() == want[:2].tolist()
+        assert out[i, 2:6].tolist() == want[:4].tolist()
+        assert out[i, 6:].tolist() == want.tolist()
+
+
+def _stage_kernel(pad, sums):
+    a, pa, b, pb = pad
+
+    @cuda.jit
+    def k(x, n_vals, sums_off, out):
+        xs = cuda.shared.array(0, types.float32)
+        stage_padded(x, 0, n_vals, xs, a, pa, b, pb, sums, sums_off)
+        cuda.syncthreads()
+        for i in range(cuda.threadIdx.x, out.size, cuda.blockDim.x):
+            out[i] = xs[i]
+    return k
+
+
+def _pad_pos(v, pad):
+    a, pa, b, pb = pad
+    return v + pa * (v >> a) + pb * (v >> b)
+
+
+@pytest.mark.parametrize("pad,dtype", [((5, 4, 7, 8), np.float32), ((6, 4, 31, 0), np.float16),
+                                       ((5, 4, 8, 4), np.float32)])
+def test_stage_padded_places_values_and_16_sums(pad, dtype):
+    n = 272  # not a multiple of the block's quads per pass (64 threads)
+    x = np.random.default_rng(5).standard_normal(n).astype(dtype)
+    off = padded_len(n, pad)
+    out = np.full(off + n // 16, np.nan, np.float32)
+    _stage_kernel(pad, True)[1, 64, 0, 4 * out.size](x, n, off, out)
+    pos = np.array([_pad_pos(v, pad) for v in range(n)])
+    np.testing.assert_array_equal(out[pos], x.astype(np.float32))
+    want = x.astype(np.float64).reshape(-1, 16).sum(1)
+    np.testing.assert_allclose(out[off:], want, rtol=1e-5, atol=1e-6)
+
+
+# first value (inside its super-block) of each x read of lane `part`, per the slice layouts
+# in lanes_k / lanes_iq (the other reads of a lane are these plus a multiple of 4)
+_READS = {
+    "Q4_K": lambda p: (64 * (p >> 1) + 16 * (p & 1), 64 * (p >> 1) + 16 * (p & 1) + 32),
+    "Q5_K": lambda p: (64 * (p >> 1) + 16 * (p & 1), 64 * (p >> 1) + 16 * (p & 1) + 32),
+    "Q6_K": lambda p: ((v := 128 * (p >> 2) + 32 * ((p >> 1) & 1) + 16 * (p & 1)), v + 64),
+    "Q8_0": lambda p: (0, 16),
+    "IQ4_XS": lambda p: (32 * p, 32 * p + 16),
+    "IQ3_S": lambda p: (64 * p, 64 * p + 32),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BY_LANE_NAME))
+def test_padding_spreads_each_phase_over_all_bank_groups(name):
+    lf = BY_LANE_NAME[name]
+    for read in range(2):
+        for phase in range(4):                  # a 16-byte shared load serves 8 lanes at once
+            groups = set()
+            for lane in range(8 * phase, 8 * phase + 8):
+                v = (lane // lf.lanes) * lf.sb_values + _READS[name](lane % lf.lanes)[read]
+                groups.add((_pad_pos(v, lf.pad) // 4) % 8)
+            assert len(groups) == 8, (name, read, phase, groups)
+
+
+def test_lane_format_refuses_bad_geometry():
+    base = dict(ggml_type=0, name="X", sb_values=256, sb_bytes=64, sums=False, load=None,
+                dot=None, table=NO_TABLE)
+    with pytest.raises(ValueError, match="do not divide 32"):
+        LaneFormat(lanes=3, pad=(5, 4, 31, 0), **base)
+    with pytest.raises(ValueError, match="16-byte"):
+        LaneFormat(lanes=8, pad=(5, 2, 31, 0), **base)
+    with pytest.raises(ValueError, match="periodic"):
+        LaneFormat(lanes=8, pad=(5, 4, 9, 4), **base)
+
+
+def test_split_log():
+    assert split_log(2048, 4, warps=8, min_blocks=256) == 0   # 256 blocks already
+    assert split_log(1024, 4, warps=8, min_blocks=256) == 1
+    assert split_log(1, 8, warps=8, min_blocks=256) == 2     # capped at 4 warps a pair
+    assert split_log(1, 3, warps=8, min_blocks=256) == 1     # never more warps than steps
+    assert split_log(1, 1, warps=8, min_blocks=256) == 0
+
+
+def _rel(got, want):
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+# (format, n_rows, n_cols): tails of the last step, 2 and 4 warps per row pair, rows at 2-byte
+# boundaries (Q6_K 768: 630-byte rows, Q8_0 96: 102-byte rows, IQ3_S 768: 330-byte rows)
+CASES = [("Q4_K", 5, 768), ("Q4_K", 3, 2048), ("Q5_K", 5, 1280), ("Q6_K", 5, 768),
+         ("Q6_K", 3, 2048), ("Q8_0", 5, 96), ("Q8_0", 3, 3136), ("IQ4_XS", 3, 2048),
+         ("IQ4_XS", 5, 768), ("IQ3_S", 5, 768), ("IQ3_S", 3, 2304)]
+
+
+@pytest.mark.parametrize("name,n_rows,n_cols", CASES)
+def test_lane_matvec(name, n_rows, n_cols):
+    rng = np.random.default_rng(n_rows * n_cols)
+    lf = BY_LANE_NAME[name]
+    assert mv.lanes_fit(lf, n_cols)
+    for gen in (random_rows, own_random_rows):
+        rows = gen(name, n_rows, n_cols, rng)
+        x = rng.standard_normal(n_cols).astype(np.float32)
+        y = np.full(n_rows, np.nan, np.float32)
+        mv.matvec(rows, name, x, y)
+        assert _rel(y, reference(name, rows, n_cols) @ x.astype(np.float64)) < 1e-5
+    assert (lf.ggml_type, 0) in mv._CACHE  # the lane kernel ran
+
+
+def test_lane_matvec_f16_x():
+    rng = np.random.default_rng(17)
+    rows = random_rows("Q6_K", 3, 1024, rng)
+    x = rng.standard_normal(1024).astype(np.float16)
+    y = np.full(3, np.nan, np.float32)
+    mv.matvec(rows, "Q6_K", x, y)
+    assert _rel(y, reference("Q6_K", rows, 1024) @ x.astype(np.float64)) < 1e-5
+
+
+def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
+    lf = BY_LANE_NAME["Q4_K"]
+    n_cols = 11008                     # 43 super-blocks: padded x and sums exceed 48 KiB
+    assert not mv.lanes_fit(lf, n_cols)
+    rng = np.random.default_rng(2)
+    rows = random_rows("Q4_K", 2, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    y = np.full(2, np.nan, np.float32)
+    mv.matvec(rows, "Q4_K", x, y)
+    assert _rel(y, reference("Q4_K", rows, n_cols) @ x.astype(np.float64)) < 1e-5
