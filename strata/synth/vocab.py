@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from strata.tokenizer.bytelevel import BYTE_TO_CHAR  # the byte alphabet the tokenizer reads
+
 # GGUF token types (llama.cpp's LLAMA_TOKEN_TYPE_*)
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -68,24 +70,9 @@ single and five for a return. Thank you very much. You are welcome, and have a g
 """
 
 
-@functools.lru_cache(maxsize=1)
-def byte_chars() -> tuple[str, ...]:
-    """The GPT-2 byte-to-character mapping: printable Latin-1 bytes stand for themselves, the
-    others (controls, space, 0x7f-0xa0, 0xad) for characters 256, 257, ... in byte order."""
-    keep = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
-    out, extra = [], 0
-    for b in range(256):
-        if b in keep:
-            out.append(chr(b))
-        else:
-            out.append(chr(256 + extra))
-            extra += 1
-    return tuple(out)
-
-
 def to_symbols(text: str) -> str:
     """A piece of text as the byte-level characters the vocabulary is written in."""
-    table = byte_chars()
+    table = BYTE_TO_CHAR
     return "".join(table[b] for b in text.encode("utf-8"))
 
 
@@ -150,7 +137,7 @@ def build_vocab(n_vocab: int) -> Vocab:
         raise ValueError(f"n_vocab {n_vocab} leaves no room for 256 bytes and "
                          f"{len(SPECIALS)} special tokens")
     merges = learn_merges()[:room]
-    tokens = list(byte_chars()) + [a + b for a, b in merges]
+    tokens = list(BYTE_TO_CHAR) + [a + b for a, b in merges]
     types = [NORMAL] * len(tokens)
     first_special = len(tokens)
     tokens += SPECIALS

@@ -7,8 +7,9 @@ import jinja2
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from strata.tokenizer.bytelevel import BYTE_TO_CHAR
 from strata.synth.vocab import (
-    CHAT_TEMPLATE, CONTROL, NORMAL, SPECIALS, UNUSED, build_vocab, byte_chars, learn_merges,
+    CHAT_TEMPLATE, CONTROL, NORMAL, SPECIALS, UNUSED, build_vocab, learn_merges,
 )
 
 
@@ -26,14 +27,14 @@ def _hf(v) -> Tokenizer:
 
 
 def test_byte_chars_are_gpt2_mapping():
-    chars = byte_chars()
+    chars = BYTE_TO_CHAR
     assert len(set(chars)) == 256
     assert chars[ord("A")] == "A" and chars[ord(" ")] == "\u0120" and chars[ord("\n")] == "\u010a"
 
 
 def test_layout_and_special_ids(vocab):
     n_merge = len(vocab.merges)
-    assert 150 <= n_merge == len(learn_merges()) and vocab.tokens[:256] == byte_chars()
+    assert 150 <= n_merge == len(learn_merges()) and vocab.tokens[:256] == BYTE_TO_CHAR
     assert vocab.tokens[256 + n_merge:256 + n_merge + 3] == SPECIALS
     assert vocab.bos_id == vocab.pad_id == vocab.tokens.index("<|endoftext|>")
     assert vocab.eos_id == vocab.eot_id == vocab.tokens.index("<|im_end|>")
