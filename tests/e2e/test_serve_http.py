@@ -13,17 +13,10 @@ import httpx
 import pytest
 
 from helpers.serve_process import (
-    API_KEY, MODEL_NAME, ServeProcess, start_server, tiny_model, wait_for,
+    API_KEY, MODEL_NAME, ServeProcess, tiny_model, wait_for,
 )
 
 AUTH = {"authorization": f"Bearer {API_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_models):
-    s = start_server(tmp_models)
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,20 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from helpers.serve_process import API_KEY, MODEL_NAME, start_server
+from helpers.serve_process import API_KEY, MODEL_NAME
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)",
                 allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_models):
-    s = start_server(tmp_models)
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from helpers.serve_process import API_KEY, MODEL_NAME, start_server
+from helpers.serve_process import API_KEY, MODEL_NAME
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -17,13 +17,6 @@ TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                    "required": ["city"]}}}]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_models):
-    s = start_server(tmp_models)
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
