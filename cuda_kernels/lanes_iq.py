@@ -16,11 +16,12 @@ import numpy as np
 from numba import cuda
 
 from .intrinsics import F_2P23, MAGIC_2P23, byte_to_f32, f2u, h2f, ld_f32_at, ld_nc_u32x2, ld_u16
-from .intrinsics import ld_u32_at, ld_u8, ld_x4, u2f
+from .intrinsics import ld_u32_at, ld_u8, ld_x4, prmt, u2f
 from .lanes_k import small_f32
 from .spans import span2, span4
 
 B_S6 = np.float32(8388608.0 + 32.0)  # 2^23 + the bias of IQ4_XS's 6-bit scales
+F0 = np.float32(0.0)
 
 
 # ---- IQ4_XS ----
@@ -34,31 +35,33 @@ def load_iq4_xs(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _kv4(i4, tab, x0, x1, x2, x3):
-    """sum over bytes b of i4 (each 4 * a level index) of level * x_b."""
-    a = ld_f32_at(tab, i4 & 0xFF) * x0
-    a += ld_f32_at(tab, (i4 >> 8) & 0xFF) * x1
-    a += ld_f32_at(tab, (i4 >> 16) & 0xFF) * x2
-    a += ld_f32_at(tab, i4 >> 24) * x3
-    return a
+def _kv4(i4, tab, x0, x1, x2, x3, acc):
+    """acc + the sum over bytes b of i4 (each 4 * a level index) of level * x_b."""
+    acc += ld_f32_at(tab, i4 & 0xFF) * x0
+    acc += ld_f32_at(tab, prmt(i4, 0, 0x4441)) * x1     # byte 1, zero-extended: one permute
+    acc += ld_f32_at(tab, prmt(i4, 0, 0x4442)) * x2
+    acc += ld_f32_at(tab, i4 >> 24) * x3
+    return acc
 
 
 @cuda.jit(device=True, inline="always")
-def _iq4_word(q, tab, xs, p):
+def _iq4_word(q, tab, xs, p, a, b):
     x0, x1, x2, x3 = ld_x4(xs, p)
     y0, y1, y2, y3 = ld_x4(xs, p + 16)
-    return (_kv4((q << 2) & 0x3C3C3C3C, tab, x0, x1, x2, x3)
-            + _kv4((q >> 2) & 0x3C3C3C3C, tab, y0, y1, y2, y3))
+    return (_kv4((q << 2) & 0x3C3C3C3C, tab, x0, x1, x2, x3, a),
+            _kv4((q >> 2) & 0x3C3C3C3C, tab, y0, y1, y2, y3, b))
 
 
 @cuda.jit(device=True, inline="always")
 def dot_iq4_xs(v, part, xs, xo, so, tab):
     h0 = v[0]
     p = xo + 36 * part                             # padding: 4 floats per 32 values
-    acc = (_iq4_word(v[2], tab, xs, p) + _iq4_word(v[3], tab, xs, p + 4)
-           + _iq4_word(v[4], tab, xs, p + 8) + _iq4_word(v[5], tab, xs, p + 12))
+    a, b = _iq4_word(v[2], tab, xs, p, F0, F0)
+    a, b = _iq4_word(v[3], tab, xs, p + 4, a, b)
+    a, b = _iq4_word(v[4], tab, xs, p + 8, a, b)
+    a, b = _iq4_word(v[5], tab, xs, p + 12, a, b)
     sc = ((v[1] >> (4 * part)) & 0xF) | (((h0 >> (16 + 2 * part)) & 3) << 4)
-    return h2f(h0 & 0xFFFF) * (u2f(MAGIC_2P23 | sc) - B_S6) * acc
+    return h2f(h0 & 0xFFFF) * (u2f(MAGIC_2P23 | sc) - B_S6) * (a + b)
 
 
 # ---- IQ3_S ----
@@ -79,25 +82,30 @@ def _signed(g, b, signs, bit, x):
 
 
 @cuda.jit(device=True, inline="always")
-def _iq3_g4(q, b, qh, g, signs, tab, xs, p):
-    """The 4 values of grid entry g (index byte b of word q, ninth bit g of qh)."""
+def _iq3_g4(q, b, qh, g, signs, tab, xs, p, acc):
+    """acc + the 4 values of grid entry g (index byte b of word q, ninth bit g of qh) dotted
+    with xs[p..p+3]."""
     row = ((q >> (8 * b)) & 0xFF) | (((qh >> g) & 1) << 8)
     grid = ld_u32_at(tab, 4 * row)
     x0, x1, x2, x3 = ld_x4(xs, p)
-    a = _signed(grid, 0, signs, 4 * g, x0)
-    a += _signed(grid, 1, signs, 4 * g + 1, x1)
-    a += _signed(grid, 2, signs, 4 * g + 2, x2)
-    a += _signed(grid, 3, signs, 4 * g + 3, x3)
-    return a
+    acc += _signed(grid, 0, signs, 4 * g, x0)
+    acc += _signed(grid, 1, signs, 4 * g + 1, x1)
+    acc += _signed(grid, 2, signs, 4 * g + 2, x2)
+    acc += _signed(grid, 3, signs, 4 * g + 3, x3)
+    return acc
 
 
 @cuda.jit(device=True, inline="always")
 def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
     """Dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7)."""
-    a = _iq3_g4(qa, 0, qh, 0, signs, tab, xs, p) + _iq3_g4(qa, 1, qh, 1, signs, tab, xs, p + 4)
-    a += _iq3_g4(qa, 2, qh, 2, signs, tab, xs, p + 8) + _iq3_g4(qa, 3, qh, 3, signs, tab, xs, p + 12)
-    b = _iq3_g4(qb, 0, qh, 4, signs, tab, xs, p + 16) + _iq3_g4(qb, 1, qh, 5, signs, tab, xs, p + 20)
-    b += _iq3_g4(qb, 2, qh, 6, signs, tab, xs, p + 24) + _iq3_g4(qb, 3, qh, 7, signs, tab, xs, p + 28)
+    a = _iq3_g4(qa, 0, qh, 0, signs, tab, xs, p, F0)
+    b = _iq3_g4(qb, 0, qh, 4, signs, tab, xs, p + 16, F0)
+    a = _iq3_g4(qa, 1, qh, 1, signs, tab, xs, p + 4, a)
+    b = _iq3_g4(qb, 1, qh, 5, signs, tab, xs, p + 20, b)
+    a = _iq3_g4(qa, 2, qh, 2, signs, tab, xs, p + 8, a)
+    b = _iq3_g4(qb, 2, qh, 6, signs, tab, xs, p + 24, b)
+    a = _iq3_g4(qa, 3, qh, 3, signs, tab, xs, p + 12, a)
+    b = _iq3_g4(qb, 3, qh, 7, signs, tab, xs, p + 28, b)
     return a + b
 
 

@@ -2,9 +2,10 @@
 super-block with wide loads and dots the values of that slice with the staged x.
 
 Slices (block layouts: `qformats_k`, `qformats_simple`):
-  Q4_K  8 lanes: part p = 2k + h holds qs[32k + 16h .. +15]: values 64k + 16h + i of sub-block 2k
-        (low nibbles) and 64k + 32 + 16h + i of sub-block 2k + 1 (high nibbles), i < 16.
-  Q5_K  as Q4_K, plus qh[16h .. 16h + 15], whose bits 2k and 2k + 1 are the fifth bits.
+  Q4_K  4 lanes: part k holds qs[32k .. 32k + 31]: values 64k + i of sub-block 2k (low
+        nibbles) and 64k + 32 + i of sub-block 2k + 1 (high nibbles), i < 32.
+  Q5_K  8 lanes: part p = 2k + h holds qs[32k + 16h .. +15] (values 64k + 16h + i and 32 further,
+        i < 16) and qh[16h .. 16h + 15], whose bits 2k and 2k + 1 are the fifth bits.
   Q6_K  8 lanes: part p = 4n + 2h + t holds ql[16p .. +15] and qh[32n + 16t .. +15]: values
         128n + 32h + 16t + i (low nibbles, sub-block 4n + h) and 64 further (high nibbles,
         sub-block 4n + h + 2).
@@ -19,10 +20,13 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import F_2P23, MAGIC_2P23, byte_to_f32, h2f, ld_nc_u32x4, ld_u16, ld_u8, ld_x4, u2f
+from .intrinsics import (F_2P23, MAGIC_2P23, byte_to_f32, h2f, ld_f32_at, ld_nc_u32x4, ld_u16,
+                         ld_u8, ld_x4, prmt, u2f)
 from .spans import span4, span8
 
 F0 = np.float32(0.0)
+F16 = np.float32(16.0)
+F32 = np.float32(32.0)
 B_Q6 = np.float32(8388608.0 + 32.0)   # 2^23 + the 6-bit bias
 B_Q8 = np.float32(8388608.0 + 128.0)  # 2^23 + the bias of (int8 q) ^ 0x80
 
@@ -40,30 +44,30 @@ def i8_f32(b):
 
 
 @cuda.jit(device=True, inline="always")
-def _dot4(q, bias, x0, x1, x2, x3):
-    """sum over bytes b of q of (byte b - bias's offset) * x_b."""
-    a = byte_to_f32(q, 0, bias) * x0
-    a += byte_to_f32(q, 1, bias) * x1
-    a += byte_to_f32(q, 2, bias) * x2
-    a += byte_to_f32(q, 3, bias) * x3
-    return a
+def _dot4(q, bias, x0, x1, x2, x3, acc):
+    """acc + the sum over bytes b of q of (byte b - bias's offset) * x_b (fused multiply-adds
+    into one running sum)."""
+    acc += byte_to_f32(q, 0, bias) * x0
+    acc += byte_to_f32(q, 1, bias) * x1
+    acc += byte_to_f32(q, 2, bias) * x2
+    acc += byte_to_f32(q, 3, bias) * x3
+    return acc
 
 
 @cuda.jit(device=True, inline="always")
-def _pair(lo, hi, bias, xs, p, p_hi):
-    """(bytes of lo dotted with xs[p..p+3], bytes of hi with xs[p_hi..p_hi+3])."""
+def _pair(lo, hi, bias, xs, p, p_hi, a, b):
+    """(a + bytes of lo dotted with xs[p..p+3], b + bytes of hi with xs[p_hi..p_hi+3])."""
     x0, x1, x2, x3 = ld_x4(xs, p)
     y0, y1, y2, y3 = ld_x4(xs, p_hi)
-    return _dot4(lo, bias, x0, x1, x2, x3), _dot4(hi, bias, y0, y1, y2, y3)
+    return _dot4(lo, bias, x0, x1, x2, x3, a), _dot4(hi, bias, y0, y1, y2, y3, b)
 
 
 # ---- Q4_K / Q5_K ----
 
 @cuda.jit(device=True, inline="always")
-def _k4_scales(h1, h2, h3, part):
-    """(scales, mins) of sub-blocks 2k and 2k + 1 (k = part >> 1) from the 12 packed bytes
-    h1..h3, each as two 8-bit fields (low: 2k)."""
-    k = part >> 1
+def _k4_scales(h1, h2, h3, k):
+    """(scales, mins) of sub-blocks 2k and 2k + 1 from the 12 packed bytes h1..h3, each as two
+    8-bit fields (low: 2k)."""
     sh = 16 * (k & 1)
     b1 = h1 >> sh
     b2 = h2 >> sh
@@ -78,35 +82,70 @@ def _k4_scales(h1, h2, h3, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _k4_finish(h0, h1, h2, h3, part, lo, hi, xs, so):
-    k = part >> 1
-    s = so + 4 * k + (part & 1)
-    sc, mn = _k4_scales(h1, h2, h3, part)
+def _k4_finish(h0, h1, h2, h3, k, lo, hi, s_lo, s_hi):
+    """d * (scale * lo-dot + ...) - dmin * (min * sum of x + ...) of sub-blocks 2k, 2k + 1."""
+    sc, mn = _k4_scales(h1, h2, h3, k)
     return (h2f(h0 & 0xFFFF) * (small_f32(sc & 0xFF) * lo + small_f32(sc >> 8) * hi)
-            - h2f(h0 >> 16) * (small_f32(mn & 0xFF) * xs[s] + small_f32(mn >> 8) * xs[s + 2]))
+            - h2f(h0 >> 16) * (small_f32(mn & 0xFF) * s_lo + small_f32(mn >> 8) * s_hi))
+
+
+@cuda.jit(device=True, inline="always")
+def _sum16(xs, s):
+    """The staged 16-value sum xs[s] (a raw shared load: s is never negative)."""
+    return ld_f32_at(xs, 4 * s)
 
 
 @cuda.jit(device=True, inline="always")
 def load_q4_k(w, off, part):
     h0, h1, h2, h3 = ld_nc_u32x4(w, off)
-    q0, q1, q2, q3 = ld_nc_u32x4(w, off + 16 + 16 * part)
-    return (h0, h1, h2, h3, q0, q1, q2, q3)
+    q0, q1, q2, q3 = ld_nc_u32x4(w, off + 16 + 32 * part)
+    q4, q5, q6, q7 = ld_nc_u32x4(w, off + 32 + 32 * part)
+    return (h0, h1, h2, h3, q0, q1, q2, q3, q4, q5, q6, q7)
 
 
 @cuda.jit(device=True, inline="always")
-def _q4_words(q, xs, p):
-    return _pair(q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F, F_2P23, xs, p, p + 32)
+def _half_f32(w8, b):
+    """0.5 + q / 32 for the nibble q that byte b of w8 holds as q << 3: one byte permute puts it
+    in the top mantissa bits of 0.5 (exact), saving the subtraction byte_to_f32 needs; the
+    offset 0.5 goes once per sub-block, through the staged sums of x."""
+    return u2f(prmt(w8, 0x3F000000, 0x7044 | (b << 8)))
+
+
+@cuda.jit(device=True, inline="always")
+def _half4(w8, x0, x1, x2, x3, acc):
+    acc += _half_f32(w8, 0) * x0
+    acc += _half_f32(w8, 1) * x1
+    acc += _half_f32(w8, 2) * x2
+    acc += _half_f32(w8, 3) * x3
+    return acc
+
+
+@cuda.jit(device=True, inline="always")
+def _q4_words(q, xs, p, a, b):
+    """(a + sum (0.5 + lo nibble / 32) * x, b + the same of the high nibbles, 32 further)."""
+    x0, x1, x2, x3 = ld_x4(xs, p)
+    y0, y1, y2, y3 = ld_x4(xs, p + 32)
+    return (_half4((q << 3) & 0x78787878, x0, x1, x2, x3, a),
+            _half4((q >> 1) & 0x78787878, y0, y1, y2, y3, b))
 
 
 @cuda.jit(device=True, inline="always")
 def dot_q4_k(v, part, xs, xo, so, tab):
-    p = xo + 68 * (part >> 1) + 16 * (part & 1)   # padding: 4 floats per 64 values
-    a0, b0 = _q4_words(v[4], xs, p)
-    a1, b1 = _q4_words(v[5], xs, p + 4)
-    a2, b2 = _q4_words(v[6], xs, p + 8)
-    a3, b3 = _q4_words(v[7], xs, p + 12)
-    return _k4_finish(v[0], v[1], v[2], v[3], part, (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3),
-                      xs, so)
+    p = xo + 68 * part                             # padding: 4 floats per 64 values
+    a, b = _q4_words(v[4], xs, p, F0, F0)
+    a, b = _q4_words(v[5], xs, p + 4, a, b)
+    a, b = _q4_words(v[6], xs, p + 8, a, b)
+    a, b = _q4_words(v[7], xs, p + 12, a, b)
+    a, b = _q4_words(v[8], xs, p + 16, a, b)
+    a, b = _q4_words(v[9], xs, p + 20, a, b)
+    a, b = _q4_words(v[10], xs, p + 24, a, b)
+    a, b = _q4_words(v[11], xs, p + 28, a, b)
+    s = so + 4 * part
+    s_lo = _sum16(xs, s) + _sum16(xs, s + 1)
+    s_hi = _sum16(xs, s + 2) + _sum16(xs, s + 3)
+    # sum q * x = 32 * a - 16 * sum x
+    return _k4_finish(v[0], v[1], v[2], v[3], part, F32 * a - F16 * s_lo, F32 * b - F16 * s_hi,
+                      s_lo, s_hi)
 
 
 @cuda.jit(device=True, inline="always")
@@ -118,22 +157,22 @@ def load_q5_k(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _q5_words(q, m, k2, xs, p):
+def _q5_words(q, m, k2, xs, p, a, b):
     lo = (q & 0x0F0F0F0F) | (((m >> k2) & 0x01010101) << 4)
     hi = ((q >> 4) & 0x0F0F0F0F) | (((m >> (k2 + 1)) & 0x01010101) << 4)
-    return _pair(lo, hi, F_2P23, xs, p, p + 32)
+    return _pair(lo, hi, F_2P23, xs, p, p + 32, a, b)
 
 
 @cuda.jit(device=True, inline="always")
 def dot_q5_k(v, part, xs, xo, so, tab):
     p = xo + 68 * (part >> 1) + 16 * (part & 1)
     k2 = part & 6                                  # 2k: the fifth bit of sub-block 2k
-    a0, b0 = _q5_words(v[4], v[8], k2, xs, p)
-    a1, b1 = _q5_words(v[5], v[9], k2, xs, p + 4)
-    a2, b2 = _q5_words(v[6], v[10], k2, xs, p + 8)
-    a3, b3 = _q5_words(v[7], v[11], k2, xs, p + 12)
-    return _k4_finish(v[0], v[1], v[2], v[3], part, (a0 + a1) + (a2 + a3), (b0 + b1) + (b2 + b3),
-                      xs, so)
+    a, b = _q5_words(v[4], v[8], k2, xs, p, F0, F0)
+    a, b = _q5_words(v[5], v[9], k2, xs, p + 4, a, b)
+    a, b = _q5_words(v[6], v[10], k2, xs, p + 8, a, b)
+    a, b = _q5_words(v[7], v[11], k2, xs, p + 12, a, b)
+    s = so + 2 * k2 + (part & 1)
+    return _k4_finish(v[0], v[1], v[2], v[3], part >> 1, a, b, _sum16(xs, s), _sum16(xs, s + 2))
 
 
 # ---- Q6_K ----
@@ -148,24 +187,23 @@ def load_q6_k(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _q6_words(ql, qh, h2, xs, p):
+def _q6_words(ql, qh, h2, xs, p, a, b):
     m = qh >> h2
     lo = (ql & 0x0F0F0F0F) | ((m & 0x03030303) << 4)
     hi = ((ql >> 4) & 0x0F0F0F0F) | (m & 0x30303030)
-    return _pair(lo, hi, B_Q6, xs, p, p + 72)
+    return _pair(lo, hi, B_Q6, xs, p, p + 72, a, b)
 
 
 @cuda.jit(device=True, inline="always")
 def dot_q6_k(v, part, xs, xo, so, tab):
-    h = (part >> 1) & 1
+    h2 = part & 2                                  # 2h: the shift of the low sub-block's bits
     # padding: 4 floats per 32 values and 8 more per 128
-    p = xo + 152 * (part >> 2) + 36 * h + 16 * (part & 1)
-    a0, b0 = _q6_words(v[0], v[4], 2 * h, xs, p)
-    a1, b1 = _q6_words(v[1], v[5], 2 * h, xs, p + 4)
-    a2, b2 = _q6_words(v[2], v[6], 2 * h, xs, p + 8)
-    a3, b3 = _q6_words(v[3], v[7], 2 * h, xs, p + 12)
-    return h2f(v[10]) * (i8_f32(v[8]) * ((a0 + a1) + (a2 + a3))
-                         + i8_f32(v[9]) * ((b0 + b1) + (b2 + b3)))
+    p = xo + 152 * (part >> 2) + 18 * h2 + 16 * (part & 1)
+    a, b = _q6_words(v[0], v[4], h2, xs, p, F0, F0)
+    a, b = _q6_words(v[1], v[5], h2, xs, p + 4, a, b)
+    a, b = _q6_words(v[2], v[6], h2, xs, p + 8, a, b)
+    a, b = _q6_words(v[3], v[7], h2, xs, p + 12, a, b)
+    return h2f(v[10]) * (i8_f32(v[8]) * a + i8_f32(v[9]) * b)
 
 
 # ---- Q8_0 ----
@@ -177,15 +215,10 @@ def load_q8_0(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _q8_words(q, r, xs, p):
-    x0, x1, x2, x3 = ld_x4(xs, p)
-    y0, y1, y2, y3 = ld_x4(xs, p + 4)
-    return (_dot4(q ^ 0x80808080, B_Q8, x0, x1, x2, x3)
-            + _dot4(r ^ 0x80808080, B_Q8, y0, y1, y2, y3))
-
-
-@cuda.jit(device=True, inline="always")
 def dot_q8_0(v, part, xs, xo, so, tab):
-    a = _q8_words(v[0], v[1], xs, xo) + _q8_words(v[2], v[3], xs, xo + 8)
-    b = _q8_words(v[4], v[5], xs, xo + 16) + _q8_words(v[6], v[7], xs, xo + 24)
+    # two running sums: values 0..15 and 16..31
+    a, b = _pair(v[0] ^ 0x80808080, v[4] ^ 0x80808080, B_Q8, xs, xo, xo + 16, F0, F0)
+    a, b = _pair(v[1] ^ 0x80808080, v[5] ^ 0x80808080, B_Q8, xs, xo + 4, xo + 20, a, b)
+    a, b = _pair(v[2] ^ 0x80808080, v[6] ^ 0x80808080, B_Q8, xs, xo + 8, xo + 24, a, b)
+    a, b = _pair(v[3] ^ 0x80808080, v[7] ^ 0x80808080, B_Q8, xs, xo + 12, xo + 28, a, b)
     return h2f(v[8]) * (a + b)

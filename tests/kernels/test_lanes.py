@@ -81,7 +81,7 @@ def test_stage_padded_places_values_and_16_sums(pad, dtype):
 # first value (inside its super-block) of each x read of lane `part`, per the slice layouts
 # in lanes_k / lanes_iq (the other reads of a lane are these plus a multiple of 4)
 _READS = {
-    "Q4_K": lambda p: (64 * (p >> 1) + 16 * (p & 1), 64 * (p >> 1) + 16 * (p & 1) + 32),
+    "Q4_K": lambda p: (64 * p, 64 * p + 32),
     "Q5_K": lambda p: (64 * (p >> 1) + 16 * (p & 1), 64 * (p >> 1) + 16 * (p & 1) + 32),
     "Q6_K": lambda p: ((v := 128 * (p >> 2) + 32 * ((p >> 1) & 1) + 16 * (p & 1)), v + 64),
     "Q8_0": lambda p: (0, 16),
