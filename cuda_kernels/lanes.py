@@ -82,7 +82,7 @@ def _lf(t: T, sb_values: int, sb_bytes: int, lanes: int, pad, sums: bool, load, 
 LANE_FORMATS: dict[int, LaneFormat] = dict([
     _lf(T.Q4_K, 256, 144, 4, (6, 4) + NO_PAD_B, True, load_q4_k, dot_q4_k),
     _lf(T.Q5_K, 256, 176, 8, (6, 4) + NO_PAD_B, True, load_q5_k, dot_q5_k),
-    _lf(T.Q6_K, 256, 210, 8, (5, 4, 7, 8), False, load_q6_k, dot_q6_k),
+    _lf(T.Q6_K, 256, 210, 8, (5, 4, 7, 8), True, load_q6_k, dot_q6_k),
     _lf(T.Q8_0, 32, 34, 1, (5, 4) + NO_PAD_B, False, load_q8_0, dot_q8_0),
     _lf(T.IQ4_XS, 256, 136, 8, (5, 4) + NO_PAD_B, False, load_iq4_xs, dot_iq4_xs,
         Q.TABLE_IQ4NL),

@@ -27,7 +27,8 @@ from .spans import span4, span8
 F0 = np.float32(0.0)
 F16 = np.float32(16.0)
 F32 = np.float32(32.0)
-B_Q6 = np.float32(8388608.0 + 32.0)   # 2^23 + the 6-bit bias
+F96 = np.float32(96.0)
+F128 = np.float32(128.0)
 B_Q8 = np.float32(8388608.0 + 128.0)  # 2^23 + the bias of (int8 q) ^ 0x80
 
 
@@ -188,10 +189,14 @@ def load_q6_k(w, off, part):
 
 @cuda.jit(device=True, inline="always")
 def _q6_words(ql, qh, h2, xs, p, a, b):
+    """(a + sum (0.5 + q / 128) * x over the low sub-block's 4 values, b + the same of the
+    high one's): each 6-bit q is assembled as q << 1 (see `_half_f32`, one bit further)."""
     m = qh >> h2
-    lo = (ql & 0x0F0F0F0F) | ((m & 0x03030303) << 4)
-    hi = ((ql >> 4) & 0x0F0F0F0F) | (m & 0x30303030)
-    return _pair(lo, hi, B_Q6, xs, p, p + 72, a, b)
+    lo = ((ql << 1) & 0x1E1E1E1E) | ((m << 5) & 0x60606060)
+    hi = ((ql >> 3) & 0x1E1E1E1E) | ((m << 1) & 0x60606060)
+    x0, x1, x2, x3 = ld_x4(xs, p)
+    y0, y1, y2, y3 = ld_x4(xs, p + 72)
+    return _half4(lo, x0, x1, x2, x3, a), _half4(hi, y0, y1, y2, y3, b)
 
 
 @cuda.jit(device=True, inline="always")
@@ -203,7 +208,10 @@ def dot_q6_k(v, part, xs, xo, so, tab):
     a, b = _q6_words(v[1], v[5], h2, xs, p + 4, a, b)
     a, b = _q6_words(v[2], v[6], h2, xs, p + 8, a, b)
     a, b = _q6_words(v[3], v[7], h2, xs, p + 12, a, b)
-    return h2f(v[10]) * (i8_f32(v[8]) * a + i8_f32(v[9]) * b)
+    s = so + 8 * (part >> 2) + (part & 3)           # the low 16 values' sum; the high: 4 on
+    # sum (q - 32) * x = 128 * a - 64 * sum x - 32 * sum x
+    return h2f(v[10]) * (i8_f32(v[8]) * (F128 * a - F96 * _sum16(xs, s))
+                         + i8_f32(v[9]) * (F128 * b - F96 * _sum16(xs, s + 4)))
 
 
 # ---- Q8_0 ----
