@@ -21,6 +21,7 @@ MODULES = (
     "strata.cuda_kernels.dequant",
     "strata.cuda_kernels.matvec",
     "strata.cuda_kernels.moe",
+    "strata.cuda_kernels.batch_moe",
     "strata.cuda_kernels.norm_rope",
     "strata.cuda_kernels.router",
     "strata.cuda_kernels.elementwise",
