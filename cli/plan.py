@@ -36,30 +36,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--driver-model", choices=DRIVER_MODELS,
                    help="driver model of the --gpu-mem cards (default: wddm on Windows, "
                         "else linux)")
-    p.add_argument("--device", type=int, default=0, metavar="N",
-                   help="which GPU to plan when reading them through NVML (default 0)")
+    p.add_argument("--device", type=int, metavar="N",
+                   help="plan this one GPU alone when reading them through NVML (default: "
+                        "every GPU, or --gpus; several GPUs split the layers)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_engine_knobs(p)
+    from strata.plan.split.knobs import add_split_knobs
+    add_split_knobs(p)
 
 
 def _devices(args: argparse.Namespace):
     from strata.plan.devices import parse_gpu_mem
     from strata.plan.options import OptionError
+    from strata.plan.split.knobs import pick_gpus
 
     if args.gpu_mem is not None:
         model = args.driver_model or ("wddm" if sys.platform.startswith("win") else "linux")
-        return parse_gpu_mem(args.gpu_mem, driver_model=model), []
+        return pick_gpus(parse_gpu_mem(args.gpu_mem, driver_model=model), args.gpus), []
     from strata.memory.probe import probe_devices
 
     found = probe_devices()
+    if args.device is None:
+        return pick_gpus(found, args.gpus), []
     chosen = [d for d in found if d.index == args.device]
     if not chosen:
         raise OptionError(f"--device {args.device}: NVML sees GPUs "
                           f"{', '.join(str(d.index) for d in found)}")
     notes = []
     if len(found) > 1:
-        notes.append(f"{len(found)} GPUs present; planning GPU {args.device} alone (splitting "
-                     f"layers across GPUs is not available yet)")
+        notes.append(f"{len(found)} GPUs present; planning GPU {args.device} alone (--gpus or "
+                     f"no --device splits the layers across them)")
     return chosen, notes
 
 
@@ -67,13 +73,23 @@ def run(args: argparse.Namespace) -> int:
     from strata.gguf import open_model
     from strata.plan import plan
     from strata.plan.knobs import load_profile, options_from_args
+    from strata.plan.split.knobs import split_from_args
 
     options = options_from_args(args)
+    split = split_from_args(args)
     devices, notes = _devices(args)
     mf = open_model(args.model)
     shape = mf.shape
     profile = load_profile(mf.metadata, shape.n_layer, shape.n_expert, args.profile)
-    result = plan(shape, devices, options, profile=profile)
+    if len(devices) > 1:
+        from strata.plan.split import plan_split
+        result = plan_split(shape, devices, options, split, profile=profile)
+    else:
+        if split.cuts:
+            from strata.plan.options import OptionError
+            raise OptionError(f"--layer-split {args.layer_split}: one GPU runs every layer "
+                              f"(give several with --gpu-mem or --gpus)")
+        result = plan(shape, devices, options, profile=profile)
     if args.json:
         import json
         d = result.to_dict()

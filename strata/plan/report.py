@@ -16,6 +16,7 @@ _WHAT = {
     "prompt": "prompt path: chunk buffers (owned)",
     "ring": "prefill ring (owned)",
     "expert_cache": "expert cache (elastic)",
+    "helper_tier": "helper tier: hottest pairs no stage holds",
     "pad": "allocation granule (2 MiB)",
     "context": "CUDA context allowance (kept free)",
     "reserve": "reserve (kept free)",
@@ -90,6 +91,77 @@ def decisions(plan: Plan) -> list[str]:
     return out
 
 
+def _split_detail(sp, st, name: str) -> str:
+    lo, hi = st.layers
+    if name == "weights":
+        freed = st.weight_bytes_whole - st.device_plan.regions["weights"]
+        return (f"layers {lo}-{hi - 1} only; {fmt_bytes(freed)} carved off" if sp.split.carve
+                else "every layer (carve off)")
+    if name == "kv":
+        return f"{sp.kv.type}, layers {lo}-{hi - 1}, {sp.kv.resident_tokens} tokens"
+    if name == "expert_cache":
+        n = (hi - lo) * sp.shape.n_expert
+        return f"stage cache: {st.device_plan.cache.n_slots} of {n} pairs"
+    if name == "helper_tier":
+        return f"{st.tier.n_slots} slots" if st.tier is not None else ""
+    p = st.prefill
+    if name in ("prompt", "ring") and p is not None and p.mode == "borrowed":
+        return "borrowed: inside the stage cache's tail"
+    return ""
+
+
+def split_table(sp, st):
+    """One device of a layer split: its range, regions, stage cache and helper tier."""
+    from rich.table import Table
+    from rich.text import Text
+
+    dp, d = st.device_plan, st.device_plan.device
+    lo, hi = st.layers
+    title = (f"GPU {d.index}: {d.name} ({d.driver_model}), {fmt_bytes(d.free_bytes)} free of "
+             f"{fmt_bytes(d.total_bytes)}; layers {lo}-{hi - 1} ({hi - lo})")
+    t = Table(title=Text(title), title_justify="left")
+    t.add_column("region")
+    t.add_column("MiB", justify="right")
+    t.add_column("what")
+    regions = dict(dp.regions)
+    regions.setdefault("helper_tier", 0)
+    order = [n for n in regions if n not in ("pad", "context", "reserve")] + \
+        ["pad", "context", "reserve"]
+    for name in order:
+        n = regions[name]
+        detail = _split_detail(sp, st, name)
+        t.add_row(name, _mib(n) if n else "-",
+                  Text(_WHAT.get(name, "")) + Text(f"  {detail}" if detail else "", style="dim"))
+    t.add_section()
+    t.add_row("planned", _mib(dp.planned_bytes), "sum of the regions")
+    t.add_row("budget", _mib(d.free_bytes), "free VRAM")
+    t.add_row("headroom", _mib(dp.headroom_bytes), "budget - planned")
+    return t
+
+
+def split_decisions(sp) -> list[str]:
+    """A layer split's decisions as sentences."""
+    pl, out = sp.placement, []
+    ranges = ", ".join(f"{a}-{b - 1}" for a, b in pl.ranges)
+    how = (f"searched {pl.n_placements:,} placements in {pl.search_seconds * 1e3:.0f} ms"
+           if pl.how == "auto" else "given by --layer-split")
+    pred = (f"; predicted {pl.seconds_per_token * 1e3:.2f} ms per token" if pl.feasible else "")
+    out.append(f"layer split {','.join(map(str, pl.cuts))} (layers {ranges}): {how}{pred}")
+    if sp.chunk is not None:
+        out.append(f"prefill {sp.request}: chunk {sp.chunk} tokens on every stage; "
+                   + "; ".join(f"GPU {s.index} {s.prefill.mode}, ring {s.prefill.ring_slots} "
+                               f"slots" for s in sp.stages if s.prefill is not None))
+    for s in sp.stages:
+        hit = "" if s.predicted_hit_rate is None else \
+            f", {s.predicted_hit_rate:.1%} of its layers' routing"
+        tier = f"; helper tier {s.tier.n_slots} slots" if s.tier is not None else ""
+        out.append(f"GPU {s.index}: stage cache {s.device_plan.cache.n_slots} slots{hit}{tier}")
+    if sp.predicted_hit_rate is not None:
+        out.append(f"predicted decode hit rate {sp.predicted_hit_rate:.1%} with helper tiers, "
+                   f"{sp.predicted_hit_rate_stages:.1%} stage caches alone ({sp.hit_rate_model})")
+    return out
+
+
 def render(plan: Plan, *, model_name: str = "", extra_notes: list[str] | None = None,
            file: IO[str] | None = None) -> None:
     """Print the plan (rich tables) to `file` (stdout by default)."""
@@ -103,9 +175,14 @@ def render(plan: Plan, *, model_name: str = "", extra_notes: list[str] | None = 
         con.print(f"{model_name}: {s.arch}, {s.n_layer} layers, {s.n_expert} experts "
                   f"(top {s.n_expert_used}), file {fmt_bytes(s.file_bytes)}",
                   markup=False, style="bold")
-    for dp in plan.devices:
-        con.print(device_table(plan, dp))
-    for line in decisions(plan):
+    split = hasattr(plan, "stages")
+    if split:
+        for st in plan.stages:
+            con.print(split_table(plan, st))
+    else:
+        for dp in plan.devices:
+            con.print(device_table(plan, dp))
+    for line in (split_decisions(plan) if split else decisions(plan)):
         con.print(f"  {line}", markup=False)
     for line in (extra_notes or []) + list(plan.notes):
         con.print(f"  note: {line}", markup=False)
