@@ -63,7 +63,7 @@ def test_refused_exit_2_with_knobs(capsys, small):
     (["--gpu-mem", "16"], "needs a unit"),
     (["--prefill", "1000"], "not a multiple of 256"),
     (["--expert-cache", "lots"], "--expert-cache 'lots'"),
-    (["--gpu-mem", "16GiB,16GiB"], "not available yet"),
+    (["--gpu-mem", "16GiB,16GiB,16GiB"], "3 GPUs for 2 layers"),
     (["--gpu-mem", "8GiB", "--kv-resident", "10"], "--kv-resident"),
 ])
 def test_bad_input_exit_1(capsys, small, argv, match):
