@@ -35,12 +35,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampling seed (default: random)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
                    help="auto picks CUDA when a GPU and the CUDA engine exist, else the CPU")
-    p.add_argument("--max-context", type=int, default=None, metavar="N",
-                   help="KV cache positions (default: the model's, at most 4096)")
+    p.add_argument("--gpu-mem", metavar="SIZE",
+                   help="CUDA: plan for this much VRAM (e.g. 8GiB), a smaller card's budget")
+    p.add_argument("--no-graph", action="store_true",
+                   help="CUDA: launch the decode kernels one by one instead of a CUDA graph")
+    p.add_argument("--miss-path", choices=("mapped", "cpu"), default=None,
+                   help="CUDA: where experts missed in VRAM are computed: the GPU reading mapped "
+                        "host memory, or the CPU pool (default: the engine's measured choice)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.add_argument("--logits-out", metavar="FILE.npy",
                    help="save float32 [n_generated, n_vocab]: row i chose generated token i")
+    from strata.plan.knobs import add_engine_knobs
+    add_engine_knobs(p)  # --max-context and the CUDA plan's VRAM knobs
+
+
+def _engine(args, model) -> tuple[str, object]:
+    """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem; the
+    CPU engine takes only --max-context."""
+    from strata.engine.backends import select_backend
+
+    name, mod = select_backend(args.backend)
+    if name != "cuda":
+        if args.gpu_mem or args.no_graph or args.miss_path:
+            print(f"note: --gpu-mem, --no-graph and --miss-path apply to the CUDA engine; the "
+                  f"{name} backend ignores them", file=sys.stderr)
+        return name, mod.engine_factory(model, max_context=args.max_context)()
+    import dataclasses
+
+    from strata.engine.cuda.options import CudaOptions
+    from strata.plan.devices import parse_size
+    from strata.plan.knobs import options_from_args
+
+    plan = options_from_args(args)
+    if plan.max_context is None:  # generate's default: the model's context, at most 4096
+        plan = dataclasses.replace(plan, max_context=min(model.shape.n_ctx_train or 4096, 4096))
+    extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
+    options = CudaOptions(plan=plan, gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
+                          graph=not args.no_graph, profile_path=args.profile,
+                          progress=not args.json, **extra)
+    return name, mod.engine_factory(model, options=options)()
 
 
 def _sampling(args):
@@ -94,7 +128,6 @@ def _model_path(args) -> str:
 
 def run(args) -> int:
     from strata.engine import Sampler, generate
-    from strata.engine.backends import engine_factory
     from strata.gguf import open_model
     from strata.tokenizer import Tokenizer
 
@@ -106,8 +139,7 @@ def run(args) -> int:
     model = open_model(_model_path(args))
     tokenizer = Tokenizer.from_metadata(model.metadata)
     prompt = _prompt_ids(args, model, tokenizer)
-    backend, make_engine = engine_factory(model, args.backend, max_context=args.max_context)
-    engine = make_engine()
+    backend, engine = _engine(args, model)
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)

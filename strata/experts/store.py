@@ -39,14 +39,28 @@ def _align(n: int, a: int = BLOB_ALIGN) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BlobLayout:
-    """One layer's expert blob: gate [n_ff, n_embd] and up in `gate_type`, down [n_embd, n_ff]
-    in `down_type`, at byte offsets 0, `up_off`, `down_off`; `n_bytes` in all (the plan's slot
+    """One layer's expert blob: gate [n_ff, n_embd] in `gate_type`, up in `up_type` (the same
+    format in most files; IQ_MIX / LEGACY_MIX files differ), down [n_embd, n_ff] in
+    `down_type`, at byte offsets 0, `up_off`, `down_off`; `n_bytes` in all (the plan's slot
     size, `ModelShape.expert_slot_bytes`)."""
 
     gate_type: int
     down_type: int
-    gate_bytes: int  # one expert's gate matrix (= its up matrix)
+    gate_bytes: int  # one expert's gate matrix
     down_bytes: int
+    up_type: int = -1  # -1: gate_type
+    up_bytes: int = -1  # -1: gate_bytes
+
+    def __post_init__(self) -> None:
+        if self.up_type < 0:
+            object.__setattr__(self, "up_type", self.gate_type)
+        if self.up_bytes < 0:
+            object.__setattr__(self, "up_bytes", self.gate_bytes)
+
+    @property
+    def mixed(self) -> bool:
+        """Gate and up in different formats (the fused gate/up kernels cannot read it)."""
+        return self.up_type != self.gate_type
 
     @property
     def up_off(self) -> int:
@@ -54,25 +68,23 @@ class BlobLayout:
 
     @property
     def down_off(self) -> int:
-        return 2 * self.gate_bytes
+        return self.gate_bytes + self.up_bytes
 
     @property
     def n_bytes(self) -> int:
-        return 2 * self.gate_bytes + self.down_bytes
+        return self.down_off + self.down_bytes
 
 
 def blob_layout(shape: ModelShape, layer: int) -> BlobLayout:
-    """The blob of `layer`; ValueError when gate and up differ in format (the fused gate/up
-    kernels read both with one decoder)."""
+    """The blob of `layer`; ValueError when a part's size breaks the kernels' 16-byte loads."""
     gate, up, down = shape.layers[layer].experts
-    if gate.ggml_type != up.ggml_type:
-        raise ValueError(f"layer {layer}: ffn_gate_exps ({gate.qtype.name}) and ffn_up_exps "
-                         f"({up.qtype.name}) differ in format; the GPU engine needs them equal")
     n = shape.n_expert
-    lay = BlobLayout(gate.ggml_type, down.ggml_type, gate.slice_bytes(n), down.slice_bytes(n))
-    if lay.gate_bytes % 16:
-        raise ValueError(f"layer {layer}: an expert's gate matrix is {lay.gate_bytes} bytes, "
-                         f"not a multiple of 16 (the kernels' aligned loads need it)")
+    lay = BlobLayout(gate.ggml_type, down.ggml_type, gate.slice_bytes(n), down.slice_bytes(n),
+                     up_type=up.ggml_type, up_bytes=up.slice_bytes(n))
+    for name, size in (("gate", lay.gate_bytes), ("up", lay.up_bytes)):
+        if size % 16:
+            raise ValueError(f"layer {layer}: an expert's {name} matrix is {size} bytes, "
+                             f"not a multiple of 16 (the kernels' aligned loads need it)")
     return lay
 
 
@@ -124,7 +136,7 @@ class HostStore:
         for il in range(self.shape.n_layer):
             lay, rows = self.layouts[il], self.layer_blobs(il)
             n = self.shape.n_expert
-            parts = ((0, lay.gate_bytes), (lay.up_off, lay.gate_bytes),
+            parts = ((0, lay.gate_bytes), (lay.up_off, lay.up_bytes),
                      (lay.down_off, lay.down_bytes))
             for name, (off, size) in zip(EXPERT_NAMES, parts):
                 src = model.raw(f"blk.{il}.{name}.weight").reshape(n, size)

@@ -11,6 +11,7 @@ SCRIPT = """
 from numba import cuda
 from strata.cuda_kernels.launch import PTX_CHECKS
 import strata.engine.cuda.kernels  # registers the engine family
+import strata.engine.cuda.mixed
 done = 0
 for c in PTX_CHECKS:
     if c.family == "engine":
@@ -28,6 +29,6 @@ def test_engine_kernels_compile_for_sm90():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "compiled 3" in proc.stdout
-    for name in ("rms_norm_f16", "fill_positions", "mask_ids"):
+    assert "compiled 5" in proc.stdout
+    for name in ("rms_norm_f16", "fill_positions", "mask_ids", "gather_rows", "swiglu_part"):
         assert name in proc.stdout

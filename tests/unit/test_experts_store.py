@@ -47,17 +47,31 @@ def test_progress_reaches_the_total(tmp_models):
     assert seen[-1][0] == seen[-1][1] and all(a <= b for a, b in seen)
 
 
-def test_gate_and_up_of_different_formats_are_refused(tmp_models):
-    legacy = open_model(model_path(tmp_models, "LEGACY_MIX"))  # gate Q4_0, up Q5_0
-    with pytest.raises(ValueError, match=r"ffn_gate_exps \(Q4_0\) and ffn_up_exps \(Q5_0\)"):
-        build_store(legacy, with_embd=False)
+@pytest.mark.parametrize("mix", ["LEGACY_MIX", "IQ_MIX"])
+def test_gate_and_up_of_different_formats_keep_their_own_sizes(tmp_models, mix):
+    mf = open_model(model_path(tmp_models, mix))  # LEGACY_MIX: gate Q4_0, up Q5_0
+    s = mf.shape
+    store = build_store(mf, with_embd=False)
+    for il in range(s.n_layer):
+        lay = blob_layout(s, il)
+        gate, up, _ = s.layers[il].experts
+        assert lay.mixed and (lay.gate_type, lay.up_type) == (gate.ggml_type, up.ggml_type)
+        assert lay.down_off == lay.gate_bytes + lay.up_bytes != 2 * lay.gate_bytes
+        assert lay.n_bytes == s.expert_slot_bytes(il)
+        e = s.n_expert - 1
+        want = np.concatenate([mf.expert_raw(f"blk.{il}.{n}.weight", e).reshape(-1)
+                               for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")])
+        np.testing.assert_array_equal(store.blob(il, e), want)
+
+
+def test_expert_parts_that_break_aligned_loads_are_refused(tmp_models):
     mf = open_model(model_path(tmp_models, "Q8_0"))
     s = mf.shape
     gate, up, down = s.layers[0].experts
     layers = list(s.layers)
     layers[0] = dataclasses.replace(layers[0], experts=(
-        gate, dataclasses.replace(up, ggml_type=2), down))
+        gate, dataclasses.replace(up, n_bytes=up.n_bytes + 8 * s.n_expert), down))
     bad = dataclasses.replace(s, layers=tuple(layers))
-    with pytest.raises(ValueError, match="differ in format"):
+    with pytest.raises(ValueError, match="up matrix is .* not a multiple of 16"):
         blob_layout(bad, 0)
     assert CONFIG.n_layer == s.n_layer

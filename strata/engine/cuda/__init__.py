@@ -69,7 +69,7 @@ def engine_factory(model: ModelFile, *, max_context: int | None = None,
         if made:
             raise CudaEngineError("the CUDA engine's plan holds one sequence (batch 1); it "
                                   "cannot make a second engine")
-        made.append(CudaEngine(loaded, use_graph=options.graph))
+        made.append(CudaEngine(loaded, use_graph=options.graph, miss_path=options.miss_path))
         return made[0]
 
     return make

@@ -9,6 +9,11 @@ memory per expert, added into the residual, hits/misses counted per layer); fina
 seq_len += 1, then (by mode) nothing, argmax or the seeded sampler appending to the history.
 
 `--no-graph` runs the same `record` launch by launch: the same kernels, the same tokens.
+
+With the CPU pool as the miss path (`miss_path="cpu"`) a step is pieces per layer: attention and
+routing (a graph), the router's choice and the normed input copied to pinned host memory, the
+GPU's hits (a graph, the misses skipped), then the pool computes the misses on the CPU while the
+GPU runs the hits, and adds its sum into the residual.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.router import route
 from strata.cuda_kernels.sampling import argmax, sample
+from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
+from strata.engine.cuda.pool import CpuPool
 from strata.plan.layout import SPLIT_K_TOKENS  # the split the plan sized the partials for
 
 MODES = ("logits", "greedy", "sample")  # what follows the head in a step
@@ -31,11 +38,15 @@ MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 class DecodeStep:
     """The step's launches over one `CudaModel`'s buffers, plain or as graphs (one per mode)."""
 
-    def __init__(self, m: CudaModel, *, use_graph: bool):
+    def __init__(self, m: CudaModel, *, use_graph: bool, miss_path: str = "mapped"):
         self.m = m
         self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
-        self.graphs: dict[str, object] = {}
-        self._warm: set[str] = set()
+        self.graphs: dict[tuple, object] = {}
+        self._warm: set[tuple] = set()
+        if miss_path not in ("mapped", "cpu"):
+            raise ValueError(f"miss_path must be mapped or cpu, got {miss_path!r}")
+        self.miss_path = miss_path
+        self.pool = CpuPool(m) if miss_path == "cpu" else None
         a, s = m.acts, m.shape
         self.x = a["hidden"]  # [1, n_embd] f32, the residual stream
         self.x1 = a["hidden"].reshape(s.n_embd)
@@ -58,10 +69,18 @@ class DecodeStep:
 
     def record(self, stream, mode: str) -> None:
         """Enqueue one step on `stream` (also what a graph captures)."""
-        m, s = self.m, self.m.shape
+        self._begin(stream)
+        for il in range(self.m.shape.n_layer):
+            self._attention(il, stream)
+            self._moe(il, stream, cpu_misses=False)
+        self._end(stream, mode)
+
+    def _begin(self, stream) -> None:
+        m = self.m
         embed(m.embd_table, m.embd_type, self.history, self.seq_len, self.x, stream=stream)
-        for il in range(s.n_layer):
-            self._layer(il, stream)
+
+    def _end(self, stream, mode: str) -> None:
+        m, s = self.m, self.m.shape
         rms_norm(self.x, m.norms["output_norm"], self.xn, eps=s.rms_norm_eps, stream=stream)
         head = m.matrices["output"]
         matvec(head.data, head.ggml_type, self.xn1, self.logits, stream=stream)
@@ -79,7 +98,8 @@ class DecodeStep:
         elif mode != "logits":
             raise ValueError(f"decode mode {mode!r} is not one of {MODES}")
 
-    def _layer(self, il: int, stream) -> None:
+    def _attention(self, il: int, stream) -> None:
+        """Layer il up to its routing: attention, residual, FFN norm, router, top-k."""
         m, s, a = self.m, self.m.shape, self.m.acts
         b = f"blk.{il}."
         eps = s.rms_norm_eps
@@ -104,31 +124,67 @@ class DecodeStep:
         logits = a["router_logits"]
         matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
         route(logits, a["topk_ids"], a["topk_weights"], norm_topk=True, stream=stream)
-        moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
-                   layout=m.layouts[il], slot_table=a["slot_table"], cache=m.cache_bytes,
-                   slot_off=a["slot_off"], host=m.host.device, host_off=a["host_off"],
-                   h=a["moe_h"][0], out=self.x1, miss_list=a["miss_list"][0],
-                   counters=a["hit_counts"], accumulate=True, stream=stream)
+
+    def _moe(self, il: int, stream, *, cpu_misses: bool) -> None:
+        """Layer il's experts added into the residual: cached ones from their slots, missed ones
+        from mapped host memory, or (cpu_misses) left to the CPU pool."""
+        m, a = self.m, self.m.acts
+        where = dict(slot_table=a["slot_table"], cache=m.cache_bytes, slot_off=a["slot_off"],
+                     host=m.host.device, host_off=a["host_off"], h=a["moe_h"][0], out=self.x1,
+                     miss_list=a["miss_list"][0], counters=a["hit_counts"],
+                     cpu_misses=cpu_misses, stream=stream)
+        layout = m.layouts[il]
+        if isinstance(layout, MixedLayout):
+            moe_decode_mixed(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
+                             layout=layout, **where)
+        else:
+            moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
+                       layout=layout, accumulate=True, **where)
 
     # -- running -------------------------------------------------------------------------------
 
     def run(self, mode: str) -> None:
-        """Enqueue one step on the model's stream: a graph replay once the mode's kernels have
-        run plainly (compiled) once, else plain launches."""
+        """Enqueue one step on the model's stream: graph replays once each piece's kernels have
+        run plainly (compiled) once, else plain launches. With the CPU pool the step is pieces
+        per layer (attention+routing | the GPU's hits), the pool's work between them."""
         stream = self.m.stream
-        if not self.use_graph:
-            self.record(stream, mode)
+        if self.pool is None:
+            self._piece(("step", mode), lambda st: self.record(st, mode), stream)
             return
-        g = self.graphs.get(mode)
-        if g is None and mode in self._warm:
+        a, table = self.m.acts, self.m.cache.table
+        for il in range(self.m.shape.n_layer):
+            self._piece(("attn", il), lambda st, il=il: self._pool_attention(il, st), stream)
+            self.pool.fetch(self.xn1, a["topk_ids"][0], a["topk_weights"][0], stream)
+            self._piece(("moe", il), lambda st, il=il: self._moe(il, st, cpu_misses=True),
+                        stream)
+            if self.pool.compute(il, table[il]):
+                self.pool.add_into(self.x1, self.tmp1, stream)
+        self._piece(("end", mode), lambda st: self._end(st, mode), stream)
+
+    def _pool_attention(self, il: int, stream) -> None:
+        if il == 0:
+            self._begin(stream)
+        self._attention(il, stream)
+
+    def _piece(self, key, record, stream) -> None:
+        if not self.use_graph:
+            record(stream)
+            return
+        g = self.graphs.get(key)
+        if g is None and key in self._warm:
             from strata.cuda_kernels.graph import capture
-            g = self.graphs[mode] = capture(lambda st: self.record(st, mode), stream)
+            g = self.graphs[key] = capture(record, stream)
         if g is None:
-            self.record(stream, mode)
-            self._warm.add(mode)
+            record(stream)
+            self._warm.add(key)
         else:
             g.replay(stream)
 
     @property
     def n_graph_nodes(self) -> dict[str, int]:
-        return {k: g.n_nodes for k, g in self.graphs.items()}
+        """Kernel nodes per mode (pool: the pieces of one step summed)."""
+        out: dict[str, int] = {}
+        for key, g in self.graphs.items():
+            name = key[1] if key[0] in ("step", "end") else "pool_layers"
+            out[name] = out.get(name, 0) + g.n_nodes
+        return out

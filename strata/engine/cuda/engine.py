@@ -29,11 +29,13 @@ class CudaEngine(Engine):
 
     backend = "cuda"
 
-    def __init__(self, model: CudaModel, *, use_graph: bool = True):
+    def __init__(self, model: CudaModel, *, use_graph: bool = True, miss_path: str | None = None):
         self.m = model
         self.shape = model.shape
         self.max_context = model.plan.kv.max_context
-        self.step = DecodeStep(model, use_graph=use_graph)
+        self.use_graph = use_graph
+        self.step = DecodeStep(model, use_graph=use_graph,
+                               miss_path=miss_path or model.options.miss_path)
         self.traffic = PrefillTraffic()
         self.n_prompts = 0
         self.last_prompt_use = None
@@ -135,6 +137,12 @@ class CudaEngine(Engine):
         a["sample_fparams"][0].copy_to_device(f, stream=self.m.stream)
         a["sample_iparams"][0].copy_to_device(i, stream=self.m.stream)
         return "sample"
+
+    def set_miss_path(self, miss_path: str) -> None:
+        """Serve decode misses by mapped reads ("mapped") or the CPU pool ("cpu") from the next
+        step on (the bench measures both on one loaded model)."""
+        if miss_path != self.step.miss_path:
+            self.step = DecodeStep(self.m, use_graph=self.use_graph, miss_path=miss_path)
 
     # -- accounting ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.moe import ExpertLayout
+from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
 from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.experts import ExpertCache, build_store, profile_source
@@ -74,6 +75,19 @@ def check_kernel_shape(shape, kv_type: str) -> None:
                               f"kernels take head_dim {ok} (the CPU backend runs any)")
 
 
+def _kernel_layout(shape, lay):
+    """The MoE kernels' view of a layer's blob: the fused kernels' `ExpertLayout`, or the
+    engine's `MixedLayout` where gate and up differ in format."""
+    if not lay.mixed:
+        return ExpertLayout(shape.n_embd, shape.n_ff_expert, lay.gate_type, lay.down_type)
+    try:
+        check_prefill_room(shape.n_embd, shape.n_ff_expert)
+    except ValueError as e:
+        raise CudaEngineError(str(e)) from None
+    return MixedLayout(shape.n_embd, shape.n_ff_expert, lay.gate_type, lay.up_type,
+                       lay.down_type, lay.up_off, lay.down_off)
+
+
 def capped_device(backend, gpu_mem: int | None) -> DeviceInfo:
     """The live device, its free memory capped at `gpu_mem` (a smaller card's budget)."""
     name = "GPU"
@@ -96,7 +110,10 @@ class CudaModel:
     measured (bytes, seconds, GB/s, where misses are served)."""
 
     def __init__(self, model: ModelFile, options: CudaOptions | None = None, *,
-                 backend=None, log: Log | None = None):
+                 backend=None, log: Log | None = None, host_store=None):
+        """`host_store`: a (HostStore, MappedHost) pair of this model from an earlier load,
+        reused instead of filling and registering a new one (the bench's many plans of one
+        file; see `share_store`)."""
         if model.arch != "qwen3moe":
             raise CudaEngineError(f"{model.path}: the CUDA engine runs qwen3moe, not {model.arch}")
         self.file = model
@@ -105,6 +122,7 @@ class CudaModel:
         self.log = log or (lambda text: None)
         self.shape = s = model.shape
         self.report: dict[str, Any] = {}
+        self._shared_store = host_store
         if backend is None:
             from strata.memory.numba_backend import NumbaBackend
             backend = NumbaBackend(options.device)
@@ -115,8 +133,7 @@ class CudaModel:
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)
-        self.layouts = tuple(ExpertLayout(s.n_embd, s.n_ff_expert, lay.gate_type, lay.down_type)
-                             for lay in self.store.layouts)
+        self.layouts = tuple(_kernel_layout(s, lay) for lay in self.store.layouts)
         self.stream.synchronize()
 
     # -- plan and arena ----------------------------------------------------------------------
@@ -205,10 +222,16 @@ class CudaModel:
     def _load_experts(self, model: ModelFile) -> None:
         s, p, o = self.shape, self.plan, self.options
         on_host = p.token_embd == "host"
-        with progress_bar("expert store", 1, o.progress) as update:
-            self.store = build_store(model, with_embd=on_host,
-                                     progress=lambda d, t: update(d / max(t, 1)))
-        self.host: MappedHost = map_host(self.store.buffer)
+        if self._shared_store is not None:
+            self.store, self.host = self._shared_store
+            if on_host and self.store.embd_off < 0:
+                raise CudaEngineError("the shared host store has no token embedding; the plan "
+                                      "looks it up in host memory")
+        else:
+            with progress_bar("expert store", 1, o.progress) as update:
+                self.store = build_store(model, with_embd=on_host,
+                                         progress=lambda d, t: update(d / max(t, 1)))
+            self.host: MappedHost = map_host(self.store.buffer)
         self.report.update(store_bytes=self.store.n_bytes, store_fill_seconds=self.store.fill_seconds,
                            store_register_seconds=self.host.seconds, store_memory=self.host.how)
         self.log(f"expert store: {self.store.n_bytes / 1e9:.2f} GB of host memory, filled in "
@@ -250,6 +273,10 @@ class CudaModel:
                  f" slots ({n_bytes / 1e9:.2f} GB, {n_bytes / max(secs, 1e-9) / 1e9:.1f} GB/s), "
                  f"ranked by {self.report['profile']}; predicted decode hit rate {hit}")
 
+    def share_store(self) -> tuple[Any, MappedHost]:
+        """This model's (HostStore, MappedHost), for `CudaModel(..., host_store=...)`."""
+        return self.store, self.host
+
     def close(self) -> None:
-        """Give the arena back."""
+        """Give the arena back (a shared host store stays registered)."""
         self.arena.close()

@@ -8,6 +8,10 @@ from strata.errors import StrataError
 from strata.plan.options import PlanOptions
 
 
+MISS_PATHS = ("mapped", "cpu")  # decode misses: the GPU reads mapped host memory | the CPU pool
+MISS_PATH_DEFAULT = "mapped"
+
+
 class CudaEngineError(StrataError):
     """The CUDA engine cannot run this model or configuration (the message says why)."""
 
@@ -16,7 +20,9 @@ class CudaEngineError(StrataError):
 class CudaOptions:
     """`plan`: the VRAM knobs; `gpu_mem`: a budget cap in bytes (an H200 standing in for a
     smaller card); `graph`: decode steps as CUDA-graph replays (False: the same kernels launched
-    one by one); `profile_path`: routing counts (.npy) to rank the expert cache by."""
+    one by one); `profile_path`: routing counts (.npy) to rank the expert cache by; `miss_path`:
+    where decode computes the experts missed in VRAM — "mapped" (the MoE kernel reads them from
+    mapped host memory) or "cpu" (the CPU engine's expert pool, beside the GPU's hits)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -25,12 +31,17 @@ class CudaOptions:
     profile_path: str | None = None
     progress: bool = True
     tensor_cores: bool = True
+    miss_path: str = MISS_PATH_DEFAULT
+
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
             raise CudaEngineError(f"--gpu-mem must be positive, got {self.gpu_mem} bytes")
         if self.device < 0:
             raise CudaEngineError(f"--device must be >= 0, got {self.device}")
+        if self.miss_path not in MISS_PATHS:
+            raise CudaEngineError(f"--miss-path {self.miss_path!r}: expected one of "
+                                  f"{', '.join(MISS_PATHS)}")
         if self.plan.batch != 1:
             raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes one "
                                   f"sequence (batch 1)")

@@ -40,6 +40,7 @@ from strata.cuda_kernels.ring import ExpertRing
 from strata.cuda_kernels.route import Routing, combine, route_tokens
 from strata.cuda_kernels.router import route
 from strata.engine.cuda.kernels import fill_positions, mask_ids, rms_norm_f16
+from strata.engine.cuda.mixed import gate_up_unfused
 from strata.engine.cuda.model import CudaModel
 from strata.experts import PrefillTraffic
 from strata.plan.layout import ROUTE_TILE_ROWS, ring_slot_bytes
@@ -237,7 +238,7 @@ class PromptRun:
     def _weights(self, il: int) -> tuple[QuantWeights, QuantWeights, QuantWeights]:
         s, lay, base = self.m.shape, self.m.store.layouts[il], self.scr.base
         gate = QuantWeights(self.arena_u8, base[0], lay.gate_type, s.n_ff_expert, s.n_embd)
-        up = QuantWeights(self.arena_u8, base[1], lay.gate_type, s.n_ff_expert, s.n_embd)
+        up = QuantWeights(self.arena_u8, base[1], lay.up_type, s.n_ff_expert, s.n_embd)
         down = QuantWeights(self.arena_u8, base[2], lay.down_type, s.n_embd, s.n_ff_expert)
         return gate, up, down
 
@@ -249,7 +250,10 @@ class PromptRun:
         gate, up, down = self._weights(il)
         ne = n * self.k
         h, y = self.P["expert_mid"][:ne], self.P["expert_out"][:ne]
-        moe_gate_up(self.P["normed"][:n], gate, up, routing, h, stream=st)
+        if gate.ggml_type == up.ggml_type:
+            moe_gate_up(self.P["normed"][:n], gate, up, routing, h, stream=st)
+        else:  # IQ_MIX / LEGACY_MIX: two plain grouped GEMMs, scratch in y (strata...mixed)
+            gate_up_unfused(self.P["normed"][:n], gate, up, routing, h, y, stream=st)
         moe_down(h, down, routing, y, stream=st)
         combine(y, routing, self.P["topk_weights"][:n], x, accumulate=True, stream=st)
         for sl in slots:
