@@ -75,7 +75,10 @@ def _decode_bytes(m, hit_rate: float) -> tuple[float, float]:
     return dense + hit_rate * expert, (1 - hit_rate) * expert
 
 
-def measure(args, options) -> dict:
+def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
+    """Load `args.model[0]` by `options`, prefill `args.prompt_tokens` random tokens, decode
+    `args.gen`; every number against its bound. `host_store` / `bw`: a shared (HostStore,
+    MappedHost) and bandwidths measured earlier in the same process (the suite's many loads)."""
     from numba import cuda
 
     from strata.engine.cuda.engine import CudaEngine
@@ -87,13 +90,13 @@ def measure(args, options) -> dict:
     # counted only when numba's context was made with the counting manager (no context before)
     counting = isinstance(getattr(cuda.current_context(), "memory_manager", None),
                           emm.CountingMemoryManager)
-    bw = _bandwidths()
+    bw = bw or _bandwidths()
     n_before = len(counter.sizes)
     mf = open_model(args.model[0])
     t0 = time.perf_counter()
-    m = CudaModel(mf, options, log=lambda t: print(t, file=sys.stderr))
+    m = CudaModel(mf, options, log=lambda t: print(t, file=sys.stderr), host_store=host_store)
     load_s = time.perf_counter() - t0
-    eng = CudaEngine(m, use_graph=options.graph)
+    eng = CudaEngine(m, use_graph=options.graph, miss_path=options.miss_path)
     s = mf.shape
     rng = np.random.default_rng(args.seed)
     n_prompt, n_gen = args.prompt_tokens, args.gen
@@ -118,7 +121,10 @@ def measure(args, options) -> dict:
     allocs = counter.sizes[n_before:]
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
-    t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (bw["h2d_gb_per_s"] * 1e9)
+    pool = eng.step.pool
+    pool_gbps = pool.n_bytes / pool.seconds / 1e9 if pool is not None and pool.seconds else None
+    miss_gbps = pool_gbps if pool is not None else bw["h2d_gb_per_s"]  # the path serving misses
+    t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (max(miss_gbps or 0, 1e-9) * 1e9)
     decode_tps = (n_gen - 1) / decode_s
     prefill_tps = n_prompt / prefill_s
     stream_bound = n_prompt / (streamed / (bw["h2d_gb_per_s"] * 1e9)) if streamed else None
@@ -140,7 +146,8 @@ def measure(args, options) -> dict:
                     "fraction_of_streaming_bound": prefill_tps / stream_bound
                     if stream_bound else None},
         "decode": {"tokens": n_gen, "seconds": decode_s, "tokens_per_s": decode_tps,
-                   "graph": options.graph, "graph_nodes": eng.step.n_graph_nodes,
+                   "miss_path": options.miss_path, "miss_path_gb_per_s": miss_gbps,
+                   "cpu_pool_gb_per_s": pool_gbps, "graph": options.graph, "graph_nodes": eng.step.n_graph_nodes,
                    "hit_rate_measured": hits.hit_rate, "hit_rate_predicted": pred,
                    "hit_rate_per_layer": [None if np.isnan(x) else float(x)
                                           for x in hits.layer_rates()],
@@ -176,7 +183,9 @@ def table(r: dict) -> str:
         f"{p['mode']}, ring {p['ring_slots']} slots)",
         f"  {'decode':8s} {d['tokens_per_s']:10.1f} {d['bound_tokens_per_s']:10.1f} "
         f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
-        f"host {d['host_bytes_per_token'] / 1e9:.3f} GB per token",
+        f"missed {d['host_bytes_per_token'] / 1e9:.3f} GB per token"
+        + (f" at {d['miss_path_gb_per_s']:.1f} GB/s ({d.get('miss_path', 'mapped')})"
+           if d.get("miss_path_gb_per_s") else ""),
         f"  expert hit rate: measured {_pct(d['hit_rate_measured'])}, predicted "
         f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']})",
     ]
@@ -194,14 +203,16 @@ def run_cuda(args) -> int:
     if args.prompt_tokens < 1 or args.gen < 2:
         raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
     gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
+    extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
     options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
-                          profile_path=args.profile, progress=not args.json)
+                          profile_path=args.profile, progress=not args.json, **extra)
     res = measure(args, options)
     command = (f"strata bench --backend cuda -m {args.model[0]} --prompt-tokens "
                f"{args.prompt_tokens} --gen {args.gen}"
                + (f" --gpu-mem {args.gpu_mem}" if args.gpu_mem else "")
                + (f" --max-context {args.max_context}" if args.max_context else "")
-               + (" --no-graph" if args.no_graph else ""))
+               + (" --no-graph" if args.no_graph else "")
+               + (f" --miss-path {options.miss_path}" if extra else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
                command=command, backend="cuda")
     if args.json:

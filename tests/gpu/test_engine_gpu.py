@@ -8,7 +8,9 @@
   borrowed prompt paths, graph vs no graph, ring waves vs one wave: the same greedy tokens;
 * two prompts back to back on a borrowed path: the loan's bookkeeping is restored after each
   and the outputs repeat;
-* decode hits and misses are counted on the device, per layer.
+* decode hits and misses are counted on the device, per layer;
+* the CPU pool as the miss path gives the mapped path's tokens; IQ_MIX and LEGACY_MIX (gate
+  and up in different formats) run.
 """
 
 from __future__ import annotations
@@ -147,6 +149,24 @@ def test_ring_waves_and_prefetch_match_resident(tmp_models):
     # (measured on the H200: 2.7e-4 at most on logits of ~1)
     np.testing.assert_array_equal(out["prefetch"][1], out["resident"][1])
     assert _rel(out["waves"][1], out["resident"][1]) < 1e-3
+
+
+def test_cpu_pool_misses_give_the_mapped_tokens(tmp_models):
+    """Decode misses computed by the CPU pool beside the GPU: the same greedy tokens as the
+    mapped reads, every miss computed on the CPU."""
+    path = model_path(tmp_models, "Q4_K_M")
+    m, eng = load(path, expert_cache=8)
+    mapped, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    eng.set_miss_path("cpu")
+    before = eng.hits()
+    pooled, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    hits = eng.hits().since(before)
+    ROWS.append(f"cpu pool: {eng.step.pool.n_experts} experts on the CPU "
+                f"({eng.step.pool.n_bytes / 1e6:.1f} MB in {eng.step.pool.seconds * 1e3:.1f} ms)"
+                f", tokens {pooled}; mapped {mapped}")
+    assert hits.misses > 0 and eng.step.pool.n_experts == hits.misses
+    assert pooled == mapped
+    m.close()
 
 
 @pytest.mark.parametrize("mix", MIXES)

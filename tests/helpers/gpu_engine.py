@@ -15,8 +15,9 @@ CONFIG = dataclasses.replace(
     PRESETS["tiny"], name="gpu-engine-test", n_layer=2, n_embd=768, n_head=6, n_head_kv=2,
     head_dim=64, n_expert=16, n_expert_used=4, n_ff_expert=256, n_vocab=640, n_ctx_train=1024)
 
-# The mixes whose expert gate and up share a format (what the GPU MoE kernels read).
-MIXES = ("Q8_0", "Q4_K_M", "Q4_0", "IQ4_XS")
+# Four llama.cpp mixes and the two whose expert gate and up differ in format (the engine's
+# mixed-layout kernels: strata.engine.cuda.mixed).
+MIXES = ("Q8_0", "Q4_K_M", "Q4_0", "IQ4_XS", "IQ_MIX", "LEGACY_MIX")
 PROMPT = [17, 402, 5, 311, 77, 260, 9, 600, 33]
 
 

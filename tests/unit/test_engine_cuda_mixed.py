@@ -8,11 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from helpers.kernel_blocks import random_rows, reference
 from numba import cuda
 
-from helpers.kernel_blocks import random_rows, reference
-from strata.engine.cuda.mixed import (MixedLayout, check_prefill_room, gate_up_unfused,
-                                      moe_decode_mixed)
+from strata.engine.cuda.mixed import (
+    MixedLayout,
+    check_prefill_room,
+    gate_up_unfused,
+    moe_decode_mixed,
+)
 
 D, FF, N_EXP = 64, 32, 3
 TYPES = {"gate": T.Q4_0, "up": T.Q5_0, "down": T.Q8_0}
@@ -104,7 +108,7 @@ def test_prompt_path_gate_up_unfused_matches_reference():
     inv = routing.inv.copy_to_host()
     got = h.copy_to_host().astype(np.float64)
     x64 = x.astype(np.float64)
-    r16 = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - tensor cores' f16
+    r16 = lambda a: a.astype(np.float16).astype(np.float64)
     for t in range(n_tok):
         for s in range(k):
             dq = mats[ids[t, s]]

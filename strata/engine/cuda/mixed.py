@@ -22,12 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, types
 
-from strata.cuda_kernels.launch import check_array, device_table, flat, n_blocks, register_ptx
+from strata.cuda_kernels.intrinsics import warp_sum
+from strata.cuda_kernels.launch import (
+    check_array,
+    device_table,
+    flat,
+    n_blocks,
+    register_ptx,
+)
 from strata.cuda_kernels.matmul import QuantWeights, moe_down
 from strata.cuda_kernels.moe import resolve
 from strata.cuda_kernels.qformats import FORMATS, get_format
 from strata.cuda_kernels.xstage import XPAD, stage_x, staged_bytes
-from strata.cuda_kernels.intrinsics import warp_sum
 
 WARPS = 4
 THREADS = 32 * WARPS

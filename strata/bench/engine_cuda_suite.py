@@ -1,0 +1,253 @@
+"""The CUDA engine's device suite in one process over one host store (a 31 GB Q8_0 store is
+filled and registered once, not per load):
+
+* `d2`: decode after a 4096-token prompt with `--gpu-mem 8GiB`, by each miss path;
+* `p1`: a 16K-token prompt with `--gpu-mem 8GiB` against the PCIe streaming bound;
+* `miss`: decode with expert caches of several sizes (hit rates), misses served by mapped reads
+  and by the CPU pool, on one card without a cap;
+* `oom`: budgets x contexts x chunks: every accepted plan runs a prompt and 32 decode steps,
+  every refusal comes at start-up (no device allocation) with knobs; printed as a matrix.
+
+    python -m strata.bench.engine_cuda_suite -m FILE.gguf --out DIR [--parts d2,p1,miss,oom]
+
+Each part writes DIR/<part>.json (date, commit, device, command inside) as soon as it is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+GIB = 1 << 30
+PARTS = ("d2", "p1", "miss", "oom")
+OOM_BUDGETS_GIB = (6, 8, 12, 16, 24)
+OOM_CONTEXTS = (4096, 16384, 32768, 65536, 131072)
+OOM_CHUNKS = ("auto", "2048")
+OOM_PROMPT_MAX = 2048  # the matrix's prompt: one chunk of the plan, at most this many tokens
+OOM_DECODE_STEPS = 32
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Suite:
+    def __init__(self, args):
+        from strata.bench.engine_cuda import _bandwidths, _commit
+        from strata.engine.cuda.hostmem import map_host
+        from strata.experts import build_store
+        from strata.gguf import open_model
+        from strata.memory import emm
+
+        self.args = args
+        self.counter = emm.install_counting_manager()
+        self.bw = _bandwidths()
+        self.mf = open_model(args.model)
+        t0 = time.perf_counter()
+        store = build_store(self.mf, with_embd=True)
+        self.store = (store, map_host(store.buffer))
+        self.store_seconds = time.perf_counter() - t0
+        self.commit = args.commit or _commit()
+        _log(f"store {store.n_bytes / 1e9:.1f} GB filled and registered in "
+             f"{self.store_seconds:.1f} s; bandwidths {self.bw}")
+
+    def options(self, *, gpu_mem=None, miss_path="mapped", **plan):
+        from strata.engine.cuda.options import CudaOptions
+        from strata.plan.options import PlanOptions
+
+        return CudaOptions(plan=PlanOptions(**plan), gpu_mem=gpu_mem, progress=False,
+                           miss_path=miss_path)
+
+    def bench(self, *, prompt: int, gen: int, options) -> dict:
+        from strata.bench.engine_cuda import measure
+
+        ns = SimpleNamespace(model=[self.args.model], prompt_tokens=prompt, gen=gen, seed=0)
+        return measure(ns, options, host_store=self.store, bw=self.bw)
+
+    def write(self, part: str, body: dict) -> None:
+        from numba import cuda
+
+        name = cuda.get_current_device().name
+        body.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    commit=self.commit, device=name.decode() if isinstance(name, bytes) else name,
+                    command=f"python -m strata.bench.engine_cuda_suite -m {self.args.model} "
+                            f"--parts {part}  (file: {self.args.file_note})",
+                    bandwidth=self.bw, store_seconds=self.store_seconds)
+        path = Path(self.args.out) / f"{part}.json"
+        path.write_text(json.dumps(body, indent=2, default=float))
+        _log(f"wrote {path}")
+
+    # -- parts ---------------------------------------------------------------------------------
+
+    def d2(self) -> None:
+        runs = {mp: self.bench(prompt=4096, gen=128, options=self.options(
+            gpu_mem=8 * GIB, miss_path=mp, max_context=4608)) for mp in ("mapped", "cpu")}
+        for mp, r in runs.items():
+            d = r["decode"]
+            _log(f"D2 {mp}: {d['tokens_per_s']:.1f} tok/s, bound {d['bound_tokens_per_s']:.1f}, "
+                 f"hit {d['hit_rate_measured']:.3f} (plan {d['hit_rate_predicted']:.3f})")
+        self.write("d2", {"target": {"decode_tok_s": 70, "fraction_of_miss_path_bound": 0.6},
+                          "runs": runs})
+
+    def p1(self) -> None:
+        r = self.bench(prompt=16384, gen=32, options=self.options(gpu_mem=8 * GIB,
+                                                                  max_context=16896))
+        p = r["prefill"]
+        _log(f"P1: {p['tokens_per_s']:.0f} tok/s, bound {p['pcie_streaming_bound_tokens_per_s']}")
+        self.write("p1", {"target": {"fraction_of_streaming_bound": 0.8}, "run": r})
+
+    def miss(self) -> None:
+        n_pairs = self.mf.shape.n_layer * self.mf.shape.n_expert
+        rows = []
+        for frac in self.args.sweep:
+            for mp in ("mapped", "cpu"):
+                r = self.bench(prompt=512, gen=64, options=self.options(
+                    miss_path=mp, max_context=1024, expert_cache=int(round(frac * n_pairs))))
+                d = r["decode"]
+                rows.append({"cache_fraction": frac, "miss_path": mp,
+                             "tokens_per_s": d["tokens_per_s"],
+                             "hit_rate_measured": d["hit_rate_measured"],
+                             "hit_rate_predicted": d["hit_rate_predicted"],
+                             "missed_bytes_per_token": d["host_bytes_per_token"],
+                             "missed_gb_per_s_achieved": d["host_bytes_per_token"]
+                             * d["tokens_per_s"] / 1e9,
+                             "cpu_pool_gb_per_s": d["cpu_pool_gb_per_s"]})
+                _log(f"miss sweep {frac:.2f} {mp:6s}: {d['tokens_per_s']:7.1f} tok/s, hit "
+                     f"{d['hit_rate_measured']:.3f}")
+        self.write("miss", {"rows": rows, "table": miss_table(rows)})
+        print(miss_table(rows), flush=True)
+
+    def oom(self) -> None:
+        from strata.engine.cuda.engine import CudaEngine
+        from strata.engine.cuda.model import CudaModel
+        from strata.engine.cuda.options import CudaEngineError
+        from strata.plan.options import PrefillRequest
+
+        cells, t_end = [], time.perf_counter() + self.args.oom_seconds
+        for budget in OOM_BUDGETS_GIB:
+            for ctx in OOM_CONTEXTS:
+                for chunk in OOM_CHUNKS:
+                    cell = {"budget_gib": budget, "context": ctx, "chunk": chunk}
+                    cells.append(cell)
+                    if time.perf_counter() > t_end:
+                        cell["result"] = "not run (suite time budget)"
+                        continue
+                    opts = self.options(gpu_mem=budget * GIB, max_context=ctx,
+                                        prefill=PrefillRequest.parse(chunk))
+                    n0 = len(self.counter.sizes)
+                    try:
+                        m = CudaModel(self.mf, opts, host_store=self.store)
+                    except CudaEngineError as e:
+                        msg = str(e)
+                        cell.update(result="refused", allocations=len(self.counter.sizes) - n0,
+                                    knobs=[ln.strip() for ln in msg.splitlines()
+                                           if ln.startswith("    ")],
+                                    message=msg.splitlines()[0])
+                        continue
+                    cell.update(self._oom_run(m, CudaEngine, ctx))
+                    cell["allocations"] = len(self.counter.sizes) - n0
+                    m.close()
+                    _log(f"oom {budget} GiB ctx {ctx} {chunk}: {cell['result']}")
+        table = oom_table(cells)
+        print(table, flush=True)
+        self.write("oom", {"cells": cells, "table": table,
+                           "prompt": f"min(plan chunk, {OOM_PROMPT_MAX}, context - 40) tokens",
+                           "decode_steps": OOM_DECODE_STEPS})
+
+    def _oom_run(self, m, engine_cls, ctx: int) -> dict:
+        import numpy as np
+
+        p = m.plan.prefill
+        out = {"chunk_planned": p.chunk, "mode": p.mode, "lend_slots": p.lend_slots,
+               "ring_slots": p.ring_slots, "cache_slots": m.plan.devices[0].expert_cache_slots,
+               "arena_bytes": m.arena.device_plan.arena_bytes,
+               "hit_rate_predicted": m.plan.predicted_hit_rate}
+        try:
+            eng = engine_cls(m)
+            n = max(1, min(p.chunk, OOM_PROMPT_MAX, ctx - 40))
+            prompt = np.random.default_rng(ctx).integers(0, m.shape.n_vocab, n).tolist()
+            t0 = time.perf_counter()
+            eng.prefill(prompt)
+            eng.decode_tokens(OOM_DECODE_STEPS + 1)
+            h = eng.hits()
+            out.update(result="ok", prompt_tokens=n, seconds=time.perf_counter() - t0,
+                       hit_rate_measured=h.hit_rate)
+        except Exception as e:  # recorded: a failure after READY is what the matrix looks for
+            out.update(result=f"FAILED after load: {type(e).__name__}: {e}")
+        return out
+
+
+def miss_table(rows: list[dict]) -> str:
+    lines = [f"{'cache':>6s} {'hit':>6s} {'mapped':>9s} {'cpu pool':>9s}  faster   (decode tok/s)"]
+    fracs = sorted({r["cache_fraction"] for r in rows})
+    for f in fracs:
+        by = {r["miss_path"]: r for r in rows if r["cache_fraction"] == f}
+        mp, cp = by.get("mapped"), by.get("cpu")
+        if not (mp and cp):
+            continue
+        hit = mp["hit_rate_measured"] or 0.0
+        best = "mapped" if mp["tokens_per_s"] >= cp["tokens_per_s"] else "cpu"
+        lines.append(f"{f:6.0%} {hit:6.1%} {mp['tokens_per_s']:9.1f} {cp['tokens_per_s']:9.1f}  "
+                     f"{best}")
+    return "\n".join(lines)
+
+
+def oom_table(cells: list[dict]) -> str:
+    def show(c):
+        r = c.get("result", "")
+        if r == "ok":
+            return f"ok {c['mode'][0]}{c['chunk_planned']}"
+        if r == "refused":
+            return f"refused({len(c.get('knobs', []))}k)"
+        return "FAIL" if r.startswith("FAILED") else "-"
+    head = f"{'budget':>7s} " + " ".join(f"{ctx // 1024:>4d}K/{ch:<5s}" + " " * 3
+                                        for ctx in OOM_CONTEXTS for ch in OOM_CHUNKS)
+    lines = [head]
+    for b in OOM_BUDGETS_GIB:
+        row = [c for c in cells if c["budget_gib"] == b]
+        lines.append(f"{b:>4d}GiB " + " ".join(f"{show(c):<13s}" for c in row))
+    lines.append("ok o|bN: accepted, prompt path owned|borrowed with chunk N, a prompt and "
+                 f"{OOM_DECODE_STEPS} decode steps ran; refused(Nk): refused at start-up with "
+                 f"N knobs")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m strata.bench.engine_cuda_suite")
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--parts", default=",".join(PARTS))
+    ap.add_argument("--sweep", default="0,0.15,0.35,0.7",
+                    help="expert-cache sizes of the miss sweep, as fractions of all experts")
+    ap.add_argument("--oom-seconds", type=float, default=120.0,
+                    help="time budget of the OOM matrix (later cells: not run)")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--file-note", default="")
+    args = ap.parse_args(argv)
+    args.sweep = [float(x) for x in args.sweep.split(",")]
+    parts = [p for p in args.parts.split(",") if p]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        ap.error(f"unknown parts {bad}; known: {', '.join(PARTS)}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    suite = Suite(args)
+    for part in parts:
+        t0 = time.perf_counter()
+        try:
+            getattr(suite, part)()
+        except Exception as e:  # one part's failure must not lose the others' results
+            import traceback
+
+            traceback.print_exc()
+            suite.write(part, {"error": f"{type(e).__name__}: {e}"})
+        _log(f"part {part}: {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
