@@ -1,5 +1,7 @@
 """`strata`: the entry point. Subcommands are imported lazily, so `strata plan` and
-`strata synth` start without importing numba or touching CUDA."""
+`strata synth` start without importing numba or touching CUDA. In the frozen one-file build,
+numba's cache is pointed at the per-user cache folder before any subcommand runs
+(`strata.aot.frozen`), and the hidden `strata selfcheck` checks what the build runs on."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import sys
 
 from strata import __version__
+from strata.aot.frozen import configure as configure_frozen
 from strata.errors import StrataError
 
 # name -> one-line help. Each name is a module strata.cli.<name> with
@@ -20,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "profile": "record a routing profile (which experts each layer uses) by running prompts",
     "serve": "serve a model over HTTP: OpenAI and Anthropic APIs, metrics, a monitor page",
 }
+# Subcommands left out of --help (same module contract).
+HIDDEN: tuple[str, ...] = ("selfcheck",)
 
 
 def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
@@ -30,8 +35,10 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     parser.add_argument("--version", action="version", version=f"strata {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    for name in (*COMMANDS, *HIDDEN):
+        # a parser added without help= is left out of the command list
+        kw = {"help": COMMANDS[name], "description": COMMANDS[name]} if name in COMMANDS else {}
+        p = sub.add_parser(name, **kw)
         if name == chosen:  # only the chosen subcommand's module is imported
             module = importlib.import_module(f"strata.cli.{name}")
             module.add_arguments(p)
@@ -40,6 +47,7 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_frozen()  # before anything imports numba
     argv = sys.argv[1:] if argv is None else argv
     parser, chosen = _parser_for(argv)
     args = parser.parse_args(argv)
@@ -57,4 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import multiprocessing
+
+    multiprocessing.freeze_support()  # a frozen app's worker processes start here too
     sys.exit(main())

@@ -1,0 +1,168 @@
+"""Compile every registered CUDA kernel specialization ahead of time into a kernel bundle.
+
+    python -m strata.aot.build OUT.zip [--jobs N] [--family F] [-k PATTERN]
+
+No GPU is needed: each kernel is typed and lowered to LLVM IR once (for the lowest architecture,
+so the IR uses nothing a newer one lacks), NVVM turns that IR into PTX per architecture, and
+cuda.core's Linker (nvJitLink) turns each PTX into a cubin. The specializations are the ones the
+kernel modules register for the compile check (`cuda_kernels.launch.PTX_CHECKS`), the engine's
+kernel modules included (`registry`). Exits non-zero
+if any kernel fails; prints one line per kernel and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from strata.aot.bundle import CUBIN_ARCHS, PTX_ARCH, cubin_tag, ptx_tag, write_bundle
+from strata.aot.identity import kernel_key, signature_key
+
+_ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
+
+
+# Kernel modules the engine imports beyond the compile check's list (they register under family
+# "engine"); one that is not in this checkout is skipped.
+ENGINE_MODULES = ("strata.engine.cuda.kernels", "strata.engine.cuda.mixed")
+
+
+def registry(family: str | None = None, pattern: str | None = None) -> list:
+    """Every registered kernel specialization (`launch.PtxCheck`) the bundle is built from: the
+    compile check's modules and the engine's, filtered by family and name substring."""
+    import importlib.util
+
+    from strata.cuda_kernels.compile_check import MODULES
+
+    for m in MODULES + ENGINE_MODULES:
+        if m in MODULES or importlib.util.find_spec(m) is not None:
+            importlib.import_module(m)
+    from strata.cuda_kernels.launch import PTX_CHECKS
+    return [c for c in PTX_CHECKS
+            if (family is None or c.family == family) and (pattern is None or pattern in c.name)]
+
+
+def _checks(family: str | None, pattern: str | None):
+    return registry(family, pattern)
+
+
+def compile_one(py_func, sig) -> tuple[dict, dict[str, bytes]]:
+    """(entry fields, {tag: image}) of one kernel specialization: cubins for CUBIN_ARCHS and the
+    PTX of PTX_ARCH."""
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    from numba.cuda.compiler import _compile_pyfunc_with_fixup
+
+    lowest = min(CUBIN_ARCHS + (PTX_ARCH,))
+    lib, _ = _compile_pyfunc_with_fixup(py_func, sig, device=False, cc=lowest, abi="numba")
+    if lib._linking_files or lib.needs_cudadevrt:
+        raise RuntimeError("links external code (files or cudadevrt), which the bundle cannot "
+                           "carry")
+    images: dict[str, bytes] = {}
+    symbol = None
+    for cc in sorted(set(CUBIN_ARCHS + (PTX_ARCH,))):
+        (ptx,) = lib.get_asm_strs(cc=cc)
+        found = _ENTRY.findall(ptx)
+        if len(found) != 1:
+            raise RuntimeError(f"expected one .entry in the PTX, found {len(found)}")
+        symbol = found[0]
+        if cc in CUBIN_ARCHS:
+            opts = LinkerOptions(arch=cubin_tag(cc))
+            images[cubin_tag(cc)] = bytes(
+                Linker(ObjectCode.from_ptx(ptx.encode()), options=opts).link("cubin").code)
+        if cc == PTX_ARCH:
+            images[ptx_tag(cc)] = ptx.encode() + b"\0"  # the driver reads it as a C string
+    argtypes = tuple(sig.args) if hasattr(sig, "args") else tuple(sig)
+    fields = {"kernel": kernel_key(py_func), "signature": signature_key(argtypes), "name": "",
+              "symbol": symbol, "cooperative": bool(lib.use_cooperative)}
+    return fields, images
+
+
+def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple]:
+    family, pattern, indices = args
+    checks = _checks(family, pattern)
+    out = []
+    for i in indices:
+        c = checks[i]
+        t0 = time.perf_counter()
+        try:
+            fn, sig = c.build()
+            fields, images = compile_one(fn, sig)
+            fields["name"] = f"{c.family}/{c.name}"
+            out.append((i, fields, images, time.perf_counter() - t0, ""))
+        except Exception as e:  # noqa: BLE001 - reported per kernel; any failure fails the build
+            msg = str(e).splitlines()[0] if str(e) else ""
+            out.append((i, None, None, time.perf_counter() - t0,
+                        f"{c.family}/{c.name}: {type(e).__name__}: {msg}"[:300]))
+    return out
+
+
+def toolchain() -> dict:
+    """Versions the bundle was built with (recorded in its index, printed by selfcheck)."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {"python": sys.version.split()[0]}
+    for dist in ("numba", "numba-cuda", "cuda-core", "cuda-bindings", "nvidia-nvvm"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def build(out_path: str, *, family: str | None = None, pattern: str | None = None,
+          jobs: int = 1, log=print) -> int:
+    """Compile the matching specializations into `out_path`; returns the number of failures."""
+    n = len(_checks(family, pattern))
+    if n == 0:
+        log("aot build: no kernel matches")
+        return 1
+    t0 = time.perf_counter()
+    jobs = max(1, min(jobs, n))
+    parts = [(family, pattern, list(range(k, n, jobs))) for k in range(jobs)]
+    if jobs == 1:
+        rows = _compile_range(parts[0])
+    else:
+        with ProcessPoolExecutor(jobs) as ex:
+            rows = [r for part in ex.map(_compile_range, parts) for r in part]
+    rows.sort(key=lambda r: r[0])
+    failures = [r[4] for r in rows if r[1] is None]
+    for f in failures:
+        log(f"FAIL {f}")
+    seen: dict[tuple[str, str], str] = {}
+    entries = []
+    for _, fields, images, _, _ in rows:
+        if fields is None:
+            continue
+        k = (fields["kernel"], fields["signature"])
+        if k in seen:  # two registry names for one specialization: one copy serves both
+            continue
+        seen[k] = fields["name"]
+        entries.append((fields, images))
+    archs = [cubin_tag(cc) for cc in CUBIN_ARCHS] + [ptx_tag(PTX_ARCH)]
+    if not failures:
+        write_bundle(out_path, entries, toolchain=toolchain(), archs=archs)
+    size_mib = os.path.getsize(out_path) / 2**20 if not failures else 0.0
+    log(f"aot build: {len(rows)} specializations ({len(entries)} distinct), {len(failures)} "
+        f"failed, {' '.join(archs)}, {size_mib:.1f} MiB, {time.perf_counter() - t0:.0f} s, "
+        f"{jobs} jobs")
+    return len(failures)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--family")
+    p.add_argument("-k", dest="pattern")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    a = p.parse_args(argv)
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        print("aot build: unset NUMBA_ENABLE_CUDASIM (the simulator cannot compile)",
+              file=sys.stderr)
+        return 2
+    return 1 if build(a.out, family=a.family, pattern=a.pattern, jobs=a.jobs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

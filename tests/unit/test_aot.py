@@ -1,0 +1,225 @@
+"""The one-file build's pure parts: image choice per GPU, the bundle format, kernel keys, the
+Windows/Linux answers (injected), and the frozen app's numba cache settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strata.aot import bundle as B
+from strata.aot import frozen, platform
+from strata.aot.identity import UnstableKeyError, kernel_key, signature_key
+
+ALL_TAGS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120", "compute_90"]
+
+
+@pytest.mark.parametrize("cc, want", [
+    ((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 7), "sm_86"), ((8, 9), "sm_89"),
+    ((9, 0), "sm_90"), ((10, 0), "compute_90"), ((12, 0), "sm_120"), ((12, 1), "sm_120"),
+    ((13, 0), "compute_90"), ((7, 5), None),
+])
+def test_choose_image_per_compute_capability(cc, want):
+    assert B.choose_image(ALL_TAGS, cc) == want
+
+
+def test_choose_image_prefers_newest_ptx_not_above_the_gpu():
+    assert B.choose_image(["compute_80", "compute_90"], (9, 0)) == "compute_90"
+    assert B.choose_image(["compute_80", "compute_90"], (8, 9)) == "compute_80"
+    assert B.choose_image(["sm_90"], (8, 0)) is None
+
+
+def test_bad_tag_is_refused():
+    with pytest.raises(B.BundleError, match="bad image tag"):
+        B.choose_image(["gfx_90"], (9, 0))
+
+
+def _fields(i: int) -> dict:
+    return {"kernel": f"m:k{i}:abc", "signature": "int64", "name": f"fam/k{i}",
+            "symbol": f"_Z{i}", "cooperative": False}
+
+
+def test_bundle_round_trip_and_image_for_gpu(tmp_path):
+    path = tmp_path / "k.zip"
+    images = {"sm_90": b"cubin90", "sm_80": b"cubin80", "compute_90": b"ptx\0"}
+    n = B.write_bundle(path, [(_fields(0), images), (_fields(1), {"sm_80": b"x"})],
+                       toolchain={"numba-cuda": "0.30.4"}, archs=["sm_80", "sm_90", "compute_90"])
+    assert n == 2
+    b = B.KernelBundle(path)
+    assert len(b) == 2 and b.toolchain["numba-cuda"] == "0.30.4"
+    e = b.lookup("m:k0:abc", "int64")
+    assert e is not None and e.symbol == "_Z0"
+    assert b.image(e, (9, 0)) == ("sm_90", b"cubin90")
+    assert b.image(e, (8, 6)) == ("sm_80", b"cubin80")
+    assert b.image(e, (10, 0)) == ("compute_90", b"ptx\0")
+    assert b.lookup("m:k0:abc", "int32") is None
+    with pytest.raises(B.BundleError, match="compute capability 9.0"):
+        b.image(b.lookup("m:k1:abc", "int64"), (9, 0))
+
+
+def test_bundle_errors_name_the_problem(tmp_path):
+    with pytest.raises(B.BundleError, match="cannot read"):
+        B.KernelBundle(tmp_path / "absent.zip")
+    (tmp_path / "bad.zip").write_bytes(b"not a zip")
+    with pytest.raises(B.BundleError, match="cannot read"):
+        B.KernelBundle(tmp_path / "bad.zip")
+    with pytest.raises(B.BundleError, match="has no image"):
+        B.write_bundle(tmp_path / "e.zip", [(_fields(0), {})], toolchain={}, archs=[])
+
+
+def _factory(n_tok, flag):
+    def inner(x):
+        return x + n_tok
+    def kernel(x):
+        return inner(x) if flag else x
+    return kernel
+
+
+def test_kernel_key_same_for_same_factory_arguments_and_differs_otherwise():
+    a, b, c = _factory(2, True), _factory(2, True), _factory(3, True)
+    assert a is not b
+    assert kernel_key(a) == kernel_key(b)
+    assert kernel_key(a) != kernel_key(c)
+    assert kernel_key(a) != kernel_key(_factory(2, False))
+    assert kernel_key(a).startswith(f"{__name__}:_factory.<locals>.kernel:")
+
+
+def test_kernel_key_hashes_captured_arrays_by_content():
+    def make(table):
+        def k(i):
+            return table[i]
+        return k
+    t = np.arange(4, dtype=np.uint32)
+    assert kernel_key(make(t)) == kernel_key(make(t.copy()))
+    assert kernel_key(make(t)) != kernel_key(make(t + 1))
+
+
+def test_kernel_key_refuses_values_without_stable_text():
+    obj = object()
+
+    def k():
+        return obj
+    with pytest.raises(UnstableKeyError, match="no stable text"):
+        kernel_key(k)
+
+
+def test_kernel_key_is_the_same_in_another_process():
+    code = textwrap.dedent("""
+        from strata.aot.identity import kernel_key, signature_key
+        from strata.cuda_kernels import sampling
+        from numba import types
+        print(kernel_key(sampling.argmax_kernel.py_func))
+        print(signature_key((types.float32[::1], types.int64)))
+    """)
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+    outs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           check=True, timeout=120).stdout for _ in range(2)]
+    assert outs[0] == outs[1]
+    key, sig = outs[0].splitlines()
+    assert key.startswith("strata.cuda_kernels.sampling:argmax_kernel:")
+    assert sig == "array(float32, 1d, C), int64"
+
+
+def test_signature_key_joins_numba_type_names():
+    from numba import types
+    assert signature_key((types.uint8[::1], types.int32)) == "array(uint8, 1d, C), int32"
+
+
+def test_windows_answers():
+    assert platform.executable_name("win32") == "strata.exe"
+    assert platform.executable_name("linux") == "strata"
+    libs = platform.driver_libraries("win32")
+    assert (libs.cuda, libs.nvml) == ("nvcuda.dll", "nvml.dll")
+    assert platform.driver_libraries("linux").cuda == "libcuda.so.1"
+    home = Path("C:/Users/ann")
+    got = platform.user_cache_dir(platform="win32", environ={"LOCALAPPDATA": "D:/AppData"},
+                                  home=home)
+    assert got == Path("D:/AppData") / "strata" / "cache"
+    assert platform.user_cache_dir(platform="win32", environ={}, home=home) == \
+        home / "AppData" / "Local" / "strata" / "cache"
+
+
+def test_linux_cache_folder_follows_xdg():
+    home = Path("/home/ann")
+    assert platform.user_cache_dir(platform="linux", environ={"XDG_CACHE_HOME": "/c"},
+                                   home=home) == Path("/c/strata")
+    assert platform.user_cache_dir(platform="linux", environ={}, home=home) == \
+        home / ".cache" / "strata"
+
+
+def test_user_cache_dir_is_the_default_models_folder():
+    from strata.synth.cache import cache_dir
+    assert platform.user_cache_dir() == cache_dir()
+
+
+def test_load_driver_reports_the_loader_error():
+    seen = []
+
+    def missing(name):
+        seen.append(name)
+        raise OSError(f"{name}: not found")
+    assert platform.load_driver(platform="win32", loader=missing) == \
+        ("nvcuda.dll", "nvcuda.dll: not found")
+    assert platform.load_driver(platform="linux", loader=lambda name: None) == \
+        ("libcuda.so.1", None)
+    assert seen == ["nvcuda.dll"]
+
+
+def test_frozen_configure_sets_numba_cache_only_when_frozen(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path), "LOCALAPPDATA": str(tmp_path)}
+    assert frozen.configure(env, is_frozen=False) is False
+    assert "NUMBA_CACHE_DIR" not in env
+    assert frozen.configure(env, is_frozen=True) is True
+    assert env["NUMBA_CACHE_DIR"] == str(frozen.numba_cache_dir(environ=env))
+    assert env["NUMBA_CACHE_DIR"].startswith(str(tmp_path))
+    assert env["NUMBA_CACHE_LOCATOR_CLASSES"] == frozen.LOCATOR
+    mine = {"NUMBA_CACHE_DIR": "/mine"}
+    frozen.configure(mine, is_frozen=True)
+    assert mine["NUMBA_CACHE_DIR"] == "/mine"  # the user's own setting wins
+
+
+def test_frozen_locator_keeps_the_cache_across_unpack_folders(tmp_path):
+    """Two runs of a one-file app unpack to different folders; the second must find the first's
+    cache files (numba's own locators would look in a new folder)."""
+    code = textwrap.dedent("""
+        import sys, numba
+        sys.frozen = True
+        import numba.core.config as config
+        from numba import njit
+        @njit(cache=True)
+        def twice(x):
+            return 2 * x
+        assert twice(21) == 42
+        print(sum(twice.stats.cache_hits.values()), sum(twice.stats.cache_misses.values()))
+    """)
+    cache = tmp_path / "cache"
+    outs = []
+    for run in range(2):
+        unpack = tmp_path / f"_MEI{run}"
+        unpack.mkdir()
+        (unpack / "app.py").write_text(code)
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache),
+               "NUMBA_CACHE_LOCATOR_CLASSES": frozen.LOCATOR}
+        outs.append(subprocess.run([sys.executable, str(unpack / "app.py")], env=env,
+                                   capture_output=True, text=True, timeout=300, check=False))
+    assert all(o.returncode == 0 for o in outs), outs[0].stderr[-2000:] + outs[1].stderr[-2000:]
+    assert outs[0].stdout.split() == ["0", "1"]  # compiled and saved
+    assert outs[1].stdout.split() == ["1", "0"]  # loaded from the first run's files
+    assert any(cache.rglob("*.nbi"))
+
+
+def test_selfcheck_is_hidden_and_passes_in_a_developer_install(capsys, monkeypatch):
+    from strata.cli.main import main
+    monkeypatch.delenv("STRATA_KERNEL_BUNDLE", raising=False)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "selfcheck" not in capsys.readouterr().out
+    assert main(["selfcheck", "--gpu", "no"]) == 0
+    out = capsys.readouterr().out
+    for row in ("numba-cuda", "cuda.core", "kernel bundle", "cpu numba"):
+        assert f"ok    {row}" in out, out
