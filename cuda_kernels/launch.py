@@ -14,7 +14,13 @@ from typing import Any, Callable
 import numpy as np
 from numba import cuda
 
+from strata.aot.runtime import attach as _attach_kernel_bundle
+
 from .intrinsics import SIMULATED
+
+# A frozen build (or $STRATA_KERNEL_BUNDLE) serves every kernel from its ahead-of-time cubins; a
+# developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
+_attach_kernel_bundle()
 
 
 def check_array(name: str, a: Any, dtype, shape: tuple[int | None, ...] | None = None) -> None:
