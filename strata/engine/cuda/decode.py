@@ -69,8 +69,10 @@ class DecodeStep:
 
     def record(self, stream, mode: str) -> None:
         """Enqueue one step on `stream` (also what a graph captures)."""
-        self._begin(stream)
-        for il in range(self.m.shape.n_layer):
+        lo, hi = self.m.layers
+        if lo == 0:
+            self._begin(stream)
+        for il in range(lo, hi):
             self._attention(il, stream)
             self._moe(il, stream, cpu_misses=False)
         self._end(stream, mode)
@@ -81,11 +83,14 @@ class DecodeStep:
 
     def _end(self, stream, mode: str) -> None:
         m, s = self.m, self.m.shape
-        rms_norm(self.x, m.norms["output_norm"], self.xn, eps=s.rms_norm_eps, stream=stream)
-        head = m.matrices["output"]
-        matvec(head.data, head.ggml_type, self.xn1, self.logits, stream=stream)
+        last = m.layers[1] == s.n_layer  # a split's earlier stages hand their hidden state on
+        if last:
+            rms_norm(self.x, m.norms["output_norm"], self.xn, eps=s.rms_norm_eps, stream=stream)
+            head = m.matrices["output"]
+            matvec(head.data, head.ggml_type, self.xn1, self.logits, stream=stream)
         advance_seq_len(self.seq_len, 1, stream=stream)
-        self.pick(mode, stream)
+        if last:
+            self.pick(mode, stream)
 
     def pick(self, mode: str, stream) -> None:
         """Append the next token to the device history (mode greedy / sample), or nothing."""
@@ -152,7 +157,7 @@ class DecodeStep:
             self._piece(("step", mode), lambda st: self.record(st, mode), stream)
             return
         a, table = self.m.acts, self.m.cache.table
-        for il in range(self.m.shape.n_layer):
+        for il in range(*self.m.layers):
             self._piece(("attn", il), lambda st, il=il: self._pool_attention(il, st), stream)
             self.pool.fetch(self.xn1, a["topk_ids"][0], a["topk_weights"][0], stream)
             self._piece(("moe", il), lambda st, il=il: self._moe(il, st, cpu_misses=True),

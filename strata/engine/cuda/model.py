@@ -110,10 +110,13 @@ class CudaModel:
     measured (bytes, seconds, GB/s, where misses are served)."""
 
     def __init__(self, model: ModelFile, options: CudaOptions | None = None, *,
-                 backend=None, log: Log | None = None, host_store=None):
+                 backend=None, log: Log | None = None, host_store=None, plan=None,
+                 layers: tuple[int, int] | None = None):
         """`host_store`: a (HostStore, MappedHost) pair of this model from an earlier load,
         reused instead of filling and registering a new one (the bench's many plans of one
-        file; see `share_store`)."""
+        file; see `share_store`). `plan` and `layers`: one stage of a layer split — its
+        accepted single-device plan (used as is, never re-planned) and the layers [lo, hi) it
+        runs; it loads only what its plan's regions name (its layers' dense weights and KV)."""
         if model.arch != "qwen3moe":
             raise CudaEngineError(f"{model.path}: the CUDA engine runs qwen3moe, not {model.arch}")
         self.file = model
@@ -123,6 +126,12 @@ class CudaModel:
         self.shape = s = model.shape
         self.report: dict[str, Any] = {}
         self._shared_store = host_store
+        self._given_plan = plan
+        self.layers = (0, s.n_layer) if layers is None else (int(layers[0]), int(layers[1]))
+        if not 0 <= self.layers[0] < self.layers[1] <= s.n_layer or (plan is None) != (
+                layers is None):
+            raise CudaEngineError(f"a stage needs its plan and a layer range inside "
+                                  f"[0, {s.n_layer}), got layers {layers}")
         if backend is None:
             from strata.memory.numba_backend import NumbaBackend
             backend = NumbaBackend(options.device)
@@ -143,8 +152,10 @@ class CudaModel:
         profile = load_profile(model.metadata, s.n_layer, s.n_expert, o.profile_path)
         self.profile = profile
         self.report["profile"] = profile_source(model.metadata, o.profile_path)
-        device = capped_device(backend, o.gpu_mem)
-        planned = make_plan(s, [device], o.plan, profile=profile)
+        if self._given_plan is not None:
+            planned = self._given_plan
+        else:
+            planned = make_plan(s, [capped_device(backend, o.gpu_mem)], o.plan, profile=profile)
         if not planned.accepted:
             raise CudaEngineError(planned.refusal.message())
         if planned.kv.host_bytes > 0:
@@ -152,7 +163,9 @@ class CudaModel:
                                   " is not supported by the CUDA engine yet: keep the whole KV "
                                   "cache in VRAM (lower --max-context, or --kv int8 / q4_0)")
         t0 = time.perf_counter()
-        self.arena: Arena = open_arena(planned, backend)
+        # a stage's plan covers its layers only: a post-touch shortfall is refused, not re-planned
+        shrinks = {} if self._given_plan is None else {"max_shrinks": 0}
+        self.arena: Arena = open_arena(planned, backend, **shrinks)
         self.plan = self.arena.plan  # after any post-touch shrink
         self.report["arena_bytes"] = self.arena.device_plan.arena_bytes
         self.report["arena_seconds"] = time.perf_counter() - t0
@@ -180,13 +193,14 @@ class CudaModel:
         # f16 and q4_0 sides have no scales; the kernels take a float16 placeholder never read
         spare = self._raw(self.region_offset("activations", "hidden"), "float16", (1,))
         self.kv_layout = lay
-        self.kv_sides = []
-        for il in range(s.n_layer):
+        lo, hi = self.layers
+        self.kv_sides: list[Any] = [None] * s.n_layer  # a stage's KV holds layers [lo, hi)
+        for il in range(lo, hi):
             sides = []
             for side in ("k", "v"):
-                scale = kv[side + "_scale"][il].reshape(-1) if lay.fmt == "int8" else spare
-                sides.append(KvSide(lay, kv[side][il].reshape(-1), scale))
-            self.kv_sides.append(tuple(sides))
+                scale = kv[side + "_scale"][il - lo].reshape(-1) if lay.fmt == "int8" else spare
+                sides.append(KvSide(lay, kv[side][il - lo].reshape(-1), scale))
+            self.kv_sides[il] = tuple(sides)
 
     # -- dense weights -------------------------------------------------------------------------
 
@@ -199,19 +213,23 @@ class CudaModel:
                            weights_gb_per_s=n / max(secs, 1e-9) / 1e9)
         self.log(f"dense weights: {n / 1e9:.2f} GB copied in {secs:.2f} s "
                  f"({n / max(secs, 1e-9) / 1e9:.1f} GB/s, pinned staging)")
+        lo, hi = self.layers
+        last = hi == s.n_layer
         self.norms: dict[str, Any] = {}
-        for name in ["output_norm"] + [f"blk.{il}.{n}" for il in range(s.n_layer) for n in NORMS]:
+        for name in ["output_norm"] * last + [f"blk.{il}.{n}" for il in range(lo, hi)
+                                              for n in NORMS]:
             t = model.tensors[name + ".weight"]
             if t.ggml_type != F32_TYPE:
                 raise CudaEngineError(f"{name}.weight is {t.qtype.name}; the CUDA engine reads "
                                       f"norm weights as F32")
             self.norms[name] = self.arena.view("weights", name + ".weight").view(np.float32)
         self.matrices: dict[str, Matrix] = {}
-        for il in range(s.n_layer):
+        for il in range(lo, hi):
             for n in MATRICES:
                 self.matrices[f"blk.{il}.{n}"] = self._matrix(model, f"blk.{il}.{n}.weight")
         head = "output.weight" if "output.weight" in model.tensors else "token_embd.weight"
-        self.matrices["output"] = self._matrix(model, head)
+        if last:
+            self.matrices["output"] = self._matrix(model, head)
 
     def _matrix(self, model: ModelFile, name: str) -> Matrix:
         t = model.tensors[name]
@@ -243,9 +261,11 @@ class CudaModel:
             n = embd.n_rows * embd.row_bytes
             off = self.store.embd_off
             self.embd_table = self.host.device[off:off + n].reshape(embd.n_rows, embd.row_bytes)
-        else:
+        elif self.layers[0] == 0:
             self.embd_table = self.arena.view("weights", "token_embd.weight").reshape(
                 embd.n_rows, embd.row_bytes)
+        else:  # a later stage of a split starts from the previous stage's hidden state
+            self.embd_table = None
         self.embd_type = embd.ggml_type
         self.acts["host_off"].copy_to_device(self.store.host_off, stream=self.stream)
         cache_layout = self.arena.device_plan.cache

@@ -124,15 +124,18 @@ class PromptRun:
         history = a["history"][0]
         history[start:start + n].copy_to_device(ids.astype(np.int32), stream=st)
         x = P["hidden"][:n]
-        embed(m.embd_table, m.embd_type, history, a["seq_len"], x, stream=st)
-        for il in range(s.n_layer):
+        lo, hi = m.layers  # a split's later stage finds the previous stage's hidden state in x
+        if lo == 0:
+            embed(m.embd_table, m.embd_type, history, a["seq_len"], x, stream=st)
+        for il in range(lo, hi):
             self._attention(il, n, x)
             self._moe(il, n, x)
-        rms_norm(P["hidden"][n - 1:n], m.norms["output_norm"], a["normed"], eps=s.rms_norm_eps,
-                 stream=st)
-        head = m.matrices["output"]
-        matvec(head.data, head.ggml_type, a["normed"].reshape(s.n_embd), a["logits"][0],
-               stream=st)
+        if hi == s.n_layer:
+            rms_norm(P["hidden"][n - 1:n], m.norms["output_norm"], a["normed"],
+                     eps=s.rms_norm_eps, stream=st)
+            head = m.matrices["output"]
+            matvec(head.data, head.ggml_type, a["normed"].reshape(s.n_embd), a["logits"][0],
+                   stream=st)
         advance_seq_len(a["seq_len"], n, stream=st)
         self.traffic.n_chunks += 1
 
@@ -226,7 +229,7 @@ class PromptRun:
         """Stage layer il's non-resident experts now when the chunk is large enough that most
         will be used, so their copies overlap this layer's compute."""
         m = self.m
-        if self.ring is None or il >= m.shape.n_layer \
+        if self.ring is None or il >= m.layers[1] \
                 or n * self.k < PREFETCH_ENTRIES_PER_EXPERT * self.n_expert:
             return
         todo = np.flatnonzero(~m.cache.resident(il))
