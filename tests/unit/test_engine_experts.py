@@ -1,6 +1,7 @@
 """The CPU expert pool (`CpuExperts`, what the GPU engine calls for missed experts) against a
-float64 SwiGLU computed from gguf-py's dequantization of the same stacked tensors; and a model
-whose output head is tied to the embedding."""
+float64 SwiGLU computed from gguf-py's dequantization of the same stacked tensors (activations
+into K-quant products rounded to 8 bits, as the engine documents); and a model whose output head
+is tied to the embedding."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize
-
 from helpers import reference as ref
 from helpers.engine_models import PROMPT, model_path
+
 from strata.engine.cpu import CpuEngine, CpuExperts
 from strata.gguf import open_model
 
@@ -19,17 +20,19 @@ def _expert_ref(path, layer, x, ids, weights):
     t = {r.name: r for r in GGUFReader(str(path)).tensors
          if r.name.startswith(f"blk.{layer}.ffn_") and r.name.endswith("_exps.weight")}
 
-    def mat(name, e):
+    def mm(name, e, v):
+        """Expert e's matrix times v, v rounded to 8 bits for K-quants as the engine does."""
         r = t[f"blk.{layer}.{name}.weight"]
         full = np.asarray(dequantize(r.data, r.tensor_type), np.float64)
-        return full.reshape(tuple(int(d) for d in reversed(r.shape)))[e]
+        w = full.reshape(tuple(int(d) for d in reversed(r.shape)))[e]
+        return w @ (ref.round_x8(v) if r.tensor_type in ref.X8_TYPES else v)
 
     out = np.zeros(x.shape)
     for i in range(x.shape[0]):
         for e, w in zip(ids[i], weights[i], strict=True):
-            g = mat("ffn_gate_exps", e) @ x[i]
-            u = mat("ffn_up_exps", e) @ x[i]
-            out[i] += w * (mat("ffn_down_exps", e) @ (g / (1 + np.exp(-g)) * u))
+            g = mm("ffn_gate_exps", e, x[i])
+            u = mm("ffn_up_exps", e, x[i])
+            out[i] += w * mm("ffn_down_exps", e, g / (1 + np.exp(-g)) * u)
     return out
 
 
@@ -89,5 +92,5 @@ def test_a_tied_head_reads_the_embedding(tmp_models, tmp_path):
     model = open_model(path)
     assert "output.weight" not in model.tensors
     logits = CpuEngine(model, max_context=16).prefill(PROMPT)
-    want = ref.forward(ref.RefModel.load(path), PROMPT)[-1]
+    want = ref.forward(ref.RefModel.load(path, x8=True), PROMPT)[-1]
     assert np.linalg.norm(logits - want) / np.linalg.norm(want) < 1e-3

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers import reference as ref
 from helpers.engine_models import MIXES, PROMPT, model_path
+
 from strata.engine import ContextFullError, EngineInputError
 from strata.engine.cpu import CpuEngine, CpuModel
 from strata.gguf import open_model
@@ -47,8 +47,10 @@ def test_greedy_tokens_and_logits_match_the_float64_reference(models, mix):
     tokens, first = _greedy(CpuEngine(model, max_context=64), PROMPT, N_STEPS)
     want_tokens, want_first = ref.greedy(ref.RefModel.load(path), PROMPT, N_STEPS)
     assert tokens == want_tokens
-    # f32 activations over exact dequantized weights: far inside the required 2%
-    assert _rel(first, want_first) < 1e-3
+    # f32 activations, 8-bit into K-quant products: inside the required 2%
+    assert _rel(first, want_first) < 2e-2
+    # and within f32 rounding of a reference that rounds those activations the same way
+    assert _rel(first, ref.forward(ref.RefModel.load(path, x8=True), PROMPT)[-1]) < 1e-3
 
 
 @pytest.mark.parametrize("mix", ["Q4_K_M", "LEGACY_MIX"])

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from helpers.engine_models import CONFIG, MIXES, PROMPT, model_path
+
 from strata.engine.cpu import CpuEngine
 from strata.gguf import open_model
 
@@ -46,4 +46,5 @@ def test_greedy_tokens_and_logits_match_hugging_face(tmp_models, mix):
         logits = eng.decode_step(tokens[-1])
     assert tokens == want_tokens
     err = np.linalg.norm(first - want_first) / np.linalg.norm(want_first)
-    assert err < 1e-3  # the issue asks for 2%; f32 activations land far inside it
+    # the issue's bound: f32 activations (8-bit into K-quant products) against HF's f32 forward
+    assert err < 2e-2

@@ -11,10 +11,12 @@ from gguf import quants as gguf_quants
 from strata.engine.cpu import attention as attn
 from strata.engine.cpu import matmul, moe
 from strata.engine.cpu.experts import group_pairs
-from strata.engine.cpu.qdot import sums16
+from strata.engine.cpu.idot import x8_arrays
 from strata.quant.blocks import block_decoder
 from strata.quant.random_blocks import random_blocks
 from strata.quant.types import SUPPORTED_NAMES, quant_type
+
+X8 = {"Q4_K", "Q5_K", "Q6_K"}
 
 
 def _rows(name: str, n_rows: int, n_values: int, seed: int) -> np.ndarray:
@@ -38,10 +40,8 @@ def _width(name: str) -> int:
 
 def _linear(raw, name, x):
     q = quant_type(name)
-    xs16 = np.empty((x.shape[0], x.shape[1] // 16), np.float32)
-    sums16(x, xs16)
     out = np.full((x.shape[0], raw.shape[0]), np.nan, np.float32)  # poisoned
-    matmul.linear(raw, q.ggml_type, block_decoder(q.ggml_type).block_size, x, xs16, out,
+    matmul.linear(raw, q.ggml_type, block_decoder(q.ggml_type).block_size, x, x8_arrays(x), out,
                   matmul.n_chunks_for(raw.shape[0]))
     return out
 
@@ -53,7 +53,11 @@ def test_linear_matches_gguf_dequantize(name, n_tok):
     raw = _rows(name, n_rows, n_in, seed=len(name) + n_tok)
     x = np.random.default_rng(3).standard_normal((n_tok, n_in)).astype(np.float32)
     w = np.asarray(gguf_quants.dequantize(raw, T[name]), dtype=np.float64).reshape(n_rows, n_in)
-    want = x.astype(np.float64) @ w.T
+    x_used = x
+    if name in X8:  # K-quant rows multiply the 8-bit activations
+        qx, dx, _, _ = x8_arrays(x)  # (pinned to its numpy rounding in test_engine_idot.py)
+        x_used = qx * np.repeat(dx, 32, axis=1)
+    want = x_used.astype(np.float64) @ w.T
     got = _linear(raw, name, x)
     assert got.shape == want.shape
     err = np.linalg.norm(got - want) / np.linalg.norm(want)

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.engine.cpu import moe
+from strata.engine.cpu.idot import x8_arrays
 from strata.engine.cpu.matmul import n_chunks_for
-from strata.engine.cpu.qdot import sums16
 from strata.engine.cpu.weights import QMatrix, qmatrix
 from strata.gguf import ModelFile
 from strata.gguf.arch.qwen3moe import EXPERT_NAMES
@@ -90,16 +90,12 @@ class CpuExperts:
         int[n_tok, k], weights float32[n_tok, k] -> float32[n_tok, n_embd]."""
         le = self.layers[layer]
         groups, pair_tok, pair_w = group_pairs(ids, weights)
-        xs16 = np.empty((x.shape[0], x.shape[1] // 16), np.float32)
-        sums16(x, xs16)
         h = np.empty((pair_tok.size, self.shape.n_ff_expert), np.float32)  # [n_pairs, n_ff]
         g, u, d = le.gate, le.up, le.down
         moe.gate_up(g.rows, g.fmt, g.block_size, u.rows, u.fmt, u.block_size, groups, pair_tok,
-                    x, xs16, h, n_chunks_for(h.shape[1]))
-        hs16 = np.empty((h.shape[0], h.shape[1] // 16), np.float32)
-        sums16(h, hs16)
+                    x, x8_arrays(x), h, n_chunks_for(h.shape[1]))
         out = np.zeros_like(x)  # [n_tok, n_embd]
-        moe.down(d.rows, d.fmt, d.block_size, groups, pair_tok, pair_w, h, hs16, out,
+        moe.down(d.rows, d.fmt, d.block_size, groups, pair_tok, pair_w, h, x8_arrays(h), out,
                  n_chunks_for(out.shape[1]))
         return out
 

@@ -11,7 +11,7 @@ import numpy as np
 from strata.engine.cpu import attention as attn
 from strata.engine.cpu import matmul, moe
 from strata.engine.cpu.experts import CpuExperts
-from strata.engine.cpu.qdot import sums16
+from strata.engine.cpu.idot import x8_arrays
 from strata.engine.cpu.weights import QMatrix, qmatrix
 from strata.gguf import ModelFile
 from strata.kv import HostKVCache
@@ -84,10 +84,9 @@ class CpuLayers:
     def linear(self, x: np.ndarray, weight: str) -> np.ndarray:
         t0 = time.perf_counter() if self.profile else 0.0
         m = self.model.matrices[weight]
-        xs16 = np.empty((x.shape[0], x.shape[1] // 16), np.float32)
-        sums16(x, xs16)
         out = np.empty((x.shape[0], m.n_out), np.float32)  # [n_tok, n_out]
-        matmul.linear(m.rows, m.fmt, m.block_size, x, xs16, out, matmul.n_chunks_for(m.n_out))
+        matmul.linear(m.rows, m.fmt, m.block_size, x, x8_arrays(x), out,
+                      matmul.n_chunks_for(m.n_out))
         if self.profile:
             self._timed("head" if weight == "output" else "dense", t0)
         return out

@@ -14,6 +14,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from strata.engine.cpu.idot import takes_x8
 from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
 
 F32 = np.float32
@@ -68,23 +69,29 @@ def decoded_dots(buf, x, acc, four, out, r):
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
-def linear(w, fmt, block_size, x, xs16, out, n_chunks):
+def linear(w, fmt, block_size, x, x8, out, n_chunks):
     """out[t, r] = dot(row r of w, x[t]) for every token t and row r.
 
-    x: float32[n_tok, n_in]; xs16: float32[n_tok, n_in // 16] (`qdot.sums16` of x);
-    out: float32[n_tok, n_rows]; n_chunks: `n_chunks_for(n_rows)`."""
+    x: float32[n_tok, n_in]; x8: its 8-bit form, the tuple `idot.x8_arrays(x)` (read by one
+    token's K-quant dots); out: float32[n_tok, n_rows]; n_chunks: `n_chunks_for(n_rows)`."""
     n_rows = w.shape[0]
     n_tok, n_in = x.shape
+    qx, dx, qs16, xq = x8
+    x8_rows = takes_x8(fmt)  # a batch's decoded rows then multiply xq, as one token's do
     for c in prange(n_chunks):
         acc = np.empty(ACC_SIZE, F32)
         four = np.empty(4, F32)
         buf = np.empty(n_in, F32)
         for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
             if n_tok == 1:
-                out[0, r] = row_dot(fmt, block_size, w[r], x[0], xs16[0], acc, buf)
+                out[0, r] = row_dot(fmt, block_size, w[r], x[0], qx[0], dx[0], qs16[0], acc,
+                                    buf)
             else:
                 decode_row(fmt, block_size, w[r], buf)
-                decoded_dots(buf, x, acc, four, out, r)
+                if x8_rows:
+                    decoded_dots(buf, xq, acc, four, out, r)
+                else:
+                    decoded_dots(buf, x, acc, four, out, r)
 
 
 @njit(cache=True, parallel=True)

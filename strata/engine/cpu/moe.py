@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from strata.engine.cpu.idot import takes_x8
 from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
 
 F32 = np.float32
@@ -28,14 +29,18 @@ def silu(v):
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
-def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, xs16, h, n_chunks):
+def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, x8, h, n_chunks):
     """h[p, r] = silu(gate_e[r] . x[tok]) * (up_e[r] . x[tok]) for every pair p = (tok, e).
 
     groups: int64[2, n_groups + 1] (row 0: expert of each group, row 1: group starts);
-    x: float32[n_tok, n_embd]; xs16: its 16-sums; h: float32[n_pairs, n_ff];
+    x: float32[n_tok, n_embd]; x8: its 8-bit form, the tuple `idot.x8_arrays(x)`;
+    h: float32[n_pairs, n_ff];
     n_chunks: `n_chunks_for(n_ff)`."""
     n_ff = h.shape[1]
     n_embd = x.shape[1]
+    qx, dx, qs16, xq = x8
+    xg_8 = takes_x8(fmt_g)  # a group's decoded rows then multiply xq, as one token's do
+    xu_8 = takes_x8(fmt_u)
     n_groups = groups.shape[1] - 1
     for c in prange(n_chunks):
         acc = np.empty(ACC_SIZE, F32)
@@ -50,25 +55,32 @@ def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, xs16, h, n_ch
             for r in range(r0, r1):
                 if p1 - p0 == 1:
                     t = pair_tok[p0]
-                    vg = row_dot(fmt_g, bs_g, wg[base + r], x[t], xs16[t], acc, bg)
-                    vu = row_dot(fmt_u, bs_u, wu[base + r], x[t], xs16[t], acc, bu)
+                    vg = row_dot(fmt_g, bs_g, wg[base + r], x[t], qx[t], dx[t], qs16[t], acc,
+                                 bg)
+                    vu = row_dot(fmt_u, bs_u, wu[base + r], x[t], qx[t], dx[t], qs16[t], acc,
+                                 bu)
                     h[p0, r] = silu(vg) * vu
                 else:
                     decode_row(fmt_g, bs_g, wg[base + r], bg)
                     decode_row(fmt_u, bs_u, wu[base + r], bu)
                     for p in range(p0, p1):
                         t = pair_tok[p]
-                        h[p, r] = silu(dot_f32(bg, x[t], acc)) * dot_f32(bu, x[t], acc)
+                        vg = dot_f32(bg, xq[t] if xg_8 else x[t], acc)
+                        vu = dot_f32(bu, xq[t] if xu_8 else x[t], acc)
+                        h[p, r] = silu(vg) * vu
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
-def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, hs16, out, n_chunks):
+def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, h8, out, n_chunks):
     """out[tok, r] = sum over the token's pairs p of pair_w[p] * (down_e[r] . h[p]).
 
-    out: float32[n_tok, n_embd], zeroed by the caller; h: float32[n_pairs, n_ff]; hs16 its sums;
+    out: float32[n_tok, n_embd], zeroed by the caller; h: float32[n_pairs, n_ff]; h8 its 8-bit
+    form (`idot.x8_arrays(h)`);
     n_chunks: `n_chunks_for(n_embd)`."""
     n_embd = out.shape[1]
     n_ff = h.shape[1]
+    qh, dh, qs16, hq = h8
+    hd_8 = takes_x8(fmt_d)
     n_groups = groups.shape[1] - 1
     for c in prange(n_chunks):
         acc = np.empty(ACC_SIZE, F32)
@@ -81,12 +93,14 @@ def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, hs16, out, n_chunks):
             p1 = groups[1, g + 1]
             for r in range(r0, r1):
                 if p1 - p0 == 1:
-                    v = row_dot(fmt_d, bs_d, wd[base + r], h[p0], hs16[p0], acc, buf)
+                    v = row_dot(fmt_d, bs_d, wd[base + r], h[p0], qh[p0], dh[p0], qs16[p0],
+                                acc, buf)
                     out[pair_tok[p0], r] += pair_w[p0] * v
                 else:
                     decode_row(fmt_d, bs_d, wd[base + r], buf)
                     for p in range(p0, p1):
-                        out[pair_tok[p], r] += pair_w[p] * dot_f32(buf, h[p], acc)
+                        v = dot_f32(buf, hq[p] if hd_8 else h[p], acc)
+                        out[pair_tok[p], r] += pair_w[p] * v
 
 
 @njit(cache=True)

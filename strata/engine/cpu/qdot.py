@@ -1,16 +1,15 @@
 """The dot product of one quantized weight row with an f32 activation vector, from the row's bytes.
 
-The hot formats (F32, F16, BF16, Q8_0, Q4_K, Q6_K) have fused loops: each block's values are
-unpacked, converted to f32 and multiplied into `LANES` independent accumulators by straight-line
-vector code (`simd`), and the sum is reduced once per row, not once per block. Scales constant
-over a sub-block multiply its values; the K-quants' constant offsets (Q4_K's minimums, Q6_K's -32)
-are factored out against precomputed sums of 16 activations (`xs16`). Every other format decodes
-a block at a time into a scratch row with the quant package's `decode_block` and then takes a
-plain f32 dot: correct for every format; a fused loop can be added one format at a time.
+The K-quants (Q4_K, Q5_K, Q6_K) take integer dot products against the activations quantized to
+8 bits (`idot`). F32, F16, BF16 and Q8_0 have fused f32 loops: each block's values are unpacked,
+converted to f32 and multiplied into `LANES` independent accumulators by straight-line vector
+code (`simd`), and the sum is reduced once per row, not once per block. Every other format
+decodes a block at a time into a scratch row with the quant package's `decode_block` and then
+takes a plain f32 dot: correct for every format; a fused loop can be added one format at a time.
 
 All functions take `row`: uint8[::1] (one row's bytes), `x`: float32[::1] (the row's width),
-`xs16`: float32[::1] (sums of x over groups of 16; only the K-quants read it), and scratch
-`acc`: float32[ACC_SIZE], `buf`: float32[width].
+and scratch `acc`: float32[ACC_SIZE], `buf`: float32[width]; `row_dot` also the 8-bit form of x
+(`idot.x8_arrays`).
 
 Development note: numba's disk cache keys each function on its own file only, so the parallel
 drivers (matmul.py, moe.py) that inline these keep their cached code after an edit here; delete
@@ -23,9 +22,16 @@ import numpy as np
 from gguf import GGMLQuantizationType as _T
 from numba import njit
 
+from strata.engine.cpu.idot import dot_q4_k_x8, dot_q5_k_x8, dot_q6_k_x8
 from strata.engine.cpu.simd import (
-    NATIVE_HALF, fma_h16x32, fma_i8x32, fma_q6x32, fma_u4x64, half_at, k4_scales, put_h16x32,
-    put_i8x32, put_q6x32, put_u4x64,
+    NATIVE_HALF,
+    fma_h16x32,
+    fma_i8x32,
+    half_at,
+    put_h16x32,
+    put_i8x32,
+    put_q6x32,
+    put_u4x64,
 )
 from strata.quant.blocks import decode_block
 from strata.quant.scalars import f16_bits_to_f32
@@ -40,7 +46,7 @@ ACC_SIZE = LANES + 16  # the lanes, then a fused loop's per-block scratch
 FAST = {"contract", "reassoc", "nsz"}  # fused multiply-add and reassociation of the lane sums
 
 F32_T, F16_T, BF16_T = int(_T.F32), int(_T.F16), int(_T.BF16)
-Q8_0_T, Q4_K_T, Q6_K_T = int(_T.Q8_0), int(_T.Q4_K), int(_T.Q6_K)
+Q8_0_T, Q4_K_T, Q5_K_T, Q6_K_T = int(_T.Q8_0), int(_T.Q4_K), int(_T.Q5_K), int(_T.Q6_K)
 
 
 @njit(cache=True, fastmath=FAST)
@@ -145,58 +151,6 @@ def _k4_scale_min(row, sc, k):
 
 
 @njit(cache=True, fastmath=FAST)
-def dot_q4_k(row, x, xs16, acc):
-    """Q4_K: 144-byte super-blocks of 256 (fp16 d, fp16 dmin, 12 bytes of 6-bit scales and
-    minimums, 128 bytes of nibbles); value = d*sc*q - dmin*m per 32. The minimum term is
-    dmin * m * (sum of the 32 activations), from xs16; acc[LANES:LANES+8] holds the block's
-    scales, acc[LANES+8:LANES+16] the minimum terms until the row ends."""
-    _lanes_zero(acc)
-    for i in range(LANES, LANES + 16):
-        acc[i] = 0.0
-    for b in range(row.shape[0] // 144):
-        o = b * 144
-        k4_scales(row, o + 4, _f16(row, o), _f16(row, o + 2), xs16, 16 * b, acc, LANES)
-        for c in range(4):  # 32 bytes hold sub-blocks 2c (low nibbles) and 2c+1 (high)
-            fma_u4x64(acc, 64 * (c & 1), row, o + 16 + 32 * c, x, 256 * b + 64 * c,
-                      acc[LANES + 2 * c], acc[LANES + 2 * c + 1])
-    mins = F32(0.0)
-    for i in range(LANES + 8, LANES + 16):
-        mins += acc[i]
-    return _lanes_sum(acc) - mins
-
-
-@njit(cache=True, fastmath=FAST)
-def dot_q6_k(row, x, xs16, acc):
-    """Q6_K: 210-byte super-blocks of 256 (128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
-    scales, fp16 d); value = d * scale * (q - 32), one scale per 16 values. Each 128-value half
-    is four 32-value quarters: quarter k takes the low (k < 2) or high nibbles of ql[32*(k%2)..]
-    and bits 2k..2k+1 of qh; its two scales are 2k and 2k+1 of the half's eight. The -32 offset
-    is taken out as -32 * scale * (sum of the 16 activations), from xs16, once per block."""
-    sc8 = row.view(np.int8)
-    _lanes_zero(acc)
-    offs = F32(0.0)
-    for b in range(row.shape[0] // 210):
-        o = b * 210
-        d = _f16(row, o + 208)
-        for h in range(2):
-            qh = o + 128 + 32 * h
-            for k in range(4):
-                ql = o + 64 * h + 32 * (k & 1)
-                nib = 4 * (k >> 1)
-                top = 2 * k
-                xo = 256 * b + 128 * h + 32 * k
-                s0 = d * F32(sc8[o + 192 + 8 * h + 2 * k])
-                s1 = d * F32(sc8[o + 192 + 8 * h + 2 * k + 1])
-                fma_q6x32(acc, 32 * k, row, ql, qh, nib, top, x, xo, s0, s1)
-        # scale m covers values 16m..16m+15 of the block: xs16[16b + m]
-        t = F32(0.0)
-        for m in range(16):
-            t += F32(sc8[o + 192 + m]) * xs16[16 * b + m]
-        offs += d * t
-    return _lanes_sum(acc) - F32(32.0) * offs
-
-
-@njit(cache=True, fastmath=FAST)
 def _decode_q8_0(row, buf):
     for b in range(row.shape[0] // 34):
         put_i8x32(buf, 32 * b, row, 34 * b + 2, _f16(row, 34 * b))
@@ -262,15 +216,18 @@ def decode_row(fmt, block_size, row, buf):
 
 
 @njit(cache=True, fastmath=FAST)
-def row_dot(fmt, block_size, row, x, xs16, acc, buf):
-    """dot(row's values, x) for any supported format: fused where there is a fused loop, else
-    decode into `buf` (float32[len(x)]) and an f32 dot."""
+def row_dot(fmt, block_size, row, x, qx, dx, qs16, acc, buf):
+    """dot(row's values, x) for any supported format: the K-quants in integers against the 8-bit
+    activations (qx, dx, qs16: `idot.x8_arrays` of x), the other fused formats against x in
+    f32, the rest by decoding into `buf` (float32[len(x)]) and an f32 dot."""
+    if fmt == Q4_K_T:
+        return dot_q4_k_x8(row, qx, dx, qs16, acc)
+    if fmt == Q6_K_T:
+        return dot_q6_k_x8(row, qx, dx, qs16, acc)
+    if fmt == Q5_K_T:
+        return dot_q5_k_x8(row, qx, dx, qs16, acc)
     if fmt == Q8_0_T:
         return dot_q8_0(row, x, acc)
-    if fmt == Q4_K_T:
-        return dot_q4_k(row, x, xs16, acc)
-    if fmt == Q6_K_T:
-        return dot_q6_k(row, x, xs16, acc)
     if fmt == F32_T:
         return dot_f32(row.view(np.float32), x, acc)
     if fmt == F16_T:
@@ -279,15 +236,3 @@ def row_dot(fmt, block_size, row, x, xs16, acc, buf):
         return dot_bf16(row, x, acc)
     decode_row(fmt, block_size, row, buf)
     return dot_f32(buf, x, acc)
-
-
-@njit(cache=True, fastmath=FAST)
-def sums16(x, out):
-    """out[t, g] = sum of x[t, 16g:16g+16] (rows whose width is not a multiple of 16 get the
-    whole groups only; no format that reads the sums has such rows)."""
-    for t in range(x.shape[0]):
-        for g in range(out.shape[1]):
-            s = F32(0.0)
-            for i in range(16):
-                s += x[t, 16 * g + i]
-            out[t, g] = s

@@ -141,45 +141,6 @@ def fma_i8x32(typingctx, acc, lane, row, off, x, xo, scale):
 
 
 @intrinsic
-def fma_u4x64(typingctx, acc, lane, row, off, x, xo, scale_lo, scale_hi):
-    """32 bytes at row[off] hold 64 nibbles: the low ones are values 0-31 (scale_lo,
-    x[xo:+32]), the high ones values 32-63 (scale_hi, x[xo+32:+32]); into acc[lane:+64] (Q4_K)."""
-    sig = types.void(acc, _I, row, _I, x, _I, _F, _F)
-
-    def codegen(context, builder, signature, args):
-        acc_a, lane_v, row_a, off_v, x_a, xo_v, s_lo, s_hi = args
-        at = signature.args
-        lo, hi = _nibbles(context, builder, at[2], row_a, off_v)
-        x_lo = _load_f32(context, builder, at[4], x_a, xo_v, 32)
-        x_hi = _load_f32(context, builder, at[4], x_a, _plus(builder, xo_v, 32), 32)
-        _accumulate(context, builder, at[0], acc_a, lane_v, _scaled(builder, lo, s_lo, x_lo))
-        _accumulate(context, builder, at[0], acc_a, _plus(builder, lane_v, 32),
-                    _scaled(builder, hi, s_hi, x_hi))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def fma_q6x32(typingctx, acc, lane, row, ql, qh, nib, top, x, xo, scale_a, scale_b):
-    """32 six-bit values (see `_six_bits`), 0-15 times scale_a and 16-31 times scale_b, times
-    x[xo:+32], into acc[lane:+32]   (Q6_K without its -32 offset: the caller takes it out)."""
-    sig = types.void(acc, _I, row, _I, _I, types.int64, types.int64, x, _I, _F, _F)
-
-    def codegen(context, builder, signature, args):
-        acc_a, lane_v, row_a, ql_v, qh_v, nib_v, top_v, x_a, xo_v, sa, sb = args
-        at = signature.args
-        q = _six_bits(context, builder, at[2], row_a, ql_v, qh_v, nib_v, top_v)
-        xv = _load_f32(context, builder, at[7], x_a, xo_v, 32)
-        prod = builder.fmul(builder.fmul(q, _two_scales(builder, sa, sb), flags=["fast"]), xv,
-                            flags=["fast"])
-        _accumulate(context, builder, at[0], acc_a, lane_v, prod)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def fma_h16x32(typingctx, acc, lane, row, off, x, xo):
     """acc[lane:+32] += (32 fp16 at byte off of row) * x[xo:+32]   (F16 rows)."""
     sig = types.void(acc, _I, row, _I, x, _I)
@@ -195,47 +156,28 @@ def fma_h16x32(typingctx, acc, lane, row, off, x, xo):
     return sig, codegen
 
 
-@intrinsic
-def k4_scales(typingctx, row, off, d, dmin, xs16, g, scr, at):
-    """Q4_K/Q5_K's 12 packed scale bytes at row[off]: scr[at:at+8] = d * scale_k (k < 8), and
-    scr[at+8:at+16] += dmin * min_k * (xs16[g+2k] + xs16[g+2k+1]), the minimums' share of the
-    dot product, kept per k until the row ends. Scale/min k < 4 are the low 6 bits of bytes k /
-    k+4; k >= 4 take 4 bits from byte k+4 (low / high nibble) and their top 2 bits from the
-    spare top bits of bytes k-4 / k."""
-    sig = types.void(row, _I, _F, _F, xs16, _I, scr, _I)
+def k4_unpack(builder, q):
+    """Q4_K/Q5_K's 12 packed scale bytes (an i8x12 vector) -> (scales, minimums), each i32x8.
+    Scale/min k < 4 are the low 6 bits of bytes k / k+4; k >= 4 take 4 bits from byte k+4
+    (low / high nibble) and their top 2 bits from the spare top bits of bytes k-4 / k."""
+    v32 = _vec(_I32, 8)
 
-    def codegen(context, builder, signature, args):
-        row_a, off_v, d, dmin, xs_a, g_v, scr_a, at_v = args
-        at = signature.args
-        q = _load_bytes(context, builder, at[0], row_a, off_v, 12)
-        v32 = _vec(_I32, 8)
+    def pick(idx):
+        both = ir.Constant(_vec(_I8, 12), ir.Undefined)
+        return builder.zext(builder.shuffle_vector(q, both, ir.Constant(v32, idx)), v32)
 
-        def pick(idx):
-            both = ir.Constant(_vec(_I8, 12), ir.Undefined)
-            return builder.zext(builder.shuffle_vector(q, both, ir.Constant(v32, idx)), v32)
+    def const(vals):
+        return ir.Constant(v32, vals)
 
-        def const(vals):
-            return ir.Constant(v32, vals)
+    def top2(idx):  # bits 6-7 of bytes idx as bits 4-5 (lanes k < 4: zero, shifted out)
+        return builder.shl(builder.lshr(pick(idx), const([8] * 4 + [6] * 4)), const([4] * 8))
 
-        def top2(idx):  # bits 6-7 of bytes idx as bits 4-5 (lanes k < 4: zero, shifted out)
-            return builder.shl(builder.lshr(pick(idx), const([8] * 4 + [6] * 4)), const([4] * 8))
-
-        sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), const([63] * 4 + [15] * 4)),
-                         top2([0, 0, 0, 0, 0, 1, 2, 3]))
-        mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]),
-                                                   const([0] * 4 + [4] * 4)), const([63] * 8)),
-                         top2([0, 0, 0, 0, 4, 5, 6, 7]))
-        f8 = _vec(_F32, 8)
-        _store(context, builder, at[6], scr_a, at_v, _times(builder, builder.uitofp(sc, f8), d))
-        xs = _load_f32(context, builder, at[4], xs_a, g_v, 16)
-        even = builder.shuffle_vector(xs, xs, ir.Constant(v32, list(range(0, 16, 2))))
-        odd = builder.shuffle_vector(xs, xs, ir.Constant(v32, list(range(1, 16, 2))))
-        xs32 = builder.fadd(even, odd, flags=["fast"])
-        share = builder.fmul(_times(builder, builder.uitofp(mn, f8), dmin), xs32, flags=["fast"])
-        _accumulate(context, builder, at[6], scr_a, _plus(builder, at_v, 8), share)
-        return context.get_dummy_value()
-
-    return sig, codegen
+    sc = builder.or_(builder.and_(pick([0, 1, 2, 3, 8, 9, 10, 11]), const([63] * 4 + [15] * 4)),
+                     top2([0, 0, 0, 0, 0, 1, 2, 3]))
+    mn = builder.or_(builder.and_(builder.lshr(pick([4, 5, 6, 7, 8, 9, 10, 11]),
+                                               const([0] * 4 + [4] * 4)), const([63] * 8)),
+                     top2([0, 0, 0, 0, 4, 5, 6, 7]))
+    return sc, mn
 
 
 # -- decode: buf[at : at + n] = the block's values ---------------------------------------------
