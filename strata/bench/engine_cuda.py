@@ -114,6 +114,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     prefill_s = time.perf_counter() - t0
     streamed = eng.traffic.bytes_streamed - streamed0
     hits0 = eng.hits()
+    pool = eng.step.pool  # the CPU pool's own counters, from here on (not its compile)
+    pool0 = (pool.n_bytes, pool.seconds) if pool is not None else (0, 0.0)
     t0 = time.perf_counter()
     toks = eng.decode_tokens(n_gen)
     decode_s = time.perf_counter() - t0
@@ -121,8 +123,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     allocs = counter.sizes[n_before:]
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
-    pool = eng.step.pool
-    pool_gbps = pool.n_bytes / pool.seconds / 1e9 if pool is not None and pool.seconds else None
+    pool_b, pool_s = (pool.n_bytes - pool0[0], pool.seconds - pool0[1]) if pool else (0, 0.0)
+    pool_gbps = pool_b / pool_s / 1e9 if pool is not None and pool_s else None
     miss_gbps = pool_gbps if pool is not None else bw["h2d_gb_per_s"]  # the path serving misses
     t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (max(miss_gbps or 0, 1e-9) * 1e9)
     decode_tps = (n_gen - 1) / decode_s
@@ -147,7 +149,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                     if stream_bound else None},
         "decode": {"tokens": n_gen, "seconds": decode_s, "tokens_per_s": decode_tps,
                    "miss_path": options.miss_path, "miss_path_gb_per_s": miss_gbps,
-                   "cpu_pool_gb_per_s": pool_gbps, "graph": options.graph, "graph_nodes": eng.step.n_graph_nodes,
+                   "cpu_pool_gb_per_s": pool_gbps, "graph": options.graph,
+                   "graph_nodes": eng.step.n_graph_nodes,
                    "hit_rate_measured": hits.hit_rate, "hit_rate_predicted": pred,
                    "hit_rate_per_layer": [None if np.isnan(x) else float(x)
                                           for x in hits.layer_rates()],

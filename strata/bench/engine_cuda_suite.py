@@ -164,7 +164,7 @@ class Suite:
 
         p = m.plan.prefill
         out = {"chunk_planned": p.chunk, "mode": p.mode, "lend_slots": p.lend_slots,
-               "ring_slots": p.ring_slots, "cache_slots": m.plan.devices[0].expert_cache_slots,
+               "ring_slots": p.ring_slots, "cache_slots": m.arena.device_plan.cache.n_slots,
                "arena_bytes": m.arena.device_plan.arena_bytes,
                "hit_rate_predicted": m.plan.predicted_hit_rate}
         try:
