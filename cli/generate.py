@@ -55,6 +55,10 @@ def _engine(args, model) -> tuple[str, object]:
     CPU engine takes only --max-context."""
     from strata.engine.backends import select_backend
 
+    from strata.plan.knobs import options_from_args
+
+    # a bad knob is refused on every backend (the CPU engine takes any --max-context)
+    options_from_args(argparse.Namespace(**{**vars(args), "max_context": None}))
     name, mod = select_backend(args.backend)
     if name != "cuda":
         if args.gpu_mem or args.no_graph or args.miss_path:
@@ -65,7 +69,6 @@ def _engine(args, model) -> tuple[str, object]:
 
     from strata.engine.cuda.options import CudaOptions
     from strata.plan.devices import parse_size
-    from strata.plan.knobs import options_from_args
 
     plan = options_from_args(args)
     if plan.max_context is None:  # generate's default: the model's context, at most 4096

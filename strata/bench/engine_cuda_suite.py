@@ -72,7 +72,10 @@ class Suite:
     def write(self, part: str, body: dict) -> None:
         from numba import cuda
 
-        name = cuda.get_current_device().name
+        try:
+            name = cuda.get_current_device().name
+        except Exception:  # the simulator's device
+            name = "unknown"
         body.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     commit=self.commit, device=name.decode() if isinstance(name, bytes) else name,
                     command=f"python -m strata.bench.engine_cuda_suite -m {self.args.model} "
@@ -122,44 +125,55 @@ class Suite:
         self.write("miss", {"rows": rows, "table": miss_table(rows)})
         print(miss_table(rows), flush=True)
 
-    def oom(self) -> None:
-        from strata.engine.cuda.engine import CudaEngine
-        from strata.engine.cuda.model import CudaModel
-        from strata.engine.cuda.options import CudaEngineError
+    def oom(self, *, budgets_gib=OOM_BUDGETS_GIB, contexts=OOM_CONTEXTS, chunks=OOM_CHUNKS,
+            prompt_max: int = OOM_PROMPT_MAX, steps: int = OOM_DECODE_STEPS) -> None:
+        """Every (budget, context, chunk): load by the plan or be refused at start-up; an
+        accepted load runs a prompt of min(chunk, prompt_max, context - 40) tokens and `steps`
+        decode steps. The device allocations of each cell are counted (one: the arena)."""
         from strata.plan.options import PrefillRequest
 
         cells, t_end = [], time.perf_counter() + self.args.oom_seconds
-        for budget in OOM_BUDGETS_GIB:
-            for ctx in OOM_CONTEXTS:
-                for chunk in OOM_CHUNKS:
+        for budget in budgets_gib:
+            for ctx in contexts:
+                for chunk in chunks:
                     cell = {"budget_gib": budget, "context": ctx, "chunk": chunk}
                     cells.append(cell)
                     if time.perf_counter() > t_end:
                         cell["result"] = "not run (suite time budget)"
                         continue
-                    opts = self.options(gpu_mem=budget * GIB, max_context=ctx,
+                    opts = self.options(gpu_mem=int(budget * GIB), max_context=ctx,
                                         prefill=PrefillRequest.parse(chunk))
-                    n0 = len(self.counter.sizes)
-                    try:
-                        m = CudaModel(self.mf, opts, host_store=self.store)
-                    except CudaEngineError as e:
-                        msg = str(e)
-                        cell.update(result="refused", allocations=len(self.counter.sizes) - n0,
-                                    knobs=[ln.strip() for ln in msg.splitlines()
-                                           if ln.startswith("    ")],
-                                    message=msg.splitlines()[0])
-                        continue
-                    cell.update(self._oom_run(m, CudaEngine, ctx))
-                    cell["allocations"] = len(self.counter.sizes) - n0
-                    m.close()
+                    cell.update(self._oom_cell(opts, ctx, prompt_max, steps))
                     _log(f"oom {budget} GiB ctx {ctx} {chunk}: {cell['result']}")
         table = oom_table(cells)
         print(table, flush=True)
         self.write("oom", {"cells": cells, "table": table,
-                           "prompt": f"min(plan chunk, {OOM_PROMPT_MAX}, context - 40) tokens",
-                           "decode_steps": OOM_DECODE_STEPS})
+                           "prompt": f"min(plan chunk, {prompt_max}, context - 40) tokens",
+                           "decode_steps": steps})
 
-    def _oom_run(self, m, engine_cls, ctx: int) -> dict:
+    def _oom_cell(self, opts, ctx: int, prompt_max: int, steps: int) -> dict:
+        from strata.engine.cuda import engine as engine_mod
+        from strata.engine.cuda import model as model_mod
+        from strata.engine.cuda.options import CudaEngineError
+
+        n0 = len(self.counter.sizes)
+        try:
+            m = model_mod.CudaModel(self.mf, opts, host_store=self.store)
+        except CudaEngineError as e:
+            msg = str(e)
+            return {"result": "refused", "allocations": len(self.counter.sizes) - n0,
+                    "knobs": [ln.strip() for ln in msg.splitlines() if ln.startswith("    ")],
+                    "message": msg.splitlines()[0]}
+        except Exception as e:  # recorded: a load that dies instead of refusing is a failure
+            return {"result": f"FAILED at load: {type(e).__name__}: {e}"}
+        try:
+            out = self._oom_run(m, engine_mod.CudaEngine, ctx, prompt_max, steps)
+        finally:
+            m.close()
+        out["allocations"] = len(self.counter.sizes) - n0
+        return out
+
+    def _oom_run(self, m, engine_cls, ctx: int, prompt_max: int, steps: int) -> dict:
         import numpy as np
 
         p = m.plan.prefill
@@ -169,11 +183,11 @@ class Suite:
                "hit_rate_predicted": m.plan.predicted_hit_rate}
         try:
             eng = engine_cls(m)
-            n = max(1, min(p.chunk, OOM_PROMPT_MAX, ctx - 40))
+            n = max(1, min(p.chunk, prompt_max, ctx - 40))
             prompt = np.random.default_rng(ctx).integers(0, m.shape.n_vocab, n).tolist()
             t0 = time.perf_counter()
             eng.prefill(prompt)
-            eng.decode_tokens(OOM_DECODE_STEPS + 1)
+            eng.decode_tokens(steps + 1)
             h = eng.hits()
             out.update(result="ok", prompt_tokens=n, seconds=time.perf_counter() - t0,
                        hit_rate_measured=h.hit_rate)
@@ -198,6 +212,7 @@ def miss_table(rows: list[dict]) -> str:
 
 
 def oom_table(cells: list[dict]) -> str:
+    """The matrix: a row per budget, a column per (context, chunk)."""
     def show(c):
         r = c.get("result", "")
         if r == "ok":
@@ -205,15 +220,17 @@ def oom_table(cells: list[dict]) -> str:
         if r == "refused":
             return f"refused({len(c.get('knobs', []))}k)"
         return "FAIL" if r.startswith("FAILED") else "-"
-    head = f"{'budget':>7s} " + " ".join(f"{ctx // 1024:>4d}K/{ch:<5s}" + " " * 3
-                                        for ctx in OOM_CONTEXTS for ch in OOM_CHUNKS)
+    cols = list(dict.fromkeys((c["context"], c["chunk"]) for c in cells))
+    budgets = list(dict.fromkeys(c["budget_gib"] for c in cells))
+    by = {(c["budget_gib"], c["context"], c["chunk"]): c for c in cells}
+    head = f"{'budget':>8s} " + " ".join(f"{f'{ctx // 1024}K/{ch}':<13s}" for ctx, ch in cols)
     lines = [head]
-    for b in OOM_BUDGETS_GIB:
-        row = [c for c in cells if c["budget_gib"] == b]
-        lines.append(f"{b:>4d}GiB " + " ".join(f"{show(c):<13s}" for c in row))
-    lines.append("ok o|bN: accepted, prompt path owned|borrowed with chunk N, a prompt and "
-                 f"{OOM_DECODE_STEPS} decode steps ran; refused(Nk): refused at start-up with "
-                 f"N knobs")
+    for b in budgets:
+        lines.append(f"{b:>5g}GiB " + " ".join(f"{show(by[(b, ctx, ch)]):<13s}"
+                                                for ctx, ch in cols))
+    lines.append("ok o|bN: accepted, prompt path owned|borrowed with chunk N, a prompt and the "
+                 "decode steps ran; refused(Nk): refused at start-up with N knobs; FAIL: see the "
+                 "cell")
     return "\n".join(lines)
 
 

@@ -1,0 +1,135 @@
+"""The CUDA engine's device suite without a device: the OOM matrix's bookkeeping (a refusal's
+knobs and allocations, an accepted cell's prompt and decode, a failure after load) over stand-in
+loaders, the matrix and miss-sweep tables, and `strata generate`'s VRAM knobs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from strata.bench import engine_cuda_suite as suite_mod
+
+
+class _Counter:
+    sizes: list[int] = []
+
+
+def _refusal_message(tmp_models) -> str:
+    """A real planner refusal (its message lists the knobs, one per indented line)."""
+    from helpers.engine_models import model_path
+    from strata.gguf import open_model
+    from strata.plan import plan
+    from strata.plan.devices import parse_gpu_mem
+    from strata.plan.options import PlanOptions
+
+    shape = open_model(model_path(tmp_models, "Q8_0")).shape
+    refused = plan(shape, parse_gpu_mem("600MiB"), PlanOptions(max_context=1024))
+    assert not refused.accepted
+    return refused.refusal.message()
+
+
+def _fakes(monkeypatch, message: str, runs: list):
+    from strata.engine.cuda import engine as engine_mod
+    from strata.engine.cuda import model as model_mod
+    from strata.engine.cuda.options import CudaEngineError
+
+    class Model:
+        def __init__(self, mf, opts, host_store=None):
+            if opts.gpu_mem < 2 << 30:
+                raise CudaEngineError(message)
+            _Counter.sizes.append(123)  # the arena
+            self.closed = False
+            self.shape = SimpleNamespace(n_vocab=50)
+            self.ctx = opts.plan.max_context
+            chunk = 512 if opts.plan.prefill.auto else opts.plan.prefill.tokens
+            self.plan = SimpleNamespace(prefill=SimpleNamespace(
+                chunk=chunk, mode="borrowed", lend_slots=3, ring_slots=2), predicted_hit_rate=0.5)
+            self.arena = SimpleNamespace(device_plan=SimpleNamespace(
+                cache=SimpleNamespace(n_slots=7), arena_bytes=123))
+            runs.append(self)
+
+        def close(self):
+            self.closed = True
+
+    class Engine:
+        def __init__(self, m):
+            self.m = m
+
+        def prefill(self, prompt):
+            self.m.prompt = len(prompt)
+            if self.m.ctx == 4096 and self.m.plan.prefill.chunk == 256:
+                raise RuntimeError("boom")
+
+        def decode_tokens(self, n):
+            self.m.decoded = n
+            return [0] * n
+
+        def hits(self):
+            return SimpleNamespace(hit_rate=0.25)
+
+    monkeypatch.setattr(model_mod, "CudaModel", Model)
+    monkeypatch.setattr(engine_mod, "CudaEngine", Engine)
+
+
+def test_oom_matrix_records_refusals_runs_and_failures(tmp_models, tmp_path, monkeypatch,
+                                                       capsys):
+    message = _refusal_message(tmp_models)
+    runs: list = []
+    _fakes(monkeypatch, message, runs)
+    s = suite_mod.Suite.__new__(suite_mod.Suite)
+    s.args = SimpleNamespace(oom_seconds=60.0, out=str(tmp_path), model="m.gguf", file_note="")
+    s.mf, s.store, s.counter, s.commit = None, None, _Counter, "abc"
+    s.bw, s.store_seconds = {}, 0.0
+    s.oom(budgets_gib=(1, 4), contexts=(1024, 4096), chunks=("auto", "256"), prompt_max=300,
+          steps=5)
+    import json
+
+    cells = json.loads((tmp_path / "oom.json").read_text())["cells"]
+    assert len(cells) == 8
+    refused = [c for c in cells if c["budget_gib"] == 1]
+    assert all(c["result"] == "refused" and c["allocations"] == 0 for c in refused)
+    assert any(k.startswith("--kv int8") for k in refused[0]["knobs"])
+    ok = [c for c in cells if c["result"] == "ok"]
+    assert len(ok) == 3 and all(c["allocations"] == 1 for c in ok)
+    assert {c["prompt_tokens"] for c in ok} == {256, 300}  # min(chunk, prompt_max, ctx - 40)
+    failed = [c for c in cells if c["result"].startswith("FAILED after load")]
+    assert len(failed) == 1 and "boom" in failed[0]["result"]
+    assert all(m.closed for m in runs) and all(m.decoded == 6 for m in runs if m.ctx == 1024)
+    table = capsys.readouterr().out
+    assert "refused(" in table and "ok b512" in table and "FAIL" in table
+
+
+def test_miss_table_names_the_faster_path():
+    rows = [{"cache_fraction": f, "miss_path": mp, "tokens_per_s": t, "hit_rate_measured": h}
+            for f, mp, t, h in ((0.0, "mapped", 21.7, 0.0), (0.0, "cpu", 7.4, 0.0),
+                                (0.3, "mapped", 5.0, 0.66), (0.3, "cpu", 6.8, 0.66))]
+    lines = suite_mod.miss_table(rows).splitlines()
+    assert lines[1].split()[-1] == "mapped" and lines[2].split()[-1] == "cpu"
+    assert "66.0%" in lines[2]
+
+
+def test_generate_takes_the_vram_knobs_and_notes_them_on_the_cpu(tmp_models, capsys):
+    from helpers.engine_models import model_path
+    from strata.cli.main import main
+
+    path = str(model_path(tmp_models, "Q8_0"))
+    rc = main(["generate", "-m", path, "--prompt-tokens", "1,2,3", "-n", "2",
+               "--temperature", "0", "--backend", "cpu", "--gpu-mem", "8GiB",
+               "--expert-cache", "4", "--max-context", "64", "--json"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "--gpu-mem, --no-graph and --miss-path apply to the CUDA engine" in err
+
+
+def test_generate_refuses_bad_knobs(tmp_models, capsys):
+    from helpers.engine_models import model_path
+    from strata.cli.main import main
+
+    path = str(model_path(tmp_models, "Q8_0"))
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        main(["generate", "-m", path, "--prompt-tokens", "1", "--miss-path", "disk"])
+    assert "invalid choice: 'disk'" in capsys.readouterr().err
+    assert main(["generate", "-m", path, "--prompt-tokens", "1", "--backend", "cpu",
+                 "--prefill", "300"]) != 0
+    assert "--prefill: 300 is not a multiple of 256" in capsys.readouterr().err
