@@ -105,7 +105,9 @@ def decide_stage(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
     fixed = stage_fixed(shape, s, options, lo, hi, first=first, carve=carve)
     avail = dev.free_bytes - fixed_bytes(fixed, s)
     sub, sub_p = stage_shape(shape, lo, hi), stage_profile(profile, lo, hi)
-    pricing = PromptPricing(sub, options.kv_type, s.stage_tokens, options.ring_bytes)
+    # the prompt path is priced on the whole model's shape: its buffers do not depend on the
+    # layer count, and its ring slots are the model's largest blob, as the runtime carves them
+    pricing = PromptPricing(shape, options.kv_type, s.stage_tokens, options.ring_bytes)
     outcome = decide(sub, sub_p, options, pricing, avail=avail, max_context=s.max_context,
                      notes=notes)
     # the least VRAM: this stage's fixed part plus the elastic minimum of its range (the

@@ -1,0 +1,205 @@
+"""The layer split's benchmark on real GPUs: greedy tokens, decode and prefill tok/s and measured
+against predicted decode hit rate for a split over two GPUs against one GPU at the sum and at one
+share of the budget, and the carve's A/B (the same split with every stage holding every layer's
+dense weights, stage caches pinned equal so only the weights differ). One host store serves every
+run. Writes JSON (updated after each run, so a run cut short still reports what it finished).
+
+    python -m strata.engine.multi.bench MODEL --gpu-mem 8GiB,8GiB --out split.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+
+from strata.engine.cuda.options import CudaOptions
+from strata.gguf import open_model
+from strata.plan.devices import parse_size
+from strata.plan.options import PlanOptions
+from strata.plan.split import SplitOptions
+
+
+def _timed_run(eng, prompt: list[int], n_decode: int) -> dict:
+    eng.prefill(prompt[:16])  # JIT and graph capture first
+    eng.decode_tokens(4)
+    eng.reset()
+    before = eng.hits().counts.copy()
+    eng.synchronize()
+    t0 = time.perf_counter()
+    logits = eng.prefill(prompt)
+    eng.synchronize()
+    t_pre = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    toks = eng.decode_tokens(n_decode)
+    t_dec = time.perf_counter() - t0
+    h = eng.hits().counts - before
+    hit = float(h[:, 0].sum() / max(1, h.sum()))
+    return {"prefill_tokens": len(prompt), "prefill_seconds": t_pre,
+            "prefill_tok_per_s": len(prompt) / t_pre, "decode_steps": n_decode - 1,
+            "decode_seconds": t_dec, "decode_tok_per_s": (n_decode - 1) / t_dec,
+            "measured_hit_rate": hit, "first_token": int(np.argmax(logits)),
+            "tokens": [int(t) for t in toks]}
+
+
+def _single(mf, store, portable, cap: int, knobs: PlanOptions, prompt, n_decode) -> dict:
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.cuda.model import CudaModel
+
+    with cuda.gpus[0]:
+        m = CudaModel(mf, CudaOptions(plan=knobs, gpu_mem=cap, progress=False),
+                      host_store=(store, portable.mapped()))
+        out = _timed_run(CudaEngine(m), prompt, n_decode)
+        dp = m.arena.device_plan
+        out.update(gpus=1, gpu_mem=[cap], arena_bytes=[dp.arena_bytes],
+                   weights_bytes=[dp.regions["weights"]], cache_slots=[dp.cache.n_slots],
+                   predicted_hit_rate=m.plan.predicted_hit_rate,
+                   prefill_chunk=m.plan.prefill.chunk)
+        m.close()
+    return out
+
+
+def _split(mf, store, portable, caps, knobs, split, prompt, n_decode) -> dict:
+    from strata.engine.multi import SplitEngine, SplitModel
+
+    sm = SplitModel(mf, CudaOptions(plan=knobs, progress=False), split,
+                    devices=list(range(len(caps))), gpu_mem=caps, store=(store, portable))
+    links = sm.measure_links()
+    out = _timed_run(SplitEngine(sm), prompt, n_decode)
+    p = sm.plan
+    out.update(gpus=len(caps), gpu_mem=list(caps), cuts=list(p.placement.cuts),
+               search_seconds=p.placement.search_seconds,
+               arena_bytes=[m.arena.device_plan.arena_bytes for m in sm.stages],
+               weights_bytes=[m.arena.device_plan.regions["weights"] for m in sm.stages],
+               cache_slots=[m.arena.device_plan.cache.n_slots for m in sm.stages],
+               tier_slots=[s.tier.n_slots if s.tier else 0 for s in p.stages],
+               predicted_hit_rate=p.predicted_hit_rate,
+               predicted_hit_rate_stage_caches=p.predicted_hit_rate_stages,
+               predicted_seconds_per_token=p.placement.seconds_per_token,
+               prefill_chunk=p.chunk, links=links)
+    sm.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--gpu-mem", default="8GiB,8GiB")
+    ap.add_argument("--max-context", type=int, default=4096)
+    ap.add_argument("--prompt", type=int, default=1024)
+    ap.add_argument("--decode", type=int, default=65)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--skip", default="", help="runs to leave out: 1x8, carve")
+    a = ap.parse_args(argv)
+    caps = [parse_size(x) for x in a.gpu_mem.split(",")]
+    mf = open_model(a.model)
+    knobs = PlanOptions(max_context=a.max_context)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, mf.shape.n_vocab, a.prompt)]
+    names = []
+    for i in range(len(caps)):
+        n = cuda.gpus[i].name
+        names.append(n.decode() if isinstance(n, bytes) else str(n))
+    res = {"date": time.strftime("%Y-%m-%d"), "commit": os.environ.get("STRATA_COMMIT", ""),
+           "device": names, "command": " ".join(["python -m strata.engine.multi.bench"]
+                                                   + (argv or sys.argv[1:])),
+           "model": {"file": os.path.basename(a.model), "layers": mf.shape.n_layer,
+                     "experts": mf.shape.n_expert, "bytes": mf.shape.file_bytes},
+           "max_context": a.max_context, "runs": {}}
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    from strata.engine.multi.hostmap import PortableHost
+    from strata.experts import build_store
+
+    t0 = time.perf_counter()
+    store = build_store(mf, with_embd=knobs.embd_on_host)
+    with cuda.gpus[0]:
+        portable = PortableHost(store.buffer)
+    res["store"] = {"bytes": store.n_bytes, "seconds": time.perf_counter() - t0}
+    key = "x".join([str(len(caps)), a.gpu_mem.split(",")[0]])
+    res["runs"][key] = split_run = _split(mf, store, portable, caps, knobs, SplitOptions(),
+                                         prompt, a.decode)
+    save()
+    print(f"{key}: {split_run['decode_tok_per_s']:.1f} tok/s decode", flush=True)
+    total = sum(caps)
+    res["runs"][f"1x{total >> 30}GiB"] = one = _single(mf, store, portable, total, knobs,
+                                                       prompt, a.decode)
+    res["tokens_identical_split_vs_1gpu"] = one["tokens"] == split_run["tokens"]
+    save()
+    if "1x8" not in a.skip:
+        res["runs"][f"1x{caps[0] >> 30}GiB"] = small = _single(mf, store, portable, caps[0],
+                                                               knobs, prompt, a.decode)
+        res["tokens_identical_small_vs_1gpu"] = small["tokens"] == one["tokens"]
+        save()
+    if "carve" not in a.skip:
+        res["carve_ab"] = _carve_ab(mf, store, portable, caps, knobs, split_run, prompt,
+                                    a.decode)
+        save()
+    _table(res)
+    return 0
+
+
+def _carve_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode) -> dict:
+    """The same cuts, stage caches pinned to what the carve-off arm can hold, tiers off."""
+    from strata.plan.split import plan_split
+    from strata.plan.split.options import SplitOptions as S
+
+    cuts = tuple(split_run["cuts"])
+    off_plan = plan_split(mf.shape, _infos(caps), knobs, S(cuts=cuts, carve=False,
+                                                           helper_tiers=False))
+    pinned = tuple(min(a, s.device_plan.cache.n_slots)
+                   for a, s in zip(split_run["cache_slots"], off_plan.stages))
+    arms = {}
+    for name, carve in (("carve_on", True), ("carve_off", False)):
+        sp = S(cuts=cuts, carve=carve, helper_tiers=False, stage_cache=pinned)
+        arms[name] = _split(mf, store, portable, caps, knobs, sp, prompt, n_decode)
+    on, off = arms["carve_on"], arms["carve_off"]
+    return {"cuts": list(cuts), "stage_cache": list(pinned), "arms": arms,
+            "tokens_identical": on["tokens"] == off["tokens"],
+            "weights_freed_bytes": [b - a for a, b in zip(on["weights_bytes"],
+                                                          off["weights_bytes"])],
+            "arena_freed_bytes": [b - a for a, b in zip(on["arena_bytes"], off["arena_bytes"])]}
+
+
+def _infos(caps):
+    from strata.plan.devices import DeviceInfo
+    out = []
+    for i, c in enumerate(caps):
+        with cuda.gpus[i]:
+            free, total = cuda.current_context().get_memory_info()
+        f = min(int(free), c)
+        out.append(DeviceInfo(i, f"GPU {i}", f, max(f, min(int(total), c))))
+    return out
+
+
+def _table(res: dict) -> None:
+    print(f"{'run':<12} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
+          f"{'hit pred':>9} {'slots':>14}")
+    rows = dict(res["runs"])
+    for name, r in res.get("carve_ab", {}).get("arms", {}).items():
+        rows[name] = r
+    for name, r in rows.items():
+        print(f"{name:<12} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
+              f"{r['measured_hit_rate']:>9.3f} {r['predicted_hit_rate'] or 0:>9.3f} "
+              f"{r['cache_slots']!s:>14}")
+    for k in ("tokens_identical_split_vs_1gpu", "tokens_identical_small_vs_1gpu"):
+        if k in res:
+            print(f"{k}: {res[k]}")
+    if "carve_ab" in res:
+        c = res["carve_ab"]
+        print(f"carve A/B: tokens identical {c['tokens_identical']}, weights freed "
+              f"{[round(x / 2**20) for x in c['weights_freed_bytes']]} MiB per stage")
+    print(f"handoff: {json.dumps(res['runs'][next(iter(res['runs']))].get('links'))}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,199 @@
+"""`SplitEngine`: one sequence through the stages of a `SplitModel`.
+
+Each stage is the single-GPU engine's own machinery over its layer range — `DecodeStep` (a CUDA
+graph per mode, replayed per token) and `PromptRun` (chunks, the ring, the loan) — and the engine
+threads them: a step (or a prompt chunk) runs stage 0, its hidden state is handed to stage 1 and
+so on; the last stage owns the head and the sampler, and the token it picks is handed back to
+stage 0's history for the next step. Every stage keeps its own sequence length, advanced by its
+own kernels. Every stage's prompt use passes its own plan's runtime contract.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from strata.cuda_kernels import matmul as mm
+from strata.cuda_kernels.sampling import make_params
+from strata.engine.cuda.decode import DecodeStep
+from strata.engine.cuda.prefill import PromptRun
+from strata.engine.engine import ContextFullError, Engine
+from strata.engine.multi.model import SplitModel, _null, _sim
+from strata.engine.sampler import SamplingParams
+from strata.experts import DecodeHits, PrefillTraffic
+from strata.plan import check_runtime_use, runtime_use
+
+
+def _on(device: int):
+    from numba import cuda
+    return _null() if _sim() else cuda.gpus[device]
+
+
+class SplitEngine(Engine):
+    """qwen3moe over several GPUs, one stage each, exactly within each stage's plan."""
+
+    backend = "cuda-split"
+
+    def __init__(self, sm: SplitModel, *, use_graph: bool = True):
+        self.sm = sm
+        self.shape = sm.shape
+        self.max_context = sm.plan.kv.max_context
+        self.stages = sm.stages
+        self.steps = []
+        for m, dev in zip(self.stages, sm.devices):
+            with _on(dev):
+                self.steps.append(DecodeStep(m, use_graph=use_graph))
+        self.traffic = PrefillTraffic()
+        self._n_past = 0
+        self._logits = np.zeros(sm.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
+        self.reset()
+
+    @property
+    def n_past(self) -> int:
+        return self._n_past
+
+    @property
+    def last(self):
+        return self.stages[-1]
+
+    def _each(self):
+        for g, (m, dev) in enumerate(zip(self.stages, self.sm.devices)):
+            with _on(dev):
+                yield g, m
+
+    def reset(self) -> None:
+        self._n_past = 0
+        self._set_lengths(0, 0)
+
+    def _set_lengths(self, seq_len: int, n_tokens: int, *, seq: bool = True) -> None:
+        for _, m in self._each():
+            if seq:
+                m.acts["seq_len"].copy_to_device(np.array([seq_len], np.int32), stream=m.stream)
+            m.acts["n_tokens"].copy_to_device(np.array([n_tokens], np.int32), stream=m.stream)
+
+    def _hand_on(self, g: int, src, dst) -> None:
+        """Stage g's output into stage g+1's input (ordered after stage g's work)."""
+        self.sm.links[g].copy(dst, src)
+
+    # -- prompt ------------------------------------------------------------------------------
+
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = self.check_tokens(tokens)
+        uses = [check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
+                for m in self.stages]
+        if len({u.chunk for u in uses}) != 1:
+            raise RuntimeError(f"the stages' prompt chunks differ: {[u.chunk for u in uses]}")
+        chunk = uses[0].chunk
+        runs: list[PromptRun] = []
+        try:
+            for g, m in self._each():
+                if uses[g].mode == "borrowed":
+                    m.cache.lend(uses[g].lend_slots)
+                P, R = m.arena.prompt_views(uses[g])
+                runs.append(PromptRun(m, P, R, chunk, self.traffic))
+            for off in range(0, ids.size, chunk):
+                part = ids[off:off + chunk]
+                n = int(part.size)
+                for g, _ in self._each():
+                    if g:
+                        self._hand_on(g - 1, runs[g - 1].P["hidden"][:n], runs[g].P["hidden"][:n])
+                    # the dense GEMMs' module-level stand-in array must be this GPU's
+                    mm._DUMMY["i32"] = runs[g].scr.dummy
+                    runs[g].chunk_step(part, self._n_past)
+                self._n_past += n
+        finally:
+            for _, m in self._each():
+                m.cache.refill()
+        self._set_lengths(self._n_past, self._n_past, seq=False)
+        return self._read_logits()
+
+    def _read_logits(self) -> np.ndarray:
+        with _on(self.sm.devices[-1]):
+            self.last.acts["logits"][0].copy_to_host(self._logits, stream=self.last.stream)
+            self.last.stream.synchronize()
+        return self._logits.copy()
+
+    # -- decode --------------------------------------------------------------------------------
+
+    def _step(self, mode: str) -> None:
+        """One token through every stage (its input token is in stage 0's history)."""
+        for g, _ in self._each():
+            if g:
+                self._hand_on(g - 1, self.stages[g - 1].acts["hidden"],
+                              self.stages[g].acts["hidden"])
+            self.steps[g].run(mode)
+
+    def decode_step(self, token: int) -> np.ndarray:
+        self.check_tokens([token])
+        p = self._n_past
+        one = np.array([token], np.int32)
+        for g, m in self._each():
+            if g in (0, len(self.stages) - 1):  # the embedding reads it, the sampler's history
+                m.acts["history"][0][p:p + 1].copy_to_device(one, stream=m.stream)
+        self._set_lengths(0, p + 1, seq=False)
+        self._step("logits")
+        self._n_past += 1
+        return self._read_logits()
+
+    def decode_tokens(self, n: int, sampling: SamplingParams | None = None) -> list[int]:
+        """`n` tokens picked on the last stage's GPU, each handed back to stage 0 for the next
+        step; read back once (see `CudaEngine.decode_tokens`)."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        if self._n_past == 0:
+            raise ValueError("decode_tokens needs a prefilled sequence")
+        if self._n_past + n - 1 > self.max_context:
+            raise ContextFullError(f"{n} tokens after {self._n_past} exceed the context of "
+                                   f"{self.max_context}")
+        last, first = self.last, self.stages[0]
+        with _on(self.sm.devices[-1]):
+            mode = _set_sampling(last, sampling)
+            self.steps[-1].pick(mode, last.stream)
+        start = self._n_past
+        for _ in range(n - 1):
+            p = self._n_past
+            if len(self.stages) > 1:
+                self.sm.back.copy(first.acts["history"][0][p:p + 1],
+                                  last.acts["history"][0][p:p + 1])
+            self._step(mode)
+            self._n_past += 1
+        out = np.zeros(n, np.int32)
+        with _on(self.sm.devices[-1]):
+            last.acts["history"][0][start:start + n].copy_to_host(out, stream=last.stream)
+            last.stream.synchronize()
+        self._set_lengths(0, self._n_past, seq=False)
+        self.synchronize()
+        return [int(t) for t in out]
+
+    # -- accounting ----------------------------------------------------------------------------
+
+    def hits(self) -> DecodeHits:
+        """Every stage's per-layer decode hit/miss counters, summed (each counts its own
+        layers)."""
+        total = np.zeros((self.shape.n_layer, 2), np.int64)
+        for _, m in self._each():
+            out = np.zeros((self.shape.n_layer, 2), np.int64)
+            m.acts["hit_counts"].copy_to_host(out, stream=m.stream)
+            m.stream.synchronize()
+            total += out
+        return DecodeHits(total)
+
+    def synchronize(self) -> None:
+        for _, m in self._each():
+            m.stream.synchronize()
+
+
+def _set_sampling(m, sampling: SamplingParams | None) -> str:
+    """The sampler's parameters on the stage that samples; returns the step mode."""
+    if sampling is None or sampling.temperature == 0:
+        return "greedy"
+    f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
+                       repeat_penalty=sampling.repeat_penalty,
+                       penalty_last_n=sampling.repeat_last_n,
+                       seed=sampling.seed if sampling.seed is not None else time.time_ns())
+    m.acts["sample_fparams"][0].copy_to_device(f, stream=m.stream)
+    m.acts["sample_iparams"][0].copy_to_device(i, stream=m.stream)
+    return "sample"

@@ -1,0 +1,111 @@
+"""The hidden state handed from one stage's GPU to the next (and the sampled token back to the
+first stage): peer-to-peer where the two GPUs can reach each other's memory, else through pinned
+host memory (a device-to-host copy, then host-to-device, ordered by events). Which one is used is
+decided by asking the driver, and its speed is measured and printed, never assumed.
+
+Ordering: the copy is enqueued on the receiving stage's stream after it waits for an event the
+sending stage recorded after its work, so a copy never reads a hidden state still being written;
+and the sending stage's stream waits for the copy in turn, so its next step (or chunk) never
+overwrites a hidden state (or the pinned staging buffer) before it has been read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from strata.cuda_kernels.intrinsics import SIMULATED
+from strata.engine.cuda.hostmem import device_address
+
+
+class Link:
+    """Copies from GPU `src` (stream `src_stream`) to GPU `dst` (stream `dst_stream`)."""
+
+    def __init__(self, src: int, dst: int, src_stream, dst_stream, *, max_bytes: int):
+        self.src, self.dst = src, dst
+        self.src_stream, self.dst_stream = src_stream, dst_stream
+        self.how = self._choose()
+        self._stage = None
+        if self.how == "pinned host":
+            with cuda.gpus[src]:
+                self._stage = cuda.pinned_array(max(1, max_bytes), np.uint8)  # [max_bytes] u8
+
+    def _choose(self) -> str:
+        if SIMULATED or self.src == self.dst:
+            return "same device"
+        with cuda.gpus[self.dst]:
+            ctx_dst = cuda.current_context()
+            ok = ctx_dst.can_access_peer(self.src)
+        if not ok:
+            return "pinned host"
+        from numba.cuda.cudadrv.driver import CudaAPIError
+        for a, b in ((self.dst, self.src), (self.src, self.dst)):
+            with cuda.gpus[b]:
+                peer = cuda.current_context()
+            with cuda.gpus[a]:
+                try:
+                    cuda.current_context().enable_peer_access(peer.handle)
+                except CudaAPIError as e:  # already enabled by an earlier link
+                    if "PEER_ACCESS_ALREADY_ENABLED" not in str(e) and "704" not in str(e):
+                        raise
+        return "peer-to-peer"
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """Enqueue dst[:] = src[:] (device arrays of one size on the two GPUs) after everything
+        already enqueued on the source stream."""
+        n = int(src.nbytes)
+        if n != int(dst.nbytes):
+            raise ValueError(f"handoff of {n} B into a {int(dst.nbytes)} B buffer")
+        if self.how == "same device":
+            ev = cuda.event()
+            ev.record(self.src_stream)
+            ev.wait(self.dst_stream)
+            dst.copy_to_device(src, stream=self.dst_stream)
+            done = cuda.event()
+            done.record(self.dst_stream)
+            done.wait(self.src_stream)
+            return
+        from numba.cuda.cudadrv import driver as drv
+
+        with cuda.gpus[self.src]:
+            src_ctx = cuda.current_context()
+            ev = cuda.event()
+            if self.how == "pinned host":
+                host = self._stage[:n]
+                drv.driver.cuMemcpyDtoHAsync(drv.host_pointer(host), device_address(src), n,
+                                             drv._stream_handle(self.src_stream))
+            ev.record(self.src_stream)
+        with cuda.gpus[self.dst]:
+            dst_ctx = cuda.current_context()
+            ev.wait(self.dst_stream)
+            handle = drv._stream_handle(self.dst_stream)
+            if self.how == "pinned host":
+                drv.driver.cuMemcpyHtoDAsync(device_address(dst), drv.host_pointer(host), n,
+                                             handle)
+            else:
+                drv.driver.cuMemcpyPeerAsync(device_address(dst), dst_ctx.handle,
+                                             device_address(src), src_ctx.handle, n, handle)
+            done = cuda.event()
+            done.record(self.dst_stream)
+        with cuda.gpus[self.src]:
+            done.wait(self.src_stream)
+
+    def measure(self, dst: Any, src: Any, *, n_bytes: int, repeats: int = 50) -> dict:
+        """Seconds per copy of `n_bytes` (after one warm-up), and GB/s."""
+        d, s = dst.reshape(-1).view(np.uint8)[:n_bytes], src.reshape(-1).view(np.uint8)[:n_bytes]
+        self.copy(d, s)
+        self._sync()
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            self.copy(d, s)
+        self._sync()
+        secs = (time.perf_counter() - t0) / repeats
+        return {"how": self.how, "bytes": n_bytes, "seconds": secs,
+                "gb_per_s": n_bytes / max(secs, 1e-12) / 1e9}
+
+    def _sync(self) -> None:
+        with cuda.gpus[self.dst]:
+            self.dst_stream.synchronize()

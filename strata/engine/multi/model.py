@@ -1,0 +1,166 @@
+"""`SplitModel`: a model loaded over several GPUs by its split plan — one stage per GPU, each a
+`CudaModel` of its own layers in its own arena (its layers' dense weights and KV, its own expert
+cache over its own layers' pairs), one host expert store mapped into every GPU, and the links
+that hand the hidden state from stage to stage.
+
+The plan is made first (`strata.plan.split.plan_split`, against each card's free VRAM capped at
+its `--gpu-mem`), then every stage is opened on its GPU from its part of the plan: nothing is
+re-derived at load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from numba import cuda
+
+from strata.engine.cuda.hostmem import progress_bar
+from strata.engine.cuda.model import CudaModel, capped_device, check_kernel_shape
+from strata.engine.cuda.options import CudaEngineError, CudaOptions
+from strata.engine.multi.handoff import Link
+from strata.engine.multi.hostmap import PortableHost
+from strata.experts import build_store, profile_source
+from strata.gguf import ModelFile
+from strata.plan.knobs import load_profile
+from strata.plan.result import Plan
+from strata.plan.split import SplitOptions, SplitPlan, Stage, plan_split
+
+Log = Callable[[str], None]
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def stage_plan(sp: SplitPlan, st: Stage, device: int) -> Plan:
+    """A stage's part of the split plan as the single-device plan its arena is opened from
+    (`device`: the CUDA device id it runs on)."""
+    dp = st.device_plan
+    dp = dataclasses.replace(dp, device=dataclasses.replace(dp.device, index=device))
+    kv = dataclasses.replace(sp.kv, vram_bytes=dp.regions["kv"])
+    return Plan(True, (dp,), sp.request, st.prefill, kv, st.predicted_hit_rate,
+                sp.hit_rate_model, None, sp.options, sp.token_embd, sp.notes, sp.warnings,
+                sp.shape, sp.profile)
+
+
+class SplitModel:
+    """The stages of a layer split (see the module doc). `report` holds what loading measured."""
+
+    def __init__(self, model: ModelFile, options: CudaOptions, split: SplitOptions, *,
+                 devices: Sequence[int], gpu_mem: Sequence[int | None] | None = None,
+                 backends: Sequence[Any] | None = None, log: Log | None = _log,
+                 store: tuple[Any, PortableHost] | None = None):
+        """`store`: a (HostStore, PortableHost) of this model from an earlier load, reused."""
+        if model.arch != "qwen3moe":
+            raise CudaEngineError(f"{model.path}: the CUDA engine runs qwen3moe, not {model.arch}")
+        check_kernel_shape(model.shape, options.plan.kv_type)
+        self.file, self.options, self.log = model, options, log or (lambda text: None)
+        self.shape = s = model.shape
+        self.devices = [int(d) for d in devices]
+        self.report: dict[str, Any] = {}
+        self._shared = False
+        backends = list(backends) if backends is not None else [None] * len(self.devices)
+        caps = list(gpu_mem) if gpu_mem is not None else [None] * len(self.devices)
+        if not len(self.devices) == len(backends) == len(caps):
+            raise CudaEngineError(f"{len(self.devices)} GPUs, {len(caps)} --gpu-mem sizes")
+        self.profile = load_profile(model.metadata, s.n_layer, s.n_expert, options.profile_path)
+        self.report["profile"] = profile_source(model.metadata, options.profile_path)
+        self.backends, infos = [], []
+        for i, (b, d, c) in enumerate(zip(backends, self.devices, caps)):
+            with cuda.gpus[d] if not _sim() else _null():  # each card read in its own context
+                b = b if b is not None else self._backend(d)
+                infos.append(dataclasses.replace(capped_device(b, c), index=i))
+            self.backends.append(b)
+        self.plan = plan_split(s, infos, options.plan, split, profile=self.profile)
+        if not self.plan.accepted:
+            raise CudaEngineError(self.plan.refusal.message())
+        if store is None:
+            self._load_store(model)
+        else:
+            self.store, self.portable = store
+            self._shared = True
+        self.stages: list[CudaModel] = []
+        for st, dev, b in zip(self.plan.stages, self.devices, self.backends):
+            with cuda.gpus[dev] if not _sim() else _null():
+                m = CudaModel(model, dataclasses.replace(options, device=dev), backend=b,
+                              log=self.log, host_store=(self.store, self.portable.mapped()),
+                              plan=stage_plan(self.plan, st, dev), layers=st.layers)
+            self.stages.append(m)
+        self.links = [Link(self.devices[g], self.devices[g + 1], self.stages[g].stream,
+                           self.stages[g + 1].stream, max_bytes=self._hidden_bytes())
+                      for g in range(len(self.stages) - 1)]
+        self.back = Link(self.devices[-1], self.devices[0], self.stages[-1].stream,
+                         self.stages[0].stream, max_bytes=4) if len(self.stages) > 1 else None
+        self._describe()
+
+    @staticmethod
+    def _backend(device: int):
+        from strata.memory.numba_backend import NumbaBackend
+        return NumbaBackend(device)
+
+    def _hidden_bytes(self) -> int:
+        return int(self.stages[0].arena.device_plan.prompt.region("hidden").n_bytes) \
+            if self.stages[0].arena.device_plan.prompt is not None else self.shape.n_embd * 4
+
+    def _load_store(self, model: ModelFile) -> None:
+        on_host = self.plan.token_embd == "host"
+        with progress_bar("expert store", 1, self.options.progress) as update:
+            self.store = build_store(model, with_embd=on_host,
+                                     progress=lambda d, t: update(d / max(t, 1)))
+        with cuda.gpus[self.devices[0]] if not _sim() else _null():
+            self.portable = PortableHost(self.store.buffer)
+        self.report.update(store_bytes=self.store.n_bytes,
+                           store_fill_seconds=self.store.fill_seconds,
+                           store_register_seconds=self.portable.seconds)
+
+    def _describe(self) -> None:
+        pl = self.plan.placement
+        self.log(f"layer split {','.join(map(str, pl.cuts))} ({pl.how}): "
+                 + "; ".join(f"GPU {d} layers {lo}-{hi - 1}" for d, (lo, hi)
+                             in zip(self.devices, pl.ranges)))
+        for g, (m, st) in enumerate(zip(self.stages, self.plan.stages)):
+            dp = m.arena.device_plan
+            self.log(f"GPU {self.devices[g]}: arena {dp.arena_bytes / 2**20:.0f} MiB, dense "
+                     f"weights {dp.regions['weights'] / 2**20:.0f} MiB (the carve frees "
+                     f"{(st.weight_bytes_whole - dp.regions['weights']) / 2**20:.0f} MiB), "
+                     f"stage cache {dp.cache.n_slots} slots")
+        for link in self.links:
+            self.log(f"hidden state GPU {link.src} -> GPU {link.dst}: {link.how}")
+
+    def measure_links(self) -> list[dict]:
+        """Each link's measured copy time for one decode token's hidden state and for a larger
+        block (the last stage's logits buffer, before anything has been computed): what
+        `report["links"]` records."""
+        out = []
+        for g, link in enumerate(self.links):
+            a, b = self.stages[g].acts, self.stages[g + 1].acts
+            out.append({"src": link.src, "dst": link.dst,
+                        "token": link.measure(b["hidden"], a["hidden"],
+                                              n_bytes=int(a["hidden"].nbytes)),
+                        "block": link.measure(b["logits"], a["logits"],
+                                              n_bytes=int(a["logits"].nbytes))})
+        self.report["links"] = out
+        return out
+
+    def close(self) -> None:
+        for m in self.stages:
+            m.close()
+        if not self._shared:
+            self.portable.close()
+
+
+def _sim() -> bool:
+    from strata.cuda_kernels.intrinsics import SIMULATED
+    return SIMULATED
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
