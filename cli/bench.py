@@ -51,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     g.add_argument("--no-graph", action="store_true",
                    help="launch the decode kernels one by one instead of a CUDA graph")
+    g.add_argument("--profile-decode", action="store_true",
+                   help="also time the decode step's kernels by launcher (graph replays)")
     g.add_argument("--miss-path", choices=("mapped", "cpu"),
                    help="decode misses: mapped host reads on the GPU or the CPU pool "
                         "(default: the engine's)")

@@ -121,6 +121,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     decode_s = time.perf_counter() - t0
     hits = eng.hits().since(hits0)
     allocs = counter.sizes[n_before:]
+    profile = _profile(args, eng, options)
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
     pool_b, pool_s = (pool.n_bytes - pool0[0], pool.seconds - pool0[1]) if pool else (0, 0.0)
@@ -156,11 +157,28 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                                           for x in hits.layer_rates()],
                    "vram_bytes_per_token": vram_b, "host_bytes_per_token": host_b,
                    "bound_tokens_per_s": 1 / t_bound,
-                   "fraction_of_bound": decode_tps * t_bound, "first_tokens": toks[:16]},
+                   "fraction_of_bound": decode_tps * t_bound, "first_tokens": toks[:16],
+                   "profile": profile},
         "llama_cpp_bar": LLAMA_CPP_BAR, "device": name,
     }
     m.close()
     return res
+
+
+def _profile(args, eng, options) -> dict | None:
+    """The decode step's time by launcher (`--profile-decode`; graphs, mapped misses only),
+    measured last: its whole-step graph advances the sequence."""
+    from strata.engine.cuda.profile import profile_step
+
+    if not getattr(args, "profile_decode", False):
+        return None
+    if not options.graph or eng.step.pool is not None:
+        raise StrataError("--profile-decode times CUDA graphs of the mapped miss path: drop "
+                          "--no-graph and --miss-path cpu")
+    reps = min(20, (eng.max_context - eng.n_past) // 2 - 2)
+    if reps < 1:
+        raise StrataError("--profile-decode needs room in the context: raise --max-context")
+    return profile_step(eng.step, reps=reps)
 
 
 def _pct(x) -> str:
@@ -192,6 +210,10 @@ def table(r: dict) -> str:
         f"  expert hit rate: measured {_pct(d['hit_rate_measured'])}, predicted "
         f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']})",
     ]
+    if d.get("profile"):
+        from strata.engine.cuda.profile import profile_table
+
+        lines.append(profile_table(d["profile"]))
     return "\n".join(lines)
 
 
@@ -215,7 +237,8 @@ def run_cuda(args) -> int:
                + (f" --gpu-mem {args.gpu_mem}" if args.gpu_mem else "")
                + (f" --max-context {args.max_context}" if args.max_context else "")
                + (" --no-graph" if args.no_graph else "")
-               + (f" --miss-path {options.miss_path}" if extra else ""))
+               + (f" --miss-path {options.miss_path}" if extra else "")
+               + (" --profile-decode" if args.profile_decode else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
                command=command, backend="cuda")
     if args.json:

@@ -133,3 +133,38 @@ def test_generate_refuses_bad_knobs(tmp_models, capsys):
     assert main(["generate", "-m", path, "--prompt-tokens", "1", "--backend", "cpu",
                  "--prefill", "300"]) != 0
     assert "--prefill: 300 is not a multiple of 256" in capsys.readouterr().err
+
+
+def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch):
+    import strata.engine.cuda.decode as decode_mod
+    from strata.engine.cuda.profile import profile_step, profile_table
+
+    launched: list[str] = []
+    for name in ("matvec", "add", "moe_decode"):  # stand-in launchers: a launch is a list entry
+        monkeypatch.setattr(decode_mod, name, lambda *a, name=name: launched.append(name))
+    before = {n: getattr(decode_mod, n) for n in ("matvec", "add", "moe_decode", "route")}
+
+    class Step:
+        m = SimpleNamespace(stream="s")
+
+        def record(self, stream, mode):
+            assert mode == "logits"
+            for _ in range(3):
+                decode_mod.matvec("w")
+            decode_mod.add("x")
+            decode_mod.moe_decode("y")
+
+    def capture(record, stream):
+        launched.clear()
+        record(stream)
+        return SimpleNamespace(n_nodes=len(launched))
+
+    prof = profile_step(Step(), reps=3, capture=capture,
+                        timer=lambda g, st, reps: 0.5 * g.n_nodes)
+    assert prof["step"] == {"ms": 2.5, "nodes": 5}
+    assert prof["matvec"] == {"ms": 1.5, "nodes": 3}
+    assert prof["add"]["nodes"] == 1 and prof["moe_decode"]["nodes"] == 1
+    assert "route" not in prof  # never called by this step
+    assert {n: getattr(decode_mod, n) for n in before} == before
+    text = profile_table(prof)
+    assert "matvec" in text.splitlines()[1] and "60.0%" in text
