@@ -23,6 +23,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from . import attention_wide
 from .kvcache import KvSide, make_reader
 from .mma import shfl_xor
 
@@ -161,6 +162,20 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
     return kernel
 
 
+def decode_kernel(k_fmt, v_fmt, head_dim, group, split_len, *, wide=None):
+    """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_wide`) where it
+    applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel."""
+    ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, split_len)
+    if wide and not ok:
+        raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
+                         f"{attention_wide.HEAD_DIMS}, a GQA group of at most {attention_wide.MAX_GROUP} "
+                         f"and a split_len multiple of {attention_wide.TILE}; got {k_fmt}/{v_fmt}, "
+                         f"head_dim {head_dim}, group {group}, split_len {split_len}")
+    if ok and wide is not False:
+        return attention_wide.wide_kernel(head_dim, group, split_len)
+    return _split_kernel(k_fmt, v_fmt, head_dim, group, split_len)
+
+
 COMBINE_WARPS = 8
 MAX_SPLITS = 4096  # 16 KiB of split weights in shared memory: 1M positions at split 256
 COMBINE_THREADS = COMBINE_WARPS * 32
@@ -237,12 +252,14 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, split_len: int = S
 
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
-                     split_len: int = SPLIT_LEN, stream=0):
+                     split_len: int = SPLIT_LEN, stream=0, wide: bool | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
     cache sides (the new tokens already written); L = seq_len[0] + n_new read on the device;
     out: [n_head, head_dim] f32; partials: from `allocate_partials` (same split_len).
+    wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
+    kernel; True requires the f16 kernel (ValueError where it does not apply).
     """
     lay = k.layout
     _check_pair(k, v)
@@ -265,7 +282,7 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
                          f"{n_head}, 2] for split_len {split_len}")
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
-    kernel = _split_kernel(lay.fmt, v.layout.fmt, hd, group, split_len)
+    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, split_len, wide=wide)
     scale = np.float32(1.0 / math.sqrt(hd))
     kernel[(lay.n_kv_head, n_split), THREADS, stream](
         q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, scale, part_o, part_ml)

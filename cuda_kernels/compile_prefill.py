@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from numba import types as T
 
-from . import attention, attention_prefill, kvcache, route
+from . import attention, attention_prefill, attention_wide, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, TC_TILE
@@ -88,6 +88,11 @@ def register() -> None:
                  _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
                                              _I64, _I64, _I64, f2)))
     register_ptx(FAMILY, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
+    q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
+    for hd, group in ((128, 8), (128, 4), (64, 8)):  # the tensor-core f16 kernel (default)
+        register_ptx(FAMILY, f"decode_attn_f16_wide_hd{hd}_g{group}",
+                     _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
+                            (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
     for fmt in kvcache.KV_FORMATS:
         for name, build in _attn_specs(fmt):
             register_ptx(FAMILY, name, build)

@@ -264,23 +264,40 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, n_head=32, n_kv=4, hd=128,
-                           split_len=None, quick=False) -> dict:
-    from strata.cuda_kernels import attention
+                           split_len=None, variant="auto", n_layer=2, quick=False) -> dict:
+    """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
+    L2), GB/s of K+V read per layer. variant: "auto" (what the launcher picks), "generic" (the
+    FMA kernel), "tc_nolb" (the tensor-core f16 kernel without launch bounds)."""
+    from strata.cuda_kernels import attention, attention_wide
     cuda = _cuda()
     rng = np.random.default_rng(2)
-    lay, (k, v) = _kv_sides(fmt, n_ctx, n_kv, hd, n_ctx, rng)
+    layers = [_kv_sides(fmt, n_ctx, n_kv, hd, n_ctx, rng) for _ in range(n_layer)]
+    lay = layers[0][0]
     q = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
     out = cuda.device_array((n_head, hd), np.float32)
     split_len = split_len or attention.SPLIT_LEN
     parts = attention.allocate_partials(n_head, hd, n_ctx, split_len)
     seq = cuda.to_device(np.array([n_ctx - 1], np.int32))
-    ms, how = time_graph_ms(lambda s: attention.decode_attention(q, k, v, seq, out, parts,
-                                                                 split_len=split_len, stream=s),
-                            reps=10 if quick else 50)
+    group = n_head // n_kv
+    if variant == "tc_nolb":
+        kern = attention_wide.wide_kernel(hd, group, split_len, 0)
+    else:
+        kern = attention.decode_kernel(fmt, fmt, hd, group, split_len,
+                                       wide=False if variant == "generic" else None)
+    scale = np.float32(1.0 / math.sqrt(hd))
+    n_split = attention.n_splits(n_ctx, split_len)
+
+    def step(s):  # the launcher's two launches, with the chosen pass-1 kernel
+        for _, (k, v) in layers:
+            kern[(n_kv, n_split), attention.THREADS, s](q, k.data, k.scale, v.data, v.scale, seq,
+                                                       1, n_ctx, scale, *parts)
+            attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
+                *parts, seq, 1, n_ctx, split_len, out)
+    ms, how = time_graph_ms(step, reps=10 if quick else 50)
+    ms /= n_layer
     n_bytes = 2 * n_ctx * lay.bytes_per_token
-    kern = attention._split_kernel(fmt, fmt, hd, n_head // n_kv, split_len)
-    return {"name": f"decode_attn_{fmt}_s{split_len}", "n_ctx": n_ctx, "ms": ms, "timing": how,
-            "kernel": _resources(kern),
+    return {"name": f"decode_attn_{fmt}_{variant}_s{split_len}", "n_ctx": n_ctx, "ms": ms,
+            "timing": how, "kernel": _resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
 
@@ -317,10 +334,10 @@ ENTRIES = {
     "moe_q4k_fma": lambda quick: bench_moe(tensor_cores=False, quick=quick),
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
     "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
-    "decode_attn_f16_s128": lambda quick: bench_decode_attention(fmt="f16", split_len=128,
-                                                                 quick=quick),
-    "decode_attn_f16_s512": lambda quick: bench_decode_attention(fmt="f16", split_len=512,
-                                                                 quick=quick),
+    "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
+                                                                    quick=quick),
+    "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",
+                                                                    quick=quick),
     "decode_attn_int8": lambda quick: bench_decode_attention(fmt="int8", quick=quick),
     "decode_attn_q4_0": lambda quick: bench_decode_attention(fmt="q4_0", quick=quick),
     "prefill_attn_f16": lambda quick: bench_prefill_attention(fmt="f16", quick=quick),

@@ -194,8 +194,10 @@ def test_kv_write(fmt):
     _check(f"kv_write {fmt} round trip", f"{n_new}x{n_kv}x{hd}", got, x.reshape(-1, hd), bound)
 
 
-@pytest.mark.parametrize("fmt", ["f16", "int8", "q4_0"])
-def test_decode_attention_32k(fmt):
+@pytest.mark.parametrize("fmt,wide", [("f16", None), ("f16", False), ("int8", None),
+                                      ("q4_0", None)])
+def test_decode_attention_32k(fmt, wide):
+    """f16 runs the tensor-core kernel by default (wide=None) and the generic one (False)."""
     from strata.cuda_kernels import attention, kvcache
     rng = np.random.default_rng()
     a = ATTN
@@ -208,10 +210,10 @@ def test_decode_attention_32k(fmt):
     parts = attention.allocate_partials(a["n_head"], a["hd"], a["n_ctx"])
     attention.decode_attention(cuda.to_device(q), k, v, cuda.to_device(np.array([length - 1],
                                                                                 np.int32)),
-                               out, parts)
+                               out, parts, wide=wide)
     ref = attention_reference(q[None], kref, vref, length - 1)[0]
-    _check(f"decode attention {fmt}", f"L={length} h{a['n_head']}/{a['n_kv']}",
-           out.copy_to_host(), ref, F32_TOL)
+    name = f"decode attention {fmt}" + (" generic" if wide is False else "")
+    _check(name, f"L={length} h{a['n_head']}/{a['n_kv']}", out.copy_to_host(), ref, F32_TOL)
 
 
 @pytest.mark.parametrize("fmt,start,n_q", [("f16", 0, ATTN["chunk"]),

@@ -9,7 +9,7 @@ from numba import cuda
 
 from helpers.kv_problem import attention_reference, decode_rows, encode_rows, filled_side
 from helpers.moe_problem import rel_err
-from strata.cuda_kernels import attention, attention_prefill, kvcache
+from strata.cuda_kernels import attention, attention_prefill, attention_wide, kvcache
 
 FORMATS = ("f16", "int8", "q4_0")
 HD = 64
@@ -103,3 +103,38 @@ def test_attention_launchers_reject_bad_input():
     with pytest.raises(ValueError, match="out must be float32"):
         attention_prefill.prefill_attention(cuda.to_device(np.zeros((2, 4, HD), np.float32)),
                                             k, k, seq, q)
+
+
+@pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32)])
+def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split):
+    """The tensor-core f16 kernel: partial last split, stale random bytes past the length, a
+    padded group (3 -> 4) and the 30B shape's group of 8; agrees with the float64 reference and
+    with the generic kernel."""
+    rng = np.random.default_rng(5)
+    length = 2 * split + 5
+    lay = kvcache.KvLayout("f16", n_ctx=3 * split + 3, n_kv_head=n_kv, head_dim=hd)
+    k, kref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
+    q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
+    seq = cuda.to_device(np.array([length - 1], np.int32))
+    ref = attention_reference(q[None], kref, vref, length - 1)[0]
+    got = {}
+    for wide in (True, False):
+        out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+        parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, split_len=split)
+        attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=split,
+                                   wide=wide)
+        got[wide] = out.copy_to_host()
+        assert rel_err(got[wide], ref) < 1e-5
+    assert rel_err(got[True], got[False]) < 1e-5
+
+
+def test_decode_attention_wide_refuses_what_it_cannot_read():
+    assert attention.decode_kernel("f16", "f16", 128, 8, 256) is attention_wide.wide_kernel(128, 8, 256)
+    assert attention.decode_kernel("int8", "int8", 128, 8, 256) is attention._split_kernel(
+        "int8", "int8", 128, 8, 256)
+    for case in (("int8", "int8", 128, 8, 256), ("f16", "f16", 96, 4, 256),
+                 ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
+                 ("f16", "f16", 128, 8, 100)):
+        with pytest.raises(ValueError, match="wide decode-attention kernel needs"):
+            attention.decode_kernel(*case, wide=True)
