@@ -187,3 +187,17 @@ def test_split_options_validate():
         plan_split(qwen3moe("f32", n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=32,
                             n_expert=4, n_expert_used=2, n_ff=32, n_vocab=64),
                    parse_gpu_mem("1GiB,1GiB,1GiB"))
+
+
+def test_a_stage_plan_is_a_single_device_plan_on_its_own_gpu():
+    from strata.engine.multi.model import stage_plan
+    from strata.plan import check_runtime_use, runtime_use
+
+    p = plan_split(S30_Q8, parse_gpu_mem("8GiB,8GiB"), PlanOptions(max_context=4096))
+    for st, dev in zip(p.stages, (3, 5)):
+        sp = stage_plan(p, st, dev)
+        assert sp.accepted and sp.devices[0].device.index == dev
+        assert sp.devices[0].layers == st.layers and sp.prefill is st.prefill
+        assert sp.kv.vram_bytes == st.device_plan.regions["kv"]
+        use = check_runtime_use(sp, runtime_use(sp, 1000, device=dev))
+        assert use.chunk == 1024 and use.mode == st.prefill.mode

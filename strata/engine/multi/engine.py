@@ -81,7 +81,8 @@ class SplitEngine(Engine):
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         ids = self.check_tokens(tokens)
-        uses = [check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
+        uses = [check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size),
+                                                      device=m.plan.devices[0].device.index))
                 for m in self.stages]
         if len({u.chunk for u in uses}) != 1:
             raise RuntimeError(f"the stages' prompt chunks differ: {[u.chunk for u in uses]}")
