@@ -201,3 +201,19 @@ def test_a_stage_plan_is_a_single_device_plan_on_its_own_gpu():
         assert sp.kv.vram_bytes == st.device_plan.regions["kv"]
         use = check_runtime_use(sp, runtime_use(sp, 1000, device=dev))
         assert use.chunk == 1024 and use.mode == st.prefill.mode
+
+
+def test_a_refused_stage_offers_knobs_that_make_room():
+    opts = PlanOptions(max_context=4096)
+    devs = parse_gpu_mem("8GiB,2GiB")
+    bad = plan_split(S30_Q8, devs, opts, SplitOptions(cuts=(10,)))
+    assert not bad.accepted
+    knobs = bad.refusal.knobs
+    assert [k.frees_bytes for k in knobs] == sorted((k.frees_bytes for k in knobs), reverse=True)
+    search = next(k for k in knobs if "search" in k.flag)
+    assert search.note == "" and search.frees_bytes >= bad.refusal.short_by_bytes
+    cuts = tuple(int(x) for x in search.flag.split()[1].split(","))
+    check_split(plan_split(S30_Q8, devs, opts, SplitOptions(cuts=cuts)))
+    kv = next(k for k in knobs if k.flag == "--kv int8")
+    assert kv.note == "not enough alone"
+    assert any(k.flag.startswith("--layer-split 11 ") for k in knobs)

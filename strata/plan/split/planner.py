@@ -38,6 +38,7 @@ from strata.plan.result import KvPlan, PlanInputError, Refusal
 from strata.plan.split.carve import WeightCarve
 from strata.plan.split.cost import fit_cover_b
 from strata.plan.split.options import SplitOptions
+from strata.plan.split.refusal import stage_knobs
 from strata.plan.split.result import SplitPlan, Stage
 from strata.plan.split.search import (
     CostInputs,
@@ -87,7 +88,12 @@ def plan_split(shape: ModelShape, devices: Sequence[DeviceInfo],
                          f"{','.join(map(str, even))} to show what is short")
             placement = replace(explicit_placement(tables, even), how="auto")
     decisions = _decide_all(shape, profile, devices, options, split, placement, pinned, notes)
-    return _assemble(shape, profile, devices, options, split, placement, decisions, b, notes)
+    searched = None
+    if split.cuts is not None and any(d.reason for d in decisions):
+        auto = best_placement(tables)
+        searched = auto.cuts if auto.feasible else None
+    return _assemble(shape, profile, devices, options, split, placement, decisions, b, notes,
+                     searched)
 
 
 def even_cuts(n_layer: int, n_gpu: int) -> tuple[int, ...]:
@@ -164,7 +170,7 @@ def _decide_all(shape, profile, devices, options, split, placement: Placement,
 
 
 def _assemble(shape, profile, devices, options, split, placement, decisions, b,
-              notes) -> SplitPlan:
+              notes, searched=None) -> SplitPlan:
     s0, _, warnings = resolve(shape, devices[0], options)
     bad = next((g for g, d in enumerate(decisions) if d.reason is not None), None)
     accepted = bad is None
@@ -187,8 +193,12 @@ def _assemble(shape, profile, devices, options, split, placement, decisions, b,
     refusal = None
     if not accepted:
         d, dev = decisions[bad], devices[bad]
+        knobs = stage_knobs(shape, profile, dev, options, placement.cuts, bad,
+                            carve=split.carve, needed=d.needed_bytes,
+                            max_context=d.setting.max_context,
+                            reserve_bytes=d.setting.reserve_bytes, searched=searched)
         refusal = Refusal(f"GPU {dev.index} (stage {bad}, layers {d.lo}-{d.hi - 1}): {d.reason}",
-                          dev.index, dev.free_bytes, d.needed_bytes, ())
+                          dev.index, dev.free_bytes, d.needed_bytes, knobs)
     stage_pairs = [s.device_plan.cache.pairs() for s in stages if s.device_plan.cache.n_slots]
     tier_pairs = [t.cache.pairs() for t in tiers if t is not None]
     hit_s = hit_t = None
