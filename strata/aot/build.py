@@ -1,6 +1,6 @@
 """Compile every registered CUDA kernel specialization ahead of time into a kernel bundle.
 
-    python -m strata.aot.build OUT.zip [--jobs N] [--family F] [-k PATTERN]
+    python -m strata.aot.build OUT.zip [--jobs N] [--family F] [-k PATTERN] [--reuse OLD.zip]
 
 No GPU is needed: each kernel is typed and lowered to LLVM IR once (for the lowest architecture,
 so the IR uses nothing a newer one lacks), NVVM turns that IR into PTX per architecture, and
@@ -111,22 +111,55 @@ def toolchain() -> dict:
     return out
 
 
+def _reused(checks: list, old_path: str | None) -> dict[int, tuple]:
+    """Rows for the specializations an earlier bundle already holds under the same keys (same
+    source text, same captured values, same signature), read from it instead of compiled."""
+    if not old_path:
+        return {}
+    from strata.aot.bundle import KernelBundle
+    from strata.aot.identity import UnstableKeyError
+
+    old = KernelBundle(old_path)
+    if sorted(old.archs) != sorted(_archs()):
+        return {}
+    rows = {}
+    for i, c in enumerate(checks):
+        fn, sig = c.build()
+        try:
+            e = old.lookup(kernel_key(fn), signature_key(tuple(sig)))
+        except UnstableKeyError:
+            e = None
+        if e is not None:
+            fields = {"kernel": e.kernel, "signature": e.signature, "name": f"{c.family}/{c.name}",
+                      "symbol": e.symbol, "cooperative": e.cooperative}
+            images = {tag: old._zip.read(member) for tag, member in e.images.items()}
+            rows[i] = (i, fields, images, 0.0, "")
+    return rows
+
+
+def _archs() -> list[str]:
+    return [cubin_tag(cc) for cc in CUBIN_ARCHS] + [ptx_tag(PTX_ARCH)]
+
+
 def build(out_path: str, *, family: str | None = None, pattern: str | None = None,
-          jobs: int = 1, log=print) -> int:
-    """Compile the matching specializations into `out_path`; returns the number of failures."""
-    n = len(_checks(family, pattern))
-    if n == 0:
+          jobs: int = 1, reuse: str | None = None, log=print) -> int:
+    """Compile the matching specializations into `out_path` (taking those `reuse`, an earlier
+    bundle, already holds); returns the number of failures."""
+    checks = _checks(family, pattern)
+    if not checks:
         log("aot build: no kernel matches")
         return 1
     t0 = time.perf_counter()
-    jobs = max(1, min(jobs, n))
-    parts = [(family, pattern, list(range(k, n, jobs))) for k in range(jobs)]
+    reused = _reused(checks, reuse)
+    todo = [i for i in range(len(checks)) if i not in reused]
+    jobs = max(1, min(jobs, len(todo) or 1))
+    parts = [(family, pattern, todo[k::jobs]) for k in range(jobs)]
     if jobs == 1:
         rows = _compile_range(parts[0])
     else:
         with ProcessPoolExecutor(jobs) as ex:
             rows = [r for part in ex.map(_compile_range, parts) for r in part]
-    rows.sort(key=lambda r: r[0])
+    rows = sorted(rows + list(reused.values()), key=lambda r: r[0])
     failures = [r[4] for r in rows if r[1] is None]
     for f in failures:
         log(f"FAIL {f}")
@@ -140,13 +173,13 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
             continue
         seen[k] = fields["name"]
         entries.append((fields, images))
-    archs = [cubin_tag(cc) for cc in CUBIN_ARCHS] + [ptx_tag(PTX_ARCH)]
+    archs = _archs()
     if not failures:
         write_bundle(out_path, entries, toolchain=toolchain(), archs=archs)
     size_mib = os.path.getsize(out_path) / 2**20 if not failures else 0.0
-    log(f"aot build: {len(rows)} specializations ({len(entries)} distinct), {len(failures)} "
-        f"failed, {' '.join(archs)}, {size_mib:.1f} MiB, {time.perf_counter() - t0:.0f} s, "
-        f"{jobs} jobs")
+    log(f"aot build: {len(rows)} specializations ({len(entries)} distinct, {len(reused)} "
+        f"reused), {len(failures)} failed, {' '.join(archs)}, {size_mib:.1f} MiB, "
+        f"{time.perf_counter() - t0:.0f} s, {jobs} jobs")
     return len(failures)
 
 
@@ -156,12 +189,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family")
     p.add_argument("-k", dest="pattern")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--reuse", metavar="OLD.zip",
+                   help="take the kernels an earlier bundle holds under the same keys")
     a = p.parse_args(argv)
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("aot build: unset NUMBA_ENABLE_CUDASIM (the simulator cannot compile)",
               file=sys.stderr)
         return 2
-    return 1 if build(a.out, family=a.family, pattern=a.pattern, jobs=a.jobs) else 0
+    return 1 if build(a.out, family=a.family, pattern=a.pattern, jobs=a.jobs,
+                      reuse=a.reuse) else 0
 
 
 if __name__ == "__main__":

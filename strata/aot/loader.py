@@ -62,9 +62,13 @@ def rebuild_kernel(bundle: KernelBundle, entry: Entry, argtypes: tuple, cc: tupl
     `cc`; the driver loads it on first launch, as it loads numba's own cubins."""
     tag, data = bundle.image(entry, cc)
     make = ObjectCode.from_ptx if tag.startswith("compute") else ObjectCode.from_cubin
+    try:
+        code = make(data, name=entry.symbol)
+    except TypeError:  # cuda.core before 0.3 takes no name
+        code = make(data)
     lib = CUDACodeLibrary._rebuild(
         codegen=None, name=entry.name, entry_name=entry.symbol, llvm_strs=[],
-        ptx_cache={}, cubin_cache={numba_cc_key(cc): make(data, name=entry.symbol)},
+        ptx_cache={}, cubin_cache={numba_cc_key(cc): code},
         linkerinfo_cache={}, max_registers=None, nvvm_options={}, needs_cudadevrt=False,
         nrt=False, use_cooperative=entry.cooperative, lto=False)
     counts = stats().loaded

@@ -17,6 +17,12 @@ from numba.core import config
 from numba.core.caching import _CacheLocator
 
 
+def fallback_root() -> str:
+    """A per-user folder under the temporary directory (POSIX: by uid; Windows: by user name)."""
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return os.path.join(tempfile.gettempdir(), f"strata-numba-{user}")
+
+
 class FrozenAppCacheLocator(_CacheLocator):
     """numba's cache locator for functions of the frozen app."""
 
@@ -37,8 +43,7 @@ class FrozenAppCacheLocator(_CacheLocator):
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        user = getattr(os, "getuid", lambda: os.getlogin())()
-        roots = [config.CACHE_DIR, os.path.join(tempfile.gettempdir(), f"strata-numba-{user}")]
+        roots = [config.CACHE_DIR, fallback_root()]
         for root in roots:
             if not root:
                 continue

@@ -223,3 +223,44 @@ def test_selfcheck_is_hidden_and_passes_in_a_developer_install(capsys, monkeypat
     out = capsys.readouterr().out
     for row in ("numba-cuda", "cuda.core", "kernel bundle", "cpu numba"):
         assert f"ok    {row}" in out, out
+
+
+def test_frozen_locator_falls_back_when_the_cache_folder_cannot_be_written(tmp_path, monkeypatch):
+    from numba.core import config
+
+    from strata.aot import numba_locator as L
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache folder should be: not writable as a folder
+    monkeypatch.setattr(config, "CACHE_DIR", str(blocker / "numba"))
+    monkeypatch.setattr(L, "fallback_root", lambda: str(tmp_path / "fallback"))
+
+    def f():
+        return 1
+    loc = L.FrozenAppCacheLocator.from_function(f, "/nonexistent/app.py")
+    assert loc is not None
+    assert loc.get_cache_path() == str(tmp_path / "fallback" / Path(*__name__.split(".")))
+    assert loc.get_disambiguator() == str(f.__code__.co_firstlineno)
+
+
+class _FakeNvml:
+    """pynvml's driver-model query as Windows answers it."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, model):
+        self.model = model
+
+    def nvmlDeviceGetCurrentDriverModel(self, handle):
+        if self.model is None:
+            raise self.NVMLError("not supported")
+        return self.model
+
+
+@pytest.mark.parametrize("model, want", [(0, "wddm"), (1, "tcc"), (2, "mcdm"), (None, "wddm")])
+def test_windows_driver_model_from_nvml(monkeypatch, model, want):
+    from strata.memory import probe
+    monkeypatch.setattr(probe.sys, "platform", "win32")
+    assert probe._driver_model(_FakeNvml(model), handle=object()) == want
+    monkeypatch.setattr(probe.sys, "platform", "linux")
+    assert probe._driver_model(_FakeNvml(model), handle=object()) == "linux"
