@@ -72,12 +72,11 @@ def check_driver() -> tuple[Check, bool]:
 
 def registered_keys() -> dict[tuple[str, str], str]:
     """(kernel key, signature key) -> registry name of every registered specialization."""
-    from strata.cuda_kernels.compile_check import _checks
-
+    from strata.aot.build import registry
     from strata.aot.identity import kernel_key, signature_key
 
     out = {}
-    for c in _checks(None, None):
+    for c in registry():
         fn, sig = c.build()
         out[(kernel_key(fn), signature_key(tuple(sig)))] = f"{c.family}/{c.name}"
     return out
@@ -129,6 +128,7 @@ def check_cpu_numba() -> Check:
 def check_gpu_kernel() -> Check:
     """Launch the argmax kernel (bundled in a frozen build) and compare with numpy."""
     from numba import cuda
+
     from strata.cuda_kernels import sampling
 
     logits = np.random.default_rng(1).standard_normal(5000).astype(np.float32)  # [5000] f32
