@@ -62,11 +62,11 @@ CHILD = textwrap.dedent("""
 
     import os
     os.environ["STRATA_KERNEL_BUNDLE"] = str(out)
-    from strata.aot.selfcheck import check_bundle
+    from strata.aot.selfcheck import check_bundle, registered_keys
     partial = check_bundle(require_complete=False)
     assert partial.ok and "1 kernels" in partial.detail, partial
     full = check_bundle(require_complete=True)
-    n = len(registry())
+    n = len(registered_keys())
     assert not full.ok and f"1/{n} registered" in full.detail, full
 
     runtime.detach()
