@@ -26,10 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the model id clients send (default: the file name without .gguf)")
     p.add_argument("--alias", dest="aliases", action="append", metavar="NAME",
                    help="another model id accepted for this model (repeatable)")
-    p.add_argument("--batch", type=int,
-                   help="sequences decoded together, one slot each (default 1)")
-    p.add_argument("--max-context", dest="max_context", type=int,
-                   help="tokens of context per sequence (default: the engine's)")
     p.add_argument("--max-queue", dest="max_queue", type=int,
                    help="requests that may wait for a slot before a 503 (default 256)")
     p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int,
@@ -40,13 +36,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template to use instead of the model file's")
     p.add_argument("--log-level", dest="log_level",
                    choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--gpu-mem", dest="gpu_mem", metavar="SIZE",
+                   help="CUDA: plan within this much VRAM (e.g. 24GiB), as on a smaller card")
+    p.add_argument("--no-graph", dest="no_graph", action="store_true", default=None,
+                   help="CUDA: launch decode kernels one by one instead of replaying graphs")
+    from strata.plan.knobs import add_engine_knobs
+    # --batch (sequences decoded together, one slot each; on CUDA they share each pass over the
+    # weights), --max-context (per sequence) and the CUDA plan's VRAM knobs. Their defaults are
+    # None here so a config file's values are not overridden by defaults.
+    add_engine_knobs(p)
+    p.set_defaults(max_context=None, kv=None, kv_resident=None, prefill=None, expert_cache=None,
+                   vram_reserve_mib=None, ring_mib=None, spec=None, batch=None,
+                   no_prefill_borrow=None, embd_on_gpu=None, lend_pct=None,
+                   lend_floor_slots=None, profile=None)
 
 
 def run(args: argparse.Namespace) -> int:
     from strata.serve.config import build_config
     from strata.serve.server import run_server
 
-    cli = {k: v for k, v in vars(args).items() if not k.startswith("_") and k != "config"}
+    from strata.serve.config import ServeConfigError
+
+    if args.spec:
+        raise ServeConfigError("--spec: strata serve has no draft decoding")
+    cli = {k: v for k, v in vars(args).items()
+           if not k.startswith("_") and k not in ("config", "spec")}
     def default_model() -> str:
         from strata.synth import default_model_path
         return str(default_model_path())

@@ -26,7 +26,9 @@ class ServeConfigError(StrataError):
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
     """The server's knobs. `model` is the GGUF path; `batch` is how many sequences decode
-    together (one slot each); `max_context` caps each sequence (None: the engine's default)."""
+    together (one slot each); `max_context` caps each sequence (None: the engine's default).
+    The CUDA backend's plan knobs (`kv` .. `profile`, `gpu_mem`, `no_graph`) mean what they mean
+    for `strata plan` / `generate`, per sequence; the CPU backend reads none of them."""
 
     model: str
     host: str = "127.0.0.1"
@@ -42,6 +44,19 @@ class ServeConfig:
     max_tokens_limit: int | None = None
     chat_template: str | None = None
     log_level: str = "info"
+    gpu_mem: str | None = None
+    no_graph: bool = False
+    kv: str = "f16"
+    kv_resident: int | None = None
+    prefill: str = "auto"
+    expert_cache: str = "auto"
+    vram_reserve_mib: int | None = None
+    ring_mib: int | None = None
+    no_prefill_borrow: bool = False
+    embd_on_gpu: bool = False
+    lend_pct: int | None = None
+    lend_floor_slots: int | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -81,7 +96,10 @@ def _check_type(key: str, value: Any, declared: str) -> Any:
         if "None" not in declared:
             raise ServeConfigError(f"{key}: must not be null")
         return None
-    if declared.startswith("int"):
+    if declared.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ServeConfigError(f"{key}: expected true or false, got {value!r}")
+    elif declared.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ServeConfigError(f"{key}: expected an integer, got {value!r}")
     elif declared.startswith("str"):
@@ -134,6 +152,17 @@ def build_config(cli: dict[str, Any], config_file: str | None, *,
         raise ServeConfigError("model: a GGUF file is required (-m FILE, or \"model\" in "
                                "the config file)")
     return ServeConfig(**merged)
+
+
+PLAN_KNOBS = ("gpu_mem", "no_graph", "kv", "kv_resident", "prefill", "expert_cache",
+              "vram_reserve_mib", "ring_mib", "no_prefill_borrow", "embd_on_gpu", "lend_pct",
+              "lend_floor_slots", "profile")
+
+
+def plan_knobs_set(config: ServeConfig) -> list[str]:
+    """The CUDA plan knobs given a value other than their default (for the CPU backend's note)."""
+    defaults = ServeConfig(model="-")
+    return [k for k in PLAN_KNOBS if getattr(config, k) != getattr(defaults, k)]
 
 
 def as_dict(config: ServeConfig) -> dict[str, Any]:

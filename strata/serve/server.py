@@ -20,9 +20,9 @@ from typing import Any, Callable, TextIO
 from starlette.applications import Starlette
 
 from strata.serve.app import Server
-from strata.serve.batch import PerSlotEngines
 from strata.serve.config import ServeConfig, ServeConfigError
 from strata.serve.devices import cpu_report, plan_reports
+from strata.serve.engines import build_engine
 from strata.serve.metrics import DeviceReport, Metrics
 from strata.serve.model import ServedModel
 from strata.serve.state import ServerState
@@ -56,17 +56,16 @@ def _template_source(config: ServeConfig) -> str | None:
                                f"{e.strerror}") from None
 
 
-def _batch_engine(make_engine: Callable[[], Any], n_slots: int) -> Any:
-    """A backend that batches natively offers `make_engine.batch(n_slots)`; every other backend
-    gets one engine per slot."""
-    native = getattr(make_engine, "batch", None)
-    return native(n_slots) if native is not None else PerSlotEngines(make_engine, n_slots)
-
-
 def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], list[DeviceReport]]:
     if plan is not None:
-        stats = getattr(engine, "expert_hit_rates", None)
-        return lambda: plan_reports(plan, hit_rates=stats() if stats else None)
+        counts = getattr(engine, "hit_counts", None)
+
+        def hit_rates() -> dict[int, float] | None:
+            if counts is None:
+                return None
+            hits, misses = (int(v) for v in counts().sum(axis=0))
+            return {0: hits / (hits + misses)} if hits + misses else None
+        return lambda: plan_reports(plan, hit_rates=hit_rates())
     engines = getattr(engine, "engines", ())
     report = cpu_report(weights_bytes, engines)
     return lambda: [report]
@@ -74,7 +73,6 @@ def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], 
 
 def load(config: ServeConfig) -> Loaded:
     """Open the model and build the engine, worker and state (no network yet)."""
-    from strata.engine.backends import engine_factory
     from strata.gguf import open_model
     from strata.tokenizer import ChatTemplate, Tokenizer
 
@@ -82,15 +80,13 @@ def load(config: ServeConfig) -> Loaded:
     meta = model_file.metadata
     tokenizer = Tokenizer.from_metadata(meta)
     template = ChatTemplate.from_metadata(meta, tokenizer, template=_template_source(config))
-    backend, make_engine = engine_factory(model_file, config.backend,
-                                          max_context=config.max_context)
-    engine = _batch_engine(make_engine, config.batch)
+    built = build_engine(config, model_file)
+    backend, engine, plan = built.backend, built.engine, built.plan
     name = config.model_name or Path(config.model).stem
     served = ServedModel(name=name, aliases=config.aliases, tokenizer=tokenizer,
                          template=template, max_context=engine.max_context)
     metrics = Metrics()
     worker = Worker(engine, served, metrics, max_queue=config.max_queue)
-    plan = getattr(make_engine, "plan", None)
     weights_bytes = sum(t.n_bytes for t in model_file.tensors.values())
     devices = _devices_reader(engine, weights_bytes, plan)
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
@@ -127,14 +123,17 @@ def _http_line(config: ServeConfig, url: str) -> str:
 
 
 def warm_up(loaded: Loaded) -> float:
-    """One real prefill and decode step through slot 0 (kernels compile here, not in the first
-    request); seconds taken."""
+    """Prefill and decode steps of 1, 2, .. n_slots sequences (kernels compile and the batched
+    engine captures each row count's graph here, not in the first requests); seconds taken."""
     t0 = time.perf_counter()
     engine = loaded.worker.engine
     token = next(iter(sorted(loaded.state.model.stop_token_ids)), 0)
-    engine.prefill(0, [token])
-    engine.decode([0], [token])
-    engine.release(0)
+    for n in range(1, engine.n_slots + 1):
+        engine.prefill(n - 1, [token])
+        for _ in range(2):  # the first run compiles, the second captures
+            engine.decode(list(range(n)), [token] * n)
+    for slot in range(engine.n_slots):
+        engine.release(slot)
     return time.perf_counter() - t0
 
 

@@ -71,3 +71,53 @@ def test_each_knob_is_checked(kw, needle):
 
 def test_url_brackets_ipv6():
     assert ServeConfig(model="m", host="::1", port=8080).url == "http://[::1]:8080"
+
+
+def _parse(argv):
+    import argparse
+    import importlib
+
+    p = argparse.ArgumentParser()
+    importlib.import_module("strata.cli.serve").add_arguments(p)
+    args = p.parse_args(argv)
+    return {k: v for k, v in vars(args).items() if k not in ("config", "spec")}
+
+
+def test_plan_knobs_from_the_file_and_the_command_line(tmp_path):
+    from strata.plan.options import PlanOptions
+    from strata.serve.config import plan_knobs_set
+    from strata.serve.engines import plan_options
+
+    path = write(tmp_path, {"model": "/m.gguf", "batch": 4, "kv": "int8", "expert-cache": "300",
+                            "no_prefill_borrow": True, "max_context": 4096})
+    cfg = build_config(_parse(["--gpu-mem", "24GiB", "--ring-mib", "64"]), path)
+    assert (cfg.batch, cfg.kv, cfg.gpu_mem, cfg.ring_mib) == (4, "int8", "24GiB", 64)
+    assert plan_knobs_set(cfg) == ["gpu_mem", "kv", "expert_cache", "ring_mib",
+                                   "no_prefill_borrow"]
+    opts = plan_options(cfg)  # per sequence: the engine multiplies by the batch
+    assert opts == PlanOptions(max_context=4096, kv_type="int8", expert_cache=300, ring_mib=64,
+                               prefill_borrow=False)
+    cli = build_config(_parse(["-m", "/x.gguf", "--batch", "2", "--kv", "q4_0"]), path)
+    assert (cli.batch, cli.kv, cli.expert_cache) == (2, "q4_0", "300")
+    assert plan_knobs_set(ServeConfig(model="m")) == []
+
+
+def test_bad_plan_knobs_are_named(tmp_path):
+    from strata.plan.options import OptionError
+    from strata.serve.engines import plan_options
+
+    with pytest.raises(ServeConfigError, match="no_graph: expected true or false"):
+        build_config({}, write(tmp_path, {"model": "m", "no_graph": "yes"}))
+    with pytest.raises(OptionError, match="--expert-cache"):
+        plan_options(ServeConfig(model="m", expert_cache="many"))
+    with pytest.raises(OptionError, match="--kv"):
+        plan_options(ServeConfig(model="m", kv="f8"))
+
+
+def test_spec_is_refused_by_serve():
+    import argparse
+    import importlib
+
+    serve = importlib.import_module("strata.cli.serve")
+    with pytest.raises(ServeConfigError, match="--spec"):
+        serve.run(argparse.Namespace(**_parse(["-m", "/m.gguf"]), config=None, spec=2))

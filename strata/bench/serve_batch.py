@@ -1,0 +1,212 @@
+"""`python -m strata.bench.serve_batch -m FILE`: `strata serve`'s decode speed with 1, 2, 4, 8
+concurrent clients on the CUDA backend, through the server's own scheduler in-process (the
+`Worker` that HTTP requests feed, the batched engine under it), and the batch's correctness.
+
+Per client count n: n jobs (different random prompts, greedy, no stop token, exactly `--gen`
+tokens) are queued at once; the worker prefills them and decodes them together. Reported:
+aggregate decode tok/s (tokens after each client's first, over the time from the last first
+token to the last finish), each client's own tok/s, end-to-end aggregate (prefills included),
+and the milliseconds of one step. Correctness: each client's greedy tokens in every batch
+against the same prompt decoded alone (how many match, the first divergence). One JSON object
+(date, commit, device, command) goes to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import numpy as np
+
+TARGET_SPEEDUP_AT_8 = 3.0
+
+
+class _TokenText:
+    """A text stream that spells each token id (the bench reads the ids back from the text)."""
+
+    def push(self, token: int) -> str:
+        return f"{token} "
+
+    def flush(self) -> str:
+        return ""
+
+
+class _Greedy:
+    """What the worker needs from the model: argmax sampling, no stop token."""
+
+    stop_token_ids: frozenset[int] = frozenset()
+
+    def sampler(self, sampling) -> Callable[[np.ndarray], int]:
+        return lambda logits: int(np.argmax(logits))
+
+    def text_stream(self, after: int) -> _TokenText:
+        return _TokenText()
+
+
+@dataclass
+class _Client:
+    prompt: list[int]
+    t_submit: float = 0.0
+    t_first: float | None = None
+    t_finish: float | None = None
+    tokens: list[int] = field(default_factory=list)
+    reason: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def sink(self, event) -> None:
+        from strata.serve.job import TextEvent
+        now = time.perf_counter()
+        if isinstance(event, TextEvent):
+            if self.t_first is None:
+                self.t_first = now
+            self.tokens += [int(t) for t in event.text.split()]
+            return
+        self.t_finish, self.reason = now, event.reason
+        self.done.set()
+
+
+def run_clients(engine: Any, prompts: list[list[int]], gen: int) -> list[_Client]:
+    """Queue one greedy job per prompt on a fresh worker over `engine`; wait for all."""
+    from strata.serve.job import Job, Sampling
+    from strata.serve.metrics import Metrics
+    from strata.serve.worker import Worker
+
+    worker = Worker(engine, _Greedy(), Metrics(), max_queue=max(1, len(prompts)))
+    clients = [_Client(list(p)) for p in prompts]
+    for c in clients:  # all queued before the worker starts: one admission round
+        c.t_submit = time.perf_counter()
+        worker.submit(Job(c.prompt, Sampling(max_tokens=gen, temperature=0.0), c.sink))
+    worker.start()
+    try:
+        for c in clients:
+            if not c.done.wait(600):
+                raise RuntimeError("a benchmark client did not finish in 10 minutes")
+    finally:
+        worker.stop()
+    bad = [c.reason for c in clients if c.reason != "length" or len(c.tokens) != gen]
+    if bad:
+        raise RuntimeError(f"clients ended early: {bad}")
+    return clients
+
+
+def summarize(clients: list[_Client], gen: int) -> dict:
+    """Aggregate and per-client rates of one round."""
+    last_first = max(c.t_first for c in clients)
+    last_finish = max(c.t_finish for c in clients)
+    decode_s = last_finish - last_first
+    per = [(gen - 1) / (c.t_finish - c.t_first) for c in clients]
+    return {
+        "clients": len(clients),
+        "aggregate_decode_tok_s": len(clients) * (gen - 1) / decode_s,
+        "per_client_tok_s": {"min": min(per), "mean": float(np.mean(per)), "max": max(per)},
+        "step_ms": 1e3 * decode_s / (gen - 1),
+        "end_to_end_tok_s": len(clients) * gen / (last_finish - min(c.t_submit for c in clients)),
+    }
+
+
+def _agreement(batched: list[int], alone: list[int]) -> dict:
+    diff = [i for i, (a, b) in enumerate(zip(batched, alone)) if a != b]
+    return {"equal": batched == alone, "first_divergence": diff[0] if diff else None}
+
+
+def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
+            seed: int = 0) -> dict:
+    """Warm every client count (compiles, captures its graph), then one timed round per count
+    and each prompt alone for the correctness check."""
+    rng = np.random.default_rng(seed)
+    n_max = max(clients)
+    prompts = [rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist()
+               for _ in range(n_max)]
+    for n in clients:
+        run_clients(engine, prompts[:n], 4)
+    rounds, tokens = [], {}
+    for n in clients:
+        got = run_clients(engine, prompts[:n], gen)
+        rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(n)})
+        tokens[n] = [c.tokens for c in got]
+        print(f"clients {n}: {rounds[-1]['aggregate_decode_tok_s']:8.1f} tok/s aggregate, "
+              f"{rounds[-1]['per_client_tok_s']['mean']:7.1f} per client, "
+              f"{rounds[-1]['step_ms']:6.2f} ms/step", file=sys.stderr, flush=True)
+    alone = [run_clients(engine, [p], gen)[0].tokens for p in prompts]
+    check = {str(n): [_agreement(t, alone[i]) for i, t in enumerate(tokens[n])]
+             for n in clients}
+    one = next((r for r in rounds if r["clients"] == 1), None)
+    for r in rounds:
+        r["speedup_vs_1"] = r["aggregate_decode_tok_s"] / one["aggregate_decode_tok_s"] \
+            if one else None
+    return {"rounds": rounds, "greedy_vs_alone": check,
+            "all_equal": all(a["equal"] for v in check.values() for a in v)}
+
+
+def _device_name() -> str:
+    from numba import cuda
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m strata.bench.serve_batch", description=__doc__)
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--clients", default="1,2,4,8", help="client counts (default 1,2,4,8)")
+    p.add_argument("--prompt-tokens", type=int, default=32)
+    p.add_argument("--gen", type=int, default=64, help="tokens per client (default 64)")
+    p.add_argument("--max-context", type=int, default=512, help="per sequence (default 512)")
+    p.add_argument("--gpu-mem", help="plan within this much VRAM")
+    p.add_argument("--json", metavar="FILE", help="write the result here")
+    p.add_argument("--command", help="the command line to record (default: this one)")
+    args = p.parse_args(argv)
+    clients = sorted({int(c) for c in args.clients.split(",")})
+    if args.gen < 2 or args.prompt_tokens + args.gen > args.max_context:
+        p.error("need --gen >= 2 and --prompt-tokens + --gen <= --max-context")
+
+    from strata.bench.engine_cuda import _commit
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.gguf import open_model
+    from strata.plan.devices import parse_size
+    from strata.plan.options import PlanOptions
+
+    mf = open_model(args.model)
+    t0 = time.perf_counter()
+    opts = batch_options(mf, max(clients), PlanOptions(max_context=args.max_context),
+                         gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
+                         progress=False)
+    engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen)
+    hits = engine.hit_counts().sum(axis=0)
+    out = {
+        "bench": "serve_batch", "model": args.model, "arch": mf.arch,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(), "device": _device_name(),
+        "command": args.command or " ".join(["python -m strata.bench.serve_batch"]
+                                            + (argv if argv is not None else sys.argv[1:])),
+        "slots": engine.n_slots, "max_context_per_sequence": engine.max_context,
+        "prompt_tokens": args.prompt_tokens, "gen": args.gen, "load_seconds": load_s,
+        "run_seconds": time.perf_counter() - t0,
+        "decode_hit_rate": float(hits[0] / max(1, hits.sum())),
+        "target": {"aggregate_speedup_at_8": TARGET_SPEEDUP_AT_8},
+        **result,
+    }
+    r8 = next((r for r in result["rounds"] if r["clients"] == 8), None)
+    out["target_met"] = None if r8 is None else r8["speedup_vs_1"] >= TARGET_SPEEDUP_AT_8
+    print(f"{'clients':>7} {'agg tok/s':>10} {'per client':>10} {'ms/step':>8} {'x vs 1':>7}")
+    for r in result["rounds"]:
+        print(f"{r['clients']:>7} {r['aggregate_decode_tok_s']:>10.1f} "
+              f"{r['per_client_tok_s']['mean']:>10.1f} {r['step_ms']:>8.2f} "
+              f"{r['speedup_vs_1'] or 0:>7.2f}")
+    print(f"greedy tokens equal to each prompt decoded alone: {result['all_equal']}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""`CudaBatchEngine`: up to N sequences on the GPU, decoded together (`strata serve --batch N`).
+
+The plan is made for `batch` N with N times the per-sequence context, so its KV region holds N
+sequences of `max_context` tokens and its session buffers N rows; the engine carves the KV
+region into N equal row regions. A sequence lives in a row: its KV region, its position
+(seq_len[r]) and its token history (history[r]). Active sequences always fill rows 0..n-1, so a
+step runs one captured graph per row count n; when a sequence has left a row below the last, the
+last row's state (KV up to its length, history, position) moves into it before the next prefill
+or step.
+
+The prompt path (`PromptRun`) runs one sequence at a time through a row view of the model: the
+same buffers, with the session's per-sequence entries and the KV sides narrowed to one row.
+
+It is the serve worker's `BatchEngine`: `prefill(slot, tokens)`, `decode(slots, tokens)`,
+`release(slot)`; slots are the worker's names for sequences, rows the engine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from numba import cuda
+
+from strata.cuda_kernels.kvcache import KvLayout, KvSide
+from strata.cuda_kernels.matvec import MAX_TOKENS
+from strata.engine.cuda.batch_step import BatchStep
+from strata.engine.cuda.model import CudaModel
+from strata.engine.cuda.options import CudaEngineError, CudaOptions
+from strata.engine.cuda.prefill import PromptRun
+from strata.engine.engine import ContextFullError, EngineInputError
+from strata.experts import PrefillTraffic
+from strata.gguf import ModelFile
+from strata.plan import check_runtime_use, runtime_use
+from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, PlanOptions
+
+MAX_BATCH = MAX_TOKENS  # the small-batch matvec kernels take up to 8 tokens
+ROW_ENTRIES = ("hidden", "residual", "normed", "q", "k", "v", "attn_out", "router_logits",
+               "topk_ids", "topk_weights", "moe_h", "miss_list", "moe_out", "logits", "seq_len",
+               "history", "n_tokens", "sample_fparams", "sample_iparams")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOptions(CudaOptions):
+    """`CudaOptions` whose plan decodes `plan.batch` sequences (1..8) together; every other knob
+    is checked as `CudaOptions` checks it."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.plan.batch <= MAX_BATCH:
+            raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes 1 to "
+                                  f"{MAX_BATCH} sequences together")
+        single = {f.name: getattr(self, f.name) for f in dataclasses.fields(CudaOptions)}
+        CudaOptions(**{**single, "plan": dataclasses.replace(self.plan, batch=1)})
+
+
+def default_context(model: ModelFile) -> int:
+    """Per-sequence context when none is asked for: the plan's default for one sequence."""
+    train = model.shape.n_ctx_train if model.shape.n_ctx_train > 0 else DEFAULT_MAX_CONTEXT
+    return max(CHUNK_GRID, min(train, DEFAULT_MAX_CONTEXT))
+
+
+def batch_options(model: ModelFile, n_slots: int, plan: PlanOptions | None = None,
+                  **cuda_knobs: Any) -> BatchOptions:
+    """Options for `n_slots` sequences of `plan.max_context` tokens each: the plan is asked for
+    n_slots times the context (and the KV residency), one KV region per sequence."""
+    plan = plan or PlanOptions()
+    ctx = plan.max_context or default_context(model)
+    resident = None if plan.kv_resident is None else plan.kv_resident * n_slots
+    return BatchOptions(plan=dataclasses.replace(plan, batch=n_slots, max_context=ctx * n_slots,
+                                                 kv_resident=resident), **cuda_knobs)
+
+
+class _RowModel:
+    """A `CudaModel` seen through one row: the session's per-sequence entries narrowed to that
+    row ([1, ...]) and the KV sides to its region; everything else is the model's."""
+
+    def __init__(self, m: CudaModel, row: int, sides, n_split: int):
+        self._m = m
+        acts = dict(m.acts)
+        for name in ROW_ENTRIES:
+            acts[name] = m.acts[name][row:row + 1]
+        for name in ("attn_part_o", "attn_part_ml"):
+            part = m.acts[name][row][:n_split]
+            acts[name] = part.reshape((1,) + tuple(part.shape))
+        self.acts = acts
+        self.kv_sides = sides
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._m, name)
+
+
+class CudaBatchEngine:
+    """N sequences decoded together on one GPU (see the module doc)."""
+
+    backend = "cuda"
+
+    def __init__(self, m: CudaModel, *, use_graph: bool = True):
+        self.m = m
+        self.shape = s = m.shape
+        self.n_slots = n = m.plan.options.batch
+        if not 1 <= n <= MAX_BATCH:
+            raise CudaEngineError(f"the plan's batch {n} is outside 1..{MAX_BATCH}")
+        self.max_context = m.plan.kv.resident_tokens // n
+        if self.max_context < 2:
+            raise CudaEngineError(f"{m.plan.kv.resident_tokens} KV tokens cannot hold {n} "
+                                  f"sequences")
+        self.sides = self._carve_rows()
+        self.step = BatchStep(m, self.sides, use_graph=use_graph)
+        self.traffic = PrefillTraffic()
+        self._row_of: dict[int, int] = {}  # slot -> row
+        self._slot_at: list[int | None] = []  # row -> slot (None: vacant until compacted)
+        self._n_past = np.zeros(n, np.int64)  # tokens in each row's KV
+        self._logits = _host_buffer((n, s.n_vocab), np.float32)  # [n_slots, n_vocab] f32
+        self._tok = _host_buffer((n,), np.int32)  # [n_slots] i32 staging of input tokens
+        self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
+        self._zero = np.zeros(1, np.int32)
+
+    def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
+        """The plan's KV region [L, n * T, H, row] as n row regions of T tokens per layer."""
+        m, s, n, t = self.m, self.shape, self.n_slots, self.max_context
+        kv = m.arena.views("kv")
+        lay = KvLayout(m.kv_layout.fmt, t, s.n_head_kv, s.head_dim)
+        spare = m.kv_sides[0][0].scale  # f16/q4_0: the placeholder the kernels never read
+        rows = []
+        for r in range(n):
+            per_layer = []
+            for il in range(s.n_layer):
+                pair = []
+                for side in ("k", "v"):
+                    data = kv[side][il][r * t:(r + 1) * t].reshape(-1)
+                    scale = (kv[side + "_scale"][il][r * t:(r + 1) * t].reshape(-1)
+                             if lay.fmt == "int8" else spare)
+                    pair.append(KvSide(lay, data, scale))
+                per_layer.append(tuple(pair))
+            rows.append(per_layer)
+        return rows
+
+    # -- slots and rows ----------------------------------------------------------------------
+
+    @property
+    def n_active(self) -> int:
+        return len(self._row_of)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_slots:
+            raise IndexError(f"slot {slot} out of range 0..{self.n_slots - 1}")
+
+    def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens)
+        if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+            raise EngineInputError("tokens must be a non-empty list of integer ids")
+        bad = ids[(ids < 0) | (ids >= self.shape.n_vocab)]
+        if bad.size:
+            raise EngineInputError(f"token id {int(bad[0])} is outside the vocabulary "
+                                   f"(0..{self.shape.n_vocab - 1})")
+        return ids.astype(np.int32)
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence is over; its row is refilled (by the last row's sequence) at the
+        next prefill or step, so sequences ending together move nothing."""
+        self._check_slot(slot)
+        row = self._row_of.pop(slot, None)
+        if row is not None:
+            self._slot_at[row] = None
+
+    def _compact(self) -> None:
+        """Held sequences into rows 0..n_active-1: the last row's moves into each vacant one."""
+        rows = self._slot_at
+        while rows and rows[-1] is None:
+            rows.pop()
+        for row in range(len(rows)):
+            if row >= len(rows):
+                break
+            if rows[row] is None:
+                last = len(rows) - 1
+                self._move(last, row)
+                rows[row] = rows.pop()
+                self._row_of[rows[row]] = row
+                while rows and rows[-1] is None:
+                    rows.pop()
+
+    def _move(self, src: int, dst: int) -> None:
+        """Row src's sequence into row dst: KV up to its length, history, position."""
+        m, st, n_tok = self.m, self.m.stream, int(self._n_past[src])
+        a = m.acts
+        n_rows = n_tok * self.shape.n_head_kv
+        for il in range(self.shape.n_layer):
+            for s_side, d_side in zip(self.sides[src][il], self.sides[dst][il]):
+                nb = n_rows * s_side.layout.row_bytes
+                if nb:
+                    d_side.data[:nb].copy_to_device(s_side.data[:nb], stream=st)
+                if s_side.layout.fmt == "int8" and n_rows:
+                    d_side.scale[:n_rows].copy_to_device(s_side.scale[:n_rows], stream=st)
+        a["history"][dst].copy_to_device(a["history"][src], stream=st)
+        a["seq_len"][dst:dst + 1].copy_to_device(a["seq_len"][src:src + 1], stream=st)
+        self._n_past[dst] = n_tok
+
+    # -- prompt ------------------------------------------------------------------------------
+
+    def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+        """Start a sequence in `slot` (dropping what it held) from `tokens`; [n_vocab] f32
+        logits of the token that follows them."""
+        self._check_slot(slot)
+        ids = self._check_ids(tokens)
+        if ids.size > self.max_context:
+            raise ContextFullError(f"the prompt has {ids.size} tokens but the context holds "
+                                   f"{self.max_context} (raise --max-context)")
+        self.release(slot)
+        self._compact()
+        row = len(self._slot_at)
+        self._slot_at.append(slot)
+        self._row_of[slot] = row
+        m = self.m
+        m.acts["seq_len"][row:row + 1].copy_to_device(self._zero, stream=m.stream)
+        self._n_past[row] = 0
+        try:
+            self._prompt(row, ids)
+        except BaseException:
+            self.release(slot)
+            raise
+        m.acts["logits"][row].copy_to_host(self._logits[row], stream=m.stream)
+        m.stream.synchronize()
+        return np.array(self._logits[row])
+
+    def _prompt(self, row: int, ids: np.ndarray) -> None:
+        m = self.m
+        use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
+        if use.mode == "borrowed":
+            m.cache.lend(use.lend_slots)
+        try:
+            P, R = m.arena.prompt_views(use)
+            view = _RowModel(m, row, self.sides[row], len(self.step.partials[row][0]))
+            run = PromptRun(view, P, R, use.chunk, self.traffic)
+            for off in range(0, ids.size, use.chunk):
+                part = ids[off:off + use.chunk]
+                run.chunk_step(part, int(self._n_past[row]))
+                self._n_past[row] += part.size
+        finally:
+            m.cache.refill()
+
+    def row_model(self, slot: int) -> Any:
+        """The model seen through `slot`'s row (what the prompt path runs on)."""
+        row = self._row_of[slot]
+        return _RowModel(self.m, row, self.sides[row], len(self.step.partials[row][0]))
+
+    # -- decode --------------------------------------------------------------------------------
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        """Append one token to every held sequence in one step; `slots` must name each held
+        sequence once. Returns [len(slots), n_vocab] f32 logits in the order of `slots`."""
+        if len(slots) != len(tokens):
+            raise ValueError(f"{len(slots)} slots but {len(tokens)} tokens")
+        if sorted(slots) != sorted(self._row_of):
+            raise ValueError(f"a step decodes every held sequence: slots {sorted(slots)} given, "
+                             f"{sorted(self._row_of)} held")
+        ids = self._check_ids(tokens) if len(tokens) else np.zeros(0, np.int32)
+        n = len(slots)
+        if n == 0:
+            return np.zeros((0, self.shape.n_vocab), np.float32)
+        self._compact()
+        rows = [self._row_of[s] for s in slots]
+        full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
+        if full:
+            raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
+                                   f"is full")
+        st, a = self.m.stream, self.m.acts
+        for r, t in zip(rows, ids):
+            self._tok[r] = t
+        for r in range(n):  # each row's input token at its position
+            p = int(self._n_past[r])
+            a["history"][r][p:p + 1].copy_to_device(self._tok[r:r + 1], stream=st)
+        self.step.run(n)
+        a["logits"][:n].copy_to_host(self._logits[:n], stream=st)
+        a["hit_counts"].copy_to_host(self._hits, stream=st)
+        st.synchronize()
+        self._n_past[:n] += 1
+        return np.array(self._logits[rows])
+
+    def hit_counts(self) -> np.ndarray:
+        """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:
+        int64 [L, 2], a host copy (safe to read from any thread: no GPU call)."""
+        return np.array(self._hits)
+
+
+def _host_buffer(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Pinned host memory (async copies at full PCIe speed); plain numpy under the simulator."""
+    from strata.cuda_kernels.intrinsics import SIMULATED
+    return np.zeros(shape, dtype) if SIMULATED else cuda.pinned_array(shape, dtype)
+
+
+def load_batch(model: ModelFile, options: BatchOptions, *, log: Callable[[str], None] | None
+               = None, backend=None) -> CudaBatchEngine:
+    """Plan and load `model` for `options.plan.batch` sequences and return the engine."""
+    return CudaBatchEngine(CudaModel(model, options, backend=backend, log=log),
+                           use_graph=options.graph)

@@ -1,0 +1,156 @@
+"""One decode step of n sequences (rows 0..n-1 of the session buffers) sharing one pass over the
+dense weights, as a fixed list of launches whose changing inputs live in device memory — each
+row's token (history[r, seq_len[r]]), position (seq_len[r]) and routing — so the list for a row
+count n is captured once as a CUDA graph and replayed.
+
+Per step: per row, the embedding of history[r, seq_len[r]]; per layer: RMSNorm of all rows, the
+q/k/v matvecs over all rows (one read of each weight for the batch: the small-batch kernels),
+per-head norm and RoPE of all rows at their own positions; per row, the KV write and split-K
+attention over that row's KV region; the output projection, RMSNorm and router over all rows;
+the MoE of all rows (`batch_moe`: two launches; row by row where gate and up differ in format);
+final norm and head over all rows; per row,
+seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
+launches as `DecodeStep`.
+
+Sampling is the caller's: the step leaves rows 0..n-1 of the logits buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from strata.cuda_kernels.attention import decode_attention, n_splits
+from strata.cuda_kernels.batch_moe import batch_moe_decode
+from strata.cuda_kernels.elementwise import add, embed
+from strata.cuda_kernels.intrinsics import SIMULATED
+from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
+from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.moe import moe_decode
+from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
+from strata.cuda_kernels.router import route
+from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
+from strata.engine.cuda.model import CudaModel, Matrix
+from strata.plan.layout import SPLIT_K_TOKENS
+
+RowSides = Sequence[Sequence[tuple[KvSide, KvSide]]]  # [row][layer] -> (K side, V side)
+
+
+class BatchStep:
+    """The launches of a step of n rows over one `CudaModel`'s buffers, plain or as graphs (one
+    per row count). `sides[r][il]` is row r's KV region of layer il."""
+
+    def __init__(self, m: CudaModel, sides: RowSides, *, use_graph: bool):
+        self.m = m
+        self.sides = sides
+        self.n_rows = len(sides)
+        self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
+        self.graphs: dict[int, Any] = {}
+        self._warm: set[int] = set()
+        a = m.acts
+        n_ctx = sides[0][0][0].layout.n_ctx
+        ns = n_splits(n_ctx, SPLIT_K_TOKENS)
+        # [n_rows, n_split(plan context), n_head, head_dim] f32: each row uses its first splits
+        self.partials = [(a["attn_part_o"][r][:ns], a["attn_part_ml"][r][:ns])
+                         for r in range(self.n_rows)]
+
+    # -- the launches ------------------------------------------------------------------------
+
+    def _mv(self, w: Matrix, x, y, n: int, stream) -> None:
+        """y[:n] = W x[:n]: one row through the lane kernels (1-D), more through the batch
+        kernels (one pass over W)."""
+        if n == 1:
+            matvec(w.data, w.ggml_type, x[0], y[0], stream=stream)
+        else:
+            matvec(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
+
+    def record(self, stream, n: int) -> None:
+        """Enqueue one step of rows 0..n-1 on `stream` (also what a graph captures)."""
+        if not 1 <= n <= self.n_rows:
+            raise ValueError(f"a step takes 1..{self.n_rows} rows, got {n}")
+        m, s, a = self.m, self.m.shape, self.m.acts
+        for r in range(n):
+            embed(m.embd_table, m.embd_type, a["history"][r], a["seq_len"][r:r + 1],
+                  a["hidden"][r:r + 1], stream=stream)
+        for il in range(s.n_layer):
+            self._attention(il, n, stream)
+            self._moe(il, n, stream)
+        x, xn = a["hidden"][:n], a["normed"][:n]
+        rms_norm(x, m.norms["output_norm"], xn, eps=s.rms_norm_eps, stream=stream)
+        self._mv(m.matrices["output"], a["normed"], a["logits"], n, stream)
+        for r in range(n):
+            advance_seq_len(a["seq_len"][r:r + 1], 1, stream=stream)
+
+    def _attention(self, il: int, n: int, stream) -> None:
+        m, s, a = self.m, self.m.shape, self.m.acts
+        b, eps = f"blk.{il}.", s.rms_norm_eps
+        x, xn = a["hidden"][:n], a["normed"][:n]
+        rms_norm(x, m.norms[b + "attn_norm"], xn, eps=eps, stream=stream)
+        for name in ("q", "k", "v"):
+            self._mv(m.matrices[b + "attn_" + name], a["normed"], a[name], n, stream)
+        qk_norm_rope(a["q"][:n], a["k"][:n], a["seq_len"][:n], n_head=s.n_head,
+                     n_head_kv=s.n_head_kv, head_dim=s.head_dim, theta=s.rope_freq_base,
+                     q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
+                     eps=eps, stream=stream)
+        for r in range(n):
+            k_side, v_side = self.sides[r][il]
+            pos = a["seq_len"][r:r + 1]
+            kv_write(a["k"][r:r + 1].reshape(1, s.n_head_kv, s.head_dim), k_side, pos,
+                     stream=stream)
+            kv_write(a["v"][r:r + 1].reshape(1, s.n_head_kv, s.head_dim), v_side, pos,
+                     stream=stream)
+            decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
+                             a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
+                             n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
+        self._mv(m.matrices[b + "attn_output"], a["attn_out"], a["residual"], n, stream)
+        add(x.reshape(x.size), a["residual"][:n].reshape(x.size), x.reshape(x.size),
+            stream=stream)
+        rms_norm(x, m.norms[b + "ffn_norm"], xn, eps=eps, stream=stream)
+        self._mv(m.matrices[b + "ffn_gate_inp"], a["normed"], a["router_logits"], n, stream)
+        route(a["router_logits"][:n], a["topk_ids"][:n], a["topk_weights"][:n], norm_topk=True,
+              stream=stream)
+
+    def _moe(self, il: int, n: int, stream) -> None:
+        """Layer il's experts of every row added into its residual: one row, or gate and up in
+        different formats (`MixedLayout`), through the single-token kernels row by row; else
+        all rows in the batched kernels' two launches."""
+        m, a = self.m, self.m.acts
+        layout = m.layouts[il]
+        store = dict(slot_table=a["slot_table"], cache=m.cache_bytes, slot_off=a["slot_off"],
+                     host=m.host.device, host_off=a["host_off"], counters=a["hit_counts"],
+                     stream=stream)
+        if n > 1 and not isinstance(layout, MixedLayout):
+            batch_moe_decode(a["normed"][:n], a["topk_ids"][:n], a["topk_weights"][:n],
+                             layer=il, layout=layout, h=a["moe_h"][:n], out=a["hidden"][:n],
+                             accumulate=True, **store)
+            return
+        for r in range(n):
+            row = dict(h=a["moe_h"][r], out=a["hidden"][r], miss_list=a["miss_list"][r],
+                       cpu_misses=False, **store)
+            args = (a["normed"][r], a["topk_ids"][r], a["topk_weights"][r])
+            if isinstance(layout, MixedLayout):
+                moe_decode_mixed(*args, layer=il, layout=layout, **row)
+            else:
+                moe_decode(*args, layer=il, layout=layout, accumulate=True, **row)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, n: int) -> None:
+        """Enqueue one step of n rows on the model's stream: a graph replay once that row
+        count's kernels have run plainly (compiled) once, else plain launches."""
+        stream = self.m.stream
+        if not self.use_graph:
+            self.record(stream, n)
+            return
+        g = self.graphs.get(n)
+        if g is None and n in self._warm:
+            from strata.cuda_kernels.graph import capture
+            g = self.graphs[n] = capture(lambda st: self.record(st, n), stream)
+        if g is None:
+            self.record(stream, n)
+            self._warm.add(n)
+        else:
+            g.replay(stream)
+
+    @property
+    def n_graph_nodes(self) -> dict[int, int]:
+        return {n: g.n_nodes for n, g in self.graphs.items()}

@@ -1,0 +1,77 @@
+"""The batched CUDA engine (`strata serve --batch N` on the GPU) under numba's CUDA simulator, on
+a one-layer model: two sequences decoded in one step get the logits and greedy tokens they get
+decoded alone, both match the float64 reference forward, and a sequence that moves into a freed
+row (its KV copied) goes on decoding correctly.
+
+Slow (the simulator runs each CUDA thread as a Python thread): the model is the smallest the
+synthesizer writes and every sequence is a few tokens; tests/gpu/test_batch_gpu.py covers the
+real sizes and the CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers.reference import RefModel, forward
+from strata.synth import PRESETS, write_model
+
+pytestmark = pytest.mark.slow
+MICRO = dataclasses.replace(
+    PRESETS["tiny"], name="micro-batch", n_layer=1, n_embd=128, n_head=2, n_head_kv=1,
+    head_dim=64, n_expert=4, n_expert_used=2, n_ff_expert=32, n_vocab=512, n_ctx_train=512)
+PROMPTS = {0: [5, 77], 1: [300, 9, 41]}
+
+
+def _rel(a, b) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def test_batched_decode_matches_alone_and_the_reference(tmp_models):
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.engine.engine import ContextFullError
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))  # the simulator has no size
+    opts = batch_options(mf, 2, PlanOptions(max_context=256), graph=False, progress=False)
+    eng = load_batch(mf, opts, backend=card)
+    assert (eng.n_slots, eng.max_context) == (2, 256)
+    assert eng.m.plan.kv.resident_tokens == 512  # one 256-token KV region per sequence
+    ref = RefModel.load(path)
+
+    first = {s: eng.prefill(s, p) for s, p in PROMPTS.items()}
+    tok = {s: int(np.argmax(first[s])) for s in PROMPTS}
+    together = eng.decode([1, 0], [tok[1], tok[0]])  # rows in the order of the slots given
+    assert together.shape == (2, MICRO.n_vocab)
+    for s in PROMPTS:
+        want = forward(ref, PROMPTS[s] + [tok[s]])
+        assert _rel(first[s], want[-2]) < 0.02 and _rel(together[1 - s], want[-1]) < 0.02
+
+    # slot 0 leaves row 0: slot 1's sequence (row 1) moves there and decodes on
+    nxt = int(np.argmax(together[0]))
+    eng.release(0)
+    assert eng.n_active == 1
+    moved = eng.decode([1], [nxt])[0]
+    want = forward(ref, PROMPTS[1] + [tok[1], nxt])
+    assert _rel(moved, want[-1]) < 0.02
+
+    with pytest.raises(ValueError, match="every held sequence"):
+        eng.decode([0], [1])
+    with pytest.raises(ContextFullError, match="context holds 256"):
+        eng.prefill(0, [1] * 257)
+
+    # slot 1's sequence again, alone: the logits and greedy token it had in the batch
+    eng.release(1)
+    assert eng.n_active == 0
+    np.testing.assert_allclose(eng.prefill(1, PROMPTS[1]), first[1], rtol=1e-5, atol=1e-5)
+    alone = eng.decode([1], [tok[1]])[0]
+    np.testing.assert_allclose(alone, together[0], rtol=1e-4, atol=1e-4)
+    assert int(np.argmax(alone)) == int(np.argmax(together[0]))
