@@ -3,6 +3,7 @@
 # every kernel compiled ahead of time, then run it in a clean environment (no CUDA_HOME, no nvcc,
 # no toolkit library path) and generate on the GPU. Prints a table; logs go to $OUT (or /tmp).
 #   bash tests/e2e/test_binary_device.sh            (pyinstaller importable by python3)
+# STRATA_AOT / STRATA_ONEDIR pass through to strata.spec; CPU_RUNS=0 skips the CPU-backend runs.
 set -uo pipefail
 OUT=${OUT:-/tmp/strata-binary}; mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -14,7 +15,8 @@ STRATA_AOT_JOBS=${STRATA_AOT_JOBS:-$(nproc)} "$PY" -m PyInstaller --noconfirm --
 T_BUILD=$(elapsed "$T0")
 grep "aot build:" "$OUT/build.log"
 BIN=$PWD/dist/strata
-SIZE=$(du -m "$BIN" | cut -f1)
+[ "${STRATA_ONEDIR:-0}" = 1 ] && BIN=$PWD/dist/strata/strata   # the folder build
+SIZE=$(du -sm "$(dirname "$BIN")" | cut -f1)
 
 # The driver's own folder only (containers often reach libcuda through LD_LIBRARY_PATH).
 DRV=""
@@ -51,6 +53,6 @@ fi
 echo "--- selfcheck"; cat "$OUT/selfcheck.log"
 echo "--- gpu generate -n 32 (json)"; tail -c 700 "$OUT/gpu-generate-32.log"; echo
 for f in gpu-first-token-run1 gpu-first-token-run2; do echo "--- $f"; tail -4 "$OUT/$f.log"; done
-echo "binary: $SIZE MiB, build $T_BUILD s"
+echo "binary: $SIZE MiB (onedir=${STRATA_ONEDIR:-0}), build $T_BUILD s"
 cat "$OUT/table.txt"
 exit $FAIL

@@ -264,3 +264,26 @@ def test_windows_driver_model_from_nvml(monkeypatch, model, want):
     assert probe._driver_model(_FakeNvml(model), handle=object()) == want
     monkeypatch.setattr(probe.sys, "platform", "linux")
     assert probe._driver_model(_FakeNvml(model), handle=object()) == "linux"
+
+
+def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
+    """`--reuse`: specializations whose keys an earlier bundle holds are copied, not compiled
+    (here every one is, so nothing is compiled and the simulator may stay on)."""
+    from strata.aot import build as aot_build
+
+    old = tmp_path / "old.zip"
+    entries = []
+    for c in aot_build.registry("sampling"):
+        fn, sig = c.build()
+        fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
+                  "name": "old", "symbol": f"sym_{c.name}", "cooperative": False}
+        entries.append((fields, {t: f"{c.name}/{t}".encode() for t in aot_build._archs()}))
+    B.write_bundle(old, entries, toolchain={}, archs=aot_build._archs())
+    lines = []
+    assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", reuse=str(old),
+                           log=lines.append) == 0
+    assert "2 reused" in lines[-1], lines
+    new = B.KernelBundle(tmp_path / "new.zip")
+    e = new.lookup(entries[0][0]["kernel"], entries[0][0]["signature"])
+    assert e.name == "sampling/argmax" and e.symbol == "sym_argmax"
+    assert new.image(e, (9, 0)) == ("sm_90", b"argmax/sm_90")
