@@ -44,8 +44,8 @@ def plan(shape: ModelShape, devices: Sequence[DeviceInfo], options: PlanOptions 
         raise PlanInputError("no GPU to plan for")
     if len(devices) > 1:
         raise PlanInputError(
-            f"{len(devices)} GPUs given, but splitting the layers across GPUs is not available "
-            f"yet: plan one GPU (one --gpu-mem size, or --device N)")
+            f"{len(devices)} GPUs given to the one-GPU planner: plan a layer split with "
+            f"strata.plan.split.plan_split (what `strata plan --gpu-mem A,B` does)")
     if profile is None:
         profile = RoutingProfile.uniform(shape.n_layer, shape.n_expert)
     elif (profile.n_layer, profile.n_expert) != (shape.n_layer, shape.n_expert):

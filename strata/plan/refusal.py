@@ -69,7 +69,7 @@ class _Pricer:
 
 def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
                   profile: RoutingProfile, needed: int) -> tuple[Knob, ...]:
-    """Every knob that frees bytes, largest effect first; more GPUs last (not available yet)."""
+    """Every knob that frees bytes, largest effect first; a second GPU (a layer split) last."""
     p = _Pricer(shape, dev, options, profile, needed)
     s, _, _ = resolve(shape, dev, options)
     found = [
@@ -128,7 +128,8 @@ def _more_gpus_knob(shape: ModelShape, dev: DeviceInfo, options: PlanOptions) ->
 
     whole = held(0, shape.n_layer)
     freed = whole - max(held(0, half), held(half, shape.n_layer))
-    return Knob("a second GPU", freed, "layer split is not available yet") if freed > 0 else None
+    return (Knob("a second GPU", freed, "split the layers: --gpu-mem A,B (strata.plan.split)")
+            if freed > 0 else None)
 
 
 def knobs_for_shortfall(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,

@@ -89,7 +89,7 @@ def test_8gb_64k_refused_with_knobs_that_work():
     r = p.refusal
     assert r.free_bytes == 8 * GiB and r.short_by_bytes == r.needed_bytes - r.free_bytes > 0
     flags = [k.flag for k in r.knobs]
-    assert flags[-1] == "a second GPU" and "not available" in r.knobs[-1].note
+    assert flags[-1] == "a second GPU" and "--gpu-mem A,B" in r.knobs[-1].note
     assert any(f.startswith("--max-context ") for f in flags)
     assert "--kv q4_0" in flags and any(f.startswith("--kv-resident ") for f in flags)
     frees = [k.frees_bytes for k in r.knobs[:-1]]
@@ -202,8 +202,8 @@ def test_spec_and_batch_take_their_room():
     assert more.device().cache.n_slots < base.device().cache.n_slots
 
 
-def test_several_gpus_refused_until_layer_split_exists():
-    with pytest.raises(PlanInputError, match="not available yet"):
+def test_one_gpu_planner_points_several_gpus_to_the_split():
+    with pytest.raises(PlanInputError, match="plan_split"):
         plan(S30, gpu("16GiB,16GiB"), PlanOptions())
     with pytest.raises(PlanInputError, match="no GPU"):
         plan(S30, [], PlanOptions())
