@@ -49,7 +49,7 @@ def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple
         t0 = time.perf_counter()
         try:
             fn, sig = c.build()
-            ptx, _ = cuda.compile_ptx(fn, sig, cc=CC)
+            ptx, _ = cuda.compile_ptx(fn, sig, cc=CC, **c.options)
             local = ".local" in ptx
             rows.append((c.family, c.name, True, len(ptx.splitlines()), local,
                          time.perf_counter() - t0, ""))

@@ -92,7 +92,8 @@ def register() -> None:
     for hd, group in ((128, 8), (128, 4), (64, 8)):  # the tensor-core f16 kernel (default)
         register_ptx(FAMILY, f"decode_attn_f16_wide_hd{hd}_g{group}",
                      _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
-                            (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+                            (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
+                     options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         for name, build in _attn_specs(fmt):
             register_ptx(FAMILY, name, build)

@@ -8,7 +8,7 @@ the simulator numpy arrays are accepted, since the simulator copies anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -76,16 +76,21 @@ def n_blocks(n_items: int, per_block: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class PtxCheck:
-    """One kernel specialization for the compile check: `build()` returns (py_func, signature)."""
+    """One kernel specialization for the compile check: `build()` returns (py_func, signature);
+    `options` are the extra keyword arguments of `numba.cuda.compile_ptx` the kernel's dispatcher
+    compiles with (e.g. {"launch_bounds": (128, 4)}); an ahead-of-time build must pass them too,
+    or its code differs from the JIT's (registers, blocks per SM)."""
 
     family: str
     name: str
     build: Callable[[], tuple[Callable[..., Any], tuple]]
+    options: dict = field(default_factory=dict)
 
 
 PTX_CHECKS: list[PtxCheck] = []
 
 
-def register_ptx(family: str, name: str, build: Callable[[], tuple[Callable[..., Any], tuple]]):
+def register_ptx(family: str, name: str, build: Callable[[], tuple[Callable[..., Any], tuple]],
+                 *, options: dict | None = None):
     """Add a kernel specialization to the compile check (modules call this at import)."""
-    PTX_CHECKS.append(PtxCheck(family, name, build))
+    PTX_CHECKS.append(PtxCheck(family, name, build, dict(options or {})))
