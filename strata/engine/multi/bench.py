@@ -54,21 +54,30 @@ def _single(mf, store, portable, cap: int, knobs: PlanOptions, prompt, n_decode)
     with cuda.gpus[0]:
         m = CudaModel(mf, CudaOptions(plan=knobs, gpu_mem=cap, progress=False),
                       host_store=(store, portable.mapped()))
-        out = _timed_run(CudaEngine(m), prompt, n_decode)
-        dp = m.arena.device_plan
-        out.update(gpus=1, gpu_mem=[cap], arena_bytes=[dp.arena_bytes],
-                   weights_bytes=[dp.regions["weights"]], cache_slots=[dp.cache.n_slots],
-                   predicted_hit_rate=m.plan.predicted_hit_rate,
-                   prefill_chunk=m.plan.prefill.chunk)
-        m.close()
+        try:
+            out = _timed_run(CudaEngine(m), prompt, n_decode)
+            dp = m.arena.device_plan
+            out.update(gpus=1, gpu_mem=[cap], arena_bytes=[dp.arena_bytes],
+                       weights_bytes=[dp.regions["weights"]], cache_slots=[dp.cache.n_slots],
+                       predicted_hit_rate=m.plan.predicted_hit_rate,
+                       prefill_chunk=m.plan.prefill.chunk)
+        finally:
+            m.stream.synchronize()
+            m.close()
     return out
 
 
 def _split(mf, store, portable, caps, knobs, split, prompt, n_decode) -> dict:
-    from strata.engine.multi import SplitEngine, SplitModel
+    from strata.engine.multi import SplitModel
 
-    sm = SplitModel(mf, CudaOptions(plan=knobs, progress=False), split,
-                    devices=list(range(len(caps))), gpu_mem=caps, store=(store, portable))
+    with SplitModel(mf, CudaOptions(plan=knobs, progress=False), split,
+                    devices=list(range(len(caps))), gpu_mem=caps, store=(store, portable)) as sm:
+        return _split_run(sm, caps, prompt, n_decode)
+
+
+def _split_run(sm, caps, prompt, n_decode) -> dict:
+    from strata.engine.multi import SplitEngine
+
     links = sm.measure_links()
     out = _timed_run(SplitEngine(sm), prompt, n_decode)
     p = sm.plan
@@ -82,7 +91,6 @@ def _split(mf, store, portable, caps, knobs, split, prompt, n_decode) -> dict:
                predicted_hit_rate_stage_caches=p.predicted_hit_rate_stages,
                predicted_seconds_per_token=p.placement.seconds_per_token,
                prefill_chunk=p.chunk, links=links)
-    sm.close()
     return out
 
 
@@ -124,6 +132,16 @@ def main(argv=None) -> int:
     with cuda.gpus[0]:
         portable = PortableHost(store.buffer)
     res["store"] = {"bytes": store.n_bytes, "seconds": time.perf_counter() - t0}
+    try:  # every model closes itself; the store's registration ends last, before exit
+        _runs(mf, store, portable, caps, knobs, prompt, res, a, save)
+    finally:
+        with cuda.gpus[0]:
+            portable.close()
+    _table(res)
+    return 0
+
+
+def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
     key = "x".join([str(len(caps)), a.gpu_mem.split(",")[0]])
     res["runs"][key] = split_run = _split(mf, store, portable, caps, knobs, SplitOptions(),
                                          prompt, a.decode)
@@ -143,8 +161,6 @@ def main(argv=None) -> int:
         res["carve_ab"] = _carve_ab(mf, store, portable, caps, knobs, split_run, prompt,
                                     a.decode)
         save()
-    _table(res)
-    return 0
 
 
 def _carve_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode) -> dict:

@@ -106,6 +106,10 @@ class Link:
         return {"how": self.how, "bytes": n_bytes, "seconds": secs,
                 "gb_per_s": n_bytes / max(secs, 1e-12) / 1e9}
 
+    def close(self) -> None:
+        """Free the pinned staging buffer (idempotent; the streams must be drained)."""
+        self._stage = None
+
     def _sync(self) -> None:
         with cuda.gpus[self.dst]:
             self.dst_stream.synchronize()

@@ -62,6 +62,7 @@ class SplitModel:
         self.devices = [int(d) for d in devices]
         self.report: dict[str, Any] = {}
         self._shared = False
+        self._closed = False
         backends = list(backends) if backends is not None else [None] * len(self.devices)
         caps = list(gpu_mem) if gpu_mem is not None else [None] * len(self.devices)
         if not len(self.devices) == len(backends) == len(caps):
@@ -83,8 +84,21 @@ class SplitModel:
             self.store, self.portable = store
             self._shared = True
         self.stages: list[CudaModel] = []
+        self.links: list[Link] = []
+        self.back: Link | None = None
+        self._open_all(model, options)
+        self._describe()
+
+    def _open_all(self, model: ModelFile, options: CudaOptions) -> None:
+        try:
+            self._open_stages(model, options)
+        except BaseException:
+            self.close()  # what opened so far, the store's registration last
+            raise
+
+    def _open_stages(self, model: ModelFile, options: CudaOptions) -> None:
         for st, dev, b in zip(self.plan.stages, self.devices, self.backends):
-            with cuda.gpus[dev] if not _sim() else _null():
+            with _on(dev):
                 m = CudaModel(model, dataclasses.replace(options, device=dev), backend=b,
                               log=self.log, host_store=(self.store, self.portable.mapped()),
                               plan=stage_plan(self.plan, st, dev), layers=st.layers)
@@ -94,7 +108,6 @@ class SplitModel:
                       for g in range(len(self.stages) - 1)]
         self.back = Link(self.devices[-1], self.devices[0], self.stages[-1].stream,
                          self.stages[0].stream, max_bytes=4) if len(self.stages) > 1 else None
-        self._describe()
 
     @staticmethod
     def _backend(device: int):
@@ -146,10 +159,39 @@ class SplitModel:
         return out
 
     def close(self) -> None:
-        for m in self.stages:
-            m.close()
-        if not self._shared:
-            self.portable.close()
+        """Give everything back, once (idempotent), in an order that frees nothing still read:
+        every stage's streams drained; the links' pinned staging freed; each stage's arena
+        released on its own GPU; then the store's registration ended, only by the model that
+        made it (a store passed in is its owner's to close, after every model using it)."""
+        if self._closed:
+            return
+        self._closed = True
+        stages = getattr(self, "stages", [])
+        for m, dev in zip(stages, self.devices):
+            with _on(dev):
+                m.stream.synchronize()
+                m.copy_stream.synchronize()
+        for link in [*getattr(self, "links", []), getattr(self, "back", None)]:
+            if link is not None:
+                link.close()
+        for m, dev in zip(stages, self.devices):
+            with _on(dev):
+                m.close()
+        portable = getattr(self, "portable", None)
+        if not self._shared and portable is not None:
+            with _on(self.devices[0]):
+                portable.close()
+
+    def __enter__(self) -> "SplitModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _on(device: int):
+    """The device's context (a no-op under the simulator)."""
+    return _null() if _sim() else cuda.gpus[device]
 
 
 def _sim() -> bool:
