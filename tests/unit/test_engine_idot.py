@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gguf_quants
 from numba import njit
 
-from strata.engine.cpu import idot, simd8
+from strata.engine.cpu import idot, simd, simd8
 from strata.engine.cpu.simd import half_at
 from strata.quant.random_blocks import random_blocks
 
@@ -66,7 +66,7 @@ def test_dot_x8_is_the_dequantized_row_times_the_8_bit_activations(name, n_value
     x = (rng.standard_normal(n_values) * rng.uniform(0.1, 3.0, n_values)).astype(np.float32)
     qx, dx, qs16, _ = idot.x8_arrays(x.reshape(1, -1))
     acc = np.empty(idot.ACC_LANES, np.float32)
-    got = np.array([DOTS[name](raw[r], qx[0], dx[0], qs16[0], acc) for r in range(n_rows)])
+    got = np.array([DOTS[name](raw, r, qx[0], dx[0], qs16[0], acc) for r in range(n_rows)])
     w = np.asarray(gguf_quants.dequantize(raw, T[name]), np.float64).reshape(n_rows, n_values)
     xq = qx[0].astype(np.float64) * np.repeat(dx[0], 32)
     slack = 2e-6 * (np.abs(w) @ np.abs(xq))
@@ -82,18 +82,19 @@ def _generic_dot(name):
     nb = BLOCK_BYTES[name]
     if name == "Q6_K":
         @njit
-        def dot(row, qx, dx, qs16, acc):
+        def dot(w, r, qx, dx, qs16, acc):
             acc[:] = 0.0
-            for b in range(row.shape[0] // nb):
-                fn(acc, 0, row, b, half_at(row, nb * b + 208), qx, dx, qs16)
+            for b in range(w.shape[1] // nb):
+                o = r * w.shape[1] + nb * b
+                fn(acc, 0, w, o, b, half_at(w, o + 208), qx, dx, qs16)
             return acc.sum()
     else:
         @njit
-        def dot(row, qx, dx, qs16, acc):
+        def dot(w, r, qx, dx, qs16, acc):
             acc[:] = 0.0
-            for b in range(row.shape[0] // nb):
-                fn(acc, 0, row, b, half_at(row, nb * b), half_at(row, nb * b + 2), qx,
-                   dx, qs16)
+            for b in range(w.shape[1] // nb):
+                o = r * w.shape[1] + nb * b
+                fn(acc, 0, w, o, b, half_at(w, o), half_at(w, o + 2), qx, dx, qs16)
             return acc.sum()
     return dot
 
@@ -109,8 +110,8 @@ def test_the_portable_byte_dot_equals_the_fast_one(name):
     w = np.abs(np.asarray(gguf_quants.dequantize(raw, T[name]), np.float64).reshape(5, 1024))
     slack = 4e-6 * (w @ np.abs(qx[0] * np.repeat(dx[0], 32)))  # f32 sums in another order
     for r in range(5):
-        fast = DOTS[name](raw[r], qx[0], dx[0], qs16[0], acc)
-        port = generic(raw[r], qx[0], dx[0], qs16[0], acc)
+        fast = DOTS[name](raw, r, qx[0], dx[0], qs16[0], acc)
+        port = generic(raw, r, qx[0], dx[0], qs16[0], acc)
         assert abs(fast - port) <= slack[r]
 
 
@@ -118,7 +119,7 @@ def test_zero_activations_give_exactly_zero():
     raw = _rows("Q4_K", 1, 512, seed=2)
     qx, dx, qs16, _ = idot.x8_arrays(np.zeros((1, 512), np.float32))
     acc = np.empty(idot.ACC_LANES, np.float32)
-    assert idot.dot_q4_k_x8(raw[0], qx[0], dx[0], qs16[0], acc) == 0.0
+    assert idot.dot_q4_k_x8(raw, 0, qx[0], dx[0], qs16[0], acc) == 0.0
 
 
 def test_the_fast_path_is_an_integer_byte_dot_on_x86():
@@ -127,9 +128,23 @@ def test_the_fast_path_is_an_integer_byte_dot_on_x86():
     fresh = njit(fastmath=idot.FAST)(idot.dot_q4_k_x8.py_func)  # cached code hides its asm
     raw = _rows("Q4_K", 1, 256, seed=3)
     qx, dx, qs16, _ = idot.x8_arrays(np.ones((1, 256), np.float32))
-    fresh(raw[0], qx[0], dx[0], qs16[0], np.empty(idot.ACC_LANES, np.float32))
+    fresh(raw, 0, qx[0], dx[0], qs16[0], np.empty(idot.ACC_LANES, np.float32))
     asm = fresh.inspect_asm(fresh.signatures[0])
     if llvm.get_process_triple().startswith("x86_64"):
         assert ("vpdpbusd" in asm) if simd8.VNNI else ("pmaddwd" in asm or "vpdpwssd" in asm)
     else:
         assert not simd8.VNNI  # an x86 feature
+
+
+def test_both_half_readers_take_flat_byte_offsets_into_a_matrix():
+    """The dots read fp16 scales at flat byte offsets of the whole matrix, on CPUs with and
+    without a hardware half converter."""
+    halves = np.array([[1.5, -2.25e-3, 65504.0], [-0.0, 6.1e-5, 3.0]], np.float16)
+    w = np.zeros((2, 8), np.uint8)  # [2, 8] u8: three halves at odd offsets 1, 3, 5
+    w[:, 1:7] = halves.view(np.uint8)
+    readers = [njit(lambda w, o: simd._half_bits_at(w, o))]
+    if simd.NATIVE_HALF:  # the converter exists only where LLVM has one
+        readers.append(njit(lambda w, o: simd._half_native_at(w, o)))
+    for read in readers:
+        got = [[read(w, 8 * r + 1 + 2 * k) for k in range(3)] for r in range(2)]
+        np.testing.assert_array_equal(np.array(got, np.float32), halves.astype(np.float32))

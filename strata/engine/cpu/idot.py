@@ -6,7 +6,8 @@ memory speed instead of converting every nibble to f32. The 8-bit rounding of th
 (per-32 absmax scales, |error| <= dx / 2 per value) is the only approximation: each dot is
 exactly the dequantized row times the quantized activations (up to f32 rounding).
 
-Shapes: `row` uint8[row_bytes]; `qx` int8[width]; `dx` float32[width // 32]; `qs16`
+Shapes: `w` uint8[n_rows, row_bytes] (the whole matrix: the row is `r`, so that no row view, and
+no reference count shared by the threads, is touched per row); `qx` int8[width]; `dx` float32[width // 32]; `qs16`
 float32[width // 16] (sums of 16 quantized activations); `acc` float32 scratch of >= ACC_LANES.
 """
 
@@ -75,37 +76,57 @@ def takes_x8(fmt):
     return fmt == Q4_K_T or fmt == Q5_K_T or fmt == Q6_K_T
 
 
-@njit(cache=True, fastmath=FAST)
+@njit(cache=True, fastmath=FAST, inline="always")
 def _zero(acc):
     for i in range(ACC_LANES):
         acc[i] = 0.0
 
 
-@njit(cache=True, fastmath=FAST)
-def dot_q4_k_x8(row, qx, dx, qs16, acc):
-    """Q4_K (144-byte super-blocks: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/minimums,
-    128 of nibbles) . x."""
+@njit(cache=True, fastmath=FAST, inline="always")
+def dot_q4_k_x8(w, r, qx, dx, qs16, acc):
+    """Row r of Q4_K w (144-byte super-blocks: fp16 d, fp16 dmin, 12 bytes of 6-bit
+    scales/minimums, 128 of nibbles) . x."""
     _zero(acc)
-    for b in range(row.shape[0] // 144):
-        o = 144 * b
-        q4_k_idot(acc, 0, row, b, half_at(row, o), half_at(row, o + 2), qx, dx, qs16)
+    o0 = r * w.shape[1]
+    for b in range(w.shape[1] // 144):
+        o = o0 + 144 * b
+        q4_k_idot(acc, 0, w, o, b, half_at(w, o), half_at(w, o + 2), qx, dx, qs16)
+    return sum8(acc)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def dot_q5_k_x8(w, r, qx, dx, qs16, acc):
+    """Row r of Q5_K w (176-byte super-blocks: Q4_K's header, 32 bytes of fifth bits, 128 of
+    nibbles) . x."""
+    _zero(acc)
+    o0 = r * w.shape[1]
+    for b in range(w.shape[1] // 176):
+        o = o0 + 176 * b
+        q5_k_idot(acc, 0, w, o, b, half_at(w, o), half_at(w, o + 2), qx, dx, qs16)
+    return sum8(acc)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def dot_q6_k_x8(w, r, qx, dx, qs16, acc):
+    """Row r of Q6_K w (210-byte super-blocks, fp16 d last) . x."""
+    _zero(acc)
+    o0 = r * w.shape[1]
+    for b in range(w.shape[1] // 210):
+        o = o0 + 210 * b
+        q6_k_idot(acc, 0, w, o, b, half_at(w, o + 208), qx, dx, qs16)
     return sum8(acc)
 
 
 @njit(cache=True, fastmath=FAST)
-def dot_q5_k_x8(row, qx, dx, qs16, acc):
-    """Q5_K (176-byte super-blocks: Q4_K's header, 32 bytes of fifth bits, 128 of nibbles) . x."""
-    _zero(acc)
-    for b in range(row.shape[0] // 176):
-        o = 176 * b
-        q5_k_idot(acc, 0, row, b, half_at(row, o), half_at(row, o + 2), qx, dx, qs16)
-    return sum8(acc)
-
-
-@njit(cache=True, fastmath=FAST)
-def dot_q6_k_x8(row, qx, dx, qs16, acc):
-    """Q6_K (210-byte super-blocks, fp16 d last) . x."""
-    _zero(acc)
-    for b in range(row.shape[0] // 210):
-        q6_k_idot(acc, 0, row, b, half_at(row, 210 * b + 208), qx, dx, qs16)
-    return sum8(acc)
+def dots_x8(fmt, w, r0, r1, qx, dx, qs16, acc, out):
+    """out[r - r0] = dot(row r of w, x) for r0 <= r < r1, w of K-quant type `fmt`
+    (`takes_x8`): one call and one format test per run of rows, the row loop compiled whole."""
+    if fmt == Q4_K_T:
+        for r in range(r0, r1):
+            out[r - r0] = dot_q4_k_x8(w, r, qx, dx, qs16, acc)
+    elif fmt == Q6_K_T:
+        for r in range(r0, r1):
+            out[r - r0] = dot_q6_k_x8(w, r, qx, dx, qs16, acc)
+    else:
+        for r in range(r0, r1):
+            out[r - r0] = dot_q5_k_x8(w, r, qx, dx, qs16, acc)

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from strata.engine.cpu.idot import takes_x8
-from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
+from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, rows_dot
 
 F32 = np.float32
 CHUNKS_PER_THREAD = 4  # a few chunks per thread even out rows of uneven cost (page faults)
@@ -82,11 +82,13 @@ def linear(w, fmt, block_size, x, x8, out, n_chunks):
         acc = np.empty(ACC_SIZE, F32)
         four = np.empty(4, F32)
         buf = np.empty(n_in, F32)
-        for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
-            if n_tok == 1:
-                out[0, r] = row_dot(fmt, block_size, w[r], x[0], qx[0], dx[0], qs16[0], acc,
-                                    buf)
-            else:
+        r0 = c * n_rows // n_chunks
+        r1 = (c + 1) * n_rows // n_chunks
+        if n_tok == 1:
+            rows_dot(fmt, block_size, w, r0, r1, x[0], qx[0], dx[0], qs16[0], acc, buf,
+                     out[0, r0:r1])
+        else:
+            for r in range(r0, r1):
                 decode_row(fmt, block_size, w[r], buf)
                 if x8_rows:
                     decoded_dots(buf, xq, acc, four, out, r)

@@ -4,9 +4,9 @@ The routed (token, expert) pairs arrive grouped by expert: `g_expert[g]` is grou
 its pairs are `g_start[g]..g_start[g+1]-1`; pair p belongs to token `pair_tok[p]` with routing
 weight `pair_w[p]`. Threads split the rows of the expert matrices (not the experts), so every
 thread streams a slice of every active expert, one expert after another, and no two threads
-write the same output. A group
-of one token dots the rows straight from their bytes; a larger group decodes each row once and
-dots it with all its tokens.
+write the same output. A group of one token dots the rows straight from their bytes, a run of
+rows per call (`qdot.rows_dot`); a larger group decodes each row once and dots it with all its
+tokens.
 
 Stacked tensors come as raw rows: gate/up are uint8[n_expert * n_ff, row_bytes] (expert e's rows
 are e*n_ff .. e*n_ff+n_ff-1), down is uint8[n_expert * n_embd, row_bytes].
@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from strata.engine.cpu.idot import takes_x8
-from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, row_dot
+from strata.engine.cpu.qdot import ACC_SIZE, FAST, decode_row, dot_f32, rows_dot
 
 F32 = np.float32
 
@@ -48,26 +48,28 @@ def gate_up(wg, fmt_g, bs_g, wu, fmt_u, bs_u, groups, pair_tok, x, x8, h, n_chun
         bu = np.empty(n_embd, F32)
         r0 = c * n_ff // n_chunks
         r1 = (c + 1) * n_ff // n_chunks
-        for g in range(n_groups):  # one expert at a time: two sequential streams per thread
+        vg = np.empty(r1 - r0, F32)  # one token's gate and up dots over the chunk's rows
+        vu = np.empty(r1 - r0, F32)
+        for g in range(n_groups):  # one expert at a time: sequential streams per thread
             base = groups[0, g] * n_ff
             p0 = groups[1, g]
             p1 = groups[1, g + 1]
-            for r in range(r0, r1):
-                if p1 - p0 == 1:
-                    t = pair_tok[p0]
-                    vg = row_dot(fmt_g, bs_g, wg[base + r], x[t], qx[t], dx[t], qs16[t], acc,
-                                 bg)
-                    vu = row_dot(fmt_u, bs_u, wu[base + r], x[t], qx[t], dx[t], qs16[t], acc,
-                                 bu)
-                    h[p0, r] = silu(vg) * vu
-                else:
+            if p1 - p0 == 1:
+                t = pair_tok[p0]
+                xt, qt, dt, st = x[t], qx[t], dx[t], qs16[t]
+                rows_dot(fmt_g, bs_g, wg, base + r0, base + r1, xt, qt, dt, st, acc, bg, vg)
+                rows_dot(fmt_u, bs_u, wu, base + r0, base + r1, xt, qt, dt, st, acc, bu, vu)
+                for r in range(r0, r1):
+                    h[p0, r] = silu(vg[r - r0]) * vu[r - r0]
+            else:
+                for r in range(r0, r1):
                     decode_row(fmt_g, bs_g, wg[base + r], bg)
                     decode_row(fmt_u, bs_u, wu[base + r], bu)
                     for p in range(p0, p1):
                         t = pair_tok[p]
-                        vg = dot_f32(bg, xq[t] if xg_8 else x[t], acc)
-                        vu = dot_f32(bu, xq[t] if xu_8 else x[t], acc)
-                        h[p, r] = silu(vg) * vu
+                        sg = dot_f32(bg, xq[t] if xg_8 else x[t], acc)
+                        su = dot_f32(bu, xq[t] if xu_8 else x[t], acc)
+                        h[p, r] = silu(sg) * su
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
@@ -87,16 +89,19 @@ def down(wd, fmt_d, bs_d, groups, pair_tok, pair_w, h, h8, out, n_chunks):
         buf = np.empty(n_ff, F32)
         r0 = c * n_embd // n_chunks
         r1 = (c + 1) * n_embd // n_chunks
+        vd = np.empty(r1 - r0, F32)  # one pair's dots over the chunk's rows
         for g in range(n_groups):
             base = groups[0, g] * n_embd
             p0 = groups[1, g]
             p1 = groups[1, g + 1]
-            for r in range(r0, r1):
-                if p1 - p0 == 1:
-                    v = row_dot(fmt_d, bs_d, wd[base + r], h[p0], qh[p0], dh[p0], qs16[p0],
-                                acc, buf)
-                    out[pair_tok[p0], r] += pair_w[p0] * v
-                else:
+            if p1 - p0 == 1:
+                rows_dot(fmt_d, bs_d, wd, base + r0, base + r1, h[p0], qh[p0], dh[p0], qs16[p0],
+                         acc, buf, vd)
+                t = pair_tok[p0]
+                for r in range(r0, r1):
+                    out[t, r] += pair_w[p0] * vd[r - r0]
+            else:
+                for r in range(r0, r1):
                     decode_row(fmt_d, bs_d, wd[base + r], buf)
                     for p in range(p0, p1):
                         v = dot_f32(buf, hq[p] if hd_8 else h[p], acc)

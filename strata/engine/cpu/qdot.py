@@ -22,7 +22,13 @@ import numpy as np
 from gguf import GGMLQuantizationType as _T
 from numba import njit
 
-from strata.engine.cpu.idot import dot_q4_k_x8, dot_q5_k_x8, dot_q6_k_x8
+from strata.engine.cpu.idot import (
+    dot_q4_k_x8,
+    dot_q5_k_x8,
+    dot_q6_k_x8,
+    dots_x8,
+    takes_x8,
+)
 from strata.engine.cpu.simd import (
     NATIVE_HALF,
     fma_h16x32,
@@ -216,16 +222,18 @@ def decode_row(fmt, block_size, row, buf):
 
 
 @njit(cache=True, fastmath=FAST)
-def row_dot(fmt, block_size, row, x, qx, dx, qs16, acc, buf):
-    """dot(row's values, x) for any supported format: the K-quants in integers against the 8-bit
-    activations (qx, dx, qs16: `idot.x8_arrays` of x), the other fused formats against x in
-    f32, the rest by decoding into `buf` (float32[len(x)]) and an f32 dot."""
+def row_dot(fmt, block_size, w, r, x, qx, dx, qs16, acc, buf):
+    """dot(row r of w, x) for any supported format (w: uint8[n_rows, row_bytes]): the K-quants
+    in integers against the 8-bit activations (qx, dx, qs16: `idot.x8_arrays` of x), the other
+    fused formats against x in f32, the rest by decoding into `buf` (float32[len(x)]) and an
+    f32 dot."""
     if fmt == Q4_K_T:
-        return dot_q4_k_x8(row, qx, dx, qs16, acc)
+        return dot_q4_k_x8(w, r, qx, dx, qs16, acc)
     if fmt == Q6_K_T:
-        return dot_q6_k_x8(row, qx, dx, qs16, acc)
+        return dot_q6_k_x8(w, r, qx, dx, qs16, acc)
     if fmt == Q5_K_T:
-        return dot_q5_k_x8(row, qx, dx, qs16, acc)
+        return dot_q5_k_x8(w, r, qx, dx, qs16, acc)
+    row = w[r]
     if fmt == Q8_0_T:
         return dot_q8_0(row, x, acc)
     if fmt == F32_T:
@@ -236,3 +244,15 @@ def row_dot(fmt, block_size, row, x, qx, dx, qs16, acc, buf):
         return dot_bf16(row, x, acc)
     decode_row(fmt, block_size, row, buf)
     return dot_f32(buf, x, acc)
+
+
+@njit(cache=True, fastmath=FAST)
+def rows_dot(fmt, block_size, w, r0, r1, x, qx, dx, qs16, acc, buf, out):
+    """out[r - r0] = `row_dot` of row r of w, for r0 <= r < r1. The K-quants run the whole loop
+    in one compiled function (`idot.dots_x8`): no call, format test or row view per row (a row
+    view touches a reference count that every thread shares)."""
+    if takes_x8(fmt):
+        dots_x8(fmt, w, r0, r1, qx, dx, qs16, acc, out)
+    else:
+        for r in range(r0, r1):
+            out[r - r0] = row_dot(fmt, block_size, w, r, x, qx, dx, qs16, acc, buf)

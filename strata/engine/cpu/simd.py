@@ -273,9 +273,21 @@ def _native_half() -> bool:
 NATIVE_HALF = _native_half()
 
 
+@intrinsic
+def _u16_at(typingctx, row, off):
+    sig = types.int64(row, types.intp)
+
+    def codegen(context, builder, signature, args):
+        row_a, off_v = args
+        p = _ptr(context, builder, signature.args[0], row_a, off_v, ir.IntType(16))
+        return builder.zext(builder.load(p, align=1), ir.IntType(64))
+
+    return sig, codegen
+
+
 @njit(cache=True)
 def _half_bits_at(row, off):
-    return f16_bits_to_f32((row[off] | (row[off + 1] << 8)) & 0xFFFF)
+    return f16_bits_to_f32(_u16_at(row, off))
 
 
 @njit(cache=True)
@@ -283,5 +295,6 @@ def _half_native_at(row, off):
     return _half_at(row, off)
 
 
-# The fp16 at byte `off` of `row`, as float32 (exact either way).
+# The fp16 at byte `off` of `row`, as float32 (exact either way). `off` counts bytes from the
+# array's first element whatever its rank (a C-contiguous 2-D array of rows works too).
 half_at = _half_native_at if NATIVE_HALF else _half_bits_at

@@ -8,9 +8,10 @@ multiply-add per sub-block then applies weight scale * activation scale. The for
 (Q4_K/Q5_K minimums, Q6_K's -32) are taken out against sums of 16 quantized activations (`qs16`,
 f32), so a dot product is the dequantized row times the quantized activations.
 
-Each intrinsic handles super-block `b` of a row and adds its share of the dot product into eight
-f32 accumulators acc[lane:lane+8]; the caller sums them when the row ends. Offsets are `intp` and
-unchecked: callers guarantee them. `row`: uint8, `qx`: int8, `dx`, `qs16`, `acc`: float32.
+Each intrinsic handles the super-block at byte `o` of `w` (flat: `w` may be the whole 2-D matrix,
+so no row view is made per row) whose activations are super-block `b` of qx, and adds its share of
+the dot product into eight f32 accumulators acc[lane:lane+8]; the caller sums them when the row
+ends. Offsets are `intp` and unchecked: callers guarantee them. `row`: uint8, `qx`: int8, `dx`, `qs16`, `acc`: float32.
 """
 
 from __future__ import annotations
@@ -128,22 +129,20 @@ def _sub_products(builder, dot4, codes, qxs, scales):
 
 def _make_k4(dot4, five: bool):
     """The Q4_K (five=False) or Q5_K super-block intrinsic."""
-    block_bytes = 176 if five else 144
     qs_at = 48 if five else 16
 
-    def k4_idot(typingctx, acc, lane, row, b, d, dmin, qx, dx, qs16):
-        sig = types.void(acc, _I, row, _I, _F, _F, qx, dx, qs16)
+    def k4_idot(typingctx, acc, lane, row, o, b, d, dmin, qx, dx, qs16):
+        sig = types.void(acc, _I, row, _I, _I, _F, _F, qx, dx, qs16)
 
         def codegen(context, builder, signature, args):
-            acc_a, lane_v, row_a, b_v, d_v, dmin_v, qx_a, dx_a, qs_a = args
+            acc_a, lane_v, row_a, o, b_v, d_v, dmin_v, qx_a, dx_a, qs_a = args
             at = signature.args
-            o = _mul_const(builder, b_v, block_bytes)
             sc, mn = k4_unpack(builder, _load_bytes(context, builder, at[2], row_a,
                                                     builder.add(o, ir.Constant(o.type, 4)), 12))
-            dxv = _load_f32(context, builder, at[7], dx_a, _mul_const(builder, b_v, 8), 8)
+            dxv = _load_f32(context, builder, at[8], dx_a, _mul_const(builder, b_v, 8), 8)
             scales = _fmul(builder, builder.uitofp(sc, _V8F32), _splat(builder, d_v, 8, _F32), dxv)
             mins = _fmul(builder, builder.uitofp(mn, _V8F32), _splat(builder, dmin_v, 8, _F32),
-                         _qs32(context, builder, at[8], qs_a, _mul_const(builder, b_v, 16)))
+                         _qs32(context, builder, at[9], qs_a, _mul_const(builder, b_v, 16)))
             v8 = _vec(_I8, 32)
             if five:
                 qh = _load_bytes(context, builder, at[2], row_a,
@@ -162,7 +161,7 @@ def _make_k4(dot4, five: bool):
                                            ir.Constant(v8, [1] * 32))
                         code = builder.or_(code, builder.shl(bit, ir.Constant(v8, [4] * 32)))
                     codes.append(code)
-                    qxs.append(_load_bytes(context, builder, at[6], qx_a,
+                    qxs.append(_load_bytes(context, builder, at[7], qx_a,
                                            builder.add(xo, ir.Constant(xo.type, 64 * c + 32 * j)),
                                            32))
             dots = _sub_products(builder, dot4, codes, qxs, scales)
@@ -181,23 +180,22 @@ def _make_q6(dot4):
     half h takes the low (k < 2) or high nibbles of ql[64h + 32(k%2) ..] and bits 2k..2k+1 of
     qh[32h ..]; its scales are 8h + 2k and 8h + 2k + 1."""
 
-    def q6_idot(typingctx, acc, lane, row, b, d, qx, dx, qs16):
-        sig = types.void(acc, _I, row, _I, _F, qx, dx, qs16)
+    def q6_idot(typingctx, acc, lane, row, o, b, d, qx, dx, qs16):
+        sig = types.void(acc, _I, row, _I, _I, _F, qx, dx, qs16)
 
         def codegen(context, builder, signature, args):
-            acc_a, lane_v, row_a, b_v, d_v, qx_a, dx_a, qs_a = args
+            acc_a, lane_v, row_a, o, b_v, d_v, qx_a, dx_a, qs_a = args
             at = signature.args
-            o = _mul_const(builder, b_v, 210)
 
             def at_o(k):
                 return builder.add(o, ir.Constant(o.type, k))
 
             f16 = _vec(_F32, 16)
             sc = builder.sitofp(_load_bytes(context, builder, at[2], row_a, at_o(192), 16), f16)
-            dxv = _load_f32(context, builder, at[6], dx_a, _mul_const(builder, b_v, 8), 8)
+            dxv = _load_f32(context, builder, at[7], dx_a, _mul_const(builder, b_v, 8), 8)
             dx16 = _pick(builder, dxv, [i // 2 for i in range(16)])  # scale m: activations m//2
             scales = _fmul(builder, sc, _splat(builder, d_v, 16, _F32), dx16)
-            xs = _load_f32(context, builder, at[7], qs_a, _mul_const(builder, b_v, 16), 16)
+            xs = _load_f32(context, builder, at[8], qs_a, _mul_const(builder, b_v, 16), 16)
             offs16 = builder.fmul(sc, xs, flags=["fast"])  # the -32's share, 16 values each
             offs = builder.fadd(_pick(builder, offs16, list(range(8))),
                                 _pick(builder, offs16, list(range(8, 16))), flags=["fast"])
@@ -217,7 +215,7 @@ def _make_q6(dot4):
                     hi = builder.and_(builder.lshr(qh, ir.Constant(v8, [2 * k] * 32)),
                                       ir.Constant(v8, [3] * 32))
                     code = builder.or_(lo, builder.shl(hi, ir.Constant(v8, [4] * 32)))
-                    q = _load_bytes(context, builder, at[5], qx_a,
+                    q = _load_bytes(context, builder, at[6], qx_a,
                                     builder.add(xo, ir.Constant(xo.type, 128 * h + 32 * k)), 32)
                     s = 8 * h + 2 * k  # lanes 0-3 hold values 0-15, lanes 4-7 values 16-31
                     pick = _pick(builder, scales, [s] * 4 + [s + 1] * 4)
