@@ -136,13 +136,14 @@ def dot_bf16(row, x, acc):
     return s
 
 
-@njit(cache=True, fastmath=FAST)
-def dot_q8_0(row, x, acc):
-    """Q8_0: 34-byte blocks of fp16 d and 32 int8; value = d * q."""
+@njit(cache=True, fastmath=FAST, inline="always")
+def dot_q8_0(w, r, x, acc):
+    """Row r of Q8_0 w (34-byte blocks of fp16 d and 32 int8; value = d * q) . x."""
     _lanes_zero(acc)
-    for b in range(row.shape[0] // 34):
-        o = b * 34
-        fma_i8x32(acc, 32 * (b & 3), row, o + 2, x, 32 * b, _f16(row, o))
+    o0 = r * w.shape[1]
+    for b in range(w.shape[1] // 34):
+        o = o0 + b * 34
+        fma_i8x32(acc, 32 * (b & 3), w, o + 2, x, 32 * b, _f16(w, o))
     return _lanes_sum(acc)
 
 
@@ -233,9 +234,9 @@ def row_dot(fmt, block_size, w, r, x, qx, dx, qs16, acc, buf):
         return dot_q6_k_x8(w, r, qx, dx, qs16, acc)
     if fmt == Q5_K_T:
         return dot_q5_k_x8(w, r, qx, dx, qs16, acc)
-    row = w[r]
     if fmt == Q8_0_T:
-        return dot_q8_0(row, x, acc)
+        return dot_q8_0(w, r, x, acc)
+    row = w[r]
     if fmt == F32_T:
         return dot_f32(row.view(np.float32), x, acc)
     if fmt == F16_T:
@@ -249,10 +250,13 @@ def row_dot(fmt, block_size, w, r, x, qx, dx, qs16, acc, buf):
 @njit(cache=True, fastmath=FAST)
 def rows_dot(fmt, block_size, w, r0, r1, x, qx, dx, qs16, acc, buf, out):
     """out[r - r0] = `row_dot` of row r of w, for r0 <= r < r1. The K-quants run the whole loop
-    in one compiled function (`idot.dots_x8`): no call, format test or row view per row (a row
+    (and Q8_0) in one compiled function (`idot.dots_x8`): no call, format test or row view per row (a row
     view touches a reference count that every thread shares)."""
     if takes_x8(fmt):
         dots_x8(fmt, w, r0, r1, qx, dx, qs16, acc, out)
+    elif fmt == Q8_0_T:
+        for r in range(r0, r1):
+            out[r - r0] = dot_q8_0(w, r, x, acc)
     else:
         for r in range(r0, r1):
             out[r - r0] = row_dot(fmt, block_size, w, r, x, qx, dx, qs16, acc, buf)
