@@ -109,6 +109,10 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
              f"{summary['max_context']:,} tokens of context each",
              f"tools    {tools}"]
+    if summary["backend"] == "cuda":  # the plan prices one KV region per sequence
+        n, ctx = summary["slots"], summary["max_context"]
+        lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan below holds "
+                     f"{n * ctx:,} tokens of KV, one region per sequence")
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
         regions = ", ".join(f"{r.name} {_mib(r.n_bytes)}" for r in d.regions)

@@ -1,11 +1,10 @@
 """The batched CUDA engine (`strata serve --batch N` on the GPU) under numba's CUDA simulator, on
 a one-layer model: two sequences decoded in one step get the logits and greedy tokens they get
-decoded alone, both match the float64 reference forward, and a sequence that moves into a freed
-row (its KV copied) goes on decoding correctly.
+decoded alone, and both match the float64 reference forward.
 
 Slow (the simulator runs each CUDA thread as a Python thread): the model is the smallest the
 synthesizer writes and every sequence is a few tokens; tests/gpu/test_batch_gpu.py covers the
-real sizes and the CUDA graphs.
+real sizes, the CUDA graphs, and sequences joining and leaving (rows refilled by KV moves).
 """
 
 from __future__ import annotations
@@ -55,14 +54,9 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
         want = forward(ref, PROMPTS[s] + [tok[s]])
         assert _rel(first[s], want[-2]) < 0.02 and _rel(together[1 - s], want[-1]) < 0.02
 
-    # slot 0 leaves row 0: slot 1's sequence (row 1) moves there and decodes on
-    nxt = int(np.argmax(together[0]))
+    # slot 0 leaves: a step must name exactly the sequences still held
     eng.release(0)
     assert eng.n_active == 1
-    moved = eng.decode([1], [nxt])[0]
-    want = forward(ref, PROMPTS[1] + [tok[1], nxt])
-    assert _rel(moved, want[-1]) < 0.02
-
     with pytest.raises(ValueError, match="every held sequence"):
         eng.decode([0], [1])
     with pytest.raises(ContextFullError, match="context holds 256"):

@@ -1,5 +1,5 @@
-"""The CUDA batch engine's options (no GPU): the plan is asked for N per-sequence contexts, and
-the batch size and every other CUDA knob are checked."""
+"""The CUDA batch engine without a GPU: its options (the plan is asked for N per-sequence
+contexts; the batch size and every other CUDA knob are checked) and its slot/row bookkeeping."""
 
 from __future__ import annotations
 
@@ -37,3 +37,46 @@ def test_other_knobs_are_checked_as_for_one_sequence():
     assert BatchOptions(plan=PlanOptions(batch=8)).plan.batch == 8
     with pytest.raises(CudaEngineError, match="--gpu-mem"):
         BatchOptions(plan=PlanOptions(batch=2), gpu_mem=-1)
+
+
+def _rows(n_slots: int):
+    """A `CudaBatchEngine` reduced to its slot/row bookkeeping; moves are recorded, not made."""
+    import numpy as np
+
+    from strata.engine.cuda.batch import CudaBatchEngine
+
+    eng = object.__new__(CudaBatchEngine)
+    eng.n_slots, eng._row_of, eng._slot_at = n_slots, {}, []
+    eng._n_past = np.zeros(n_slots, np.int64)
+    moves = []
+
+    def move(src, dst):
+        moves.append((src, dst))
+        eng._n_past[dst] = eng._n_past[src]
+    eng._move = move
+    return eng, moves
+
+
+def _hold(eng, slot, n_past):
+    eng._row_of[slot] = len(eng._slot_at)
+    eng._slot_at.append(slot)
+    eng._n_past[eng._row_of[slot]] = n_past
+
+
+def test_rows_are_refilled_by_the_last_only_when_needed():
+    eng, moves = _rows(4)
+    for slot, n in ((3, 10), (0, 20), (2, 30), (1, 40)):  # rows 0..3
+        _hold(eng, slot, n)
+    eng.release(0)  # row 1
+    eng.release(1)  # row 3, the last: nothing to move
+    assert eng.n_active == 2 and moves == []
+    eng._compact()
+    assert moves == [(2, 1)]  # slot 2 (row 2) into row 1
+    assert eng._row_of == {3: 0, 2: 1} and eng._slot_at == [3, 2]
+    assert eng._n_past[1] == 30
+    for slot in (3, 2):
+        eng.release(slot)
+    eng._compact()
+    assert eng._slot_at == [] and moves == [(2, 1)]  # leaving together moves nothing
+    with pytest.raises(IndexError, match="slot 4"):
+        eng.release(4)
