@@ -281,6 +281,13 @@ class CudaModel:
         writer = SlotWriter(self.acts["slot_table"], self.cache_bytes, cache_layout.slot_offset,
                             self.store, self.stream)
         self.cache = ExpertCache(cache_layout, s.n_layer, s.n_expert, writer)
+        # Where the MoE kernels read resident experts: the arena (offsets from its first byte).
+        # A layer split's stage with helper tiers widens it to a window over the tiers it
+        # reaches (strata.engine.multi.tiers): the arena then starts `window_shift` bytes in,
+        # and `tier_off` [n_layer, n_expert] int64 holds a tier-held pair's window offset.
+        self.expert_window = self.arena.buffer
+        self.window_shift = 0
+        self.tier_off: np.ndarray | None = None
         t0 = time.perf_counter()
         n = self.cache.fill()
         self.stream.synchronize()
@@ -292,6 +299,23 @@ class CudaModel:
         self.log(f"expert cache: {n} of {s.n_layer * s.n_expert} experts in {cache_layout.n_slots}"
                  f" slots ({n_bytes / 1e9:.2f} GB, {n_bytes / max(secs, 1e-9) / 1e9:.1f} GB/s), "
                  f"ranked by {self.report['profile']}; predicted decode hit rate {hit}")
+
+    def held(self, layer: int) -> np.ndarray:
+        """[n_expert] bool: experts of `layer` in VRAM (the cache's slots or a helper tier)."""
+        mask = self.cache.resident(layer)
+        return mask if self.tier_off is None else mask | (self.tier_off[layer] >= 0)
+
+    def held_offsets(self, layer: int, experts: np.ndarray) -> np.ndarray:
+        """[len(experts)] int64 offsets in `expert_window` of held experts of `layer`."""
+        experts = np.asarray(experts, np.int64)
+        slots = self.cache.table[layer, experts]
+        own = np.zeros(len(experts), np.int64)
+        if self.cache.layout.n_slots:
+            own = self.window_shift + self.cache_base + self.cache.layout.slot_offset[
+                np.maximum(slots, 0)]
+        if self.tier_off is None:
+            return own.astype(np.int64)
+        return np.where(slots >= 0, own, self.tier_off[layer, experts]).astype(np.int64)
 
     def share_store(self) -> tuple[Any, MappedHost]:
         """This model's (HostStore, MappedHost), for `CudaModel(..., host_store=...)`."""

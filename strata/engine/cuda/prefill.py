@@ -78,11 +78,11 @@ class PromptRun:
             slot_bytes = ring_slot_bytes(s)
             flat = R["slots"].reshape(-1)
             self.ring = ExpertRing(flat, slot_bytes, m.copy_stream)
-            self.ring_base = m.arena_offset(flat)
+            self.ring_base = m.arena_offset(flat) + m.window_shift
             ev = cuda.event()  # the ring's first copies must follow whatever read those bytes
             ev.record(m.stream)
             ev.wait(m.copy_stream)
-        self.arena_u8 = m.arena.buffer
+        self.arena_u8 = m.expert_window  # the arena, or a split stage's window over its tiers
         self.host_counts = np.zeros(self.n_expert + 1, np.int32)
         self.host_base = np.zeros((3, self.n_expert), np.int64)  # [3, n_expert] i64
         self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
@@ -183,14 +183,13 @@ class PromptRun:
         routing.counts.copy_to_host(self.host_counts, stream=st)
         st.synchronize()
         used = self.host_counts[:self.n_expert] > 0
-        resident = m.cache.resident(il)
+        resident = m.held(il)  # cache slots and (a split stage's) helper tiers
         streamed = np.flatnonzero(used & ~resident)
         in_place = np.flatnonzero(used & resident)
         lay = m.store.layouts[il]
         self.traffic.add_layer(il, resident=len(in_place), streamed=len(streamed),
                                n_bytes=len(streamed) * lay.n_bytes)
-        self._point(il, in_place, m.cache_base + m.cache.layout.slot_offset[
-            m.cache.table[il, in_place]] if len(in_place) else np.zeros(0, np.int64))
+        self._point(il, in_place, m.held_offsets(il, in_place))
         if len(streamed) and self.ring is None:
             raise RuntimeError(f"layer {il}: {len(streamed)} experts are not resident and the "
                                f"plan has no ring")
@@ -232,7 +231,7 @@ class PromptRun:
         if self.ring is None or il >= m.layers[1] \
                 or n * self.k < PREFETCH_ENTRIES_PER_EXPERT * self.n_expert:
             return
-        todo = np.flatnonzero(~m.cache.resident(il))
+        todo = np.flatnonzero(~m.held(il))
         if not len(todo) or len(todo) > self.ring.n_slots:
             return
         self.staged = {int(e): self.ring.stage(m.store.blob(il, int(e))) for e in todo}

@@ -21,6 +21,7 @@ from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.multi.model import SplitModel, _null, _sim
+from strata.engine.multi.tiers import TierDecodeStep
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
 from strata.plan import check_runtime_use, runtime_use
@@ -42,9 +43,10 @@ class SplitEngine(Engine):
         self.max_context = sm.plan.kv.max_context
         self.stages = sm.stages
         self.steps = []
-        for m, dev in zip(self.stages, sm.devices):
+        for m, dev, tiers in zip(self.stages, sm.devices, sm.tiers):
             with _on(dev):
-                self.steps.append(DecodeStep(m, use_graph=use_graph))
+                self.steps.append(DecodeStep(m, use_graph=use_graph) if tiers is None else
+                                  TierDecodeStep(m, tiers, use_graph=use_graph))
         self.traffic = PrefillTraffic()
         self._n_past = 0
         self._logits = np.zeros(sm.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
@@ -180,6 +182,28 @@ class SplitEngine(Engine):
             m.stream.synchronize()
             total += out
         return DecodeHits(total)
+
+    def tier_hits(self) -> np.ndarray:
+        """[n_layer, n_stages] int64: decode hits served by the helper tier on each stage's card
+        (counted by the stage whose layer it is; `hits()` counts them as hits too)."""
+        total = np.zeros((self.shape.n_layer, len(self.stages)), np.int64)
+        for g, m in self._each():
+            t = self.sm.tiers[g]
+            if t is not None:
+                out = np.zeros_like(total)
+                t.counts.copy_to_host(out, stream=m.stream)
+                m.stream.synchronize()
+                total += out
+        return total
+
+    def close(self) -> None:
+        """Drain every stage, drop the decode graphs, then close the model (idempotent; see
+        `SplitModel.close` for the order)."""
+        if self.sm._closed:
+            return
+        self.synchronize()
+        self.steps = []
+        self.sm.close()
 
     def synchronize(self) -> None:
         for _, m in self._each():

@@ -21,6 +21,40 @@ from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.engine.cuda.hostmem import device_address
 
 
+_PEER: dict[tuple[int, int], bool] = {}  # (a, b) -> peer access enabled both ways
+
+
+def peer_reachable(a: int, b: int) -> bool:
+    """Whether kernels on GPU `a` can read GPU `b`'s memory (and `b` `a`'s): true on one device
+    (and under the simulator, whose one device every stage shares); else peer access is enabled
+    both ways where the hardware allows it (once per pair), false where it does not."""
+    if SIMULATED or a == b:
+        return True
+    key = (min(a, b), max(a, b))
+    if key not in _PEER:
+        with cuda.gpus[a]:
+            ok = cuda.current_context().can_access_peer(b)
+        if ok:
+            _enable(a, b)
+            _enable(b, a)
+        _PEER[key] = bool(ok)
+    return _PEER[key]
+
+
+def _enable(a: int, b: int) -> None:
+    """Let GPU `a`'s context read GPU `b`'s memory."""
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    with cuda.gpus[b]:
+        peer = cuda.current_context()
+    with cuda.gpus[a]:
+        try:
+            cuda.current_context().enable_peer_access(peer.handle)
+        except CudaAPIError as e:  # already enabled (by numba or an earlier caller)
+            if "PEER_ACCESS_ALREADY_ENABLED" not in str(e) and "704" not in str(e):
+                raise
+
+
 class Link:
     """Copies from GPU `src` (stream `src_stream`) to GPU `dst` (stream `dst_stream`)."""
 
@@ -36,22 +70,7 @@ class Link:
     def _choose(self) -> str:
         if SIMULATED or self.src == self.dst:
             return "same device"
-        with cuda.gpus[self.dst]:
-            ctx_dst = cuda.current_context()
-            ok = ctx_dst.can_access_peer(self.src)
-        if not ok:
-            return "pinned host"
-        from numba.cuda.cudadrv.driver import CudaAPIError
-        for a, b in ((self.dst, self.src), (self.src, self.dst)):
-            with cuda.gpus[b]:
-                peer = cuda.current_context()
-            with cuda.gpus[a]:
-                try:
-                    cuda.current_context().enable_peer_access(peer.handle)
-                except CudaAPIError as e:  # already enabled by an earlier link
-                    if "PEER_ACCESS_ALREADY_ENABLED" not in str(e) and "704" not in str(e):
-                        raise
-        return "peer-to-peer"
+        return "peer-to-peer" if peer_reachable(self.dst, self.src) else "pinned host"
 
     def copy(self, dst: Any, src: Any) -> None:
         """Enqueue dst[:] = src[:] (device arrays of one size on the two GPUs) after everything

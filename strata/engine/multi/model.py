@@ -86,6 +86,7 @@ class SplitModel:
         self.stages: list[CudaModel] = []
         self.links: list[Link] = []
         self.back: Link | None = None
+        self.tiers: list = [None] * len(self.devices)
         self._open_all(model, options)
         self._describe()
 
@@ -108,6 +109,10 @@ class SplitModel:
                       for g in range(len(self.stages) - 1)]
         self.back = Link(self.devices[-1], self.devices[0], self.stages[-1].stream,
                          self.stages[0].stream, max_bytes=4) if len(self.stages) > 1 else None
+        if any(st.tier is not None for st in self.plan.stages):
+            from strata.engine.multi.tiers import attach_tiers, fill_tiers
+            self.report["tier_pairs_filled"] = fill_tiers(self)
+            self.tiers = attach_tiers(self)
 
     @staticmethod
     def _backend(device: int):
@@ -142,6 +147,12 @@ class SplitModel:
                      f"stage cache {dp.cache.n_slots} slots")
         for link in self.links:
             self.log(f"hidden state GPU {link.src} -> GPU {link.dst}: {link.how}")
+        for g, st in enumerate(self.plan.stages):
+            if st.tier is not None:
+                users = [self.devices[h] for h, t in enumerate(self.tiers)
+                         if t is not None and g in t.reached]
+                self.log(f"GPU {self.devices[g]}: helper tier {st.tier.n_slots} pairs, read by "
+                         f"the stages on GPU {', '.join(map(str, users)) or 'none'}")
 
     def measure_links(self) -> list[dict]:
         """Each link's measured copy time for one decode token's hidden state and for a larger
@@ -182,7 +193,7 @@ class SplitModel:
             with _on(self.devices[0]):
                 portable.close()
 
-    def __enter__(self) -> "SplitModel":
+    def __enter__(self) -> SplitModel:
         return self
 
     def __exit__(self, *exc) -> None:
