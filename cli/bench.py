@@ -42,8 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
     g = p.add_argument_group("--backend cuda")
-    g.add_argument("--gpu-mem", metavar="SIZE",
-                   help="plan for this much VRAM (e.g. 8GiB): a smaller card's budget")
+    g.add_argument("--gpu-mem", metavar="SIZE[,SIZE...]",
+                   help="plan for this much VRAM (e.g. 8GiB): a smaller card's budget; one size "
+                        "for every GPU or one per GPU of a layer split")
     g.add_argument("--prompt-tokens", type=int, default=4096, metavar="N",
                    help="prompt length to prefill (default 4096)")
     g.add_argument("--gen", type=int, default=128, metavar="N",
@@ -58,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the engine's)")
     from strata.plan.knobs import add_engine_knobs
     add_engine_knobs(p)
+    from strata.plan.split.knobs import add_split_knobs
+    add_split_knobs(p)  # --backend cuda over several GPUs: the layer split
 
 
 def measure_copy_bandwidth(n_bytes: int = MEMBW_BYTES, repeats: int = 5) -> float:
@@ -218,10 +221,27 @@ def _table(res: dict) -> str:
 
 
 def run(args) -> int:
+    from strata.engine.multi.request import split_flags_given
+    from strata.plan.split.knobs import split_from_args
+
+    split_from_args(args)  # a bad split flag is refused on every backend
     if args.backend == "cuda":
         from strata.bench.engine_cuda import run_cuda
+        from strata.engine.multi.request import gpu_request, visible_gpus
 
+        req = gpu_request(args, visible_gpus())
+        if req.is_split:
+            from strata.engine.multi.bench import run_split_cli
+
+            return run_split_cli(args, req)
+        if req.devices[0] != 0:
+            raise StrataError(f"--gpus {args.gpus}: the one-GPU bench runs on GPU 0 (choose the "
+                              f"card with CUDA_VISIBLE_DEVICES={req.devices[0]})")
         return run_cuda(args)
+    given = split_flags_given(args) + (["--gpus"] if args.gpus else [])
+    if given:
+        print(f"note: {', '.join(given)} apply to --backend cuda; the CPU bench ignores them",
+              file=sys.stderr)
     for name in ("layers", "n_prompt", "n_decode", "n_pool", "membw_mib"):
         if getattr(args, name) < 1:
             raise StrataError(f"--{name.replace('_', '-')} must be at least 1")

@@ -35,8 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampling seed (default: random)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
                    help="auto picks CUDA when a GPU and the CUDA engine exist, else the CPU")
-    p.add_argument("--gpu-mem", metavar="SIZE",
-                   help="CUDA: plan for this much VRAM (e.g. 8GiB), a smaller card's budget")
+    p.add_argument("--gpu-mem", metavar="SIZE[,SIZE...]",
+                   help="CUDA: plan for this much VRAM (e.g. 8GiB), a smaller card's budget; "
+                        "one size for every GPU or one per GPU of a layer split")
     p.add_argument("--no-graph", action="store_true",
                    help="CUDA: launch the decode kernels one by one instead of a CUDA graph")
     p.add_argument("--miss-path", choices=("mapped", "cpu"), default=None,
@@ -48,35 +49,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="save float32 [n_generated, n_vocab]: row i chose generated token i")
     from strata.plan.knobs import add_engine_knobs
     add_engine_knobs(p)  # --max-context and the CUDA plan's VRAM knobs
+    from strata.plan.split.knobs import add_split_knobs
+    add_split_knobs(p)  # several GPUs: one stage of layers each (strata.engine.multi)
 
 
 def _engine(args, model) -> tuple[str, object]:
-    """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem; the
-    CPU engine takes only --max-context."""
+    """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem (a
+    layer split's `SplitEngine` over several GPUs); the CPU engine takes only --max-context."""
     from strata.engine.backends import select_backend
-
+    from strata.engine.multi.request import gpu_request, split_flags_given, visible_gpus
     from strata.plan.knobs import options_from_args
+    from strata.plan.split.knobs import split_from_args
 
     # a bad knob is refused on every backend (the CPU engine takes any --max-context)
     options_from_args(argparse.Namespace(**{**vars(args), "max_context": None}))
+    split_from_args(args)  # and a bad split flag
     name, mod = select_backend(args.backend)
     if name != "cuda":
         if args.gpu_mem or args.no_graph or args.miss_path:
             print(f"note: --gpu-mem, --no-graph and --miss-path apply to the CUDA engine; the "
                   f"{name} backend ignores them", file=sys.stderr)
+        given = (["--gpus"] if args.gpus else []) + split_flags_given(args)
+        if given:
+            print(f"note: {', '.join(given)}: the layer split runs on the CUDA engine; the "
+                  f"{name} backend runs every layer on the CPU", file=sys.stderr)
         return name, mod.engine_factory(model, max_context=args.max_context)()
     import dataclasses
 
     from strata.engine.cuda.options import CudaOptions
-    from strata.plan.devices import parse_size
 
+    req = gpu_request(args, visible_gpus())
+    if req.is_split and args.miss_path == "cpu":
+        raise StrataError("--miss-path cpu: a layer split reads missed experts from mapped host "
+                          "memory on each stage's GPU (drop --miss-path, or use one GPU)")
     plan = options_from_args(args)
     if plan.max_context is None:  # generate's default: the model's context, at most 4096
         plan = dataclasses.replace(plan, max_context=min(model.shape.n_ctx_train or 4096, 4096))
     extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
-    options = CudaOptions(plan=plan, gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
+    options = CudaOptions(plan=plan, gpu_mem=req.gpu_mem[0], device=req.devices[0],
                           graph=not args.no_graph, profile_path=args.profile,
                           progress=not args.json, **extra)
+    if req.is_split:
+        from strata.engine.multi.request import open_split
+
+        return "cuda-split", open_split(model, options, req, use_graph=not args.no_graph)
     return name, mod.engine_factory(model, options=options)()
 
 
@@ -130,7 +146,6 @@ def _model_path(args) -> str:
 
 
 def run(args) -> int:
-    from strata.engine import Sampler, generate
     from strata.gguf import open_model
     from strata.tokenizer import Tokenizer
 
@@ -143,6 +158,18 @@ def run(args) -> int:
     tokenizer = Tokenizer.from_metadata(model.metadata)
     prompt = _prompt_ids(args, model, tokenizer)
     backend, engine = _engine(args, model)
+    try:
+        return _generate(args, model, tokenizer, prompt, (backend, engine), sampling)
+    finally:
+        close = getattr(engine, "close", None)  # a layer split gives its GPUs back in order
+        if close is not None:
+            close()
+
+
+def _generate(args, model, tokenizer, prompt, loaded, sampling) -> int:
+    from strata.engine import Sampler, generate
+
+    backend, engine = loaded
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)

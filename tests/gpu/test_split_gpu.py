@@ -94,3 +94,42 @@ def test_carve_ab_same_tokens_and_frees_the_weights(setup):
     assert arms[True][0] == arms[False][0]
     assert arms[True][2] == arms[False][2] == [20, 8]
     assert all(a < b for a, b in zip(arms[True][1], arms[False][1]))
+
+
+def test_helper_tiers_serve_misses_and_keep_the_tokens(setup):
+    """Stage caches of 2 slots, every other pair in the helper tiers (1 GiB per card dwarfs the
+    model): the tokens of the run without tiers, nothing missed, tier hits counted per card."""
+    from strata.plan.split import SplitOptions
+
+    path, mf, devices, store = setup
+    base = SplitOptions(cuts=(2,), stage_cache=(2, 2), tier_min_bytes=0)
+    sm, logits, toks = _split_run(mf, devices, store, dataclasses.replace(base,
+                                                                          helper_tiers=False))
+    sm.close()
+    sm, logits_t, toks_t = _split_run(mf, devices, store, base)
+    assert any(t is not None for t in sm.tiers)
+    assert toks_t == toks
+    np.testing.assert_allclose(logits_t, logits, rtol=0, atol=1e-4 * np.abs(logits).max())
+    from strata.engine.multi import SplitEngine
+    eng = SplitEngine(sm)
+    eng.prefill(PROMPT)
+    before, tiers_before = eng.hits().counts.copy(), eng.tier_hits()
+    eng.decode_tokens(6)
+    h, t = eng.hits().counts - before, eng.tier_hits() - tiers_before
+    assert h[:, 1].sum() == 0 and t.sum() > 0 and t.sum() <= h[:, 0].sum()
+    sm.close()
+
+
+def test_generate_over_the_gpus(setup, capsys):
+    from numba import cuda
+
+    from strata.cli.main import main
+
+    two = len(cuda.gpus) > 1  # one GPU: --gpus 0 stays on the one-GPU engine
+    split = ["--gpus", "0,1", "--layer-split", "2"] if two else ["--gpus", "0"]
+    rc = main(["generate", "-m", str(setup[0]), "--prompt-tokens", "1,2,3", "-n", "4",
+               "--temperature", "0", "--gpu-mem", "1GiB", "--max-context", "256", "--json",
+               *split])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert (f'"backend": "{"cuda-split" if two else "cuda"}"') in out

@@ -30,6 +30,8 @@ def _timed_run(eng, prompt: list[int], n_decode: int) -> dict:
     eng.decode_tokens(4)
     eng.reset()
     before = eng.hits().counts.copy()
+    tiers = getattr(eng, "tier_hits", None)  # a split's helper tiers
+    tier_before = tiers() if tiers is not None else None
     eng.synchronize()
     t0 = time.perf_counter()
     logits = eng.prefill(prompt)
@@ -40,7 +42,12 @@ def _timed_run(eng, prompt: list[int], n_decode: int) -> dict:
     t_dec = time.perf_counter() - t0
     h = eng.hits().counts - before
     hit = float(h[:, 0].sum() / max(1, h.sum()))
-    return {"prefill_tokens": len(prompt), "prefill_seconds": t_pre,
+    extra = {}
+    if tier_before is not None:
+        t = tiers() - tier_before  # [n_layer, n_stages]: hits served by each card's tier
+        extra = {"tier_hits_per_card": [int(v) for v in t.sum(axis=0)],
+                 "measured_tier_hit_rate": float(t.sum() / max(1, h.sum()))}
+    return {**extra, "prefill_tokens": len(prompt), "prefill_seconds": t_pre,
             "prefill_tok_per_s": len(prompt) / t_pre, "decode_steps": n_decode - 1,
             "decode_seconds": t_dec, "decode_tok_per_s": (n_decode - 1) / t_dec,
             "measured_hit_rate": hit, "first_token": int(np.argmax(logits)),
@@ -75,11 +82,11 @@ def _split(mf, store, portable, caps, knobs, split, prompt, n_decode) -> dict:
         return _split_run(sm, caps, prompt, n_decode)
 
 
-def _split_run(sm, caps, prompt, n_decode) -> dict:
+def _split_run(sm, caps, prompt, n_decode, *, use_graph: bool = True) -> dict:
     from strata.engine.multi import SplitEngine
 
     links = sm.measure_links()
-    out = _timed_run(SplitEngine(sm), prompt, n_decode)
+    out = _timed_run(SplitEngine(sm, use_graph=use_graph), prompt, n_decode)
     p = sm.plan
     out.update(gpus=len(caps), gpu_mem=list(caps), cuts=list(p.placement.cuts),
                search_seconds=p.placement.search_seconds,
@@ -219,3 +226,46 @@ def _table(res: dict) -> None:
 if __name__ == "__main__":
     sys.exit(main())
 
+
+
+def run_split_cli(args, req) -> int:
+    """`strata bench --backend cuda` over several GPUs (`req`: strata.engine.multi.request):
+    one split run, its table line or JSON, and --json-out."""
+    from strata.engine.cuda.options import CudaOptions
+    from strata.errors import StrataError
+    from strata.plan.knobs import options_from_args
+
+    if not args.model or len(args.model) != 1:
+        raise StrataError("--backend cuda measures one model: give -m FILE once")
+    if args.prompt_tokens < 1 or args.gen < 2:
+        raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
+    for flag, on in (("--miss-path cpu", getattr(args, "miss_path", None) == "cpu"),
+                     ("--profile-decode", args.profile_decode)):
+        if on:
+            raise StrataError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
+                              f"{','.join(map(str, req.devices))} does not take it")
+    mf = open_model(args.model[0])
+    options = CudaOptions(plan=options_from_args(args), graph=not args.no_graph,
+                          profile_path=args.profile, progress=not args.json)
+    rng = np.random.default_rng(args.seed)
+    prompt = [int(t) for t in rng.integers(0, mf.shape.n_vocab, args.prompt_tokens)]
+    from strata.engine.multi import SplitModel
+
+    with SplitModel(mf, options, req.split, devices=list(req.devices),
+                    gpu_mem=list(req.gpu_mem)) as sm:
+        res = _split_run(sm, list(req.gpu_mem), prompt, args.gen, use_graph=not args.no_graph)
+    res.update(date=time.strftime("%Y-%m-%d"), backend="cuda-split", devices=list(req.devices),
+               model=args.model[0], command="strata " + " ".join(sys.argv[1:]))
+    if args.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print(f"{len(req.devices)} GPUs, cuts {res['cuts']}: decode "
+              f"{res['decode_tok_per_s']:.1f} tok/s, prefill {res['prefill_tok_per_s']:.1f} "
+              f"tok/s, hit {res['measured_hit_rate']:.3f} measured vs "
+              f"{res['predicted_hit_rate'] or 0:.3f} predicted, tier hits per card "
+              f"{res.get('tier_hits_per_card', [])}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.json_out}", file=sys.stderr)
+    return 0
