@@ -24,7 +24,7 @@ from .intrinsics import warp_sum
 from .launch import check_array, device_table, n_blocks, register_ptx
 from .matvec import stage_table
 from .moe import MAX_K, ExpertLayout
-from .qformats import FORMATS, get_format
+from .qformats import BY_NAME, FORMATS, get_format
 from .xstage import XPAD, stage_x, staged_bytes
 
 WARPS = 8
@@ -197,7 +197,11 @@ def _tab_type(fmt):
     return types.Array(from_dtype(fmt.table.dtype), 1, "C")
 
 
-for _f in FORMATS.values():
+# The expert formats of the llama.cpp mixes (and F16): every other format's dot32t is compiled
+# by `moe`'s generic kernels, so these cover the batched kernels' own code at a third of the cost.
+PTX_FORMATS = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S")
+
+for _f in (BY_NAME[n] for n in PTX_FORMATS):
     register_ptx("batch_moe", f"batch_gate_up_{_f.name}",
                  lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))
     register_ptx("batch_moe", f"batch_down_{_f.name}",
