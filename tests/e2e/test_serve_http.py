@@ -135,14 +135,29 @@ def open_stream(url: str, max_tokens: int) -> tuple[httpx.Client, httpx.Response
     return client, resp
 
 
-def test_disconnect_frees_the_slot_and_queued_cancels_never_run(server, http):
+@pytest.fixture(scope="module")
+def long_server(tmp_models):
+    """A server whose context leaves room for 4,000-token streams: long enough that none can
+    finish on its own while the test opens and closes the others, however loaded the machine
+    (900 tokens in a 1,024-token context sometimes finished first)."""
+    from helpers.serve_process import start_server
+
+    s = start_server(tmp_models, max_context=4096)
+    yield s
+    s.stop()
+
+
+def test_disconnect_frees_the_slot_and_queued_cancels_never_run(long_server):
+    server = long_server
+    http = httpx.Client(base_url=server.url, headers=AUTH, timeout=60)
+    n_long = 4000
     done_before = metric(http, "strata_completion_tokens_total")
     cancelled_r = metric(http, "strata_requests_cancelled_total", where="running")
-    running = [open_stream(server.url, 900) for _ in range(4)]  # every slot busy
+    running = [open_stream(server.url, n_long) for _ in range(4)]  # every slot busy
     readers = [resp.iter_lines() for _, resp in running]  # kept: a dropped reader closes
     assert all(next(r).startswith("data: ") for r in readers)
     assert wait_for(lambda: metric(http, "strata_active_sequences") == 4)
-    queued_client, queued = open_stream(server.url, 900)
+    queued_client, queued = open_stream(server.url, n_long)
     assert wait_for(lambda: metric(http, "strata_queue_depth") == 1)
     prompt_before = metric(http, "strata_prompt_tokens_total")
     cancelled_q = metric(http, "strata_requests_cancelled_total", where="queued")
@@ -156,9 +171,10 @@ def test_disconnect_frees_the_slot_and_queued_cancels_never_run(server, http):
     assert metric(http, "strata_requests_cancelled_total", where="running") == cancelled_r + 4
     assert metric(http, "strata_requests_cancelled_total", where="queued") == cancelled_q + 1
     assert metric(http, "strata_prompt_tokens_total") == prompt_before  # never prefilled
-    # the four streams stopped long before their 900 tokens each
-    assert metric(http, "strata_completion_tokens_total") - done_before < 4 * 900
+    # the four streams stopped long before their 4,000 tokens each
+    assert metric(http, "strata_completion_tokens_total") - done_before < 4 * n_long
     assert http.post("/v1/chat/completions", json=chat()).status_code == 200
+    http.close()
 
 
 def test_a_client_that_leaves_a_non_streamed_request_frees_its_slot(server, http):
