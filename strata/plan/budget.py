@@ -61,8 +61,9 @@ def fixed_layouts(shape: ModelShape, s: Setting, options: PlanOptions, *,
     hi = shape.n_layer if hi is None else hi
     out = {
         "weights": weights_layout(shape, lo, hi, embd_on_host=options.embd_on_host),
-        "kv": kv_layout(shape, kv_type=options.kv_type, resident_tokens=s.resident_tokens,
-                        lo=lo, hi=hi),
+        # one resident context per decoded sequence ([L, batch * T, H, row])
+        "kv": kv_layout(shape, kv_type=options.kv_type,
+                        resident_tokens=s.resident_tokens * options.batch, lo=lo, hi=hi),
         "activations": session_layout(shape, batch=options.batch, max_context=s.max_context,
                                       kv_type=options.kv_type, kv_stage_tokens=s.stage_tokens),
     }

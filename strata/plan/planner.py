@@ -109,8 +109,11 @@ def _device_plan(shape: ModelShape, dev: DeviceInfo, s: Setting, fixed: dict[str
 
 def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout) -> KvPlan:
     per_token = kv_bytes_per_token(shape, options.kv_type)
+    # every sequence of the batch has its own context: `kv` already holds n_seq of them
+    n_seq = options.batch
     return KvPlan(options.kv_type, s.max_context, per_token, s.resident_tokens, s.stage_tokens,
-                  kv.total_bytes, (s.max_context - s.resident_tokens) * per_token)
+                  kv.total_bytes, (s.max_context - s.resident_tokens) * per_token * n_seq,
+                  n_seq)
 
 
 def _hit_model(profile: RoutingProfile) -> str:

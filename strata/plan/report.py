@@ -34,7 +34,8 @@ def _detail(plan: Plan, dp: DevicePlan, name: str) -> str:
         return f"layers {lo}-{hi - 1}; token_embd in {plan.token_embd} memory"
     if name == "kv":
         stream = f", {kv.max_context - kv.resident_tokens} streamed" if kv.host_bytes else ""
-        return f"{kv.type}, {kv.resident_tokens} tokens resident{stream}"
+        seqs = f" x {kv.n_seq} sequences" if kv.n_seq > 1 else ""
+        return f"{kv.type}, {kv.resident_tokens} tokens resident{stream}{seqs}"
     if name == "activations":
         return f"batch {plan.options.batch}"
     if name == "expert_cache":

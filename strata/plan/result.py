@@ -76,12 +76,14 @@ class KvPlan:
     stage_tokens: int  # streaming staging window (0 when nothing streams)
     vram_bytes: int
     host_bytes: int  # the streamed part, in host memory
+    n_seq: int = 1  # sequences (--batch): the KV holds n_seq regions of the sizes above
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "max_context": self.max_context,
                 "bytes_per_token": self.bytes_per_token, "resident_tokens": self.resident_tokens,
                 "streamed": self.host_bytes > 0, "stage_tokens": self.stage_tokens,
-                "vram_bytes": self.vram_bytes, "host_bytes": self.host_bytes}
+                "vram_bytes": self.vram_bytes, "host_bytes": self.host_bytes,
+                "sequences": self.n_seq}
 
 
 @dataclass(frozen=True, slots=True, eq=False)

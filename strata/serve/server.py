@@ -109,9 +109,9 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
              f"{summary['max_context']:,} tokens of context each",
              f"tools    {tools}"]
-    if summary["backend"] == "cuda":  # the plan prices one KV region per sequence
+    if summary["backend"] == "cuda":  # the plan's batch: one KV region per sequence
         n, ctx = summary["slots"], summary["max_context"]
-        lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan below holds "
+        lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan holds "
                      f"{n * ctx:,} tokens of KV, one region per sequence")
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""

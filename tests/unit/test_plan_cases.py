@@ -194,8 +194,8 @@ def test_q8_0_and_235b_shapes():
 
 
 def test_spec_and_batch_take_their_room():
-    base = plan(S30, gpu("16GiB"), PlanOptions())
-    more = plan(S30, gpu("16GiB"), PlanOptions(spec=4, batch=8))
+    base = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096))
+    more = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096, spec=4, batch=8))
     check_invariants(more)
     assert more.device().regions["draft"] > 0
     assert more.device().regions["activations"] > base.device().regions["activations"]
@@ -242,3 +242,15 @@ def test_device_info_validation():
         DeviceInfo(0, "x", 1, 2, "macos")
     with pytest.raises(ValueError, match="not within"):
         DeviceInfo(0, "x", 3, 2)
+
+
+def test_batch_holds_one_kv_context_per_sequence():
+    one = plan(S30, gpu("80GiB"), PlanOptions(max_context=8192))
+    four = plan(S30, gpu("80GiB"), PlanOptions(max_context=8192, batch=4))
+    check_invariants(four)
+    assert (four.kv.max_context, four.kv.resident_tokens, four.kv.n_seq) == (8192, 8192, 4)
+    assert four.device().regions["kv"] == 4 * one.device().regions["kv"]
+    assert four.kv.vram_bytes == 4 * one.kv.vram_bytes
+    assert four.kv.to_dict()["sequences"] == 4 and one.kv.to_dict()["sequences"] == 1
+    streamed = plan(S30, gpu("80GiB"), PlanOptions(max_context=8192, kv_resident=4096, batch=2))
+    assert streamed.kv.host_bytes == 2 * 4096 * streamed.kv.bytes_per_token

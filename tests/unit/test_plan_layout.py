@@ -190,7 +190,8 @@ def test_plan_regions_are_the_layout_functions():
     r = d.regions
     stage = p.kv.stage_tokens
     assert stage == 8192
-    assert r["kv"] == kv_layout(S30, kv_type="f16", resident_tokens=16384).total_bytes
+    # one resident context per sequence of the batch
+    assert r["kv"] == kv_layout(S30, kv_type="f16", resident_tokens=2 * 16384).total_bytes
     assert r["weights"] == weights_layout(S30, 0, 48, embd_on_host=True).total_bytes
     assert r["activations"] == session_layout(S30, batch=2, max_context=32768,
                                               kv_stage_tokens=stage).total_bytes

@@ -43,7 +43,9 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
     opts = batch_options(mf, 2, PlanOptions(max_context=256), graph=False, progress=False)
     eng = load_batch(mf, opts, backend=card)
     assert (eng.n_slots, eng.max_context) == (2, 256)
-    assert eng.m.plan.kv.resident_tokens == 512  # one 256-token KV region per sequence
+    kv = eng.m.plan.kv  # one 256-token KV region per sequence
+    assert (kv.resident_tokens, kv.n_seq) == (256, 2)
+    assert eng.m.kv_layout.n_ctx == 512 and eng.sides[1][0][0].layout.n_ctx == 256
     ref = RefModel.load(path)
 
     first = {s: eng.prefill(s, p) for s, p in PROMPTS.items()}

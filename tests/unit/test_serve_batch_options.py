@@ -1,5 +1,6 @@
-"""The CUDA batch engine without a GPU: its options (the plan is asked for N per-sequence
-contexts; the batch size and every other CUDA knob are checked) and its slot/row bookkeeping."""
+"""The CUDA batch engine without a GPU: its options (the plan is asked for batch N of one
+per-sequence context; the batch size and every other CUDA knob are checked) and its slot/row
+bookkeeping."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ def _model(n_ctx_train: int) -> SimpleNamespace:
 def test_the_plan_holds_n_contexts():
     opts = batch_options(_model(40960), 4, PlanOptions(max_context=8192, kv_resident=8192,
                                                        kv_type="int8"), gpu_mem=1 << 34)
-    assert (opts.plan.batch, opts.plan.max_context, opts.plan.kv_resident) == (4, 32768, 32768)
+    assert (opts.plan.batch, opts.plan.max_context, opts.plan.kv_resident) == (4, 8192, 8192)
     assert (opts.plan.kv_type, opts.gpu_mem) == ("int8", 1 << 34)
-    assert batch_options(_model(40960), 2).plan.max_context == 2 * 32768
+    assert batch_options(_model(40960), 2).plan.max_context == 32768
     assert default_context(_model(1024)) == 1024
     assert default_context(_model(0)) == 32768
 

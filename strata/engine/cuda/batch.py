@@ -1,7 +1,7 @@
 """`CudaBatchEngine`: up to N sequences on the GPU, decoded together (`strata serve --batch N`).
 
-The plan is made for `batch` N with N times the per-sequence context, so its KV region holds N
-sequences of `max_context` tokens and its session buffers N rows; the engine carves the KV
+The plan is made for `batch` N, so its KV region holds N sequences of `max_context` tokens
+([L, N * T, H, row]) and its session buffers N rows; the engine carves the KV
 region into N equal row regions. A sequence lives in a row: its KV region, its position
 (seq_len[r]) and its token history (history[r]). Active sequences always fill rows 0..n-1, so a
 step runs one captured graph per row count n; when a sequence has left a row below the last, the
@@ -63,13 +63,12 @@ def default_context(model: ModelFile) -> int:
 
 def batch_options(model: ModelFile, n_slots: int, plan: PlanOptions | None = None,
                   **cuda_knobs: Any) -> BatchOptions:
-    """Options for `n_slots` sequences of `plan.max_context` tokens each: the plan is asked for
-    n_slots times the context (and the KV residency), one KV region per sequence."""
+    """Options for `n_slots` sequences of `plan.max_context` tokens each: the plan's batch is
+    `n_slots`, so its KV holds one region of the context per sequence."""
     plan = plan or PlanOptions()
     ctx = plan.max_context or default_context(model)
-    resident = None if plan.kv_resident is None else plan.kv_resident * n_slots
-    return BatchOptions(plan=dataclasses.replace(plan, batch=n_slots, max_context=ctx * n_slots,
-                                                 kv_resident=resident), **cuda_knobs)
+    return BatchOptions(plan=dataclasses.replace(plan, batch=n_slots, max_context=ctx),
+                        **cuda_knobs)
 
 
 class _RowModel:
@@ -102,10 +101,12 @@ class CudaBatchEngine:
         self.n_slots = n = m.plan.options.batch
         if not 1 <= n <= MAX_BATCH:
             raise CudaEngineError(f"the plan's batch {n} is outside 1..{MAX_BATCH}")
-        self.max_context = m.plan.kv.resident_tokens // n
-        if self.max_context < 2:
-            raise CudaEngineError(f"{m.plan.kv.resident_tokens} KV tokens cannot hold {n} "
-                                  f"sequences")
+        if m.plan.kv.n_seq != n or m.plan.kv.host_bytes:
+            raise CudaEngineError(f"the batch engine needs the plan's KV to hold {n} whole "
+                                  f"contexts in VRAM (plan: {m.plan.kv.n_seq} sequences, "
+                                  f"{m.plan.kv.resident_tokens} of {m.plan.kv.max_context} "
+                                  f"tokens resident): drop --kv-resident")
+        self.max_context = m.plan.kv.resident_tokens
         self.sides = self._carve_rows()
         self.step = BatchStep(m, self.sides, use_graph=use_graph)
         self.traffic = PrefillTraffic()

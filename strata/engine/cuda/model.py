@@ -189,7 +189,9 @@ class CudaModel:
     def _carve_kv(self) -> None:
         s, p = self.shape, self.plan
         kv = self.arena.views("kv")
-        lay = KvLayout(p.options.kv_type, p.kv.resident_tokens, s.n_head_kv, s.head_dim)
+        # [L, n_seq * T, H, row]: a batch engine cuts it into n_seq regions of T tokens
+        lay = KvLayout(p.options.kv_type, p.kv.resident_tokens * p.kv.n_seq, s.n_head_kv,
+                       s.head_dim)
         # f16 and q4_0 sides have no scales; the kernels take a float16 placeholder never read
         spare = self._raw(self.region_offset("activations", "hidden"), "float16", (1,))
         self.kv_layout = lay

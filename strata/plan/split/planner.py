@@ -208,7 +208,8 @@ def _assemble(shape, profile, devices, options, split, placement, decisions, b,
     per_token = kv_bytes_per_token(shape, options.kv_type)
     kv_vram = sum(dp.regions["kv"] for dp in (s.device_plan for s in stages))
     kv = KvPlan(options.kv_type, s0.max_context, per_token, s0.resident_tokens, s0.stage_tokens,
-                kv_vram, (s0.max_context - s0.resident_tokens) * per_token)
+                kv_vram, (s0.max_context - s0.resident_tokens) * per_token * options.batch,
+                options.batch)
     chunk = min((d.path.chunk for d in decisions if d.path is not None), default=None)
     model = (f"coverage 1-(1-f)^{b:.3g} scores placements; hit rates from "
              f"{'the routing shares' if profile.share is not None else 'the coverage curve'}")
