@@ -19,7 +19,14 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from strata.aot.bundle import CUBIN_ARCHS, PTX_ARCH, cubin_tag, ptx_tag, write_bundle
+from strata.aot.bundle import (
+    CUBIN_ARCHS,
+    PTX_ARCH,
+    cubin_tag,
+    options_key,
+    ptx_tag,
+    write_bundle,
+)
 from strata.aot.identity import kernel_key, signature_key
 
 _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
@@ -49,14 +56,17 @@ def _checks(family: str | None, pattern: str | None):
     return registry(family, pattern)
 
 
-def compile_one(py_func, sig) -> tuple[dict, dict[str, bytes]]:
+def compile_one(py_func, sig, options: dict | None = None) -> tuple[dict, dict[str, bytes]]:
     """(entry fields, {tag: image}) of one kernel specialization: cubins for CUBIN_ARCHS and the
-    PTX of PTX_ARCH."""
+    PTX of PTX_ARCH. `options`: the registry's compile options (e.g. launch bounds), the same
+    the kernel's dispatcher compiles with."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
+    options = dict(options or {})
     lowest = min(CUBIN_ARCHS + (PTX_ARCH,))
-    lib, _ = _compile_pyfunc_with_fixup(py_func, sig, device=False, cc=lowest, abi="numba")
+    lib, _ = _compile_pyfunc_with_fixup(py_func, sig, device=False, cc=lowest, abi="numba",
+                                        **options)
     if lib._linking_files or lib.needs_cudadevrt:
         raise RuntimeError("links external code (files or cudadevrt), which the bundle cannot "
                            "carry")
@@ -76,7 +86,8 @@ def compile_one(py_func, sig) -> tuple[dict, dict[str, bytes]]:
             images[ptx_tag(cc)] = ptx.encode() + b"\0"  # the driver reads it as a C string
     argtypes = tuple(sig.args) if hasattr(sig, "args") else tuple(sig)
     fields = {"kernel": kernel_key(py_func), "signature": signature_key(argtypes), "name": "",
-              "symbol": symbol, "cooperative": bool(lib.use_cooperative)}
+              "symbol": symbol, "cooperative": bool(lib.use_cooperative),
+              "options": options_key(options)}
     return fields, images
 
 
@@ -89,7 +100,7 @@ def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple
         t0 = time.perf_counter()
         try:
             fn, sig = c.build()
-            fields, images = compile_one(fn, sig)
+            fields, images = compile_one(fn, sig, getattr(c, "options", None))
             fields["name"] = f"{c.family}/{c.name}"
             out.append((i, fields, images, time.perf_counter() - t0, ""))
         except Exception as e:  # noqa: BLE001 - reported per kernel; any failure fails the build
@@ -130,8 +141,10 @@ def _reused(checks: list, old_path: str | None) -> dict[int, tuple]:
         except UnstableKeyError:
             e = None
         if e is not None:
+            if e.options != options_key(getattr(c, "options", None)):
+                continue  # compiled with other options: compile again
             fields = {"kernel": e.kernel, "signature": e.signature, "name": f"{c.family}/{c.name}",
-                      "symbol": e.symbol, "cooperative": e.cooperative}
+                      "symbol": e.symbol, "cooperative": e.cooperative, "options": e.options}
             images = {tag: old._zip.read(member) for tag, member in e.images.items()}
             rows[i] = (i, fields, images, 0.0, "")
     return rows

@@ -44,6 +44,24 @@ def _parse_tag(tag: str) -> tuple[str, tuple[int, int]]:
     return kind, (int(digits[:-1]), int(digits[-1]))
 
 
+# The dispatcher options that change the compiled code; an entry must have been built with the
+# same values as the dispatcher that asks for it.
+CODE_OPTIONS = ("launch_bounds", "fastmath", "max_registers", "opt", "lineinfo", "debug")
+
+
+def options_key(options: dict | None) -> dict:
+    """The code-changing options of a dispatcher or registry entry, JSON-shaped (tuples as lists,
+    defaults dropped), so a bundle entry and a dispatcher can be compared."""
+    defaults = {"fastmath": False, "opt": True, "lineinfo": False, "debug": False,
+                "launch_bounds": None, "max_registers": None}
+    out = {}
+    for k in CODE_OPTIONS:
+        v = (options or {}).get(k, defaults[k])
+        if v != defaults[k] and v is not None:
+            out[k] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def choose_image(tags: list[str] | tuple[str, ...], cc: tuple[int, int]) -> str | None:
     """The image a GPU of compute capability `cc` loads: the cubin of its major version with the
     highest minor not above its own, else the newest PTX not newer than the GPU; None if neither."""
@@ -70,6 +88,7 @@ class Entry:
     symbol: str
     cooperative: bool
     images: dict[str, str] = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # compile options, as `options_key` writes them
 
     def __post_init__(self) -> None:
         if not self.images:

@@ -10,7 +10,7 @@ from numba.cuda.core import sigutils
 from numba.cuda.core.caching import NullCache
 from numba.cuda.dispatcher import _Kernel
 
-from strata.aot.bundle import Entry, KernelBundle
+from strata.aot.bundle import Entry, KernelBundle, options_key
 from strata.aot.identity import UnstableKeyError, kernel_key, signature_key
 from strata.aot.runtime import KernelNotBundledError, stats
 
@@ -29,9 +29,11 @@ def numba_cc_key(cc: tuple[int, int]) -> tuple:
 class BundleCache(NullCache):
     """numba's cache interface answered from the kernel bundle; never written to."""
 
-    def __init__(self, bundle: KernelBundle, py_func, *, jit_fallback: bool, device_cc=None):
+    def __init__(self, bundle: KernelBundle, py_func, *, jit_fallback: bool, device_cc=None,
+                 targetoptions: dict | None = None):
         self._bundle = bundle
         self._py_func = py_func
+        self._options = options_key(targetoptions)
         self._key: str | None = None
         self._jit_fallback = jit_fallback
         self._device_cc = device_cc or current_cc
@@ -45,6 +47,8 @@ class BundleCache(NullCache):
             entry = self._bundle.lookup(self._key, sig_text)
         except UnstableKeyError:
             entry = None
+        if entry is not None and entry.options != self._options:
+            entry = None  # built with other launch bounds / math flags than this dispatcher's
         if entry is None:
             name = f"{self._py_func.__module__}.{self._py_func.__qualname__}({sig_text})"
             stats().missed.append(name)

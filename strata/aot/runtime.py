@@ -91,7 +91,7 @@ def attach(*, path: Path | None = None, jit_fallback: bool | None = None,
         # enabled (cache=True) is left alone
         if type(self._cache) is NullCache and not self.targetoptions.get("device"):
             self._cache = BundleCache(bundle, self.py_func, jit_fallback=fallback,
-                                      device_cc=device_cc)
+                                      device_cc=device_cc, targetoptions=self.targetoptions)
         return original(self, sig)
 
     compile_from_bundle.__wrapped__ = original

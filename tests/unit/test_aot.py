@@ -287,3 +287,11 @@ def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
     e = new.lookup(entries[0][0]["kernel"], entries[0][0]["signature"])
     assert e.name == "sampling/argmax" and e.symbol == "sym_argmax"
     assert new.image(e, (9, 0)) == ("sm_90", b"argmax/sm_90")
+
+
+def test_options_key_keeps_only_code_changing_non_defaults():
+    assert B.options_key(None) == {}
+    assert B.options_key({"debug": 0, "opt": True, "lto": True, "launch_bounds": None,
+                          "link": ()}) == {}
+    assert B.options_key({"launch_bounds": (128, 4), "fastmath": True}) == \
+        {"launch_bounds": [128, 4], "fastmath": True}

@@ -51,6 +51,9 @@ CHILD = textwrap.dedent("""
     lenient = BundleCache(bundle, sampling.argmax_kernel.py_func, jit_fallback=True,
                           device_cc=lambda: (9, 0))
     assert lenient.load_overload(wrong, None) is None    # left to numba's compiler
+    bounded = BundleCache(bundle, sampling.argmax_kernel.py_func, jit_fallback=True,
+                          device_cc=lambda: (9, 0), targetoptions={"launch_bounds": (128, 4)})
+    assert bounded.load_overload(tuple(sig), None) is None  # built without those bounds
     hopper = BundleCache(bundle, sampling.argmax_kernel.py_func, jit_fallback=False,
                          device_cc=lambda: (9, 0))
     k90 = hopper.load_overload(tuple(sig), None)
