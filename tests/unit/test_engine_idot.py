@@ -124,7 +124,8 @@ def test_zero_activations_give_exactly_zero():
 
 def test_the_fast_path_is_an_integer_byte_dot_on_x86():
     """What the machine code of the Q4_K row dot multiplies with: VNNI byte dot products where
-    the CPU has them, else 16-bit multiply-adds (never per-value float conversions)."""
+    the CPU has them, else 16-bit multiply-adds (never per-value float conversions); and that it
+    prefetches the row ahead."""
     fresh = njit(fastmath=idot.FAST)(idot.dot_q4_k_x8.py_func)  # cached code hides its asm
     raw = _rows("Q4_K", 1, 256, seed=3)
     qx, dx, qs16, _ = idot.x8_arrays(np.ones((1, 256), np.float32))
@@ -132,6 +133,7 @@ def test_the_fast_path_is_an_integer_byte_dot_on_x86():
     asm = fresh.inspect_asm(fresh.signatures[0])
     if llvm.get_process_triple().startswith("x86_64"):
         assert ("vpdpbusd" in asm) if simd8.VNNI else ("pmaddwd" in asm or "vpdpwssd" in asm)
+        assert "prefetcht0" in asm  # the row's bytes requested ahead of the computation
     else:
         assert not simd8.VNNI  # an x86 feature
 

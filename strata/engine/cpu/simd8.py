@@ -80,6 +80,23 @@ def _dot4_generic(builder, u, s):
     return _pairs(builder, _pairs(builder, builder.mul(a, b), 32), 16)
 
 
+# How far ahead of the super-block being computed its row's bytes are requested. Measured on the
+# 2-core Xeon (one thread, random experts of the 30B shape, Q4_K_M): none 6.4 GB/s, 1 KiB 8.4,
+# 2 KiB 9.2, 4 KiB 10.1.
+PREFETCH_BYTES = 4096
+
+
+def _prefetch_ahead(context, builder, aryty, ary, o, n_bytes: int):
+    """Ask for the lines of the super-block PREFETCH_BYTES ahead of byte o (a row streams from
+    memory: the hardware prefetcher alone leaves the core waiting). Past the end is harmless."""
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+    fn = builder.module.declare_intrinsic("llvm.prefetch", [ir.IntType(8).as_pointer()], fnty)
+    for line in range(0, n_bytes, 64):
+        p = _ptr(context, builder, aryty, ary,
+                 builder.add(o, ir.Constant(o.type, PREFETCH_BYTES + line)), ir.IntType(8))
+        builder.call(fn, [p, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 def _lane(builder, v, k: int, n: int = 8):
     """Lane k of v broadcast to n lanes."""
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [k] * n))
@@ -137,6 +154,7 @@ def _make_k4(dot4, five: bool):
         def codegen(context, builder, signature, args):
             acc_a, lane_v, row_a, o, b_v, d_v, dmin_v, qx_a, dx_a, qs_a = args
             at = signature.args
+            _prefetch_ahead(context, builder, at[2], row_a, o, qs_at + 128)
             sc, mn = k4_unpack(builder, _load_bytes(context, builder, at[2], row_a,
                                                     builder.add(o, ir.Constant(o.type, 4)), 12))
             dxv = _load_f32(context, builder, at[8], dx_a, _mul_const(builder, b_v, 8), 8)
@@ -190,6 +208,7 @@ def _make_q6(dot4):
             def at_o(k):
                 return builder.add(o, ir.Constant(o.type, k))
 
+            _prefetch_ahead(context, builder, at[2], row_a, o, 210)
             f16 = _vec(_F32, 16)
             sc = builder.sitofp(_load_bytes(context, builder, at[2], row_a, at_o(192), 16), f16)
             dxv = _load_f32(context, builder, at[7], dx_a, _mul_const(builder, b_v, 8), 8)
