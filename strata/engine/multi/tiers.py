@@ -83,7 +83,7 @@ def fill_tiers(sm) -> list[int]:
     return out
 
 
-def _tier_range(m, st) -> tuple[int, int]:
+def _tier_range(m) -> tuple[int, int]:
     """(address, bytes) of the stage's helper tier."""
     top = m.arena.device_plan.arena.region("helper_tier")
     return device_address(m.arena.buffer) + top.offset, int(top.n_bytes)
@@ -114,7 +114,7 @@ def _attach(sm, g: int, m, mine) -> StageTiers:
     s = m.shape
     arena_at = device_address(m.arena.buffer)
     spans = [(arena_at, int(m.arena.buffer.nbytes))]
-    spans += [_tier_range(sm.stages[c], sm.plan.stages[c]) for c, _, _ in mine]
+    spans += [_tier_range(sm.stages[c]) for c, _, _ in mine]
     base = min(a for a, _ in spans)
     end = max(a + n for a, n in spans)
     window = _window(base, end - base)
@@ -131,7 +131,7 @@ def _attach(sm, g: int, m, mine) -> StageTiers:
     tier_off = np.full((s.n_layer, s.n_expert), -1, np.int64)  # [n_layer, n_expert]
     nxt = n_own
     for c, lay, idx in mine:
-        at = _tier_range(sm.stages[c], sm.plan.stages[c])[0] - base
+        at = _tier_range(sm.stages[c])[0] - base
         for j in idx:
             layer, expert = int(lay.slot_layer[j]), int(lay.slot_expert[j])
             slot_off[nxt] = tier_off[layer, expert] = at + int(lay.slot_offset[j])
