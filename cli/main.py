@@ -25,6 +25,10 @@ COMMANDS: dict[str, str] = {
 }
 # Subcommands left out of --help (same module contract).
 HIDDEN: tuple[str, ...] = ("selfcheck",)
+# In the frozen app `sys.executable` is this binary, so a library that re-runs "the interpreter"
+# as `sys.executable -m MODULE ...` reaches main(): cuda.pathfinder probes how a CUDA library
+# loads that way before numba-cuda can start. Those modules run as `python -m` would run them.
+FROZEN_MODULES: tuple[str, ...] = ("cuda.pathfinder.",)
 
 
 def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
@@ -46,9 +50,31 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     return parser, chosen
 
 
+def _run_module(argv: list[str]) -> int:
+    """`strata -m MODULE ARGS...` in the frozen app: run an allowed module as `__main__`."""
+    import runpy
+
+    name = argv[1] if len(argv) > 1 else ""
+    if not name.startswith(FROZEN_MODULES):
+        print(f"error: -m {name or '(no module)'}: the frozen strata runs only "
+              f"{', '.join(m + '*' for m in FROZEN_MODULES)} this way", file=sys.stderr)
+        return 1
+    sys.argv = [name, *argv[2:]]
+    try:
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except SystemExit as e:  # the module's own exit status, as python -m would give it
+        if e.code is None or isinstance(e.code, int):
+            return int(e.code or 0)
+        print(e.code, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_frozen()  # before anything imports numba
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["-m"] and getattr(sys, "frozen", False):
+        return _run_module(argv)
     parser, chosen = _parser_for(argv)
     args = parser.parse_args(argv)
     if chosen is None or not hasattr(args, "_run"):
