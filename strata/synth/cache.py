@@ -6,7 +6,6 @@ no file here that looks complete; the next call simply writes it again.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -19,13 +18,11 @@ FORMAT_VERSION = 1
 
 
 def cache_dir() -> Path:
-    """Strata's cache folder: %LOCALAPPDATA%\\strata\\cache on Windows, else
-    $XDG_CACHE_HOME/strata or ~/.cache/strata."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
-        return Path(base) / "strata" / "cache"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "strata"
+    """Strata's per-user cache folder: one rule (`strata.aot.platform.user_cache_dir`) for the
+    default model and the frozen app's numba cache."""
+    from strata.aot.platform import user_cache_dir
+
+    return user_cache_dir(platform=sys.platform)  # read now: tests stand in for Windows
 
 
 def default_model_path(*, progress: bool = True) -> Path:
