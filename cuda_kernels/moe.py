@@ -15,8 +15,10 @@ counters [n_layer, 2] int64 counts hits and misses per layer.
 
 Two kernels: gate_up (grid: row blocks x k experts, h = silu(gate x) * (up x)) and down (each
 output row sums the router-weighted down rows of all k experts, optionally added to `out`).
-Formats with a lane decoding (`lanes`) use lane kernels, as matvec does: a gate_up warp takes the
-gate and the up row of one h entry; a down warp takes two output rows and, per step, its lane
+Formats with a lane decoding (`lanes`) use lane kernels, as matvec does: gate_up is one launch for
+all k experts over at most MIN_LANE_BLOCKS blocks (one wave on an H200), each block staging x once
+and its warps taking (h entry, expert) items in turn, each item the gate and the up row of one h
+entry; the experts' slots are resolved by k threads at once (not one thread in turn); a down warp takes two output rows and, per step, its lane
 groups take consecutive (cached expert, super-block) units of them, the missed experts left out of
 the unit list. Other formats use one warp per row (gate_up) or one warp per output row with lanes
 spread over all (expert, 32-value group) pairs (down).
@@ -33,7 +35,8 @@ from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps
 from .launch import check_array, device_table, n_blocks, register_ptx
-from .matvec import LANE_THREADS, LANE_WARPS, PART_SLOTS, lane_split, lanes_fit, stage_table
+from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split, lanes_fit,
+                     stage_table)
 from .qformats import FORMATS, get_format
 from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
@@ -183,34 +186,76 @@ def _gate_up_lanes(lf: LaneFormat):
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit
-    def moe_gate_up_lanes(x, ids, slot_table, layer, cache, slot_off, host, host_off, cpu_misses,
-                          miss_list, counters, row_bytes, n_sb, n_ff, up_off, sums_off, h, tab):
-        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert); one warp
-        # per h entry (its gate and up rows); dynamic shared: padded x [sums_off] f32, then
-        # (sums) its 16-value sums
+    def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
+                          cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
+                          sums_off, h, tab):
+        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
+        # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
+        # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
+        # grid, ...): x is staged once per block for all k experts, and a block's warps keep
+        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
+        # [sums_off] f32, then (sums) its 16-value sums
+        s_where = cuda.shared.array(MAX_K, np.int32)
+        s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
-        kk = cuda.blockIdx.y
-        row = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
-        e = ids[kk]
-        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-        if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
-            miss_list[kk] = e if where < 0 else -1
-            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
-        g = F0
-        u = F0
-        if where >= 0:  # the same in the whole block
-            src = cache if where == 0 else host
-            off_g = base + min(row, n_ff - 1) * row_bytes
-            cur = first(src, off_g, off_g + up_off, n_sb, 0)
-            if has_tab:
-                stage_table(tab, tab_s, n_tab)
-            stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-            cuda.syncthreads()
-            g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0, per_step)
-        if (cuda.threadIdx.x & 31) == 0 and row < n_ff:
-            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+        t = cuda.threadIdx.x
+        if t < k:  # the k experts resolved at once, one thread each
+            e = ids[t]
+            where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
+            s_where[t] = where
+            s_base[t] = base
+            if cuda.blockIdx.x == 0:
+                miss_list[t] = e if where < 0 else -1
+                cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        cuda.syncthreads()
+        n_warps = cuda.gridDim.x * LANE_WARPS
+        for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
+            row = it // k
+            kk = it - row * k
+            where = s_where[kk]  # the same in the whole warp
+            g = F0
+            u = F0
+            if where >= 0:
+                src = cache if where == 0 else host
+                off_g = s_base[kk] + row * row_bytes
+                cur = first(src, off_g, off_g + up_off, n_sb, 0)
+                g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0,
+                           per_step)
+            if (t & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
     return moe_gate_up_lanes
+
+
+@cuda.jit(device=True, inline="always")
+def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses, off,
+                    s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n):
+    """The k experts resolved at once (thread t < k takes the t-th), then the ones not left to
+    the CPU listed in top-k order in s_where/s_base (+ off)/s_kk/s_wt, their count in s_n[0].
+    The whole block calls this (it synchronises; the lists are readable after it)."""
+    t = cuda.threadIdx.x
+    if t < k:
+        where, base = resolve(slot_table, layer, ids[t], slot_off, host_off, cpu_misses)
+        s_w0[t] = where
+        s_b0[t] = base + off
+    cuda.syncthreads()
+    if t < k:
+        n = 0
+        for j in range(t):
+            if s_w0[j] >= 0:
+                n += 1
+        where = s_w0[t]
+        if where >= 0:
+            s_where[n] = where
+            s_base[n] = s_b0[t]
+            s_kk[n] = t
+            s_wt[n] = weights[t]
+        if t == k - 1:
+            s_n[0] = n + (1 if where >= 0 else 0)
+    cuda.syncthreads()
 
 
 @cuda.jit(device=True, inline="always")
@@ -250,22 +295,14 @@ def _down_lanes(lf: LaneFormat):
         s_kk = cuda.shared.array(MAX_K, np.int32)
         s_wt = cuda.shared.array(MAX_K, np.float32)
         s_n = cuda.shared.array(1, np.int32)
+        s_w0 = cuda.shared.array(MAX_K, np.int32)
+        s_b0 = cuda.shared.array(MAX_K, np.int64)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        if t == 0:
-            n = 0
-            for kk in range(k):
-                where, base = resolve(slot_table, layer, ids[kk], slot_off, host_off, cpu_misses)
-                if where >= 0:
-                    s_where[n] = where
-                    s_base[n] = base + down_off
-                    s_kk[n] = kk
-                    s_wt[n] = weights[kk]
-                    n += 1
-            s_n[0] = n
-        cuda.syncthreads()
+        resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
+                        down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
         n_units = s_n[0] * n_sb
         sub = (t >> 5) & ((1 << log) - 1)
         u_first = sub * per_step
@@ -376,11 +413,13 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
     if gu_lanes is not None:
         n_sb = layout.n_embd // gu_lanes.sb_values
+        n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         _kernel("gate_up_lanes", gu_fmt.ggml_type)[
-            (rows(n_blocks(layout.n_ff, LANE_WARPS)), k), LANE_THREADS, stream,
+            rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
             padded_bytes(layout.n_embd, gu_lanes.pad, gu_lanes.sums)](
-            x, ids, *where, miss_list, counters, layout.gate_row_bytes, n_sb, layout.n_ff,
-            layout.up_off, padded_len(layout.n_embd, gu_lanes.pad), h1, device_table(gu_lanes))
+            x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
+            layout.n_ff, layout.up_off, padded_len(layout.n_embd, gu_lanes.pad), h1,
+            device_table(gu_lanes))
     else:
         _kernel("gate_up", gu_fmt.ggml_type)[
             (rows(n_blocks(layout.n_ff, WARPS)), k), THREADS, stream,
@@ -415,7 +454,7 @@ def _tab_type(fmt):
     return types.Array(from_dtype(fmt.table.dtype), 1, "C")
 
 
-_GUL_SIG = _GU_SIG[:-1] + (types.int64, _F32)
+_GUL_SIG = (_F32, _I32, types.int64, types.int64) + _GU_SIG[2:-1] + (types.int64, _F32)
 _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
                           types.int64, _F32)
 
