@@ -56,8 +56,9 @@ def _single(fmt):
     n_tab, tab_type, has_tab = _table(fmt)
 
     @cuda.jit
-    def matvec1(w, row_bytes, n_groups, n_rows, x, y, tab):
-        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32; tab: the format's
+    def matvec1(w, row_bytes, n_groups, n_rows, x, y, accumulate, tab):
+        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32 (= or += W x);
+        # tab: the format's
         # table; dynamic shared: [TILE_GROUPS * XPAD] f32, x staged one column tile at a time
         tab_s = cuda.shared.array(n_tab, tab_type)
         if has_tab:
@@ -77,7 +78,7 @@ def _single(fmt):
                     acc += dot32t(w, off, g0 + j, xs, j * XPAD, tab_s)
         s = warp_sum(acc)
         if lane == 0 and row < n_rows:
-            y[row] = s
+            y[row] = y[row] + s if accumulate else s
     return matvec1
 
 
@@ -133,9 +134,9 @@ def _lanes_single(lf: LaneFormat):
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit
-    def matvec_lanes(w, row_bytes, n_sb, n_rows, sums_off, log, x, y, tab):
+    def matvec_lanes(w, row_bytes, n_sb, n_rows, sums_off, log, x, y, accumulate, tab):
         # w: [n_rows * row_bytes] u8, rows of n_sb super-blocks; x: [n_sb * sb_values] f32|f16;
-        # y: [n_rows] f32; two rows per 1 << log warps (interleaved steps); dynamic shared:
+        # y: [n_rows] f32 (= or += W x); two rows per 1 << log warps (interleaved steps); dynamic shared:
         # padded x [sums_off] f32, then (sums) its 16-value sums
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
@@ -155,9 +156,9 @@ def _lanes_single(lf: LaneFormat):
         acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
         if (cuda.threadIdx.x & 31) == 0 and sub == 0:
             if row0 < n_rows:
-                y[row0] = acc_a
+                y[row0] = y[row0] + acc_a if accumulate else acc_a
             if row0 + 1 < n_rows:
-                y[row0 + 1] = acc_b
+                y[row0 + 1] = y[row0 + 1] + acc_b if accumulate else acc_b
     return matvec_lanes
 
 
@@ -182,14 +183,15 @@ def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
     return split_log(-(-n_rows // 2), n_steps, warps=LANE_WARPS, min_blocks=MIN_LANE_BLOCKS)
 
 
-def _launch_lanes(lf, w, x, y, n_rows: int, n_cols: int, row_bytes: int, stream) -> None:
+def _launch_lanes(lf, w, x, y, n_rows: int, n_cols: int, row_bytes: int, stream,
+                  accumulate: bool) -> None:
     kern = _lanes_kernel(lf)
     n_sb = n_cols // lf.sb_values
     log = lane_split(lf, n_rows, n_sb)
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
     kern[n_blocks(n_rows, 2 * (LANE_WARPS >> log)), LANE_THREADS, stream, smem](
         flat(w), row_bytes, n_sb, n_rows, padded_len(n_cols, lf.pad), log, x, y,
-        device_table(lf))
+        bool(accumulate), device_table(lf))
 
 
 def batch_tile_groups(n_tok: int) -> int:
@@ -208,10 +210,12 @@ def kernel_for(ggml_type, n_tok: int):
     return k
 
 
-def matvec(w, ggml_type, x, y, *, stream=0) -> None:
-    """y = W x on quantized rows. `w`: uint8, C-contiguous, 1-D or [n_rows, row_bytes], starting
-    16-byte aligned; `x`: [n_cols] or [n_tok, n_cols] float32/float16 (n_tok <= 8); `y`: [n_rows]
-    or [n_tok, n_rows] float32. n_cols must be a multiple of the format's block size."""
+def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
+    """y = W x on quantized rows (`accumulate`: y += W x, one token only, e.g. a projection added
+    into the residual without a separate add). `w`: uint8, C-contiguous, 1-D or [n_rows,
+    row_bytes], starting 16-byte aligned; `x`: [n_cols] or [n_tok, n_cols] float32/float16
+    (n_tok <= 8); `y`: [n_rows] or [n_tok, n_rows] float32. n_cols must be a multiple of the
+    format's block size."""
     fmt = get_format(ggml_type)
     check_array("x", x, (np.float32, np.float16))
     if len(x.shape) not in (1, 2):
@@ -220,6 +224,8 @@ def matvec(w, ggml_type, x, y, *, stream=0) -> None:
     n_cols = tuple(x.shape)[-1]
     if not 1 <= n_tok <= MAX_TOKENS:
         raise ValueError(f"x: {n_tok} tokens, matvec takes 1..{MAX_TOKENS}")
+    if accumulate and len(x.shape) != 1:
+        raise ValueError(f"accumulate takes one token (x [n_cols]), got x {tuple(x.shape)}")
     row_bytes = fmt.row_bytes(n_cols)
     check_array("y", y, np.float32)
     if len(y.shape) != len(x.shape) or (n_tok > 1 and y.shape[0] != n_tok):
@@ -233,21 +239,23 @@ def matvec(w, ggml_type, x, y, *, stream=0) -> None:
         return
     lf = lane_format(fmt.ggml_type)
     if n_tok == 1 and lf is not None and lanes_fit(lf, n_cols):
-        _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream)
+        _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream, accumulate)
         return
     n_groups = n_cols // 32
     tile = batch_tile_groups(n_tok)
     smem = staged_bytes(min(n_groups, tile) if n_tok == 1 else n_tok * tile)
+    extra = (bool(accumulate),) if n_tok == 1 else ()  # the batch kernels overwrite y
     kernel_for(fmt.ggml_type, n_tok)[n_blocks(n_rows, WARPS), THREADS, stream, smem](
-        flat(w), row_bytes, n_groups, n_rows, flat(x), flat(y), device_table(fmt))
+        flat(w), row_bytes, n_groups, n_rows, flat(x), flat(y), *extra, device_table(fmt))
 
 
 def _ptx(fmt, n_tok, x_type):
     def build():
         k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
         tab = types.Array(from_dtype(fmt.table.dtype), 1, "C")
+        one = (types.boolean,) if n_tok == 1 else ()  # accumulate
         return k.py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
-                           x_type[::1], types.float32[::1], tab)
+                           x_type[::1], types.float32[::1]) + one + (tab,)
     return build
 
 
@@ -262,7 +270,7 @@ def _ptx_lanes(lf, x_type):
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         return _lanes_single(lf).py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
                                            types.int64, types.int64, x_type[::1],
-                                           types.float32[::1], tab)
+                                           types.float32[::1], types.boolean, tab)
     return build
 
 

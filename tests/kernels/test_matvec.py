@@ -73,3 +73,17 @@ def test_matvec_spans_several_staged_column_tiles(n_tok, n_cols):
     y = np.full((n_tok, N_ROWS), np.nan, dtype=np.float32)
     matvec(rows, "Q4_K", x[0] if n_tok == 1 else x, y[0] if n_tok == 1 else y)
     assert _rel(y, x.astype(np.float64) @ ref.T) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "IQ4_NL"])  # a lane kernel, a generic one
+def test_matvec_accumulate_adds_into_y(name):
+    rng = np.random.default_rng(7)
+    rows, ref, n_cols = _weights(name, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    y0 = rng.standard_normal(N_ROWS).astype(np.float32)
+    y = y0.copy()
+    matvec(rows, name, x, y, accumulate=True)
+    want = y0 + ref @ x.astype(np.float64)
+    assert _rel(y, want) < 1e-5
+    with pytest.raises(ValueError, match="one token"):
+        matvec(rows, name, x[None], y[None], accumulate=True)
