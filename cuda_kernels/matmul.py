@@ -27,6 +27,7 @@ from numba import cuda
 
 from .matmul_tiles import (FMA_TILE, K_STEP, TC_TILE, FmaTile, TcTile, fma_kernel,
                            n_col_blocks, tc_kernel)
+from .matmul_loads import split_loader
 from .qformats import get_format
 from .route import Routing
 
@@ -86,7 +87,8 @@ def _check_activations(name, a, shape, tensor_cores):
 @functools.cache
 def _tc(ggml_type, tile, x_half, grouped, gather, swiglu, out_half):
     return tc_kernel(get_format(ggml_type).dq32, tile=tile, x_half=x_half, grouped=grouped,
-                     gather=gather, swiglu=swiglu, out_half=out_half)
+                     gather=gather, swiglu=swiglu, out_half=out_half,
+                     loader=split_loader(ggml_type))
 
 
 @functools.cache

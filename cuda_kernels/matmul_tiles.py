@@ -26,21 +26,29 @@ from dataclasses import dataclass
 
 from numba import cuda, float32, int64, uint32
 
-from .mma import mma_16816, pack_half2
+from .matmul_loads import RAW_WORDS
+from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
+SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix / cp.async rows are 16-byte aligned
 
 
 @dataclass(frozen=True, slots=True)
 class TcTile:
     """Tensor-core tile: BM x BN per block, warps_m x warps_n warps of (bm/warps_m) x (bn/warps_n),
-    a k step of 32 * kch values (kch dequantized chunks per weight row per step)."""
+    a k step of 32 * kch values (kch dequantized chunks per weight row per step).
+
+    ldsm: MMA fragments read with ldmatrix (else one 32-bit shared load per register);
+    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead.
+    """
 
     bm: int
     bn: int
     warps_m: int
     warps_n: int
     kch: int = 1
+    ldsm: bool = True
+    pipe: bool = True
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -98,12 +106,14 @@ def silu_mul(gate, up):
 
 
 def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, swiglu: bool,
-              out_half: bool):
+              out_half: bool, loader=None):
     """Build the tensor-core GEMM kernel for one weight decoder and one set of modes.
 
     Kernel arguments: (x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
     tile_group, tile_m0, n_tiles, n_rows, out); x is u32 pairs of f16 ([n, k/2]) when `x_half`
     else f32 [n, k]; out is u32 pairs of f16 ([rows, n_out/2]) when `out_half` else f32.
+    `loader`: the format's split (fetch, decode) loader (`matmul_loads`), used when the tile
+    pipelines (`tile.pipe`, 32-value steps, one weight row per thread at most); else `dq32`.
     """
     BM, BN, WN = tile.bm, tile.bn, tile.warps_n
     NTHREADS = tile.threads
@@ -114,23 +124,42 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     WPR = 16 * KCH  # u32 words (f16 pairs) per row per step
     SA = WPR + 4  # shared row: 4 words of pad, so fragment reads hit 32 distinct banks
     WORDS_A, WORDS_B = BM * SA, BN * SA
+    B_ITEMS = BN * KCH  # (row, chunk) pairs per step
+    # f16 activations are copied global -> shared by cp.async (16 bytes, issued before the MMAs,
+    # awaited after): every thread takes A_CHUNKS of them and no register staging is needed.
+    CPR = WPR // 4  # 16-byte chunks per A row per step
+    PIPE_A = tile.pipe and x_half and (BM * CPR) % NTHREADS == 0
     # With enough threads, one thread per weight row decodes B while the others stage A, so no
     # thread idles through the other's work; small tiles give every thread both jobs.
     # (with f32 activations the A threads also convert: measured slower, so both jobs are shared)
-    ROLE_SPLIT = (x_half and NTHREADS >= 2 * BN * KCH and (NTHREADS - BN * KCH) % WPR == 0
-                  and (BM * WPR) % (NTHREADS - BN * KCH) == 0)
-    NBT = BN * KCH if ROLE_SPLIT else NTHREADS  # threads decoding B (one chunk per round)
-    NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
-    A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
-    B_ITEMS = BN * KCH  # (row, chunk) pairs per step
+    ROLE_SPLIT = (not PIPE_A and x_half and NTHREADS >= 2 * B_ITEMS
+                  and (NTHREADS - B_ITEMS) % WPR == 0 and (BM * WPR) % (NTHREADS - B_ITEMS) == 0)
+    if PIPE_A:
+        NBT = min(NTHREADS, B_ITEMS)  # threads decoding B (the rest only copy A)
+        NAT, A_ITERS, ROW_STEP = NTHREADS, BM * CPR // NTHREADS, NTHREADS // CPR
+    else:
+        NBT = B_ITEMS if ROLE_SPLIT else NTHREADS
+        NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
+        A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
     B_ITERS = (B_ITEMS + NBT - 1) // NBT
+    SPLIT = loader is not None and tile.pipe and KCH == 1 and B_ITERS == 1
+    fetch, decode = loader if SPLIT else (None, None)
+    LDSM = tile.ldsm
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
+    N_RAW = RAW_WORDS
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
+        if PIPE_A:
+            for i in range(A_ITERS):
+                r = at // CPR + i * ROW_STEP
+                w = 4 * (at % CPR)
+                src = arow[i]
+                cp_async16(sA, buf * WORDS_A + r * SA + w, x, max(src, 0), kt * WPR + w, src >= 0)
+            return
         aw = at % WPR
         for i in range(A_ITERS):
             r = at // WPR + i * ROW_STEP
@@ -145,46 +174,85 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             sA[buf * WORDS_A + r * SA + aw] = word
 
     @cuda.jit(device=True, inline="always")
-    def load_b(wbuf, boff, vals, sB, buf, kt, bt):
+    def load_b(wbuf, boff, vals, raw, sB, buf, kt, bt):
         for i in range(B_ITERS):
             item = bt + i * NBT
             if item < B_ITEMS:
                 r, c = item // KCH, item % KCH
                 dst = buf * WORDS_B + r * SA + 16 * c
                 if boff[i] >= 0:
-                    dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
-                    for w in range(16):
-                        sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
+                    if SPLIT:
+                        decode(raw, kt, sB, dst)
+                    else:
+                        dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
+                        for w in range(16):
+                            sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
                 else:
                     for w in range(16):
                         sB[dst + w] = uint32(0)
 
     @cuda.jit(device=True, inline="always")
-    def stage(x, arow, sA, wbuf, boff, vals, sB, buf, kt, tid):
-        """Fill buffer `buf` with the A rows and dequantized B rows of k step `kt`."""
-        if ROLE_SPLIT:
+    def prefetch(x, arow, sA, wbuf, boff, raw, buf, kt, tid):
+        """Start step kt's loads that complete in the background: its A tile (cp.async) and the
+        split loader's weight words."""
+        if SPLIT:
+            if tid < NBT and boff[0] >= 0:
+                fetch(wbuf, boff[0], kt, raw)
+        if PIPE_A:
+            load_a(x, arow, sA, buf, kt, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf, kt, tid):
+        """Complete buffer `buf` for step kt: decode B, stage A if not copied asynchronously."""
+        if PIPE_A:
             if tid < NBT:
-                load_b(wbuf, boff, vals, sB, buf, kt, tid)
+                load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
+            cp_async_wait()
+        elif ROLE_SPLIT:
+            if tid < NBT:
+                load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
             else:
                 load_a(x, arow, sA, buf, kt, tid - NBT)
         else:
             load_a(x, arow, sA, buf, kt, tid)
-            load_b(wbuf, boff, vals, sB, buf, kt, tid)
+            load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
+
+    @cuda.jit(device=True, inline="always")
+    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane):
+        if LDSM:
+            ka = kk * 8 + (lane >> 4) * 4
+            for mt in range(MT):
+                a0, a1, a2, a3 = ldsm_x4(sA, buf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
+                                         * SA + ka)
+                afr[mt * 4] = a0
+                afr[mt * 4 + 1] = a1
+                afr[mt * 4 + 2] = a2
+                afr[mt * 4 + 3] = a3
+            kb = kk * 8 + ((lane >> 3) & 1) * 4
+            for np2 in range(NT // 2):
+                n = wn * WTN + (2 * np2 + (lane >> 4)) * 8 + (lane & 7)
+                b0, b1, b2, b3 = ldsm_x4(sB, buf * WORDS_B + n * SA + kb)
+                bfr[np2 * 4] = b0
+                bfr[np2 * 4 + 1] = b1
+                bfr[np2 * 4 + 2] = b2
+                bfr[np2 * 4 + 3] = b3
+            return
+        g, t = lane >> 2, lane & 3
+        for mt in range(MT):
+            ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
+            afr[mt * 4 + 0] = sA[ra]
+            afr[mt * 4 + 1] = sA[ra + 8 * SA]
+            afr[mt * 4 + 2] = sA[ra + 4]
+            afr[mt * 4 + 3] = sA[ra + 8 * SA + 4]
+        for nt in range(NT):
+            rb = buf * WORDS_B + (wn * WTN + nt * 8 + g) * SA + kk * 8 + t
+            bfr[nt * 2] = sB[rb]
+            bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
     def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
-        g, t = lane >> 2, lane & 3
         for kk in range(2 * KCH):
-            for mt in range(MT):
-                ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
-                afr[mt * 4 + 0] = sA[ra]
-                afr[mt * 4 + 1] = sA[ra + 8 * SA]
-                afr[mt * 4 + 2] = sA[ra + 4]
-                afr[mt * 4 + 3] = sA[ra + 8 * SA + 4]
-            for nt in range(NT):
-                rb = buf * WORDS_B + (wn * WTN + nt * 8 + g) * SA + kk * 8 + t
-                bfr[nt * 2] = sB[rb]
-                bfr[nt * 2 + 1] = sB[rb + 4]
+            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane)
             for mt in range(MT):
                 for nt in range(NT):
                     c = (mt * NT + nt) * 4
@@ -254,9 +322,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             m0 = slot * BM
             row0 = 0
             count = n_rows
-        sA = cuda.shared.array(SH_A, uint32)
-        sB = cuda.shared.array(SH_B, uint32)
+        sA = cuda.shared.array(SH_A, uint32, alignment=SHARED_ALIGN)
+        sB = cuda.shared.array(SH_B, uint32, alignment=SHARED_ALIGN)
         vals = cuda.local.array(K_STEP, float32)
+        raw = cuda.local.array(N_RAW, uint32)
         acc = cuda.local.array(N_ACC, float32)
         afr = cuda.local.array(N_AFR, uint32)
         bfr = cuda.local.array(N_BFR, uint32)
@@ -265,8 +334,9 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         for i in range(N_ACC):
             acc[i] = float32(0.0)
         at = tid - NBT if ROLE_SPLIT else tid
+        per_row = CPR if PIPE_A else WPR
         for i in range(A_ITERS):
-            m = m0 + at // WPR + i * ROW_STEP
+            m = m0 + at // per_row + i * ROW_STEP
             arow[i] = -1
             if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
@@ -277,16 +347,20 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
         n_k = k_dim // (K_STEP * KCH)
-        stage(x, arow, sA, wbuf, boff, vals, sB, 0, 0, tid)
+        prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
+        finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
         cuda.syncthreads()
         for kt in range(n_k):
-            # issue this step's mma first, then stage the next step into the other buffer: the
-            # global loads and dequantization overlap the tensor-core work in flight. That buffer
-            # was last read in step kt-1, which every warp finished before the last barrier.
+            # start step kt+1's loads, issue step kt's MMAs, then finish kt+1 into the other
+            # buffer (decode, await the copies): load latency and decoding overlap the
+            # tensor-core work in flight. That buffer was last read in step kt-1, which every
+            # warp finished before the last barrier.
             buf = kt & 1
+            if kt + 1 < n_k:
+                prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
             mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
             if kt + 1 < n_k:
-                stage(x, arow, sA, wbuf, boff, vals, sB, buf ^ 1, kt + 1, tid)
+                finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
             cuda.syncthreads()
         epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
 

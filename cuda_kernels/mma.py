@@ -1,4 +1,5 @@
-"""Warp-level primitives numba lacks: the f16 tensor-core MMA, f16x2 packing, lane exchange.
+"""Warp-level primitives numba lacks: the f16 tensor-core MMA, `ldmatrix` fragment loads,
+`cp.async` global-to-shared copies, f16x2 packing and arithmetic, lane exchange.
 
 On the GPU each primitive is one inline-PTX instruction (`@intrinsic` + `llvmlite.ir.InlineAsm`).
 Under the CUDA simulator (`NUMBA_ENABLE_CUDASIM=1`) inline PTX cannot run, so each name is bound
@@ -14,6 +15,12 @@ Fragment layout of `mma_16816` (PTX ISA, m16n8k16, .row.col, f16 inputs, f32 acc
                         a3 = A[g+8, 2t+8:2t+10]
   B (16x8, k-major):    b0 = B[2t:2t+2, g], b1 = B[2t+8:2t+10, g]
   C, D (16x8, f32):     c0, c1 = C[g, 2t], C[g, 2t+1]; c2, c3 = C[g+8, 2t], C[g+8, 2t+1]
+
+`ldsm_x4(s, i)` (ldmatrix .x4): lane l names the shared-memory row (4 u32 words, 16-byte aligned)
+starting at word i; lanes 8m..8m+7 give the 8 rows of matrix m, and every lane receives word
+l & 3 of row l >> 2 of each matrix m as its m-th result: exactly the A fragment of a row-major
+16x16 tile (rows 0-15 from lanes 0-15 at k 0, from lanes 16-31 at k 8) or the B fragments of two
+8-column groups of a tile stored one column per row.
 """
 
 from __future__ import annotations
@@ -103,6 +110,41 @@ def _shfl_xor_sim(value, lane_mask):
     return values[lane ^ lane_mask]
 
 
+def _ldsm_combine(slots):
+    out = np.zeros((32, 4), dtype=np.uint32)
+    for lane in range(32):
+        for m in range(4):
+            arr, i = slots[8 * m + (lane >> 2)]
+            out[lane, m] = arr[i + (lane & 3)]
+    return out
+
+
+def _ldsm_x4_sim(arr, i):
+    ex, lane = _warp_exchange()
+    w = ex.run(lane, (arr, int(i)), _ldsm_combine)
+    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
+        np.uint32(w[lane, 3])
+
+
+def _cp_async16_sim(dst, i, src, row, col, valid):
+    for w in range(4):
+        dst[i + w] = src[row, col + w] if valid else np.uint32(0)
+
+
+def _cp_async_wait_sim():
+    return None
+
+
+def _halves(word):
+    return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float64)  # [2]
+
+
+def _h2_sub_fma_sim(w, sub, scale, add):
+    """(w - sub) * scale + add on f16 pairs; the subtraction exact (as the kernels use it)."""
+    v = (_halves(w) - _halves(sub)) * _halves(scale) + _halves(add)
+    return np.uint32(v.astype(np.float16).view(np.uint32)[0])
+
+
 def _pack_half2_sim(lo, hi):
     pair = np.array([lo, hi], dtype=np.float32).astype(np.float16)
     return np.uint32(pair.view(np.uint32)[0])
@@ -125,13 +167,86 @@ if SIMULATED:
     pack_half2 = _pack_half2_sim
     half2_lo = _half2_lo_sim
     half2_hi = _half2_hi_sim
+    ldsm_x4 = _ldsm_x4_sim
+    cp_async16 = _cp_async16_sim
+    cp_async_wait = _cp_async_wait_sim
+    h2_sub_fma = _h2_sub_fma_sim
 else:
     from llvmlite import ir
     from numba import cuda, types
+    from numba.core import cgutils
     from numba.core.extending import intrinsic
 
     _F32 = ir.FloatType()
     _I32 = ir.IntType(32)
+    _I64 = ir.IntType(64)
+
+    def _addr(context, builder, aryty, ary, idx):
+        """Generic address (i64) of element `idx` (a tuple of index values) of an array."""
+        arr = context.make_array(aryty)(context, builder, value=ary)
+        idx = [builder.sext(v, _I64) if v.type.width < 64 else v for v in idx]
+        ptr = cgutils.get_item_pointer2(context, builder, arr.data, cgutils.unpack_tuple(
+            builder, arr.shape, aryty.ndim), cgutils.unpack_tuple(builder, arr.strides,
+                                                                  aryty.ndim),
+            aryty.layout, idx)
+        return builder.ptrtoint(ptr, _I64)
+
+    @intrinsic
+    def ldsm_x4(typingctx, arr, i):
+        """ldmatrix .m8n8.x4 from a shared u32 array: this lane's row starts at word i."""
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, signature, args):
+            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
+                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
+                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [s]; }",
+                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                     for k in range(4)])
+        return ret(arr, i), codegen
+
+    @intrinsic
+    def cp_async16(typingctx, dst, i, src, row, col, valid):
+        """Start copying src[row, col:col+4] (16 bytes, global) to dst[i:i+4] (shared); zeros
+        when `valid` is false (nothing is read). Complete after `cp_async_wait()`."""
+        def codegen(context, builder, signature, args):
+            d = _addr(context, builder, signature.args[0], args[0], [args[1]])
+            s = _addr(context, builder, signature.args[2], args[2], [args[3], args[4]])
+            n = builder.select(context.cast(builder, args[5], signature.args[5], types.boolean),
+                               ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [_I64, _I64, _I32]),
+                "{ .reg .u64 s, g; cvta.to.shared.u64 s, $0; cvta.to.global.u64 g, $1; "
+                "cp.async.cg.shared.global [s], [g], 16, $2; }",
+                "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, s, n])
+            return context.get_dummy_value()
+        return types.void(dst, i, src, row, col, valid), codegen
+
+    @intrinsic
+    def cp_async_wait(typingctx):
+        """Wait for this thread's cp.async copies (the block barrier then publishes them)."""
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_all;",
+                               "~{memory}", side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def h2_sub_fma(typingctx, w, sub, scale, add):
+        """(w - sub) * scale + add on two f16 lanes held in u32 words (sub.f16x2, fma.rn.f16x2)."""
+        def codegen(context, builder, signature, args):
+            args = [context.cast(builder, v, ty, types.uint32)
+                    for v, ty in zip(args, signature.args)]
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32] * 4),
+                               "{ .reg .b32 h; sub.rn.f16x2 h, $1, $2; fma.rn.f16x2 $0, h, $3, $4; }",
+                               "=r,r,r,r,r")
+            return builder.call(asm, args)
+        return types.uint32(w, sub, scale, add), codegen
 
     @intrinsic
     def mma_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):

@@ -225,6 +225,8 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
     t_cb = time_ms(lambda: route.combine(y, routing, wts, out), reps=reps)
     flops = 3 * 2 * n_e * s["d"] * s["ff"]
     label = f"{tile.bm}x{tile.bn}" + (f"k{tile.k_step}" if tensor_cores else "")
+    if tensor_cores and not (tile.ldsm and tile.pipe):  # the session-2 kernel's loads
+        label += "_v3"
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
             "gate_up_kernel": _resources(kern),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
@@ -232,7 +234,8 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
             "weight_gb": inp["buf"].nbytes / 1e9}
 
 
-def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", quick=False) -> dict:
+def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", x_half=False,
+                quick=False) -> dict:
     from strata.cuda_kernels import matmul
     from strata.quant.random_blocks import random_blocks
     from strata.quant.types import quant_type
@@ -242,10 +245,12 @@ def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", quick=Fa
     raw = random_blocks(q.ggml_type, n_out * q.row_bytes(n_in) // q.block_bytes, rng).reshape(-1)
     w = matmul.QuantWeights(cuda.to_device(raw), cuda.to_device(np.zeros(1, np.int64)),
                             q.ggml_type, n_out, n_in)
-    x = cuda.to_device(rng.standard_normal((n_tok, n_in)).astype(np.float32))
+    x = cuda.to_device(rng.standard_normal((n_tok, n_in)).astype(
+        np.float16 if x_half else np.float32))
     out = cuda.device_array((n_tok, n_out), np.float32)
     t = time_ms(lambda: matmul.dense_matmul(x, w, out), reps=3 if quick else 10)
-    return {"name": f"dense_{ggml_type}_tc", "n_tok": n_tok, "n_in": n_in, "n_out": n_out,
+    return {"name": f"dense_{ggml_type}_tc" + ("_f16in" if x_half else ""), "n_tok": n_tok,
+            "n_in": n_in, "n_out": n_out,
             "ms": t, "tflops": 2 * n_tok * n_in * n_out / (t * 1e9)}
 
 
@@ -320,19 +325,25 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
             "tflops": flops / (t * 1e9)}
 
 
-def _tc_tile(bm, bn, wm, wn, kch=1):
+def _tc_tile(bm, bn, wm, wn, kch=1, **flags):
     from strata.cuda_kernels.matmul_tiles import TcTile
-    return TcTile(bm, bn, wm, wn, kch)
+    return TcTile(bm, bn, wm, wn, kch, **flags)
 
 
 ENTRIES = {
     "moe_q4k_tc": lambda quick: bench_moe(tensor_cores=True, quick=quick),
+    "moe_q4k_tc_v3": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                             tile=_tc_tile(128, 128, 2, 4, ldsm=False,
+                                                           pipe=False)),
+    "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
+    "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(64, 128, 2, 2)),
     "moe_q4k_tc_64x64k64": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                    tile=_tc_tile(64, 64, 2, 2, 2)),
     "moe_q4k_fma": lambda quick: bench_moe(tensor_cores=False, quick=quick),
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
+    "dense_q8_0_tc_f16in": lambda quick: bench_dense(x_half=True, quick=quick),
     "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
@@ -366,7 +377,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
     p.add_argument("--json", help="write the results here")
-    p.add_argument("-k", dest="only", help="run entries whose name contains this")
+    p.add_argument("-k", dest="only", help="run entries whose name contains this (several: "
+                   "comma-separated, or an exact name with a trailing '$')")
     p.add_argument("--commit", help="commit id to record (default: git rev-parse HEAD)")
     a = p.parse_args(argv)
     cuda = _cuda()
@@ -374,7 +386,8 @@ def main(argv=None) -> int:
     ceil = ceilings()
     rows = []
     for name, fn in ENTRIES.items():
-        if a.only and a.only not in name:
+        if a.only and not any(name == k[:-1] if k.endswith("$") else k in name
+                               for k in a.only.split(",")):
             continue
         t0 = time.perf_counter()
         rows.append(fn(a.quick))
