@@ -225,8 +225,8 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
     t_cb = time_ms(lambda: route.combine(y, routing, wts, out), reps=reps)
     flops = 3 * 2 * n_e * s["d"] * s["ff"]
     label = f"{tile.bm}x{tile.bn}" + (f"k{tile.k_step}" if tensor_cores else "")
-    if tensor_cores and not (tile.ldsm and tile.pipe):  # the session-2 kernel's loads
-        label += "_v3"
+    if tensor_cores:  # the session-2 kernel's loads lacked both
+        label += ("" if tile.ldsm else "_noldsm") + ("" if tile.pipe else "_nopipe")
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
             "gate_up_kernel": _resources(kern),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
@@ -335,6 +335,8 @@ ENTRIES = {
     "moe_q4k_tc_v3": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                              tile=_tc_tile(128, 128, 2, 4, ldsm=False,
                                                            pipe=False)),
+    "moe_q4k_tc_nopipe": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                                 tile=_tc_tile(128, 128, 2, 4, pipe=False)),
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
     "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
