@@ -4,9 +4,10 @@ the slot table — so the sequence is captured once as a CUDA graph and replayed
 
 Per step: embedding of history[seq_len]; per layer: RMSNorm, q/k/v matvecs, per-head norm and
 RoPE at seq_len, KV write at seq_len, split-K attention over seq_len + 1 keys, output
-projection and residual add, RMSNorm, router matvec, top-k, the MoE (cache slot or mapped host
-memory per expert, added into the residual, hits/misses counted per layer); final norm, head,
-seq_len += 1, then (by mode) nothing, argmax or the seeded sampler appending to the history.
+projection added into the residual by its matvec, RMSNorm, router matvec, top-k, the MoE (cache
+slot or mapped host memory per expert, added into the residual, hits/misses counted per layer);
+final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler appending
+to the history.
 
 `--no-graph` runs the same `record` launch by launch: the same kernels, the same tokens.
 
@@ -19,7 +20,7 @@ GPU runs the hits, and adds its sum into the residual.
 from __future__ import annotations
 
 from strata.cuda_kernels.attention import decode_attention
-from strata.cuda_kernels.elementwise import add, embed
+from strata.cuda_kernels.elementwise import embed
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
 from strata.cuda_kernels.matvec import matvec
@@ -121,9 +122,8 @@ class DecodeStep:
         kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
                          n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
-        w = m.matrices[b + "attn_output"]
-        matvec(w.data, w.ggml_type, self.attn1, self.tmp1, stream=stream)
-        add(self.x1, self.tmp1, self.x1, stream=stream)
+        w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
+        matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         rms_norm(self.x, m.norms[b + "ffn_norm"], self.xn, eps=eps, stream=stream)
         w = m.matrices[b + "ffn_gate_inp"]
         logits = a["router_logits"]
