@@ -126,7 +126,11 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     vram_b, host_b = _decode_bytes(m, hit)
     pool_b, pool_s = (pool.n_bytes - pool0[0], pool.seconds - pool0[1]) if pool else (0, 0.0)
     pool_gbps = pool_b / pool_s / 1e9 if pool is not None and pool_s else None
-    miss_gbps = pool_gbps if pool is not None else bw["h2d_gb_per_s"]  # the path serving misses
+    split = pool.split if pool is not None else None
+    # the paths serving misses: mapped reads at the measured PCIe rate, the pool at its own
+    # measured rate, or (hybrid) both at once
+    miss_gbps = (bw["h2d_gb_per_s"] if pool is None else pool_gbps if split is None
+                 else (pool_gbps or 0.0) + bw["h2d_gb_per_s"])
     t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (max(miss_gbps or 0, 1e-9) * 1e9)
     decode_tps = (n_gen - 1) / decode_s
     prefill_tps = n_prompt / prefill_s
@@ -151,6 +155,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
         "decode": {"tokens": n_gen, "seconds": decode_s, "tokens_per_s": decode_tps,
                    "miss_path": options.miss_path, "miss_path_gb_per_s": miss_gbps,
                    "cpu_pool_gb_per_s": pool_gbps, "graph": options.graph,
+                   "miss_split": split.summary() if split is not None else None,
                    "graph_nodes": eng.step.n_graph_nodes,
                    "hit_rate_measured": hits.hit_rate, "hit_rate_predicted": pred,
                    "hit_rate_per_layer": [None if np.isnan(x) else float(x)
@@ -229,6 +234,8 @@ def run_cuda(args) -> int:
         raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
     gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
     extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
+    if getattr(args, "miss_share", None) is not None:
+        extra["miss_share"] = args.miss_share
     options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
                           profile_path=args.profile, progress=not args.json, **extra)
     res = measure(args, options)
@@ -237,7 +244,8 @@ def run_cuda(args) -> int:
                + (f" --gpu-mem {args.gpu_mem}" if args.gpu_mem else "")
                + (f" --max-context {args.max_context}" if args.max_context else "")
                + (" --no-graph" if args.no_graph else "")
-               + (f" --miss-path {options.miss_path}" if extra else "")
+               + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
+               + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")
                + (" --profile-decode" if args.profile_decode else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
                command=command, backend="cuda")

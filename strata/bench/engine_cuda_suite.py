@@ -3,12 +3,14 @@ filled and registered once, not per load):
 
 * `d2`: decode after a 4096-token prompt with `--gpu-mem 8GiB`, by each miss path;
 * `p1`: a 16K-token prompt with `--gpu-mem 8GiB` against the PCIe streaming bound;
-* `miss`: decode with expert caches of several sizes (hit rates), misses served by mapped reads
-  and by the CPU pool, on one card without a cap;
+* `miss`: decode with expert caches of several sizes (hit rates), misses served by mapped reads,
+  by the CPU pool and by both at once (hybrid, the split from measured rates), on one card
+  (`--gpu-mem` caps it, e.g. beside another process);
 * `oom`: budgets x contexts x chunks: every accepted plan runs a prompt and 32 decode steps,
   every refusal comes at start-up (no device allocation) with knobs; printed as a matrix.
 
     python -m strata.bench.engine_cuda_suite -m FILE.gguf --out DIR [--parts d2,p1,miss,oom]
+        [--oom-budgets 6,8,16,24] [--oom-contexts 4096,32768,131072] [--oom-prompt 2048]
 
 Each part writes DIR/<part>.json (date, commit, device, command inside) as soon as it is done.
 """
@@ -25,6 +27,7 @@ from types import SimpleNamespace
 
 GIB = 1 << 30
 PARTS = ("d2", "p1", "miss", "oom")
+MISS_PATHS = ("mapped", "cpu", "hybrid")
 OOM_BUDGETS_GIB = (6, 8, 12, 16, 24)
 OOM_CONTEXTS = (4096, 16384, 32768, 65536, 131072)
 OOM_CHUNKS = ("auto", "2048")
@@ -108,9 +111,10 @@ class Suite:
         n_pairs = self.mf.shape.n_layer * self.mf.shape.n_expert
         rows = []
         for frac in self.args.sweep:
-            for mp in ("mapped", "cpu"):
+            for mp in self.args.miss_paths:
                 r = self.bench(prompt=512, gen=64, options=self.options(
-                    miss_path=mp, max_context=1024, expert_cache=int(round(frac * n_pairs))))
+                    miss_path=mp, max_context=1024, expert_cache=int(round(frac * n_pairs)),
+                    gpu_mem=self.args.gpu_mem))
                 d = r["decode"]
                 rows.append({"cache_fraction": frac, "miss_path": mp,
                              "tokens_per_s": d["tokens_per_s"],
@@ -119,19 +123,26 @@ class Suite:
                              "missed_bytes_per_token": d["host_bytes_per_token"],
                              "missed_gb_per_s_achieved": d["host_bytes_per_token"]
                              * d["tokens_per_s"] / 1e9,
-                             "cpu_pool_gb_per_s": d["cpu_pool_gb_per_s"]})
+                             "cpu_pool_gb_per_s": d["cpu_pool_gb_per_s"],
+                             "miss_split": d.get("miss_split")})
                 _log(f"miss sweep {frac:.2f} {mp:6s}: {d['tokens_per_s']:7.1f} tok/s, hit "
                      f"{d['hit_rate_measured']:.3f}")
-        self.write("miss", {"rows": rows, "table": miss_table(rows)})
+                self.write("miss", {"rows": rows, "partial": True})  # kept if a later run dies
+        self.write("miss", {"rows": rows, "table": miss_table(rows),
+                            "gpu_mem_cap": self.args.gpu_mem})
         print(miss_table(rows), flush=True)
 
-    def oom(self, *, budgets_gib=OOM_BUDGETS_GIB, contexts=OOM_CONTEXTS, chunks=OOM_CHUNKS,
-            prompt_max: int = OOM_PROMPT_MAX, steps: int = OOM_DECODE_STEPS) -> None:
+    def oom(self, *, budgets_gib=None, contexts=None, chunks=OOM_CHUNKS,
+            prompt_max: int | None = None, steps: int = OOM_DECODE_STEPS) -> None:
         """Every (budget, context, chunk): load by the plan or be refused at start-up; an
         accepted load runs a prompt of min(chunk, prompt_max, context - 40) tokens and `steps`
         decode steps. The device allocations of each cell are counted (one: the arena)."""
         from strata.plan.options import PrefillRequest
 
+        a = self.args
+        budgets_gib = budgets_gib or getattr(a, "oom_budgets", None) or OOM_BUDGETS_GIB
+        contexts = contexts or getattr(a, "oom_contexts", None) or OOM_CONTEXTS
+        prompt_max = prompt_max or getattr(a, "oom_prompt", None) or OOM_PROMPT_MAX
         cells, t_end = [], time.perf_counter() + self.args.oom_seconds
         for budget in budgets_gib:
             for ctx in contexts:
@@ -197,17 +208,20 @@ class Suite:
 
 
 def miss_table(rows: list[dict]) -> str:
-    lines = [f"{'cache':>6s} {'hit':>6s} {'mapped':>9s} {'cpu pool':>9s}  faster   (decode tok/s)"]
-    fracs = sorted({r["cache_fraction"] for r in rows})
-    for f in fracs:
+    """Decode tok/s per cache size (a row) and miss path (a column), the fastest named."""
+    paths = list(dict.fromkeys(r["miss_path"] for r in rows))
+    lines = [f"{'cache':>6s} {'hit':>6s} " + " ".join(f"{p:>9s}" for p in paths)
+             + "  faster   (decode tok/s)"]
+    for f in sorted({r["cache_fraction"] for r in rows}):
         by = {r["miss_path"]: r for r in rows if r["cache_fraction"] == f}
-        mp, cp = by.get("mapped"), by.get("cpu")
-        if not (mp and cp):
+        if len(by) < 2:
             continue
-        hit = mp["hit_rate_measured"] or 0.0
-        best = "mapped" if mp["tokens_per_s"] >= cp["tokens_per_s"] else "cpu"
-        lines.append(f"{f:6.0%} {hit:6.1%} {mp['tokens_per_s']:9.1f} {cp['tokens_per_s']:9.1f}  "
-                     f"{best}")
+        first = next(iter(by.values()))
+        hit = first["hit_rate_measured"] or 0.0
+        best = max(by, key=lambda p: by[p]["tokens_per_s"])
+        cells = " ".join(f"{by[p]['tokens_per_s']:9.1f}" if p in by else f"{'-':>9s}"
+                         for p in paths)
+        lines.append(f"{f:6.0%} {hit:6.1%} {cells}  {best}")
     return "\n".join(lines)
 
 
@@ -234,6 +248,10 @@ def oom_table(cells: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _numbers(text: str | None, kind) -> tuple | None:
+    return None if not text else tuple(kind(x) for x in text.split(",") if x)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m strata.bench.engine_cuda_suite")
     ap.add_argument("-m", "--model", required=True)
@@ -241,12 +259,30 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS))
     ap.add_argument("--sweep", default="0,0.15,0.35,0.7",
                     help="expert-cache sizes of the miss sweep, as fractions of all experts")
+    ap.add_argument("--miss-paths", default=",".join(MISS_PATHS),
+                    help="the miss sweep's paths (default: all)")
+    ap.add_argument("--gpu-mem", default=None,
+                    help="the miss sweep's VRAM budget cap (e.g. 40GiB; default: the card)")
+    ap.add_argument("--oom-budgets", default=None,
+                    help="the OOM matrix's budgets in GiB (default: 6,8,12,16,24)")
+    ap.add_argument("--oom-contexts", default=None,
+                    help="its contexts (default: 4096,16384,32768,65536,131072)")
+    ap.add_argument("--oom-prompt", type=int, default=None,
+                    help=f"its prompt: at most this many tokens (default {OOM_PROMPT_MAX})")
     ap.add_argument("--oom-seconds", type=float, default=120.0,
                     help="time budget of the OOM matrix (later cells: not run)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--file-note", default="")
     args = ap.parse_args(argv)
     args.sweep = [float(x) for x in args.sweep.split(",")]
+    args.miss_paths = [p for p in args.miss_paths.split(",") if p]
+    if set(args.miss_paths) - set(MISS_PATHS):
+        ap.error(f"--miss-paths {args.miss_paths}: known: {', '.join(MISS_PATHS)}")
+    if args.gpu_mem:
+        from strata.plan.devices import parse_size
+        args.gpu_mem = parse_size(args.gpu_mem)
+    args.oom_budgets = _numbers(args.oom_budgets, float)
+    args.oom_contexts = _numbers(args.oom_contexts, int)
     parts = [p for p in args.parts.split(",") if p]
     bad = [p for p in parts if p not in PARTS]
     if bad:

@@ -9,8 +9,9 @@
 * two prompts back to back on a borrowed path: the loan's bookkeeping is restored after each
   and the outputs repeat;
 * decode hits and misses are counted on the device, per layer;
-* the CPU pool as the miss path gives the mapped path's tokens; IQ_MIX and LEGACY_MIX (gate
-  and up in different formats) run.
+* the CPU pool as the miss path, and the misses split between the pool and mapped reads
+  (hybrid), give the mapped path's tokens; IQ_MIX and LEGACY_MIX (gate and up in different
+  formats) run.
 """
 
 from __future__ import annotations
@@ -166,6 +167,27 @@ def test_cpu_pool_misses_give_the_mapped_tokens(tmp_models):
                 f", tokens {pooled}; mapped {mapped}")
     assert hits.misses > 0 and eng.step.pool.n_experts == hits.misses
     assert pooled == mapped
+    m.close()
+
+
+def test_hybrid_misses_give_the_mapped_tokens(tmp_models):
+    """Decode misses split between the CPU pool and the GPU's mapped reads (a fixed half, then
+    the share from measured rates): the mapped path's greedy tokens, every miss computed once."""
+    path = model_path(tmp_models, "Q4_K_M")
+    m, eng = load(path, expert_cache=8)
+    mapped, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    for share in (0.5, None):
+        eng.set_miss_path("hybrid", miss_share=share)
+        before = eng.hits()
+        toks, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+        hits = eng.hits().since(before)
+        pool, split = eng.step.pool, eng.step.pool.split
+        ROWS.append(f"hybrid share {share}: {split.n_cpu} misses on the CPU, {split.n_gpu} read "
+                    f"by the GPU ({split.summary()}), tokens {toks}; mapped {mapped}")
+        assert split.n_cpu + split.n_gpu == hits.misses > 0
+        assert pool.n_experts == split.n_cpu > 0 and split.n_gpu > 0
+        assert toks == mapped
+    assert split.gpu_bytes_per_s and split.cpu_bytes_per_s  # both rates measured
     m.close()
 
 

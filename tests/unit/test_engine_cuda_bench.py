@@ -140,9 +140,9 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
     from strata.engine.cuda.profile import profile_step, profile_table
 
     launched: list[str] = []
-    for name in ("matvec", "add", "moe_decode"):  # stand-in launchers: a launch is a list entry
+    for name in ("matvec", "rms_norm", "moe_decode"):  # stand-ins: a launch is a list entry
         monkeypatch.setattr(decode_mod, name, lambda *a, name=name: launched.append(name))
-    before = {n: getattr(decode_mod, n) for n in ("matvec", "add", "moe_decode", "route")}
+    before = {n: getattr(decode_mod, n) for n in ("matvec", "rms_norm", "moe_decode", "route")}
 
     class Step:
         m = SimpleNamespace(stream="s")
@@ -151,7 +151,7 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
             assert mode == "logits"
             for _ in range(3):
                 decode_mod.matvec("w")
-            decode_mod.add("x")
+            decode_mod.rms_norm("x")
             decode_mod.moe_decode("y")
 
     def capture(record, stream):
@@ -163,7 +163,7 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
                         timer=lambda g, st, reps: 0.5 * g.n_nodes)
     assert prof["step"] == {"ms": 2.5, "nodes": 5}
     assert prof["matvec"] == {"ms": 1.5, "nodes": 3}
-    assert prof["add"]["nodes"] == 1 and prof["moe_decode"]["nodes"] == 1
+    assert prof["rms_norm"]["nodes"] == 1 and prof["moe_decode"]["nodes"] == 1
     assert "route" not in prof  # never called by this step
     assert {n: getattr(decode_mod, n) for n in before} == before
     text = profile_table(prof)

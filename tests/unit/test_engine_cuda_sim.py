@@ -2,7 +2,7 @@
 model with an empty expert cache, so the prompt streams every expert through the ring and the
 decode step reads every expert from mapped host memory; logits against the CPU engine and the
 float64 reference, the plan's one arena, the device hit/miss counters; the decode step again
-with the CPU pool serving the misses.
+with the misses split between the CPU pool and the GPU's mapped reads (hybrid).
 
 Slow (about two minutes: the simulator runs each CUDA thread as a Python thread), so the model is
 the smallest the synthesizer writes; the GPU tests (tests/gpu/test_engine_gpu.py) cover the rest.
@@ -61,11 +61,15 @@ def test_engine_in_the_simulator(tmp_models):
     assert eng.n_past == len(PROMPT) + 1
     assert rel(got2, ref[-1]) < 0.02 and rel(got2, cpu.decode_step(tok)) < 0.02
     np.testing.assert_array_equal(eng.hits().counts, [[0, MICRO.n_expert_used]])  # all missed
-    # the same step again with the CPU pool computing the misses beside the GPU
+    # the same step again, the misses split: one computed by the CPU pool beside the GPU, the
+    # other read by the GPU's second MoE launch (the CPU-only path is the split's share 1)
     eng._n_past = len(PROMPT)
     eng._set_lengths(len(PROMPT), len(PROMPT))
-    eng.set_miss_path("cpu")
+    eng.set_miss_path("hybrid", miss_share=0.5)
     got3 = eng.decode_step(tok)
     assert rel(got3, got2) < 1e-4 and rel(got3, ref[-1]) < 0.02
-    assert eng.step.pool.n_experts == MICRO.n_expert_used and eng.step.pool.seconds > 0
+    pool = eng.step.pool
+    assert pool.n_experts == 1 and pool.seconds > 0
+    assert (pool.split.n_cpu, pool.split.n_gpu) == (1, 1)
+    assert pool.n_gpu_bytes == pool.n_bytes > 0  # one expert each
     np.testing.assert_array_equal(eng.hits().counts, [[0, 2 * MICRO.n_expert_used]])

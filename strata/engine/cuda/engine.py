@@ -29,13 +29,16 @@ class CudaEngine(Engine):
 
     backend = "cuda"
 
-    def __init__(self, model: CudaModel, *, use_graph: bool = True, miss_path: str | None = None):
+    def __init__(self, model: CudaModel, *, use_graph: bool = True, miss_path: str | None = None,
+                 miss_share: float | None = None):
         self.m = model
         self.shape = model.shape
         self.max_context = model.plan.kv.max_context
         self.use_graph = use_graph
         self.step = DecodeStep(model, use_graph=use_graph,
-                               miss_path=miss_path or model.options.miss_path)
+                               miss_path=miss_path or model.options.miss_path,
+                               miss_share=model.options.miss_share if miss_share is None
+                               else miss_share)
         self.traffic = PrefillTraffic()
         self.n_prompts = 0
         self.last_prompt_use = None
@@ -138,11 +141,13 @@ class CudaEngine(Engine):
         a["sample_iparams"][0].copy_to_device(i, stream=self.m.stream)
         return "sample"
 
-    def set_miss_path(self, miss_path: str) -> None:
-        """Serve decode misses by mapped reads ("mapped") or the CPU pool ("cpu") from the next
-        step on (the bench measures both on one loaded model)."""
-        if miss_path != self.step.miss_path:
-            self.step = DecodeStep(self.m, use_graph=self.use_graph, miss_path=miss_path)
+    def set_miss_path(self, miss_path: str, *, miss_share: float | None = None) -> None:
+        """Serve decode misses by mapped reads ("mapped"), the CPU pool ("cpu") or both
+        ("hybrid", the pool's share `miss_share`, None: from measured rates) from the next step
+        on (the bench measures them on one loaded model)."""
+        if miss_path != self.step.miss_path or miss_path == "hybrid":
+            self.step = DecodeStep(self.m, use_graph=self.use_graph, miss_path=miss_path,
+                                   miss_share=miss_share)
 
     # -- accounting ----------------------------------------------------------------------------
 

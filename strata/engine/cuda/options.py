@@ -8,7 +8,8 @@ from strata.errors import StrataError
 from strata.plan.options import PlanOptions
 
 
-MISS_PATHS = ("mapped", "cpu")  # decode misses: the GPU reads mapped host memory | the CPU pool
+# decode misses: the GPU reads mapped host memory | the CPU pool | both, split by a share
+MISS_PATHS = ("mapped", "cpu", "hybrid")
 # measured on the H200 (Q8_0 30B-A3B shape): mapped reads 21.7 / 40.7 / 54.3 tok/s against the
 # CPU pool's 7.4 / 10.3 / 6.8 at hit rates 0 / 51 / 66% (bench/results/2026-11-30_engine_cuda_*)
 MISS_PATH_DEFAULT = "mapped"
@@ -24,7 +25,9 @@ class CudaOptions:
     smaller card); `graph`: decode steps as CUDA-graph replays (False: the same kernels launched
     one by one); `profile_path`: routing counts (.npy) to rank the expert cache by; `miss_path`:
     where decode computes the experts missed in VRAM — "mapped" (the MoE kernel reads them from
-    mapped host memory) or "cpu" (the CPU engine's expert pool, beside the GPU's hits)."""
+    mapped host memory), "cpu" (the CPU engine's expert pool, beside the GPU's hits) or "hybrid"
+    (both at once: the pool computes `miss_share` of each layer's misses, the GPU reads the
+    rest; `miss_share` None: chosen from the two paths' measured rates)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -34,7 +37,7 @@ class CudaOptions:
     progress: bool = True
     tensor_cores: bool = True
     miss_path: str = MISS_PATH_DEFAULT
-
+    miss_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
@@ -44,6 +47,12 @@ class CudaOptions:
         if self.miss_path not in MISS_PATHS:
             raise CudaEngineError(f"--miss-path {self.miss_path!r}: expected one of "
                                   f"{', '.join(MISS_PATHS)}")
+        if self.miss_share is not None and not 0.0 <= self.miss_share <= 1.0:
+            raise CudaEngineError(f"--miss-share {self.miss_share}: expected the CPU's fraction "
+                                  f"of the misses, 0 to 1")
+        if self.miss_share is not None and self.miss_path != "hybrid":
+            raise CudaEngineError(f"--miss-share applies to --miss-path hybrid, not "
+                                  f"{self.miss_path!r}")
         if self.plan.batch != 1:
             raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes one "
                                   f"sequence (batch 1)")

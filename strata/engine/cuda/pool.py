@@ -11,6 +11,10 @@ the GPU's hits).
 
 Measured, not assumed: seconds and bytes of the CPU's work are counted (`seconds`, `n_bytes`),
 so the bench can hold this path against mapped reads (`strata bench --backend cuda --miss-sweep`).
+
+With a `MissShare` (the "hybrid" path, `strata.engine.cuda.miss_split`) the pool computes only
+its share of a layer's misses; `wait` hands the others to the GPU's second MoE launch, which
+reads them from mapped host memory while the pool computes.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from strata.cuda_kernels.elementwise import add
 class CpuPool:
     """The CPU side of the "cpu" miss path for one `CudaModel`."""
 
-    def __init__(self, m):
+    def __init__(self, m, *, split=None):
         from strata.engine.cpu.experts import CpuExperts
+        from strata.engine.cuda.miss_split import MappedShare
 
         s = m.shape
         self.experts = CpuExperts(m.file)
@@ -39,6 +44,10 @@ class CpuPool:
         self.seconds = 0.0
         self.n_experts = 0
         self.n_bytes = 0
+        self.split = split  # a MissShare: the CPU's part of the misses; None: all of them
+        self.mapped = MappedShare(m, split) if split is not None else None
+        self._mine = np.zeros(0, np.int64)  # positions in the top-k the pool computes next
+        self.n_gpu_bytes = 0  # hybrid: bytes of the GPU's parts
 
     def fetch(self, xn, ids, weights, stream) -> None:
         """Queue the copies of the layer's normed input, top-k ids and weights to the host."""
@@ -47,21 +56,43 @@ class CpuPool:
         weights.copy_to_host(self.w, stream=stream)
         self.ready.record(stream)
 
-    def compute(self, layer: int, table_row: np.ndarray) -> bool:
-        """Wait for the fetched values, compute the layer's missed experts into `out`; False
-        when every chosen expert was a hit (nothing to add)."""
+    def wait(self, layer: int, table_row: np.ndarray, stream=None) -> int:
+        """Wait for the fetched values; pick the layer's misses the pool computes (all, or its
+        share) and, hybrid, send the table of the GPU's part on `stream`. Returns the bytes of
+        the GPU's part (0: no second launch)."""
         self.ready.synchronize()
-        missed = table_row[self.ids] < 0
-        n = int(missed.sum())
+        missed = np.flatnonzero(table_row[self.ids] < 0)
+        if self.split is None:
+            self._mine = missed
+            return 0
+        cpu, gpu = self.split.pick(missed)
+        self._mine = missed[cpu]
+        if gpu.size == 0:
+            return 0
+        self.mapped.send(layer, self.ids[missed[gpu]].astype(np.int32), stream)
+        n = int(gpu.size) * self.experts.layers[layer].expert_bytes
+        self.n_gpu_bytes += n
+        return n
+
+    def compute(self, layer: int, table_row: np.ndarray | None = None) -> bool:
+        """Compute the picked misses (`wait` first, or pass `table_row` to wait here and take
+        them all) into `out`; False when there is nothing to add."""
+        if table_row is not None:
+            self.wait(layer, table_row)
+        n = int(self._mine.size)
         if n == 0:
             return False
         t0 = time.perf_counter()
-        ids = self.ids[missed].astype(np.int64).reshape(1, n)
-        w = np.ascontiguousarray(self.w[missed]).reshape(1, n)
+        ids = self.ids[self._mine].astype(np.int64).reshape(1, n)
+        w = np.ascontiguousarray(self.w[self._mine]).reshape(1, n)
         self.out[:] = self.experts.forward(self.x, layer, ids, w)[0]
-        self.seconds += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        n_bytes = n * self.experts.layers[layer].expert_bytes
+        self.seconds += dt
         self.n_experts += n
-        self.n_bytes += n * self.experts.layers[layer].expert_bytes
+        self.n_bytes += n_bytes
+        if self.split is not None:
+            self.split.record_cpu(n_bytes, dt)
         return True
 
     def add_into(self, x, scratch, stream) -> None:
