@@ -14,7 +14,9 @@ to the history.
 With the CPU pool as the miss path (`miss_path="cpu"`) a step is pieces per layer: attention and
 routing (a graph), the router's choice and the normed input copied to pinned host memory, the
 GPU's hits (a graph, the misses skipped), then the pool computes the misses on the CPU while the
-GPU runs the hits, and adds its sum into the residual.
+GPU runs the hits, and adds its sum into the residual. With `miss_path="hybrid"` the pool takes
+only its share of a layer's misses and the GPU reads the others from mapped host memory in a
+second MoE launch while the pool computes (`strata.engine.cuda.miss_split`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from strata.cuda_kernels.router import route
 from strata.cuda_kernels.sampling import argmax, sample
 from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
+from strata.engine.cuda.miss_split import MissShare
 from strata.engine.cuda.pool import CpuPool
 from strata.plan.layout import SPLIT_K_TOKENS  # the split the plan sized the partials for
 
@@ -39,15 +42,19 @@ MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 class DecodeStep:
     """The step's launches over one `CudaModel`'s buffers, plain or as graphs (one per mode)."""
 
-    def __init__(self, m: CudaModel, *, use_graph: bool, miss_path: str = "mapped"):
+    def __init__(self, m: CudaModel, *, use_graph: bool, miss_path: str = "mapped",
+                 miss_share: float | None = None):
         self.m = m
         self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
         self.graphs: dict[tuple, object] = {}
         self._warm: set[tuple] = set()
-        if miss_path not in ("mapped", "cpu"):
-            raise ValueError(f"miss_path must be mapped or cpu, got {miss_path!r}")
+        if miss_path not in ("mapped", "cpu", "hybrid"):
+            raise ValueError(f"miss_path must be mapped, cpu or hybrid, got {miss_path!r}")
         self.miss_path = miss_path
-        self.pool = CpuPool(m) if miss_path == "cpu" else None
+        self.pool = None
+        if miss_path != "mapped":
+            split = MissShare(miss_share) if miss_path == "hybrid" else None
+            self.pool = CpuPool(m, split=split)
         a, s = m.acts, m.shape
         self.x = a["hidden"]  # [1, n_embd] f32, the residual stream
         self.x1 = a["hidden"].reshape(s.n_embd)
@@ -162,7 +169,12 @@ class DecodeStep:
             self.pool.fetch(self.xn1, a["topk_ids"][0], a["topk_weights"][0], stream)
             self._piece(("moe", il), lambda st, il=il: self._moe(il, st, cpu_misses=True),
                         stream)
-            if self.pool.compute(il, table[il]):
+            gpu_bytes = self.pool.wait(il, table[il], stream)
+            if gpu_bytes:  # hybrid: the GPU's part of the misses, read from mapped memory
+                share = self.pool.mapped
+                self._piece(("share", il), lambda st, il=il: share.launch(il, st), stream)
+                share.launched(gpu_bytes, stream)
+            if self.pool.compute(il):
                 self.pool.add_into(self.x1, self.tmp1, stream)
         self._piece(("end", mode), lambda st: self._end(st, mode), stream)
 
