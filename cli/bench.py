@@ -54,9 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="launch the decode kernels one by one instead of a CUDA graph")
     g.add_argument("--profile-decode", action="store_true",
                    help="also time the decode step's kernels by launcher (graph replays)")
-    g.add_argument("--miss-path", choices=("mapped", "cpu"),
-                   help="decode misses: mapped host reads on the GPU or the CPU pool "
-                        "(default: the engine's)")
+    g.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"),
+                   help="decode misses: mapped host reads on the GPU, the CPU pool, or both "
+                        "(hybrid) (default: the engine's)")
+    g.add_argument("--miss-share", type=float, metavar="F",
+                   help="--miss-path hybrid: the CPU pool's fraction of the misses (default: "
+                        "from the measured rates of both paths)")
     from strata.plan.knobs import add_engine_knobs
     add_engine_knobs(p)
     from strata.plan.split.knobs import add_split_knobs

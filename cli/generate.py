@@ -40,9 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "one size for every GPU or one per GPU of a layer split")
     p.add_argument("--no-graph", action="store_true",
                    help="CUDA: launch the decode kernels one by one instead of a CUDA graph")
-    p.add_argument("--miss-path", choices=("mapped", "cpu"), default=None,
+    p.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"), default=None,
                    help="CUDA: where experts missed in VRAM are computed: the GPU reading mapped "
-                        "host memory, or the CPU pool (default: the engine's measured choice)")
+                        "host memory, the CPU pool, or both at once (hybrid) (default: the "
+                        "engine's measured choice)")
+    p.add_argument("--miss-share", type=float, default=None, metavar="F",
+                   help="CUDA, --miss-path hybrid: the CPU pool's fraction of the misses "
+                        "(default: from the measured rates of both paths)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.add_argument("--logits-out", metavar="FILE.npy",
@@ -79,13 +83,15 @@ def _engine(args, model) -> tuple[str, object]:
     from strata.engine.cuda.options import CudaOptions
 
     req = gpu_request(args, visible_gpus())
-    if req.is_split and args.miss_path == "cpu":
-        raise StrataError("--miss-path cpu: a layer split reads missed experts from mapped host "
+    if req.is_split and args.miss_path in ("cpu", "hybrid"):
+        raise StrataError(f"--miss-path {args.miss_path}: a layer split reads missed experts from mapped host "
                           "memory on each stage's GPU (drop --miss-path, or use one GPU)")
     plan = options_from_args(args)
     if plan.max_context is None:  # generate's default: the model's context, at most 4096
         plan = dataclasses.replace(plan, max_context=min(model.shape.n_ctx_train or 4096, 4096))
     extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
+    if args.miss_share is not None:
+        extra["miss_share"] = args.miss_share
     options = CudaOptions(plan=plan, gpu_mem=req.gpu_mem[0], device=req.devices[0],
                           graph=not args.no_graph, profile_path=args.profile,
                           progress=not args.json, **extra)
