@@ -7,13 +7,26 @@ Tests marked `gpu` need the real device and skip cleanly elsewhere.
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 import pytest
 
 USE_REAL_GPU = os.environ.get("STRATA_TEST_GPU") == "1"
 if not USE_REAL_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+# Under pytest-xdist each worker gets its own numba disk cache (set before numba is imported,
+# inherited by the servers and CLIs the tests start). numba's cache is not safe for processes
+# that write one function's cache at once: each reads the index, picks a data-file name and
+# writes the index back, so one loses the other's entry, and two that pick the same name leave
+# an index entry pointing at the other signature's machine code. A worker runs whole files, so
+# its cache still serves its own subprocesses and the next run. A folder the user chose wins.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"strata-test-numba-{getpass.getuser()}", _WORKER)
 
 
 def _real_gpu_present() -> bool:
@@ -39,5 +52,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tmp_models(tmp_path_factory):
-    """A per-session folder for GGUF files the tests write."""
+    """A per-session folder for GGUF files the tests write (one per xdist worker: pytest gives
+    each worker its own base folder, so workers never write or read each other's files)."""
     return tmp_path_factory.mktemp("models")
