@@ -148,6 +148,9 @@ def split_decisions(sp) -> list[str]:
            if pl.how == "auto" else "given by --layer-split")
     pred = (f"; predicted {pl.seconds_per_token * 1e3:.2f} ms per token" if pl.feasible else "")
     out.append(f"layer split {','.join(map(str, pl.cuts))} (layers {ranges}): {how}{pred}")
+    out.append("hidden state handed stage to stage " + (
+        "through pinned host memory (--handoff host)" if sp.split.handoff == "host" else
+        "peer-to-peer where the GPUs reach each other, else through pinned host memory"))
     if sp.chunk is not None:
         out.append(f"prefill {sp.request}: chunk {sp.chunk} tokens on every stage; "
                    + "; ".join(f"GPU {s.index} {s.prefill.mode}, ring {s.prefill.ring_slots} "

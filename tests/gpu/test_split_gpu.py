@@ -1,7 +1,9 @@
 """The layer split on real GPUs: two stages (on two GPUs when there are two, else both on one),
 greedy tokens identical to the single-GPU engine and logits against the float64 reference; the
 carve's A/B (every stage holding every layer's dense weights, stage caches pinned equal) gives
-the same tokens and frees the carved bytes; the handoff between stages is measured."""
+the same tokens and frees the carved bytes; the hand-off forced through pinned host memory
+(`--handoff host`) gives the same tokens; the hand-off between stages is measured on every
+path."""
 
 from __future__ import annotations
 
@@ -80,6 +82,29 @@ def _mapped(portable):
         return portable.mapped()
 
 
+def test_host_handoff_gives_the_same_tokens(setup):
+    """The prompt's chunks and every decode step's hidden state (and the token handed back)
+    through pinned host memory: the tokens and logits of the default hand-off."""
+    from strata.plan.split import SplitOptions
+
+    _, mf, devices, store = setup
+    runs = {}
+    for handoff in ("auto", "host"):
+        sm, logits, toks = _split_run(mf, devices, store, SplitOptions(
+            cuts=(2,), stage_cache=(9, 9), handoff=handoff))
+        runs[handoff] = (sm.links[0].how, sm.back.how, logits, toks)
+        links = sm.measure_links()
+        sm.close()
+    assert runs["host"][:2] == ("pinned host", "pinned host")
+    assert runs["auto"][0] in ("peer-to-peer", "same device")
+    assert runs["host"][3] == runs["auto"][3]
+    want = runs["auto"][2]
+    np.testing.assert_allclose(runs["host"][2], want, rtol=0, atol=1e-4 * np.abs(want).max())
+    paths = links[0]["paths"]
+    assert links[0]["how"] == "pinned host" and "pinned host" in paths and len(paths) == 2
+    assert all(t["token"]["seconds"] > 0 and t["block"]["gb_per_s"] > 0 for t in paths.values())
+
+
 def test_carve_ab_same_tokens_and_frees_the_weights(setup):
     from strata.plan.split import SplitOptions
 
@@ -101,7 +126,7 @@ def test_helper_tiers_serve_misses_and_keep_the_tokens(setup):
     model): the tokens of the run without tiers, nothing missed, tier hits counted per card."""
     from strata.plan.split import SplitOptions
 
-    path, mf, devices, store = setup
+    _, mf, devices, store = setup
     base = SplitOptions(cuts=(2,), stage_cache=(2, 2), tier_min_bytes=0)
     sm, logits, toks = _split_run(mf, devices, store, dataclasses.replace(base,
                                                                           helper_tiers=False))
@@ -122,7 +147,6 @@ def test_helper_tiers_serve_misses_and_keep_the_tokens(setup):
 
 def test_generate_over_the_gpus(setup, capsys):
     from numba import cuda
-
     from strata.cli.main import main
 
     two = len(cuda.gpus) > 1  # one GPU: --gpus 0 stays on the one-GPU engine

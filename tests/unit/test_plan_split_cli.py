@@ -60,6 +60,17 @@ def test_carve_kill_switch(capsys, model, monkeypatch):
     assert off["split"]["carve"] is False
 
 
+def test_each_table_names_its_layers_and_the_handoff(capsys, model):
+    argv = ("-m", model, "--gpu-mem", "2GiB,2GiB", "--layer-split", "2")
+    assert main(["plan", *argv, "--handoff", "host"]) == 0
+    out = capsys.readouterr().out
+    assert "layers 0-1 (2)" in out and "layers 2-5 (4)" in out
+    assert "through pinned host memory (--handoff host)" in out
+    _, auto = run_json(capsys, *argv)
+    _, host = run_json(capsys, *argv, "--handoff", "host")
+    assert (auto["split"]["handoff"], host["split"]["handoff"]) == ("auto", "host")
+
+
 @pytest.mark.parametrize("argv,match", [
     (["--gpu-mem", "2GiB,2GiB", "--layer-split", "2,4"], "need 1 stage starts"),
     (["--gpu-mem", "2GiB,2GiB", "--layer-split", "x"], "whole numbers"),

@@ -1,8 +1,10 @@
 """The layer split's engine under numba's CUDA simulator (CI has no GPU): a two-layer model
 split over two stages (both on the simulator's one device, each with its own arena), each stage
 caching one expert of its own layer, so the prompt streams through each stage's ring and decode
-reads misses from the one host store; logits against the float64 reference, greedy tokens on the
-device, each stage's regions holding only its own layer, the hit counters per stage.
+reads misses from the one host store; the hidden state (and the token handed back) crosses
+through the pinned host staging buffer (`--handoff host`); logits against the float64
+reference, greedy tokens on the device, each stage's regions holding only its own layer, the hit
+counters per stage.
 
 Slow (the simulator runs each CUDA thread as a Python thread): the smallest model the
 synthesizer writes, a three-token prompt, two decode steps.
@@ -40,9 +42,13 @@ def test_split_engine_in_the_simulator(tmp_models):
     cards = [NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30)) for _ in range(2)]
     opts = CudaOptions(plan=PlanOptions(max_context=256, ring_mib=1), graph=False,
                        progress=False)
-    sm = SplitModel(mf, opts, SplitOptions(cuts=(1,), stage_cache=(1, 1), helper_tiers=False),
-                    devices=[0, 0], backends=cards, log=None)
+    lines: list[str] = []
+    sm = SplitModel(mf, opts, SplitOptions(cuts=(1,), stage_cache=(1, 1), helper_tiers=False,
+                                           handoff="host"),
+                    devices=[0, 0], backends=cards, log=lines.append)
     assert [m.layers for m in sm.stages] == [(0, 1), (1, 2)]
+    assert sm.links[0].how == sm.back.how == "pinned host"
+    assert any("hidden state GPU 0 -> GPU 0: pinned host (--handoff host)" in x for x in lines)
     for g, m in enumerate(sm.stages):
         dp = m.arena.device_plan
         names = dp.arena.region("weights").sub.names

@@ -38,10 +38,11 @@ def test_sizes_pick_gpus_and_apply_per_gpu():
     assert r.devices == (3, 1) and r.gpu_mem == (8 * GiB, 8 * GiB)
     r = gpu_request(args("--gpus", "2,0", "--gpu-mem", "8GiB,4GiB", "--layer-split", "7",
                          "--cover-b", "2", "--no-helper-tiers", "--no-carve",
-                         "--stage-cache", "3,4"), 3)
+                         "--stage-cache", "3,4", "--handoff", "host"), 3)
     assert r.gpu_mem == (8 * GiB, 4 * GiB)
     assert (r.split.cuts, r.split.cover_b, r.split.helper_tiers, r.split.carve,
-            r.split.stage_cache) == ((7,), 2.0, False, False, (3, 4))
+            r.split.stage_cache, r.split.handoff) == ((7,), 2.0, False, False, (3, 4), "host")
+    assert gpu_request(args(), 2).split.handoff == "auto"
     assert gpu_request(args("--gpus", "1"), 2).devices == (1,)
 
 
@@ -54,6 +55,7 @@ def test_sizes_pick_gpus_and_apply_per_gpu():
     (("--layer-split", "3"), 1, "--layer-split: a layer split's flags, and GPU 0 runs every"),
     (("--gpus", "1", "--no-helper-tiers", "--cover-b", "2"), 2,
      "--cover-b, --no-helper-tiers: a layer split's flags, and GPU 1"),
+    (("--gpus", "0", "--handoff", "host"), 2, "--handoff: a layer split's flags, and GPU 0"),
     (("--layer-split", "3,2"), 2, "strictly increasing"),
     (("--cover-b", "0"), 2, "--cover-b must be in"),
     ((), 0, "no CUDA GPU"),
@@ -65,7 +67,7 @@ def test_bad_combinations_are_refused(argv, n, message):
 
 def test_split_flags_given_ignores_defaults():
     assert split_flags_given(args()) == []
-    assert split_flags_given(args("--layer-split", "AUTO")) == []
+    assert split_flags_given(args("--layer-split", "AUTO", "--handoff", "auto")) == []
     assert split_flags_given(args("--layer-split", "4", "--no-carve")) == ["--layer-split",
                                                                            "--no-carve"]
 
@@ -110,3 +112,28 @@ def test_bench_cuda_checks_the_gpus_it_is_given(capsys):
     assert "--gpus 0,1: no GPU 1 (this process sees 1 GPU)" in capsys.readouterr().err
     assert main(["bench", "--backend", "cuda", "-m", "x.gguf", "--layer-split", "2"]) != 0
     assert "runs every layer alone" in capsys.readouterr().err
+
+
+def test_a_host_link_copies_through_its_portable_staging_buffer():
+    """`--handoff host`: source -> pinned staging -> destination (the simulator's one device
+    stands in for both GPUs); a copy larger than the staging buffer is refused."""
+    import numpy as np
+    from numba import cuda
+
+    from strata.engine.multi.handoff import Link
+
+    link = Link(0, 0, cuda.stream(), cuda.stream(), max_bytes=64, handoff="host")
+    assert link.how == "pinned host" and Link(0, 0, 0, 0, max_bytes=64).how == "same device"
+    src = cuda.to_device(np.arange(16, dtype=np.float32).reshape(2, 8))  # [2, 8] f32
+    dst = cuda.device_array((2, 8), np.float32)
+    link.copy(dst, src)
+    link._sync()
+    np.testing.assert_array_equal(dst.copy_to_host(), src.copy_to_host())
+    np.testing.assert_array_equal(link._stage.view(np.float32), np.arange(16))
+    with pytest.raises(ValueError, match="through a 64 B staging buffer"):
+        link.copy(cuda.device_array(17, np.float32), cuda.device_array(17, np.float32))
+    with pytest.raises(ValueError, match="handoff 'peer'"):
+        Link(0, 0, 0, 0, max_bytes=4, handoff="peer")
+    with pytest.raises(StrataError, match="--handoff 'peer': expected auto or host"):
+        from strata.plan.split import SplitOptions
+        SplitOptions(handoff="peer")

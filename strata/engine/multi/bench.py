@@ -1,10 +1,16 @@
 """The layer split's benchmark on real GPUs: greedy tokens, decode and prefill tok/s and measured
 against predicted decode hit rate for a split over two GPUs against one GPU at the sum and at one
-share of the budget, and the carve's A/B (the same split with every stage holding every layer's
-dense weights, stage caches pinned equal so only the weights differ). One host store serves every
-run. Writes JSON (updated after each run, so a run cut short still reports what it finished).
+share of the budget; the carve's A/B (the same split with every stage holding every layer's
+dense weights, stage caches pinned equal so only the weights differ); the hand-off's A/B (the
+same split with the hidden state through pinned host memory, `--handoff-ab`); the helper tiers'
+A/B (stage caches pinned small so the tiers hold pairs, against the same split without tiers,
+`--tier-ab N,N`: tier hits per card, measured against predicted tier hit rate). Every split run
+times each link on every path the GPUs offer. One host store serves every run. Writes JSON
+(updated after each run, so a run cut short still reports what it finished).
 
     python -m strata.engine.multi.bench MODEL --gpu-mem 8GiB,8GiB --out split.json
+    python -m strata.engine.multi.bench MODEL --skip 1x16,1x8,carve --handoff-ab \
+        --tier-ab 600,600 --out split.json
 """
 
 from __future__ import annotations
@@ -88,7 +94,10 @@ def _split_run(sm, caps, prompt, n_decode, *, use_graph: bool = True) -> dict:
     links = sm.measure_links()
     out = _timed_run(SplitEngine(sm, use_graph=use_graph), prompt, n_decode)
     p = sm.plan
+    if p.predicted_hit_rate is not None and p.predicted_hit_rate_stages is not None:
+        out["predicted_tier_hit_rate"] = p.predicted_hit_rate - p.predicted_hit_rate_stages
     out.update(gpus=len(caps), gpu_mem=list(caps), cuts=list(p.placement.cuts),
+               handoff=p.split.handoff, stage_cache_pinned=p.split.stage_cache,
                search_seconds=p.placement.search_seconds,
                arena_bytes=[m.arena.device_plan.arena_bytes for m in sm.stages],
                weights_bytes=[m.arena.device_plan.regions["weights"] for m in sm.stages],
@@ -109,7 +118,13 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=65)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--skip", default="", help="runs to leave out: 1x8, carve")
+    ap.add_argument("--skip", default="", help="runs to leave out: 1x16, 1x8, carve")
+    ap.add_argument("--handoff", choices=("auto", "host"), default="auto",
+                    help="the first split run's hand-off")
+    ap.add_argument("--handoff-ab", action="store_true",
+                    help="also run the first split with the other hand-off")
+    ap.add_argument("--tier-ab", metavar="N,N",
+                    help="helper tiers' A/B with each stage cache pinned to N slots")
     a = ap.parse_args(argv)
     caps = [parse_size(x) for x in a.gpu_mem.split(",")]
     mf = open_model(a.model)
@@ -150,19 +165,28 @@ def main(argv=None) -> int:
 
 def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
     key = "x".join([str(len(caps)), a.gpu_mem.split(",")[0]])
-    res["runs"][key] = split_run = _split(mf, store, portable, caps, knobs, SplitOptions(),
-                                         prompt, a.decode)
+    res["runs"][key] = split_run = _split(mf, store, portable, caps, knobs,
+                                         SplitOptions(handoff=a.handoff), prompt, a.decode)
     save()
     print(f"{key}: {split_run['decode_tok_per_s']:.1f} tok/s decode", flush=True)
-    total = sum(caps)
-    res["runs"][f"1x{total >> 30}GiB"] = one = _single(mf, store, portable, total, knobs,
-                                                       prompt, a.decode)
-    res["tokens_identical_split_vs_1gpu"] = one["tokens"] == split_run["tokens"]
-    save()
+    if a.handoff_ab:
+        res["handoff_ab"] = _handoff_ab(mf, store, portable, caps, knobs, split_run, prompt,
+                                        a.decode)
+        save()
+    if a.tier_ab:
+        pinned = tuple(int(x) for x in a.tier_ab.split(","))
+        res["tier_ab"] = _tier_ab(mf, store, portable, caps, knobs, pinned, prompt, a.decode)
+        save()
+    if "1x16" not in a.skip:
+        total = sum(caps)
+        res["runs"][f"1x{total >> 30}GiB"] = one = _single(mf, store, portable, total, knobs,
+                                                           prompt, a.decode)
+        res["tokens_identical_split_vs_1gpu"] = one["tokens"] == split_run["tokens"]
+        save()
     if "1x8" not in a.skip:
         res["runs"][f"1x{caps[0] >> 30}GiB"] = small = _single(mf, store, portable, caps[0],
                                                                knobs, prompt, a.decode)
-        res["tokens_identical_small_vs_1gpu"] = small["tokens"] == one["tokens"]
+        res["tokens_identical_small_vs_split"] = small["tokens"] == split_run["tokens"]
         save()
     if "carve" not in a.skip:
         res["carve_ab"] = _carve_ab(mf, store, portable, caps, knobs, split_run, prompt,
@@ -192,6 +216,39 @@ def _carve_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode) -> 
             "arena_freed_bytes": [b - a for a, b in zip(on["arena_bytes"], off["arena_bytes"])]}
 
 
+def _handoff_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode) -> dict:
+    """The first split's cuts again with the other hand-off: same tokens, the step's cost."""
+    other = "host" if split_run["handoff"] == "auto" else "auto"
+    sp = SplitOptions(cuts=tuple(split_run["cuts"]), handoff=other)
+    run = _split(mf, store, portable, caps, knobs, sp, prompt, n_decode)
+    return {"cuts": split_run["cuts"], "arms": {split_run["handoff"]: _brief(split_run),
+                                                other: run},
+            "how": {split_run["handoff"]: split_run["links"][0]["how"],
+                    other: run["links"][0]["how"]},
+            "tokens_identical": run["tokens"] == split_run["tokens"]}
+
+
+def _tier_ab(mf, store, portable, caps, knobs, pinned, prompt, n_decode) -> dict:
+    """Stage caches pinned to `pinned` slots, with helper tiers (the searched cuts) and without
+    (the same cuts): tier hits per card, measured against predicted tier hit rate."""
+    on = _split(mf, store, portable, caps, knobs, SplitOptions(stage_cache=pinned), prompt,
+                n_decode)
+    off = _split(mf, store, portable, caps, knobs, SplitOptions(
+        cuts=tuple(on["cuts"]), stage_cache=pinned, helper_tiers=False), prompt, n_decode)
+    return {"cuts": on["cuts"], "stage_cache": list(pinned), "arms": {"tiers_on": on,
+                                                                      "tiers_off": off},
+            "tokens_identical": on["tokens"] == off["tokens"],
+            "tier_slots": on["tier_slots"], "tier_hits_per_card": on["tier_hits_per_card"],
+            "measured_tier_hit_rate": on["measured_tier_hit_rate"],
+            "predicted_tier_hit_rate": on.get("predicted_tier_hit_rate"),
+            "measured_hit_rate": [on["measured_hit_rate"], off["measured_hit_rate"]],
+            "predicted_hit_rate": [on["predicted_hit_rate"], off["predicted_hit_rate"]]}
+
+
+def _brief(run: dict) -> dict:
+    return {k: v for k, v in run.items() if k != "tokens"}
+
+
 def _infos(caps):
     from strata.plan.devices import DeviceInfo
     out = []
@@ -207,20 +264,36 @@ def _table(res: dict) -> None:
     print(f"{'run':<12} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
           f"{'hit pred':>9} {'slots':>14}")
     rows = dict(res["runs"])
-    for name, r in res.get("carve_ab", {}).get("arms", {}).items():
-        rows[name] = r
+    for ab in ("carve_ab", "handoff_ab", "tier_ab"):
+        for name, r in res.get(ab, {}).get("arms", {}).items():
+            if "decode_tok_per_s" in r:
+                rows[f"{ab[:-3]} {name}"] = r
     for name, r in rows.items():
         print(f"{name:<12} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
               f"{r['measured_hit_rate']:>9.3f} {r['predicted_hit_rate'] or 0:>9.3f} "
               f"{r['cache_slots']!s:>14}")
-    for k in ("tokens_identical_split_vs_1gpu", "tokens_identical_small_vs_1gpu"):
+    for k in ("tokens_identical_split_vs_1gpu", "tokens_identical_small_vs_split"):
         if k in res:
             print(f"{k}: {res[k]}")
+    if "tier_ab" in res:
+        t = res["tier_ab"]
+        print(f"tiers A/B: tokens identical {t['tokens_identical']}, tier slots "
+              f"{t['tier_slots']}, tier hits per card {t['tier_hits_per_card']}, tier hit rate "
+              f"{t['measured_tier_hit_rate']:.3f} measured vs "
+              f"{t['predicted_tier_hit_rate'] or 0:.3f} predicted")
+    if "handoff_ab" in res:
+        h = res["handoff_ab"]
+        print(f"hand-off A/B: tokens identical {h['tokens_identical']}, {h['how']}")
     if "carve_ab" in res:
         c = res["carve_ab"]
         print(f"carve A/B: tokens identical {c['tokens_identical']}, weights freed "
               f"{[round(x / 2**20) for x in c['weights_freed_bytes']]} MiB per stage")
-    print(f"handoff: {json.dumps(res['runs'][next(iter(res['runs']))].get('links'))}")
+    for link in res["runs"][next(iter(res["runs"]))].get("links", []):
+        for how, t in link["paths"].items():
+            print(f"hand-off GPU {link['src']} -> {link['dst']} {how}: token "
+                  f"{t['token']['bytes']} B in {t['token']['seconds'] * 1e6:.1f} us, block "
+                  f"{t['block']['bytes']} B in {t['block']['seconds'] * 1e6:.1f} us "
+                  f"({t['block']['gb_per_s']:.2f} GB/s)")
 
 
 if __name__ == "__main__":

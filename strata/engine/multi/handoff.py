@@ -1,7 +1,12 @@
 """The hidden state handed from one stage's GPU to the next (and the sampled token back to the
 first stage): peer-to-peer where the two GPUs can reach each other's memory, else through pinned
 host memory (a device-to-host copy, then host-to-device, ordered by events). Which one is used is
-decided by asking the driver, and its speed is measured and printed, never assumed.
+decided by asking the driver (`--handoff host` forces the pinned-host path), and its speed is
+measured and printed, never assumed.
+
+The pinned staging buffer is allocated portable: memory pinned for one context only counts as
+pageable in another, and a copy from pageable memory is staged when it is issued, before the
+event it waits for (the device-to-host copy) has completed.
 
 Ordering: the copy is enqueued on the receiving stage's stream after it waits for an event the
 sending stage recorded after its work, so a copy never reads a hidden state still being written;
@@ -19,7 +24,6 @@ from numba import cuda
 
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.engine.cuda.hostmem import device_address
-
 
 _PEER: dict[tuple[int, int], bool] = {}  # (a, b) -> peer access enabled both ways
 
@@ -55,22 +59,43 @@ def _enable(a: int, b: int) -> None:
                 raise
 
 
-class Link:
-    """Copies from GPU `src` (stream `src_stream`) to GPU `dst` (stream `dst_stream`)."""
+def portable_pinned(n_bytes: int) -> np.ndarray:
+    """[n_bytes] uint8 host memory pinned for every context (a plain array under the
+    simulator). Freed when the array goes."""
+    if SIMULATED:
+        return np.zeros(n_bytes, np.uint8)
+    mem = cuda.current_context().memhostalloc(n_bytes, portable=True)
+    return np.ndarray((n_bytes,), np.uint8, buffer=mem)
 
-    def __init__(self, src: int, dst: int, src_stream, dst_stream, *, max_bytes: int):
+
+class Link:
+    """Copies from GPU `src` (stream `src_stream`) to GPU `dst` (stream `dst_stream`).
+    `handoff`: "auto" (peer-to-peer where possible, else pinned host) or "host" (pinned host,
+    also between two stages on one GPU); `how` says which was taken."""
+
+    def __init__(self, src: int, dst: int, src_stream, dst_stream, *, max_bytes: int,
+                 handoff: str = "auto"):
+        if handoff not in ("auto", "host"):
+            raise ValueError(f"handoff {handoff!r}: expected 'auto' or 'host'")
         self.src, self.dst = src, dst
         self.src_stream, self.dst_stream = src_stream, dst_stream
-        self.how = self._choose()
+        self.how = "pinned host" if handoff == "host" else self._choose()
         self._stage = None
         if self.how == "pinned host":
-            with cuda.gpus[src]:
-                self._stage = cuda.pinned_array(max(1, max_bytes), np.uint8)  # [max_bytes] u8
+            with _on(src):
+                self._stage = portable_pinned(max(1, max_bytes))  # [max_bytes] u8
 
     def _choose(self) -> str:
         if SIMULATED or self.src == self.dst:
             return "same device"
         return "peer-to-peer" if peer_reachable(self.dst, self.src) else "pinned host"
+
+    def _staged(self, arr: Any) -> np.ndarray:
+        """The staging buffer's first bytes as a host array of `arr`'s shape and type."""
+        n = int(arr.nbytes)
+        if n > self._stage.size:
+            raise ValueError(f"handoff of {n} B through a {self._stage.size} B staging buffer")
+        return self._stage[:n].view(arr.dtype).reshape(arr.shape)
 
     def copy(self, dst: Any, src: Any) -> None:
         """Enqueue dst[:] = src[:] (device arrays of one size on the two GPUs) after everything
@@ -87,29 +112,40 @@ class Link:
             done.record(self.dst_stream)
             done.wait(self.src_stream)
             return
+        if self.how == "pinned host":
+            self._through_host(dst, src)
+            return
         from numba.cuda.cudadrv import driver as drv
 
         with cuda.gpus[self.src]:
             src_ctx = cuda.current_context()
             ev = cuda.event()
-            if self.how == "pinned host":
-                host = self._stage[:n]
-                drv.driver.cuMemcpyDtoHAsync(drv.host_pointer(host), device_address(src), n,
-                                             drv._stream_handle(self.src_stream))
             ev.record(self.src_stream)
         with cuda.gpus[self.dst]:
             dst_ctx = cuda.current_context()
             ev.wait(self.dst_stream)
-            handle = drv._stream_handle(self.dst_stream)
-            if self.how == "pinned host":
-                drv.driver.cuMemcpyHtoDAsync(device_address(dst), drv.host_pointer(host), n,
-                                             handle)
-            else:
-                drv.driver.cuMemcpyPeerAsync(device_address(dst), dst_ctx.handle,
-                                             device_address(src), src_ctx.handle, n, handle)
+            drv.driver.cuMemcpyPeerAsync(device_address(dst), dst_ctx.handle,
+                                         device_address(src), src_ctx.handle, n,
+                                         drv._stream_handle(self.dst_stream))
             done = cuda.event()
             done.record(self.dst_stream)
         with cuda.gpus[self.src]:
+            done.wait(self.src_stream)
+
+    def _through_host(self, dst: Any, src: Any) -> None:
+        """src -> staging on the source stream; staging -> dst on the receiving stream after
+        it; the source stream waits for the second copy before its next write (of src or of
+        the staging buffer)."""
+        with _on(self.src):
+            src.copy_to_host(self._staged(src), stream=self.src_stream)
+            ev = cuda.event()
+            ev.record(self.src_stream)
+        with _on(self.dst):
+            ev.wait(self.dst_stream)
+            dst.copy_to_device(self._staged(dst), stream=self.dst_stream)
+            done = cuda.event()
+            done.record(self.dst_stream)
+        with _on(self.src):
             done.wait(self.src_stream)
 
     def measure(self, dst: Any, src: Any, *, n_bytes: int, repeats: int = 50) -> dict:
@@ -130,5 +166,10 @@ class Link:
         self._stage = None
 
     def _sync(self) -> None:
-        with cuda.gpus[self.dst]:
+        with _on(self.dst):
             self.dst_stream.synchronize()
+
+
+def _on(device: int):
+    from strata.engine.multi.model import _on as on
+    return on(device)

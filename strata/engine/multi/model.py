@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from numba import cuda
 
@@ -104,15 +104,22 @@ class SplitModel:
                               log=self.log, host_store=(self.store, self.portable.mapped()),
                               plan=stage_plan(self.plan, st, dev), layers=st.layers)
             self.stages.append(m)
-        self.links = [Link(self.devices[g], self.devices[g + 1], self.stages[g].stream,
-                           self.stages[g + 1].stream, max_bytes=self._hidden_bytes())
-                      for g in range(len(self.stages) - 1)]
+        handoff = self.plan.split.handoff
+        self.links = [self._link(g, handoff) for g in range(len(self.stages) - 1)]
         self.back = Link(self.devices[-1], self.devices[0], self.stages[-1].stream,
-                         self.stages[0].stream, max_bytes=4) if len(self.stages) > 1 else None
+                         self.stages[0].stream, max_bytes=4,
+                         handoff=handoff) if len(self.stages) > 1 else None
         if any(st.tier is not None for st in self.plan.stages):
             from strata.engine.multi.tiers import attach_tiers, fill_tiers
             self.report["tier_pairs_filled"] = fill_tiers(self)
             self.tiers = attach_tiers(self)
+
+    def _link(self, g: int, handoff: str) -> Link:
+        """Stage g's hidden state into stage g+1's: big enough for a prompt chunk's and for
+        the logits buffer `measure_links` times."""
+        n = max(self._hidden_bytes(), int(self.stages[g].acts["logits"].nbytes))
+        return Link(self.devices[g], self.devices[g + 1], self.stages[g].stream,
+                    self.stages[g + 1].stream, max_bytes=n, handoff=handoff)
 
     @staticmethod
     def _backend(device: int):
@@ -145,8 +152,12 @@ class SplitModel:
                      f"weights {dp.regions['weights'] / 2**20:.0f} MiB (the carve frees "
                      f"{(st.weight_bytes_whole - dp.regions['weights']) / 2**20:.0f} MiB), "
                      f"stage cache {dp.cache.n_slots} slots")
-        for link in self.links:
-            self.log(f"hidden state GPU {link.src} -> GPU {link.dst}: {link.how}")
+        for g, link in enumerate(self.links):
+            a, b = self.stages[g].acts["hidden"], self.stages[g + 1].acts["hidden"]
+            t = link.measure(b, a, n_bytes=int(a.nbytes), repeats=10)
+            forced = " (--handoff host)" if self.plan.split.handoff == "host" else ""
+            self.log(f"hidden state GPU {link.src} -> GPU {link.dst}: {link.how}{forced}, "
+                     f"{t['bytes']:,} B per token in {t['seconds'] * 1e6:.0f} us")
         for g, st in enumerate(self.plan.stages):
             if st.tier is not None:
                 users = [self.devices[h] for h, t in enumerate(self.tiers)
@@ -156,18 +167,29 @@ class SplitModel:
 
     def measure_links(self) -> list[dict]:
         """Each link's measured copy time for one decode token's hidden state and for a larger
-        block (the last stage's logits buffer, before anything has been computed): what
-        `report["links"]` records."""
+        block (the last stage's logits buffer, before anything has been computed), on the path
+        it uses (`how`, `token`, `block`) and on every path the two GPUs offer (`paths`:
+        "peer-to-peer" where they reach each other, "pinned host" always; a temporary link for
+        the one not in use): what `report["links"]` records. Run between steps, not during."""
         out = []
         for g, link in enumerate(self.links):
-            a, b = self.stages[g].acts, self.stages[g + 1].acts
-            out.append({"src": link.src, "dst": link.dst,
-                        "token": link.measure(b["hidden"], a["hidden"],
-                                              n_bytes=int(a["hidden"].nbytes)),
-                        "block": link.measure(b["logits"], a["logits"],
-                                              n_bytes=int(a["logits"].nbytes))})
+            paths = {link.how: self._time_link(g, link)}
+            for handoff in ("auto", "host"):
+                alt = self._link(g, handoff)
+                try:
+                    if alt.how not in paths:
+                        paths[alt.how] = self._time_link(g, alt)
+                finally:
+                    alt.close()
+            out.append({"src": link.src, "dst": link.dst, "how": link.how, **paths[link.how],
+                        "paths": paths})
         self.report["links"] = out
         return out
+
+    def _time_link(self, g: int, link: Link) -> dict:
+        a, b = self.stages[g].acts, self.stages[g + 1].acts
+        return {"token": link.measure(b["hidden"], a["hidden"], n_bytes=int(a["hidden"].nbytes)),
+                "block": link.measure(b["logits"], a["logits"], n_bytes=int(a["logits"].nbytes))}
 
     def close(self) -> None:
         """Give everything back, once (idempotent), in an order that frees nothing still read:
@@ -193,7 +215,7 @@ class SplitModel:
             with _on(self.devices[0]):
                 portable.close()
 
-    def __enter__(self) -> SplitModel:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,7 @@ Rules (the same as `strata plan`'s, applied to the GPUs this process sees):
 * `--gpu-mem` gives one size for every picked GPU, or one size per picked GPU (without `--gpus`,
   N sizes pick GPUs 0..N-1).
 * The split-only flags (`--layer-split L,...`, `--cover-b`, `--no-helper-tiers`, `--no-carve`,
-  `--stage-cache`, `--gpu-bandwidth`) with a single GPU are refused: they would be silently
+  `--stage-cache`, `--gpu-bandwidth`, `--handoff host`) with a single GPU are refused: they would be silently
   meaningless.
 """
 
@@ -22,7 +22,8 @@ from strata.plan.split.options import SplitOptions, parse_gpus, parse_layer_spli
 
 SPLIT_ONLY = (("layer_split", "--layer-split", "auto"), ("cover_b", "--cover-b", None),
               ("no_helper_tiers", "--no-helper-tiers", False), ("no_carve", "--no-carve", False),
-              ("stage_cache", "--stage-cache", None), ("gpu_bandwidth", "--gpu-bandwidth", None))
+              ("stage_cache", "--stage-cache", None), ("gpu_bandwidth", "--gpu-bandwidth", None),
+              ("handoff", "--handoff", "auto"))
 
 
 @dataclass(frozen=True, slots=True)

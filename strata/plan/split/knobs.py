@@ -9,6 +9,7 @@ import os
 from strata.plan.options import OptionError
 from strata.plan.split.options import (
     COVER_B_DEFAULT,
+    HANDOFFS,
     SplitOptions,
     parse_floats,
     parse_gpus,
@@ -41,6 +42,11 @@ def add_split_knobs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-bandwidth", metavar="GBPS,...",
                    help="each GPU's memory read rate in GB/s (scores placements, orders the "
                         "helper tiers fastest first; default: equal)")
+    g.add_argument("--handoff", choices=HANDOFFS, default="auto",
+                   help="how the hidden state crosses from one stage's GPU to the next: auto "
+                        "(peer-to-peer where the GPUs reach each other's memory, else pinned "
+                        "host memory) or host (always pinned host memory: to measure it, or to "
+                        "work around a peer-to-peer fault)")
 
 
 def carve_enabled(args: argparse.Namespace, environ=None) -> bool:
@@ -65,7 +71,8 @@ def split_from_args(args: argparse.Namespace, environ=None) -> SplitOptions:
         bw = tuple(v * 1e9 for v in parse_floats(args.gpu_bandwidth, "--gpu-bandwidth"))
     return SplitOptions(cuts=parse_layer_split(args.layer_split), cover_b=args.cover_b,
                         helper_tiers=not args.no_helper_tiers,
-                        carve=carve_enabled(args, environ), stage_cache=stage, bandwidth=bw)
+                        carve=carve_enabled(args, environ), stage_cache=stage, bandwidth=bw,
+                        handoff=getattr(args, "handoff", "auto"))
 
 
 def pick_gpus(found: list, gpus: str | None) -> list:

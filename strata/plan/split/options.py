@@ -11,6 +11,7 @@ HBM_BYTES_PER_S = 2.0e12  # a card's decode read rate when not given (H200 matve
 HOST_BYTES_PER_S = 50e9  # a missed expert read zero-copy from mapped host memory (PCIe gen5)
 TIER_MIN_BYTES = 256 << 20  # leftover VRAM under this opens no helper tier
 COVER_B_DEFAULT = 3.0
+HANDOFFS = ("auto", "host")  # how the hidden state crosses GPUs (`--handoff`)
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -56,7 +57,10 @@ class SplitOptions:
     them, else 3). `carve`: False loads every layer's dense weights on every stage (the A/B).
     `stage_cache`: pinned slot counts per stage (the A/B keeps caches equal in both arms).
     `bandwidth`: each GPU's decode read rate in bytes/s (None: all `HBM_BYTES_PER_S`); it
-    scores placements and orders the helper tiers (fastest card first)."""
+    scores placements and orders the helper tiers (fastest card first). `handoff`: "auto"
+    hands the hidden state peer-to-peer where two GPUs reach each other's memory, else through
+    pinned host memory; "host" always through pinned host memory (to measure it, or to work
+    around a peer-to-peer fault)."""
 
     cuts: tuple[int, ...] | None = None
     cover_b: float | None = None
@@ -66,6 +70,7 @@ class SplitOptions:
     bandwidth: tuple[float, ...] | None = None
     host_bytes_per_s: float = HOST_BYTES_PER_S
     tier_min_bytes: int = TIER_MIN_BYTES
+    handoff: str = "auto"
 
     def __post_init__(self) -> None:
         if self.cuts is not None and (any(c < 1 for c in self.cuts)
@@ -78,6 +83,8 @@ class SplitOptions:
             raise OptionError(f"--stage-cache: slot counts must be >= 0, got {self.stage_cache}")
         if self.bandwidth is not None and any(not b > 0 for b in self.bandwidth):
             raise OptionError("--gpu-bandwidth: every value must be positive")
+        if self.handoff not in HANDOFFS:
+            raise OptionError(f"--handoff {self.handoff!r}: expected {' or '.join(HANDOFFS)}")
         if not self.host_bytes_per_s > 0 or self.tier_min_bytes < 0:
             raise OptionError("host bandwidth must be positive and the tier minimum >= 0")
 

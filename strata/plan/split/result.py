@@ -108,7 +108,8 @@ class SplitPlan:
                       "stage_seconds": [x if x != float("inf") else None
                                         for x in pl.stage_seconds],
                       "cover_b": self.cover_b, "carve": self.split.carve,
-                      "helper_tiers": self.split.helper_tiers},
+                      "helper_tiers": self.split.helper_tiers,
+                      "handoff": self.split.handoff},
             "prefill": {"request": str(self.request), "chunk": self.chunk},
             "kv": self.kv.to_dict(),
             "predicted": {"expert_hit_rate": self.predicted_hit_rate,
