@@ -169,13 +169,13 @@ def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
                                          SplitOptions(handoff=a.handoff), prompt, a.decode)
     save()
     print(f"{key}: {split_run['decode_tok_per_s']:.1f} tok/s decode", flush=True)
-    if a.handoff_ab:
-        res["handoff_ab"] = _handoff_ab(mf, store, portable, caps, knobs, split_run, prompt,
-                                        a.decode)
-        save()
     if a.tier_ab:
         pinned = tuple(int(x) for x in a.tier_ab.split(","))
         res["tier_ab"] = _tier_ab(mf, store, portable, caps, knobs, pinned, prompt, a.decode)
+        save()
+    if a.handoff_ab:
+        res["handoff_ab"] = _handoff_ab(mf, store, portable, caps, knobs, split_run, prompt,
+                                        a.decode)
         save()
     if "1x16" not in a.skip:
         total = sum(caps)
@@ -261,7 +261,7 @@ def _infos(caps):
 
 
 def _table(res: dict) -> None:
-    print(f"{'run':<12} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
+    print(f"{'run':<16} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
           f"{'hit pred':>9} {'slots':>14}")
     rows = dict(res["runs"])
     for ab in ("carve_ab", "handoff_ab", "tier_ab"):
@@ -269,7 +269,7 @@ def _table(res: dict) -> None:
             if "decode_tok_per_s" in r:
                 rows[f"{ab[:-3]} {name}"] = r
     for name, r in rows.items():
-        print(f"{name:<12} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
+        print(f"{name:<16} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
               f"{r['measured_hit_rate']:>9.3f} {r['predicted_hit_rate'] or 0:>9.3f} "
               f"{r['cache_slots']!s:>14}")
     for k in ("tokens_identical_split_vs_1gpu", "tokens_identical_small_vs_split"):
