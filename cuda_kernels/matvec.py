@@ -134,31 +134,41 @@ def _lanes_single(lf: LaneFormat):
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit
-    def matvec_lanes(w, row_bytes, n_sb, n_rows, sums_off, log, x, y, accumulate, tab):
-        # w: [n_rows * row_bytes] u8, rows of n_sb super-blocks; x: [n_sb * sb_values] f32|f16;
-        # y: [n_rows] f32 (= or += W x); two rows per 1 << log warps (interleaved steps); dynamic shared:
-        # padded x [sums_off] f32, then (sums) its 16-value sums
+    def matvec_lanes(w, w2, row_bytes, n_sb, n_rows, n_first, sums_off, log, x, y, y2,
+                     accumulate, tab):
+        # Rows [0, n_first) are W's (w -> y), rows [n_first, n_rows) a second matrix's of the
+        # same format and columns (w2 -> y2, from its row 0; n_first even, so a row pair never
+        # straddles the two; one matrix: n_first = n_rows). w, w2: rows of row_bytes, each of
+        # n_sb super-blocks; x: [n_sb * sb_values] f32|f16; y, y2 f32 (= or += W x); two rows
+        # per 1 << log warps (interleaved steps); dynamic shared: padded x [sums_off] f32, then
+        # (sums) its 16-value sums
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         xs = cuda.shared.array(0, types.float32)
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
         row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + (warp >> log)) * 2
-        off_a = min(row0, n_rows - 1) * row_bytes
-        off_b = min(row0 + 1, n_rows - 1) * row_bytes
-        cur = first(w, off_a, off_b, n_sb, sub * per_step)   # in flight while x is staged
+        second = row0 >= n_first and n_first < n_rows  # the same in the whole warp
+        src = w2 if second else w
+        out = y2 if second else y
+        if second:
+            row0 -= n_first
+        n_here = n_rows - n_first if second else n_first
+        off_a = min(row0, n_here - 1) * row_bytes
+        off_b = min(row0 + 1, n_here - 1) * row_bytes
+        cur = first(src, off_a, off_b, n_sb, sub * per_step)   # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
-        acc_a, acc_b = run(w, off_a, off_b, n_sb, cur, xs, sums_off, tab_s, sub * per_step,
+        acc_a, acc_b = run(src, off_a, off_b, n_sb, cur, xs, sums_off, tab_s, sub * per_step,
                            per_step << log)
         acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
         if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-            if row0 < n_rows:
-                y[row0] = y[row0] + acc_a if accumulate else acc_a
-            if row0 + 1 < n_rows:
-                y[row0 + 1] = y[row0 + 1] + acc_b if accumulate else acc_b
+            if row0 < n_here:
+                out[row0] = out[row0] + acc_a if accumulate else acc_a
+            if row0 + 1 < n_here:
+                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
     return matvec_lanes
 
 
@@ -184,14 +194,19 @@ def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
 
 
 def _launch_lanes(lf, w, x, y, n_rows: int, n_cols: int, row_bytes: int, stream,
-                  accumulate: bool) -> None:
+                  accumulate: bool, second=None) -> None:
+    """One lane launch: W x into y, and with second = (w2, y2, n_rows2) (n_rows even) that
+    matrix's rows too."""
     kern = _lanes_kernel(lf)
     n_sb = n_cols // lf.sb_values
-    log = lane_split(lf, n_rows, n_sb)
+    # one matrix: an empty y2 (never written; a second view of y would be copied back over y
+    # where numba transfers host arrays)
+    w2, y2, n2 = (w, y[:0], 0) if second is None else second
+    log = lane_split(lf, n_rows + n2, n_sb)
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
-    kern[n_blocks(n_rows, 2 * (LANE_WARPS >> log)), LANE_THREADS, stream, smem](
-        flat(w), row_bytes, n_sb, n_rows, padded_len(n_cols, lf.pad), log, x, y,
-        bool(accumulate), device_table(lf))
+    kern[n_blocks(n_rows + n2, 2 * (LANE_WARPS >> log)), LANE_THREADS, stream, smem](
+        flat(w), flat(w2), row_bytes, n_sb, n_rows + n2, n_rows, padded_len(n_cols, lf.pad),
+        log, x, y, y2, bool(accumulate), device_table(lf))
 
 
 def batch_tile_groups(n_tok: int) -> int:
@@ -249,6 +264,31 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
         flat(w), row_bytes, n_groups, n_rows, flat(x), flat(y), *extra, device_table(fmt))
 
 
+def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
+    """y = W x and y2 = W2 x for one token (x [n_cols]; y [n_rows], y2 [n_rows2] float32): one
+    launch where both have the same lane format and y has an even length (e.g. a layer's k and
+    v projections), else two `matvec` launches."""
+    check_array("x", x, (np.float32, np.float16), (None,))
+    check_array("y", y, np.float32, (None,))
+    check_array("y2", y2, np.float32, (None,))
+    fmt, fmt2 = get_format(ggml_type), get_format(ggml_type2)
+    n_cols, n_rows, n2 = x.shape[0], y.shape[0], y2.shape[0]
+    lf = lane_format(fmt.ggml_type)
+    if (fmt.ggml_type != fmt2.ggml_type or lf is None or not lanes_fit(lf, n_cols)
+            or n_rows % 2 or n_rows == 0 or n2 == 0):
+        matvec(w, ggml_type, x, y, stream=stream)
+        matvec(w2, ggml_type2, x, y2, stream=stream)
+        return
+    row_bytes = fmt.row_bytes(n_cols)
+    for name, a, n in (("w", w, n_rows), ("w2", w2, n2)):
+        check_array(name, a, np.uint8)
+        if a.size < n * row_bytes:
+            raise ValueError(f"{name}: {a.size} bytes, {fmt.name} [{n}, {n_cols}] needs "
+                             f"{n * row_bytes}")
+    _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream, False,
+                  second=(w2, y2, n2))
+
+
 def _ptx(fmt, n_tok, x_type):
     def build():
         k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
@@ -268,9 +308,9 @@ for _f in FORMATS.values():
 def _ptx_lanes(lf, x_type):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
-        return _lanes_single(lf).py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
-                                           types.int64, types.int64, x_type[::1],
-                                           types.float32[::1], types.boolean, tab)
+        u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
+        return _lanes_single(lf).py_func, (u8, u8, i64, i64, i64, i64, i64, i64, x_type[::1],
+                                           f32, f32, types.boolean, tab)
     return build
 
 

@@ -207,3 +207,54 @@ def test_sampling_full_vocab():
             got = tokens.copy_to_host()[n.copy_to_host()[0] - 1]
             assert got == want, (params, got, want)
     ROWS.append(("sample (exact token match)", f"({n_vocab},) x 8 steps", 0.0, 1.0))
+
+
+def test_decode_fusions_30b_shape():
+    """The decode step's fused launches at the 30B shape: k and v in one matvec (Q8_0
+    2048->512 twice), the output projection added into the residual (Q5_K 4096->2048), and
+    q/k norm + RoPE + the f16 KV write in one launch (32/4 heads x 128, position 3000)."""
+    from strata.cuda_kernels.kvcache import KvLayout, allocate_kv_side
+    from strata.cuda_kernels.matvec import matvec, matvec_pair
+    from strata.cuda_kernels.rope_kv import rope_kv
+    cuda = _cuda()
+    rng = np.random.default_rng()
+    x = rng.standard_normal(2048).astype(np.float32)
+    wk, wv = (random_rows("Q8_0", 512, 2048, rng) for _ in range(2))
+    yk, yv = _poisoned(512), _poisoned(512)
+    matvec_pair(cuda.to_device(wk.reshape(-1)), "Q8_0", cuda.to_device(wv.reshape(-1)), "Q8_0",
+                cuda.to_device(x), yk, yv)
+    x64 = x.astype(np.float64)
+    _check("matvec_pair k", (512, 2048), yk.copy_to_host(), reference("Q8_0", wk, 2048) @ x64)
+    _check("matvec_pair v", (512, 2048), yv.copy_to_host(), reference("Q8_0", wv, 2048) @ x64)
+    wo = random_rows("Q5_K", 2048, 4096, rng)
+    a = rng.standard_normal(4096).astype(np.float32)
+    res = rng.standard_normal(2048).astype(np.float32)
+    y = cuda.to_device(res)
+    matvec(cuda.to_device(wo), "Q5_K", cuda.to_device(a), y, accumulate=True)
+    _check("matvec accumulate Q5_K", (2048, 4096), y.copy_to_host(),
+           res + reference("Q5_K", wo, 4096) @ a.astype(np.float64))
+    n_head, n_kv, d, n_ctx, pos, theta, eps = 32, 4, 128, 4096, 3000, 1e6, 1e-6
+    q, k, v = (rng.standard_normal(n * d).astype(np.float32) for n in (n_head, n_kv, n_kv))
+    qw, kw = (rng.uniform(0.5, 1.5, d).astype(np.float32) for _ in range(2))
+    ks, vs = (allocate_kv_side(KvLayout("f16", n_ctx, n_kv, d)) for _ in range(2))
+    dq, dk = cuda.to_device(q), cuda.to_device(k)
+    rope_kv(dq, dk, cuda.to_device(v), cuda.to_device(np.array([pos], np.int32)), ks, vs,
+            n_head=n_head, theta=theta, q_norm_w=cuda.to_device(qw),
+            k_norm_w=cuda.to_device(kw), eps=eps)
+    half = d // 2
+    ang = pos * theta ** (-2.0 * np.arange(half) / d)
+
+    def want(x, w, n):
+        x = x.astype(np.float64).reshape(n, d)
+        x = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+        a, b = x[:, :half], x[:, half:]
+        return np.concatenate([a * np.cos(ang) - b * np.sin(ang),
+                               b * np.cos(ang) + a * np.sin(ang)], -1)
+    _check("rope_kv q", (n_head, d), dq.copy_to_host().reshape(n_head, d), want(q, qw, n_head))
+    want_k = want(k, kw, n_kv)
+    _check("rope_kv k", (n_kv, d), dk.copy_to_host().reshape(n_kv, d), want_k)
+    row = slice(pos * n_kv * 2 * d, (pos + 1) * n_kv * 2 * d)
+    got_k = ks.data.copy_to_host()[row].view(np.float16).reshape(n_kv, d)
+    _check("rope_kv K row (f16)", (n_kv, d), got_k, want_k, 1e-3)
+    got_v = vs.data.copy_to_host()[row].view(np.float16)
+    _check("rope_kv V row (f16)", (n_kv, d), got_v, v.astype(np.float64), 1e-3)

@@ -87,3 +87,20 @@ def test_matvec_accumulate_adds_into_y(name):
     assert _rel(y, want) < 1e-5
     with pytest.raises(ValueError, match="one token"):
         matvec(rows, name, x[None], y[None], accumulate=True)
+
+
+@pytest.mark.parametrize("name2,n_a", [("Q8_0", 4), ("Q8_0", 3), ("Q4_0", 4)])
+def test_matvec_pair_equals_two_products(name2, n_a):
+    """One launch over two matrices (same lane format, even rows), else two launches."""
+    from strata.cuda_kernels.matvec import matvec_pair
+
+    rng = np.random.default_rng(n_a)
+    n_cols = 64
+    wa = random_rows(BY_NAME["Q8_0"].ggml_type, n_a, n_cols, rng)
+    wb = random_rows(BY_NAME[name2].ggml_type, 6, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    ya, yb = np.full(n_a, np.nan, np.float32), np.full(6, np.nan, np.float32)
+    matvec_pair(wa.reshape(-1), "Q8_0", wb.reshape(-1), name2, x, ya, yb)
+    x64 = x.astype(np.float64)
+    assert _rel(ya, reference(BY_NAME["Q8_0"].ggml_type, wa, n_cols) @ x64) < 1e-5
+    assert _rel(yb, reference(BY_NAME[name2].ggml_type, wb, n_cols) @ x64) < 1e-5
