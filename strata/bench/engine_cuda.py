@@ -156,6 +156,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                    "miss_path": options.miss_path, "miss_path_gb_per_s": miss_gbps,
                    "cpu_pool_gb_per_s": pool_gbps, "graph": options.graph,
                    "miss_split": split.summary() if split is not None else None,
+                   "adaptive_cache_swaps": eng.n_adaptive_swaps
+                   if options.adaptive_cache else None,
                    "graph_nodes": eng.step.n_graph_nodes,
                    "hit_rate_measured": hits.hit_rate, "hit_rate_predicted": pred,
                    "hit_rate_per_layer": [None if np.isnan(x) else float(x)
@@ -236,6 +238,8 @@ def run_cuda(args) -> int:
     extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
     if getattr(args, "miss_share", None) is not None:
         extra["miss_share"] = args.miss_share
+    if getattr(args, "adaptive_cache", False):
+        extra["adaptive_cache"] = True
     options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
                           profile_path=args.profile, progress=not args.json, **extra)
     res = measure(args, options)
@@ -246,6 +250,7 @@ def run_cuda(args) -> int:
                + (" --no-graph" if args.no_graph else "")
                + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
                + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")
+               + (" --adaptive-cache" if "adaptive_cache" in extra else "")
                + (" --profile-decode" if args.profile_decode else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
                command=command, backend="cuda")

@@ -10,7 +10,8 @@
   and the outputs repeat;
 * decode hits and misses are counted on the device, per layer;
 * the CPU pool as the miss path, and the misses split between the pool and mapped reads
-  (hybrid), give the mapped path's tokens; IQ_MIX and LEGACY_MIX (gate and up in different
+  (hybrid), give the mapped path's tokens; the adaptive cache swaps slots without changing
+  tokens; IQ_MIX and LEGACY_MIX (gate and up in different
   formats) run.
 """
 
@@ -188,6 +189,34 @@ def test_hybrid_misses_give_the_mapped_tokens(tmp_models):
         assert pool.n_experts == split.n_cpu > 0 and split.n_gpu > 0
         assert toks == mapped
     assert split.gpu_bytes_per_s and split.cpu_bytes_per_s  # both rates measured
+    m.close()
+
+
+def test_adaptive_cache_swaps_slots_without_changing_tokens(tmp_models):
+    """--adaptive-cache: live counts that favour non-resident experts swap them in after the
+    prompt (bookkeeping intact, the device table the host's); the greedy tokens stay the static
+    cache's, and the swapped-in experts are hits from the first decode step."""
+    path = model_path(tmp_models, "Q4_K_M")
+    m, eng = load(path, expert_cache=8, prefill_borrow=False)
+    static, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    m.close()
+    m, eng = load(path, expert_cache=8, prefill_borrow=False, adaptive_cache=True)
+    table0 = m.cache.table.copy()
+    hot = {}
+    for layer in range(2):  # two non-resident experts of each layer made the hottest
+        hot[layer] = np.flatnonzero(table0[layer] < 0)[:2]
+        counts = np.zeros(16)
+        counts[hot[layer]] = 1000
+        m.adaptive.observe(layer, counts)
+    toks, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    ROWS.append(f"adaptive cache: {eng.n_adaptive_swaps} swaps, tokens {toks}; static {static}")
+    assert eng.n_adaptive_swaps >= 4
+    for layer in range(2):
+        assert (m.cache.table[layer][hot[layer]] >= 0).all()
+    m.cache.check()
+    device_table = m.acts["slot_table"].copy_to_host()
+    np.testing.assert_array_equal(device_table, m.cache.table)
+    assert toks == static
     m.close()
 
 

@@ -28,7 +28,7 @@ def model_path(folder: Path, mix: str, *, config=CONFIG, seed: int = 11) -> Path
     return path
 
 
-def load(path, *, graph: bool = True, backend=None, **knobs):
+def load(path, *, graph: bool = True, backend=None, adaptive_cache: bool = False, **knobs):
     """A `CudaModel` of `path` and one `CudaEngine` on it; `knobs` are `PlanOptions` fields
     (default: a 512-token context, a 1 MiB ring, loans allowed down to the last slot)."""
     from strata.engine.cuda.engine import CudaEngine
@@ -39,6 +39,7 @@ def load(path, *, graph: bool = True, backend=None, **knobs):
 
     base = dict(max_context=512, ring_mib=1, lend_floor_slots=0)
     base.update(knobs)
-    opts = CudaOptions(plan=PlanOptions(**base), graph=graph, progress=False)
+    opts = CudaOptions(plan=PlanOptions(**base), graph=graph, progress=False,
+                       adaptive_cache=adaptive_cache)
     m = CudaModel(open_model(path), opts, backend=backend)
     return m, CudaEngine(m, use_graph=graph)

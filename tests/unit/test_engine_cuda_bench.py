@@ -103,10 +103,12 @@ def test_oom_matrix_records_refusals_runs_and_failures(tmp_models, tmp_path, mon
 def test_miss_table_names_the_faster_path():
     rows = [{"cache_fraction": f, "miss_path": mp, "tokens_per_s": t, "hit_rate_measured": h}
             for f, mp, t, h in ((0.0, "mapped", 21.7, 0.0), (0.0, "cpu", 7.4, 0.0),
-                                (0.3, "mapped", 5.0, 0.66), (0.3, "cpu", 6.8, 0.66))]
+                                (0.0, "hybrid", 9.0, 0.0), (0.3, "mapped", 5.0, 0.66),
+                                (0.3, "cpu", 6.8, 0.66), (0.3, "hybrid", 8.1, 0.66))]
     lines = suite_mod.miss_table(rows).splitlines()
-    assert lines[1].split()[-1] == "mapped" and lines[2].split()[-1] == "cpu"
-    assert "66.0%" in lines[2]
+    assert lines[0].split()[2:5] == ["mapped", "cpu", "hybrid"]
+    assert lines[1].split()[-1] == "mapped" and lines[2].split()[-1] == "hybrid"
+    assert "66.0%" in lines[2] and "8.1" in lines[2]
 
 
 def test_generate_takes_the_vram_knobs_and_notes_them_on_the_cpu(tmp_models, capsys):
@@ -116,10 +118,10 @@ def test_generate_takes_the_vram_knobs_and_notes_them_on_the_cpu(tmp_models, cap
     path = str(model_path(tmp_models, "Q8_0"))
     rc = main(["generate", "-m", path, "--prompt-tokens", "1,2,3", "-n", "2",
                "--temperature", "0", "--backend", "cpu", "--gpu-mem", "8GiB",
-               "--expert-cache", "4", "--max-context", "64", "--json"])
+               "--expert-cache", "4", "--max-context", "64", "--adaptive-cache", "--json"])
     assert rc == 0
     err = capsys.readouterr().err
-    assert "--gpu-mem, --no-graph and --miss-path apply to the CUDA engine" in err
+    assert "--gpu-mem, --no-graph, --miss-path and --adaptive-cache apply to the CUDA engine" in err
 
 
 def test_generate_refuses_bad_knobs(tmp_models, capsys):

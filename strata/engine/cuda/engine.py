@@ -42,6 +42,7 @@ class CudaEngine(Engine):
         self.traffic = PrefillTraffic()
         self.n_prompts = 0
         self.last_prompt_use = None
+        self.n_adaptive_swaps = 0  # --adaptive-cache: slots swapped after prompts
         self._n_past = 0
         self._logits = np.zeros(model.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
         self._one = np.zeros(1, np.int32)
@@ -78,6 +79,8 @@ class CudaEngine(Engine):
                 self._n_past += int(part.size)
         finally:
             m.cache.refill()
+        if m.adaptive is not None:  # between requests, outside any graph
+            self.n_adaptive_swaps += m.adaptive.adapt(m.cache)
         self._set_lengths_host_only()
         self.n_prompts += 1
         return self._read_logits()

@@ -87,7 +87,8 @@ class MissShare:
         n = self.n_cpu + self.n_gpu
         return {"share_setting": "measured" if self.fixed is None else self.fixed,
                 "share_now": self.share, "cpu_fraction_of_misses": self.n_cpu / n if n else None,
-                "cpu_gb_per_s": _gb(self.cpu_bytes_per_s), "gpu_gb_per_s": _gb(self.gpu_bytes_per_s),
+                "cpu_gb_per_s": _gb(self.cpu_bytes_per_s),
+                "gpu_gb_per_s": _gb(self.gpu_bytes_per_s),
                 "n_cpu": self.n_cpu, "n_gpu": self.n_gpu}
 
 
@@ -165,7 +166,8 @@ class MappedShare:
 
     def _where(self, layer: int, stream) -> dict:
         m, a = self.m, self.m.acts
-        return dict(out=a["hidden"].reshape(m.shape.n_embd), slot_table=self.table, cache=m.host.device, slot_off=a["host_off"][layer],
+        return dict(out=a["hidden"].reshape(m.shape.n_embd), slot_table=self.table,
+                    cache=m.host.device, slot_off=a["host_off"][layer],
                     host=m.host.device, host_off=a["host_off"][layer:layer + 1],
                     h=a["moe_h"][0], miss_list=self.miss_list, counters=self.counters,
                     cpu_misses=True, stream=stream)

@@ -22,6 +22,7 @@ from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
 from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.experts import ExpertCache, build_store, profile_source
+from strata.experts.adaptive import AdaptiveRanks
 from strata.gguf import ModelFile
 from strata.memory import open_arena
 from strata.memory.arena import Arena, live_device_info
@@ -283,6 +284,8 @@ class CudaModel:
         writer = SlotWriter(self.acts["slot_table"], self.cache_bytes, cache_layout.slot_offset,
                             self.store, self.stream)
         self.cache = ExpertCache(cache_layout, s.n_layer, s.n_expert, writer)
+        # --adaptive-cache: prompts' routing counts re-rank the cache after each prompt
+        self.adaptive = AdaptiveRanks(s.n_layer, s.n_expert) if o.adaptive_cache else None
         # Where the MoE kernels read resident experts: the arena (offsets from its first byte).
         # A layer split's stage with helper tiers widens it to a window over the tiers it
         # reaches (strata.engine.multi.tiers): the arena then starts `window_shift` bytes in,

@@ -11,7 +11,10 @@ from strata.plan.options import PlanOptions
 # decode misses: the GPU reads mapped host memory | the CPU pool | both, split by a share
 MISS_PATHS = ("mapped", "cpu", "hybrid")
 # measured on the H200 (Q8_0 30B-A3B shape): mapped reads 21.7 / 40.7 / 54.3 tok/s against the
-# CPU pool's 7.4 / 10.3 / 6.8 at hit rates 0 / 51 / 66% (bench/results/2026-11-30_engine_cuda_*)
+# CPU pool's 7.4 / 10.3 / 6.8 at hit rates 0 / 51 / 66% (bench/results/2026-11-30_engine_cuda_*);
+# 4 of its layers: mapped 257.5 / 565.5, hybrid 153.7 / 204.0, CPU pool 89.9 / 169.6 tok/s at 0 /
+# 64% hits (2026-11-30_engine_cuda_miss_hybrid.json): the pool's per-layer host round trip costs
+# more than the CPU's bandwidth adds
 MISS_PATH_DEFAULT = "mapped"
 
 
@@ -27,7 +30,9 @@ class CudaOptions:
     where decode computes the experts missed in VRAM — "mapped" (the MoE kernel reads them from
     mapped host memory), "cpu" (the CPU engine's expert pool, beside the GPU's hits) or "hybrid"
     (both at once: the pool computes `miss_share` of each layer's misses, the GPU reads the
-    rest; `miss_share` None: chosen from the two paths' measured rates)."""
+    rest; `miss_share` None: chosen from the two paths' measured rates); `adaptive_cache`:
+    after each prompt, swap cache slots towards the experts its routing used most
+    (`strata.experts.adaptive`)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -38,6 +43,7 @@ class CudaOptions:
     tensor_cores: bool = True
     miss_path: str = MISS_PATH_DEFAULT
     miss_share: float | None = None
+    adaptive_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:

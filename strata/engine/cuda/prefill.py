@@ -183,6 +183,8 @@ class PromptRun:
         routing.counts.copy_to_host(self.host_counts, stream=st)
         st.synchronize()
         used = self.host_counts[:self.n_expert] > 0
+        if m.adaptive is not None:  # the routing-adaptive cache's live counts
+            m.adaptive.observe(il, self.host_counts[:self.n_expert])
         resident = m.held(il)  # cache slots and (a split stage's) helper tiers
         streamed = np.flatnonzero(used & ~resident)
         in_place = np.flatnonzero(used & resident)
