@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"),
                    help="decode misses: mapped host reads on the GPU, the CPU pool, or both "
                         "(hybrid) (default: the engine's)")
+    g.add_argument("--adaptive-cache", action="store_true",
+                   help="after each prompt, swap cache slots towards the experts it routed to")
     g.add_argument("--miss-share", type=float, metavar="F",
                    help="--miss-path hybrid: the CPU pool's fraction of the misses (default: "
                         "from the measured rates of both paths)")

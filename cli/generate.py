@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: where experts missed in VRAM are computed: the GPU reading mapped "
                         "host memory, the CPU pool, or both at once (hybrid) (default: the "
                         "engine's measured choice)")
+    p.add_argument("--adaptive-cache", action="store_true",
+                   help="CUDA: after each prompt, swap expert-cache slots towards the experts "
+                        "its routing used most")
     p.add_argument("--miss-share", type=float, default=None, metavar="F",
                    help="CUDA, --miss-path hybrid: the CPU pool's fraction of the misses "
                         "(default: from the measured rates of both paths)")
@@ -70,9 +73,9 @@ def _engine(args, model) -> tuple[str, object]:
     split_from_args(args)  # and a bad split flag
     name, mod = select_backend(args.backend)
     if name != "cuda":
-        if args.gpu_mem or args.no_graph or args.miss_path:
-            print(f"note: --gpu-mem, --no-graph and --miss-path apply to the CUDA engine; the "
-                  f"{name} backend ignores them", file=sys.stderr)
+        if args.gpu_mem or args.no_graph or args.miss_path or args.adaptive_cache:
+            print(f"note: --gpu-mem, --no-graph, --miss-path and --adaptive-cache apply to the "
+                  f"CUDA engine; the {name} backend ignores them", file=sys.stderr)
         given = (["--gpus"] if args.gpus else []) + split_flags_given(args)
         if given:
             print(f"note: {', '.join(given)}: the layer split runs on the CUDA engine; the "
@@ -84,14 +87,20 @@ def _engine(args, model) -> tuple[str, object]:
 
     req = gpu_request(args, visible_gpus())
     if req.is_split and args.miss_path in ("cpu", "hybrid"):
-        raise StrataError(f"--miss-path {args.miss_path}: a layer split reads missed experts from mapped host "
-                          "memory on each stage's GPU (drop --miss-path, or use one GPU)")
+        raise StrataError(f"--miss-path {args.miss_path}: a layer split reads missed experts "
+                          "from mapped host memory on each stage's GPU (drop --miss-path, or use "
+                          "one GPU)")
     plan = options_from_args(args)
     if plan.max_context is None:  # generate's default: the model's context, at most 4096
         plan = dataclasses.replace(plan, max_context=min(model.shape.n_ctx_train or 4096, 4096))
     extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
     if args.miss_share is not None:
         extra["miss_share"] = args.miss_share
+    if args.adaptive_cache:
+        if req.is_split:
+            raise StrataError("--adaptive-cache: a layer split keeps its planned residency "
+                              "(drop --adaptive-cache, or use one GPU)")
+        extra["adaptive_cache"] = True
     options = CudaOptions(plan=plan, gpu_mem=req.gpu_mem[0], device=req.devices[0],
                           graph=not args.no_graph, profile_path=args.profile,
                           progress=not args.json, **extra)
