@@ -1,7 +1,7 @@
 #!/bin/bash
 # The CUDA engine's device run (issue #6), from the checkout root on the GPU machine with .whl/
 # (numpy 2.4.6, gguf 0.19 wheels) and optionally build/aotfull (a kernel bundle) carried;
-# LIMIT=seconds; .engine_commit holds the commit. Runs the GPU tests (pool, hybrid, mixes, ring
+# LIMIT=seconds; .engine_commit holds the commit. Runs the GPU tests (pool, hybrid, adaptive, mixes, ring
 # waves) beside the OOM matrix (30B-A3B Q8_0 header-only file), then, once both are done (the
 # CPU pool's timings need the cores), the miss-path sweep (mapped / cpu / hybrid) on a 4-layer
 # real Q8_0 file. Everything under $OUT.
@@ -15,7 +15,7 @@ cd /tmp
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 echo "install done t=$(el)" | tee $OUT/times.log
 ( timeout $((LIMIT - 8)) python3 -m pytest -q -s -p no:cacheprovider -p no:xdist -o addopts=-ra $R/tests/gpu/test_engine_gpu.py \
-    -k "cpu_pool or hybrid or IQ_MIX or LEGACY_MIX or ring_waves" --junitxml=$OUT/gpu_tests.xml \
+    -k "cpu_pool or hybrid or adaptive or IQ_MIX or LEGACY_MIX or ring_waves" --junitxml=$OUT/gpu_tests.xml \
     > $OUT/gpu_tests.log 2>&1; echo "tests rc=$? t=$(el)" >> $OUT/times.log ) &
 python3 -m strata.cli.main synth qwen3-30b-a3b --quant Q8_0 --header-only -o /tmp/q8h.gguf --quiet > $OUT/synth.log 2>&1
 ( python3 -m strata.cli.main synth qwen3-30b-a3b --quant Q8_0 --skew 3 --layers 4 -o /tmp/q8l4.gguf >> $OUT/synth.log 2>&1; echo "synth4 t=$(el)" >> $OUT/times.log ) &
