@@ -2,8 +2,9 @@
 with `launch.register_ptx` under family "prefill" when this module is imported by the compile
 check (`python -m strata.cuda_kernels.compile_check --family prefill`).
 
-The tensor-core grouped GEMM is compiled for every format (its weight-tile loader is the only
-per-format part); the other modes and the FMA path for the formats the 30B models use.
+These are also the specializations the binary's kernel bundle carries (`strata.aot.build`), so
+every variant the engine launches is listed, for every weight format and the attention shapes of
+the models we run; the FMA fallback for the formats the 30B models use.
 """
 
 from __future__ import annotations
@@ -45,33 +46,48 @@ def _fixed(kernel, sig):
     return lambda: (kernel.py_func, sig)
 
 
+# Attention shapes the bundle carries: head sizes and query heads per KV head of the models we
+# run (Qwen3-MoE: 128 with groups 4, 8 and 16; the built-in tiny model: 3), and their neighbours.
+HEAD_DIMS = (64, 128)
+GROUPS = (1, 2, 3, 4, 6, 8, 16)
+
+
 def _attn_specs(fmt):
     q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
-    yield (f"decode_attn_{fmt}", lambda: (attention._split_kernel(fmt, fmt, 128, 8, attention.SPLIT_LEN).py_func,
-                                          (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
-    yield (f"prefill_attn_{fmt}",
-           lambda: (attention_prefill._prefill_kernel(fmt, fmt, 128, attention_prefill.WARPS,
-                                                      attention_prefill.BKV).py_func,
-                    (q3, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3)))
-    yield (f"kv_write_{fmt}", lambda: (kvcache._write_kernel(fmt, 128).py_func,
-                                       (q3, _I32, _I64, _U8, _F16)))
+    for hd in HEAD_DIMS:
+        for group in GROUPS:
+            if fmt == "f16" and attention_wide.supports(fmt, fmt, hd, group,
+                                                        attention.SPLIT_LEN):
+                continue  # the tensor-core kernel serves these (registered below)
+            yield (f"decode_attn_{fmt}_hd{hd}_g{group}",
+                   _fixed(attention._split_kernel(fmt, fmt, hd, group, attention.SPLIT_LEN),
+                          (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+        yield (f"prefill_attn_{fmt}_hd{hd}",
+               _fixed(attention_prefill._prefill_kernel(fmt, fmt, hd, attention_prefill.WARPS,
+                                                        attention_prefill.BKV),
+                      (q3, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3)))
+        yield (f"kv_write_{fmt}_hd{hd}", _fixed(kvcache._write_kernel(fmt, hd),
+                                                (q3, _I32, _I64, _U8, _F16)))
 
 
 def register() -> None:
+    # what the prefill path launches, for every weight format a model may carry: dense
+    # projections (f16 or f32 activations, f32 out), the MoE's gate/up (gathered rows, SwiGLU,
+    # f16 out) and down (f32 out); tests/unit/test_aot_coverage.py checks the engine against it
     for f in FORMATS.values():
+        t = f.ggml_type
         register_ptx(FAMILY, f"moe_gate_up_tc_{f.name}",
-                     _tc_spec(f.ggml_type, x_half=True, grouped=True, gather=True, swiglu=True,
+                     _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,
                               out_half=True))
-    for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_K"):
-        t = BY_NAME[name].ggml_type
-        register_ptx(FAMILY, f"moe_down_tc_{name}",
+        register_ptx(FAMILY, f"moe_down_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
                               out_half=False))
-    for name in ("Q4_K", "Q8_0"):
+        for x_half in (True, False):
+            register_ptx(FAMILY, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
+                         _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
+                                  out_half=False))
+    for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores): compile-checked only
         t = BY_NAME[name].ggml_type
-        register_ptx(FAMILY, f"dense_tc_f32in_{name}",
-                     _tc_spec(t, x_half=False, grouped=False, gather=False, swiglu=False,
-                              out_half=False))
         register_ptx(FAMILY, f"moe_gate_up_fma_{name}",
                      _fma_spec(t, grouped=True, gather=True, swiglu=True))
         register_ptx(FAMILY, f"moe_down_fma_{name}",
@@ -89,11 +105,13 @@ def register() -> None:
                                              _I64, _I64, _I64, f2)))
     register_ptx(FAMILY, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
-    for hd, group in ((128, 8), (128, 4), (64, 8)):  # the tensor-core f16 kernel (default)
-        register_ptx(FAMILY, f"decode_attn_f16_wide_hd{hd}_g{group}",
-                     _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
-                            (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
-                     options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
+    for hd in HEAD_DIMS:  # the tensor-core f16 kernel (the default where it applies)
+        for group in GROUPS:
+            if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
+                register_ptx(FAMILY, f"decode_attn_f16_wide_hd{hd}_g{group}",
+                             _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
+                                    (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
+                             options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         for name, build in _attn_specs(fmt):
             register_ptx(FAMILY, name, build)
