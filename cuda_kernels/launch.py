@@ -56,17 +56,20 @@ def flat(a: Any) -> Any:
     return a.reshape(a.size) if len(a.shape) != 1 else a
 
 
-_TABLES: dict[int, Any] = {}
+_TABLES: dict[tuple[int, int], Any] = {}  # (context handle, ggml type) -> device table
 
 
 def device_table(fmt) -> Any:
-    """The format's lookup table in device memory (made on first use, i.e. at warm-up, never
-    during graph capture); the numpy table under the simulator."""
+    """The format's lookup table in the current context's device memory (made on first use,
+    i.e. at warm-up, never during graph capture); the numpy table under the simulator. One per
+    context: a layer split runs a context per GPU, and a table on another GPU would be read over
+    the link, or not at all where the GPUs have no peer access."""
     if SIMULATED:
         return fmt.table
-    t = _TABLES.get(fmt.ggml_type)
+    key = (int(cuda.current_context().handle), fmt.ggml_type)
+    t = _TABLES.get(key)
     if t is None:
-        t = _TABLES[fmt.ggml_type] = cuda.to_device(fmt.table)
+        t = _TABLES[key] = cuda.to_device(fmt.table)
     return t
 
 
