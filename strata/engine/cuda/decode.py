@@ -2,12 +2,12 @@
 device memory — the token (history[seq_len]), the position and length (seq_len), the routing,
 the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
 
-Per step: embedding of history[seq_len]; per layer: RMSNorm, q/k/v matvecs, per-head norm and
-RoPE at seq_len, KV write at seq_len, split-K attention over seq_len + 1 keys, output
-projection added into the residual by its matvec, RMSNorm, router matvec, top-k, the MoE (cache
-slot or mapped host memory per expert, added into the residual, hits/misses counted per layer);
-final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler appending
-to the history.
+Per step: embedding of history[seq_len]; per layer: RMSNorm, q and k+v matvecs, per-head norm, RoPE
+and the KV write at seq_len (one launch for an f16 cache), split-K attention over seq_len + 1 keys,
+output projection added into the residual by its matvec, RMSNorm, router matvec, top-k, the MoE
+(cache slot or mapped host memory per expert, added into the residual, hits/misses counted per
+layer); final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler
+appending to the history.
 
 `--no-graph` runs the same `record` launch by launch: the same kernels, the same tokens.
 
@@ -25,9 +25,10 @@ from strata.cuda_kernels.attention import decode_attention
 from strata.cuda_kernels.elementwise import embed
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
-from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.matvec import matvec, matvec_pair
 from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
+from strata.cuda_kernels.rope_kv import rope_kv, rope_kv_fits
 from strata.cuda_kernels.router import route
 from strata.cuda_kernels.sampling import argmax, sample
 from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
@@ -117,16 +118,23 @@ class DecodeStep:
         b = f"blk.{il}."
         eps = s.rms_norm_eps
         rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
-        for name, out in (("attn_q", self.q), ("attn_k", self.k), ("attn_v", self.v)):
-            w = m.matrices[b + name]
-            matvec(w.data, w.ggml_type, self.xn1, out.reshape(out.size), stream=stream)
-        qk_norm_rope(self.q, self.k, self.seq_len, n_head=s.n_head, n_head_kv=s.n_head_kv,
-                     head_dim=s.head_dim, theta=s.rope_freq_base,
-                     q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
-                     eps=eps, stream=stream)
+        w = m.matrices[b + "attn_q"]
+        matvec(w.data, w.ggml_type, self.xn1, self.q.reshape(self.q.size), stream=stream)
+        wk, wv = m.matrices[b + "attn_k"], m.matrices[b + "attn_v"]  # one launch if one format
+        matvec_pair(wk.data, wk.ggml_type, wv.data, wv.ggml_type, self.xn1,
+                    self.k.reshape(self.k.size), self.v.reshape(self.v.size), stream=stream)
         k_side, v_side = m.kv_sides[il]
-        kv_write(self.k3, k_side, self.seq_len, stream=stream)
-        kv_write(self.v3, v_side, self.seq_len, stream=stream)
+        norms = dict(q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
+                     eps=eps, stream=stream)
+        if rope_kv_fits(k_side, v_side):  # f16 KV: norm, RoPE and both writes in one launch
+            rope_kv(self.q.reshape(self.q.size), self.k.reshape(self.k.size),
+                    self.v.reshape(self.v.size), self.seq_len, k_side, v_side,
+                    n_head=s.n_head, theta=s.rope_freq_base, **norms)
+        else:
+            qk_norm_rope(self.q, self.k, self.seq_len, n_head=s.n_head, n_head_kv=s.n_head_kv,
+                         head_dim=s.head_dim, theta=s.rope_freq_base, **norms)
+            kv_write(self.k3, k_side, self.seq_len, stream=stream)
+            kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
                          n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
