@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from numba import cuda, float32, int64, uint32
 
-from .matmul_loads import RAW_WORDS
 from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
@@ -39,7 +38,8 @@ class TcTile:
     a k step of 32 * kch values (kch dequantized chunks per weight row per step).
 
     ldsm: MMA fragments read with ldmatrix (else one 32-bit shared load per register);
-    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead.
+    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead;
+    min_blocks: launch bounds (threads, min_blocks) when > 0 (`jit_options`).
     """
 
     bm: int
@@ -49,6 +49,7 @@ class TcTile:
     kch: int = 1
     ldsm: bool = True
     pipe: bool = True
+    min_blocks: int = 0  # > 0: launch bounds asking ptxas to fit that many blocks per SM
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -67,6 +68,12 @@ class TcTile:
     @property
     def k_step(self) -> int:
         return K_STEP * self.kch
+
+    @property
+    def jit_options(self) -> dict:
+        """Extra `cuda.jit` / `compile_ptx` options of this tile's kernels (ahead-of-time builds
+        must pass them too)."""
+        return {"launch_bounds": (self.threads, self.min_blocks)} if self.min_blocks > 0 else {}
 
     @property
     def threads(self) -> int:
@@ -134,22 +141,23 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     # (with f32 activations the A threads also convert: measured slower, so both jobs are shared)
     ROLE_SPLIT = (not PIPE_A and x_half and NTHREADS >= 2 * B_ITEMS
                   and (NTHREADS - B_ITEMS) % WPR == 0 and (BM * WPR) % (NTHREADS - B_ITEMS) == 0)
+    # A split loader serves 32-value steps with every weight row owned by 1 or 2 threads
+    SPLIT = loader is not None and tile.pipe and KCH == 1 and NTHREADS >= B_ITEMS
+    PARTS = 2 if SPLIT and PIPE_A and NTHREADS >= 2 * B_ITEMS else 1  # threads per weight row
+    fetch, decode, N_RAW = loader(PARTS) if SPLIT else (None, None, 1)
     if PIPE_A:
-        NBT = min(NTHREADS, B_ITEMS)  # threads decoding B (the rest only copy A)
+        NBT = min(NTHREADS, B_ITEMS * PARTS)  # threads decoding B (the rest only copy A)
         NAT, A_ITERS, ROW_STEP = NTHREADS, BM * CPR // NTHREADS, NTHREADS // CPR
     else:
         NBT = B_ITEMS if ROLE_SPLIT else NTHREADS
         NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
         A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
-    B_ITERS = (B_ITEMS + NBT - 1) // NBT
-    SPLIT = loader is not None and tile.pipe and KCH == 1 and B_ITERS == 1
-    fetch, decode = loader if SPLIT else (None, None)
+    B_ITERS = 1 if SPLIT else (B_ITEMS + NBT - 1) // NBT
     LDSM = tile.ldsm
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
-    N_RAW = RAW_WORDS
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
@@ -175,18 +183,24 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
 
     @cuda.jit(device=True, inline="always")
     def load_b(wbuf, boff, vals, raw, sB, buf, kt, bt):
+        if SPLIT:
+            if bt < B_ITEMS * PARTS:
+                dst = buf * WORDS_B + (bt // PARTS) * SA
+                if boff[0] >= 0:
+                    decode(raw, kt, bt % PARTS, sB, dst)
+                else:
+                    for w in range(16 // PARTS):
+                        sB[dst + (bt % PARTS) * (16 // PARTS) + w] = uint32(0)
+            return
         for i in range(B_ITERS):
             item = bt + i * NBT
             if item < B_ITEMS:
                 r, c = item // KCH, item % KCH
                 dst = buf * WORDS_B + r * SA + 16 * c
                 if boff[i] >= 0:
-                    if SPLIT:
-                        decode(raw, kt, sB, dst)
-                    else:
-                        dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
-                        for w in range(16):
-                            sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
+                    dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
+                    for w in range(16):
+                        sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
                 else:
                     for w in range(16):
                         sB[dst + w] = uint32(0)
@@ -196,8 +210,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         """Start step kt's loads that complete in the background: its A tile (cp.async) and the
         split loader's weight words."""
         if SPLIT:
-            if tid < NBT and boff[0] >= 0:
-                fetch(wbuf, boff[0], kt, raw)
+            if tid < B_ITEMS * PARTS and boff[0] >= 0:
+                fetch(wbuf, boff[0], kt, raw, tid % PARTS)
         if PIPE_A:
             load_a(x, arow, sA, buf, kt, tid)
 
@@ -218,10 +232,12 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
-    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane):
+    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live):
         if LDSM:
             ka = kk * 8 + (lane >> 4) * 4
             for mt in range(MT):
+                if mt >= n_live:
+                    break
                 a0, a1, a2, a3 = ldsm_x4(sA, buf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
                                          * SA + ka)
                 afr[mt * 4] = a0
@@ -239,6 +255,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return
         g, t = lane >> 2, lane & 3
         for mt in range(MT):
+            if mt >= n_live:
+                break
             ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
             afr[mt * 4 + 0] = sA[ra]
             afr[mt * 4 + 1] = sA[ra + 8 * SA]
@@ -250,10 +268,14 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
-    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
+    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live):
+        """The warp's MMAs of one k step over its first n_live 16-row tiles (the others hold
+        only rows past the group's end: their tensor-core work is skipped)."""
         for kk in range(2 * KCH):
-            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane)
+            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live)
             for mt in range(MT):
+                if mt >= n_live:
+                    break
                 for nt in range(NT):
                     c = (mt * NT + nt) * 4
                     d = mma_16816(afr[mt * 4], afr[mt * 4 + 1], afr[mt * 4 + 2], afr[mt * 4 + 3],
@@ -304,7 +326,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return nb * COLS + (r // WTN) * HALF_WTN + within % HALF_WTN, within >= HALF_WTN
         return nb * COLS + r, False
 
-    @cuda.jit
+    @cuda.jit(**tile.jit_options)
     def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
                tile_group, tile_m0, n_tiles, n_rows, out):
         tid = cuda.threadIdx.x
@@ -341,12 +363,13 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
         for i in range(B_ITERS):
-            f, second = weight_row((tid + i * NBT) // KCH, nb)
+            f, second = weight_row(tid // PARTS if SPLIT else (tid + i * NBT) // KCH, nb)
             base = base1[grp] if second else base0[grp]
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
         n_k = k_dim // (K_STEP * KCH)
+        n_live = min(MT, max(0, (count - m0 - wm * WTM + 15) // 16))  # warp-uniform
         prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
         finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
         cuda.syncthreads()
@@ -358,7 +381,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             buf = kt & 1
             if kt + 1 < n_k:
                 prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
-            mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
+            if n_live > 0:
+                mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live)
             if kt + 1 < n_k:
                 finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
             cuda.syncthreads()
