@@ -76,16 +76,18 @@ def register() -> None:
     # f16 out) and down (f32 out); tests/unit/test_aot_coverage.py checks the engine against it
     for f in FORMATS.values():
         t = f.ggml_type
+        # the tile's launch bounds are part of what the frozen dispatcher asks the bundle for
+        tc = TC_TILE.jit_options
         register_ptx(FAMILY, f"moe_gate_up_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,
-                              out_half=True))
+                              out_half=True), options=tc)
         register_ptx(FAMILY, f"moe_down_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
-                              out_half=False))
+                              out_half=False), options=tc)
         for x_half in (True, False):
             register_ptx(FAMILY, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
                          _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
-                                  out_half=False))
+                                  out_half=False), options=tc)
     for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores): compile-checked only
         t = BY_NAME[name].ggml_type
         register_ptx(FAMILY, f"moe_gate_up_fma_{name}",
