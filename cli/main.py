@@ -90,8 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `strata` command: main(), then the process ends with its status (`strata.shutdown`:
+    past cuda.core's crash at exit). main() itself returns, for in-process callers (tests)."""
+    from strata.shutdown import finish
+
+    finish(main())
+
+
 if __name__ == "__main__":
     import multiprocessing
 
     multiprocessing.freeze_support()  # a frozen app's worker processes start here too
-    sys.exit(main())
+    entry()

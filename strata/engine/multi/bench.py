@@ -296,10 +296,6 @@ def _table(res: dict) -> None:
                   f"({t['block']['gb_per_s']:.2f} GB/s)")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 
 def run_split_cli(args, req) -> int:
     """`strata bench --backend cuda` over several GPUs (`req`: strata.engine.multi.request):
@@ -342,3 +338,9 @@ def run_split_cli(args, req) -> int:
             json.dump(res, f, indent=1)
         print(f"wrote {args.json_out}", file=sys.stderr)
     return 0
+
+
+if __name__ == "__main__":
+    from strata.shutdown import finish
+
+    finish(main())
