@@ -84,3 +84,20 @@ def test_each_table_names_its_layers_and_the_handoff(capsys, model):
 def test_bad_split_input_exits_1(capsys, model, argv, match):
     assert main(["plan", "-m", model, *argv]) == 1
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("knobs,match", [
+    ({"miss_path": "cpu"}, "--miss-path cpu"), ({"miss_path": "hybrid"}, "--miss-path hybrid"),
+    ({"adaptive_cache": True}, "--adaptive-cache"), ({"profile_decode": True}, "--profile-decode"),
+])
+def test_split_bench_refuses_the_one_gpu_engines_knobs(model, knobs, match):
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from strata.engine.multi.bench import run_split_cli
+    from strata.errors import StrataError
+
+    args = Namespace(model=[model], prompt_tokens=4, gen=4, **{
+        "miss_path": "mapped", "adaptive_cache": False, "profile_decode": False, **knobs})
+    with pytest.raises(StrataError, match=match):
+        run_split_cli(args, SimpleNamespace(devices=(0, 1)))

@@ -308,7 +308,9 @@ def run_split_cli(args, req) -> int:
         raise StrataError("--backend cuda measures one model: give -m FILE once")
     if args.prompt_tokens < 1 or args.gen < 2:
         raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
-    for flag, on in (("--miss-path cpu", getattr(args, "miss_path", None) == "cpu"),
+    miss_path = getattr(args, "miss_path", None)
+    for flag, on in ((f"--miss-path {miss_path}", miss_path in ("cpu", "hybrid")),
+                     ("--adaptive-cache", getattr(args, "adaptive_cache", False)),
                      ("--profile-decode", args.profile_decode)):
         if on:
             raise StrataError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
