@@ -1,6 +1,11 @@
 """MoE decode for a small batch of tokens (2..8 sequences decoding together): every token's top-k
 experts of one layer in two launches, whatever the batch size.
 
+Formats with a lane decoding (the K-quant and IQ mixes) run `batch_moe_lanes`'s kernels: gate_up
+grouped by expert (each selected expert's rows read once for all the tokens that chose it) and
+down per token, each token's arithmetic the one-token lane kernels'. The generic kernels below
+serve the other formats:
+
 The expert blobs are found as in `moe` (slot table -> VRAM cache slot, or mapped host memory for a
 miss; `ExpertLayout` gives the gate/up/down offsets), and hits/misses are counted per layer. Work
 is laid out per (token, top-k position) entry, the entries on the grid's fastest axis, so the
@@ -19,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, from_dtype, types
 
+from .batch_moe_lanes import launch_lanes, lanes_plan
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .launch import check_array, device_table, n_blocks, register_ptx
@@ -162,26 +168,32 @@ def batch_moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_
     check_array("h", h, np.float32, (n_tok, k, layout.n_ff))
     check_array("out", out, np.float32, (n_tok, layout.n_embd))
     check_array("counters", counters, np.int64, (n_layer, 2))
-    x_bytes, h_bytes = staged_bytes(layout.n_embd // 32), staged_bytes(k * layout.n_ff // 32)
-    if max(x_bytes, h_bytes) > MAX_STAGED_BYTES:
-        raise ValueError(f"batched moe: n_embd {layout.n_embd} or k * n_ff {k * layout.n_ff} "
-                         f"values exceed the {MAX_STAGED_BYTES} B of shared memory staged")
-    gu, dn = get_format(layout.gate_up_type), get_format(layout.down_type)
-
     def rows(n: int) -> int:
         return n if max_row_blocks is None else min(n, max_row_blocks)
 
     where = (slot_table, layer, cache, slot_off, host, host_off)
     h1 = h.reshape(h.size)
+    ids1, w1, x1, out1 = ids.reshape(ids.size), weights.reshape(weights.size), x.reshape(x.size), \
+        out.reshape(out.size)
+    lanes = lanes_plan(layout, k, n_tok)
+    if lanes is not None:
+        launch_lanes(lanes, x1, ids1, w1, k, n_tok, layout=layout, where=where,
+                     counters=counters, h1=h1, out=out1, accumulate=accumulate, stream=stream,
+                     rows=rows, tables=(device_table(lanes.gu), device_table(lanes.dn)))
+        return
+    x_bytes, h_bytes = staged_bytes(layout.n_embd // 32), staged_bytes(k * layout.n_ff // 32)
+    if max(x_bytes, h_bytes) > MAX_STAGED_BYTES:
+        raise ValueError(f"batched moe: n_embd {layout.n_embd} or k * n_ff {k * layout.n_ff} "
+                         f"values exceed the {MAX_STAGED_BYTES} B of shared memory staged")
+    gu, dn = get_format(layout.gate_up_type), get_format(layout.down_type)
     _kernel("gate_up", gu.ggml_type)[(n_tok * k, rows(n_blocks(layout.n_ff, WARPS))), THREADS,
                                      stream, x_bytes](
-        x.reshape(x.size), ids.reshape(ids.size), k, *where, counters, layout.gate_row_bytes,
-        layout.n_embd // 32, layout.n_ff, layout.up_off, h1, device_table(gu))
+        x1, ids1, k, *where, counters, layout.gate_row_bytes, layout.n_embd // 32, layout.n_ff,
+        layout.up_off, h1, device_table(gu))
     _kernel("down", dn.ggml_type)[(n_tok, rows(n_blocks(layout.n_embd, WARPS))), THREADS, stream,
                                   h_bytes](
-        h1, ids.reshape(ids.size), weights.reshape(weights.size), k, *where, layout.down_off,
-        layout.down_row_bytes, layout.n_ff // 32, layout.n_embd, bool(accumulate),
-        out.reshape(out.size), device_table(dn))
+        h1, ids1, w1, k, *where, layout.down_off, layout.down_row_bytes, layout.n_ff // 32,
+        layout.n_embd, bool(accumulate), out1, device_table(dn))
 
 
 _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]

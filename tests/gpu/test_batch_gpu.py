@@ -6,7 +6,11 @@
   give each one the greedy tokens it gets decoded alone, and the float64 reference's;
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
-* the serve worker over the engine: concurrent jobs complete with the tokens decoded alone.
+* the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
+* the small-batch kernels on the device: each token's matvec (`lanes_batch`) and MoE
+  (`batch_moe`'s lane kernels, gate_up grouped by expert) equal to the one-token kernels' to
+  float32 rounding (bit for bit where the compiler fuses the same way), and the matvec within
+  float32 rounding of gguf-py's dequantization.
 """
 
 from __future__ import annotations
@@ -103,3 +107,84 @@ def test_serve_worker_over_the_batched_engine(setup):
     alone = [_alone(eng, p, 6)[0] for p in PROMPTS]
     clients = run_clients(eng, list(PROMPTS), 6)
     assert [c.tokens for c in clients] == alone
+
+
+@pytest.mark.parametrize("name,n_cols,n_rows", [("Q4_K", 2048, 96), ("Q4_K", 4096, 40),
+                                                ("Q6_K", 2048, 70)])
+def test_batch_matvec_on_the_device_equals_one_token(name, n_cols, n_rows):
+    from numba import cuda
+
+    from helpers.kernel_blocks import random_rows, reference
+    from strata.cuda_kernels.lanes_batch import matvec_batch
+    from strata.cuda_kernels.matvec import matvec
+
+    rng = np.random.default_rng(n_cols + n_rows)
+    rows = random_rows(name, n_rows, n_cols, rng)
+    w = cuda.to_device(rows.reshape(-1))
+    ref = reference(name, rows, n_cols)
+    for n in (2, 5, 8):   # 2048 columns: 2, 5 and 4 tokens a block; 4096: 2
+        x = rng.standard_normal((n, n_cols)).astype(np.float32)
+        y = cuda.to_device(np.full((n, n_rows), np.nan, np.float32))
+        xd = cuda.to_device(x)
+        matvec_batch(w, name, xd, y)
+        got = y.copy_to_host()
+        want = x.astype(np.float64) @ ref.T
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, n
+        for t in range(n):
+            one = cuda.to_device(np.full(n_rows, np.nan, np.float32))
+            matvec(w, name, xd[t], one)
+            _same(got[t], one.copy_to_host(), f"matvec {name} {n_cols}->{n_rows} x{n} token {t}")
+
+
+def test_batch_moe_on_the_device_equals_one_token():
+    from numba import cuda
+
+    from helpers.kernel_blocks import random_rows
+    from strata.cuda_kernels.batch_moe import batch_moe_decode
+    from strata.cuda_kernels.moe import ExpertLayout, moe_decode
+
+    rng = np.random.default_rng(3)
+    layout = ExpertLayout(2048, 768, "Q4_K", "Q6_K")
+    n_exp, n_tok, k = 6, 8, 4
+    blob = np.zeros((n_exp, layout.expert_bytes), np.uint8)
+    for e in range(n_exp):
+        g, u = random_rows("Q4_K", 768, 2048, rng), random_rows("Q4_K", 768, 2048, rng)
+        d = random_rows("Q6_K", 2048, 768, rng)
+        blob[e, :g.size] = g.reshape(-1)
+        blob[e, layout.up_off:layout.up_off + u.size] = u.reshape(-1)
+        blob[e, layout.down_off:layout.down_off + d.size] = d.reshape(-1)
+    slot_table = np.array([[0, -1, 1, -1, 2, 3]], np.int32)   # experts 1 and 3 missed
+    slots = np.array([0, 2, 4, 5])
+    store = dict(slot_table=cuda.to_device(slot_table),
+                 cache=cuda.to_device(blob[slots].reshape(-1)),
+                 slot_off=cuda.to_device(np.arange(4, dtype=np.int64) * layout.expert_bytes),
+                 host=cuda.to_device(blob.reshape(-1)),
+                 host_off=cuda.to_device((np.arange(n_exp, dtype=np.int64)
+                                          * layout.expert_bytes).reshape(1, n_exp)))
+    ids = np.stack([rng.choice(n_exp, k, replace=False) for _ in range(n_tok)]).astype(np.int32)
+    wts = rng.uniform(0.1, 1, (n_tok, k)).astype(np.float32)
+    x = (rng.standard_normal((n_tok, 2048)) * 0.05).astype(np.float32)
+    out0 = rng.standard_normal((n_tok, 2048)).astype(np.float32)
+    out = cuda.to_device(out0)
+    counters = cuda.to_device(np.zeros((1, 2), np.int64))
+    batch_moe_decode(cuda.to_device(x), cuda.to_device(ids), cuda.to_device(wts), layer=0,
+                     layout=layout, **store, h=cuda.device_array((n_tok, k, 768), np.float32),
+                     out=out, counters=counters, accumulate=True)
+    got = out.copy_to_host()
+    hits = int(np.isin(ids, [0, 2, 4, 5]).sum())
+    assert counters.copy_to_host().tolist() == [[hits, n_tok * k - hits]]
+    for t in range(n_tok):
+        one = cuda.to_device(out0[t])
+        moe_decode(cuda.to_device(x[t]), cuda.to_device(ids[t]), cuda.to_device(wts[t]),
+                   layer=0, layout=layout, **store, h=cuda.device_array((k, 768), np.float32),
+                   out=one, miss_list=cuda.device_array(k, np.int32),
+                   counters=cuda.to_device(np.zeros((1, 2), np.int64)), accumulate=True)
+        _same(got[t], one.copy_to_host(), f"moe token {t}")
+
+
+def _same(got, want, what):
+    """The same steps in the same order: equal to float32 rounding (the compiler may fuse a
+    multiply-add differently in the two kernels); prints whether the bits are equal too."""
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6 * float(np.abs(want).max()))
+    if not np.array_equal(got, want):
+        print(f"{what}: equal to rounding, not bit for bit")

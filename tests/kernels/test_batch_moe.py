@@ -8,6 +8,8 @@ import pytest
 
 from helpers.kernel_blocks import random_rows, reference
 from strata.cuda_kernels.batch_moe import WARPS, batch_moe_decode
+from strata.cuda_kernels.batch_moe_lanes import lanes_plan
+from strata.cuda_kernels.matvec import LANE_WARPS
 from strata.cuda_kernels.moe import ExpertLayout
 
 N_LAYER, N_EXPERT, LAYER = 2, 5, 1
@@ -49,7 +51,8 @@ def _run(x, ids, weights, layout, store, out0, h0, max_row_blocks=None):
 
 @pytest.mark.parametrize("gu,dn,n_embd,n_ff,max_row_blocks", [
     ("Q8_0", "Q4_0", 64, 32, None),     # whole grids
-    ("Q4_K", "Q6_K", 256, 256, 1),      # the Q4_K_M mix's expert formats, first row block
+    ("Q4_K", "Q6_K", 256, 256, 1),      # the Q4_K_M mix's expert formats (lane kernels), first
+                                        # row block
 ])
 def test_batch_moe_against_float64(gu, dn, n_embd, n_ff, max_row_blocks):
     """Rows the run covers against float64; h rows it leaves are the pre-set values, which the
@@ -63,8 +66,11 @@ def test_batch_moe_against_float64(gu, dn, n_embd, n_ff, max_row_blocks):
     out0 = rng.standard_normal((3, n_embd)).astype(np.float32)
     h0 = rng.standard_normal((3, 2, n_ff)).astype(np.float32)
     out, h, counters = _run(x, ids, weights, layout, store, out0, h0, max_row_blocks)
-    n_h = n_ff if max_row_blocks is None else min(n_ff, WARPS)
-    n_out = n_embd if max_row_blocks is None else min(n_embd, WARPS)
+    lanes = lanes_plan(layout, 2, 3)   # rows of one block: lane kernels or generic ones
+    rows_h, rows_out = (LANE_WARPS, 2 * (LANE_WARPS >> lanes.log)) if lanes else (WARPS, WARPS)
+    assert (lanes is not None) == (gu == "Q4_K")
+    n_h = n_ff if max_row_blocks is None else min(n_ff, rows_h)
+    n_out = n_embd if max_row_blocks is None else min(n_embd, rows_out)
     for t in range(3):
         want = out0[t, :n_out].astype(np.float64)
         for kk, (e, w) in enumerate(zip(ids[t], weights[t])):
@@ -110,3 +116,46 @@ def test_batch_moe_refuses_bad_shapes():
         batch_moe_decode(z((1, 256), np.float32), z((1, 16), np.int32), z((1, 16), np.float32),
                          **{**args, "layout": big}, h=z((1, 16, 1024), np.float32),
                          out=z((1, 256), np.float32))
+
+
+def test_lane_kernels_group_tokens_by_expert_and_match_one_token_moe(monkeypatch):
+    """Q4_K / Q6_K (lane formats): three tokens, expert 3 chosen by all of them (token groups of
+    two, forced: a full group and a short one): h and out against float64, and a token's h and
+    out equal to the one-token `moe` lane kernels' for that token alone."""
+    import strata.cuda_kernels.batch_moe as bm
+    from strata.cuda_kernels.batch_moe_lanes import LanesPlan
+    from strata.cuda_kernels.moe import _moe_decode
+
+    rng = np.random.default_rng(21)
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    store, mats = _store(layout, "Q4_K", "Q6_K", rng)
+    ids = np.array([[3, 1], [1, 3], [4, 3]], np.int32)
+    weights = rng.uniform(0.1, 1, (3, 2)).astype(np.float32)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    out0 = rng.standard_normal((3, 256)).astype(np.float32)
+    h0 = np.zeros((3, 2, 256), np.float32)
+    real = bm.lanes_plan
+    monkeypatch.setattr(bm, "lanes_plan", lambda *a: LanesPlan(real(*a).gu, real(*a).dn, 2,
+                                                                real(*a).log))
+    out, h, counters = _run(x, ids, weights, layout, store, out0, h0, max_row_blocks=1)
+    assert counters.tolist() == [[0, 0], [3, 3]]   # expert 3 cached (3 entries); 1, 4 missed
+    n_h, n_out = 8, 16   # one row block: 8 h rows (a warp each), 8 warps x 2 output rows
+    for t in range(3):
+        want = out0[t, :n_out].astype(np.float64)
+        for kk, (e, w) in enumerate(zip(ids[t], weights[t])):
+            g, u, d = mats[LAYER * N_EXPERT + e]
+            gx, ux = g[:n_h] @ x[t].astype(np.float64), u[:n_h] @ x[t].astype(np.float64)
+            np.testing.assert_allclose(h[t, kk, :n_h], gx / (1 + np.exp(-gx)) * ux, rtol=1e-4,
+                                       atol=1e-4)
+            want += w * (d[:n_out] @ h[t, kk].astype(np.float64))
+        assert np.linalg.norm(out[t, :n_out] - want) / np.linalg.norm(want - out0[t, :n_out]) \
+            < 1e-5
+    t = 2   # expert 3 in the short group
+    one_h, one_out = h[t].copy(), out0[t].copy()   # h rows past the first block as batched
+    one_h[:, :n_h] = np.nan
+    _moe_decode(x[t], ids[t], weights[t], layer=LAYER, layout=layout, **store, h=one_h,
+                out=one_out, miss_list=np.zeros(2, np.int32),
+                counters=np.zeros((N_LAYER, 2), np.int64), cpu_misses=False, accumulate=True,
+                stream=0, max_row_blocks=1)
+    np.testing.assert_array_equal(h[t, :, :n_h], one_h[:, :n_h])
+    np.testing.assert_array_equal(out[t, :n_out], one_out[:n_out])

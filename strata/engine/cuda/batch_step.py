@@ -4,10 +4,12 @@ row's token (history[r, seq_len[r]]), position (seq_len[r]) and routing — so t
 count n is captured once as a CUDA graph and replayed.
 
 Per step: per row, the embedding of history[r, seq_len[r]]; per layer: RMSNorm of all rows, the
-q/k/v matvecs over all rows (one read of each weight for the batch: the small-batch kernels),
-per-head norm and RoPE of all rows at their own positions; per row, the KV write and split-K
-attention over that row's KV region; the output projection, RMSNorm and router over all rows;
-the MoE of all rows (`batch_moe`: two launches; row by row where gate and up differ in format);
+q/k/v matvecs over all rows (one read of each weight for the batch: `lanes_batch`),
+per-head norm and RoPE of all rows at their own positions; the KV write and split-K attention of
+all rows, each over its own KV region, in one launch each (`batch_attention`: f16 KV; other KV
+formats row by row); the output projection, RMSNorm and router over all rows;
+the MoE of all rows (`batch_moe`: two launches, gate_up grouped by expert; row by row where
+gate and up differ in format);
 final norm and head over all rows; per row,
 seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
 launches as `DecodeStep`.
@@ -19,11 +21,14 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from strata.cuda_kernels import batch_attention
 from strata.cuda_kernels.attention import decode_attention, n_splits
+from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
 from strata.cuda_kernels.batch_moe import batch_moe_decode
 from strata.cuda_kernels.elementwise import add, embed
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
+from strata.cuda_kernels.lanes_batch import matvec_batch
 from strata.cuda_kernels.matvec import matvec
 from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
@@ -52,16 +57,26 @@ class BatchStep:
         # [n_rows, n_split(plan context), n_head, head_dim] f32: each row uses its first splits
         self.partials = [(a["attn_part_o"][r][:ns], a["attn_part_ml"][r][:ns])
                          for r in range(self.n_rows)]
+        self.row_ctx = n_ctx
+        self.regions = self._regions() if batch_attention.supports(
+            m.kv_layout.fmt, m.shape.head_dim, m.shape.n_head // m.shape.n_head_kv) else None
+
+    def _regions(self) -> list[tuple[Any, Any]]:
+        """Per layer, the K and V bytes of all rows ([n_rows * row_ctx, H, row] flat): the
+        batched kernels address row r's region at r * row_ctx."""
+        kv, n_tok = self.m.arena.views("kv"), self.n_rows * self.row_ctx
+        return [(kv["k"][il][:n_tok].reshape(-1), kv["v"][il][:n_tok].reshape(-1))
+                for il in range(self.m.shape.n_layer)]
 
     # -- the launches ------------------------------------------------------------------------
 
     def _mv(self, w: Matrix, x, y, n: int, stream) -> None:
-        """y[:n] = W x[:n]: one row through the lane kernels (1-D), more through the batch
-        kernels (one pass over W)."""
+        """y[:n] = W x[:n]: one row through the lane kernels (1-D), more through the small-batch
+        lane kernels (`lanes_batch`: each weight block read once for all rows)."""
         if n == 1:
             matvec(w.data, w.ggml_type, x[0], y[0], stream=stream)
         else:
-            matvec(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
+            matvec_batch(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
 
     def record(self, stream, n: int) -> None:
         """Enqueue one step of rows 0..n-1 on `stream` (also what a graph captures)."""
@@ -91,6 +106,31 @@ class BatchStep:
                      n_head_kv=s.n_head_kv, head_dim=s.head_dim, theta=s.rope_freq_base,
                      q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
                      eps=eps, stream=stream)
+        if n > 1 and self.regions is not None:
+            self._attend_rows(il, n, stream)
+        else:
+            self._attend_each(il, n, stream)
+        self._mv(m.matrices[b + "attn_output"], a["attn_out"], a["residual"], n, stream)
+        add(x.reshape(x.size), a["residual"][:n].reshape(x.size), x.reshape(x.size),
+            stream=stream)
+        rms_norm(x, m.norms[b + "ffn_norm"], xn, eps=eps, stream=stream)
+        self._mv(m.matrices[b + "ffn_gate_inp"], a["normed"], a["router_logits"], n, stream)
+        route(a["router_logits"][:n], a["topk_ids"][:n], a["topk_weights"][:n], norm_topk=True,
+              stream=stream)
+
+    def _attend_rows(self, il: int, n: int, stream) -> None:
+        """KV write and attention of rows 0..n-1 in one launch each (`batch_attention`)."""
+        s, a = self.m.shape, self.m.acts
+        kd, vd = self.regions[il]
+        geo = dict(row_ctx=self.row_ctx, n_kv=s.n_head_kv, head_dim=s.head_dim, stream=stream)
+        kv_write_rows(a["k"][:n], a["v"][:n], a["seq_len"][:n], kd, vd, **geo)
+        attention_rows(a["q"][:n], kd, vd, a["seq_len"][:n], a["attn_out"][:n],
+                       (a["attn_part_o"][:n], a["attn_part_ml"][:n]), split_len=SPLIT_K_TOKENS,
+                       **geo)
+
+    def _attend_each(self, il: int, n: int, stream) -> None:
+        """KV write and attention row by row (the one-sequence kernels)."""
+        s, a = self.m.shape, self.m.acts
         for r in range(n):
             k_side, v_side = self.sides[r][il]
             pos = a["seq_len"][r:r + 1]
@@ -101,13 +141,6 @@ class BatchStep:
             decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
                              a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
                              n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
-        self._mv(m.matrices[b + "attn_output"], a["attn_out"], a["residual"], n, stream)
-        add(x.reshape(x.size), a["residual"][:n].reshape(x.size), x.reshape(x.size),
-            stream=stream)
-        rms_norm(x, m.norms[b + "ffn_norm"], xn, eps=eps, stream=stream)
-        self._mv(m.matrices[b + "ffn_gate_inp"], a["normed"], a["router_logits"], n, stream)
-        route(a["router_logits"][:n], a["topk_ids"][:n], a["topk_weights"][:n], norm_topk=True,
-              stream=stream)
 
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in
