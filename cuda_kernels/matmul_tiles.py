@@ -6,8 +6,11 @@ values it dequantizes the BN weight rows' next 32 values into shared memory (the
 decoder) and stages the BM activation rows, then multiplies the two tiles.
 
 Two bodies share the tile machinery:
-* tensor cores (`tc_kernel`): tiles held as f16 pairs, warps issue `mma.sync.m16n8k16` with f32
-  accumulators, two shared-memory buffers so one barrier per k step suffices;
+* tensor cores (`tc_kernel`): tiles held as f16 pairs, fragments read with `ldmatrix`, warps
+  issue `mma.sync.m16n8k16` with f32 accumulators; two shared-memory buffers, one barrier per k
+  step: step k+1's f16 activations (cp.async) and weight words (a format's split loader,
+  `matmul_loads`) are requested before step k's MMAs and decoded after them, so memory latency
+  and dequantization overlap the tensor-core work; 16-row tiles past a group's end skip MMAs;
 * FMA (`fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback path.
 
 Row modes, fixed when a kernel is built:
