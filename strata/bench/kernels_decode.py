@@ -2,10 +2,12 @@
 step (attention excluded: it is the prefill/attention family's), launched plainly from Python and
 as one CUDA-graph replay; per-kernel cost and the step's bytes over its time.
 
-Per layer: rms_norm, q/k/v matvecs (Q4_K, Q4_K, Q6_K), per-head norm + RoPE (2 launches), the
-output projection (Q4_K), residual add, rms_norm, router matvec (F32), top-8 routing, MoE
-gate_up + down (8 of 128 experts, all VRAM hits, Q4_K/Q6_K) added into the residual; then the
-final norm, the Q6_K output head (151936 rows) and argmax into the device token history.
+The launches are the engine's `DecodeStep` on an f16 KV cache, with the 30B Q4_K_M mix's types.
+Per layer: rms_norm, the q matvec (Q4_K), k and v in one `matvec_pair` (Q8_0), `rope_kv` (q/k
+norm + RoPE and the K/V row write, one launch), the output projection (Q5_K) added into the
+residual, rms_norm, router matvec (F32), top-8 routing, MoE gate_up + down (8 of 128 experts,
+all VRAM hits, Q4_K/Q6_K) added into the residual; then the final norm, the Q6_K output head
+(151936 rows) and argmax into the device token history.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from strata.bench.kernels import Ctx, Result, bench, moe_setup, random_weights
 
 N_LAYER, N_EMBD, N_HEAD, N_KV, HEAD_DIM = 48, 2048, 32, 4, 128
 N_EXPERT, N_SLOT_LAYER, K, N_VOCAB = 128, 16, 8, 151936
-ATTN = (("q", "Q4_K", N_HEAD * HEAD_DIM, N_EMBD), ("k", "Q4_K", N_KV * HEAD_DIM, N_EMBD),
-        ("v", "Q6_K", N_KV * HEAD_DIM, N_EMBD), ("o", "Q4_K", N_EMBD, N_HEAD * HEAD_DIM),
+ATTN = (("q", "Q4_K", N_HEAD * HEAD_DIM, N_EMBD), ("k", "Q8_0", N_KV * HEAD_DIM, N_EMBD),
+        ("v", "Q8_0", N_KV * HEAD_DIM, N_EMBD), ("o", "Q5_K", N_EMBD, N_HEAD * HEAD_DIM),
         ("router", "F32", N_EXPERT, N_EMBD))
-LAUNCHES_PER_LAYER = 12
+LAUNCHES_PER_LAYER = 10
+N_CTX = 2048  # KV positions per layer (the step writes position 1234)
 
 
 def _layer_weights(ctx: Ctx):
@@ -35,10 +38,11 @@ def _layer_weights(ctx: Ctx):
 
 @bench("decode_step")
 def decode_step(ctx: Ctx) -> list[Result]:
-    from strata.cuda_kernels.elementwise import add
-    from strata.cuda_kernels.matvec import matvec
+    from strata.cuda_kernels.kvcache import KvLayout, allocate_kv_side
+    from strata.cuda_kernels.matvec import matvec, matvec_pair
     from strata.cuda_kernels.moe import moe_decode
-    from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
+    from strata.cuda_kernels.norm_rope import rms_norm
+    from strata.cuda_kernels.rope_kv import rope_kv
     from strata.cuda_kernels.router import route
     from strata.cuda_kernels.sampling import argmax
     cuda, f32, rng = ctx.cuda, np.float32, ctx.rng
@@ -54,7 +58,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     norm_w = [vec(N_EMBD) for _ in range(3)]
     qn, kn = vec(HEAD_DIM), vec(HEAD_DIM)
     q, k, v = vec(1, N_HEAD * HEAD_DIM), vec(1, N_KV * HEAD_DIM), vec(1, N_KV * HEAD_DIM)
-    attn, rlog = vec(1, N_EMBD), vec(1, N_EXPERT)
+    rlog = vec(1, N_EXPERT)
     logits = vec(N_VOCAB)
     ids = cuda.to_device(np.zeros((1, K), np.int32))
     wts = cuda.to_device(np.zeros((1, K), f32))
@@ -64,19 +68,19 @@ def decode_step(ctx: Ctx) -> list[Result]:
     pos = cuda.to_device(np.array([1234], np.int32))
     tokens = cuda.to_device(np.zeros(1 << 20, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))
-    x1, xn1, q1, attn1, rlog1 = (a.reshape(a.size) for a in (x, xn, q, attn, rlog))
+    x1, xn1, q1, k1, v1, rlog1 = (a.reshape(a.size) for a in (x, xn, q, k, v, rlog))
+    kv = [[allocate_kv_side(KvLayout("f16", N_CTX, N_KV, HEAD_DIM)) for _ in range(2)]
+          for _ in range(N_LAYER)]  # [layer][K, V] f16 sides
     ids1, wts1 = ids.reshape(K), wts.reshape(K)
 
     def record(s):
         for layer in range(N_LAYER):
             rms_norm(x, norm_w[0], xn, eps=1e-6, stream=s)
             matvec(W["q"][layer], "Q4_K", xn1, q1, stream=s)
-            matvec(W["k"][layer], "Q4_K", xn1, k.reshape(k.size), stream=s)
-            matvec(W["v"][layer], "Q6_K", xn1, v.reshape(v.size), stream=s)
-            qk_norm_rope(q, k, pos, n_head=N_HEAD, n_head_kv=N_KV, head_dim=HEAD_DIM, theta=1e6,
-                         q_norm_w=qn, k_norm_w=kn, stream=s)
-            matvec(W["o"][layer], "Q4_K", q1, attn1, stream=s)
-            add(x, attn, x, stream=s)
+            matvec_pair(W["k"][layer], "Q8_0", W["v"][layer], "Q8_0", xn1, k1, v1, stream=s)
+            rope_kv(q1, k1, v1, pos, *kv[layer], n_head=N_HEAD, theta=1e6, q_norm_w=qn,
+                    k_norm_w=kn, stream=s)
+            matvec(W["o"][layer], "Q5_K", q1, x1, accumulate=True, stream=s)
             rms_norm(x, norm_w[1], xn, eps=1e-6, stream=s)
             matvec(W["router"][layer], "F32", xn1, rlog1, stream=s)
             route(rlog, ids, wts, stream=s)
@@ -96,7 +100,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
              "graph us/kernel": round(us_graph / n_launch, 2),
              "graph tok/s (no attention)": round(1e6 / us_graph, 1),
              "step MB": round(step_bytes / 1e6, 1)}
-    return [Result("decode_step", "48-layer step, plain launches", "30B-A3B Q4_K", us_plain,
+    return [Result("decode_step", "48-layer step, plain launches", "30B-A3B Q4_K_M", us_plain,
                    step_bytes, ctx.read_gbps),
-            Result("decode_step", "48-layer step, CUDA graph", "30B-A3B Q4_K", us_graph,
+            Result("decode_step", "48-layer step, CUDA graph", "30B-A3B Q4_K_M", us_graph,
                    step_bytes, ctx.read_gbps, extra=extra)]
