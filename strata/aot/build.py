@@ -35,7 +35,8 @@ _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
 # Kernel modules the engine imports beyond the compile check's list (they register under family
 # "engine"); one that is not in this checkout is skipped.
 ENGINE_MODULES = ("strata.engine.cuda.kernels", "strata.engine.cuda.mixed",
-                  "strata.engine.multi.tiers")
+                  "strata.engine.multi.tiers", "strata.cuda_kernels.batch_attention",
+                  "strata.cuda_kernels.compile_batch")
 
 
 def registry(family: str | None = None, pattern: str | None = None) -> list:

@@ -30,6 +30,20 @@ SHAPES = {
 }
 
 
+def _zeroed(card):
+    """Kernels that do not run leave their outputs as allocated: make that zeros (valid expert
+    ids for the routing kernels that do run)."""
+    allocate = card.allocate
+
+    def zeroed(n):
+        a = allocate(n)
+        a._ary.fill(0)
+        return a
+
+    card.allocate = zeroed
+    return card
+
+
 def _run(path):
     from strata.engine.cuda.engine import CudaEngine
     from strata.engine.cuda.model import CudaModel
@@ -38,15 +52,7 @@ def _run(path):
     from strata.memory.numba_backend import NumbaBackend
     from strata.plan.options import PlanOptions
 
-    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))  # the simulator has no size
-    allocate = card.allocate
-
-    def zeroed(n):  # kernels that do not run leave their outputs as allocated: make that zeros
-        a = allocate(n)
-        a._ary.fill(0)
-        return a
-
-    card.allocate = zeroed
+    card = _zeroed(NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30)))
     opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0, ring_mib=1),
                        graph=False, progress=False)
     eng = CudaEngine(CudaModel(open_model(path), opts, backend=card), use_graph=False)
@@ -54,16 +60,48 @@ def _run(path):
     eng.decode_step(tok)
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
-    cfg, mix = SHAPES[shape]
-    path = tmp_models / f"{cfg.name}-{mix}.gguf"
-    if not path.is_file():
-        write_model(path, cfg, mix=mix, seed=2, progress=False)
+def _run_batch(path, n_slots: int = 8):
+    """`strata serve --batch 8`: every step size from 8 sequences down to 1."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    mf = open_model(path)
+    card = _zeroed(NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30)))
+    eng = load_batch(mf, batch_options(mf, n_slots, PlanOptions(max_context=256), graph=False,
+                                       progress=False), backend=card)
+    held = list(range(n_slots))
+    for s in held:
+        eng.prefill(s, [5, 77 + s])
+    while held:
+        eng.decode(held, [1] * len(held))
+        eng.release(held.pop())
+
+
+def _check(path, run):
     with record_launches(run=lambda name: name.startswith("strata.cuda_kernels.route.")) as seen:
-        _run(path)
+        run(path)
     assert len(seen) >= 10, seen  # the prompt and decode paths really ran
     bundled = registered()
     missing = sorted(f"{name}({sig}) [{key}]" for (key, sig), name in seen.items()
                      if (key, sig) not in bundled)
     assert not missing, "launched but not in the AOT registry:\n" + "\n".join(missing)
+
+
+def _model(tmp_models, shape):
+    cfg, mix = SHAPES[shape]
+    path = tmp_models / f"{cfg.name}-{mix}.gguf"
+    if not path.is_file():
+        write_model(path, cfg, mix=mix, seed=2, progress=False)
+    return path
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
+    _check(_model(tmp_models, shape), _run)
+
+
+@pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
+def test_every_kernel_batched_serving_launches_is_bundled(tmp_models, shape):
+    _check(_model(tmp_models, shape), _run_batch)

@@ -1,0 +1,60 @@
+"""Every kernel specialization batched decode (`strata serve --batch N`, N <= 8) can launch, for
+the binary's kernel bundle (`strata.aot.build` imports this module; the CI compile check does not,
+since the kernel modules register a representative subset for it).
+
+The batch kernels are specialized by how many tokens share a block (1..8, set by the row width and
+the batch size), so the bundle carries every count for every format: dense matvec and the MoE's
+gate/up for each lane format, the generic batched matvec for the formats without lanes (F32
+routers, legacy and IQ quants), the MoE's generic kernels for every format, and attention for
+head sizes 64/128 with 1..8 query heads per KV head. tests/unit/test_aot_coverage.py checks the
+engine's launches against the registry.
+"""
+
+from __future__ import annotations
+
+from numba import types
+
+from strata.plan.layout import SPLIT_K_TOKENS
+
+from . import batch_attention, batch_moe, batch_moe_lanes, lanes_batch, matvec
+from .lanes import LANE_FORMATS
+from .launch import register_ptx
+from .qformats import FORMATS
+
+FAMILY = "batch_bundle"
+
+
+def register() -> None:
+    for lf in LANE_FORMATS.values():
+        tab = batch_moe_lanes._tab_type(lf)
+        for tg in range(1, lanes_batch.MAX_TOKENS + 1):
+            register_ptx(FAMILY, f"matvec_lanes_batch_{lf.name}_t{tg}",
+                         lanes_batch._dense_ptx(lf, tg))
+            register_ptx(FAMILY, f"batch_gate_up_lanes_{lf.name}_t{tg}",
+                         lambda f=lf, g=tg, t=tab: (batch_moe_lanes._grouped_gate_up(f, g).py_func,
+                                                    batch_moe_lanes._GU_SIG + (t,)))
+        register_ptx(FAMILY, f"batch_down_lanes_{lf.name}",
+                     lambda f=lf, t=tab: (batch_moe_lanes._token_down(f).py_func,
+                                          batch_moe_lanes._DN_SIG + (t,)))
+    for f in FORMATS.values():
+        for n_tok in range(2, lanes_batch.MAX_TOKENS + 1):
+            register_ptx(FAMILY, f"matvec{n_tok}_{f.name}_f32",
+                         matvec._ptx(f, n_tok, types.float32))
+        tab = batch_moe._tab_type(f)
+        register_ptx(FAMILY, f"batch_gate_up_{f.name}",
+                     lambda f=f, t=tab: (batch_moe._gate_up_factory(f).py_func,
+                                         batch_moe._GU_SIG + (t,)))
+        register_ptx(FAMILY, f"batch_down_{f.name}",
+                     lambda f=f, t=tab: (batch_moe._down_factory(f).py_func,
+                                         batch_moe._DN_SIG + (t,)))
+    f2, f4 = types.float32[:, ::1], types.float32[:, :, :, ::1]
+    for hd in batch_attention.HEAD_DIMS:
+        for group in range(1, batch_attention.MAX_GROUP + 1):
+            register_ptx(FAMILY, f"attention_rows_hd{hd}_g{group}",
+                         lambda h=hd, g=group: (
+                             batch_attention._attn_kernel(h, g, SPLIT_K_TOKENS).py_func,
+                             (f2, types.uint8[::1], types.uint8[::1], types.int32[::1],
+                              types.int64, types.int64, types.float32, f4, f4)))
+
+
+register()
