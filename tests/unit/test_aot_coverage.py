@@ -79,6 +79,30 @@ def _run_batch(path, n_slots: int = 8):
         eng.release(held.pop())
 
 
+def _run_split(path):
+    """A layer split over two stages (one simulated GPU twice) with helper tiers on."""
+    from strata.engine.cuda.options import CudaOptions
+    from strata.engine.multi import SplitEngine, SplitModel
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+    from strata.plan.split import SplitOptions
+
+    cards = [_zeroed(NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))) for _ in range(2)]
+    opts = CudaOptions(plan=PlanOptions(max_context=256, ring_mib=1), graph=False,
+                       progress=False)
+    sm = SplitModel(open_model(path), opts,
+                    SplitOptions(cuts=(1,), stage_cache=(1, 1), tier_min_bytes=0),
+                    devices=[0, 0], backends=cards, log=None)
+    try:
+        assert any(t is not None for t in sm.tiers)
+        eng = SplitEngine(sm, use_graph=False)
+        eng.prefill([5, 77])
+        eng.decode_tokens(2)
+    finally:
+        sm.close()
+
+
 def _check(path, run):
     with record_launches(run=lambda name: name.startswith("strata.cuda_kernels.route.")) as seen:
         run(path)
@@ -87,6 +111,7 @@ def _check(path, run):
     missing = sorted(f"{name}({sig}) [{key}]" for (key, sig), name in seen.items()
                      if (key, sig) not in bundled)
     assert not missing, "launched but not in the AOT registry:\n" + "\n".join(missing)
+    return set(seen.values())
 
 
 def _model(tmp_models, shape):
@@ -100,6 +125,11 @@ def _model(tmp_models, shape):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
     _check(_model(tmp_models, shape), _run)
+
+
+def test_every_kernel_a_layer_split_launches_is_bundled(tmp_models):
+    names = _check(_model(tmp_models, "tiny-Q8_0"), _run_split)
+    assert any(n.startswith("strata.engine.multi.tiers.") for n in names), names
 
 
 @pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
