@@ -97,14 +97,12 @@ def _fma(ggml_type, tile, grouped, gather, swiglu):
                       swiglu=swiglu)
 
 
-_DUMMY = {}
-
-
 def _dummy_i32():
-    """A 1-element int32 device array standing in for the unused schedule of a dense launch."""
-    if "i32" not in _DUMMY:
-        _DUMMY["i32"] = cuda.to_device(np.zeros(1, np.int32))
-    return _DUMMY["i32"]
+    """A 1-element int32 device array standing in for the unused schedule of a dense launch
+    (the engine's, from its arena: `tables.install`)."""
+    from .tables import dummy_i32
+
+    return dummy_i32()
 
 
 def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routing | None,

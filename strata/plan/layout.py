@@ -15,6 +15,10 @@ import numpy as np
 
 from strata.gguf.shape import ModelShape
 
+# Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
+# (strata.cuda_kernels.tables lays them out; a test holds the two together).
+FORMAT_TABLES_BYTES = 24 * 1024
+
 ALIGN = 256  # bytes: every region's offset (coalesced loads, 16-byte vector access, cp.async)
 SPLIT_K_TOKENS = 256  # decode attention's split length (cuda_kernels.attention.SPLIT_LEN)
 ROUTE_TILE_ROWS = 64  # the grouped GEMMs' smallest row tile (cuda_kernels.matmul_tiles)
@@ -210,6 +214,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("slot_off", np.int64, (s.n_layer * s.n_expert,))  # byte offset of each cache slot
     b.add("host_off", np.int64, (s.n_layer, s.n_expert))  # byte offset of each expert in host
     b.add("hit_counts", np.int64, (s.n_layer, 2))  # per layer: hits, misses
+    # the quant formats' lookup tables (IQ grids, non-linear codebooks) and the kernels' other
+    # constants, installed once at load: so they come out of the arena, not a second allocation
+    b.add("format_tables", np.uint8, (FORMAT_TABLES_BYTES,))
     _add_kv_stage(b, shape, kv_type, kv_stage_tokens)
     return b.build()
 

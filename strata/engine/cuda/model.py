@@ -18,6 +18,7 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.moe import ExpertLayout
+from strata.cuda_kernels.tables import install as install_tables
 from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
 from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
@@ -140,6 +141,7 @@ class CudaModel:
         self.stream = cuda.stream()
         self.copy_stream = cuda.stream()
         self.acts = self.arena.views("activations")
+        install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)

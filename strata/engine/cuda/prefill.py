@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from strata.cuda_kernels import matmul as mm
 from strata.cuda_kernels.attention_prefill import prefill_attention
 from strata.cuda_kernels.elementwise import add, embed
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
@@ -57,7 +56,6 @@ class Scratch:
     wave_of: Any  # [n_expert] i32
     base: Any  # [3, n_expert] i64: gate, up, down byte offsets in the arena
     zero: Any  # [1] i64
-    dummy: Any  # [1] i32, the dense GEMM's unused schedule
 
 
 class PromptRun:
@@ -72,7 +70,6 @@ class PromptRun:
             raise RuntimeError(f"the grouped GEMM's {TC_TILE.bm}-row tiles need a longer tile "
                                f"schedule than the plan's {ROUTE_TILE_ROWS}-row bound")
         self.scr = self._carve_scratch()
-        mm._DUMMY["i32"] = self.scr.dummy  # the dense launches' stand-in, inside the arena
         self.ring = None
         if "slots" in R:
             slot_bytes = ring_slot_bytes(s)
@@ -94,7 +91,7 @@ class PromptRun:
         off = m.arena_offset(self.P["gathered"])
         fields = (("pos", "int32", (c,)), ("ids", "int32", (c * self.k,)),
                   ("wave_of", "int32", (n_e,)), ("base", "int64", (3, n_e)),
-                  ("zero", "int64", (1,)), ("dummy", "int32", (1,)))
+                  ("zero", "int64", (1,)))
         out, pos = {}, 0
         for name, dt, shape in fields:
             out[name] = m._raw(off + pos, dt, shape)
@@ -102,7 +99,6 @@ class PromptRun:
         if pos > self.P["gathered"].size * 2:
             raise RuntimeError("the prompt scratch does not fit in the gathered region")
         out["zero"].copy_to_device(np.zeros(1, np.int64), stream=m.stream)
-        out["dummy"].copy_to_device(np.zeros(1, np.int32), stream=m.stream)
         return Scratch(**out)
 
     def _dense_weights(self) -> dict[str, QuantWeights]:

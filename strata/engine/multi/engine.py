@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from strata.cuda_kernels import matmul as mm
 from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
@@ -102,8 +101,6 @@ class SplitEngine(Engine):
                 for g, _ in self._each():
                     if g:
                         self._hand_on(g - 1, runs[g - 1].P["hidden"][:n], runs[g].P["hidden"][:n])
-                    # the dense GEMMs' module-level stand-in array must be this GPU's
-                    mm._DUMMY["i32"] = runs[g].scr.dummy
                     runs[g].chunk_step(part, self._n_past)
                 self._n_past += n
         finally:
