@@ -76,8 +76,9 @@ def register() -> None:
     # f16 out) and down (f32 out); tests/unit/test_aot_coverage.py checks the engine against it
     for f in FORMATS.values():
         t = f.ggml_type
-        # the tile's launch bounds are part of what the frozen dispatcher asks the bundle for
-        tc = TC_TILE.jit_options
+        # a tile's launch bounds (if it ever sets any) are part of what the frozen dispatcher
+        # asks the bundle for
+        tc = getattr(TC_TILE, "jit_options", {})
         register_ptx(FAMILY, f"moe_gate_up_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,
                               out_half=True), options=tc)

@@ -6,11 +6,8 @@ values it dequantizes the BN weight rows' next 32 values into shared memory (the
 decoder) and stages the BM activation rows, then multiplies the two tiles.
 
 Two bodies share the tile machinery:
-* tensor cores (`tc_kernel`): tiles held as f16 pairs, fragments read with `ldmatrix`, warps
-  issue `mma.sync.m16n8k16` with f32 accumulators; two shared-memory buffers, one barrier per k
-  step: step k+1's f16 activations (cp.async) and weight words (a format's split loader,
-  `matmul_loads`) are requested before step k's MMAs and decoded after them, so memory latency
-  and dequantization overlap the tensor-core work; 16-row tiles past a group's end skip MMAs;
+* tensor cores (`tc_kernel`): tiles held as f16 pairs, warps issue `mma.sync.m16n8k16` with f32
+  accumulators, two shared-memory buffers so one barrier per k step suffices;
 * FMA (`fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback path.
 
 Row modes, fixed when a kernel is built:
@@ -29,6 +26,7 @@ from dataclasses import dataclass
 
 from numba import cuda, float32, int64, uint32
 
+from .matmul_loads import RAW_WORDS
 from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
@@ -41,8 +39,7 @@ class TcTile:
     a k step of 32 * kch values (kch dequantized chunks per weight row per step).
 
     ldsm: MMA fragments read with ldmatrix (else one 32-bit shared load per register);
-    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead;
-    min_blocks: launch bounds (threads, min_blocks) when > 0 (`jit_options`).
+    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead.
     """
 
     bm: int
@@ -52,7 +49,6 @@ class TcTile:
     kch: int = 1
     ldsm: bool = True
     pipe: bool = True
-    min_blocks: int = 0  # > 0: launch bounds asking ptxas to fit that many blocks per SM
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -71,12 +67,6 @@ class TcTile:
     @property
     def k_step(self) -> int:
         return K_STEP * self.kch
-
-    @property
-    def jit_options(self) -> dict:
-        """Extra `cuda.jit` / `compile_ptx` options of this tile's kernels (ahead-of-time builds
-        must pass them too)."""
-        return {"launch_bounds": (self.threads, self.min_blocks)} if self.min_blocks > 0 else {}
 
     @property
     def threads(self) -> int:
@@ -144,23 +134,22 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     # (with f32 activations the A threads also convert: measured slower, so both jobs are shared)
     ROLE_SPLIT = (not PIPE_A and x_half and NTHREADS >= 2 * B_ITEMS
                   and (NTHREADS - B_ITEMS) % WPR == 0 and (BM * WPR) % (NTHREADS - B_ITEMS) == 0)
-    # A split loader serves 32-value steps with every weight row owned by 1 or 2 threads
-    SPLIT = loader is not None and tile.pipe and KCH == 1 and NTHREADS >= B_ITEMS
-    PARTS = 2 if SPLIT and PIPE_A and NTHREADS >= 2 * B_ITEMS else 1  # threads per weight row
-    fetch, decode, N_RAW = loader(PARTS) if SPLIT else (None, None, 1)
     if PIPE_A:
-        NBT = min(NTHREADS, B_ITEMS * PARTS)  # threads decoding B (the rest only copy A)
+        NBT = min(NTHREADS, B_ITEMS)  # threads decoding B (the rest only copy A)
         NAT, A_ITERS, ROW_STEP = NTHREADS, BM * CPR // NTHREADS, NTHREADS // CPR
     else:
         NBT = B_ITEMS if ROLE_SPLIT else NTHREADS
         NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
         A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
-    B_ITERS = 1 if SPLIT else (B_ITEMS + NBT - 1) // NBT
+    B_ITERS = (B_ITEMS + NBT - 1) // NBT
+    SPLIT = loader is not None and tile.pipe and KCH == 1 and B_ITERS == 1
+    fetch, decode = loader if SPLIT else (None, None)
     LDSM = tile.ldsm
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
+    N_RAW = RAW_WORDS
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
@@ -186,24 +175,18 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
 
     @cuda.jit(device=True, inline="always")
     def load_b(wbuf, boff, vals, raw, sB, buf, kt, bt):
-        if SPLIT:
-            if bt < B_ITEMS * PARTS:
-                dst = buf * WORDS_B + (bt // PARTS) * SA
-                if boff[0] >= 0:
-                    decode(raw, kt, bt % PARTS, sB, dst)
-                else:
-                    for w in range(16 // PARTS):
-                        sB[dst + (bt % PARTS) * (16 // PARTS) + w] = uint32(0)
-            return
         for i in range(B_ITERS):
             item = bt + i * NBT
             if item < B_ITEMS:
                 r, c = item // KCH, item % KCH
                 dst = buf * WORDS_B + r * SA + 16 * c
                 if boff[i] >= 0:
-                    dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
-                    for w in range(16):
-                        sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
+                    if SPLIT:
+                        decode(raw, kt, sB, dst)
+                    else:
+                        dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
+                        for w in range(16):
+                            sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
                 else:
                     for w in range(16):
                         sB[dst + w] = uint32(0)
@@ -213,8 +196,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         """Start step kt's loads that complete in the background: its A tile (cp.async) and the
         split loader's weight words."""
         if SPLIT:
-            if tid < B_ITEMS * PARTS and boff[0] >= 0:
-                fetch(wbuf, boff[0], kt, raw, tid % PARTS)
+            if tid < NBT and boff[0] >= 0:
+                fetch(wbuf, boff[0], kt, raw)
         if PIPE_A:
             load_a(x, arow, sA, buf, kt, tid)
 
@@ -235,12 +218,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
-    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live):
+    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane):
         if LDSM:
             ka = kk * 8 + (lane >> 4) * 4
             for mt in range(MT):
-                if mt >= n_live:
-                    break
                 a0, a1, a2, a3 = ldsm_x4(sA, buf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
                                          * SA + ka)
                 afr[mt * 4] = a0
@@ -258,8 +239,6 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return
         g, t = lane >> 2, lane & 3
         for mt in range(MT):
-            if mt >= n_live:
-                break
             ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
             afr[mt * 4 + 0] = sA[ra]
             afr[mt * 4 + 1] = sA[ra + 8 * SA]
@@ -271,14 +250,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
-    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live):
-        """The warp's MMAs of one k step over its first n_live 16-row tiles (the others hold
-        only rows past the group's end: their tensor-core work is skipped)."""
+    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
         for kk in range(2 * KCH):
-            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live)
+            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane)
             for mt in range(MT):
-                if mt >= n_live:
-                    break
                 for nt in range(NT):
                     c = (mt * NT + nt) * 4
                     d = mma_16816(afr[mt * 4], afr[mt * 4 + 1], afr[mt * 4 + 2], afr[mt * 4 + 3],
@@ -329,7 +304,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return nb * COLS + (r // WTN) * HALF_WTN + within % HALF_WTN, within >= HALF_WTN
         return nb * COLS + r, False
 
-    @cuda.jit(**tile.jit_options)
+    @cuda.jit
     def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
                tile_group, tile_m0, n_tiles, n_rows, out):
         tid = cuda.threadIdx.x
@@ -366,13 +341,12 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
         for i in range(B_ITERS):
-            f, second = weight_row(tid // PARTS if SPLIT else (tid + i * NBT) // KCH, nb)
+            f, second = weight_row((tid + i * NBT) // KCH, nb)
             base = base1[grp] if second else base0[grp]
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
         n_k = k_dim // (K_STEP * KCH)
-        n_live = min(MT, max(0, (count - m0 - wm * WTM + 15) // 16))  # warp-uniform
         prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
         finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
         cuda.syncthreads()
@@ -384,8 +358,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             buf = kt & 1
             if kt + 1 < n_k:
                 prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
-            if n_live > 0:
-                mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live)
+            mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
             if kt + 1 < n_k:
                 finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
             cuda.syncthreads()

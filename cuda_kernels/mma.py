@@ -181,18 +181,15 @@ else:
     _I32 = ir.IntType(32)
     _I64 = ir.IntType(64)
 
-    def _ptr(context, builder, aryty, ary, idx):
-        """Pointer to element `idx` (a list of index values) of an array."""
+    def _addr(context, builder, aryty, ary, idx):
+        """Generic address (i64) of element `idx` (a tuple of index values) of an array."""
         arr = context.make_array(aryty)(context, builder, value=ary)
         idx = [builder.sext(v, _I64) if v.type.width < 64 else v for v in idx]
-        return cgutils.get_item_pointer2(context, builder, arr.data, cgutils.unpack_tuple(
+        ptr = cgutils.get_item_pointer2(context, builder, arr.data, cgutils.unpack_tuple(
             builder, arr.shape, aryty.ndim), cgutils.unpack_tuple(builder, arr.strides,
                                                                   aryty.ndim),
             aryty.layout, idx)
-
-    def _addr(context, builder, aryty, ary, idx):
-        """Generic address (i64) of element `idx` of an array."""
-        return builder.ptrtoint(_ptr(context, builder, aryty, ary, idx), _I64)
+        return builder.ptrtoint(ptr, _I64)
 
     @intrinsic
     def ldsm_x4(typingctx, arr, i):
