@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .intrinsics import ld_x4, warp_sum
+from .intrinsics import SIMULATED, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps,
                     split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
@@ -36,6 +36,21 @@ LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
+# Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
+# Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
+# compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
+# their extra blocks.
+CAPPED_LANE_FORMATS = frozenset({"Q4_K", "IQ3_S"})
+
+
+def lane_jit_options(lf: LaneFormat) -> dict:
+    """Compile options of a format's lane kernels (also recorded in the PTX registry)."""
+    return {"launch_bounds": (LANE_THREADS, 2)} if lf.name in CAPPED_LANE_FORMATS else {}
+
+
+def lane_jit(lf: LaneFormat) -> dict:
+    """The options `cuda.jit` takes for a lane kernel (none in the simulator)."""
+    return {} if SIMULATED else lane_jit_options(lf)
 
 _CACHE: dict[tuple[int, int], object] = {}
 
@@ -133,7 +148,7 @@ def _lanes_single(lf: LaneFormat):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**lane_jit(lf))
     def matvec_lanes(w, w2, row_bytes, n_sb, n_rows, n_first, sums_off, log, x, y, y2,
                      accumulate, tab):
         # Rows [0, n_first) are W's (w -> y), rows [n_first, n_rows) a second matrix's of the
@@ -315,8 +330,10 @@ def _ptx_lanes(lf, x_type):
 
 
 for _lf in LANE_FORMATS.values():
-    register_ptx("matvec", f"matvec_lanes_{_lf.name}_f32", _ptx_lanes(_lf, types.float32))
-register_ptx("matvec", "matvec_lanes_Q4_K_f16",
-             _ptx_lanes(lane_format(BY_NAME["Q4_K"].ggml_type), types.float16))
+    register_ptx("matvec", f"matvec_lanes_{_lf.name}_f32", _ptx_lanes(_lf, types.float32),
+                 options=lane_jit_options(_lf))
+_Q4K = lane_format(BY_NAME["Q4_K"].ggml_type)
+register_ptx("matvec", "matvec_lanes_Q4_K_f16", _ptx_lanes(_Q4K, types.float16),
+             options=lane_jit_options(_Q4K))
 for _n in range(2, MAX_TOKENS):
     register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))

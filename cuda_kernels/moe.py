@@ -35,8 +35,8 @@ from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps
 from .launch import check_array, device_table, n_blocks, register_ptx
-from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split, lanes_fit,
-                     stage_table)
+from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
+                     lane_jit_options, lane_split, lanes_fit, stage_table)
 from .qformats import FORMATS, get_format
 from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
@@ -185,7 +185,7 @@ def _gate_up_lanes(lf: LaneFormat):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
                           cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
                           sums_off, h, tab):
@@ -282,7 +282,7 @@ def _down_lanes(lf: LaneFormat):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**lane_jit(lf))
     def moe_down_lanes(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
                        cpu_misses, down_off, row_bytes, n_sb, inv_n_sb, n_embd, accumulate,
                        sums_off, log, out, tab):
@@ -460,9 +460,11 @@ _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int6
 
 for _l in LANE_FORMATS.values():
     register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
-                 lambda f=_l: (_gate_up_lanes(f).py_func, _GUL_SIG + (_tab_type(f),)))
+                 lambda f=_l: (_gate_up_lanes(f).py_func, _GUL_SIG + (_tab_type(f),)),
+                 options=lane_jit_options(_l))
     register_ptx("moe", f"moe_down_lanes_{_l.name}",
-                 lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)))
+                 lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)),
+                 options=lane_jit_options(_l))
 for _f in FORMATS.values():
     register_ptx("moe", f"moe_gate_up_{_f.name}",
                  lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))
