@@ -29,6 +29,15 @@ if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
         tempfile.gettempdir(), f"strata-test-numba-{getpass.getuser()}", _WORKER)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """On the GPU (STRATA_TEST_GPU=1) the tests run in one process: parallel workers would share
+    the one device's memory and compile the same kernels once each."""
+    if USE_REAL_GPU and getattr(config.option, "numprocesses", None):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+
+
 def _real_gpu_present() -> bool:
     if not USE_REAL_GPU:
         return False
