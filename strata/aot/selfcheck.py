@@ -106,23 +106,31 @@ def check_bundle(*, require_complete: bool) -> Check:
 
 
 def check_cpu_numba() -> Check:
-    """A CPU-engine numba function against numpy, and where its machine code came from."""
-    from strata.engine.cpu import qdot
+    """A CPU-engine numba function against numpy, and where its machine code came from.
+
+    It calls `matmul.linear`, the entry the engine itself calls from Python, never one of the
+    functions linear calls: compiling such a callee first as its own overload makes numba's disk
+    cache hand later processes callers linked to the wrong code (seen as K-quant logits computed
+    without their 8-bit activations after a run that started this way)."""
+    from strata.engine.cpu import matmul
+    from strata.engine.cpu.idot import x8_arrays
+    from strata.engine.cpu.qdot import F32_T
 
     rng = np.random.default_rng(0)
-    w = rng.standard_normal(96).astype(np.float32)  # [96] f32
-    x = rng.standard_normal(96).astype(np.float32)  # [96] f32
-    acc = np.zeros(qdot.LANES, np.float32)          # [LANES] f32
+    w = rng.standard_normal((3, 96)).astype(np.float32)  # [3, 96] f32 rows
+    x = rng.standard_normal((1, 96)).astype(np.float32)  # [1, 96] f32
+    out = np.zeros((1, 3), np.float32)                  # [1, 3] f32
     t0 = time.perf_counter()
-    got = float(qdot.dot_f32(w, x, acc))
+    matmul.linear(w.view(np.uint8), F32_T, 1, x, x8_arrays(x), out, 1)
     secs = time.perf_counter() - t0
-    want = float(np.dot(w.astype(np.float64), x.astype(np.float64)))
-    hits = sum(qdot.dot_f32.stats.cache_hits.values())
+    got = float(out[0, 1])
+    want = float(w[1].astype(np.float64) @ x[0].astype(np.float64))
+    hits = sum(matmul.linear.stats.cache_hits.values())
     source = "loaded from numba's cache" if hits else "compiled"
     cache = os.environ.get("NUMBA_CACHE_DIR") or "numba's default"
-    ok = abs(got - want) <= 1e-4 * max(1.0, abs(want))
-    return Check("cpu numba", ok, f"qdot.dot_f32 = {got:.5f} (numpy {want:.5f}), {source} in "
-                                  f"{secs:.2f} s; cache: {cache}")
+    ok = abs(got - want) <= 1e-4 * max(1.0, abs(want)) and bool(np.isfinite(out).all())
+    return Check("cpu numba", ok, f"matmul.linear row 1 = {got:.5f} (numpy {want:.5f}), {source} "
+                                  f"in {secs:.2f} s; cache: {cache}")
 
 
 def check_gpu_kernel() -> Check:
