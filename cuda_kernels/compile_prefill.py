@@ -2,9 +2,9 @@
 with `launch.register_ptx` under family "prefill" when this module is imported by the compile
 check (`python -m strata.cuda_kernels.compile_check --family prefill`).
 
-These are also the specializations the binary's kernel bundle carries (`strata.aot.build`), so
-every variant the engine launches is listed, for every weight format and the attention shapes of
-the models we run; the FMA fallback for the formats the 30B models use.
+`register(full=True)` lists every variant the engine launches, for every weight format and the
+attention shapes of the models we run: what the binary's kernel bundle carries
+(`cuda_kernels.compile_bundle`, imported by `strata.aot.build` only).
 """
 
 from __future__ import annotations
@@ -46,22 +46,23 @@ def _fixed(kernel, sig):
     return lambda: (kernel.py_func, sig)
 
 
-# Attention shapes the bundle carries: head sizes and query heads per KV head of the models we
-# run (Qwen3-MoE: 128 with groups 4, 8 and 16; the built-in tiny model: 3), and their neighbours.
+# Attention shapes the binary's bundle carries: head sizes and query heads per KV head of the
+# models we run (Qwen3-MoE: 128 with groups 4, 8 and 16; the built-in tiny model: 3) and their
+# neighbours. The compile check takes a representative few.
 HEAD_DIMS = (64, 128)
 GROUPS = (1, 2, 3, 4, 6, 8, 16)
+CHECK_SHAPES = ((128, 8), (128, 4), (128, 3), (64, 8))
 
 
-def _attn_specs(fmt):
+def _attn_specs(fmt, shapes):
     q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
-    for hd in HEAD_DIMS:
-        for group in GROUPS:
-            if fmt == "f16" and attention_wide.supports(fmt, fmt, hd, group,
-                                                        attention.SPLIT_LEN):
-                continue  # the tensor-core kernel serves these (registered below)
-            yield (f"decode_attn_{fmt}_hd{hd}_g{group}",
-                   _fixed(attention._split_kernel(fmt, fmt, hd, group, attention.SPLIT_LEN),
-                          (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+    for hd, group in shapes:
+        if fmt == "f16" and attention_wide.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
+            continue  # the tensor-core kernel serves these
+        yield (f"decode_attn_{fmt}_hd{hd}_g{group}",
+               _fixed(attention._split_kernel(fmt, fmt, hd, group, attention.SPLIT_LEN),
+                      (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+    for hd in sorted({hd for hd, _ in shapes}):
         yield (f"prefill_attn_{fmt}_hd{hd}",
                _fixed(attention_prefill._prefill_kernel(fmt, fmt, hd, attention_prefill.WARPS,
                                                         attention_prefill.BKV),
@@ -70,54 +71,59 @@ def _attn_specs(fmt):
                                                 (q3, _I32, _I64, _U8, _F16)))
 
 
-def register() -> None:
-    # what the prefill path launches, for every weight format a model may carry: dense
-    # projections (f16 or f32 activations, f32 out), the MoE's gate/up (gathered rows, SwiGLU,
-    # f16 out) and down (f32 out); tests/unit/test_aot_coverage.py checks the engine against it
+def register(family: str = FAMILY, *, full: bool = False) -> None:
+    """What the prompt path launches: the dense projections (f16 or f32 activations, f32 out),
+    the MoE's gate/up (gathered rows, SwiGLU, f16 out) and down (f32 out), routing, attention and
+    the KV write. `full`: every weight format and attention shape (the binary's bundle:
+    tests/unit/test_aot_coverage.py checks the engine against it); else the compile check's
+    set: gate/up for every format (its weight loader is the per-format part), the rest for the
+    formats and shapes of the 30B models and the tiny one."""
+    # a tile's launch bounds (if it ever sets any) are part of what the frozen dispatcher asks
+    # the bundle for
+    tc = getattr(TC_TILE, "jit_options", {})
+    some = [BY_NAME[n] for n in ("Q4_K", "Q6_K", "Q8_0", "Q5_K")]
     for f in FORMATS.values():
-        t = f.ggml_type
-        # a tile's launch bounds (if it ever sets any) are part of what the frozen dispatcher
-        # asks the bundle for
-        tc = getattr(TC_TILE, "jit_options", {})
-        register_ptx(FAMILY, f"moe_gate_up_tc_{f.name}",
-                     _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,
+        register_ptx(family, f"moe_gate_up_tc_{f.name}",
+                     _tc_spec(f.ggml_type, x_half=True, grouped=True, gather=True, swiglu=True,
                               out_half=True), options=tc)
-        register_ptx(FAMILY, f"moe_down_tc_{f.name}",
+    for f in (FORMATS.values() if full else some):
+        t = f.ggml_type
+        register_ptx(family, f"moe_down_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
                               out_half=False), options=tc)
         for x_half in (True, False):
-            register_ptx(FAMILY, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
+            register_ptx(family, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
                          _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
                                   out_half=False), options=tc)
-    for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores): compile-checked only
+    for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores)
         t = BY_NAME[name].ggml_type
-        register_ptx(FAMILY, f"moe_gate_up_fma_{name}",
+        register_ptx(family, f"moe_gate_up_fma_{name}",
                      _fma_spec(t, grouped=True, gather=True, swiglu=True))
-        register_ptx(FAMILY, f"moe_down_fma_{name}",
+        register_ptx(family, f"moe_down_fma_{name}",
                      _fma_spec(t, grouped=True, gather=False, swiglu=False))
-        register_ptx(FAMILY, f"dense_fma_{name}",
+        register_ptx(family, f"dense_fma_{name}",
                      _fma_spec(t, grouped=False, gather=False, swiglu=False))
     f2 = T.float32[:, ::1]
-    register_ptx(FAMILY, "route_zero", _fixed(route._zero_counts, (_I32,)))
-    register_ptx(FAMILY, "route_count", _fixed(route._count, (_I32, _I64, _I32)))
-    register_ptx(FAMILY, "route_scan", _fixed(route._scan, (_I32, _I64, _I64) + (_I32,) * 5))
-    register_ptx(FAMILY, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
-    register_ptx(FAMILY, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
-    register_ptx(FAMILY, "decode_attn_combine",
+    register_ptx(family, "route_zero", _fixed(route._zero_counts, (_I32,)))
+    register_ptx(family, "route_count", _fixed(route._count, (_I32, _I64, _I32)))
+    register_ptx(family, "route_scan", _fixed(route._scan, (_I32, _I64, _I64) + (_I32,) * 5))
+    register_ptx(family, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
+    register_ptx(family, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
+    register_ptx(family, "decode_attn_combine",
                  _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
                                              _I64, _I64, _I64, f2)))
-    register_ptx(FAMILY, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
+    register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
-    for hd in HEAD_DIMS:  # the tensor-core f16 kernel (the default where it applies)
-        for group in GROUPS:
-            if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
-                register_ptx(FAMILY, f"decode_attn_f16_wide_hd{hd}_g{group}",
-                             _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
-                                    (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
-                             options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
+    shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
+    for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
+        if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
+            register_ptx(family, f"decode_attn_f16_wide_hd{hd}_g{group}",
+                         _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
+                                (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
+                         options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
-        for name, build in _attn_specs(fmt):
-            register_ptx(FAMILY, name, build)
+        for name, build in _attn_specs(fmt, shapes if full or fmt == "f16" else [(128, 8)]):
+            register_ptx(family, name, build)
 
 
 register()

@@ -36,7 +36,7 @@ _ENTRY = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\(")
 # "engine"); one that is not in this checkout is skipped.
 ENGINE_MODULES = ("strata.engine.cuda.kernels", "strata.engine.cuda.mixed",
                   "strata.engine.multi.tiers", "strata.cuda_kernels.batch_attention",
-                  "strata.cuda_kernels.compile_batch")
+                  "strata.cuda_kernels.compile_bundle")
 
 
 def registry(family: str | None = None, pattern: str | None = None) -> list:

@@ -1,6 +1,8 @@
-"""Every kernel specialization batched decode (`strata serve --batch N`, N <= 8) can launch, for
-the binary's kernel bundle (`strata.aot.build` imports this module; the CI compile check does not,
-since the kernel modules register a representative subset for it).
+"""Every kernel specialization the engines can launch, for the binary's kernel bundle
+(`strata.aot.build` imports this module; the CI compile check does not, since the kernel modules
+register a representative subset for it): the prompt path's for every weight format and
+attention shape (`compile_prefill.register(full=True)`), and batched decode's
+(`strata serve --batch N`, N <= 8).
 
 The batch kernels are specialized by how many tokens share a block (1..8, set by the row width and
 the batch size), so the bundle carries every count for every format: dense matvec and the MoE's
@@ -16,15 +18,16 @@ from numba import types
 
 from strata.plan.layout import SPLIT_K_TOKENS
 
-from . import batch_attention, batch_moe, batch_moe_lanes, lanes_batch, matvec
+from . import batch_attention, batch_moe, batch_moe_lanes, compile_prefill, lanes_batch, matvec
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
 from .qformats import FORMATS
 
-FAMILY = "batch_bundle"
+FAMILY = "bundle"
 
 
 def register() -> None:
+    compile_prefill.register(FAMILY, full=True)
     for lf in LANE_FORMATS.values():
         tab = batch_moe_lanes._tab_type(lf)
         for tg in range(1, lanes_batch.MAX_TOKENS + 1):
