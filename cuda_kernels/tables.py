@@ -54,6 +54,20 @@ def install(region, stream=0) -> None:
         off += _aligned(a.nbytes)
 
 
+def uninstall(region) -> None:
+    """Forget the tables install() put in `region` (before the arena holding it is freed), so a
+    later launch outside an engine makes its own instead of reading freed memory."""
+    if SIMULATED:
+        return
+    # addresses are unique across the contexts of one process (unified addressing), so this
+    # needs no current context: a split's stages close under any GPU's
+    start = int(region.device_ctypes_pointer.value or 0)
+    end = start + int(region.nbytes)
+    for key in list(_TABLES):
+        if start <= int(_TABLES[key].device_ctypes_pointer.value or 0) < end:
+            del _TABLES[key]
+
+
 def dummy_i32():
     """A 1-element int32 device array standing in for an unused argument: the installed one of
     the current context, else one made on first use (outside an engine)."""

@@ -41,3 +41,18 @@ def test_install_lays_every_table_at_its_aligned_offset():
         np.testing.assert_array_equal(got[off:off + a.nbytes].view(a.dtype), a)
         off += -(-a.nbytes // tables.ALIGN) * tables.ALIGN
     assert got[off:off + 4].view(np.int32)[0] == 0  # the dummy
+
+
+def test_uninstall_forgets_only_the_tables_in_the_region(monkeypatch):
+    """What an engine's close() does before its arena is freed: entries whose memory lies in the
+    region go, others stay (addresses stand in for device pointers here)."""
+    from types import SimpleNamespace
+
+    def at(addr, n=4):
+        return SimpleNamespace(device_ctypes_pointer=SimpleNamespace(value=addr), nbytes=n)
+
+    monkeypatch.setattr(tables, "SIMULATED", False)
+    monkeypatch.setattr(tables, "_TABLES", {(1, 7): at(1000), (1, "dummy_i32"): at(1256),
+                                            (2, 7): at(9000), (1, 8): at(5000)})
+    tables.uninstall(at(1000, 512))  # [1000, 1512)
+    assert sorted(tables._TABLES, key=str) == [(1, 8), (2, 7)]

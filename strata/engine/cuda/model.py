@@ -19,6 +19,7 @@ from numba import cuda
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.moe import ExpertLayout
 from strata.cuda_kernels.tables import install as install_tables
+from strata.cuda_kernels.tables import uninstall as uninstall_tables
 from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
 from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
@@ -330,4 +331,7 @@ class CudaModel:
 
     def close(self) -> None:
         """Give the arena back (a shared host store stays registered)."""
+        acts = getattr(self, "acts", None)
+        if acts is not None:  # tables live in the arena: forget them before it goes
+            uninstall_tables(acts["format_tables"])
         self.arena.close()
