@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .batch_moe_lanes import launch_lanes, lanes_plan
+from .batch_moe_lanes import _where, launch_lanes, lanes_plan
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .launch import check_array, device_table, n_blocks, register_ptx
@@ -40,15 +40,6 @@ MAX_STAGED_BYTES = 48 * 1024
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
-
-
-@cuda.jit(device=True, inline="always")
-def _where(slot_table, layer, e, slot_off, host_off):
-    """(0, byte offset in the cache) for a cached expert, (1, byte offset in host) for a miss."""
-    slot = slot_table[layer, e]
-    if slot >= 0:
-        return 0, slot_off[slot]
-    return 1, host_off[layer, e]
 
 
 def _gate_up_factory(fmt):

@@ -23,13 +23,13 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda
 
 from .matmul_tiles import (FMA_TILE, K_STEP, TC_TILE, FmaTile, TcTile, fma_kernel,
                            n_col_blocks, tc_kernel)
 from .matmul_loads import split_loader
 from .qformats import get_format
 from .route import Routing
+from .tables import dummy_i32
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +97,6 @@ def _fma(ggml_type, tile, grouped, gather, swiglu):
                       swiglu=swiglu)
 
 
-def _dummy_i32():
-    """A 1-element int32 device array standing in for the unused schedule of a dense launch
-    (the engine's, from its arena: `tables.install`)."""
-    from .tables import dummy_i32
-
-    return dummy_i32()
-
-
 def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routing | None,
             gather: bool, swiglu: bool, tensor_cores: bool, tile, stream):
     """Pick the kernel and grid; `routing=None` is the dense (ungrouped) mode."""
@@ -137,7 +129,7 @@ def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routi
                  routing.tile_m0, routing.n_tiles)
         grid_rows, n_rows = routing.max_tiles, routing.n_entries
     else:
-        dummy = _dummy_i32()
+        dummy = dummy_i32()  # the unused schedule (an engine's comes from its arena)
         sched = (dummy, dummy, 1, dummy, dummy, dummy)
         n_rows = x.shape[0]
         grid_rows = -(-n_rows // tile.bm)
