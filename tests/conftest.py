@@ -64,3 +64,19 @@ def tmp_models(tmp_path_factory):
     """A per-session folder for GGUF files the tests write (one per xdist worker: pytest gives
     each worker its own base folder, so workers never write or read each other's files)."""
     return tmp_path_factory.mktemp("models")
+
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """On the GPU the test process ends the way a `strata` command does (strata.shutdown):
+    past cuda.core's crash at exit, which would otherwise turn a passing run's status into 134."""
+    if USE_REAL_GPU and _EXIT_STATUS and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from strata.shutdown import finish
+        finish(_EXIT_STATUS[-1])
