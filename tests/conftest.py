@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 import tempfile
 
 import pytest
@@ -69,6 +70,15 @@ def tmp_models(tmp_path_factory):
 _EXIT_STATUS: list[int] = []
 
 
+def _pytest_owns_the_process() -> bool:
+    """The `pytest` command or `python -m pytest`, not pytest.main() inside a bench script (which
+    goes on after the tests) nor an xdist worker (its controller ends it)."""
+    prog = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return (not os.environ.get("PYTEST_XDIST_WORKER")
+            and (os.path.basename(prog) in ("pytest", "py.test")
+                 or os.path.basename(os.path.dirname(prog)) == "pytest"))
+
+
 def pytest_sessionfinish(session, exitstatus):
     _EXIT_STATUS.append(int(exitstatus))
 
@@ -77,6 +87,6 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_unconfigure(config):
     """On the GPU the test process ends the way a `strata` command does (strata.shutdown):
     past cuda.core's crash at exit, which would otherwise turn a passing run's status into 134."""
-    if USE_REAL_GPU and _EXIT_STATUS and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if USE_REAL_GPU and _EXIT_STATUS and _pytest_owns_the_process():
         from strata.shutdown import finish
         finish(_EXIT_STATUS[-1])

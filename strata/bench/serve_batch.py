@@ -144,6 +144,37 @@ def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
             "all_equal": all(a["equal"] for v in check.values() for a in v)}
 
 
+BATCH_LAUNCHERS = ("embed", "rms_norm", "matvec", "matvec_batch", "qk_norm_rope", "kv_write",
+                   "decode_attention", "kv_write_rows", "attention_rows", "add", "route",
+                   "batch_moe_decode", "moe_decode", "moe_decode_mixed", "advance_seq_len")
+
+
+def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int = 1) -> dict:
+    """The batched step's time by launcher for each row count in `counts` (graphs replayed,
+    `strata.engine.cuda.profile`): n sequences prefilled, each row's next input token written
+    at its position, then the step replayed with the positions held (advance_seq_len left out,
+    so every replay writes and reads the same KV rows)."""
+    import strata.engine.cuda.batch_step as batch_step_mod
+    from strata.engine.cuda.profile import profile_step
+
+    rng = np.random.default_rng(seed)
+    a, st, out = engine.m.acts, engine.m.stream, {}
+    for n in counts:
+        for slot in range(n):
+            engine.prefill(slot, rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist())
+        tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)
+        for r in range(n):
+            a["history"][r][prompt_tokens:prompt_tokens + 1].copy_to_device(tok[r:r + 1],
+                                                                             stream=st)
+        st.synchronize()
+        out[str(n)] = profile_step(engine.step, module=batch_step_mod, launchers=BATCH_LAUNCHERS,
+                                   record=lambda s_, n=n: engine.step.record(s_, n),
+                                   frozen=("advance_seq_len",))
+        for slot in range(n):
+            engine.release(slot)
+    return out
+
+
 def _device_name() -> str:
     from numba import cuda
     name = cuda.get_current_device().name
@@ -160,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-mem", help="plan within this much VRAM")
     p.add_argument("--json", metavar="FILE", help="write the result here")
     p.add_argument("--command", help="the command line to record (default: this one)")
+    p.add_argument("--profile-rows", default="", metavar="N,N",
+                   help="after the rounds, the batched step's time by launcher at these row "
+                        "counts (CUDA graphs; e.g. 1,8)")
     args = p.parse_args(argv)
     clients = sorted({int(c) for c in args.clients.split(",")})
     if args.gen < 2 or args.prompt_tokens + args.gen > args.max_context:
@@ -181,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen)
     hits = engine.hit_counts().sum(axis=0)
+    prof_rows = sorted({int(c) for c in args.profile_rows.split(",") if c.strip()})
+    profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
     out = {
         "bench": "serve_batch", "model": args.model, "arch": mf.arch,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -192,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),
         "target": {"aggregate_speedup_at_8": TARGET_SPEEDUP_AT_8},
-        **result,
+        **result, "profile": profile,
     }
     r8 = next((r for r in result["rounds"] if r["clients"] == 8), None)
     out["target_met"] = None if r8 is None else r8["speedup_vs_1"] >= TARGET_SPEEDUP_AT_8
@@ -202,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['per_client_tok_s']['mean']:>10.1f} {r['step_ms']:>8.2f} "
               f"{r['speedup_vs_1'] or 0:>7.2f}")
     print(f"greedy tokens equal to each prompt decoded alone: {result['all_equal']}")
+    if profile:
+        from strata.engine.cuda.profile import profile_table
+        for n, prof in profile.items():
+            print(f"rows {n}:\n{profile_table(prof)}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

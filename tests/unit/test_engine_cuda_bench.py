@@ -170,3 +170,37 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
     assert {n: getattr(decode_mod, n) for n in before} == before
     text = profile_table(prof)
     assert "matvec" in text.splitlines()[1] and "60.0%" in text
+
+
+def test_batch_profile_keys_matvecs_by_role_and_leaves_frozen_launchers_out(monkeypatch):
+    import numpy as np
+
+    import strata.engine.cuda.batch_step as bs
+    from strata.engine.cuda.profile import profile_step
+
+    launched: list[str] = []
+    for name in ("matvec_batch", "advance_seq_len", "rms_norm"):
+        monkeypatch.setattr(bs, name, lambda *a, name=name: launched.append(name))
+    shape = SimpleNamespace(n_head=4, head_dim=8, n_head_kv=2, n_embd=16, n_expert=8,
+                            n_vocab=50)
+
+    class Step:
+        m = SimpleNamespace(stream="s", shape=shape)
+
+    def record(stream):  # a step of 3 rows: q (32 out), head (50 out), then the positions move
+        bs.rms_norm("x")
+        bs.matvec_batch("w", 0, "x", np.zeros((3, 32)))
+        bs.matvec_batch("w", 0, "x", np.zeros((3, 50)))
+        bs.advance_seq_len("p")
+
+    def capture(rec, stream):
+        launched.clear()
+        rec(stream)
+        return SimpleNamespace(n_nodes=len(launched))
+
+    prof = profile_step(Step(), capture=capture, timer=lambda g, st, reps: float(g.n_nodes),
+                        module=bs, launchers=("matvec_batch", "advance_seq_len", "rms_norm"),
+                        record=record, frozen=("advance_seq_len",))
+    assert prof["step"]["nodes"] == 3  # the frozen launcher never reaches a graph
+    assert prof["matvec_batch q"]["nodes"] == 1 and prof["matvec_batch head"]["nodes"] == 1
+    assert "advance_seq_len" not in prof and prof["rms_norm"]["nodes"] == 1

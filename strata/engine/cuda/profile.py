@@ -54,26 +54,35 @@ def _matvec_roles(step) -> dict[int, str]:
     return {n: "|".join(names) for n, names in roles.items()}
 
 
+MATVECS = ("matvec", "matvec_batch")  # y: [n_out] (one token) or [n_rows, n_out]
+
+
 def _unit_key(name: str, roles: dict[int, str], args, kwargs) -> str:
     """The profile's key of one launch: the launcher's name, a matvec's with its weight's role."""
-    if name != "matvec" or not roles:
+    if name not in MATVECS or not roles:
         return name
     y = args[3] if len(args) > 3 else kwargs.get("y")
-    role = roles.get(int(getattr(y, "size", -1)))
-    return f"matvec {role}" if role else name
+    role = roles.get(int(getattr(y, "shape", (-1,))[-1]))
+    return f"{name} {role}" if role else name
 
 
 def profile_step(step, *, reps: int = 20, capture: Callable | None = None,
-                 timer: Callable | None = None) -> dict[str, dict]:
+                 timer: Callable | None = None, module=None,
+                 launchers: tuple[str, ...] = LAUNCHERS, record: Callable | None = None,
+                 frozen: tuple[str, ...] = ()) -> dict[str, dict]:
     """{unit: {"ms": per step, "nodes": kernels}} and "step" for the whole step (mode "logits");
     a unit is a launcher (matvecs: one per weight role, "matvec q", "matvec head", ...); units
     the step never launches are left out. `capture` / `timer`: stand-ins for tests (default:
-    `strata.cuda_kernels.graph.capture`, CUDA-event timing)."""
+    `strata.cuda_kernels.graph.capture`, CUDA-event timing). `module`, `launchers`, `record`:
+    another step's (the batched step: `batch_step`, its launcher names, `record(stream)`);
+    `frozen`: launchers left out of every timed graph (a step whose replays must not move the
+    sequences on)."""
     if capture is None:
         from strata.cuda_kernels.graph import capture
     timer = timer or _time_graph
+    module = module or decode_mod
     stream = step.m.stream
-    real = {n: getattr(decode_mod, n) for n in LAUNCHERS if hasattr(decode_mod, n)}
+    real = {n: getattr(module, n) for n in launchers if hasattr(module, n)}
     roles = _matvec_roles(step)
     units: dict[str, int] = {}  # launches per step, in first-launch order
 
@@ -81,7 +90,7 @@ def profile_step(step, *, reps: int = 20, capture: Callable | None = None,
         def call(*args, **kwargs):
             key = _unit_key(name, roles, args, kwargs)
             units[key] = units.get(key, 0) + 1
-            return real[name](*args, **kwargs)
+            return None if name in frozen else real[name](*args, **kwargs)
         return call
 
     def only(name, unit):
@@ -91,23 +100,24 @@ def profile_step(step, *, reps: int = 20, capture: Callable | None = None,
             return None
         return call
 
-    def record(st):
-        step.record(st, "logits")
+    if record is None:
+        def record(st):
+            step.record(st, "logits")
 
     out = {}
     try:
         for name in real:
-            setattr(decode_mod, name, counting(name))
+            setattr(module, name, counting(name))
         g = capture(record, stream)
         out["step"] = {"ms": timer(g, stream, reps), "nodes": g.n_nodes}
-        for unit in list(units):
+        for unit in [u for u in units if u not in frozen]:
             for name in real:
-                setattr(decode_mod, name, only(name, unit))
+                setattr(module, name, only(name, unit))
             g = capture(record, stream)
             out[unit] = {"ms": timer(g, stream, reps), "nodes": g.n_nodes}
     finally:
         for name, fn in real.items():
-            setattr(decode_mod, name, fn)
+            setattr(module, name, fn)
     return out
 
 
