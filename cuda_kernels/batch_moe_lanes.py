@@ -27,7 +27,8 @@ from numba import cuda, from_dtype, types
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, lane_format
-from .lanes_batch import stage_token, token_floats, token_steps, tokens_fit, tokens_per_block
+from .lanes_batch import (BATCH_JIT_OPTIONS, batch_jit, stage_token, token_floats, token_steps,
+                          tokens_fit, tokens_per_block)
 from .launch import n_blocks, register_ptx
 from .matvec import LANE_WARPS, PART_SLOTS, lane_split, lanes_fit, stage_table
 from .moe import MAX_K, ExpertLayout, _unit
@@ -35,7 +36,12 @@ from .qformats import BY_NAME, get_format
 from .xstage import padded_bytes, padded_len, stage_padded
 
 MAX_TOKENS = 8
+MAX_ENTRIES = MAX_TOKENS * MAX_K  # (token, top-k position) entries of a step
 F0 = np.float32(0.0)
+# gate_up blocks a step aims at (owners and the entries that only count): enough row blocks per
+# entry that the owners fill the SMs about twice at two blocks each, rows per warp past that so
+# each owner stages its tokens' x once for many rows
+GATE_UP_BLOCKS = 1024
 
 _CACHE: dict[tuple, object] = {}
 
@@ -56,30 +62,38 @@ def _grouped_gate_up(lf: LaneFormat, tg: int):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**batch_jit())
     def batch_gate_up_lanes(x, ids, k, n_tok, slot_table, layer, cache, slot_off, host, host_off,
-                            counters, row_bytes, n_sb, n_ff, up_off, tok_floats, sums_off, h,
-                            tab):
+                            counters, row_bytes, n_sb, n_ff, up_off, tok_floats, sums_off, rpw,
+                            h, tab):
         # x: [n_tok * n_embd] f32; ids: [n_tok * k] i32; h: [n_tok * k * n_ff] f32; one warp per
-        # h row (its gate and up rows); dynamic shared: [tg, tok_floats] f32, staged tokens
+        # h row (its gate and up rows), rpw rows in turn; block x covers rows
+        # [x * rpw * LANE_WARPS, (x + 1) * rpw * LANE_WARPS); dynamic shared: [tg, tok_floats]
+        # f32, staged tokens
+        s_ids = cuda.shared.array(MAX_ENTRIES, types.int32)
         s_ent = cuda.shared.array(MAX_TOKENS, types.int32)
         s_n = cuda.shared.array(1, types.int32)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         entry = cuda.blockIdx.y
+        n_ent = n_tok * k
+        tid = cuda.threadIdx.x
+        if tid < n_ent:  # every block scans the step's ids: from shared memory, not L2
+            s_ids[tid] = ids[tid]
         e = ids[entry]
         where, base = _where(slot_table, layer, e, slot_off, host_off)
-        if cuda.threadIdx.x == 0:
+        cuda.syncthreads()
+        if tid == 0:
             if cuda.blockIdx.x == 0:
                 cuda.atomic.add(counters, (layer, where), 1)
             owner = True
             for i in range(entry):
-                if ids[i] == e:
+                if s_ids[i] == e:
                     owner = False
             n = 0
             if owner:  # a token's top-k are distinct: at most one entry per token
-                for i in range(entry, n_tok * k):
-                    if ids[i] == e and n < MAX_TOKENS:
+                for i in range(entry, n_ent):
+                    if s_ids[i] == e and n < MAX_TOKENS:
                         s_ent[n] = i
                         n += 1
             s_n[0] = n
@@ -88,8 +102,7 @@ def _grouped_gate_up(lf: LaneFormat, tg: int):
         if n_e == 0:  # the same in the whole block
             return
         src = cache if where == 0 else host
-        row = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
-        off_g = base + min(row, n_ff - 1) * row_bytes
+        row_first = cuda.blockIdx.x * rpw * LANE_WARPS + (tid >> 5)
         n_cols = n_sb * n_values
         if has_tab:
             stage_table(tab, tab_s, n_tab)
@@ -102,16 +115,20 @@ def _grouped_gate_up(lf: LaneFormat, tg: int):
                     t = s_ent[c0 + j] // k
                     stage_token(x, t * n_cols, n_cols, xs, j * tok_floats, pa_a, pa_pa, pa_b,
                                 pa_pb, sums, sums_off)
-                acc_g[j] = F0
-                acc_u[j] = F0
             cuda.syncthreads()
-            run(src, off_g, off_g + up_off, n_sb, xs, tok_floats, sums_off, tab_s, 0, per_step,
-                n_valid, acc_g, acc_u)
-            for j in range(tg):
-                g = warp_sum(acc_g[j])
-                u = warp_sum(acc_u[j])
-                if (cuda.threadIdx.x & 31) == 0 and row < n_ff and c0 + j < n_e:
-                    h[s_ent[c0 + j] * n_ff + row] = silu(g) * u
+            for i in range(rpw):  # the staged tokens serve all the block's rows
+                row = row_first + i * LANE_WARPS
+                off_g = base + min(row, n_ff - 1) * row_bytes
+                for j in range(tg):
+                    acc_g[j] = F0
+                    acc_u[j] = F0
+                run(src, off_g, off_g + up_off, n_sb, xs, tok_floats, sums_off, tab_s, 0,
+                    per_step, n_valid, acc_g, acc_u)
+                for j in range(tg):
+                    g = warp_sum(acc_g[j])
+                    u = warp_sum(acc_u[j])
+                    if (tid & 31) == 0 and row < n_ff and c0 + j < n_e:
+                        h[s_ent[c0 + j] * n_ff + row] = silu(g) * u
             cuda.syncthreads()  # the next group restages xs
     return batch_gate_up_lanes
 
@@ -125,7 +142,7 @@ def _token_down(lf: LaneFormat):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**batch_jit())
     def batch_down_lanes(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
                          down_off, row_bytes, n_sb, inv_n_sb, n_embd, accumulate, sums_off, log,
                          out, tab):
@@ -216,6 +233,7 @@ class LanesPlan:
     dn: LaneFormat
     tg: int             # tokens staged per gate_up block
     log: int            # log2 of the warps sharing a down row pair
+    rpw: int = 1        # h rows each gate_up warp computes in turn
 
 
 def lanes_plan(layout: ExpertLayout, k: int, n_tok: int) -> LanesPlan | None:
@@ -231,7 +249,16 @@ def lanes_plan(layout: ExpertLayout, k: int, n_tok: int) -> LanesPlan | None:
         return None
     n_sb = layout.n_ff // dn.sb_values
     return LanesPlan(gu, dn, tokens_per_block(gu, layout.n_embd, n_tok),
-                     lane_split(dn, layout.n_embd, k * n_sb))
+                     lane_split(dn, layout.n_embd, k * n_sb),
+                     gate_up_rows_per_warp(layout.n_ff, n_tok * k))
+
+
+def gate_up_rows_per_warp(n_ff: int, n_entries: int) -> int:
+    """h rows per gate_up warp: row blocks per entry for about GATE_UP_BLOCKS blocks in all,
+    each warp taking the rows those blocks leave."""
+    n_rb = n_blocks(n_ff, LANE_WARPS)  # row blocks at one row per warp
+    want = max(1, -(-GATE_UP_BLOCKS // max(1, n_entries)))
+    return -(-n_rb // min(n_rb, want))
 
 
 def launch_lanes(p: LanesPlan, x, ids, weights, k: int, n_tok: int, *, layout: ExpertLayout,
@@ -240,10 +267,10 @@ def launch_lanes(p: LanesPlan, x, ids, weights, k: int, n_tok: int, *, layout: E
     `rows` caps the row blocks, `tables` = (gate_up table, down table) on the device)."""
     n_sb_gu = layout.n_embd // p.gu.sb_values
     tf = token_floats(p.gu, layout.n_embd)
-    grouped_gate_up(p.gu, p.tg)[(rows(n_blocks(layout.n_ff, LANE_WARPS)), n_tok * k),
+    grouped_gate_up(p.gu, p.tg)[(rows(n_blocks(layout.n_ff, LANE_WARPS * p.rpw)), n_tok * k),
                                 32 * LANE_WARPS, stream, 4 * p.tg * tf](
         x, ids, k, n_tok, *where, counters, layout.gate_row_bytes, n_sb_gu, layout.n_ff,
-        layout.up_off, tf, padded_len(layout.n_embd, p.gu.pad), h1, tables[0])
+        layout.up_off, tf, padded_len(layout.n_embd, p.gu.pad), p.rpw, h1, tables[0])
     n_sb = layout.n_ff // p.dn.sb_values
     token_down(p.dn)[(rows(n_blocks(layout.n_embd, 2 * (LANE_WARPS >> p.log))), n_tok),
                      32 * LANE_WARPS, stream, padded_bytes(k * layout.n_ff, p.dn.pad, p.dn.sums)](
@@ -256,7 +283,7 @@ _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], ty
 _I32_2D, _I64_2D = types.int32[:, ::1], types.int64[:, ::1]
 _WHERE = (_I32_2D, types.int64, _U8, _I64, _U8, _I64_2D)
 _I = types.int64
-_GU_SIG = (_F32, _I32, _I, _I) + _WHERE + (_I64_2D, _I, _I, _I, _I, _I, _I, _F32)
+_GU_SIG = (_F32, _I32, _I, _I) + _WHERE + (_I64_2D, _I, _I, _I, _I, _I, _I, _I, _F32)
 _DN_SIG = (_F32, _I32, _F32, _I) + _WHERE + (_I, _I, _I, types.float32, _I, types.boolean, _I,
                                               _I, _F32)
 
@@ -271,8 +298,10 @@ for _tg in (2, 3, 4, 5):
     register_ptx("batch", f"batch_gate_up_lanes_Q4_K_t{_tg}",
                  lambda g=_tg: (_grouped_gate_up(lane_format(BY_NAME["Q4_K"].ggml_type),
                                                  g).py_func,
-                                _GU_SIG + (_tab_type(lane_format(BY_NAME["Q4_K"].ggml_type)),)))
+                                _GU_SIG + (_tab_type(lane_format(BY_NAME["Q4_K"].ggml_type)),)),
+                 options=BATCH_JIT_OPTIONS)
 for _name in ("Q4_K", "Q6_K"):
     _l = lane_format(BY_NAME[_name].ggml_type)
     register_ptx("batch", f"batch_down_lanes_{_name}",
-                 lambda f=_l: (_token_down(f).py_func, _DN_SIG + (_tab_type(f),)))
+                 lambda f=_l: (_token_down(f).py_func, _DN_SIG + (_tab_type(f),)),
+                 options=BATCH_JIT_OPTIONS)

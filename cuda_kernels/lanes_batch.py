@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .intrinsics import ld_x4, quad_sum, st_x4, warp_sum
+from .intrinsics import SIMULATED, ld_x4, quad_sum, st_x4, warp_sum
 from .lanes import LaneFormat, combine_split, lane_format
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MAX_SHARED_BYTES, PART_SLOTS, lane_split,
@@ -34,6 +34,18 @@ MAX_TOKENS = 8
 F0 = np.float32(0.0)
 # static shared memory of a block besides the staged x: the partial sums and a format's table
 _STATIC_BYTES = 4 * PART_SLOTS
+
+# A row pair's tg-long accumulators take the batch lane kernels (here and in `batch_moe_lanes`)
+# past 128 registers (ptxas 13.0: 159-245 unbounded), which leaves one 256-thread block per SM:
+# on the H200 the 8-row step spent 62% of its 22 ms in the MoE's gate/up at that occupancy. They
+# are compiled for two blocks per SM (128 registers; Q4_K spills about 40 bytes).
+BATCH_JIT_OPTIONS = {"launch_bounds": (LANE_THREADS, 2)}
+
+
+def batch_jit() -> dict:
+    """The options `cuda.jit` takes for a batch lane kernel (none in the simulator)."""
+    return {} if SIMULATED else BATCH_JIT_OPTIONS
+
 
 _CACHE: dict[tuple[int, int], object] = {}
 
@@ -128,7 +140,7 @@ def _dense(lf: LaneFormat, tg: int):
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit
+    @cuda.jit(**batch_jit())
     def matvec_lanes_batch(w, row_bytes, n_sb, n_rows, n_tok, tok_floats, sums_off, log, x, y,
                            tab):
         # w: [n_rows * row_bytes] u8; x: [n_tok * n_cols] f32; y: [n_tok * n_rows] f32;
@@ -239,4 +251,5 @@ def _dense_ptx(lf, tg):
 for _name, _tgs in (("Q4_K", (2, 3, 4, 5)), ("Q6_K", (2, 3, 4))):
     for _tg in _tgs:
         _l = lane_format(BY_NAME[_name].ggml_type)
-        register_ptx("batch", f"matvec_lanes_batch_{_name}_t{_tg}", _dense_ptx(_l, _tg))
+        register_ptx("batch", f"matvec_lanes_batch_{_name}_t{_tg}", _dense_ptx(_l, _tg),
+                     options=BATCH_JIT_OPTIONS)

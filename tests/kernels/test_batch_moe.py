@@ -159,3 +159,36 @@ def test_lane_kernels_group_tokens_by_expert_and_match_one_token_moe(monkeypatch
                 stream=0, max_row_blocks=1)
     np.testing.assert_array_equal(h[t, :, :n_h], one_h[:, :n_h])
     np.testing.assert_array_equal(out[t, :n_out], one_out[:n_out])
+
+
+def test_gate_up_warps_take_several_rows_in_turn(monkeypatch):
+    """Rows per warp (`LanesPlan.rpw`): one block of 3 rows per warp computes the h rows that
+    three blocks of one row per warp compute, bit for bit, and they match float64; a partial
+    last block (rows past n_ff) writes nothing past h's rows."""
+    import strata.cuda_kernels.batch_moe as bm
+    from strata.cuda_kernels.batch_moe_lanes import LanesPlan, gate_up_rows_per_warp
+
+    assert gate_up_rows_per_warp(768, 64) == 6 and gate_up_rows_per_warp(768, 16) == 2
+    assert gate_up_rows_per_warp(40, 2) == 1   # few entries: one row per warp
+    rng = np.random.default_rng(33)
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    store, mats = _store(layout, "Q4_K", "Q6_K", rng)
+    ids = np.array([[3, 1], [1, 3]], np.int32)
+    weights = rng.uniform(0.1, 1, (2, 2)).astype(np.float32)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    out0, h0 = np.zeros((2, 256), np.float32), np.full((2, 2, 256), 7.0, np.float32)
+    real = bm.lanes_plan
+    runs = {}
+    for rpw, blocks in ((3, 1), (1, 3)):
+        monkeypatch.setattr(bm, "lanes_plan", lambda *a, r=rpw: LanesPlan(
+            real(*a).gu, real(*a).dn, real(*a).tg, real(*a).log, r))
+        runs[rpw] = _run(x, ids, weights, layout, store, out0, h0, max_row_blocks=blocks)[1]
+    n_h = 3 * LANE_WARPS
+    np.testing.assert_array_equal(runs[3], runs[1])
+    assert (runs[3][:, :, n_h:] == 7.0).all()
+    for t in range(2):
+        for kk, e in enumerate(ids[t]):
+            g, u, _ = mats[LAYER * N_EXPERT + e]
+            gx, ux = g[:n_h] @ x[t].astype(np.float64), u[:n_h] @ x[t].astype(np.float64)
+            np.testing.assert_allclose(runs[3][t, kk, :n_h], gx / (1 + np.exp(-gx)) * ux,
+                                       rtol=1e-4, atol=1e-4)
