@@ -49,7 +49,20 @@ def _real_gpu_present() -> bool:
         return False
 
 
+def _weight(path, slow: set) -> int:
+    """A file's place in the run: the simulator's engine runs (minutes each) first, then the
+    other slow files, then the rest."""
+    if path.name.endswith("_sim.py"):
+        return 0
+    return 1 if path in slow else 2
+
+
 def pytest_collection_modifyitems(config, items):
+    # Longest first: xdist hands whole files to workers in collection order, so a slow file
+    # collected last would run alone at the end while the other workers idle. The sort is
+    # stable, so each file's tests stay together and in order.
+    slow = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: _weight(item.path, slow))
     if _real_gpu_present():
         return
     why = ("needs a CUDA GPU: run with STRATA_TEST_GPU=1 on a machine that has one"
