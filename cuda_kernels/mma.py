@@ -38,20 +38,35 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 class _WarpExchange:
-    """All-gather among the 32 lanes of one simulated warp; a thread computes the shared result."""
+    """All-gather among the 32 lanes of one simulated warp; the first lane through computes the
+    shared result.
+
+    One barrier per exchange: the slots and the result are double-buffered by the exchange's
+    generation, so a lane may write generation n + 2 only after passing generation n + 1's
+    barrier, which every lane reaches after reading generation n. (Each barrier wait hands the
+    GIL around all 32 threads: it is what the simulator's tensor-core tiles spend their time
+    on.)"""
 
     def __init__(self):
-        self.slots = [None] * 32
-        self.result = None
+        self.slots = ([None] * 32, [None] * 32)
+        self.result = [None, None]
+        self.result_gen = [-1, -1]
+        self.gen = [0] * 32  # each lane's next generation
+        self.lock = threading.Lock()
         self.barrier = threading.Barrier(32, timeout=120)
 
     def run(self, lane, value, combine):
         """Every lane passes its `value`; one lane computes `combine(slots)`; all get the result."""
-        self.slots[lane] = value
-        if self.barrier.wait() == 0:
-            self.result = combine(self.slots)
+        gen = self.gen[lane]
+        self.gen[lane] = gen + 1
+        buf = gen & 1
+        self.slots[buf][lane] = value
         self.barrier.wait()
-        return self.result
+        with self.lock:
+            if self.result_gen[buf] != gen:
+                self.result[buf] = combine(self.slots[buf])
+                self.result_gen[buf] = gen
+            return self.result[buf]
 
 
 _exchanges: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
