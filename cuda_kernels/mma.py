@@ -38,35 +38,28 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 class _WarpExchange:
-    """All-gather among the 32 lanes of one simulated warp; the first lane through computes the
-    shared result.
-
-    One barrier per exchange: the slots and the result are double-buffered by the exchange's
-    generation, so a lane may write generation n + 2 only after passing generation n + 1's
-    barrier, which every lane reaches after reading generation n. (Each barrier wait hands the
-    GIL around all 32 threads: it is what the simulator's tensor-core tiles spend their time
-    on.)"""
+    """All-gather among the 32 lanes of one simulated warp; the barrier's action computes the
+    shared result once every lane has arrived and before any is released, so an exchange costs
+    one barrier (each wait hands the GIL around the warp's threads: it is what the simulator's
+    tensor-core tiles spend their time on). A lane writes its next slot only after this
+    generation's result exists, and that generation's action runs only when every lane, having
+    read the result, has arrived again."""
 
     def __init__(self):
-        self.slots = ([None] * 32, [None] * 32)
-        self.result = [None, None]
-        self.result_gen = [-1, -1]
-        self.gen = [0] * 32  # each lane's next generation
-        self.lock = threading.Lock()
-        self.barrier = threading.Barrier(32, timeout=120)
+        self.slots = [None] * 32
+        self.result = None
+        self.combine = None
+        self.barrier = threading.Barrier(32, action=self._combine, timeout=120)
+
+    def _combine(self):
+        self.result = self.combine(self.slots)
 
     def run(self, lane, value, combine):
         """Every lane passes its `value`; one lane computes `combine(slots)`; all get the result."""
-        gen = self.gen[lane]
-        self.gen[lane] = gen + 1
-        buf = gen & 1
-        self.slots[buf][lane] = value
+        self.slots[lane] = value
+        self.combine = combine  # the same function from every lane of one exchange
         self.barrier.wait()
-        with self.lock:
-            if self.result_gen[buf] != gen:
-                self.result[buf] = combine(self.slots[buf])
-                self.result_gen[buf] = gen
-            return self.result[buf]
+        return self.result
 
 
 _exchanges: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
