@@ -7,7 +7,9 @@ launches them and falls back to its generic kernels for other formats.
   with each of those tokens' staged x (`lanes_batch.token_steps`, tokens in groups that fit the
   shared memory, only the tokens that chose it dotted); the other entries' blocks only count
   their hit or miss. So an expert's gate
-  and up rows are read once per step however many tokens chose it.
+  and up rows are read once per step however many tokens chose it. A warp computes `rpw` h rows
+  in turn (`gate_up_rows_per_warp`: about GATE_UP_BLOCKS blocks a step), so a block stages its
+  tokens' x once for rpw * LANE_WARPS rows.
 * down, per token: block (row block, token), the one-token lane kernel's work (`moe`'s
   moe_down_lanes: two output rows per 1 << log warps, units of (expert, super-block) in the
   token's top-k order) for that token; tokens that share an expert read its rows side by side

@@ -37,7 +37,7 @@ _STATIC_BYTES = 4 * PART_SLOTS
 
 # A row pair's tg-long accumulators take the batch lane kernels (here and in `batch_moe_lanes`)
 # past 128 registers (ptxas 13.0: 159-245 unbounded), which leaves one 256-thread block per SM:
-# on the H200 the 8-row step spent 62% of its 22 ms in the MoE's gate/up at that occupancy. They
+# on the H200 the 8-row step spent 62% of its 22 ms in the batched MoE at that occupancy. They
 # are compiled for two blocks per SM (128 registers; Q4_K spills about 40 bytes).
 BATCH_JIT_OPTIONS = {"launch_bounds": (LANE_THREADS, 2)}
 
