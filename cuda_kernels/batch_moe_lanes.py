@@ -294,16 +294,25 @@ def _tab_type(lf):
     return types.Array(from_dtype(lf.table.dtype), 1, "C")
 
 
+def register_gate_up(family: str, lf: LaneFormat, tg: int) -> None:
+    """Put the grouped gate/up kernel of (format, tokens per block) in the compile registry, with
+    its launch bounds."""
+    register_ptx(family, f"batch_gate_up_lanes_{lf.name}_t{tg}",
+                 lambda: (_grouped_gate_up(lf, tg).py_func, _GU_SIG + (_tab_type(lf),)),
+                 options=BATCH_JIT_OPTIONS)
+
+
+def register_down(family: str, lf: LaneFormat) -> None:
+    """Put the per-token down kernel of a format in the compile registry, with its launch
+    bounds."""
+    register_ptx(family, f"batch_down_lanes_{lf.name}",
+                 lambda: (_token_down(lf).py_func, _DN_SIG + (_tab_type(lf),)),
+                 options=BATCH_JIT_OPTIONS)
+
+
 # The Q4_K_M mix at 2..8 sequences: Q4_K gate/up at 2..5 tokens a block (n_embd 2048), Q4_K and
 # Q6_K down. Other formats compile on first use.
 for _tg in (2, 3, 4, 5):
-    register_ptx("batch", f"batch_gate_up_lanes_Q4_K_t{_tg}",
-                 lambda g=_tg: (_grouped_gate_up(lane_format(BY_NAME["Q4_K"].ggml_type),
-                                                 g).py_func,
-                                _GU_SIG + (_tab_type(lane_format(BY_NAME["Q4_K"].ggml_type)),)),
-                 options=BATCH_JIT_OPTIONS)
+    register_gate_up("batch", lane_format(BY_NAME["Q4_K"].ggml_type), _tg)
 for _name in ("Q4_K", "Q6_K"):
-    _l = lane_format(BY_NAME[_name].ggml_type)
-    register_ptx("batch", f"batch_down_lanes_{_name}",
-                 lambda f=_l: (_token_down(f).py_func, _DN_SIG + (_tab_type(f),)),
-                 options=BATCH_JIT_OPTIONS)
+    register_down("batch", lane_format(BY_NAME[_name].ggml_type))

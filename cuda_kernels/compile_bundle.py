@@ -29,18 +29,10 @@ FAMILY = "bundle"
 def register() -> None:
     compile_prefill.register(FAMILY, full=True)
     for lf in LANE_FORMATS.values():
-        tab = batch_moe_lanes._tab_type(lf)
         for tg in range(1, lanes_batch.MAX_TOKENS + 1):
-            register_ptx(FAMILY, f"matvec_lanes_batch_{lf.name}_t{tg}",
-                         lanes_batch._dense_ptx(lf, tg), options=lanes_batch.BATCH_JIT_OPTIONS)
-            register_ptx(FAMILY, f"batch_gate_up_lanes_{lf.name}_t{tg}",
-                         lambda f=lf, g=tg, t=tab: (batch_moe_lanes._grouped_gate_up(f, g).py_func,
-                                                    batch_moe_lanes._GU_SIG + (t,)),
-                         options=lanes_batch.BATCH_JIT_OPTIONS)
-        register_ptx(FAMILY, f"batch_down_lanes_{lf.name}",
-                     lambda f=lf, t=tab: (batch_moe_lanes._token_down(f).py_func,
-                                          batch_moe_lanes._DN_SIG + (t,)),
-                     options=lanes_batch.BATCH_JIT_OPTIONS)
+            lanes_batch.register_dense(FAMILY, lf, tg)
+            batch_moe_lanes.register_gate_up(FAMILY, lf, tg)
+        batch_moe_lanes.register_down(FAMILY, lf)
     for f in FORMATS.values():
         for n_tok in range(2, lanes_batch.MAX_TOKENS + 1):
             register_ptx(FAMILY, f"matvec{n_tok}_{f.name}_f32",

@@ -237,12 +237,14 @@ def _tab_type(lf):
     return types.Array(from_dtype(lf.table.dtype), 1, "C")
 
 
-def _dense_ptx(lf, tg):
+def register_dense(family: str, lf: LaneFormat, tg: int) -> None:
+    """Put the dense batch kernel of (format, tokens per block) in the compile registry, with the
+    launch bounds it is compiled with (the frozen app's bundle is looked up by them)."""
     def build():
         i64, f32 = types.int64, types.float32[::1]
         return dense_kernel(lf, tg).py_func, ((types.uint8[::1],) + (i64,) * 7
                                               + (f32, f32, _tab_type(lf)))
-    return build
+    register_ptx(family, f"matvec_lanes_batch_{lf.name}_t{tg}", build, options=BATCH_JIT_OPTIONS)
 
 
 # The specializations the batch engine launches on the Q4_K_M mix for 2..8 sequences: rows of
@@ -250,6 +252,4 @@ def _dense_ptx(lf, tg):
 # projection: 2 a block). Other formats and mixes compile on first use.
 for _name, _tgs in (("Q4_K", (2, 3, 4, 5)), ("Q6_K", (2, 3, 4))):
     for _tg in _tgs:
-        _l = lane_format(BY_NAME[_name].ggml_type)
-        register_ptx("batch", f"matvec_lanes_batch_{_name}_t{_tg}", _dense_ptx(_l, _tg),
-                     options=BATCH_JIT_OPTIONS)
+        register_dense("batch", lane_format(BY_NAME[_name].ggml_type), _tg)

@@ -198,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     clients = sorted({int(c) for c in args.clients.split(",")})
     if args.gen < 2 or args.prompt_tokens + args.gen > args.max_context:
         p.error("need --gen >= 2 and --prompt-tokens + --gen <= --max-context")
+    try:
+        prof_rows = sorted({int(c) for c in args.profile_rows.split(",") if c.strip()})
+    except ValueError:
+        p.error(f"--profile-rows {args.profile_rows!r}: expected row counts like 1,8")
+    if any(not 1 <= n <= max(clients) for n in prof_rows):
+        p.error(f"--profile-rows {args.profile_rows}: each row count must be 1..{max(clients)} "
+                f"(the engine holds as many sequences as the most --clients)")
 
     from strata.bench.engine_cuda import _commit
     from strata.engine.cuda.batch import batch_options, load_batch
@@ -215,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen)
     hits = engine.hit_counts().sum(axis=0)
-    prof_rows = sorted({int(c) for c in args.profile_rows.split(",") if c.strip()})
     profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
     out = {
         "bench": "serve_batch", "model": args.model, "arch": mf.arch,

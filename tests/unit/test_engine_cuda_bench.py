@@ -204,3 +204,13 @@ def test_batch_profile_keys_matvecs_by_role_and_leaves_frozen_launchers_out(monk
     assert prof["step"]["nodes"] == 3  # the frozen launcher never reaches a graph
     assert prof["matvec_batch q"]["nodes"] == 1 and prof["matvec_batch head"]["nodes"] == 1
     assert "advance_seq_len" not in prof and prof["rms_norm"]["nodes"] == 1
+
+
+@pytest.mark.parametrize("rows,why", [("9", "each row count must be 1..8"),
+                                      ("one", "expected row counts like 1,8")])
+def test_serve_batch_bench_refuses_bad_profile_rows(rows, why, capsys):
+    from strata.bench.serve_batch import main
+
+    with pytest.raises(SystemExit):  # refused before any model is opened
+        main(["-m", "no-such.gguf", "--clients", "1,8", "--profile-rows", rows])
+    assert why in capsys.readouterr().err
