@@ -23,6 +23,7 @@ from .intrinsics import SIMULATED, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps,
                     split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
+from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
 from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
@@ -245,7 +246,8 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
     into the residual without a separate add). `w`: uint8, C-contiguous, 1-D or [n_rows,
     row_bytes], starting 16-byte aligned; `x`: [n_cols] or [n_tok, n_cols] float32/float16
     (n_tok <= 8); `y`: [n_rows] or [n_tok, n_rows] float32. n_cols must be a multiple of the
-    format's block size."""
+    format's block size. F32 and F16 weights with float32 x go to `matvec_f32.matvec_float`
+    (a block per row; n_cols a multiple of 4 or 8; batch-invariant)."""
     fmt = get_format(ggml_type)
     check_array("x", x, (np.float32, np.float16))
     if len(x.shape) not in (1, 2):
@@ -256,6 +258,9 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
         raise ValueError(f"x: {n_tok} tokens, matvec takes 1..{MAX_TOKENS}")
     if accumulate and len(x.shape) != 1:
         raise ValueError(f"accumulate takes one token (x [n_cols]), got x {tuple(x.shape)}")
+    if np.dtype(x.dtype) == np.float32 and float_format(fmt.ggml_type) is not None:
+        matvec_float(w, fmt.ggml_type, x, y, accumulate=accumulate, stream=stream)
+        return
     row_bytes = fmt.row_bytes(n_cols)
     check_array("y", y, np.float32)
     if len(y.shape) != len(x.shape) or (n_tok > 1 and y.shape[0] != n_tok):

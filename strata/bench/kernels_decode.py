@@ -8,13 +8,15 @@ norm + RoPE and the K/V row write, one launch), the output projection (Q5_K) add
 residual, rms_norm, router matvec (F32), top-8 routing, MoE gate_up + down (8 of 128 experts,
 all VRAM hits, Q4_K/Q6_K) added into the residual; then the final norm, the Q6_K output head
 (151936 rows) and argmax into the device token history.
+
+Group `router`: the router matvec alone (F32 128x2048, `matvec_f32`) for 1 and 8 tokens.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strata.bench.kernels import Ctx, Result, bench, moe_setup, random_weights
+from strata.bench.kernels import Ctx, Result, bench, moe_setup, n_rotation, random_weights
 
 N_LAYER, N_EMBD, N_HEAD, N_KV, HEAD_DIM = 48, 2048, 32, 4, 128
 N_EXPERT, N_SLOT_LAYER, K, N_VOCAB = 128, 16, 8, 151936
@@ -104,3 +106,29 @@ def decode_step(ctx: Ctx) -> list[Result]:
                    step_bytes, ctx.read_gbps),
             Result("decode_step", "48-layer step, CUDA graph", "30B-A3B Q4_K_M", us_graph,
                    step_bytes, ctx.read_gbps, extra=extra)]
+
+
+@bench("router")
+def router_matvec(ctx: Ctx) -> list[Result]:
+    """The router matvec alone (F32 [128, 2048] through `matvec_f32`) for 1 and 8 tokens, each
+    replay rotating through copies of the weights so the L2 cannot hold them."""
+    from strata.cuda_kernels.matvec import matvec
+    host = random_weights(ctx, "F32", N_EXPERT, N_EMBD)
+    n_copies = n_rotation(host.size)
+    dev = ctx.replicate(host, n_copies)
+    views = [dev[c * host.size:(c + 1) * host.size] for c in range(n_copies)]
+    out = []
+    for n_tok in (1, 8):
+        x = ctx.upload(ctx.rng.standard_normal((n_tok, N_EMBD)).astype(np.float32))
+        y = ctx.cuda.device_array((n_tok, N_EXPERT), np.float32, stream=ctx.stream)
+        if n_tok == 1:
+            x, y = x.reshape(N_EMBD), y.reshape(N_EXPERT)
+
+        def record(s, x=x, y=y):
+            for v in views:
+                matvec(v, "F32", x, y, stream=s)
+        us = ctx.time_graph(record, n_copies)
+        out.append(Result("router", f"matvec F32 {n_tok} token{'s' * (n_tok > 1)}",
+                          f"{N_EXPERT}x{N_EMBD}", us,
+                          host.size + 4 * n_tok * (N_EMBD + N_EXPERT), ctx.read_gbps))
+    return out
