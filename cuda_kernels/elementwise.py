@@ -1,5 +1,6 @@
-"""Elementwise kernels of the decode path: SwiGLU, residual add, and the embedding row lookup from
-quantized rows (token ids read from device memory, any supported format)."""
+"""Elementwise kernels of the decode path: SwiGLU, residual add, the embedding row lookup from
+quantized rows (token ids read from device memory, any supported format), and the scatter of a
+batched step's input tokens into each sequence's token history at its position."""
 
 from __future__ import annotations
 
@@ -91,9 +92,35 @@ def embed(table, ggml_type, ids, first, out, *, stream=0) -> None:
         flat(table), row_bytes, n_groups, ids, first, n_tok, flat(out))
 
 
+@cuda.jit
+def scatter_tokens_kernel(tokens, seq_len, history, n):
+    # tokens, seq_len: [n] i32; history: [n, n_ctx] i32. One thread per row.
+    r = cuda.grid(1)
+    if r < n:
+        p = seq_len[r]
+        if 0 <= p < history.shape[1]:  # a full row is refused by the host; never write past it
+            history[r, p] = tokens[r]
+
+
+def scatter_tokens(tokens, seq_len, history, *, stream=0) -> None:
+    """history[r, seq_len[r]] = tokens[r] for every row r < n = tokens.shape[0]: a batched decode
+    step's input tokens placed at each row's position, on the device, so one copy of all n tokens
+    feeds the step and the write is part of its CUDA graph (seq_len is read when the kernel runs,
+    not when it is captured). int32 arrays: tokens [n], seq_len [n], history [n, n_ctx]; a
+    position outside 0..n_ctx-1 writes nothing."""
+    check_array("tokens", tokens, np.int32, (None,))
+    n = tokens.shape[0]
+    check_array("seq_len", seq_len, np.int32, (n,))
+    check_array("history", history, np.int32, (n, None))
+    scatter_tokens_kernel[n_blocks(n, 32), 32, stream](tokens, seq_len, history, n)
+
+
 _F32 = types.float32[::1]
 register_ptx("elementwise", "swiglu", lambda: (swiglu_kernel.py_func, (_F32, _F32, _F32, types.int64)))
 register_ptx("elementwise", "add", lambda: (add_kernel.py_func, (_F32, _F32, _F32, types.int64)))
+register_ptx("elementwise", "scatter_tokens",
+             lambda: (scatter_tokens_kernel.py_func,
+                      (types.int32[::1], types.int32[::1], types.int32[:, ::1], types.int64)))
 
 
 def _embed_ptx(fmt):

@@ -6,9 +6,11 @@ Per client count n: n jobs (different random prompts, greedy, no stop token, exa
 tokens) are queued at once; the worker prefills them and decodes them together. Reported:
 aggregate decode tok/s (tokens after each client's first, over the time from the last first
 token to the last finish), each client's own tok/s, end-to-end aggregate (prefills included),
-and the milliseconds of one step. Correctness: each client's greedy tokens in every batch
-against the same prompt decoded alone (how many match, the first divergence). One JSON object
-(date, commit, device, command) goes to --json.
+and the milliseconds of one step. Where a step's host time goes (`DecodeTimer`, per round's
+"decode_host"): the wall time of `engine.decode()` split at the graph replay's launch and around
+the stream's synchronize, and the worker's own time between decodes. Correctness: each client's
+greedy tokens in every batch against the same prompt decoded alone (how many match, the first
+divergence). One JSON object (date, commit, device, command) goes to --json.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -95,6 +98,78 @@ def run_clients(engine: Any, prompts: list[list[int]], gen: int) -> list[_Client
     return clients
 
 
+class DecodeTimer:
+    """Where `engine.decode()`'s wall time goes, timed from outside the engine: while installed
+    (`with timer.installed():`), the engine's `decode`, its step's `run` and its stream's
+    `synchronize` are wrapped by instance attributes that read the clock (a few microseconds a
+    step, nothing in the engine's own code). Per decode call: the time until the step is
+    enqueued (checks, the token copy, the graph launch), until synchronize is entered (the
+    logits and hit-count copies enqueued), inside synchronize (the GPU finishing the step and
+    the copies) and after it (the logits' host copy, the return)."""
+
+    PARTS = ("until_replay_ms", "enqueue_copies_ms", "sync_wait_ms", "after_sync_ms")
+
+    def __init__(self, engine: Any, *, clock: Callable[[], float] = time.perf_counter):
+        self.engine = engine
+        self.clock = clock
+        self.calls: list[tuple[int, list[float]]] = []  # (rows, [start, run, sync in/out, end])
+        self._marks: list[float] | None = None
+
+    @contextmanager
+    def installed(self):
+        eng, clock = self.engine, self.clock
+        decode, run, sync = eng.decode, eng.step.run, eng.m.stream.synchronize
+
+        def timed_decode(slots, tokens):
+            self._marks = marks = [clock()]
+            try:
+                out = decode(slots, tokens)
+            finally:
+                self._marks = None
+            marks.append(clock())
+            if len(marks) == 5:  # a step ran (not a refused or empty call)
+                self.calls.append((len(slots), marks))
+            return out
+
+        def timed_run(n):
+            run(n)
+            if self._marks is not None:
+                self._marks.append(clock())
+
+        def timed_sync():
+            if self._marks is None:  # a prefill's: not timed
+                return sync()
+            self._marks.append(clock())
+            sync()
+            self._marks.append(clock())
+
+        patched = [(eng, "decode", timed_decode), (eng.step, "run", timed_run),
+                   (eng.m.stream, "synchronize", timed_sync)]
+        for obj, name, fn in patched:
+            setattr(obj, name, fn)
+        try:
+            yield self
+        finally:
+            for obj, name, _ in patched:
+                delattr(obj, name)  # the class's method again
+
+    def summary(self, n_rows: int) -> dict | None:
+        """Mean milliseconds of the decode calls of `n_rows` rows: the four parts, their sum
+        ("decode_ms"), the period between consecutive calls' starts and what the worker spends
+        between calls (sampling, text, events: period minus decode)."""
+        calls = [m for n, m in self.calls if n == n_rows]
+        if not calls:
+            return None
+        t = np.array(calls) * 1e3  # [n_calls, 5] ms
+        parts = np.diff(t, axis=1).mean(axis=0)
+        out = {"n_steps": len(calls), "decode_ms": float(parts.sum())}
+        out |= {name: float(v) for name, v in zip(self.PARTS, parts)}
+        period = float(np.diff(t[:, 0]).mean()) if len(calls) > 1 else None
+        out["step_period_ms"] = period
+        out["between_decodes_ms"] = None if period is None else period - out["decode_ms"]
+        return out
+
+
 def summarize(clients: list[_Client], gen: int) -> dict:
     """Aggregate and per-client rates of one round."""
     last_first = max(c.t_first for c in clients)
@@ -108,6 +183,19 @@ def summarize(clients: list[_Client], gen: int) -> dict:
         "step_ms": 1e3 * decode_s / (gen - 1),
         "end_to_end_tok_s": len(clients) * gen / (last_finish - min(c.t_submit for c in clients)),
     }
+
+
+def host_table(rounds: list[dict]) -> str:
+    """Each round's mean decode call split into its parts, and the worker's time between calls
+    (milliseconds; `DecodeTimer.summary`)."""
+    cols = ("decode_ms",) + DecodeTimer.PARTS + ("between_decodes_ms",)
+    heads = ("decode", "to replay", "copies", "sync wait", "after", "between")
+    lines = ["host ms " + " ".join(f"{h:>9}" for h in heads)]
+    for r in rounds:
+        h = r.get("decode_host") or {}
+        cells = (f"{h[c]:>9.3f}" if h.get(c) is not None else f"{'-':>9}" for c in cols)
+        lines.append(f"{r['clients']:>7} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 def _agreement(batched: list[int], alone: list[int]) -> dict:
@@ -127,8 +215,11 @@ def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
         run_clients(engine, prompts[:n], 4)
     rounds, tokens = [], {}
     for n in clients:
-        got = run_clients(engine, prompts[:n], gen)
-        rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(n)})
+        timer = DecodeTimer(engine)
+        with timer.installed():
+            got = run_clients(engine, prompts[:n], gen)
+        rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(n),
+                                             "decode_host": timer.summary(n)})
         tokens[n] = [c.tokens for c in got]
         print(f"clients {n}: {rounds[-1]['aggregate_decode_tok_s']:8.1f} tok/s aggregate, "
               f"{rounds[-1]['per_client_tok_s']['mean']:7.1f} per client, "
@@ -144,16 +235,18 @@ def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
             "all_equal": all(a["equal"] for v in check.values() for a in v)}
 
 
-BATCH_LAUNCHERS = ("embed", "rms_norm", "matvec", "matvec_batch", "qk_norm_rope", "kv_write",
-                   "decode_attention", "kv_write_rows", "attention_rows", "add", "route",
-                   "batch_moe_decode", "moe_decode", "moe_decode_mixed", "advance_seq_len")
+BATCH_LAUNCHERS = ("scatter_tokens", "embed", "rms_norm", "matvec", "matvec_batch",
+                   "qk_norm_rope", "kv_write", "decode_attention", "kv_write_rows", "attention_rows",
+                   "add", "route", "batch_moe_decode", "moe_decode", "moe_decode_mixed",
+                   "advance_seq_len")
 
 
 def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int = 1) -> dict:
     """The batched step's time by launcher for each row count in `counts` (graphs replayed,
-    `strata.engine.cuda.profile`): n sequences prefilled, each row's next input token written
-    at its position, then the step replayed with the positions held (advance_seq_len left out,
-    so every replay writes and reads the same KV rows)."""
+    `strata.engine.cuda.profile`): n sequences prefilled, each row's next input token in the
+    step's token buffer (the step writes it at the row's position), then the step replayed with
+    the positions held (advance_seq_len left out, so every replay writes and reads the same KV
+    rows)."""
     import strata.engine.cuda.batch_step as batch_step_mod
     from strata.engine.cuda.profile import profile_step
 
@@ -162,10 +255,8 @@ def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int =
     for n in counts:
         for slot in range(n):
             engine.prefill(slot, rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist())
-        tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)
-        for r in range(n):
-            a["history"][r][prompt_tokens:prompt_tokens + 1].copy_to_device(tok[r:r + 1],
-                                                                             stream=st)
+        tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)  # [n] i32
+        a["step_tokens"][:n].copy_to_device(tok, stream=st)
         st.synchronize()
         out[str(n)] = profile_step(engine.step, module=batch_step_mod, launchers=BATCH_LAUNCHERS,
                                    record=lambda s_, n=n: engine.step.record(s_, n),
@@ -243,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['clients']:>7} {r['aggregate_decode_tok_s']:>10.1f} "
               f"{r['per_client_tok_s']['mean']:>10.1f} {r['step_ms']:>8.2f} "
               f"{r['speedup_vs_1'] or 0:>7.2f}")
+    print(host_table(result["rounds"]))
     print(f"greedy tokens equal to each prompt decoded alone: {result['all_equal']}")
     if profile:
         from strata.engine.cuda.profile import profile_table

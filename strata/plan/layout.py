@@ -207,6 +207,7 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("logits", np.float32, (n_b, s.n_vocab))  # [batch, n_vocab] f32
     b.add("seq_len", np.int32, (n_b,))  # tokens in each sequence's cache
     b.add("history", np.int32, (n_b, max_context))  # sampled tokens (repeat penalty, output)
+    b.add("step_tokens", np.int32, (n_b,))  # each sequence's input token of a batched step
     b.add("n_tokens", np.int32, (n_b,))
     b.add("sample_fparams", np.float32, (n_b, 4))  # temperature, top_p, min_p, repeat penalty
     b.add("sample_iparams", np.int64, (n_b, 3))  # seed, top_k, penalty window

@@ -1,4 +1,4 @@
-"""swiglu, add and the embedding lookup against numpy (simulator)."""
+"""swiglu, add, the embedding lookup and the step tokens' scatter against numpy (simulator)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers.kernel_blocks import random_rows, reference
-from strata.cuda_kernels.elementwise import add, embed, swiglu
+from strata.cuda_kernels.elementwise import add, embed, scatter_tokens, swiglu
 
 
 def test_swiglu_and_add():
@@ -41,3 +41,27 @@ def test_embed_refuses_a_table_of_the_wrong_width():
     with pytest.raises(ValueError, match="table: shape"):
         embed(table, "Q8_0", np.zeros(1, np.int32), np.zeros(1, np.int32),
               np.zeros((1, 64), np.float32))
+
+
+def test_scatter_tokens_writes_each_row_at_its_position():
+    rng = np.random.default_rng(2)
+    n_rows, n_ctx = 5, 6
+    history = rng.integers(0, 1000, (n_rows, n_ctx)).astype(np.int32)  # [rows, n_ctx] i32
+    tokens = np.array([11, 22, 33, 44], np.int32)  # rows 0..3 step; row 4 is not in it
+    seq_len = np.array([0, 5, 2, n_ctx], np.int32)  # row 3 is full: nothing may be written
+    want = history.copy()
+    for r, (t, p) in enumerate(zip(tokens, seq_len)):
+        if p < n_ctx:
+            want[r, p] = t
+    scatter_tokens(tokens, seq_len, history[:4])
+    np.testing.assert_array_equal(history, want)
+
+
+def test_scatter_tokens_refuses_mismatched_rows():
+    tokens, history = np.zeros(3, np.int32), np.zeros((3, 8), np.int32)
+    with pytest.raises(ValueError, match="seq_len: shape"):
+        scatter_tokens(tokens, np.zeros(2, np.int32), history)
+    with pytest.raises(ValueError, match="history: shape"):
+        scatter_tokens(tokens, np.zeros(3, np.int32), history[:2])
+    with pytest.raises(ValueError, match="tokens: dtype int64"):
+        scatter_tokens(np.zeros(3, np.int64), np.zeros(3, np.int32), history)

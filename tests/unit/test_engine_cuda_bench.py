@@ -214,3 +214,59 @@ def test_serve_batch_bench_refuses_bad_profile_rows(rows, why, capsys):
     with pytest.raises(SystemExit):  # refused before any model is opened
         main(["-m", "no-such.gguf", "--clients", "1,8", "--profile-rows", rows])
     assert why in capsys.readouterr().err
+
+
+def test_decode_timer_splits_each_step_and_gives_the_engine_back():
+    from strata.bench.serve_batch import DecodeTimer, host_table
+
+    events: list[str] = []
+
+    class Stream:
+        def synchronize(self):
+            events.append("sync")
+
+    class Step:
+        def run(self, n):
+            events.append(f"run {n}")
+
+    class Engine:  # decode: checks, the step enqueued, copies enqueued, sync, the host copy
+        def __init__(self):
+            self.step, self.m = Step(), SimpleNamespace(stream=Stream())
+
+        def prefill(self, slot, tokens):
+            self.m.stream.synchronize()
+
+        def decode(self, slots, tokens):
+            if len(slots) != len(tokens):
+                raise ValueError("refused")
+            self.step.run(len(slots))
+            self.m.stream.synchronize()
+            return [0] * len(slots)
+
+    ticks = iter(range(1000))
+    eng = Engine()
+    timer = DecodeTimer(eng, clock=lambda: next(ticks) / 1e3)  # each reading 1 ms later
+    with timer.installed():
+        eng.prefill(0, [1])  # a prefill's synchronize is not timed
+        assert eng.decode([0, 1], [5, 6]) == [0, 0]
+        with pytest.raises(ValueError, match="refused"):
+            eng.decode([0, 1], [5])  # no step ran: not recorded
+        eng.prefill(2, [1])
+        eng.decode([0, 1, 2], [5, 6, 7])
+        eng.decode([0, 1, 2], [5, 6, 7])
+    assert events == ["sync", "run 2", "sync", "sync", "run 3", "sync", "run 3", "sync"]
+    assert not {"decode", "prefill"} & set(vars(eng)) and "run" not in vars(eng.step)
+    assert "synchronize" not in vars(eng.m.stream)
+    three = timer.summary(3)  # readings: start, run returned, sync in, sync out, end
+    assert three["n_steps"] == 2 and three["decode_ms"] == pytest.approx(4.0)
+    for part in DecodeTimer.PARTS:
+        assert three[part] == pytest.approx(1.0)
+    assert three["step_period_ms"] == pytest.approx(5.0)  # the next start: the reading after end
+    assert three["between_decodes_ms"] == pytest.approx(1.0)
+    two = timer.summary(2)
+    assert two["n_steps"] == 1 and two["step_period_ms"] is None
+    assert timer.summary(8) is None
+    table = host_table([{"clients": 2, "decode_host": two}, {"clients": 8, "decode_host": None}])
+    lines = table.splitlines()
+    assert "to replay" in lines[0] and lines[1].split()[:3] == ["2", "4.000", "1.000"]
+    assert lines[2].split() == ["8"] + ["-"] * 6

@@ -1,6 +1,7 @@
 """The batched CUDA engine (`strata serve --batch N` on the GPU) under numba's CUDA simulator, on
 a one-layer model: two sequences decoded in one step get the logits and greedy tokens they get
-decoded alone, and both match the float64 reference forward.
+decoded alone, and both match the float64 reference forward; the logits a step returns are the
+caller's (the next step does not overwrite them).
 
 Slow (the simulator runs each CUDA thread as a Python thread): the model is the smallest the
 synthesizer writes and every sequence is a few tokens; tests/gpu/test_batch_gpu.py covers the
@@ -52,6 +53,7 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
     tok = {s: int(np.argmax(first[s])) for s in PROMPTS}
     together = eng.decode([1, 0], [tok[1], tok[0]])  # rows in the order of the slots given
     assert together.shape == (2, MICRO.n_vocab)
+    kept = together.copy()
     for s in PROMPTS:
         want = forward(ref, PROMPTS[s] + [tok[s]])
         assert _rel(first[s], want[-2]) < 0.02 and _rel(together[1 - s], want[-1]) < 0.02
@@ -69,5 +71,14 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
     assert eng.n_active == 0
     np.testing.assert_allclose(eng.prefill(1, PROMPTS[1]), first[1], rtol=1e-5, atol=1e-5)
     alone = eng.decode([1], [tok[1]])[0]
+    np.testing.assert_array_equal(together, kept)  # a later step left them alone
     np.testing.assert_allclose(alone, together[0], rtol=1e-4, atol=1e-4)
     assert int(np.argmax(alone)) == int(np.argmax(together[0]))
+
+    # rows in order are returned as a copy too: the next step's logits land elsewhere
+    kept = alone.copy()
+    later = eng.decode([1], [int(np.argmax(alone))])[0]
+    np.testing.assert_array_equal(alone, kept)
+    assert not np.allclose(later, alone, rtol=1e-3, atol=1e-3)
+    want = forward(ref, PROMPTS[1] + [tok[1], int(np.argmax(alone))])[-1]
+    assert _rel(later, want) < 0.02

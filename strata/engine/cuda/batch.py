@@ -39,7 +39,7 @@ from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, PlanOptions
 MAX_BATCH = MAX_TOKENS  # the small-batch matvec kernels take up to 8 tokens
 ROW_ENTRIES = ("hidden", "residual", "normed", "q", "k", "v", "attn_out", "router_logits",
                "topk_ids", "topk_weights", "moe_h", "miss_list", "moe_out", "logits", "seq_len",
-               "history", "n_tokens", "sample_fparams", "sample_iparams")
+               "history", "step_tokens", "n_tokens", "sample_fparams", "sample_iparams")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +117,9 @@ class CudaBatchEngine:
         self._tok = _host_buffer((n,), np.int32)  # [n_slots] i32 staging of input tokens
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
         self._zero = np.zeros(1, np.int32)
+        # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
+        # a device array's slice costs tens of microseconds of Python on every step
+        self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
 
     def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
         """The plan's KV region [L, n * T, H, row] as n row regions of T tokens per layer."""
@@ -267,17 +270,18 @@ class CudaBatchEngine:
             raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
                                    f"is full")
         st, a = self.m.stream, self.m.acts
-        for r, t in zip(rows, ids):
-            self._tok[r] = t
-        for r in range(n):  # each row's input token at its position
-            p = int(self._n_past[r])
-            a["history"][r][p:p + 1].copy_to_device(self._tok[r:r + 1], stream=st)
+        self._tok[rows] = ids
+        # every row's token in one copy (rows n.. carry stale ones the step never reads); the
+        # step writes each at its row's position (`scatter_tokens`, inside the graph)
+        a["step_tokens"].copy_to_device(self._tok, stream=st)
         self.step.run(n)
-        a["logits"][:n].copy_to_host(self._logits[:n], stream=st)
+        dev, host = self._logit_rows[n]
+        dev.copy_to_host(host, stream=st)
         a["hit_counts"].copy_to_host(self._hits, stream=st)
         st.synchronize()
         self._n_past[:n] += 1
-        return np.array(self._logits[rows])
+        # one host copy, the caller's own (the pinned buffer is refilled by the next step)
+        return host.copy() if rows == list(range(n)) else self._logits[rows]
 
     def hit_counts(self) -> np.ndarray:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:

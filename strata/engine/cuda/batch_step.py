@@ -1,16 +1,16 @@
 """One decode step of n sequences (rows 0..n-1 of the session buffers) sharing one pass over the
 dense weights, as a fixed list of launches whose changing inputs live in device memory — each
-row's token (history[r, seq_len[r]]), position (seq_len[r]) and routing — so the list for a row
+row's input token (step_tokens[r]), position (seq_len[r]) and routing — so the list for a row
 count n is captured once as a CUDA graph and replayed.
 
-Per step: per row, the embedding of history[r, seq_len[r]]; per layer: RMSNorm of all rows, the
-q/k/v matvecs over all rows (one read of each weight for the batch: `lanes_batch`),
-per-head norm and RoPE of all rows at their own positions; the KV write and split-K attention of
-all rows, each over its own KV region, in one launch each (`batch_attention`: f16 KV; other KV
-formats row by row); the output projection, RMSNorm and router over all rows;
-the MoE of all rows (`batch_moe`: two launches, gate_up grouped by expert; row by row where
-gate and up differ in format);
-final norm and head over all rows; per row,
+Per step: the rows' input tokens into their histories (history[r, seq_len[r]] = step_tokens[r],
+one launch, so the host makes one copy of all n tokens); per row, the embedding of that token;
+per layer: RMSNorm of all rows, the q/k/v matvecs over all rows (one read of each weight for the
+batch: `lanes_batch`), per-head norm and RoPE of all rows at their own positions; the KV write
+and split-K attention of all rows, each over its own KV region, in one launch each
+(`batch_attention`: f16 KV; other KV formats row by row); the output projection, RMSNorm and
+router over all rows; the MoE of all rows (`batch_moe`: two launches, gate_up grouped by expert;
+row by row where gate and up differ in format); final norm and head over all rows; per row,
 seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
 launches as `DecodeStep`.
 
@@ -25,7 +25,7 @@ from strata.cuda_kernels import batch_attention
 from strata.cuda_kernels.attention import decode_attention, n_splits
 from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
 from strata.cuda_kernels.batch_moe import batch_moe_decode
-from strata.cuda_kernels.elementwise import add, embed
+from strata.cuda_kernels.elementwise import add, embed, scatter_tokens
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
 from strata.cuda_kernels.lanes_batch import matvec_batch
@@ -83,6 +83,7 @@ class BatchStep:
         if not 1 <= n <= self.n_rows:
             raise ValueError(f"a step takes 1..{self.n_rows} rows, got {n}")
         m, s, a = self.m, self.m.shape, self.m.acts
+        scatter_tokens(a["step_tokens"][:n], a["seq_len"][:n], a["history"][:n], stream=stream)
         for r in range(n):
             embed(m.embd_table, m.embd_type, a["history"][r], a["seq_len"][r:r + 1],
                   a["hidden"][r:r + 1], stream=stream)
