@@ -25,6 +25,7 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .batch_moe_lanes import _where, launch_lanes, lanes_plan
+from .batch_moe_tc import launch_tc, tc_moe_fits
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .launch import check_array, device_table, n_blocks, register_ptx
@@ -130,7 +131,8 @@ def _kernel(kind: str, ggml_type: int):
 
 def batch_moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                      slot_off, host, host_off, h, out, counters, accumulate: bool = False,
-                     stream=0, max_row_blocks: int | None = None) -> None:
+                     stream=0, max_row_blocks: int | None = None,
+                     tensor_cores: bool = False) -> None:
     """The MoE FFN of layer `layer` for n_tok tokens at once (see the module doc).
 
     x: float32 [n_tok, n_embd]; ids int32 and weights float32 [n_tok, k] (the router's output);
@@ -138,6 +140,9 @@ def batch_moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_
     with `accumulate`); slot_table int32 [n_layer, n_expert], slot_off int64 [n_slot], cache and
     host uint8, host_off int64 [n_layer, n_expert], counters int64 [n_layer, 2] (hits, misses).
     `max_row_blocks` runs only the first row blocks of each kernel (simulator tests).
+    `tensor_cores`: where both formats have them, the tensor-core kernels (`batch_moe_tc`: each
+    expert's weights dequantized once for its tokens; float32 rounding, not bit for bit, against
+    the one-token kernels), else the lane or generic kernels.
     """
     check_array("x", x, np.float32, (None, layout.n_embd))
     n_tok = x.shape[0]
@@ -166,6 +171,10 @@ def batch_moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_
     h1 = h.reshape(h.size)
     ids1, w1, x1, out1 = ids.reshape(ids.size), weights.reshape(weights.size), x.reshape(x.size), \
         out.reshape(out.size)
+    if tensor_cores and tc_moe_fits(layout):
+        launch_tc(x1, ids1, w1, k, n_tok, layout=layout, where=where, counters=counters, h1=h1,
+                  out1=out1, accumulate=accumulate, stream=stream, rows=rows)
+        return
     lanes = lanes_plan(layout, k, n_tok)
     if lanes is not None:
         launch_lanes(lanes, x1, ids1, w1, k, n_tok, layout=layout, where=where,

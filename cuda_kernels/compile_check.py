@@ -23,6 +23,7 @@ MODULES = (
     "strata.cuda_kernels.moe",
     "strata.cuda_kernels.batch_moe",
     "strata.cuda_kernels.batch_attention",
+    "strata.cuda_kernels.batch_tc",
     "strata.cuda_kernels.norm_rope",
     "strata.cuda_kernels.rope_kv",
     "strata.cuda_kernels.router",

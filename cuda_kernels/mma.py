@@ -153,6 +153,18 @@ def _h2_sub_fma_sim(w, sub, scale, add):
     return np.uint32(v.astype(np.float16).view(np.uint32)[0])
 
 
+def _h2_sub_sim(a, b):
+    """a - b on f16 pairs (rounded to f16)."""
+    v = _halves(a) - _halves(b)
+    return np.uint32(v.astype(np.float16).view(np.uint32)[0])
+
+
+def _shfl_idx_sim(value, src):
+    ex, lane = _warp_exchange()
+    values = ex.run(lane, value, list)
+    return values[int(src) & 31]
+
+
 def _pack_half2_sim(lo, hi):
     pair = np.array([lo, hi], dtype=np.float32).astype(np.float16)
     return np.uint32(pair.view(np.uint32)[0])
@@ -179,6 +191,8 @@ if SIMULATED:
     cp_async16 = _cp_async16_sim
     cp_async_wait = _cp_async_wait_sim
     h2_sub_fma = _h2_sub_fma_sim
+    h2_sub = _h2_sub_sim
+    shfl_idx = _shfl_idx_sim
 else:
     from llvmlite import ir
     from numba import cuda, types
@@ -257,6 +271,17 @@ else:
         return types.uint32(w, sub, scale, add), codegen
 
     @intrinsic
+    def h2_sub(typingctx, a, b):
+        """a - b on two f16 lanes held in u32 words (sub.rn.f16x2)."""
+        def codegen(context, builder, signature, args):
+            args = [context.cast(builder, v, ty, types.uint32)
+                    for v, ty in zip(args, signature.args)]
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I32] * 2), "sub.rn.f16x2 $0, $1, $2;",
+                               "=r,r,r")
+            return builder.call(asm, args)
+        return types.uint32(a, b), codegen
+
+    @intrinsic
     def mma_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
         """D = A @ B + C for one 16x16x8 warp tile: f16 inputs (u32 pairs), f32 accumulators."""
         u32, f32 = types.uint32, types.float32
@@ -314,3 +339,8 @@ else:
     def shfl_xor(value, lane_mask):
         """The value held by lane `lane ^ lane_mask` (all 32 lanes must take part)."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+    @cuda.jit(device=True, inline="always")
+    def shfl_idx(value, src):
+        """The value held by lane `src` (per-lane; all 32 lanes must take part)."""
+        return cuda.shfl_sync(0xFFFFFFFF, value, src)

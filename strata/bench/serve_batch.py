@@ -235,7 +235,7 @@ def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
             "all_equal": all(a["equal"] for v in check.values() for a in v)}
 
 
-BATCH_LAUNCHERS = ("scatter_tokens", "embed", "rms_norm", "matvec", "matvec_batch",
+BATCH_LAUNCHERS = ("scatter_tokens", "embed", "rms_norm", "matvec", "matvec_batch", "matvec_tc",
                    "qk_norm_rope", "kv_write", "decode_attention", "kv_write_rows", "attention_rows",
                    "add", "route", "batch_moe_decode", "moe_decode", "moe_decode_mixed",
                    "advance_seq_len")

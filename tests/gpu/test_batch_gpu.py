@@ -7,6 +7,8 @@
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
+* the tensor-core batch matvec (`batch_tc`) against float64 and the one-token kernel, batch
+  invariant;
 * the small-batch kernels on the device: each token's matvec (`lanes_batch`) and MoE
   (`batch_moe`'s lane kernels, gate_up grouped by expert) equal to the one-token kernels' to
   float32 rounding (bit for bit where the compiler fuses the same way), and the matvec within
@@ -136,7 +138,41 @@ def test_batch_matvec_on_the_device_equals_one_token(name, n_cols, n_rows):
             _same(got[t], one.copy_to_host(), f"matvec {name} {n_cols}->{n_rows} x{n} token {t}")
 
 
-def test_batch_moe_on_the_device_equals_one_token():
+@pytest.mark.parametrize("name,n_cols,n_rows", [("Q4_K", 2048, 4096), ("Q4_K", 4096, 2048),
+                                                ("Q6_K", 2048, 512), ("Q6_K", 2048, 20011)])
+def test_tc_matvec_on_the_device(name, n_cols, n_rows):
+    """`batch_tc` at the 30B shapes: within float32 rounding of gguf-py's dequantization and of
+    the one-token kernel, and batch invariant (token 0's row bit for bit at 2 and 8 tokens)."""
+    from numba import cuda
+
+    from helpers.kernel_blocks import random_rows, reference
+    from strata.cuda_kernels.batch_tc import matvec_tc
+    from strata.cuda_kernels.matvec import matvec
+
+    rng = np.random.default_rng(n_cols + n_rows)
+    rows = random_rows(name, n_rows, n_cols, rng)
+    w = cuda.to_device(rows.reshape(-1))
+    ref = reference(name, rows, n_cols)
+    x = rng.standard_normal((8, n_cols)).astype(np.float32)
+    xd = cuda.to_device(x)
+    got = {}
+    for n in (2, 8):
+        y = cuda.to_device(np.full((n, n_rows), np.nan, np.float32))
+        matvec_tc(w, name, xd[:n], y)
+        got[n] = y.copy_to_host()
+    want = x.astype(np.float64) @ ref.T
+    assert np.linalg.norm(got[8] - want) / np.linalg.norm(want) < 2e-6
+    np.testing.assert_array_equal(got[2], got[8][:2])
+    one = cuda.to_device(np.full(n_rows, np.nan, np.float32))
+    matvec(w, name, xd[3], one)
+    one = one.copy_to_host()
+    assert np.linalg.norm(got[8][3] - one) / np.linalg.norm(one) < 2e-6
+
+
+@pytest.mark.parametrize("tensor_cores", [False, True])
+def test_batch_moe_on_the_device_equals_one_token(tensor_cores):
+    """The lane kernels: each token's output the one-token kernel's to float32 rounding; the
+    tensor-core kernels (`batch_moe_tc`): within 1e-5 of the one-token kernel's MoE sum."""
     from numba import cuda
 
     from helpers.kernel_blocks import random_rows
@@ -169,7 +205,7 @@ def test_batch_moe_on_the_device_equals_one_token():
     counters = cuda.to_device(np.zeros((1, 2), np.int64))
     batch_moe_decode(cuda.to_device(x), cuda.to_device(ids), cuda.to_device(wts), layer=0,
                      layout=layout, **store, h=cuda.device_array((n_tok, k, 768), np.float32),
-                     out=out, counters=counters, accumulate=True)
+                     out=out, counters=counters, accumulate=True, tensor_cores=tensor_cores)
     got = out.copy_to_host()
     hits = int(np.isin(ids, [0, 2, 4, 5]).sum())
     assert counters.copy_to_host().tolist() == [[hits, n_tok * k - hits]]
@@ -179,7 +215,13 @@ def test_batch_moe_on_the_device_equals_one_token():
                    layer=0, layout=layout, **store, h=cuda.device_array((k, 768), np.float32),
                    out=one, miss_list=cuda.device_array(k, np.int32),
                    counters=cuda.to_device(np.zeros((1, 2), np.int64)), accumulate=True)
-        _same(got[t], one.copy_to_host(), f"moe token {t}")
+        want = one.copy_to_host()
+        if tensor_cores:
+            moe = want.astype(np.float64) - out0[t]
+            err = np.linalg.norm(got[t] - want) / np.linalg.norm(moe)
+            assert err < 1e-5, (t, err)
+        else:
+            _same(got[t], want, f"moe token {t}")
 
 
 def _same(got, want, what):

@@ -192,3 +192,39 @@ def test_gate_up_warps_take_several_rows_in_turn(monkeypatch):
             gx, ux = g[:n_h] @ x[t].astype(np.float64), u[:n_h] @ x[t].astype(np.float64)
             np.testing.assert_allclose(runs[3][t, kk, :n_h], gx / (1 + np.exp(-gx)) * ux,
                                        rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("gu,dn,n_embd,n_ff", [("Q4_K", "Q6_K", 512, 256),
+                                               ("Q6_K", "Q4_K", 256, 512)])
+def test_tensor_core_batch_moe_against_float64(gu, dn, n_embd, n_ff):
+    """`tensor_cores=True` (`batch_moe_tc`): the first 16-row tile of h and of the output against
+    float64 (hits and misses, experts repeated across tokens); the rest of h as pre-set, the
+    rest of out untouched; hits and misses counted once per entry."""
+    from strata.cuda_kernels.batch_moe_tc import tc_moe_fits
+
+    rng = np.random.default_rng(n_embd + 3 * n_ff)
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    assert tc_moe_fits(layout)
+    store, mats = _store(layout, gu, dn, rng)
+    ids = np.array([[3, 2], [0, 3], [4, 1]], np.int32)
+    weights = np.array([[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]], np.float32)
+    x = rng.standard_normal((3, n_embd)).astype(np.float32)
+    out0 = rng.standard_normal((3, n_embd)).astype(np.float32)
+    h0 = rng.standard_normal((3, 2, n_ff)).astype(np.float32)
+    out, h = out0.copy(), h0.copy()
+    counters = np.zeros((N_LAYER, 2), np.int64)
+    batch_moe_decode(x, ids, weights, layer=LAYER, layout=layout, **store, h=h, out=out,
+                     counters=counters, accumulate=True, max_row_blocks=1, tensor_cores=True)
+    n = 16
+    for t in range(3):
+        want = out0[t, :n].astype(np.float64)
+        for kk, (e, w) in enumerate(zip(ids[t], weights[t])):
+            g, u, d = mats[LAYER * N_EXPERT + e]
+            gx, ux = g[:n] @ x[t].astype(np.float64), u[:n] @ x[t].astype(np.float64)
+            hk = h0[t, kk].astype(np.float64)
+            hk[:n] = gx / (1 + np.exp(-gx)) * ux
+            np.testing.assert_allclose(h[t, kk], hk, rtol=1e-5, atol=1e-5)
+            want += w * (d[:n] @ hk)
+        assert np.linalg.norm(out[t, :n] - want) / np.linalg.norm(want - out0[t, :n]) < 1e-5, t
+        np.testing.assert_array_equal(out[t, n:], out0[t, n:])
+    assert counters.tolist() == [[0, 0], [3, 3]]

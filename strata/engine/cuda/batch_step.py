@@ -6,11 +6,12 @@ count n is captured once as a CUDA graph and replayed.
 Per step: the rows' input tokens into their histories (history[r, seq_len[r]] = step_tokens[r],
 one launch, so the host makes one copy of all n tokens); per row, the embedding of that token;
 per layer: RMSNorm of all rows, the q/k/v matvecs over all rows (one read of each weight for the
-batch: `lanes_batch`), per-head norm and RoPE of all rows at their own positions; the KV write
-and split-K attention of all rows, each over its own KV region, in one launch each
+batch: `batch_tc` on the tensor cores for Q4_K/Q6_K, else `lanes_batch`), per-head norm and
+RoPE of all rows at their own positions; the KV write and split-K attention of all rows, each over its own KV region, in one launch each
 (`batch_attention`: f16 KV; other KV formats row by row); the output projection, RMSNorm and
-router over all rows; the MoE of all rows (`batch_moe`: two launches, gate_up grouped by expert;
-row by row where gate and up differ in format); final norm and head over all rows; per row,
+router over all rows; the MoE of all rows (`batch_moe`: two launches, both grouped by expert on
+the tensor cores for Q4_K/Q6_K experts, else gate_up grouped and down per token; row by row where
+gate and up differ in format); final norm and head over all rows; per row,
 seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
 launches as `DecodeStep`.
 
@@ -25,6 +26,7 @@ from strata.cuda_kernels import batch_attention
 from strata.cuda_kernels.attention import decode_attention, n_splits
 from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
 from strata.cuda_kernels.batch_moe import batch_moe_decode
+from strata.cuda_kernels.batch_tc import matvec_tc, tc_fits
 from strata.cuda_kernels.elementwise import add, embed, scatter_tokens
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
@@ -71,10 +73,13 @@ class BatchStep:
     # -- the launches ------------------------------------------------------------------------
 
     def _mv(self, w: Matrix, x, y, n: int, stream) -> None:
-        """y[:n] = W x[:n]: one row through the lane kernels (1-D), more through the small-batch
-        lane kernels (`lanes_batch`: each weight block read once for all rows)."""
+        """y[:n] = W x[:n]: one row through the lane kernels (1-D); more through the tensor-core
+        kernels where the format has them (`batch_tc`: each weight dequantized once for all
+        rows), else the small-batch lane kernels (`lanes_batch`: each weight block read once)."""
         if n == 1:
             matvec(w.data, w.ggml_type, x[0], y[0], stream=stream)
+        elif tc_fits(w.ggml_type, int(x.shape[1])):
+            matvec_tc(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
         else:
             matvec_batch(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
 
@@ -155,7 +160,7 @@ class BatchStep:
         if n > 1 and not isinstance(layout, MixedLayout):
             batch_moe_decode(a["normed"][:n], a["topk_ids"][:n], a["topk_weights"][:n],
                              layer=il, layout=layout, h=a["moe_h"][:n], out=a["hidden"][:n],
-                             accumulate=True, **store)
+                             accumulate=True, tensor_cores=True, **store)
             return
         for r in range(n):
             row = dict(h=a["moe_h"][r], out=a["hidden"][r], miss_list=a["miss_list"][r],

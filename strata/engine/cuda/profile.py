@@ -54,7 +54,7 @@ def _matvec_roles(step) -> dict[int, str]:
     return {n: "|".join(names) for n, names in roles.items()}
 
 
-MATVECS = ("matvec", "matvec_batch")  # y: [n_out] (one token) or [n_rows, n_out]
+MATVECS = ("matvec", "matvec_batch", "matvec_tc")  # y: [n_out] (one token) or [n_rows, n_out]
 
 
 def _unit_key(name: str, roles: dict[int, str], args, kwargs) -> str:
