@@ -9,9 +9,9 @@ per layer: RMSNorm of all rows, the q/k/v matvecs over all rows (one read of eac
 batch: `batch_tc` on the tensor cores for Q4_K/Q6_K, else `lanes_batch`), per-head norm and
 RoPE of all rows at their own positions; the KV write and split-K attention of all rows, each over its own KV region, in one launch each
 (`batch_attention`: f16 KV; other KV formats row by row); the output projection, RMSNorm and
-router over all rows; the MoE of all rows (`batch_moe`: two launches, both grouped by expert on
-the tensor cores for Q4_K/Q6_K experts, else gate_up grouped and down per token; row by row where
-gate and up differ in format); final norm and head over all rows; per row,
+router over all rows; the MoE of all rows (`batch_moe`'s lane kernels: two launches, gate_up
+grouped by expert, down per token; row by row where gate and up differ in format; its
+tensor-core kernels, `batch_moe_tc`, measured slower at 8 rows and are not launched here); final norm and head over all rows; per row,
 seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
 launches as `DecodeStep`.
 
@@ -160,7 +160,7 @@ class BatchStep:
         if n > 1 and not isinstance(layout, MixedLayout):
             batch_moe_decode(a["normed"][:n], a["topk_ids"][:n], a["topk_weights"][:n],
                              layer=il, layout=layout, h=a["moe_h"][:n], out=a["hidden"][:n],
-                             accumulate=True, tensor_cores=True, **store)
+                             accumulate=True, **store)
             return
         for r in range(n):
             row = dict(h=a["moe_h"][r], out=a["hidden"][r], miss_list=a["miss_list"][r],
