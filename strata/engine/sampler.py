@@ -61,25 +61,62 @@ def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float)
     return out
 
 
-def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
-    """The distribution a non-greedy draw uses: float64[n_vocab], zero outside the filters."""
-    z = logits.astype(np.float64)
+# A top-p cut is looked for among the most likely 1024, then 16384 tokens; only where they hold
+# less than p (a flat distribution), or tie with a token outside them, is the whole vocabulary
+# sorted. Sorting all 152k probabilities took 4.8 ms a token (20 ms without top-k), more than a
+# batched decode step of 8 sequences on the GPU.
+TOP_P_CANDIDATES = (1024, 16384)
+
+
+def _top_p_keep(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Positions (into `probs`) of the smallest set of most likely tokens whose probability
+    reaches top_p, ties taken in position order."""
+    for n_cand in TOP_P_CANDIDATES:
+        if probs.size <= n_cand:
+            break
+        cand = np.argpartition(-probs, n_cand - 1)[:n_cand]
+        if probs[cand].sum() < top_p:
+            continue
+        rest = np.ones(probs.size, bool)
+        rest[cand] = False
+        if probs[cand].min() > probs[rest].max():
+            order = cand[np.lexsort((cand, -probs[cand]))]  # by probability, then position
+            before = np.cumsum(probs[order]) - probs[order]  # mass of the more likely tokens
+            return order[before < top_p]
+        break
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    return order[before < top_p]
+
+
+def filtered_support(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution a non-greedy draw uses, as its support: (token ids ascending, int64;
+    their probabilities, float64, summing to 1). Every step works on the tokens still kept, so
+    only top-p without top-k touches the whole vocabulary more than a few times."""
+    z = np.asarray(logits)
     keep = np.isfinite(z)
     if p.top_k and p.top_k < z.size:
-        kth = np.partition(z, -p.top_k)[-p.top_k]
+        kth = np.partition(np.where(keep, z, -np.inf), -p.top_k)[-p.top_k]
         keep &= z >= kth
-    z = np.where(keep, z / p.temperature, -np.inf)
-    probs = np.exp(z - z.max())
+    ids = np.flatnonzero(keep)
+    zz = z[ids].astype(np.float64) / p.temperature
+    probs = np.exp(zz - zz.max())
     probs /= probs.sum()
     if p.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]  # mass of the more likely tokens
-        cut = np.zeros_like(probs, dtype=bool)
-        cut[order[before >= p.top_p]] = True
-        probs[cut] = 0.0
+        kept = np.sort(_top_p_keep(probs, p.top_p))
+        ids, probs = ids[kept], probs[kept]
     if p.min_p > 0.0:
-        probs[probs < p.min_p * probs.max()] = 0.0
-    return probs / probs.sum()
+        kept = probs >= p.min_p * probs.max()
+        ids, probs = ids[kept], probs[kept]
+    return ids, probs / probs.sum()
+
+
+def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
+    """The distribution a non-greedy draw uses: float64[n_vocab], zero outside the filters."""
+    ids, probs = filtered_support(logits, p)
+    out = np.zeros(np.asarray(logits).size, np.float64)
+    out[ids] = probs
+    return out
 
 
 class Sampler:
@@ -103,7 +140,7 @@ class Sampler:
         if p.greedy:
             token = int(np.argmax(z))
         else:
-            probs = filtered_probs(z, p)
-            token = int(self.rng.choice(probs.size, p=probs))
+            ids, probs = filtered_support(z, p)
+            token = int(ids[self.rng.choice(ids.size, p=probs)])
         self.accept([token])
         return token

@@ -87,3 +87,51 @@ def test_draws_follow_the_filtered_distribution():
 def test_bad_parameters_name_themselves(bad, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**bad)
+
+
+def _reference_probs(logits, p):
+    """The filters by their definitions over the whole vocabulary (a full stable sort)."""
+    z = logits.astype(np.float64)
+    keep = np.isfinite(z)
+    if p.top_k and p.top_k < z.size:
+        keep &= z >= np.sort(z[keep])[-p.top_k]
+    z = np.where(keep, z / p.temperature, -np.inf)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        probs[order[before >= p.top_p]] = 0.0
+    if p.min_p > 0.0:
+        probs[probs < p.min_p * probs.max()] = 0.0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("spread,top_k,top_p,min_p", [
+    (4.0, 40, 0.95, 0.05),    # the defaults on a peaked vocabulary
+    (4.0, 0, 0.9, 0.0),       # top-p alone: the cut among the first 1024 candidates
+    (2.4, 0, 0.95, 0.0),      # ... among 16384
+    (0.01, 0, 0.9, 0.0),      # nearly flat: 1024 tokens hold less than p, a full sort
+    (2.0, 5000, 0.99, 0.01),
+])
+def test_the_large_vocabulary_path_matches_the_definitions(spread, top_k, top_p, min_p):
+    rng = np.random.default_rng(int(spread * 100) + top_k)
+    logits = (rng.standard_normal(151936) * spread).astype(np.float32)
+    logits[[7, 99]] = -np.inf
+    params = SamplingParams(temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+    want = _reference_probs(logits, params)
+    got = filtered_probs(logits, params)
+    assert set(np.flatnonzero(got)) == set(np.flatnonzero(want))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
+def test_a_tie_across_the_candidate_boundary_takes_the_full_sort():
+    """1100 equally likely best tokens: the 1024 candidates tie with tokens outside them, so the
+    cut is made on the whole vocabulary, lower ids first."""
+    logits = np.zeros(5000, np.float32)
+    logits[3000:4100] = 9.0
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.5, min_p=0.0)
+    got = filtered_probs(logits, params)
+    want = _reference_probs(logits, params)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
+    assert np.flatnonzero(got).min() == 3000
