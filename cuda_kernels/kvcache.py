@@ -71,8 +71,8 @@ def allocate_kv_side(layout: KvLayout) -> KvSide:
 
 def make_reader(fmt: str, n_vals: int, row_bytes: int):
     """Device function read(data, scale, row, d0, out, o): values d0..d0+n_vals-1 of cache row
-    `row` (= pos * n_kv_head + head) as f32 into out[o:o+n_vals]. n_vals divides 32 (and is even
-    for f16); d0 is a multiple of n_vals."""
+    `row` (= pos * n_kv_head + head) as f32 into out[o:o+n_vals]. n_vals divides 32; d0 is a
+    multiple of n_vals."""
     if fmt == "f16":
         @cuda.jit(device=True, inline="always")
         def read(data, scale, row, d0, out, o):
@@ -81,6 +81,8 @@ def make_reader(fmt: str, n_vals: int, row_bytes: int):
                 w = ld_u32(data, base + 4 * i)
                 out[o + 2 * i] = h2f(w & 0xFFFF)
                 out[o + 2 * i + 1] = h2f(w >> 16)
+            if n_vals % 2:  # one value a lane (head_dim 32 in the decode kernel)
+                out[o + n_vals - 1] = h2f(ld_u16(data, base + 2 * (n_vals - 1)))
     elif n_vals % 4:
         @cuda.jit(device=True, inline="always")
         def read(data, scale, row, d0, out, o):  # int8 / q4_0, fewer than 4 values: bytes

@@ -84,6 +84,25 @@ def test_decode_attention_splits_and_gqa(fmt):
     assert rel_err(out.copy_to_host(), ref) < 1e-5
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_attention_at_head_dim_32(fmt):
+    """One value per lane (head_dim 32): the f16 reader read none before (its pair loop was
+    empty), so every score came from whatever the registers held."""
+    rng = np.random.default_rng(8)
+    n_kv, group, length, hd = 1, 2, 20, 32
+    lay = kvcache.KvLayout(fmt, n_ctx=24, n_kv_head=n_kv, head_dim=hd)
+    k, kref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
+    q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, split_len=16)
+    seq = cuda.to_device(np.array([length - 1], np.int32))
+    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=16,
+                               wide=False)
+    assert rel_err(out.copy_to_host(), attention_reference(q[None], kref, vref, length - 1)[0]) \
+        < 1e-5
+
+
 def test_attention_launchers_reject_bad_input():
     lay = kvcache.KvLayout("f16", 8, 2, HD)
     k = kvcache.allocate_kv_side(lay)
