@@ -29,7 +29,7 @@ whose bytes it holds as one word, bytes (0, 2) as logical k (2t, 2t + 1) and byt
        sub-block's x sum per token (quad sums, then two shuffles to the accumulator's tokens).
   Q6_K (210-byte super-blocks, 16 sub-blocks of 16 with an int8 scale): chunk (n, j, s) is the
        values 128n + 32j + 16s + l, l < 16 (one sub-block); lane t takes l = 4t .. 4t + 3 from
-       ql and qh (words at 2-byte alignment: `ld_u32_any`), and its scales from the quad.
+       ql and qh (words at 2-byte alignment, assembled from aligned ones: see the Q6_K section).
 math1 reads x just before its math (a Q4_K pair's 16 values, a Q6_K chunk's 4): registers go
 to the weight words in flight (ptxas still hoists the x loads where registers remain); math2
 reads Q4_K x a pair ahead (two tiles, 104 registers).
