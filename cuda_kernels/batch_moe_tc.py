@@ -6,8 +6,8 @@ however many tokens chose it.
 * gate_up: grid (16-row tile of h, entry), entry = (token, top-k position). The first entry that
   names an expert owns it (as in `batch_moe_lanes`); its block multiplies the expert's gate and up
   tiles by the x of every token that chose it (MMA columns: those tokens), its warps taking the
-  (gate or up, super-block) units in turn, and writes h[entry] = silu(gate x) * (up x) for
-  each. The other entries' blocks only count their hit or miss.
+  (gate or up, super-block) units in turn, and writes h[entry] = silu(gate x) * (up x) for each. The other entries'
+  blocks only count their hit or miss.
 * down: grid (16-row tile of the output); the block lists the step's distinct experts (first
   appearance in ids), and for each, the MMA columns are the tokens (column j = token j), B the
   h of (token, that expert) where the token chose it, each column scaled by the token's router
@@ -15,14 +15,11 @@ however many tokens chose it.
   turn and meet in shared memory in warp order: deterministic, and out is written once, with no
   atomics.
 
-Measured on the H200 (serve_batch --profile-rows 8, 30B-A3B Q4_K_M, 8 random rows), before the
-pipelining below: 14.8 ms of MoE a step against the lane kernels' 6.8, so the batched step does
-not launch these. Each warp took one unit at a time and waited out its loads (gate_up: one
-unit a warp in 512-thread blocks, one block per SM; down: ~8 units a warp in turn). Now a warp
-issues its next unit's weight loads before the current unit's math (`tc_superblock`'s load and
-math parts, the words double-buffered in registers), and gate_up runs 8 warps of 2 units at
-2048 columns, two 256-thread blocks an SM. Both are compiled to 128 registers (launch bounds;
-ptxas 13.0: no spill for Q4_K or Q6_K): not yet measured.
+Measured on the H200 (serve_batch --profile-rows 8, 30B-A3B Q4_K_M, 8 random rows): 14.8 ms of
+MoE a step against the lane kernels' 6.8, so the batched step does not launch these. Each warp
+takes one unit at a time and waits out its loads (gate_up: one 512-thread block per SM; down:
+~12 units a warp in turn): what they need next is the next unit's loads issued before the
+current unit's math.
 
 Precision as `batch_tc` (f16 weights exact, x and h split into two f16 parts: about 2^-22
 relative): a token's values match the one-token kernels' to float32 rounding, not bit for bit;
@@ -36,51 +33,37 @@ import numpy as np
 from numba import cuda, types
 
 from .batch_moe_lanes import _where
-from .batch_tc import TILE_ROWS
+from .batch_tc import SB_FUNCS, SB_VALUES, TILE_ROWS
 from .elementwise import silu
-from .intrinsics import SIMULATED
 from .launch import n_blocks, register_ptx
 from .moe import MAX_K, ExpertLayout
 from .qformats import get_format
-from .tc_superblock import SB_VALUES, TC_FORMATS, put4
 
 MAX_TOKENS = 8
 MAX_ENTRIES = MAX_TOKENS * MAX_K
 COL_SLOTS = MAX_ENTRIES * MAX_TOKENS  # [distinct expert, token] tables of the down kernel
 DOWN_WARPS = 16          # the down block's warps: ~40 experts x 3 super-blocks of units a tile
 DOWN_RED = DOWN_WARPS * 128
-DOWN_JIT = {"launch_bounds": (32 * DOWN_WARPS, 1)}   # one 512-thread block an SM: 128 registers
 F0 = np.float32(0.0)
 
-# gate_up's warps take (matrix, super-block) units with one load and one math call site: inlining
-# a gate and an up super-block together took 177 registers (ptxas 13.0, Q4_K), and bounding that
-# to 128 spilled. 8 warps (2 units each at 2048 columns, pipelined), two blocks per SM
-GATE_UP_WARPS = 8
+# gate_up's warps take (matrix, super-block) units with one call site: inlining a gate and an up
+# super-block together took 177 registers (ptxas 13.0, Q4_K), and bounding that to 128 spilled
+GATE_UP_WARPS = 16
 GATE_UP_RED = GATE_UP_WARPS * 128
-GATE_UP_JIT = {"launch_bounds": (32 * GATE_UP_WARPS, 2)}   # two blocks an SM: 128 registers
 _CACHE: dict[tuple, object] = {}
 
 
 def tc_moe_fits(layout: ExpertLayout) -> bool:
     """Whether both projections of this layout run on the tensor-core kernels."""
-    return (get_format(layout.gate_up_type).name in TC_FORMATS
-            and get_format(layout.down_type).name in TC_FORMATS
+    return (get_format(layout.gate_up_type).name in SB_FUNCS
+            and get_format(layout.down_type).name in SB_FUNCS
             and layout.n_embd % SB_VALUES == 0 and layout.n_ff % SB_VALUES == 0)
 
 
-@cuda.jit(device=True, inline="always")
-def _unit_off(unit, n_sb, sb_bytes, up_off):
-    """gate_up's unit: (its super-block, its byte offset in the expert's blob)."""
-    is_up = unit >= n_sb
-    sb = unit - n_sb if is_up else unit
-    return sb, sb * sb_bytes + (up_off if is_up else 0)
-
-
 def _gate_up(name: str):
-    fmt = TC_FORMATS[name]
-    load, math1, sb_bytes = fmt.load, fmt.math1, fmt.sb_bytes
+    sb_fn, sb_bytes = SB_FUNCS[name]
 
-    @cuda.jit(**({} if SIMULATED else GATE_UP_JIT))
+    @cuda.jit
     def batch_gate_up_tc(x, ids, k, n_tok, slot_table, layer, cache, slot_off, host, host_off,
                          counters, row_bytes, n_sb, n_ff, up_off, h):
         # x: [n_tok * n_embd] f32; ids: [n_tok * k] i32; h: [n_tok * k * n_ff] f32;
@@ -128,36 +111,39 @@ def _gate_up(name: str):
         off_b = base + min(row_b, n_ff - 1) * row_bytes
         n_cols = n_sb * SB_VALUES
         xb = (s_ent[min(g, n_e - 1)] // k) * n_cols  # column g: the g-th token that chose e
-        n_units = 2 * n_sb
-        sb, o = _unit_off(min(warp, n_units - 1), n_sb, sb_bytes, up_off)
-        words = load(src, off_a + o, off_b + o, lane)   # (a warp without units never uses it)
-        # one set of accumulators (the gate's and the up's apart took more registers): a warp's
-        # units run gate first, so its gate sum is stored when its first up unit comes
+        g0 = F0
+        g1 = F0
+        g2 = F0
+        g3 = F0
+        u0 = F0
+        u1 = F0
+        u2 = F0
+        u3 = F0
+        for unit in range(warp, 2 * n_sb, n_warps):
+            is_up = unit >= n_sb
+            sb = unit - n_sb if is_up else unit
+            o = sb * sb_bytes + (up_off if is_up else 0)
+            c0, c1, c2, c3 = sb_fn(src, off_a + o, off_b + o, x, xb + sb * SB_VALUES, t, F0, F0,
+                                   F0, F0)
+            if is_up:
+                u0 += c0
+                u1 += c1
+                u2 += c2
+                u3 += c3
+            else:
+                g0 += c0
+                g1 += c1
+                g2 += c2
+                g3 += c3
         i = warp * 128 + lane * 4
-        acc = (F0, F0, F0, F0)
-        flushed = False
-        for unit in range(warp, n_units, n_warps):
-            # the next unit's weight loads go out before this unit's math
-            nxt = unit + n_warps
-            words_next = words
-            if nxt < n_units:
-                sb, o = _unit_off(nxt, n_sb, sb_bytes, up_off)
-                words_next = load(src, off_a + o, off_b + o, lane)
-            if unit >= n_sb and not flushed:  # the warp's gate units (first) are done
-                put4(red_g, i, acc)
-                acc = (F0, F0, F0, F0)
-                flushed = True
-            sb, o = _unit_off(unit, n_sb, sb_bytes, up_off)
-            # from zero, then added: threading acc through the math spilled 16 bytes (Q6_K)
-            c0, c1, c2, c3 = math1(words, x, xb + sb * SB_VALUES, lane, (F0, F0, F0, F0))
-            a0, a1, a2, a3 = acc
-            acc = (a0 + c0, a1 + c1, a2 + c2, a3 + c3)
-            words = words_next
-        if flushed:
-            put4(red_u, i, acc)
-        else:
-            put4(red_g, i, acc)
-            put4(red_u, i, (F0, F0, F0, F0))
+        red_g[i] = g0
+        red_g[i + 1] = g1
+        red_g[i + 2] = g2
+        red_g[i + 3] = g3
+        red_u[i] = u0
+        red_u[i + 1] = u1
+        red_u[i + 2] = u2
+        red_u[i + 3] = u3
         cuda.syncthreads()
         if warp == 0:
             for c in range(4):
@@ -174,18 +160,9 @@ def _gate_up(name: str):
 
 
 def _down(name: str):
-    fmt = TC_FORMATS[name]
-    load, math1, sb_bytes = fmt.load, fmt.math1, fmt.sb_bytes
+    sb_fn, sb_bytes = SB_FUNCS[name]
 
-    @cuda.jit(device=True, inline="always")
-    def unit_words(unit, n_sb, s_where, s_base, cache, host, ra, rb, lane):
-        """The weight words of unit (distinct expert u, super-block sb), u-major."""
-        u = unit // n_sb
-        o = s_base[u] + (unit - u * n_sb) * sb_bytes
-        src = cache if s_where[u] == 0 else host
-        return load(src, o + ra, o + rb, lane)
-
-    @cuda.jit(**({} if SIMULATED else DOWN_JIT))
+    @cuda.jit
     def batch_down_tc(h, ids, weights, k, n_tok, slot_table, layer, cache, slot_off, host,
                       host_off, down_off, row_bytes, n_sb, n_ff, n_embd, accumulate, out):
         # h: [n_tok * k * n_ff] f32; ids, weights: [n_tok * k]; out: [n_tok * n_embd] f32
@@ -240,29 +217,26 @@ def _down(name: str):
         acc1 = F0
         acc2 = F0
         acc3 = F0
-        n_units = n_u * n_sb
-        words = unit_words(min(warp, n_units - 1), n_sb, s_where, s_base, cache, host, ra, rb,
-                           lane)   # (a warp without units never uses it)
-        for unit in range(warp, n_units, n_warps):
-            # the next unit's weight loads go out before this unit's math
-            nxt = unit + n_warps
-            words_next = words
-            if nxt < n_units:
-                words_next = unit_words(nxt, n_sb, s_where, s_base, cache, host, ra, rb, lane)
+        for unit in range(warp, n_u * n_sb, n_warps):
             u = unit // n_sb
             sb = unit - u * n_sb
+            src = cache if s_where[u] == 0 else host
+            o = s_base[u] + sb * sb_bytes
             # column g's h: (token g, expert u)'s entry; a token that did not choose u reads
             # some entry of the step (finite) and its column is weighted 0
             hb = s_col[u * MAX_TOKENS + tok_g] * n_ff + sb * SB_VALUES
-            c0, c1, c2, c3 = math1(words, h, hb, lane, (F0, F0, F0, F0))
-            words = words_next
+            c0, c1, c2, c3 = sb_fn(src, o + ra, o + rb, h, hb, t, F0, F0, F0, F0)
             w0 = s_wt[u * MAX_TOKENS + 2 * t]
             w1 = s_wt[u * MAX_TOKENS + 2 * t + 1]
             acc0 += w0 * c0
             acc1 += w1 * c1
             acc2 += w0 * c2
             acc3 += w1 * c3
-        put4(red, warp * 128 + lane * 4, (acc0, acc1, acc2, acc3))
+        i = warp * 128 + lane * 4
+        red[i] = acc0
+        red[i + 1] = acc1
+        red[i + 2] = acc2
+        red[i + 3] = acc3
         cuda.syncthreads()
         if warp == 0:
             for c in range(4):
@@ -318,10 +292,9 @@ _DN_SIG = (_F32, _I32, _F32, _I, _I) + _WHERE + (_I, _I, _I, _I, _I, types.boole
 def register_tc_moe(family: str, name: str) -> None:
     """Put a format's tensor-core gate/up and down kernels in the compile registry."""
     register_ptx(family, f"batch_gate_up_tc_{name}",
-                 lambda: (gate_up_kernel(name).py_func, _GU_SIG), options=GATE_UP_JIT)
-    register_ptx(family, f"batch_down_tc_{name}", lambda: (down_kernel(name).py_func, _DN_SIG),
-                 options=DOWN_JIT)
+                 lambda: (gate_up_kernel(name).py_func, _GU_SIG))
+    register_ptx(family, f"batch_down_tc_{name}", lambda: (down_kernel(name).py_func, _DN_SIG))
 
 
-for _name in TC_FORMATS:
+for _name in SB_FUNCS:
     register_tc_moe("batch", _name)

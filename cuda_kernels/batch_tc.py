@@ -8,16 +8,27 @@ at 5-20% of the read bandwidth. Here a warp's `mma.m16n8k16` multiplies 16 weigh
 by the 8 tokens' x (B, one column per token), so a weight costs about one f16 operation however
 many tokens share it, and the kernel is bound by the weight reads again.
 
-Precision and fragment use: `tc_superblock` (f16 weights exact, x split into hi + lo f16 parts:
-about 2^-22 relative, not bit for bit against the one-token lane kernels, which sum in another
-order; columns never mix, so a token's result does not depend on the batch).
+Exactness: quantized values are small integers, exact in f16 (A); each 16-value chunk shares one
+scale, applied to the chunk's f32 accumulator after the MMA. x is split into two f16 parts
+(hi = f16(x), lo = f16(x - hi)) and both are multiplied (two MMAs): products are exact in the f32
+accumulators, so a token's result matches a float32 dot product to about 2^-22 relative error
+(not bit for bit: the one-token lane kernels sum in another order). Columns of an MMA never mix,
+so a token's result does not depend on the other tokens of the batch (batch invariant).
 
-A block covers `rows_per_warp` (R) 16-row tiles; its warps take the row's super-blocks in turn
-and meet in shared memory, summed in warp order (deterministic). With R = 2 a warp issues both
-tiles' weight loads before any math and shares the x loads and the x split between them: twice
-the bytes in flight per warp. Measured on the H200 with R = 1 (serve_matvec, 8 tokens): Q4_K
-2048->4096 6.5 us (16% of the read ceiling), the Q6_K head 2048->151936 197 us (1.3 TB/s):
-latency bound, each warp waiting out one super-block's loads at a time.
+Fragment use (m16n8k16, see `mma`): lane (g = lane >> 2, t = lane & 3) holds rows g and g + 8 of
+a 16-row tile (row a, row b) and token g's x; its accumulators are rows g, g + 8 at tokens 2t,
+2t + 1. The k order inside a chunk is free as long as A and B agree: each lane takes 4 values
+whose bytes it loads as one word, bytes (0, 2) as logical k (2t, 2t + 1) and bytes (1, 3) as
+(2t + 8, 2t + 9), and reads x at the same 4 positions.
+  Q4_K (144-byte super-blocks, 8 sub-blocks of 32 with a 6-bit scale and min): for qs bytes
+       32p .. 32p + 31 (sub-blocks 2p in the low nibbles, 2p + 1 in the high ones), lane t takes
+       bytes 32p + 8t .. + 7: two chunks per sub-block. The min term, dmin * m * sum x, uses the
+       sub-block's x sum per token (quad sums, then two shuffles to the accumulator's tokens).
+  Q6_K (210-byte super-blocks, 16 sub-blocks of 16 with an int8 scale): chunk (n, j, s) is the
+       values 128n + 32j + 16s + l, l < 16 (one sub-block); lane t takes l = 4t .. 4t + 3 from
+       ql and qh (words at 2-byte alignment: `ld_u32_any`).
+A block is one 16-row tile; its warps take the row's super-blocks in turn and meet in shared
+memory, summed in warp order (deterministic).
 """
 
 from __future__ import annotations
@@ -25,144 +36,281 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import SIMULATED
+from .intrinsics import SIMULATED, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_any, ld_x4
+from .lanes_k import _k4_scales, i8_f32, small_f32
 from .launch import check_array, flat, register_ptx
+from .mma import h2_sub, half2_hi, half2_lo, mma_16816, pack_half2, shfl_idx, shfl_xor
 from .qformats import get_format
-from .tc_superblock import F0, SB_VALUES, TC_FORMATS, put4
 
 MAX_TOKENS = 8
 TC_WARPS = 8            # warps of a block (fewer when the row has fewer super-blocks)
 TILE_ROWS = 16
-ROWS_PER_WARP = (1, 2)  # the variants: 16-row tiles a warp (and a block) covers
-DEFAULT_ROWS_PER_WARP = 1
-# Registers (ptxas 13.0, unbounded): one tile 70 (Q4_K) / 72 (Q6_K): three 256-thread blocks an
-# SM; two tiles of Q4_K 104: two blocks. Two tiles of Q6_K took 134 and are bounded to two blocks
-# (128, no spill); bounding Q4_K's two tiles the same way made ptxas spill 44 bytes.
-_TWO_BLOCKS = {"launch_bounds": (32 * TC_WARPS, 2)}
-
-
-def jit_options(name: str, rows_per_warp: int) -> dict:
-    """The `cuda.jit` options of a variant (and of its compile-check entry)."""
-    return _TWO_BLOCKS if (name, rows_per_warp) == ("Q6_K", 2) else {}
-
-
-_CACHE: dict[tuple[str, int], object] = {}
+RED_FLOATS = TC_WARPS * 128  # [warp, lane, 4] f32 partial sums in shared memory
+SB_VALUES = 256
+F0 = np.float32(0.0)
+H1024 = 0x64006400      # f16 pair (1024, 1024): OR-ing a small integer q into its mantissa
+H1056 = 0x64206420      # gives 1024 + q exactly; (1056, 1056) takes Q6_K's offset 32 off too
+LO_NIB = 0x000F000F     # bytes 0 and 2 of a word: a pair's halves after OR-ing into H1024
+LO_2BIT = 0x00030003
 
 
 @cuda.jit(device=True, inline="always")
-def _offs(row0, n_rows, row_bytes, o):
-    """Byte offsets of super-block byte o of this lane's rows a, b in the tile starting at row0
-    (clamped to the last row: a partial tile's missing rows read a real row and are never
-    written). Made per super-block: a loop-carried offset costs registers the tiles' words
-    need."""
-    return (min(row0, n_rows - 1) * row_bytes + o, min(row0 + 8, n_rows - 1) * row_bytes + o)
+def split_x(x0, x1):
+    """(hi, lo) f16 pairs of two f32: hi = f16(x), lo = f16(x - hi); hi + lo holds x to ~22 bits."""
+    hi = pack_half2(x0, x1)
+    return hi, pack_half2(x0 - half2_lo(hi), x1 - half2_hi(hi))
 
 
 @cuda.jit(device=True, inline="always")
-def _zeros4():
-    return F0, F0, F0, F0
+def mma2(a0, a1, a2, a3, x0, x1, x2, x3, c0, c1, c2, c3):
+    """C + A @ B for the chunk whose B fragment (this lane's token) is x0..x3 at bytes 0..3:
+    the MMA of x's f16 high part, then of its low part."""
+    bh0, bl0 = split_x(x0, x2)
+    bh1, bl1 = split_x(x1, x3)
+    c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bh0, bh1, c0, c1, c2, c3)
+    return mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
 
 
 @cuda.jit(device=True, inline="always")
-def _zeros8():
-    return F0, F0, F0, F0, F0, F0, F0, F0
+def nib_pair(w, sh):
+    """The 4-bit values at bit sh of bytes 0 and 2 of w as an f16 pair."""
+    return h2_sub(((w >> sh) & LO_NIB) | H1024, H1024)
 
 
 @cuda.jit(device=True, inline="always")
-def _put8(red, i, acc):
-    a0, a1, a2, a3, a4, a5, a6, a7 = acc
-    put4(red, i, (a0, a1, a2, a3))
-    put4(red, i + 4, (a4, a5, a6, a7))
+def token_pair_sums(s, t):
+    """This lane's x sum `s` summed over its quad (one token's whole sub-block), then the sums of
+    tokens 2t and 2t + 1 (quads 2t, 2t + 1), the tokens of this lane's accumulators."""
+    s += shfl_xor(s, 1)
+    s += shfl_xor(s, 2)
+    return shfl_idx(s, 8 * t), shfl_idx(s, 8 * t + 4)
 
 
-def _tile_fns(name: str, rows_per_warp: int):
-    """(zero accumulators, store to shared memory, one super-block of the warp's tiles) of a
-    variant."""
-    fmt = TC_FORMATS[name]
-    load, math1, math2 = fmt.load, fmt.math1, fmt.math2
-    if rows_per_warp == 1:
-        @cuda.jit(device=True, inline="always")
-        def sb1(w, row0, n_rows, row_bytes, o, x, xb, lane, acc):
-            off_a, off_b = _offs(row0, n_rows, row_bytes, o)
-            return math1(load(w, off_a, off_b, lane), x, xb, lane, acc)
-        return _zeros4, put4, sb1
+# ---- Q4_K ----
+# Every load of a super-block is issued before any of its math, and x two pairs ahead: with one
+# super-block per warp (2048-wide rows), a warp's time is then one memory latency, not one per
+# pair (a first version, loading per pair, ran 2048->4096 at 7 us whatever the batch).
 
-    @cuda.jit(device=True, inline="always")
-    def sb2(w, row0, n_rows, row_bytes, o, x, xb, lane, acc):
-        off_a, off_b = _offs(row0, n_rows, row_bytes, o)
-        words0 = load(w, off_a, off_b, lane)
-        off_a, off_b = _offs(row0 + TILE_ROWS, n_rows, row_bytes, o)
-        words1 = load(w, off_a, off_b, lane)
-        return math2(words0, words1, x, xb, lane, acc)
-    return _zeros8, _put8, sb2
+@cuda.jit(device=True, inline="always")
+def ld_x8(x, i):
+    """x[i .. i + 7] (i a multiple of 4) as 8 float32."""
+    a0, a1, a2, a3 = ld_x4(x, i)
+    a4, a5, a6, a7 = ld_x4(x, i + 4)
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
-def _kernel(name: str, rows_per_warp: int):
-    zeros, put, sb_fn = _tile_fns(name, rows_per_warp)
-    sb_bytes = TC_FORMATS[name].sb_bytes
-    n_acc = 4 * rows_per_warp                  # accumulators a lane holds
-    red_floats = TC_WARPS * 32 * n_acc        # [warp, lane, n_acc] f32 partial sums
-    block_rows = TILE_ROWS * rows_per_warp
+@cuda.jit(device=True, inline="always")
+def _q4k_sub(wa0, wa1, wb0, wb1, sh, xv, t, dsa, dma, dsb, dmb, acc0, acc1, acc2, acc3):
+    """One sub-block (the nibbles at bit sh: 0 low, 4 high) of rows a, b: two chunks (words 0
+    and 1 of each row's 8 bytes) against this lane's 8 x values xv, scaled, minus the min term."""
+    x0, x1, x2, x3, y0, y1, y2, y3 = xv
+    c0, c1, c2, c3 = mma2(nib_pair(wa0, sh), nib_pair(wb0, sh), nib_pair(wa0, sh + 8),
+                          nib_pair(wb0, sh + 8), x0, x1, x2, x3, F0, F0, F0, F0)
+    c0, c1, c2, c3 = mma2(nib_pair(wa1, sh), nib_pair(wb1, sh), nib_pair(wa1, sh + 8),
+                          nib_pair(wb1, sh + 8), y0, y1, y2, y3, c0, c1, c2, c3)
+    s0, s1 = token_pair_sums(((x0 + x1) + (x2 + x3)) + ((y0 + y1) + (y2 + y3)), t)
+    return (acc0 + (dsa * c0 - dma * s0), acc1 + (dsa * c1 - dma * s1),
+            acc2 + (dsb * c2 - dmb * s0), acc3 + (dsb * c3 - dmb * s1))
 
-    @cuda.jit(**({} if SIMULATED else jit_options(name, rows_per_warp)))
+
+@cuda.jit(device=True, inline="always")
+def _q4k_pair(p, ha, hb, qa, qb, xl, xh, t, acc0, acc1, acc2, acc3):
+    """Pair p (sub-blocks 2p, 2p + 1) of rows a, b: headers ha, hb (4 words), qs words qa, qb
+    (this lane's 8 bytes of the pair), x of the low and high sub-block xl, xh."""
+    sca, mna = _k4_scales(ha[1], ha[2], ha[3], p)
+    scb, mnb = _k4_scales(hb[1], hb[2], hb[3], p)
+    da, dmin_a = h2f(ha[0] & 0xFFFF), h2f(ha[0] >> 16)
+    db, dmin_b = h2f(hb[0] & 0xFFFF), h2f(hb[0] >> 16)
+    acc0, acc1, acc2, acc3 = _q4k_sub(
+        qa[0], qa[1], qb[0], qb[1], 0, xl, t, da * small_f32(sca & 0xFF),
+        dmin_a * small_f32(mna & 0xFF), db * small_f32(scb & 0xFF),
+        dmin_b * small_f32(mnb & 0xFF), acc0, acc1, acc2, acc3)
+    return _q4k_sub(
+        qa[0], qa[1], qb[0], qb[1], 4, xh, t, da * small_f32(sca >> 8),
+        dmin_a * small_f32(mna >> 8), db * small_f32(scb >> 8), dmin_b * small_f32(mnb >> 8),
+        acc0, acc1, acc2, acc3)
+
+
+@cuda.jit(device=True, inline="always")
+def sb_q4_k(w, off_a, off_b, x, xb, t, acc0, acc1, acc2, acc3):
+    """Super-block at byte offsets off_a, off_b (rows a, b) against x[xb .. xb + 255]."""
+    ha = ld_nc_u32x4(w, off_a)
+    hb = ld_nc_u32x4(w, off_b)
+    q = off_a + 16 + 8 * t
+    qa0, qa1, qa2, qa3 = (ld_nc_u32x2(w, q), ld_nc_u32x2(w, q + 32), ld_nc_u32x2(w, q + 64),
+                          ld_nc_u32x2(w, q + 96))
+    q = off_b + 16 + 8 * t
+    qb0, qb1, qb2, qb3 = (ld_nc_u32x2(w, q), ld_nc_u32x2(w, q + 32), ld_nc_u32x2(w, q + 64),
+                          ld_nc_u32x2(w, q + 96))
+    xi = xb + 8 * t
+    xl0, xh0 = ld_x8(x, xi), ld_x8(x, xi + 32)
+    xl1, xh1 = ld_x8(x, xi + 64), ld_x8(x, xi + 96)
+    acc0, acc1, acc2, acc3 = _q4k_pair(0, ha, hb, qa0, qb0, xl0, xh0, t, acc0, acc1, acc2, acc3)
+    xl2, xh2 = ld_x8(x, xi + 128), ld_x8(x, xi + 160)
+    acc0, acc1, acc2, acc3 = _q4k_pair(1, ha, hb, qa1, qb1, xl1, xh1, t, acc0, acc1, acc2, acc3)
+    xl3, xh3 = ld_x8(x, xi + 192), ld_x8(x, xi + 224)
+    acc0, acc1, acc2, acc3 = _q4k_pair(2, ha, hb, qa2, qb2, xl2, xh2, t, acc0, acc1, acc2, acc3)
+    return _q4k_pair(3, ha, hb, qa3, qb3, xl3, xh3, t, acc0, acc1, acc2, acc3)
+
+
+# ---- Q6_K ----
+
+@cuda.jit(device=True, inline="always")
+def q6_pair(ql, qh, j):
+    """Chunk j's 6-bit values of bytes 0 and 2 (ql nibble j >> 1, qh bits 2j) minus 32, f16."""
+    v = ((ql >> (4 * (j >> 1))) & LO_NIB) | (((qh >> (2 * j)) & LO_2BIT) << 4)
+    return h2_sub(v | H1024, H1056)
+
+
+@cuda.jit(device=True, inline="always")
+def _byte_of(ws, i):
+    """Byte i (0..15) of the 16 bytes held by the 4 words ws (little-endian)."""
+    return (ws[i >> 2] >> (8 * (i & 3))) & 0xFF
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_words(w, off, t):
+    """Row words of one lane: ql at 16m + 4t (m < 8), qh at 128 + 16m + 4t (m < 4), the 16
+    int8 scales (4 words) and d."""
+    ql = (ld_u32_any(w, off + 4 * t), ld_u32_any(w, off + 16 + 4 * t),
+          ld_u32_any(w, off + 32 + 4 * t), ld_u32_any(w, off + 48 + 4 * t),
+          ld_u32_any(w, off + 64 + 4 * t), ld_u32_any(w, off + 80 + 4 * t),
+          ld_u32_any(w, off + 96 + 4 * t), ld_u32_any(w, off + 112 + 4 * t))
+    qh = (ld_u32_any(w, off + 128 + 4 * t), ld_u32_any(w, off + 144 + 4 * t),
+          ld_u32_any(w, off + 160 + 4 * t), ld_u32_any(w, off + 176 + 4 * t))
+    sc = (ld_u32_any(w, off + 192), ld_u32_any(w, off + 196), ld_u32_any(w, off + 200),
+          ld_u32_any(w, off + 204))
+    return ql, qh, sc, h2f(ld_u16(w, off + 208))
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_chunk(n, s, j, ra, rb, xv, acc0, acc1, acc2, acc3):
+    """Chunk (n, j, s) of rows a, b (their `_q6_words`) against this lane's 4 x values."""
+    qla, qha, sca, da = ra
+    qlb, qhb, scb, db = rb
+    m = 4 * n + 2 * (j & 1) + s     # the ql word; qh: 2n + s
+    la, lb = qla[m], qlb[m]
+    ha, hb = qha[2 * n + s], qhb[2 * n + s]
+    x0, x1, x2, x3 = xv
+    c0, c1, c2, c3 = mma2(q6_pair(la, ha, j), q6_pair(lb, hb, j), q6_pair(la >> 8, ha >> 8, j),
+                          q6_pair(lb >> 8, hb >> 8, j), x0, x1, x2, x3, F0, F0, F0, F0)
+    i = 8 * n + 2 * j + s
+    fa = da * i8_f32(_byte_of(sca, i))
+    fb = db * i8_f32(_byte_of(scb, i))
+    return acc0 + fa * c0, acc1 + fa * c1, acc2 + fb * c2, acc3 + fb * c3
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_ns(n, s, ra, rb, x, xi, acc0, acc1, acc2, acc3):
+    """The 4 chunks (j) of (n, s): x at xi + 32j."""
+    x0 = ld_x4(x, xi)
+    x1 = ld_x4(x, xi + 32)
+    x2 = ld_x4(x, xi + 64)
+    x3 = ld_x4(x, xi + 96)
+    acc0, acc1, acc2, acc3 = _q6_chunk(n, s, 0, ra, rb, x0, acc0, acc1, acc2, acc3)
+    acc0, acc1, acc2, acc3 = _q6_chunk(n, s, 1, ra, rb, x1, acc0, acc1, acc2, acc3)
+    acc0, acc1, acc2, acc3 = _q6_chunk(n, s, 2, ra, rb, x2, acc0, acc1, acc2, acc3)
+    return _q6_chunk(n, s, 3, ra, rb, x3, acc0, acc1, acc2, acc3)
+
+
+@cuda.jit(device=True, inline="always")
+def sb_q6_k(w, off_a, off_b, x, xb, t, acc0, acc1, acc2, acc3):
+    """Super-block at byte offsets off_a, off_b (rows a, b; 2-byte aligned) against
+    x[xb .. xb + 255]: chunk (n, j, s) reads x at 128n + 32j + 16s + 4t."""
+    ra = _q6_words(w, off_a, t)
+    rb = _q6_words(w, off_b, t)
+    xi = xb + 4 * t
+    acc0, acc1, acc2, acc3 = _q6_ns(0, 0, ra, rb, x, xi, acc0, acc1, acc2, acc3)
+    acc0, acc1, acc2, acc3 = _q6_ns(0, 1, ra, rb, x, xi + 16, acc0, acc1, acc2, acc3)
+    acc0, acc1, acc2, acc3 = _q6_ns(1, 0, ra, rb, x, xi + 128, acc0, acc1, acc2, acc3)
+    return _q6_ns(1, 1, ra, rb, x, xi + 144, acc0, acc1, acc2, acc3)
+
+
+# ---- the kernel ----
+
+SB_FUNCS = {"Q4_K": (sb_q4_k, 144), "Q6_K": (sb_q6_k, 210)}
+_CACHE: dict[str, object] = {}
+
+
+def _kernel(name: str):
+    sb_fn, sb_bytes = SB_FUNCS[name]
+
+    @cuda.jit
     def matvec_tc(w, row_bytes, n_sb, n_rows, n_tok, x, y):
         # w: [n_rows * row_bytes] u8; x: [n_tok * n_sb * 256] f32; y: [n_tok * n_rows] f32;
-        # grid: one block per rows_per_warp 16-row tiles; block: warps taking super-blocks in turn
-        red = cuda.shared.array(red_floats, types.float32)
+        # grid: one block per 16-row tile; block: warps taking super-blocks in turn
+        red = cuda.shared.array(RED_FLOATS, types.float32)
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         n_warps = cuda.blockDim.x >> 5
         g = lane >> 2
         t = lane & 3
-        row0 = cuda.blockIdx.x * block_rows + g
+        row_a = cuda.blockIdx.x * TILE_ROWS + g
+        row_b = row_a + 8
+        off_a = min(row_a, n_rows - 1) * row_bytes
+        off_b = min(row_b, n_rows - 1) * row_bytes
         n_cols = n_sb * SB_VALUES
         xb = min(g, n_tok - 1) * n_cols  # columns past n_tok repeat a token, never written
-        acc = zeros()
+        acc0 = F0
+        acc1 = F0
+        acc2 = F0
+        acc3 = F0
         for sb in range(warp, n_sb, n_warps):
-            acc = sb_fn(w, row0, n_rows, row_bytes, sb * sb_bytes, x, xb + sb * SB_VALUES, lane,
-                        acc)
-        put(red, (warp * 32 + lane) * n_acc, acc)
+            acc0, acc1, acc2, acc3 = sb_fn(w, off_a + sb * sb_bytes, off_b + sb * sb_bytes, x,
+                                           xb + sb * SB_VALUES, t, acc0, acc1, acc2, acc3)
+        i = warp * 128 + lane * 4
+        red[i] = acc0
+        red[i + 1] = acc1
+        red[i + 2] = acc2
+        red[i + 3] = acc3
         cuda.syncthreads()
         if warp == 0:
-            for q in range(n_acc):  # accumulator q: tile q >> 2, (row a|b, token 2t|2t+1)
-                s = red[lane * n_acc + q]
-                for k in range(1, n_warps):
-                    s += red[(k * 32 + lane) * n_acc + q]
-                tok = 2 * t + (q & 1)
-                row = row0 + TILE_ROWS * (q >> 2) + 8 * ((q >> 1) & 1)
-                if tok < n_tok and row < n_rows:
-                    y[tok * n_rows + row] = s
+            s0 = red[lane * 4]
+            s1 = red[lane * 4 + 1]
+            s2 = red[lane * 4 + 2]
+            s3 = red[lane * 4 + 3]
+            for k in range(1, n_warps):
+                j = k * 128 + lane * 4
+                s0 += red[j]
+                s1 += red[j + 1]
+                s2 += red[j + 2]
+                s3 += red[j + 3]
+            t0 = 2 * t
+            if t0 < n_tok:
+                if row_a < n_rows:
+                    y[t0 * n_rows + row_a] = s0
+                if row_b < n_rows:
+                    y[t0 * n_rows + row_b] = s2
+            if t0 + 1 < n_tok:
+                if row_a < n_rows:
+                    y[(t0 + 1) * n_rows + row_a] = s1
+                if row_b < n_rows:
+                    y[(t0 + 1) * n_rows + row_b] = s3
     return matvec_tc
 
 
-def tc_kernel(name: str, rows_per_warp: int = DEFAULT_ROWS_PER_WARP):
-    """The compiled-on-first-use kernel of a format ("Q4_K", "Q6_K") and variant."""
-    key = (name, rows_per_warp)
-    k = _CACHE.get(key)
+def tc_kernel(name: str):
+    """The compiled-on-first-use kernel of a format ("Q4_K", "Q6_K")."""
+    k = _CACHE.get(name)
     if k is None:
-        k = _CACHE[key] = _kernel(name, rows_per_warp)
+        k = _CACHE[name] = _kernel(name)
     return k
 
 
 def tc_fits(ggml_type, n_cols: int) -> bool:
     """Whether the tensor-core batch kernel takes rows of this format and width."""
-    return get_format(ggml_type).name in TC_FORMATS and n_cols > 0 and n_cols % SB_VALUES == 0
+    return get_format(ggml_type).name in SB_FUNCS and n_cols > 0 and n_cols % SB_VALUES == 0
 
 
 def block_warps(n_sb: int) -> int:
     return max(1, min(TC_WARPS, n_sb))
 
 
-def matvec_tc(w, ggml_type, x, y, *, stream=0,
-              rows_per_warp: int = DEFAULT_ROWS_PER_WARP) -> None:
+def matvec_tc(w, ggml_type, x, y, *, stream=0) -> None:
     """y[t] = W x[t] for 1..8 tokens on the tensor cores. `w`: uint8 rows (1-D or
     [n_rows, row_bytes], 16-byte aligned); x: float32 [n_tok, n_cols]; y: float32
     [n_tok, n_rows]. x must be finite and within f16 range (|x| < 65504): the kernels' inputs
-    are normed activations and attention outputs. `rows_per_warp`: 16-row tiles a warp
-    covers (1 or 2: the same arithmetic per row either way)."""
-    if rows_per_warp not in ROWS_PER_WARP:
-        raise ValueError(f"rows_per_warp {rows_per_warp!r}: the tensor-core batch matvec has "
-                         f"variants {ROWS_PER_WARP}")
+    are normed activations and attention outputs."""
     check_array("x", x, np.float32)
     check_array("y", y, np.float32)
     if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[0] != y.shape[0]:
@@ -176,31 +324,28 @@ def matvec_tc(w, ggml_type, x, y, *, stream=0,
                          f"1..{MAX_TOKENS}")
     if not tc_fits(ggml_type, n_cols):
         raise ValueError(f"{fmt.name} [{n_rows}, {n_cols}]: the tensor-core batch matvec takes "
-                         f"{', '.join(TC_FORMATS)} rows of a multiple of {SB_VALUES} values")
+                         f"{', '.join(SB_FUNCS)} rows of a multiple of {SB_VALUES} values")
+    sb_bytes = SB_FUNCS[fmt.name][1]
     n_sb = n_cols // SB_VALUES
-    row_bytes = n_sb * TC_FORMATS[fmt.name].sb_bytes
+    row_bytes = n_sb * sb_bytes
     check_array("w", w, np.uint8)
     if w.size < n_rows * row_bytes:
         raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
                          f"{n_rows * row_bytes}")
     if n_rows == 0:
         return
-    grid = -(-n_rows // (TILE_ROWS * rows_per_warp))
-    tc_kernel(fmt.name, rows_per_warp)[grid, 32 * block_warps(n_sb), stream](
+    grid = -(-n_rows // TILE_ROWS)
+    tc_kernel(fmt.name)[grid, 32 * block_warps(n_sb), stream](
         flat(w), row_bytes, n_sb, n_rows, n_tok, flat(x), flat(y))
 
 
-def register_tc(family: str, name: str, rows_per_warp: int = DEFAULT_ROWS_PER_WARP) -> None:
-    """Put a format's tensor-core batch kernel (one variant) in the compile registry."""
+def register_tc(family: str, name: str) -> None:
+    """Put a format's tensor-core batch kernel in the compile registry."""
     def build():
         i64, f32 = types.int64, types.float32[::1]
-        return (tc_kernel(name, rows_per_warp).py_func,
-                (types.uint8[::1], i64, i64, i64, i64, f32, f32))
-    suffix = "" if rows_per_warp == 1 else f"_r{rows_per_warp}"
-    register_ptx(family, f"matvec_tc_{name}{suffix}", build,
-                 options=jit_options(name, rows_per_warp))
+        return tc_kernel(name).py_func, (types.uint8[::1], i64, i64, i64, i64, f32, f32)
+    register_ptx(family, f"matvec_tc_{name}", build)
 
 
-for _name in TC_FORMATS:
-    for _r in ROWS_PER_WARP:
-        register_tc("batch", _name, _r)
+for _name in SB_FUNCS:
+    register_tc("batch", _name)

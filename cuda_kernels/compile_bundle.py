@@ -6,8 +6,7 @@ attention shape (`compile_prefill.register(full=True)`), and batched decode's
 
 The batch kernels are specialized by how many tokens share a block (1..8, set by the row width and
 the batch size), so the bundle carries every count for every format: dense matvec and the MoE's
-gate/up for each lane format, the tensor-core dense matvec (`batch_tc`, one and two row tiles a
-warp) and MoE (`batch_moe_tc`), the generic batched matvec for the formats without lanes (F32
+gate/up for each lane format, the tensor-core dense matvec and MoE (`batch_tc`, `batch_moe_tc`), the generic batched matvec for the formats without lanes (F32
 routers, legacy and IQ quants), the MoE's generic kernels for every format, and attention for
 head sizes 64/128 with 1..8 query heads per KV head. tests/unit/test_aot_coverage.py checks the
 engine's launches against the registry.
@@ -35,9 +34,8 @@ def register() -> None:
             lanes_batch.register_dense(FAMILY, lf, tg)
             batch_moe_lanes.register_gate_up(FAMILY, lf, tg)
         batch_moe_lanes.register_down(FAMILY, lf)
-    for name in batch_tc.TC_FORMATS:
-        for rows_per_warp in batch_tc.ROWS_PER_WARP:
-            batch_tc.register_tc(FAMILY, name, rows_per_warp)
+    for name in batch_tc.SB_FUNCS:
+        batch_tc.register_tc(FAMILY, name)
         batch_moe_tc.register_tc_moe(FAMILY, name)
     for f in FORMATS.values():
         for n_tok in range(2, lanes_batch.MAX_TOKENS + 1):

@@ -11,17 +11,11 @@ and the milliseconds of one step. Where a step's host time goes (`DecodeTimer`, 
 the stream's synchronize, and the worker's own time between decodes. Correctness: each client's
 greedy tokens in every batch against the same prompt decoded alone (how many match, the first
 divergence). One JSON object (date, commit, device, command) goes to --json.
-
-`--profile-rows` times the batched step by launcher; `--profile-variants` times it again with
-kernels the engine does not launch (bench only, `step_variant`): "moe_tc" (the MoE on the
-tensor-core kernels, `batch_moe_tc`), "tc_r2" (the dense tensor-core matvecs with two row tiles
-a warp), or both ("moe_tc+tc_r2").
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import threading
@@ -247,86 +241,29 @@ BATCH_LAUNCHERS = ("scatter_tokens", "embed", "rms_norm", "matvec", "matvec_batc
                    "advance_seq_len")
 
 
-# kernels the batched step can be profiled with that the engine does not launch (bench only):
-# each a launcher of `batch_step` wrapped with one keyword
-STEP_VARIANTS = {"moe_tc": ("batch_moe_decode", {"tensor_cores": True}),
-                 "tc_r2": ("matvec_tc", {"rows_per_warp": 2})}
-
-
-def parse_variants(text: str) -> list[tuple[str, ...]]:
-    """`--profile-variants`: comma-separated variants, each one or more `STEP_VARIANTS` names
-    joined by "+" (e.g. "moe_tc,tc_r2,moe_tc+tc_r2")."""
-    out = []
-    for item in (v.strip() for v in text.split(",")):
-        if not item:
-            continue
-        parts = tuple(sorted({p.strip() for p in item.split("+")}))
-        bad = [p for p in parts if p not in STEP_VARIANTS]
-        if bad:
-            raise ValueError(f"{item!r}: unknown variant {bad[0]!r}, expected "
-                             f"{', '.join(STEP_VARIANTS)} (joined by +)")
-        out.append(parts)
-    return out
-
-
-@contextmanager
-def step_variant(module: Any, names: tuple[str, ...]):
-    """Inside: the batched step module's launchers as the named `STEP_VARIANTS` (each wrapped to
-    pass its keyword), the real ones back after. A bench's own switch: the engine's launches
-    are `batch_step`'s as written."""
-    real = {}
-    try:
-        for name in names:
-            launcher, kwargs = STEP_VARIANTS[name]
-            real.setdefault(launcher, getattr(module, launcher))
-            setattr(module, launcher, functools.partial(getattr(module, launcher), **kwargs))
-        yield
-    finally:
-        for launcher, fn in real.items():
-            setattr(module, launcher, fn)
-
-
-def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int = 1,
-                 variant: tuple[str, ...] = ()) -> dict:
+def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int = 1) -> dict:
     """The batched step's time by launcher for each row count in `counts` (graphs replayed,
     `strata.engine.cuda.profile`): n sequences prefilled, each row's next input token in the
     step's token buffer (the step writes it at the row's position), then the step replayed with
     the positions held (advance_seq_len left out, so every replay writes and reads the same KV
-    rows). `variant`: `STEP_VARIANTS` names to profile the step with; its kernels run once
-    plainly first (compiled before any graph is captured)."""
+    rows)."""
     import strata.engine.cuda.batch_step as batch_step_mod
     from strata.engine.cuda.profile import profile_step
 
     rng = np.random.default_rng(seed)
     a, st, out = engine.m.acts, engine.m.stream, {}
-    with step_variant(batch_step_mod, variant):
-        for n in counts:
-            for slot in range(n):
-                engine.prefill(slot,
-                               rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist())
-            tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)  # [n] i32
-            a["step_tokens"][:n].copy_to_device(tok, stream=st)
-            if variant:
-                _warm_step(engine, batch_step_mod, n)
-            st.synchronize()
-            out[str(n)] = profile_step(engine.step, module=batch_step_mod,
-                                       launchers=BATCH_LAUNCHERS,
-                                       record=lambda s_, n=n: engine.step.record(s_, n),
-                                       frozen=("advance_seq_len",))
-            for slot in range(n):
-                engine.release(slot)
+    for n in counts:
+        for slot in range(n):
+            engine.prefill(slot, rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist())
+        tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)  # [n] i32
+        a["step_tokens"][:n].copy_to_device(tok, stream=st)
+        st.synchronize()
+        out[str(n)] = profile_step(engine.step, module=batch_step_mod, launchers=BATCH_LAUNCHERS,
+                                   record=lambda s_, n=n: engine.step.record(s_, n),
+                                   frozen=("advance_seq_len",))
+        for slot in range(n):
+            engine.release(slot)
     return out
-
-
-def _warm_step(engine: Any, module: Any, n: int) -> None:
-    """One plain step of n rows with the positions held (compiles the step's kernels)."""
-    advance = module.advance_seq_len
-    module.advance_seq_len = lambda *args, **kwargs: None
-    try:
-        engine.step.record(engine.m.stream, n)
-        engine.m.stream.synchronize()
-    finally:
-        module.advance_seq_len = advance
 
 
 def _device_name() -> str:
@@ -348,10 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-rows", default="", metavar="N,N",
                    help="after the rounds, the batched step's time by launcher at these row "
                         "counts (CUDA graphs; e.g. 1,8)")
-    p.add_argument("--profile-variants", default="", metavar="V,V",
-                   help="with --profile-rows, profile the step again with kernels the engine "
-                        f"does not launch: {', '.join(STEP_VARIANTS)}, or several joined by + "
-                        "(e.g. moe_tc,tc_r2,moe_tc+tc_r2)")
     args = p.parse_args(argv)
     clients = sorted({int(c) for c in args.clients.split(",")})
     if args.gen < 2 or args.prompt_tokens + args.gen > args.max_context:
@@ -363,12 +296,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 1 <= n <= max(clients) for n in prof_rows):
         p.error(f"--profile-rows {args.profile_rows}: each row count must be 1..{max(clients)} "
                 f"(the engine holds as many sequences as the most --clients)")
-    try:
-        variants = parse_variants(args.profile_variants)
-    except ValueError as e:
-        p.error(f"--profile-variants {e}")
-    if variants and not prof_rows:
-        p.error("--profile-variants needs --profile-rows")
 
     from strata.bench.engine_cuda import _commit
     from strata.engine.cuda.batch import batch_options, load_batch
@@ -387,8 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen)
     hits = engine.hit_counts().sum(axis=0)
     profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
-    variant_profiles = {"+".join(v): profile_rows(engine, prof_rows, args.prompt_tokens,
-                                                  variant=v) for v in variants}
     out = {
         "bench": "serve_batch", "model": args.model, "arch": mf.arch,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -400,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),
         "target": {"aggregate_speedup_at_8": TARGET_SPEEDUP_AT_8},
-        **result, "profile": profile, "profile_variants": variant_profiles,
+        **result, "profile": profile,
     }
     r8 = next((r for r in result["rounds"] if r["clients"] == 8), None)
     out["target_met"] = None if r8 is None else r8["speedup_vs_1"] >= TARGET_SPEEDUP_AT_8
@@ -413,10 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"greedy tokens equal to each prompt decoded alone: {result['all_equal']}")
     if profile:
         from strata.engine.cuda.profile import profile_table
-        for label, prof_set in [("", profile)] + [(f" ({v})", vp)
-                                                  for v, vp in variant_profiles.items()]:
-            for n, prof in prof_set.items():
-                print(f"rows {n}{label}:\n{profile_table(prof)}")
+        for n, prof in profile.items():
+            print(f"rows {n}:\n{profile_table(prof)}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

@@ -1,11 +1,10 @@
 """`python -m strata.bench.serve_matvec`: the small-batch matvecs on the shapes `strata serve
 --batch N` runs, for 1, 2, 4 and 8 tokens — the one-token lane kernel at 1, then the lane batch
-kernel (`lanes_batch`) and, where the format has one, the tensor-core kernel (`batch_tc`) with
-one 16-row tile a warp ("tc", what the batched step launches) and with two ("tc_r2"):
-microseconds per call (CUDA graph of 20 calls, after warm-up, random valid rows, weights rotated
-over enough copies that L2 does not serve them) and the weight bytes read per second against the
-HBM read ceiling. `--kernels` picks some of them. One JSON object (date, commit, device, command)
-goes to --json."""
+kernel (`lanes_batch`) and, where the format has one, the tensor-core kernel (`batch_tc`, what the
+batched step launches): microseconds per call (CUDA
+graph of 20 calls, after warm-up, random valid rows, weights rotated over enough copies that L2
+does not serve them) and the weight bytes read per second against the HBM read ceiling.
+One JSON object (date, commit, device, command) goes to --json."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ READ_CEILING_GBPS = 4542.0  # ld.global.nc.v4 over 4 GiB on the H200 (kernels be
 SHAPES = (("Q4_K", 2048, 4096), ("Q4_K", 4096, 2048), ("Q6_K", 2048, 512),
           ("Q6_K", 2048, 151936))
 CALLS = 20
-KERNELS = ("lane", "lane_batch", "tc", "tc_r2")
-TC_ROWS_PER_WARP = {"tc": 1, "tc_r2": 2}   # batch_tc's variants by kernel name
 
 
 def _time_us(fn, stream) -> float:
@@ -41,14 +38,7 @@ def _time_us(fn, stream) -> float:
     return 1e3 * cuda.event_elapsed_time(start, end) / (5 * CALLS)
 
 
-def kernels_for(n_tok: int, tc_ok: bool, wanted=KERNELS) -> list[str]:
-    """The kernels timed at n_tok tokens: the one-token lane kernel alone at 1; else the lane
-    batch kernel and, where the format has them, the tensor-core variants; those in `wanted`."""
-    names = ["lane"] if n_tok == 1 else ["lane_batch"] + (list(TC_ROWS_PER_WARP) if tc_ok else [])
-    return [k for k in names if k in wanted]
-
-
-def measure(tokens=(1, 2, 4, 8), kernels=KERNELS) -> list[dict]:
+def measure(tokens=(1, 2, 4, 8)) -> list[dict]:
     from numba import cuda
 
     from strata.cuda_kernels.batch_tc import matvec_tc, tc_fits
@@ -67,7 +57,9 @@ def measure(tokens=(1, 2, 4, 8), kernels=KERNELS) -> list[dict]:
         n_copy = max(2, -(-200_000_000 // blocks.size))  # > L2 (50 MB) between two reads
         ws = [cuda.to_device(blocks) for _ in range(min(n_copy, 12))]
         for n in tokens:
-            for kernel in kernels_for(n, tc_fits(t, n_cols), kernels):
+            kernels = ["lane"] if n == 1 else ["lane_batch"] + (["tc"] if tc_fits(t, n_cols)
+                                                                else [])
+            for kernel in kernels:
                 x = cuda.to_device(rng.standard_normal((n, n_cols)).astype(np.float32))
                 y = cuda.device_array((n, n_rows), np.float32)
                 i = [0]
@@ -77,9 +69,8 @@ def measure(tokens=(1, 2, 4, 8), kernels=KERNELS) -> list[dict]:
                     i[0] += 1
                     if kernel == "lane":
                         matvec(w, int(t), x[0], y[0], stream=st)
-                    elif kernel in TC_ROWS_PER_WARP:
-                        matvec_tc(w, int(t), x, y, stream=st,
-                                  rows_per_warp=TC_ROWS_PER_WARP[kernel])
+                    elif kernel == "tc":
+                        matvec_tc(w, int(t), x, y, stream=st)
                     else:
                         matvec_batch(w, int(t), x, y, stream=st)
                 us = _time_us(call, stream)
@@ -95,20 +86,14 @@ def measure(tokens=(1, 2, 4, 8), kernels=KERNELS) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m strata.bench.serve_matvec", description=__doc__)
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--kernels", default=",".join(KERNELS),
-                   help=f"comma-separated subset of {', '.join(KERNELS)} (default: all)")
     args = p.parse_args(argv)
-    kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
-    bad = sorted(set(kernels) - set(KERNELS))
-    if bad or not kernels:
-        p.error(f"--kernels {args.kernels!r}: expected names from {', '.join(KERNELS)}")
     from strata.bench.engine_cuda import _commit
     from strata.bench.serve_batch import _device_name
     out = {"bench": "serve_matvec", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": _commit(), "device": _device_name(),
            "command": " ".join(["python -m strata.bench.serve_matvec"]
                                + (argv if argv is not None else sys.argv[1:])),
-           "read_ceiling_gbps": READ_CEILING_GBPS, "results": measure(kernels=kernels)}
+           "read_ceiling_gbps": READ_CEILING_GBPS, "results": measure()}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(out, f, indent=1)

@@ -194,26 +194,14 @@ def test_gate_up_warps_take_several_rows_in_turn(monkeypatch):
                                        rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("gu,dn,n_embd,n_ff,gu_warps,dn_warps", [
-    ("Q4_K", "Q6_K", 512, 256, None, None),   # the launch's warps: a unit each
-    ("Q6_K", "Q4_K", 256, 512, None, None),
-    # fewer warps, several units each (the next unit's loads before this one's math): gate_up's
-    # 4 units over 3 warps (gate and up; gate only; up only), down's 5 experts x 3 super-blocks
-    # over 2 warps; Q6_K down rows of 630 bytes (every other row at a 2-byte offset)
-    ("Q4_K", "Q6_K", 512, 768, 3, 2),
-    ("Q6_K", "Q4_K", 256, 512, 1, 4),         # one gate_up warp: gate units, then up units
-])
-def test_tensor_core_batch_moe_against_float64(gu, dn, n_embd, n_ff, gu_warps, dn_warps,
-                                               monkeypatch):
+@pytest.mark.parametrize("gu,dn,n_embd,n_ff", [("Q4_K", "Q6_K", 512, 256),
+                                               ("Q6_K", "Q4_K", 256, 512)])
+def test_tensor_core_batch_moe_against_float64(gu, dn, n_embd, n_ff):
     """`tensor_cores=True` (`batch_moe_tc`): the first 16-row tile of h and of the output against
     float64 (hits and misses, experts repeated across tokens); the rest of h as pre-set, the
     rest of out untouched; hits and misses counted once per entry."""
-    import strata.cuda_kernels.batch_moe_tc as bmt
     from strata.cuda_kernels.batch_moe_tc import tc_moe_fits
 
-    if gu_warps is not None:
-        monkeypatch.setattr(bmt, "GATE_UP_WARPS", gu_warps)
-        monkeypatch.setattr(bmt, "DOWN_WARPS", dn_warps)
     rng = np.random.default_rng(n_embd + 3 * n_ff)
     layout = ExpertLayout(n_embd, n_ff, gu, dn)
     assert tc_moe_fits(layout)
@@ -230,24 +218,13 @@ def test_tensor_core_batch_moe_against_float64(gu, dn, n_embd, n_ff, gu_warps, d
     n = 16
     for t in range(3):
         want = out0[t, :n].astype(np.float64)
-        xt = x[t].astype(np.float64)
         for kk, (e, w) in enumerate(zip(ids[t], weights[t])):
             g, u, d = mats[LAYER * N_EXPERT + e]
-            gx, ux = g[:n] @ xt, u[:n] @ xt
+            gx, ux = g[:n] @ x[t].astype(np.float64), u[:n] @ x[t].astype(np.float64)
             hk = h0[t, kk].astype(np.float64)
-            hk[:n] = _silu(gx) * ux
-            np.testing.assert_array_equal(h[t, kk, n:], h0[t, kk, n:])
-            # float32 sums of the dot products: errors scale with sum |w_i x_i| (random rows
-            # cancel to h values far below their terms)
-            sig = 1 / (1 + np.exp(-gx))
-            cond = (np.abs(sig * (1 + gx * (1 - sig)) * ux) * (np.abs(g[:n]) @ np.abs(xt))
-                    + np.abs(_silu(gx)) * (np.abs(u[:n]) @ np.abs(xt)))
-            assert (np.abs(h[t, kk, :n] - hk[:n]) <= 1e-6 * cond).all(), (t, kk)
+            hk[:n] = gx / (1 + np.exp(-gx)) * ux
+            np.testing.assert_allclose(h[t, kk], hk, rtol=1e-5, atol=1e-5)
             want += w * (d[:n] @ hk)
         assert np.linalg.norm(out[t, :n] - want) / np.linalg.norm(want - out0[t, :n]) < 1e-5, t
         np.testing.assert_array_equal(out[t, n:], out0[t, n:])
     assert counters.tolist() == [[0, 0], [3, 3]]
-
-
-def _silu(v):
-    return v / (1 + np.exp(-v))

@@ -1,8 +1,7 @@
 """The tensor-core small-batch matvec (`batch_tc`) in the simulator: every token against gguf-py's
 dequantization in float64 (partial row tiles, several warps a row, Q6_K super-blocks at 2-byte
-offsets), both variants (one or two 16-row tiles a warp: the same bits), batch invariance (a
-token's row does not depend on the batch), x with a wide range (the hi/lo f16 split), and bad
-input."""
+offsets), batch invariance (a token's row does not depend on the batch), x with a wide range
+(the hi/lo f16 split), and bad input."""
 
 from __future__ import annotations
 
@@ -17,41 +16,22 @@ def _rel(got, want):
     return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
-# (format, n_rows, n_cols, n_tok, rows_per_warp): 19 rows = a full and a partial 16-row tile
-# (with two tiles a warp: one block whose second tile is partial), 35 = a full pair and a pair
-# of a partial tile and an empty one; 512 columns = 2 super-blocks (2 warps); Q6_K 210-byte
-# blocks put odd super-blocks at 2-byte offsets, and 768 columns (630-byte rows) every other row
-CASES = [("Q4_K", 19, 512, 3, 1), ("Q6_K", 19, 512, 2, 1), ("Q6_K", 5, 256, 8, 1),
-         ("Q4_K", 35, 512, 3, 2), ("Q6_K", 19, 768, 8, 2), ("Q6_K", 21, 768, 5, 1)]
+# (format, n_rows, n_cols, n_tok): 19 rows = a full and a partial 16-row tile; 512 columns =
+# 2 super-blocks (2 warps); Q6_K 210-byte blocks put odd super-blocks at 2-byte offsets
+CASES = [("Q4_K", 19, 512, 3), ("Q6_K", 19, 512, 2), ("Q6_K", 5, 256, 8)]
 
 
-@pytest.mark.parametrize("name,n_rows,n_cols,n_tok,rows_per_warp", CASES)
-def test_tc_matvec_against_float64(name, n_rows, n_cols, n_tok, rows_per_warp):
+@pytest.mark.parametrize("name,n_rows,n_cols,n_tok", CASES)
+def test_tc_matvec_against_float64(name, n_rows, n_cols, n_tok):
     rng = np.random.default_rng(n_rows * n_cols + n_tok)
     rows = own_random_rows(name, n_rows, n_cols, rng)
     x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
     y = np.full((n_tok, n_rows), np.nan, np.float32)
-    tc.matvec_tc(rows.reshape(-1), name, x, y, rows_per_warp=rows_per_warp)
+    tc.matvec_tc(rows.reshape(-1), name, x, y)
     want = x.astype(np.float64) @ reference(name, rows, n_cols).T
     assert np.isfinite(y).all()
     assert _rel(y, want) < 2e-6
     assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max()
-
-
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_two_tiles_a_warp_give_the_one_tile_bits(name):
-    """rows_per_warp=2 shares x, its split and (Q4_K) its sums between the tiles: each row's
-    arithmetic is the one-tile kernel's, in the same order. 40 rows: a full pair and a pair
-    with a partial second tile."""
-    rng = np.random.default_rng(9)
-    rows = random_rows(name, 40, 256, rng)
-    x = rng.standard_normal((4, 256)).astype(np.float32)
-    got = {}
-    for r in (1, 2):
-        got[r] = np.full((4, 40), np.nan, np.float32)
-        tc.matvec_tc(rows.reshape(-1), name, x, got[r], rows_per_warp=r)
-    assert np.isfinite(got[2]).all()
-    np.testing.assert_array_equal(got[2], got[1])
 
 
 def test_a_tokens_row_does_not_depend_on_the_batch():
@@ -95,9 +75,6 @@ def test_tc_fits_and_refusals():
         tc.matvec_tc(w, "Q4_K", z((2, 320), np.float32), z((2, 3), np.float32))
     with pytest.raises(ValueError, match="dtype"):
         tc.matvec_tc(w, "Q4_K", z((2, 256), np.float64), z((2, 3), np.float32))
-    with pytest.raises(ValueError, match="rows_per_warp 3"):
-        tc.matvec_tc(w, "Q4_K", z((2, 256), np.float32), z((2, 3), np.float32),
-                     rows_per_warp=3)
 
 
 def test_registered_for_the_compile_check_and_the_bundle():
@@ -107,11 +84,5 @@ def test_registered_for_the_compile_check_and_the_bundle():
 
     assert tc.__name__ in MODULES
     for family in ("batch", "bundle"):
-        checks = {c.name: c for c in PTX_CHECKS if c.family == family}
-        assert {"matvec_tc_Q4_K", "matvec_tc_Q6_K", "matvec_tc_Q4_K_r2",
-                "matvec_tc_Q6_K_r2"} <= set(checks), family
-        # Q6_K's two tiles a warp are compiled for two 256-thread blocks an SM (128 registers)
-        assert checks["matvec_tc_Q6_K_r2"].options == {"launch_bounds": (256, 2)}
-        assert checks["matvec_tc_Q6_K"].options == checks["matvec_tc_Q4_K_r2"].options == {}
-        fn, sig = checks["matvec_tc_Q4_K_r2"].build()
-        assert fn is tc.tc_kernel("Q4_K", 2).py_func and len(sig) == 7
+        names = {c.name for c in PTX_CHECKS if c.family == family}
+        assert {"matvec_tc_Q4_K", "matvec_tc_Q6_K"} <= names, family
