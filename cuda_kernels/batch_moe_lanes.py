@@ -57,6 +57,38 @@ def _where(slot_table, layer, e, slot_off, host_off):
     return 1, host_off[layer, e]
 
 
+@cuda.jit(device=True, inline="always")
+def claim_expert(ids, n_ent, slot_table, layer, slot_off, host_off, counters, s_ids, s_ent, s_n):
+    """The grouped gate/up's block-wide start (every thread calls it): the block's entry
+    (blockIdx.y) names expert e; the first entry naming e owns it. Returns (n_e, where, base):
+    n_e the entries naming e, listed in s_ent (the owner's block; 0 elsewhere), and where e's
+    blob is (`_where`). Each entry's hit or miss is counted once (row block 0). The step's ids
+    are scanned from shared memory (s_ids [n_ent] i32), not L2."""
+    entry = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    if tid < n_ent:
+        s_ids[tid] = ids[tid]
+    e = ids[entry]
+    where, base = _where(slot_table, layer, e, slot_off, host_off)
+    cuda.syncthreads()
+    if tid == 0:
+        if cuda.blockIdx.x == 0:
+            cuda.atomic.add(counters, (layer, where), 1)
+        owner = True
+        for i in range(entry):
+            if s_ids[i] == e:
+                owner = False
+        n = 0
+        if owner:  # a token's top-k are distinct: at most one entry per token
+            for i in range(entry, n_ent):
+                if s_ids[i] == e and n < MAX_TOKENS:
+                    s_ent[n] = i
+                    n += 1
+        s_n[0] = n
+    cuda.syncthreads()
+    return s_n[0], where, base
+
+
 def _grouped_gate_up(lf: LaneFormat, tg: int):
     run = token_steps(lf, tg)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
@@ -77,30 +109,9 @@ def _grouped_gate_up(lf: LaneFormat, tg: int):
         s_n = cuda.shared.array(1, types.int32)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
-        entry = cuda.blockIdx.y
-        n_ent = n_tok * k
         tid = cuda.threadIdx.x
-        if tid < n_ent:  # every block scans the step's ids: from shared memory, not L2
-            s_ids[tid] = ids[tid]
-        e = ids[entry]
-        where, base = _where(slot_table, layer, e, slot_off, host_off)
-        cuda.syncthreads()
-        if tid == 0:
-            if cuda.blockIdx.x == 0:
-                cuda.atomic.add(counters, (layer, where), 1)
-            owner = True
-            for i in range(entry):
-                if s_ids[i] == e:
-                    owner = False
-            n = 0
-            if owner:  # a token's top-k are distinct: at most one entry per token
-                for i in range(entry, n_ent):
-                    if s_ids[i] == e and n < MAX_TOKENS:
-                        s_ent[n] = i
-                        n += 1
-            s_n[0] = n
-        cuda.syncthreads()
-        n_e = s_n[0]
+        n_e, where, base = claim_expert(ids, n_tok * k, slot_table, layer, slot_off, host_off,
+                                        counters, s_ids, s_ent, s_n)
         if n_e == 0:  # the same in the whole block
             return
         src = cache if where == 0 else host

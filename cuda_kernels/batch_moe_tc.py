@@ -6,8 +6,8 @@ however many tokens chose it.
 * gate_up: grid (16-row tile of h, entry), entry = (token, top-k position). The first entry that
   names an expert owns it (as in `batch_moe_lanes`); its block multiplies the expert's gate and up
   tiles by the x of every token that chose it (MMA columns: those tokens), its warps taking the
-  (gate or up, super-block) units in turn, and writes h[entry] = silu(gate x) * (up x) for each. The other entries'
-  blocks only count their hit or miss.
+  (gate or up, super-block) units in turn, and writes h[entry] = silu(gate x) * (up x) for each.
+  The other entries' blocks only count their hit or miss.
 * down: grid (16-row tile of the output); the block lists the step's distinct experts (first
   appearance in ids), and for each, the MMA columns are the tokens (column j = token j), B the
   h of (token, that expert) where the token chose it, each column scaled by the token's router
@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from .batch_moe_lanes import _where
-from .batch_tc import SB_FUNCS, SB_VALUES, TILE_ROWS
+from .batch_moe_lanes import _where, claim_expert
+from .batch_tc import SB_FUNCS, SB_VALUES, TILE_ROWS, store_partials, warp_order_sum
 from .elementwise import silu
 from .launch import n_blocks, register_ptx
 from .moe import MAX_K, ExpertLayout
@@ -73,30 +73,9 @@ def _gate_up(name: str):
         s_n = cuda.shared.array(1, types.int32)
         red_g = cuda.shared.array(GATE_UP_RED, types.float32)  # [warp, lane, 4] partial sums
         red_u = cuda.shared.array(GATE_UP_RED, types.float32)
-        entry = cuda.blockIdx.y
-        n_ent = n_tok * k
         tid = cuda.threadIdx.x
-        if tid < n_ent:
-            s_ids[tid] = ids[tid]
-        e = ids[entry]
-        where, base = _where(slot_table, layer, e, slot_off, host_off)
-        cuda.syncthreads()
-        if tid == 0:
-            if cuda.blockIdx.x == 0:
-                cuda.atomic.add(counters, (layer, where), 1)
-            owner = True
-            for i in range(entry):
-                if s_ids[i] == e:
-                    owner = False
-            n = 0
-            if owner:  # a token's top-k are distinct: at most one entry per token
-                for i in range(entry, n_ent):
-                    if s_ids[i] == e and n < MAX_TOKENS:
-                        s_ent[n] = i
-                        n += 1
-            s_n[0] = n
-        cuda.syncthreads()
-        n_e = s_n[0]
+        n_e, where, base = claim_expert(ids, n_tok * k, slot_table, layer, slot_off, host_off,
+                                        counters, s_ids, s_ent, s_n)
         if n_e == 0:  # the same in the whole block
             return
         src = cache if where == 0 else host
@@ -135,23 +114,13 @@ def _gate_up(name: str):
                 g1 += c1
                 g2 += c2
                 g3 += c3
-        i = warp * 128 + lane * 4
-        red_g[i] = g0
-        red_g[i + 1] = g1
-        red_g[i + 2] = g2
-        red_g[i + 3] = g3
-        red_u[i] = u0
-        red_u[i + 1] = u1
-        red_u[i + 2] = u2
-        red_u[i + 3] = u3
+        store_partials(red_g, warp, lane, g0, g1, g2, g3)
+        store_partials(red_u, warp, lane, u0, u1, u2, u3)
         cuda.syncthreads()
         if warp == 0:
             for c in range(4):
-                sg = red_g[lane * 4 + c]
-                su = red_u[lane * 4 + c]
-                for kw in range(1, n_warps):
-                    sg += red_g[kw * 128 + lane * 4 + c]
-                    su += red_u[kw * 128 + lane * 4 + c]
+                sg = warp_order_sum(red_g, lane, c, n_warps)
+                su = warp_order_sum(red_u, lane, c, n_warps)
                 col = 2 * t + (c & 1)    # accumulators: (row a, 2t), (a, 2t+1), (b, 2t), (b, 2t+1)
                 row = row_a if c < 2 else row_b
                 if col < n_e and row < n_ff:
@@ -232,17 +201,11 @@ def _down(name: str):
             acc1 += w1 * c1
             acc2 += w0 * c2
             acc3 += w1 * c3
-        i = warp * 128 + lane * 4
-        red[i] = acc0
-        red[i + 1] = acc1
-        red[i + 2] = acc2
-        red[i + 3] = acc3
+        store_partials(red, warp, lane, acc0, acc1, acc2, acc3)
         cuda.syncthreads()
         if warp == 0:
             for c in range(4):
-                s = red[lane * 4 + c]
-                for kw in range(1, n_warps):
-                    s += red[kw * 128 + lane * 4 + c]
+                s = warp_order_sum(red, lane, c, n_warps)
                 tok = 2 * t + (c & 1)
                 row = row_a if c < 2 else row_b
                 if tok < n_tok and row < n_embd:

@@ -38,7 +38,7 @@ from numba import cuda, types
 
 from .intrinsics import SIMULATED, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_any, ld_x4
 from .lanes_k import _k4_scales, i8_f32, small_f32
-from .launch import check_array, flat, register_ptx
+from .launch import check_rows, check_token_batch, flat, register_ptx
 from .mma import h2_sub, half2_hi, half2_lo, mma_16816, pack_half2, shfl_idx, shfl_xor
 from .qformats import get_format
 
@@ -226,6 +226,28 @@ def sb_q6_k(w, off_a, off_b, x, xb, t, acc0, acc1, acc2, acc3):
     return _q6_ns(1, 1, ra, rb, x, xi + 144, acc0, acc1, acc2, acc3)
 
 
+# ---- the kernels' ends: each warp's accumulators meet in shared memory, summed in warp order ----
+
+@cuda.jit(device=True, inline="always")
+def store_partials(red, warp, lane, a0, a1, a2, a3):
+    """This lane's 4 accumulators into red[warp, lane, 0..3] (f32 [n_warps * 128])."""
+    i = warp * 128 + lane * 4
+    red[i] = a0
+    red[i + 1] = a1
+    red[i + 2] = a2
+    red[i + 3] = a3
+
+
+@cuda.jit(device=True, inline="always")
+def warp_order_sum(red, lane, c, n_warps):
+    """Accumulator c (0..3: (row a, token 2t), (a, 2t + 1), (b, 2t), (b, 2t + 1)) of this lane,
+    summed over the warps in warp order (deterministic). After a block barrier."""
+    s = red[lane * 4 + c]
+    for k in range(1, n_warps):
+        s += red[k * 128 + lane * 4 + c]
+    return s
+
+
 # ---- the kernel ----
 
 SB_FUNCS = {"Q4_K": (sb_q4_k, 144), "Q6_K": (sb_q6_k, 210)}
@@ -258,34 +280,15 @@ def _kernel(name: str):
         for sb in range(warp, n_sb, n_warps):
             acc0, acc1, acc2, acc3 = sb_fn(w, off_a + sb * sb_bytes, off_b + sb * sb_bytes, x,
                                            xb + sb * SB_VALUES, t, acc0, acc1, acc2, acc3)
-        i = warp * 128 + lane * 4
-        red[i] = acc0
-        red[i + 1] = acc1
-        red[i + 2] = acc2
-        red[i + 3] = acc3
+        store_partials(red, warp, lane, acc0, acc1, acc2, acc3)
         cuda.syncthreads()
         if warp == 0:
-            s0 = red[lane * 4]
-            s1 = red[lane * 4 + 1]
-            s2 = red[lane * 4 + 2]
-            s3 = red[lane * 4 + 3]
-            for k in range(1, n_warps):
-                j = k * 128 + lane * 4
-                s0 += red[j]
-                s1 += red[j + 1]
-                s2 += red[j + 2]
-                s3 += red[j + 3]
-            t0 = 2 * t
-            if t0 < n_tok:
-                if row_a < n_rows:
-                    y[t0 * n_rows + row_a] = s0
-                if row_b < n_rows:
-                    y[t0 * n_rows + row_b] = s2
-            if t0 + 1 < n_tok:
-                if row_a < n_rows:
-                    y[(t0 + 1) * n_rows + row_a] = s1
-                if row_b < n_rows:
-                    y[(t0 + 1) * n_rows + row_b] = s3
+            for c in range(4):
+                s = warp_order_sum(red, lane, c, n_warps)
+                tok = 2 * t + (c & 1)
+                row = row_a if c < 2 else row_b
+                if tok < n_tok and row < n_rows:
+                    y[tok * n_rows + row] = s
     return matvec_tc
 
 
@@ -311,27 +314,15 @@ def matvec_tc(w, ggml_type, x, y, *, stream=0) -> None:
     [n_rows, row_bytes], 16-byte aligned); x: float32 [n_tok, n_cols]; y: float32
     [n_tok, n_rows]. x must be finite and within f16 range (|x| < 65504): the kernels' inputs
     are normed activations and attention outputs."""
-    check_array("x", x, np.float32)
-    check_array("y", y, np.float32)
-    if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [n_tok, n_cols] "
-                         f"and [n_tok, n_rows]")
-    n_tok, n_cols = x.shape
-    n_rows = y.shape[1]
+    n_tok, n_cols, n_rows = check_token_batch(x, y, MAX_TOKENS, "the tensor-core batch matvec")
     fmt = get_format(ggml_type)
-    if not 1 <= n_tok <= MAX_TOKENS:
-        raise ValueError(f"x: {n_tok} tokens, the tensor-core batch matvec takes "
-                         f"1..{MAX_TOKENS}")
     if not tc_fits(ggml_type, n_cols):
         raise ValueError(f"{fmt.name} [{n_rows}, {n_cols}]: the tensor-core batch matvec takes "
                          f"{', '.join(SB_FUNCS)} rows of a multiple of {SB_VALUES} values")
     sb_bytes = SB_FUNCS[fmt.name][1]
     n_sb = n_cols // SB_VALUES
     row_bytes = n_sb * sb_bytes
-    check_array("w", w, np.uint8)
-    if w.size < n_rows * row_bytes:
-        raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
-                         f"{n_rows * row_bytes}")
+    check_rows(w, fmt.name, n_rows, n_cols, row_bytes)
     if n_rows == 0:
         return
     grid = -(-n_rows // TILE_ROWS)

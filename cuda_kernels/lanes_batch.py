@@ -24,7 +24,7 @@ from numba import cuda, from_dtype, types
 
 from .intrinsics import SIMULATED, ld_x4, quad_sum, st_x4, warp_sum
 from .lanes import LaneFormat, combine_split, lane_format
-from .launch import check_array, device_table, flat, n_blocks, register_ptx
+from .launch import check_rows, check_token_batch, device_table, flat, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MAX_SHARED_BYTES, PART_SLOTS, lane_split,
                      matvec, stage_table)
 from .qformats import BY_NAME, get_format
@@ -203,24 +203,13 @@ def matvec_batch(w, ggml_type, x, y, *, stream=0) -> None:
     [n_rows, row_bytes], 16-byte aligned); x: float32 [n_tok, n_cols]; y: float32
     [n_tok, n_rows]. Formats without a lane decoding, or rows too wide for one token's staged
     x, go to `matvec`'s generic batch kernel."""
-    check_array("x", x, np.float32)
-    check_array("y", y, np.float32)
-    if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [n_tok, n_cols] "
-                         f"and [n_tok, n_rows]")
-    n_tok, n_cols = x.shape
-    n_rows = y.shape[1]
-    if not 1 <= n_tok <= MAX_TOKENS:
-        raise ValueError(f"x: {n_tok} tokens, the batch matvec takes 1..{MAX_TOKENS}")
+    n_tok, n_cols, n_rows = check_token_batch(x, y, MAX_TOKENS, "the batch matvec")
     if not lanes_batch_fits(ggml_type, n_cols):
         matvec(w, ggml_type, x, y, stream=stream)
         return
     lf = lane_format(get_format(ggml_type).ggml_type)
     row_bytes = n_cols // lf.sb_values * lf.sb_bytes
-    check_array("w", w, np.uint8)
-    if w.size < n_rows * row_bytes:
-        raise ValueError(f"w: {w.size} bytes, {lf.name} [{n_rows}, {n_cols}] needs "
-                         f"{n_rows * row_bytes}")
+    check_rows(w, lf.name, n_rows, n_cols, row_bytes)
     if n_rows == 0:
         return
     n_sb = n_cols // lf.sb_values

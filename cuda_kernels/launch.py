@@ -44,6 +44,28 @@ def check_array(name: str, a: Any, dtype, shape: tuple[int | None, ...] | None =
         raise ValueError(f"{name}: must be C-contiguous")
 
 
+def check_token_batch(x: Any, y: Any, max_tokens: int, what: str) -> tuple[int, int, int]:
+    """(n_tok, n_cols, n_rows) of a small-batch matvec's float32 x [n_tok, n_cols] and
+    y [n_tok, n_rows], refused unless both are 2-D with the same 1..max_tokens tokens."""
+    check_array("x", x, np.float32)
+    check_array("y", y, np.float32)
+    if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be [n_tok, n_cols] "
+                         f"and [n_tok, n_rows]")
+    n_tok, n_cols = x.shape
+    if not 1 <= n_tok <= max_tokens:
+        raise ValueError(f"x: {n_tok} tokens, {what} takes 1..{max_tokens}")
+    return n_tok, n_cols, y.shape[1]
+
+
+def check_rows(w: Any, fmt_name: str, n_rows: int, n_cols: int, row_bytes: int) -> None:
+    """Refuse `w` unless it is a uint8 device array holding n_rows rows of row_bytes."""
+    check_array("w", w, np.uint8)
+    if w.size < n_rows * row_bytes:
+        raise ValueError(f"w: {w.size} bytes, {fmt_name} [{n_rows}, {n_cols}] needs "
+                         f"{n_rows * row_bytes}")
+
+
 def _c_contiguous(a: Any) -> bool:
     flags = getattr(a, "flags", None)
     if flags is not None:
