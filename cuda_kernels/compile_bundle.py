@@ -6,9 +6,10 @@ attention shape (`compile_prefill.register(full=True)`), and batched decode's
 
 The batch kernels are specialized by how many tokens share a block (1..8, set by the row width and
 the batch size), so the bundle carries every count for every format: dense matvec and the MoE's
-gate/up for each lane format, the tensor-core dense matvec and MoE (`batch_tc`, `batch_moe_tc`), the generic batched matvec for the formats without lanes (F32
-routers, legacy and IQ quants), the MoE's generic kernels for every format, and attention for
-head sizes 64/128 with 1..8 query heads per KV head. tests/unit/test_aot_coverage.py checks the
+gate/up for each lane format, the tensor-core dense matvec and MoE (`batch_tc`, `batch_moe_tc`),
+the generic batched matvec for the quantized formats without lanes (legacy and IQ quants; F32/F16
+routers run `matvec_f32`, registered by that module for every token count), the MoE's generic
+kernels for every format, and attention for head sizes 64/128 with 1..8 query heads per KV head. tests/unit/test_aot_coverage.py checks the
 engine's launches against the registry.
 """
 
@@ -22,6 +23,7 @@ from . import (batch_attention, batch_moe, batch_moe_lanes, batch_moe_tc, batch_
                lanes_batch, matvec)
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
+from .matvec_f32 import float_format
 from .qformats import FORMATS
 
 FAMILY = "bundle"
@@ -38,7 +40,8 @@ def register() -> None:
         batch_tc.register_tc(FAMILY, name)
         batch_moe_tc.register_tc_moe(FAMILY, name)
     for f in FORMATS.values():
-        for n_tok in range(2, lanes_batch.MAX_TOKENS + 1):
+        # F32/F16 rows with float32 x run `matvec_f32` (registered by its module), never these
+        for n_tok in range(2, lanes_batch.MAX_TOKENS + 1) if not float_format(f.ggml_type) else ():
             register_ptx(FAMILY, f"matvec{n_tok}_{f.name}_f32",
                          matvec._ptx(f, n_tok, types.float32))
         tab = batch_moe._tab_type(f)

@@ -106,6 +106,7 @@ def test_session_layout_scales_with_batch_and_context():
     assert one.region("attn_part_ml").shape == (1, 128, 32, 2)
     assert session_layout(S30, batch=1, max_context=32769).region("attn_part_o").shape[1] == 129
     assert one.region("history").shape == (1, 32768)
+    assert four.region("step_tokens").shape == (4,) and four.region("step_tokens").dtype == "int32"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
     assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
     assert one.region("hit_counts").dtype == "int64"
