@@ -1,12 +1,15 @@
 """Decode attention over the KV cache, split along the keys (flash-decoding).
 
 One query token, `n_head` query heads sharing `n_kv_head` KV heads (GQA group G = n_head /
-n_kv_head). Pass 1 (`decode_attention`): a block per (kv head, split of `split_len` keys) scores
-its keys for the G query heads, takes the split's softmax statistics (max m, sum l of exp(s - m))
-and the unnormalised sum of exp(s - m) * v; pass 2 (`combine_splits`) merges the splits. The
-sequence length is read from device memory (seq_len[0] + n_new keys are valid), so a CUDA graph
-captured once (grid sized for the cache's capacity; splits past the length exit at once) replays
-at every position.
+n_kv_head). Pass 1 (`decode_attention`): a block per (kv head, split) scores its keys for the G
+query heads, takes the split's softmax statistics (max m, sum l of exp(s - m)) and the
+unnormalised sum of exp(s - m) * v; pass 2 (`_combine`) merges the splits. The sequence
+length L is read from device memory (seq_len[0] + n_new keys are valid) and so is the split
+length: both passes derive it from L by `strata.plan.attn_split.split_len` (about
+SPLIT_K_BLOCKS blocks at any length, splits of at most `max_split` keys). A CUDA graph captured
+once (grid sized for the most splits any length up to the cache's capacity can use; splits past
+the length exit at once) replays at every position, with as many live blocks as the length
+calls for.
 
 Work inside a block: a warp owns one key at a time; lane l holds dims l*D..l*D+D-1 (D =
 head_dim/32) of the key and of all G query vectors (in registers). The G partial dot products
@@ -21,7 +24,9 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int32
+
+from strata.plan import attn_split
 
 from . import attention_wide
 from .kvcache import KvSide, make_reader
@@ -30,8 +35,9 @@ from .mma import shfl_xor
 WARPS = 4
 THREADS = 32 * WARPS
 UNROLL = 4
-SPLIT_LEN = 256
+SPLIT_LEN = attn_split.SPLIT_K_TOKENS  # the longest split (the shared score buffer's length)
 NEG_INF = float32(-np.inf)
+_split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -39,14 +45,15 @@ def _pow2_at_least(n: int) -> int:
 
 
 @functools.cache
-def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
+def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
     D = head_dim // 32
     GP = _pow2_at_least(group)  # padded group: the butterfly halves the value count
     STEPS_SCATTER = GP.bit_length() - 1  # butterfly steps that halve the values per lane
     REPL = 32 // GP  # lanes that end holding the same head's sum
     read_k = make_reader(k_fmt, D, _row_bytes(k_fmt, head_dim))
     read_v = make_reader(v_fmt, D, _row_bytes(v_fmt, head_dim))
-    N_SCORES, N_RED = group * split_len, group * head_dim
+    CAP = max_split  # scores per head in shared memory: the longest split
+    N_SCORES, N_RED = group * CAP, group * head_dim
     N_Q, N_KV, N_ACC = GP * D, UNROLL * D, group * D
     STEP = WARPS * UNROLL  # keys per round of the block
 
@@ -63,17 +70,18 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
             read_v(vd, vs, key * n_kv + hk, lane * D, dst, u * D)
 
     @cuda.jit
-    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, qk_scale, part_o, part_ml):
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         n_kv = q.shape[0] // group
         length = min(seq_len[0] + n_new, n_ctx)
-        k0 = split * split_len
-        n_keys = min(split_len, length - k0)
+        split_len = _split_len(length, n_target, CAP)  # <= CAP
+        k0 = int32(split * split_len)  # positions fit 32 bits (seq_len is int32): fewer registers
+        n_keys = int32(min(split_len, length - k0))
         if n_keys <= 0:
             return
-        s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, split]
+        s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, CAP]
         s_red = cuda.shared.array(N_RED, float32)   # [G, head_dim] cross-warp sum of P V
         qreg = cuda.local.array(N_Q, float32)
         kv = cuda.local.array(N_KV, float32)
@@ -114,20 +122,20 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
                     mask //= 2
                 head = lane // REPL  # the head index bits are the lane's top bits
                 if lane % REPL == 0 and head < group and base + u < n_keys:
-                    s_p[head * split_len + base + u] = s
+                    s_p[head * CAP + base + u] = s
         load_v(vd, vs, k0, warp * UNROLL, n_keys, n_kv, hk, lane, kv_next)  # lands during pass B
         cuda.syncthreads()
         # pass B: softmax statistics per head
         for g in range(warp, group, WARPS):
             m = NEG_INF
             for k in range(lane, n_keys, 32):
-                m = max(m, s_p[g * split_len + k])
+                m = max(m, s_p[g * CAP + k])
             for sh in (16, 8, 4, 2, 1):
                 m = max(m, shfl_xor(m, sh))
             total = float32(0.0)
             for k in range(lane, n_keys, 32):
-                p = math.exp(s_p[g * split_len + k] - m)
-                s_p[g * split_len + k] = p
+                p = math.exp(s_p[g * CAP + k] - m)
+                s_p[g * CAP + k] = p
                 total += p
             for sh in (16, 8, 4, 2, 1):
                 total += shfl_xor(total, sh)
@@ -146,7 +154,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
             for u in range(UNROLL):
                 if base + u < n_keys:
                     for g in range(group):
-                        p = s_p[g * split_len + base + u]
+                        p = s_p[g * CAP + base + u]
                         for i in range(D):
                             acc[g * D + i] += p * kv[u * D + i]
         for w in range(WARPS):  # fixed order: the sum does not depend on scheduling
@@ -162,18 +170,20 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, split_len):
     return kernel
 
 
-def decode_kernel(k_fmt, v_fmt, head_dim, group, split_len, *, wide=None):
+def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None):
     """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_wide`) where it
-    applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel."""
-    ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, split_len)
+    applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
+    max_split: the longest split (the shared score buffer's length)."""
+    ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
                          f"{attention_wide.HEAD_DIMS}, a GQA group of at most {attention_wide.MAX_GROUP} "
-                         f"and a split_len multiple of {attention_wide.TILE}; got {k_fmt}/{v_fmt}, "
-                         f"head_dim {head_dim}, group {group}, split_len {split_len}")
+                         f"and a longest split multiple of {attention_wide.TILE}; got "
+                         f"{k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest split "
+                         f"{max_split}")
     if ok and wide is not False:
-        return attention_wide.wide_kernel(head_dim, group, split_len)
-    return _split_kernel(k_fmt, v_fmt, head_dim, group, split_len)
+        return attention_wide.wide_kernel(head_dim, group, max_split)
+    return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split)
 
 
 COMBINE_WARPS = 8
@@ -198,15 +208,17 @@ def _block_reduce(v, is_max, s_red, warp, lane):
 
 
 @cuda.jit
-def _combine(part_o, part_ml, seq_len, n_new, n_ctx, split_len, out):
-    """Block (head, 32-dim slice): merge the used splits; every loop runs across the splits in
-    parallel (a serial walk over hundreds of splits was the slowest part of decode)."""
+def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, out):
+    """Block (head, 32-dim slice): merge the used splits (their count derived from the length
+    as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
+    hundreds of splits was the slowest part of decode)."""
     h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
     s_w = cuda.shared.array(MAX_SPLITS, float32)
     s_red = cuda.shared.array(COMBINE_THREADS, float32)
     length = min(seq_len[0] + n_new, n_ctx)
+    split_len = _split_len(length, n_target, max_split)
     n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
     m = NEG_INF
     for s in range(tid, n_used, COMBINE_THREADS):
@@ -239,25 +251,34 @@ def _row_bytes(fmt, head_dim):
     return {"f16": 2 * head_dim, "int8": head_dim, "q4_0": head_dim // 32 * 18}[fmt]
 
 
-def n_splits(n_ctx: int, split_len: int = SPLIT_LEN) -> int:
-    """Splits covering a cache of `n_ctx` positions (the grid a captured graph is built for)."""
-    return -(-n_ctx // split_len)
+def n_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_LEN) -> int:
+    """The pass-1 grid's splits for a cache of `n_ctx` positions: the most any length uses (the
+    grid a captured graph is built for; `strata.plan.attn_split.max_splits`)."""
+    return attn_split.max_splits(n_ctx, n_target, max_split)
 
 
-def allocate_partials(n_head: int, head_dim: int, n_ctx: int, split_len: int = SPLIT_LEN):
-    """(part_o [n_split, n_head, head_dim] f32, part_ml [n_split, n_head, 2] f32) scratch."""
-    s = n_splits(n_ctx, split_len)
+def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
+                      max_split: int = SPLIT_LEN, n_target: int | None = None):
+    """(part_o [n_split, n_head, head_dim] f32, part_ml [n_split, n_head, 2] f32) scratch for a
+    cache of n_ctx positions (n_target: splits aimed at, default by `attn_split.split_target`)."""
+    t = attn_split.split_target(n_kv_head) if n_target is None else n_target
+    s = n_splits(n_ctx, t, max_split)
     return (cuda.device_array((s, n_head, head_dim), np.float32),
             cuda.device_array((s, n_head, 2), np.float32))
 
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
-                     split_len: int = SPLIT_LEN, stream=0, wide: bool | None = None):
+                     max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
+                     wide: bool | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
     cache sides (the new tokens already written); L = seq_len[0] + n_new read on the device;
-    out: [n_head, head_dim] f32; partials: from `allocate_partials` (same split_len).
+    out: [n_head, head_dim] f32; partials: (part_o [n, n_head, head_dim] f32, part_ml
+    [n, n_head, 2] f32) with n at least `n_splits(n_ctx, n_target, max_split)` (e.g. from
+    `allocate_partials`). The split length follows L on the device (`attn_split.split_len`):
+    n_target splits aimed at (default: `attn_split.split_target(n_kv_head)`), each of at most
+    max_split keys (a multiple of 16).
     wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
     kernel; True requires the f16 kernel (ValueError where it does not apply).
     """
@@ -272,19 +293,31 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
         raise ValueError(f"GQA group of {group} query heads per KV head exceeds 32")
     if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
-    part_o, part_ml = partials
-    n_split = n_splits(lay.n_ctx, split_len)
+    n_target = attn_split.split_target(lay.n_kv_head) if n_target is None else n_target
+    n_split = n_splits(lay.n_ctx, n_target, max_split)
     if n_split > MAX_SPLITS:
-        raise ValueError(f"{lay.n_ctx} positions make {n_split} splits of {split_len}; at most "
-                         f"{MAX_SPLITS}: use a longer split_len")
-    if tuple(part_o.shape) != (n_split, n_head, hd) or tuple(part_ml.shape) != (n_split, n_head, 2):
-        raise ValueError(f"partials must be [{n_split}, {n_head}, {hd}] and [{n_split}, "
-                         f"{n_head}, 2] for split_len {split_len}")
+        raise ValueError(f"{lay.n_ctx} positions make up to {n_split} splits of at most "
+                         f"{max_split} keys; at most {MAX_SPLITS}: use a longer max_split")
+    _check_partials(partials, n_split, n_head, hd)
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
-    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, split_len, wide=wide)
+    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
     scale = np.float32(1.0 / math.sqrt(hd))
+    part_o, part_ml = partials
     kernel[(lay.n_kv_head, n_split), THREADS, stream](
-        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, scale, part_o, part_ml)
-    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](part_o, part_ml, seq_len, n_new,
-                                                             lay.n_ctx, split_len, out)
+        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
+        part_o, part_ml)
+    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
+        part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, out)
+
+
+def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:
+    part_o, part_ml = partials
+    ok = (part_o.dtype == np.float32 and part_ml.dtype == np.float32 and part_o.ndim == 3
+          and part_ml.ndim == 3 and part_o.shape[0] >= n_split
+          and tuple(part_o.shape[1:]) == (n_head, hd)
+          and tuple(part_ml.shape) == (part_o.shape[0], n_head, 2))
+    if not ok:
+        raise ValueError(f"partials must be float32 [n, {n_head}, {hd}] and [n, {n_head}, 2] "
+                         f"with n >= {n_split} splits, got {tuple(part_o.shape)} and "
+                         f"{tuple(part_ml.shape)}")

@@ -1,8 +1,10 @@
 """Decode attention for an f16 KV cache on tensor cores ("wide" split kernel).
 
 Same contract, arguments and partial outputs as `attention._split_kernel` (pass 1 of
-flash-decoding; `attention._combine` merges the splits), specialised for f16 K and V, head_dim
-64 or 128 and a GQA group of at most 8 query heads (one mma n-tile).
+flash-decoding; `attention._combine` merges the splits; the split length follows the live
+length on the device, `strata.plan.attn_split.split_len`, up to the `max_split` keys the shared
+score buffer holds), specialised for f16 K and V, head_dim 64 or 128 and a GQA group of at most
+8 query heads (one mma n-tile).
 
 Why: the generic kernel gives each lane head_dim / 32 values of one key (8 bytes at head_dim 128),
 so a warp has 1 KB of loads in flight, and it spends ~75 instructions per key on FMAs and the
@@ -31,7 +33,9 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
+
+from strata.plan import attn_split
 
 from .intrinsics import SIMULATED, ld_nc_u32x4, prmt
 from .mma import half2_hi, half2_lo, mma_16816, pack_half2, shfl_xor
@@ -44,12 +48,14 @@ MAX_GROUP = 8             # query heads per KV head: one mma n-tile
 MIN_BLOCKS = 4            # resident blocks per SM asked of ptxas (launch bounds; 0: none)
 NEG_INF = float32(-np.inf)
 LO_PAIR, HI_PAIR = 0x5410, 0x7632  # prmt: the low / high halves of two words
+_split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
 
-def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, split_len: int) -> bool:
-    """Whether the tensor-core kernel handles this case (otherwise the generic kernel does)."""
+def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
+    """Whether the tensor-core kernel handles this case (otherwise the generic kernel does);
+    max_split: the longest split."""
     return (k_fmt == "f16" and v_fmt == "f16" and head_dim in HEAD_DIMS
-            and 1 <= group <= MAX_GROUP and split_len % TILE == 0)
+            and 1 <= group <= MAX_GROUP and max_split % TILE == 0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -65,17 +71,20 @@ def jit_options(min_blocks: int) -> dict:
 
 
 @functools.cache
-def wide_kernel(head_dim: int, group: int, split_len: int, min_blocks: int = MIN_BLOCKS):
-    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V.
+def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN_BLOCKS):
+    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
+    most max_split keys (the shared score buffer's length per head).
 
     min_blocks: blocks per SM the register allocation must allow. Unbounded, ptxas takes 137
     registers at head_dim 128 (3 blocks of 4 warps per SM: the 512 blocks of a 32K context at
-    4 KV heads then run in two waves); 4 caps it at 128 with a 16-byte spill outside the loops.
-    Measured on the H200 at 32K context: 47.5 us unbounded, 34.6 us with 4 (pass 1 + combine).
+    4 KV heads then run in two waves); 4 caps it at 128 (ptxas, sm_90: no spill at groups 2..8
+    with the split's first key and length in 32 bits; group 1 would take 164 and spills 128
+    bytes). Measured on the H200 at 32K context: 47.5 us unbounded, 34.6 us with 4 (pass 1 +
+    combine).
     """
-    if not supports("f16", "f16", head_dim, group, split_len):
+    if not supports("f16", "f16", head_dim, group, max_split):
         raise ValueError(f"tensor-core decode attention: head_dim {head_dim}, group {group}, "
-                         f"split {split_len} not supported")
+                         f"longest split {max_split} not supported")
     ROW = 2 * head_dim        # bytes of one cache row
     N_SEG = head_dim // 32    # 16-byte segments of a key row per lane (scores)
     N_KW = 4 * N_SEG          # u32 words per key per lane (scores) = 2 per k-chunk
@@ -83,7 +92,8 @@ def wide_kernel(head_dim: int, group: int, split_len: int, min_blocks: int = MIN
     DL = head_dim // 8        # dims per lane row in P V
     N_VW = DL // 2            # u32 words per key per lane (P V) = m-tiles
     N_W = 2 * N_KW            # words of one tile per lane (both passes: 2 * N_KW == 4 * N_VW)
-    SPS = split_len + 8       # score row stride in shared memory (fewer bank conflicts)
+    CAP = max_split           # scores per head in shared memory: the longest split
+    SPS = CAP + 8             # score row stride in shared memory (fewer bank conflicts)
     N_SCORES, N_RED, N_ACC = group * SPS, group * head_dim, 4 * N_VW
     STEP = WARPS * TILE       # keys per block per round
 
@@ -116,15 +126,16 @@ def wide_kernel(head_dim: int, group: int, split_len: int, min_blocks: int = MIN
                 dst[o + 3] = w3
 
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
-    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, qk_scale, part_o, part_ml):
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         g, t = lane >> 2, lane & 3
         n_kv = q.shape[0] // group
         length = min(seq_len[0] + n_new, n_ctx)
-        k0 = split * split_len
-        n_keys = min(split_len, length - k0)
+        split_len = _split_len(length, n_target, CAP)  # a multiple of TILE, <= CAP
+        k0 = int32(split * split_len)  # positions fit 32 bits (seq_len is int32): 128 registers
+        n_keys = int32(min(split_len, length - k0))
         if n_keys <= 0:
             return
         s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, split]
@@ -183,15 +194,15 @@ def wide_kernel(head_dim: int, group: int, split_len: int, min_blocks: int = MIN
                 p = math.exp(s_p[h * SPS + k] - m)
                 s_p[h * SPS + k] = p
                 total += p
-            for k in range(n_keys + lane, split_len, 32):
-                s_p[h * SPS + k] = float32(0.0)
+            for k in range(n_keys + lane, (n_keys + TILE - 1) // TILE * TILE, 32):
+                s_p[h * SPS + k] = float32(0.0)  # the last tile's keys past the split
             for sh in (16, 8, 4, 2, 1):
                 total += shfl_xor(total, sh)
             if lane == 0:
                 part_ml[split, hk * group + h, 0] = m
                 part_ml[split, hk * group + h, 1] = total
         cuda.syncthreads()
-        # pass C: O^T += V^T P^T per tile (every key index read here is < split_len)
+        # pass C: O^T += V^T P^T per tile (every key index read here is < the last tile's end)
         for i in range(N_ACC):
             acc[i] = float32(0.0)
         for base in range(first, n_keys, STEP):

@@ -46,6 +46,12 @@ def _fixed(kernel, sig):
     return lambda: (kernel.py_func, sig)
 
 
+# decode attention's pass 1: q, K data/scale, V data/scale, seq_len, n_new, n_ctx, n_target,
+# qk_scale, part_o, part_ml
+_DECODE_ATTN_SIG = (T.float32[:, ::1], _U8, _F16, _U8, _F16, _I32, _I64, _I64, _I64, _F32,
+                    T.float32[:, :, ::1], T.float32[:, :, ::1])
+
+
 # Attention shapes the binary's bundle carries: head sizes and query heads per KV head of the
 # models we run (Qwen3-MoE: 128 with groups 4, 8 and 16; the built-in tiny model: 3) and their
 # neighbours. The compile check takes a representative few.
@@ -55,13 +61,13 @@ CHECK_SHAPES = ((128, 8), (128, 4), (128, 3), (64, 8))
 
 
 def _attn_specs(fmt, shapes):
-    q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
+    q3 = T.float32[:, :, ::1]
     for hd, group in shapes:
         if fmt == "f16" and attention_wide.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
             continue  # the tensor-core kernel serves these
         yield (f"decode_attn_{fmt}_hd{hd}_g{group}",
                _fixed(attention._split_kernel(fmt, fmt, hd, group, attention.SPLIT_LEN),
-                      (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)))
+                      _DECODE_ATTN_SIG))
     for hd in sorted({hd for hd, _ in shapes}):
         yield (f"prefill_attn_{fmt}_hd{hd}",
                _fixed(attention_prefill._prefill_kernel(fmt, fmt, hd, attention_prefill.WARPS,
@@ -109,17 +115,16 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     register_ptx(family, "route_scan", _fixed(route._scan, (_I32, _I64, _I64) + (_I32,) * 5))
     register_ptx(family, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
     register_ptx(family, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
-    register_ptx(family, "decode_attn_combine",
+    register_ptx(family, "decode_attn_combine",  # part_o part_ml seq n_new n_ctx target max out
                  _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
-                                             _I64, _I64, _I64, f2)))
+                                             _I64, _I64, _I64, _I64, f2)))
     register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
-    q2, q3 = T.float32[:, ::1], T.float32[:, :, ::1]
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
     for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
         if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
             register_ptx(family, f"decode_attn_f16_wide_hd{hd}_g{group}",
                          _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
-                                (q2, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3, q3)),
+                                _DECODE_ATTN_SIG),
                          options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         for name, build in _attn_specs(fmt, shapes if full or fmt == "f16" else [(128, 8)]):

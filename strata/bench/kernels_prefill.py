@@ -7,7 +7,9 @@
 * dense chunk projection (4096 x 2048 -> 4096, Q8_0), tensor cores;
 * decode attention at 32K context, f16 / int8 / q4_0 KV (32 query heads, 4 KV heads, d 128):
   GB/s of cache read, against the measured read bandwidth (one kernel pair, timed as a CUDA graph
-  replay when the driver bindings allow, so Python launch cost is not counted);
+  replay when the driver bindings allow, so Python launch cost is not counted); f16 also at 600
+  and 4096 live keys of a 4K cache over 48 layers, with the split following the length and with
+  the fixed 256-key split ("_fixed");
 * causal prefill attention of a 4096-token chunk (f16 KV): TFLOP/s of the unmasked work.
 Ceilings: device-to-device copy (read + write bytes), a streaming read kernel, and a dense f16
 matrix product through torch where torch is present. `ENTRIES` lists the benchmarks for the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import subprocess
@@ -268,40 +271,52 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
     return lay, sides
 
 
-def bench_decode_attention(*, fmt="f16", n_ctx=32768, n_head=32, n_kv=4, hd=128,
-                           split_len=None, variant="auto", n_layer=2, quick=False) -> dict:
+def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
+                           max_split=None, n_target=None, variant="auto", n_layer=2,
+                           quick=False, tag="") -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
-    L2), GB/s of K+V read per layer. variant: "auto" (what the launcher picks), "generic" (the
-    FMA kernel), "tc_nolb" (the tensor-core f16 kernel without launch bounds)."""
+    L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
+    positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
+    the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
+    without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv;
+    1 gives the fixed split of max_split keys the kernels used before the split followed the
+    length)."""
     from strata.cuda_kernels import attention, attention_wide
+    from strata.plan import attn_split
     cuda = _cuda()
     rng = np.random.default_rng(2)
-    layers = [_kv_sides(fmt, n_ctx, n_kv, hd, n_ctx, rng) for _ in range(n_layer)]
+    length = n_ctx if length is None else length
+    layers = [_kv_sides(fmt, n_ctx, n_kv, hd, length, rng) for _ in range(n_layer)]
     lay = layers[0][0]
     q = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
     out = cuda.device_array((n_head, hd), np.float32)
-    split_len = split_len or attention.SPLIT_LEN
-    parts = attention.allocate_partials(n_head, hd, n_ctx, split_len)
-    seq = cuda.to_device(np.array([n_ctx - 1], np.int32))
+    max_split = max_split or attention.SPLIT_LEN
+    n_target = n_target or attn_split.split_target(n_kv)
+    parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
+                                        n_target=n_target)
+    seq = cuda.to_device(np.array([length - 1], np.int32))
     group = n_head // n_kv
     if variant == "tc_nolb":
-        kern = attention_wide.wide_kernel(hd, group, split_len, 0)
+        kern = attention_wide.wide_kernel(hd, group, max_split, 0)
     else:
-        kern = attention.decode_kernel(fmt, fmt, hd, group, split_len,
+        kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
                                        wide=False if variant == "generic" else None)
     scale = np.float32(1.0 / math.sqrt(hd))
-    n_split = attention.n_splits(n_ctx, split_len)
+    n_split = attention.n_splits(n_ctx, n_target, max_split)
 
     def step(s):  # the launcher's two launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
             kern[(n_kv, n_split), attention.THREADS, s](q, k.data, k.scale, v.data, v.scale, seq,
-                                                       1, n_ctx, scale, *parts)
+                                                       1, n_ctx, n_target, scale, *parts)
             attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
-                *parts, seq, 1, n_ctx, split_len, out)
+                *parts, seq, 1, n_ctx, n_target, max_split, out)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
-    n_bytes = 2 * n_ctx * lay.bytes_per_token
-    return {"name": f"decode_attn_{fmt}_{variant}_s{split_len}", "n_ctx": n_ctx, "ms": ms,
+    n_bytes = 2 * length * lay.bytes_per_token
+    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
+            "length": length, "n_target": n_target,
+            "split_len": attn_split.split_len(length, n_target, max_split),
+            "n_used": attn_split.n_used(length, n_target, max_split), "ms": ms,
             "timing": how, "kernel": _resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
@@ -323,6 +338,11 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
     return {"name": f"prefill_attn_{fmt}", "n_q": n_q, "start": start, "ms": t,
             "kernel": _resources(kern),
             "tflops": flops / (t * 1e9)}
+
+
+def _decode_attn_4k(quick, *, length, n_target, tag):
+    return bench_decode_attention(fmt="f16", n_ctx=4096, length=length, n_target=n_target,
+                                  n_layer=48, quick=quick, tag=tag)
 
 
 def _tc_tile(bm, bn, wm, wn, kch=1, **flags):
@@ -347,6 +367,12 @@ ENTRIES = {
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
     "dense_q8_0_tc_f16in": lambda quick: bench_dense(x_half=True, quick=quick),
     "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
+    # the D1 decode's shape: ~600 live keys in a 4K cache, and a full 4K cache, over 48 layers
+    # (the 30B's; past the L2); "_fixed": one split aimed at, i.e. the fixed 256-key split of
+    # before the split followed the length, for the comparison in one run
+    **{f"decode_attn_f16_{name}{fixed}": functools.partial(
+        _decode_attn_4k, length=length, n_target=1 if fixed else None, tag=f"_{name}{fixed}")
+       for name, length in (("600", 600), ("4k", 4096)) for fixed in ("", "_fixed")},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

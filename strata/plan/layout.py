@@ -14,13 +14,13 @@ from functools import lru_cache
 import numpy as np
 
 from strata.gguf.shape import ModelShape
+from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
 FORMAT_TABLES_BYTES = 24 * 1024
 
 ALIGN = 256  # bytes: every region's offset (coalesced loads, 16-byte vector access, cp.async)
-SPLIT_K_TOKENS = 256  # decode attention's split length (cuda_kernels.attention.SPLIT_LEN)
 ROUTE_TILE_ROWS = 64  # the grouped GEMMs' smallest row tile (cuda_kernels.matmul_tiles)
 KV_TYPES = ("f16", "int8", "q4_0")
 Q4_0_BLOCK = 32  # values per q4_0 block: one f16 scale + 16 bytes of nibbles
@@ -187,7 +187,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
         raise ValueError(f"batch ({batch}) and max_context ({max_context}) must be positive")
     s, e, k, n_b = shape, shape.n_embd, shape.n_expert_used, batch
     qd, kvd = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
-    n_split = -(-max_context // SPLIT_K_TOKENS)
+    # decode attention's split-K partials: the most splits any length up to the context uses
+    # (the split length follows the live length: strata.plan.attn_split)
+    n_split = max_splits(max_context, split_target(s.n_head_kv), SPLIT_K_TOKENS)
     b = LayoutBuilder("activations")
     b.add("hidden", np.float32, (n_b, e))  # [batch, n_embd] f32
     b.add("residual", np.float32, (n_b, e))
@@ -196,7 +198,7 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("k", np.float32, (n_b, kvd))  # [batch, n_head_kv * head_dim] f32
     b.add("v", np.float32, (n_b, kvd))
     b.add("attn_out", np.float32, (n_b, qd))
-    b.add("attn_part_o", np.float32, (n_b, n_split, s.n_head, s.head_dim))  # split-K partials
+    b.add("attn_part_o", np.float32, (n_b, n_split, s.n_head, s.head_dim))  # per split: P V
     b.add("attn_part_ml", np.float32, (n_b, n_split, s.n_head, 2))  # per split: max, sum
     b.add("router_logits", np.float32, (n_b, s.n_expert))  # [batch, n_expert] f32
     b.add("topk_ids", np.int32, (n_b, k))  # [batch, k] int32

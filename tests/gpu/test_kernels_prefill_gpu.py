@@ -207,7 +207,7 @@ def test_decode_attention_32k(fmt, wide):
     v, vref = filled_side(lay, rng.standard_normal((length, a["n_kv"], a["hd"])), rng)
     q = rng.standard_normal((a["n_head"], a["hd"])).astype(np.float32)
     out = _poisoned(q.shape)
-    parts = attention.allocate_partials(a["n_head"], a["hd"], a["n_ctx"])
+    parts = attention.allocate_partials(a["n_head"], a["hd"], a["n_ctx"], n_kv_head=a["n_kv"])
     attention.decode_attention(cuda.to_device(q), k, v, cuda.to_device(np.array([length - 1],
                                                                                 np.int32)),
                                out, parts, wide=wide)

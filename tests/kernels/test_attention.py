@@ -68,20 +68,46 @@ def test_prefill_attention_causal_over_prefix(fmt):
     assert rel_err(got, attention_reference(q, kref, vref, start)) < 2e-3
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_decode_attention_splits_and_gqa(fmt):
+# fmt, wide, n_kv, group, head_dim, n_ctx (the plan's maximum), max_split, n_target (None: the
+# launcher's), lengths. Splits per length (the rule of strata.plan.attn_split): 4 of 160 / 2 of
+# 16 / 1 / 4 of 176; 7 of 32 (clamped) / 1; 2 of 16 / 3 of 32 (clamped); 4 of 160 (2.5 rounds
+# of the block's warps) / 1; 4 of 32 / 2 of 32 (the last holding one key) / 1; the default target
+# (256 at one KV head): 2 of 16 / 1. Head_dim 32 gives the generic kernel one value a lane.
+DECODE_CASES = [
+    ("f16", False, 2, 1, 32, 700, 256, 4, (600, 17, 1, 700)),
+    ("int8", False, 1, 4, 32, 200, 32, 3, (200, 15)),
+    ("q4_0", False, 1, 8, 32, 70, 32, 2, (17, 70)),
+    ("f16", True, 1, 8, 64, 700, 256, 4, (600, 16)),
+    ("f16", True, 1, 4, 64, 100, 32, 2, (100, 33, 15)),
+    ("f16", True, 1, 1, 64, 40, 256, None, (17, 1)),
+]
+
+
+@pytest.mark.parametrize("fmt,wide,n_kv,group,hd,n_ctx,max_split,n_target,lengths", DECODE_CASES)
+def test_decode_attention_split_follows_the_device_length(fmt, wide, n_kv, group, hd, n_ctx,
+                                                          max_split, n_target, lengths):
+    """One set of launch arguments (what a captured graph freezes: the grid of the cache's most
+    splits, the scalars), the length changed in device memory between runs: every length
+    agrees with the float64 reference. The cache holds valid keys past every length (a kernel
+    reading past it would change the result); the partials start as NaN and keep the splits of
+    a longer run (a combine reading past the used splits would show)."""
     rng = np.random.default_rng(3)
-    n_kv, group, length, split = 2, 3, 45, 16  # GQA group padded to 4; a partial last split
-    lay = kvcache.KvLayout(fmt, n_ctx=70, n_kv_head=n_kv, head_dim=HD)
-    k, kref = filled_side(lay, rng.standard_normal((length, n_kv, HD)), rng)
-    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, HD)), rng)
-    q = rng.standard_normal((n_kv * group, HD)).astype(np.float32)
-    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
-    parts = attention.allocate_partials(n_kv * group, HD, lay.n_ctx, split_len=split)
-    seq = cuda.to_device(np.array([length - 1], np.int32))  # the new token is written already
-    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=split)
-    ref = attention_reference(q[None], kref, vref, length - 1)[0]
-    assert rel_err(out.copy_to_host(), ref) < 1e-5
+    lay = kvcache.KvLayout(fmt, n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
+    k, kref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd)), rng)
+    q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
+    qd, out, seq = cuda.to_device(q), cuda.to_device(np.zeros(q.shape, np.float32)), \
+        cuda.to_device(np.zeros(1, np.int32))
+    parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
+                  attention.allocate_partials(n_kv * group, hd, n_ctx, n_kv_head=n_kv,
+                                              max_split=max_split, n_target=n_target))
+    for length in lengths:
+        seq.copy_to_device(np.array([length - 1], np.int32))  # the new token is written already
+        out.copy_to_device(np.full(q.shape, np.nan, np.float32))
+        attention.decode_attention(qd, k, v, seq, out, parts, max_split=max_split,
+                                   n_target=n_target, wide=wide)
+        ref = attention_reference(q[None], kref, vref, length - 1)[0]
+        assert rel_err(out.copy_to_host(), ref) < 1e-5, length
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -109,16 +135,25 @@ def test_attention_launchers_reject_bad_input():
     v = kvcache.allocate_kv_side(kvcache.KvLayout("f16", 8, 1, HD))
     seq = cuda.to_device(np.zeros(1, np.int32))
     q = cuda.to_device(np.zeros((4, HD), np.float32))
-    parts = attention.allocate_partials(4, HD, 8)
+    parts = attention.allocate_partials(4, HD, 8, n_kv_head=2)
     with pytest.raises(ValueError, match="differ in shape"):
         attention.decode_attention(q, k, v, seq, cuda.to_device(np.zeros((4, HD), np.float32)),
                                    parts)
     with pytest.raises(ValueError, match="q must be float32"):
         attention.decode_attention(cuda.to_device(np.zeros((3, HD), np.float32)), k, k, seq,
                                    q, parts)
-    with pytest.raises(ValueError, match="partials must be"):
-        attention.decode_attention(q, k, k, seq, cuda.to_device(np.zeros((4, HD), np.float32)),
-                                   attention.allocate_partials(4, HD, 8, split_len=4))
+    out = cuda.to_device(np.zeros((4, HD), np.float32))
+    long = kvcache.allocate_kv_side(kvcache.KvLayout("f16", 40, 2, HD))  # up to 3 splits of 16
+    with pytest.raises(ValueError, match=r"with n >= 3 splits"):
+        attention.decode_attention(q, long, long, seq, out, parts)
+    with pytest.raises(ValueError, match="partials must be"):  # the wrong head count
+        attention.decode_attention(q, k, k, seq, out,
+                                   attention.allocate_partials(2, HD, 8, n_kv_head=2))
+    for bad in (8, 24):
+        with pytest.raises(ValueError, match="longest split must be a positive multiple of 16"):
+            attention.decode_attention(q, k, k, seq, out, parts, max_split=bad)
+    with pytest.raises(ValueError, match="split target must be at least 1"):
+        attention.decode_attention(q, k, k, seq, out, parts, n_target=0)
     with pytest.raises(ValueError, match="out must be float32"):
         attention_prefill.prefill_attention(cuda.to_device(np.zeros((2, 4, HD), np.float32)),
                                             k, k, seq, q)
@@ -128,7 +163,7 @@ def test_attention_launchers_reject_bad_input():
 def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split):
     """The tensor-core f16 kernel: partial last split, stale random bytes past the length, a
     padded group (3 -> 4) and the 30B shape's group of 8; agrees with the float64 reference and
-    with the generic kernel."""
+    with the generic kernel (splits of `split` keys: one split aimed at, clamped)."""
     rng = np.random.default_rng(5)
     length = 2 * split + 5
     lay = kvcache.KvLayout("f16", n_ctx=3 * split + 3, n_kv_head=n_kv, head_dim=hd)
@@ -140,9 +175,10 @@ def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group
     got = {}
     for wide in (True, False):
         out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
-        parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, split_len=split)
-        attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=split,
-                                   wide=wide)
+        parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, n_kv_head=n_kv,
+                                            max_split=split, n_target=1)
+        attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, max_split=split,
+                                   n_target=1, wide=wide)
         got[wide] = out.copy_to_host()
         assert rel_err(got[wide], ref) < 1e-5
     assert rel_err(got[True], got[False]) < 1e-5

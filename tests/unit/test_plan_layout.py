@@ -104,7 +104,14 @@ def test_session_layout_scales_with_batch_and_context():
     assert four.region("moe_h").shape == (4, 8, 768)
     assert one.region("attn_part_o").shape == (1, 128, 32, 128)  # 32768 / 256 splits
     assert one.region("attn_part_ml").shape == (1, 128, 32, 2)
-    assert session_layout(S30, batch=1, max_context=32769).region("attn_part_o").shape[1] == 129
+    assert four.region("attn_part_o").shape == (4, 128, 32, 128)
+    # splits follow the live length (strata.plan.attn_split): 64 aimed at for 4 KV heads, of
+    # 16..256 keys, so the partials hold the most any length up to the context uses
+    for ctx, n_split in ((256, 16), (600, 38), (4096, 64), (16384, 64), (32769, 129),
+                         (131072, 512)):
+        lay = session_layout(S30, batch=1, max_context=ctx)
+        assert lay.region("attn_part_o").shape == (1, n_split, 32, 128), ctx
+        assert lay.region("attn_part_ml").shape == (1, n_split, 32, 2), ctx
     assert one.region("history").shape == (1, 32768)
     assert four.region("step_tokens").shape == (4,) and four.region("step_tokens").dtype == "int32"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
@@ -119,6 +126,8 @@ def test_layouts_match_the_kernels_contract():
     from strata.plan.layout import ROUTE_TILE_ROWS, SPLIT_K_TOKENS
 
     assert SPLIT_K_TOKENS == attention.SPLIT_LEN
+    lay = session_layout(S30, batch=2, max_context=4096)
+    assert lay.region("attn_part_o").shape[1] == attention.n_splits(4096, 64)
     assert ROUTE_TILE_ROWS == min(matmul_tiles.TC_TILE.bm, matmul_tiles.FMA_TILE.bm)
     assert prompt_layout(S30, 512).region("tile_m0").shape == (
         route.max_tiles(512 * 8, 128, ROUTE_TILE_ROWS),)

@@ -37,6 +37,7 @@ from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.router import route
 from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel, Matrix
+from strata.plan.attn_split import split_target
 from strata.plan.layout import SPLIT_K_TOKENS
 
 RowSides = Sequence[Sequence[tuple[KvSide, KvSide]]]  # [row][layer] -> (K side, V side)
@@ -55,8 +56,9 @@ class BatchStep:
         self._warm: set[int] = set()
         a = m.acts
         n_ctx = sides[0][0][0].layout.n_ctx
-        ns = n_splits(n_ctx, SPLIT_K_TOKENS)
-        # [n_rows, n_split(plan context), n_head, head_dim] f32: each row uses its first splits
+        ns = n_splits(n_ctx, split_target(m.shape.n_head_kv), SPLIT_K_TOKENS)
+        # [n_rows, n_split(plan context), n_head, head_dim] f32: a row decoded alone
+        # (`decode_attention`) uses its first splits, as many as its live length calls for
         self.partials = [(a["attn_part_o"][r][:ns], a["attn_part_ml"][r][:ns])
                          for r in range(self.n_rows)]
         self.row_ctx = n_ctx
@@ -125,7 +127,8 @@ class BatchStep:
               stream=stream)
 
     def _attend_rows(self, il: int, n: int, stream) -> None:
-        """KV write and attention of rows 0..n-1 in one launch each (`batch_attention`)."""
+        """KV write and attention of rows 0..n-1 in one launch each (`batch_attention`: splits of
+        a fixed SPLIT_K_TOKENS keys, the rows already multiplying the blocks)."""
         s, a = self.m.shape, self.m.acts
         kd, vd = self.regions[il]
         geo = dict(row_ctx=self.row_ctx, n_kv=s.n_head_kv, head_dim=s.head_dim, stream=stream)
@@ -146,7 +149,7 @@ class BatchStep:
                      stream=stream)
             decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
                              a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
-                             n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
+                             n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
 
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in

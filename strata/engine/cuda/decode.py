@@ -3,7 +3,8 @@ device memory — the token (history[seq_len]), the position and length (seq_len
 the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
 
 Per step: embedding of history[seq_len]; per layer: RMSNorm, q and k+v matvecs, per-head norm, RoPE
-and the KV write at seq_len (one launch for an f16 cache), split-K attention over seq_len + 1 keys,
+and the KV write at seq_len (one launch for an f16 cache), split-K attention over seq_len + 1 keys
+(splits as long as that length calls for, derived on the device),
 output projection added into the residual by its matvec, RMSNorm, router matvec, top-k, the MoE
 (cache slot or mapped host memory per expert, added into the residual, hits/misses counted per
 layer); final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler
@@ -35,7 +36,7 @@ from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.miss_split import MissShare
 from strata.engine.cuda.pool import CpuPool
-from strata.plan.layout import SPLIT_K_TOKENS  # the split the plan sized the partials for
+from strata.plan.layout import SPLIT_K_TOKENS  # the longest split the plan sized partials for
 
 MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 
@@ -136,7 +137,7 @@ class DecodeStep:
             kv_write(self.k3, k_side, self.seq_len, stream=stream)
             kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                         n_new=1, split_len=SPLIT_K_TOKENS, stream=stream)
+                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         rms_norm(self.x, m.norms[b + "ffn_norm"], self.xn, eps=eps, stream=stream)
