@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="launch the decode kernels one by one instead of a CUDA graph")
     g.add_argument("--profile-decode", action="store_true",
                    help="also time the decode step's kernels by launcher (graph replays)")
+    g.add_argument("--profile-prefill", action="store_true",
+                   help="also run the prompt once more with CUDA events around every launcher "
+                        "of the prompt path (time by launcher, idle gaps, host syncs)")
     g.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"),
                    help="decode misses: mapped host reads on the GPU, the CPU pool, or both "
                         "(hybrid) (default: the engine's)")

@@ -168,6 +168,12 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                    "profile": profile},
         "llama_cpp_bar": LLAMA_CPP_BAR, "device": name,
     }
+    if getattr(args, "profile_prefill", False):  # last: every number above is un-instrumented
+        from strata.engine.cuda.prefill_profile import profile_prefill
+
+        eng.reset()  # the same prompt again from position 0, as after the warm-up
+        res["prefill"]["profile"] = profile_prefill(lambda: eng.prefill(prompt), stream=m.stream,
+                                                    shape=s)
     m.close()
     return res
 
@@ -221,6 +227,10 @@ def table(r: dict) -> str:
         from strata.engine.cuda.profile import profile_table
 
         lines.append(profile_table(d["profile"]))
+    if p.get("profile"):
+        from strata.engine.cuda.prefill_profile import profile_table as prefill_table
+
+        lines.append(prefill_table(p["profile"], n_tokens=p["tokens"]))
     return "\n".join(lines)
 
 
@@ -251,7 +261,8 @@ def run_cuda(args) -> int:
                + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
                + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")
                + (" --adaptive-cache" if "adaptive_cache" in extra else "")
-               + (" --profile-decode" if args.profile_decode else ""))
+               + (" --profile-decode" if args.profile_decode else "")
+               + (" --profile-prefill" if getattr(args, "profile_prefill", False) else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),
                command=command, backend="cuda")
     if args.json:

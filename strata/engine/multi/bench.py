@@ -311,7 +311,8 @@ def run_split_cli(args, req) -> int:
     miss_path = getattr(args, "miss_path", None)
     for flag, on in ((f"--miss-path {miss_path}", miss_path in ("cpu", "hybrid")),
                      ("--adaptive-cache", getattr(args, "adaptive_cache", False)),
-                     ("--profile-decode", args.profile_decode)):
+                     ("--profile-decode", args.profile_decode),
+                     ("--profile-prefill", getattr(args, "profile_prefill", False))):
         if on:
             raise StrataError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
                               f"{','.join(map(str, req.devices))} does not take it")
