@@ -167,8 +167,9 @@ def test_table_lists_units_largest_first_then_gaps_and_host(fakes):
 
 
 def test_bench_cli_passes_profile_prefill_and_prints_its_table(fakes, monkeypatch, capsys):
-    from strata.bench import engine_cuda
     from strata.cli.main import main
+
+    from strata.bench import engine_cuda
 
     prof = _profile(fakes)
     seen = {}

@@ -19,8 +19,9 @@ events are never recorded inside a capture.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import strata.engine.cuda.prefill as prefill_mod
 
@@ -182,9 +183,9 @@ def profile_table(prof: dict, *, n_tokens: int, n_gaps: int = 6) -> str:
     """The profiled prompt by unit, largest first (ms, share of the launchers' sum, calls,
     ms/call), the stream's idle time and its largest gaps, and the host's share."""
     gpu, wall = prof["gpu_ms"], prof["wall_ms"]
-    lines = [f"  prefill profile ({n_tokens} tokens, {prof['n_launches']} launches): wall "
-             f"{wall:.1f} ms ({n_tokens / max(wall, 1e-9) * 1e3:.0f} tok/s instrumented), "
-             f"launchers {gpu:.1f} ms on the GPU, stream idle {prof['idle_ms']:.1f} ms"]
+    lines = [(f"  prefill profile ({n_tokens} tokens, {prof['n_launches']} launches): wall "
+              f"{wall:.1f} ms ({n_tokens / max(wall, 1e-9) * 1e3:.0f} tok/s instrumented), "
+              f"launchers {gpu:.1f} ms on the GPU, stream idle {prof['idle_ms']:.1f} ms")]
     for name, u in sorted(prof["units"].items(), key=lambda kv: -kv[1]["ms"]):
         lines.append(f"    {name:26s} {u['ms']:9.2f} ms {u['ms'] / max(gpu, 1e-9):6.1%} "
                      f"{u['calls']:5d} calls {u['ms'] / u['calls']:8.3f} ms/call")
@@ -192,7 +193,7 @@ def profile_table(prof: dict, *, n_tokens: int, n_gaps: int = 6) -> str:
     if gaps:
         lines.append(f"  stream idle between launchers {prof['idle_ms']:.2f} ms, largest:")
     for name, g in gaps:
-        lines.append(f"    {name:40s} {g['ms']:8.2f} ms {g['calls']:5d} times "
+        lines.append(f"    {name:48s} {g['ms']:8.2f} ms {g['calls']:5d} times "
                      f"{g['ms'] / g['calls']:8.3f} ms each")
     hs = prof["host_sync"]
     lines.append(f"  host: {prof['launch_host_ms']:.1f} ms inside launchers, {hs['ms']:.1f} ms in "
