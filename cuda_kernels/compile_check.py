@@ -27,6 +27,7 @@ MODULES = (
     "strata.cuda_kernels.norm_rope",
     "strata.cuda_kernels.rope_kv",
     "strata.cuda_kernels.router",
+    "strata.cuda_kernels.router_normed",
     "strata.cuda_kernels.elementwise",
     "strata.cuda_kernels.sampling",
     "strata.cuda_kernels.compile_prefill",  # matmul, routing, attention, KV write (family "prefill")

@@ -47,10 +47,26 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
 
 @cuda.jit(device=True, inline="always")
+def wdot_f32(wc, x0, x1, x2, x3):
+    """One chunk: four f32 weights (the words of wc) dotted with the values x0..x3."""
+    return u2f(wc[0]) * x0 + u2f(wc[1]) * x1 + u2f(wc[2]) * x2 + u2f(wc[3]) * x3
+
+
+@cuda.jit(device=True, inline="always")
+def wdot_f16(wc, x0, x1, x2, x3, x4, x5, x6, x7):
+    """One chunk: eight f16 weights (two per word of wc, low half first) dotted with x0..x7."""
+    lo = (h2f(wc[0] & 0xFFFF) * x0 + h2f(wc[0] >> 16) * x1 + h2f(wc[1] & 0xFFFF) * x2
+          + h2f(wc[1] >> 16) * x3)
+    hi = (h2f(wc[2] & 0xFFFF) * x4 + h2f(wc[2] >> 16) * x5 + h2f(wc[3] & 0xFFFF) * x6
+          + h2f(wc[3] >> 16) * x7)
+    return lo + hi
+
+
+@cuda.jit(device=True, inline="always")
 def dot_f32(wc, x, i):
     """One chunk: four f32 weights (the words of wc) dotted with x[i:i+4]."""
     x0, x1, x2, x3 = ld_nc_f32x4(x, i)
-    return u2f(wc[0]) * x0 + u2f(wc[1]) * x1 + u2f(wc[2]) * x2 + u2f(wc[3]) * x3
+    return wdot_f32(wc, x0, x1, x2, x3)
 
 
 @cuda.jit(device=True, inline="always")
@@ -58,11 +74,7 @@ def dot_f16(wc, x, i):
     """One chunk: eight f16 weights (two per word of wc, low half first) dotted with x[i:i+8]."""
     x0, x1, x2, x3 = ld_nc_f32x4(x, i)
     x4, x5, x6, x7 = ld_nc_f32x4(x, i + 4)
-    lo = (h2f(wc[0] & 0xFFFF) * x0 + h2f(wc[0] >> 16) * x1 + h2f(wc[1] & 0xFFFF) * x2
-          + h2f(wc[1] >> 16) * x3)
-    hi = (h2f(wc[2] & 0xFFFF) * x4 + h2f(wc[2] >> 16) * x5 + h2f(wc[3] & 0xFFFF) * x6
-          + h2f(wc[3] >> 16) * x7)
-    return lo + hi
+    return wdot_f16(wc, x0, x1, x2, x3, x4, x5, x6, x7)
 
 
 @cuda.jit(device=True, inline="always")

@@ -24,12 +24,13 @@ NEG_INF = np.float32(-np.inf)
 F0 = np.float32(0.0)
 
 
-@cuda.jit
-def route_kernel(logits, n_tok, n_expert, k, norm_topk, ids, weights):
-    # logits: [n_tok, n_expert] f32; ids: [n_tok, k] i32; weights: [n_tok, k] f32
+@cuda.jit(device=True, inline="always")
+def route_warp(logits, tok, active, n_expert, k, norm_topk, ids, weights):
+    """Token `tok`'s routing by the calling warp (every lane calls; `active` False: the warp
+    takes part in the reductions and writes nothing). logits: [n_tok, n_expert] f32; ids:
+    [n_tok, k] i32; weights: [n_tok, k] f32. Shared by `route_kernel` and the fused router
+    (`router_normed`), so the two cannot drift."""
     lane = cuda.threadIdx.x & 31
-    tok = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    active = tok < n_tok
     vals = cuda.local.array(SLOTS, np.float32)
     m = NEG_INF
     for s in range(SLOTS):
@@ -65,6 +66,13 @@ def route_kernel(logits, n_tok, n_expert, k, norm_topk, ids, weights):
     if active and lane < k:
         ids[tok, lane] = my_id
         weights[tok, lane] = my_p / picked if norm_topk else my_p
+
+
+@cuda.jit
+def route_kernel(logits, n_tok, n_expert, k, norm_topk, ids, weights):
+    # logits: [n_tok, n_expert] f32; ids: [n_tok, k] i32; weights: [n_tok, k] f32
+    tok = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    route_warp(logits, tok, tok < n_tok, n_expert, k, norm_topk, ids, weights)
 
 
 def route(logits, ids, weights, *, norm_topk: bool = True, stream=0) -> None:

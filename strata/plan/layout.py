@@ -203,6 +203,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("router_logits", np.float32, (n_b, s.n_expert))  # [batch, n_expert] f32
     b.add("topk_ids", np.int32, (n_b, k))  # [batch, k] int32
     b.add("topk_weights", np.float32, (n_b, k))
+    # the fused router's count of finished blocks (strata.cuda_kernels.router_normed): zero at
+    # load, and the kernel's last block sets it back to zero
+    b.add("router_done", np.int32, (n_b,))  # [batch] int32
     b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool
     b.add("moe_out", np.float32, (n_b, e))

@@ -114,6 +114,8 @@ def test_session_layout_scales_with_batch_and_context():
         assert lay.region("attn_part_ml").shape == (1, n_split, 32, 2), ctx
     assert one.region("history").shape == (1, 32768)
     assert four.region("step_tokens").shape == (4,) and four.region("step_tokens").dtype == "int32"
+    # the fused router's block counter: one per sequence, int32 (the kernel's atomic add)
+    assert four.region("router_done").shape == (4,) and four.region("router_done").dtype == "int32"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
     assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
     assert one.region("hit_counts").dtype == "int64"

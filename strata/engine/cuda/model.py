@@ -143,6 +143,8 @@ class CudaModel:
         self.copy_stream = cuda.stream()
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
+        done = self.acts["router_done"]  # the fused router's block counter starts at zero
+        done.copy_to_device(np.zeros(done.shape, np.int32), stream=self.stream)
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)
