@@ -5,7 +5,8 @@ the slot table — so the sequence is captured once as a CUDA graph and replayed
 Per step: embedding of history[seq_len]; per layer: RMSNorm, q and k+v matvecs, per-head norm, RoPE
 and the KV write at seq_len (one launch for an f16 cache), split-K attention over seq_len + 1 keys
 (splits as long as that length calls for, derived on the device),
-output projection added into the residual by its matvec, RMSNorm, router matvec, top-k, the MoE
+output projection added into the residual by its matvec, RMSNorm + router matvec + top-k (one
+launch for F32/F16 router rows), the MoE
 (cache slot or mapped host memory per expert, added into the residual, hits/misses counted per
 layer); final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler
 appending to the history.
@@ -31,6 +32,8 @@ from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.rope_kv import rope_kv, rope_kv_fits
 from strata.cuda_kernels.router import route
+from strata.cuda_kernels.router_normed import router_normed
+from strata.cuda_kernels.router_normed import takes as router_takes
 from strata.cuda_kernels.sampling import argmax, sample
 from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
@@ -115,7 +118,7 @@ class DecodeStep:
 
     def _attention(self, il: int, stream) -> None:
         """Layer il up to its routing: attention, residual, FFN norm, router, top-k."""
-        m, s, a = self.m, self.m.shape, self.m.acts
+        m, s = self.m, self.m.shape
         b = f"blk.{il}."
         eps = s.rms_norm_eps
         rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
@@ -140,9 +143,20 @@ class DecodeStep:
                          n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
-        rms_norm(self.x, m.norms[b + "ffn_norm"], self.xn, eps=eps, stream=stream)
-        w = m.matrices[b + "ffn_gate_inp"]
-        logits = a["router_logits"]
+        self._route(il, stream)
+
+    def _route(self, il: int, stream) -> None:
+        """Layer il's FFN norm into xn, router logits and top-k: one launch for F32/F16 router
+        rows (`router_normed`), else RMSNorm, matvec and top-k."""
+        m, a = self.m, self.m.acts
+        norm_w, w = m.norms[f"blk.{il}.ffn_norm"], m.matrices[f"blk.{il}.ffn_gate_inp"]
+        logits, eps = a["router_logits"], m.shape.rms_norm_eps
+        if router_takes(w.ggml_type, self.x1.shape[0]):
+            router_normed(self.x1, norm_w, w.data, ggml_type=w.ggml_type, eps=eps,
+                          normed_out=self.xn1, logits=logits[0], ids=a["topk_ids"][0],
+                          weights=a["topk_weights"][0], done=a["router_done"], stream=stream)
+            return
+        rms_norm(self.x, norm_w, self.xn, eps=eps, stream=stream)
         matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
         route(logits, a["topk_ids"], a["topk_weights"], norm_topk=True, stream=stream)
 
