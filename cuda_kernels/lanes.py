@@ -154,6 +154,41 @@ def row_pair_steps(lf: LaneFormat):
     return first, run
 
 
+def pair_step(lf: LaneFormat):
+    """Device functions for one step of two rows, for kernels that pipeline steps across rows
+    (each warp's next step, of this row pair or the next, loaded before the current is dotted):
+      load_pair(w, off_a, off_b, n_sb, s0) -> cur    the calling lane's slices of super-block
+                                                     s0 + its group of both rows (clamped)
+      dot_pair(cur, n_sb, s0, xs, sums_off, tab) -> (da, db)   their dots with the staged x,
+                                                     zero for a group past the row
+    The dots are per lane (sum them over the warp)."""
+    load, dot = lf.load, lf.dot
+    lanes = lf.lanes
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_values // 16
+
+    @cuda.jit(device=True, inline="always")
+    def load_pair(w, off_a, off_b, n_sb, s0):
+        lane = cuda.threadIdx.x & 31
+        sb = min(s0 + lane // lanes, n_sb - 1)
+        part = lane & (lanes - 1)
+        return load(w, off_a + sb * sb_bytes, part), load(w, off_b + sb * sb_bytes, part)
+
+    @cuda.jit(device=True, inline="always")
+    def dot_pair(cur, n_sb, s0, xs, sums_off, tab):
+        lane = cuda.threadIdx.x & 31
+        part = lane & (lanes - 1)
+        grp = lane // lanes
+        sb = min(s0 + grp, n_sb - 1)
+        xo = sb * sb_padded
+        so = sums_off + sb * sb_sums
+        da = dot(cur[0], part, xs, xo, so, tab)
+        db = dot(cur[1], part, xs, xo, so, tab)
+        if s0 + grp < n_sb:
+            return da, db
+        return F0, F0
+    return load_pair, dot_pair
+
+
 @cuda.jit(device=True, inline="always")
 def combine_split(acc_a, acc_b, s_part, log):
     """Sum the partial dots of the 1 << log warps sharing a row pair (consecutive warps), in a

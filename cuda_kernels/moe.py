@@ -33,7 +33,7 @@ from numba import cuda, from_dtype, types
 
 from .elementwise import silu
 from .intrinsics import warp_sum
-from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps
+from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step
 from .launch import check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
                      lane_jit_options, lane_split, lanes_fit, stage_table)
@@ -179,11 +179,20 @@ def _down_factory(fmt):
 
 
 def _gate_up_lanes(lf: LaneFormat):
-    first, run = row_pair_steps(lf)
+    load_pair, dot_pair = pair_step(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+
+    @cuda.jit(device=True, inline="always")
+    def unit_at(un, w0, n_warps, n_steps, k):
+        """(h entry row, expert position kk, step s) of a warp's un-th unit (recomputed rather
+        than carried: fewer values live across the loads)."""
+        j = un // n_steps
+        it = w0 + j * n_warps
+        row = it // k
+        return row, it - row * k, un - j * n_steps
 
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
@@ -192,9 +201,11 @@ def _gate_up_lanes(lf: LaneFormat):
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
         # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
-        # grid, ...): x is staged once per block for all k experts, and a block's warps keep
-        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
-        # [sums_off] f32, then (sums) its 16-value sums
+        # grid, ...); x is staged once per block for all k experts. A warp's work is one run of
+        # units (its items x the steps of a row), the next unit's loads issued before the
+        # current one is dotted, across item boundaries too: with a row of one step (2048
+        # columns of Q4_K) a warp otherwise waits a full memory latency per item. Dynamic
+        # shared: padded x [sums_off] f32, then (sums) its 16-value sums
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
@@ -208,25 +219,50 @@ def _gate_up_lanes(lf: LaneFormat):
             if cuda.blockIdx.x == 0:
                 miss_list[t] = e if where < 0 else -1
                 cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        cuda.syncthreads()
+        n_warps = cuda.gridDim.x * LANE_WARPS
+        w0 = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
+        n_steps = (n_sb + per_step - 1) // per_step
+        n_units = ((n_items - 1 - w0) // n_warps + 1) * n_steps if w0 < n_items else 0
+        row, kk, s = unit_at(0, w0, n_warps, n_steps, k)
+        where = s_where[kk] if n_units > 0 else -1  # the same in the whole warp
+        off_g = s_base[kk] + row * row_bytes
+        src = cache if where == 0 else host
+        if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
+            # load of a cache row, never used; mapped host memory only if the cache cannot
+            # hold one expert's gate and up rows (then every expert is a miss anyway)
+            off_g = 0
+            src = cache if cache.shape[0] >= up_off + row_bytes else host
+        cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
-        n_warps = cuda.gridDim.x * LANE_WARPS
-        for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
-            row = it // k
-            kk = it - row * k
-            where = s_where[kk]  # the same in the whole warp
-            g = F0
-            u = F0
+        g = F0
+        u = F0
+        for un in range(n_units):
+            nxt = cur
+            if un + 1 < n_units:
+                row1, kk1, s1 = unit_at(un + 1, w0, n_warps, n_steps, k)
+                where1 = s_where[kk1]
+                if where1 >= 0:  # never a read for an expert left to the CPU
+                    off1 = s_base[kk1] + row1 * row_bytes
+                    src1 = cache if where1 == 0 else host
+                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, s1 * per_step)
+            row, kk, s = unit_at(un, w0, n_warps, n_steps, k)
+            where = s_where[kk]
             if where >= 0:
-                src = cache if where == 0 else host
-                off_g = s_base[kk] + row * row_bytes
-                cur = first(src, off_g, off_g + up_off, n_sb, 0)
-                g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0,
-                           per_step)
-            if (t & 31) == 0:
-                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+                dg, du = dot_pair(cur, n_sb, s * per_step, xs, sums_off, tab_s)
+                g += dg
+                u += du
+            if s == n_steps - 1:  # the item's last step
+                g = warp_sum(g)
+                u = warp_sum(u)
+                if (t & 31) == 0:
+                    h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+                g = F0
+                u = F0
+            cur = nxt
     return moe_gate_up_lanes
 
 
