@@ -16,22 +16,26 @@ in shared memory per column tile (`xstage`). Each kernel is specialised per (for
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .intrinsics import SIMULATED, ld_x4, warp_sum
+from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps,
                     split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
-from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
+from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_normed, stage_x,
+                     staged_bytes, sum_squares)
 
 WARPS = 4          # rows per block
 THREADS = 32 * WARPS
 MAX_TOKENS = 8
 TILE_GROUPS = 128  # 4096 columns of x staged at a time (18 KiB of shared memory)
 F0 = np.float32(0.0)
+F1 = np.float32(1.0)
 LANE_WARPS = 8     # warps per block of the lane kernels, 2 rows each
 LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
@@ -142,7 +146,7 @@ def _batched(fmt, n_tok):
     return matvec_batch
 
 
-def _lanes_single(lf: LaneFormat):
+def _lanes_single(lf: LaneFormat, normed: bool = False):
     first, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
@@ -150,32 +154,49 @@ def _lanes_single(lf: LaneFormat):
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))
-    def matvec_lanes(w, w2, row_bytes, n_sb, n_rows, n_first, sums_off, log, x, y, y2,
-                     accumulate, tab):
-        # Rows [0, n_first) are W's (w -> y), rows [n_first, n_rows) a second matrix's of the
-        # same format and columns (w2 -> y2, from its row 0; n_first even, so a row pair never
-        # straddles the two; one matrix: n_first = n_rows). w, w2: rows of row_bytes, each of
-        # n_sb super-blocks; x: [n_sb * sb_values] f32|f16; y, y2 f32 (= or += W x); two rows
-        # per 1 << log warps (interleaved steps); dynamic shared: padded x [sums_off] f32, then
-        # (sums) its 16-value sums
+    def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
+                     nw, eps, xn, y, y2, y3, accumulate, tab):
+        # Up to three matrices of the same format and columns, one after the other in row
+        # space: W's n1 rows (w -> y) from row 0, W2's (w2 -> y2, from its row 0) from n_first
+        # to n_rows, W3's n3 rows from b3 (n_first, b3 even: a row pair never straddles two;
+        # n_first = n_rows without W2, n3 = 0 without W3). Plain kernels take n1 = n_first
+        # and no W3 (fewer registers). w*: rows of row_bytes, each of n_sb super-blocks; x:
+        # [n_sb * sb_values] f32|f16; y* f32 (= or += W x); two rows per 1 << log warps
+        # (interleaved steps); dynamic shared: padded x [sums_off] f32, then (sums) its
+        # 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
+        # vector is rmsnorm(x) * nw (every block computes the same scale); block 0 writes it
+        # to xn where xn is not empty.
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         xs = cuda.shared.array(0, types.float32)
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
         row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + (warp >> log)) * 2
-        second = row0 >= n_first and n_first < n_rows  # the same in the whole warp
+        third = normed and row0 >= b3 and n3 > 0  # the same in the whole warp
+        second = row0 >= n_first and n_first < n_rows and not third
         src = w2 if second else w
         out = y2 if second else y
         if second:
             row0 -= n_first
-        n_here = n_rows - n_first if second else n_first
+        n_here = n_rows - n_first if second else (n1 if normed else n_first)
+        if third:
+            src = w3
+            out = y3
+            row0 -= b3
+            n_here = n3
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
         cur = first(src, off_a, off_b, n_sb, sub * per_step)   # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
-        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        n_vals = n_sb * n_values
+        if normed:
+            total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
+            scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)
+            stage_padded_normed(x, nw, scale, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums,
+                                sums_off, xn, cuda.blockIdx.x == 0 and xn.shape[0] > 0)
+        else:
+            stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
         acc_a, acc_b = run(src, off_a, off_b, n_sb, cur, xs, sums_off, tab_s, sub * per_step,
                            per_step << log)
@@ -194,11 +215,11 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
     return padded_bytes(n_vals, lf.pad, lf.sums) + lf.table.nbytes <= MAX_SHARED_BYTES
 
 
-def _lanes_kernel(lf: LaneFormat):
-    key = (lf.ggml_type, 0)
+def _lanes_kernel(lf: LaneFormat, normed: bool = False):
+    key = (lf.ggml_type, -1 if normed else 0)
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf)
+        k = _CACHE[key] = _lanes_single(lf, normed)
     return k
 
 
@@ -209,20 +230,32 @@ def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
     return split_log(-(-n_rows // 2), n_steps, warps=LANE_WARPS, min_blocks=MIN_LANE_BLOCKS)
 
 
-def _launch_lanes(lf, w, x, y, n_rows: int, n_cols: int, row_bytes: int, stream,
-                  accumulate: bool, second=None) -> None:
-    """One lane launch: W x into y, and with second = (w2, y2, n_rows2) (n_rows even) that
-    matrix's rows too."""
-    kern = _lanes_kernel(lf)
+def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
+                       accumulate: bool = False, norm=None) -> None:
+    """One lane launch over 1..3 matrices of format lf and n_cols columns, mats = ((w, y,
+    n_rows), ...) with n_rows >= 1: y = W x (`accumulate`: +=). norm = (norm_w, eps, xn):
+    x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
+    block 0 writes that vector, or an empty array)."""
+    kern = _lanes_kernel(lf, norm is not None)
     n_sb = n_cols // lf.sb_values
-    # one matrix: an empty y2 (never written; a second view of y would be copied back over y
-    # where numba transfers host arrays)
-    w2, y2, n2 = (w, y[:0], 0) if second is None else second
-    log = lane_split(lf, n_rows + n2, n_sb)
+    x = flat(x)
+    w, y, n1 = mats[0]
+    y = flat(y)
+    # absent matrices: empty outputs (never written; a second view of y would be copied back
+    # over y where numba transfers host arrays)
+    (w2, y2, n2), (w3, y3, n3) = (list(mats[1:]) + [(w, y[:0], 0)] * 2)[:2]
+    n_first = n1 + (n1 & 1) if n2 else n1
+    b3 = n_first + n2 + (n2 & 1)
+    n_pairs = (n_first + n2 + 1) // 2 + (n3 + 1) // 2
+    if norm is None and (n3 or n1 != n_first):
+        raise ValueError("plain lane launches take two matrices, the first of even rows")
+    log = lane_split(lf, 2 * n_pairs, n_sb)
+    nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
-    kern[n_blocks(n_rows + n2, 2 * (LANE_WARPS >> log)), LANE_THREADS, stream, smem](
-        flat(w), flat(w2), row_bytes, n_sb, n_rows + n2, n_rows, padded_len(n_cols, lf.pad),
-        log, x, y, y2, bool(accumulate), device_table(lf))
+    kern[n_blocks(n_pairs, LANE_WARPS >> log), LANE_THREADS, stream, smem](
+        flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
+        padded_len(n_cols, lf.pad), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
+        bool(accumulate), device_table(lf))
 
 
 def batch_tile_groups(n_tok: int) -> int:
@@ -274,7 +307,8 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
         return
     lf = lane_format(fmt.ggml_type)
     if n_tok == 1 and lf is not None and lanes_fit(lf, n_cols):
-        _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream, accumulate)
+        launch_lane_matvec(lf, x, ((w, y, n_rows),), n_cols, row_bytes, stream,
+                      accumulate=accumulate)
         return
     n_groups = n_cols // 32
     tile = batch_tile_groups(n_tok)
@@ -305,8 +339,7 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
         if a.size < n * row_bytes:
             raise ValueError(f"{name}: {a.size} bytes, {fmt.name} [{n}, {n_cols}] needs "
                              f"{n * row_bytes}")
-    _launch_lanes(lf, w, x, y, n_rows, n_cols, row_bytes, stream, False,
-                  second=(w2, y2, n2))
+    launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
 def _ptx(fmt, n_tok, x_type):
@@ -325,17 +358,21 @@ for _f in FORMATS.values():
     register_ptx("matvec", f"matvec8_{_f.name}_f32", _ptx(_f, 8, types.float32))
 
 
-def _ptx_lanes(lf, x_type):
+def _ptx_lanes(lf, x_type, normed=False):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf).py_func, (u8, u8, i64, i64, i64, i64, i64, i64, x_type[::1],
-                                           f32, f32, types.boolean, tab)
+        return _lanes_single(lf, normed).py_func, (
+            (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
+                                         types.boolean, tab))
     return build
 
 
 for _lf in LANE_FORMATS.values():
     register_ptx("matvec", f"matvec_lanes_{_lf.name}_f32", _ptx_lanes(_lf, types.float32),
+                 options=lane_jit_options(_lf))
+    register_ptx("matvec", f"matvec_lanes_normed_{_lf.name}", _ptx_lanes(_lf, types.float32,
+                                                                         True),
                  options=lane_jit_options(_lf))
 _Q4K = lane_format(BY_NAME["Q4_K"].ggml_type)
 register_ptx("matvec", "matvec_lanes_Q4_K_f16", _ptx_lanes(_Q4K, types.float16),

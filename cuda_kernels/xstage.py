@@ -76,3 +76,41 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
             s = quad_sum(s)
             if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
                 xs[sums_off + (q >> 2)] = s
+
+
+@cuda.jit(device=True, inline="always")
+def sum_squares(x, n_vals):
+    """This thread's part of sum(x[i]^2) over i < n_vals (a multiple of 4; x float32): the quads
+    threadIdx.x, threadIdx.x + blockDim.x, ... in that order, so a fixed block reduction of the
+    parts gives every block of a launch the same bits."""
+    s = np.float32(0.0)
+    for q in range(cuda.threadIdx.x, n_vals >> 2, cuda.blockDim.x):
+        x0, x1, x2, x3 = ld_x4(x, 4 * q)
+        s += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+    return s
+
+
+@cuda.jit(device=True, inline="always")
+def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, xn, write_xn):
+    """`stage_padded` of v[i] = x[i] * scale * nw[i] (RMSNorm with its weight, in the order
+    `norm_rope.rms_norm` computes it), i < n_vals; with `write_xn` also xn[i] = v[i] (x, nw, xn
+    float32). The whole block calls this."""
+    n_quads = n_vals >> 2
+    for q0 in range(0, n_quads, cuda.blockDim.x):
+        q = q0 + cuda.threadIdx.x
+        s = np.float32(0.0)
+        if q < n_quads:
+            x0, x1, x2, x3 = ld_x4(x, 4 * q)
+            w0, w1, w2, w3 = ld_x4(nw, 4 * q)
+            v0 = x0 * scale * w0
+            v1 = x1 * scale * w1
+            v2 = x2 * scale * w2
+            v3 = x3 * scale * w3
+            st_x4(xs, pad_pos(4 * q, a, pa, b, pb), v0, v1, v2, v3)
+            if write_xn:
+                st_x4(xn, 4 * q, v0, v1, v2, v3)
+            s = (v0 + v1) + (v2 + v3)
+        if sums:
+            s = quad_sum(s)
+            if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
+                xs[sums_off + (q >> 2)] = s

@@ -2,9 +2,10 @@
 device memory — the token (history[seq_len]), the position and length (seq_len), the routing,
 the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
 
-Per step: embedding of history[seq_len]; per layer: RMSNorm, q and k+v matvecs, per-head norm, RoPE
-and the KV write at seq_len (one launch for an f16 cache), split-K attention over seq_len + 1 keys
-(splits as long as that length calls for, derived on the device),
+Per step: embedding of history[seq_len]; per layer: the q, k and v matvecs with the RMSNorm fused
+in (one launch per weight format; RMSNorm and matvecs apart for formats without a lane kernel),
+per-head norm, RoPE and the KV write at seq_len (one launch for an f16 cache), split-K attention
+over seq_len + 1 keys (splits as long as that length calls for, derived on the device),
 output projection added into the residual by its matvec, RMSNorm + router matvec + top-k (one
 launch for F32/F16 router rows), the MoE
 (cache slot or mapped host memory per expert, added into the residual, hits/misses counted per
@@ -28,6 +29,7 @@ from strata.cuda_kernels.elementwise import embed
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
 from strata.cuda_kernels.matvec import matvec, matvec_pair
+from strata.cuda_kernels.matvec_normed import matvec_normed, normed_groups
 from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.rope_kv import rope_kv, rope_kv_fits
@@ -121,12 +123,7 @@ class DecodeStep:
         m, s = self.m, self.m.shape
         b = f"blk.{il}."
         eps = s.rms_norm_eps
-        rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
-        w = m.matrices[b + "attn_q"]
-        matvec(w.data, w.ggml_type, self.xn1, self.q.reshape(self.q.size), stream=stream)
-        wk, wv = m.matrices[b + "attn_k"], m.matrices[b + "attn_v"]  # one launch if one format
-        matvec_pair(wk.data, wk.ggml_type, wv.data, wv.ggml_type, self.xn1,
-                    self.k.reshape(self.k.size), self.v.reshape(self.v.size), stream=stream)
+        self._qkv(b, stream)
         k_side, v_side = m.kv_sides[il]
         norms = dict(q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
                      eps=eps, stream=stream)
@@ -159,6 +156,24 @@ class DecodeStep:
         rms_norm(self.x, norm_w, self.xn, eps=eps, stream=stream)
         matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
         route(logits, a["topk_ids"], a["topk_weights"], norm_topk=True, stream=stream)
+
+    def _qkv(self, b: str, stream) -> None:
+        """q, k and v of the attention-normed residual: the norm fused into one lane matvec per
+        weight format (one launch, or two where v's format differs); else RMSNorm into xn, q,
+        and k+v (one launch if one format)."""
+        m, eps = self.m, self.m.shape.rms_norm_eps
+        wq, wk, wv = (m.matrices[b + n] for n in ("attn_q", "attn_k", "attn_v"))
+        q, k, v = self.q.reshape(self.q.size), self.k.reshape(self.k.size), self.v.reshape(
+            self.v.size)
+        groups = normed_groups([(wq.data, wq.ggml_type, q), (wk.data, wk.ggml_type, k),
+                                (wv.data, wv.ggml_type, v)], self.x1.shape[0])
+        if groups is not None:
+            for mats in groups:
+                matvec_normed(self.x1, m.norms[b + "attn_norm"], eps, mats, stream=stream)
+            return
+        rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
+        matvec(wq.data, wq.ggml_type, self.xn1, q, stream=stream)
+        matvec_pair(wk.data, wk.ggml_type, wv.data, wv.ggml_type, self.xn1, k, v, stream=stream)
 
     def _moe(self, il: int, stream, *, cpu_misses: bool) -> None:
         """Layer il's experts added into the residual: cached ones from their slots, missed ones

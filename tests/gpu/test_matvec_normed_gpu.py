@@ -1,0 +1,61 @@
+"""The RMSNorm-fused lane matvec on a real GPU at the 30B attention shapes (n_embd 2048; q 4096
+rows, k and v 512 each) against a float64 RMSNorm and gguf-py's dequantization, outputs poisoned
+(NaN) before the run: q, k, v all Q4_K, all Q6_K, and the Q4_K_M split (q, k Q4_K | v Q6_K).
+
+    STRATA_TEST_GPU=1 python -m pytest -n0 tests/gpu/test_matvec_normed_gpu.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.kernel_blocks import random_rows, reference
+
+pytestmark = pytest.mark.gpu
+N_EMBD = 2048
+ROWS = {"q": 4096, "k": 512, "v": 512}
+EPS = 1e-6
+TOL = 1e-4  # f32 accumulation over 2048 columns
+
+
+def _rel(got, want):
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+@pytest.mark.parametrize("fmts", [("Q4_K", "Q4_K", "Q4_K"), ("Q6_K", "Q6_K", "Q6_K"),
+                                  ("Q4_K", "Q4_K", "Q6_K")])
+def test_matvec_normed_30b_attention_shapes(fmts):
+    from numba import cuda
+
+    from strata.cuda_kernels.matvec import matvec
+    from strata.cuda_kernels.matvec_normed import matvec_normed, normed_groups
+
+    rng = np.random.default_rng()
+    x = (rng.standard_normal(N_EMBD) * 5.0).astype(np.float32)
+    nw = rng.uniform(0.2, 2.0, N_EMBD).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want_xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw.astype(np.float64)
+    mats, refs = [], []
+    for name, fmt in zip(ROWS, fmts):
+        rows = random_rows(fmt, ROWS[name], N_EMBD, rng)
+        refs.append(reference(fmt, rows, N_EMBD) @ want_xn)
+        mats.append((cuda.to_device(rows), fmt, cuda.to_device(np.full(ROWS[name], np.nan,
+                                                                        np.float32))))
+    groups = normed_groups(mats, N_EMBD)
+    assert len(groups) == len(set(fmts))
+    d_x, d_nw = cuda.to_device(x), cuda.to_device(nw)
+    d_xn = cuda.to_device(np.full(N_EMBD, np.nan, np.float32))
+    for i, g in enumerate(groups):
+        matvec_normed(d_x, d_nw, EPS, g, normed_out=d_xn if i == 0 else None)
+    xn = d_xn.copy_to_host()
+    assert _rel(xn, want_xn) < 1e-6
+    for (w, fmt, y), ref in zip(mats, refs):
+        got = y.copy_to_host()
+        assert np.isfinite(got).all(), f"{fmt} [{got.size}]: unwritten outputs"
+        assert _rel(got, ref) < TOL, f"{fmt} [{got.size}]: relative error {_rel(got, ref):.2e}"
+        # the plain kernel on the normed vector block 0 wrote: the same matrix product
+        plain = cuda.to_device(np.full(got.size, np.nan, np.float32))
+        matvec(w, fmt, d_xn, plain)
+        np.testing.assert_allclose(got, plain.copy_to_host(), rtol=1e-4,
+                                   atol=1e-5 * float(np.abs(got).max()))

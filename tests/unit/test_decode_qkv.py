@@ -1,0 +1,68 @@
+"""The decode step's attention projections: the RMSNorm fused into one lane matvec per weight
+format (Q4_K_M layers: q, k Q4_K in one launch, v Q6_K in another; no RMSNorm launch), and the
+separate RMSNorm + matvecs where a weight has no lane kernel; the q, k, v values against a
+float64 reference either way."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import strata.engine.cuda.decode as decode_mod
+from helpers.kernel_blocks import random_rows, reference
+from strata.engine.cuda.decode import DecodeStep
+
+N_EMBD, N_Q, N_KV = 256, 8, 4
+EPS = 1e-6
+
+
+def _step(fmts, rng):
+    """A DecodeStep over just what `_qkv` reads: one layer's norm and q/k/v weights."""
+    x = (rng.standard_normal((1, N_EMBD)) * 3.0).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, N_EMBD).astype(np.float32)
+    matrices, refs = {}, {}
+    for name, fmt, n in zip(("attn_q", "attn_k", "attn_v"), fmts, (N_Q, N_KV, N_KV)):
+        rows = random_rows(fmt, n, N_EMBD, rng)
+        matrices[f"blk.0.{name}"] = SimpleNamespace(data=rows.reshape(-1), ggml_type=fmt)
+        refs[name] = reference(fmt, rows, N_EMBD)
+    step = DecodeStep.__new__(DecodeStep)
+    step.m = SimpleNamespace(matrices=matrices, norms={"blk.0.attn_norm": nw},
+                             shape=SimpleNamespace(rms_norm_eps=EPS))
+    step.x, step.x1 = x, x.reshape(N_EMBD)
+    step.xn = np.full((1, N_EMBD), np.nan, np.float32)
+    step.xn1 = step.xn.reshape(N_EMBD)
+    step.q = np.full((1, N_Q), np.nan, np.float32)
+    step.k = np.full((1, N_KV), np.nan, np.float32)
+    step.v = np.full((1, N_KV), np.nan, np.float32)
+    x64 = x[0].astype(np.float64)
+    xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw
+    return step, {n: r @ xn for n, r in refs.items()}
+
+
+def _counting(monkeypatch):
+    calls = []
+    for name in ("rms_norm", "matvec", "matvec_pair", "matvec_normed"):
+        real = getattr(decode_mod, name)
+
+        def call(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name if _name != "matvec_normed" else (_name, len(args[3])))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(decode_mod, name, call)
+    return calls
+
+
+@pytest.mark.parametrize("fmts,launches", [
+    (("Q4_K", "Q4_K", "Q6_K"), [("matvec_normed", 2), ("matvec_normed", 1)]),
+    (("Q8_0", "Q8_0", "Q8_0"), [("matvec_normed", 3)]),
+    (("F16", "Q8_0", "Q8_0"), ["rms_norm", "matvec", "matvec_pair"]),
+])
+def test_qkv_launches_and_values(monkeypatch, fmts, launches):
+    step, want = _step(fmts, np.random.default_rng(len(launches)))
+    calls = _counting(monkeypatch)
+    step._qkv("blk.0.", 0)
+    assert calls == launches
+    for name, got in (("attn_q", step.q), ("attn_k", step.k), ("attn_v", step.v)):
+        rel = np.linalg.norm(got[0] - want[name]) / np.linalg.norm(want[name])
+        assert rel < 1e-5, (name, rel)
