@@ -18,8 +18,10 @@ output row sums the router-weighted down rows of all k experts, optionally added
 Formats with a lane decoding (`lanes`) use lane kernels, as matvec does: gate_up is one launch for
 all k experts over at most MIN_LANE_BLOCKS blocks (one wave on an H200), each block staging x once
 and its warps taking (h entry, expert) items in turn, each item the gate and the up row of one h
-entry; the experts' slots are resolved by k threads at once (not one thread in turn); a down warp takes two output rows and, per step, its lane
-groups take consecutive (cached expert, super-block) units of them, the missed experts left out of
+entry (rows of one step, e.g. 2048 columns of Q4_K: the next item's loads issued before the
+current one is dotted; longer rows: the steps of one row pipelined); the experts' slots are
+resolved by k threads at once (not one thread in turn); a down warp takes two output rows and,
+per step, its lane groups take consecutive (cached expert, super-block) units of them, the missed experts left out of
 the unit list. Other formats use one warp per row (gate_up) or one warp per output row with lanes
 spread over all (expert, 32-value group) pairs (down).
 """
@@ -33,7 +35,8 @@ from numba import cuda, from_dtype, types
 
 from .elementwise import silu
 from .intrinsics import warp_sum
-from .lanes import LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step
+from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
+                    row_pair_steps)
 from .launch import check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
                      lane_jit_options, lane_split, lanes_fit, stage_table)
@@ -180,31 +183,22 @@ def _down_factory(fmt):
 
 def _gate_up_lanes(lf: LaneFormat):
     load_pair, dot_pair = pair_step(lf)
-    n_values, per_step = lf.sb_values, lf.sbs_per_step
+    n_values = lf.sb_values
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
-
-    @cuda.jit(device=True, inline="always")
-    def unit_at(un, w0, n_warps, n_steps, k):
-        """(h entry row, expert position kk, step s) of a warp's un-th unit (recomputed rather
-        than carried: fewer values live across the loads)."""
-        j = un // n_steps
-        it = w0 + j * n_warps
-        row = it // k
-        return row, it - row * k, un - j * n_steps
 
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
                           cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
                           sums_off, h, tab):
+        # Rows of one step (n_sb <= the format's super-blocks per step: 2048 columns of Q4_K).
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
         # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
-        # grid, ...); x is staged once per block for all k experts. A warp's work is one run of
-        # units (its items x the steps of a row), the next unit's loads issued before the
-        # current one is dotted, across item boundaries too: with a row of one step (2048
-        # columns of Q4_K) a warp otherwise waits a full memory latency per item. Dynamic
+        # grid, ...); x is staged once per block for all k experts. The next item's loads are
+        # issued before the current one is dotted (the first item's before x is staged): a
+        # warp taking its items in turn would wait a full memory latency for each. Dynamic
         # shared: padded x [sums_off] f32, then (sums) its 16-value sums
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
@@ -221,11 +215,10 @@ def _gate_up_lanes(lf: LaneFormat):
                 cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
         cuda.syncthreads()
         n_warps = cuda.gridDim.x * LANE_WARPS
-        w0 = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
-        n_steps = (n_sb + per_step - 1) // per_step
-        n_units = ((n_items - 1 - w0) // n_warps + 1) * n_steps if w0 < n_items else 0
-        row, kk, s = unit_at(0, w0, n_warps, n_steps, k)
-        where = s_where[kk] if n_units > 0 else -1  # the same in the whole warp
+        it = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
+        row = it // k
+        kk = it - row * k
+        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
         off_g = s_base[kk] + row * row_bytes
         src = cache if where == 0 else host
         if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
@@ -238,32 +231,87 @@ def _gate_up_lanes(lf: LaneFormat):
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
-        g = F0
-        u = F0
-        for un in range(n_units):
+        while it < n_items:
             nxt = cur
-            if un + 1 < n_units:
-                row1, kk1, s1 = unit_at(un + 1, w0, n_warps, n_steps, k)
+            it1 = it + n_warps
+            if it1 < n_items:
+                row1 = it1 // k
+                kk1 = it1 - row1 * k
                 where1 = s_where[kk1]
                 if where1 >= 0:  # never a read for an expert left to the CPU
                     off1 = s_base[kk1] + row1 * row_bytes
                     src1 = cache if where1 == 0 else host
-                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, s1 * per_step)
-            row, kk, s = unit_at(un, w0, n_warps, n_steps, k)
+                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
+            row = it // k
+            kk = it - row * k
             where = s_where[kk]
+            g = F0
+            u = F0
             if where >= 0:
-                dg, du = dot_pair(cur, n_sb, s * per_step, xs, sums_off, tab_s)
-                g += dg
-                u += du
-            if s == n_steps - 1:  # the item's last step
-                g = warp_sum(g)
-                u = warp_sum(u)
-                if (t & 31) == 0:
-                    h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
-                g = F0
-                u = F0
+                g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
+            g = warp_sum(g)
+            u = warp_sum(u)
+            if (t & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
             cur = nxt
+            it = it1
     return moe_gate_up_lanes
+
+
+def _gate_up_lanes_rows(lf: LaneFormat):
+    first, run = row_pair_steps(lf)
+    n_values, per_step = lf.sb_values, lf.sbs_per_step
+    pa_a, pa_pa, pa_b, pa_pb = lf.pad
+    sums = lf.sums
+    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+
+    @cuda.jit(**lane_jit(lf))
+    def moe_gate_up_lanes_rows(x, ids, k, n_items, slot_table, layer, cache, slot_off, host,
+                               host_off, cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff,
+                               up_off, sums_off, h, tab):
+        # Rows of several steps (see moe_gate_up_lanes for one): a warp's steps of one item
+        # pipelined (`run`), items in turn.
+        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
+        # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
+        # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
+        # grid, ...): x is staged once per block for all k experts, and a block's warps keep
+        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
+        # [sums_off] f32, then (sums) its 16-value sums
+        s_where = cuda.shared.array(MAX_K, np.int32)
+        s_base = cuda.shared.array(MAX_K, np.int64)
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        xs = cuda.shared.array(0, types.float32)
+        t = cuda.threadIdx.x
+        if t < k:  # the k experts resolved at once, one thread each
+            e = ids[t]
+            where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
+            s_where[t] = where
+            s_base[t] = base
+            if cuda.blockIdx.x == 0:
+                miss_list[t] = e if where < 0 else -1
+                cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        cuda.syncthreads()
+        n_warps = cuda.gridDim.x * LANE_WARPS
+        for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
+            row = it // k
+            kk = it - row * k
+            where = s_where[kk]  # the same in the whole warp
+            g = F0
+            u = F0
+            if where >= 0:
+                src = cache if where == 0 else host
+                off_g = s_base[kk] + row * row_bytes
+                cur = first(src, off_g, off_g + up_off, n_sb, 0)
+                g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0,
+                           per_step)
+            if (t & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+    return moe_gate_up_lanes_rows
+
+
 
 
 @cuda.jit(device=True, inline="always")
@@ -387,13 +435,14 @@ def _down_lanes(lf: LaneFormat):
 
 
 _FACTORIES = {"gate_up": _gate_up_factory, "down": _down_factory,
-              "gate_up_lanes": _gate_up_lanes, "down_lanes": _down_lanes}
+              "gate_up_lanes": _gate_up_lanes, "gate_up_lanes_rows": _gate_up_lanes_rows,
+              "down_lanes": _down_lanes}
 
 
 def _kernel(kind: str, ggml_type: int):
     key = (kind, ggml_type)
     if key not in _CACHE:
-        spec = LANE_FORMATS[ggml_type] if kind.endswith("_lanes") else FORMATS[ggml_type]
+        spec = LANE_FORMATS[ggml_type] if "_lanes" in kind else FORMATS[ggml_type]
         _CACHE[key] = _FACTORIES[kind](spec)
     return _CACHE[key]
 
@@ -450,7 +499,8 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     if gu_lanes is not None:
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
-        _kernel("gate_up_lanes", gu_fmt.ggml_type)[
+        one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
+        _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type)[
             rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
             padded_bytes(layout.n_embd, gu_lanes.pad, gu_lanes.sums)](
             x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
@@ -497,6 +547,9 @@ _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int6
 for _l in LANE_FORMATS.values():
     register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
                  lambda f=_l: (_gate_up_lanes(f).py_func, _GUL_SIG + (_tab_type(f),)),
+                 options=lane_jit_options(_l))
+    register_ptx("moe", f"moe_gate_up_lanes_rows_{_l.name}",
+                 lambda f=_l: (_gate_up_lanes_rows(f).py_func, _GUL_SIG + (_tab_type(f),)),
                  options=lane_jit_options(_l))
     register_ptx("moe", f"moe_down_lanes_{_l.name}",
                  lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)),

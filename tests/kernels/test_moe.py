@@ -47,8 +47,8 @@ def _store(layout, gu, dn, rng, n_layer=2, n_expert=6, layer=1):
 @pytest.mark.parametrize("gu,dn,n_embd,n_ff,cpu_misses", [
     ("IQ4_XS", "Q8_0", 256, 32, False),     # lane kernels (gate_up and down)
     ("Q8_0", "IQ4_NL", 64, 32, True),       # lane gate_up, generic down
-    # a gate/up row of two steps (5 Q6_K super-blocks, 4 a step): the pipelined units cross
-    # step and item boundaries; CPU misses skipped between loaded units
+    # a gate/up row of two steps (5 Q6_K super-blocks, 4 a step: the rows kernel); the two
+    # above have rows of one step (items pipelined across, CPU misses skipped between them)
     ("Q6_K", "Q8_0", 1280, 32, True),
 ])
 def test_moe_decode(gu, dn, n_embd, n_ff, cpu_misses):
