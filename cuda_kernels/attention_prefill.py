@@ -19,7 +19,8 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .attention import _check_pair, _row_bytes
+from .attention import _row_bytes
+from .attention_prefill_gqa import check_args, prefill_attention_gqa
 from .kvcache import KvSide, make_reader
 from .mma import mma_16816, pack_half2, shfl_xor
 
@@ -183,25 +184,23 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
 
 
 def prefill_attention(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int = WARPS,
-                      bkv: int = BKV, stream=0):
+                      bkv: int = BKV, variant: str = "base", stream=0):
     """Causal attention of a chunk: out[i, h] over keys 0 .. seq_len[0] + i of KV head h // G.
 
     q: [n_q, n_head, head_dim] f32 (RoPE applied); k, v: the layer's cache sides with the
     chunk already written at seq_len[0] ..; out: [n_q, n_head, head_dim] f32.
+    variant: "base" (this module's kernel: a block takes one head) or "gqa" (each staged K/V
+    tile shared by the heads of one KV head: `attention_prefill_gqa`, warps/bkv its own).
     """
-    _check_pair(k, v)
+    if variant == "gqa":
+        prefill_attention_gqa(q, k, v, seq_len, out, warps=warps, bkv=bkv, stream=stream)
+        return
+    if variant != "base":
+        raise ValueError(f"prefill attention variant must be 'base' or 'gqa', got {variant!r}")
+    check_args(q, k, v, seq_len, out, bkv)
     lay = k.layout
-    if q.dtype != np.float32 or q.ndim != 3 or q.shape[2] != lay.head_dim \
-            or q.shape[1] % lay.n_kv_head:
-        raise ValueError(f"q must be float32 [n_q, n_head, {lay.head_dim}] with n_head a "
-                         f"multiple of {lay.n_kv_head}, got {q.dtype} {tuple(q.shape)}")
-    if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
-        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
-    if lay.head_dim % 16 or bkv % 16 or warps < 1:
-        raise ValueError(f"head_dim and bkv must be multiples of 16, warps >= 1 (got "
-                         f"{lay.head_dim}, {bkv}, {warps})")
-    if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
-        raise ValueError("seq_len must be an int32 [1] device array")
+    if warps < 1:
+        raise ValueError(f"warps must be >= 1, got {warps}")
     kernel = _prefill_kernel(lay.fmt, v.layout.fmt, lay.head_dim, warps, bkv)
     scale = np.float32(1.0 / math.sqrt(lay.head_dim))
     grid = (-(-q.shape[0] // (16 * warps)), q.shape[1])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from numba import types as T
 
-from . import attention, attention_prefill, attention_wide, kvcache, route
+from . import attention, attention_prefill, attention_prefill_gqa, attention_wide, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, TC_TILE
@@ -75,6 +75,18 @@ def _attn_specs(fmt, shapes):
                       (q3, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3)))
         yield (f"kv_write_{fmt}_hd{hd}", _fixed(kvcache._write_kernel(fmt, hd),
                                                 (q3, _I32, _I64, _U8, _F16)))
+    yield from _gqa_specs(fmt, shapes)
+
+
+def _gqa_specs(fmt, shapes):
+    """The prefill attention variant sharing K/V tiles across a KV head's query heads
+    (`attention_prefill.prefill_attention(..., variant="gqa")`): one kernel per block shape."""
+    q3, gqa = T.float32[:, :, ::1], attention_prefill_gqa
+    src = T.uint32[:, ::1] if fmt == "f16" else _U8  # f16: cache rows as u32 (cp.async)
+    for hd, hb, tw in sorted({(hd, *gqa.block_shape(g, gqa.WARPS)) for hd, g in shapes}):
+        yield (f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}",
+               _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV),
+                      (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, q3)))
 
 
 def register(family: str = FAMILY, *, full: bool = False) -> None:

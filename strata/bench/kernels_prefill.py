@@ -10,7 +10,9 @@
   replay when the driver bindings allow, so Python launch cost is not counted); f16 also at 600
   and 4096 live keys of a 4K cache over 48 layers, with the split following the length and with
   the fixed 256-key split ("_fixed");
-* causal prefill attention of a 4096-token chunk (f16 KV): TFLOP/s of the unmasked work.
+* causal prefill attention of a 4096-token chunk (f16 and int8 KV) and a 16384-token one (f16),
+  the base kernel and the GQA-shared variant ("_gqa", with knob variations): TFLOP/s of the
+  unmasked work.
 Ceilings: device-to-device copy (read + write bytes), a streaming read kernel, and a dense f16
 matrix product through torch where torch is present. `ENTRIES` lists the benchmarks for the
 shared runner (strata.bench.kernels).
@@ -322,22 +324,56 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
 
 
 def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, hd=128,
-                            quick=False) -> dict:
+                            variant="base", warps=None, bkv=None, min_blocks=0, quick=False,
+                            tag="") -> dict:
+    """Causal prefill attention of an n_q-token chunk over `start` cached tokens, TFLOP/s of the
+    unmasked work. variant "base" (a block per head) or "gqa" (K/V tiles shared by a KV head's
+    query heads: warps, bkv, min_blocks its launch knobs; None: the module's defaults)."""
     from strata.cuda_kernels import attention_prefill
+    from strata.cuda_kernels import attention_prefill_gqa as gqa
     cuda = _cuda()
     rng = np.random.default_rng(3)
     _, (k, v) = _kv_sides(fmt, start + n_q, n_kv, hd, start + n_q, rng)
     q = cuda.to_device(rng.standard_normal((n_q, n_head, hd)).astype(np.float32))
     out = cuda.device_array((n_q, n_head, hd), np.float32)
     seq = cuda.to_device(np.array([start], np.int32))
-    t = time_ms(lambda: attention_prefill.prefill_attention(q, k, v, seq, out),
-                reps=3 if quick else 10)
+    if variant == "gqa":
+        warps, bkv = warps or gqa.WARPS, bkv or gqa.BKV
+        hb, tw = gqa.block_shape(n_head // n_kv, warps)
+        kern = gqa.gqa_kernel(fmt, fmt, hd, hb, tw, bkv, min_blocks)
+        run = functools.partial(gqa.prefill_attention_gqa, warps=warps, bkv=bkv,
+                                min_blocks=min_blocks)
+    else:
+        warps, bkv = warps or attention_prefill.WARPS, bkv or attention_prefill.BKV
+        kern = attention_prefill._prefill_kernel(fmt, fmt, hd, warps, bkv)
+        run = functools.partial(attention_prefill.prefill_attention, warps=warps, bkv=bkv)
+    t = time_ms(lambda: run(q, k, v, seq, out), reps=3 if quick else 10)
     flops = attention_prefill.attention_flops(n_q, start, n_head, hd)
-    kern = attention_prefill._prefill_kernel(fmt, fmt, hd, attention_prefill.WARPS,
-                                             attention_prefill.BKV)
-    return {"name": f"prefill_attn_{fmt}", "n_q": n_q, "start": start, "ms": t,
-            "kernel": _resources(kern),
+    name = f"prefill_attn_{fmt}" + ("" if variant == "base" else f"_{variant}") + tag
+    return {"name": name, "n_q": n_q, "start": start, "warps": warps, "bkv": bkv,
+            "min_blocks": min_blocks, "ms": t, "kernel": _resources(kern),
             "tflops": flops / (t * 1e9)}
+
+
+def _prefill_attn_entries() -> dict:
+    """Base and GQA-shared kernels at 4096 tokens (f16, int8) and 16384 (f16), and the GQA
+    kernel's knobs at 4096: 8 warps (8 heads a block), 8 warps bounded to 2 blocks per SM,
+    16-key tiles."""
+    e = {}
+    for fmt, n_q, tag in (("f16", 4096, ""), ("f16", 16384, "_16k"), ("int8", 4096, "")):
+        for variant in ("base", "gqa"):
+            name = f"prefill_attn_{fmt}" + ("" if variant == "base" else "_gqa") + tag
+            e[name] = functools.partial(_prefill_attn, fmt=fmt, n_q=n_q, variant=variant,
+                                        tag=tag)
+    for tag, knobs in (("_w8", dict(warps=8)), ("_w8b2", dict(warps=8, min_blocks=2)),
+                       ("_k16", dict(bkv=16))):
+        e[f"prefill_attn_f16_gqa{tag}"] = functools.partial(_prefill_attn, variant="gqa",
+                                                             tag=tag, **knobs)
+    return e
+
+
+def _prefill_attn(quick, **kw):
+    return bench_prefill_attention(quick=quick, **kw)
 
 
 def _decode_attn_4k(quick, *, length, n_target, tag):
@@ -379,24 +415,24 @@ ENTRIES = {
                                                                     quick=quick),
     "decode_attn_int8": lambda quick: bench_decode_attention(fmt="int8", quick=quick),
     "decode_attn_q4_0": lambda quick: bench_decode_attention(fmt="q4_0", quick=quick),
-    "prefill_attn_f16": lambda quick: bench_prefill_attention(fmt="f16", quick=quick),
+    **_prefill_attn_entries(),
 }
 
 
 def _table(ceil: dict, rows: list[dict]) -> str:
     lines = [f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s (r+w), read {ceil['read_gbps']:.0f} "
              f"GB/s, f16 GEMM {ceil['f16_tflops'] or float('nan'):.0f} TFLOP/s (torch)",
-             f"{'benchmark':<22} {'time ms':>9} {'achieved':>16} {'of ceiling':>11}  target"]
+             f"{'benchmark':<26} {'time ms':>9} {'achieved':>16} {'of ceiling':>11}  target"]
     read = max(ceil["read_gbps"], ceil["copy_gbps"] / 2)
     for r in rows:
         if "gbps" in r:
-            lines.append(f"{r['name']:<22} {r['ms']:>9.4f} {r['gbps']:>10.0f} GB/s "
+            lines.append(f"{r['name']:<26} {r['ms']:>9.4f} {r['gbps']:>10.0f} GB/s "
                          f"{r['gbps'] / read:>10.0%}  >=60% read ({r['timing']})")
         else:
             ms = r.get("ms", r.get("gate_up_ms", 0) + r.get("down_ms", 0))
             ref = ceil["f16_tflops"] or math.nan
             target = {"moe": ">=150 TFLOP/s", "pre": ">=50 TFLOP/s"}.get(r["name"][:3], "")
-            lines.append(f"{r['name']:<22} {ms:>9.3f} {r['tflops']:>8.1f} TFLOP/s "
+            lines.append(f"{r['name']:<26} {ms:>9.3f} {r['tflops']:>8.1f} TFLOP/s "
                          f"{r['tflops'] / ref:>10.1%}  {target}")
     return "\n".join(lines)
 

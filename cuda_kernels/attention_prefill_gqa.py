@@ -1,0 +1,355 @@
+"""Causal prefill attention with K/V tiles shared by the query heads of one KV head.
+
+Same contract as `attention_prefill.prefill_attention` (the chunk's n_q tokens at positions
+start .. start + n_q - 1, start = seq_len[0] read on the device, their keys/values already in the
+cache; token i attends to keys 0 .. start + i), organised for less load work per FLOP:
+
+* a block takes 16 * tw query tokens of hb query heads that share one KV head (hb divides the
+  GQA group); warp w owns the 16 tokens (w // hb) of head (w % hb) as mma A fragments, so every
+  K/V tile staged in shared memory feeds hb * tw warps (the base kernel: one head, so each of
+  the group's heads stages the same tiles again);
+* K and V sit in shared memory row-major (one key per row, f16, rows padded by 16 bytes so the 8
+  rows of an ldmatrix hit distinct banks): f16 caches are copied with cp.async straight from the
+  cache rows, int8 / q4_0 ones dequantized through registers; B fragments are read with
+  ldmatrix (K) and ldmatrix.trans (V: the key axis becomes the mma k axis), one instruction per
+  two mma;
+* two tile buffers: tile j + 1 is issued into the other buffer before the warps compute on tile
+  j (cp.async: the copy runs under the compute), one barrier per tile;
+* scores are kept in base 2 (log2 e folded into the Q scale; exp2 in the softmax), tiles wholly
+  below the block's first position skip the causal mask, and the token blocks run last to first
+  (the longest rows start first, the short ones fill the tail).
+
+Tiles past the block's last query position are never loaded; keys past the sequence are zeros in
+shared memory, never stale cache bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from .attention import _check_pair, _row_bytes
+from .kvcache import KvSide, make_reader
+from .mma import SIMULATED, _warp_exchange, cp_async16, cp_async_wait, ldsm_x4, mma_16816, \
+    pack_half2, shfl_xor
+
+WARPS = 4
+BKV = 32
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
+NEG_INF = float32(-np.inf)
+LOG2E = 1.4426950408889634
+
+
+# ----------------------------------------------------------------------------------------------
+# ldmatrix .trans (the V fragments): lane l names a row as for `mma.ldsm_x4`; it receives, of each
+# matrix m, the halves (row 2t, column g) and (row 2t + 1, column g), g = l >> 2, t = l & 3.
+
+
+def _ldsm_trans_combine(slots):
+    out = np.zeros((32, 4), dtype=np.uint32)
+    lanes = np.arange(32)
+    g, t = lanes >> 2, lanes & 3
+    for m in range(4):
+        rows = np.array([[arr[i + w] for w in range(4)] for arr, i in slots[8 * m:8 * m + 8]],
+                        dtype=np.uint32).view(np.uint16)  # [8 rows, 8 columns] f16 bits
+        out[:, m] = rows[2 * t, g].astype(np.uint32) | (rows[2 * t + 1, g].astype(np.uint32) << 16)
+    return out
+
+
+def _ldsm_x4_trans_sim(arr, i):
+    ex, lane = _warp_exchange()
+    w = ex.run(lane, (arr, int(i)), _ldsm_trans_combine)
+    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
+        np.uint32(w[lane, 3])
+
+
+if SIMULATED:
+    ldsm_x4_trans = _ldsm_x4_trans_sim
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.core.extending import intrinsic
+
+    from .mma import _addr
+
+    @intrinsic
+    def ldsm_x4_trans(typingctx, arr, i):
+        """ldmatrix .m8n8.x4.trans from a shared u32 array: this lane's row starts at word i."""
+        ret = types.UniTuple(types.uint32, 4)
+        i32 = ir.IntType(32)
+
+        def codegen(context, builder, signature, args):
+            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
+                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
+                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [s]; }",
+                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                     for k in range(4)])
+        return ret(arr, i), codegen
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def block_shape(group: int, warps: int) -> tuple[int, int]:
+    """(heads per block hb, 16-token groups per block tw) for `warps` warps at GQA group `group`:
+    hb the largest divisor of the group not above `warps`, tw = warps // hb."""
+    hb = max(d for d in range(1, min(group, warps) + 1) if group % d == 0)
+    return hb, warps // hb
+
+
+def shared_bytes(head_dim: int, bkv: int) -> int:
+    """Static shared memory of one block: K and V, two tile buffers each."""
+    return 2 * 2 * bkv * (head_dim // 2 + 4) * 4
+
+
+def jit_options(hb: int, tw: int, min_blocks: int) -> dict:
+    """Compile options (also recorded in the PTX registry): launch bounds when min_blocks > 0."""
+    return {"launch_bounds": (32 * hb * tw, min_blocks)} if min_blocks else {}
+
+
+def _stager(fmt, head_dim, bkv, n_threads):
+    """Device function stage(src, scale, sh, off, kt0, length, n_kv, hk, tid, va): keys kt0 ..
+    kt0 + bkv - 1 of KV head hk into sh[off:] as f16 rows of RW words (zeros past `length`).
+    f16: src is the cache as u32 [rows, row_words] and the copies are cp.async (complete after
+    cp_async_wait); else src is the cache's bytes, dequantized through va (8 f32)."""
+    rw, cpr = head_dim // 2 + 4, head_dim // 8  # row words in shared; 8-value chunks per row
+    if fmt == "f16":
+        @cuda.jit(device=True, inline="always")
+        def stage(src, scale, sh, off, kt0, length, n_kv, hk, tid, va):
+            for c in range(tid, bkv * cpr, n_threads):
+                key, ch = c // cpr, c % cpr
+                ok = kt0 + key < length
+                row = (kt0 + key) * n_kv + hk if ok else 0
+                cp_async16(sh, off + key * rw + ch * 4, src, row, ch * 4, ok)
+        return stage
+    read = make_reader(fmt, 8, _row_bytes(fmt, head_dim))
+
+    @cuda.jit(device=True, inline="always")
+    def stage(src, scale, sh, off, kt0, length, n_kv, hk, tid, va):
+        for c in range(tid, bkv * cpr, n_threads):
+            key, ch = c // cpr, c % cpr
+            at = off + key * rw + ch * 4
+            if kt0 + key < length:
+                read(src, scale, (kt0 + key) * n_kv + hk, ch * 8, va, 0)
+                for w in range(4):
+                    sh[at + w] = pack_half2(va[2 * w], va[2 * w + 1])
+            else:  # NaN * 0 = NaN: never stale bytes
+                for w in range(4):
+                    sh[at + w] = uint32(0)
+    return stage
+
+
+def _row_update(ns, no):
+    @cuda.jit(device=True, inline="always")
+    def row_update(s, o, m_old, l_old, e0, kt0, pos, length, t, masked):
+        """Mask (when `masked`), new row max, rescale O and l for one of the lane's two rows
+        (e0 = 0: c0/c1, 2: c2/c3); scores in base 2."""
+        mx = NEG_INF
+        for nt in range(ns):
+            for e in range(2):
+                i = nt * 4 + e0 + e
+                if masked:
+                    key = kt0 + nt * 8 + 2 * t + e
+                    if key > pos or key >= length:
+                        s[i] = NEG_INF
+                mx = max(mx, s[i])
+        mx = max(mx, shfl_xor(mx, 1))
+        mx = max(mx, shfl_xor(mx, 2))
+        m_new = max(m_old, mx)
+        ref = m_new if m_new != NEG_INF else float32(0.0)
+        alpha = math.exp2(m_old - ref)
+        total = float32(0.0)
+        for nt in range(ns):
+            for e in range(2):
+                p = math.exp2(s[nt * 4 + e0 + e] - ref)
+                s[nt * 4 + e0 + e] = p
+                total += p
+        for nt in range(no):
+            o[nt * 4 + e0] *= alpha
+            o[nt * 4 + e0 + 1] *= alpha
+        return m_new, l_old * alpha + total
+    return row_update
+
+
+def _tile_math(head_dim, bkv):
+    """(scores, accumulate): S = Q K^T of one tile into s (f32 C fragments of bkv // 8 key
+    tiles); O += P V with P as A fragments pf. sh / off: the tile's buffer."""
+    kk_n, ns, kc_n, no = head_dim // 16, bkv // 8, bkv // 16, head_dim // 8
+    rw = head_dim // 2 + 4
+
+    @cuda.jit(device=True, inline="always")
+    def scores(qf, sK, off, lane, s):
+        for i in range(ns * 4):
+            s[i] = float32(0.0)
+        for p in range(ns // 2):  # two key tiles per ldmatrix: b0 b1 of keys +0..7, of +8..15
+            rb = off + (p * 16 + (lane & 7) + ((lane >> 4) << 3)) * rw + ((lane >> 3) & 1) * 4
+            for kk in range(kk_n):
+                b0, b1, b2, b3 = ldsm_x4(sK, rb + kk * 8)
+                a = 8 * p
+                d = mma_16816(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                              b0, b1, s[a], s[a + 1], s[a + 2], s[a + 3])
+                for e in range(4):
+                    s[a + e] = d[e]
+                d = mma_16816(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
+                              b2, b3, s[a + 4], s[a + 5], s[a + 6], s[a + 7])
+                for e in range(4):
+                    s[a + 4 + e] = d[e]
+
+    @cuda.jit(device=True, inline="always")
+    def accumulate(pf, sV, off, lane, o):
+        for nd in range(no // 2):  # two dim tiles per ldmatrix.trans
+            for kc in range(kc_n):
+                rb = off + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * rw + nd * 8 \
+                    + (lane >> 4) * 4
+                b0, b1, b2, b3 = ldsm_x4_trans(sV, rb)
+                a = 8 * nd
+                d = mma_16816(pf[kc * 4], pf[kc * 4 + 1], pf[kc * 4 + 2], pf[kc * 4 + 3],
+                              b0, b1, o[a], o[a + 1], o[a + 2], o[a + 3])
+                for e in range(4):
+                    o[a + e] = d[e]
+                d = mma_16816(pf[kc * 4], pf[kc * 4 + 1], pf[kc * 4 + 2], pf[kc * 4 + 3],
+                              b2, b3, o[a + 4], o[a + 5], o[a + 6], o[a + 7])
+                for e in range(4):
+                    o[a + 4 + e] = d[e]
+    return scores, accumulate
+
+
+@functools.cache
+def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int,
+               min_blocks: int = 0):
+    """The kernel for grid (token blocks of 16 * tw, n_head // hb), 32 * hb * tw threads."""
+    n_warps = hb * tw
+    n_threads, tb_len = 32 * n_warps, 16 * tw
+    kk_n, ns, kc_n, no = head_dim // 16, bkv // 8, bkv // 16, head_dim // 8
+    tile = bkv * (head_dim // 2 + 4)  # words of one buffer of one side
+    sh_words = 2 * tile
+    n_qf, n_s, n_o, n_p = kk_n * 4, ns * 4, no * 4, kc_n * 4  # fragment registers of a lane
+    stage_k = _stager(k_fmt, head_dim, bkv, n_threads)
+    stage_v = _stager(v_fmt, head_dim, bkv, n_threads)
+    row_update = _row_update(ns, no)
+    scores, accumulate = _tile_math(head_dim, bkv)
+
+    @cuda.jit(**jit_options(hb, tw, min_blocks))
+    def kernel(q, kd, ks, vd, vs, seq_len, n_ctx, n_kv, qk_scale, out):
+        n_q, n_head = q.shape[0], q.shape[1]
+        tb = (n_q + tb_len - 1) // tb_len - 1 - cuda.blockIdx.x  # longest rows first
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        g, t = lane >> 2, lane & 3
+        h = cuda.blockIdx.y * hb + warp % hb
+        hk = h // (n_head // n_kv)
+        r0 = tb * tb_len + (warp // hb) * 16 + g
+        r1 = r0 + 8
+        start = seq_len[0]
+        length = min(start + n_q, n_ctx)
+        sK = cuda.shared.array(sh_words, uint32)  # [2 buffers, bkv keys, head_dim / 2 + 4]
+        sV = cuda.shared.array(sh_words, uint32)
+        qf = cuda.local.array(n_qf, uint32)
+        s = cuda.local.array(n_s, float32)
+        o = cuda.local.array(n_o, float32)
+        pf = cuda.local.array(n_p, uint32)
+        va = cuda.local.array(8, float32)
+        for kk in range(kk_n):
+            for j in range(4):  # a0: (r0, 2t), a1: (r1, 2t), a2: (r0, 2t+8), a3: (r1, 2t+8)
+                r = r1 if j % 2 else r0
+                d = kk * 16 + 2 * t + (8 if j >= 2 else 0)
+                w = uint32(0)
+                if r < n_q:
+                    w = pack_half2(q[r, h, d] * qk_scale, q[r, h, d + 1] * qk_scale)
+                qf[kk * 4 + j] = w
+        for i in range(n_o):
+            o[i] = float32(0.0)
+        m0, m1 = NEG_INF, NEG_INF
+        l0, l1 = float32(0.0), float32(0.0)
+        pos0, pos1 = start + r0, start + r1
+        first = start + tb * tb_len  # the block's first position: tiles below it see no mask
+        kv_end = min(length, start + min(n_q, (tb + 1) * tb_len))
+        n_tiles = (kv_end + bkv - 1) // bkv
+        stage_k(kd, ks, sK, 0, 0, length, n_kv, hk, tid, va)
+        stage_v(vd, vs, sV, 0, 0, length, n_kv, hk, tid, va)
+        for j in range(n_tiles):
+            kt0, off = j * bkv, (j & 1) * tile
+            cp_async_wait()
+            cuda.syncthreads()  # tile j visible; every warp is done with tile j - 1's buffer
+            if j + 1 < n_tiles:
+                stage_k(kd, ks, sK, tile - off, kt0 + bkv, length, n_kv, hk, tid, va)
+                stage_v(vd, vs, sV, tile - off, kt0 + bkv, length, n_kv, hk, tid, va)
+            scores(qf, sK, off, lane, s)
+            masked = kt0 + bkv - 1 > first
+            m0, l0 = row_update(s, o, m0, l0, 0, kt0, pos0, length, t, masked)
+            m1, l1 = row_update(s, o, m1, l1, 2, kt0, pos1, length, t, masked)
+            for kc in range(kc_n):  # C fragments of two key tiles = the A fragment of P
+                a, b = 8 * kc, 8 * kc + 4
+                pf[kc * 4] = pack_half2(s[a], s[a + 1])
+                pf[kc * 4 + 1] = pack_half2(s[a + 2], s[a + 3])
+                pf[kc * 4 + 2] = pack_half2(s[b], s[b + 1])
+                pf[kc * 4 + 3] = pack_half2(s[b + 2], s[b + 3])
+            accumulate(pf, sV, off, lane, o)
+        l0 += shfl_xor(l0, 1)
+        l0 += shfl_xor(l0, 2)
+        l1 += shfl_xor(l1, 1)
+        l1 += shfl_xor(l1, 2)
+        for nt in range(no):
+            d = nt * 8 + 2 * t
+            if r0 < n_q:
+                out[r0, h, d] = o[nt * 4] / l0
+                out[r0, h, d + 1] = o[nt * 4 + 1] / l0
+            if r1 < n_q:
+                out[r1, h, d] = o[nt * 4 + 2] / l1
+                out[r1, h, d + 1] = o[nt * 4 + 3] / l1
+
+    return kernel
+
+
+def check_args(q, k: KvSide, v: KvSide, seq_len, out, bkv: int):
+    """The shared launcher checks of both prefill attention kernels (ValueError naming what)."""
+    _check_pair(k, v)
+    lay = k.layout
+    if q.dtype != np.float32 or q.ndim != 3 or q.shape[2] != lay.head_dim \
+            or q.shape[1] % lay.n_kv_head:
+        raise ValueError(f"q must be float32 [n_q, n_head, {lay.head_dim}] with n_head a "
+                         f"multiple of {lay.n_kv_head}, got {q.dtype} {tuple(q.shape)}")
+    if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+    if lay.head_dim % 16 or bkv % 16:
+        raise ValueError(f"head_dim and bkv must be multiples of 16 (got {lay.head_dim}, {bkv})")
+    if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
+        raise ValueError("seq_len must be an int32 [1] device array")
+
+
+def cache_operand(side: KvSide):
+    """What the kernel reads of one cache side: f16 rows as u32 [rows, row_words] (cp.async
+    sources), other formats their bytes."""
+    if side.layout.fmt != "f16":
+        return side.data
+    return side.data.view(np.uint32).reshape(-1, side.layout.row_bytes // 4)
+
+
+def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int = WARPS,
+                          bkv: int = BKV, min_blocks: int = 0, stream=0):
+    """Causal attention of a chunk (the contract of `attention_prefill.prefill_attention`), each
+    staged K/V tile shared by the heads of one KV head. warps: warps per block (split into heads
+    and 16-token groups by `block_shape`); bkv: keys per tile; min_blocks: launch bounds (blocks
+    per SM the registers must allow; 0: none)."""
+    check_args(q, k, v, seq_len, out, bkv)
+    lay = k.layout
+    if warps < 1 or min_blocks < 0:
+        raise ValueError(f"warps must be >= 1 and min_blocks >= 0 (got {warps}, {min_blocks})")
+    if shared_bytes(lay.head_dim, bkv) > MAX_SHARED_BYTES:
+        raise ValueError(f"bkv {bkv} at head_dim {lay.head_dim} needs "
+                         f"{shared_bytes(lay.head_dim, bkv)} bytes of shared memory "
+                         f"(at most {MAX_SHARED_BYTES})")
+    n_q, n_head = q.shape[0], q.shape[1]
+    hb, tw = block_shape(n_head // lay.n_kv_head, warps)
+    kernel = gqa_kernel(lay.fmt, v.layout.fmt, lay.head_dim, hb, tw, bkv, min_blocks)
+    scale = np.float32(LOG2E / math.sqrt(lay.head_dim))
+    grid = (-(-n_q // (16 * tw)), n_head // hb)
+    kernel[grid, 32 * hb * tw, stream](q, cache_operand(k), k.scale, cache_operand(v), v.scale,
+                                       seq_len, lay.n_ctx, lay.n_kv_head, scale, out)
