@@ -39,6 +39,7 @@ from .mma import SIMULATED, _warp_exchange, cp_async16, cp_async_wait, ldsm_x4, 
 WARPS = 4
 BKV = 32
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
+SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix rows and cp.async targets: 16-byte aligned
 NEG_INF = float32(-np.inf)
 LOG2E = 1.4426950408889634
 
@@ -249,8 +250,9 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
         r1 = r0 + 8
         start = seq_len[0]
         length = min(start + n_q, n_ctx)
-        sK = cuda.shared.array(sh_words, uint32)  # [2 buffers, bkv keys, head_dim / 2 + 4]
-        sV = cuda.shared.array(sh_words, uint32)
+        # [2 buffers, bkv keys, head_dim / 2 + 4] f16 pairs each
+        sK = cuda.shared.array(sh_words, uint32, alignment=SHARED_ALIGN)
+        sV = cuda.shared.array(sh_words, uint32, alignment=SHARED_ALIGN)
         qf = cuda.local.array(n_qf, uint32)
         s = cuda.local.array(n_s, float32)
         o = cuda.local.array(n_o, float32)
