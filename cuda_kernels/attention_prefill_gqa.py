@@ -2,12 +2,14 @@
 
 Same contract as `attention_prefill.prefill_attention` (the chunk's n_q tokens at positions
 start .. start + n_q - 1, start = seq_len[0] read on the device, their keys/values already in the
-cache; token i attends to keys 0 .. start + i), organised for less load work per FLOP:
+cache; token i attends to keys 0 .. start + i), organised for less work per staged tile and per mma:
 
 * a block takes 16 * tw query tokens of hb query heads that share one KV head (hb divides the
   GQA group); warp w owns the 16 tokens (w // hb) of head (w % hb) as mma A fragments, so every
-  K/V tile staged in shared memory feeds hb * tw warps (the base kernel: one head, so each of
-  the group's heads stages the same tiles again);
+  K/V tile staged in shared memory feeds 16 * hb * tw query rows. At equal warps that is as many
+  rows a tile as the base kernel's (one head, 16 * warps tokens), so K/V bytes per FLOP are
+  the same; what changes is the diagonal (16 tokens a block at the 30B's group 8, not 64:
+  fewer masked keys computed) and what staging a tile costs;
 * K and V sit in shared memory row-major (one key per row, f16, rows padded by 16 bytes so the 8
   rows of an ldmatrix hit distinct banks): f16 caches are copied with cp.async straight from the
   cache rows, int8 / q4_0 ones dequantized through registers; B fragments are read with
@@ -319,7 +321,8 @@ def check_args(q, k: KvSide, v: KvSide, seq_len, out, bkv: int):
         raise ValueError(f"q must be float32 [n_q, n_head, {lay.head_dim}] with n_head a "
                          f"multiple of {lay.n_kv_head}, got {q.dtype} {tuple(q.shape)}")
     if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
-        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} "
+                         f"{tuple(out.shape)}")
     if lay.head_dim % 16 or bkv % 16:
         raise ValueError(f"head_dim and bkv must be multiples of 16 (got {lay.head_dim}, {bkv})")
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
