@@ -78,6 +78,17 @@ def dot_f16(wc, x, i):
 
 
 @cuda.jit(device=True, inline="always")
+def load_chunks4(w, off, c0, n_threads, last):
+    """A thread's four chunks c0, c0 + n_threads, c0 + 2 n_threads, c0 + 3 n_threads of the row
+    at byte `off`, all issued before any is used; a chunk past the row's end (index > last)
+    loads the row's last chunk again (in bounds, never used)."""
+    return (ld_nc_u32x4(w, off + CHUNK_BYTES * c0),
+            ld_nc_u32x4(w, off + CHUNK_BYTES * min(c0 + n_threads, last)),
+            ld_nc_u32x4(w, off + CHUNK_BYTES * min(c0 + 2 * n_threads, last)),
+            ld_nc_u32x4(w, off + CHUNK_BYTES * min(c0 + 3 * n_threads, last)))
+
+
+@cuda.jit(device=True, inline="always")
 def put_warp_sum(part, k, v, lane):
     """The warp's sum of v into part[k] (every lane calls it; lane 0 writes)."""
     s = warp_sum(v)
@@ -146,11 +157,7 @@ def _factory(name: str, n_tok: int):
             c1 = c0 + n_threads
             c2 = c1 + n_threads
             c3 = c2 + n_threads
-            # past the row's end: a chunk of it is loaded again (in bounds), never used
-            w0 = ld_nc_u32x4(w, off + CHUNK_BYTES * c0)
-            w1 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c1, last))
-            w2 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c2, last))
-            w3 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c3, last))
+            w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
             acc = add_chunk(acc, w0, x, per_chunk * c0, n_cols)
             if c1 < n_chunks:
                 acc = add_chunk(acc, w1, x, per_chunk * c1, n_cols)

@@ -103,6 +103,22 @@ def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
     return 1, host_off[layer, e]
 
 
+@cuda.jit(device=True, inline="always")
+def resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
+                   counters, s_where, s_base):
+    """The k experts resolved at once, thread t < k taking the t-th, into s_where/s_base (read
+    them after a barrier); block 0 lists the experts left to the CPU and counts hits/misses."""
+    t = cuda.threadIdx.x
+    if t < k:
+        e = ids[t]
+        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
+        s_where[t] = where
+        s_base[t] = base
+        if cuda.blockIdx.x == 0:
+            miss_list[t] = e if where < 0 else -1
+            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+
+
 def _gate_up_factory(fmt):
     dot32t = fmt.dot32t
     n_tab, tab_type, has_tab = fmt.table.size, fmt.table.dtype.type, fmt.has_table
@@ -205,14 +221,8 @@ def _gate_up_lanes(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        if t < k:  # the k experts resolved at once, one thread each
-            e = ids[t]
-            where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-            s_where[t] = where
-            s_base[t] = base
-            if cuda.blockIdx.x == 0:
-                miss_list[t] = e if where < 0 else -1
-                cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
+                       counters, s_where, s_base)
         cuda.syncthreads()
         n_warps = cuda.gridDim.x * LANE_WARPS
         it = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
@@ -282,14 +292,8 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        if t < k:  # the k experts resolved at once, one thread each
-            e = ids[t]
-            where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-            s_where[t] = where
-            s_base[t] = base
-            if cuda.blockIdx.x == 0:
-                miss_list[t] = e if where < 0 else -1
-                cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
+                       counters, s_where, s_base)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)

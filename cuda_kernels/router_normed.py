@@ -18,11 +18,11 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import SIMULATED, block_sum, ld_nc_u32x4
+from .intrinsics import SIMULATED, block_sum
 from .launch import check_array, register_ptx
 from .matvec_f32 import (CHUNK_BYTES, MAX_WARPS, UNROLL, VALUE_BYTES, _check_aligned,
-                         float_format, ld_nc_f32x4, n_warps, put_warp_sum, wdot_f16,
-                         wdot_f32)
+                         float_format, ld_nc_f32x4, load_chunks4, n_warps, put_warp_sum,
+                         wdot_f16, wdot_f32)
 from .qformats import get_format
 from .router import MAX_EXPERTS, MAX_K, route_warp
 
@@ -83,11 +83,7 @@ def _factory(name: str):
             c1 = c0 + n_threads
             c2 = c1 + n_threads
             c3 = c2 + n_threads
-            # past the row's end: a chunk of it is loaded again (in bounds), never used
-            w0 = ld_nc_u32x4(w, off + CHUNK_BYTES * c0)
-            w1 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c1, last))
-            w2 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c2, last))
-            w3 = ld_nc_u32x4(w, off + CHUNK_BYTES * min(c3, last))
+            w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
             acc += normed_dot(w0, x, norm_w, per_chunk * c0, scale)
             if c1 < n_chunks:
                 acc += normed_dot(w1, x, norm_w, per_chunk * c1, scale)
