@@ -308,7 +308,7 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
     lf = lane_format(fmt.ggml_type)
     if n_tok == 1 and lf is not None and lanes_fit(lf, n_cols):
         launch_lane_matvec(lf, x, ((w, y, n_rows),), n_cols, row_bytes, stream,
-                      accumulate=accumulate)
+                           accumulate=accumulate)
         return
     n_groups = n_cols // 32
     tile = batch_tile_groups(n_tok)
