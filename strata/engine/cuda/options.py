@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from strata.errors import StrataError
 from strata.plan.options import PlanOptions
 
-
 # decode misses: the GPU reads mapped host memory | the CPU pool | both, split by a share
 MISS_PATHS = ("mapped", "cpu", "hybrid")
 # measured on the H200 (Q8_0 30B-A3B shape): mapped reads 21.7 / 40.7 / 54.3 tok/s against the
@@ -32,7 +31,9 @@ class CudaOptions:
     (both at once: the pool computes `miss_share` of each layer's misses, the GPU reads the
     rest; `miss_share` None: chosen from the two paths' measured rates); `adaptive_cache`:
     after each prompt, swap cache slots towards the experts its routing used most
-    (`strata.experts.adaptive`)."""
+    (`strata.experts.adaptive`); `prefill_sync_every_layer`: the prompt path reads every
+    layer's expert counts back before its MoE, also where every expert is already in VRAM (the
+    path before `strata.engine.cuda.prefill.counts_can_wait`, kept for A/B runs)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -44,6 +45,7 @@ class CudaOptions:
     miss_path: str = MISS_PATH_DEFAULT
     miss_share: float | None = None
     adaptive_cache: bool = False
+    prefill_sync_every_layer: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:

@@ -2,13 +2,21 @@
 
 Per chunk and layer: dense projections and causal attention (tensor-core GEMMs over f16
 activations, KV written at the device sequence length); the router's top-k grouped by expert on
-the device; the grouping's counts read back (the one host sync per layer), which splits the
-layer's used experts into resident ones (computed in place from their cache slots) and the rest,
-streamed through the ring: host->VRAM copies on the copy stream, ordered by events, while the
-compute stream works on what is already there. For a chunk large enough that a layer uses most
-of its experts, the next layer's non-resident experts are staged before this layer's MoE runs,
-so their copies overlap its compute. A layer with more streamed experts than ring slots runs in
-waves (each wave's entries selected by `mask_ids`, half the ring loading while half computes).
+the device; the grouping's counts read back (a host sync), which splits the layer's used experts
+into resident ones (computed in place from their cache slots) and the rest, streamed through the
+ring: host->VRAM copies on the copy stream, ordered by events, while the compute stream works on
+what is already there. For a chunk large enough that a layer uses most of its experts, the next
+layer's non-resident experts are staged before this layer's MoE runs, so their copies overlap its
+compute. A layer with more streamed experts than ring slots runs in waves (each wave's entries
+selected by `mask_ids`, half the ring loading while half computes).
+
+The counts decide nothing when every expert of the layer is already in VRAM: all held (cache
+slots, a split stage's helper tiers) or the rest all staged by that prefetch (`counts_can_wait`).
+Such a layer points every expert (the device's grouping gives the unused ones no tiles) and runs
+without the sync; its counts go to pinned host memory asynchronously, and its bookkeeping (the
+prompt's traffic, the adaptive cache's counts) is done in layer order at the next sync — a later
+layer's, or the one at the chunk's end. `sync_every_layer` (CudaOptions.prefill_sync_every_layer)
+keeps the sync on every layer, for A/B runs.
 
 Borrowed prompt paths: the plan's loan is taken from the expert cache first (its experts become
 misses on the device table before any prompt buffer is written), the buffers and the ring are
@@ -22,6 +30,7 @@ do not use (they gather the activation rows themselves).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +56,14 @@ from strata.plan.layout import ROUTE_TILE_ROWS, ring_slot_bytes
 PREFETCH_ENTRIES_PER_EXPERT = 2  # chunk * k >= this * n_expert: stage the next layer ahead
 
 
+def counts_can_wait(held: np.ndarray, staged: Collection[int]) -> bool:
+    """Whether a layer's MoE can run before its grouping's counts reach the host: every expert
+    outside `held` ([n_expert] bool) is in `staged` (experts whose ring copies are enqueued), and
+    nothing else is."""
+    outside = np.flatnonzero(~np.asarray(held, bool))
+    return len(outside) == len(staged) and all(int(e) in staged for e in outside)
+
+
 @dataclass(slots=True)
 class Scratch:
     """The engine's prompt-time arrays, carved from `gathered`."""
@@ -62,8 +79,12 @@ class PromptRun:
     """One prompt's buffers, ring and per-layer MoE placement."""
 
     def __init__(self, m: CudaModel, P: dict[str, Any], R: dict[str, Any], chunk: int,
-                 traffic: PrefillTraffic):
+                 traffic: PrefillTraffic, *, sync_every_layer: bool | None = None):
+        """`sync_every_layer`: read every layer's counts back before its MoE (the path before
+        `counts_can_wait`); None takes the model options' `prefill_sync_every_layer`."""
         self.m, self.P, self.chunk, self.traffic = m, P, chunk, traffic
+        self.sync_every_layer = (m.options.prefill_sync_every_layer if sync_every_layer is None
+                                 else bool(sync_every_layer))
         s = m.shape
         self.k, self.n_expert = s.n_expert_used, s.n_expert
         if TC_TILE.bm < ROUTE_TILE_ROWS:  # the plan sized the tile schedule for its row tiles
@@ -81,6 +102,11 @@ class PromptRun:
             ev.wait(m.copy_stream)
         self.arena_u8 = m.expert_window  # the arena, or a split stage's window over its tiers
         self.host_counts = np.zeros(self.n_expert + 1, np.int32)
+        # [layers of this stage, n_expert + 1] i32 pinned: counts read back without a sync (a
+        # copy to pageable memory would wait for the stream); host memory, not in the plan
+        self.late_counts = None if self.sync_every_layer else cuda.pinned_array(
+            (m.layers[1] - m.layers[0], self.n_expert + 1), np.int32)
+        self.pending: list[tuple[int, np.ndarray]] = []  # (layer, held) awaiting their counts
         self.host_base = np.zeros((3, self.n_expert), np.int64)  # [3, n_expert] i64
         self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
         self.staged_layer = -1
@@ -133,6 +159,9 @@ class PromptRun:
             matvec(head.data, head.ggml_type, a["normed"].reshape(s.n_embd), a["logits"][0],
                    stream=st)
         advance_seq_len(a["seq_len"], n, stream=st)
+        if self.pending:  # the bookkeeping of layers that ran without a sync
+            st.synchronize()
+            self._settle()
         self.traffic.n_chunks += 1
 
     def _attention(self, il: int, n: int, x) -> None:
@@ -173,20 +202,31 @@ class PromptRun:
         return route_tokens(ids, r, stream=self.m.stream)
 
     def _moe(self, il: int, n: int, x) -> None:
+        routing = self._routing(n, self.P["topk_ids"][:n])
+        held = self.m.held(il)  # cache slots and (a split stage's) helper tiers
+        staged = self.staged if self.staged_layer == il else {}
+        if not self.sync_every_layer and counts_can_wait(held, staged):
+            self._moe_in_vram(il, n, x, routing, held)
+        else:
+            self._moe_synced(il, n, x, routing, held)
+        self._prefetch(il + 1, n)
+
+    def _moe_in_vram(self, il: int, n: int, x, routing: Routing, held: np.ndarray) -> None:
+        """Every expert of the layer held or staged: all pointed, the counts read back later."""
+        m = self.m
+        routing.counts.copy_to_host(self.late_counts[il - m.layers[0]], stream=m.stream)
+        self.pending.append((il, held))
+        in_vram = np.flatnonzero(held)
+        self._point(il, in_vram, m.held_offsets(il, in_vram))
+        slots = self._stage(il, np.flatnonzero(~held))  # all prefetched: each one acquired
+        self._compute(il, n, x, routing, slots)
+
+    def _moe_synced(self, il: int, n: int, x, routing: Routing, held: np.ndarray) -> None:
         m, st = self.m, self.m.stream
-        ids = self.P["topk_ids"][:n]
-        routing = self._routing(n, ids)
         routing.counts.copy_to_host(self.host_counts, stream=st)
         st.synchronize()
-        used = self.host_counts[:self.n_expert] > 0
-        if m.adaptive is not None:  # the routing-adaptive cache's live counts
-            m.adaptive.observe(il, self.host_counts[:self.n_expert])
-        resident = m.held(il)  # cache slots and (a split stage's) helper tiers
-        streamed = np.flatnonzero(used & ~resident)
-        in_place = np.flatnonzero(used & resident)
-        lay = m.store.layouts[il]
-        self.traffic.add_layer(il, resident=len(in_place), streamed=len(streamed),
-                               n_bytes=len(streamed) * lay.n_bytes)
+        self._settle()  # earlier layers' counts have landed too
+        streamed, in_place = self._account(il, self.host_counts, held)
         self._point(il, in_place, m.held_offsets(il, in_place))
         if len(streamed) and self.ring is None:
             raise RuntimeError(f"layer {il}: {len(streamed)} experts are not resident and the "
@@ -196,7 +236,27 @@ class PromptRun:
             self._compute(il, n, x, routing, slots)
         else:
             self._waves(il, n, x, streamed, in_place)
-        self._prefetch(il + 1, n)
+
+    def _account(self, il: int, counts: np.ndarray, held: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Book layer il's routing (`counts` [n_expert + 1]: tokens per expert, then the total)
+        in the traffic and the adaptive cache; returns its used (streamed, in-place) experts."""
+        m, counts = self.m, counts[:self.n_expert]
+        if m.adaptive is not None:  # the routing-adaptive cache's live counts
+            m.adaptive.observe(il, counts)
+        used = counts > 0
+        streamed = np.flatnonzero(used & ~held)
+        in_place = np.flatnonzero(used & held)
+        self.traffic.add_layer(il, resident=len(in_place), streamed=len(streamed),
+                               n_bytes=len(streamed) * m.store.layouts[il].n_bytes)
+        return streamed, in_place
+
+    def _settle(self) -> None:
+        """Book the layers that ran without a sync (their counts copied; the stream synced)."""
+        lo = self.m.layers[0]
+        for il, held in self.pending:
+            self._account(il, self.late_counts[il - lo], held)
+        self.pending = []
 
     def _point(self, il: int, experts: np.ndarray, offsets: np.ndarray) -> None:
         lay = self.m.store.layouts[il]
@@ -244,6 +304,8 @@ class PromptRun:
 
     def _compute(self, il: int, n: int, x, routing: Routing, slots: list) -> None:
         st = self.m.stream
+        # host_base is pageable: the copy takes its bytes before returning, so the next layer
+        # may rewrite them while this one still waits on the stream (no sync in between)
         self.scr.base.copy_to_device(self.host_base, stream=st)
         for sl in slots:
             self.ring.acquire(sl, st)
