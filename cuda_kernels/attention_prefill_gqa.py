@@ -40,6 +40,11 @@ from .mma import SIMULATED, _warp_exchange, cp_async16, cp_async_wait, ldsm_x4, 
 
 WARPS = 4
 BKV = 32
+# 4-warp blocks (group >= 4; group 1 and 2 as 4 token groups / 2 x 2) get launch bounds of
+# WARPS_PER_SM warps an SM: ptxas then keeps them at 168 registers without a spill at head_dim 128
+# (3 blocks an SM; unbounded it takes 170, which leaves room for 2). Other shapes are unbounded
+# (3 warps at 168 would spill; 8 warps fit one block an SM at 255).
+WARPS_PER_SM = 12
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix rows and cp.async targets: 16-byte aligned
 NEG_INF = float32(-np.inf)
@@ -112,6 +117,12 @@ def shared_bytes(head_dim: int, bkv: int) -> int:
     return 2 * 2 * bkv * (head_dim // 2 + 4) * 4
 
 
+def default_min_blocks(n_warps: int) -> int:
+    """Blocks per SM the launch bounds ask for by default (0: none): WARPS_PER_SM // 4 for
+    4-warp blocks."""
+    return WARPS_PER_SM // 4 if n_warps == 4 else 0
+
+
 def jit_options(hb: int, tw: int, min_blocks: int) -> dict:
     """Compile options (also recorded in the PTX registry): launch bounds when min_blocks > 0."""
     return {"launch_bounds": (32 * hb * tw, min_blocks)} if min_blocks else {}
@@ -152,8 +163,8 @@ def _stager(fmt, head_dim, bkv, n_threads):
 def _row_update(ns, no):
     @cuda.jit(device=True, inline="always")
     def row_update(s, o, m_old, l_old, e0, kt0, pos, length, t, masked):
-        """Mask (when `masked`), new row max, rescale O and l for one of the lane's two rows
-        (e0 = 0: c0/c1, 2: c2/c3); scores in base 2."""
+        """Mask (when `masked`), new row max, rescale O (only where the max moved) and l for
+        one of the lane's two rows (e0 = 0: c0/c1, 2: c2/c3); scores in base 2."""
         mx = NEG_INF
         for nt in range(ns):
             for e in range(2):
@@ -174,9 +185,10 @@ def _row_update(ns, no):
                 p = math.exp2(s[nt * 4 + e0 + e] - ref)
                 s[nt * 4 + e0 + e] = p
                 total += p
-        for nt in range(no):
-            o[nt * 4 + e0] *= alpha
-            o[nt * 4 + e0 + 1] *= alpha
+        if m_new != m_old:  # alpha is 1 otherwise: a warp whose rows all kept their max (most
+            for nt in range(no):  # tiles past the first few) skips the multiplies
+                o[nt * 4 + e0] *= alpha
+                o[nt * 4 + e0 + 1] *= alpha
         return m_new, l_old * alpha + total
     return row_update
 
@@ -239,7 +251,7 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
     row_update = _row_update(ns, no)
     scores, accumulate = _tile_math(head_dim, bkv)
 
-    @cuda.jit(**jit_options(hb, tw, min_blocks))
+    @cuda.jit(**({} if SIMULATED else jit_options(hb, tw, min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_ctx, n_kv, qk_scale, out):
         n_q, n_head = q.shape[0], q.shape[1]
         tb = (n_q + tb_len - 1) // tb_len - 1 - cuda.blockIdx.x  # longest rows first
@@ -338,14 +350,14 @@ def cache_operand(side: KvSide):
 
 
 def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int = WARPS,
-                          bkv: int = BKV, min_blocks: int = 0, stream=0):
+                          bkv: int = BKV, min_blocks: int | None = None, stream=0):
     """Causal attention of a chunk (the contract of `attention_prefill.prefill_attention`), each
     staged K/V tile shared by the heads of one KV head. warps: warps per block (split into heads
     and 16-token groups by `block_shape`); bkv: keys per tile; min_blocks: launch bounds (blocks
-    per SM the registers must allow; 0: none)."""
+    per SM the registers must allow; 0: none; None: `default_min_blocks`)."""
     check_args(q, k, v, seq_len, out, bkv)
     lay = k.layout
-    if warps < 1 or min_blocks < 0:
+    if warps < 1 or (min_blocks or 0) < 0:
         raise ValueError(f"warps must be >= 1 and min_blocks >= 0 (got {warps}, {min_blocks})")
     if shared_bytes(lay.head_dim, bkv) > MAX_SHARED_BYTES:
         raise ValueError(f"bkv {bkv} at head_dim {lay.head_dim} needs "
@@ -353,6 +365,8 @@ def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int =
                          f"(at most {MAX_SHARED_BYTES})")
     n_q, n_head = q.shape[0], q.shape[1]
     hb, tw = block_shape(n_head // lay.n_kv_head, warps)
+    if min_blocks is None:
+        min_blocks = default_min_blocks(hb * tw)
     kernel = gqa_kernel(lay.fmt, v.layout.fmt, lay.head_dim, hb, tw, bkv, min_blocks)
     scale = np.float32(LOG2E / math.sqrt(lay.head_dim))
     grid = (-(-n_q // (16 * tw)), n_head // hb)

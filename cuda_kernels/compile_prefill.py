@@ -75,18 +75,20 @@ def _attn_specs(fmt, shapes):
                       (q3, _U8, _F16, _U8, _F16, _I32, _I64, _I64, _F32, q3)))
         yield (f"kv_write_{fmt}_hd{hd}", _fixed(kvcache._write_kernel(fmt, hd),
                                                 (q3, _I32, _I64, _U8, _F16)))
-    yield from _gqa_specs(fmt, shapes)
 
 
-def _gqa_specs(fmt, shapes):
+def _register_gqa(family, fmt, shapes):
     """The prefill attention variant sharing K/V tiles across a KV head's query heads
-    (`attention_prefill.prefill_attention(..., variant="gqa")`): one kernel per block shape."""
+    (`attention_prefill.prefill_attention(..., variant="gqa")`): one kernel per block shape, with
+    the launcher's default launch bounds."""
     q3, gqa = T.float32[:, :, ::1], attention_prefill_gqa
     src = T.uint32[:, ::1] if fmt == "f16" else _U8  # f16: cache rows as u32 (cp.async)
     for hd, hb, tw in sorted({(hd, *gqa.block_shape(g, gqa.WARPS)) for hd, g in shapes}):
-        yield (f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}",
-               _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV),
-                      (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, q3)))
+        mb = gqa.default_min_blocks(hb * tw)
+        register_ptx(family, f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}",
+                     _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV, mb),
+                            (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, q3)),
+                     options=gqa.jit_options(hb, tw, mb))
 
 
 def register(family: str = FAMILY, *, full: bool = False) -> None:
@@ -139,8 +141,10 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
                                 _DECODE_ATTN_SIG),
                          options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
-        for name, build in _attn_specs(fmt, shapes if full or fmt == "f16" else [(128, 8)]):
+        fmt_shapes = shapes if full or fmt == "f16" else [(128, 8)]
+        for name, build in _attn_specs(fmt, fmt_shapes):
             register_ptx(family, name, build)
+        _register_gqa(family, fmt, fmt_shapes)
 
 
 register()

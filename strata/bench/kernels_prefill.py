@@ -324,7 +324,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
 
 
 def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, hd=128,
-                            variant="base", warps=None, bkv=None, min_blocks=0, quick=False,
+                            variant="base", warps=None, bkv=None, min_blocks=None, quick=False,
                             tag="") -> dict:
     """Causal prefill attention of an n_q-token chunk over `start` cached tokens, TFLOP/s of the
     unmasked work. variant "base" (a block per head) or "gqa" (K/V tiles shared by a KV head's
@@ -340,6 +340,8 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
     if variant == "gqa":
         warps, bkv = warps or gqa.WARPS, bkv or gqa.BKV
         hb, tw = gqa.block_shape(n_head // n_kv, warps)
+        if min_blocks is None:
+            min_blocks = gqa.default_min_blocks(hb * tw)
         kern = gqa.gqa_kernel(fmt, fmt, hd, hb, tw, bkv, min_blocks)
         run = functools.partial(gqa.prefill_attention_gqa, warps=warps, bkv=bkv,
                                 min_blocks=min_blocks)
@@ -358,7 +360,7 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
 def _prefill_attn_entries() -> dict:
     """Base and GQA-shared kernels at 4096 tokens (f16, int8) and 16384 (f16), and the GQA
     kernel's knobs at 4096: 8 warps (8 heads a block), 8 warps bounded to 2 blocks per SM,
-    16-key tiles."""
+    16-key tiles, no launch bounds."""
     e = {}
     for fmt, n_q, tag in (("f16", 4096, ""), ("f16", 16384, "_16k"), ("int8", 4096, "")):
         for variant in ("base", "gqa"):
@@ -366,7 +368,7 @@ def _prefill_attn_entries() -> dict:
             e[name] = functools.partial(_prefill_attn, fmt=fmt, n_q=n_q, variant=variant,
                                         tag=tag)
     for tag, knobs in (("_w8", dict(warps=8)), ("_w8b2", dict(warps=8, min_blocks=2)),
-                       ("_k16", dict(bkv=16))):
+                       ("_k16", dict(bkv=16)), ("_nolb", dict(min_blocks=0))):
         e[f"prefill_attn_f16_gqa{tag}"] = functools.partial(_prefill_attn, variant="gqa",
                                                              tag=tag, **knobs)
     return e
