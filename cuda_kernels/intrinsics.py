@@ -111,7 +111,11 @@ if SIMULATED:
         return int(c) + int((va * vb).sum())
 
     def _warp_gather(v):
-        """Every lane's `v` of the caller's warp, in lane order (simulator only)."""
+        """Every lane's `v` of the caller's warp, in lane order (simulator only).
+
+        One block barrier: values are keyed by the gather's sequence number, so a thread past
+        it writes its next value under a new key; a thread drops its previous value only here,
+        past this barrier, which every thread reached after reading that value."""
         t = threading.current_thread()
         mgr = t._manager
         store = mgr.__dict__.setdefault("_strata_warp", {})
@@ -119,11 +123,9 @@ if SIMULATED:
         t._strata_seq = seq + 1
         store[(seq, t.thread_id)] = v
         t.syncthreads()
+        store.pop((seq - 1, t.thread_id), None)
         warp0 = t.thread_id - t.thread_id % 32
-        vals = [store[(seq, w)] for w in range(warp0, warp0 + 32) if (seq, w) in store]
-        t.syncthreads()
-        store.pop((seq, t.thread_id), None)
-        return vals
+        return [store[(seq, w)] for w in range(warp0, warp0 + 32) if (seq, w) in store]
 
     def warp_sum(v):
         """Sum of `v` over the warp, in every lane."""

@@ -25,6 +25,7 @@ l & 3 of row l >> 2 of each matrix m as its m-th result: exactly the A fragment 
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -38,45 +39,61 @@ SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
 class _WarpExchange:
-    """All-gather among the 32 lanes of one simulated warp; the barrier's action computes the
-    shared result once every lane has arrived and before any is released, so an exchange costs
-    one barrier (each wait hands the GIL around the warp's threads: it is what the simulator's
-    tensor-core tiles spend their time on). A lane writes its next slot only after this
-    generation's result exists, and that generation's action runs only when every lane, having
-    read the result, has arrived again."""
+    """All-gather among the 32 lanes of one simulated warp. Each lane writes its slot and takes a
+    ticket; the lane holding the exchange's last ticket computes the shared result and wakes the
+    other 31, each blocked on a lock of its own. A wake-up is one lock release per waiting lane
+    (a `threading.Barrier` re-takes one shared condition lock per lane on the way out: about
+    twice the CPU per exchange, which is what the simulator's tensor-core tiles spend their time
+    on). `next()` on an `itertools.count` is atomic under the GIL, so tickets need no lock.
+
+    Safe to reuse at once: a woken lane may write its next slot, since this exchange's result
+    already exists; the next result is computed only when every lane has arrived again, that is
+    after each has read this one."""
 
     def __init__(self):
         self.slots = [None] * 32
         self.result = None
-        self.combine = None
-        self.barrier = threading.Barrier(32, action=self._combine, timeout=120)
-
-    def _combine(self):
-        self.result = self.combine(self.slots)
+        self.tickets = itertools.count()
+        self.wake = [threading.Lock() for _ in range(32)]
+        for lock in self.wake:
+            lock.acquire()
 
     def run(self, lane, value, combine):
-        """Every lane passes its `value`; one lane computes `combine(slots)`; all get the result."""
+        """Every lane passes its `value`; the last to arrive computes `combine(slots)` (the same
+        function from every lane of one exchange); all get the result."""
         self.slots[lane] = value
-        self.combine = combine  # the same function from every lane of one exchange
-        self.barrier.wait()
+        if next(self.tickets) % 32 == 31:
+            result = self.result = combine(self.slots)
+            for other, lock in enumerate(self.wake):
+                if other != lane:
+                    lock.release()
+            return result
+        if not self.wake[lane].acquire(timeout=_TIMEOUT_S):
+            raise RuntimeError(f"simulated warp exchange: lane {lane} waited {_TIMEOUT_S} s for "
+                               "the other lanes (do all 32 lanes of the warp take part?)")
         return self.result
 
 
+_TIMEOUT_S = 120
 _exchanges: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _exchanges_lock = threading.Lock()
 
 
 def _warp_exchange():
-    """(exchange of the calling simulated thread's warp, its lane). Blocks must be whole warps."""
+    """(exchange of the calling simulated thread's warp, its lane). Blocks must be whole warps.
+    The pair is kept on the thread (one simulated thread per CUDA thread and launch)."""
     me = threading.current_thread()
-    manager = me._manager  # the simulator's BlockManager: one per block launch
-    warp = me.thread_id // 32
-    with _exchanges_lock:
-        per_block = _exchanges.setdefault(manager, {})
-        ex = per_block.get(warp)
-        if ex is None:
-            ex = per_block[warp] = _WarpExchange()
-    return ex, me.thread_id % 32
+    pair = getattr(me, "_strata_warp", None)
+    if pair is None:
+        manager = me._manager  # the simulator's BlockManager: one per block launch
+        warp = me.thread_id // 32
+        with _exchanges_lock:
+            per_block = _exchanges.setdefault(manager, {})
+            ex = per_block.get(warp)
+            if ex is None:
+                ex = per_block[warp] = _WarpExchange()
+        pair = me._strata_warp = (ex, me.thread_id % 32)
+    return pair
 
 
 _LANE = np.arange(32)

@@ -29,6 +29,13 @@ if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
     os.environ["NUMBA_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"strata-test-numba-{getpass.getuser()}", _WORKER)
 
+if not USE_REAL_GPU:
+    # numba's simulator without its polling block barrier and per-call module swaps (the same
+    # semantics, less CPU: tests/helpers/simulator.py); after the environment above, which
+    # numba reads once
+    from helpers import simulator
+    simulator.install()
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
