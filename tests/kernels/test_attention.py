@@ -121,9 +121,10 @@ def test_decode_attention_at_head_dim_32(fmt):
     v, vref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
     q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
     out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
-    parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, split_len=16)
+    parts = attention.allocate_partials(n_kv * group, hd, lay.n_ctx, n_kv_head=n_kv,
+                                        max_split=16)  # two splits of 16 keys
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, split_len=16,
+    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, max_split=16,
                                wide=False)
     assert rel_err(out.copy_to_host(), attention_reference(q[None], kref, vref, length - 1)[0]) \
         < 1e-5
