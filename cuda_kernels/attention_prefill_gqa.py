@@ -35,8 +35,8 @@ from numba import cuda, float32, uint32
 
 from .attention import _check_pair, _row_bytes
 from .kvcache import KvSide, make_reader
-from .mma import SIMULATED, _warp_exchange, cp_async16, cp_async_wait, ldsm_x4, mma_16816, \
-    pack_half2, shfl_xor
+from .mma import (SIMULATED, cp_async16, cp_async_wait, ldsm_x4, ldsm_x4_trans, mma_16816,
+                  pack_half2, shfl_xor)
 
 WARPS = 4
 BKV = 32
@@ -49,60 +49,6 @@ MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix rows and cp.async targets: 16-byte aligned
 NEG_INF = float32(-np.inf)
 LOG2E = 1.4426950408889634
-
-
-# ----------------------------------------------------------------------------------------------
-# ldmatrix .trans (the V fragments): lane l names a row as for `mma.ldsm_x4`; it receives, of each
-# matrix m, the halves (row 2t, column g) and (row 2t + 1, column g), g = l >> 2, t = l & 3.
-
-
-def _ldsm_trans_combine(slots):
-    out = np.zeros((32, 4), dtype=np.uint32)
-    lanes = np.arange(32)
-    g, t = lanes >> 2, lanes & 3
-    for m in range(4):
-        rows = np.array([[arr[i + w] for w in range(4)] for arr, i in slots[8 * m:8 * m + 8]],
-                        dtype=np.uint32).view(np.uint16)  # [8 rows, 8 columns] f16 bits
-        out[:, m] = rows[2 * t, g].astype(np.uint32) | (rows[2 * t + 1, g].astype(np.uint32) << 16)
-    return out
-
-
-def _ldsm_x4_trans_sim(arr, i):
-    ex, lane = _warp_exchange()
-    w = ex.run(lane, (arr, int(i)), _ldsm_trans_combine)
-    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
-        np.uint32(w[lane, 3])
-
-
-if SIMULATED:
-    ldsm_x4_trans = _ldsm_x4_trans_sim
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.core.extending import intrinsic
-
-    from .mma import _addr
-
-    @intrinsic
-    def ldsm_x4_trans(typingctx, arr, i):
-        """ldmatrix .m8n8.x4.trans from a shared u32 array: this lane's row starts at word i."""
-        ret = types.UniTuple(types.uint32, 4)
-        i32 = ir.IntType(32)
-
-        def codegen(context, builder, signature, args):
-            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)]),
-                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
-                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [s]; }",
-                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            res = builder.call(asm, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                     for k in range(4)])
-        return ret(arr, i), codegen
-
-
-# ----------------------------------------------------------------------------------------------
 
 
 def block_shape(group: int, warps: int) -> tuple[int, int]:

@@ -151,6 +151,28 @@ def _ldsm_x4_sim(arr, i):
         np.uint32(w[lane, 3])
 
 
+# ldmatrix .trans (e.g. V fragments): lane l names a row as for `ldsm_x4`; it receives, of each
+# matrix m, the halves (row 2t, column g) and (row 2t + 1, column g), g = l >> 2, t = l & 3.
+
+
+def _ldsm_trans_combine(slots):
+    out = np.zeros((32, 4), dtype=np.uint32)
+    lanes = np.arange(32)
+    g, t = lanes >> 2, lanes & 3
+    for m in range(4):
+        rows = np.array([[arr[i + w] for w in range(4)] for arr, i in slots[8 * m:8 * m + 8]],
+                        dtype=np.uint32).view(np.uint16)  # [8 rows, 8 columns] f16 bits
+        out[:, m] = rows[2 * t, g].astype(np.uint32) | (rows[2 * t + 1, g].astype(np.uint32) << 16)
+    return out
+
+
+def _ldsm_x4_trans_sim(arr, i):
+    ex, lane = _warp_exchange()
+    w = ex.run(lane, (arr, int(i)), _ldsm_trans_combine)
+    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
+        np.uint32(w[lane, 3])
+
+
 def _cp_async16_sim(dst, i, src, row, col, valid):
     for w in range(4):
         dst[i + w] = src[row, col + w] if valid else np.uint32(0)
@@ -205,6 +227,7 @@ if SIMULATED:
     half2_lo = _half2_lo_sim
     half2_hi = _half2_hi_sim
     ldsm_x4 = _ldsm_x4_sim
+    ldsm_x4_trans = _ldsm_x4_trans_sim
     cp_async16 = _cp_async16_sim
     cp_async_wait = _cp_async_wait_sim
     h2_sub_fma = _h2_sub_fma_sim
@@ -241,6 +264,23 @@ else:
                 ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
                 "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
                 "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [s]; }",
+                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+            res = builder.call(asm, [addr])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                     for k in range(4)])
+        return ret(arr, i), codegen
+
+    @intrinsic
+    def ldsm_x4_trans(typingctx, arr, i):
+        """ldmatrix .m8n8.x4.trans from a shared u32 array: this lane's row starts at word i."""
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, signature, args):
+            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
+                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
+                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [s]; }",
                 "=r,=r,=r,=r,l,~{memory}", side_effect=True)
             res = builder.call(asm, [addr])
             return context.make_tuple(builder, ret, [builder.extract_value(res, k)
