@@ -20,7 +20,7 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from .attention import _row_bytes
-from .attention_prefill_gqa import check_args, prefill_attention_gqa
+from .attention_prefill_gqa import check_args, prefill_attention_gqa, q_fragments
 from .kvcache import KvSide, make_reader
 from .mma import mma_16816, pack_half2, shfl_xor
 
@@ -116,14 +116,7 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
         pf = cuda.local.array(N_P, uint32)
         va = cuda.local.array(8, float32)
         vb = cuda.local.array(8, float32)
-        for kk in range(KK):
-            for j in range(4):  # a0: (r0, 2t), a1: (r1, 2t), a2: (r0, 2t+8), a3: (r1, 2t+8)
-                r = r1 if j % 2 else r0
-                d = kk * 16 + 2 * t + (8 if j >= 2 else 0)
-                w = uint32(0)
-                if r < n_q:
-                    w = pack_half2(q[r, h, d] * qk_scale, q[r, h, d + 1] * qk_scale)
-                qf[kk * 4 + j] = w
+        q_fragments(q, qf, h, r0, r1, t, n_q, qk_scale, KK)
         for i in range(N_O):
             o[i] = float32(0.0)
         m0, m1 = NEG_INF, NEG_INF

@@ -51,6 +51,21 @@ NEG_INF = float32(-np.inf)
 LOG2E = 1.4426950408889634
 
 
+@cuda.jit(device=True, inline="always")
+def q_fragments(q, qf, h, r0, r1, t, n_q, qk_scale, n_kk):
+    """The calling lane's mma A fragments of head h's query rows r0 and r1 = r0 + 8 (rows past
+    n_q: zeros), scaled by qk_scale, into qf[4 * kk + j] for the n_kk k16 steps of head_dim:
+    a0 (r0, 2t), a1 (r1, 2t), a2 (r0, 2t + 8), a3 (r1, 2t + 8), each an f16 pair."""
+    for kk in range(n_kk):
+        for j in range(4):
+            r = r1 if j % 2 else r0
+            d = kk * 16 + 2 * t + (8 if j >= 2 else 0)
+            w = uint32(0)
+            if r < n_q:
+                w = pack_half2(q[r, h, d] * qk_scale, q[r, h, d + 1] * qk_scale)
+            qf[kk * 4 + j] = w
+
+
 def block_shape(group: int, warps: int) -> tuple[int, int]:
     """(heads per block hb, 16-token groups per block tw) for `warps` warps at GQA group `group`:
     hb the largest divisor of the group not above `warps`, tw = warps // hb."""
@@ -218,14 +233,7 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
         o = cuda.local.array(n_o, float32)
         pf = cuda.local.array(n_p, uint32)
         va = cuda.local.array(8, float32)
-        for kk in range(kk_n):
-            for j in range(4):  # a0: (r0, 2t), a1: (r1, 2t), a2: (r0, 2t+8), a3: (r1, 2t+8)
-                r = r1 if j % 2 else r0
-                d = kk * 16 + 2 * t + (8 if j >= 2 else 0)
-                w = uint32(0)
-                if r < n_q:
-                    w = pack_half2(q[r, h, d] * qk_scale, q[r, h, d + 1] * qk_scale)
-                qf[kk * 4 + j] = w
+        q_fragments(q, qf, h, r0, r1, t, n_q, qk_scale, kk_n)
         for i in range(n_o):
             o[i] = float32(0.0)
         m0, m1 = NEG_INF, NEG_INF
