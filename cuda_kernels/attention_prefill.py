@@ -20,7 +20,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from .attention import _row_bytes
-from .attention_prefill_gqa import check_args, prefill_attention_gqa, q_fragments
+from .attention_prefill_gqa import (check_args, p_fragments, prefill_attention_gqa,
+                                    q_fragments, write_rows)
 from .kvcache import KvSide, make_reader
 from .mma import mma_16816, pack_half2, shfl_xor
 
@@ -142,12 +143,7 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
                         s[nt * 4 + e] = d4[e]
             m0, l0 = row_update(s, o, m0, l0, True, kt0, pos0, length, t)
             m1, l1 = row_update(s, o, m1, l1, False, kt0, pos1, length, t)
-            for kc in range(KC):  # C fragments of two key tiles = the A fragment of P
-                a, b = 2 * kc * 4, (2 * kc + 1) * 4
-                pf[kc * 4] = pack_half2(s[a], s[a + 1])
-                pf[kc * 4 + 1] = pack_half2(s[a + 2], s[a + 3])
-                pf[kc * 4 + 2] = pack_half2(s[b], s[b + 1])
-                pf[kc * 4 + 3] = pack_half2(s[b + 2], s[b + 3])
+            p_fragments(s, pf, KC)
             for nt in range(NO):
                 for kc in range(KC):
                     rb = ov + (nt * 8 + g) * VS + kc * 8 + t
@@ -160,18 +156,7 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
                 load_tiles(kd, ks, vd, vs, sK, sV, kt0 + bkv, length, n_kv, hk, tid, va, vb,
                            buf ^ 1)
             cuda.syncthreads()
-        l0 += shfl_xor(l0, 1)
-        l0 += shfl_xor(l0, 2)
-        l1 += shfl_xor(l1, 1)
-        l1 += shfl_xor(l1, 2)
-        for nt in range(NO):
-            d = nt * 8 + 2 * t
-            if r0 < n_q:
-                out[r0, h, d] = o[nt * 4] / l0
-                out[r0, h, d + 1] = o[nt * 4 + 1] / l0
-            if r1 < n_q:
-                out[r1, h, d] = o[nt * 4 + 2] / l1
-                out[r1, h, d + 1] = o[nt * 4 + 3] / l1
+        write_rows(o, l0, l1, out, h, r0, r1, t, n_q, NO)
 
     return kernel
 

@@ -66,6 +66,36 @@ def q_fragments(q, qf, h, r0, r1, t, n_q, qk_scale, n_kk):
             qf[kk * 4 + j] = w
 
 
+@cuda.jit(device=True, inline="always")
+def p_fragments(s, pf, n_kc):
+    """The score C fragments of two n8 key tiles make the A fragment of P for one k16 chunk
+    (the mma layouts line up): pf[4 kc + j] = f16 pairs of s, for the n_kc chunks."""
+    for kc in range(n_kc):
+        a, b = 8 * kc, 8 * kc + 4
+        pf[kc * 4] = pack_half2(s[a], s[a + 1])
+        pf[kc * 4 + 1] = pack_half2(s[a + 2], s[a + 3])
+        pf[kc * 4 + 2] = pack_half2(s[b], s[b + 1])
+        pf[kc * 4 + 3] = pack_half2(s[b + 2], s[b + 3])
+
+
+@cuda.jit(device=True, inline="always")
+def write_rows(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
+    """Rows r0 and r1 of head h: the quad's softmax sums completed across its 4 lanes, then the
+    lane's O accumulators (n_o n8 dim tiles) divided by them; rows past n_q are not written."""
+    l0 += shfl_xor(l0, 1)
+    l0 += shfl_xor(l0, 2)
+    l1 += shfl_xor(l1, 1)
+    l1 += shfl_xor(l1, 2)
+    for nt in range(n_o):
+        d = nt * 8 + 2 * t
+        if r0 < n_q:
+            out[r0, h, d] = o[nt * 4] / l0
+            out[r0, h, d + 1] = o[nt * 4 + 1] / l0
+        if r1 < n_q:
+            out[r1, h, d] = o[nt * 4 + 2] / l1
+            out[r1, h, d + 1] = o[nt * 4 + 3] / l1
+
+
 def block_shape(group: int, warps: int) -> tuple[int, int]:
     """(heads per block hb, 16-token groups per block tw) for `warps` warps at GQA group `group`:
     hb the largest divisor of the group not above `warps`, tw = warps // hb."""
@@ -255,25 +285,9 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
             masked = kt0 + bkv - 1 > first
             m0, l0 = row_update(s, o, m0, l0, 0, kt0, pos0, length, t, masked)
             m1, l1 = row_update(s, o, m1, l1, 2, kt0, pos1, length, t, masked)
-            for kc in range(kc_n):  # C fragments of two key tiles = the A fragment of P
-                a, b = 8 * kc, 8 * kc + 4
-                pf[kc * 4] = pack_half2(s[a], s[a + 1])
-                pf[kc * 4 + 1] = pack_half2(s[a + 2], s[a + 3])
-                pf[kc * 4 + 2] = pack_half2(s[b], s[b + 1])
-                pf[kc * 4 + 3] = pack_half2(s[b + 2], s[b + 3])
+            p_fragments(s, pf, kc_n)
             accumulate(pf, sV, off, lane, o)
-        l0 += shfl_xor(l0, 1)
-        l0 += shfl_xor(l0, 2)
-        l1 += shfl_xor(l1, 1)
-        l1 += shfl_xor(l1, 2)
-        for nt in range(no):
-            d = nt * 8 + 2 * t
-            if r0 < n_q:
-                out[r0, h, d] = o[nt * 4] / l0
-                out[r0, h, d + 1] = o[nt * 4 + 1] / l0
-            if r1 < n_q:
-                out[r1, h, d] = o[nt * 4 + 2] / l1
-                out[r1, h, d + 1] = o[nt * 4 + 3] / l1
+        write_rows(o, l0, l1, out, h, r0, r1, t, n_q, no)
 
     return kernel
 
