@@ -253,39 +253,30 @@ else:
             aryty.layout, idx)
         return builder.ptrtoint(ptr, _I64)
 
-    @intrinsic
-    def ldsm_x4(typingctx, arr, i):
-        """ldmatrix .m8n8.x4 from a shared u32 array: this lane's row starts at word i."""
-        ret = types.UniTuple(types.uint32, 4)
+    def _ldsm(op: str, what: str):
+        """An ldmatrix .m8n8.x4 intrinsic (`op`: its PTX mnemonic) reading a shared u32 array:
+        this lane's row starts at word i."""
+        @intrinsic
+        def ldsm(typingctx, arr, i):
+            ret = types.UniTuple(types.uint32, 4)
 
-        def codegen(context, builder, signature, args):
-            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
-                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
-                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [s]; }",
-                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            res = builder.call(asm, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                     for k in range(4)])
-        return ret(arr, i), codegen
+            def codegen(context, builder, signature, args):
+                addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
+                asm = ir.InlineAsm(
+                    ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
+                    "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
+                    f"{op} {{$0,$1,$2,$3}}, [s]; }}",
+                    "=r,=r,=r,=r,l,~{memory}", side_effect=True)
+                res = builder.call(asm, [addr])
+                return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                         for k in range(4)])
+            return ret(arr, i), codegen
+        ldsm.__doc__ = f"{what}: ldmatrix .m8n8.x4{' .trans' if 'trans' in op else ''}."
+        return ldsm
 
-    @intrinsic
-    def ldsm_x4_trans(typingctx, arr, i):
-        """ldmatrix .m8n8.x4.trans from a shared u32 array: this lane's row starts at word i."""
-        ret = types.UniTuple(types.uint32, 4)
-
-        def codegen(context, builder, signature, args):
-            addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
-                "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
-                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0,$1,$2,$3}, [s]; }",
-                "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-            res = builder.call(asm, [addr])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                     for k in range(4)])
-        return ret(arr, i), codegen
+    ldsm_x4 = _ldsm("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "A/B fragments")
+    ldsm_x4_trans = _ldsm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                          "transposed fragments (e.g. V)")
 
     @intrinsic
     def cp_async16(typingctx, dst, i, src, row, col, valid):
