@@ -104,8 +104,16 @@ class PromptRun:
         self.host_counts = np.zeros(self.n_expert + 1, np.int32)
         # [layers of this stage, n_expert + 1] i32 pinned: counts read back without a sync (a
         # copy to pageable memory would wait for the stream); host memory, not in the plan
+        n_stage = m.layers[1] - m.layers[0]
         self.late_counts = None if self.sync_every_layer else cuda.pinned_array(
-            (m.layers[1] - m.layers[0], self.n_expert + 1), np.int32)
+            (n_stage, self.n_expert + 1), np.int32)
+        # [layers of this stage, 3, n_expert] i64 pinned: the weight offsets of a layer that runs
+        # without the sync. A copy from pageable memory waits for the stream to drain first (CUDA
+        # stages pageable host->device copies only after a stream sync), which would put the
+        # sync back; from pinned memory it is truly asynchronous, so each such layer has its own
+        # row, never rewritten before its copy lands (the chunk's end syncs)
+        self.late_base = None if self.sync_every_layer else cuda.pinned_array(
+            (n_stage, 3, self.n_expert), np.int64)
         self.pending: list[tuple[int, np.ndarray]] = []  # (layer, held) awaiting their counts
         self.host_base = np.zeros((3, self.n_expert), np.int64)  # [3, n_expert] i64
         self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
@@ -219,7 +227,7 @@ class PromptRun:
         in_vram = np.flatnonzero(held)
         self._point(il, in_vram, m.held_offsets(il, in_vram))
         slots = self._stage(il, np.flatnonzero(~held))  # all prefetched: each one acquired
-        self._compute(il, n, x, routing, slots)
+        self._compute(il, n, x, routing, slots, base_row=self.late_base[il - m.layers[0]])
 
     def _moe_synced(self, il: int, n: int, x, routing: Routing, held: np.ndarray) -> None:
         m, st = self.m, self.m.stream
@@ -302,11 +310,17 @@ class PromptRun:
         down = QuantWeights(self.arena_u8, base[2], lay.down_type, s.n_embd, s.n_ff_expert)
         return gate, up, down
 
-    def _compute(self, il: int, n: int, x, routing: Routing, slots: list) -> None:
+    def _compute(self, il: int, n: int, x, routing: Routing, slots: list, *,
+                 base_row=None) -> None:
+        """The layer's grouped GEMMs over its pointed experts; `base_row`: a pinned [3, n_expert]
+        row the offsets go through (a layer without the sync), else the pageable host_base (its
+        copy waits for the stream: harmless where the layer synced already)."""
         st = self.m.stream
-        # host_base is pageable: the copy takes its bytes before returning, so the next layer
-        # may rewrite them while this one still waits on the stream (no sync in between)
-        self.scr.base.copy_to_device(self.host_base, stream=st)
+        src = self.host_base
+        if base_row is not None:
+            base_row[...] = self.host_base
+            src = base_row
+        self.scr.base.copy_to_device(src, stream=st)
         for sl in slots:
             self.ring.acquire(sl, st)
         gate, up, down = self._weights(il)
