@@ -184,6 +184,20 @@ def _row_update(ns, no):
     return row_update
 
 
+@cuda.jit(device=True, inline="always")
+def mma_pair(af, fa, b0, b1, b2, b3, acc, a):
+    """acc[a:a+4] += A B0 and acc[a+4:a+8] += A B1 (m16n8k16): A the fragment af[fa:fa+4], B0
+    (b0, b1) and B1 (b2, b3) two n8 tiles from one ldmatrix x4."""
+    d = mma_16816(af[fa], af[fa + 1], af[fa + 2], af[fa + 3], b0, b1,
+                  acc[a], acc[a + 1], acc[a + 2], acc[a + 3])
+    for e in range(4):
+        acc[a + e] = d[e]
+    d = mma_16816(af[fa], af[fa + 1], af[fa + 2], af[fa + 3], b2, b3,
+                  acc[a + 4], acc[a + 5], acc[a + 6], acc[a + 7])
+    for e in range(4):
+        acc[a + 4 + e] = d[e]
+
+
 def _tile_math(head_dim, bkv):
     """(scores, accumulate): S = Q K^T of one tile into s (f32 C fragments of bkv // 8 key
     tiles); O += P V with P as A fragments pf. sh / off: the tile's buffer."""
@@ -198,15 +212,7 @@ def _tile_math(head_dim, bkv):
             rb = off + (p * 16 + (lane & 7) + ((lane >> 4) << 3)) * rw + ((lane >> 3) & 1) * 4
             for kk in range(kk_n):
                 b0, b1, b2, b3 = ldsm_x4(sK, rb + kk * 8)
-                a = 8 * p
-                d = mma_16816(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
-                              b0, b1, s[a], s[a + 1], s[a + 2], s[a + 3])
-                for e in range(4):
-                    s[a + e] = d[e]
-                d = mma_16816(qf[kk * 4], qf[kk * 4 + 1], qf[kk * 4 + 2], qf[kk * 4 + 3],
-                              b2, b3, s[a + 4], s[a + 5], s[a + 6], s[a + 7])
-                for e in range(4):
-                    s[a + 4 + e] = d[e]
+                mma_pair(qf, kk * 4, b0, b1, b2, b3, s, 8 * p)
 
     @cuda.jit(device=True, inline="always")
     def accumulate(pf, sV, off, lane, o):
@@ -215,15 +221,7 @@ def _tile_math(head_dim, bkv):
                 rb = off + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * rw + nd * 8 \
                     + (lane >> 4) * 4
                 b0, b1, b2, b3 = ldsm_x4_trans(sV, rb)
-                a = 8 * nd
-                d = mma_16816(pf[kc * 4], pf[kc * 4 + 1], pf[kc * 4 + 2], pf[kc * 4 + 3],
-                              b0, b1, o[a], o[a + 1], o[a + 2], o[a + 3])
-                for e in range(4):
-                    o[a + e] = d[e]
-                d = mma_16816(pf[kc * 4], pf[kc * 4 + 1], pf[kc * 4 + 2], pf[kc * 4 + 3],
-                              b2, b3, o[a + 4], o[a + 5], o[a + 6], o[a + 7])
-                for e in range(4):
-                    o[a + 4 + e] = d[e]
+                mma_pair(pf, kc * 4, b0, b1, b2, b3, o, 8 * nd)
     return scores, accumulate
 
 

@@ -119,13 +119,7 @@ def row_pair_steps(lf: LaneFormat):
     load, dot = lf.load, lf.dot
     lanes = lf.lanes
     sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_values // 16
-
-    @cuda.jit(device=True, inline="always")
-    def first(w, off_a, off_b, n_sb, s_first):
-        lane = cuda.threadIdx.x & 31
-        sb = min(s_first + lane // lanes, n_sb - 1)
-        part = lane & (lanes - 1)
-        return load(w, off_a + sb * sb_bytes, part), load(w, off_b + sb * sb_bytes, part)
+    first, _ = pair_step(lf)  # the lane's slices of both rows at step s_first
 
     @cuda.jit(device=True, inline="always")
     def run(w, off_a, off_b, n_sb, cur, xs, sums_off, tab, s_first, s_stride):

@@ -144,11 +144,14 @@ def _ldsm_combine(slots):
     return out
 
 
-def _ldsm_x4_sim(arr, i):
-    ex, lane = _warp_exchange()
-    w = ex.run(lane, (arr, int(i)), _ldsm_combine)
-    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
-        np.uint32(w[lane, 3])
+def _ldsm_sim(combine):
+    """The simulator's ldmatrix x4 whose fragments `combine` deals out."""
+    def ldsm(arr, i):
+        ex, lane = _warp_exchange()
+        w = ex.run(lane, (arr, int(i)), combine)
+        return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
+            np.uint32(w[lane, 3])
+    return ldsm
 
 
 # ldmatrix .trans (e.g. V fragments): lane l names a row as for `ldsm_x4`; it receives, of each
@@ -164,13 +167,6 @@ def _ldsm_trans_combine(slots):
                         dtype=np.uint32).view(np.uint16)  # [8 rows, 8 columns] f16 bits
         out[:, m] = rows[2 * t, g].astype(np.uint32) | (rows[2 * t + 1, g].astype(np.uint32) << 16)
     return out
-
-
-def _ldsm_x4_trans_sim(arr, i):
-    ex, lane = _warp_exchange()
-    w = ex.run(lane, (arr, int(i)), _ldsm_trans_combine)
-    return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
-        np.uint32(w[lane, 3])
 
 
 def _cp_async16_sim(dst, i, src, row, col, valid):
@@ -226,8 +222,8 @@ if SIMULATED:
     pack_half2 = _pack_half2_sim
     half2_lo = _half2_lo_sim
     half2_hi = _half2_hi_sim
-    ldsm_x4 = _ldsm_x4_sim
-    ldsm_x4_trans = _ldsm_x4_trans_sim
+    ldsm_x4 = _ldsm_sim(_ldsm_combine)
+    ldsm_x4_trans = _ldsm_sim(_ldsm_trans_combine)
     cp_async16 = _cp_async16_sim
     cp_async_wait = _cp_async_wait_sim
     h2_sub_fma = _h2_sub_fma_sim
