@@ -141,6 +141,7 @@ class CudaModel:
         self._plan_and_open(model, backend)
         self.stream = cuda.stream()
         self.copy_stream = cuda.stream()
+        self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
         done = self.acts["router_done"]  # the fused router's block counter starts at zero
@@ -309,6 +310,23 @@ class CudaModel:
         self.log(f"expert cache: {n} of {s.n_layer * s.n_expert} experts in {cache_layout.n_slots}"
                  f" slots ({n_bytes / 1e9:.2f} GB, {n_bytes / max(secs, 1e-9) / 1e9:.1f} GB/s), "
                  f"ranked by {self.report['profile']}; predicted decode hit rate {hit}")
+
+    def prompt_host_rows(self) -> tuple[Any, Any]:
+        """Pinned host rows the prompt path uses for a layer that runs without the count sync,
+        allocated at the first prompt that needs them and kept (one pinned allocation, not one
+        per prompt; prompts run one at a time, each chunk syncing before the next):
+          counts [layers of this stage, n_expert + 1] i32: its expert counts, read back without a
+            sync (a copy to pageable memory waits for the stream);
+          offsets [layers of this stage, 3, n_expert] i64: its experts' weight offsets, sent from
+            here because a copy from pageable memory waits for the stream to drain before it
+            starts (that would put the sync back); a row per layer, so none is rewritten before
+            its copy lands.
+        Host memory: not in the plan's VRAM."""
+        if self._prompt_rows is None:
+            n, e = self.layers[1] - self.layers[0], self.shape.n_expert
+            self._prompt_rows = (cuda.pinned_array((n, e + 1), np.int32),
+                                 cuda.pinned_array((n, 3, e), np.int64))
+        return self._prompt_rows
 
     def held(self, layer: int) -> np.ndarray:
         """[n_expert] bool: experts of `layer` in VRAM (the cache's slots or a helper tier)."""

@@ -102,18 +102,9 @@ class PromptRun:
             ev.wait(m.copy_stream)
         self.arena_u8 = m.expert_window  # the arena, or a split stage's window over its tiers
         self.host_counts = np.zeros(self.n_expert + 1, np.int32)
-        # [layers of this stage, n_expert + 1] i32 pinned: counts read back without a sync (a
-        # copy to pageable memory would wait for the stream); host memory, not in the plan
-        n_stage = m.layers[1] - m.layers[0]
-        self.late_counts = None if self.sync_every_layer else cuda.pinned_array(
-            (n_stage, self.n_expert + 1), np.int32)
-        # [layers of this stage, 3, n_expert] i64 pinned: the weight offsets of a layer that runs
-        # without the sync. A copy from pageable memory waits for the stream to drain first (CUDA
-        # stages pageable host->device copies only after a stream sync), which would put the
-        # sync back; from pinned memory it is truly asynchronous, so each such layer has its own
-        # row, never rewritten before its copy lands (the chunk's end syncs)
-        self.late_base = None if self.sync_every_layer else cuda.pinned_array(
-            (n_stage, 3, self.n_expert), np.int64)
+        # the model's pinned rows for layers that run without the sync (`prompt_host_rows`)
+        self.late_counts, self.late_base = (None, None) if self.sync_every_layer else \
+            m.prompt_host_rows()
         self.pending: list[tuple[int, np.ndarray]] = []  # (layer, held) awaiting their counts
         self.host_base = np.zeros((3, self.n_expert), np.int64)  # [3, n_expert] i64
         self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
