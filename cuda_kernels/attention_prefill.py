@@ -20,6 +20,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from .attention import _row_bytes
+from .attention_prefill_gqa import BKV as GQA_BKV
+from .attention_prefill_gqa import WARPS as GQA_WARPS
 from .attention_prefill_gqa import (check_args, p_fragments, prefill_attention_gqa,
                                     q_fragments, write_rows)
 from .kvcache import KvSide, make_reader
@@ -161,20 +163,23 @@ def _prefill_kernel(k_fmt, v_fmt, head_dim, warps, bkv):
     return kernel
 
 
-def prefill_attention(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int = WARPS,
-                      bkv: int = BKV, variant: str = "base", stream=0):
+def prefill_attention(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int | None = None,
+                      bkv: int | None = None, variant: str = "base", stream=0):
     """Causal attention of a chunk: out[i, h] over keys 0 .. seq_len[0] + i of KV head h // G.
 
     q: [n_q, n_head, head_dim] f32 (RoPE applied); k, v: the layer's cache sides with the
     chunk already written at seq_len[0] ..; out: [n_q, n_head, head_dim] f32.
     variant: "base" (this module's kernel: a block takes one head) or "gqa" (each staged K/V
-    tile shared by the heads of one KV head: `attention_prefill_gqa`, warps/bkv its own).
+    tile shared by the heads of one KV head: `attention_prefill_gqa`); warps / bkv: None takes
+    the variant's own defaults.
     """
     if variant == "gqa":
-        prefill_attention_gqa(q, k, v, seq_len, out, warps=warps, bkv=bkv, stream=stream)
+        prefill_attention_gqa(q, k, v, seq_len, out, warps=warps or GQA_WARPS,
+                              bkv=bkv or GQA_BKV, stream=stream)
         return
     if variant != "base":
         raise ValueError(f"prefill attention variant must be 'base' or 'gqa', got {variant!r}")
+    warps, bkv = warps or WARPS, bkv or BKV
     check_args(q, k, v, seq_len, out, bkv)
     lay = k.layout
     if warps < 1:

@@ -38,13 +38,14 @@ from .kvcache import KvSide, make_reader
 from .mma import (SIMULATED, cp_async16, cp_async_wait, ldsm_x4, ldsm_x4_trans, mma_16816,
                   pack_half2, shfl_xor)
 
-WARPS = 4
+WARPS = 8
 BKV = 32
-# 4-warp blocks (group >= 4; group 1 and 2 as 4 token groups / 2 x 2) get launch bounds of
-# WARPS_PER_SM warps an SM: ptxas then keeps them at 168 registers without a spill at head_dim 128
-# (3 blocks an SM; unbounded it takes 170, which leaves room for 2). Other shapes are unbounded
-# (3 warps at 168 would spill; 8 warps fit one block an SM at 255).
-WARPS_PER_SM = 12
+# Launch bounds by block size (warps -> blocks an SM the registers must allow). 8-warp blocks
+# bounded to 2 an SM (128 registers) measured fastest on the H200 at head_dim 128: 1.04 ms for a
+# 4096-token f16 prompt of the 30B shape against 1.20 for 4-warp blocks at 3 an SM (168
+# registers, unbounded 170 leaves room for 2) and 1.25 for 8 warps unbounded (one block an SM)
+# (bench/results/2026-11-30_kernels_prefill_attn_gqa.json). Other shapes are unbounded.
+MIN_BLOCKS = {4: 3, 8: 2}
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix rows and cp.async targets: 16-byte aligned
 NEG_INF = float32(-np.inf)
@@ -109,9 +110,8 @@ def shared_bytes(head_dim: int, bkv: int) -> int:
 
 
 def default_min_blocks(n_warps: int) -> int:
-    """Blocks per SM the launch bounds ask for by default (0: none): WARPS_PER_SM // 4 for
-    4-warp blocks."""
-    return WARPS_PER_SM // 4 if n_warps == 4 else 0
+    """Blocks per SM the launch bounds ask for by default (0: none): `MIN_BLOCKS`."""
+    return MIN_BLOCKS.get(n_warps, 0)
 
 
 def jit_options(hb: int, tw: int, min_blocks: int) -> dict:

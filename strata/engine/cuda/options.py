@@ -15,6 +15,8 @@ MISS_PATHS = ("mapped", "cpu", "hybrid")
 # 64% hits (2026-11-30_engine_cuda_miss_hybrid.json): the pool's per-layer host round trip costs
 # more than the CPU's bandwidth adds
 MISS_PATH_DEFAULT = "mapped"
+# the prompt path's attention kernels (cuda_kernels.attention_prefill's variants)
+PREFILL_ATTENTION = ("gqa", "base")
 
 
 class CudaEngineError(StrataError):
@@ -33,7 +35,10 @@ class CudaOptions:
     after each prompt, swap cache slots towards the experts its routing used most
     (`strata.experts.adaptive`); `prefill_sync_every_layer`: the prompt path reads every
     layer's expert counts back before its MoE, also where every expert is already in VRAM (the
-    path before `strata.engine.cuda.prefill.counts_can_wait`, kept for A/B runs)."""
+    path before `strata.engine.cuda.prefill.counts_can_wait`, kept for A/B runs);
+    `prefill_attention`: the prompt path's causal attention kernel, "gqa" (each K/V tile shared
+    by a KV head's query heads: 2.1-2.4x the other at 4K-16K f16 on the H200) or "base" (a
+    block per query head; kept for A/B runs)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -46,6 +51,7 @@ class CudaOptions:
     miss_share: float | None = None
     adaptive_cache: bool = False
     prefill_sync_every_layer: bool = False
+    prefill_attention: str = "gqa"
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
@@ -55,9 +61,15 @@ class CudaOptions:
         if self.miss_path not in MISS_PATHS:
             raise CudaEngineError(f"--miss-path {self.miss_path!r}: expected one of "
                                   f"{', '.join(MISS_PATHS)}")
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise CudaEngineError(f"prefill_attention {self.prefill_attention!r}: expected one "
+                                  f"of {', '.join(PREFILL_ATTENTION)}")
         if self.miss_share is not None and not 0.0 <= self.miss_share <= 1.0:
             raise CudaEngineError(f"--miss-share {self.miss_share}: expected the CPU's fraction "
                                   f"of the misses, 0 to 1")
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise CudaEngineError(f"prefill_attention {self.prefill_attention!r}: expected one "
+                                  f"of {', '.join(PREFILL_ATTENTION)}")
         if self.miss_share is not None and self.miss_path != "hybrid":
             raise CudaEngineError(f"--miss-share applies to --miss-path hybrid, not "
                                   f"{self.miss_path!r}")

@@ -54,6 +54,11 @@ from strata.experts import PrefillTraffic
 from strata.plan.layout import ROUTE_TILE_ROWS, ring_slot_bytes
 
 PREFETCH_ENTRIES_PER_EXPERT = 2  # chunk * k >= this * n_expert: stage the next layer ahead
+# Layers without the sync let the host run ahead of the GPU; it waits (on an event) for the layer
+# this many back before it queues the next, so the driver's launch queue never fills: a launch
+# that finds it full blocks until the GPU has drained a good part of it, and the GPU can sit idle
+# before the host's next launch arrives. Four layers (about 80 launches) keep the GPU fed.
+LAYERS_AHEAD = 4
 
 
 def counts_can_wait(held: np.ndarray, staged: Collection[int]) -> bool:
@@ -110,6 +115,7 @@ class PromptRun:
         self.staged: dict[int, Any] = {}  # expert -> ring slot, for the layer being prepared
         self.staged_layer = -1
         self.dense = self._dense_weights()
+        self.layer_done = [cuda.event() for _ in range(LAYERS_AHEAD)]
 
     def _carve_scratch(self) -> Scratch:
         m, c, n_e = self.m, self.chunk, self.n_expert
@@ -149,8 +155,12 @@ class PromptRun:
         if lo == 0:
             embed(m.embd_table, m.embd_type, history, a["seq_len"], x, stream=st)
         for il in range(lo, hi):
+            done = self.layer_done[(il - lo) % LAYERS_AHEAD]
+            if il - lo >= LAYERS_AHEAD:
+                done.synchronize()  # layer il - LAYERS_AHEAD has run: the queue holds the rest
             self._attention(il, n, x)
             self._moe(il, n, x)
+            done.record(st)
         if hi == s.n_layer:
             rms_norm(P["hidden"][n - 1:n], m.norms["output_norm"], a["normed"],
                      eps=s.rms_norm_eps, stream=st)
@@ -181,7 +191,8 @@ class PromptRun:
         kv_write(v.reshape(n, s.n_head_kv, s.head_dim), v_side, a["seq_len"], stream=st)
         att = P["attn_out"][:n]
         prefill_attention(q.reshape(n, s.n_head, s.head_dim), k_side, v_side, a["seq_len"],
-                          att.reshape(n, s.n_head, s.head_dim), stream=st)
+                          att.reshape(n, s.n_head, s.head_dim), variant=m.options.prefill_attention,
+                          stream=st)
         tmp = P["expert_out"][:n]  # [n, n_embd] f32: free until the MoE's down projection
         dense_matmul(att, self.dense[b + "attn_output"], tmp, stream=st)
         add(x, tmp, x, stream=st)
