@@ -14,7 +14,7 @@ from numba import types as T
 from . import attention, attention_prefill, attention_prefill_gqa, attention_wide, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
-from .matmul_tiles import FMA_TILE, TC_TILE
+from .matmul_tiles import FMA_TILE, tc_tile
 from .qformats import BY_NAME, FORMATS
 
 FAMILY = "prefill"
@@ -31,7 +31,7 @@ def _gemm_sig(x_half: bool, out_half: bool):
 
 def _tc_spec(t, *, x_half, grouped, gather, swiglu, out_half):
     def build():
-        k = _tc(t, TC_TILE, x_half, grouped, gather, swiglu, out_half)
+        k = _tc(t, tc_tile(t), x_half, grouped, gather, swiglu, out_half)
         return k.py_func, _gemm_sig(x_half, out_half)
     return build
 
@@ -98,23 +98,24 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     tests/unit/test_aot_coverage.py checks the engine against it); else the compile check's
     set: gate/up for every format (its weight loader is the per-format part), the rest for the
     formats and shapes of the 30B models and the tiny one."""
-    # a tile's launch bounds (if it ever sets any) are part of what the frozen dispatcher asks
-    # the bundle for
-    tc = getattr(TC_TILE, "jit_options", {})
+    # a tile's launch bounds are part of what the frozen dispatcher asks the bundle for
+    def tc(t):
+        return tc_tile(t).jit_options
+
     some = [BY_NAME[n] for n in ("Q4_K", "Q6_K", "Q8_0", "Q5_K")]
     for f in FORMATS.values():
         register_ptx(family, f"moe_gate_up_tc_{f.name}",
                      _tc_spec(f.ggml_type, x_half=True, grouped=True, gather=True, swiglu=True,
-                              out_half=True), options=tc)
+                              out_half=True), options=tc(f.ggml_type))
     for f in (FORMATS.values() if full else some):
         t = f.ggml_type
         register_ptx(family, f"moe_down_tc_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
-                              out_half=False), options=tc)
+                              out_half=False), options=tc(t))
         for x_half in (True, False):
             register_ptx(family, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
                          _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
-                                  out_half=False), options=tc)
+                                  out_half=False), options=tc(t))
     for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores)
         t = BY_NAME[name].ggml_type
         register_ptx(family, f"moe_gate_up_fma_{name}",

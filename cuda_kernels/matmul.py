@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .matmul_tiles import (FMA_TILE, K_STEP, TC_TILE, FmaTile, TcTile, fma_kernel,
-                           n_col_blocks, tc_kernel)
+                           n_col_blocks, tc_kernel, tc_tile)
 from .matmul_loads import split_loader
 from .qformats import get_format
 from .route import Routing
@@ -102,7 +102,7 @@ def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routi
     """Pick the kernel and grid; `routing=None` is the dense (ungrouped) mode."""
     grouped = routing is not None
     if tensor_cores:
-        tile = tile or TC_TILE
+        tile = tile or tc_tile(w0.ggml_type)
         if not isinstance(tile, TcTile):
             raise ValueError(f"tensor-core launch needs a TcTile, got {tile!r}")
         if w0.n_cols % tile.k_step:  # a k depth the 64-value step does not divide

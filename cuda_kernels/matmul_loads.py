@@ -1,13 +1,16 @@
 """Split weight-row loaders for the tensor-core GEMM: `fetch` issues a k step's global loads into
 registers, `decode` later turns them into the step's 16 f16-pair words in shared memory.
 
+Formats with a split loader: Q4_K, Q6_K, Q8_0 (the others decode through dq32).
+
 The tile loop fetches step k+1 before it issues step k's MMAs and decodes after them, so the
 loads' latency hides behind tensor-core work (the generic path, a format's `dq32`, loads and
 decodes in one go after the MMAs). A loader serves one format at 32 values per step (kch=1):
 
-* ``fetch(wbuf, boff, kt, raw)``: loads for step kt of the row at byte `boff` into `raw`
-  (u32 [RAW_WORDS], registers), keeping words an earlier step already loaded;
-* ``decode(raw, kt, sB, dst)``: writes sB[dst:dst+16] = the step's 32 values as f16 pairs.
+* ``fetch(wbuf, boff, kt, raw, part)``: loads for step kt of the row at byte `boff` into `raw`
+  (u32, registers), keeping words an earlier step already loaded;
+* ``decode(raw, kt, part, sB, dst)``: writes the step's values of this thread's part (of
+  `parts` threads sharing the row) as f16 pairs, the row's 32 values going to sB[dst:dst+16].
 
 Q4_K (144-byte super-blocks of 256 values, layout in `qformats_k`): the 16-byte head (d, dmin,
 12 scale bytes) is loaded at a super-block's first step, the 32 quant bytes shared by groups
@@ -23,12 +26,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
-from .intrinsics import h2f, ld_nc_u32x4, ld_u32, prmt
+from .intrinsics import funnel_r, h2f, ld_nc_u32x4, ld_u32, prmt
 from .mma import h2_sub_fma, pack_half2
 
-RAW_WORDS = 12
 MAGIC2 = np.uint32(0x64006400)  # two halves of 1024.0
 MAGIC4 = np.uint32(0x64646464)  # prmt source of the 0x64 high bytes
+MAGIC2_Q8 = np.uint32(0x64806480)  # two halves of 1152.0 = 1024 + 128
+MAGIC2_Q6 = np.uint32(0x64206420)  # two halves of 1056.0 = 1024 + 32
+ZERO2 = np.uint32(0)
 
 
 @cuda.jit(device=True, inline="always")
@@ -45,48 +50,137 @@ def _ld16(wbuf, off, raw, at):
     raw[at + 3] = d
 
 
-@cuda.jit(device=True, inline="always")
-def q4k_fetch(wbuf, boff, kt, raw):
-    o = boff + (kt >> 3) * 144
-    if kt & 7 == 0:
-        _ld16(wbuf, o, raw, 0)
-    if kt & 1 == 0:
-        qo = o + 16 + 32 * ((kt & 7) >> 1)
-        _ld16(wbuf, qo, raw, 4)
-        _ld16(wbuf, qo + 16, raw, 8)
+def q4k_loader(parts: int):
+    """Q4_K (fetch, decode, raw words) for `parts` threads per weight row (1 or 2): part p
+    decodes values 16p.. of its row's 32 (16 / parts words of quants each)."""
+    NQ = 8 // parts  # quant words per thread
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(wbuf, boff, kt, raw, part):
+        o = boff + (kt >> 3) * 144
+        if kt & 7 == 0:
+            _ld16(wbuf, o, raw, 0)
+        if kt & 1 == 0:
+            qo = o + 16 + 32 * ((kt & 7) >> 1) + 4 * NQ * part
+            for h in range(NQ // 4):
+                _ld16(wbuf, qo + 16 * h, raw, 4 + 4 * h)
+
+    @cuda.jit(device=True, inline="always")
+    def decode(raw, kt, part, sB, dst):
+        jb = kt & 7
+        s0, s1 = raw[1], raw[2]
+        if jb < 4:
+            sh = 8 * jb
+            sc = (s0 >> sh) & 63
+            mn = (s1 >> sh) & 63
+        else:
+            sh = 8 * (jb - 4)
+            hi = raw[3] >> sh
+            sc = (hi & 0xF) | (((s0 >> sh) >> 6) & 3) << 4
+            mn = ((hi >> 4) & 0xF) | (((s1 >> sh) >> 6) & 3) << 4
+        dm = raw[0]
+        dl = h2f(dm & 0xFFFF) * float32(sc)
+        ml = h2f(dm >> 16) * float32(mn)
+        scale2 = pack_half2(dl, dl)
+        neg2 = pack_half2(-ml, -ml)
+        nib = 4 * (jb & 1)
+        d0 = dst + 2 * NQ * part
+        for t in range(NQ):
+            m = (raw[4 + t] >> nib) & 0x0F0F0F0F  # four quants, one per byte
+            sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2)
+            sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2)
+
+    return fetch, decode, 4 + NQ
 
 
-@cuda.jit(device=True, inline="always")
-def q4k_decode(raw, kt, sB, dst):
-    jb = kt & 7
-    s0, s1 = raw[1], raw[2]
-    if jb < 4:
-        sh = 8 * jb
-        sc = (s0 >> sh) & 63
-        mn = (s1 >> sh) & 63
-    else:
-        sh = 8 * (jb - 4)
-        hi = raw[3] >> sh
-        sc = (hi & 0xF) | (((s0 >> sh) >> 6) & 3) << 4
-        mn = ((hi >> 4) & 0xF) | (((s1 >> sh) >> 6) & 3) << 4
-    dm = raw[0]
-    dl = h2f(dm & 0xFFFF) * float32(sc)
-    ml = h2f(dm >> 16) * float32(mn)
-    scale2 = pack_half2(dl, dl)
-    neg2 = pack_half2(-ml, -ml)
-    nib = 4 * (jb & 1)
-    for t in range(8):
-        m = (raw[4 + t] >> nib) & 0x0F0F0F0F  # four quants, one per byte
-        sB[dst + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2)
-        sB[dst + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2)
+def q8_0_loader(parts: int):
+    """Q8_0 (fetch, decode, raw words) for `parts` threads per weight row: a 34-byte block is
+    one step. Blocks sit at 2-byte alignment, so the part's 16 or 32 quant bytes are read as
+    whole words from the word holding their first byte (one more word when that byte is not
+    word-aligned, never past the block's 4-byte-rounded end) and realigned by funnel shifts;
+    each int8 q becomes the half 1152 + q (bits 0x6400 | (q + 128)), 1152 is subtracted exactly
+    and fma.rn.f16x2 scales by d: the correctly rounded f16 of d * q."""
+    NQ = 8 // parts  # quant words per thread
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(wbuf, boff, kt, raw, part):
+        o = boff + kt * 34
+        s = o + 2 + 4 * NQ * part  # first quant byte of this part
+        a = s & ~3
+        raw[0] = ld_u32(wbuf, o & ~3)  # holds d
+        for i in range(NQ):
+            raw[1 + i] = ld_u32(wbuf, a + 4 * i)
+        raw[1 + NQ] = 0
+        if s & 3:
+            raw[1 + NQ] = ld_u32(wbuf, a + 4 * NQ)
+        raw[2 + NQ] = s & 3
+
+    @cuda.jit(device=True, inline="always")
+    def decode(raw, kt, part, sB, dst):
+        sh = raw[2 + NQ]  # 0 or 2: the quant bytes' offset in their first word
+        d = h2f(raw[0] >> (16 - 8 * sh))  # d precedes the quants: the other half of its word
+        d2 = pack_half2(d, d)
+        d0 = dst + 2 * NQ * part
+        for t in range(NQ):
+            m = funnel_r(raw[1 + t], raw[2 + t], 8 * sh) ^ 0x80808080  # bytes q + 128
+            sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q8, d2, ZERO2)
+            sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q8, d2, ZERO2)
+
+    return fetch, decode, 3 + NQ
 
 
-LOADERS = {int(T.Q4_K): (q4k_fetch, q4k_decode)}
+def q6k_loader(parts: int):
+    """Q6_K (fetch, decode, raw words) for `parts` threads per weight row. Super-blocks (210
+    bytes) sit at 2-byte alignment: the part's low-nibble (ql) and high-bit (qh) bytes are read as
+    whole words and realigned by funnel shifts (the extra word stays inside the super-block), the
+    step's scale bytes and d from the words holding them. A 6-bit q becomes the half 1024 + q,
+    1056 is subtracted exactly (q - 32), and fma.rn.f16x2 scales by d * scale rounded to f16."""
+    NQ = 8 // parts  # quant words per thread
+    HALVES = 2 // parts  # 16-value halves (each with its own scale) per thread
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(wbuf, boff, kt, raw, part):
+        o = boff + (kt >> 3) * 210
+        jb = kt & 7
+        lo = o + 64 * (jb >> 2) + 32 * (jb & 1) + 4 * NQ * part  # this part's ql bytes
+        hi = o + 128 + 32 * (jb >> 2) + 4 * NQ * part  # and its qh bytes
+        raw[0] = ld_u32(wbuf, (o + 208) & ~3)  # holds d
+        raw[1] = ld_u32(wbuf, (o + 192 + 2 * jb) & ~3)  # holds the step's two scale bytes
+        raw[2] = o & 3
+        for i in range(NQ + 1):
+            raw[3 + i] = ld_u32(wbuf, (lo & ~3) + 4 * i)
+            raw[4 + NQ + i] = ld_u32(wbuf, (hi & ~3) + 4 * i)
+
+    @cuda.jit(device=True, inline="always")
+    def decode(raw, kt, part, sB, dst):
+        jb = kt & 7
+        sh = raw[2]  # 0 or 2: every field's byte offset in its first word
+        d = h2f(raw[0] >> (8 * sh))
+        lsh = 4 * ((jb >> 1) & 1)  # ql nibble: high for the sub-blocks 2, 3, 6, 7 of 8
+        hsh = 2 * (jb & 3)  # qh bit pair
+        for hh in range(HALVES):
+            sc = int((raw[1] >> (8 * ((sh + 2 * jb) & 3) + 8 * (part * HALVES + hh))) & 0xFF)
+            dl = d * float32(sc - ((sc & 0x80) << 1))  # the int8 scale (signed arithmetic)
+            dl2 = pack_half2(dl, dl)
+            d0 = dst + 2 * NQ * part + 8 * hh
+            for t in range(4):
+                i = 4 * hh + t
+                ql = funnel_r(raw[3 + i], raw[4 + i], 8 * sh)
+                qh = funnel_r(raw[4 + NQ + i], raw[5 + NQ + i], 8 * sh)
+                m = ((ql >> lsh) & 0x0F0F0F0F) | (((qh >> hsh) & 0x03030303) << 4)
+                sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q6, dl2, ZERO2)
+                sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q6, dl2, ZERO2)
+
+    return fetch, decode, 5 + 2 * NQ
+
+
+LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q6_K): q6k_loader, int(T.Q8_0): q8_0_loader}
 
 
 def split_loader(ggml_type: int):
-    """(fetch, decode) of a format with a split loader, else None (the kernel uses dq32)."""
+    """The loader factory (parts -> (fetch, decode, raw words)) of a format that has one, else
+    None (the kernel uses the format's dq32)."""
     return LOADERS.get(int(ggml_type))
 
 
-__all__ = ["RAW_WORDS", "split_loader", "q4k_fetch", "q4k_decode"]
+__all__ = ["split_loader", "q4k_loader", "q6k_loader", "q8_0_loader"]

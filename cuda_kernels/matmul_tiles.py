@@ -6,8 +6,12 @@ values it dequantizes the BN weight rows' next 32 values into shared memory (the
 decoder) and stages the BM activation rows, then multiplies the two tiles.
 
 Two bodies share the tile machinery:
-* tensor cores (`tc_kernel`): tiles held as f16 pairs, warps issue `mma.sync.m16n8k16` with f32
-  accumulators, two shared-memory buffers so one barrier per k step suffices;
+* tensor cores (`tc_kernel`): tiles held as f16 pairs, fragments read with `ldmatrix`, warps
+  issue `mma.sync.m16n8k16` with f32 accumulators; two shared-memory buffers, one barrier per k
+  step: step k+1's f16 activations (cp.async) and weight words (a format's split loader,
+  `matmul_loads`) are requested before step k's MMAs and decoded after them, so memory latency
+  and dequantization overlap the tensor-core work; a tile's settings by weight format
+  (`tc_tile`: threads per weight row, MMAs of 16-row tiles past a group's end skipped);
 * FMA (`fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback path.
 
 Row modes, fixed when a kernel is built:
@@ -22,11 +26,11 @@ Row modes, fixed when a kernel is built:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gguf import GGMLQuantizationType
 from numba import cuda, float32, int64, uint32
 
-from .matmul_loads import RAW_WORDS
 from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
@@ -39,7 +43,10 @@ class TcTile:
     a k step of 32 * kch values (kch dequantized chunks per weight row per step).
 
     ldsm: MMA fragments read with ldmatrix (else one 32-bit shared load per register);
-    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead.
+    pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead;
+    min_blocks: launch bounds (threads, min_blocks) when > 0 (`jit_options`);
+    row_threads: threads a split loader may give one weight row (1 or 2; 2 only where the block
+    has the threads); skip_pad: a warp skips the MMAs of its 16-row tiles past the group's end.
     """
 
     bm: int
@@ -49,6 +56,9 @@ class TcTile:
     kch: int = 1
     ldsm: bool = True
     pipe: bool = True
+    min_blocks: int = 0  # > 0: launch bounds asking ptxas to fit that many blocks per SM
+    row_threads: int = 2
+    skip_pad: bool = True
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -56,6 +66,8 @@ class TcTile:
                 or wtm * self.warps_m != self.bm or wtn * self.warps_n != self.bn:
             raise ValueError(f"bad tensor-core tile {self}: warp tiles must be 16-row multiples "
                              "by 16-column multiples and divide the block tile")
+        if self.row_threads not in (1, 2):
+            raise ValueError(f"bad tensor-core tile {self}: row_threads must be 1 or 2")
         if (self.bm * 16) % self.threads or self.threads % 16 or self.kch not in (1, 2):
             raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads"
                              " and kch 1 or 2")
@@ -67,6 +79,12 @@ class TcTile:
     @property
     def k_step(self) -> int:
         return K_STEP * self.kch
+
+    @property
+    def jit_options(self) -> dict:
+        """Extra `cuda.jit` / `compile_ptx` options of this tile's kernels (ahead-of-time builds
+        must pass them too)."""
+        return {"launch_bounds": (self.threads, self.min_blocks)} if self.min_blocks > 0 else {}
 
     @property
     def threads(self) -> int:
@@ -96,6 +114,18 @@ class FmaTile:
 
 
 TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4)
+# The default tile's settings by weight format, measured on the H200 (bench/results/
+# 2026-11-30_kernels_prefill_v4.json and _rev.json): Q4_K runs fastest with one thread per weight
+# row and every tile's MMAs issued (grouped 113.9 TFLOP/s, against 90.8 with two threads a row
+# and padding tiles skipped); Q8_0 and Q6_K take both with their split loaders (grouped 83.1 /
+# 76.1 TFLOP/s, Q8_0 against 53.3 through dq32; dense Q8_0 87.3 against 48.1).
+FORMAT_TILE = {int(GGMLQuantizationType.Q4_K): {"row_threads": 1, "skip_pad": False}}
+
+
+def tc_tile(ggml_type) -> TcTile:
+    """The default tensor-core tile with `ggml_type`'s measured settings."""
+    return replace(TC_TILE, **FORMAT_TILE.get(int(ggml_type), {}))
+
 FMA_TILE = FmaTile(bm=64, bn=64, threads_m=16, threads_n=16)
 
 
@@ -134,22 +164,25 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     # (with f32 activations the A threads also convert: measured slower, so both jobs are shared)
     ROLE_SPLIT = (not PIPE_A and x_half and NTHREADS >= 2 * B_ITEMS
                   and (NTHREADS - B_ITEMS) % WPR == 0 and (BM * WPR) % (NTHREADS - B_ITEMS) == 0)
+    # A split loader serves 32-value steps with every weight row owned by 1 or 2 threads
+    SPLIT = loader is not None and tile.pipe and KCH == 1 and NTHREADS >= B_ITEMS
+    PARTS = 2 if (SPLIT and PIPE_A and tile.row_threads == 2
+                  and NTHREADS >= 2 * B_ITEMS) else 1  # threads per weight row
+    fetch, decode, N_RAW = loader(PARTS) if SPLIT else (None, None, 1)
+    SKIP = tile.skip_pad
     if PIPE_A:
-        NBT = min(NTHREADS, B_ITEMS)  # threads decoding B (the rest only copy A)
+        NBT = min(NTHREADS, B_ITEMS * PARTS)  # threads decoding B (the rest only copy A)
         NAT, A_ITERS, ROW_STEP = NTHREADS, BM * CPR // NTHREADS, NTHREADS // CPR
     else:
         NBT = B_ITEMS if ROLE_SPLIT else NTHREADS
         NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
         A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
-    B_ITERS = (B_ITEMS + NBT - 1) // NBT
-    SPLIT = loader is not None and tile.pipe and KCH == 1 and B_ITERS == 1
-    fetch, decode = loader if SPLIT else (None, None)
+    B_ITERS = 1 if SPLIT else (B_ITEMS + NBT - 1) // NBT
     LDSM = tile.ldsm
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
-    N_RAW = RAW_WORDS
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
@@ -175,14 +208,23 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
 
     @cuda.jit(device=True, inline="always")
     def load_b(wbuf, boff, vals, raw, sB, buf, kt, bt):
+        if SPLIT and PARTS == 2:
+            if bt < 2 * B_ITEMS:
+                dst = buf * WORDS_B + (bt // 2) * SA
+                if boff[0] >= 0:
+                    decode(raw, kt, bt % 2, sB, dst)
+                else:
+                    for w in range(8):
+                        sB[dst + (bt % 2) * 8 + w] = uint32(0)
+            return
         for i in range(B_ITERS):
             item = bt + i * NBT
             if item < B_ITEMS:
                 r, c = item // KCH, item % KCH
                 dst = buf * WORDS_B + r * SA + 16 * c
                 if boff[i] >= 0:
-                    if SPLIT:
-                        decode(raw, kt, sB, dst)
+                    if SPLIT:  # one thread a row
+                        decode(raw, kt, 0, sB, dst)
                     else:
                         dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
                         for w in range(16):
@@ -196,8 +238,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         """Start step kt's loads that complete in the background: its A tile (cp.async) and the
         split loader's weight words."""
         if SPLIT:
-            if tid < NBT and boff[0] >= 0:
-                fetch(wbuf, boff[0], kt, raw)
+            if tid < B_ITEMS * PARTS and boff[0] >= 0:
+                fetch(wbuf, boff[0], kt, raw, tid % PARTS)
         if PIPE_A:
             load_a(x, arow, sA, buf, kt, tid)
 
@@ -218,10 +260,12 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
-    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane):
+    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live):
         if LDSM:
             ka = kk * 8 + (lane >> 4) * 4
             for mt in range(MT):
+                if mt >= n_live:
+                    break
                 a0, a1, a2, a3 = ldsm_x4(sA, buf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
                                          * SA + ka)
                 afr[mt * 4] = a0
@@ -239,6 +283,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return
         g, t = lane >> 2, lane & 3
         for mt in range(MT):
+            if mt >= n_live:
+                break
             ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
             afr[mt * 4 + 0] = sA[ra]
             afr[mt * 4 + 1] = sA[ra + 8 * SA]
@@ -250,10 +296,14 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
-    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane):
+    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live):
+        """The warp's MMAs of one k step over its first n_live 16-row tiles (the others hold
+        only rows past the group's end: their tensor-core work is skipped)."""
         for kk in range(2 * KCH):
-            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane)
+            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live)
             for mt in range(MT):
+                if mt >= n_live:
+                    break
                 for nt in range(NT):
                     c = (mt * NT + nt) * 4
                     d = mma_16816(afr[mt * 4], afr[mt * 4 + 1], afr[mt * 4 + 2], afr[mt * 4 + 3],
@@ -304,7 +354,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return nb * COLS + (r // WTN) * HALF_WTN + within % HALF_WTN, within >= HALF_WTN
         return nb * COLS + r, False
 
-    @cuda.jit
+    @cuda.jit(**tile.jit_options)
     def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
                tile_group, tile_m0, n_tiles, n_rows, out):
         tid = cuda.threadIdx.x
@@ -341,12 +391,14 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             if m < count and at >= 0:
                 arow[i] = perm[row0 + m] // k_top if gather else row0 + m
         for i in range(B_ITERS):
-            f, second = weight_row((tid + i * NBT) // KCH, nb)
+            f, second = weight_row(tid // PARTS if SPLIT else (tid + i * NBT) // KCH, nb)
             base = base1[grp] if second else base0[grp]
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
         n_k = k_dim // (K_STEP * KCH)
+        # warp-uniform; every tile live without skip_pad
+        n_live = min(MT, max(0, (count - m0 - wm * WTM + 15) // 16)) if SKIP else MT
         prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
         finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
         cuda.syncthreads()
@@ -358,7 +410,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             buf = kt & 1
             if kt + 1 < n_k:
                 prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
-            mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane)
+            if n_live > 0:
+                mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live)
             if kt + 1 < n_k:
                 finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
             cuda.syncthreads()

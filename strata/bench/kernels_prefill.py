@@ -200,11 +200,11 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
               **shape) -> dict:
     """Grouped expert GEMMs of one chunk (gate/up + SwiGLU, down), TFLOP/s."""
     from strata.cuda_kernels import matmul, route
-    from strata.cuda_kernels.matmul_tiles import FMA_TILE, TC_TILE
+    from strata.cuda_kernels.matmul_tiles import FMA_TILE, tc_tile
     cuda = _cuda()
     s = dict(MOE, **shape)
     inp = moe_inputs(np.random.default_rng(0), ggml_type=ggml_type, **s)
-    tile = tile or (TC_TILE if tensor_cores else FMA_TILE)
+    tile = tile or (tc_tile(inp["type"]) if tensor_cores else FMA_TILE)
     buf = cuda.to_device(inp["buf"])
     qw = {k: matmul.QuantWeights(buf, cuda.to_device(v), inp["type"],
                                  *((s["ff"], s["d"]) if k != "down" else (s["d"], s["ff"])))
@@ -226,14 +226,19 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
                                            tile=tile), reps=reps)
     kern = (matmul._tc(inp["type"], tile, True, True, True, True, True) if tensor_cores
             else matmul._fma(inp["type"], tile, True, True, True))
+    kern_dn = (matmul._tc(inp["type"], tile, True, True, False, False, False) if tensor_cores
+               else matmul._fma(inp["type"], tile, True, False, False))
     t_rt = time_ms(lambda: route.route_tokens(ids, routing), reps=reps)
     t_cb = time_ms(lambda: route.combine(y, routing, wts, out), reps=reps)
     flops = 3 * 2 * n_e * s["d"] * s["ff"]
     label = f"{tile.bm}x{tile.bn}" + (f"k{tile.k_step}" if tensor_cores else "")
     if tensor_cores:  # the session-2 kernel's loads lacked both
-        label += ("" if tile.ldsm else "_noldsm") + ("" if tile.pipe else "_nopipe")
+        label += (f"w{tile.warps_m}x{tile.warps_n}" + ("" if tile.ldsm else "_noldsm")
+                  + ("" if tile.pipe else "_nopipe")
+                  + (f"_lb{tile.min_blocks}" if tile.min_blocks else "")
+                  + f"_rt{tile.row_threads}" + ("_skip" if tile.skip_pad else ""))
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
-            "gate_up_kernel": _resources(kern),
+            "gate_up_kernel": _resources(kern), "down_kernel": _resources(kern_dn),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
             "tflops": flops / ((t_gu + t_dn) * 1e9),
             "weight_gb": inp["buf"].nbytes / 1e9}
@@ -383,6 +388,14 @@ def _decode_attn_4k(quick, *, length, n_target, tag):
                                   n_layer=48, quick=quick, tag=tag)
 
 
+def _moe_tile(quick, *, ggml_type, **flags):
+    from dataclasses import replace
+
+    from strata.cuda_kernels.matmul_tiles import TC_TILE
+    return bench_moe(tensor_cores=True, ggml_type=ggml_type, quick=quick,
+                     tile=replace(TC_TILE, **flags))
+
+
 def _tc_tile(bm, bn, wm, wn, kch=1, **flags):
     from strata.cuda_kernels.matmul_tiles import TcTile
     return TcTile(bm, bn, wm, wn, kch, **flags)
@@ -395,6 +408,12 @@ ENTRIES = {
                                                            pipe=False)),
     "moe_q4k_tc_nopipe": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(128, 128, 2, 4, pipe=False)),
+    "moe_q4k_tc_lb2": lambda quick: bench_moe(tensor_cores=True, quick=quick,
+                                              tile=_tc_tile(128, 128, 2, 4, min_blocks=2)),
+    # the per-format settings (matmul_tiles.FORMAT_TILE) against the other choices
+    **{f"moe_{fmt.lower()}_tc_rt{rt}{'_skip' if skip else ''}": functools.partial(
+        _moe_tile, ggml_type=fmt, row_threads=rt, skip_pad=skip)
+       for fmt in ("Q4_K", "Q8_0") for rt in (1, 2) for skip in (False, True)},
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
     "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
@@ -439,10 +458,26 @@ def _table(ceil: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _write_json(path: str, *, commit, dev, argv, ceil: dict, rows: list[dict]) -> None:
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip() or None
+        except OSError:
+            commit = None
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "commit": commit, "device": dev.name.decode() if isinstance(dev.name, bytes)
+           else str(dev.name), "command": " ".join(["python -m strata.bench.kernels_prefill"]
+                                                   + (argv if argv is not None else sys.argv[1:])),
+           "ceilings": ceil, "results": rows}
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer repetitions")
-    p.add_argument("--json", help="write the results here")
+    p.add_argument("--json", help="write the results here (rewritten after every benchmark)")
     p.add_argument("-k", dest="only", help="run entries whose name contains this (several: "
                    "comma-separated, or an exact name with a trailing '$')")
     p.add_argument("--commit", help="commit id to record (default: git rev-parse HEAD)")
@@ -458,23 +493,9 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         rows.append(fn(a.quick))
         print(f"  {name}: {time.perf_counter() - t0:.1f} s (compile + setup + timing)", flush=True)
-    text = _table(ceil, rows)
-    print(text)
-    if a.json:
-        commit = a.commit
-        if commit is None:
-            try:
-                commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                        text=True).stdout.strip() or None
-            except OSError:
-                commit = None
-        doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-               "commit": commit, "device": dev.name.decode() if isinstance(dev.name, bytes)
-               else str(dev.name), "command": " ".join(["python -m strata.bench.kernels_prefill"]
-                                                       + (argv if argv is not None else sys.argv[1:])),
-               "ceilings": ceil, "results": rows}
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        if a.json:  # a run cut short still leaves what it measured
+            _write_json(a.json, commit=a.commit, dev=dev, argv=argv, ceil=ceil, rows=rows)
+    print(_table(ceil, rows))
     return 0
 
 

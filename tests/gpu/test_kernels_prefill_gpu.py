@@ -72,14 +72,16 @@ def _moe_reference(inp, s, mats):
 def _run_moe(inp, s, *, tensor_cores, gate_type=None, down_type=None, tile=None):
     from strata.cuda_kernels import matmul, route
     from strata.cuda_kernels.matmul_tiles import FMA_TILE, TC_TILE
-    tile = tile or (TC_TILE if tensor_cores else FMA_TILE)
     buf = cuda.to_device(inp["buf"])
     types = {"gate": gate_type or inp["type"], "up": gate_type or inp["type"],
              "down": down_type or inp["type"]}
+    # None: each launch takes its format's default tile (matmul_tiles.tc_tile), as the engine
+    tile = tile or (None if tensor_cores else FMA_TILE)
+    rows = (tile or TC_TILE).bm
     qw = {k: matmul.QuantWeights(buf, cuda.to_device(inp["base"][k]), int(types[k]),
                                  *((s["ff"], s["d"]) if k != "down" else (s["d"], s["ff"])))
           for k in ("gate", "up", "down")}
-    routing = route.allocate_routing(s["n_tok"], s["k_top"], s["n_exp"], tile_rows=tile.bm)
+    routing = route.allocate_routing(s["n_tok"], s["k_top"], s["n_exp"], tile_rows=rows)
     route.route_tokens(cuda.to_device(inp["ids"]), routing)
     n_e = s["n_tok"] * s["k_top"]
     xdt = np.float16 if tensor_cores else np.float32

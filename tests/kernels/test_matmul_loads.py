@@ -1,0 +1,98 @@
+"""The tensor-core GEMM's load paths in the CUDA simulator: split weight loaders (fetched a step
+ahead, f16x2 decode; one or two threads per weight row; 16-byte and 4-byte aligned matrices),
+cp.async activation copies, ldmatrix fragments against the plain 32-bit fragment loads, with
+rows past a group's end skipped. References: gguf-py's dequantization in float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from numba import cuda
+
+from helpers.moe_problem import make_problem, reference_moe, rel_err
+from strata.cuda_kernels import matmul, route
+from strata.cuda_kernels.matmul_loads import split_loader
+from strata.cuda_kernels.matmul_tiles import TcTile
+
+# 2 warps, 32 weight rows: two threads per row (PARTS 2) with f16 activations, one with f32
+TC_PAIRS = TcTile(bm=32, bn=32, warps_m=2, warps_n=1)
+
+
+def _gate_up(pr, tile, *, x_half, shift=0):
+    """h of the problem's gate/up through `tile`; `shift` bytes moved into the weight buffer."""
+    n_tok, k = pr.ids.shape
+    ff = pr.mats["gate"].shape[1]
+    buf = cuda.to_device(np.concatenate([np.zeros(shift, np.uint8), pr.buf]))
+    w = {name: matmul.QuantWeights(buf, cuda.to_device(pr.base[name] + shift),
+                                   int(pr.types[name]), *pr.mats[name].shape[1:])
+         for name in ("gate", "up")}
+    r = route.route_tokens(cuda.to_device(pr.ids),
+                           route.allocate_routing(n_tok, k, 2, tile_rows=tile.bm))
+    x = pr.x.astype(np.float16) if x_half else pr.x
+    h = cuda.to_device(np.full((n_tok * k, ff), np.nan, np.float16))
+    matmul.moe_gate_up(cuda.to_device(x), w["gate"], w["up"], r, h, tile=tile)
+    return h.copy_to_host()[r.inv.copy_to_host()]
+
+
+@pytest.mark.parametrize("x_half,shift", [(True, 0), (False, 4), (True, 4)],
+                         ids=["pairs-aligned", "single-misaligned", "pairs-misaligned"])
+def test_q4k_split_loader_matches_reference(x_half, shift):
+    assert all(split_loader(int(t)) is not None for t in (T.Q4_K, T.Q6_K, T.Q8_0))
+    rng = np.random.default_rng(41)
+    # d = 512: two super-blocks per row, so the head words are fetched again mid-row
+    pr = make_problem(rng, n_tok=6, k_top=2, n_exp=2, d=512, ff=32, gate_type=T.Q4_K,
+                      down_type=T.Q8_0, skew=True)
+    got = _gate_up(pr, TC_PAIRS, x_half=x_half, shift=shift)
+    h_ref, _ = reference_moe(pr, half=True)
+    assert np.isfinite(got).all()
+    assert rel_err(got, h_ref) < 2e-3
+
+
+@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q6_K, T.Q8_0])
+def test_fragment_and_pipeline_variants_agree(gate_type):
+    """ldmatrix + pipeline (default) and plain loads without pipeline give the same h, both
+    matching the reference; a group shorter than the tile leaves whole warps' rows unused."""
+    rng = np.random.default_rng(7)
+    d = 64 if gate_type == T.Q8_0 else 256  # one super-block of the K formats; 2 Q8_0 blocks
+    pr = make_problem(rng, n_tok=5, k_top=2, n_exp=2, d=d, ff=32, gate_type=gate_type,
+                      down_type=T.Q8_0, skew=True)
+    h_ref, _ = reference_moe(pr, half=True)
+    plain = dataclasses.replace(TC_PAIRS, ldsm=False, pipe=False)
+    got = [_gate_up(pr, t, x_half=True) for t in (TC_PAIRS, plain)]
+    for g in got:
+        assert np.isfinite(g).all()
+        assert rel_err(g, h_ref) < 2e-3
+    assert rel_err(got[0], got[1].astype(np.float64)) < 2e-3
+
+
+@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q8_0])
+@pytest.mark.parametrize("row_threads,skip_pad", [(1, False), (1, True), (2, False)])
+def test_row_threads_and_pad_skipping_choices_agree(gate_type, row_threads, skip_pad):
+    """The per-format settings (matmul_tiles.FORMAT_TILE) are kernel choices, not semantics:
+    one or two threads a weight row, padding tiles' MMAs skipped or issued, all give the
+    reference's h (the default, two threads and skipping, is covered above)."""
+    rng = np.random.default_rng(13)
+    d = 64 if gate_type == T.Q8_0 else 256
+    pr = make_problem(rng, n_tok=5, k_top=2, n_exp=2, d=d, ff=32, gate_type=gate_type,
+                      down_type=T.Q8_0, skew=True)
+    h_ref, _ = reference_moe(pr, half=True)
+    tile = dataclasses.replace(TC_PAIRS, row_threads=row_threads, skip_pad=skip_pad)
+    got = _gate_up(pr, tile, x_half=True)
+    assert np.isfinite(got).all()
+    assert rel_err(got, h_ref) < 2e-3
+
+
+def test_format_tiles():
+    """Q4_K's default tile keeps one thread a row and issues every tile's MMAs (measured faster
+    on the H200); formats without settings take the default tile; row_threads is 1 or 2."""
+    from strata.cuda_kernels.matmul_tiles import TC_TILE, tc_tile
+
+    q4k = tc_tile(T.Q4_K)
+    assert (q4k.row_threads, q4k.skip_pad) == (1, False)
+    assert dataclasses.replace(q4k, row_threads=2, skip_pad=True) == TC_TILE
+    assert tc_tile(T.Q8_0) == TC_TILE and tc_tile(T.Q6_K) == TC_TILE
+    with pytest.raises(ValueError, match="row_threads"):
+        dataclasses.replace(TC_TILE, row_threads=3)
