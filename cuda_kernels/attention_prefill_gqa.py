@@ -97,6 +97,23 @@ def write_rows(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
             out[r1, h, d + 1] = o[nt * 4 + 3] / l1
 
 
+@cuda.jit(device=True, inline="always")
+def write_rows_half(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
+    """`write_rows` into f16 pairs: out u32 [n_q, n_head, head_dim / 2], each word two
+    neighbouring values rounded to nearest (the rounding the f16-input GEMM after it would apply
+    to f32 values)."""
+    l0 += shfl_xor(l0, 1)
+    l0 += shfl_xor(l0, 2)
+    l1 += shfl_xor(l1, 1)
+    l1 += shfl_xor(l1, 2)
+    for nt in range(n_o):
+        w = nt * 4 + t
+        if r0 < n_q:
+            out[r0, h, w] = pack_half2(o[nt * 4] / l0, o[nt * 4 + 1] / l0)
+        if r1 < n_q:
+            out[r1, h, w] = pack_half2(o[nt * 4 + 2] / l1, o[nt * 4 + 3] / l1)
+
+
 def block_shape(group: int, warps: int) -> tuple[int, int]:
     """(heads per block hb, 16-token groups per block tw) for `warps` warps at GQA group `group`:
     hb the largest divisor of the group not above `warps`, tw = warps // hb."""
@@ -227,8 +244,11 @@ def _tile_math(head_dim, bkv):
 
 @functools.cache
 def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int,
-               min_blocks: int = 0):
-    """The kernel for grid (token blocks of 16 * tw, n_head // hb), 32 * hb * tw threads."""
+               min_blocks: int = 0, out_half: bool = False):
+    """The kernel for grid (token blocks of 16 * tw, n_head // hb), 32 * hb * tw threads;
+    out_half: out is u32 [n_q, n_head, head_dim / 2] (f16 pairs), else f32 [n_q, n_head,
+    head_dim]."""
+    write = write_rows_half if out_half else write_rows
     n_warps = hb * tw
     n_threads, tb_len = 32 * n_warps, 16 * tw
     kk_n, ns, kc_n, no = head_dim // 16, bkv // 8, bkv // 16, head_dim // 8
@@ -285,22 +305,24 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
             m1, l1 = row_update(s, o, m1, l1, 2, kt0, pos1, length, t, masked)
             p_fragments(s, pf, kc_n)
             accumulate(pf, sV, off, lane, o)
-        write_rows(o, l0, l1, out, h, r0, r1, t, n_q, no)
+        write(o, l0, l1, out, h, r0, r1, t, n_q, no)
 
     return kernel
 
 
-def check_args(q, k: KvSide, v: KvSide, seq_len, out, bkv: int):
-    """The shared launcher checks of both prefill attention kernels (ValueError naming what)."""
+def check_args(q, k: KvSide, v: KvSide, seq_len, out, bkv: int, *, half_ok: bool = False):
+    """The shared launcher checks of both prefill attention kernels (ValueError naming what);
+    half_ok: out may be float16."""
     _check_pair(k, v)
     lay = k.layout
     if q.dtype != np.float32 or q.ndim != 3 or q.shape[2] != lay.head_dim \
             or q.shape[1] % lay.n_kv_head:
         raise ValueError(f"q must be float32 [n_q, n_head, {lay.head_dim}] with n_head a "
                          f"multiple of {lay.n_kv_head}, got {q.dtype} {tuple(q.shape)}")
-    if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
-        raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} "
-                         f"{tuple(out.shape)}")
+    dtypes = (np.float32, np.float16) if half_ok else (np.float32,)
+    if out.dtype not in dtypes or tuple(out.shape) != tuple(q.shape):
+        raise ValueError(f"out must be {' or '.join(np.dtype(d).name for d in dtypes)} "
+                         f"{tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     if lay.head_dim % 16 or bkv % 16:
         raise ValueError(f"head_dim and bkv must be multiples of 16 (got {lay.head_dim}, {bkv})")
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
@@ -320,8 +342,9 @@ def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int =
     """Causal attention of a chunk (the contract of `attention_prefill.prefill_attention`), each
     staged K/V tile shared by the heads of one KV head. warps: warps per block (split into heads
     and 16-token groups by `block_shape`); bkv: keys per tile; min_blocks: launch bounds (blocks
-    per SM the registers must allow; 0: none; None: `default_min_blocks`)."""
-    check_args(q, k, v, seq_len, out, bkv)
+    per SM the registers must allow; 0: none; None: `default_min_blocks`). out: float32, or
+    float16 (what the output projection's f16-input GEMM reads)."""
+    check_args(q, k, v, seq_len, out, bkv, half_ok=True)
     lay = k.layout
     if warps < 1 or (min_blocks or 0) < 0:
         raise ValueError(f"warps must be >= 1 and min_blocks >= 0 (got {warps}, {min_blocks})")
@@ -333,8 +356,10 @@ def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int =
     hb, tw = block_shape(n_head // lay.n_kv_head, warps)
     if min_blocks is None:
         min_blocks = default_min_blocks(hb * tw)
-    kernel = gqa_kernel(lay.fmt, v.layout.fmt, lay.head_dim, hb, tw, bkv, min_blocks)
+    half = out.dtype == np.float16
+    kernel = gqa_kernel(lay.fmt, v.layout.fmt, lay.head_dim, hb, tw, bkv, min_blocks, half)
     scale = np.float32(LOG2E / math.sqrt(lay.head_dim))
     grid = (-(-n_q // (16 * tw)), n_head // hb)
     kernel[grid, 32 * hb * tw, stream](q, cache_operand(k), k.scale, cache_operand(v), v.scale,
-                                       seq_len, lay.n_ctx, lay.n_kv_head, scale, out)
+                                       seq_len, lay.n_ctx, lay.n_kv_head, scale,
+                                       out.view(np.uint32) if half else out)

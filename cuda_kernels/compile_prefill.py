@@ -85,10 +85,13 @@ def _register_gqa(family, fmt, shapes):
     src = T.uint32[:, ::1] if fmt == "f16" else _U8  # f16: cache rows as u32 (cp.async)
     for hd, hb, tw in sorted({(hd, *gqa.block_shape(g, gqa.WARPS)) for hd, g in shapes}):
         mb = gqa.default_min_blocks(hb * tw)
-        register_ptx(family, f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}",
-                     _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV, mb),
-                            (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, q3)),
-                     options=gqa.jit_options(hb, tw, mb))
+        for half in (True, False):  # the engine writes f16 (its output projection's input)
+            out = T.uint32[:, :, ::1] if half else q3
+            register_ptx(family, f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}"
+                         + ("_f16out" if half else ""),
+                         _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV, mb, half),
+                                (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, out)),
+                         options=gqa.jit_options(hb, tw, mb))
 
 
 def register(family: str = FAMILY, *, full: bool = False) -> None:

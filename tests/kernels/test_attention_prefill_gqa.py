@@ -82,3 +82,24 @@ def test_gqa_prefill_attention_rejects_bad_input():
         run(q, side, side, seq, cuda.to_device(np.zeros((4, 2, 64), np.float32)))
     with pytest.raises(ValueError, match="variant must be 'base' or 'gqa'"):
         attention_prefill.prefill_attention(q, side, side, seq, out, variant="wide")
+
+
+@pytest.mark.parametrize("fmt,group,warps", [("f16", 2, 2), ("int8", 4, 4)])
+def test_f16_output_is_the_f32_output_rounded(fmt, group, warps):
+    """out float16 (what the engine's output projection reads): every value is the f32 run's
+    value rounded to nearest, bit for bit; rows past the chunk are not written."""
+    k, v, q, ref = _problem(fmt, 1, group, 13, 21, 32, seed=9)
+    seq = cuda.to_device(np.array([13], np.int32))
+    run = attention_prefill_gqa.prefill_attention_gqa
+    out32 = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    run(cuda.to_device(q), k, v, seq, out32, warps=warps, bkv=16)
+    # one row more than the chunk, poisoned: the kernel writes only the chunk's rows
+    out16 = cuda.to_device(np.full((q.shape[0] + 1, *q.shape[1:]), np.nan, np.float16))
+    run(cuda.to_device(q), k, v, seq, out16[:q.shape[0]], warps=warps, bkv=16)
+    got, want = out16.copy_to_host(), out32.copy_to_host()
+    assert np.isnan(got[-1]).all()
+    assert np.array_equal(got[:-1].view(np.uint16), want.astype(np.float16).view(np.uint16))
+    assert rel_err(got[:-1], ref) < 3e-3
+    with pytest.raises(ValueError, match="out must be float32"):  # the base kernel writes f32
+        attention_prefill.prefill_attention(cuda.to_device(q), k, v, seq, out16[:q.shape[0]],
+                                            warps=warps, bkv=16)
