@@ -49,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt length to prefill (default 4096)")
     g.add_argument("--gen", type=int, default=128, metavar="N",
                    help="tokens to decode (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="decode by sampling at T (no top-k/top-p filter, seeded by --seed) "
+                        "instead of greedily: a random synthetic model's greedy tokens repeat, "
+                        "so its measured hit rate samples few tokens' routing (default 0)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     g.add_argument("--no-graph", action="store_true",
                    help="launch the decode kernels one by one instead of a CUDA graph")

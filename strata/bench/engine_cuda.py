@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from strata.engine.sampler import SamplingParams
 from strata.errors import StrataError
 
 LLAMA_CPP_BAR = {  # REFERENCE.md, llama.cpp on the same H200 (tok/s)
@@ -105,7 +106,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                           f"context of {eng.max_context} (raise --max-context)")
     warm = rng.integers(0, s.n_vocab, min(n_prompt, 300)).tolist()
     eng.prefill(warm)  # compiles every kernel outside the timings
-    eng.decode_tokens(4)  # and captures the decode graph
+    sampling = decode_sampling(args)
+    eng.decode_tokens(4, sampling)  # and captures the decode graph of the timed mode
     eng.reset()
     prompt = rng.integers(0, s.n_vocab, n_prompt).tolist()
     streamed0 = eng.traffic.bytes_streamed
@@ -117,7 +119,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     pool = eng.step.pool  # the CPU pool's own counters, from here on (not its compile)
     pool0 = (pool.n_bytes, pool.seconds) if pool is not None else (0, 0.0)
     t0 = time.perf_counter()
-    toks = eng.decode_tokens(n_gen)
+    toks = eng.decode_tokens(n_gen, sampling)
     decode_s = time.perf_counter() - t0
     hits = eng.hits().since(hits0)
     allocs = counter.sizes[n_before:]
@@ -165,6 +167,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                    "vram_bytes_per_token": vram_b, "host_bytes_per_token": host_b,
                    "bound_tokens_per_s": 1 / t_bound,
                    "fraction_of_bound": decode_tps * t_bound, "first_tokens": toks[:16],
+                   "n_distinct_tokens": len(set(toks)),
+                   "temperature": sampling.temperature if sampling else 0.0,
                    "profile": profile},
         "llama_cpp_bar": LLAMA_CPP_BAR, "device": name,
     }
@@ -176,6 +180,18 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                                                     shape=s)
     m.close()
     return res
+
+
+def decode_sampling(args) -> SamplingParams | None:
+    """How the bench decodes: greedy (None) by default; `--temperature T` > 0 samples at T with
+    no top-k / top-p / min-p filter, seeded by --seed. A random synthetic model's greedy tokens
+    soon repeat one token, so its decode routes a handful of tokens' experts and the measured
+    hit rate is a tiny sample of the routing the plan predicts from; sampling spreads it."""
+    t = float(getattr(args, "temperature", 0.0) or 0.0)
+    if t == 0:
+        return None
+    return SamplingParams(temperature=t, top_k=0, top_p=1.0, min_p=0.0,
+                          seed=int(getattr(args, "seed", 0) or 0))
 
 
 def _profile(args, eng, options) -> dict | None:
@@ -221,7 +237,10 @@ def table(r: dict) -> str:
         + (f" at {d['miss_path_gb_per_s']:.1f} GB/s ({d.get('miss_path', 'mapped')})"
            if d.get("miss_path_gb_per_s") else ""),
         f"  expert hit rate: measured {_pct(d['hit_rate_measured'])}, predicted "
-        f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']})",
+        f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']}); decoded "
+        + (f"at temperature {d['temperature']:g}" if d.get("temperature") else "greedily")
+        + (f", {d['n_distinct_tokens']} distinct of {d['tokens']} tokens"
+           if d.get("n_distinct_tokens") is not None else ""),
     ]
     if d.get("profile"):
         from strata.engine.cuda.profile import profile_table
@@ -244,6 +263,8 @@ def run_cuda(args) -> int:
         raise StrataError("--backend cuda measures one model: give -m FILE once")
     if args.prompt_tokens < 1 or args.gen < 2:
         raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
+    if not (getattr(args, "temperature", 0.0) >= 0):
+        raise StrataError(f"--temperature must be >= 0, got {args.temperature}")
     gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
     extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
     if getattr(args, "miss_share", None) is not None:
@@ -261,6 +282,8 @@ def run_cuda(args) -> int:
                + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
                + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")
                + (" --adaptive-cache" if "adaptive_cache" in extra else "")
+               + (f" --temperature {args.temperature:g} --seed {args.seed}"
+                  if getattr(args, "temperature", 0.0) else "")
                + (" --profile-decode" if args.profile_decode else "")
                + (" --profile-prefill" if getattr(args, "profile_prefill", False) else ""))
     res.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=_commit(),

@@ -69,7 +69,8 @@ class Suite:
     def bench(self, *, prompt: int, gen: int, options) -> dict:
         from strata.bench.engine_cuda import measure
 
-        ns = SimpleNamespace(model=[self.args.model], prompt_tokens=prompt, gen=gen, seed=0)
+        ns = SimpleNamespace(model=[self.args.model], prompt_tokens=prompt, gen=gen, seed=0,
+                             temperature=self.args.temperature)
         return measure(ns, options, host_store=self.store, bw=self.bw)
 
     def write(self, part: str, body: dict) -> None:
@@ -271,6 +272,8 @@ def main(argv=None) -> int:
                     help=f"its prompt: at most this many tokens (default {OOM_PROMPT_MAX})")
     ap.add_argument("--oom-seconds", type=float, default=120.0,
                     help="time budget of the OOM matrix (later cells: not run)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="decode by sampling at this temperature (strata bench --temperature)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--file-note", default="")
     args = ap.parse_args(argv)

@@ -214,3 +214,47 @@ def test_split_bench_refuses_profile_prefill():
                      adaptive_cache=False, profile_decode=False, profile_prefill=True)
     with pytest.raises(StrataError, match="--profile-prefill measures the one-GPU engine"):
         run_split_cli(args, SimpleNamespace(devices=(0, 1)))
+    args.profile_prefill, args.temperature = False, 0.7
+    with pytest.raises(StrataError, match="--temperature measures the one-GPU engine"):
+        run_split_cli(args, SimpleNamespace(devices=(0, 1)))
+
+
+def test_bench_temperature_samples_the_decode_and_is_recorded(monkeypatch, capsys):
+    """--temperature T: the bench decodes by sampling at T, unfiltered and seeded by --seed (a
+    random model's greedy tokens repeat: a tiny sample of the routing the hit rate measures);
+    the command records it; a negative temperature is refused."""
+    from argparse import Namespace
+
+    from strata.bench import engine_cuda
+    from strata.cli.main import main
+
+    assert engine_cuda.decode_sampling(Namespace(temperature=0.0, seed=3)) is None
+    sp = engine_cuda.decode_sampling(Namespace(temperature=1.0, seed=7))
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.seed) == (1.0, 0, 1.0, 0.0, 7)
+    seen = {}
+
+    def measure(args, options):
+        seen["t"] = args.temperature
+        return {"model": "m.gguf", "device": "H200", "gpu_mem_cap": None,
+                "bandwidth": {"d2d_gb_per_s": 3000.0, "h2d_gb_per_s": 50.0},
+                "device_allocations": {"count": 1, "bytes": [1], "arena_bytes": 1 << 30},
+                "prefill": {"tokens": 6, "tokens_per_s": 5000.0, "chunk": 6, "mode": "owned",
+                            "ring_slots": 0, "bytes_streamed": 0,
+                            "pcie_streaming_bound_tokens_per_s": None,
+                            "fraction_of_streaming_bound": None},
+                "decode": {"tokens": 8, "tokens_per_s": 80.0, "bound_tokens_per_s": 100.0,
+                           "fraction_of_bound": 0.8, "vram_bytes_per_token": 1e9,
+                           "host_bytes_per_token": 0.0, "hit_rate_measured": 0.5,
+                           "hit_rate_predicted": 0.49, "temperature": args.temperature,
+                           "n_distinct_tokens": 7},
+                "plan": {"predicted": {"model": "the file's expert ranking"}}}
+
+    monkeypatch.setattr(engine_cuda, "measure", measure)
+    argv = ["bench", "--backend", "cuda", "-m", "m.gguf", "--prompt-tokens", "6", "--gen", "8"]
+    assert main(argv + ["--temperature", "1", "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    assert seen["t"] == 1.0 and "decoded at temperature 1, 7 distinct of 8 tokens" in out
+    assert main(argv + ["--temperature", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["command"].endswith("--temperature 1 --seed 0")
+    assert main(argv + ["--temperature", "-1"]) != 0
+    assert "--temperature must be >= 0" in capsys.readouterr().err

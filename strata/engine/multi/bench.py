@@ -312,7 +312,8 @@ def run_split_cli(args, req) -> int:
     for flag, on in ((f"--miss-path {miss_path}", miss_path in ("cpu", "hybrid")),
                      ("--adaptive-cache", getattr(args, "adaptive_cache", False)),
                      ("--profile-decode", args.profile_decode),
-                     ("--profile-prefill", getattr(args, "profile_prefill", False))):
+                     ("--profile-prefill", getattr(args, "profile_prefill", False)),
+                     ("--temperature", bool(getattr(args, "temperature", 0.0)))):
         if on:
             raise StrataError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
                               f"{','.join(map(str, req.devices))} does not take it")
