@@ -80,13 +80,20 @@ def p_fragments(s, pf, n_kc):
 
 
 @cuda.jit(device=True, inline="always")
-def write_rows(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
-    """Rows r0 and r1 of head h: the quad's softmax sums completed across its 4 lanes, then the
-    lane's O accumulators (n_o n8 dim tiles) divided by them; rows past n_q are not written."""
+def quad_sums(l0, l1):
+    """Rows r0's and r1's softmax sums completed across the 4 lanes of a quad."""
     l0 += shfl_xor(l0, 1)
     l0 += shfl_xor(l0, 2)
     l1 += shfl_xor(l1, 1)
     l1 += shfl_xor(l1, 2)
+    return l0, l1
+
+
+@cuda.jit(device=True, inline="always")
+def write_rows(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
+    """Rows r0 and r1 of head h: the quad's softmax sums completed across its 4 lanes, then the
+    lane's O accumulators (n_o n8 dim tiles) divided by them; rows past n_q are not written."""
+    l0, l1 = quad_sums(l0, l1)
     for nt in range(n_o):
         d = nt * 8 + 2 * t
         if r0 < n_q:
@@ -102,10 +109,7 @@ def write_rows_half(o, l0, l1, out, h, r0, r1, t, n_q, n_o):
     """`write_rows` into f16 pairs: out u32 [n_q, n_head, head_dim / 2], each word two
     neighbouring values rounded to nearest (the rounding the f16-input GEMM after it would apply
     to f32 values)."""
-    l0 += shfl_xor(l0, 1)
-    l0 += shfl_xor(l0, 2)
-    l1 += shfl_xor(l1, 1)
-    l1 += shfl_xor(l1, 2)
+    l0, l1 = quad_sums(l0, l1)
     for nt in range(n_o):
         w = nt * 4 + t
         if r0 < n_q:
