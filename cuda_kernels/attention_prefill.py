@@ -20,7 +20,6 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from .attention import _row_bytes
-from .attention_prefill_gqa import BKV as GQA_BKV
 from .attention_prefill_gqa import WARPS as GQA_WARPS
 from .attention_prefill_gqa import (check_args, p_fragments, prefill_attention_gqa,
                                     q_fragments, write_rows)
@@ -174,8 +173,8 @@ def prefill_attention(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int | Non
     the variant's own defaults.
     """
     if variant == "gqa":
-        prefill_attention_gqa(q, k, v, seq_len, out, warps=warps or GQA_WARPS,
-                              bkv=bkv or GQA_BKV, stream=stream)
+        prefill_attention_gqa(q, k, v, seq_len, out, warps=warps or GQA_WARPS, bkv=bkv,
+                              stream=stream)
         return
     if variant != "base":
         raise ValueError(f"prefill attention variant must be 'base' or 'gqa', got {variant!r}")

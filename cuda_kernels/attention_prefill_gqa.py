@@ -130,6 +130,12 @@ def shared_bytes(head_dim: int, bkv: int) -> int:
     return 2 * 2 * bkv * (head_dim // 2 + 4) * 4
 
 
+def fit_bkv(head_dim: int) -> int:
+    """Keys per tile: BKV, or 16 where BKV's two K/V buffers exceed the static shared memory
+    (head_dim 256: 67,584 bytes at 32 keys, 33,792 at 16)."""
+    return BKV if shared_bytes(head_dim, BKV) <= MAX_SHARED_BYTES else 16
+
+
 def default_min_blocks(n_warps: int) -> int:
     """Blocks per SM the launch bounds ask for by default (0: none): `MIN_BLOCKS`."""
     return MIN_BLOCKS.get(n_warps, 0)
@@ -342,12 +348,14 @@ def cache_operand(side: KvSide):
 
 
 def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int = WARPS,
-                          bkv: int = BKV, min_blocks: int | None = None, stream=0):
+                          bkv: int | None = None, min_blocks: int | None = None, stream=0):
     """Causal attention of a chunk (the contract of `attention_prefill.prefill_attention`), each
     staged K/V tile shared by the heads of one KV head. warps: warps per block (split into heads
-    and 16-token groups by `block_shape`); bkv: keys per tile; min_blocks: launch bounds (blocks
+    and 16-token groups by `block_shape`); bkv: keys per tile (None: `fit_bkv`); min_blocks:
+    launch bounds (blocks
     per SM the registers must allow; 0: none; None: `default_min_blocks`). out: float32, or
     float16 (what the output projection's f16-input GEMM reads)."""
+    bkv = bkv or fit_bkv(k.layout.head_dim)
     check_args(q, k, v, seq_len, out, bkv, half_ok=True)
     lay = k.layout
     if warps < 1 or (min_blocks or 0) < 0:

@@ -89,7 +89,7 @@ def _register_gqa(family, fmt, shapes):
             out = T.uint32[:, :, ::1] if half else q3
             register_ptx(family, f"prefill_attn_gqa_{fmt}_hd{hd}_h{hb}x{tw}"
                          + ("_f16out" if half else ""),
-                         _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.BKV, mb, half),
+                         _fixed(gqa.gqa_kernel(fmt, fmt, hd, hb, tw, gqa.fit_bkv(hd), mb, half),
                                 (q3, src, _F16, src, _F16, _I32, _I64, _I64, _F32, out)),
                          options=gqa.jit_options(hb, tw, mb))
 

@@ -343,7 +343,7 @@ def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, 
     out = cuda.device_array((n_q, n_head, hd), np.float32)
     seq = cuda.to_device(np.array([start], np.int32))
     if variant == "gqa":
-        warps, bkv = warps or gqa.WARPS, bkv or gqa.BKV
+        warps, bkv = warps or gqa.WARPS, bkv or gqa.fit_bkv(hd)
         hb, tw = gqa.block_shape(n_head // n_kv, warps)
         if min_blocks is None:
             min_blocks = gqa.default_min_blocks(hb * tw)

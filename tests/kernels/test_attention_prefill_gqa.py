@@ -103,3 +103,18 @@ def test_f16_output_is_the_f32_output_rounded(fmt, group, warps):
     with pytest.raises(ValueError, match="out must be float32"):  # the base kernel writes f32
         attention_prefill.prefill_attention(cuda.to_device(q), k, v, seq, out16[:q.shape[0]],
                                             warps=warps, bkv=16)
+
+
+def test_head_dim_256_takes_16_key_tiles():
+    """head_dim 256 (which the engine accepts for f16 caches): 32-key tiles would need 67,584
+    bytes of static shared memory, so the launcher picks 16-key tiles; the result matches
+    float64 (an explicit bkv=32 is refused with the size)."""
+    assert attention_prefill_gqa.fit_bkv(128) == 32 and attention_prefill_gqa.fit_bkv(256) == 16
+    k, v, q, ref = _problem("f16", 1, 2, 5, 9, 256, seed=2)
+    seq = cuda.to_device(np.array([5], np.int32))
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    attention_prefill.prefill_attention(cuda.to_device(q), k, v, seq, out, warps=2,
+                                        variant="gqa")
+    assert rel_err(out.copy_to_host(), ref) < 2e-3
+    with pytest.raises(ValueError, match="needs 67584 bytes of shared memory"):
+        attention_prefill_gqa.prefill_attention_gqa(cuda.to_device(q), k, v, seq, out, bkv=32)
