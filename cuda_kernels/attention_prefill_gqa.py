@@ -352,9 +352,9 @@ def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int =
     """Causal attention of a chunk (the contract of `attention_prefill.prefill_attention`), each
     staged K/V tile shared by the heads of one KV head. warps: warps per block (split into heads
     and 16-token groups by `block_shape`); bkv: keys per tile (None: `fit_bkv`); min_blocks:
-    launch bounds (blocks
-    per SM the registers must allow; 0: none; None: `default_min_blocks`). out: float32, or
-    float16 (what the output projection's f16-input GEMM reads)."""
+    launch bounds (blocks per SM the registers must allow; 0: none; None:
+    `default_min_blocks`). out: float32, or float16 (what the output projection's f16-input
+    GEMM reads)."""
     bkv = bkv or fit_bkv(k.layout.head_dim)
     check_args(q, k, v, seq_len, out, bkv, half_ok=True)
     lay = k.layout

@@ -13,6 +13,7 @@ against the bound it is held to, measured in the same run:
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -263,8 +264,9 @@ def run_cuda(args) -> int:
         raise StrataError("--backend cuda measures one model: give -m FILE once")
     if args.prompt_tokens < 1 or args.gen < 2:
         raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
-    if not (getattr(args, "temperature", 0.0) >= 0):
-        raise StrataError(f"--temperature must be >= 0, got {args.temperature}")
+    t = getattr(args, "temperature", 0.0)
+    if not (math.isfinite(t) and t >= 0):
+        raise StrataError(f"--temperature must be a finite number >= 0, got {t}")
     gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
     extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
     if getattr(args, "miss_share", None) is not None:

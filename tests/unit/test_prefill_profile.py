@@ -256,5 +256,6 @@ def test_bench_temperature_samples_the_decode_and_is_recorded(monkeypatch, capsy
     assert seen["t"] == 1.0 and "decoded at temperature 1, 7 distinct of 8 tokens" in out
     assert main(argv + ["--temperature", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["command"].endswith("--temperature 1 --seed 0")
-    assert main(argv + ["--temperature", "-1"]) != 0
-    assert "--temperature must be >= 0" in capsys.readouterr().err
+    for bad in ("-1", "inf", "nan"):
+        assert main(argv + ["--temperature", bad]) != 0
+        assert "--temperature must be a finite number >= 0" in capsys.readouterr().err
