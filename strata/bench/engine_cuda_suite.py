@@ -80,10 +80,12 @@ class Suite:
             name = cuda.get_current_device().name
         except Exception:  # the simulator's device
             name = "unknown"
+        t = getattr(self.args, "temperature", 0.0)
+        sampled = f" --temperature {t:g}" if t else ""
         body.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     commit=self.commit, device=name.decode() if isinstance(name, bytes) else name,
                     command=f"python -m strata.bench.engine_cuda_suite -m {self.args.model} "
-                            f"--parts {part}  (file: {self.args.file_note})",
+                            f"--parts {part}{sampled}  (file: {self.args.file_note})",
                     bandwidth=self.bw, store_seconds=self.store_seconds)
         path = Path(self.args.out) / f"{part}.json"
         path.write_text(json.dumps(body, indent=2, default=float))

@@ -20,7 +20,6 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -281,13 +280,8 @@ def moe_group(ctx: Ctx) -> list[Result]:
 # ---- output ----------------------------------------------------------------------------------
 
 def _commit() -> str:
-    if os.environ.get("STRATA_COMMIT"):
-        return os.environ["STRATA_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from .engine_cuda import _commit as commit_id  # STRATA_COMMIT, else git
+    return commit_id() or "unknown"
 
 
 def print_table(results: list[Result]) -> None:

@@ -25,7 +25,6 @@ import datetime
 import functools
 import json
 import math
-import subprocess
 import sys
 import time
 
@@ -460,11 +459,8 @@ def _table(ceil: dict, rows: list[dict]) -> str:
 
 def _write_json(path: str, *, commit, dev, argv, ceil: dict, rows: list[dict]) -> None:
     if commit is None:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() or None
-        except OSError:
-            commit = None
+        from .engine_cuda import _commit  # STRATA_COMMIT first: a device copy has no .git
+        commit = _commit()
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "commit": commit, "device": dev.name.decode() if isinstance(dev.name, bytes)
            else str(dev.name), "command": " ".join(["python -m strata.bench.kernels_prefill"]
