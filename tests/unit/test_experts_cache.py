@@ -94,6 +94,112 @@ def test_two_prompts_back_to_back_start_from_restored_residency():
         assert loan.n_slots == 4
 
 
+class HeldCopies:
+    """`Copies` the test completes by hand: the background refill's copies in flight."""
+
+    def __init__(self, dev, items):
+        self.dev, self.items, self.landed, self.waits = dev, items, False, 0
+
+    def land(self):
+        for slot, layer, expert in self.items:
+            self.dev.slots[slot] = (layer, expert)
+        self.landed = True
+
+    def query(self):
+        return self.landed
+
+    def synchronize(self):
+        self.waits += 1
+        if not self.landed:
+            self.land()
+
+
+class BehindDevice(FakeDevice):
+    """A device that queues a refill's copies behind the prompt (`load_behind`)."""
+
+    def __init__(self, n_slots):
+        super().__init__(n_slots)
+        self.behind: list[HeldCopies] = []
+
+    def load_behind(self, items):
+        self.behind.append(HeldCopies(self, list(items)))
+        return self.behind[-1]
+
+
+def _behind_cache():
+    cache, dev, profile = _cache()
+    behind = BehindDevice(len(dev.slots))
+    cache.device = behind
+    return cache, behind
+
+
+def test_background_refill_keeps_the_lent_pairs_missing_until_their_copies_land():
+    cache, dev = _behind_cache()
+    cache.fill()
+    before = cache.table.copy()
+    loan = cache.lend(5)
+    dev.slots[7:] = [("prompt buffers",)] * 5
+    assert cache.refill(background=True) == 5
+    copies = dev.behind[-1]
+    assert [i[0] for i in copies.items] == list(loan.slots)  # every held slot, none loaded yet
+    assert dev.slots[7:] == [("prompt buffers",)] * 5 and not dev.loads[12:]
+    for layer, expert in loan.pairs:  # still misses on the device while the bytes are in flight
+        assert cache.slot_of(layer, expert) == -1 and dev.table[layer, expert] == -1
+    cache.check()
+    assert cache.settle(wait=False) is False and cache.pending is not None
+    copies.land()
+    assert cache.settle(wait=False) is True and cache.pending is None
+    np.testing.assert_array_equal(cache.table, before)
+    _device_agrees(cache, dev)
+    assert copies.waits == 0  # polled, never waited for
+
+
+@pytest.mark.parametrize("change", ["lend", "swap", "fill", "refill"])
+def test_every_other_change_waits_for_a_background_refill_first(change):
+    cache, dev = _behind_cache()
+    cache.fill()
+    before = cache.table.copy()
+    cache.lend(4)
+    cache.refill(background=True)
+    copies = dev.behind[-1]
+    if change == "lend":  # the next prompt: its slots must hold the refilled bytes first
+        loan = cache.lend(4)
+        assert copies.waits == 1 and cache.n_resident() == 8
+        for slot, (layer, expert) in zip(loan.slots, loan.pairs):
+            assert before[layer, expert] == slot
+    elif change == "swap":
+        layer = int(cache.layout.slot_layer[0])
+        new = next(e for e in range(8) if before[layer, e] < 0)
+        cache.swap(0, layer, new)
+        assert copies.waits == 1 and cache.n_resident() == 12
+    elif change == "fill":
+        cache.fill()
+        assert copies.waits == 1
+        np.testing.assert_array_equal(cache.table, before)
+    else:  # nothing lent: a refill returns 0 but the pending one is still settled by settle()
+        assert cache.refill() == 0 and copies.waits == 0
+        cache.settle()
+        assert copies.waits == 1
+        np.testing.assert_array_equal(cache.table, before)
+    cache.check()
+    _device_agrees(cache, dev)
+
+
+def test_background_refill_falls_back_to_copies_in_place():
+    """A device without `load_behind` (or nothing held in the lent slots) refills at once."""
+    cache, dev, _ = _cache()
+    cache.fill()
+    before = cache.table.copy()
+    cache.lend(3)
+    assert cache.refill(background=True) == 3 and cache.pending is None
+    np.testing.assert_array_equal(cache.table, before)
+    _device_agrees(cache, dev)
+    cache, dev = _behind_cache()
+    cache.fill(cache.layout.pairs()[:6])  # slots 6.. empty: the tail's loan holds nothing
+    cache.lend(4)
+    assert cache.refill(background=True) == 0 and cache.pending is None and not dev.behind
+
+
 def test_lend_zero_and_everything():
     cache, dev, _ = _cache()
     cache.fill()
