@@ -1,17 +1,13 @@
 """The expert cache's device side (`SlotWriter`) in the CUDA simulator: a background refill's
-copies land in the right slots behind the compute stream, queued by a helper thread only after
-the prompt is done, and the returned handle reports them done; the ExpertCache over it restores
-the table only then."""
+copies land in the right slots behind the compute stream, and the returned handle reports them
+done; the ExpertCache over it restores the table only then."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
-import pytest
 from numba import cuda
 
-from strata.engine.cuda.model import CopiesBehind, SlotWriter
+from strata.engine.cuda.model import SlotWriter
 from strata.experts import ExpertCache
 from strata.plan import RoutingProfile, fill_cache
 from helpers.moe_shapes import tiny
@@ -75,40 +71,3 @@ def test_cache_over_the_slot_writer_refills_in_the_background():
     for slot, (layer, expert) in zip(loan.slots, loan.pairs):
         off = int(slot_off[slot])
         np.testing.assert_array_equal(got[off:off + BLOB], store.blob(layer, expert))
-
-
-class HeldEvent:
-    """A prompt-done event the test fires by hand (the real path: a CUDA event with `query`)."""
-
-    def __init__(self):
-        self.fired = threading.Event()
-
-    def query(self):
-        return self.fired.is_set()
-
-    def synchronize(self):
-        assert self.fired.wait(10), "the prompt never finished"
-
-
-def test_copies_behind_queue_only_after_the_prompt_and_report_when_done():
-    """The helper thread waits for the prompt, then queues the copies; query() is False until
-    then, synchronize() joins it, and an error in the thread is raised on the caller's."""
-    rng = np.random.default_rng(11)
-    store = Store(2, 4, rng)
-    slot_off = np.arange(3, dtype=np.int64) * BLOB
-    cache = cuda.to_device(np.zeros(3 * BLOB, np.uint8))
-    writer = SlotWriter(None, cache, slot_off, store, cuda.stream(), cuda.stream())
-    prompt = HeldEvent()
-    copies = CopiesBehind(writer, prompt, [(2, 0, 1), (0, 1, 3)])
-    assert copies.thread is not None and not copies.query()
-    assert not cache.copy_to_host().any()  # nothing copied while the prompt runs
-    prompt.fired.set()
-    copies.synchronize()
-    assert copies.query()
-    got = cache.copy_to_host().reshape(3, BLOB)
-    np.testing.assert_array_equal(got[2], store.blob(0, 1))
-    np.testing.assert_array_equal(got[0], store.blob(1, 3))
-    assert not got[1].any()
-    bad = CopiesBehind(writer, prompt, [(0, 5, 0)])  # a layer the store does not have
-    with pytest.raises(RuntimeError, match="background refill failed"):
-        bad.synchronize()

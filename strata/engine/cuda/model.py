@@ -9,7 +9,6 @@ arrays and the slot table are all views of the plan's regions.
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -63,75 +62,40 @@ class SlotWriter:
         self.table.copy_to_device(np.ascontiguousarray(table, np.int32), stream=self.stream)
 
     def load(self, slot: int, layer: int, expert: int) -> None:
-        self.copy_now([(slot, layer, expert)], self.stream)
+        blob = self.store.blob(layer, expert)
+        off = int(self.slot_offset[slot])
+        self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
 
     def load_behind(self, items: list[tuple[int, int, int]]):
         """Queue (slot, layer, expert) copies on the copy stream behind the compute stream's
-        work so far (the prompt whose buffers were in these slots); returns a handle on them.
-        The caller keeps the slots out of the table until they are done.
-
-        The copies are queued by a helper thread once the prompt has finished: hundreds of
-        copies queued at once behind an unfinished prompt fill the driver's queue, and the
-        thread queueing them then blocks until nearly all are done (measured: the prompt's
-        logits waited for all 3.7 GB)."""
+        work so far (the prompt whose buffers were in these slots); returns the event that
+        marks them done. The caller keeps the slots out of the table until it has passed."""
         if self.copy_stream is None:
             raise RuntimeError("load_behind needs a copy stream")
-        prompt_done = cuda.event()
+        prompt_done, done = cuda.event(), cuda.event()
         prompt_done.record(self.stream)
-        prompt_done.wait(self.copy_stream)  # the order holds even without the thread's wait
-        return CopiesBehind(self, prompt_done, list(items))
-
-    def copy_now(self, items, stream) -> None:
-        """Queue (slot, layer, expert) blob copies host -> slot on `stream`."""
+        prompt_done.wait(self.copy_stream)
         for slot, layer, expert in items:
             blob = self.store.blob(layer, expert)
             off = int(self.slot_offset[slot])
-            self.cache[off:off + blob.size].copy_to_device(blob, stream=stream)
+            self.cache[off:off + blob.size].copy_to_device(blob, stream=self.copy_stream)
+        done.record(self.copy_stream)
+        return CopiesDone(done)
 
 
-class CopiesBehind:
-    """`strata.experts.Copies`: a refill's copies, queued by a thread after `prompt_done`, then
-    marked by an event. The simulator runs them at once (its events have no `query` and its
-    copies are synchronous)."""
+class CopiesDone:
+    """`strata.experts.Copies` over a CUDA event (the simulator's events run synchronously and
+    have no `query`: there the copies are done when queued)."""
 
-    def __init__(self, writer: SlotWriter, prompt_done, items):
-        self.done = cuda.event()
-        self.error: BaseException | None = None
-        if getattr(prompt_done, "query", None) is None:  # the simulator
-            writer.copy_now(items, writer.copy_stream)
-            self.done.record(writer.copy_stream)
-            self.thread = None
-            return
-        device_id = getattr(cuda.get_current_device(), "id", 0)  # the simulator has none
-        self.thread = threading.Thread(target=self._run, name="strata-refill", daemon=True,
-                                       args=(writer, prompt_done, items, device_id))
-        self.thread.start()
-
-    def _run(self, writer, prompt_done, items, device_id) -> None:
-        try:
-            with cuda.gpus[device_id]:  # the engine's context, current in this thread
-                prompt_done.synchronize()
-                writer.copy_now(items, writer.copy_stream)
-                self.done.record(writer.copy_stream)
-        except BaseException as e:  # re-raised by query / synchronize on the caller's thread
-            self.error = e
-
-    def _check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the background refill failed: {self.error}") from self.error
+    def __init__(self, event):
+        self.event = event
 
     def query(self) -> bool:
-        if self.thread is not None and self.thread.is_alive():
-            return False
-        self._check()
-        query = getattr(self.done, "query", None)
+        query = getattr(self.event, "query", None)
         return True if query is None else bool(query())
 
     def synchronize(self) -> None:
-        if self.thread is not None:
-            self.thread.join()
-        self._check()
-        self.done.synchronize()
+        self.event.synchronize()
 
 
 def check_kernel_shape(shape, kv_type: str) -> None:
