@@ -114,11 +114,8 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     streamed0 = eng.traffic.bytes_streamed
     t0 = time.perf_counter()
     eng.prefill(prompt)
-    prefill_s = time.perf_counter() - t0  # to the logits on the host
+    prefill_s = time.perf_counter() - t0
     streamed = eng.traffic.bytes_streamed - streamed0
-    lent = m.cache.pending[0] if m.cache.pending is not None else None
-    refill_b = sum(m.store.blob(int(la), int(e)).size for la, e in lent.pairs) if lent else 0
-    refill_s = eng.settle_cache()  # decode is timed on the restored cache (its steady state)
     hits0 = eng.hits()
     pool = eng.step.pool  # the CPU pool's own counters, from here on (not its compile)
     pool0 = (pool.n_bytes, pool.seconds) if pool is not None else (0, 0.0)
@@ -155,8 +152,6 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                     "chunk": eng.last_prompt_use.chunk, "mode": eng.last_prompt_use.mode,
                     "ring_slots": eng.last_prompt_use.ring_slots,
                     "bytes_streamed": streamed,
-                    "refill": "background" if lent else "in place",
-                    "refill_bytes": refill_b, "refill_seconds_after_logits": refill_s,
                     "pcie_streaming_bound_tokens_per_s": stream_bound,
                     "fraction_of_streaming_bound": prefill_tps / stream_bound
                     if stream_bound else None},
@@ -236,10 +231,7 @@ def table(r: dict) -> str:
         f"  {'prefill':8s} {p['tokens_per_s']:10.1f} {bp:>10s} "
         f"{_pct(p['fraction_of_streaming_bound']):>9s}  PCIe streaming of "
         f"{p['bytes_streamed'] / 1e9:.2f} GB ({p['tokens']} tokens, chunk {p['chunk']} "
-        f"{p['mode']}, ring {p['ring_slots']} slots)"
-        + (f"; the lent {p['refill_bytes'] / 1e9:.2f} GB refilled behind, settled "
-           f"{1e3 * p['refill_seconds_after_logits']:.0f} ms after the logits"
-           if p.get("refill") == "background" else ""),
+        f"{p['mode']}, ring {p['ring_slots']} slots)",
         f"  {'decode':8s} {d['tokens_per_s']:10.1f} {d['bound_tokens_per_s']:10.1f} "
         f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
         f"missed {d['host_bytes_per_token'] / 1e9:.3f} GB per token"

@@ -11,12 +11,6 @@ so no kernel reads a slot the prompt's buffers are about to overwrite) and remem
 `refill()` copies them back into their slots, then restores the table. Consecutive prompts start
 from the restored residency.
 
-A refill can run behind the next steps (`refill(background=True)`, where the device offers
-`load_behind`): the copies are queued after the prompt's last kernel on another stream, the
-lent pairs stay misses (served from host memory, correct, slower) and `settle()` restores them
-once the copies are done — polled between decode steps, waited for before any other change
-(lend, fill, swap, refill). The prompt's logits no longer wait for gigabytes of copies.
-
 Stream ordering: the device's `write_table` and `load` are enqueued on the engine's compute
 stream, so a lend's table write precedes every prompt kernel and a refill's copies precede the
 restored table's first reader.
@@ -42,14 +36,6 @@ class CacheDevice(Protocol):
 
     def load(self, slot: int, layer: int, expert: int) -> None:
         """Copy the blob of (layer, expert) from host memory into cache slot `slot`."""
-
-
-class Copies(Protocol):
-    """Copies queued by `load_behind`: done or not, without waiting (`query`), or waited for."""
-
-    def query(self) -> bool: ...
-
-    def synchronize(self) -> None: ...
 
 
 class CacheStateError(RuntimeError):
@@ -78,7 +64,6 @@ class ExpertCache:
         self.table = np.full((n_layer, n_expert), MISS, np.int32)  # [n_layer, n_expert] int32
         self.pair = np.full((layout.n_slots, 2), MISS, np.int32)  # [n_slot, 2] (layer, expert)
         self.loan: Loan | None = None
-        self.pending: tuple[Loan, Copies] | None = None  # a refill still copying (background)
         self.n_loads = 0  # blobs copied into slots (fills, refills, swaps)
 
     @property
@@ -109,7 +94,6 @@ class ExpertCache:
         slots 0..n-1 in order, each into a slot of its own layer's size. Returns pairs loaded."""
         if self.loan is not None:
             raise CacheStateError("fill while slots are lent to a prompt")
-        self.settle()
         pairs = self.layout.pairs() if pairs is None else np.asarray(pairs, np.int32)
         if len(pairs) > self.n_slots:
             raise ValueError(f"{len(pairs)} pairs for {self.n_slots} cache slots")
@@ -133,7 +117,6 @@ class ExpertCache:
         device table is written before this returns)."""
         if self.loan is not None:
             raise CacheStateError("the cache is already lent; refill() first")
-        self.settle()  # a previous refill's copies land before these slots are lent again
         if not 0 <= n_slots <= self.n_slots:
             raise ValueError(f"cannot lend {n_slots} of {self.n_slots} slots")
         slots = np.arange(self.n_slots - n_slots, self.n_slots, dtype=np.int64)
@@ -146,54 +129,29 @@ class ExpertCache:
         self.device.write_table(self.table)
         return self.loan
 
-    def refill(self, *, background: bool = False) -> int:
+    def refill(self) -> int:
         """Copy the lent experts back into their slots, then restore the table; returns blobs
-        copied (0 when nothing was lent). `background`: queue the copies behind the prompt and
-        return at once (where the device can); the table is restored by `settle`."""
+        copied (0 when nothing was lent)."""
         loan = self.loan
         if loan is None:
             return 0
-        held = loan.pairs[:, 0] >= 0
-        items = [(int(slot), int(layer), int(expert))
-                 for slot, (layer, expert) in zip(loan.slots[held], loan.pairs[held])]
-        self.loan = None
-        self.n_loads += len(items)
-        load_behind = getattr(self.device, "load_behind", None) if background else None
-        if load_behind is not None and items:
-            self.pending = (Loan(loan.slots[held], loan.pairs[held]), load_behind(items))
-            return len(items)
-        for slot, layer, expert in items:
-            self.device.load(slot, layer, expert)
-        self._restore(Loan(loan.slots[held], loan.pairs[held]))
-        return len(items)
-
-    def settle(self, *, wait: bool = True) -> bool:
-        """Restore the pairs of a background refill whose copies are done (`wait`: wait for
-        them). Returns True when no refill is pending afterwards."""
-        if self.pending is None:
-            return True
-        loan, copies = self.pending
-        if wait:
-            copies.synchronize()
-        elif not copies.query():
-            return False
-        self.pending = None
-        self._restore(loan)
-        return True
-
-    def _restore(self, loan: Loan) -> None:
-        """Put a loan's pairs back in the table and the inverse map (their bytes are in place)."""
+        n = 0
         for slot, (layer, expert) in zip(loan.slots, loan.pairs):
-            self.pair[slot] = (layer, expert)
-            self.table[layer, expert] = slot
+            if layer >= 0:
+                self.device.load(int(slot), int(layer), int(expert))
+                self.pair[slot] = (layer, expert)
+                self.table[layer, expert] = slot
+                n += 1
+        self.n_loads += n
+        self.loan = None
         self.device.write_table(self.table)
+        return n
 
     def swap(self, slot: int, layer: int, expert: int) -> tuple[int, int]:
         """Put (layer, expert) into `slot` (which must be sized for `layer`), evicting what it
         held; returns the evicted pair ((-1, -1) if none). The table is written afterwards."""
         if self.loan is not None:
             raise CacheStateError("swap while slots are lent to a prompt")
-        self.settle()
         self._check_pair(layer, expert)
         if self.layout.slot_layer[slot] != layer:
             raise ValueError(f"slot {slot} holds layer {self.layout.slot_layer[slot]} blobs")

@@ -234,7 +234,6 @@ class CudaBatchEngine:
         use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
         if use.mode == "borrowed":
             m.cache.lend(use.lend_slots)
-        done = False
         try:
             P, R = m.arena.prompt_views(use)
             view = _RowModel(m, row, self.sides[row], len(self.step.partials[row][0]))
@@ -243,9 +242,8 @@ class CudaBatchEngine:
                 part = ids[off:off + use.chunk]
                 run.chunk_step(part, int(self._n_past[row]))
                 self._n_past[row] += part.size
-            done = True
-        finally:  # behind the next steps where it can (as CudaEngine.prefill)
-            m.cache.refill(background=done and m.background_refill)
+        finally:
+            m.cache.refill()
 
     def row_model(self, slot: int) -> Any:
         """The model seen through `slot`'s row (what the prompt path runs on)."""
@@ -273,7 +271,6 @@ class CudaBatchEngine:
             raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
                                    f"is full")
         st, a = self.m.stream, self.m.acts
-        self.m.cache.settle(wait=False)  # a background refill's experts: hits once copied back
         self._tok[rows] = ids
         # every row's token in one copy (rows n.. carry stale ones the step never reads); the
         # step writes each at its row's position (`scatter_tokens`, inside the graph)

@@ -70,7 +70,6 @@ class CudaEngine(Engine):
         self.last_prompt_use = use
         if use.mode == "borrowed":
             m.cache.lend(use.lend_slots)  # misses on the device before any buffer is written
-        done = False
         try:
             P, R = m.arena.prompt_views(use)
             run = PromptRun(m, P, R, use.chunk, self.traffic)
@@ -78,9 +77,8 @@ class CudaEngine(Engine):
                 part = ids[off:off + use.chunk]
                 run.chunk_step(part, self._n_past)
                 self._n_past += int(part.size)
-            done = True
-        finally:  # behind the next steps where it can (a failed prompt refills before raising)
-            m.cache.refill(background=done and m.background_refill)
+        finally:
+            m.cache.refill()
         if m.adaptive is not None:  # between requests, outside any graph
             self.n_adaptive_swaps += m.adaptive.adapt(m.cache)
         self._set_lengths_host_only()
@@ -99,15 +97,8 @@ class CudaEngine(Engine):
 
     # -- decode --------------------------------------------------------------------------------
 
-    def settle_cache(self) -> float:
-        """Wait for a background refill; returns the seconds waited (the bench's steady state)."""
-        t0 = time.perf_counter()
-        self.m.cache.settle()
-        return time.perf_counter() - t0
-
     def decode_step(self, token: int) -> np.ndarray:
         self.check_tokens([token])
-        self.m.cache.settle(wait=False)  # the lent experts are hits again once copied back
         a, st, p = self.m.acts, self.m.stream, self._n_past
         self._one[0] = token
         a["history"][0][p:p + 1].copy_to_device(self._one, stream=st)
@@ -130,11 +121,7 @@ class CudaEngine(Engine):
         mode = self._set_sampling(sampling)
         a, st, start = self.m.acts, self.m.stream, self._n_past
         self.step.pick(mode, st)
-        cache = self.m.cache
         for _ in range(n - 1):
-            if cache.pending is not None:  # a refill behind: the host keeps pace, so the step
-                st.synchronize()           # after its last copy already reads the restored table
-                cache.settle(wait=False)
             self.step.run(mode)
             self._n_past += 1
         out = np.zeros(n, np.int32)

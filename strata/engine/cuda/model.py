@@ -51,12 +51,11 @@ class Matrix:
 
 class SlotWriter:
     """The expert cache's device side (`strata.experts.CacheDevice`): the slot table and the
-    slots' bytes, written on the compute stream so kernels see changes in order; a background
-    refill's copies go on `copy_stream`, after everything queued on the compute stream so far."""
+    slots' bytes, written on the compute stream so kernels see changes in order."""
 
-    def __init__(self, table, cache, slot_offset: np.ndarray, store, stream, copy_stream=None):
+    def __init__(self, table, cache, slot_offset: np.ndarray, store, stream):
         self.table, self.cache, self.slot_offset = table, cache, slot_offset
-        self.store, self.stream, self.copy_stream = store, stream, copy_stream
+        self.store, self.stream = store, stream
 
     def write_table(self, table: np.ndarray) -> None:
         self.table.copy_to_device(np.ascontiguousarray(table, np.int32), stream=self.stream)
@@ -65,37 +64,6 @@ class SlotWriter:
         blob = self.store.blob(layer, expert)
         off = int(self.slot_offset[slot])
         self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
-
-    def load_behind(self, items: list[tuple[int, int, int]]):
-        """Queue (slot, layer, expert) copies on the copy stream behind the compute stream's
-        work so far (the prompt whose buffers were in these slots); returns the event that
-        marks them done. The caller keeps the slots out of the table until it has passed."""
-        if self.copy_stream is None:
-            raise RuntimeError("load_behind needs a copy stream")
-        prompt_done, done = cuda.event(), cuda.event()
-        prompt_done.record(self.stream)
-        prompt_done.wait(self.copy_stream)
-        for slot, layer, expert in items:
-            blob = self.store.blob(layer, expert)
-            off = int(self.slot_offset[slot])
-            self.cache[off:off + blob.size].copy_to_device(blob, stream=self.copy_stream)
-        done.record(self.copy_stream)
-        return CopiesDone(done)
-
-
-class CopiesDone:
-    """`strata.experts.Copies` over a CUDA event (the simulator's events run synchronously and
-    have no `query`: there the copies are done when queued)."""
-
-    def __init__(self, event):
-        self.event = event
-
-    def query(self) -> bool:
-        query = getattr(self.event, "query", None)
-        return True if query is None else bool(query())
-
-    def synchronize(self) -> None:
-        self.event.synchronize()
 
 
 def check_kernel_shape(shape, kv_type: str) -> None:
@@ -320,7 +288,7 @@ class CudaModel:
         slot_off[:cache_layout.n_slots] = cache_layout.slot_offset
         self.acts["slot_off"].copy_to_device(slot_off, stream=self.stream)
         writer = SlotWriter(self.acts["slot_table"], self.cache_bytes, cache_layout.slot_offset,
-                            self.store, self.stream, self.copy_stream)
+                            self.store, self.stream)
         self.cache = ExpertCache(cache_layout, s.n_layer, s.n_expert, writer)
         # --adaptive-cache: prompts' routing counts re-rank the cache after each prompt
         self.adaptive = AdaptiveRanks(s.n_layer, s.n_expert) if o.adaptive_cache else None
@@ -377,21 +345,12 @@ class CudaModel:
             return own.astype(np.int64)
         return np.where(slots >= 0, own, self.tier_off[layer, experts]).astype(np.int64)
 
-    @property
-    def background_refill(self) -> bool:
-        """A borrowed prompt's refill runs behind the first decode steps (`CudaOptions`), not
-        where the adaptive cache re-ranks right after the prompt (its swaps would wait for it)."""
-        return self.options.background_refill and self.adaptive is None
-
     def share_store(self) -> tuple[Any, MappedHost]:
         """This model's (HostStore, MappedHost), for `CudaModel(..., host_store=...)`."""
         return self.store, self.host
 
     def close(self) -> None:
         """Give the arena back (a shared host store stays registered)."""
-        cache = getattr(self, "cache", None)
-        if cache is not None:  # no refill copy may still be writing into the arena
-            cache.settle()
         acts = getattr(self, "acts", None)
         if acts is not None:  # tables live in the arena: forget them before it goes
             uninstall_tables(acts["format_tables"])

@@ -38,9 +38,7 @@ class CudaOptions:
     path before `strata.engine.cuda.prefill.counts_can_wait`, kept for A/B runs);
     `prefill_attention`: the prompt path's causal attention kernel, "gqa" (each K/V tile shared
     by a KV head's query heads: 2.1-2.4x the other at 4K-16K f16 on the H200) or "base" (a
-    block per query head; kept for A/B runs); `background_refill`: a borrowed prompt's lent
-    experts are copied back behind the first decode steps (its logits do not wait; those
-    experts are misses until their copies land) rather than before the prompt returns."""
+    block per query head; kept for A/B runs)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -54,7 +52,6 @@ class CudaOptions:
     adaptive_cache: bool = False
     prefill_sync_every_layer: bool = False
     prefill_attention: str = "gqa"
-    background_refill: bool = True
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
