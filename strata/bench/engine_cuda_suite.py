@@ -108,7 +108,23 @@ class Suite:
                                                                   max_context=16896))
         p = r["prefill"]
         _log(f"P1: {p['tokens_per_s']:.0f} tok/s, bound {p['pcie_streaming_bound_tokens_per_s']}")
-        self.write("p1", {"target": {"fraction_of_streaming_bound": 0.8}, "run": r})
+        self.write("p1", {"target": {"fraction_of_streaming_bound": 0.8}, "run": r,
+                          "compute_only": self.compute_only(p["tokens_per_s"], prompt=16384)})
+
+    def compute_only(self, tok_s: float, *, prompt: int) -> dict:
+        """The same prompt with no budget cap, every expert resident where the card holds them
+        all: nothing streams, so its rate is what the kernels allow, the other bound P1 is held
+        to (measured at 16K: P1 is compute-bound, far below the PCIe one)."""
+        r = self.bench(prompt=prompt, gen=2, options=self.options(max_context=prompt + 512))
+        hit = r["plan"]["predicted"]["expert_hit_rate"]
+        rate = r["prefill"]["tokens_per_s"]
+        if hit < 1.0:  # some experts still stream: not a compute-only rate
+            _log(f"compute-only: not every expert fits this card (predicted hits {hit:.1%})")
+            return {"tokens_per_s": None, "why": f"not every expert fits ({hit:.1%} resident "
+                                                 "by the plan's prediction)"}
+        _log(f"compute-only: {rate:.0f} tok/s; P1 at {tok_s / rate:.1%} of it")
+        return {"tokens_per_s": rate, "fraction": tok_s / rate,
+                "bytes_streamed": r["prefill"]["bytes_streamed"], "load": r["load"]}
 
     def miss(self) -> None:
         n_pairs = self.mf.shape.n_layer * self.mf.shape.n_expert

@@ -270,3 +270,35 @@ def test_decode_timer_splits_each_step_and_gives_the_engine_back():
     lines = table.splitlines()
     assert "to replay" in lines[0] and lines[1].split()[:3] == ["2", "4.000", "1.000"]
     assert lines[2].split() == ["8"] + ["-"] * 6
+
+
+@pytest.mark.parametrize("resident_hit", [1.0, 0.6])
+def test_p1_records_the_compute_only_rate_of_the_same_prompt(tmp_path, resident_hit):
+    """P1 runs capped, then uncapped: the uncapped rate is P1's compute-only bound only where
+    every expert is resident; otherwise the part says why it has none."""
+    import json
+
+    calls = []
+
+    def bench(*, prompt, gen, options):
+        calls.append((prompt, options.gpu_mem, options.plan.max_context))
+        capped = options.gpu_mem is not None
+        return {"plan": {"predicted": {"expert_hit_rate": 0.4 if capped else resident_hit}},
+                "prefill": {"tokens_per_s": 9000.0 if capped else 10000.0,
+                            "pcie_streaming_bound_tokens_per_s": 30000.0,
+                            "bytes_streamed": 5 if capped else 0},
+                "load": {}}
+
+    s = suite_mod.Suite.__new__(suite_mod.Suite)
+    s.args = SimpleNamespace(out=str(tmp_path), model="q8.gguf", file_note="", temperature=0.0)
+    s.commit, s.bw, s.store_seconds = "abc", {}, 0.0
+    s.bench = bench
+    s.write = lambda part, body: (tmp_path / f"{part}.json").write_text(json.dumps(body))
+    s.p1()
+    body = json.loads((tmp_path / "p1.json").read_text())
+    assert calls == [(16384, 8 * 2**30, 16896), (16384, None, 16896)]
+    c = body["compute_only"]
+    if resident_hit == 1.0:
+        assert c["tokens_per_s"] == 10000.0 and c["fraction"] == pytest.approx(0.9)
+    else:
+        assert c["tokens_per_s"] is None and "not every expert fits" in c["why"]
