@@ -43,7 +43,7 @@ def _split_run(mf, devices, store, split, n=6):
 
     opts = CudaOptions(plan=PlanOptions(max_context=512, ring_mib=1, lend_floor_slots=0),
                        progress=False)
-    sm = SplitModel(mf, opts, split, devices=devices, gpu_mem=[1 << 30] * 2,
+    sm = SplitModel(mf, opts, split, devices=devices, gpu_mem=[1 << 30] * len(devices),
                     store=store, log=None)
     eng = SplitEngine(sm)
     logits = eng.prefill(PROMPT)
@@ -142,6 +142,36 @@ def test_helper_tiers_serve_misses_and_keep_the_tokens(setup):
     eng.decode_tokens(6)
     h, t = eng.hits().counts - before, eng.tier_hits() - tiers_before
     assert h[:, 1].sum() == 0 and t.sum() > 0 and t.sum() <= h[:, 0].sum()
+    sm.close()
+
+
+def test_four_stages_over_every_gpu(setup):
+    """One layer a stage over four GPUs (the visible ones in turn where there are fewer), two
+    slots a stage cache and helper tiers holding the rest: the tokens and logits of the two-stage
+    split, within 2% of the float64 reference, every stage's misses served by some tier."""
+    from numba import cuda
+
+    from strata.engine.multi import SplitEngine
+    from strata.plan.split import SplitOptions
+
+    path, mf, devices2, store = setup
+    devices = [i % len(cuda.gpus) for i in range(4)]
+    sm, logits2, toks2 = _split_run(mf, devices2, store, SplitOptions(cuts=(2,),
+                                                                      stage_cache=(9, 9)))
+    sm.close()
+    sm, logits, toks = _split_run(mf, devices, store, SplitOptions(
+        cuts=(1, 2, 3), stage_cache=(2, 2, 2, 2), tier_min_bytes=0))
+    assert [m.layers for m in sm.stages] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    assert toks == toks2 and any(t is not None for t in sm.tiers)
+    np.testing.assert_allclose(logits, logits2, rtol=0, atol=1e-4 * np.abs(logits2).max())
+    ref = forward(RefModel.load(path), PROMPT)
+    assert np.linalg.norm(logits - ref[-1]) / np.linalg.norm(ref[-1]) < 0.02
+    eng = SplitEngine(sm)
+    eng.prefill(PROMPT)
+    before, tiers_before = eng.hits().counts.copy(), eng.tier_hits()
+    eng.decode_tokens(6)
+    h, t = eng.hits().counts - before, eng.tier_hits() - tiers_before
+    assert t.shape == (4, 4) and h[:, 1].sum() == 0 and 0 < t.sum() <= h[:, 0].sum()
     sm.close()
 
 

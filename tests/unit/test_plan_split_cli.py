@@ -101,3 +101,15 @@ def test_split_bench_refuses_the_one_gpu_engines_knobs(model, knobs, match):
         "miss_path": "mapped", "adaptive_cache": False, "profile_decode": False, **knobs})
     with pytest.raises(StrataError, match=match):
         run_split_cli(args, SimpleNamespace(devices=(0, 1)))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--ab", "even,sideways"], "unknown arm(s) sideways"),
+    (["--gpu-mem", "1GiB,1GiB,1GiB,1GiB,1GiB,1GiB,1GiB,1GiB,1GiB"], "names 9 GPUs"),
+])
+def test_split_bench_checks_its_arms_and_gpu_count(model, capsys, argv, match):
+    from strata.engine.multi.bench import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main([model, "--out", "/dev/null", *argv])
+    assert match in capsys.readouterr().err

@@ -217,3 +217,28 @@ def test_a_refused_stage_offers_knobs_that_make_room():
     kv = next(k for k in knobs if k.flag == "--kv int8")
     assert kv.note == "not enough alone"
     assert any(k.flag.startswith("--layer-split 11 ") for k in knobs)
+
+
+@pytest.mark.parametrize("n_layer,n_stages,want", [
+    (48, 4, (12, 24, 36)), (10, 4, (3, 6, 8)), (5, 2, (3,)), (4, 4, (1, 2, 3))])
+def test_even_cuts_share_the_layers_evenly(n_layer, n_stages, want):
+    from strata.engine.multi.bench import even_cuts
+
+    cuts = even_cuts(n_layer, n_stages)
+    assert cuts == want
+    sizes = np.diff([0, *cuts, n_layer])
+    assert sizes.max() - sizes.min() <= 1 and sizes.sum() == n_layer
+
+
+def test_even_split_of_four_unequal_cards_is_planned_and_predicted_slower():
+    from strata.engine.multi.bench import even_cuts
+
+    gpus, knobs = parse_gpu_mem("12GiB,12GiB,16GiB,16GiB"), PlanOptions(max_context=4096)
+    s48 = qwen3moe("q4_k_m", **{**QWEN3_235B, "n_layer": 48})  # the 4-GPU run's file
+    auto = plan_split(s48, gpus, knobs)
+    even = plan_split(s48, gpus, knobs, SplitOptions(cuts=even_cuts(48, 4)))
+    check_split(auto)
+    check_split(even)
+    assert even.placement.cuts == (12, 24, 36) and auto.placement.cuts != (12, 24, 36)
+    # the search's optimum is never worse than the even split it also scored
+    assert auto.placement.seconds_per_token <= even.placement.seconds_per_token

@@ -4,13 +4,18 @@ share of the budget; the carve's A/B (the same split with every stage holding ev
 dense weights, stage caches pinned equal so only the weights differ); the hand-off's A/B (the
 same split with the hidden state through pinned host memory, `--handoff-ab`); the helper tiers'
 A/B (stage caches pinned small so the tiers hold pairs, against the same split without tiers,
-`--tier-ab N,N`: tier hits per card, measured against predicted tier hit rate). Every split run
+`--tier-ab N,N`: tier hits per card, measured against predicted tier hit rate); the placement's
+A/B (`--ab even,no-tiers,no-carve`: an even split of the layers, and the searched cuts without
+helper tiers or without the carve, each planned afresh so its caches take what it frees or
+costs). Every split run
 times each link on every path the GPUs offer. One host store serves every run. Writes JSON
 (updated after each run, so a run cut short still reports what it finished).
 
     python -m strata.engine.multi.bench MODEL --gpu-mem 8GiB,8GiB --out split.json
     python -m strata.engine.multi.bench MODEL --skip 1x16,1x8,carve --handoff-ab \
         --tier-ab 600,600 --out split.json
+    python -m strata.engine.multi.bench MODEL --gpu-mem 12GiB,12GiB,16GiB,16GiB \
+        --skip 1x8,carve --ab even,no-tiers,no-carve --out split4.json
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 from numba import cuda
 
 from strata.engine.cuda.options import CudaOptions
+from strata.errors import StrataError
 from strata.gguf import open_model
 from strata.plan.devices import parse_size
 from strata.plan.options import PlanOptions
@@ -118,15 +124,27 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=65)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--skip", default="", help="runs to leave out: 1x16, 1x8, carve")
+    ap.add_argument("--skip", default="", help="runs to leave out: 1x16 (one GPU at the sum "
+                    "of the budgets), 1x8 (one GPU at the first budget), carve (the weights-only "
+                    "carve A/B)")
     ap.add_argument("--handoff", choices=("auto", "host"), default="auto",
                     help="the first split run's hand-off")
     ap.add_argument("--handoff-ab", action="store_true",
                     help="also run the first split with the other hand-off")
     ap.add_argument("--tier-ab", metavar="N,N",
                     help="helper tiers' A/B with each stage cache pinned to N slots")
+    ap.add_argument("--ab", default="", metavar="ARMS",
+                    help=f"placement A/B arms beside the searched split: {','.join(AB_ARMS)}")
     a = ap.parse_args(argv)
     caps = [parse_size(x) for x in a.gpu_mem.split(",")]
+    arms = [x for x in a.ab.split(",") if x]
+    if bad := [x for x in arms if x not in AB_ARMS]:
+        ap.error(f"--ab {a.ab!r}: unknown arm(s) {', '.join(bad)}; choose from "
+                 f"{', '.join(AB_ARMS)}")
+    if a.tier_ab and len(a.tier_ab.split(",")) != len(caps):
+        ap.error(f"--tier-ab {a.tier_ab!r}: one slot count per GPU ({len(caps)})")
+    if len(caps) > len(cuda.gpus):
+        ap.error(f"--gpu-mem names {len(caps)} GPUs; {len(cuda.gpus)} visible")
     mf = open_model(a.model)
     knobs = PlanOptions(max_context=a.max_context)
     rng = np.random.default_rng(0)
@@ -164,11 +182,21 @@ def main(argv=None) -> int:
 
 
 def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
-    key = "x".join([str(len(caps)), a.gpu_mem.split(",")[0]])
+    parts = a.gpu_mem.split(",")
+    key = f"{len(caps)}x" + (parts[0] if len(set(parts)) == 1 else "+".join(parts))
     res["runs"][key] = split_run = _split(mf, store, portable, caps, knobs,
                                          SplitOptions(handoff=a.handoff), prompt, a.decode)
     save()
     print(f"{key}: {split_run['decode_tok_per_s']:.1f} tok/s decode", flush=True)
+    if "1x16" not in a.skip:  # one GPU at the sum of the budgets: the tokens to match
+        total = sum(caps)
+        res["runs"][f"1x{total >> 30}GiB"] = one = _single(mf, store, portable, total, knobs,
+                                                           prompt, a.decode)
+        res["tokens_identical_split_vs_1gpu"] = one["tokens"] == split_run["tokens"]
+        save()
+    if a.ab:
+        _placement_ab(mf, store, portable, caps, knobs, split_run, prompt, a.decode,
+                      [x for x in a.ab.split(",") if x], save, res)
     if a.tier_ab:
         pinned = tuple(int(x) for x in a.tier_ab.split(","))
         res["tier_ab"] = _tier_ab(mf, store, portable, caps, knobs, pinned, prompt, a.decode)
@@ -177,13 +205,7 @@ def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
         res["handoff_ab"] = _handoff_ab(mf, store, portable, caps, knobs, split_run, prompt,
                                         a.decode)
         save()
-    if "1x16" not in a.skip:
-        total = sum(caps)
-        res["runs"][f"1x{total >> 30}GiB"] = one = _single(mf, store, portable, total, knobs,
-                                                           prompt, a.decode)
-        res["tokens_identical_split_vs_1gpu"] = one["tokens"] == split_run["tokens"]
-        save()
-    if "1x8" not in a.skip:
+    if "1x8" not in a.skip:  # one GPU at the first card's budget
         res["runs"][f"1x{caps[0] >> 30}GiB"] = small = _single(mf, store, portable, caps[0],
                                                                knobs, prompt, a.decode)
         res["tokens_identical_small_vs_split"] = small["tokens"] == split_run["tokens"]
@@ -192,6 +214,42 @@ def _runs(mf, store, portable, caps, knobs, prompt, res, a, save) -> None:
         res["carve_ab"] = _carve_ab(mf, store, portable, caps, knobs, split_run, prompt,
                                     a.decode)
         save()
+
+
+AB_ARMS = ("even", "no-tiers", "no-carve")
+
+
+def even_cuts(n_layer: int, n_stages: int) -> tuple[int, ...]:
+    """The first layer of stages 1..G-1 when every stage takes the same number of layers (the
+    earlier stages one more where they do not divide evenly)."""
+    base, extra = divmod(n_layer, n_stages)
+    cuts, at = [], 0
+    for g in range(n_stages - 1):
+        at += base + (g < extra)
+        cuts.append(at)
+    return tuple(cuts)
+
+
+def _placement_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode, arms, save,
+                  res) -> None:
+    """The searched split against an even split and against its own cuts without helper tiers or
+    without the carve. Each arm is planned afresh (caches take what the arm frees or costs), so
+    the table shows what each choice is worth at this budget. Saved after each arm."""
+    cuts = tuple(split_run["cuts"])
+    options = {"even": SplitOptions(cuts=even_cuts(mf.shape.n_layer, len(caps))),
+               "no-tiers": SplitOptions(cuts=cuts, helper_tiers=False),
+               "no-carve": SplitOptions(cuts=cuts, carve=False)}
+    out = res["ab"] = {"searched_cuts": list(cuts), "arms": {}}
+    for name in arms:
+        try:
+            run = _split(mf, store, portable, caps, knobs, options[name], prompt, n_decode)
+        except StrataError as e:  # a refused arm (a stage that does not fit) is a result too
+            out["arms"][name] = {"refused": str(e)}
+        else:
+            run["tokens_identical_to_searched"] = run["tokens"] == split_run["tokens"]
+            out["arms"][name] = run
+        save()
+        print(f"ab {name}: {out['arms'][name].get('decode_tok_per_s', 'refused')}", flush=True)
 
 
 def _carve_ab(mf, store, portable, caps, knobs, split_run, prompt, n_decode) -> dict:
@@ -261,20 +319,25 @@ def _infos(caps):
 
 
 def _table(res: dict) -> None:
-    print(f"{'run':<16} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
-          f"{'hit pred':>9} {'slots':>14}")
+    print(f"{'run':<18} {'decode tok/s':>12} {'prefill tok/s':>13} {'hit meas':>9} "
+          f"{'hit pred':>9} {'cuts':>12} {'slots':>24} {'tier slots':>20}")
     rows = dict(res["runs"])
-    for ab in ("carve_ab", "handoff_ab", "tier_ab"):
+    for ab in ("carve_ab", "handoff_ab", "tier_ab", "ab"):
         for name, r in res.get(ab, {}).get("arms", {}).items():
             if "decode_tok_per_s" in r:
-                rows[f"{ab[:-3]} {name}"] = r
+                rows[f"{ab.removesuffix('_ab')} {name}"] = r
     for name, r in rows.items():
-        print(f"{name:<16} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
+        print(f"{name:<18} {r['decode_tok_per_s']:>12.1f} {r['prefill_tok_per_s']:>13.1f} "
               f"{r['measured_hit_rate']:>9.3f} {r['predicted_hit_rate'] or 0:>9.3f} "
-              f"{r['cache_slots']!s:>14}")
+              f"{','.join(map(str, r.get('cuts', []))) or '-':>12} {r['cache_slots']!s:>24} "
+              f"{r.get('tier_slots', '-')!s:>20}")
     for k in ("tokens_identical_split_vs_1gpu", "tokens_identical_small_vs_split"):
         if k in res:
             print(f"{k}: {res[k]}")
+    for name, r in res.get("ab", {}).get("arms", {}).items():
+        same = r.get("tokens_identical_to_searched")
+        print(f"ab {name}: " + (f"refused: {r['refused']}" if "refused" in r else
+                                f"tokens identical to the searched split {same}"))
     if "tier_ab" in res:
         t = res["tier_ab"]
         print(f"tiers A/B: tokens identical {t['tokens_identical']}, tier slots "
