@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The `strata` command: main(), then the process ends with its status (`strata.shutdown`:
     past cuda.core's crash at exit). main() itself returns, for in-process callers (tests)."""
-    from strata.shutdown import finish
+    from strata.shutdown import run_then_finish
 
-    finish(main())
+    run_then_finish(main)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,18 @@ def _kernel(kind: str, ggml_type: int):
     return _CACHE[key]
 
 
+def batch_moe_fits(layout: ExpertLayout, k: int, n_tok: int, tensor_cores: bool = False) -> bool:
+    """Whether `batch_moe_decode` runs this layout for n_tok tokens of k experts: else (a
+    token's k h vectors beyond one block's shared memory, as Qwen3-235B's 8 x 1536) the
+    caller runs the tokens one by one through `moe.moe_decode`, which splits the experts."""
+    if tensor_cores and tc_moe_fits(layout):
+        return True
+    if lanes_plan(layout, k, n_tok) is not None:
+        return True
+    return max(staged_bytes(layout.n_embd // 32),
+               staged_bytes(k * layout.n_ff // 32)) <= MAX_STAGED_BYTES
+
+
 def batch_moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                      slot_off, host, host_off, h, out, counters, accumulate: bool = False,
                      stream=0, max_row_blocks: int | None = None,

@@ -491,12 +491,16 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
     gu_lanes, dn_lanes = lane_format(gu_fmt.ggml_type), lane_format(dn_fmt.ggml_type)
     gu_lanes = gu_lanes if gu_lanes is not None and lanes_fit(gu_lanes, layout.n_embd) else None
-    dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, k * layout.n_ff) else None
+    dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
     if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
-    if dn_lanes is None and staged_bytes(k * layout.n_ff // 32) > MAX_STAGED_BYTES:
-        raise ValueError(f"moe: k * n_ff = {k * layout.n_ff} values of h exceed the "
+    if dn_lanes is not None:
+        n_group = down_group(k, lambda g: lanes_fit(dn_lanes, g * layout.n_ff))
+    else:
+        n_group = down_group(k, lambda g: staged_bytes(g * layout.n_ff // 32) <= MAX_STAGED_BYTES)
+    if n_group == 0:
+        raise ValueError(f"moe: n_ff = {layout.n_ff} values of one expert's h exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
     h1 = h.reshape(h.size)
     where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
@@ -516,6 +520,29 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             staged_bytes(layout.n_embd // 32)](
             x, ids, *where, miss_list, counters, layout.gate_row_bytes, layout.n_embd // 32,
             layout.n_ff, layout.up_off, h1, device_table(gu_fmt))
+    for j0 in range(0, k, n_group):  # the experts whose h fits the down kernel's shared memory
+        j1 = min(k, j0 + n_group)
+        g_ids, g_wts = (ids, weights) if n_group >= k else (ids[j0:j1], weights[j0:j1])
+        g_h = h1 if n_group >= k else h1[j0 * layout.n_ff:j1 * layout.n_ff]
+        _down(g_h, g_ids, g_wts, j1 - j0, where, layout, dn_fmt, dn_lanes,
+              accumulate or j0 > 0, out, stream, rows)
+
+
+def down_group(k: int, fits) -> int:
+    """Experts per down launch: all k where their h fits the kernel's shared memory, else as
+    few launches as fit, shared evenly (0 where one expert's h does not fit). Qwen3-235B's
+    8 x 1536 f32 h is 48 KiB: two launches of four, the second adding into the first's output."""
+    g = k
+    while g > 0 and not fits(g):
+        g -= 1
+    if g == 0:
+        return 0
+    n_launch = -(-k // g)
+    return -(-k // n_launch)
+
+
+def _down(h1, ids, weights, k, where, layout, dn_fmt, dn_lanes, accumulate, out, stream, rows):
+    """One launch of the down kernel over k experts' h (ids, weights, h1 views of a group)."""
     if dn_lanes is not None:
         n_sb = layout.n_ff // dn_lanes.sb_values
         log = lane_split(dn_lanes, layout.n_embd, k * n_sb)  # as if every expert were cached
@@ -531,6 +558,7 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             staged_bytes(k * layout.n_ff // 32)](
             h1, ids, weights, k, *where, layout.down_off, layout.down_row_bytes,
             layout.n_ff // 32, layout.n_embd, bool(accumulate), out, device_table(dn_fmt))
+
 
 _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
 _I32_2D, _I64_2D = types.int32[:, ::1], types.int64[:, ::1]

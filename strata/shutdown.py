@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Callable
 
 
 def cuda_started() -> bool:
@@ -33,3 +35,24 @@ def finish(rc: int) -> None:
                 pass
         os._exit(rc)
     sys.exit(rc)
+
+
+def run_then_finish(main: Callable[[], int | None]) -> None:
+    """Run `main` and end the process through `finish` whatever happens: its status; a
+    SystemExit's; 1 with the traceback printed where it raised (without this, an error after
+    CUDA started ended in the crash above, status 134, after the traceback)."""
+    try:
+        rc = main()
+    except SystemExit as e:
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+            rc = 1
+        else:
+            rc = e.code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        rc = 130
+    except BaseException:  # noqa: BLE001 - reported in full, then the status says it failed
+        traceback.print_exc()
+        rc = 1
+    finish(int(rc or 0))

@@ -43,3 +43,10 @@ def load(path, *, graph: bool = True, backend=None, adaptive_cache: bool = False
                        adaptive_cache=adaptive_cache)
     m = CudaModel(open_model(path), opts, backend=backend)
     return m, CudaEngine(m, use_graph=graph)
+
+# Qwen3-235B-A22B's expert widths (n_embd 4096, expert width 1536, top-8): one token's 8 x 1536
+# f32 h is 48 KiB, past one block's shared memory, so the decode down projection runs in groups
+# of experts. Two layers, a small vocabulary and 16 experts keep the float64 reference quick.
+WIDE = dataclasses.replace(
+    CONFIG, name="gpu-wide-experts", n_layer=2, n_embd=4096, n_head=8, n_head_kv=2,
+    head_dim=64, n_expert=16, n_expert_used=8, n_ff_expert=1536)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helpers.kernel_blocks import random_rows, reference
-from strata.cuda_kernels.batch_moe import WARPS, batch_moe_decode
+from strata.cuda_kernels.batch_moe import WARPS, batch_moe_decode, batch_moe_fits
 from strata.cuda_kernels.batch_moe_lanes import lanes_plan
 from strata.cuda_kernels.matvec import LANE_WARPS
 from strata.cuda_kernels.moe import ExpertLayout
@@ -112,6 +112,8 @@ def test_batch_moe_refuses_bad_shapes():
         batch_moe_decode(z((2, 64), np.float32), z((2, 2), np.int32), z((2, 3), np.float32),
                          h=z((2, 2, 32), np.float32), out=z((2, 64), np.float32), **args)
     big = ExpertLayout(256, 1024, "Q8_0", "Q8_0")   # 16 * 1024 staged values of h: 72 KiB
+    assert not batch_moe_fits(big, 16, 1)  # the engine runs such rows one by one instead
+    assert batch_moe_fits(big, 4, 1)
     with pytest.raises(ValueError, match="shared memory"):
         batch_moe_decode(z((1, 256), np.float32), z((1, 16), np.int32), z((1, 16), np.float32),
                          **{**args, "layout": big}, h=z((1, 16, 1024), np.float32),

@@ -7,8 +7,8 @@ import pytest
 
 from helpers.kernel_blocks import random_rows, reference
 from strata.cuda_kernels.lanes import lane_format
-from strata.cuda_kernels.matvec import LANE_WARPS, lane_split
-from strata.cuda_kernels.moe import ExpertLayout, _moe_decode, moe_decode
+from strata.cuda_kernels.matvec import LANE_WARPS, lane_split, lanes_fit
+from strata.cuda_kernels.moe import WARPS, ExpertLayout, _moe_decode, down_group, moe_decode
 from strata.cuda_kernels.qformats import get_format
 
 
@@ -94,16 +94,60 @@ def test_layout_checks():
         ExpertLayout(256, 256, "Q4_K", "Q6_K", down_off=2 * 256 * 144 + 8)
 
 
-def test_moe_refuses_h_larger_than_shared_memory():
-    lay = ExpertLayout(256, 1024, "Q8_0", "Q8_0")
-    k = 16  # 16 * 1024 staged values of h: 72 KiB > 48 KiB
+def test_moe_refuses_one_expert_h_larger_than_shared_memory():
+    n_ff, k = 16384, 2  # one expert's 16,384 staged values of h: 64 KiB > 48 KiB
+    lay = ExpertLayout(256, n_ff, "Q8_0", "IQ4_NL")
     z = np.zeros
-    with pytest.raises(ValueError, match="shared memory"):
+    with pytest.raises(ValueError, match="one expert's h exceed"):
         moe_decode(z(256, np.float32), z(k, np.int32), z(k, np.float32), layer=0, layout=lay,
                    slot_table=z((1, 16), np.int32), cache=z(16, np.uint8),
                    slot_off=z(1, np.int64), host=z(16, np.uint8), host_off=z((1, 16), np.int64),
-                   h=z((k, 1024), np.float32), out=z(256, np.float32),
+                   h=z((k, n_ff), np.float32), out=z(256, np.float32),
                    miss_list=z(k, np.int32), counters=z((1, 2), np.int64))
+
+
+def test_down_group_takes_the_most_experts_that_fit():
+    assert down_group(8, lambda g: g <= 7) == 4  # two launches, shared evenly
+    assert down_group(8, lambda g: g <= 3) == 3  # three launches: 3, 3, 2
+    assert down_group(8, lambda g: True) == 8 and down_group(3, lambda g: False) == 0
+
+
+@pytest.mark.parametrize("gu,dn,n_embd,cpu_misses", [
+    ("Q4_K", "Q6_K", 256, False),    # lane down kernel: experts 0-1, then 2 added
+    ("Q4_K", "Q6_K", 256, True),     # the missed expert (left to the CPU) in the second launch
+    ("Q8_0", "IQ4_NL", 64, False),   # generic down kernel, the same split
+])
+def test_moe_down_splits_experts_whose_h_exceeds_shared_memory(gu, dn, n_embd, cpu_misses):
+    """3 experts of n_ff = 4096 (as Qwen3-235B's 8 x 1536, their h is over 48 KiB): the down
+    projection runs over groups of experts, each launch adding into the one before. The first
+    row block of each kernel against float64 (whole grids take minutes in the simulator)."""
+    n_ff, n_expert, layer = 4096, 6, 1
+    rng = np.random.default_rng(n_embd + len(dn))
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    lf = lane_format(get_format(dn).ggml_type)
+    if lf is not None:
+        assert lanes_fit(lf, 2 * n_ff) and not lanes_fit(lf, 3 * n_ff)
+        n_outs = {2 * (LANE_WARPS >> lane_split(lf, n_embd, g * n_ff // lf.sb_values))
+                  for g in (1, 2)}
+        assert len(n_outs) == 1  # every launch's first row block covers the same rows
+        n_out = n_outs.pop()
+    else:
+        n_out = WARPS
+    store, mats = _store(layout, gu, dn, rng)
+    ids = np.array([4, 2, 0], np.int32)                  # expert 2 misses
+    weights = np.array([0.5, 0.3, 0.2], np.float32)
+    x = rng.standard_normal(n_embd).astype(np.float32)
+    h0 = rng.standard_normal((3, n_ff)).astype(np.float32)
+    out0 = rng.standard_normal(n_embd).astype(np.float32)
+    h, out = h0.copy(), out0.copy()
+    _moe_decode(x, ids, weights, layer=layer, layout=layout, **store, h=h, out=out,
+                miss_list=np.zeros(3, np.int32), counters=np.zeros((2, 2), np.int64),
+                cpu_misses=cpu_misses, accumulate=False, stream=0, max_row_blocks=1)
+    want = np.zeros(n_out)  # accumulate=False: the first group overwrites, the rest add
+    for kk, (e, w) in enumerate(zip(ids, weights)):
+        if not (cpu_misses and e == 2):
+            want += w * (mats[layer * n_expert + e][2][:n_out] @ h[kk].astype(np.float64))
+    assert np.linalg.norm(out[:n_out] - want) / np.linalg.norm(want) < 1e-5
 
 
 @pytest.mark.parametrize("gu,dn,n_ff,cpu_misses", [

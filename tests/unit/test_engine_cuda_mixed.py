@@ -47,8 +47,16 @@ def _expert_out(dq, x):
     return dq["down"] @ (_silu(dq["gate"] @ x) * (dq["up"] @ x))
 
 
-@pytest.mark.parametrize("cpu_misses", [False, True])
-def test_decode_reads_slots_and_host_with_two_gate_up_formats(cpu_misses):
+@pytest.mark.parametrize("cpu_misses,one_at_a_time", [
+    (False, False), (True, False),
+    (False, True),  # shared memory for one expert's h only: one down launch per expert, added
+])
+def test_decode_reads_slots_and_host_with_two_gate_up_formats(cpu_misses, one_at_a_time,
+                                                               monkeypatch):
+    if one_at_a_time:
+        import strata.engine.cuda.mixed as mixed
+        from strata.cuda_kernels.xstage import staged_bytes
+        monkeypatch.setattr(mixed, "MAX_STAGED_BYTES", staged_bytes(FF // 32))
     rng = np.random.default_rng(3)
     blobs, mats, layout = _experts(rng)
     stride = -(-blobs[0].size // 256) * 256

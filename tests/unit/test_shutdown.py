@@ -51,3 +51,24 @@ def test_the_output_written_before_os_exit_is_not_lost():
             "print('x' * 100000, end=''); from strata.shutdown import finish; finish(5)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 5 and len(r.stdout) == 100000
+
+
+def _boom():
+    raise ValueError("moe: a kernel refused its shape")
+
+
+@pytest.mark.parametrize("main,rc,err", [
+    (lambda: 4, 4, ""),
+    (lambda: None, 0, ""),
+    (_boom, 1, "ValueError: moe: a kernel refused its shape"),
+    (lambda: sys.exit(2), 2, ""),
+    (lambda: sys.exit("bad input"), 1, "bad input"),
+])
+def test_run_then_finish_ends_through_finish_even_when_main_raises(monkeypatch, capsys, main,
+                                                                   rc, err):
+    _fake_driver(monkeypatch, True)
+    monkeypatch.setattr(shutdown.os, "_exit", lambda rc: (_ for _ in ()).throw(_Exited(rc)))
+    with pytest.raises(_Exited) as e:
+        shutdown.run_then_finish(main)
+    assert e.value.rc == rc
+    assert err in capsys.readouterr().err

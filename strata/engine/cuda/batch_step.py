@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from strata.cuda_kernels import batch_attention
 from strata.cuda_kernels.attention import decode_attention, n_splits
 from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
-from strata.cuda_kernels.batch_moe import batch_moe_decode
+from strata.cuda_kernels.batch_moe import batch_moe_decode, batch_moe_fits
 from strata.cuda_kernels.batch_tc import matvec_tc, tc_fits
 from strata.cuda_kernels.elementwise import add, embed, scatter_tokens
 from strata.cuda_kernels.intrinsics import SIMULATED
@@ -154,13 +154,15 @@ class BatchStep:
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in
         different formats (`MixedLayout`), through the single-token kernels row by row; else
-        all rows in the batched kernels' two launches."""
+        all rows in the batched kernels' two launches (row by row where a row's k h vectors
+        do not fit those kernels' shared memory)."""
         m, a = self.m, self.m.acts
         layout = m.layouts[il]
         store = dict(slot_table=a["slot_table"], cache=m.cache_bytes, slot_off=a["slot_off"],
                      host=m.host.device, host_off=a["host_off"], counters=a["hit_counts"],
                      stream=stream)
-        if n > 1 and not isinstance(layout, MixedLayout):
+        k = a["topk_ids"].shape[1]
+        if n > 1 and not isinstance(layout, MixedLayout) and batch_moe_fits(layout, k, n):
             batch_moe_decode(a["normed"][:n], a["topk_ids"][:n], a["topk_weights"][:n],
                              layer=il, layout=layout, h=a["moe_h"][:n], out=a["hidden"][:n],
                              accumulate=True, **store)

@@ -408,6 +408,6 @@ def run_split_cli(args, req) -> int:
 
 
 if __name__ == "__main__":
-    from strata.shutdown import finish
+    from strata.shutdown import run_then_finish
 
-    finish(main())
+    run_then_finish(main)
