@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", dest="log_level",
                    choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--gpu-mem", dest="gpu_mem", metavar="SIZE",
-                   help="CUDA: plan within this much VRAM (e.g. 24GiB), as on a smaller card")
+                   help="CUDA: plan within this much VRAM (e.g. 24GiB), as on a smaller card; "
+                        "several sizes (12GiB,16GiB) split the layers over GPUs 0, 1, ...")
     p.add_argument("--no-graph", dest="no_graph", action="store_true", default=None,
                    help="CUDA: launch decode kernels one by one instead of replaying graphs")
     from strata.plan.knobs import add_engine_knobs
@@ -45,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # weights), --max-context (per sequence) and the CUDA plan's VRAM knobs. Their defaults are
     # None here so a config file's values are not overridden by defaults.
     add_engine_knobs(p)
+    from strata.plan.split.knobs import add_split_knobs
+    # several GPUs named (--gpus 0,1 or several --gpu-mem sizes): a layer split, one sequence at
+    # a time; unlike generate, several visible GPUs alone do not split (strata.serve.engines)
+    add_split_knobs(p, gpus_help="the GPU to serve from (default 0), or several to split the "
+                                  "layers over, in stage order (one sequence at a time)")
+    p.set_defaults(gpus=None, layer_split=None, cover_b=None, no_helper_tiers=None,
+                   no_carve=None, stage_cache=None, gpu_bandwidth=None, handoff=None)
     p.set_defaults(max_context=None, kv=None, kv_resident=None, prefill=None, expert_cache=None,
                    vram_reserve_mib=None, ring_mib=None, spec=None, batch=None,
                    no_prefill_borrow=None, embd_on_gpu=None, lend_pct=None,

@@ -78,3 +78,37 @@ class PerSlotEngines:
 
     def release(self, slot: int) -> None:
         self._engine(slot).reset()
+
+
+class SplitSlot(PerSlotEngines):
+    """One slot over a layer split's `SplitEngine`: one sequence at a time over several GPUs.
+    Its decode hit counters live on the GPUs; the worker's thread copies them to the host every
+    `HIT_EVERY` steps and when a sequence ends, so `hit_counts()` (read by the metrics from
+    HTTP threads) never touches a GPU."""
+
+    HIT_EVERY = 16
+
+    def __init__(self, engine: Any):
+        super().__init__(lambda: engine, 1)
+        self.engine = engine
+        self._hits = np.zeros((engine.shape.n_layer, 2), np.int64)
+        self._steps = 0
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        out = super().decode(slots, tokens)
+        self._steps += 1
+        if self._steps % self.HIT_EVERY == 0:
+            self._read_hits()
+        return out
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self._read_hits()
+
+    def _read_hits(self) -> None:
+        self._hits = np.array(self.engine.hits().counts)
+
+    def hit_counts(self) -> np.ndarray:
+        """The per-layer decode [hits, misses] counters (cumulative) as of the last copy:
+        int64 [L, 2], a host array."""
+        return np.array(self._hits)

@@ -28,7 +28,8 @@ class ServeConfig:
     """The server's knobs. `model` is the GGUF path; `batch` is how many sequences decode
     together (one slot each); `max_context` caps each sequence (None: the engine's default).
     The CUDA backend's plan knobs (`kv` .. `profile`, `gpu_mem`, `no_graph`) mean what they mean
-    for `strata plan` / `generate`, per sequence; the CPU backend reads none of them."""
+    for `strata plan` / `generate`, per sequence, and so do the layer split's (`gpus` ..
+    `handoff`); the CPU backend reads none of them."""
 
     model: str
     host: str = "127.0.0.1"
@@ -57,6 +58,16 @@ class ServeConfig:
     lend_pct: int | None = None
     lend_floor_slots: int | None = None
     profile: str | None = None
+    # a layer split (`strata.engine.multi`): only where `gpus` names several GPUs or `gpu_mem`
+    # gives several sizes; one sequence at a time (batch 1)
+    gpus: str | None = None
+    layer_split: str = "auto"
+    cover_b: float | None = None
+    no_helper_tiers: bool = False
+    no_carve: bool = False
+    stage_cache: str | None = None
+    gpu_bandwidth: str | None = None
+    handoff: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -102,6 +113,10 @@ def _check_type(key: str, value: Any, declared: str) -> Any:
     elif declared.startswith("int"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ServeConfigError(f"{key}: expected an integer, got {value!r}")
+    elif declared.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ServeConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
     elif declared.startswith("str"):
         if not isinstance(value, str):
             raise ServeConfigError(f"{key}: expected a string, got {value!r}")
@@ -154,9 +169,11 @@ def build_config(cli: dict[str, Any], config_file: str | None, *,
     return ServeConfig(**merged)
 
 
+SPLIT_KNOBS = ("gpus", "layer_split", "cover_b", "no_helper_tiers", "no_carve", "stage_cache",
+               "gpu_bandwidth", "handoff")
 PLAN_KNOBS = ("gpu_mem", "no_graph", "kv", "kv_resident", "prefill", "expert_cache",
               "vram_reserve_mib", "ring_mib", "no_prefill_borrow", "embd_on_gpu", "lend_pct",
-              "lend_floor_slots", "profile")
+              "lend_floor_slots", "profile") + SPLIT_KNOBS
 
 
 def plan_knobs_set(config: ServeConfig) -> list[str]:

@@ -2,7 +2,8 @@
 
 CUDA: one `CudaBatchEngine` planned for `--batch N` sequences of `--max-context` tokens each
 with the plan knobs (`--gpu-mem` a budget cap): decode steps of all running sequences share one
-pass over the weights. Any other backend: one single-sequence engine per slot
+pass over the weights. With several GPUs named (`--gpus 0,1` or several `--gpu-mem` sizes): a
+layer split's `SplitEngine`, one sequence at a time. Any other backend: one single-sequence engine per slot
 (`PerSlotEngines`), whose decode steps run the slots one after another.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.serve.batch import PerSlotEngines
-from strata.serve.config import ServeConfig, plan_knobs_set
+from strata.serve.config import SPLIT_KNOBS, ServeConfig, ServeConfigError, plan_knobs_set
 
 log = logging.getLogger("strata.serve")
 
@@ -45,15 +46,67 @@ def plan_options(config: ServeConfig):
     return options_from_args(ns)
 
 
+def split_args(config: ServeConfig) -> argparse.Namespace:
+    """The GPU and split knobs as `strata generate`'s flags (`strata.engine.multi.request`)."""
+    return argparse.Namespace(**{k: getattr(config, k) for k in ("gpu_mem",) + SPLIT_KNOBS})
+
+
+def gpu_choice(config: ServeConfig, n_visible: int):
+    """The GPUs the server runs on (a `GpuRequest`). Unlike `generate`, several visible GPUs
+    alone do not split: `strata serve` batches sequences on one GPU (GPU 0, or the one `gpus`
+    names) unless `gpus` names several or `gpu_mem` gives several sizes. A split serves one
+    sequence at a time, so it refuses `batch` > 1."""
+    from strata.engine.multi.request import gpu_request, gpu_sizes, split_flags_given
+    from strata.plan.split.options import parse_gpus
+
+    ns = split_args(config)
+    ids = parse_gpus(config.gpus) if config.gpus else None
+    several = (ids is not None and len(ids) > 1) or len(gpu_sizes(config.gpu_mem) or []) > 1
+    if not several:
+        given = split_flags_given(ns)
+        if given:
+            raise ServeConfigError(f"{', '.join(given)}: a layer split's knobs, and the server "
+                                   f"runs on one GPU (name several with --gpus I,J,...)")
+        ns.gpus = str(ids[0] if ids else 0)
+    req = gpu_request(ns, n_visible)
+    if req.is_split and config.batch > 1:
+        raise ServeConfigError(f"--batch {config.batch}: a layer split over GPUs "
+                               f"{','.join(map(str, req.devices))} serves one sequence at a "
+                               f"time (drop --batch, or serve from one GPU with --gpus I)")
+    return req
+
+
 def _cuda(config: ServeConfig, model_file: Any) -> Built:
     from strata.engine.cuda.batch import batch_options, load_batch
-    from strata.plan.devices import parse_size
+    from strata.engine.multi.request import visible_gpus
 
+    req = gpu_choice(config, visible_gpus())
+    if req.is_split:
+        return _split(config, model_file, req)
     options = batch_options(model_file, config.batch, plan_options(config),
-                            gpu_mem=parse_size(config.gpu_mem) if config.gpu_mem else None,
+                            gpu_mem=req.gpu_mem[0], device=req.devices[0],
                             graph=not config.no_graph, profile_path=config.profile)
     engine = load_batch(model_file, options, log=lambda text: print(text, file=sys.stderr))
     return Built("cuda", engine, engine.m.plan)
+
+
+def _split(config: ServeConfig, model_file: Any, req) -> Built:
+    """One `SplitEngine` over the request's GPUs behind a one-slot `SplitSlot`."""
+    import dataclasses
+
+    from strata.engine.cuda.batch import default_context
+    from strata.engine.cuda.options import CudaOptions
+    from strata.engine.multi.request import open_split
+    from strata.serve.batch import SplitSlot
+
+    plan = plan_options(config)
+    if plan.max_context is None:
+        plan = dataclasses.replace(plan, max_context=default_context(model_file))
+    options = CudaOptions(plan=plan, device=req.devices[0], graph=not config.no_graph,
+                          profile_path=config.profile)
+    engine = open_split(model_file, options, req, use_graph=not config.no_graph,
+                        log=lambda text: print(text, file=sys.stderr))
+    return Built("cuda-split", SplitSlot(engine), engine.sm.plan)
 
 
 def build_engine(config: ServeConfig, model_file: Any) -> Built:

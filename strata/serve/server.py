@@ -63,8 +63,12 @@ def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], 
         def hit_rates() -> dict[int, float] | None:
             if counts is None:
                 return None
-            hits, misses = (int(v) for v in counts().sum(axis=0))
-            return {0: hits / (hits + misses)} if hits + misses else None
+            c, out = counts(), {}  # [n_layer, 2]: each GPU's rate over the layers it runs
+            for d in plan.devices:
+                hits, misses = (int(v) for v in c[d.layers[0]:d.layers[1]].sum(axis=0))
+                if hits + misses:
+                    out[d.device.index] = hits / (hits + misses)
+            return out or None
         return lambda: plan_reports(plan, hit_rates=hit_rates())
     engines = getattr(engine, "engines", ())
     report = cpu_report(weights_bytes, engines)

@@ -187,3 +187,30 @@ def test_generate_over_the_gpus(setup, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert (f'"backend": "{"cuda-split" if two else "cuda"}"') in out
+
+
+def test_serve_over_two_gpus_gives_the_split_tokens(setup):
+    """`strata serve --gpus 0,1`: the server's engine is a one-slot split, and its worker's
+    greedy tokens are the split engine's."""
+    from numba import cuda
+
+    from strata.bench.serve_batch import run_clients
+    from strata.plan.split import SplitOptions
+    from strata.serve.config import ServeConfig
+    from strata.serve.engines import build_engine
+
+    if len(cuda.gpus) < 2:
+        pytest.skip("needs two GPUs: the server names distinct GPUs")
+    path, mf, devices, store = setup
+    sm, _, want = _split_run(mf, devices, store, SplitOptions(cuts=(2,), stage_cache=(9, 9)))
+    sm.close()
+    built = build_engine(ServeConfig(model=str(path), gpus="0,1", gpu_mem="1GiB",
+                                     max_context=256, layer_split="2", ring_mib=1), mf)
+    assert built.backend == "cuda-split" and built.engine.n_slots == 1
+    assert [d.device.index for d in built.plan.devices] == [0, 1]
+    try:
+        clients = run_clients(built.engine, [PROMPT, PROMPT], 6)
+        assert [c.tokens for c in clients] == [want, want]
+        assert built.engine.hit_counts().sum() > 0
+    finally:
+        built.engine.engine.close()

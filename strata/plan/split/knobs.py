@@ -19,11 +19,11 @@ from strata.plan.split.options import (
 CARVE_ENV = "STRATA_WEIGHT_CARVE"  # 0: every stage loads every layer's dense weights (the A/B)
 
 
-def add_split_knobs(p: argparse.ArgumentParser) -> None:
+def add_split_knobs(p: argparse.ArgumentParser, *, gpus_help: str | None = None) -> None:
     g = p.add_argument_group("multi-GPU layer split")
     g.add_argument("--gpus", metavar="I,J,...",
-                   help="GPUs to split the layers over, in stage order (default: all; with "
-                        "--gpu-mem, indices into its sizes)")
+                   help=gpus_help or "GPUs to split the layers over, in stage order (default: "
+                        "all; with --gpu-mem, indices into its sizes)")
     g.add_argument("--layer-split", default="auto", metavar="auto|L1,L2,...",
                    help="auto (search every contiguous placement) or the first layer of the "
                         "second, third, ... stage")
