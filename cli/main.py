@@ -63,10 +63,8 @@ def _run_module(argv: list[str]) -> int:
     try:
         runpy.run_module(name, run_name="__main__", alter_sys=True)
     except SystemExit as e:  # the module's own exit status, as python -m would give it
-        if e.code is None or isinstance(e.code, int):
-            return int(e.code or 0)
-        print(e.code, file=sys.stderr)
-        return 1
+        from strata.shutdown import exit_status
+        return exit_status(e)
     return 0
 
 

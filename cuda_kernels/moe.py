@@ -496,12 +496,10 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
     if dn_lanes is not None:
-        n_group = down_group(k, lambda g: lanes_fit(dn_lanes, g * layout.n_ff))
+        n_group = down_group(k, layout.n_ff, lambda g: lanes_fit(dn_lanes, g * layout.n_ff))
     else:
-        n_group = down_group(k, lambda g: staged_bytes(g * layout.n_ff // 32) <= MAX_STAGED_BYTES)
-    if n_group == 0:
-        raise ValueError(f"moe: n_ff = {layout.n_ff} values of one expert's h exceed the "
-                         f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
+        n_group = down_group(k, layout.n_ff,
+                             lambda g: staged_bytes(g * layout.n_ff // 32) <= MAX_STAGED_BYTES)
     h1 = h.reshape(h.size)
     where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
     if gu_lanes is not None:
@@ -520,25 +518,35 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             staged_bytes(layout.n_embd // 32)](
             x, ids, *where, miss_list, counters, layout.gate_row_bytes, layout.n_embd // 32,
             layout.n_ff, layout.up_off, h1, device_table(gu_fmt))
-    for j0 in range(0, k, n_group):  # the experts whose h fits the down kernel's shared memory
-        j1 = min(k, j0 + n_group)
-        g_ids, g_wts = (ids, weights) if n_group >= k else (ids[j0:j1], weights[j0:j1])
-        g_h = h1 if n_group >= k else h1[j0 * layout.n_ff:j1 * layout.n_ff]
-        _down(g_h, g_ids, g_wts, j1 - j0, where, layout, dn_fmt, dn_lanes,
-              accumulate or j0 > 0, out, stream, rows)
+    for g_ids, g_wts, g_h, g_k, first in expert_groups(ids, weights, h1, layout.n_ff, n_group):
+        _down(g_h, g_ids, g_wts, g_k, where, layout, dn_fmt, dn_lanes, accumulate or not first,
+              out, stream, rows)
 
 
-def down_group(k: int, fits) -> int:
+def down_group(k: int, n_ff: int, fits) -> int:
     """Experts per down launch: all k where their h fits the kernel's shared memory, else as
-    few launches as fit, shared evenly (0 where one expert's h does not fit). Qwen3-235B's
-    8 x 1536 f32 h is 48 KiB: two launches of four, the second adding into the first's output."""
+    few launches as fit, shared evenly. Qwen3-235B's 8 x 1536 f32 h is 48 KiB: two launches of
+    four, the second adding into the first's output. ValueError where one expert's does not."""
     g = k
     while g > 0 and not fits(g):
         g -= 1
     if g == 0:
-        return 0
+        raise ValueError(f"moe: n_ff = {n_ff} values of one expert's h exceed the "
+                         f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
     n_launch = -(-k // g)
     return -(-k // n_launch)
+
+
+def expert_groups(ids, weights, h1, n_ff: int, n_group: int):
+    """(ids, weights, h, k, first) of each down launch: views of n_group experts at a time
+    (the arrays themselves where one launch takes all k: a device slice costs host time)."""
+    k = ids.shape[0]
+    if n_group >= k:
+        yield ids, weights, h1, k, True
+        return
+    for j0 in range(0, k, n_group):
+        j1 = min(k, j0 + n_group)
+        yield ids[j0:j1], weights[j0:j1], h1[j0 * n_ff:j1 * n_ff], j1 - j0, j0 == 0
 
 
 def _down(h1, ids, weights, k, where, layout, dn_fmt, dn_lanes, accumulate, out, stream, rows):

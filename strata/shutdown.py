@@ -37,6 +37,15 @@ def finish(rc: int) -> None:
     sys.exit(rc)
 
 
+def exit_status(e: SystemExit) -> int:
+    """The status a SystemExit stands for, as `python -m` gives it: its code (None: 0), else 1
+    with the message printed."""
+    if e.code is None or isinstance(e.code, int):
+        return int(e.code or 0)
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 def run_then_finish(main: Callable[[], int | None]) -> None:
     """Run `main` and end the process through `finish` whatever happens: its status; a
     SystemExit's; 1 with the traceback printed where it raised (without this, an error after
@@ -44,11 +53,7 @@ def run_then_finish(main: Callable[[], int | None]) -> None:
     try:
         rc = main()
     except SystemExit as e:
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)
-            rc = 1
-        else:
-            rc = e.code
+        rc = exit_status(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         rc = 130

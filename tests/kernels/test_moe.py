@@ -8,7 +8,14 @@ import pytest
 from helpers.kernel_blocks import random_rows, reference
 from strata.cuda_kernels.lanes import lane_format
 from strata.cuda_kernels.matvec import LANE_WARPS, lane_split, lanes_fit
-from strata.cuda_kernels.moe import WARPS, ExpertLayout, _moe_decode, down_group, moe_decode
+from strata.cuda_kernels.moe import (
+    WARPS,
+    ExpertLayout,
+    _moe_decode,
+    down_group,
+    expert_groups,
+    moe_decode,
+)
 from strata.cuda_kernels.qformats import get_format
 
 
@@ -107,9 +114,18 @@ def test_moe_refuses_one_expert_h_larger_than_shared_memory():
 
 
 def test_down_group_takes_the_most_experts_that_fit():
-    assert down_group(8, lambda g: g <= 7) == 4  # two launches, shared evenly
-    assert down_group(8, lambda g: g <= 3) == 3  # three launches: 3, 3, 2
-    assert down_group(8, lambda g: True) == 8 and down_group(3, lambda g: False) == 0
+    assert down_group(8, 1536, lambda g: g <= 7) == 4  # two launches, shared evenly
+    assert down_group(8, 1536, lambda g: g <= 3) == 3  # three launches: 3, 3, 2
+    assert down_group(8, 1536, lambda g: True) == 8
+    with pytest.raises(ValueError, match="n_ff = 1536 values of one expert's h exceed"):
+        down_group(3, 1536, lambda g: False)
+    ids, w, h = np.arange(8), np.arange(8) * 0.5, np.arange(8 * 4)
+    groups = list(expert_groups(ids, w, h, 4, 3))
+    assert [(g[0].tolist(), g[3], g[4]) for g in groups] == [
+        ([0, 1, 2], 3, True), ([3, 4, 5], 3, False), ([6, 7], 2, False)]
+    assert groups[2][2].tolist() == list(range(24, 32)) and groups[1][1].tolist() == [1.5, 2, 2.5]
+    (whole,) = expert_groups(ids, w, h, 4, 8)  # one launch: the arrays themselves
+    assert whole[0] is ids and whole[2] is h and whole[3:] == (8, True)
 
 
 @pytest.mark.parametrize("gu,dn,n_embd,cpu_misses", [

@@ -31,7 +31,7 @@ from strata.cuda_kernels.launch import (
     register_ptx,
 )
 from strata.cuda_kernels.matmul import QuantWeights, moe_down
-from strata.cuda_kernels.moe import MAX_STAGED_BYTES, down_group, resolve
+from strata.cuda_kernels.moe import MAX_STAGED_BYTES, down_group, expert_groups, resolve
 from strata.cuda_kernels.qformats import FORMATS, get_format
 from strata.cuda_kernels.xstage import XPAD, stage_x, staged_bytes
 
@@ -187,18 +187,14 @@ def moe_decode_mixed(x, ids, weights, *, layer: int, layout: MixedLayout, slot_t
         x, ids, *where, miss_list, counters, layout.gate_row_bytes, layout.up_row_bytes,
         n_groups, layout.n_ff, layout.up_off, h1, device_table(fg), device_table(fu))
     n_groups = layout.n_ff // 32
-    n_group = down_group(k, lambda g: staged_bytes(g * n_groups) <= MAX_STAGED_BYTES)
-    if n_group == 0:
-        raise ValueError(f"moe: n_ff = {layout.n_ff} values of one expert's h exceed the "
-                         f"{MAX_STAGED_BYTES} B of shared memory the down kernel stages")
-    for j0 in range(0, k, n_group):  # each launch adds its experts into out
-        j1 = min(k, j0 + n_group)
-        g_ids, g_wts, g_h = ((ids, weights, h1) if n_group >= k else
-                             (ids[j0:j1], weights[j0:j1], h1[j0 * layout.n_ff:j1 * layout.n_ff]))
+    n_group = down_group(k, layout.n_ff,
+                         lambda g: staged_bytes(g * n_groups) <= MAX_STAGED_BYTES)
+    for g_ids, g_wts, g_h, g_k, _ in expert_groups(ids, weights, h1, layout.n_ff, n_group):
+        # each launch adds its experts into out
         _kernel("down", fd.ggml_type)[n_blocks(layout.n_embd, WARPS), THREADS, stream,
-                                      staged_bytes((j1 - j0) * n_groups)](
-            g_h, g_ids, g_wts, j1 - j0, *where, layout.down_off, layout.down_row_bytes,
-            n_groups, layout.n_embd, out, device_table(fd))
+                                      staged_bytes(g_k * n_groups)](
+            g_h, g_ids, g_wts, g_k, *where, layout.down_off, layout.down_row_bytes, n_groups,
+            layout.n_embd, out, device_table(fd))
 
 
 # -- prefill -----------------------------------------------------------------------------------
