@@ -22,7 +22,7 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
-from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, row_pair_steps,
+from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
@@ -41,6 +41,10 @@ LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
+# The most blocks a lane matvec launches: more row pairs than they hold go in rounds, so a
+# 151,936-row head stages x 512 times instead of 9,496 (two blocks an SM, two waves on an H200;
+# read at launch, so a benchmark can compare settings).
+LANE_GRID_BLOCKS = 2 * MIN_LANE_BLOCKS
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
@@ -146,8 +150,21 @@ def _batched(fmt, n_tok):
     return matvec_batch
 
 
+@cuda.jit(device=True, inline="always")
+def _pair_at(row0, n_rows, n_first, b3, n1, n3, normed):
+    """(which matrix 0/1/2, its first row of the pair at row space row0, its row count) of the
+    lane kernels' row space (see matvec_lanes); rows past the end land on the last matrix, past
+    its rows (read clamped, never written)."""
+    third = normed and row0 >= b3 and n3 > 0
+    if third:
+        return 2, row0 - b3, n3
+    if row0 >= n_first and n_first < n_rows:
+        return 1, row0 - n_first, n_rows - n_first
+    return 0, row0, (n1 if normed else n_first)
+
+
 def _lanes_single(lf: LaneFormat, normed: bool = False):
-    first, run = row_pair_steps(lf)
+    load_pair, dot_pair = pair_step(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
@@ -162,7 +179,10 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         # n_first = n_rows without W2, n3 = 0 without W3). Plain kernels take n1 = n_first
         # and no W3 (fewer registers). w*: rows of row_bytes, each of n_sb super-blocks; x:
         # [n_sb * sb_values] f32|f16; y* f32 (= or += W x); two rows per 1 << log warps
-        # (interleaved steps); dynamic shared: padded x [sums_off] f32, then (sums) its
+        # (interleaved steps). A grid smaller than the row pairs takes them in rounds: x
+        # staged once per block, and a warp's steps of all its pairs one stream of units, the
+        # next unit's loads (the next step, or the next pair's first) issued before the
+        # current one is dotted. Dynamic shared: padded x [sums_off] f32, then (sums) its
         # 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
         # vector is rmsnorm(x) * nw (every block computes the same scale); block 0 writes it
         # to xn where xn is not empty.
@@ -171,22 +191,22 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         xs = cuda.shared.array(0, types.float32)
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
-        row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + (warp >> log)) * 2
-        third = normed and row0 >= b3 and n3 > 0  # the same in the whole warp
-        second = row0 >= n_first and n_first < n_rows and not third
-        src = w2 if second else w
-        out = y2 if second else y
-        if second:
-            row0 -= n_first
-        n_here = n_rows - n_first if second else (n1 if normed else n_first)
-        if third:
-            src = w3
-            out = y3
-            row0 -= b3
-            n_here = n3
+        per_block = LANE_WARPS >> log
+        n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
+        stride = cuda.gridDim.x * per_block  # pairs a round of the grid takes
+        s_first = sub * per_step
+        s_stride = per_step << log
+        # units (steps) of a pair: the same for every warp of a block, one unit past the row
+        # for some where the steps do not split evenly (dotted as zero)
+        spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
+        r_first = cuda.blockIdx.x * per_block
+        n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
+        pair = r_first + (warp >> log)
+        m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
-        cur = first(src, off_a, off_b, n_sb, sub * per_step)   # in flight while x is staged
+        cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
+                        s_first)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         n_vals = n_sb * n_values
@@ -198,14 +218,42 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         else:
             stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
-        acc_a, acc_b = run(src, off_a, off_b, n_sb, cur, xs, sums_off, tab_s, sub * per_step,
-                           per_step << log)
-        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
-        if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-            if row0 < n_here:
-                out[row0] = out[row0] + acc_a if accumulate else acc_a
-            if row0 + 1 < n_here:
-                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+        acc_a = F0
+        acc_b = F0
+        j = 0
+        for _ in range(n_units):
+            s0 = s_first + j * s_stride
+            last = j + 1 == spp  # the pair's last unit: the same in the whole block
+            m1, row1, n_here1, off_a1, off_b1, s1 = m, row0, n_here, off_a, off_b, s0 + s_stride
+            if last:
+                m1, row1, n_here1 = _pair_at(2 * (pair + stride), n_rows, n_first, b3, n1, n3,
+                                             normed)
+                off_a1 = min(row1, n_here1 - 1) * row_bytes
+                off_b1 = min(row1 + 1, n_here1 - 1) * row_bytes
+                s1 = s_first
+            nxt = load_pair(w3 if m1 == 2 else (w2 if m1 == 1 else w), off_a1, off_b1, n_sb, s1)
+            da, db = dot_pair(cur, n_sb, s0, xs, sums_off, tab_s)
+            acc_a += da
+            acc_b += db
+            j += 1
+            if last:
+                acc_a = warp_sum(acc_a)
+                acc_b = warp_sum(acc_b)
+                if log > 0:
+                    acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+                    cuda.syncthreads()  # s_part read before the next pair writes it
+                if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+                    out = y3 if m == 2 else (y2 if m == 1 else y)
+                    if row0 < n_here:
+                        out[row0] = out[row0] + acc_a if accumulate else acc_a
+                    if row0 + 1 < n_here:
+                        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+                acc_a = F0
+                acc_b = F0
+                j = 0
+                pair += stride
+                m, row0, n_here, off_a, off_b = m1, row1, n_here1, off_a1, off_b1
+            cur = nxt
     return matvec_lanes
 
 
@@ -252,7 +300,8 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     log = lane_split(lf, 2 * n_pairs, n_sb)
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
-    kern[n_blocks(n_pairs, LANE_WARPS >> log), LANE_THREADS, stream, smem](
+    grid = min(n_blocks(n_pairs, LANE_WARPS >> log), LANE_GRID_BLOCKS)
+    kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         padded_len(n_cols, lf.pad), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))

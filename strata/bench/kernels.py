@@ -175,6 +175,9 @@ MATVEC_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S")
 MATVEC_SHAPES = (("4096x4096", 4096, 4096), ("8192x8192", 8192, 8192),
                  ("2048->4096", 4096, 2048), ("4096->2048", 2048, 4096),
                  ("2048->151936", 151936, 2048))  # (label, n_rows, n_cols)
+# lane matvec grid caps timed beside the default (`matvec.LANE_GRID_BLOCKS`): one wave of two
+# blocks an SM, and no cap (a warp a row pair: the grid before rounds)
+LANE_GRID_AB = (256, 1 << 30)
 
 
 def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.ndarray:
@@ -187,9 +190,11 @@ def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.nda
 
 @bench("matvec")
 def matvec_group(ctx: Ctx) -> list[Result]:
+    from strata.cuda_kernels import matvec as mv
+    from strata.cuda_kernels.lanes import lane_format
     from strata.cuda_kernels.matvec import matvec
-    out = []
     from strata.cuda_kernels.qformats import get_format
+    out = []
     n_max = max(r * c for _, r, c in MATVEC_SHAPES)
     for name in MATVEC_FORMATS:
         # one random tensor per format; each shape rotates copies of a prefix of it
@@ -208,8 +213,20 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                     for v in views:
                         matvec(v, name, x, y, stream=s)
             us = ctx.time_graph(record, rounds * n_copies)
+            extra = {}
+            if lane_format(get_format(name).ggml_type) is not None:
+                # the lane kernel's grid settings: the default cap against others (rounds of
+                # row pairs against a warp a pair)
+                default = mv.LANE_GRID_BLOCKS
+                for cap in LANE_GRID_AB:
+                    mv.LANE_GRID_BLOCKS = cap
+                    try:
+                        extra[f"us at grid cap {cap}"] = round(
+                            ctx.time_graph(record, rounds * n_copies), 2)
+                    finally:
+                        mv.LANE_GRID_BLOCKS = default
             out.append(Result("matvec", f"matvec {name}", label, us,
-                              w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70))
+                              w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70, extra))
             del dev, views
         del big
     return out

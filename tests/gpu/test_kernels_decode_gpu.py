@@ -78,6 +78,29 @@ def test_dequant_and_matvec(name):
                ref @ xh.astype(np.float64))
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_matvec_in_rounds_full_size(name, monkeypatch):
+    """A head-like matrix (24,575 rows: 12,288 row pairs, more than the capped grid's 4,096
+    warps) goes through its row pairs in rounds: equal to the reference, and bit for bit to a
+    grid of one pair a warp."""
+    from strata.cuda_kernels import matvec as mv
+    cuda = _cuda()
+    rng = np.random.default_rng()
+    n_rows, n_cols = 24575, 2048
+    rows = random_rows(name, n_rows, n_cols, rng)
+    w = cuda.to_device(rows)
+    x = cuda.to_device(rng.standard_normal(n_cols).astype(np.float32))
+    y = _poisoned(n_rows)
+    mv.matvec(w, name, x, y)
+    got = y.copy_to_host()
+    _check(f"matvec rounds {name}", (n_rows, n_cols), got,
+           reference(name, rows, n_cols) @ x.copy_to_host().astype(np.float64))
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1 << 30)
+    y1 = _poisoned(n_rows)
+    mv.matvec(w, name, x, y1)
+    assert np.array_equal(y1.copy_to_host(), got)
+
+
 @pytest.mark.parametrize("cpu_misses", [False, True])
 def test_moe_decode_30b_shape(cpu_misses):
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode

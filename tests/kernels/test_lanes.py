@@ -165,3 +165,33 @@ def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
     y = np.full(2, np.nan, np.float32)
     mv.matvec(rows, "Q4_K", x, y)
     assert _rel(y, reference("Q4_K", rows, n_cols) @ x.astype(np.float64)) < 1e-5
+
+
+# (format, n_rows, n_cols, grid cap): more row pairs than the grid's warps, so warps go through
+# pairs in rounds, the last round part empty: rows of one step (Q4_K 2048), and rows of several
+# steps whose warps share a pair (IQ4_XS 4096: four warps a pair; Q4_K 4096: two; Q6_K 3072:
+# two warps over three steps, one unit of the second past the row)
+ROUNDS = [("Q4_K", 37, 512, 1), ("Q4_K", 35, 2048, 2), ("Q6_K", 41, 1024, 1),
+          ("Q8_0", 19, 96, 1), ("IQ4_XS", 21, 4096, 1), ("Q4_K", 35, 4096, 2),
+          ("Q6_K", 9, 3072, 1)]
+
+
+@pytest.mark.parametrize("name,n_rows,n_cols,cap", ROUNDS)
+def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monkeypatch):
+    """A grid capped below the row pairs (LANE_GRID_BLOCKS) goes through them in rounds: the
+    same sums, bit for bit, as a grid of one pair per warp, and equal to the reference; y +=
+    in rounds adds each row once."""
+    rng = np.random.default_rng(n_rows + n_cols)
+    rows = random_rows(name, n_rows, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    y_one = np.full(n_rows, np.nan, np.float32)
+    mv.matvec(rows, name, x, y_one)
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
+    y = np.full(n_rows, np.nan, np.float32)
+    mv.matvec(rows, name, x, y)
+    assert np.array_equal(y, y_one)
+    assert _rel(y, reference(name, rows, n_cols) @ x.astype(np.float64)) < 1e-5
+    base = rng.standard_normal(n_rows).astype(np.float32)
+    acc = base.copy()
+    mv.matvec(rows, name, x, acc, accumulate=True)
+    assert np.array_equal(acc, base + y_one)

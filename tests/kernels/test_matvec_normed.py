@@ -146,3 +146,24 @@ def test_matvec_normed_refuses_bad_arguments():
         matvec_normed(x, nw, EPS, [(w, "Q4_K", y), (w, "Q4_K", y[:0])])
     with pytest.raises(ValueError, match=r"mats\[0\] y: dtype float64"):
         matvec_normed(x, nw, EPS, [(w, "Q4_K", y.astype(np.float64))])
+
+
+def test_matvec_normed_in_rounds(monkeypatch):
+    """Three matrices (odd rows) through a grid of one block: the warps go through the row
+    pairs of all three in rounds, each written to its own output once, as with a full grid."""
+    name, n_cols, rows_each = "Q4_K", 256, (9, 5, 7)   # 8 + 3 + 4 pairs over one block's 8
+    rng = np.random.default_rng(5)
+    x, nw = _inputs(rng, n_cols)
+    mats = _mats(name, rows_each, n_cols, rng)
+
+    def run():
+        ys = [np.full(n, np.nan, np.float32) for n in rows_each]
+        matvec_normed(x, nw, EPS, [(w, name, y) for (w, _), y in zip(mats, ys)])
+        return ys
+    full = run()
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1)
+    rounds = run()
+    want_xn = _rmsnorm64(x, nw)
+    for (_, ref), y, y_full in zip(mats, rounds, full):
+        assert np.array_equal(y, y_full)
+        assert _rel(y, ref @ want_xn) < 1e-5
