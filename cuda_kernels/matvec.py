@@ -42,9 +42,10 @@ PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per wa
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
 # The most blocks a lane matvec launches: more row pairs than they hold go in rounds, so a
-# 151,936-row head stages x 512 times instead of 9,496 (two blocks an SM, two waves on an H200;
-# read at launch, so a benchmark can compare settings).
-LANE_GRID_BLOCKS = 2 * MIN_LANE_BLOCKS
+# 151,936-row head stages x 256 times instead of 9,496. On the H200 256 beat 512 and no cap at
+# every shape that has rounds (`2026-12-01_kernels_matvec_rounds.json`). Read at launch, so a
+# benchmark can compare settings.
+LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
@@ -218,20 +219,27 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         else:
             stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
+        # (m_ld, off_a, off_b): where the warp loads, its last real pair's rows once it is past
+        # n_pairs (a load of a row past the end would cost every warp an L2 round trip);
+        # (m, row0, n_here): where it writes, past the rows then (nothing written)
+        m_ld = m
         acc_a = F0
         acc_b = F0
         j = 0
         for _ in range(n_units):
             s0 = s_first + j * s_stride
             last = j + 1 == spp  # the pair's last unit: the same in the whole block
-            m1, row1, n_here1, off_a1, off_b1, s1 = m, row0, n_here, off_a, off_b, s0 + s_stride
+            m_ld1, off_a1, off_b1, s1 = m_ld, off_a, off_b, s0 + s_stride
             if last:
+                s1 = s_first
                 m1, row1, n_here1 = _pair_at(2 * (pair + stride), n_rows, n_first, b3, n1, n3,
                                              normed)
-                off_a1 = min(row1, n_here1 - 1) * row_bytes
-                off_b1 = min(row1 + 1, n_here1 - 1) * row_bytes
-                s1 = s_first
-            nxt = load_pair(w3 if m1 == 2 else (w2 if m1 == 1 else w), off_a1, off_b1, n_sb, s1)
+                if pair + stride < n_pairs:  # else this pair's first step again (cached)
+                    m_ld1 = m1
+                    off_a1 = min(row1, n_here1 - 1) * row_bytes
+                    off_b1 = min(row1 + 1, n_here1 - 1) * row_bytes
+            nxt = load_pair(w3 if m_ld1 == 2 else (w2 if m_ld1 == 1 else w), off_a1, off_b1,
+                            n_sb, s1)
             da, db = dot_pair(cur, n_sb, s0, xs, sums_off, tab_s)
             acc_a += da
             acc_b += db
@@ -252,7 +260,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
                 acc_b = F0
                 j = 0
                 pair += stride
-                m, row0, n_here, off_a, off_b = m1, row1, n_here1, off_a1, off_b1
+                m, row0, n_here = m1, row1, n_here1
+                m_ld, off_a, off_b = m_ld1, off_a1, off_b1
             cur = nxt
     return matvec_lanes
 

@@ -175,9 +175,9 @@ MATVEC_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S")
 MATVEC_SHAPES = (("4096x4096", 4096, 4096), ("8192x8192", 8192, 8192),
                  ("2048->4096", 4096, 2048), ("4096->2048", 2048, 4096),
                  ("2048->151936", 151936, 2048))  # (label, n_rows, n_cols)
-# lane matvec grid caps timed beside the default (`matvec.LANE_GRID_BLOCKS`): one wave of two
+# lane matvec grid caps timed beside the default (`matvec.LANE_GRID_BLOCKS`): two waves of two
 # blocks an SM, and no cap (a warp a row pair: the grid before rounds)
-LANE_GRID_AB = (256, 1 << 30)
+LANE_GRID_AB = (512, 1 << 30)
 
 
 def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.ndarray:
