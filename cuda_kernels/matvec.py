@@ -23,7 +23,7 @@ from numba import cuda, from_dtype, types
 
 from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
-                    split_log)
+                    row_pair_steps, split_log)
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
@@ -41,10 +41,11 @@ LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
-# The most blocks a lane matvec launches: more row pairs than they hold go in rounds, so a
-# 151,936-row head stages x 256 times instead of 9,496. On the H200 256 beat 512 and no cap at
-# every shape that has rounds (`2026-12-01_kernels_matvec_rounds.json`). Read at launch, so a
-# benchmark can compare settings.
+# The most blocks a lane matvec launches: more row pairs than they hold go in rounds (the
+# `rounds` kernel), so a 151,936-row head stages x 256 times instead of 9,496. On the H200 a
+# cap of 256 beat 512 at every shape with rounds (`2026-12-01_kernels_matvec_rounds.json`).
+# Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
+# against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
@@ -164,8 +165,18 @@ def _pair_at(row0, n_rows, n_first, b3, n1, n3, normed):
     return 0, row0, (n1 if normed else n_first)
 
 
-def _lanes_single(lf: LaneFormat, normed: bool = False):
+@cuda.jit(device=True, inline="always")
+def _put_pair(out, row0, n_here, acc_a, acc_b, accumulate):
+    """A row pair's sums into out (rows past n_here left out)."""
+    if row0 < n_here:
+        out[row0] = out[row0] + acc_a if accumulate else acc_a
+    if row0 + 1 < n_here:
+        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+
+
+def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     load_pair, dot_pair = pair_step(lf)
+    _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
@@ -180,10 +191,11 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         # n_first = n_rows without W2, n3 = 0 without W3). Plain kernels take n1 = n_first
         # and no W3 (fewer registers). w*: rows of row_bytes, each of n_sb super-blocks; x:
         # [n_sb * sb_values] f32|f16; y* f32 (= or += W x); two rows per 1 << log warps
-        # (interleaved steps). A grid smaller than the row pairs takes them in rounds: x
-        # staged once per block, and a warp's steps of all its pairs one stream of units, the
-        # next unit's loads (the next step, or the next pair's first) issued before the
-        # current one is dotted. Dynamic shared: padded x [sums_off] f32, then (sums) its
+        # (interleaved steps). `rounds` (compile time): a grid smaller than the row pairs
+        # takes them in rounds, x staged once per block, a warp's steps of all its pairs one
+        # stream of units, the next unit's loads (the next step, or the next pair's first)
+        # issued before the current one is dotted; without, a warp a pair (fewer registers:
+        # more blocks an SM for some formats). Dynamic shared: padded x [sums_off] f32, then (sums) its
         # 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
         # vector is rmsnorm(x) * nw (every block computes the same scale); block 0 writes it
         # to xn where xn is not empty.
@@ -219,6 +231,14 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
         else:
             stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
+        if not rounds:
+            acc_a, acc_b = run(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb, cur,
+                               xs, sums_off, tab_s, s_first, s_stride)
+            acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+            if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+                _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
+                          accumulate)
+            return
         # (m_ld, off_a, off_b): where the warp loads, its last real pair's rows once it is past
         # n_pairs (a load of a row past the end would cost every warp an L2 round trip);
         # (m, row0, n_here): where it writes, past the rows then (nothing written)
@@ -251,11 +271,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False):
                     acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
                     cuda.syncthreads()  # s_part read before the next pair writes it
                 if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-                    out = y3 if m == 2 else (y2 if m == 1 else y)
-                    if row0 < n_here:
-                        out[row0] = out[row0] + acc_a if accumulate else acc_a
-                    if row0 + 1 < n_here:
-                        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+                    _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a,
+                              acc_b, accumulate)
                 acc_a = F0
                 acc_b = F0
                 j = 0
@@ -272,11 +289,11 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
     return padded_bytes(n_vals, lf.pad, lf.sums) + lf.table.nbytes <= MAX_SHARED_BYTES
 
 
-def _lanes_kernel(lf: LaneFormat, normed: bool = False):
-    key = (lf.ggml_type, -1 if normed else 0)
+def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+    key = (lf.ggml_type, -1 if normed else 0) + (("rounds",) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds)
     return k
 
 
@@ -293,7 +310,6 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     n_rows), ...) with n_rows >= 1: y = W x (`accumulate`: +=). norm = (norm_w, eps, xn):
     x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
     block 0 writes that vector, or an empty array)."""
-    kern = _lanes_kernel(lf, norm is not None)
     n_sb = n_cols // lf.sb_values
     x = flat(x)
     w, y, n1 = mats[0]
@@ -309,8 +325,10 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     log = lane_split(lf, 2 * n_pairs, n_sb)
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
-    grid = min(n_blocks(n_pairs, LANE_WARPS >> log), LANE_GRID_BLOCKS)
-    kern[grid, LANE_THREADS, stream, smem](
+    grid = n_blocks(n_pairs, LANE_WARPS >> log)
+    rounds = grid > LANE_GRID_BLOCKS
+    kern = _lanes_kernel(lf, norm is not None, rounds)
+    kern[min(grid, LANE_GRID_BLOCKS), LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         padded_len(n_cols, lf.pad), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))
@@ -416,24 +434,26 @@ for _f in FORMATS.values():
     register_ptx("matvec", f"matvec8_{_f.name}_f32", _ptx(_f, 8, types.float32))
 
 
-def _ptx_lanes(lf, x_type, normed=False):
+def _ptx_lanes(lf, x_type, normed=False, rounds=False):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed).py_func, (
+        return _lanes_single(lf, normed, rounds).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build
 
 
 for _lf in LANE_FORMATS.values():
-    register_ptx("matvec", f"matvec_lanes_{_lf.name}_f32", _ptx_lanes(_lf, types.float32),
-                 options=lane_jit_options(_lf))
-    register_ptx("matvec", f"matvec_lanes_normed_{_lf.name}", _ptx_lanes(_lf, types.float32,
-                                                                         True),
-                 options=lane_jit_options(_lf))
+    for _r, _tag in ((False, ""), (True, "_rounds")):  # both grids: a warp a pair, or rounds
+        register_ptx("matvec", f"matvec_lanes{_tag}_{_lf.name}_f32",
+                     _ptx_lanes(_lf, types.float32, rounds=_r), options=lane_jit_options(_lf))
+        register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_lf.name}",
+                     _ptx_lanes(_lf, types.float32, True, _r), options=lane_jit_options(_lf))
 _Q4K = lane_format(BY_NAME["Q4_K"].ggml_type)
-register_ptx("matvec", "matvec_lanes_Q4_K_f16", _ptx_lanes(_Q4K, types.float16),
-             options=lane_jit_options(_Q4K))
+for _r, _tag in ((False, ""), (True, "_rounds")):
+    register_ptx("matvec", f"matvec_lanes{_tag}_Q4_K_f16", _ptx_lanes(_Q4K, types.float16,
+                                                                       rounds=_r),
+                 options=lane_jit_options(_Q4K))
 for _n in range(2, MAX_TOKENS):
     register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))
