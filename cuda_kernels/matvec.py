@@ -47,6 +47,10 @@ MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (13
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
 # against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
+# Formats whose rounds measured slower than a warp a pair on the H200: IQ4_XS's rounds kernel
+# takes 80 registers against 64 (three blocks an SM against four): 8192x8192 25.4 against
+# 21.5 us, the 151,936-row head 105.4 against 103.4.
+NO_ROUNDS_FORMATS = frozenset({"IQ4_XS"})
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
@@ -326,9 +330,9 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = padded_bytes(n_cols, lf.pad, lf.sums)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
-    rounds = grid > LANE_GRID_BLOCKS
+    rounds = grid > LANE_GRID_BLOCKS and lf.name not in NO_ROUNDS_FORMATS
     kern = _lanes_kernel(lf, norm is not None, rounds)
-    kern[min(grid, LANE_GRID_BLOCKS), LANE_THREADS, stream, smem](
+    kern[min(grid, LANE_GRID_BLOCKS) if rounds else grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         padded_len(n_cols, lf.pad), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))
@@ -445,7 +449,7 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False):
 
 
 for _lf in LANE_FORMATS.values():
-    for _r, _tag in ((False, ""), (True, "_rounds")):  # both grids: a warp a pair, or rounds
+    for _r, _tag in ((False, ""), (True, "_rounds"))[:1 if _lf.name in NO_ROUNDS_FORMATS else 2]:
         register_ptx("matvec", f"matvec_lanes{_tag}_{_lf.name}_f32",
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=lane_jit_options(_lf))
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_lf.name}",

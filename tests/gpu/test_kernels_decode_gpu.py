@@ -81,8 +81,9 @@ def test_dequant_and_matvec(name):
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 def test_matvec_in_rounds_full_size(name, monkeypatch):
     """A head-like matrix (24,575 rows: 12,288 row pairs, more than the capped grid's 4,096
-    warps) goes through its row pairs in rounds: equal to the reference, and bit for bit to a
-    grid of one pair a warp."""
+    warps) goes through its row pairs in rounds: equal to the reference and to a grid of one
+    pair a warp (another kernel: the compiler fuses its multiply-adds differently, so the last
+    bit may differ; the simulator checks the two bit for bit)."""
     from strata.cuda_kernels import matvec as mv
     cuda = _cuda()
     rng = np.random.default_rng()
@@ -98,7 +99,8 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1 << 30)
     y1 = _poisoned(n_rows)
     mv.matvec(w, name, x, y1)
-    assert np.array_equal(y1.copy_to_host(), got)
+    one = y1.copy_to_host().astype(np.float64)
+    assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
 @pytest.mark.parametrize("cpu_misses", [False, True])
