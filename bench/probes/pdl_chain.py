@@ -15,23 +15,24 @@ from llvmlite import ir
 from cuda.bindings import driver as drv
 sys.path.insert(0, ".")
 from strata.cuda_kernels.intrinsics import ld_nc_u32x4
-from strata.cuda_kernels.graph import capture, _check, Graph, _stream_handle
+from strata.cuda_kernels.graph import _check, Graph, _stream_handle
 
-@intrinsic
-def grid_wait(typingctx):
-    def codegen(context, builder, sig, args):
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "griddepcontrol.wait;", "~{memory}", side_effect=True)
-        builder.call(asm, [])
-        return context.get_dummy_value()
-    return types.none(), codegen
+def _ptx_statement(text):
+    """An intrinsic emitting one PTX statement with side effects (a memory clobber)."""
+    @intrinsic
+    def statement(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text, "~{memory}",
+                               side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+        return types.none(), codegen
+    return statement
 
-@intrinsic
-def grid_release(typingctx):
-    def codegen(context, builder, sig, args):
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "griddepcontrol.launch_dependents;", "~{memory}", side_effect=True)
-        builder.call(asm, [])
-        return context.get_dummy_value()
-    return types.none(), codegen
+
+grid_wait = _ptx_statement("griddepcontrol.wait;")
+grid_release = _ptx_statement("griddepcontrol.launch_dependents;")
+
 
 def make(mode):
     @cuda.jit
