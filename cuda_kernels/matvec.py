@@ -199,8 +199,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         # takes them in rounds, x staged once per block, a warp's steps of all its pairs one
         # stream of units, the next unit's loads (the next step, or the next pair's first)
         # issued before the current one is dotted; without, a warp a pair (fewer registers:
-        # more blocks an SM for some formats). Dynamic shared: padded x [sums_off] f32, then (sums) its
-        # 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
+        # more blocks an SM for some formats). Dynamic shared: padded x [sums_off] f32, then
+        # (sums) its 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
         # vector is rmsnorm(x) * nw (every block computes the same scale); block 0 writes it
         # to xn where xn is not empty.
         tab_s = cuda.shared.array(n_tab, tab_type)
