@@ -42,8 +42,8 @@ PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per wa
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
 # The most blocks a lane matvec launches: more row pairs than they hold go in rounds (the
-# `rounds` kernel), so a 151,936-row head stages x 256 times instead of 9,496. On the H200 a
-# cap of 256 beat 512 at every shape with rounds (`2026-12-01_kernels_matvec_rounds.json`).
+# `rounds` kernel), so a 151,936-row head stages x 256 times instead of 9,496. On the H200 the
+# head took as long at a cap of 256 as at 512, within 1% (`2026-12-01_kernels_matvec_rounds.json`).
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
 # against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
@@ -200,25 +200,18 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         # stream of units, the next unit's loads (the next step, or the next pair's first)
         # issued before the current one is dotted; without, a warp a pair (fewer registers:
         # more blocks an SM for some formats). Dynamic shared: padded x [sums_off] f32, then
-        # (sums) its 16-value sums. `normed` (compile time): x is the raw f32 residual and the staged
-        # vector is rmsnorm(x) * nw (every block computes the same scale); block 0 writes it
-        # to xn where xn is not empty.
+        # (sums) its 16-value sums. `normed` (compile time): x is the raw f32 residual and
+        # the staged vector is rmsnorm(x) * nw (every block computes the same scale); block 0
+        # writes it to xn where xn is not empty.
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         xs = cuda.shared.array(0, types.float32)
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
         per_block = LANE_WARPS >> log
-        n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
-        stride = cuda.gridDim.x * per_block  # pairs a round of the grid takes
         s_first = sub * per_step
         s_stride = per_step << log
-        # units (steps) of a pair: the same for every warp of a block, one unit past the row
-        # for some where the steps do not split evenly (dotted as zero)
-        spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
-        r_first = cuda.blockIdx.x * per_block
-        n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
-        pair = r_first + (warp >> log)
+        pair = cuda.blockIdx.x * per_block + (warp >> log)
         m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
@@ -243,6 +236,13 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
                 _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
                           accumulate)
             return
+        n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
+        stride = cuda.gridDim.x * per_block  # pairs a round of the grid takes
+        # units (steps) of a pair: the same for every warp of a block, one unit past the row
+        # for some where the steps do not split evenly (dotted as zero)
+        spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
+        r_first = cuda.blockIdx.x * per_block
+        n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
         # (m_ld, off_a, off_b): where the warp loads, its last real pair's rows once it is past
         # n_pairs (a load of a row past the end would cost every warp an L2 round trip);
         # (m, row0, n_here): where it writes, past the rows then (nothing written)

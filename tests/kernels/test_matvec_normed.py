@@ -151,7 +151,7 @@ def test_matvec_normed_refuses_bad_arguments():
 def test_matvec_normed_in_rounds(monkeypatch):
     """Three matrices (odd rows) through a grid of one block: the warps go through the row
     pairs of all three in rounds, each written to its own output once, as with a full grid."""
-    name, n_cols, rows_each = "Q4_K", 256, (9, 5, 7)   # 8 + 3 + 4 pairs over one block's 8
+    name, n_cols, rows_each = "Q4_K", 256, (9, 5, 7)   # 5 + 3 + 4 pairs over one block's 8 warps
     rng = np.random.default_rng(5)
     x, nw = _inputs(rng, n_cols)
     mats = _mats(name, rows_each, n_cols, rng)
