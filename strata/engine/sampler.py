@@ -57,7 +57,8 @@ def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float)
     out = logits.copy()
     ids = np.unique(recent)
     vals = out[ids]
-    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+    with np.errstate(over="ignore", divide="ignore"):  # a huge boost is +inf: see filtered_support
+        out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
     return out
 
 
@@ -94,13 +95,20 @@ def filtered_support(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray,
     their probabilities, float64, summing to 1). Every step works on the tokens still kept, so
     only top-p without top-k touches the whole vocabulary more than a few times."""
     z = np.asarray(logits)
-    keep = np.isfinite(z)
+    keep = np.isposinf(z)  # +inf (a repeat penalty's overflow) is the limit: certain, shared
+    if not keep.any():
+        keep = np.isfinite(z)
     if p.top_k and p.top_k < z.size:
         kth = np.partition(np.where(keep, z, -np.inf), -p.top_k)[-p.top_k]
         keep &= z >= kth
     ids = np.flatnonzero(keep)
-    zz = z[ids].astype(np.float64) / p.temperature
-    probs = np.exp(zz - zz.max())
+    if ids.size == 0:
+        raise ValueError("no finite logit to sample from")
+    zz = np.where(np.isposinf(z[ids]), 0.0, z[ids]).astype(np.float64)
+    # Shifted before it is scaled: a tiny temperature (5e-324 passes every range check) would
+    # turn z / t into inf and inf - inf into NaN; (z - max) / t only reaches -inf, exp 0.
+    with np.errstate(over="ignore", divide="ignore"):
+        probs = np.exp((zz - zz.max()) / p.temperature)
     probs /= probs.sum()
     if p.top_p < 1.0:
         kept = np.sort(_top_p_keep(probs, p.top_p))
@@ -137,6 +145,8 @@ class Sampler:
         p = self.params
         recent = np.fromiter(self.recent, dtype=np.int64) if p.repeat_last_n else np.zeros(0, int)
         z = apply_repeat_penalty(np.asarray(logits, dtype=np.float32), recent, p.repeat_penalty)
+        if np.isnan(z).any():  # an engine fault: never a token picked from it
+            raise ValueError(f"logits contain NaN at {np.flatnonzero(np.isnan(z))[:8].tolist()}")
         if p.greedy:
             token = int(np.argmax(z))
         else:

@@ -126,23 +126,35 @@ class Worker:
                               n_slots=self.engine.n_slots)
 
     def _run(self) -> None:
+        reason, error = "cancelled", None
+        try:
+            self._loop()
+        except Exception as e:  # a bug outside any one job: no job may wait forever on it
+            log.exception("the engine thread failed")
+            reason, error = "error", f"the engine thread failed: {e}"
+        with self._cv:
+            self._stopping = True  # later submits get a 503, not a queue nobody reads
+            queued, self._queue = list(self._queue), deque()
+        for seq in list(self._active):
+            self._finish(seq, reason, error=error,
+                         cancelled_in="running" if reason == "cancelled" else None)
+        for job in queued:
+            self.metrics.record_finish(reason, 0,
+                                       cancelled_in="queued" if reason == "cancelled" else None)
+            job.emit(FinishEvent(reason, len(job.prompt), 0, error=error))
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while not self._stopping and not self._queue and not self._active:
                     self._cv.wait()
                 if self._stopping:
-                    break
+                    return
             self._admit()
             self._drop_cancelled()
             if self._active:
                 self._decode_step()
             self._publish_load()
-        for seq in list(self._active):
-            self._finish(seq, "cancelled", cancelled_in="running")
-        with self._cv:
-            queued, self._queue = list(self._queue), deque()
-        for job in queued:
-            job.emit(FinishEvent("cancelled", len(job.prompt), 0))
 
     def _next_job(self) -> Job | None:
         with self._cv:
@@ -195,7 +207,15 @@ class Worker:
             self._accept(seq, row)
 
     def _accept(self, seq: _Seq, logits: np.ndarray) -> None:
-        """Sample the next token of `seq` and send what it decides."""
+        """Sample the next token of `seq` and send what it decides. A failure here (sampling,
+        decoding text) ends that sequence with an error; the others and the thread go on."""
+        try:
+            self._advance(seq, logits)
+        except Exception as e:
+            log.exception("sampling failed for job %d", seq.job.id)
+            self._finish(seq, "error", error=f"sampling failed: {e}")
+
+    def _advance(self, seq: _Seq, logits: np.ndarray) -> None:
         token = int(seq.sample(logits))
         seq.n_generated += 1
         if token in self.decoding.stop_token_ids:

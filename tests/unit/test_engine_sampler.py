@@ -135,3 +135,38 @@ def test_a_tie_across_the_candidate_boundary_takes_the_full_sort():
     want = _reference_probs(logits, params)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-15)
     assert np.flatnonzero(got).min() == 3000
+
+
+@pytest.mark.parametrize("t", [5e-324, 1e-310, 1e-200])
+def test_a_vanishing_temperature_is_the_arg_max_not_nan(t):
+    # z / t overflows to inf at these temperatures; the distribution must still be the limit.
+    p = filtered_probs(LOGITS, SamplingParams(temperature=t, **OFF))
+    np.testing.assert_array_equal(p, np.eye(LOGITS.size)[3])
+    ties = filtered_probs(np.array([1.0, 4.0, 4.0], np.float32), SamplingParams(temperature=t, **OFF))
+    np.testing.assert_array_equal(ties, [0.0, 0.5, 0.5])
+    assert Sampler(SamplingParams(temperature=t, seed=0))(LOGITS) == 3
+
+
+def test_logits_with_nothing_finite_are_a_named_error():
+    with pytest.raises(ValueError, match="no finite logit"):
+        Sampler(SamplingParams(temperature=1.0))(np.full(4, -np.inf, np.float32))
+
+
+def test_an_overflowing_repeat_penalty_makes_the_repeated_tokens_certain():
+    # penalty < 1 favours repeats; at 1e-300 a positive float32 logit overflows to +inf, which
+    # must be the limit (those tokens certain), not a token dropped as non-finite
+    p = SamplingParams(temperature=1.0, repeat_penalty=1e-300, **OFF)
+    s = Sampler(p)
+    s.accept([0, 1])
+    z = apply_repeat_penalty(LOGITS, np.array([0, 1]), p.repeat_penalty)
+    assert np.isposinf(z[[0, 1]]).all()
+    np.testing.assert_array_equal(filtered_probs(z, p), [0.5, 0.5, 0, 0, 0, 0])
+    assert all(s(LOGITS) in (0, 1) for _ in range(20))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_nan_logits_are_an_error_never_a_token(temperature):
+    z = LOGITS.copy()
+    z[[2, 4]] = np.nan
+    with pytest.raises(ValueError, match=r"logits contain NaN at \[2, 4\]"):
+        Sampler(SamplingParams(temperature=temperature))(z)

@@ -163,6 +163,59 @@ def test_engine_failure_ends_that_job_only():
         worker.stop()
 
 
+def test_a_sampling_failure_ends_that_job_only():
+    engine, worker, _ = make(lambda p: "fine")
+
+    def sampler(sampling):  # the second job's draws fail, as NaN probabilities once did
+        if sampling.seed == 7:
+            def fail(logits):
+                raise ValueError("probabilities contain NaN")
+            return fail
+        return lambda logits: int(logits.argmax())
+
+    worker.decoding.sampler = sampler
+    bad_sink, good_sink = Sink(), Sink()
+    worker.submit(Job(encode("a"), Sampling(max_tokens=5, seed=7), bad_sink))
+    worker.submit(Job(encode("b"), Sampling(max_tokens=5), good_sink))
+    worker.start()
+    try:
+        assert bad_sink.finish.reason == "error"
+        assert "probabilities contain NaN" in bad_sink.finish.error
+        assert good_sink.text == "fine"
+        assert worker.alive
+        assert engine.released == [0, 0]  # the failed job's slot went back
+    finally:
+        worker.stop()
+
+
+def test_a_failed_engine_thread_fails_every_job_and_refuses_new_ones():
+    engine, worker, metrics = make(lambda p: "fine", n_slots=1)
+    engine.gate = threading.Semaphore(0)
+    first, first_sink = job("first")
+    queued, queued_sink = job("queued")
+    worker.submit(first)
+    worker.submit(queued)
+
+    def broken():
+        raise RuntimeError("a bug between steps")
+
+    worker.start()
+    wait_until(lambda: engine.prefills == ["first"])
+    worker._drop_cancelled = broken  # the next pass of the loop fails outside any job
+    engine.gate.release()
+    try:
+        for sink in (first_sink, queued_sink):
+            assert sink.finish.reason == "error"
+            assert "a bug between steps" in sink.finish.error
+        wait_until(lambda: not worker.alive)
+        with pytest.raises(ApiError) as e:
+            worker.submit(job("late")[0])
+        assert e.value.status == 503
+        assert metrics.finished["error"] == 2
+    finally:
+        worker.stop()
+
+
 def test_full_queue_is_a_503():
     _, worker, _ = make(lambda p: "", max_queue=1)
     worker.submit(job("a")[0])
