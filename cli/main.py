@@ -1,7 +1,8 @@
 """`strata`: the entry point. Subcommands are imported lazily, so `strata plan` and
-`strata synth` start without importing numba or touching CUDA. In the frozen one-file build,
-numba's cache is pointed at the per-user cache folder before any subcommand runs
-(`strata.aot.frozen`), and the hidden `strata selfcheck` checks what the build runs on."""
+`strata synth` start without importing numba or touching CUDA. numba's cache is pointed at the
+per-user cache folder before any subcommand runs (`strata.aot.numba_cache`: per state of the
+compiled sources, or per binary in the frozen build), and the hidden `strata selfcheck` checks
+what the build runs on."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import importlib
 import sys
 
 from strata import __version__
-from strata.aot.frozen import configure as configure_frozen
+from strata.aot.numba_cache import configure as configure_numba_cache
 from strata.errors import StrataError
 
 # name -> one-line help. Each name is a module strata.cli.<name> with
@@ -69,7 +70,7 @@ def _run_module(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    configure_frozen()  # before anything imports numba
+    configure_numba_cache()  # before anything imports numba
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["-m"] and getattr(sys, "frozen", False):
         return _run_module(argv)

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -18,16 +21,39 @@ USE_REAL_GPU = os.environ.get("STRATA_TEST_GPU") == "1"
 if not USE_REAL_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
-# Under pytest-xdist each worker gets its own numba disk cache (set before numba is imported,
+# Each pytest-xdist worker gets its own numba disk cache (set before numba is imported,
 # inherited by the servers and CLIs the tests start). numba's cache is not safe for processes
 # that write one function's cache at once: each reads the index, picks a data-file name and
 # writes the index back, so one loses the other's entry, and two that pick the same name leave
 # an index entry pointing at the other signature's machine code. A worker runs whole files, so
-# its cache still serves its own subprocesses and the next run. A folder the user chose wins.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-if _WORKER and "NUMBA_CACHE_DIR" not in os.environ:
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(
-        tempfile.gettempdir(), f"strata-test-numba-{getpass.getuser()}", _WORKER)
+# its cache still serves its own subprocesses and the next run of the same sources: the folder
+# is keyed by their digest (`numba_cache.source_digest`), because numba would load a function
+# whose file is unchanged but whose callee in another file changed. A folder the user chose wins
+# (the marker tells a worker that the folder it inherited is the controller's, not the user's).
+_OURS = "STRATA_TEST_NUMBA_CACHE"
+_STALE_S = 2 * 86400  # another state's folder unused this long is removed (tens of MB each)
+
+
+def _test_numba_cache() -> str:
+    from strata.aot.numba_cache import source_digest
+    mine = Path(tempfile.gettempdir(), f"strata-test-numba-{getpass.getuser()}",
+                os.environ.get("PYTEST_XDIST_WORKER", "main"))
+    here = mine / f"src-{source_digest()}"
+    here.mkdir(parents=True, exist_ok=True)
+    os.utime(here)  # its mtime: when a run last used it
+    now = time.time()
+    for old in mine.iterdir():
+        try:
+            if old != here and now - old.stat().st_mtime > _STALE_S:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+        except OSError:
+            pass  # another run's, in use or gone: never a reason to fail the tests
+    return str(here)
+
+
+if "NUMBA_CACHE_DIR" not in os.environ or os.environ.get(_OURS) == "1":
+    os.environ["NUMBA_CACHE_DIR"] = _test_numba_cache()
+    os.environ[_OURS] = "1"
 
 if not USE_REAL_GPU:
     # numba's simulator without its polling block barrier and per-call module swaps (the same
@@ -78,6 +104,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _numba_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("NUMBA_")}
+
+
+@pytest.fixture(autouse=True)
+def _numba_settings_stay(request):
+    """numba re-reads its NUMBA_* settings at every compile, so a test that leaves one changed
+    changes how every later test of its worker compiles and caches (a leaked frozen-app cache
+    locator once served a CPU-engine test machine code from an older commit). Restored here, and
+    the test that changed them fails."""
+    before = _numba_env()
+    yield
+    after = _numba_env()
+    if after == before:
+        return
+    for k in set(after) - set(before):
+        del os.environ[k]
+    os.environ.update(before)
+    if "numba" in sys.modules:
+        from numba.core import config
+        config.reload_config()
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    pytest.fail(f"{request.node.nodeid} left numba settings changed: {', '.join(changed)}",
+                pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The numba cache locator of the frozen app (selected by `frozen.configure`).
+"""The numba cache locator of the frozen app (selected by `numba_cache.configure`).
 
 Each function's cache files go to `NUMBA_CACHE_DIR/<its package path>`, whatever folder the app
 was unpacked to, and are stamped with the executable's size and modification time: a new binary

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from strata.aot import bundle as B
-from strata.aot import frozen, platform
+from strata.aot import numba_cache, platform
 from strata.aot.identity import UnstableKeyError, kernel_key, signature_key
 
 ALL_TAGS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120", "compute_90"]
@@ -170,17 +170,21 @@ def test_load_driver_reports_the_loader_error():
     assert seen == ["nvcuda.dll"]
 
 
-def test_frozen_configure_sets_numba_cache_only_when_frozen(tmp_path):
+def test_numba_cache_configure_frozen_and_source(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path), "LOCALAPPDATA": str(tmp_path)}
-    assert frozen.configure(env, is_frozen=False) is False
-    assert "NUMBA_CACHE_DIR" not in env
-    assert frozen.configure(env, is_frozen=True) is True
-    assert env["NUMBA_CACHE_DIR"] == str(frozen.numba_cache_dir(environ=env))
+    assert numba_cache.configure(env, is_frozen=False) == "source"
+    assert env["NUMBA_CACHE_DIR"] == str(numba_cache.source_cache_dir(environ=env))
     assert env["NUMBA_CACHE_DIR"].startswith(str(tmp_path))
-    assert env["NUMBA_CACHE_LOCATOR_CLASSES"] == frozen.LOCATOR
-    mine = {"NUMBA_CACHE_DIR": "/mine"}
-    frozen.configure(mine, is_frozen=True)
-    assert mine["NUMBA_CACHE_DIR"] == "/mine"  # the user's own setting wins
+    assert env["NUMBA_CACHE_DIR"].endswith(f"src-{numba_cache.source_digest()}")
+    assert "NUMBA_CACHE_LOCATOR_CLASSES" not in env  # numba's own locators, under that folder
+    env = {"XDG_CACHE_HOME": str(tmp_path), "LOCALAPPDATA": str(tmp_path)}
+    assert numba_cache.configure(env, is_frozen=True) == "frozen"
+    assert env["NUMBA_CACHE_DIR"] == str(numba_cache.numba_cache_dir(environ=env))
+    assert env["NUMBA_CACHE_LOCATOR_CLASSES"] == numba_cache.LOCATOR
+    for is_frozen in (False, True):
+        mine = {"NUMBA_CACHE_DIR": "/mine", "NUMBA_CACHE_LOCATOR_CLASSES": "x.Mine"}
+        numba_cache.configure(mine, is_frozen=is_frozen)
+        assert mine == {"NUMBA_CACHE_DIR": "/mine", "NUMBA_CACHE_LOCATOR_CLASSES": "x.Mine"}
 
 
 def test_frozen_locator_keeps_the_cache_across_unpack_folders(tmp_path):
@@ -204,7 +208,7 @@ def test_frozen_locator_keeps_the_cache_across_unpack_folders(tmp_path):
         unpack.mkdir()
         (unpack / "app.py").write_text(code)
         env = {**os.environ, "NUMBA_CACHE_DIR": str(cache),
-               "NUMBA_CACHE_LOCATOR_CLASSES": frozen.LOCATOR}
+               "NUMBA_CACHE_LOCATOR_CLASSES": numba_cache.LOCATOR}
         outs.append(subprocess.run([sys.executable, str(unpack / "app.py")], env=env,
                                    capture_output=True, text=True, timeout=300, check=False))
     assert all(o.returncode == 0 for o in outs), outs[0].stderr[-2000:] + outs[1].stderr[-2000:]

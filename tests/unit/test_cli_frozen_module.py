@@ -4,10 +4,13 @@ library probe re-runs sys.executable (the binary itself) with `-m` before CUDA c
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
 
+from strata.aot import numba_cache
+from strata.cli import main as cli_main
 from strata.cli.main import main
 
 PROBE = "cuda.pathfinder._dynamic_libs.dynamic_lib_subprocess"
@@ -17,6 +20,10 @@ PROBE = "cuda.pathfinder._dynamic_libs.dynamic_lib_subprocess"
 def frozen(monkeypatch):
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_module rewrites it
+    # the frozen app's numba settings, on a copy: in os.environ they would outlive the test and
+    # send every later compile of this worker to the frozen app's cache and locator
+    monkeypatch.setattr(cli_main, "configure_numba_cache",
+                        lambda: numba_cache.configure(dict(os.environ)))
 
 
 def test_the_library_probe_runs_as_python_m_would(frozen, capsys):

@@ -1,0 +1,51 @@
+"""The numba cache is keyed by the compiled sources: numba checks a cached function against its
+own file only, so a change to a callee in another file must start a fresh folder."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from strata.aot import numba_cache
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _copy_tree(dst: Path) -> Path:
+    root = dst / "strata"
+    for sub in numba_cache.NUMBA_SOURCE_DIRS:
+        shutil.copytree(numba_cache.PACKAGE_ROOT / sub, root / sub,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "serve").mkdir()
+    (root / "serve" / "app.py").write_text("x = 1\n")
+    return root
+
+
+def test_the_digest_follows_every_compiled_source_and_nothing_else(tmp_path):
+    root = _copy_tree(tmp_path)
+    digest = numba_cache.source_digest(root)
+    assert re.fullmatch(r"[0-9a-f]{16}", digest)
+    assert digest == numba_cache.source_digest(numba_cache.PACKAGE_ROOT)  # the same bytes
+    (root / "serve" / "app.py").write_text("x = 2\n")  # no numba code there
+    assert numba_cache.source_digest.__wrapped__(root) == digest
+    simd8 = root / "engine" / "cpu" / "simd8.py"  # a callee of cached functions in other files
+    simd8.write_text(simd8.read_text() + "\n# edited\n")
+    edited = numba_cache.source_digest.__wrapped__(root)
+    assert edited != digest
+    (root / "quant" / "new_format.py").write_text("")  # a new file counts too
+    assert numba_cache.source_digest.__wrapped__(root) not in (digest, edited)
+
+
+def test_numba_cached_code_lives_only_in_the_digested_folders():
+    """A cache=True function elsewhere would escape the digest (and could go stale)."""
+    dirs = tuple(numba_cache.PACKAGE_ROOT / d for d in numba_cache.NUMBA_SOURCE_DIRS)
+    found = []
+    for top in (REPO / "strata", REPO / "cli", REPO / "cuda_kernels"):
+        for path in top.rglob("*.py"):
+            if re.search(r"cache\s*=\s*True", path.read_text(encoding="utf-8")):
+                found.append(path)
+    assert found, "the scan found no cached function at all"
+    outside = [str(p.relative_to(REPO)) for p in found
+               if not any(p.is_relative_to(d) for d in dirs)]
+    assert not outside, f"numba-cached code outside {numba_cache.NUMBA_SOURCE_DIRS}: {outside}"
