@@ -34,11 +34,13 @@ M32 = 0xFFFFFFFF
 
 @cuda.jit(device=True, inline="always")
 def mix32(x):
-    """A 32-bit integer hash (xor-shift-multiply), in int64 arithmetic that never wraps."""
+    """A 32-bit integer hash (xor-shift-multiply), in int64 arithmetic that never wraps: the
+    second constant is 2^31 or more, so x times it (x < 2^32) is taken in 16-bit halves of the
+    constant (each product < 2^48), low 32 bits the same as the full product's."""
     x ^= x >> 16
     x = (x * 0x7FEB352D) & M32
     x ^= x >> 15
-    x = (x * 0x846CA68B) & M32
+    x = (x * 0xA68B + (((x * 0x846C) & 0xFFFF) << 16)) & M32  # x * 0x846CA68B mod 2^32
     x ^= x >> 16
     return x
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import cuda
 
 from helpers.sampling_ref import ref_sample as _ref_sample
-from strata.cuda_kernels.sampling import argmax, make_params, sample, uniform
+from strata.cuda_kernels.sampling import argmax, make_params, sample, uniform, uniform01
 
 
 def test_argmax_appends_to_the_history():
@@ -58,3 +59,24 @@ def test_seed_changes_the_draw_and_params_are_checked():
         make_params(temperature=1.0, top_p=0.0)
     with pytest.raises(ValueError, match="repeat_penalty"):
         make_params(temperature=1.0, repeat_penalty=0.0)
+
+
+@cuda.jit
+def _draw(seeds, steps, out):
+    i = cuda.threadIdx.x
+    if i < out.size:
+        out[i] = uniform01(seeds[i], steps[i])
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the simulator's int64 overflow warning
+def test_the_device_random_number_is_its_host_mirror():
+    # seeds and steps whose hash inputs reach past 2^31 (where an int64 product would wrap)
+    rng = np.random.default_rng(5)
+    seeds = np.concatenate([[0, 1, 2**31, 2**32 - 1, 2**63 - 1],
+                            rng.integers(0, 2**63 - 1, 27, dtype=np.int64)]).astype(np.int64)
+    steps = rng.integers(0, 2**31 - 1, seeds.size, dtype=np.int64).astype(np.int32)
+    out = np.zeros(seeds.size, np.float32)
+    _draw[1, 32](seeds, steps, out)
+    want = np.array([uniform(int(s), int(t)) for s, t in zip(seeds, steps)], np.float32)
+    np.testing.assert_array_equal(out, want)
+    assert len(set(out.tolist())) == out.size
