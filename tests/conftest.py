@@ -113,9 +113,9 @@ def _numba_env() -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _numba_settings_stay(request):
     """numba re-reads its NUMBA_* settings at every compile, so a test that leaves one changed
-    changes how every later test of its worker compiles and caches (a leaked frozen-app cache
-    locator once served a CPU-engine test machine code from an older commit). Restored here, and
-    the test that changed them fails."""
+    changes how every later test of its worker compiles and caches (a frozen-app cache locator
+    leaked this way stamps entries by the interpreter, not the sources, and can serve machine
+    code compiled from older ones). Restored here, and the test that changed them fails."""
     before = _numba_env()
     yield
     after = _numba_env()

@@ -153,10 +153,15 @@ def test_engine_failure_ends_that_job_only():
     good, good_sink = job("ok")
     worker.submit(bad)
     worker.submit(good)
+    _only_that_job_fails(worker, bad_sink, good_sink, "scripted prefill failure")
+
+
+def _only_that_job_fails(worker, bad_sink, good_sink, error):
+    """Start the worker: the bad job ends with `error`, the good one answers, the thread lives."""
     worker.start()
     try:
         assert bad_sink.finish.reason == "error"
-        assert "scripted prefill failure" in bad_sink.finish.error
+        assert error in bad_sink.finish.error
         assert good_sink.text == "fine"
         assert worker.alive
     finally:
@@ -177,15 +182,8 @@ def test_a_sampling_failure_ends_that_job_only():
     bad_sink, good_sink = Sink(), Sink()
     worker.submit(Job(encode("a"), Sampling(max_tokens=5, seed=7), bad_sink))
     worker.submit(Job(encode("b"), Sampling(max_tokens=5), good_sink))
-    worker.start()
-    try:
-        assert bad_sink.finish.reason == "error"
-        assert "probabilities contain NaN" in bad_sink.finish.error
-        assert good_sink.text == "fine"
-        assert worker.alive
-        assert engine.released == [0, 0]  # the failed job's slot went back
-    finally:
-        worker.stop()
+    _only_that_job_fails(worker, bad_sink, good_sink, "probabilities contain NaN")
+    assert engine.released == [0, 0]  # the failed job's slot went back
 
 
 def test_a_failed_engine_thread_fails_every_job_and_refuses_new_ones():
