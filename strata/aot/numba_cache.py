@@ -19,7 +19,6 @@ A NUMBA_CACHE_DIR or NUMBA_CACHE_LOCATOR_CLASSES the user set wins.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 from collections.abc import MutableMapping
@@ -35,7 +34,6 @@ NUMBA_SOURCE_DIRS = ("aot", "engine/cpu", "quant")
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
-@functools.lru_cache(maxsize=None)
 def source_digest(root: Path = PACKAGE_ROOT) -> str:
     """16 hex digits of SHA-256 over the names and bytes of the .py files in NUMBA_SOURCE_DIRS
     under `root` (about 10 ms)."""
@@ -65,5 +63,6 @@ def configure(environ: MutableMapping[str, str] = os.environ, *,
         environ.setdefault("NUMBA_CACHE_DIR", str(numba_cache_dir(environ=environ)))
         environ.setdefault("NUMBA_CACHE_LOCATOR_CLASSES", LOCATOR)
         return "frozen"
-    environ.setdefault("NUMBA_CACHE_DIR", str(source_cache_dir(environ=environ)))
+    if "NUMBA_CACHE_DIR" not in environ:  # the digest reads the sources: only when it is used
+        environ["NUMBA_CACHE_DIR"] = str(source_cache_dir(environ=environ))
     return "source"

@@ -95,16 +95,16 @@ def filtered_support(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray,
     their probabilities, float64, summing to 1). Every step works on the tokens still kept, so
     only top-p without top-k touches the whole vocabulary more than a few times."""
     z = np.asarray(logits)
-    keep = np.isposinf(z)  # +inf (a repeat penalty's overflow) is the limit: certain, shared
-    if not keep.any():
-        keep = np.isfinite(z)
+    if np.isposinf(z).any():  # +inf (a repeat penalty's overflow) is the limit: those, shared
+        z = np.where(np.isposinf(z), 0.0, -np.inf)
+    keep = np.isfinite(z)
     if p.top_k and p.top_k < z.size:
         kth = np.partition(np.where(keep, z, -np.inf), -p.top_k)[-p.top_k]
         keep &= z >= kth
     ids = np.flatnonzero(keep)
     if ids.size == 0:
         raise ValueError("no finite logit to sample from")
-    zz = np.where(np.isposinf(z[ids]), 0.0, z[ids]).astype(np.float64)
+    zz = z[ids].astype(np.float64)
     # Shifted before it is scaled: a tiny temperature (5e-324 passes every range check) would
     # turn z / t into inf and inf - inf into NaN; (z - max) / t only reaches -inf, exp 0.
     with np.errstate(over="ignore", divide="ignore"):
