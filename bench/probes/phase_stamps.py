@@ -1,0 +1,219 @@
+"""Probe (not part of the engine): timestamps inside decode kernels, to see which phase of a
+latency-bound kernel takes the time.
+
+A copy of the kernel's factory is compiled with thread 0 of every block writing %clock64 and
+%globaltimer at marked points (the factory's source with stamp lines inserted; the kernels
+themselves are unchanged). The kernels run as a CUDA graph of 48 (attention) or 12 (MoE) layers,
+as in `decode_parts.py`; per phase it prints the median and the 90th percentile over blocks of
+the time since the block's first stamp, and per launch the span from the first block's start to
+the last block's end, and the gap from one launch's last block end to the next's first start.
+
+Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`.
+"""
+import inspect
+import math
+import sys
+import textwrap
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.core.extending import intrinsic
+
+sys.path.insert(0, ".")
+from strata.bench.kernels import Ctx, moe_routing, moe_setup  # noqa: E402
+from strata.bench.kernels_prefill import _kv_sides  # noqa: E402
+from strata.cuda_kernels import attention, attention_wide, moe  # noqa: E402
+from strata.plan import attn_split  # noqa: E402
+
+
+def _reg(name):
+    @intrinsic
+    def read(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []),
+                               f"mov.u64 $0, %{name};", "=l", side_effect=True)
+            return builder.call(asm, [])
+        return types.int64(), codegen
+    return read
+
+
+clock64 = _reg("clock64")
+globaltimer = _reg("globaltimer")
+
+
+@cuda.jit(device=True, inline="always")
+def _stamp(stamps, i):
+    if cuda.threadIdx.x == 0:
+        b = cuda.blockIdx.x + cuda.blockIdx.y * cuda.gridDim.x
+        stamps[b, i, 0] = clock64()
+        stamps[b, i, 1] = globaltimer()
+
+
+def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: str):
+    """The factory's source with a `stamps` argument added to `kernel_def`'s kernel, stamp 0
+    right after its def line, a stamp before or after the first line (in turn) holding each
+    mark's text, at the mark's indentation, and a last one before the line `ret`; exec'd in the
+    factory module's namespace. marks: (text, "before" | "after", indent)."""
+    src = textwrap.dedent(inspect.getsource(factory))
+    out, i_stamp, in_kernel, in_def, pending = [], 1, False, False, list(marks)
+    for ln in src.split("\n"):
+        stripped = ln.strip()
+        if stripped.startswith(kernel_def):
+            in_def = True
+        if in_def:
+            out.append(ln)
+            if ln.rstrip().endswith("):"):
+                out[-1] = ln.replace("):", ", stamps):")
+                out.append(" " * 8 + "_stamp(stamps, 0)")
+                in_def, in_kernel = False, True
+            continue
+        if stripped == ret and in_kernel:
+            out.append(" " * 8 + f"_stamp(stamps, {i_stamp})")
+            i_stamp += 1
+            in_kernel = False
+        if in_kernel and pending and pending[0][0] in ln and pending[0][1] == "before":
+            out.append(" " * pending[0][2] + f"_stamp(stamps, {i_stamp})")
+            i_stamp += 1
+            pending.pop(0)
+        out.append(ln)
+        if in_kernel and pending and pending[0][0] in ln and pending[0][1] == "after":
+            out.append(" " * pending[0][2] + f"_stamp(stamps, {i_stamp})")
+            i_stamp += 1
+            pending.pop(0)
+    if pending:
+        raise RuntimeError(f"marks not found: {pending}")
+    ns = dict(vars(sys.modules[factory.__module__]))
+    ns["_stamp"] = _stamp
+    exec(compile("\n".join(out), f"<stamped {factory.__name__}>", "exec"), ns)
+    return ns[factory.__name__], i_stamp
+
+
+def report(title, stamps, names):
+    """stamps: [n_launch, n_block, n_stamp, 2] int64 (clock, ns); blocks never stamped are 0."""
+    print(f"\n{title}")
+    s = stamps[1:]  # the first launch of a replay can wait on the previous replay
+    ok = s[:, :, 0, 1] > 0
+    rel_ns = s[:, :, :, 1] - s[:, :, :1, 1]
+    rel_clk = s[:, :, :, 0] - s[:, :, :1, 0]
+    ghz = np.median(rel_clk[ok][:, -1] / np.maximum(rel_ns[ok][:, -1], 1))
+    print(f"  blocks stamped per launch: {int(ok[0].sum())}; SM clock ~{ghz:.2f} GHz")
+    for i, name in enumerate(names):
+        v = rel_clk[ok][:, i] / ghz / 1e3
+        print(f"  {name:34s} median {np.median(v):7.2f} us   p90 {np.percentile(v, 90):7.2f} us")
+    starts = np.where(ok, s[:, :, 0, 1], np.iinfo(np.int64).max).min(1)
+    ends = np.where(ok, s[:, :, -1, 1], 0).max(1)
+    first_end = np.where(ok, s[:, :, -1, 1], np.iinfo(np.int64).max).min(1)
+    last_start = np.where(ok, s[:, :, 0, 1], 0).max(1)
+    print(f"  launch span (first start .. last end)   median {np.median(ends - starts) / 1e3:7.2f} us")
+    print(f"  block starts spread (first .. last)     median {np.median(last_start - starts) / 1e3:7.2f} us")
+    print(f"  first block's end after first start     median {np.median(first_end - starts) / 1e3:7.2f} us")
+    gaps = starts[1:] - ends[:-1]
+    print(f"  gap to the next launch's first start    median {np.median(gaps) / 1e3:7.2f} us")
+
+
+def attn(ctx):
+    n_head, n_kv, hd, n_ctx, n_layer = 32, 4, 128, 4096, 48
+    group, max_split = n_head // n_kv, attention.SPLIT_LEN
+    factory, n_st = stamped(attention_wide.wide_kernel.__wrapped__, "def kernel(",
+                            [("s_p = cuda.shared.array(N_SCORES", "after", 8),
+                             ("load_k(kd, k0, first", "after", 8),
+                             ("for base in range(first", "before", 8),
+                             ("load_v(vd, k0, first", "before", 8),
+                             ("# pass B", "after", 8), ("# pass C", "after", 8),
+                             ("# acc[4j + 2r + c]", "after", 8)], "return kernel")
+    kern = factory(hd, group, max_split, attention_wide.MIN_BLOCKS)
+    names = ["length known", "K loads issued", "Q fragments built", "scores done", "after sync 1",
+             "softmax done (sync 2)", "P V done", "reduced, partials written"]
+    assert n_st == len(names) + 1
+    rng = np.random.default_rng(2)
+    q = ctx.upload(rng.standard_normal((n_head, hd)).astype(np.float32))
+    layers = [_kv_sides("f16", n_ctx, n_kv, hd, 4096, rng) for _ in range(n_layer)]
+    scale = np.float32(1.0 / math.sqrt(hd))
+    for length in (600, 4096):
+        t = attn_split.split_target(n_kv)
+        parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv,
+                                            max_split=max_split, n_target=t)
+        seq = ctx.upload(np.array([length - 1], np.int32))
+        n_split = attention.n_splits(n_ctx, t, max_split)
+        st = cuda.to_device(np.zeros((n_layer, n_kv * n_split, n_st, 2), np.int64))
+
+        def step(s):
+            for i, (_, (k, v)) in enumerate(layers):
+                kern[(n_kv, n_split), attention.THREADS, s](
+                    q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts,
+                    st[i])
+        us = ctx.time_graph(step, n_layer)
+        report(f"attention pass 1 (wide), L {length}: {us:.2f} us a launch in the graph",
+               st.copy_to_host(), ["start"] + names)
+
+
+class _Stamped:
+    def __init__(self, kern, st):
+        self.kern, self.st, self.i = kern, st, 0
+
+    def __getitem__(self, cfg):
+        def launch(*args):
+            self.kern[cfg](*args, self.st[self.i])
+            self.i = (self.i + 1) % self.st.shape[0]
+        return launch
+
+
+def moe_stamps(ctx):
+    n_layer, n_expert, k = 12, 128, 8
+    from strata.cuda_kernels.lanes import LANE_FORMATS
+    from gguf import GGMLQuantizationType as T
+    lf = LANE_FORMATS[int(T.Q4_K)]
+    gu_f, n_gu = stamped(moe._gate_up_lanes, "def moe_gate_up_lanes(",
+                         [("counters, s_where, s_base)", "after", 8),
+                          ("cuda.syncthreads()", "after", 8),
+                          ("cur = load_pair(src, off_g", "after", 8),
+                          ("cuda.syncthreads()", "after", 8)],
+                         "return moe_gate_up_lanes")
+    dn_f, n_dn = stamped(moe._down_lanes, "def moe_down_lanes(",
+                         [("down_off, s_w0, s_b0", "after", 8),
+                          ("cur_b = load(src, off + off_b", "after", 12),
+                          ("cuda.syncthreads()", "after", 12),
+                          ("acc_a, acc_b = combine_split", "before", 8)],
+                         "return moe_down_lanes")
+    gu_k, dn_k = gu_f(lf), dn_f(lf)
+    lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q4_K", n_layer=n_layer,
+                                                           n_expert=n_expert)
+    ids, wts = moe_routing(ctx, n_layer, n_expert, k)
+    x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
+    h = ctx.upload(ctx.rng.standard_normal((k, lay.n_ff)).astype(np.float32))
+    y = ctx.cuda.device_array(lay.n_embd, np.float32)
+    miss = ctx.cuda.device_array(k, np.int32)
+    counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+    st_gu = cuda.to_device(np.zeros((n_layer, 256, n_gu, 2), np.int64))
+    st_dn = cuda.to_device(np.zeros((n_layer, 256, n_dn, 2), np.int64))
+    w_gu, w_dn = _Stamped(gu_k, st_gu), _Stamped(dn_k, st_dn)
+    real = moe._kernel
+    moe._kernel = lambda kind, t: w_gu if kind == "gate_up_lanes" else (
+        w_dn if kind == "down_lanes" else real(kind, t))
+    try:
+        def record(s):
+            for layer in range(n_layer):
+                moe.moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
+                               slot_table=slot_table, cache=cache, slot_off=slot_off,
+                               host=cache, host_off=host_off, h=h, out=y, miss_list=miss,
+                               counters=counters, stream=s)
+        us = ctx.time_graph(record, n_layer)
+    finally:
+        moe._kernel = real
+    print(f"\nMoE Q4_K/Q4_K, both kernels: {us:.2f} us a layer in the graph")
+    report("  gate/up (lanes)", st_gu.copy_to_host(),
+           ["start", "resolved", "after sync", "first loads issued", "x staged (sync)", "end"])
+    report("  down (lanes)", st_dn.copy_to_host(),
+           ["start", "resolved (compact)", "first loads issued", "h staged (sync)",
+            "units done", "end"])
+
+
+def main():
+    ctx = Ctx()
+    attn(ctx)
+    moe_stamps(ctx)
+
+
+if __name__ == "__main__":
+    main()
