@@ -94,7 +94,9 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     N_W = 2 * N_KW            # words of one tile per lane (both passes: 2 * N_KW == 4 * N_VW)
     CAP = max_split           # scores per head in shared memory: the longest split
     SPS = CAP + 8             # score row stride in shared memory (fewer bank conflicts)
-    N_SCORES, N_RED, N_ACC = group * SPS, group * head_dim, 4 * N_VW
+    N_ACC = 4 * N_VW          # P V accumulators per lane
+    RED_ROW = 33              # one fragment of a warp in shared memory: 32 lanes + 1 of padding
+    N_SCORES, N_RED, N_OUT = group * SPS, WARPS * N_ACC * RED_ROW, group * head_dim
     STEP = WARPS * TILE       # keys per block per round
 
     @cuda.jit(device=True, inline="always")
@@ -139,7 +141,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         if n_keys <= 0:
             return
         s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, split]
-        s_red = cuda.shared.array(N_RED, float32)      # [G, head_dim] cross-warp sum of P V
+        s_red = cuda.shared.array(N_RED, float32)      # [WARPS, N_ACC, 33] P V fragments
         qhi = cuda.local.array(N_KW, uint32)
         qlo = cuda.local.array(N_KW, uint32)
         words = cuda.local.array(N_W, uint32)
@@ -228,19 +230,24 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 acc[4 * j + 1] = x1
                 acc[4 * j + 2] = x2
                 acc[4 * j + 3] = x3
-        # acc[4j + 2r + c] = O[head 2t + c, dim g*DL + 2j + r]
-        for w in range(WARPS):  # fixed order: the sum does not depend on scheduling
-            if warp == w:
-                for j in range(N_VW):
-                    for r in range(2):
-                        for c in range(2):
-                            h = 2 * t + c
-                            if h < group:
-                                o = h * head_dim + g * DL + 2 * j + r
-                                v = acc[4 * j + 2 * r + c]
-                                s_red[o] = v if w == 0 else s_red[o] + v
-            cuda.syncthreads()
-        for o in range(tid, N_RED, THREADS):
-            part_o[split, hk * group + o // head_dim, o % head_dim] = s_red[o]
+        # acc[f], f = 4j + 2r + c, is O[head 2t + c, dim g*DL + 2j + r]: every warp stores its
+        # fragments as they lie (s_red[warp, f, lane], rows padded to 33: no bank conflicts) and
+        # after one barrier each thread sums its outputs over the warps in warp order (the sum
+        # does not depend on scheduling). Summing in (head, dim) order in shared memory instead,
+        # warp after warp with a barrier each, cost 16-way bank conflicts and took ~6.7 us of a
+        # block's ~11 on the H200 (`bench/probes/phase_stamps.py`).
+        for f in range(N_ACC):
+            s_red[(warp * N_ACC + f) * RED_ROW + lane] = acc[f]
+        cuda.syncthreads()
+        for o in range(tid, N_OUT, THREADS):
+            h = o // head_dim
+            d = o - h * head_dim
+            gg = d // DL
+            f = 4 * ((d - gg * DL) >> 1) + 2 * (d & 1) + (h & 1)
+            at = f * RED_ROW + 4 * gg + (h >> 1)
+            v = s_red[at]
+            for w in range(1, WARPS):
+                v += s_red[w * N_ACC * RED_ROW + at]
+            part_o[split, hk * group + h, d] = v
 
     return kernel
