@@ -63,37 +63,18 @@ def _factory(name: str):
         tid = cuda.threadIdx.x
         n_threads = cuda.blockDim.x
         n_rows = logits.shape[1]
-        # same threads, loads and tree in every block: the same scale bits; a thread's quads
-        # taken four at a time, all loaded before any is summed (one memory latency, not four)
-        ss = F0
-        last_q = n_cols - 4  # the last quad's first value
-        for i in range(4 * tid, n_cols, 16 * n_threads):
+        ss = F0  # same threads, loads and tree in every block: the same scale bits
+        for i in range(4 * tid, n_cols, 4 * n_threads):
             x0, x1, x2, x3 = ld_nc_f32x4(x, i)
-            y0, y1, y2, y3 = ld_nc_f32x4(x, min(i + 4 * n_threads, last_q))
-            z0, z1, z2, z3 = ld_nc_f32x4(x, min(i + 8 * n_threads, last_q))
-            u0, u1, u2, u3 = ld_nc_f32x4(x, min(i + 12 * n_threads, last_q))
             ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
-            if i + 4 * n_threads < n_cols:
-                ss += y0 * y0 + y1 * y1 + y2 * y2 + y3 * y3
-            if i + 8 * n_threads < n_cols:
-                ss += z0 * z0 + z1 * z1 + z2 * z2 + z3 * z3
-            if i + 12 * n_threads < n_cols:
-                ss += u0 * u0 + u1 * u1 + u2 * u2 + u3 * u3
         scale = F1 / math.sqrt(block_sum(ss, scratch) / np.float32(n_cols) + eps)
-        if row == 0:  # two quads loaded before either is stored (a store may alias a load)
-            for i in range(4 * tid, n_cols, 8 * n_threads):
+        if row == 0:
+            for i in range(4 * tid, n_cols, 4 * n_threads):
                 y0, y1, y2, y3 = normed4(x, norm_w, i, scale)
-                j = i + 4 * n_threads
-                v0, v1, v2, v3 = normed4(x, norm_w, min(j, last_q), scale)
                 normed_out[i] = y0
                 normed_out[i + 1] = y1
                 normed_out[i + 2] = y2
                 normed_out[i + 3] = y3
-                if j < n_cols:
-                    normed_out[j] = v0
-                    normed_out[j + 1] = v1
-                    normed_out[j + 2] = v2
-                    normed_out[j + 3] = v3
         n_chunks = n_cols // per_chunk
         last = n_chunks - 1
         off = row * n_chunks * CHUNK_BYTES
@@ -103,19 +84,13 @@ def _factory(name: str):
             c2 = c1 + n_threads
             c3 = c2 + n_threads
             w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
-            # all four dots outside the bounds branches (a chunk past the row re-reads the last
-            # one, never summed), so the loads of x and norm_w are issued together
-            d0 = normed_dot(w0, x, norm_w, per_chunk * c0, scale)
-            d1 = normed_dot(w1, x, norm_w, per_chunk * min(c1, last), scale)
-            d2 = normed_dot(w2, x, norm_w, per_chunk * min(c2, last), scale)
-            d3 = normed_dot(w3, x, norm_w, per_chunk * min(c3, last), scale)
-            acc += d0
+            acc += normed_dot(w0, x, norm_w, per_chunk * c0, scale)
             if c1 < n_chunks:
-                acc += d1
+                acc += normed_dot(w1, x, norm_w, per_chunk * c1, scale)
             if c2 < n_chunks:
-                acc += d2
+                acc += normed_dot(w2, x, norm_w, per_chunk * c2, scale)
             if c3 < n_chunks:
-                acc += d3
+                acc += normed_dot(w3, x, norm_w, per_chunk * c3, scale)
         put_warp_sum(part, tid >> 5, acc, tid & 31)
         cuda.syncthreads()
         if tid == 0:

@@ -57,34 +57,6 @@ def padded_bytes(n_vals: int, pad: tuple[int, int, int, int], sums: bool) -> int
     return 4 * (padded_len(n_vals, pad) + (n_vals // 16 if sums else 0))
 
 
-# A thread's loads of x are issued QUADS at a time before any of their shared stores: a store to
-# shared memory may alias a later global load for the compiler (numba's arrays are generic
-# pointers), so a loop of load-then-store waits one full memory latency per iteration. On the
-# H200 the MoE down kernel's staging of 8 x 768 values (6 iterations of 256 threads) took 2.9 us
-# that way (`bench/probes/phase_stamps.py`).
-QUADS = 4
-
-
-@cuda.jit(device=True, inline="always")
-def _quad(x, x_base, q, n_quads):
-    """Quad q of x (clamped to the last one: a load past the end is never stored)."""
-    return ld_x4(x, x_base + 4 * min(q, n_quads - 1))
-
-
-@cuda.jit(device=True, inline="always")
-def _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
-    """Store quad q at its padded position and (sums) its share of the 16-value sum; every
-    thread calls this the same number of times (the sum uses 4-lane shuffles)."""
-    s = np.float32(0.0)
-    if q < n_quads:
-        st_x4(xs, pad_pos(4 * q, a, pa, b, pb), v0, v1, v2, v3)
-        s = (v0 + v1) + (v2 + v3)
-    if sums:
-        s = quad_sum(s)
-        if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
-            xs[sums_off + (q >> 2)] = s
-
-
 @cuda.jit(device=True, inline="always")
 def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
     """xs[pad_pos(i)] = x[x_base + i] for i < n_vals (a multiple of 16; x float32 or float16,
@@ -92,59 +64,30 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
     The whole block calls this; every thread runs the same number of iterations (the sums use
     4-lane shuffles)."""
     n_quads = n_vals >> 2
-    bd = cuda.blockDim.x
-    for q0 in range(cuda.threadIdx.x, n_quads + cuda.threadIdx.x, QUADS * bd):
-        a0, a1, a2, a3 = _quad(x, x_base, q0, n_quads)
-        b0, b1, b2, b3 = _quad(x, x_base, q0 + bd, n_quads)
-        c0, c1, c2, c3 = _quad(x, x_base, q0 + 2 * bd, n_quads)
-        d0, d1, d2, d3 = _quad(x, x_base, q0 + 3 * bd, n_quads)
-        _put_quad(xs, q0, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q0 + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q0 + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q0 + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
-
-
-@cuda.jit(device=True, inline="always")
-def _sq(x0, x1, x2, x3):
-    return (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+    for q0 in range(0, n_quads, cuda.blockDim.x):
+        q = q0 + cuda.threadIdx.x
+        s = np.float32(0.0)
+        if q < n_quads:
+            x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
+            p = pad_pos(4 * q, a, pa, b, pb)
+            st_x4(xs, p, x0, x1, x2, x3)
+            s = (x0 + x1) + (x2 + x3)
+        if sums:
+            s = quad_sum(s)
+            if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
+                xs[sums_off + (q >> 2)] = s
 
 
 @cuda.jit(device=True, inline="always")
 def sum_squares(x, n_vals):
     """This thread's part of sum(x[i]^2) over i < n_vals (a multiple of 4; x float32): the quads
     threadIdx.x, threadIdx.x + blockDim.x, ... in that order, so a fixed block reduction of the
-    parts gives every block of a launch the same bits. QUADS loads in flight at a time."""
-    n_quads = n_vals >> 2
-    bd = cuda.blockDim.x
+    parts gives every block of a launch the same bits."""
     s = np.float32(0.0)
-    for q0 in range(cuda.threadIdx.x, n_quads, QUADS * bd):
-        a0, a1, a2, a3 = _quad(x, 0, q0, n_quads)
-        b0, b1, b2, b3 = _quad(x, 0, q0 + bd, n_quads)
-        c0, c1, c2, c3 = _quad(x, 0, q0 + 2 * bd, n_quads)
-        d0, d1, d2, d3 = _quad(x, 0, q0 + 3 * bd, n_quads)
-        s += _sq(a0, a1, a2, a3)
-        if q0 + bd < n_quads:
-            s += _sq(b0, b1, b2, b3)
-        if q0 + 2 * bd < n_quads:
-            s += _sq(c0, c1, c2, c3)
-        if q0 + 3 * bd < n_quads:
-            s += _sq(d0, d1, d2, d3)
+    for q in range(cuda.threadIdx.x, n_vals >> 2, cuda.blockDim.x):
+        x0, x1, x2, x3 = ld_x4(x, 4 * q)
+        s += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
     return s
-
-
-@cuda.jit(device=True, inline="always")
-def _normed_quad(x, nw, scale, q, n_quads):
-    """x[4q:4q+4] * scale * nw[4q:4q+4] (q clamped to the last quad), in rms_norm's order."""
-    x0, x1, x2, x3 = _quad(x, 0, q, n_quads)
-    w0, w1, w2, w3 = _quad(nw, 0, q, n_quads)
-    return x0 * scale * w0, x1 * scale * w1, x2 * scale * w2, x3 * scale * w3
-
-
-@cuda.jit(device=True, inline="always")
-def _put_normed(xs, xn, write_xn, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
-    if write_xn and q < n_quads:
-        st_x4(xn, 4 * q, v0, v1, v2, v3)
-    _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
 
 
 @cuda.jit(device=True, inline="always")
@@ -153,16 +96,21 @@ def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, 
     `norm_rope.rms_norm` computes it), i < n_vals; with `write_xn` also xn[i] = v[i] (x, nw, xn
     float32). The whole block calls this."""
     n_quads = n_vals >> 2
-    bd = cuda.blockDim.x
-    for q0 in range(cuda.threadIdx.x, n_quads + cuda.threadIdx.x, QUADS * bd):
-        a0, a1, a2, a3 = _normed_quad(x, nw, scale, q0, n_quads)
-        b0, b1, b2, b3 = _normed_quad(x, nw, scale, q0 + bd, n_quads)
-        c0, c1, c2, c3 = _normed_quad(x, nw, scale, q0 + 2 * bd, n_quads)
-        d0, d1, d2, d3 = _normed_quad(x, nw, scale, q0 + 3 * bd, n_quads)
-        _put_normed(xs, xn, write_xn, q0, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
-        _put_normed(xs, xn, write_xn, q0 + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums,
-                    sums_off)
-        _put_normed(xs, xn, write_xn, q0 + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums,
-                    sums_off)
-        _put_normed(xs, xn, write_xn, q0 + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums,
-                    sums_off)
+    for q0 in range(0, n_quads, cuda.blockDim.x):
+        q = q0 + cuda.threadIdx.x
+        s = np.float32(0.0)
+        if q < n_quads:
+            x0, x1, x2, x3 = ld_x4(x, 4 * q)
+            w0, w1, w2, w3 = ld_x4(nw, 4 * q)
+            v0 = x0 * scale * w0
+            v1 = x1 * scale * w1
+            v2 = x2 * scale * w2
+            v3 = x3 * scale * w3
+            st_x4(xs, pad_pos(4 * q, a, pa, b, pb), v0, v1, v2, v3)
+            if write_xn:
+                st_x4(xn, 4 * q, v0, v1, v2, v3)
+            s = (v0 + v1) + (v2 + v3)
+        if sums:
+            s = quad_sum(s)
+            if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
+                xs[sums_off + (q >> 2)] = s
