@@ -77,10 +77,11 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
 
     min_blocks: blocks per SM the register allocation must allow. Unbounded, ptxas takes 137
     registers at head_dim 128 (3 blocks of 4 warps per SM: the 512 blocks of a 32K context at
-    4 KV heads then run in two waves); 4 caps it at 128 (ptxas, sm_90: no spill at groups 2..8
-    with the split's first key and length in 32 bits; group 1 would take 164 and spills 128
-    bytes). Measured on the H200 at 32K context: 47.5 us unbounded, 34.6 us with 4 (pass 1 +
-    combine).
+    4 KV heads then run in two waves); 4 caps it at 128 (ptxas, sm_90, with the split's first
+    key and length in 32 bits: 8 bytes of local memory at group 8 since the fragment epilogue,
+    none before; group 1 would take 164 and spill 128 bytes). Measured on the H200 at 32K
+    context: 47.5 us unbounded, 34.6 us with 4 (pass 1 + combine), 30.3 us with the fragment
+    epilogue (`2026-12-01_kernels_decode_attention_epilogue.json`).
     """
     if not supports("f16", "f16", head_dim, group, max_split):
         raise ValueError(f"tensor-core decode attention: head_dim {head_dim}, group {group}, "
