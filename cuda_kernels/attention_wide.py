@@ -235,8 +235,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         # fragments as they lie (s_red[warp, f, lane], rows padded to 33: no bank conflicts) and
         # after one barrier each thread sums its outputs over the warps in warp order (the sum
         # does not depend on scheduling). Summing in (head, dim) order in shared memory instead,
-        # warp after warp with a barrier each, cost 16-way bank conflicts and took ~6.7 us of a
-        # block's ~11 on the H200 (`bench/probes/phase_stamps.py`).
+        # warp after warp with a barrier each, cost 16-way bank conflicts and took ~6.9 us of a
+        # block's ~12.8 at 4,096 keys on the H200 (`bench/probes/phase_stamps.py`).
         for f in range(N_ACC):
             s_red[(warp * N_ACC + f) * RED_ROW + lane] = acc[f]
         cuda.syncthreads()

@@ -93,7 +93,7 @@ def report(title, stamps, names):
     """stamps: [n_launch, n_block, n_stamp, 2] int64 (clock, ns); blocks never stamped are 0."""
     print(f"\n{title}")
     s = stamps[1:]  # the first launch of a replay can wait on the previous replay
-    ok = s[:, :, 0, 1] > 0
+    ok = (s[:, :, 0, 1] > 0) & (s[:, :, -1, 1] > 0)  # blocks that ran to the end (no early exit)
     rel_ns = s[:, :, :, 1] - s[:, :, :1, 1]
     rel_clk = s[:, :, :, 0] - s[:, :, :1, 0]
     ghz = np.median(rel_clk[ok][:, -1] / np.maximum(rel_ns[ok][:, -1], 1))
@@ -105,9 +105,10 @@ def report(title, stamps, names):
     ends = np.where(ok, s[:, :, -1, 1], 0).max(1)
     first_end = np.where(ok, s[:, :, -1, 1], np.iinfo(np.int64).max).min(1)
     last_start = np.where(ok, s[:, :, 0, 1], 0).max(1)
-    print(f"  launch span (first start .. last end)   median {np.median(ends - starts) / 1e3:7.2f} us")
-    print(f"  block starts spread (first .. last)     median {np.median(last_start - starts) / 1e3:7.2f} us")
-    print(f"  first block's end after first start     median {np.median(first_end - starts) / 1e3:7.2f} us")
+    for label, v in (("launch span (first start .. last end)", ends - starts),
+                     ("block starts spread (first .. last)", last_start - starts),
+                     ("first block's end after first start", first_end - starts)):
+        print(f"  {label:40s} median {np.median(v) / 1e3:7.2f} us")
     gaps = starts[1:] - ends[:-1]
     print(f"  gap to the next launch's first start    median {np.median(gaps) / 1e3:7.2f} us")
 

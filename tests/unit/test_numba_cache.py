@@ -49,3 +49,45 @@ def test_numba_cached_code_lives_only_in_the_digested_folders():
     outside = [str(p.relative_to(REPO)) for p in found
                if not any(p.is_relative_to(d) for d in dirs)]
     assert not outside, f"numba-cached code outside {numba_cache.NUMBA_SOURCE_DIRS}: {outside}"
+
+
+def test_a_source_run_marks_its_folder_and_removes_only_stale_other_states(tmp_path):
+    import os
+    import time
+    env = {"XDG_CACHE_HOME": str(tmp_path), "LOCALAPPDATA": str(tmp_path)}
+    base = numba_cache.numba_cache_dir(environ=env)
+    day = 86400
+    now = time.time()
+    folders = {}
+    for name, age_days in (("src-0000000000000old", 45), ("src-00000000000recent", 3),
+                           ("keep-me", 400)):
+        f = base / name
+        (f / "sub").mkdir(parents=True)
+        (f / "sub" / "x.nbi").write_bytes(b"\0")
+        os.utime(f, (now - age_days * day, now - age_days * day))
+        folders[name] = f
+    stray = base / "src-file-not-folder"
+    stray.write_text("")
+    os.utime(stray, (now - 90 * day, now - 90 * day))
+    assert numba_cache.configure(env, is_frozen=False) == "source"
+    here = Path(env["NUMBA_CACHE_DIR"])
+    assert here.is_dir() and now - here.stat().st_mtime < 60  # marked used
+    assert not folders["src-0000000000000old"].exists()      # another state, unused 45 days
+    assert folders["src-00000000000recent"].exists()          # used 3 days ago: kept
+    assert folders["keep-me"].exists() and stray.exists()      # not a source state folder
+    # an old folder of its own digest is marked, never removed
+    os.utime(here, (now - 90 * day, now - 90 * day))
+    assert numba_cache.prune_stale(here, now=now) == []
+    assert here.is_dir() and now - here.stat().st_mtime < 60
+    # the frozen app's cache is not pruned this way
+    old = base / "src-00000000000000aa"
+    old.mkdir()
+    os.utime(old, (now - 90 * day, now - 90 * day))
+    numba_cache.configure(dict(env), is_frozen=True)
+    assert old.exists()
+
+
+def test_pruning_never_raises(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert numba_cache.prune_stale(blocker / "numba" / "src-x") == []  # cannot be made
