@@ -3,8 +3,9 @@ latency-bound kernel takes the time.
 
 A copy of the kernel's factory is compiled with thread 0 of every block writing %clock64 and
 %globaltimer at marked points (the factory's source with stamp lines inserted; the kernels
-themselves are unchanged). The kernels run as a CUDA graph of 48 (attention) or 12 (MoE) layers,
-as in `decode_parts.py`; per phase it prints the median and the 90th percentile over blocks of
+themselves are unchanged): the f16 decode attention's pass 1, the MoE's gate/up and down (Q4_K),
+the lane matvec with and without its fused RMSNorm (Q4_K) and the fused router. They run as a
+CUDA graph of 48 layers (12 for the MoE), as in `decode_parts.py`; per phase it prints the median and the 90th percentile over blocks of
 the time since the block's first stamp, and per launch the span from the first block's start to
 the last block's end, and the gap from one launch's last block end to the next's first start.
 
@@ -50,11 +51,11 @@ def _stamp(stamps, i):
         stamps[b, i, 1] = globaltimer()
 
 
-def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: str):
+def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: str | None):
     """The factory's source with a `stamps` argument added to `kernel_def`'s kernel, stamp 0
     right after its def line, a stamp before or after the first line (in turn) holding each
-    mark's text, at the mark's indentation, and a last one before the line `ret`; exec'd in the
-    factory module's namespace. marks: (text, "before" | "after", indent)."""
+    mark's text, at the mark's indentation, and (ret given) a last one before the line `ret`;
+    exec'd in the factory module's namespace. marks: (text, "before" | "after", indent)."""
     src = textwrap.dedent(inspect.getsource(factory))
     out, i_stamp, in_kernel, in_def, pending = [], 1, False, False, list(marks)
     for ln in src.split("\n"):
@@ -68,7 +69,7 @@ def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: st
                 out.append(" " * 8 + "_stamp(stamps, 0)")
                 in_def, in_kernel = False, True
             continue
-        if stripped == ret and in_kernel:
+        if ret is not None and stripped == ret and in_kernel:
             out.append(" " * 8 + f"_stamp(stamps, {i_stamp})")
             i_stamp += 1
             in_kernel = False
@@ -99,7 +100,11 @@ def report(title, stamps, names):
     ghz = np.median(rel_clk[ok][:, -1] / np.maximum(rel_ns[ok][:, -1], 1))
     print(f"  blocks stamped per launch: {int(ok[0].sum())}; SM clock ~{ghz:.2f} GHz")
     for i, name in enumerate(names):
-        v = rel_clk[ok][:, i] / ghz / 1e3
+        hit = ok & (s[:, :, i, 1] > 0)  # a stamp in a branch not taken stays 0
+        if not hit.any():
+            print(f"  {name:34s} not reached")
+            continue
+        v = rel_clk[hit][:, i] / ghz / 1e3
         print(f"  {name:34s} median {np.median(v):7.2f} us   p90 {np.percentile(v, 90):7.2f} us")
     starts = np.where(ok, s[:, :, 0, 1], np.iinfo(np.int64).max).min(1)
     ends = np.where(ok, s[:, :, -1, 1], 0).max(1)
@@ -210,10 +215,95 @@ def moe_stamps(ctx):
             "units done", "end"])
 
 
+def matvec_stamps(ctx):
+    """The lane matvec of the q projection with its RMSNorm (4096 x 2048 Q4_K) and the plain
+    one of the output projection (2048 x 4096 Q4_K), 48 layers' weights each."""
+    from gguf import GGMLQuantizationType as T
+
+    from strata.bench.kernels import random_weights
+    from strata.cuda_kernels import matvec, matvec_normed
+    from strata.cuda_kernels.lanes import LANE_FORMATS
+    lf = LANE_FORMATS[int(T.Q4_K)]
+    n_layer = 48
+    factory, n_st = stamped(matvec._lanes_single, "def matvec_lanes(",
+                            [("s_first)  # in flight while x is staged", "after", 8),
+                             ("scale = F1 / math.sqrt(", "after", 12),
+                             ("cuda.syncthreads()", "after", 8),
+                             ("acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)",
+                              "before", 12),
+                             ("return", "before", 12)], None)
+    names = ["start", "first loads issued", "norm scale (normed only)", "x staged (sync)",
+             "row pair dotted", "combined, written"]
+    real = matvec._lanes_kernel
+    for label, normed, n_rows, n_cols in (("q projection, RMSNorm fused", True, 4096, 2048),
+                                          ("output projection", False, 2048, 4096)):
+        kern = factory(lf, normed, False)
+        w_host = random_weights(ctx, "Q4_K", n_rows, n_cols)
+        ws = [ctx.upload(w_host) for _ in range(n_layer)]
+        x = ctx.upload(ctx.rng.standard_normal(n_cols).astype(np.float32))
+        nw = ctx.upload(ctx.rng.standard_normal(n_cols).astype(np.float32))
+        y = ctx.cuda.device_array(n_rows, np.float32)
+        st = cuda.to_device(np.zeros((n_layer, 1024, n_st, 2), np.int64))
+        wrap = _Stamped(kern, st)
+        matvec._lanes_kernel = lambda lf_, nm, rounds: wrap
+        try:
+            def record(s):
+                for w in ws:
+                    if normed:
+                        matvec_normed.matvec_normed(x, nw, 1e-6, [(w, int(T.Q4_K), y)], stream=s)
+                    else:
+                        matvec.matvec(w, int(T.Q4_K), x, y, stream=s)
+            us = ctx.time_graph(record, n_layer)
+        finally:
+            matvec._lanes_kernel = real
+        report(f"lane matvec Q4_K, {label} ({n_rows} x {n_cols}): {us:.2f} us a launch",
+               st.copy_to_host(), names)
+
+
+def router_stamps(ctx):
+    """The fused router (RMSNorm, F32 128 x 2048 logits, softmax top-8), 48 layers."""
+    from strata.cuda_kernels import router_normed
+    n_layer, n_expert, n_embd, k = 48, 128, 2048, 8
+    factory, n_st = stamped(router_normed._factory, "def router_normed_kernel(",
+                            [("scale = F1 / math.sqrt(block_sum", "after", 8),
+                             ("n_chunks = n_cols // per_chunk", "before", 8),
+                             ("put_warp_sum(part", "before", 8),
+                             ("last_flag[0] = cuda.atomic.add", "after", 12)],
+                            "return router_normed_kernel")
+    kern = factory("F32")
+    ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
+                     .view(np.uint8).reshape(-1)) for _ in range(n_layer)]
+    x = ctx.upload(ctx.rng.standard_normal(n_embd).astype(np.float32))
+    nw = ctx.upload(ctx.rng.standard_normal(n_embd).astype(np.float32))
+    xn = ctx.cuda.device_array(n_embd, np.float32)
+    logits = ctx.cuda.device_array(n_expert, np.float32)
+    ids = ctx.cuda.device_array(k, np.int32)
+    wts = ctx.cuda.device_array(k, np.float32)
+    done = ctx.upload(np.zeros(1, np.int32))
+    st = cuda.to_device(np.zeros((n_layer, n_expert, n_st, 2), np.int64))
+    wrap = _Stamped(kern, st)
+    real = router_normed.kernel_for
+    router_normed.kernel_for = lambda name: wrap
+    try:
+        def record(s):
+            for w in ws:
+                router_normed.router_normed(x, nw, w, ggml_type="F32", eps=1e-6, normed_out=xn,
+                                            logits=logits, ids=ids, weights=wts, done=done,
+                                            stream=s)
+        us = ctx.time_graph(record, n_layer)
+    finally:
+        router_normed.kernel_for = real
+    report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", st.copy_to_host(),
+           ["start", "norm scale", "block 0's xn written", "logit dotted",
+            "counted (fence, atomic)", "end (the last block: routed)"])
+
+
 def main():
     ctx = Ctx()
     attn(ctx)
     moe_stamps(ctx)
+    matvec_stamps(ctx)
+    router_stamps(ctx)
 
 
 if __name__ == "__main__":
