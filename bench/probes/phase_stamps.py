@@ -5,9 +5,10 @@ A copy of the kernel's factory is compiled with thread 0 of every block writing 
 %globaltimer at marked points (the factory's source with stamp lines inserted; the kernels
 themselves are unchanged): the f16 decode attention's pass 1, the MoE's gate/up and down (Q4_K),
 the lane matvec with and without its fused RMSNorm (Q4_K) and the fused router. They run as a
-CUDA graph of 48 layers (12 for the MoE), as in `decode_parts.py`; per phase it prints the median and the 90th percentile over blocks of
-the time since the block's first stamp, and per launch the span from the first block's start to
-the last block's end, and the gap from one launch's last block end to the next's first start.
+CUDA graph of 48 layers (12 for the MoE), as in `decode_parts.py`. Per phase it prints the
+median and the 90th percentile over blocks of the time since the block's first stamp; per launch,
+the span from the first block's start to the last block's end, and the gap from one launch's
+last block end to the next's first start.
 
 Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`.
 """
