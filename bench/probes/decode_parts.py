@@ -98,27 +98,32 @@ class _NoLaunch:
         return lambda *a: None
 
 
+def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8):
+    """`record(stream)`: one token's MoE decode over n_layer layers of a VRAM cache holding every
+    expert (random weights, gate/up format gu, down dn), k of n_expert experts a layer."""
+    lay, cache, slot_table, slot_off, host_off = moe_setup(
+        ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
+    ids, wts = moe_routing(ctx, n_layer, n_expert, k)
+    x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
+    h = ctx.upload(ctx.rng.standard_normal((k, lay.n_ff)).astype(np.float32))
+    y = ctx.cuda.device_array(lay.n_embd, np.float32)
+    miss = ctx.cuda.device_array(k, np.int32)
+    counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+
+    def record(s):
+        for layer in range(n_layer):
+            moe.moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
+                           slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
+                           host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
+                           stream=s)
+    return record
+
+
 def moe_parts(ctx, rows):
-    n_layer, n_expert, k = 12, 128, 8
+    n_layer = 12
     real_kernel, real_down = moe._kernel, moe._down
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
-        lay, cache, slot_table, slot_off, host_off = moe_setup(
-            ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
-        ids, wts = moe_routing(ctx, n_layer, n_expert, k)
-        x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
-        h = ctx.upload(ctx.rng.standard_normal((k, lay.n_ff)).astype(np.float32))
-        y = ctx.cuda.device_array(lay.n_embd, np.float32)
-        miss = ctx.cuda.device_array(k, np.int32)
-        counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-
-        def record(s, lay=lay, cache=cache, slot_table=slot_table, slot_off=slot_off,
-                   host_off=host_off, ids=ids, wts=wts, x=x, h=h, y=y, miss=miss,
-                   counters=counters):
-            for layer in range(n_layer):
-                moe.moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
-                               slot_table=slot_table, cache=cache, slot_off=slot_off,
-                               host=cache, host_off=host_off, h=h, out=y, miss_list=miss,
-                               counters=counters, stream=s)
+        record = moe_case(ctx, gu, dn, n_layer)
         for what in ("both", "gate/up alone", "down alone"):
             moe._down = (lambda *a, **kw: None) if what == "gate/up alone" else real_down
             moe._kernel = ((lambda kind, t: _NoLaunch() if kind.startswith("gate_up")
@@ -128,7 +133,7 @@ def moe_parts(ctx, rows):
             finally:
                 moe._kernel, moe._down = real_kernel, real_down
             rows.append(("moe", f"{gu}/{dn} {what}", us))
-        del cache
+        del record  # the cache with it
 
 
 def main():

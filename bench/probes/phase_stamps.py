@@ -23,7 +23,8 @@ from numba import cuda, types
 from numba.core.extending import intrinsic
 
 sys.path.insert(0, ".")
-from strata.bench.kernels import Ctx, moe_routing, moe_setup  # noqa: E402
+from decode_parts import moe_case  # noqa: E402  (this folder: the script's, first on the path)
+from strata.bench.kernels import Ctx  # noqa: E402
 from strata.bench.kernels_prefill import _kv_sides  # noqa: E402
 from strata.cuda_kernels import attention, attention_wide, moe  # noqa: E402
 from strata.plan import attn_split  # noqa: E402
@@ -116,7 +117,8 @@ def report(title, stamps, names):
                      ("first block's end after first start", first_end - starts)):
         print(f"  {label:40s} median {np.median(v) / 1e3:7.2f} us")
     gaps = starts[1:] - ends[:-1]
-    print(f"  gap to the next launch's first start    median {np.median(gaps) / 1e3:7.2f} us")
+    print(f"  {'gap to the next launch' + chr(39) + 's first start':40s} median "
+          f"{np.median(gaps) / 1e3:7.2f} us")
 
 
 def attn(ctx):
@@ -184,14 +186,7 @@ def moe_stamps(ctx):
                           ("acc_a, acc_b = combine_split", "before", 8)],
                          "return moe_down_lanes")
     gu_k, dn_k = gu_f(lf), dn_f(lf)
-    lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q4_K", n_layer=n_layer,
-                                                           n_expert=n_expert)
-    ids, wts = moe_routing(ctx, n_layer, n_expert, k)
-    x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
-    h = ctx.upload(ctx.rng.standard_normal((k, lay.n_ff)).astype(np.float32))
-    y = ctx.cuda.device_array(lay.n_embd, np.float32)
-    miss = ctx.cuda.device_array(k, np.int32)
-    counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+    record = moe_case(ctx, "Q4_K", "Q4_K", n_layer, n_expert, k)
     st_gu = cuda.to_device(np.zeros((n_layer, 256, n_gu, 2), np.int64))
     st_dn = cuda.to_device(np.zeros((n_layer, 256, n_dn, 2), np.int64))
     w_gu, w_dn = _Stamped(gu_k, st_gu), _Stamped(dn_k, st_dn)
@@ -199,12 +194,6 @@ def moe_stamps(ctx):
     moe._kernel = lambda kind, t: w_gu if kind == "gate_up_lanes" else (
         w_dn if kind == "down_lanes" else real(kind, t))
     try:
-        def record(s):
-            for layer in range(n_layer):
-                moe.moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
-                               slot_table=slot_table, cache=cache, slot_off=slot_off,
-                               host=cache, host_off=host_off, h=h, out=y, miss_list=miss,
-                               counters=counters, stream=s)
         us = ctx.time_graph(record, n_layer)
     finally:
         moe._kernel = real
