@@ -83,7 +83,8 @@ def test_a_source_run_marks_its_folder_and_removes_only_stale_other_states(tmp_p
     old = base / "src-00000000000000aa"
     old.mkdir()
     os.utime(old, (now - 90 * day, now - 90 * day))
-    numba_cache.configure(dict(env), is_frozen=True)
+    numba_cache.configure({"XDG_CACHE_HOME": str(tmp_path), "LOCALAPPDATA": str(tmp_path)},
+                          is_frozen=True)
     assert old.exists()
 
 
