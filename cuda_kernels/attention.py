@@ -178,7 +178,8 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None):
     if wide and not ok:
         raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
                          f"{attention_wide.HEAD_DIMS}, a GQA group of at most {attention_wide.MAX_GROUP} "
-                         f"and a longest split multiple of {attention_wide.TILE}; got "
+                         f"and a longest split multiple of {attention_wide.TILE} whose scores fit "
+                         f"{attention_wide.MAX_SHARED_BYTES} B of shared memory; got "
                          f"{k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest split "
                          f"{max_split}")
     if ok and wide is not False:

@@ -51,11 +51,23 @@ LO_PAIR, HI_PAIR = 0x5410, 0x7632  # prmt: the low / high halves of two words
 _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
 
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
+RED_ROW = 33              # one P V fragment of a warp in shared memory: 32 lanes + 1 of padding
+
+
+def shared_bytes(head_dim: int, group: int, max_split: int) -> int:
+    """Static shared memory of the kernel: the scores [group, max_split + 8] and the warps' P V
+    fragments [WARPS, head_dim / 4, RED_ROW], float32."""
+    return 4 * (group * (max_split + 8) + WARPS * (head_dim // 4) * RED_ROW)
+
+
 def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
     """Whether the tensor-core kernel handles this case (otherwise the generic kernel does);
-    max_split: the longest split."""
+    max_split: the longest split (its scores must fit the shared memory: at group 8 at most
+    1,264 keys at head_dim 64, 992 at head_dim 128)."""
     return (k_fmt == "f16" and v_fmt == "f16" and head_dim in HEAD_DIMS
-            and 1 <= group <= MAX_GROUP and max_split % TILE == 0)
+            and 1 <= group <= MAX_GROUP and max_split % TILE == 0
+            and shared_bytes(head_dim, group, max_split) <= MAX_SHARED_BYTES)
 
 
 @cuda.jit(device=True, inline="always")
@@ -95,8 +107,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     N_W = 2 * N_KW            # words of one tile per lane (both passes: 2 * N_KW == 4 * N_VW)
     CAP = max_split           # scores per head in shared memory: the longest split
     SPS = CAP + 8             # score row stride in shared memory (fewer bank conflicts)
-    N_ACC = 4 * N_VW          # P V accumulators per lane
-    RED_ROW = 33              # one fragment of a warp in shared memory: 32 lanes + 1 of padding
+    N_ACC = 4 * N_VW          # P V accumulators per lane (head_dim / 4)
     N_SCORES, N_RED, N_OUT = group * SPS, WARPS * N_ACC * RED_ROW, group * head_dim
     STEP = WARPS * TILE       # keys per block per round
 

@@ -189,8 +189,14 @@ def test_decode_attention_wide_refuses_what_it_cannot_read():
     assert attention.decode_kernel("f16", "f16", 128, 8, 256) is attention_wide.wide_kernel(128, 8, 256)
     assert attention.decode_kernel("int8", "int8", 128, 8, 256) is attention._split_kernel(
         "int8", "int8", 128, 8, 256)
+    # the longest split whose scores and P V fragments fit 48 KiB of shared memory (the kernel's
+    # arrays are static): one tile more and the generic kernel takes the case
+    assert attention_wide.shared_bytes(128, 8, 256) == 25344  # what ptxas reports on the H200
+    assert attention_wide.supports("f16", "f16", 128, 8, 992)
+    assert attention.decode_kernel("f16", "f16", 128, 8, 1008) is attention._split_kernel(
+        "f16", "f16", 128, 8, 1008)
     for case in (("int8", "int8", 128, 8, 256), ("f16", "f16", 96, 4, 256),
                  ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
-                 ("f16", "f16", 128, 8, 100)):
+                 ("f16", "f16", 128, 8, 100), ("f16", "f16", 128, 8, 1008)):
         with pytest.raises(ValueError, match="wide decode-attention kernel needs"):
             attention.decode_kernel(*case, wide=True)
