@@ -148,10 +148,10 @@ def main():
     for g, w, us in rows:
         print(f"{g:10s} {w:60s} {us:10.2f}")
     if a.out:
+        name = cuda.get_current_device().name
+        device = name.decode() if isinstance(name, bytes) else str(name)
         with open(a.out, "w") as f:
-            json.dump({"device": cuda.get_current_device().name.decode()
-                       if isinstance(cuda.get_current_device().name, bytes)
-                       else str(cuda.get_current_device().name),
+            json.dump({"device": device,
                        "rows": [{"group": g, "what": w, "us": us} for g, w, us in rows]}, f,
                       indent=1)
 
