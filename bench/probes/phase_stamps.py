@@ -10,7 +10,8 @@ median and the 90th percentile over blocks of the time since the block's first s
 the span from the first block's start to the last block's end, and the gap from one launch's
 last block end to the next's first start.
 
-Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`.
+Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`
+(`--only router,matvec` for some parts).
 """
 import inspect
 import math
@@ -288,12 +289,21 @@ def router_stamps(ctx):
             "counted (fence, atomic)", "end (the last block: routed)"])
 
 
+PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps}
+
+
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description="timestamps inside decode kernels")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)")
+    names = [n for n in ap.parse_args().only.split(",") if n]
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        ap.error(f"--only: unknown part(s) {unknown}, expected some of {list(PARTS)}")
     ctx = Ctx()
-    attn(ctx)
-    moe_stamps(ctx)
-    matvec_stamps(ctx)
-    router_stamps(ctx)
+    for n in names:
+        PARTS[n](ctx)
 
 
 if __name__ == "__main__":
