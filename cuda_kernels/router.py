@@ -4,6 +4,12 @@ renormalisation of the k weights to sum 1 (Qwen3's norm_topk_prob).
 One warp per token: each lane holds 16 expert slots (experts lane, lane+32, ...), so the softmax is
 two warp reductions and each of the k picks is one warp argmax; the winning lane retires its entry.
 Ties go to the lower expert id. The k ids come out in descending weight order.
+
+`route_block` routes one token with a whole block instead (the fused decode router's last block):
+each thread ranks its experts against all the others in shared memory, so the k picks cost one
+pass over the logits rather than k dependent warp argmaxes (on the H200 those took ~4 us of the
+fused router's ~9; bench/probes/phase_stamps.py). Same picks, ties and order; the softmax's sum
+is reduced over the block, so a weight may differ from `route`'s in its last bits.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import warp_argmax, warp_max, warp_sum
+from .intrinsics import block_max, block_sum, warp_argmax, warp_max, warp_sum
 from .launch import check_array, n_blocks, register_ptx
 
 MAX_EXPERTS = 512
@@ -28,8 +34,7 @@ F0 = np.float32(0.0)
 def route_warp(logits, tok, active, n_expert, k, norm_topk, ids, weights):
     """Token `tok`'s routing by the calling warp (every lane calls; `active` False: the warp
     takes part in the reductions and writes nothing). logits: [n_tok, n_expert] f32; ids:
-    [n_tok, k] i32; weights: [n_tok, k] f32. Shared by `route_kernel` and the fused router
-    (`router_normed`), so the two cannot drift."""
+    [n_tok, k] i32; weights: [n_tok, k] f32."""
     lane = cuda.threadIdx.x & 31
     vals = cuda.local.array(SLOTS, np.float32)
     m = NEG_INF
@@ -66,6 +71,49 @@ def route_warp(logits, tok, active, n_expert, k, norm_topk, ids, weights):
     if active and lane < k:
         ids[tok, lane] = my_id
         weights[tok, lane] = my_p / picked if norm_topk else my_p
+
+
+@cuda.jit(device=True, inline="always")
+def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_pick, s_id,
+                scratch):
+    """Token `tok`'s routing by the whole calling block (every thread calls: it synchronises),
+    with `route_warp`'s picks: an expert's rank is the number of experts with a larger logit, or
+    an equal one and a lower id (a strict order: every rank is taken once), and ranks 0..k-1 are
+    the picks in descending weight order. A NaN logit counts as -inf (never picked over a real
+    one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert], s_pick f32
+    [>= k], s_id i32 [>= k], scratch f32 [32]."""
+    tid = cuda.threadIdx.x
+    n_threads = cuda.blockDim.x
+    m = NEG_INF
+    for e in range(tid, n_expert, n_threads):
+        v = logits[tok, e]
+        v = v if v > NEG_INF else NEG_INF
+        s_val[e] = v
+        m = max(m, v)
+    m = block_max(m, scratch)  # its barriers also publish s_val
+    z = F0
+    for e in range(tid, n_expert, n_threads):
+        v = s_val[e]
+        if v > NEG_INF:
+            z += math.exp(v - m)
+    z = block_sum(z, scratch)
+    for e in range(tid, n_expert, n_threads):
+        v = s_val[e]
+        rank = 0
+        for j in range(n_expert):  # the same address in every lane: a broadcast read
+            u = s_val[j]
+            rank += (u > v) | ((u == v) & (j < e))
+        if rank < k:
+            s_pick[rank] = math.exp(v - m) / z if v > NEG_INF else F0
+            s_id[rank] = e
+    cuda.syncthreads()
+    if tid < k:
+        picked = F0
+        for r in range(k):  # rank order, as route_warp adds them
+            picked += s_pick[r]
+        p = s_pick[tid]
+        ids[tok, tid] = s_id[tid]
+        weights[tok, tid] = p / picked if norm_topk else p
 
 
 @cuda.jit

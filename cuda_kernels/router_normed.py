@@ -1,14 +1,16 @@
 """The MoE router of one decode token in one launch: the FFN's RMSNorm, the router's logits and
 the softmax top-k, which were three launches (`rms_norm`, `matvec_float`, `route`) per layer.
 
-Block r computes logit r. Every block first sums x^2 over the raw residual x itself, with the
-same threads, loads and reduction tree, so the norm's scale is bit-identical in every block;
-each block then forms xn = x * scale * norm_w on the fly while it dots its weight row (16-byte
-read-only loads of W, x and norm_w, 1-4 warps per row: `matvec_f32`'s chunk dots and warp count)
-and block 0 also writes xn to `normed_out` for the MoE launch that follows. The last block to
-finish (a device counter: each block adds 1 after a fence; the block that reads n_rows - 1 is
-the last) routes the token with `router.route_warp`, the body of the `route` kernel itself, and
-sets the counter back to 0, so the kernel replays in a CUDA graph with no host write between.
+Block r computes logit r. Every block first issues its row's first weight loads (they do not
+depend on the norm), then sums x^2 over the raw residual x itself, with the same threads, loads
+and reduction tree, so the norm's scale is bit-identical in every block; each block then forms
+xn = x * scale * norm_w on the fly while it dots its weight row (16-byte read-only loads of W,
+x and norm_w, 1-4 warps per row: `matvec_f32`'s chunk dots and warp count) and block 0 also
+writes xn to `normed_out` for the MoE launch that follows. The last block to finish (a device
+counter: each block adds 1 after a fence; the block that reads n_rows - 1 is the last) routes
+the token with `router.route_block` (the whole block ranks the logits: one pass, not k
+dependent warp argmaxes) and sets the counter back to 0, so the kernel replays in a CUDA graph
+with no host write between.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .matvec_f32 import (CHUNK_BYTES, MAX_WARPS, UNROLL, VALUE_BYTES, _check_ali
                          float_format, ld_nc_f32x4, load_chunks4, n_warps, put_warp_sum,
                          wdot_f16, wdot_f32)
 from .qformats import get_format
-from .router import MAX_EXPERTS, MAX_K, route_warp
+from .router import MAX_EXPERTS, MAX_K, route_block
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -59,10 +61,19 @@ def _factory(name: str):
         scratch = cuda.shared.array(32, types.float32)
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)
+        s_val = cuda.shared.array(MAX_EXPERTS, types.float32)  # the last block's routing
+        s_pick = cuda.shared.array(MAX_K, types.float32)
+        s_id = cuda.shared.array(MAX_K, types.int32)
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         n_threads = cuda.blockDim.x
         n_rows = logits.shape[1]
+        n_chunks = n_cols // per_chunk
+        last = n_chunks - 1
+        off = row * n_chunks * CHUNK_BYTES
+        # the row's first chunks do not depend on the norm: in flight while x is reduced
+        c0 = tid
+        w0, w1, w2, w3 = load_chunks4(w, off, min(c0, last), n_threads, last)
         ss = F0  # same threads, loads and tree in every block: the same scale bits
         for i in range(4 * tid, n_cols, 4 * n_threads):
             x0, x1, x2, x3 = ld_nc_f32x4(x, i)
@@ -75,15 +86,11 @@ def _factory(name: str):
                 normed_out[i + 1] = y1
                 normed_out[i + 2] = y2
                 normed_out[i + 3] = y3
-        n_chunks = n_cols // per_chunk
-        last = n_chunks - 1
-        off = row * n_chunks * CHUNK_BYTES
         acc = F0
-        for c0 in range(tid, n_chunks, UNROLL * n_threads):
+        while c0 < n_chunks:
             c1 = c0 + n_threads
             c2 = c1 + n_threads
             c3 = c2 + n_threads
-            w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
             acc += normed_dot(w0, x, norm_w, per_chunk * c0, scale)
             if c1 < n_chunks:
                 acc += normed_dot(w1, x, norm_w, per_chunk * c1, scale)
@@ -91,6 +98,9 @@ def _factory(name: str):
                 acc += normed_dot(w2, x, norm_w, per_chunk * c2, scale)
             if c3 < n_chunks:
                 acc += normed_dot(w3, x, norm_w, per_chunk * c3, scale)
+            c0 += UNROLL * n_threads
+            if c0 < n_chunks:
+                w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
         put_warp_sum(part, tid >> 5, acc, tid & 31)
         cuda.syncthreads()
         if tid == 0:
@@ -103,7 +113,8 @@ def _factory(name: str):
         cuda.syncthreads()
         if last_flag[0]:  # uniform over the block: every warp takes part in route_warp
             cuda.threadfence()  # then read the other blocks' logits
-            route_warp(logits, 0, tid < 32, n_rows, k, norm_topk, ids, weights)
+            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_pick, s_id,
+                        scratch)
             if tid == 0:
                 done[0] = 0  # every block has counted: ready for the next launch
     return router_normed_kernel

@@ -256,8 +256,9 @@ def router_stamps(ctx):
     from strata.cuda_kernels import router_normed
     n_layer, n_expert, n_embd, k = 48, 128, 2048, 8
     factory, n_st = stamped(router_normed._factory, "def router_normed_kernel(",
-                            [("scale = F1 / math.sqrt(block_sum", "after", 8),
-                             ("n_chunks = n_cols // per_chunk", "before", 8),
+                            [("w0, w1, w2, w3 = load_chunks4(w, off, min(c0", "after", 8),
+                             ("scale = F1 / math.sqrt(block_sum", "after", 8),
+                             ("acc = F0", "before", 8),
                              ("put_warp_sum(part", "before", 8),
                              ("last_flag[0] = cuda.atomic.add", "after", 12)],
                             "return router_normed_kernel")
@@ -285,7 +286,7 @@ def router_stamps(ctx):
     finally:
         router_normed.kernel_for = real
     report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", st.copy_to_host(),
-           ["start", "norm scale", "block 0's xn written", "logit dotted",
+           ["start", "first loads issued", "norm scale", "block 0's xn written", "logit dotted",
             "counted (fence, atomic)", "end (the last block: routed)"])
 
 

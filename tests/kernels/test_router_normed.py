@@ -50,7 +50,8 @@ def _outputs(n_cols, n_rows, k):
     ("F32", 128, 64, 8, True, ((9, 4), (70, 31))),  # the 30B's experts and k, two ties
     ("F16", 60, 64, 4, True, ((5, 2),)),  # an odd count of experts
     ("F16", 24, 128, 4, False, ()),  # weights not renormalised
-    ("F32", 20, 1040, 8, True, ()),  # 260 chunks: three warps per row, warps 1-2 idle in routing
+    ("F32", 20, 1040, 8, True, ()),  # 260 chunks: three warps per row
+    ("F32", 300, 64, 16, True, ((150, 3),)),  # more experts than the block's 32 threads, k 16
 ])
 def test_matches_float64_and_reruns(name, n_rows, n_cols, k, norm_topk, ties):
     rng = np.random.default_rng(n_rows * 7 + n_cols)
@@ -89,7 +90,26 @@ def test_nan_logits_keep_ids_in_range():
     router_normed(np.ones(n_cols, np.float32), np.ones(n_cols, np.float32), w, ggml_type="F32",
                   eps=EPS, **out)
     assert ((out["ids"] >= 0) & (out["ids"] < n_rows)).all(), out["ids"]
+    np.testing.assert_array_equal(out["ids"], np.arange(k))  # all -inf: ties to the lower ids
     assert out["done"][0] == 0
+
+
+def test_nan_logits_are_never_picked_over_real_ones():
+    n_rows, n_cols, k = 40, 32, 8
+    rng = np.random.default_rng(5)
+    vals = rng.standard_normal((n_rows, n_cols)).astype(np.float32)
+    nan_rows = [0, 7, 13, 21, 22, 39]
+    vals[nan_rows] = np.nan
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    norm_w = np.ones(n_cols, np.float32)
+    _, logits, _, _ = _ref(x, norm_w, np.nan_to_num(vals.astype(np.float64), nan=0.0), k, True)
+    logits[nan_rows] = -np.inf
+    want = np.argsort(-logits, kind="stable")[:k]
+    out = _outputs(n_cols, n_rows, k)
+    router_normed(x, norm_w, vals.view(np.uint8), ggml_type="F32", eps=EPS, **out)
+    np.testing.assert_array_equal(out["ids"], want)
+    p = np.exp(logits[want] - logits[want[0]])
+    np.testing.assert_allclose(out["weights"], p / p.sum(), rtol=1e-5)
 
 
 def _args(n_rows=16, n_cols=32, k=4, name="F32"):
