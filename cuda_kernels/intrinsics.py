@@ -28,7 +28,6 @@ __all__ = [
     "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "prefetch_l1", "line_elems",
 ]
 
 
@@ -189,15 +188,6 @@ if SIMULATED:
         """xs[i:i+4] = v0..v3 on a float32 array (i a multiple of 4)."""
         _aligned(i, 4)
         xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
-
-    def prefetch_l1(a, i):
-        """A hint (nothing to simulate): the line of a[i] into this SM's L1. i must index a."""
-        if not 0 <= int(i) < len(a):
-            raise IndexError(f"prefetch of element {i} of an array of {len(a)}")
-
-    def line_elems(a):
-        """Elements of `a` per 128-byte cache line."""
-        return 128 // np.asarray(getattr(a, "_ary", a)).itemsize
 
     def quad_sum(v):
         """Sum of `v` over this lane's aligned group of 4 lanes, in each of them."""
@@ -444,35 +434,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     ld_f32_at = _word_loader(types.float32)
     ld_u32_at = _word_loader(types.uint32)
-
-    @intrinsic
-    def prefetch_l1(typingctx, a, i):
-        """`prefetch.global.L1` of the line holding a[i] (a global array): a read issued now, so a
-        load of that line later hits L1 rather than queueing behind the loads issued since."""
-        if not (isinstance(a, types.Array) and isinstance(i, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            addr = builder.ptrtoint(builder.gep(data, [idx]), _I64)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64]),
-                               "{ .reg .u64 g; cvta.to.global.u64 g, $0; prefetch.global.L1 [g]; }",
-                               "l", side_effect=True)
-            builder.call(asm, [addr])
-            return context.get_dummy_value()
-        return types.void(a, i), codegen
-
-    @intrinsic
-    def line_elems(typingctx, a):
-        """Elements of `a` per 128-byte cache line (a compile-time constant)."""
-        if not isinstance(a, types.Array):
-            return None
-        n = 128 * 8 // a.dtype.bitwidth
-
-        def codegen(context, builder, sig, args):
-            return ir.Constant(_I64, n)
-        return types.int64(a), codegen
 
     @intrinsic
     def st_x4(typingctx, xs, i, v0, v1, v2, v3):

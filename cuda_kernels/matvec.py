@@ -27,8 +27,8 @@ from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_s
 from .launch import check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
-from .xstage import (XPAD, padded_bytes, padded_len, prefetch_vector, stage_padded,
-                     stage_padded_normed, stage_x, staged_bytes, sum_squares)
+from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_normed, stage_x,
+                     staged_bytes, sum_squares)
 
 WARPS = 4          # rows per block
 THREADS = 32 * WARPS
@@ -212,10 +212,6 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         s_first = sub * per_step
         s_stride = per_step << log
         pair = cuda.blockIdx.x * per_block + (warp >> log)
-        n_vals = n_sb * n_values
-        prefetch_vector(x, n_vals)  # before the weight loads: staging then hits L1
-        if normed:
-            prefetch_vector(nw, n_vals)
         m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
@@ -223,6 +219,7 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
                         s_first)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
+        n_vals = n_sb * n_values
         if normed:
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
             scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)

@@ -41,8 +41,7 @@ from .launch import check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
                      lane_jit_options, lane_split, lanes_fit, stage_table)
 from .qformats import FORMATS, get_format
-from .xstage import (XPAD, padded_bytes, padded_len, prefetch_vector, stage_padded, stage_x,
-                     staged_bytes)
+from .xstage import XPAD, padded_bytes, padded_len, stage_padded, stage_x, staged_bytes
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -222,7 +221,6 @@ def _gate_up_lanes(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        prefetch_vector(x, n_sb * n_values)  # arrives while the experts are resolved
         resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
                        counters, s_where, s_base)
         cuda.syncthreads()
@@ -294,7 +292,6 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        prefetch_vector(x, n_sb * n_values)  # arrives while the experts are resolved
         resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
                        counters, s_where, s_base)
         if has_tab:
@@ -392,7 +389,6 @@ def _down_lanes(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         t = cuda.threadIdx.x
-        prefetch_vector(h, k * n_sb * sb_values)  # arrives while the experts are resolved
         resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
                         down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
         n_units = s_n[0] * n_sb

@@ -7,9 +7,9 @@ Ties go to the lower expert id. The k ids come out in descending weight order.
 
 `route_block` routes one token with a whole block instead (the fused decode router's last block):
 each thread ranks its experts against all the others in shared memory, so the k picks cost one
-pass over the logits rather than k dependent warp argmaxes (on the H200 those took ~4 us of the
-fused router's ~9; bench/probes/phase_stamps.py). Same picks, ties and order; the softmax's sum
-is reduced over the block, so a weight may differ from `route`'s in its last bits.
+pass over the logits rather than k dependent warp argmaxes (on the H200 those took ~4.5 us of
+the fused router's ~9; bench/probes/phase_stamps.py). Same picks, ties and order; the softmax's
+sum is reduced over the block, so a weight may differ from `route`'s in its last bits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import block_max, block_sum, warp_argmax, warp_max, warp_sum
+from .intrinsics import block_sum, ld_x4, warp_argmax, warp_max, warp_sum
 from .launch import check_array, n_blocks, register_ptx
 
 MAX_EXPERTS = 512
@@ -74,38 +74,59 @@ def route_warp(logits, tok, active, n_expert, k, norm_topk, ids, weights):
 
 
 @cuda.jit(device=True, inline="always")
-def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_pick, s_id,
+def _beats(u, j, v, e):
+    """1 where expert j (logit u) ranks before expert e (logit v): larger, or equal and a lower
+    id; else 0."""
+    return np.int32((u > v) | ((u == v) & (j < e)))
+
+
+@cuda.jit(device=True, inline="always")
+def _beats4(s_val, j, v, e):
+    """How many of experts j..j+3 rank before expert e (one 16-byte shared read)."""
+    u0, u1, u2, u3 = ld_x4(s_val, j)
+    return (_beats(u0, j, v, e) + _beats(u1, j + 1, v, e)) + (
+        _beats(u2, j + 2, v, e) + _beats(u3, j + 3, v, e))
+
+
+@cuda.jit(device=True, inline="always")
+def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_id, s_pick,
                 scratch):
     """Token `tok`'s routing by the whole calling block (every thread calls: it synchronises),
     with `route_warp`'s picks: an expert's rank is the number of experts with a larger logit, or
     an equal one and a lower id (a strict order: every rank is taken once), and ranks 0..k-1 are
     the picks in descending weight order. A NaN logit counts as -inf (never picked over a real
-    one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert], s_pick f32
-    [>= k], s_id i32 [>= k], scratch f32 [32]."""
+    one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert rounded up to
+    16], 16-byte aligned; s_id i32 [>= k]; s_pick f32 [>= k]; scratch f32 [32].
+
+    Latency is what counts here (one block, alone on its SM, at the end of the router): the
+    rank loop reads 16 logits per step with four 16-byte broadcast reads issued together."""
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
-    m = NEG_INF
+    n_pad = (n_expert + 15) & ~15
+    for e in range(tid, n_pad, n_threads):
+        v = logits[tok, e] if e < n_expert else NEG_INF  # padding ranks after every expert
+        s_val[e] = v if v > NEG_INF else NEG_INF
+    cuda.syncthreads()
     for e in range(tid, n_expert, n_threads):
-        v = logits[tok, e]
-        v = v if v > NEG_INF else NEG_INF
-        s_val[e] = v
-        m = max(m, v)
-    m = block_max(m, scratch)  # its barriers also publish s_val
+        v = s_val[e]
+        rank = np.int32(0)
+        for j in range(0, n_pad, 16):
+            rank += (_beats4(s_val, j, v, e) + _beats4(s_val, j + 4, v, e)) + (
+                _beats4(s_val, j + 8, v, e) + _beats4(s_val, j + 12, v, e))
+        if rank < k:
+            s_id[rank] = e
+    cuda.syncthreads()
+    m = s_val[s_id[0]]  # rank 0: the largest logit
     z = F0
     for e in range(tid, n_expert, n_threads):
         v = s_val[e]
         if v > NEG_INF:
             z += math.exp(v - m)
     z = block_sum(z, scratch)
-    for e in range(tid, n_expert, n_threads):
+    if tid < k:
+        e = s_id[tid]
         v = s_val[e]
-        rank = 0
-        for j in range(n_expert):  # the same address in every lane: a broadcast read
-            u = s_val[j]
-            rank += (u > v) | ((u == v) & (j < e))
-        if rank < k:
-            s_pick[rank] = math.exp(v - m) / z if v > NEG_INF else F0
-            s_id[rank] = e
+        s_pick[tid] = math.exp(v - m) / z if v > NEG_INF else F0
     cuda.syncthreads()
     if tid < k:
         picked = F0

@@ -1,9 +1,9 @@
 """The MoE router of one decode token in one launch: the FFN's RMSNorm, the router's logits and
 the softmax top-k, which were three launches (`rms_norm`, `matvec_float`, `route`) per layer.
 
-Block r computes logit r. Every block first issues its row's first weight loads (they do not
-depend on the norm), then sums x^2 over the raw residual x itself, with the same threads, loads
-and reduction tree, so the norm's scale is bit-identical in every block; each block then forms
+Block r computes logit r. Every block sums x^2 over the raw residual x itself, with the same
+threads, loads and reduction tree, so the norm's scale is bit-identical in every block, and
+issues its row's first weight loads before that sum's reduction; each block then forms
 xn = x * scale * norm_w on the fly while it dots its weight row (16-byte read-only loads of W,
 x and norm_w, 1-4 warps per row: `matvec_f32`'s chunk dots and warp count) and block 0 also
 writes xn to `normed_out` for the MoE launch that follows. The last block to finish (a device
@@ -30,6 +30,7 @@ from .router import MAX_EXPERTS, MAX_K, route_block
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
+ALIGN16 = None if SIMULATED else 16  # route_block's 16-byte shared reads (simulator: none)
 
 
 @cuda.jit(device=True, inline="always")
@@ -61,9 +62,9 @@ def _factory(name: str):
         scratch = cuda.shared.array(32, types.float32)
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)
-        s_val = cuda.shared.array(MAX_EXPERTS, types.float32)  # the last block's routing
-        s_pick = cuda.shared.array(MAX_K, types.float32)
+        s_val = cuda.shared.array(MAX_EXPERTS, types.float32, alignment=ALIGN16)  # routing
         s_id = cuda.shared.array(MAX_K, types.int32)
+        s_pick = cuda.shared.array(MAX_K, types.float32)
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         n_threads = cuda.blockDim.x
@@ -71,13 +72,14 @@ def _factory(name: str):
         n_chunks = n_cols // per_chunk
         last = n_chunks - 1
         off = row * n_chunks * CHUNK_BYTES
-        # the row's first chunks do not depend on the norm: in flight while x is reduced
-        c0 = tid
-        w0, w1, w2, w3 = load_chunks4(w, off, min(c0, last), n_threads, last)
         ss = F0  # same threads, loads and tree in every block: the same scale bits
         for i in range(4 * tid, n_cols, 4 * n_threads):
             x0, x1, x2, x3 = ld_nc_f32x4(x, i)
             ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+        # the row's first chunks do not depend on the norm: in flight while it is reduced (not
+        # before x's loads: a load's data comes back in issue order, behind every earlier miss)
+        c0 = tid
+        w0, w1, w2, w3 = load_chunks4(w, off, min(c0, last), n_threads, last)
         scale = F1 / math.sqrt(block_sum(ss, scratch) / np.float32(n_cols) + eps)
         if row == 0:
             for i in range(4 * tid, n_cols, 4 * n_threads):
@@ -113,7 +115,7 @@ def _factory(name: str):
         cuda.syncthreads()
         if last_flag[0]:  # uniform over the block: every warp takes part in route_warp
             cuda.threadfence()  # then read the other blocks' logits
-            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_pick, s_id,
+            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id, s_pick,
                         scratch)
             if tid == 0:
                 done[0] = 0  # every block has counted: ready for the next launch

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import ld_x4, line_elems, prefetch_l1, quad_sum, st_x4
+from .intrinsics import ld_x4, quad_sum, st_x4
 
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
 
@@ -22,16 +22,6 @@ def stage_x(x, x_base, n_vals, xs, xs_base):
     """xs[xs_base + (i // 32) * XPAD + i % 32] = x[x_base + i] for i < n_vals (whole block)."""
     for i in range(cuda.threadIdx.x, n_vals, cuda.blockDim.x):
         xs[xs_base + (i >> 5) * XPAD + (i & 31)] = np.float32(x[x_base + i])
-
-
-@cuda.jit(device=True, inline="always")
-def prefetch_vector(x, n_vals):
-    """Every 128-byte line of x[:n_vals] prefetched into the SM's L1, a line a thread (whole
-    block). Issued before a kernel's first weight loads, the later staging of x hits L1: on the
-    H200 staging otherwise took ~2 us, its L2 hits queued behind the weight loads' misses."""
-    step = line_elems(x)
-    for i in range(cuda.threadIdx.x * step, n_vals, cuda.blockDim.x * step):
-        prefetch_l1(x, i)
 
 
 def staged_bytes(n_groups: int) -> int:

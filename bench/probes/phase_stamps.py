@@ -286,8 +286,8 @@ def router_stamps(ctx):
     finally:
         router_normed.kernel_for = real
     report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", st.copy_to_host(),
-           ["start", "first loads issued", "norm scale", "block 0's xn written", "logit dotted",
-            "counted (fence, atomic)", "end (the last block: routed)"])
+           ["start", "x summed, first loads issued", "norm scale", "block 0's xn written",
+            "logit dotted", "counted (fence, atomic)", "end (the last block: routed)"])
 
 
 PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps}
