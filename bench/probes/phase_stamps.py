@@ -108,7 +108,8 @@ def report(title, stamps, names):
             print(f"  {name:34s} not reached")
             continue
         v = rel_clk[hit][:, i] / ghz / 1e3
-        print(f"  {name:34s} median {np.median(v):7.2f} us   p90 {np.percentile(v, 90):7.2f} us")
+        print(f"  {name:34s} median {np.median(v):7.2f} us   p90 {np.percentile(v, 90):7.2f} us"
+              f"   max {v.max():7.2f} us")
     starts = np.where(ok, s[:, :, 0, 1], np.iinfo(np.int64).max).min(1)
     ends = np.where(ok, s[:, :, -1, 1], 0).max(1)
     first_end = np.where(ok, s[:, :, -1, 1], np.iinfo(np.int64).max).min(1)
@@ -117,6 +118,12 @@ def report(title, stamps, names):
                      ("block starts spread (first .. last)", last_start - starts),
                      ("first block's end after first start", first_end - starts)):
         print(f"  {label:40s} median {np.median(v) / 1e3:7.2f} us")
+    # the block that ends last in each launch, its stamps from the launch's first start: is the
+    # span one late block (a straggler, or a last block with work of its own) or every block?
+    last = np.where(ok, s[:, :, -1, 1], 0).argmax(1)
+    tail = s[np.arange(len(s)), last, :, 1] - starts[:, None]
+    print("  the block ending last, from the launch's first start (median over launches): "
+          + ", ".join(f"{np.median(tail[:, i]) / 1e3:.2f}" for i in range(len(names))) + " us")
     gaps = starts[1:] - ends[:-1]
     print(f"  {'gap to the next launch' + chr(39) + 's first start':40s} median "
           f"{np.median(gaps) / 1e3:7.2f} us")
@@ -260,7 +267,8 @@ def router_stamps(ctx):
                              ("scale = F1 / math.sqrt(block_sum", "after", 8),
                              ("acc = F0", "before", 8),
                              ("put_warp_sum(part", "before", 8),
-                             ("last_flag[0] = cuda.atomic.add", "after", 12)],
+                             ("last_flag[0] = cuda.atomic.add", "after", 12),
+                             ("cuda.threadfence()  # then read", "after", 12)],
                             "return router_normed_kernel")
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
@@ -287,7 +295,8 @@ def router_stamps(ctx):
         router_normed.kernel_for = real
     report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", st.copy_to_host(),
            ["start", "x summed, first loads issued", "norm scale", "block 0's xn written",
-            "logit dotted", "counted (fence, atomic)", "end (the last block: routed)"])
+            "logit dotted", "counted (fence, atomic)", "last block: its fence passed",
+            "end (the last block: routed)"])
 
 
 PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps}
