@@ -54,12 +54,19 @@ def _stamp(stamps, i):
         stamps[b, i, 1] = globaltimer()
 
 
-def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: str | None):
+def stamped(factory, kernel_def: str, marks: list[tuple[str, str, int]], ret: str | None,
+            replace: tuple[tuple[str, str], ...] = ()):
     """The factory's source with a `stamps` argument added to `kernel_def`'s kernel, stamp 0
     right after its def line, a stamp before or after the first line (in turn) holding each
     mark's text, at the mark's indentation, and (ret given) a last one before the line `ret`;
-    exec'd in the factory module's namespace. marks: (text, "before" | "after", indent)."""
+    exec'd in the factory module's namespace. marks: (text, "before" | "after", indent);
+    replace: (old, new) text substitutions made first (a variant of the kernel; each must
+    match)."""
     src = textwrap.dedent(inspect.getsource(factory))
+    for old, new in replace:
+        if old not in src:
+            raise RuntimeError(f"replace: {old!r} not found")
+        src = src.replace(old, new)
     out, i_stamp, in_kernel, in_def, pending = [], 1, False, False, list(marks)
     for ln in src.split("\n"):
         stripped = ln.strip()
@@ -258,8 +265,24 @@ def matvec_stamps(ctx):
                st.copy_to_host(), names)
 
 
-def router_stamps(ctx):
-    """The fused router (RMSNorm, F32 128 x 2048 logits, softmax top-8), 48 layers."""
+ROUTE_CALL = """            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id, s_pick,
+                        scratch)
+"""
+# the last block routes twice (the same code: a loop of a count read from memory, never
+# unrolled), stamping after each: a second pass much faster than the first says the first
+# waits on something cold (its instructions), not on its arithmetic
+ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
+                route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id,
+                            s_pick, scratch)
+                if tid == 0:
+                    stamps[cuda.blockIdx.x, N_ST + rep, 0] = clock64()
+                    stamps[cuda.blockIdx.x, N_ST + rep, 1] = globaltimer()
+"""
+
+
+def router_stamps(ctx, twice: bool = False):
+    """The fused router (RMSNorm, F32 128 x 2048 logits, softmax top-8), 48 layers; `twice`:
+    its last block routes twice (ROUTE_TWICE)."""
     from strata.cuda_kernels import router_normed
     n_layer, n_expert, n_embd, k = 48, 128, 2048, 8
     factory, n_st = stamped(router_normed._factory, "def router_normed_kernel(",
@@ -269,7 +292,10 @@ def router_stamps(ctx):
                              ("put_warp_sum(part", "before", 8),
                              ("last_flag[0] = cuda.atomic.add", "after", 12),
                              ("cuda.threadfence()  # then read", "after", 12)],
-                            "return router_normed_kernel")
+                            "return router_normed_kernel",
+                            ((ROUTE_CALL, ROUTE_TWICE),) if twice else ())
+    if twice:
+        factory.__globals__.update(N_ST=n_st, clock64=clock64, globaltimer=globaltimer)
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
                      .view(np.uint8).reshape(-1)) for _ in range(n_layer)]
@@ -279,8 +305,8 @@ def router_stamps(ctx):
     logits = ctx.cuda.device_array(n_expert, np.float32)
     ids = ctx.cuda.device_array(k, np.int32)
     wts = ctx.cuda.device_array(k, np.float32)
-    done = ctx.upload(np.zeros(1, np.int32))
-    st = cuda.to_device(np.zeros((n_layer, n_expert, n_st, 2), np.int64))
+    done = ctx.upload(np.zeros(2, np.int32))
+    st = cuda.to_device(np.zeros((n_layer, n_expert, n_st + (2 if twice else 0), 2), np.int64))
     wrap = _Stamped(kern, st)
     real = router_normed.kernel_for
     router_normed.kernel_for = lambda name: wrap
@@ -293,13 +319,24 @@ def router_stamps(ctx):
         us = ctx.time_graph(record, n_layer)
     finally:
         router_normed.kernel_for = real
-    report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", st.copy_to_host(),
+    host = st.copy_to_host()
+    if twice:
+        s = host[1:]
+        last = s[:, :, n_st - 2, 1].argmax(1)  # the block that passed the last block's fence
+        t = s[np.arange(len(s)), last, :, 1]
+        fence, one, two = t[:, n_st - 2], t[:, n_st], t[:, n_st + 1]
+        print(f"\nrouter_normed, the last block routing twice: {us:.2f} us a launch; first "
+              f"pass {np.median(one - fence) / 1e3:.2f} us, second {np.median(two - one) / 1e3:.2f}"
+              f" us (medians over launches)")
+        return
+    report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", host,
            ["start", "x summed, first loads issued", "norm scale", "block 0's xn written",
             "logit dotted", "counted (fence, atomic)", "last block: its fence passed",
             "end (the last block: routed)"])
 
 
-PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps}
+PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps,
+         "route_twice": lambda ctx: router_stamps(ctx, twice=True)}
 
 
 def main():
