@@ -11,7 +11,8 @@ the span from the first block's start to the last block's end, and the gap from 
 last block end to the next's first start.
 
 Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`
-(`--only router,matvec` for some parts).
+(`--only router,matvec` for some parts; `route_twice`, not in the default set, has the router's
+last block route twice and prints the two passes' times).
 """
 import inspect
 import math
@@ -265,9 +266,8 @@ def matvec_stamps(ctx):
                st.copy_to_host(), names)
 
 
-ROUTE_CALL = """            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id, s_pick,
-                        scratch)
-"""
+ROUTE_CALL = (" " * 12 + "route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, "
+              "s_id, s_pick,\n" + " " * 24 + "scratch)\n")
 # the last block routes twice (the same code: a loop of a count read from memory, never
 # unrolled), stamping after each: a second pass much faster than the first says the first
 # waits on something cold (its instructions), not on its arithmetic
@@ -325,9 +325,9 @@ def router_stamps(ctx, twice: bool = False):
         last = s[:, :, n_st - 2, 1].argmax(1)  # the block that passed the last block's fence
         t = s[np.arange(len(s)), last, :, 1]
         fence, one, two = t[:, n_st - 2], t[:, n_st], t[:, n_st + 1]
+        first, second = np.median(one - fence) / 1e3, np.median(two - one) / 1e3
         print(f"\nrouter_normed, the last block routing twice: {us:.2f} us a launch; first "
-              f"pass {np.median(one - fence) / 1e3:.2f} us, second {np.median(two - one) / 1e3:.2f}"
-              f" us (medians over launches)")
+              f"pass {first:.2f} us, second {second:.2f} us (medians over launches)")
         return
     report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", host,
            ["start", "x summed, first loads issued", "norm scale", "block 0's xn written",
@@ -342,8 +342,9 @@ PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": rou
 def main():
     import argparse
     ap = argparse.ArgumentParser(description="timestamps inside decode kernels")
-    ap.add_argument("--only", default=",".join(PARTS),
-                    help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all)")
+    ap.add_argument("--only", default="attn,moe,matvec,router",
+                    help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all "
+                         f"but route_twice)")
     names = [n for n in ap.parse_args().only.split(",") if n]
     unknown = [n for n in names if n not in PARTS]
     if unknown:
