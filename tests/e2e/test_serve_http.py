@@ -157,6 +157,10 @@ def test_disconnect_frees_the_slot_and_queued_cancels_never_run(long_server):
     readers = [resp.iter_lines() for _, resp in running]  # kept: a dropped reader closes
     assert all(next(r).startswith("data: ") for r in readers)
     assert wait_for(lambda: metric(http, "strata_active_sequences") == 4)
+    # a sequence counts as active before its prefill is done (and counted): the engine thread's
+    # next decode step comes after the last one's prefill
+    steps = metric(http, "strata_decode_steps_total")
+    assert wait_for(lambda: metric(http, "strata_decode_steps_total") > steps)
     queued_client, queued = open_stream(server.url, n_long)
     assert wait_for(lambda: metric(http, "strata_queue_depth") == 1)
     prompt_before = metric(http, "strata_prompt_tokens_total")
