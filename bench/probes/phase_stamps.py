@@ -184,23 +184,64 @@ class _Stamped:
         return launch
 
 
-def moe_stamps(ctx):
+# MoE variant (`--only moe_early`): each kernel stages its vector (x, h) before it resolves the
+# experts, so the vector's loads go out first and come back first (a load's data returns in
+# issue order), and the weight loads, which need the resolved slots anyway, come after
+_GU_STAGE = """        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+"""
+_DN_STAGE = """        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(h, 0, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+"""
+MOE_EARLY_GU = (
+    ("        t = cuda.threadIdx.x\n        resolve_shared(",
+     "        t = cuda.threadIdx.x\n" + _GU_STAGE + "        resolve_shared("),
+    ("  # in flight while x is staged\n" + _GU_STAGE + "        cuda.syncthreads()\n", "\n"))
+MOE_EARLY_DN = (
+    ("        t = cuda.threadIdx.x\n        resolve_compact(",
+     "        t = cuda.threadIdx.x\n" + _DN_STAGE + "        resolve_compact("),
+    ("cur_b = load(src, off + off_b, part)\n" + textwrap.indent(_DN_STAGE, "    ")
+     + "            cuda.syncthreads()\n", "cur_b = load(src, off + off_b, part)\n"))
+
+
+def moe_stamps(ctx, early: bool = False):
     n_layer, n_expert, k = 12, 128, 8
     from strata.cuda_kernels.lanes import LANE_FORMATS
     from gguf import GGMLQuantizationType as T
     lf = LANE_FORMATS[int(T.Q4_K)]
-    gu_f, n_gu = stamped(moe._gate_up_lanes, "def moe_gate_up_lanes(",
-                         [("counters, s_where, s_base)", "after", 8),
-                          ("cuda.syncthreads()", "after", 8),
-                          ("cur = load_pair(src, off_g", "after", 8),
-                          ("cuda.syncthreads()", "after", 8)],
-                         "return moe_gate_up_lanes")
-    dn_f, n_dn = stamped(moe._down_lanes, "def moe_down_lanes(",
-                         [("down_off, s_w0, s_b0", "after", 8),
-                          ("cur_b = load(src, off + off_b", "after", 12),
-                          ("cuda.syncthreads()", "after", 12),
-                          ("acc_a, acc_b = combine_split", "before", 8)],
-                         "return moe_down_lanes")
+    if early:
+        gu_f, n_gu = stamped(moe._gate_up_lanes, "def moe_gate_up_lanes(",
+                             [("counters, s_where, s_base)", "after", 8),
+                              ("cuda.syncthreads()", "after", 8),
+                              ("cur = load_pair(src, off_g", "after", 8)],
+                             "return moe_gate_up_lanes", MOE_EARLY_GU)
+        dn_f, n_dn = stamped(moe._down_lanes, "def moe_down_lanes(",
+                             [("down_off, s_w0, s_b0", "after", 8),
+                              ("cur_b = load(src, off + off_b", "after", 12),
+                              ("acc_a, acc_b = combine_split", "before", 8)],
+                             "return moe_down_lanes", MOE_EARLY_DN)
+        gu_names = ["start", "x staged, resolved", "after sync", "first loads issued", "end"]
+        dn_names = ["start", "h staged, resolved (compact)", "first loads issued", "units done",
+                    "end"]
+    else:
+        gu_f, n_gu = stamped(moe._gate_up_lanes, "def moe_gate_up_lanes(",
+                             [("counters, s_where, s_base)", "after", 8),
+                              ("cuda.syncthreads()", "after", 8),
+                              ("cur = load_pair(src, off_g", "after", 8),
+                              ("cuda.syncthreads()", "after", 8)],
+                             "return moe_gate_up_lanes")
+        dn_f, n_dn = stamped(moe._down_lanes, "def moe_down_lanes(",
+                             [("down_off, s_w0, s_b0", "after", 8),
+                              ("cur_b = load(src, off + off_b", "after", 12),
+                              ("cuda.syncthreads()", "after", 12),
+                              ("acc_a, acc_b = combine_split", "before", 8)],
+                             "return moe_down_lanes")
+        gu_names = ["start", "resolved", "after sync", "first loads issued", "x staged (sync)",
+                    "end"]
+        dn_names = ["start", "resolved (compact)", "first loads issued", "h staged (sync)",
+                    "units done", "end"]
     gu_k, dn_k = gu_f(lf), dn_f(lf)
     record = moe_case(ctx, "Q4_K", "Q4_K", n_layer, n_expert, k)
     st_gu = cuda.to_device(np.zeros((n_layer, 256, n_gu, 2), np.int64))
@@ -213,12 +254,10 @@ def moe_stamps(ctx):
         us = ctx.time_graph(record, n_layer)
     finally:
         moe._kernel = real
-    print(f"\nMoE Q4_K/Q4_K, both kernels: {us:.2f} us a layer in the graph")
-    report("  gate/up (lanes)", st_gu.copy_to_host(),
-           ["start", "resolved", "after sync", "first loads issued", "x staged (sync)", "end"])
-    report("  down (lanes)", st_dn.copy_to_host(),
-           ["start", "resolved (compact)", "first loads issued", "h staged (sync)",
-            "units done", "end"])
+    tag = ", vectors staged before the experts are resolved" if early else ""
+    print(f"\nMoE Q4_K/Q4_K{tag}, both kernels: {us:.2f} us a layer in the graph")
+    report("  gate/up (lanes)", st_gu.copy_to_host(), gu_names)
+    report("  down (lanes)", st_dn.copy_to_host(), dn_names)
 
 
 def matvec_stamps(ctx):
@@ -336,7 +375,8 @@ def router_stamps(ctx, twice: bool = False):
 
 
 PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps,
-         "route_twice": lambda ctx: router_stamps(ctx, twice=True)}
+         "route_twice": lambda ctx: router_stamps(ctx, twice=True),
+         "moe_early": lambda ctx: moe_stamps(ctx, early=True)}
 
 
 def main():
@@ -344,7 +384,7 @@ def main():
     ap = argparse.ArgumentParser(description="timestamps inside decode kernels")
     ap.add_argument("--only", default="attn,moe,matvec,router",
                     help=f"comma-separated parts to run, of {','.join(PARTS)} (default: all "
-                         f"but route_twice)")
+                         f"but the variants route_twice and moe_early)")
     names = [n for n in ap.parse_args().only.split(",") if n]
     unknown = [n for n in names if n not in PARTS]
     if unknown:
