@@ -78,6 +78,47 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
                 xs[sums_off + (q >> 2)] = s
 
 
+STAGE_QUADS = 4  # quads of x a thread loads before it stores any (`stage_padded_wide`)
+
+
+@cuda.jit(device=True, inline="always")
+def _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
+    """Quad q stored at its padded position and (sums) added into its 16-value sum; every
+    thread calls this the same number of times (the sums use 4-lane shuffles)."""
+    s = np.float32(0.0)
+    if q < n_quads:
+        st_x4(xs, pad_pos(4 * q, a, pa, b, pb), v0, v1, v2, v3)
+        s = (v0 + v1) + (v2 + v3)
+    if sums:
+        s = quad_sum(s)
+        if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
+            xs[sums_off + (q >> 2)] = s
+
+
+@cuda.jit(device=True, inline="always")
+def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
+    """`stage_padded` of x[:n_vals] (x_base 0) with each thread's loads issued STAGE_QUADS quads
+    at a time, before any of their stores. A shared store may alias a later global load for the
+    compiler (numba's arrays are generic pointers), so `stage_padded`'s loop waits a memory
+    latency per iteration: the MoE down kernel's 8 x 768 values (6 iterations of 256 threads)
+    took ~3.5 us that way on the H200 with nothing else in flight (`phase_stamps.py`,
+    moe_early). Worth it where nothing else is in flight (loads return in issue order); the
+    same sums, in the same order, as `stage_padded`."""
+    n_quads = n_vals >> 2
+    last = n_quads - 1
+    bd = cuda.blockDim.x
+    for q in range(cuda.threadIdx.x, n_quads + cuda.threadIdx.x, STAGE_QUADS * bd):
+        # a quad past the end loads the last one again (in bounds) and is never stored
+        a0, a1, a2, a3 = ld_x4(x, 4 * min(q, last))
+        b0, b1, b2, b3 = ld_x4(x, 4 * min(q + bd, last))
+        c0, c1, c2, c3 = ld_x4(x, 4 * min(q + 2 * bd, last))
+        d0, d1, d2, d3 = ld_x4(x, 4 * min(q + 3 * bd, last))
+        _put_quad(xs, q, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
+        _put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
+        _put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
+        _put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
+
+
 @cuda.jit(device=True, inline="always")
 def sum_squares(x, n_vals):
     """This thread's part of sum(x[i]^2) over i < n_vals (a multiple of 4; x float32): the quads
