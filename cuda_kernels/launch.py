@@ -17,10 +17,13 @@ from numba import cuda
 from strata.aot.runtime import attach as _attach_kernel_bundle
 
 from .intrinsics import SIMULATED
+from .lowering import apply as _linear_lowering
 
 # A frozen build (or $STRATA_KERNEL_BUNDLE) serves every kernel from its ahead-of-time cubins; a
 # developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
 _attach_kernel_bundle()
+if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py): same PTX
+    _linear_lowering()
 
 
 def check_array(name: str, a: Any, dtype, shape: tuple[int | None, ...] | None = None) -> None:
