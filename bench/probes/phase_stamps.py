@@ -11,8 +11,9 @@ the span from the first block's start to the last block's end, and the gap from 
 last block end to the next's first start.
 
 Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`
-(`--only router,matvec` for some parts; `route_twice`, not in the default set, has the router's
-last block route twice and prints the two passes' times).
+(`--only router,matvec` for some parts). Two variants, not in the default set: `route_twice` (the
+router's last block routes twice; the two passes' times) and `moe_early` (gate/up stages x
+before it resolves the experts).
 """
 import inspect
 import math
