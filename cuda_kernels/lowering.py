@@ -3,10 +3,10 @@
 Before it emits a function, numba-cuda's `Lower` lists the variables assigned exactly once (they
 skip an alloca). For each candidate it scans every assignment of the variable's block, so a
 block of n statements costs O(n^2). Our kernels inline every device function at the numba IR
-level (`inline="always"`), and their blocks grow to thousands of statements: on the 2-core CI
-machine the IQ3_S lane kernels took 110-230 s each to compile, almost all of it in that scan
-(cProfile: 119 of 179 s for `moe_gate_up_lanes_IQ3_S`), and the PTX compile test was about half
-of CI's time.
+level (`inline="always"`), and their blocks grow to thousands of statements. On a 2-core
+machine the IQ3_S lane kernels took 100-230 s each to compile, most of it in that scan (cProfile:
+119 of 179 s for `moe_gate_up_lanes_IQ3_S`), and the PTX compile test took about half of a full
+test run.
 
 `apply()` replaces the method with one that counts each block's assignments once. The result is
 the same set by construction; the test compares it with numba-cuda's own method on real kernels.

@@ -6,10 +6,11 @@ two warp reductions and each of the k picks is one warp argmax; the winning lane
 Ties go to the lower expert id. The k ids come out in descending weight order.
 
 `route_block` routes one token with a whole block instead (the fused decode router's last block):
-each thread ranks its experts against all the others in shared memory, so the k picks cost one
-pass over the logits rather than k dependent warp argmaxes (on the H200 those took ~4.5 us of
-the fused router's ~9; bench/probes/phase_stamps.py). Same picks, ties and order; the softmax's
-sum is reduced over the block, so a weight may differ from `route`'s in its last bits.
+each thread ranks its experts against all the others in shared memory, one pass over the logits
+instead of k dependent warp argmaxes. On the H200 it took as long as the warp (~3.7 us in the
+router's last block, bench/probes/phase_stamps.py), so latency there is not in the picks.
+Same picks, ties and order; the softmax's sum is reduced over the block, so a weight may differ
+from `route`'s in its last bits.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_id, 
     one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert rounded up to
     16], 16-byte aligned; s_id i32 [>= k]; s_pick f32 [>= k]; scratch f32 [32].
 
-    Latency is what counts here (one block, alone on its SM, at the end of the router): the
-    rank loop reads 16 logits per step with four 16-byte broadcast reads issued together."""
+    One block runs this alone at the end of the router, so latency is what counts: the rank
+    loop reads 16 logits per step with four 16-byte broadcast reads issued together."""
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
     n_pad = (n_expert + 15) & ~15

@@ -101,9 +101,9 @@ def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
     at a time, before any of their stores. A shared store may alias a later global load for the
     compiler (numba's arrays are generic pointers), so `stage_padded`'s loop waits a memory
     latency per iteration: the MoE down kernel's 8 x 768 values (6 iterations of 256 threads)
-    took ~3.5 us that way on the H200 with nothing else in flight (`phase_stamps.py`,
-    moe_early). Worth it where nothing else is in flight (loads return in issue order); the
-    same sums, in the same order, as `stage_padded`."""
+    took ~3.5 us that way on the H200 with nothing else in flight (`phase_stamps.py`). Worth it
+    where nothing else is in flight (loads return in issue order); the same sums, in the same
+    order, as `stage_padded`."""
     n_quads = n_vals >> 2
     last = n_quads - 1
     bd = cuda.blockDim.x
