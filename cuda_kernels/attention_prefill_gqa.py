@@ -35,6 +35,7 @@ from numba import cuda, float32, uint32
 
 from .attention import _check_pair, _row_bytes
 from .kvcache import KvSide, make_reader
+from .launch import MAX_SHARED_BYTES
 from .mma import (SIMULATED, cp_async16, cp_async_wait, ldsm_x4, ldsm_x4_trans, mma_16816,
                   pack_half2, shfl_xor)
 
@@ -46,7 +47,6 @@ BKV = 32
 # registers, unbounded 170 leaves room for 2) and 1.25 for 8 warps unbounded (one block an SM)
 # (bench/results/2026-11-30_kernels_prefill_attn_gqa.json). Other shapes are unbounded.
 MIN_BLOCKS = {4: 3, 8: 2}
-MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix rows and cp.async targets: 16-byte aligned
 NEG_INF = float32(-np.inf)
 LOG2E = 1.4426950408889634

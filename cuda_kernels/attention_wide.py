@@ -38,6 +38,7 @@ from numba import cuda, float32, int32, uint32
 from strata.plan import attn_split
 
 from .intrinsics import SIMULATED, ld_nc_u32x4, prmt
+from .launch import MAX_SHARED_BYTES
 from .mma import half2_hi, half2_lo, mma_16816, pack_half2, shfl_xor
 
 WARPS = 4
@@ -51,7 +52,6 @@ LO_PAIR, HI_PAIR = 0x5410, 0x7632  # prmt: the low / high halves of two words
 _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
 
-MAX_SHARED_BYTES = 48 * 1024  # static shared memory without an opt-in
 RED_ROW = 33              # one P V fragment of a warp in shared memory: 32 lanes + 1 of padding
 
 

@@ -28,7 +28,7 @@ from .batch_moe_lanes import _where, launch_lanes, lanes_plan
 from .batch_moe_tc import launch_tc, tc_moe_fits
 from .elementwise import silu
 from .intrinsics import warp_sum
-from .launch import check_array, device_table, n_blocks, register_ptx
+from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import stage_table
 from .moe import MAX_K, ExpertLayout
 from .qformats import BY_NAME, FORMATS, get_format
@@ -37,7 +37,7 @@ from .xstage import XPAD, stage_x, staged_bytes
 WARPS = 8
 THREADS = 32 * WARPS
 MAX_TOKENS = 8
-MAX_STAGED_BYTES = 48 * 1024
+MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memory
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}

@@ -24,9 +24,9 @@ from numba import cuda, from_dtype, types
 
 from .intrinsics import SIMULATED, ld_x4, quad_sum, st_x4, warp_sum
 from .lanes import LaneFormat, combine_split, lane_format
-from .launch import check_rows, check_token_batch, device_table, flat, n_blocks, register_ptx
-from .matvec import (LANE_THREADS, LANE_WARPS, MAX_SHARED_BYTES, PART_SLOTS, lane_split,
-                     matvec, stage_table)
+from .launch import (MAX_SHARED_BYTES, check_rows, check_token_batch, device_table, flat,
+                     n_blocks, register_ptx)
+from .matvec import LANE_THREADS, LANE_WARPS, PART_SLOTS, lane_split, matvec, stage_table
 from .qformats import BY_NAME, get_format
 from .xstage import padded_len
 

@@ -19,6 +19,8 @@ from strata.aot.runtime import attach as _attach_kernel_bundle
 from .intrinsics import SIMULATED
 from .lowering import apply as _linear_lowering
 
+MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block without an opt-in
+
 # A frozen build (or $STRATA_KERNEL_BUNDLE) serves every kernel from its ahead-of-time cubins; a
 # developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
 _attach_kernel_bundle()

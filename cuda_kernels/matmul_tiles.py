@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from gguf import GGMLQuantizationType
 from numba import cuda, float32, int64, uint32
 
+from .launch import MAX_SHARED_BYTES
 from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
@@ -72,7 +73,7 @@ class TcTile:
             raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads"
                              " and kch 1 or 2")
         shared = 2 * 4 * (self.bm + self.bn) * (16 * self.kch + 4)
-        if shared > 48 * 1024:
+        if shared > MAX_SHARED_BYTES:
             raise ValueError(f"bad tensor-core tile {self}: its two buffers need {shared} bytes "
                              "of shared memory (48 KiB at most)")
 

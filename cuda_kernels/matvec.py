@@ -24,7 +24,7 @@ from numba import cuda, from_dtype, types
 from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
-from .launch import check_array, device_table, flat, n_blocks, register_ptx
+from .launch import MAX_SHARED_BYTES, check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
 from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_normed, stage_x,
@@ -39,7 +39,6 @@ F1 = np.float32(1.0)
 LANE_WARPS = 8     # warps per block of the lane kernels, 2 rows each
 LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
-MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory without an opt-in
 MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
 # The most blocks a lane matvec launches: more row pairs than they hold go in rounds (the
 # `rounds` kernel), so a 151,936-row head stages x 256 times instead of 9,496. On the H200 the

@@ -37,7 +37,7 @@ from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps)
-from .launch import check_array, device_table, n_blocks, register_ptx
+from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
                      lane_jit_options, lane_split, lanes_fit, stage_table)
 from .qformats import FORMATS, get_format
@@ -47,7 +47,7 @@ from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_
 WARPS = 4
 THREADS = 32 * WARPS
 MAX_K = 16
-MAX_STAGED_BYTES = 48 * 1024  # static limit of dynamic shared memory without an opt-in
+MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memory
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}

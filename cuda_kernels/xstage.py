@@ -58,30 +58,6 @@ def padded_bytes(n_vals: int, pad: tuple[int, int, int, int], sums: bool) -> int
 
 
 @cuda.jit(device=True, inline="always")
-def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
-    """xs[pad_pos(i)] = x[x_base + i] for i < n_vals (a multiple of 16; x float32 or float16,
-    x_base a multiple of 4), and with `sums` xs[sums_off + i // 16] = the sum of those 16 values.
-    The whole block calls this; every thread runs the same number of iterations (the sums use
-    4-lane shuffles)."""
-    n_quads = n_vals >> 2
-    for q0 in range(0, n_quads, cuda.blockDim.x):
-        q = q0 + cuda.threadIdx.x
-        s = np.float32(0.0)
-        if q < n_quads:
-            x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
-            p = pad_pos(4 * q, a, pa, b, pb)
-            st_x4(xs, p, x0, x1, x2, x3)
-            s = (x0 + x1) + (x2 + x3)
-        if sums:
-            s = quad_sum(s)
-            if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
-                xs[sums_off + (q >> 2)] = s
-
-
-STAGE_QUADS = 4  # quads of x a thread loads before it stores any (`stage_padded_wide`)
-
-
-@cuda.jit(device=True, inline="always")
 def _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
     """Quad q stored at its padded position and (sums) added into its 16-value sum; every
     thread calls this the same number of times (the sums use 4-lane shuffles)."""
@@ -93,6 +69,24 @@ def _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
         s = quad_sum(s)
         if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
             xs[sums_off + (q >> 2)] = s
+
+
+@cuda.jit(device=True, inline="always")
+def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
+    """xs[pad_pos(i)] = x[x_base + i] for i < n_vals (a multiple of 16; x float32 or float16,
+    x_base a multiple of 4), and with `sums` xs[sums_off + i // 16] = the sum of those 16 values.
+    The whole block calls this; every thread runs the same number of iterations (the sums use
+    4-lane shuffles)."""
+    n_quads = n_vals >> 2
+    for q0 in range(0, n_quads, cuda.blockDim.x):
+        q = q0 + cuda.threadIdx.x
+        x0 = x1 = x2 = x3 = np.float32(0.0)
+        if q < n_quads:
+            x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
+        _put_quad(xs, q, n_quads, x0, x1, x2, x3, a, pa, b, pb, sums, sums_off)
+
+
+STAGE_QUADS = 4  # quads of x a thread loads before it stores any (`stage_padded_wide`)
 
 
 @cuda.jit(device=True, inline="always")
