@@ -10,9 +10,12 @@ pointers are frozen into the graph.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from numba import cuda
+
+log = logging.getLogger(__name__)
 
 
 def _drv():
@@ -43,6 +46,7 @@ class Graph:
         self._graph = graph
         self._exec = exec_handle
         self.n_nodes = n_nodes
+        self.n_programmatic = 0  # edges made programmatic (dependent_launch)
 
     def replay(self, stream) -> None:
         _check(_drv().cuGraphLaunch(self._exec, _stream_handle(stream)), "cuGraphLaunch")
@@ -56,9 +60,28 @@ class Graph:
             pass
 
 
-def capture(record: Callable[[object], None], stream) -> Graph:
+def capture(record: Callable[[object], None], stream, *, programmatic: bool = False) -> Graph:
     """Run `record(stream)` under stream capture and return the instantiated graph. `record`
-    must only launch kernels (already compiled) on `stream`."""
+    must only launch kernels (already compiled) on `stream`. `programmatic`: edges into the
+    kernels written for it become programmatic (`dependent_launch`) where the GPU supports
+    it and STRATA_PDL is not 0; if the driver fails at that, the graph is captured again
+    plain (a warning, once)."""
+    global _pdl_warned
+    from . import dependent_launch as dl
+    if programmatic and dl.enabled():
+        try:
+            return _capture(record, stream, dl.make_programmatic)
+        except Exception as e:  # an older driver or binding: plain edges are still correct
+            if not _pdl_warned:
+                _pdl_warned = True
+                log.warning("programmatic graph edges unavailable (%s); plain graph", e)
+    return _capture(record, stream, None)
+
+
+_pdl_warned = False
+
+
+def _capture(record, stream, convert) -> Graph:
     drv = _drv()
     h = _stream_handle(stream)
     with cuda.defer_cleanup():
@@ -68,9 +91,16 @@ def capture(record: Callable[[object], None], stream) -> Graph:
             record(stream)
         finally:
             graph = _check(drv.cuStreamEndCapture(h), "end capture")
-        n_nodes = _node_count(graph)
-        exe = _check(drv.cuGraphInstantiate(graph, 0), "instantiate graph")
-    return Graph(graph, exe, n_nodes)
+        try:
+            n_prog = convert(graph) if convert is not None else 0
+            n_nodes = _node_count(graph)
+            exe = _check(drv.cuGraphInstantiate(graph, 0), "instantiate graph")
+        except Exception:
+            drv.cuGraphDestroy(graph)
+            raise
+    g = Graph(graph, exe, n_nodes)
+    g.n_programmatic = n_prog
+    return g
 
 
 def _node_count(graph) -> int:
