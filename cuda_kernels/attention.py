@@ -3,7 +3,7 @@
 One query token, `n_head` query heads sharing `n_kv_head` KV heads (GQA group G = n_head /
 n_kv_head). Pass 1 (`decode_attention`): a block per (kv head, split) scores its keys for the G
 query heads, takes the split's softmax statistics (max m, sum l of exp(s - m)) and the
-unnormalised sum of exp(s - m) * v; pass 2 (`combine_splits`) merges the splits. The sequence
+unnormalised sum of exp(s - m) * v; pass 2 (`_combine`) merges the splits. The sequence
 length L is read from device memory (seq_len[0] + n_new keys are valid) and so is the split
 length: both passes derive it from L by `strata.plan.attn_split.split_len` (about
 SPLIT_K_BLOCKS blocks at any length, splits of at most `max_split` keys). A CUDA graph captured
@@ -29,7 +29,6 @@ from numba import cuda, float32, int32
 from strata.plan import attn_split
 
 from . import attention_wide
-from .dependent_launch import grid_release, grid_wait
 from .kvcache import KvSide, make_reader
 from .mma import shfl_xor
 
@@ -71,10 +70,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
             read_v(vd, vs, key * n_kv + hk, lane * D, dst, u * D)
 
     @cuda.jit
-    def decode_attention_kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale,
-                                part_o, part_ml):
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -171,7 +167,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
         for o in range(tid, N_RED, THREADS):
             part_o[split, hk * group + o // head_dim, o % head_dim] = s_red[o]
 
-    return decode_attention_kernel
+    return kernel
 
 
 def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None):
@@ -213,12 +209,10 @@ def _block_reduce(v, is_max, s_red, warp, lane):
 
 
 @cuda.jit
-def combine_splits(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, out):
+def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, out):
     """Block (head, 32-dim slice): merge the used splits (their count derived from the length
     as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
     hundreds of splits was the slowest part of decode)."""
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
     h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
@@ -314,7 +308,7 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     kernel[(lay.n_kv_head, n_split), THREADS, stream](
         q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
         part_o, part_ml)
-    combine_splits[(n_head, hd // 32), COMBINE_THREADS, stream](
+    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, out)
 
 

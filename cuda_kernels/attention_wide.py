@@ -1,7 +1,7 @@
 """Decode attention for an f16 KV cache on tensor cores ("wide" split kernel).
 
 Same contract, arguments and partial outputs as `attention._split_kernel` (pass 1 of
-flash-decoding; `attention.combine_splits` merges the splits; the split length follows the live
+flash-decoding; `attention._combine` merges the splits; the split length follows the live
 length on the device, `strata.plan.attn_split.split_len`, up to the `max_split` keys the shared
 score buffer holds), specialised for f16 K and V, head_dim 64 or 128 and a GQA group of at most
 8 query heads (one mma n-tile).
@@ -37,7 +37,6 @@ from numba import cuda, float32, int32, uint32
 
 from strata.plan import attn_split
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import SIMULATED, ld_nc_u32x4, prmt
 from .launch import MAX_SHARED_BYTES
 from .mma import half2_hi, half2_lo, mma_16816, pack_half2, shfl_xor
@@ -141,10 +140,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 dst[o + 3] = w3
 
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
-    def decode_attention_wide(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale,
-                              part_o, part_ml):
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -266,4 +262,4 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 v += s_red[w * N_ACC * RED_ROW + at]
             part_o[split, hk * group + h, d] = v
 
-    return decode_attention_wide
+    return kernel

@@ -13,12 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-
-from .dependent_launch import DEPENDENT_KERNELS, kernel_name
 
 MODULES = (
     "strata.cuda_kernels.dequant",
@@ -58,17 +55,11 @@ def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple
             fn, sig = c.build()
             ptx, _ = cuda.compile_ptx(fn, sig, cc=CC, **c.options)
             local = ".local" in ptx
-            names = {kernel_name(e) for e in re.findall(r"\.entry\s+([\w$]+)", ptx)}
-            dependent = names & DEPENDENT_KERNELS
-            ok = not dependent or "griddepcontrol.wait" in ptx
-            rows.append((c.family, c.name, ok, len(ptx.splitlines()), local,
-                         time.perf_counter() - t0,
-                         "" if ok else f"{sorted(dependent)} is in DEPENDENT_KERNELS but never "
-                         "waits (griddepcontrol.wait)", sorted(dependent)))
+            rows.append((c.family, c.name, True, len(ptx.splitlines()), local,
+                         time.perf_counter() - t0, ""))
         except Exception as e:  # reported in the table, counted as a failure
             rows.append((c.family, c.name, False, 0, False, time.perf_counter() - t0,
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200],
-                         []))
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]))
     return rows
 
 
@@ -96,17 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = [r for part in ex.map(_compile_range, parts) for r in part]
     rows.sort(key=lambda r: (r[0], r[1]))
     print(f"{'family':<12} {'kernel':<34} {'ok':<4} {'ptx lines':>9} {'local':>6} {'s':>6}")
-    for fam, name, ok, lines, local, secs, err, _ in rows:
+    for fam, name, ok, lines, local, secs, err in rows:
         print(f"{fam:<12} {name:<34} {'ok' if ok else 'FAIL':<4} {lines:>9} "
               f"{'yes' if local else '-':>6} {secs:>6.2f} {err}")
     n_fail = sum(1 for r in rows if not r[2])
-    if a.family is None and a.pattern is None:
-        # a name listed for programmatic edges that no kernel has is a stale entry (a renamed
-        # kernel would silently lose its edges, or a new one named so gain them unchecked)
-        stale = DEPENDENT_KERNELS - {d for r in rows for d in r[7]}
-        if stale:
-            print(f"DEPENDENT_KERNELS names no compiled kernel: {sorted(stale)}")
-            n_fail += 1
     print(f"{len(rows)} kernels, {n_fail} failed, sm_{CC[0]}{CC[1]}, "
           f"{time.perf_counter() - t0:.1f} s")
     return 1 if n_fail else 0

@@ -134,9 +134,9 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     register_ptx(family, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
     register_ptx(family, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
     register_ptx(family, "decode_attn_combine",  # part_o part_ml seq n_new n_ctx target max out
-                 _fixed(attention.combine_splits, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
+                 _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
                                              _I64, _I64, _I64, _I64, f2)))
-    register_ptx(family, "kv_advance", _fixed(kvcache.advance_seq_len_kernel, (_I32, _I64)))
+    register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
     for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
         if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):

@@ -9,7 +9,6 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .dependent_launch import grid_release, grid_wait
 from .launch import check_array, flat, n_blocks, register_ptx
 from .qformats import FORMATS, get_format, specialize
 
@@ -64,8 +63,6 @@ def _embed_factory(fmt):
     def embed_kernel(table, row_bytes, n_groups, ids, first, n_tok, out):
         # table: [n_vocab * row_bytes] u8; ids: [*] i32; first: [1] i32 (index of token 0 in
         # ids); out: [n_tok * n_embd] f32. One thread per 32-value group.
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
         g = cuda.grid(1)
         if g < n_tok * n_groups:
             t = g // n_groups

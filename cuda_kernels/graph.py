@@ -10,12 +10,9 @@ pointers are frozen into the graph.
 
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 from numba import cuda
-
-log = logging.getLogger(__name__)
 
 
 def _drv():
@@ -46,7 +43,6 @@ class Graph:
         self._graph = graph
         self._exec = exec_handle
         self.n_nodes = n_nodes
-        self.n_programmatic = 0  # edges made programmatic (dependent_launch)
 
     def replay(self, stream) -> None:
         _check(_drv().cuGraphLaunch(self._exec, _stream_handle(stream)), "cuGraphLaunch")
@@ -60,28 +56,9 @@ class Graph:
             pass
 
 
-def capture(record: Callable[[object], None], stream, *, programmatic: bool = False) -> Graph:
+def capture(record: Callable[[object], None], stream) -> Graph:
     """Run `record(stream)` under stream capture and return the instantiated graph. `record`
-    must only launch kernels (already compiled) on `stream`. `programmatic`: edges into the
-    kernels written for it become programmatic (`dependent_launch`) where the GPU supports
-    it and STRATA_PDL is not 0; if the driver fails at that, the graph is captured again
-    plain (a warning, once)."""
-    global _pdl_warned
-    from . import dependent_launch as dl
-    if programmatic and dl.enabled():
-        try:
-            return _capture(record, stream, dl.make_programmatic)
-        except Exception as e:  # an older driver or binding: plain edges are still correct
-            if not _pdl_warned:
-                _pdl_warned = True
-                log.warning("programmatic graph edges unavailable (%s); plain graph", e)
-    return _capture(record, stream, None)
-
-
-_pdl_warned = False
-
-
-def _capture(record, stream, convert) -> Graph:
+    must only launch kernels (already compiled) on `stream`."""
     drv = _drv()
     h = _stream_handle(stream)
     with cuda.defer_cleanup():
@@ -91,16 +68,9 @@ def _capture(record, stream, convert) -> Graph:
             record(stream)
         finally:
             graph = _check(drv.cuStreamEndCapture(h), "end capture")
-        try:
-            n_prog = convert(graph) if convert is not None else 0
-            n_nodes = _node_count(graph)
-            exe = _check(drv.cuGraphInstantiate(graph, 0), "instantiate graph")
-        except Exception:
-            drv.cuGraphDestroy(graph)
-            raise
-    g = Graph(graph, exe, n_nodes)
-    g.n_programmatic = n_prog
-    return g
+        n_nodes = _node_count(graph)
+        exe = _check(drv.cuGraphInstantiate(graph, 0), "instantiate graph")
+    return Graph(graph, exe, n_nodes)
 
 
 def _node_count(graph) -> int:

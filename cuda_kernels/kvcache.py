@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import h2f, ld_u16, ld_u32, ld_u32_any
 from .mma import half2_lo, pack_half2, shfl_xor
 
@@ -214,9 +213,7 @@ def kv_write(src, side: KvSide, seq_len, *, stream=0):
 
 
 @cuda.jit
-def advance_seq_len_kernel(seq_len, n):
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
+def _advance(seq_len, n):
     if cuda.grid(1) == 0:
         seq_len[0] += n
 
@@ -224,7 +221,7 @@ def advance_seq_len_kernel(seq_len, n):
 def advance_seq_len(seq_len, n_new: int, *, stream=0):
     """seq_len[0] += n_new on the device (capturable: no host round trip)."""
     _check_seq_len(seq_len)
-    advance_seq_len_kernel[1, 32, stream](seq_len, n_new)
+    _advance[1, 32, stream](seq_len, n_new)
 
 
 def _check_seq_len(seq_len):

@@ -21,7 +21,6 @@ import math
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
@@ -219,9 +218,6 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
                         s_first)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
-        # PDL: the weights and the table are no earlier kernel's output; x is
-        grid_wait()
-        grid_release()
         n_vals = n_sb * n_values
         if normed:
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike

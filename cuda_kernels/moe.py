@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .dependent_launch import grid_release, grid_wait
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
@@ -218,8 +217,6 @@ def _gate_up_lanes(lf: LaneFormat):
         # issued before the current one is dotted (the first item's before x is staged): a
         # warp taking its items in turn would wait a full memory latency for each. Dynamic
         # shared: padded x [sums_off] f32, then (sums) its 16-value sums
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
@@ -291,8 +288,6 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         # grid, ...): x is staged once per block for all k experts, and a block's warps keep
         # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
         # [sums_off] f32, then (sums) its 16-value sums
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
@@ -384,8 +379,6 @@ def _down_lanes(lf: LaneFormat):
         # two output rows per 1 << log warps (interleaved steps); unit c * n_sb + sb is
         # super-block sb of the c-th expert not left to the CPU; dynamic shared: padded h
         # [sums_off] f32, then (sums) its 16-value sums
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         s_kk = cuda.shared.array(MAX_K, np.int32)

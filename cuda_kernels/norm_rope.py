@@ -15,7 +15,6 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import block_sum, warp_sum
 from .launch import check_array, flat, n_blocks, register_ptx
 
@@ -28,8 +27,6 @@ F1 = np.float32(1.0)
 @cuda.jit
 def rms_norm_kernel(x, w, out, n, eps):
     # x, out: [n_rows * n] f32; w: [n] f32. One block per row.
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
     scratch = cuda.shared.array(32, np.float32)
     base = cuda.blockIdx.x * n
     ss = F0

@@ -18,7 +18,6 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import warp_sum
 from .kvcache import KvSide
 from .launch import check_array, n_blocks, register_ptx
@@ -43,8 +42,6 @@ def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n
     # q: [n_head * head_dim] f32, k, v: [n_kv * head_dim] f32 (q, k normed and rotated in
     # place); *_norm_w: [head_dim] f32; seq_len: [1] i32; k_data, v_data: [n_ctx * n_kv *
     # 2 * head_dim] u8 f16 cache rows. One warp per item: q heads, then k heads, then v heads.
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
     lane = cuda.threadIdx.x & 31
     item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
     is_q = item < n_head

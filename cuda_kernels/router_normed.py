@@ -21,7 +21,6 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import SIMULATED, block_sum
 from .launch import check_array, register_ptx
 from .matvec_f32 import (CHUNK_BYTES, MAX_WARPS, UNROLL, VALUE_BYTES, _check_aligned,
@@ -61,8 +60,6 @@ def _factory(name: str):
         # x, norm_w, normed_out: [n_cols] f32; w: [n_rows, n_cols] F32|F16 as u8; logits:
         # [1, n_rows] f32; ids: [1, k] i32; weights: [1, k] f32; done: [>= 1] i32 (0 between
         # launches). Block b: logit b; the grid is n_rows blocks.
-        grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-        grid_release()
         scratch = cuda.shared.array(32, types.float32)
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)

@@ -22,7 +22,6 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .dependent_launch import grid_release, grid_wait
 from .intrinsics import SIMULATED, f2u, warp_argmax, warp_suffix_sum
 from .launch import check_array, register_ptx
 
@@ -113,8 +112,6 @@ def greedy(logits, n_vocab, sv, si):
 @cuda.jit
 def argmax_kernel(logits, n_vocab, tokens, n_tokens):
     # logits: [n_vocab] f32; tokens: [capacity] i32 history; n_tokens: [1] i32
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
     sv = cuda.shared.array(32, np.float32)
     si = cuda.shared.array(32, np.int32)
     _, bi = greedy(logits, n_vocab, sv, si)
@@ -268,8 +265,6 @@ def choose(cand_v, cand_i, k, temp, top_p, min_p, u):
 def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams):
     # logits: [n_vocab] f32 (penalised in place); tokens: [capacity] i32; n_tokens: [1] i32;
     # fparams: [4] f32; iparams: [3] i64. One block.
-    grid_wait()  # PDL: nothing an earlier kernel writes is read before this
-    grid_release()
     sv = cuda.shared.array(32, np.float32)
     si = cuda.shared.array(32, np.int32)
     hist = cuda.shared.array(256, np.int32)

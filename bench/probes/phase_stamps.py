@@ -141,13 +141,13 @@ def report(title, stamps, names):
 def attn(ctx):
     n_head, n_kv, hd, n_ctx, n_layer = 32, 4, 128, 4096, 48
     group, max_split = n_head // n_kv, attention.SPLIT_LEN
-    factory, n_st = stamped(attention_wide.wide_kernel.__wrapped__, "def decode_attention_wide(",
+    factory, n_st = stamped(attention_wide.wide_kernel.__wrapped__, "def kernel(",
                             [("s_p = cuda.shared.array(N_SCORES", "after", 8),
                              ("load_k(kd, k0, first", "after", 8),
                              ("for base in range(first", "before", 8),
                              ("load_v(vd, k0, first", "before", 8),
                              ("# pass B", "after", 8), ("# pass C", "after", 8),
-                             ("# acc[4j + 2r + c]", "after", 8)], "return decode_attention_wide")
+                             ("# acc[4j + 2r + c]", "after", 8)], "return kernel")
     kern = factory(hd, group, max_split, attention_wide.MIN_BLOCKS)
     names = ["length known", "K loads issued", "Q fragments built", "scores done", "after sync 1",
              "softmax done (sync 2)", "P V done", "reduced, partials written"]

@@ -314,7 +314,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
         for _, (k, v) in layers:
             kern[(n_kv, n_split), attention.THREADS, s](q, k.data, k.scale, v.data, v.scale, seq,
                                                        1, n_ctx, n_target, scale, *parts)
-            attention.combine_splits[(n_head, hd // 32), attention.COMBINE_THREADS, s](
+            attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                 *parts, seq, 1, n_ctx, n_target, max_split, out)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer

@@ -228,7 +228,7 @@ class DecodeStep:
         g = self.graphs.get(key)
         if g is None and key in self._warm:
             from strata.cuda_kernels.graph import capture
-            g = self.graphs[key] = capture(record, stream, programmatic=True)
+            g = self.graphs[key] = capture(record, stream)
         if g is None:
             record(stream)
             self._warm.add(key)
