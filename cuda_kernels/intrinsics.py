@@ -28,7 +28,7 @@ __all__ = [
     "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "prefetch_l2_bulk",
+    "prefetch_l2",
 ]
 
 
@@ -190,12 +190,11 @@ if SIMULATED:
         _aligned(i, 4)
         xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
 
-    def prefetch_l2_bulk(a, off, n_bytes):
-        """Nothing to compute: checks that bytes off..off+n_bytes-1 lie inside the uint8 array
-        `a` (the device prefetches their whole 16-byte units into L2)."""
-        if not (n_bytes >= 0 and 0 <= int(off) and int(off) + int(n_bytes) <= len(a)):
-            raise IndexError(f"L2 prefetch of bytes {off}..{off}+{n_bytes} of a {len(a)}-byte "
-                             "array")
+    def prefetch_l2(a, off):
+        """Nothing to compute: checks that byte `off` lies inside the uint8 array `a` (the
+        device prefetches its 128-byte line into L2)."""
+        if not 0 <= int(off) < len(a):
+            raise IndexError(f"L2 prefetch at byte {off} of a {len(a)}-byte array")
 
     def quad_sum(v):
         """Sum of `v` over this lane's aligned group of 4 lanes, in each of them."""
@@ -462,43 +461,23 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
         return types.void(xs, i, types.float32, types.float32, types.float32,
                           types.float32), codegen
 
-    from numba.cuda.core import targetconfig
-
-    def _compiling_for(cc_min) -> bool:
-        # the compute capability being compiled for (numba's own cc-dependent lowering reads
-        # it so): PTX for an older GPU must not hold newer instructions
-        flags = targetconfig.ConfigStack.top_or_none()
-        cc = getattr(flags, "compute_capability", None)
-        return cc is not None and tuple(cc) >= cc_min
-
     @intrinsic
-    def prefetch_l2_bulk(typingctx, a, off, n_bytes):
-        """`cp.async.bulk.prefetch.L2` (sm_90+; nothing on older GPUs) of the whole 16-byte
-        units inside bytes off..off+n_bytes-1 of a uint8 array: one instruction a range, done
-        by the copy engine, so no load slot waits for it."""
-        if not (isinstance(a, types.Array) and isinstance(off, types.Integer)
-                and isinstance(n_bytes, types.Integer)):
+    def prefetch_l2(typingctx, a, off):
+        """`prefetch.global.L2` of the line holding byte `off` of a uint8 array: the line is
+        on its way to L2 without a register waiting for it (a load's data returns in issue
+        order, so a load issued for later would hold up every load issued after it)."""
+        if not (isinstance(a, types.Array) and isinstance(off, types.Integer)):
             return None
 
         def codegen(context, builder, sig, args):
-            if not _compiling_for((9, 0)):
-                return context.get_dummy_value()
             ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
             addr = builder.ptrtoint(ptr, _I64)
-            n = args[2]
-            n = builder.trunc(n, _I64) if n.type.width > 64 else (
-                builder.sext(n, _I64) if n.type.width < 64 else n)
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [_I64, _I64]),
-                "{ .reg .u64 g, e; .reg .u32 n; .reg .pred p;"
-                " cvta.to.global.u64 g, $0; add.u64 e, g, $1;"
-                " add.u64 g, g, 15; and.b64 g, g, -16; and.b64 e, e, -16;"
-                " setp.gt.u64 p, e, g; sub.u64 e, e, g; cvt.u32.u64 n, e;"
-                " @p cp.async.bulk.prefetch.L2.global [g], n; }",
-                "l,l", side_effect=True)
-            builder.call(asm, [addr, n])
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64]),
+                               "{ .reg .u64 g; cvta.to.global.u64 g, $0; prefetch.global.L2 [g]; }",
+                               "l", side_effect=True)
+            builder.call(asm, [addr])
             return context.get_dummy_value()
-        return types.void(a, off, n_bytes), codegen
+        return types.void(a, off), codegen
 
     @cuda.jit(device=True, inline="always")
     def quad_sum(v):
