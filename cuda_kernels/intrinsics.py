@@ -28,7 +28,6 @@ __all__ = [
     "ld_x4", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "prefetch_l2",
 ]
 
 
@@ -189,12 +188,6 @@ if SIMULATED:
         """xs[i:i+4] = v0..v3 on a float32 array (i a multiple of 4)."""
         _aligned(i, 4)
         xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
-
-    def prefetch_l2(a, off):
-        """Nothing to compute: checks that byte `off` lies inside the uint8 array `a` (the
-        device prefetches its 128-byte line into L2)."""
-        if not 0 <= int(off) < len(a):
-            raise IndexError(f"L2 prefetch at byte {off} of a {len(a)}-byte array")
 
     def quad_sum(v):
         """Sum of `v` over this lane's aligned group of 4 lanes, in each of them."""
@@ -460,24 +453,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return context.get_dummy_value()
         return types.void(xs, i, types.float32, types.float32, types.float32,
                           types.float32), codegen
-
-    @intrinsic
-    def prefetch_l2(typingctx, a, off):
-        """`prefetch.global.L2` of the line holding byte `off` of a uint8 array: the line is
-        on its way to L2 without a register waiting for it (a load's data returns in issue
-        order, so a load issued for later would hold up every load issued after it)."""
-        if not (isinstance(a, types.Array) and isinstance(off, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            addr = builder.ptrtoint(ptr, _I64)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64]),
-                               "{ .reg .u64 g; cvta.to.global.u64 g, $0; prefetch.global.L2 [g]; }",
-                               "l", side_effect=True)
-            builder.call(asm, [addr])
-            return context.get_dummy_value()
-        return types.void(a, off), codegen
 
     @cuda.jit(device=True, inline="always")
     def quad_sum(v):

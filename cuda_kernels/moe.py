@@ -34,7 +34,7 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .elementwise import silu
-from .intrinsics import prefetch_l2, warp_sum
+from .intrinsics import warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps)
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
@@ -48,7 +48,6 @@ WARPS = 4
 THREADS = 32 * WARPS
 MAX_K = 16
 MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memory
-LINE_BYTES = 128  # an L2 line: the unit prefetch_l2 moves
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
@@ -239,21 +238,6 @@ def _gate_up_lanes(lf: LaneFormat):
             off_g = 0
             src = cache if cache.shape[0] >= up_off + row_bytes else host
         cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
-        # the warp's later items on their way to L2 now, rather than each one memory latency
-        # after the item before it (their loads go out one item ahead, into registers)
-        n_later = (n_items - 1 - it) // n_warps if it < n_items else 0
-        lpr = row_bytes // LINE_BYTES + 2  # lines a row can touch (rows need not be aligned)
-        for j in range((t & 31), n_later * 2 * lpr, 32):
-            f = j // (2 * lpr)
-            r = (j - f * 2 * lpr) // lpr  # 0 gate, 1 up
-            it_f = it + (f + 1) * n_warps
-            row_f = it_f // k
-            kk_f = it_f - row_f * k
-            if s_where[kk_f] >= 0:
-                start = s_base[kk_f] + row_f * row_bytes + r * up_off
-                prefetch_l2(cache if s_where[kk_f] == 0 else host,
-                            min(start + LINE_BYTES * (j - f * 2 * lpr - r * lpr),
-                                start + row_bytes - 1))
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
@@ -434,16 +418,6 @@ def _down_lanes(lf: LaneFormat):
             off = s_base[c] + sb * sb_bytes
             cur_a = load(src, off + off_a, part)
             cur_b = load(src, off + off_b, part)
-            # every expert's two rows on their way to L2 now (the warps of the pair share
-            # the lines), rather than each step one memory latency after the one before it
-            lpr = row_bytes // LINE_BYTES + 2  # lines a row can touch
-            for j in range(sub * 32 + (t & 31), s_n[0] * 2 * lpr, 32 << log):
-                cp = j // (2 * lpr)
-                r = (j - cp * 2 * lpr) // lpr
-                start = s_base[cp] + (off_b if r == 1 else off_a)
-                prefetch_l2(cache if s_where[cp] == 0 else host,
-                            min(start + LINE_BYTES * (j - cp * 2 * lpr - r * lpr),
-                                start + row_bytes - 1))
             for u0 in range(u_first, n_units, u_stride):
                 cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
                 src = cache if s_where[cn] == 0 else host
