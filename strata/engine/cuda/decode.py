@@ -50,8 +50,6 @@ MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 class DecodeStep:
     """The step's launches over one `CudaModel`'s buffers, plain or as graphs (one per mode)."""
 
-    fork_formats = True  # a second q/k/v format's launch on the side stream (`_qkv`)
-
     def __init__(self, m: CudaModel, *, use_graph: bool, miss_path: str = "mapped",
                  miss_share: float | None = None):
         self.m = m
@@ -174,7 +172,7 @@ class DecodeStep:
                                 (wv.data, wv.ggml_type, v)], self.x1.shape[0])
         if groups is not None:
             norm_w = m.norms[b + "attn_norm"]
-            if len(groups) > 1 and self.fork_formats and not SIMULATED:
+            if len(groups) > 1 and not SIMULATED:
                 # the other formats' launches on a side stream, forked and joined by events:
                 # in a graph they are parallel branches, so the GPU runs them beside the first
                 # launch (its tail, or SMs it leaves free) instead of one after the other
