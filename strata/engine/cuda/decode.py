@@ -3,8 +3,7 @@ device memory — the token (history[seq_len]), the position and length (seq_len
 the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
 
 Per step: embedding of history[seq_len]; per layer: the q, k and v matvecs with the RMSNorm fused
-in (one launch per weight format, a second format's beside the first on a side stream; RMSNorm
-and matvecs apart for formats without a lane kernel),
+in (one launch per weight format; RMSNorm and matvecs apart for formats without a lane kernel),
 per-head norm, RoPE and the KV write at seq_len (one launch for an f16 cache), split-K attention
 over seq_len + 1 keys (splits as long as that length calls for, derived on the device),
 output projection added into the residual by its matvec, RMSNorm + router matvec + top-k (one
@@ -56,7 +55,6 @@ class DecodeStep:
         self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
         self.graphs: dict[tuple, object] = {}
         self._warm: set[tuple] = set()
-        self.side = None  # (fork, join, side stream) of `_fork_join`, once a layer has used it
         if miss_path not in ("mapped", "cpu", "hybrid"):
             raise ValueError(f"miss_path must be mapped, cpu or hybrid, got {miss_path!r}")
         self.miss_path = miss_path
@@ -161,9 +159,8 @@ class DecodeStep:
 
     def _qkv(self, b: str, stream) -> None:
         """q, k and v of the attention-normed residual: the norm fused into one lane matvec per
-        weight format (one launch, or two where v's format differs, the second on the side
-        stream beside the first); else RMSNorm into xn, q, and k+v (one launch if one
-        format)."""
+        weight format (one launch, or two where v's format differs); else RMSNorm into xn, q,
+        and k+v (one launch if one format)."""
         m, eps = self.m, self.m.shape.rms_norm_eps
         wq, wk, wv = (m.matrices[b + n] for n in ("attn_q", "attn_k", "attn_v"))
         q, k, v = self.q.reshape(self.q.size), self.k.reshape(self.k.size), self.v.reshape(
@@ -171,34 +168,12 @@ class DecodeStep:
         groups = normed_groups([(wq.data, wq.ggml_type, q), (wk.data, wk.ggml_type, k),
                                 (wv.data, wv.ggml_type, v)], self.x1.shape[0])
         if groups is not None:
-            norm_w = m.norms[b + "attn_norm"]
-            if len(groups) > 1 and not SIMULATED:
-                # the other formats' launches on a side stream, forked and joined by events:
-                # in a graph they are parallel branches, so the GPU runs them beside the first
-                # launch (its tail, or SMs it leaves free) instead of one after the other
-                fork, join, side = self._fork_join()
-                fork.record(stream)
-                fork.wait(side)
-                for mats in groups[1:]:
-                    matvec_normed(self.x1, norm_w, eps, mats, stream=side)
-                join.record(side)
-                matvec_normed(self.x1, norm_w, eps, groups[0], stream=stream)
-                join.wait(stream)
-                return
             for mats in groups:
-                matvec_normed(self.x1, norm_w, eps, mats, stream=stream)
+                matvec_normed(self.x1, m.norms[b + "attn_norm"], eps, mats, stream=stream)
             return
         rms_norm(self.x, m.norms[b + "attn_norm"], self.xn, eps=eps, stream=stream)
         matvec(wq.data, wq.ggml_type, self.xn1, q, stream=stream)
         matvec_pair(wk.data, wk.ggml_type, wv.data, wv.ggml_type, self.xn1, k, v, stream=stream)
-
-    def _fork_join(self):
-        """(fork event, join event, side stream) for launches that may run beside the main
-        stream's; made on first use, in the device context that launches (a split's stage)."""
-        if self.side is None:
-            from numba import cuda
-            self.side = (cuda.event(timing=False), cuda.event(timing=False), cuda.stream())
-        return self.side
 
     def _moe(self, il: int, stream, *, cpu_misses: bool) -> None:
         """Layer il's experts added into the residual: cached ones from their slots, missed ones
