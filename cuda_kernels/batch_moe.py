@@ -30,7 +30,8 @@ from .elementwise import silu
 from .intrinsics import warp_sum
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import stage_table
-from .moe import MAX_K, ExpertLayout
+from .moe import ExpertLayout
+from .moe_slots import MAX_K
 from .qformats import BY_NAME, FORMATS, get_format
 from .xstage import XPAD, stage_x, staged_bytes
 

@@ -33,7 +33,9 @@ from .lanes_batch import (BATCH_JIT_OPTIONS, batch_jit, stage_token, token_float
                           tokens_fit, tokens_per_block)
 from .launch import n_blocks, register_ptx
 from .matvec import LANE_WARPS, PART_SLOTS, lane_split, lanes_fit, stage_table
-from .moe import MAX_K, ExpertLayout, _unit
+from .moe import ExpertLayout
+from .moe_lanes import _unit
+from .moe_slots import MAX_K
 from .qformats import BY_NAME, get_format
 from .xstage import padded_bytes, padded_len, stage_padded
 

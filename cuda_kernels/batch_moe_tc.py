@@ -36,7 +36,8 @@ from .batch_moe_lanes import _where, claim_expert
 from .batch_tc import SB_FUNCS, SB_VALUES, TILE_ROWS, store_partials, warp_order_sum
 from .elementwise import silu
 from .launch import n_blocks, register_ptx
-from .moe import MAX_K, ExpertLayout
+from .moe import ExpertLayout
+from .moe_slots import MAX_K
 from .qformats import get_format
 
 MAX_TOKENS = 8

@@ -15,14 +15,15 @@ counters [n_layer, 2] int64 counts hits and misses per layer.
 
 Two kernels: gate_up (grid: row blocks x k experts, h = silu(gate x) * (up x)) and down (each
 output row sums the router-weighted down rows of all k experts, optionally added to `out`).
-Formats with a lane decoding (`lanes`) use lane kernels, as matvec does: gate_up is one launch for
-all k experts over at most MIN_LANE_BLOCKS blocks (one wave on an H200), each block staging x once
-and its warps taking (h entry, expert) items in turn, each item the gate and the up row of one h
-entry (rows of one step, e.g. 2048 columns of Q4_K: the next item's loads issued before the
-current one is dotted; longer rows: the steps of one row pipelined); the experts' slots are
-resolved by k threads at once (not one thread in turn); a down warp takes two output rows and,
-per step, its lane groups take consecutive (cached expert, super-block) units of them, the missed experts left out of
-the unit list. Other formats use one warp per row (gate_up) or one warp per output row with lanes
+Formats with a lane decoding (`lanes`) use lane kernels (`moe_lanes`), as matvec does: gate_up
+is one launch for all k experts over at most MIN_LANE_BLOCKS blocks (one wave on an H200), each
+block staging x once and its warps taking (h entry, expert) items in turn, each item the gate
+and the up row of one h entry (rows of one step, e.g. 2048 columns of Q4_K: the next item's
+loads issued before the current one is dotted; longer rows: the steps of one row pipelined);
+the experts' slots are resolved by k threads at once (not one thread in turn; `moe_slots`); a
+down warp takes two output rows and, per step, its lane groups take consecutive (cached
+expert, super-block) units of them, the missed experts left out of the unit list. Other
+formats use one warp per row (gate_up) or one warp per output row with lanes
 spread over all (expert, 32-value group) pairs (down).
 """
 
@@ -35,18 +36,17 @@ from numba import cuda, from_dtype, types
 
 from .elementwise import silu
 from .intrinsics import warp_sum
-from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
-                    row_pair_steps)
+from .lanes import LANE_FORMATS, lane_format
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
-from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_jit,
-                     lane_jit_options, lane_split, lanes_fit, stage_table)
+from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
+                     lanes_fit, stage_table)
+from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
+from .moe_slots import MAX_K, resolve
 from .qformats import FORMATS, get_format
-from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_wide, stage_x,
-                     staged_bytes)
+from .xstage import XPAD, padded_bytes, padded_len, stage_x, staged_bytes
 
 WARPS = 4
 THREADS = 32 * WARPS
-MAX_K = 16
 MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memory
 F0 = np.float32(0.0)
 
@@ -91,33 +91,6 @@ class ExpertLayout:
     @property
     def down_row_bytes(self) -> int:
         return get_format(self.down_type).row_bytes(self.n_ff)
-
-
-@cuda.jit(device=True, inline="always")
-def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
-    """(where, base): where 0 = cache, 1 = host, -1 = left to the CPU pool."""
-    slot = slot_table[layer, e]
-    if slot >= 0:
-        return 0, slot_off[slot]
-    if cpu_misses:
-        return -1, np.int64(0)
-    return 1, host_off[layer, e]
-
-
-@cuda.jit(device=True, inline="always")
-def resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                   counters, s_where, s_base):
-    """The k experts resolved at once, thread t < k taking the t-th, into s_where/s_base (read
-    them after a barrier); block 0 lists the experts left to the CPU and counts hits/misses."""
-    t = cuda.threadIdx.x
-    if t < k:
-        e = ids[t]
-        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-        s_where[t] = where
-        s_base[t] = base
-        if cuda.blockIdx.x == 0:
-            miss_list[t] = e if where < 0 else -1
-            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
 
 
 def _gate_up_factory(fmt):
@@ -196,251 +169,6 @@ def _down_factory(fmt):
         if lane == 0 and row < n_embd:
             out[row] = out[row] + acc if accumulate else acc
     return moe_down
-
-
-def _gate_up_lanes(lf: LaneFormat):
-    load_pair, dot_pair = pair_step(lf)
-    n_values = lf.sb_values
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
-    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
-
-    @cuda.jit(**lane_jit(lf))
-    def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
-                          cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
-                          sums_off, h, tab):
-        # Rows of one step (n_sb <= the format's super-blocks per step: 2048 columns of Q4_K).
-        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
-        # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
-        # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
-        # grid, ...); x is staged once per block for all k experts. The next item's loads are
-        # issued before the current one is dotted (the first item's before x is staged): a
-        # warp taking its items in turn would wait a full memory latency for each. Dynamic
-        # shared: padded x [sums_off] f32, then (sums) its 16-value sums
-        s_where = cuda.shared.array(MAX_K, np.int32)
-        s_base = cuda.shared.array(MAX_K, np.int64)
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        xs = cuda.shared.array(0, types.float32)
-        t = cuda.threadIdx.x
-        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                       counters, s_where, s_base)
-        cuda.syncthreads()
-        n_warps = cuda.gridDim.x * LANE_WARPS
-        it = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
-        row = it // k
-        kk = it - row * k
-        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
-        off_g = s_base[kk] + row * row_bytes
-        src = cache if where == 0 else host
-        if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
-            # load of a cache row, never used; mapped host memory only if the cache cannot
-            # hold one expert's gate and up rows (then every expert is a miss anyway)
-            off_g = 0
-            src = cache if cache.shape[0] >= up_off + row_bytes else host
-        cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
-        if has_tab:
-            stage_table(tab, tab_s, n_tab)
-        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-        cuda.syncthreads()
-        while it < n_items:
-            nxt = cur
-            it1 = it + n_warps
-            if it1 < n_items:
-                row1 = it1 // k
-                kk1 = it1 - row1 * k
-                where1 = s_where[kk1]
-                if where1 >= 0:  # never a read for an expert left to the CPU
-                    off1 = s_base[kk1] + row1 * row_bytes
-                    src1 = cache if where1 == 0 else host
-                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
-            row = it // k
-            kk = it - row * k
-            where = s_where[kk]
-            g = F0
-            u = F0
-            if where >= 0:
-                g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
-            g = warp_sum(g)
-            u = warp_sum(u)
-            if (t & 31) == 0:
-                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
-            cur = nxt
-            it = it1
-    return moe_gate_up_lanes
-
-
-def _gate_up_lanes_rows(lf: LaneFormat):
-    first, run = row_pair_steps(lf)
-    n_values, per_step = lf.sb_values, lf.sbs_per_step
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
-    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
-
-    @cuda.jit(**lane_jit(lf))
-    def moe_gate_up_lanes_rows(x, ids, k, n_items, slot_table, layer, cache, slot_off, host,
-                               host_off, cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff,
-                               up_off, sums_off, h, tab):
-        # Rows of several steps (see moe_gate_up_lanes for one): a warp's steps of one item
-        # pipelined (`run`), items in turn.
-        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
-        # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
-        # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
-        # grid, ...): x is staged once per block for all k experts, and a block's warps keep
-        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
-        # [sums_off] f32, then (sums) its 16-value sums
-        s_where = cuda.shared.array(MAX_K, np.int32)
-        s_base = cuda.shared.array(MAX_K, np.int64)
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        xs = cuda.shared.array(0, types.float32)
-        t = cuda.threadIdx.x
-        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                       counters, s_where, s_base)
-        if has_tab:
-            stage_table(tab, tab_s, n_tab)
-        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-        cuda.syncthreads()
-        n_warps = cuda.gridDim.x * LANE_WARPS
-        for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
-            row = it // k
-            kk = it - row * k
-            where = s_where[kk]  # the same in the whole warp
-            g = F0
-            u = F0
-            if where >= 0:
-                src = cache if where == 0 else host
-                off_g = s_base[kk] + row * row_bytes
-                cur = first(src, off_g, off_g + up_off, n_sb, 0)
-                g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0,
-                           per_step)
-            if (t & 31) == 0:
-                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
-    return moe_gate_up_lanes_rows
-
-
-
-
-@cuda.jit(device=True, inline="always")
-def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses, off,
-                    s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n):
-    """The k experts resolved at once (thread t < k takes the t-th), then the ones not left to
-    the CPU listed in top-k order in s_where/s_base (+ off)/s_kk/s_wt, their count in s_n[0].
-    The whole block calls this (it synchronises; the lists are readable after it)."""
-    t = cuda.threadIdx.x
-    if t < k:
-        where, base = resolve(slot_table, layer, ids[t], slot_off, host_off, cpu_misses)
-        s_w0[t] = where
-        s_b0[t] = base + off
-    cuda.syncthreads()
-    if t < k:
-        n = 0
-        for j in range(t):
-            if s_w0[j] >= 0:
-                n += 1
-        where = s_w0[t]
-        if where >= 0:
-            s_where[n] = where
-            s_base[n] = s_b0[t]
-            s_kk[n] = t
-            s_wt[n] = weights[t]
-        if t == k - 1:
-            s_n[0] = n + (1 if where >= 0 else 0)
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline="always")
-def _unit(u, n_sb, inv_n_sb):
-    """(expert position c, super-block sb) of unit u = c * n_sb + sb (float division, then
-    corrected: u stays far below 2^24)."""
-    c = int((np.float32(u) + np.float32(0.5)) * inv_n_sb)
-    sb = u - c * n_sb
-    if sb < 0:
-        c -= 1
-        sb += n_sb
-    if sb >= n_sb:
-        c += 1
-        sb -= n_sb
-    return c, sb
-
-
-def _down_lanes(lf: LaneFormat):
-    load, dot = lf.load, lf.dot
-    lanes, per_step = lf.lanes, lf.sbs_per_step
-    sb_bytes, sb_values, sb_padded, sb_sums = (lf.sb_bytes, lf.sb_values, lf.padded_sb,
-                                               lf.sb_values // 16)
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
-    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
-
-    @cuda.jit(**lane_jit(lf))
-    def moe_down_lanes(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
-                       cpu_misses, down_off, row_bytes, n_sb, inv_n_sb, n_embd, accumulate,
-                       sums_off, log, out, tab):
-        # h: [k * n_ff] f32; weights: [k] f32; out: [n_embd] f32 (= or += sum_k w_k down_k h_k);
-        # two output rows per 1 << log warps (interleaved steps); unit c * n_sb + sb is
-        # super-block sb of the c-th expert not left to the CPU; dynamic shared: padded h
-        # [sums_off] f32, then (sums) its 16-value sums
-        s_where = cuda.shared.array(MAX_K, np.int32)
-        s_base = cuda.shared.array(MAX_K, np.int64)
-        s_kk = cuda.shared.array(MAX_K, np.int32)
-        s_wt = cuda.shared.array(MAX_K, np.float32)
-        s_n = cuda.shared.array(1, np.int32)
-        s_w0 = cuda.shared.array(MAX_K, np.int32)
-        s_b0 = cuda.shared.array(MAX_K, np.int64)
-        s_part = cuda.shared.array(PART_SLOTS, types.float32)
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        xs = cuda.shared.array(0, types.float32)
-        t = cuda.threadIdx.x
-        # h first, its loads four quads at a time: they go out before anything else and come
-        # back first (loads return in issue order); resolve_compact's barriers publish it. Staged
-        # after the first weight loads it waited behind them and then took a memory latency per
-        # iteration: units done at 7.1 us of a 7.8 us kernel on the H200, now 6.4 of 7.0
-        # (phase_stamps.py)
-        if has_tab:
-            stage_table(tab, tab_s, n_tab)
-        stage_padded_wide(h, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-        resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
-                        down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
-        n_units = s_n[0] * n_sb
-        sub = (t >> 5) & ((1 << log) - 1)
-        u_first = sub * per_step
-        u_stride = per_step << log
-        row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + ((t >> 5) >> log)) * 2
-        off_a = min(row0, n_embd - 1) * row_bytes
-        off_b = min(row0 + 1, n_embd - 1) * row_bytes
-        part = t & (lanes - 1)
-        grp = (t & 31) // lanes
-        acc_a = F0
-        acc_b = F0
-        if n_units > 0:  # the same in the whole block
-            last_u = n_units - 1
-            c, sb = _unit(min(u_first + grp, last_u), n_sb, inv_n_sb)
-            src = cache if s_where[c] == 0 else host
-            off = s_base[c] + sb * sb_bytes
-            cur_a = load(src, off + off_a, part)
-            cur_b = load(src, off + off_b, part)
-            for u0 in range(u_first, n_units, u_stride):
-                cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
-                src = cache if s_where[cn] == 0 else host
-                off = s_base[cn] + sbn * sb_bytes
-                nxt_a = load(src, off + off_a, part)
-                nxt_b = load(src, off + off_b, part)
-                q = s_kk[c] * n_sb + sb             # position of the unit's h slice
-                da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-                db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-                if u0 + grp < n_units:
-                    acc_a += s_wt[c] * da
-                    acc_b += s_wt[c] * db
-                cur_a = nxt_a
-                cur_b = nxt_b
-                c = cn
-                sb = sbn
-        acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
-        if (t & 31) == 0 and sub == 0:
-            if row0 < n_embd:
-                out[row0] = out[row0] + acc_a if accumulate else acc_a
-            if row0 + 1 < n_embd:
-                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
-    return moe_down_lanes
 
 
 _FACTORIES = {"gate_up": _gate_up_factory, "down": _down_factory,

@@ -31,7 +31,8 @@ from strata.cuda_kernels.launch import (
     register_ptx,
 )
 from strata.cuda_kernels.matmul import QuantWeights, moe_down
-from strata.cuda_kernels.moe import MAX_STAGED_BYTES, down_group, expert_groups, resolve
+from strata.cuda_kernels.moe import MAX_STAGED_BYTES, down_group, expert_groups
+from strata.cuda_kernels.moe_slots import resolve
 from strata.cuda_kernels.qformats import FORMATS, get_format
 from strata.cuda_kernels.xstage import XPAD, stage_x, staged_bytes
 

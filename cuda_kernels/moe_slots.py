@@ -1,0 +1,65 @@
+"""Where a decode expert's bytes are, read on the device by the MoE kernels (`moe`,
+`moe_lanes`, the batched ones): a VRAM cache slot (hit), mapped host memory (miss), or left to the
+CPU pool (a miss, when the pool takes them). See `moe` for the tables these read."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+MAX_K = 16  # experts per token the kernels' shared lists hold
+
+
+@cuda.jit(device=True, inline="always")
+def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
+    """(where, base): where 0 = cache, 1 = host, -1 = left to the CPU pool."""
+    slot = slot_table[layer, e]
+    if slot >= 0:
+        return 0, slot_off[slot]
+    if cpu_misses:
+        return -1, np.int64(0)
+    return 1, host_off[layer, e]
+
+
+@cuda.jit(device=True, inline="always")
+def resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
+                   counters, s_where, s_base):
+    """The k experts resolved at once, thread t < k taking the t-th, into s_where/s_base (read
+    them after a barrier); block 0 lists the experts left to the CPU and counts hits/misses."""
+    t = cuda.threadIdx.x
+    if t < k:
+        e = ids[t]
+        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
+        s_where[t] = where
+        s_base[t] = base
+        if cuda.blockIdx.x == 0:
+            miss_list[t] = e if where < 0 else -1
+            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+
+
+@cuda.jit(device=True, inline="always")
+def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses, off,
+                    s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n):
+    """The k experts resolved at once (thread t < k takes the t-th), then the ones not left to
+    the CPU listed in top-k order in s_where/s_base (+ off)/s_kk/s_wt, their count in s_n[0].
+    The whole block calls this (it synchronises; the lists are readable after it)."""
+    t = cuda.threadIdx.x
+    if t < k:
+        where, base = resolve(slot_table, layer, ids[t], slot_off, host_off, cpu_misses)
+        s_w0[t] = where
+        s_b0[t] = base + off
+    cuda.syncthreads()
+    if t < k:
+        n = 0
+        for j in range(t):
+            if s_w0[j] >= 0:
+                n += 1
+        where = s_w0[t]
+        if where >= 0:
+            s_where[n] = where
+            s_base[n] = s_b0[t]
+            s_kk[n] = t
+            s_wt[n] = weights[t]
+        if t == k - 1:
+            s_n[0] = n + (1 if where >= 0 else 0)
+    cuda.syncthreads()
