@@ -75,7 +75,7 @@ class TcTile:
         shared = 2 * 4 * (self.bm + self.bn) * (16 * self.kch + 4)
         if shared > MAX_SHARED_BYTES:
             raise ValueError(f"bad tensor-core tile {self}: its two buffers need {shared} bytes "
-                             "of shared memory (48 KiB at most)")
+                             f"of shared memory ({MAX_SHARED_BYTES // 1024} KiB at most)")
 
     @property
     def k_step(self) -> int:

@@ -23,8 +23,8 @@ loads issued before the current one is dotted; longer rows: the steps of one row
 the experts' slots are resolved by k threads at once (not one thread in turn; `moe_slots`); a
 down warp takes two output rows and, per step, its lane groups take consecutive (cached
 expert, super-block) units of them, the missed experts left out of the unit list. Other
-formats use one warp per row (gate_up) or one warp per output row with lanes
-spread over all (expert, 32-value group) pairs (down).
+formats use one warp per row (gate_up) or one warp per output row with lanes spread over all
+(expert, 32-value group) pairs (down).
 """
 
 from __future__ import annotations

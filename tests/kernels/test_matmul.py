@@ -175,3 +175,9 @@ def test_launchers_reject_bad_input():
         TcTile(bm=24, bn=32, warps_m=1, warps_n=1)
     with pytest.raises(ValueError, match="shared memory"):
         TcTile(bm=128, bn=128, warps_m=2, warps_n=4, kch=2)
+
+
+def test_a_tile_past_the_shared_memory_is_refused():
+    # two buffers of 2 * 4 * (256 + 256) * (16 + 4) bytes = 80 KiB, past one block's 48 KiB
+    with pytest.raises(ValueError, match=r"need 81920 bytes of shared memory \(48 KiB at most\)"):
+        TcTile(bm=256, bn=256, warps_m=4, warps_n=2)
