@@ -20,7 +20,6 @@ flight per lane.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -30,6 +29,7 @@ from strata.plan import attn_split
 
 from . import attention_wide
 from .kvcache import KvSide, make_reader
+from .launch import factory_cache
 from .mma import shfl_xor
 
 WARPS = 4
@@ -44,8 +44,8 @@ def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-@functools.cache
-def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
+@factory_cache
+def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split.SPLIT_K_MIN):
     D = head_dim // 32
     GP = _pow2_at_least(group)  # padded group: the butterfly halves the value count
     STEPS_SCATTER = GP.bit_length() - 1  # butterfly steps that halve the values per lane
@@ -76,7 +76,7 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
         warp, lane = tid // 32, tid % 32
         n_kv = q.shape[0] // group
         length = min(seq_len[0] + n_new, n_ctx)
-        split_len = _split_len(length, n_target, CAP)  # <= CAP
+        split_len = _split_len(length, n_target, CAP, min_split)  # <= CAP
         k0 = int32(split * split_len)  # positions fit 32 bits (seq_len is int32): fewer registers
         n_keys = int32(min(split_len, length - k0))
         if n_keys <= 0:
@@ -170,10 +170,12 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split):
     return kernel
 
 
-def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None):
+def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None,
+                  min_split=attn_split.SPLIT_K_MIN, fused=False):
     """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_wide`) where it
     applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
-    max_split: the longest split (the shared score buffer's length)."""
+    max_split / min_split: the longest / shortest split (the shared score buffer's length /
+    the granularity); fused: the tensor-core kernel that merges the splits itself."""
     ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
@@ -183,8 +185,9 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None):
                          f"{k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest split "
                          f"{max_split}")
     if ok and wide is not False:
-        return attention_wide.wide_kernel(head_dim, group, max_split)
-    return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split)
+        return attention_wide.wide_kernel(head_dim, group, max_split, min_split=min_split,
+                                          fused=fused)
+    return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
 
 
 COMBINE_WARPS = 8
@@ -209,7 +212,7 @@ def _block_reduce(v, is_max, s_red, warp, lane):
 
 
 @cuda.jit
-def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, out):
+def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_split, out):
     """Block (head, 32-dim slice): merge the used splits (their count derived from the length
     as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
     hundreds of splits was the slowest part of decode)."""
@@ -219,7 +222,7 @@ def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, out):
     s_w = cuda.shared.array(MAX_SPLITS, float32)
     s_red = cuda.shared.array(COMBINE_THREADS, float32)
     length = min(seq_len[0] + n_new, n_ctx)
-    split_len = _split_len(length, n_target, max_split)
+    split_len = _split_len(length, n_target, max_split, min_split)
     n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
     m = NEG_INF
     for s in range(tid, n_used, COMBINE_THREADS):
@@ -252,25 +255,28 @@ def _row_bytes(fmt, head_dim):
     return {"f16": 2 * head_dim, "int8": head_dim, "q4_0": head_dim // 32 * 18}[fmt]
 
 
-def n_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_LEN) -> int:
+def n_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_LEN,
+             min_split: int = attn_split.SPLIT_K_MIN) -> int:
     """The pass-1 grid's splits for a cache of `n_ctx` positions: the most any length uses (the
     grid a captured graph is built for; `strata.plan.attn_split.max_splits`)."""
-    return attn_split.max_splits(n_ctx, n_target, max_split)
+    return attn_split.max_splits(n_ctx, n_target, max_split, min_split)
 
 
 def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
-                      max_split: int = SPLIT_LEN, n_target: int | None = None):
+                      max_split: int = SPLIT_LEN, n_target: int | None = None,
+                      min_split: int = attn_split.SPLIT_K_MIN):
     """(part_o [n_split, n_head, head_dim] f32, part_ml [n_split, n_head, 2] f32) scratch for a
     cache of n_ctx positions (n_target: splits aimed at, default by `attn_split.split_target`)."""
     t = attn_split.split_target(n_kv_head) if n_target is None else n_target
-    s = n_splits(n_ctx, t, max_split)
+    s = n_splits(n_ctx, t, max_split, min_split)
     return (cuda.device_array((s, n_head, head_dim), np.float32),
             cuda.device_array((s, n_head, 2), np.float32))
 
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
-                     wide: bool | None = None):
+                     wide: bool | None = None, done=None,
+                     min_split: int = attn_split.SPLIT_K_MIN):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -282,6 +288,10 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     max_split keys (a multiple of 16).
     wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
     kernel; True requires the f16 kernel (ValueError where it does not apply).
+    done: an int32 device array of at least n_kv_head zeros: the tensor-core kernel then merges
+    the splits itself (its last block per KV head; it leaves the counts at zero), one launch
+    instead of two. Unused by the generic kernel. min_split: the shortest split (a multiple of
+    16; the partials must hold the splits this rule makes).
     """
     lay = k.layout
     _check_pair(k, v)
@@ -295,21 +305,31 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     n_target = attn_split.split_target(lay.n_kv_head) if n_target is None else n_target
-    n_split = n_splits(lay.n_ctx, n_target, max_split)
+    n_split = n_splits(lay.n_ctx, n_target, max_split, min_split)
     if n_split > MAX_SPLITS:
         raise ValueError(f"{lay.n_ctx} positions make up to {n_split} splits of at most "
                          f"{max_split} keys; at most {MAX_SPLITS}: use a longer max_split")
     _check_partials(partials, n_split, n_head, hd)
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
-    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
+    is_wide = attention_wide.supports(lay.fmt, v.layout.fmt, hd, group, max_split) and \
+        wide is not False
+    fused = done is not None and is_wide
+    if fused and (done.dtype != np.int32 or done.ndim != 1 or done.shape[0] < lay.n_kv_head):
+        raise ValueError(f"done must be an int32 [>= {lay.n_kv_head}] device array of zeros, "
+                         f"got {done.dtype} {tuple(done.shape)}")
+    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide,
+                           min_split=min_split, fused=fused)
     scale = np.float32(1.0 / math.sqrt(hd))
     part_o, part_ml = partials
-    kernel[(lay.n_kv_head, n_split), THREADS, stream](
-        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
-        part_o, part_ml)
-    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
-        part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, out)
+    args = (q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
+            part_o, part_ml)
+    if is_wide:  # done and out are the fused kernel's (the two-pass one ignores them)
+        args += (done if fused else seq_len, out)
+    kernel[(lay.n_kv_head, n_split), THREADS, stream](*args)
+    if not fused:
+        _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
+            part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

@@ -133,17 +133,20 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     register_ptx(family, "route_scan", _fixed(route._scan, (_I32, _I64, _I64) + (_I32,) * 5))
     register_ptx(family, "route_scatter", _fixed(route._scatter, (_I32, _I64, _I32, _I32, _I32)))
     register_ptx(family, "route_combine", _fixed(route._combine, (f2, _I32, f2, _I64, f2)))
-    register_ptx(family, "decode_attn_combine",  # part_o part_ml seq n_new n_ctx target max out
+    register_ptx(family, "decode_attn_combine",  # part_o part_ml seq n_new n_ctx target max min out
                  _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
-                                             _I64, _I64, _I64, _I64, f2)))
+                                             _I64, _I64, _I64, _I64, _I64, f2)))
     register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
     for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
         if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
-            register_ptx(family, f"decode_attn_f16_wide_hd{hd}_g{group}",
-                         _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
-                                _DECODE_ATTN_SIG),
-                         options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
+            for fused in (False, True):  # + done, out
+                register_ptx(family, f"decode_attn_f16_wide{'_fused' if fused else ''}"
+                                     f"_hd{hd}_g{group}",
+                             _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN,
+                                                               fused=fused),
+                                    _DECODE_ATTN_SIG + (_I32, f2)),
+                             options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8)]
         for name, build in _attn_specs(fmt, fmt_shapes):

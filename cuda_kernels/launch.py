@@ -8,6 +8,8 @@ the simulator numpy arrays are accepted, since the simulator copies anyway.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,6 +28,23 @@ MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block withou
 _attach_kernel_bundle()
 if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py): same PTX
     _linear_lowering()
+
+
+def factory_cache(factory: Callable) -> Callable:
+    """functools.cache for a kernel factory that keys on every argument with its defaults
+    applied, so `f(a, b)`, `f(a, b, c=default)` and `f(a, b, default)` share one compiled kernel
+    (plain functools.cache keys them apart and would compile the same kernel twice).
+    `.__wrapped__` is the factory itself (the probes re-exec its source)."""
+    sig = inspect.signature(factory)
+    cached = functools.cache(factory)
+
+    @functools.wraps(factory)
+    def get(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return cached(*bound.args)
+    get.__wrapped__ = factory
+    return get
 
 
 def check_array(name: str, a: Any, dtype, shape: tuple[int | None, ...] | None = None) -> None:

@@ -74,17 +74,19 @@ def attn(ctx, rows):
                                             max_split=max_split, n_target=t)
         seq = ctx.upload(np.array([length - 1], np.int32))
         n_split = attention.n_splits(n_ctx, t, max_split)
-        tag = (f"L {length}, split {attn_split.split_len(length, t, max_split)}, "
+        tag = (f"L {length}, split "
+               f"{attn_split.split_len(length, t, max_split, attn_split.SPLIT_K_MIN)}, "
                f"{attn_split.n_used(length, t, max_split)} splits")
 
         def step(s, p1=True, comb=True, parts=parts, seq=seq, t=t, n_split=n_split):
             for _, (k, v) in layers:
                 if p1:
                     kern[(n_kv, n_split), attention.THREADS, s](
-                        q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts)
+                        q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts,
+                        seq, out)  # the two-pass kernel ignores done, out
                 if comb:
                     attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
-                        *parts, seq, 1, n_ctx, t, max_split, out)
+                        *parts, seq, 1, n_ctx, t, max_split, attn_split.SPLIT_K_MIN, out)
         rows.append(("attention", f"pass 1 + combine, {tag}", ctx.time_graph(step, n_layer)))
         if n_target is None:
             rows.append(("attention", f"pass 1 alone, {tag}", ctx.time_graph(

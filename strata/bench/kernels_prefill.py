@@ -279,14 +279,15 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
-                           quick=False, tag="") -> dict:
+                           min_split=None, quick=False, tag="") -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
     the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
-    without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv;
-    1 gives the fixed split of max_split keys the kernels used before the split followed the
-    length)."""
+    without launch bounds), "fused" (the tensor-core kernel merging its splits itself: one
+    launch). n_target: splits aimed at (default: the launcher's, from n_kv; 1 gives the fixed
+    split of max_split keys the kernels used before the split followed the length); min_split:
+    the shortest split (default: the launcher's)."""
     from strata.cuda_kernels import attention, attention_wide
     from strata.plan import attn_split
     cuda = _cuda()
@@ -298,31 +299,41 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     out = cuda.device_array((n_head, hd), np.float32)
     max_split = max_split or attention.SPLIT_LEN
     n_target = n_target or attn_split.split_target(n_kv)
+    min_split = min_split or attn_split.SPLIT_K_MIN
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
-                                        n_target=n_target)
+                                        n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
+    done = cuda.to_device(np.zeros(n_kv, np.int32)) if variant == "fused" else None
     group = n_head // n_kv
     if variant == "tc_nolb":
-        kern = attention_wide.wide_kernel(hd, group, max_split, 0)
+        kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
-                                       wide=False if variant == "generic" else None)
+                                       wide=False if variant == "generic" else None,
+                                       min_split=min_split, fused=variant == "fused")
     scale = np.float32(1.0 / math.sqrt(hd))
-    n_split = attention.n_splits(n_ctx, n_target, max_split)
+    n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
 
-    def step(s):  # the launcher's two launches, with the chosen pass-1 kernel
+    def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
-            kern[(n_kv, n_split), attention.THREADS, s](q, k.data, k.scale, v.data, v.scale, seq,
-                                                       1, n_ctx, n_target, scale, *parts)
-            attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
-                *parts, seq, 1, n_ctx, n_target, max_split, out)
+            if variant == "tc_nolb":
+                kern[(n_kv, n_split), attention.THREADS, s](
+                    q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts,
+                    seq, out)
+                attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
+                    *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
+            else:
+                attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
+                                           max_split=max_split, n_target=n_target, stream=s,
+                                           wide=False if variant == "generic" else None,
+                                           done=done, min_split=min_split)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
     return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
-            "length": length, "n_target": n_target,
-            "split_len": attn_split.split_len(length, n_target, max_split),
-            "n_used": attn_split.n_used(length, n_target, max_split), "ms": ms,
+            "length": length, "n_target": n_target, "min_split": min_split,
+            "split_len": attn_split.split_len(length, n_target, max_split, min_split),
+            "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
             "timing": how, "kernel": _resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
@@ -382,9 +393,11 @@ def _prefill_attn(quick, **kw):
     return bench_prefill_attention(quick=quick, **kw)
 
 
-def _decode_attn_4k(quick, *, length, n_target, tag):
-    return bench_decode_attention(fmt="f16", n_ctx=4096, length=length, n_target=n_target,
-                                  n_layer=48, quick=quick, tag=tag)
+def _decode_attn_4k(quick, *, length, n_target, tag, variant="auto", min_split=None,
+                    n_ctx=4096):
+    return bench_decode_attention(fmt="f16", n_ctx=n_ctx, length=length, n_target=n_target,
+                                  n_layer=48 if n_ctx <= 4096 else 2, variant=variant,
+                                  min_split=min_split, quick=quick, tag=tag)
 
 
 def _moe_tile(quick, *, ggml_type, **flags):
@@ -429,6 +442,13 @@ ENTRIES = {
     **{f"decode_attn_f16_{name}{fixed}": functools.partial(
         _decode_attn_4k, length=length, n_target=1 if fixed else None, tag=f"_{name}{fixed}")
        for name, length in (("600", 600), ("4k", 4096)) for fixed in ("", "_fixed")},
+    # one launch (the last block of a KV head merges its splits) against two, at splits of
+    # at least 16 or 64 keys (a 64-key split gives each of the kernel's four warps a tile)
+    **{f"decode_attn_f16_{name}_{variant}_m{m}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, variant=variant, min_split=m,
+        n_ctx=max(4096, length), tag=f"_{name}_m{m}")
+       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
+       for variant in ("auto", "fused") for m in (16, 64)},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",
