@@ -171,11 +171,11 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split
 
 
 def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None,
-                  min_split=attn_split.SPLIT_K_MIN, fused=False):
+                  min_split=attn_split.SPLIT_K_MIN):
     """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_wide`) where it
     applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
-    max_split / min_split: the longest / shortest split (the shared score buffer's length /
-    the granularity); fused: the tensor-core kernel that merges the splits itself."""
+    max_split / min_split: the longest split (the shared score buffer's length) / the shortest
+    (where the longest allows it) and the granularity."""
     ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
@@ -185,8 +185,7 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None,
                          f"{k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest split "
                          f"{max_split}")
     if ok and wide is not False:
-        return attention_wide.wide_kernel(head_dim, group, max_split, min_split=min_split,
-                                          fused=fused)
+        return attention_wide.wide_kernel(head_dim, group, max_split, min_split=min_split)
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
 
 
@@ -275,8 +274,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
-                     wide: bool | None = None, done=None,
-                     min_split: int = attn_split.SPLIT_K_MIN):
+                     wide: bool | None = None, min_split: int = attn_split.SPLIT_K_MIN):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -288,10 +286,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     max_split keys (a multiple of 16).
     wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
     kernel; True requires the f16 kernel (ValueError where it does not apply).
-    done: an int32 device array of at least n_kv_head zeros: the tensor-core kernel then merges
-    the splits itself (its last block per KV head; it leaves the counts at zero), one launch
-    instead of two. Unused by the generic kernel. min_split: the shortest split (a multiple of
-    16; the partials must hold the splits this rule makes).
+    min_split: the shortest split where max_split allows it (a multiple of 16; the partials
+    must hold the splits the rule makes with it: `allocate_partials` with the same).
     """
     lay = k.layout
     _check_pair(k, v)
@@ -312,24 +308,15 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     _check_partials(partials, n_split, n_head, hd)
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
-    is_wide = attention_wide.supports(lay.fmt, v.layout.fmt, hd, group, max_split) and \
-        wide is not False
-    fused = done is not None and is_wide
-    if fused and (done.dtype != np.int32 or done.ndim != 1 or done.shape[0] < lay.n_kv_head):
-        raise ValueError(f"done must be an int32 [>= {lay.n_kv_head}] device array of zeros, "
-                         f"got {done.dtype} {tuple(done.shape)}")
     kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide,
-                           min_split=min_split, fused=fused)
+                           min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     part_o, part_ml = partials
-    args = (q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
-            part_o, part_ml)
-    if is_wide:  # done and out are the fused kernel's (the two-pass one ignores them)
-        args += (done if fused else seq_len, out)
-    kernel[(lay.n_kv_head, n_split), THREADS, stream](*args)
-    if not fused:
-        _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
-            part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
+    kernel[(lay.n_kv_head, n_split), THREADS, stream](
+        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
+        part_o, part_ml)
+    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
+        part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

@@ -83,15 +83,10 @@ def jit_options(min_blocks: int) -> dict:
 
 @factory_cache
 def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN_BLOCKS,
-                min_split: int = attn_split.SPLIT_K_MIN, fused: bool = False):
+                min_split: int = attn_split.SPLIT_K_MIN):
     """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
-    least min_split and at most max_split keys (the shared score buffer's length per head).
-    Arguments: those of `attention._split_kernel`, then done ([>= n_kv_head] int32, zero) and
-    out ([n_head, head_dim] f32).
-
-    fused: the last block of a KV head to finish (a count in done[hk], which that block sets
-    back to zero, so graph replays need no host write) merges the KV head's splits into out,
-    in place of the second launch (`attention._combine`). Otherwise done and out are unused.
+    least min(min_split, max_split) and at most max_split keys (the shared score buffer's length
+    per head).
 
     min_blocks: blocks per SM the register allocation must allow. Unbounded, ptxas takes 137
     registers at head_dim 128 (3 blocks of 4 warps per SM: the 512 blocks of a 32K context at
@@ -115,12 +110,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     SPS = CAP + 8             # score row stride in shared memory (fewer bank conflicts)
     N_ACC = 4 * N_VW          # P V accumulators per lane (head_dim / 4)
     N_SCORES, N_RED, N_OUT = group * SPS, WARPS * N_ACC * RED_ROW, group * head_dim
-    N_PER = (N_OUT + THREADS - 1) // THREADS  # merged outputs per thread (fused)
-    EVEN = N_OUT % THREADS == 0
-    MERGE_UNROLL = 4          # splits a thread loads at once while merging (fused)
-    MIN_SPLIT = min_split
-    FUSED = fused
     STEP = WARPS * TILE       # keys per block per round
+    MIN_SPLIT = min_split
 
     @cuda.jit(device=True, inline="always")
     def load_k(data, k0, base, n_keys, n_kv, hk, g, t, dst):
@@ -150,79 +141,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 dst[o + 2] = w2
                 dst[o + 3] = w3
 
-    @cuda.jit(device=True, inline="always")
-    def _merge_last(part_o, part_ml, done, out, hk, length, split_len, s_w, s_stat, tid, warp,
-                    lane):
-        # Every thread fences its own partial writes; the count then tells the last block of
-        # this KV head that all of them are visible. s_w (the scores) and s_stat (the
-        # fragments) are free: the merge's split weights and per-head max / denominator.
-        n_used = (length + split_len - 1) // split_len
-        s_last = cuda.shared.array(1, int32)
-        cuda.threadfence()
-        cuda.syncthreads()
-        if tid == 0:
-            s_last[0] = int32(cuda.atomic.add(done, hk, 1) == n_used - 1)
-        cuda.syncthreads()
-        if s_last[0] == 0:  # uniform over the block
-            return
-        cuda.threadfence()  # then read the other blocks' partials
-        h0 = hk * group
-        for h in range(warp, group, WARPS):  # the max of the splits' maxima, per head
-            m = NEG_INF
-            for sp in range(lane, n_used, 32):
-                m = max(m, part_ml[sp, h0 + h, 0])
-            for sh in (16, 8, 4, 2, 1):
-                m = max(m, shfl_xor(m, sh))
-            if lane == 0:
-                s_stat[h] = m
-                s_stat[group + h] = float32(0.0)
-        acc = cuda.local.array(N_PER, float32)
-        for i in range(N_PER):
-            acc[i] = float32(0.0)
-        for c0 in range(0, n_used, SPS):  # splits in chunks of the weight buffer's length
-            c1 = min(c0 + SPS, n_used)
-            cuda.syncthreads()  # the max is published / the last chunk's weights are used
-            for h in range(warp, group, WARPS):  # weights exp(m_s - m) and the denominator
-                den = float32(0.0)
-                for sp in range(c0 + lane, c1, 32):
-                    w = math.exp(part_ml[sp, h0 + h, 0] - s_stat[h])
-                    s_w[h * SPS + sp - c0] = w
-                    den += w * part_ml[sp, h0 + h, 1]
-                for sh in (16, 8, 4, 2, 1):
-                    den += shfl_xor(den, sh)
-                if lane == 0:
-                    s_stat[group + h] += den
-            cuda.syncthreads()
-            # outputs tid, tid + THREADS, ... of the KV head's [group, head_dim] (coalesced),
-            # MERGE_UNROLL splits' loads in flight at a time: one split at a time, a thread
-            # would wait an L2 latency for every 8 loads
-            c4 = c0 + (c1 - c0) // MERGE_UNROLL * MERGE_UNROLL
-            for sp in range(c0, c4, MERGE_UNROLL):
-                for i in range(N_PER):
-                    o = tid + i * THREADS
-                    if EVEN or o < N_OUT:
-                        h = o // head_dim
-                        d = o - h * head_dim
-                        for u in range(MERGE_UNROLL):
-                            acc[i] += s_w[h * SPS + sp + u - c0] * part_o[sp + u, h0 + h, d]
-            for sp in range(c4, c1):
-                for i in range(N_PER):
-                    o = tid + i * THREADS
-                    if EVEN or o < N_OUT:
-                        h = o // head_dim
-                        acc[i] += s_w[h * SPS + sp - c0] * part_o[sp, h0 + h, o - h * head_dim]
-        cuda.syncthreads()  # the denominators are complete
-        for i in range(N_PER):
-            o = tid + i * THREADS
-            if EVEN or o < N_OUT:
-                h = o // head_dim
-                out[h0 + h, o - h * head_dim] = acc[i] / s_stat[group + h]
-        if tid == 0:
-            done[hk] = 0  # every used split has counted: ready for the next launch
-
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
-    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml,
-               done, out):
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
@@ -343,8 +263,5 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
             for w in range(1, WARPS):
                 v += s_red[w * N_ACC * RED_ROW + at]
             part_o[split, hk * group + h, d] = v
-        if FUSED:
-            _merge_last(part_o, part_ml, done, out, hk, length, split_len, s_p, s_red, tid,
-                        warp, lane)
 
     return kernel

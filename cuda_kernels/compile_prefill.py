@@ -140,13 +140,10 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
     for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
         if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
-            for fused in (False, True):  # + done, out
-                register_ptx(family, f"decode_attn_f16_wide{'_fused' if fused else ''}"
-                                     f"_hd{hd}_g{group}",
-                             _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN,
-                                                               fused=fused),
-                                    _DECODE_ATTN_SIG + (_I32, f2)),
-                             options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
+            register_ptx(family, f"decode_attn_f16_wide_hd{hd}_g{group}",
+                         _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
+                                _DECODE_ATTN_SIG),
+                         options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8)]
         for name, build in _attn_specs(fmt, fmt_shapes):

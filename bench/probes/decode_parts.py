@@ -82,8 +82,7 @@ def attn(ctx, rows):
             for _, (k, v) in layers:
                 if p1:
                     kern[(n_kv, n_split), attention.THREADS, s](
-                        q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts,
-                        seq, out)  # the two-pass kernel ignores done, out
+                        q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts)
                 if comb:
                     attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                         *parts, seq, 1, n_ctx, t, max_split, attn_split.SPLIT_K_MIN, out)

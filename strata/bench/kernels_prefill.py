@@ -284,10 +284,9 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
     the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
-    without launch bounds), "fused" (the tensor-core kernel merging its splits itself: one
-    launch). n_target: splits aimed at (default: the launcher's, from n_kv; 1 gives the fixed
-    split of max_split keys the kernels used before the split followed the length); min_split:
-    the shortest split (default: the launcher's)."""
+    without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
+    gives the fixed split of max_split keys the kernels used before the split followed the
+    length); min_split: the shortest split (default: the launcher's)."""
     from strata.cuda_kernels import attention, attention_wide
     from strata.plan import attn_split
     cuda = _cuda()
@@ -303,14 +302,13 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    done = cuda.to_device(np.zeros(n_kv, np.int32)) if variant == "fused" else None
     group = n_head // n_kv
     if variant == "tc_nolb":
         kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
                                        wide=False if variant == "generic" else None,
-                                       min_split=min_split, fused=variant == "fused")
+                                       min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
 
@@ -318,15 +316,14 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
         for _, (k, v) in layers:
             if variant == "tc_nolb":
                 kern[(n_kv, n_split), attention.THREADS, s](
-                    q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts,
-                    seq, out)
+                    q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
             else:
                 attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
                                            max_split=max_split, n_target=n_target, stream=s,
                                            wide=False if variant == "generic" else None,
-                                           done=done, min_split=min_split)
+                                           min_split=min_split)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
@@ -393,11 +390,10 @@ def _prefill_attn(quick, **kw):
     return bench_prefill_attention(quick=quick, **kw)
 
 
-def _decode_attn_4k(quick, *, length, n_target, tag, variant="auto", min_split=None,
-                    n_ctx=4096):
+def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096):
     return bench_decode_attention(fmt="f16", n_ctx=n_ctx, length=length, n_target=n_target,
-                                  n_layer=48 if n_ctx <= 4096 else 2, variant=variant,
-                                  min_split=min_split, quick=quick, tag=tag)
+                                  n_layer=48 if n_ctx <= 4096 else 2, min_split=min_split,
+                                  quick=quick, tag=tag)
 
 
 def _moe_tile(quick, *, ggml_type, **flags):
@@ -442,13 +438,12 @@ ENTRIES = {
     **{f"decode_attn_f16_{name}{fixed}": functools.partial(
         _decode_attn_4k, length=length, n_target=1 if fixed else None, tag=f"_{name}{fixed}")
        for name, length in (("600", 600), ("4k", 4096)) for fixed in ("", "_fixed")},
-    # one launch (the last block of a KV head merges its splits) against two, at splits of
-    # at least 16 or 64 keys (a 64-key split gives each of the kernel's four warps a tile)
-    **{f"decode_attn_f16_{name}_{variant}_m{m}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, variant=variant, min_split=m,
-        n_ctx=max(4096, length), tag=f"_{name}_m{m}")
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for variant in ("auto", "fused") for m in (16, 64)},
+    # splits of at least 16 or 64 keys (64, the default, gives each of the tensor-core
+    # kernel's four warps a tile)
+    **{f"decode_attn_f16_{name}_m{m}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, min_split=m, n_ctx=max(4096, length),
+        tag=f"_{name}_m{m}")
+       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768)) for m in (16, 64)},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

@@ -200,9 +200,6 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("attn_out", np.float32, (n_b, qd))
     b.add("attn_part_o", np.float32, (n_b, n_split, s.n_head, s.head_dim))  # per split: P V
     b.add("attn_part_ml", np.float32, (n_b, n_split, s.n_head, 2))  # per split: max, sum
-    # the one-launch decode attention's count of finished splits per KV head
-    # (strata.cuda_kernels.attention_wide, fused): zero at load, its last block resets it
-    b.add("attn_done", np.int32, (n_b, s.n_head_kv))  # [batch, n_head_kv] int32
     b.add("router_logits", np.float32, (n_b, s.n_expert))  # [batch, n_expert] f32
     b.add("topk_ids", np.int32, (n_b, k))  # [batch, k] int32
     b.add("topk_weights", np.float32, (n_b, k))

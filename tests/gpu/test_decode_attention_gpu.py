@@ -33,7 +33,7 @@ def table():
 class _Problem:
     """q, a cache of n_ctx positions all holding keys, the launch's device arguments."""
 
-    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int):
+    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split: int = 64):
         from numba import cuda
 
         from strata.cuda_kernels import attention, kvcache
@@ -47,15 +47,14 @@ class _Problem:
         self.out = cuda.to_device(np.full(self.q.shape, np.nan, np.float32))
         self.seq = cuda.to_device(np.zeros(1, np.int32))
         self.parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
-                           attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv))
-        self.done = cuda.to_device(np.zeros(self.n_kv, np.int32))
+                           attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv,
+                                                       min_split=min_split))
+        self.min_split = min_split
 
-    def launch(self, stream, wide, fused=False, min_split=16):
-        """fused: one launch (the kernel's last block per KV head merges the splits)."""
+    def launch(self, stream, wide):
         from strata.cuda_kernels import attention
         attention.decode_attention(self.qd, self.k, self.v, self.seq, self.out, self.parts,
-                                   stream=stream, wide=wide, min_split=min_split,
-                                   done=self.done if fused else None)
+                                   stream=stream, wide=wide, min_split=self.min_split)
 
     def set_length(self, length: int, stream) -> None:
         self.seq.copy_to_device(np.array([length - 1], np.int32), stream=stream)
@@ -69,35 +68,30 @@ class _Problem:
         err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
         ROWS.append((name, f"L={length} of {self.kref.shape[0]} h{N_HEAD}/{self.n_kv}", err))
         assert err < TOL, f"{name} L={length}: relative error {err:.3e}"
-        if self.done is not None:  # the fused kernel leaves its counts at zero
-            assert not self.done.copy_to_host().any(), f"{name} L={length}: counts left"
 
 
-CASES = [("f16", None, 1, False, 16), ("f16", None, 4, False, 16), ("f16", None, 8, False, 16),
-         ("f16", False, 8, False, 16), ("int8", None, 8, False, 16), ("q4_0", None, 4, False, 16),
-         ("f16", None, 8, True, 16), ("f16", None, 8, True, 64), ("f16", None, 3, True, 64),
-         ("int8", None, 8, True, 64)]  # int8: the generic kernel ignores done (two launches)
+CASES = [("f16", None, 1, 64), ("f16", None, 4, 64), ("f16", None, 8, 64), ("f16", False, 8, 64),
+         ("int8", None, 8, 64), ("q4_0", None, 4, 64), ("f16", None, 8, 16), ("int8", None, 8, 16)]
 
 
-@pytest.mark.parametrize("fmt,wide,group,fused,min_split", CASES)
-def test_decode_attention_every_length(fmt, wide, group, fused, min_split):
+@pytest.mark.parametrize("fmt,wide,group,min_split", CASES)
+def test_decode_attention_every_length(fmt, wide, group, min_split):
     """One launch's arguments for all lengths of a 4K cache (as a captured decode step holds
-    them), only the device length changing: from one split of one key to 64 of 64."""
+    them), only the device length changing: from one split of one key to 64 of 64 (splits of
+    at least 64 keys, the default, or 16)."""
     from numba import cuda
-    p = _Problem(fmt, group, 4096, seed=group)
+    p = _Problem(fmt, group, 4096, seed=group, min_split=min_split)
     stream = cuda.stream()
     name = f"decode attn {fmt}" + (" generic" if wide is False else "") + f" g{group}" + \
-        (f" fused m{min_split}" if fused else "")
+        f" m{min_split}"
     for length in LENGTHS:
         p.set_length(length, stream)
-        p.launch(stream, wide, fused, min_split)
+        p.launch(stream, wide)
         p.check(name, length, stream)
 
 
-@pytest.mark.parametrize("fmt,wide,n_ctx,fused", [("f16", None, 32768, False),
-                                                  ("int8", None, 4096, False),
-                                                  ("f16", None, 32768, True)])
-def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx, fused):
+@pytest.mark.parametrize("fmt,wide,n_ctx", [("f16", None, 32768), ("int8", None, 4096)])
+def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx):
     """A graph captured at a short length replays right at longer and shorter ones: the split
     length and count come from the device length, not from the capture."""
     from numba import cuda
@@ -106,11 +100,11 @@ def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx, fused)
     p = _Problem(fmt, 8, n_ctx, seed=7)
     stream = cuda.stream()
     p.set_length(600, stream)
-    p.launch(stream, wide, fused)  # compiled and loaded outside the capture
+    p.launch(stream, wide)  # compiled and loaded outside the capture
     stream.synchronize()
-    graph = capture(lambda s: p.launch(s, wide, fused), stream)
+    graph = capture(lambda s: p.launch(s, wide), stream)
     lengths = (600, 1, 17, n_ctx, 5000 if n_ctx > 5000 else 3000, 16384 if n_ctx > 16384 else 2)
     for length in lengths:
         p.set_length(length, stream)
         graph.replay(stream)
-        p.check(f"graph replay {fmt}" + (" fused" if fused else ""), length, stream)
+        p.check(f"graph replay {fmt}", length, stream)

@@ -146,7 +146,7 @@ def test_attention_launchers_reject_bad_input():
     out = cuda.to_device(np.zeros((4, HD), np.float32))
     long = kvcache.allocate_kv_side(kvcache.KvLayout("f16", 40, 2, HD))  # up to 3 splits of 16
     with pytest.raises(ValueError, match=r"with n >= 3 splits"):
-        attention.decode_attention(q, long, long, seq, out, parts)
+        attention.decode_attention(q, long, long, seq, out, parts, min_split=16)
     with pytest.raises(ValueError, match="partials must be"):  # the wrong head count
         attention.decode_attention(q, k, k, seq, out,
                                    attention.allocate_partials(2, HD, 8, n_kv_head=2))
@@ -185,56 +185,31 @@ def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group
     assert rel_err(got[True], got[False]) < 1e-5
 
 
-@pytest.mark.parametrize("hd,n_kv,group,n_ctx,max_split,min_split,n_target,lengths", [
-    (64, 1, 3, 420, 16, 16, 64, (410, 17, 1, 64)),  # 26 splits: the merge's two weight chunks
-    (64, 2, 8, 300, 256, 64, None, (300, 65, 64, 1)),  # the 30B's group, 64-key splits
-    (128, 1, 4, 100, 32, 32, 2, (100, 33)),
-])
-def test_decode_attention_fused_merges_its_own_splits(hd, n_kv, group, n_ctx, max_split,
-                                                      min_split, n_target, lengths):
-    """The one-launch tensor-core kernel (its last block per KV head merges the splits): at
-    every length (one graph's launch arguments, the length changed on the device) it agrees
-    with the float64 reference and with the two-launch kernel, and leaves its counts at zero
-    for the next launch. Partials start as NaN and keep a longer run's splits; group 3 leaves
-    some threads without an output (192 outputs over 128 threads)."""
+@pytest.mark.parametrize("wide", [True, False])
+def test_decode_attention_split_floor(wide):
+    """Splits of at least 64 keys (the default floor) and of at least 16, over one set of launch
+    arguments and partials sized for the floor: both agree with the float64 reference at every
+    length, and a floor past the longest split gives way to it."""
     rng = np.random.default_rng(11)
+    n_kv, group, hd, n_ctx = 1, 8, 64, 200
     lay = kvcache.KvLayout("f16", n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
     k, kref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd)), rng)
     v, vref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd)), rng)
     q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
     qd, seq = cuda.to_device(q), cuda.to_device(np.zeros(1, np.int32))
-    done = cuda.to_device(np.zeros(n_kv + 1, np.int32))  # one spare: the kernel counts n_kv
-    parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
-                  attention.allocate_partials(n_kv * group, hd, n_ctx, n_kv_head=n_kv,
-                                              max_split=max_split, n_target=n_target,
-                                              min_split=min_split))
-    kw = dict(max_split=max_split, n_target=n_target, min_split=min_split, wide=True)
-    for length in lengths:
-        seq.copy_to_device(np.array([length - 1], np.int32))
-        ref = attention_reference(q[None], kref, vref, length - 1)[0]
-        got = {}
-        for fused in (True, False):
+    for min_split, max_split in ((64, 256), (16, 256), (64, 32)):
+        parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
+                      attention.allocate_partials(n_kv * group, hd, n_ctx, n_kv_head=n_kv,
+                                                  max_split=max_split, min_split=min_split))
+        for length in (200, 65, 1):
+            seq.copy_to_device(np.array([length - 1], np.int32))
             out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
-            attention.decode_attention(qd, k, v, seq, out, parts, done=done if fused else None,
-                                       **kw)
-            got[fused] = out.copy_to_host()
-            assert rel_err(got[fused], ref) < 1e-5, (length, fused)
-        assert rel_err(got[True], got[False]) < 1e-5, length
-        assert not done.copy_to_host().any(), length
-
-
-def test_decode_attention_fused_refuses_a_bad_count_array():
-    lay = kvcache.KvLayout("f16", 8, 2, HD)
-    k = kvcache.allocate_kv_side(lay)
-    seq = cuda.to_device(np.zeros(1, np.int32))
-    q = cuda.to_device(np.zeros((4, HD), np.float32))
-    out = cuda.to_device(np.zeros((4, HD), np.float32))
-    parts = attention.allocate_partials(4, HD, 8, n_kv_head=2)
-    for bad in (np.zeros(1, np.int32), np.zeros(2, np.int64), np.zeros((2, 1), np.int32)):
-        with pytest.raises(ValueError, match=r"done must be an int32 \[>= 2\]"):
-            attention.decode_attention(q, k, k, seq, out, parts, done=cuda.to_device(bad))
+            attention.decode_attention(qd, k, v, seq, out, parts, max_split=max_split,
+                                       min_split=min_split, wide=wide)
+            ref = attention_reference(q[None], kref, vref, length - 1)[0]
+            assert rel_err(out.copy_to_host(), ref) < 1e-5, (min_split, max_split, length)
     with pytest.raises(ValueError, match="shortest split must be a positive multiple of 16"):
-        attention.decode_attention(q, k, k, seq, out, parts, min_split=8)
+        attention.decode_attention(qd, k, v, seq, out, parts, min_split=8)
 
 
 def test_decode_attention_wide_refuses_what_it_cannot_read():

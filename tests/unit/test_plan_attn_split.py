@@ -38,35 +38,33 @@ def test_split_len_with_a_64_key_floor(length, want):
 @pytest.mark.parametrize("min_split", [16, 32, 64])
 def test_rule_holds_at_every_length(min_split):
     for n_target in (1, 2, 3, 4, 7, 64, 256):
-        for max_split in (64, 128, 256) if min_split > 16 else (16, 32, 48, 256):
-            if max_split % min_split:
-                continue
+        for max_split in (16, 32, 48, 80, 256):
+            floor = min(min_split, max_split)
             for n in range(1, 3000, 7):
                 s = split_len(n, n_target, max_split, min_split)
-                assert min_split <= s <= max_split and s % min_split == 0
+                assert floor <= s <= max_split and (s % floor == 0 or s == max_split)
                 # the fewest splits the bounds allow: aimed at n_target, shorter only at the floor
                 assert n_used(n, n_target, max_split, min_split) <= \
                     max(n_target, -(-n // max_split))
-                assert s == min_split or s == max_split or -(-n // (s - min_split)) > n_target
+                assert s == floor or s == max_split or -(-n // (s - floor)) > n_target
 
 
 @pytest.mark.parametrize("n_target,max_split", [(1, 256), (3, 32), (4, 16), (4, 256),
-                                                (64, 256), (7, 48)])
-def test_max_splits_is_exact(n_target, max_split):
+                                                (64, 256), (7, 48), (5, 80)])
+@pytest.mark.parametrize("min_split", [16, 64])
+def test_max_splits_is_exact(n_target, max_split, min_split):
     for n_ctx in (1, 15, 16, 17, 100, 600, 1000, 2047, 4096):
-        assert max_splits(n_ctx, n_target, max_split, 16) == \
-            _brute_max(n_ctx, n_target, max_split, 16)
-        if max_split % 64 == 0:
-            assert max_splits(n_ctx, n_target, max_split, 64) == \
-                _brute_max(n_ctx, n_target, max_split, 64)
+        assert max_splits(n_ctx, n_target, max_split, min_split) == \
+            _brute_max(n_ctx, n_target, max_split, min_split)
 
 
 def test_max_splits_at_the_30b_contexts():
     t = split_target(4)
+    assert attn_split.SPLIT_K_MIN == 64  # the default floor: a tile for each of four warps
+    assert [max_splits(n, t) for n in (256, 600, 4096, 16384, 32768, 131072)] == \
+        [4, 10, 64, 64, 128, 512]
     assert [max_splits(n, t, 256, 16) for n in (256, 600, 4096, 16384, 32768, 131072)] == \
         [16, 38, 64, 64, 128, 512]
-    assert [max_splits(n, t, 256, 64) for n in (256, 600, 4096, 16384, 32768, 131072)] == \
-        [4, 10, 64, 64, 128, 512]
     # n_target 1: the fixed 256-key split of before
     assert [max_splits(n, 1, 256, 16) for n in (600, 4096, 32768)] == [3, 16, 128]
 
@@ -75,12 +73,11 @@ def test_bad_split_parameters_are_refused():
     with pytest.raises(ValueError, match="split target must be at least 1"):
         max_splits(100, 0)
     for bad in (0, 8, 24, 100):
-        with pytest.raises(ValueError, match="positive multiple of 16"):
-            max_splits(100, 4, bad, 16)
+        with pytest.raises(ValueError, match="longest split must be a positive multiple of 16"):
+            max_splits(100, 4, bad)
     for bad in (0, 8, 24):
         with pytest.raises(ValueError, match="shortest split must be a positive multiple of 16"):
             max_splits(100, 4, 256, bad)
-    with pytest.raises(ValueError, match="positive multiple of 64 keys"):
-        max_splits(100, 4, 96, 64)
+    assert max_splits(100, 4, 32, 64) == 4  # a floor past the longest split gives way to it
     with pytest.raises(ValueError, match="at least one position"):
         max_splits(0, 4)

@@ -41,7 +41,6 @@ from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.miss_split import MissShare
 from strata.engine.cuda.pool import CpuPool
-from strata.plan.attn_split import SPLIT_K_MIN
 from strata.plan.layout import SPLIT_K_TOKENS  # the longest split the plan sized partials for
 
 MODES = ("logits", "greedy", "sample")  # what follows the head in a step
@@ -76,11 +75,6 @@ class DecodeStep:
         self.k3 = a["k"].reshape(1, s.n_head_kv, s.head_dim)
         self.v3 = a["v"].reshape(1, s.n_head_kv, s.head_dim)
         self.partials = (a["attn_part_o"][0], a["attn_part_ml"][0])
-        # the f16 tensor-core attention merges its own splits (one launch a layer); False: the
-        # two-launch path (pass 1, then the combine), kept for A/B probes
-        self.fuse_attention = True
-        self.attn_done = a["attn_done"][0]  # [n_head_kv] i32 counts, zero between launches
-        self.attn_min_split = SPLIT_K_MIN  # the shortest split (probes try others)
         self.logits = a["logits"][0]  # [n_vocab] f32
         self.history = a["history"][0]  # [max_context] i32
         self.n_tokens = a["n_tokens"]  # [1] i32
@@ -143,9 +137,7 @@ class DecodeStep:
             kv_write(self.k3, k_side, self.seq_len, stream=stream)
             kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream,
-                         done=self.attn_done if self.fuse_attention else None,
-                         min_split=self.attn_min_split)
+                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         self._route(il, stream)

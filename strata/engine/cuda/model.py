@@ -144,9 +144,8 @@ class CudaModel:
         self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
-        for name in ("router_done", "attn_done"):  # the fused kernels' counters start at zero
-            done = self.acts[name]
-            done.copy_to_device(np.zeros(done.shape, np.int32), stream=self.stream)
+        done = self.acts["router_done"]  # the fused router's block counter starts at zero
+        done.copy_to_device(np.zeros(done.shape, np.int32), stream=self.stream)
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)
