@@ -390,8 +390,8 @@ def _prefill_attn(quick, **kw):
     return bench_prefill_attention(quick=quick, **kw)
 
 
-def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096):
-    return bench_decode_attention(fmt="f16", n_ctx=n_ctx, length=length, n_target=n_target,
+def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16"):
+    return bench_decode_attention(fmt=fmt, n_ctx=n_ctx, length=length, n_target=n_target,
                                   n_layer=48 if n_ctx <= 4096 else 2, min_split=min_split,
                                   quick=quick, tag=tag)
 
@@ -440,10 +440,11 @@ ENTRIES = {
        for name, length in (("600", 600), ("4k", 4096)) for fixed in ("", "_fixed")},
     # splits of at least 16 or 64 keys (64, the default, gives each of the tensor-core
     # kernel's four warps a tile)
-    **{f"decode_attn_f16_{name}_m{m}": functools.partial(
+    **{f"decode_attn_{fmt}_{name}_m{m}": functools.partial(
         _decode_attn_4k, length=length, n_target=None, min_split=m, n_ctx=max(4096, length),
-        tag=f"_{name}_m{m}")
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768)) for m in (16, 64)},
+        fmt=fmt, tag=f"_{name}_m{m}")
+       for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
+       for m in (16, 64, 128)},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

@@ -185,11 +185,11 @@ def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group
     assert rel_err(got[True], got[False]) < 1e-5
 
 
-@pytest.mark.parametrize("wide", [True, False])
-def test_decode_attention_split_floor(wide):
-    """Splits of at least 64 keys (the default floor) and of at least 16, over one set of launch
-    arguments and partials sized for the floor: both agree with the float64 reference at every
-    length, and a floor past the longest split gives way to it."""
+def test_decode_attention_split_floor():
+    """The tensor-core kernel with splits of at least 64 keys (the default floor) and of at
+    least 16, over one set of launch arguments and partials sized for the floor: both agree
+    with the float64 reference at every length, and a floor past the longest split gives way
+    to it (the generic kernel takes the default floor in DECODE_CASES)."""
     rng = np.random.default_rng(11)
     n_kv, group, hd, n_ctx = 1, 8, 64, 200
     lay = kvcache.KvLayout("f16", n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
@@ -205,7 +205,7 @@ def test_decode_attention_split_floor(wide):
             seq.copy_to_device(np.array([length - 1], np.int32))
             out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
             attention.decode_attention(qd, k, v, seq, out, parts, max_split=max_split,
-                                       min_split=min_split, wide=wide)
+                                       min_split=min_split, wide=True)
             ref = attention_reference(q[None], kref, vref, length - 1)[0]
             assert rel_err(out.copy_to_host(), ref) < 1e-5, (min_split, max_split, length)
     with pytest.raises(ValueError, match="shortest split must be a positive multiple of 16"):
