@@ -45,7 +45,7 @@ def _pow2_at_least(n: int) -> int:
 
 
 @factory_cache
-def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split.SPLIT_K_MIN):
+def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split.SPLIT_K_GRAIN):
     D = head_dim // 32
     GP = _pow2_at_least(group)  # padded group: the butterfly halves the value count
     STEPS_SCATTER = GP.bit_length() - 1  # butterfly steps that halve the values per lane
@@ -170,12 +170,12 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split
     return kernel
 
 
-def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None,
-                  min_split=attn_split.SPLIT_K_MIN):
+def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_split=None):
     """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_wide`) where it
     applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
     max_split / min_split: the longest split (the shared score buffer's length) / the shortest
-    (where the longest allows it) and the granularity."""
+    (where the longest allows it) and the granularity; None: the kernel's own
+    (`min_split_for`)."""
     ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the wide decode-attention kernel needs f16 K and V, head_dim in "
@@ -184,9 +184,19 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None,
                          f"{attention_wide.MAX_SHARED_BYTES} B of shared memory; got "
                          f"{k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest split "
                          f"{max_split}")
+    if min_split is None:
+        min_split = min_split_for(k_fmt, v_fmt, head_dim, group, max_split, wide=wide)
     if ok and wide is not False:
         return attention_wide.wide_kernel(head_dim, group, max_split, min_split=min_split)
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
+
+
+def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
+    """The shortest split of the kernel `decode_kernel` picks: SPLIT_K_MIN (64) for the
+    tensor-core kernel (a tile for each of its four warps), SPLIT_K_GRAIN (16) for the generic
+    one (its block takes 16 keys a round; longer splits only serialise them)."""
+    wide_ok = attention_wide.supports(k_fmt, v_fmt, head_dim, group, max_split)
+    return attn_split.SPLIT_K_MIN if wide_ok and wide is not False else attn_split.SPLIT_K_GRAIN
 
 
 COMBINE_WARPS = 8
@@ -255,7 +265,7 @@ def _row_bytes(fmt, head_dim):
 
 
 def n_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_LEN,
-             min_split: int = attn_split.SPLIT_K_MIN) -> int:
+             min_split: int = attn_split.SPLIT_K_GRAIN) -> int:
     """The pass-1 grid's splits for a cache of `n_ctx` positions: the most any length uses (the
     grid a captured graph is built for; `strata.plan.attn_split.max_splits`)."""
     return attn_split.max_splits(n_ctx, n_target, max_split, min_split)
@@ -263,9 +273,11 @@ def n_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_LEN,
 
 def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
                       max_split: int = SPLIT_LEN, n_target: int | None = None,
-                      min_split: int = attn_split.SPLIT_K_MIN):
+                      min_split: int = attn_split.SPLIT_K_GRAIN):
     """(part_o [n_split, n_head, head_dim] f32, part_ml [n_split, n_head, 2] f32) scratch for a
-    cache of n_ctx positions (n_target: splits aimed at, default by `attn_split.split_target`)."""
+    cache of n_ctx positions (n_target: splits aimed at, default by `attn_split.split_target`;
+    min_split: the shortest split they must hold the splits of; the default, the smallest,
+    holds either kernel's)."""
     t = attn_split.split_target(n_kv_head) if n_target is None else n_target
     s = n_splits(n_ctx, t, max_split, min_split)
     return (cuda.device_array((s, n_head, head_dim), np.float32),
@@ -274,7 +286,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
-                     wide: bool | None = None, min_split: int = attn_split.SPLIT_K_MIN):
+                     wide: bool | None = None, min_split: int | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -286,8 +298,9 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     max_split keys (a multiple of 16).
     wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
     kernel; True requires the f16 kernel (ValueError where it does not apply).
-    min_split: the shortest split where max_split allows it (a multiple of 16; the partials
-    must hold the splits the rule makes with it: `allocate_partials` with the same).
+    min_split: the shortest split where max_split allows it (a multiple of 16; None: the
+    kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
+    (`allocate_partials` with the same or a smaller one, e.g. its default).
     """
     lay = k.layout
     _check_pair(k, v)
@@ -301,6 +314,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     n_target = attn_split.split_target(lay.n_kv_head) if n_target is None else n_target
+    if min_split is None:
+        min_split = min_split_for(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
     n_split = n_splits(lay.n_ctx, n_target, max_split, min_split)
     if n_split > MAX_SPLITS:
         raise ValueError(f"{lay.n_ctx} positions make up to {n_split} splits of at most "

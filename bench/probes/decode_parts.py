@@ -73,10 +73,10 @@ def attn(ctx, rows):
         parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv,
                                             max_split=max_split, n_target=t)
         seq = ctx.upload(np.array([length - 1], np.int32))
-        n_split = attention.n_splits(n_ctx, t, max_split)
+        n_split = attention.n_splits(n_ctx, t, max_split, attn_split.SPLIT_K_MIN)
         tag = (f"L {length}, split "
                f"{attn_split.split_len(length, t, max_split, attn_split.SPLIT_K_MIN)}, "
-               f"{attn_split.n_used(length, t, max_split)} splits")
+               f"{attn_split.n_used(length, t, max_split, attn_split.SPLIT_K_MIN)} splits")
 
         def step(s, p1=True, comb=True, parts=parts, seq=seq, t=t, n_split=n_split):
             for _, (k, v) in layers:

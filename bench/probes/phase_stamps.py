@@ -161,7 +161,7 @@ def attn(ctx):
         parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv,
                                             max_split=max_split, n_target=t)
         seq = ctx.upload(np.array([length - 1], np.int32))
-        n_split = attention.n_splits(n_ctx, t, max_split)
+        n_split = attention.n_splits(n_ctx, t, max_split, attn_split.SPLIT_K_MIN)
         st = cuda.to_device(np.zeros((n_layer, n_kv * n_split, n_st, 2), np.int64))
 
         def step(s):

@@ -298,11 +298,13 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     out = cuda.device_array((n_head, hd), np.float32)
     max_split = max_split or attention.SPLIT_LEN
     n_target = n_target or attn_split.split_target(n_kv)
-    min_split = min_split or attn_split.SPLIT_K_MIN
+    group = n_head // n_kv
+    min_split = min_split or (attn_split.SPLIT_K_MIN if variant == "tc_nolb" else
+                              attention.min_split_for(fmt, fmt, hd, group, max_split,
+                                                      wide=False if variant == "generic" else None))
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    group = n_head // n_kv
     if variant == "tc_nolb":
         kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
     else:

@@ -13,12 +13,16 @@ with n_target = SPLIT_K_BLOCKS // n_kv_head splits (about two pass-1 blocks per 
 length up to n_target * max_split keys: 16K at 4 KV heads), then splits of max_split keys (the
 split kernels' shared score buffer holds that many scores per query head). The grid a graph is
 captured with and the partials the plan sizes hold `max_splits`: the most splits any length up
-to the context can need. min_split (default SPLIT_K_MIN) is the shortest split and the
-granularity where the longest allows it: the tensor-core kernel's four warps take a 16-key tile
-each, so a split of 64 keys keeps all of them busy where one of 16 left three idle. On the H200
-(30B-A3B, 600 live keys of a 4K cache) 64 took pass 1 + combine from 11.5 to 10.3 us a layer and
-D1 decode from 326.8 to 331.8 tok/s, the same at 4K and 32K live keys (where the splits are
-longer anyway): `bench/results/2026-12-01_decode_attention_one_launch_tried.json`.
+to the context can need. min_split is the shortest split and the granularity where the longest
+allows it, and it is the kernel's: the tensor-core kernel's four warps take a 16-key tile each,
+so its splits hold at least SPLIT_K_MIN = 64 keys (at 16 three of them sat idle); the generic
+kernel's block takes 16 keys a round, so its splits keep SPLIT_K_GRAIN = 16 (more blocks in
+parallel). On the H200 at 600 live keys of a 4K cache (30B-A3B shape) the tensor-core kernel's
+pass 1 + combine went from 12.1 to 10.4 us a layer at 64 (11.7 at 128) and D1 decode from 326.8
+to 331.8 tok/s; the generic kernel (int8 KV) took 13.7 us at 16 and 18.0 at 64; at 4K and 32K
+the splits are longer than either floor
+(`bench/results/2026-12-01_kernels_decode_attention_floor.json`). Partials sized for
+SPLIT_K_GRAIN (the default here) hold the splits of either kernel.
 
 `split_len` is also compiled as a device function by the kernels (one definition of the rule):
 it keeps to integer arithmetic, min and max.
@@ -27,8 +31,8 @@ it keeps to integer arithmetic, min and max.
 from __future__ import annotations
 
 SPLIT_K_TOKENS = 256  # the longest split: the split kernels' shared score buffer, per query head
-SPLIT_K_MIN = 64      # the shortest split (where max_split allows) and the granularity
-SPLIT_K_GRAIN = 16    # what min_split and max_split must be multiples of (the tensor-core tile)
+SPLIT_K_MIN = 64      # the tensor-core kernel's shortest split (where max_split allows)
+SPLIT_K_GRAIN = 16    # what split bounds are multiples of; the generic kernel's shortest split
 SPLIT_K_BLOCKS = 256  # pass-1 blocks aimed at: about two per SM on a 132-SM H200
 
 
@@ -49,12 +53,12 @@ def split_len(length, n_target, max_split, min_split):
 
 
 def n_used(length: int, n_target: int, max_split: int = SPLIT_K_TOKENS,
-           min_split: int = SPLIT_K_MIN) -> int:
+           min_split: int = SPLIT_K_GRAIN) -> int:
     """Splits that hold keys at `length` valid keys."""
     return -(-length // split_len(length, n_target, max_split, min_split))
 
 
-def check_split(n_target: int, max_split: int, min_split: int = SPLIT_K_MIN) -> None:
+def check_split(n_target: int, max_split: int, min_split: int = SPLIT_K_GRAIN) -> None:
     """ValueError unless n_target >= 1 and both split bounds are positive multiples of
     SPLIT_K_GRAIN."""
     if n_target < 1:
@@ -66,7 +70,7 @@ def check_split(n_target: int, max_split: int, min_split: int = SPLIT_K_MIN) -> 
 
 
 def max_splits(n_ctx: int, n_target: int, max_split: int = SPLIT_K_TOKENS,
-               min_split: int = SPLIT_K_MIN) -> int:
+               min_split: int = SPLIT_K_GRAIN) -> int:
     """The most splits any length 1..n_ctx uses (exact): a split never holds fewer than
     min(min_split, max_split) keys, below the clamp at max_split there are at most n_target
     splits, and past it ceil(L / max_split)."""

@@ -33,7 +33,7 @@ def table():
 class _Problem:
     """q, a cache of n_ctx positions all holding keys, the launch's device arguments."""
 
-    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split: int = 64):
+    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split=None):
         from numba import cuda
 
         from strata.cuda_kernels import attention, kvcache
@@ -47,8 +47,7 @@ class _Problem:
         self.out = cuda.to_device(np.full(self.q.shape, np.nan, np.float32))
         self.seq = cuda.to_device(np.zeros(1, np.int32))
         self.parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
-                           attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv,
-                                                       min_split=min_split))
+                           attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv))
         self.min_split = min_split
 
     def launch(self, stream, wide):
@@ -70,20 +69,22 @@ class _Problem:
         assert err < TOL, f"{name} L={length}: relative error {err:.3e}"
 
 
-CASES = [("f16", None, 1, 64), ("f16", None, 4, 64), ("f16", None, 8, 64), ("f16", False, 8, 64),
-         ("int8", None, 8, 64), ("q4_0", None, 4, 64), ("f16", None, 8, 16), ("int8", None, 8, 16)]
+# min_split None: the kernel's own floor (64 keys tensor-core, 16 generic)
+CASES = [("f16", None, 1, None), ("f16", None, 4, None), ("f16", None, 8, None),
+         ("f16", False, 8, None), ("int8", None, 8, None), ("q4_0", None, 4, None),
+         ("f16", None, 8, 16), ("int8", None, 8, 64)]
 
 
 @pytest.mark.parametrize("fmt,wide,group,min_split", CASES)
 def test_decode_attention_every_length(fmt, wide, group, min_split):
     """One launch's arguments for all lengths of a 4K cache (as a captured decode step holds
-    them), only the device length changing: from one split of one key to 64 of 64 (splits of
-    at least 64 keys, the default, or 16)."""
+    them), only the device length changing: from one split of one key to 64 of 64 (at the
+    kernel's own floor of keys a split, and each kernel at the other's)."""
     from numba import cuda
     p = _Problem(fmt, group, 4096, seed=group, min_split=min_split)
     stream = cuda.stream()
     name = f"decode attn {fmt}" + (" generic" if wide is False else "") + f" g{group}" + \
-        f" m{min_split}"
+        f" m{min_split or 'auto'}"
     for length in LENGTHS:
         p.set_length(length, stream)
         p.launch(stream, wide)

@@ -190,6 +190,9 @@ def test_decode_attention_split_floor():
     least 16, over one set of launch arguments and partials sized for the floor: both agree
     with the float64 reference at every length, and a floor past the longest split gives way
     to it (the generic kernel takes the default floor in DECODE_CASES)."""
+    assert attention.min_split_for("f16", "f16", 64, 8, 256) == 64  # the kernels' own floors
+    assert attention.min_split_for("f16", "f16", 64, 8, 256, wide=False) == 16
+    assert attention.min_split_for("int8", "int8", 64, 8, 256) == 16
     rng = np.random.default_rng(11)
     n_kv, group, hd, n_ctx = 1, 8, 64, 200
     lay = kvcache.KvLayout("f16", n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
