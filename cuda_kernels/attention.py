@@ -28,7 +28,6 @@ from numba import cuda, float32, int32
 from strata.plan import attn_split
 
 from . import attention_wide
-from .intrinsics import warp_bcast, warp_max, warp_sum
 from .kvcache import KvSide, make_reader
 from .launch import factory_cache
 from .mma import shfl_xor
@@ -255,48 +254,6 @@ def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_sp
         out[h, d] = acc / den
 
 
-COMBINE_PRE = 16  # partial outputs a lane loads before its chunk's weights are known
-
-
-@cuda.jit
-def _combine_warp(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_split, out):
-    """Block = one warp (head, 32-dim slice), lane = dim: the used splits merged 32 at a time,
-    lane s holding split s's (m, l) and its weight, spread by shuffles; no shared memory and no
-    barrier, and the lane's first COMBINE_PRE partial outputs of a chunk are loaded with the
-    statistics, so a short context waits one memory latency after the length where `_combine`'s
-    block reductions waited three with a barrier pair each. A running max merges the chunks."""
-    h, lane = cuda.blockIdx.x, cuda.threadIdx.x
-    d = cuda.blockIdx.y * 32 + lane
-    length = min(seq_len[0] + n_new, n_ctx)
-    split_len = _split_len(length, n_target, max_split, min_split)
-    n_used = (length + split_len - 1) // split_len
-    o_pre = cuda.local.array(COMBINE_PRE, float32)
-    m_run = NEG_INF
-    den = float32(0.0)
-    acc = float32(0.0)
-    for c0 in range(0, n_used, 32):
-        n_c = min(32, n_used - c0)  # the same in the whole warp
-        m_s = NEG_INF
-        l_s = float32(0.0)
-        if lane < n_c:
-            m_s = part_ml[c0 + lane, h, 0]
-            l_s = part_ml[c0 + lane, h, 1]
-        for u in range(COMBINE_PRE):
-            o_pre[u] = part_o[c0 + u, h, d] if u < n_c else float32(0.0)
-        m_new = max(m_run, warp_max(m_s))  # finite: every used split holds a key
-        rescale = math.exp(m_run - m_new)  # 0 at the first chunk
-        w = math.exp(m_s - m_new) if lane < n_c else float32(0.0)
-        den = den * rescale + warp_sum(w * l_s)
-        acc *= rescale
-        for u in range(COMBINE_PRE):
-            if u < n_c:
-                acc += warp_bcast(w, u) * o_pre[u]
-        for u in range(COMBINE_PRE, n_c):
-            acc += warp_bcast(w, u) * part_o[c0 + u, h, d]
-        m_run = m_new
-    out[h, d] = acc / den
-
-
 def _check_pair(k: KvSide, v: KvSide):
     a, b = k.layout, v.layout
     if (a.n_ctx, a.n_kv_head, a.head_dim) != (b.n_ctx, b.n_kv_head, b.head_dim):
@@ -329,8 +286,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
-                     wide: bool | None = None, min_split: int | None = None,
-                     combine: str = "warp"):
+                     wide: bool | None = None, min_split: int | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -345,10 +301,7 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     min_split: the shortest split where max_split allows it (a multiple of 16; None: the
     kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
     (`allocate_partials` with the same or a smaller one, e.g. its default).
-    combine: "warp" (`_combine_warp`) or "block" (`_combine`, kept for A/B).
     """
-    if combine not in ("warp", "block"):
-        raise ValueError(f"combine must be 'warp' or 'block', got {combine!r}")
     lay = k.layout
     _check_pair(k, v)
     n_head, hd = q.shape if q.ndim == 2 else (0, 0)
@@ -377,12 +330,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     kernel[(lay.n_kv_head, n_split), THREADS, stream](
         q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
         part_o, part_ml)
-    if combine == "warp":
-        _combine_warp[(n_head, hd // 32), 32, stream](
-            part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
-    else:
-        _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
-            part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
+    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
+        part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

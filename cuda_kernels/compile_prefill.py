@@ -136,9 +136,6 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     register_ptx(family, "decode_attn_combine",  # part_o part_ml seq n_new n_ctx target max min out
                  _fixed(attention._combine, (T.float32[:, :, ::1], T.float32[:, :, ::1], _I32,
                                              _I64, _I64, _I64, _I64, _I64, f2)))
-    register_ptx(family, "decode_attn_combine_warp",  # the same arguments
-                 _fixed(attention._combine_warp, (T.float32[:, :, ::1], T.float32[:, :, ::1],
-                                                  _I32, _I64, _I64, _I64, _I64, _I64, f2)))
     register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
     for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)

@@ -84,7 +84,7 @@ def attn(ctx, rows):
                     kern[(n_kv, n_split), attention.THREADS, s](
                         q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts)
                 if comb:
-                    attention._combine_warp[(n_head, hd // 32), 32, s](
+                    attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                         *parts, seq, 1, n_ctx, t, max_split, attn_split.SPLIT_K_MIN, out)
         rows.append(("attention", f"pass 1 + combine, {tag}", ctx.time_graph(step, n_layer)))
         if n_target is None:

@@ -279,15 +279,14 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
-                           min_split=None, combine="warp", quick=False, tag="") -> dict:
+                           min_split=None, quick=False, tag="") -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
     the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
     without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
     gives the fixed split of max_split keys the kernels used before the split followed the
-    length); min_split: the shortest split (default: the launcher's); combine: the second
-    pass, "warp" or "block" (the launcher's `combine`)."""
+    length); min_split: the shortest split (default: the launcher's)."""
     from strata.cuda_kernels import attention, attention_wide
     from strata.plan import attn_split
     cuda = _cuda()
@@ -320,18 +319,18 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
             if variant == "tc_nolb":
                 kern[(n_kv, n_split), attention.THREADS, s](
                     q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
-                attention._combine_warp[(n_head, hd // 32), 32, s](
+                attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
             else:
                 attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
                                            max_split=max_split, n_target=n_target, stream=s,
                                            wide=False if variant == "generic" else None,
-                                           min_split=min_split, combine=combine)
+                                           min_split=min_split)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
     return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
-            "length": length, "n_target": n_target, "min_split": min_split, "combine": combine,
+            "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
             "timing": how, "kernel": _resources(kern),
@@ -393,11 +392,10 @@ def _prefill_attn(quick, **kw):
     return bench_prefill_attention(quick=quick, **kw)
 
 
-def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16",
-                    combine="warp"):
+def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16"):
     return bench_decode_attention(fmt=fmt, n_ctx=n_ctx, length=length, n_target=n_target,
                                   n_layer=48 if n_ctx <= 4096 else 2, min_split=min_split,
-                                  combine=combine, quick=quick, tag=tag)
+                                  quick=quick, tag=tag)
 
 
 def _moe_tile(quick, *, ggml_type, **flags):
@@ -449,12 +447,6 @@ ENTRIES = {
         fmt=fmt, tag=f"_{name}_m{m}")
        for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
        for m in (16, 64, 128)},
-    # the second pass: one warp per (head, 32 dims) with shuffles, or the 8-warp block reduction
-    **{f"decode_attn_{fmt}_{name}_c{combine}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt=fmt,
-        combine=combine, tag=f"_{name}_c{combine}")
-       for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for combine in ("warp", "block")},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

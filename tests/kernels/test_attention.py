@@ -155,8 +155,6 @@ def test_attention_launchers_reject_bad_input():
             attention.decode_attention(q, k, k, seq, out, parts, max_split=bad)
     with pytest.raises(ValueError, match="split target must be at least 1"):
         attention.decode_attention(q, k, k, seq, out, parts, n_target=0)
-    with pytest.raises(ValueError, match="combine must be 'warp' or 'block'"):
-        attention.decode_attention(q, k, k, seq, out, parts, combine="tree")
     with pytest.raises(ValueError, match="out must be float32"):
         attention_prefill.prefill_attention(cuda.to_device(np.zeros((2, 4, HD), np.float32)),
                                             k, k, seq, q)
@@ -215,33 +213,6 @@ def test_decode_attention_split_floor():
             assert rel_err(out.copy_to_host(), ref) < 1e-5, (min_split, max_split, length)
     with pytest.raises(ValueError, match="shortest split must be a positive multiple of 16"):
         attention.decode_attention(qd, k, v, seq, out, parts, min_split=8)
-
-
-@pytest.mark.parametrize("kernel", ["warp", "block"])
-def test_combine_merges_the_used_splits(kernel):
-    """The second pass alone on random partials, against numpy: the splits a length uses (one,
-    a few, exactly a warp's 32, one past, more than two warps' worth), partials past them NaN
-    (a merge reading past the used splits would show). The warp kernel merges 32 splits at a
-    time with a running max."""
-    rng = np.random.default_rng(12)
-    n_head, hd, n_split, n_ctx = 2, 64, 80, 80 * 16
-    for n_used in (1, 5, 32, 33, 70):
-        ml = np.full((n_split, n_head, 2), np.nan, np.float32)
-        po = np.full((n_split, n_head, hd), np.nan, np.float32)
-        ml[:n_used, :, 0] = rng.normal(0, 4, (n_used, n_head))  # split maxima far apart
-        ml[:n_used, :, 1] = rng.uniform(1, 16, (n_used, n_head))
-        po[:n_used] = rng.standard_normal((n_used, n_head, hd))
-        w = np.exp(ml[:n_used, :, 0] - ml[:n_used, :, 0].max(0))  # [n_used, n_head]
-        want = (w[:, :, None] * po[:n_used]).sum(0) / (w * ml[:n_used, :, 1]).sum(0)[:, None]
-        # splits of 16 keys aimed at n_ctx / 16 = 80: length 16 * n_used uses n_used of them
-        seq = cuda.to_device(np.array([16 * n_used - 1], np.int32))
-        out = cuda.to_device(np.full((n_head, hd), np.nan, np.float32))
-        args = (cuda.to_device(po), cuda.to_device(ml), seq, 1, n_ctx, 80, 256, 16, out)
-        if kernel == "warp":
-            attention._combine_warp[(n_head, hd // 32), 32](*args)
-        else:
-            attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS](*args)
-        assert rel_err(out.copy_to_host(), want) < 1e-5, n_used
 
 
 def test_decode_attention_wide_refuses_what_it_cannot_read():
