@@ -18,6 +18,7 @@ from numba import cuda
 
 from strata.aot.runtime import attach as _attach_kernel_bundle
 
+from .inline_copy import apply as _shared_memo_inlining
 from .intrinsics import SIMULATED
 from .lowering import apply as _linear_lowering
 
@@ -26,8 +27,9 @@ MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block withou
 # A frozen build (or $STRATA_KERNEL_BUNDLE) serves every kernel from its ahead-of-time cubins; a
 # developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
 _attach_kernel_bundle()
-if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py): same PTX
-    _linear_lowering()
+if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py), its inliner
+    _linear_lowering()  # copying a callee's scope once per copy (inline_copy.py): same PTX
+    _shared_memo_inlining()
 
 
 def factory_cache(factory: Callable) -> Callable:

@@ -1,0 +1,73 @@
+"""The shared-memo copy in numba-cuda's inliner (`cuda_kernels/inline_copy.py`) changes nothing
+but compile time: real kernels compile to the same PTX with it and with numba-cuda's own
+per-block copies, and deep copies outside the inliner are the standard library's.
+
+Compiling needs the simulator off, so the check runs in a child process, as the PTX compile test
+does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow  # a minute or two of numba compiles
+
+CHILD = textwrap.dedent('''
+    import copy
+    import re
+    from numba import cuda
+    from numba.cuda.core import inline_closurecall as icc
+    import strata.cuda_kernels.launch  # applies the shared-memo copy at import
+    from strata.cuda_kernels import compile_check as cc, inline_copy
+    if not inline_copy._state["applied"]:  # a numba-cuda this was not written against
+        assert icc.copy is copy
+        print("not applied")
+        raise SystemExit(0)
+    assert icc.copy.deepcopy([[1], {2: 3}]) == [[1], {2: 3}]  # outside inline_ir: plain
+    names = ("router_normed_F32", "moe_down_lanes_Q6_K", "decode_attn_f16_wide_hd128_g8",
+             "argmax")
+    checks = [c for c in cc._checks(None, None) if c.name in names]
+    assert len(checks) == len(names), [c.name for c in checks]
+
+    def canonical(text):
+        # mangled names and shared arrays carry per-compile counters: numbered by first use
+        seen = {}
+        return re.sub(r"_ZN\\w+|_cudapy_smem_\\d+",
+                      lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
+
+    def ptx(c):
+        fn, sig = c.build()
+        text, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **c.options)
+        return canonical(text)
+
+    shared = [ptx(c) for c in checks]
+    inline_copy.restore()
+    assert icc.copy is copy and not inline_copy._state["applied"]
+    own = [ptx(c) for c in checks]
+    for c, a, b in zip(checks, shared, own):
+        assert a == b, c.name
+    print("applied", len(checks), sum(len(a.splitlines()) for a in shared))
+''')
+
+
+def test_shared_memo_inlining_gives_the_same_ptx():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    words = proc.stdout.split()
+    from importlib.metadata import version
+    if version("numba-cuda") != "0.30.4":  # another inliner may be there: left alone (checked)
+        assert words[:2] == ["not", "applied"] or words[:1] == ["applied"], tail
+        if words[:1] != ["applied"]:
+            return
+    # on the numba-cuda it was written against the copy is in place and four kernels (thousands
+    # of PTX lines) came out the same both ways
+    assert words[:1] == ["applied"], tail
+    assert int(words[1]) == 4 and int(words[2]) > 3000, tail
