@@ -74,7 +74,10 @@ def apply() -> bool:
     where its `inline_ir` is not the one this was written against."""
     if _state["applied"]:
         return True
-    from numba.cuda.core import inline_closurecall as icc
+    try:
+        from numba.cuda.core import inline_closurecall as icc
+    except ImportError:  # a frozen app without numba-cuda's compiler passes: nothing to patch
+        return False
     worker = getattr(icc, "InlineWorker", None)
     original = getattr(worker, "inline_ir", None)
     if original is None or _source_sha(original) != SOURCE_SHA or icc.copy is not _copy:
