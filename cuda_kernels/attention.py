@@ -6,7 +6,8 @@ query heads, takes the split's softmax statistics (max m, sum l of exp(s - m)) a
 unnormalised sum of exp(s - m) * v; pass 2 (`_combine`) merges the splits. The sequence
 length L is read from device memory (seq_len[0] + n_new keys are valid) and so is the split
 length: both passes derive it from L by `strata.plan.attn_split.split_len` (about
-SPLIT_K_BLOCKS blocks at any length, splits of at most `max_split` keys). A CUDA graph captured
+SPLIT_K_BLOCKS blocks once L fills them, splits of at least the kernel's floor, `min_split_for`,
+and at most `max_split` keys). A CUDA graph captured
 once (grid sized for the most splits any length up to the cache's capacity can use; splits past
 the length exit at once) replays at every position, with as many live blocks as the length
 calls for.
