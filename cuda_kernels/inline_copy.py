@@ -20,8 +20,8 @@ compares their PTX.
 from __future__ import annotations
 
 import copy as _copy
-import hashlib
-import inspect
+
+from .lowering import source_sha
 
 # sha256 of numba-cuda 0.30.4's `InlineWorker.inline_ir` source (inspect.getsource)
 SOURCE_SHA = "e00bda41aca063e0db5f5ee8fac67f6ada3b3f419f37ff2a50f10e63122a8060"
@@ -53,13 +53,6 @@ class _SharedMemoCopy:
 _SHIM = _SharedMemoCopy()
 
 
-def _source_sha(fn) -> str | None:
-    try:
-        return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
-    except (OSError, TypeError):  # no source (a frozen app): leave numba-cuda's method alone
-        return None
-
-
 def _inline_ir(self, *args, **kwargs):
     """numba-cuda's `InlineWorker.inline_ir` with a fresh set of shared memos per call."""
     outer, _SHIM.memos = _SHIM.memos, {}
@@ -80,7 +73,7 @@ def apply() -> bool:
         return False
     worker = getattr(icc, "InlineWorker", None)
     original = getattr(worker, "inline_ir", None)
-    if original is None or _source_sha(original) != SOURCE_SHA or icc.copy is not _copy:
+    if original is None or source_sha(original) != SOURCE_SHA or icc.copy is not _copy:
         return False
     _state["original"] = original
     worker.inline_ir = _inline_ir

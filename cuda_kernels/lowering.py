@@ -26,7 +26,9 @@ SOURCE_SHA = "c3b499f76517288510a5188fbb59bb96f7ca7d619b0cf4245b5f66a8bd90bbe4"
 _state = {"applied": False}
 
 
-def _source_sha(fn) -> str | None:
+def source_sha(fn) -> str | None:
+    """sha256 of a function's source (what our numba-cuda patches check before they patch), or
+    None where there is no source."""
     try:
         return hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
     except (OSError, TypeError):  # no source (a frozen app): leave numba-cuda's method alone
@@ -74,7 +76,7 @@ def apply() -> bool:
         return True
     from numba.cuda import lowering
     original = getattr(lowering.Lower, "_find_singly_assigned_variable", None)
-    if original is None or _source_sha(original) != SOURCE_SHA:
+    if original is None or source_sha(original) != SOURCE_SHA:
         return False
     lowering.Lower._find_singly_assigned_variable = find_singly_assigned_variable
     _state["applied"] = True

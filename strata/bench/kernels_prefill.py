@@ -299,9 +299,8 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     max_split = max_split or attention.SPLIT_LEN
     n_target = n_target or attn_split.split_target(n_kv)
     group = n_head // n_kv
-    min_split = min_split or (attn_split.SPLIT_K_MIN if variant == "tc_nolb" else
-                              attention.min_split_for(fmt, fmt, hd, group, max_split,
-                                                      wide=False if variant == "generic" else None))
+    min_split = min_split or attention.min_split_for(  # tc_nolb: the tensor-core kernel's
+        fmt, fmt, hd, group, max_split, wide=False if variant == "generic" else None)
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
