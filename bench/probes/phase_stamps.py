@@ -11,9 +11,9 @@ the span from the first block's start to the last block's end, and the gap from 
 last block end to the next's first start.
 
 Run from the repository root on a GPU machine: `python bench/probes/phase_stamps.py`
-(`--only router,matvec` for some parts). Two variants, not in the default set: `route_twice` (the
-router's last block routes twice; the two passes' times) and `moe_early` (gate/up stages x
-before it resolves the experts).
+(`--only router,matvec` for some parts). Three variants, not in the default set: `route_twice`
+(the router's last block routes twice; the two passes' times), `route_phases` (its routing with a
+stamp after each phase) and `moe_early` (gate/up stages x before it resolves the experts).
 """
 import inspect
 import math
@@ -306,7 +306,55 @@ ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
 """
 
 
-def router_stamps(ctx, twice: bool = False):
+# the last block's routing with route_block's body inlined and a stamp after each phase: which
+# phase holds the unexplained ~3 us (`--only route_phases`)
+ROUTE_PHASES = """            n_pad = (n_rows + 15) & ~15
+            for e in range(tid, n_pad, n_threads):
+                v = logits[0, e] if e < n_rows else NEG_INF
+                s_val[e] = v if v > NEG_INF else NEG_INF
+            _ph(stamps, 0)
+            cuda.syncthreads()
+            _ph(stamps, 1)
+            for e in range(tid, n_rows, n_threads):
+                v = s_val[e]
+                rank = np.int32(0)
+                for j in range(0, n_pad, 16):
+                    rank += (_beats4(s_val, j, v, e) + _beats4(s_val, j + 4, v, e)) + (
+                        _beats4(s_val, j + 8, v, e) + _beats4(s_val, j + 12, v, e))
+                if rank < k:
+                    s_id[rank] = e
+            _ph(stamps, 2)
+            cuda.syncthreads()
+            _ph(stamps, 3)
+            m = s_val[s_id[0]]
+            z = F0
+            for e in range(tid, n_rows, n_threads):
+                v = s_val[e]
+                if v > NEG_INF:
+                    z += math.exp(v - m)
+            _ph(stamps, 4)
+            z = block_sum(z, scratch)
+            _ph(stamps, 5)
+            if tid < k:
+                e = s_id[tid]
+                v = s_val[e]
+                s_pick[tid] = math.exp(v - m) / z if v > NEG_INF else F0
+            cuda.syncthreads()
+            _ph(stamps, 6)
+            if tid < k:
+                picked = F0
+                for r in range(k):
+                    picked += s_pick[r]
+                p = s_pick[tid]
+                ids[0, tid] = s_id[tid]
+                weights[0, tid] = p / picked if norm_topk else p
+            _ph(stamps, 7)
+"""
+PHASE_NAMES = ["logits loaded (thread 0)", "barrier", "ranked (thread 0)", "barrier",
+               "exp summed (thread 0)", "block_sum", "picks (barrier)", "written"]
+
+
+def router_stamps(ctx, twice: bool = False, phases: bool = False):
     """The fused router (RMSNorm, F32 128 x 2048 logits, softmax top-8), 48 layers; `twice`:
     its last block routes twice (ROUTE_TWICE)."""
     from strata.cuda_kernels import router_normed
@@ -319,9 +367,21 @@ def router_stamps(ctx, twice: bool = False):
                              ("last_flag[0] = cuda.atomic.add", "after", 12),
                              ("cuda.threadfence()  # then read", "after", 12)],
                             "return router_normed_kernel",
-                            ((ROUTE_CALL, ROUTE_TWICE),) if twice else ())
+                            ((ROUTE_CALL, ROUTE_TWICE),) if twice else
+                            ((ROUTE_CALL, ROUTE_PHASES),) if phases else ())
     if twice:
         factory.__globals__.update(N_ST=n_st, clock64=clock64, globaltimer=globaltimer)
+    if phases:
+        from strata.cuda_kernels.router import NEG_INF, _beats4
+        from strata.cuda_kernels.intrinsics import block_sum
+
+        @cuda.jit(device=True, inline="always")
+        def ph(stamps, j):
+            if cuda.threadIdx.x == 0:
+                stamps[cuda.blockIdx.x, n_st + j, 0] = clock64()
+                stamps[cuda.blockIdx.x, n_st + j, 1] = globaltimer()
+        factory.__globals__.update(NEG_INF=NEG_INF, _beats4=_beats4, block_sum=block_sum,
+                                   _ph=ph)
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
                      .view(np.uint8).reshape(-1)) for _ in range(n_layer)]
@@ -332,7 +392,8 @@ def router_stamps(ctx, twice: bool = False):
     ids = ctx.cuda.device_array(k, np.int32)
     wts = ctx.cuda.device_array(k, np.float32)
     done = ctx.upload(np.zeros(2, np.int32))
-    st = cuda.to_device(np.zeros((n_layer, n_expert, n_st + (2 if twice else 0), 2), np.int64))
+    n_extra = 2 if twice else len(PHASE_NAMES) if phases else 0
+    st = cuda.to_device(np.zeros((n_layer, n_expert, n_st + n_extra, 2), np.int64))
     wrap = _Stamped(kern, st)
     real = router_normed.kernel_for
     router_normed.kernel_for = lambda name: wrap
@@ -355,6 +416,21 @@ def router_stamps(ctx, twice: bool = False):
         print(f"\nrouter_normed, the last block routing twice: {us:.2f} us a launch; first "
               f"pass {first:.2f} us, second {second:.2f} us (medians over launches)")
         return
+    if phases:
+        s = host[1:]
+        last = s[:, :, n_st - 2, 1].argmax(1)  # the block that passed the last block's fence
+        t = s[np.arange(len(s)), last, :, 0].astype(np.float64)  # clock64 of that block
+        ghz = np.median((s[:, :, -1, 0] - s[:, :, 0, 0])[s[:, :, -1, 1] > 0]
+                        / np.maximum((s[:, :, -1, 1] - s[:, :, 0, 1])[s[:, :, -1, 1] > 0], 1))
+        print(f"\nrouter_normed, the last block's routing by phase: {us:.2f} us a launch "
+              f"(clock ~{ghz:.2f} GHz; us since its fence, medians over launches)")
+        prev = t[:, n_st - 2]
+        for j, name in enumerate(PHASE_NAMES):
+            cur = t[:, n_st + j]
+            print(f"  {name:28s} at {np.median(cur - t[:, n_st - 2]) / ghz / 1e3:6.2f} us  "
+                  f"(+{np.median(cur - prev) / ghz / 1e3:5.2f})")
+            prev = cur
+        return
     report(f"router_normed F32 128 x 2048, top-8: {us:.2f} us a launch", host,
            ["start", "x summed, first loads issued", "norm scale", "block 0's xn written",
             "logit dotted", "counted (fence, atomic)", "last block: its fence passed",
@@ -363,6 +439,7 @@ def router_stamps(ctx, twice: bool = False):
 
 PARTS = {"attn": attn, "moe": moe_stamps, "matvec": matvec_stamps, "router": router_stamps,
          "route_twice": lambda ctx: router_stamps(ctx, twice=True),
+         "route_phases": lambda ctx: router_stamps(ctx, phases=True),
          "moe_early": lambda ctx: moe_stamps(ctx, early=True)}
 
 
