@@ -6,11 +6,11 @@ two warp reductions and each of the k picks is one warp argmax; the winning lane
 Ties go to the lower expert id. The k ids come out in descending weight order.
 
 `route_block` routes one token with a whole block instead (the fused decode router's last block):
-each thread ranks its experts against all the others in shared memory, one pass over the logits
-instead of k dependent warp argmaxes. On the H200 it took as long as the warp (~3.7 us in the
-router's last block, bench/probes/phase_stamps.py), so latency there is not in the picks.
-Same picks, ties and order; the softmax's sum is reduced over the block, so a weight may differ
-from `route`'s in its last bits.
+each expert is ranked within its group of 32 by one integer compare per pair (`order_key`: the
+logit's bits made sortable, the id below them), then the k best of every group are ranked among
+themselves. Same picks, ties and order; with norm_topk the weights are exp(v - max) over their
+sum across the k picks (the softmax's denominator cancels), so a weight may differ from
+`route`'s in its last bits.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import block_sum, ld_x4, warp_argmax, warp_max, warp_sum
+from .intrinsics import block_sum, f2u, warp_argmax, warp_max, warp_sum
 from .launch import check_array, n_blocks, register_ptx
 
 MAX_EXPERTS = 512
 MAX_K = 16
+GROUP = 32  # route_block ranks experts within groups of 32 first
+MAX_CAND = MAX_EXPERTS // GROUP * MAX_K  # route_block's candidates: k per group
+SIGN = np.int64(1 << 31)
+PAD_KEY = np.int64(-(1 << 62))  # below every order_key (those lie within +-2**40)
 SLOTS = MAX_EXPERTS // 32
 WARPS = 4
 NEG_INF = np.float32(-np.inf)
@@ -75,67 +79,90 @@ def route_warp(logits, tok, active, n_expert, k, norm_topk, ids, weights):
 
 
 @cuda.jit(device=True, inline="always")
-def _beats(u, j, v, e):
-    """1 where expert j (logit u) ranks before expert e (logit v): larger, or equal and a lower
-    id; else 0."""
-    return np.int32((u > v) | ((u == v) & (j < e)))
+def order_key(v, e):
+    """Expert e's place in the routing order as one int64: larger for a larger logit, or an equal
+    one and a lower id (e < 512), so keys are distinct and one integer compare ranks two
+    experts. v must not be NaN (the caller maps NaN to -inf)."""
+    b = np.int64(f2u(v + F0))  # + 0: -0.0 becomes +0.0, equal logits give equal bits
+    s = b if b < SIGN else (SIGN - 1) - b  # negatives below 0, larger magnitude lower
+    return s * MAX_EXPERTS + ((MAX_EXPERTS - 1) - e)
 
 
 @cuda.jit(device=True, inline="always")
-def _beats4(s_val, j, v, e):
-    """How many of experts j..j+3 rank before expert e (one 16-byte shared read)."""
-    u0, u1, u2, u3 = ld_x4(s_val, j)
-    return (_beats(u0, j, v, e) + _beats(u1, j + 1, v, e)) + (
-        _beats(u2, j + 2, v, e) + _beats(u3, j + 3, v, e))
+def key_expert(key):
+    """The expert id in an `order_key` (its low 9 bits hold 511 - id, whatever the sign)."""
+    return (MAX_EXPERTS - 1) - np.int32(key & (MAX_EXPERTS - 1))
 
 
 @cuda.jit(device=True, inline="always")
-def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_id, s_pick,
-                scratch):
+def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
+                s_top, scratch):
     """Token `tok`'s routing by the whole calling block (every thread calls: it synchronises),
-    with `route_warp`'s picks: an expert's rank is the number of experts with a larger logit, or
-    an equal one and a lower id (a strict order: every rank is taken once), and ranks 0..k-1 are
-    the picks in descending weight order. A NaN logit counts as -inf (never picked over a real
-    one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert rounded up to
-    16], 16-byte aligned; s_id i32 [>= k]; s_pick f32 [>= k]; scratch f32 [32].
+    with `route_warp`'s picks, ties and order. A NaN logit counts as -inf (never picked over a
+    real one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert], s_key
+    i64 [>= n_expert rounded up to 32], s_cand i64 [>= k * that / 32], s_id i32 [>= k], s_top
+    f32 [>= k], scratch f32 [32].
 
-    One block runs this alone at the end of the router, so latency is what counts: the rank
-    loop reads 16 logits per step with four 16-byte broadcast reads issued together."""
+    One block runs this alone at the end of the router, so latency is what counts. Each expert
+    is ranked within its group of 32 (32 compares of `order_key`s); the k best of each group
+    are the candidates, and each candidate is ranked among them. An expert in the top k is
+    beaten only by experts in the top k, which are all candidates, so its rank among them is
+    its rank. Before, every expert was ranked against all the others (128 float compares with
+    an id tie-break each): on the H200 that pass took ~2 us of the router's last 4.4
+    (`bench/probes/phase_stamps.py --only route_phases`)."""
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
-    n_pad = (n_expert + 15) & ~15
+    n_pad = (n_expert + GROUP - 1) & ~(GROUP - 1)
     for e in range(tid, n_pad, n_threads):
-        v = logits[tok, e] if e < n_expert else NEG_INF  # padding ranks after every expert
-        s_val[e] = v if v > NEG_INF else NEG_INF
+        if e < n_expert:
+            v = logits[tok, e]
+            v = v if v > NEG_INF else NEG_INF
+            s_val[e] = v
+            s_key[e] = order_key(v, e)
+        else:
+            s_key[e] = PAD_KEY - e  # below every expert's key: padding is never a top-k pick
     cuda.syncthreads()
-    for e in range(tid, n_expert, n_threads):
-        v = s_val[e]
+    for e in range(tid, n_pad, n_threads):
+        ke = s_key[e]
+        g0 = e & ~(GROUP - 1)
         rank = np.int32(0)
-        for j in range(0, n_pad, 16):
-            rank += (_beats4(s_val, j, v, e) + _beats4(s_val, j + 4, v, e)) + (
-                _beats4(s_val, j + 8, v, e) + _beats4(s_val, j + 12, v, e))
+        for j in range(GROUP):
+            rank += np.int32(s_key[g0 + j] > ke)
         if rank < k:
+            s_cand[(g0 // GROUP) * k + rank] = ke  # every group fills its k slots exactly
+    cuda.syncthreads()
+    n_cand = (n_pad // GROUP) * k
+    for c in range(tid, n_cand, n_threads):
+        kc = s_cand[c]
+        rank = np.int32(0)
+        for j in range(n_cand):
+            rank += np.int32(s_cand[j] > kc)
+        if rank < k:
+            e = key_expert(kc)
             s_id[rank] = e
+            s_top[rank] = s_val[e]
     cuda.syncthreads()
-    m = s_val[s_id[0]]  # rank 0: the largest logit
-    z = F0
-    for e in range(tid, n_expert, n_threads):
-        v = s_val[e]
-        if v > NEG_INF:
-            z += math.exp(v - m)
-    z = block_sum(z, scratch)
-    if tid < k:
-        e = s_id[tid]
-        v = s_val[e]
-        s_pick[tid] = math.exp(v - m) / z if v > NEG_INF else F0
-    cuda.syncthreads()
-    if tid < k:
-        picked = F0
-        for r in range(k):  # rank order, as route_warp adds them
-            picked += s_pick[r]
-        p = s_pick[tid]
-        ids[tok, tid] = s_id[tid]
-        weights[tok, tid] = p / picked if norm_topk else p
+    m = s_top[0]  # rank 0: the largest logit
+    if norm_topk:  # the softmax's sum cancels: weight r = exp(v_r - m) / sum over the k picks
+        if tid < k:
+            picked = F0
+            for r in range(k):  # rank order, in every thread alike
+                v = s_top[r]
+                picked += math.exp(v - m) if v > NEG_INF else F0
+            v = s_top[tid]
+            ids[tok, tid] = s_id[tid]
+            weights[tok, tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+    else:
+        z = F0
+        for e in range(tid, n_expert, n_threads):
+            v = s_val[e]
+            if v > NEG_INF:
+                z += math.exp(v - m)
+        z = block_sum(z, scratch)
+        if tid < k:
+            v = s_top[tid]
+            ids[tok, tid] = s_id[tid]
+            weights[tok, tid] = math.exp(v - m) / z if v > NEG_INF else F0
 
 
 @cuda.jit

@@ -9,9 +9,10 @@ x and norm_w, 1-4 warps per row: `matvec_f32`'s chunk dots and warp count) and b
 writes xn to `normed_out` for the MoE launch that follows. The last block to finish (a device
 counter: each block adds 1 after a fence; the block that reads n_rows - 1 is the last) routes
 the token with `router.route_block` (the whole block ranks the logits) and sets the counter
-back to 0, so the kernel replays in a CUDA graph with no host write between. On the H200 that
-last block's routing takes ~3.7 us of a ~7.6 us launch (`bench/probes/phase_stamps.py`), as
-long as one warp's k argmaxes took; why so few instructions take that long is still open.
+back to 0, so the kernel replays in a CUDA graph with no host write between. That last block's
+routing is the launch's serial tail: on the H200 it took ~3.7 us of a ~7.6 us launch, ~2 us of
+it ranking every logit against every other (`bench/probes/phase_stamps.py --only
+route_phases`), before `route_block` ranked within groups of 32 first.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from .matvec_f32 import (CHUNK_BYTES, MAX_WARPS, UNROLL, VALUE_BYTES, _check_ali
                          float_format, ld_nc_f32x4, load_chunks4, n_warps, put_warp_sum,
                          wdot_f16, wdot_f32)
 from .qformats import get_format
-from .router import MAX_EXPERTS, MAX_K, route_block
+from .router import MAX_CAND, MAX_EXPERTS, MAX_K, route_block
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
-ALIGN16 = None if SIMULATED else 16  # route_block's 16-byte shared reads (simulator: none)
 
 
 @cuda.jit(device=True, inline="always")
@@ -63,9 +63,11 @@ def _factory(name: str):
         scratch = cuda.shared.array(32, types.float32)
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)
-        s_val = cuda.shared.array(MAX_EXPERTS, types.float32, alignment=ALIGN16)  # routing
+        s_val = cuda.shared.array(MAX_EXPERTS, types.float32)  # routing (route_block)
+        s_key = cuda.shared.array(MAX_EXPERTS, types.int64)
+        s_cand = cuda.shared.array(MAX_CAND, types.int64)
         s_id = cuda.shared.array(MAX_K, types.int32)
-        s_pick = cuda.shared.array(MAX_K, types.float32)
+        s_top = cuda.shared.array(MAX_K, types.float32)
         row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
         n_threads = cuda.blockDim.x
@@ -116,8 +118,8 @@ def _factory(name: str):
         cuda.syncthreads()
         if last_flag[0]:  # uniform over the block: every thread takes part in route_block
             cuda.threadfence()  # then read the other blocks' logits
-            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id, s_pick,
-                        scratch)
+            route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                        s_id, s_top, scratch)
             if tid == 0:
                 done[0] = 0  # every block has counted: ready for the next launch
     return router_normed_kernel

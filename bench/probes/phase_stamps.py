@@ -308,50 +308,55 @@ ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
 
 # the last block's routing with route_block's body inlined and a stamp after each phase: which
 # phase holds the unexplained ~3 us (`--only route_phases`)
-ROUTE_PHASES = """            n_pad = (n_rows + 15) & ~15
+ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
             for e in range(tid, n_pad, n_threads):
-                v = logits[0, e] if e < n_rows else NEG_INF
-                s_val[e] = v if v > NEG_INF else NEG_INF
+                if e < n_rows:
+                    v = logits[0, e]
+                    v = v if v > NEG_INF else NEG_INF
+                    s_val[e] = v
+                    s_key[e] = order_key(v, e)
+                else:
+                    s_key[e] = PAD_KEY - e
             _ph(stamps, 0)
             cuda.syncthreads()
             _ph(stamps, 1)
-            for e in range(tid, n_rows, n_threads):
-                v = s_val[e]
+            for e in range(tid, n_pad, n_threads):
+                ke = s_key[e]
+                g0 = e & ~(GROUP - 1)
                 rank = np.int32(0)
-                for j in range(0, n_pad, 16):
-                    rank += (_beats4(s_val, j, v, e) + _beats4(s_val, j + 4, v, e)) + (
-                        _beats4(s_val, j + 8, v, e) + _beats4(s_val, j + 12, v, e))
+                for j in range(GROUP):
+                    rank += np.int32(s_key[g0 + j] > ke)
                 if rank < k:
-                    s_id[rank] = e
+                    s_cand[(g0 // GROUP) * k + rank] = ke
             _ph(stamps, 2)
             cuda.syncthreads()
             _ph(stamps, 3)
-            m = s_val[s_id[0]]
-            z = F0
-            for e in range(tid, n_rows, n_threads):
-                v = s_val[e]
-                if v > NEG_INF:
-                    z += math.exp(v - m)
+            n_cand = (n_pad // GROUP) * k
+            for c in range(tid, n_cand, n_threads):
+                kc = s_cand[c]
+                rank = np.int32(0)
+                for j in range(n_cand):
+                    rank += np.int32(s_cand[j] > kc)
+                if rank < k:
+                    e = key_expert(kc)
+                    s_id[rank] = e
+                    s_top[rank] = s_val[e]
             _ph(stamps, 4)
-            z = block_sum(z, scratch)
-            _ph(stamps, 5)
-            if tid < k:
-                e = s_id[tid]
-                v = s_val[e]
-                s_pick[tid] = math.exp(v - m) / z if v > NEG_INF else F0
             cuda.syncthreads()
-            _ph(stamps, 6)
+            _ph(stamps, 5)
+            m = s_top[0]
             if tid < k:
                 picked = F0
                 for r in range(k):
-                    picked += s_pick[r]
-                p = s_pick[tid]
+                    v = s_top[r]
+                    picked += math.exp(v - m) if v > NEG_INF else F0
+                v = s_top[tid]
                 ids[0, tid] = s_id[tid]
-                weights[0, tid] = p / picked if norm_topk else p
-            _ph(stamps, 7)
+                weights[0, tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+            _ph(stamps, 6)
 """
-PHASE_NAMES = ["logits loaded (thread 0)", "barrier", "ranked (thread 0)", "barrier",
-               "exp summed (thread 0)", "block_sum", "picks (barrier)", "written"]
+PHASE_NAMES = ["logits loaded, keys (thread 0)", "barrier", "ranked in group (thread 0)",
+               "barrier", "candidates ranked (thread 0)", "barrier", "weights written"]
 
 
 def router_stamps(ctx, twice: bool = False, phases: bool = False):
@@ -372,16 +377,15 @@ def router_stamps(ctx, twice: bool = False, phases: bool = False):
     if twice:
         factory.__globals__.update(N_ST=n_st, clock64=clock64, globaltimer=globaltimer)
     if phases:
-        from strata.cuda_kernels.router import NEG_INF, _beats4
-        from strata.cuda_kernels.intrinsics import block_sum
+        from strata.cuda_kernels import router
 
         @cuda.jit(device=True, inline="always")
         def ph(stamps, j):
             if cuda.threadIdx.x == 0:
                 stamps[cuda.blockIdx.x, n_st + j, 0] = clock64()
                 stamps[cuda.blockIdx.x, n_st + j, 1] = globaltimer()
-        factory.__globals__.update(NEG_INF=NEG_INF, _beats4=_beats4, block_sum=block_sum,
-                                   _ph=ph)
+        factory.__globals__.update(_ph=ph, **{n: getattr(router, n) for n in (
+            "NEG_INF", "GROUP", "PAD_KEY", "order_key", "key_expert")})
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
                      .view(np.uint8).reshape(-1)) for _ in range(n_layer)]

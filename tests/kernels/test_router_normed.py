@@ -154,3 +154,36 @@ def test_refuses_x_as_its_own_output():
 def test_takes_float_rows_of_whole_chunks_only():
     assert takes("F32", 2048) and takes("F16", 2048) and takes("F32", 12)
     assert not takes("F16", 12) and not takes("Q8_0", 2048) and not takes("BF16", 2048)
+
+
+@pytest.mark.parametrize("n_rows,k,order", [
+    (128, 8, "last_group"),  # the k best all in one group of 32: the others' candidates lose
+    (96, 16, "first_group"),  # k = 16 from group 0, the other groups' 16 candidates each lose
+    (70, 8, "equal"),  # every logit equal: ties to the lower ids, across groups
+    (128, 8, "interleaved"),  # equal pairs straddling groups (e and e + 32)
+])
+def test_group_ranking_against_arranged_logits(n_rows, k, order):
+    """route_block ranks within groups of 32, then the groups' k best among themselves: logits
+    arranged so that one group holds every pick, all tie, or ties cross groups."""
+    n_cols = 32
+    a = np.linspace(-3, 3, n_rows)  # distinct, rising with the id
+    if order == "last_group":
+        a = a[::-1].copy()
+        a[-32:] += 10  # the last group (ids 96..127) holds the top
+    elif order == "first_group":
+        a[:32] = 10 + a[:32]
+    elif order == "equal":
+        a[:] = 0.5
+    else:
+        a = np.round(a, 1)
+        a[32:64] = a[:32]  # expert e + 32 ties expert e
+    vals = np.zeros((n_rows, n_cols), np.float32)
+    vals[:, 0] = a  # logit r = a[r] * xn[0], xn[0] = 1 (x and norm_w all ones)
+    x = np.ones(n_cols, np.float32)
+    _, logits, want_ids, want_w = _ref(x, np.ones(n_cols, np.float32),
+                                       vals.astype(np.float64), k, True)
+    out = _outputs(n_cols, n_rows, k)
+    router_normed(x, np.ones(n_cols, np.float32), vals.view(np.uint8), ggml_type="F32", eps=EPS,
+                  **out)
+    np.testing.assert_array_equal(out["ids"], want_ids)
+    np.testing.assert_allclose(out["weights"], want_w, rtol=1e-5)
