@@ -41,8 +41,9 @@ from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, regis
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
-from .moe_slots import MAX_K, resolve
+from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format
+from .router import MAX_EXPERTS, route
 from .xstage import XPAD, padded_bytes, padded_len, stage_x, staged_bytes
 
 WARPS = 4
@@ -186,19 +187,38 @@ def _kernel(kind: str, ggml_type: int):
 
 def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                slot_off, host, host_off, h, out, miss_list, counters, cpu_misses: bool = False,
-               accumulate: bool = False, stream=0) -> None:
+               accumulate: bool = False, route_logits=None, norm_topk: bool = True,
+               stream=0) -> None:
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
     and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
-    out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k]."""
+    out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k].
+
+    route_logits: float32 [n_expert], the router's logits: the MoE routes them itself (softmax
+    top-k, renormalised with norm_topk, as `router.route`) and writes ids and weights (outputs
+    then). Where `routes_itself` holds, the gate/up launch does it in every block, so no router
+    block has to wait for all the others' logits; else a `router.route` launch comes first."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
-                accumulate=accumulate, stream=stream)
+                accumulate=accumulate, route_logits=route_logits, norm_topk=norm_topk,
+                stream=stream)
+
+
+def _gate_up_lanes_for(layout: ExpertLayout):
+    """The lane format the gate/up launch of `layout` runs, or None (the one-warp-a-row kernel)."""
+    lf = lane_format(get_format(layout.gate_up_type).ggml_type)
+    return lf if lf is not None and lanes_fit(lf, layout.n_embd) else None
+
+
+def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
+    """Whether `moe_decode(route_logits=...)` routes inside its gate/up launch (lane formats, at
+    most ROUTE_MAX_EXPERTS experts) rather than with a `route` launch before it."""
+    return _gate_up_lanes_for(layout) is not None and 1 <= n_expert <= ROUTE_MAX_EXPERTS
 
 
 def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
                 h, out, miss_list, counters, cpu_misses, accumulate, stream,
-                max_row_blocks: int | None = None) -> None:
+                route_logits=None, norm_topk=True, max_row_blocks: int | None = None) -> None:
     """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
     simulator tests run one block of each: a whole grid costs minutes there)."""
     def rows(n):
@@ -221,9 +241,20 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
+    n_route = 0  # experts the gate/up launch routes itself (0: ids is the router's)
+    if route_logits is not None:
+        check_array("route_logits", route_logits, np.float32, (None,))
+        n_expert = route_logits.shape[0]
+        if not k <= n_expert <= MAX_EXPERTS:
+            raise ValueError(f"route_logits: {n_expert} experts, expected {k}..{MAX_EXPERTS} "
+                             f"(k = {k})")
+        if routes_itself(layout, n_expert):
+            n_route = n_expert
+        else:
+            route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
+                  norm_topk=norm_topk, stream=stream)
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
-    gu_lanes, dn_lanes = lane_format(gu_fmt.ggml_type), lane_format(dn_fmt.ggml_type)
-    gu_lanes = gu_lanes if gu_lanes is not None and lanes_fit(gu_lanes, layout.n_embd) else None
+    gu_lanes, dn_lanes = _gate_up_lanes_for(layout), lane_format(dn_fmt.ggml_type)
     dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
     if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
@@ -244,7 +275,11 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             padded_bytes(layout.n_embd, gu_lanes.pad, gu_lanes.sums)](
             x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
             layout.n_ff, layout.up_off, padded_len(layout.n_embd, gu_lanes.pad), h1,
-            device_table(gu_lanes))
+            device_table(gu_lanes),
+            # n_route 0: logits are never read; x stands in (an argument the kernel never
+            # writes: host arrays are copied back per argument, so a written one would be lost)
+            (route_logits if n_route else x).reshape(1, n_route or layout.n_embd),
+            n_route, bool(norm_topk), weights)
     else:
         _kernel("gate_up", gu_fmt.ggml_type)[
             (rows(n_blocks(layout.n_ff, WARPS)), k), THREADS, stream,
@@ -314,15 +349,18 @@ def _tab_type(fmt):
 
 
 _GUL_SIG = (_F32, _I32, types.int64, types.int64) + _GU_SIG[2:-1] + (types.int64, _F32)
+_ROUTE_SIG = (types.float32[:, ::1], types.int64, types.boolean, _F32)  # logits .. weights
 _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
                           types.int64, _F32)
 
 for _l in LANE_FORMATS.values():
     register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
-                 lambda f=_l: (_gate_up_lanes(f).py_func, _GUL_SIG + (_tab_type(f),)),
+                 lambda f=_l: (_gate_up_lanes(f).py_func,
+                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
                  options=lane_jit_options(_l))
     register_ptx("moe", f"moe_gate_up_lanes_rows_{_l.name}",
-                 lambda f=_l: (_gate_up_lanes_rows(f).py_func, _GUL_SIG + (_tab_type(f),)),
+                 lambda f=_l: (_gate_up_lanes_rows(f).py_func,
+                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
                  options=lane_jit_options(_l))
     register_ptx("moe", f"moe_down_lanes_{_l.name}",
                  lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)),

@@ -12,7 +12,8 @@ from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
-from .moe_slots import MAX_K, resolve_compact, resolve_shared
+from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
+                         resolve_shared, route_shared)
 from .xstage import stage_padded, stage_padded_wide
 
 F0 = np.float32(0.0)
@@ -28,12 +29,14 @@ def _gate_up_lanes(lf: LaneFormat):
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
                           cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
-                          sums_off, h, tab):
+                          sums_off, h, tab, logits, n_route, norm_topk, weights):
         # Rows of one step (n_sb <= the format's super-blocks per step: 2048 columns of Q4_K).
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
         # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
-        # grid, ...); x is staged once per block for all k experts. The next item's loads are
+        # grid, ...); x is staged once per block for all k experts. n_route > 0: every block
+        # routes logits [1, n_route] f32 itself, block 0 writing ids and weights [k] f32 for
+        # the down launch (`route_shared`); else ids is the router's. The next item's loads are
         # issued before the current one is dotted (the first item's before x is staged): a
         # warp taking its items in turn would wait a full memory latency for each. Dynamic
         # shared: padded x [sums_off] f32, then (sums) its 16-value sums
@@ -41,9 +44,18 @@ def _gate_up_lanes(lf: LaneFormat):
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
+        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
+        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64)
+        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64)
+        s_id = cuda.shared.array(MAX_K, types.int32)
+        s_top = cuda.shared.array(MAX_K, types.float32)
+        scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
-        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                       counters, s_where, s_base)
+        if n_route > 0:  # the same in every block: the router wrote logits, not ids
+            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                         s_id, s_top, scratch)
+        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                       cpu_misses, miss_list, counters, s_where, s_base)
         cuda.syncthreads()
         n_warps = cuda.gridDim.x * LANE_WARPS
         it = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
@@ -99,9 +111,9 @@ def _gate_up_lanes_rows(lf: LaneFormat):
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes_rows(x, ids, k, n_items, slot_table, layer, cache, slot_off, host,
                                host_off, cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff,
-                               up_off, sums_off, h, tab):
-        # Rows of several steps (see moe_gate_up_lanes for one): a warp's steps of one item
-        # pipelined (`run`), items in turn.
+                               up_off, sums_off, h, tab, logits, n_route, norm_topk, weights):
+        # Rows of several steps (see moe_gate_up_lanes for one, and for n_route): a warp's
+        # steps of one item pipelined (`run`), items in turn.
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
         # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
@@ -112,9 +124,18 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
+        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
+        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64)
+        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64)
+        s_id = cuda.shared.array(MAX_K, types.int32)
+        s_top = cuda.shared.array(MAX_K, types.float32)
+        scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
-        resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                       counters, s_where, s_base)
+        if n_route > 0:  # the same in every block: the router wrote logits, not ids
+            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                         s_id, s_top, scratch)
+        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                       cpu_misses, miss_list, counters, s_where, s_base)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)

@@ -1,13 +1,20 @@
 """Where a decode expert's bytes are, read on the device by the MoE kernels (`moe`,
 `moe_lanes`, the batched ones): a VRAM cache slot (hit), mapped host memory (miss), or left to the
-CPU pool (a miss, when the pool takes them). See `moe` for the tables these read."""
+CPU pool (a miss, when the pool takes them). See `moe` for the tables these read. And which
+experts: the lane gate/up kernels can route the router's logits themselves (`route_shared`)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda
 
+from .router import GROUP, rank_topk, topk_weights
+
 MAX_K = 16  # experts per token the kernels' shared lists hold
+# The most experts a MoE kernel routes itself (its shared lists are sized for them; Qwen3's
+# MoE models have 128): more are routed by the router's last block instead.
+ROUTE_MAX_EXPERTS = 256
+ROUTE_MAX_CAND = ROUTE_MAX_EXPERTS // GROUP * MAX_K
 
 
 @cuda.jit(device=True, inline="always")
@@ -63,3 +70,17 @@ def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_
         if t == k - 1:
             s_n[0] = n + (1 if where >= 0 else 0)
     cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def route_shared(logits, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id, s_top,
+                 scratch):
+    """The token's top k of its router logits [1, n_expert] (n_expert <= ROUTE_MAX_EXPERTS) into
+    s_id (readable on return), by every block alike; block 0 also writes ids [k] and weights [k]
+    (`router.topk_weights`) for the launches after this one. The whole block calls this (it
+    synchronises). Every block ranks the same logits with the same code, so each one's s_id is
+    the ids block 0 writes. Shared: s_val f32 / s_key i64 [ROUTE_MAX_EXPERTS], s_cand i64
+    [ROUTE_MAX_CAND], s_id i32 / s_top f32 [MAX_K], scratch f32 [32]."""
+    rank_topk(logits, 0, n_expert, k, s_val, s_key, s_cand, s_id, s_top)
+    if cuda.blockIdx.x == 0:  # uniform over the block: topk_weights may synchronise
+        topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)

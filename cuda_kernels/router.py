@@ -95,21 +95,22 @@ def key_expert(key):
 
 
 @cuda.jit(device=True, inline="always")
-def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
-                s_top, scratch):
-    """Token `tok`'s routing by the whole calling block (every thread calls: it synchronises),
-    with `route_warp`'s picks, ties and order. A NaN logit counts as -inf (never picked over a
-    real one). logits, ids, weights as `route_warp`; shared: s_val f32 [>= n_expert], s_key
-    i64 [>= n_expert rounded up to 32], s_cand i64 [>= k * that / 32], s_id i32 [>= k], s_top
-    f32 [>= k], scratch f32 [32].
+def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
+    """Token `tok`'s k best experts by the whole calling block (every thread calls: it
+    synchronises, and the results are readable when it returns): s_id [r] = the expert of rank
+    r and s_top[r] its logit, ranks 0..k-1 in `route_warp`'s order (descending logit, ties to
+    the lower id; a NaN logit counts as -inf, never picked over a real one); s_val[e] = expert
+    e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert], s_key i64
+    [>= n_expert rounded up to 32], s_cand i64 [>= k * that / 32], s_id i32 [>= k], s_top f32
+    [>= k].
 
-    One block runs this alone at the end of the router, so latency is what counts. Each expert
-    is ranked within its group of 32 (32 compares of `order_key`s); the k best of each group
-    are the candidates, and each candidate is ranked among them. An expert in the top k is
-    beaten only by experts in the top k, which are all candidates, so its rank among them is
-    its rank. Before, every expert was ranked against all the others (128 float compares with
-    an id tie-break each): on the H200 that pass took ~2 us of the router's last 4.4
-    (`bench/probes/phase_stamps.py --only route_phases`)."""
+    Latency is what counts here (one block routing alone at the end of the router, or every
+    MoE block before it can resolve its experts). Each expert is ranked within its group of 32
+    (32 compares of `order_key`s); the k best of each group are the candidates, and each
+    candidate is ranked among them. An expert in the top k is beaten only by experts in the top
+    k, which are all candidates, so its rank among them is its rank. Ranking every expert
+    against all the others (128 float compares with an id tie-break each) took ~2 us of the
+    router's last 4.4 on the H200 (`bench/probes/phase_stamps.py --only route_phases`)."""
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
     n_pad = (n_expert + GROUP - 1) & ~(GROUP - 1)
@@ -142,6 +143,14 @@ def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_key,
             s_id[rank] = e
             s_top[rank] = s_val[e]
     cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch):
+    """After `rank_topk`: ids[r] = s_id[r] and weights[r] its softmax weight (renormalised over
+    the k with norm_topk). Every thread of the block calls (without norm_topk the softmax's sum
+    is a block reduction over s_val). ids [k] i32, weights [k] f32; scratch f32 [32]."""
+    tid = cuda.threadIdx.x
     m = s_top[0]  # rank 0: the largest logit
     if norm_topk:  # the softmax's sum cancels: weight r = exp(v_r - m) / sum over the k picks
         if tid < k:
@@ -150,19 +159,28 @@ def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_key,
                 v = s_top[r]
                 picked += math.exp(v - m) if v > NEG_INF else F0
             v = s_top[tid]
-            ids[tok, tid] = s_id[tid]
-            weights[tok, tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+            ids[tid] = s_id[tid]
+            weights[tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
     else:
         z = F0
-        for e in range(tid, n_expert, n_threads):
+        for e in range(tid, n_expert, cuda.blockDim.x):
             v = s_val[e]
             if v > NEG_INF:
                 z += math.exp(v - m)
         z = block_sum(z, scratch)
         if tid < k:
             v = s_top[tid]
-            ids[tok, tid] = s_id[tid]
-            weights[tok, tid] = math.exp(v - m) / z if v > NEG_INF else F0
+            ids[tid] = s_id[tid]
+            weights[tid] = math.exp(v - m) / z if v > NEG_INF else F0
+
+
+@cuda.jit(device=True, inline="always")
+def route_block(logits, tok, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
+                s_top, scratch):
+    """Token `tok`'s routing by the whole calling block: `rank_topk`, then `topk_weights` into
+    ids [k] i32 and weights [k] f32 (this token's rows)."""
+    rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top)
+    topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
 
 
 @cuda.jit

@@ -56,10 +56,11 @@ def _factory(name: str):
 
     @cuda.jit
     def router_normed_kernel(x, norm_w, eps, w, n_cols, normed_out, logits, k, norm_topk, ids,
-                             weights, done):
+                             weights, done, route):
         # x, norm_w, normed_out: [n_cols] f32; w: [n_rows, n_cols] F32|F16 as u8; logits:
-        # [1, n_rows] f32; ids: [1, k] i32; weights: [1, k] f32; done: [>= 1] i32 (0 between
-        # launches). Block b: logit b; the grid is n_rows blocks.
+        # [1, n_rows] f32; ids: [k] i32; weights: [k] f32; done: [>= 1] i32 (0 between
+        # launches). Block b: logit b; the grid is n_rows blocks. route False (the same in
+        # every block): the logits only, no count, nothing routed (the MoE routes them).
         scratch = cuda.shared.array(32, types.float32)
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)
@@ -113,8 +114,11 @@ def _factory(name: str):
             for j in range(1, n_threads >> 5):  # warp order, as matvec_float sums
                 s += part[j]
             logits[0, row] = s
-            cuda.threadfence()  # the logit is visible to every block before the count says so
-            last_flag[0] = cuda.atomic.add(done, 0, 1) == n_rows - 1
+            if route:
+                cuda.threadfence()  # the logit is visible to every block before the count says so
+                last_flag[0] = cuda.atomic.add(done, 0, 1) == n_rows - 1
+        if not route:
+            return
         cuda.syncthreads()
         if last_flag[0]:  # uniform over the block: every thread takes part in route_block
             cuda.threadfence()  # then read the other blocks' logits
@@ -187,7 +191,7 @@ def _check(x, norm_w, w, name, normed_out, logits, ids, weights, done) -> tuple[
 
 
 def router_normed(x, norm_w, w, *, ggml_type, eps: float, normed_out, logits, ids, weights,
-                  done, norm_topk: bool = True, stream=0) -> None:
+                  done, norm_topk: bool = True, route: bool = True, stream=0) -> None:
     """One token's router in one launch: normed_out = rmsnorm(x) * norm_w, logits = W
     normed_out, and its softmax top-k into ids / weights (renormalised to sum 1 with
     `norm_topk`; ties to the lower expert id, ids in descending weight order, as `route`).
@@ -196,7 +200,10 @@ def router_normed(x, norm_w, w, *, ggml_type, eps: float, normed_out, logits, id
     F16 rows [n_expert, n_embd] (`ggml_type`), 16-byte aligned; logits: float32 [n_expert]
     (n_expert <= 512); ids: int32 [k]; weights: float32 [k] (k <= 16); done: int32 [>= 1],
     zero before the first launch, and zero again after each (the kernel resets it). n_embd a
-    multiple of 4 (F32) or 8 (F16). One launch, no allocation: graph-capturable."""
+    multiple of 4 (F32) or 8 (F16). One launch, no allocation: graph-capturable. With route
+    False only normed_out and logits are written (ids, weights and done are left alone): the
+    MoE launch routes the logits itself (`moe.moe_decode(route_logits=...)`), with no last
+    block's serial tail here."""
     name = float_format(ggml_type)
     if name is None:
         raise ValueError(f"router_normed takes F32 or F16 router rows, got "
@@ -208,12 +215,12 @@ def router_normed(x, norm_w, w, *, ggml_type, eps: float, normed_out, logits, id
     w1 = w.reshape(w.size) if len(w.shape) != 1 else w
     kernel_for(name)[n_rows, threads, stream](
         x, norm_w, np.float32(eps), w1, n_cols, normed_out, logits.reshape(1, n_rows), k,
-        bool(norm_topk), ids.reshape(1, k), weights.reshape(1, k), done)
+        bool(norm_topk), ids, weights, done, bool(route))
 
 
 _SIG = (types.float32[::1], types.float32[::1], types.float32, types.uint8[::1], types.int64,
         types.float32[::1], types.float32[:, ::1], types.int64, types.boolean,
-        types.int32[:, ::1], types.float32[:, ::1], types.int32[::1])
+        types.int32[::1], types.float32[::1], types.int32[::1], types.boolean)
 
 for _name in VALUE_BYTES:
     register_ptx("router", f"router_normed_{_name}",

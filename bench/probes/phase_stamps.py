@@ -196,8 +196,8 @@ _GU_STAGE = """        if has_tab:
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
 """
 MOE_EARLY_GU = (
-    ("        t = cuda.threadIdx.x\n        resolve_shared(",
-     "        t = cuda.threadIdx.x\n" + _GU_STAGE + "        resolve_shared("),
+    ("        t = cuda.threadIdx.x\n        if n_route > 0:",
+     "        t = cuda.threadIdx.x\n" + _GU_STAGE + "        if n_route > 0:"),
     ("  # in flight while x is staged\n" + _GU_STAGE + "        cuda.syncthreads()\n", "\n"))
 
 
@@ -293,13 +293,13 @@ def matvec_stamps(ctx):
 
 
 ROUTE_CALL = (" " * 12 + "route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, "
-              "s_id, s_pick,\n" + " " * 24 + "scratch)\n")
+              "s_key, s_cand,\n" + " " * 24 + "s_id, s_top, scratch)\n")
 # the last block routes twice (the same code: a loop of a count read from memory, never
 # unrolled), stamping after each: a second pass much faster than the first says the first
 # waits on something cold (its instructions), not on its arithmetic
 ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
-                route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_id,
-                            s_pick, scratch)
+                route_block(logits, 0, n_rows, k, norm_topk, ids, weights, s_val, s_key,
+                            s_cand, s_id, s_top, scratch)
                 if tid == 0:
                     stamps[cuda.blockIdx.x, N_ST + rep, 0] = clock64()
                     stamps[cuda.blockIdx.x, N_ST + rep, 1] = globaltimer()
@@ -351,8 +351,8 @@ ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
                     v = s_top[r]
                     picked += math.exp(v - m) if v > NEG_INF else F0
                 v = s_top[tid]
-                ids[0, tid] = s_id[tid]
-                weights[0, tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+                ids[tid] = s_id[tid]
+                weights[tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
             _ph(stamps, 6)
 """
 PHASE_NAMES = ["logits loaded, keys (thread 0)", "barrier", "ranked in group (thread 0)",

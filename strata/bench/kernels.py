@@ -294,6 +294,54 @@ def moe_group(ctx: Ctx) -> list[Result]:
     return out
 
 
+@bench("route_moe")
+def route_moe_group(ctx: Ctx) -> list[Result]:
+    """A layer's router and MoE (30B shape: F32 router 128 x 2048, top-8, Q4_K/Q6_K experts, all
+    hits) two ways, in one graph each: the router's last block routing (route=True), and the
+    router writing logits only with every gate/up block routing them (`route_logits`)."""
+    from strata.cuda_kernels.moe import moe_decode
+    from strata.cuda_kernels.router_normed import router_normed
+    n_layer, n_expert, k, gu, dn = 12, 128, 8, "Q4_K", "Q6_K"
+    lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, gu, dn, n_layer=n_layer,
+                                                           n_expert=n_expert)
+    n_embd = lay.n_embd
+    ws = [ctx.upload((ctx.rng.standard_normal((n_expert, n_embd)) / np.sqrt(n_embd))
+                     .astype(np.float32).view(np.uint8).reshape(-1)) for _ in range(n_layer)]
+    x = ctx.upload(ctx.rng.standard_normal(n_embd).astype(np.float32))
+    norm_w = ctx.upload(ctx.rng.uniform(0.5, 1.5, n_embd).astype(np.float32))
+    xn = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
+    logits = ctx.cuda.device_array(n_expert, np.float32, stream=ctx.stream)
+    ids = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
+    wts = ctx.cuda.device_array(k, np.float32, stream=ctx.stream)
+    done = ctx.upload(np.zeros(1, np.int32))
+    h = ctx.cuda.device_array((k, lay.n_ff), np.float32, stream=ctx.stream)
+    y = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
+    miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
+    counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+    out, picks = [], {}
+    for in_moe in (False, True):
+        def record(s, in_moe=in_moe):
+            for layer in range(n_layer):
+                router_normed(x, norm_w, ws[layer], ggml_type="F32", eps=1e-6, normed_out=xn,
+                              logits=logits, ids=ids, weights=wts, done=done,
+                              route=not in_moe, stream=s)
+                moe_decode(xn, ids, wts, layer=layer, layout=lay, slot_table=slot_table,
+                           cache=cache, slot_off=slot_off, host=cache, host_off=host_off, h=h,
+                           out=y, miss_list=miss, counters=counters,
+                           route_logits=logits if in_moe else None, stream=s)
+        us = ctx.time_graph(record, n_layer)
+        ctx.stream.synchronize()
+        picks[in_moe] = ids.copy_to_host().tolist()
+        name = "router, MoE routing" if in_moe else "router routing, MoE"
+        out.append(Result("route_moe", name, "128x2048 + 2048x768", us,
+                          k * lay.expert_bytes + n_expert * n_embd * 4, ctx.read_gbps, 0.0))
+    if picks[False] != picks[True]:
+        raise RuntimeError(f"route_moe: the two ways picked {picks[False]} and {picks[True]}")
+    out[-1].extra["same picks"] = str(picks[True])
+    del cache
+    return out
+
+
 # ---- output ----------------------------------------------------------------------------------
 
 def _commit() -> str:

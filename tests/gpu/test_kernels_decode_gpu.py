@@ -103,8 +103,9 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
-@pytest.mark.parametrize("cpu_misses", [False, True])
-def test_moe_decode_30b_shape(cpu_misses):
+@pytest.mark.parametrize("cpu_misses,routed", [(False, False), (True, False), (False, True)])
+def test_moe_decode_30b_shape(cpu_misses, routed):
+    """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs)."""
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode
     cuda = _cuda()
     rng = np.random.default_rng()
@@ -127,18 +128,30 @@ def test_moe_decode_30b_shape(cpu_misses):
     slot_table[layer, cached] = np.arange(10)
     cache = cuda.to_device(np.concatenate([blobs[e] for e in cached]))
     slot_off = np.arange(10, dtype=np.int64) * lay.expert_bytes
-    ids = rng.permutation(n_expert)[:k].astype(np.int32)
-    wts = rng.random(k).astype(np.float32)
-    wts /= wts.sum()
+    logits = (rng.standard_normal(n_expert) * 2).astype(np.float32)  # [n_expert] f32
+    if routed:
+        ids = np.argsort(-logits, kind="stable")[:k].astype(np.int32)
+        p = np.exp(logits[ids].astype(np.float64) - logits.max())
+        wts = (p / p.sum()).astype(np.float32)
+    else:
+        ids = rng.permutation(n_expert)[:k].astype(np.int32)
+        wts = rng.random(k).astype(np.float32)
+        wts /= wts.sum()
     x = rng.standard_normal(n_embd).astype(np.float32)
     out = _poisoned(n_embd)
     miss = cuda.to_device(np.full(k, -9, np.int32))
     counters = cuda.to_device(np.zeros((n_layer, 2), np.int64))
     h = _poisoned((k, n_ff))
-    moe_decode(cuda.to_device(x), cuda.to_device(ids), cuda.to_device(wts), layer=layer, layout=lay,
+    ids_d = cuda.to_device(np.full(k, -5, np.int32) if routed else ids)
+    wts_d = cuda.to_device(np.full(k, np.nan, np.float32) if routed else wts)
+    moe_decode(cuda.to_device(x), ids_d, wts_d, layer=layer, layout=lay,
                slot_table=cuda.to_device(slot_table), cache=cache,
                slot_off=cuda.to_device(slot_off), host=host, host_off=cuda.to_device(host_off),
-               h=h, out=out, miss_list=miss, counters=counters, cpu_misses=cpu_misses)
+               h=h, out=out, miss_list=miss, counters=counters, cpu_misses=cpu_misses,
+               route_logits=cuda.to_device(logits) if routed else None)
+    if routed:
+        np.testing.assert_array_equal(ids_d.copy_to_host(), ids)
+        np.testing.assert_allclose(wts_d.copy_to_host(), wts, rtol=1e-5)
     want = np.zeros(n_embd)
     hit = slot_table[layer, ids] >= 0
     for e, w, is_hit in zip(ids, wts, hit):

@@ -226,3 +226,52 @@ def test_moe_every_expert_left_to_the_cpu():
     np.testing.assert_array_equal(out, out0)            # no expert: nothing added
     np.testing.assert_array_equal(h[:, :LANE_WARPS], 0.0)
     assert miss_list.tolist() == [3, 1] and counters.tolist() == [[0, 0], [0, 2]]
+
+
+@pytest.mark.parametrize("gu,dn,n_embd,n_expert,k", [
+    ("Q4_K", "Q6_K", 256, 6, 3),   # lane gate/up: every block routes, block 0 writes ids
+    ("Q6_K", "Q8_0", 1280, 6, 3),  # the lane rows kernel (two steps a row)
+    ("Q4_1", "Q8_0", 64, 6, 3),    # no lane gate/up: a route launch first
+])
+def test_moe_routes_the_router_logits_itself(gu, dn, n_embd, n_expert, k):
+    """moe_decode(route_logits=...): the softmax top-k of the logits (ties to the lower id)
+    written to ids / weights, and the same h and output as a run given those ids and weights."""
+    from strata.cuda_kernels.moe import routes_itself
+    rng = np.random.default_rng(n_embd + k)
+    n_ff, layer = 256, 1
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    assert routes_itself(layout, n_expert) == (gu != "Q4_1")
+    store, _ = _store(layout, gu, dn, rng, n_expert=n_expert)
+    logits = np.array([0.3, -1.0, 1.7, 0.3, 2.5, 0.3], np.float32)  # a tie at the 3rd place
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    want_ids = np.argsort(-logits, kind="stable")[:k]
+    want_w = p[want_ids] / p[want_ids].sum()
+    x = rng.standard_normal(n_embd).astype(np.float32)
+    out0 = rng.standard_normal(n_embd).astype(np.float32)
+    runs = []
+    for routed in (True, False):
+        ids = np.full(k, -5, np.int32) if routed else runs[0]["ids"].copy()
+        weights = np.full(k, np.nan, np.float32) if routed else runs[0]["weights"].copy()
+        h, out = np.full((k, n_ff), np.nan, np.float32), out0.copy()
+        counters = np.zeros((2, 2), np.int64)
+        _moe_decode(x, ids, weights, layer=layer, layout=layout, **store, h=h, out=out,
+                    miss_list=np.zeros(k, np.int32), counters=counters, cpu_misses=False,
+                    accumulate=True, stream=0, max_row_blocks=1,
+                    route_logits=logits if routed else None)
+        runs.append(dict(ids=ids, weights=weights, h=h, out=out, counters=counters))
+    np.testing.assert_array_equal(runs[0]["ids"], want_ids)  # [4, 2, 0]: 0 wins the tie
+    np.testing.assert_allclose(runs[0]["weights"], want_w, rtol=1e-6)
+    for key in ("h", "out", "counters"):
+        np.testing.assert_array_equal(runs[0][key], runs[1][key], err_msg=key)
+    assert runs[0]["counters"].tolist() == [[0, 0], [2, 1]]  # experts 4 and 0 cached, 2 missed
+
+
+def test_moe_refuses_route_logits_of_too_few_experts():
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    store, _ = _store(layout, "Q4_K", "Q6_K", np.random.default_rng(3))
+    z = np.zeros
+    with pytest.raises(ValueError, match=r"route_logits: 2 experts, expected 3\.\.512"):
+        moe_decode(z(256, np.float32), z(3, np.int32), z(3, np.float32), layer=1, layout=layout,
+                   **store, h=z((3, 256), np.float32), out=z(256, np.float32),
+                   miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
+                   route_logits=z(2, np.float32))

@@ -7,7 +7,8 @@ in (one launch per weight format; RMSNorm and matvecs apart for formats without 
 per-head norm, RoPE and the KV write at seq_len (one launch for an f16 cache), split-K attention
 over seq_len + 1 keys (splits as long as that length calls for, derived on the device),
 output projection added into the residual by its matvec, RMSNorm + router matvec + top-k (one
-launch for F32/F16 router rows), the MoE
+launch for F32/F16 router rows; where the MoE's gate/up is a lane kernel, the router writes its
+logits only and every gate/up block ranks them itself), the MoE
 (cache slot or mapped host memory per expert, added into the residual, hits/misses counted per
 layer); final norm, head, seq_len += 1, then (by mode) nothing, argmax or the seeded sampler
 appending to the history.
@@ -30,7 +31,7 @@ from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
 from strata.cuda_kernels.matvec import matvec, matvec_pair
 from strata.cuda_kernels.matvec_normed import matvec_normed, normed_groups
-from strata.cuda_kernels.moe import moe_decode
+from strata.cuda_kernels.moe import moe_decode, routes_itself
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.rope_kv import rope_kv, rope_kv_fits
 from strata.cuda_kernels.router import route
@@ -48,6 +49,10 @@ MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 
 class DecodeStep:
     """The step's launches over one `CudaModel`'s buffers, plain or as graphs (one per mode)."""
+
+    # whether a layer's MoE launch may route the router's logits itself (False where something
+    # reads the top-k ids between the router and the MoE)
+    route_in_moe = True
 
     def __init__(self, m: CudaModel, *, use_graph: bool, miss_path: str = "mapped",
                  miss_share: float | None = None):
@@ -79,6 +84,18 @@ class DecodeStep:
         self.history = a["history"][0]  # [max_context] i32
         self.n_tokens = a["n_tokens"]  # [1] i32
         self.seq_len = a["seq_len"]  # [1] i32: tokens in the KV cache = the next position
+        self.moe_routes = [self._moe_routes(il) for il in range(s.n_layer)]
+
+    def _moe_routes(self, il: int) -> bool:
+        """Whether layer il's router writes only its logits and the MoE's gate/up launch routes
+        them (`moe.routes_itself`): then no router block waits for all the others' logits to
+        route them alone. Not with the CPU pool (it copies the ids out between the two)."""
+        if not self.route_in_moe or self.pool is not None or not (
+                self.m.layers[0] <= il < self.m.layers[1]):
+            return False
+        layout, w = self.m.layouts[il], self.m.matrices[f"blk.{il}.ffn_gate_inp"]
+        return (not isinstance(layout, MixedLayout) and router_takes(w.ggml_type, self.x1.shape[0])
+                and routes_itself(layout, self.m.shape.n_expert))
 
     # -- the launches ------------------------------------------------------------------------
 
@@ -148,10 +165,11 @@ class DecodeStep:
         m, a = self.m, self.m.acts
         norm_w, w = m.norms[f"blk.{il}.ffn_norm"], m.matrices[f"blk.{il}.ffn_gate_inp"]
         logits, eps = a["router_logits"], m.shape.rms_norm_eps
-        if router_takes(w.ggml_type, self.x1.shape[0]):
+        if router_takes(w.ggml_type, self.x1.shape[0]):  # moe_routes: logits only
             router_normed(self.x1, norm_w, w.data, ggml_type=w.ggml_type, eps=eps,
                           normed_out=self.xn1, logits=logits[0], ids=a["topk_ids"][0],
-                          weights=a["topk_weights"][0], done=a["router_done"], stream=stream)
+                          weights=a["topk_weights"][0], done=a["router_done"],
+                          route=not self.moe_routes[il], stream=stream)
             return
         rms_norm(self.x, norm_w, self.xn, eps=eps, stream=stream)
         matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
@@ -189,7 +207,9 @@ class DecodeStep:
                              layout=layout, **where)
         else:
             moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
-                       layout=layout, accumulate=True, **where)
+                       layout=layout, accumulate=True,
+                       route_logits=a["router_logits"][0] if self.moe_routes[il] else None,
+                       **where)
 
     # -- running -------------------------------------------------------------------------------
 

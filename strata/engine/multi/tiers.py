@@ -194,6 +194,8 @@ register_ptx("engine", "count_tier_hits", lambda: (_count_tier_hits.py_func, (
 class TierDecodeStep(DecodeStep):
     """The decode step of a stage with tiers: each layer's tier hits counted before its MoE."""
 
+    route_in_moe = False  # the count reads the router's ids before the MoE launch
+
     def __init__(self, m, tiers: StageTiers, **kw):
         self.tiers = tiers
         super().__init__(m, **kw)
