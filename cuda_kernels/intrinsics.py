@@ -25,7 +25,7 @@ FULL_MASK = 0xFFFFFFFF
 
 __all__ = [
     "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4",
-    "ld_x4", "h2f", "u2f", "f2u",
+    "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
 ]
@@ -81,6 +81,11 @@ if SIMULATED:
         """x[i:i+4] of a float32 or float16 array as four float32 (i a multiple of 4)."""
         _aligned(i, 4)
         return (np.float32(x[i]), np.float32(x[i + 1]), np.float32(x[i + 2]), np.float32(x[i + 3]))
+
+    def ld_i64x2(x, i):
+        """x[i], x[i+1] of an int64 array (i even: one 16-byte load on the GPU)."""
+        _aligned(i, 2)
+        return np.int64(x[i]), np.int64(x[i + 1])
 
     def prmt(a, b, sel):
         """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the
@@ -276,6 +281,25 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(4)]
             if is_half:
                 vals = [builder.fpext(v, ir.FloatType()) for v in vals]
+            return context.make_tuple(builder, ret, vals)
+        return ret(x, i), codegen
+
+    @intrinsic
+    def ld_i64x2(typingctx, x, i):
+        """x[i], x[i+1] of an int64 array whose start is 16-byte aligned, i even: one 16-byte
+        load, and no negative-index wraparound arithmetic (numba adds it to every x[i] of a
+        signed i it cannot prove non-negative)."""
+        if not (isinstance(x, types.Array) and x.dtype == types.int64):
+            return None
+        ret = types.UniTuple(types.int64, 2)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+            vty = ir.VectorType(_I64, 2)
+            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+            vec = builder.load(ptr, align=16)
+            vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(2)]
             return context.make_tuple(builder, ret, vals)
         return ret(x, i), codegen
 

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
-from .intrinsics import warp_sum
+from .intrinsics import SIMULATED, warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
@@ -17,6 +17,7 @@ from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compac
 from .xstage import stage_padded, stage_padded_wide
 
 F0 = np.float32(0.0)
+ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
 def _gate_up_lanes(lf: LaneFormat):
@@ -45,8 +46,8 @@ def _gate_up_lanes(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64)
+        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
         scratch = cuda.shared.array(32, types.float32)
@@ -125,8 +126,8 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
         s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64)
+        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
         scratch = cuda.shared.array(32, types.float32)

@@ -20,13 +20,13 @@ import math
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import block_sum, f2u, warp_argmax, warp_max, warp_sum
+from .intrinsics import block_sum, f2u, ld_i64x2, warp_argmax, warp_max, warp_sum
 from .launch import check_array, n_blocks, register_ptx
 
 MAX_EXPERTS = 512
 MAX_K = 16
 GROUP = 32  # route_block ranks experts within groups of 32 first
-MAX_CAND = MAX_EXPERTS // GROUP * MAX_K  # route_block's candidates: k per group
+MAX_CAND = MAX_EXPERTS // GROUP * MAX_K  # route_block's candidates: k per group (a multiple of 8)
 SIGN = np.int64(1 << 31)
 PAD_KEY = np.int64(-(1 << 62))  # below every order_key (those lie within +-2**40)
 SLOTS = MAX_EXPERTS // 32
@@ -101,8 +101,8 @@ def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
     r and s_top[r] its logit, ranks 0..k-1 in `route_warp`'s order (descending logit, ties to
     the lower id; a NaN logit counts as -inf, never picked over a real one); s_val[e] = expert
     e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert], s_key i64
-    [>= n_expert rounded up to 32], s_cand i64 [>= k * that / 32], s_id i32 [>= k], s_top f32
-    [>= k].
+    [>= n_expert rounded up to 32] and s_cand i64 (both 16-byte aligned) [>= k * that / 32 rounded up to 8], s_id i32
+    [>= k], s_top f32 [>= k].
 
     Latency is what counts here (one block routing alone at the end of the router, or every
     MoE block before it can resolve its experts). Each expert is ranked within its group of 32
@@ -111,10 +111,16 @@ def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
     k, which are all candidates, so its rank among them is its rank. Ranking every expert
     against all the others (128 float compares with an id tie-break each) took ~2 us of the
     router's last 4.4 on the H200 (`bench/probes/phase_stamps.py --only route_phases`)."""
+    # while loops, not range(tid, n, n_threads): numba computes such a range's trip count with
+    # a 64-bit division and carries its bookkeeping through every iteration; the inner loops
+    # have constant trip counts, so they unroll into independent shared loads
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
     n_pad = (n_expert + GROUP - 1) & ~(GROUP - 1)
-    for e in range(tid, n_pad, n_threads):
+    n_cand = (n_pad // GROUP) * k
+    n_cand8 = (n_cand + 7) & ~7  # padded with keys that beat none: the rank loop takes 8 a time
+    e = tid
+    while e < n_pad:
         if e < n_expert:
             v = logits[tok, e]
             v = v if v > NEG_INF else NEG_INF
@@ -122,45 +128,61 @@ def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
             s_key[e] = order_key(v, e)
         else:
             s_key[e] = PAD_KEY - e  # below every expert's key: padding is never a top-k pick
+        e += n_threads
+    if tid < n_cand8 - n_cand:
+        s_cand[n_cand + tid] = PAD_KEY
     cuda.syncthreads()
-    for e in range(tid, n_pad, n_threads):
+    e = tid
+    while e < n_pad:
         ke = s_key[e]
         g0 = e & ~(GROUP - 1)
         rank = np.int32(0)
-        for j in range(GROUP):
-            rank += np.int32(s_key[g0 + j] > ke)
+        for j in range(0, GROUP, 2):
+            a, b = ld_i64x2(s_key, g0 + j)
+            rank += np.int32(a > ke) + np.int32(b > ke)
         if rank < k:
             s_cand[(g0 // GROUP) * k + rank] = ke  # every group fills its k slots exactly
+        e += n_threads
     cuda.syncthreads()
-    n_cand = (n_pad // GROUP) * k
-    for c in range(tid, n_cand, n_threads):
+    c = tid
+    while c < n_cand:
         kc = s_cand[c]
         rank = np.int32(0)
-        for j in range(n_cand):
-            rank += np.int32(s_cand[j] > kc)
+        j = 0
+        while j < n_cand8:
+            for jj in range(0, 8, 2):
+                a, b = ld_i64x2(s_cand, j + jj)
+                rank += np.int32(a > kc) + np.int32(b > kc)
+            j += 8
         if rank < k:
             e = key_expert(kc)
             s_id[rank] = e
             s_top[rank] = s_val[e]
+        c += n_threads
     cuda.syncthreads()
 
 
 @cuda.jit(device=True, inline="always")
 def topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch):
     """After `rank_topk`: ids[r] = s_id[r] and weights[r] its softmax weight (renormalised over
-    the k with norm_topk). Every thread of the block calls (without norm_topk the softmax's sum
-    is a block reduction over s_val). ids [k] i32, weights [k] f32; scratch f32 [32]."""
+    the k with norm_topk). Every thread of the block calls (it synchronises; without norm_topk
+    the softmax's sum is a block reduction over s_val). ids [k] i32, weights [k] f32; scratch
+    f32 [32]."""
     tid = cuda.threadIdx.x
     m = s_top[0]  # rank 0: the largest logit
     if norm_topk:  # the softmax's sum cancels: weight r = exp(v_r - m) / sum over the k picks
+        if tid < k:  # the k exps at once, then each thread sums them in rank order
+            v = s_top[tid]
+            scratch[tid] = math.exp(v - m) if v > NEG_INF else F0
+        cuda.syncthreads()
         if tid < k:
             picked = F0
-            for r in range(k):  # rank order, in every thread alike
-                v = s_top[r]
-                picked += math.exp(v - m) if v > NEG_INF else F0
-            v = s_top[tid]
+            r = 0
+            while r < k:
+                picked += scratch[r]
+                r += 1
             ids[tid] = s_id[tid]
-            weights[tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+            weights[tid] = scratch[tid] / picked
     else:
         z = F0
         for e in range(tid, n_expert, cuda.blockDim.x):

@@ -32,6 +32,7 @@ from .router import MAX_CAND, MAX_EXPERTS, MAX_K, route_block
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
+ALIGN16 = None if SIMULATED else 16  # route_block's 16-byte shared reads (simulator: none)
 
 
 @cuda.jit(device=True, inline="always")
@@ -65,8 +66,8 @@ def _factory(name: str):
         part = cuda.shared.array(MAX_WARPS, types.float32)
         last_flag = cuda.shared.array(1, types.int32)
         s_val = cuda.shared.array(MAX_EXPERTS, types.float32)  # routing (route_block)
-        s_key = cuda.shared.array(MAX_EXPERTS, types.int64)
-        s_cand = cuda.shared.array(MAX_CAND, types.int64)
+        s_key = cuda.shared.array(MAX_EXPERTS, types.int64, alignment=ALIGN16)
+        s_cand = cuda.shared.array(MAX_CAND, types.int64, alignment=ALIGN16)
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
         row = cuda.blockIdx.x

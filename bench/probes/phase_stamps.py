@@ -309,7 +309,10 @@ ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
 # the last block's routing with route_block's body inlined and a stamp after each phase: which
 # phase holds the unexplained ~3 us (`--only route_phases`)
 ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
-            for e in range(tid, n_pad, n_threads):
+            n_cand = (n_pad // GROUP) * k
+            n_cand8 = (n_cand + 7) & ~7
+            e = tid
+            while e < n_pad:
                 if e < n_rows:
                     v = logits[0, e]
                     v = v if v > NEG_INF else NEG_INF
@@ -317,10 +320,14 @@ ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
                     s_key[e] = order_key(v, e)
                 else:
                     s_key[e] = PAD_KEY - e
+                e += n_threads
+            if tid < n_cand8 - n_cand:
+                s_cand[n_cand + tid] = PAD_KEY
             _ph(stamps, 0)
             cuda.syncthreads()
             _ph(stamps, 1)
-            for e in range(tid, n_pad, n_threads):
+            e = tid
+            while e < n_pad:
                 ke = s_key[e]
                 g0 = e & ~(GROUP - 1)
                 rank = np.int32(0)
@@ -328,31 +335,28 @@ ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
                     rank += np.int32(s_key[g0 + j] > ke)
                 if rank < k:
                     s_cand[(g0 // GROUP) * k + rank] = ke
+                e += n_threads
             _ph(stamps, 2)
             cuda.syncthreads()
             _ph(stamps, 3)
-            n_cand = (n_pad // GROUP) * k
-            for c in range(tid, n_cand, n_threads):
+            c = tid
+            while c < n_cand:
                 kc = s_cand[c]
                 rank = np.int32(0)
-                for j in range(n_cand):
-                    rank += np.int32(s_cand[j] > kc)
+                j = 0
+                while j < n_cand8:
+                    for jj in range(8):
+                        rank += np.int32(s_cand[j + jj] > kc)
+                    j += 8
                 if rank < k:
                     e = key_expert(kc)
                     s_id[rank] = e
                     s_top[rank] = s_val[e]
+                c += n_threads
             _ph(stamps, 4)
             cuda.syncthreads()
             _ph(stamps, 5)
-            m = s_top[0]
-            if tid < k:
-                picked = F0
-                for r in range(k):
-                    v = s_top[r]
-                    picked += math.exp(v - m) if v > NEG_INF else F0
-                v = s_top[tid]
-                ids[tid] = s_id[tid]
-                weights[tid] = (math.exp(v - m) if v > NEG_INF else F0) / picked
+            topk_weights(n_rows, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
             _ph(stamps, 6)
 """
 PHASE_NAMES = ["logits loaded, keys (thread 0)", "barrier", "ranked in group (thread 0)",
@@ -385,7 +389,7 @@ def router_stamps(ctx, twice: bool = False, phases: bool = False):
                 stamps[cuda.blockIdx.x, n_st + j, 0] = clock64()
                 stamps[cuda.blockIdx.x, n_st + j, 1] = globaltimer()
         factory.__globals__.update(_ph=ph, **{n: getattr(router, n) for n in (
-            "NEG_INF", "GROUP", "PAD_KEY", "order_key", "key_expert")})
+            "NEG_INF", "GROUP", "PAD_KEY", "order_key", "key_expert", "topk_weights")})
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
                      .view(np.uint8).reshape(-1)) for _ in range(n_layer)]
