@@ -210,10 +210,6 @@ def _gate_up_lanes_for(layout: ExpertLayout):
     return lf if lf is not None and lanes_fit(lf, layout.n_embd) else None
 
 
-# route_shared ranks one expert per thread of a lane block
-assert ROUTE_MAX_EXPERTS <= LANE_THREADS, "a lane gate/up block routes one expert a thread"
-
-
 def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
     """Whether `moe_decode(route_logits=...)` routes inside its gate/up launch (lane formats, at
     most ROUTE_MAX_EXPERTS experts) rather than with a `route` launch before it."""

@@ -53,14 +53,8 @@ def _gate_up_lanes(lf: LaneFormat):
         scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
         if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            # the logit load first, x staged while it is in flight (a load's data returns in
-            # issue order), then the ranking: x is ready long before the weights come back
-            v = logits[0, t] if t < n_route else F0
-            if has_tab:
-                stage_table(tab, tab_s, n_tab)
-            stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-            route_shared(v, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
-                         s_top, scratch)
+            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                         s_id, s_top, scratch)
         resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
                        cpu_misses, miss_list, counters, s_where, s_base)
         cuda.syncthreads()
@@ -77,10 +71,9 @@ def _gate_up_lanes(lf: LaneFormat):
             off_g = 0
             src = cache if cache.shape[0] >= up_off + row_bytes else host
         cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
-        if n_route == 0:  # (routed: staged above)
-            if has_tab:
-                stage_table(tab, tab_s, n_tab)
-            stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        if has_tab:
+            stage_table(tab, tab_s, n_tab)
+        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         cuda.syncthreads()
         while it < n_items:
             nxt = cur
@@ -139,15 +132,14 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         s_top = cuda.shared.array(MAX_K, types.float32)
         scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
-        v = logits[0, t] if n_route > 0 and t < n_route else F0  # (as moe_gate_up_lanes)
+        if n_route > 0:  # the same in every block: the router wrote logits, not ids
+            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                         s_id, s_top, scratch)
+        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                       cpu_misses, miss_list, counters, s_where, s_base)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-        if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            route_shared(v, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
-                         s_top, scratch)
-        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base)
         cuda.syncthreads()
         n_warps = cuda.gridDim.x * LANE_WARPS
         for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):

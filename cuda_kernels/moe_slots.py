@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .router import GROUP, put_key, rank_keys, topk_weights
+from .router import GROUP, rank_topk, topk_weights
 
 MAX_K = 16  # experts per token the kernels' shared lists hold
 # The most experts a MoE kernel routes itself (its shared lists are sized for them; Qwen3's
@@ -73,19 +73,14 @@ def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_
 
 
 @cuda.jit(device=True, inline="always")
-def route_shared(v, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id, s_top,
+def route_shared(logits, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id, s_top,
                  scratch):
-    """The token's top k of its router logits (n_expert <= ROUTE_MAX_EXPERTS <= the block's
-    threads) into s_id (readable on return), by every block alike; block 0 also writes ids [k]
-    and weights [k] (`router.topk_weights`) for the launches after this one. v: thread t's
-    logit, expert t's (loaded by the caller, so that its latency hides behind other loads; any
-    value past n_expert). The whole block calls this (it synchronises). Every block ranks the
-    same logits with the same code, so each one's s_id is the ids block 0 writes. Shared: s_val
-    f32 / s_key i64 [ROUTE_MAX_EXPERTS], s_cand i64 [ROUTE_MAX_CAND], s_id i32 / s_top f32
-    [MAX_K], scratch f32 [32]."""
-    t = cuda.threadIdx.x
-    if t < ((n_expert + GROUP - 1) & ~(GROUP - 1)):
-        put_key(v, t, n_expert, s_val, s_key)
-    rank_keys(n_expert, k, s_val, s_key, s_cand, s_id, s_top)
+    """The token's top k of its router logits [1, n_expert] (n_expert <= ROUTE_MAX_EXPERTS) into
+    s_id (readable on return), by every block alike; block 0 also writes ids [k] and weights [k]
+    (`router.topk_weights`) for the launches after this one. The whole block calls this (it
+    synchronises). Every block ranks the same logits with the same code, so each one's s_id is
+    the ids block 0 writes. Shared: s_val f32 / s_key i64 [ROUTE_MAX_EXPERTS], s_cand i64
+    [ROUTE_MAX_CAND], s_id i32 / s_top f32 [MAX_K], scratch f32 [32]."""
+    rank_topk(logits, 0, n_expert, k, s_val, s_key, s_cand, s_id, s_top)
     if cuda.blockIdx.x == 0:  # uniform over the block: topk_weights may synchronise
         topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)

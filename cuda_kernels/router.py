@@ -95,39 +95,14 @@ def key_expert(key):
 
 
 @cuda.jit(device=True, inline="always")
-def put_key(v, e, n_expert, s_val, s_key):
-    """Expert e's logit v into s_val and its `order_key` into s_key (e < n_expert rounded up
-    to 32; past n_expert, a padding key below every expert's: never a top-k pick)."""
-    if e < n_expert:
-        v = v if v > NEG_INF else NEG_INF
-        s_val[e] = v
-        s_key[e] = order_key(v, e)
-    else:
-        s_key[e] = PAD_KEY - e
-
-
-@cuda.jit(device=True, inline="always")
 def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
     """Token `tok`'s k best experts by the whole calling block (every thread calls: it
     synchronises, and the results are readable when it returns): s_id [r] = the expert of rank
     r and s_top[r] its logit, ranks 0..k-1 in `route_warp`'s order (descending logit, ties to
     the lower id; a NaN logit counts as -inf, never picked over a real one); s_val[e] = expert
-    e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert]; s_key i64
-    [>= n_expert rounded up to 32] and s_cand i64 [>= k * that / 32 rounded up to 8], both
-    16-byte aligned; s_id i32 [>= k], s_top f32 [>= k]."""
-    # while loops, not range(tid, n, n_threads): numba computes such a range's trip count with
-    # a 64-bit division and carries its bookkeeping through every iteration
-    n_pad = (n_expert + GROUP - 1) & ~(GROUP - 1)
-    e = cuda.threadIdx.x
-    while e < n_pad:
-        put_key(logits[tok, e] if e < n_expert else NEG_INF, e, n_expert, s_val, s_key)
-        e += cuda.blockDim.x
-    rank_keys(n_expert, k, s_val, s_key, s_cand, s_id, s_top)
-
-
-@cuda.jit(device=True, inline="always")
-def rank_keys(n_expert, k, s_val, s_key, s_cand, s_id, s_top):
-    """`rank_topk` once every expert's key is in (`put_key`, before this call's barrier).
+    e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert], s_key i64
+    [>= n_expert rounded up to 32] and s_cand i64 (both 16-byte aligned) [>= k * that / 32 rounded up to 8], s_id i32
+    [>= k], s_top f32 [>= k].
 
     Latency is what counts here (one block routing alone at the end of the router, or every
     MoE block before it can resolve its experts). Each expert is ranked within its group of 32
@@ -135,13 +110,25 @@ def rank_keys(n_expert, k, s_val, s_key, s_cand, s_id, s_top):
     candidate is ranked among them. An expert in the top k is beaten only by experts in the top
     k, which are all candidates, so its rank among them is its rank. Ranking every expert
     against all the others (128 float compares with an id tie-break each) took ~2 us of the
-    router's last 4.4 on the H200 (`bench/probes/phase_stamps.py --only route_phases`). The
-    inner loops have constant trip counts: they unroll into independent 16-byte shared loads."""
+    router's last 4.4 on the H200 (`bench/probes/phase_stamps.py --only route_phases`)."""
+    # while loops, not range(tid, n, n_threads): numba computes such a range's trip count with
+    # a 64-bit division and carries its bookkeeping through every iteration; the inner loops
+    # have constant trip counts, so they unroll into independent shared loads
     tid = cuda.threadIdx.x
     n_threads = cuda.blockDim.x
     n_pad = (n_expert + GROUP - 1) & ~(GROUP - 1)
     n_cand = (n_pad // GROUP) * k
     n_cand8 = (n_cand + 7) & ~7  # padded with keys that beat none: the rank loop takes 8 a time
+    e = tid
+    while e < n_pad:
+        if e < n_expert:
+            v = logits[tok, e]
+            v = v if v > NEG_INF else NEG_INF
+            s_val[e] = v
+            s_key[e] = order_key(v, e)
+        else:
+            s_key[e] = PAD_KEY - e  # below every expert's key: padding is never a top-k pick
+        e += n_threads
     if tid < n_cand8 - n_cand:
         s_cand[n_cand + tid] = PAD_KEY
     cuda.syncthreads()
