@@ -25,6 +25,10 @@ down warp takes two output rows and, per step, its lane groups take consecutive 
 expert, super-block) units of them, the missed experts left out of the unit list. Other
 formats use one warp per row (gate_up) or one warp per output row with lanes spread over all
 (expert, 32-value group) pairs (down).
+
+Given the router's logits instead of its top k (`route_logits`), every block of a lane gate_up
+launch ranks them itself before it resolves the slots (`moe_slots.route_shared`), and block 0
+writes ids and weights for down: no launch has to wait for one block to route alone.
 """
 
 from __future__ import annotations
