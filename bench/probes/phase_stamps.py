@@ -306,59 +306,27 @@ ROUTE_TWICE = """            for rep in range(done[1] + 2):  # done[1] is 0
 """
 
 
-# the last block's routing with route_block's body inlined and a stamp after each phase: which
-# phase holds the unexplained ~3 us (`--only route_phases`)
-ROUTE_PHASES = """            n_pad = (n_rows + GROUP - 1) & ~(GROUP - 1)
-            n_cand = (n_pad // GROUP) * k
-            n_cand8 = (n_cand + 7) & ~7
-            e = tid
-            while e < n_pad:
-                if e < n_rows:
-                    v = logits[0, e]
-                    v = v if v > NEG_INF else NEG_INF
-                    s_val[e] = v
-                    s_key[e] = order_key(v, e)
-                else:
-                    s_key[e] = PAD_KEY - e
-                e += n_threads
-            if tid < n_cand8 - n_cand:
-                s_cand[n_cand + tid] = PAD_KEY
-            _ph(stamps, 0)
-            cuda.syncthreads()
-            _ph(stamps, 1)
-            e = tid
-            while e < n_pad:
-                ke = s_key[e]
-                g0 = e & ~(GROUP - 1)
-                rank = np.int32(0)
-                for j in range(GROUP):
-                    rank += np.int32(s_key[g0 + j] > ke)
-                if rank < k:
-                    s_cand[(g0 // GROUP) * k + rank] = ke
-                e += n_threads
-            _ph(stamps, 2)
-            cuda.syncthreads()
-            _ph(stamps, 3)
-            c = tid
-            while c < n_cand:
-                kc = s_cand[c]
-                rank = np.int32(0)
-                j = 0
-                while j < n_cand8:
-                    for jj in range(8):
-                        rank += np.int32(s_cand[j + jj] > kc)
-                    j += 8
-                if rank < k:
-                    e = key_expert(kc)
-                    s_id[rank] = e
-                    s_top[rank] = s_val[e]
-                c += n_threads
-            _ph(stamps, 4)
-            cuda.syncthreads()
-            _ph(stamps, 5)
-            topk_weights(n_rows, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
-            _ph(stamps, 6)
-"""
+def route_phases_text() -> str:
+    """The last block's routing with `router.rank_topk`'s own body inlined (its parameters bound to
+    the kernel's names) and a stamp before and after each barrier, then `topk_weights` and a last
+    stamp: which phase holds the time (`--only route_phases`)."""
+    from strata.cuda_kernels import router
+    src = textwrap.dedent(inspect.getsource(router.rank_topk))
+    body = textwrap.dedent(src[src.index('"""', src.index('"""') + 3) + 3:].strip("\n"))
+    body = body.split("\n")
+    out, j = ["tok = 0", "n_expert = n_rows"], 0
+    for ln in body:
+        if ln.strip() == "cuda.syncthreads()":
+            ind = ln[:len(ln) - len(ln.lstrip())]
+            out += [f"{ind}_ph(stamps, {j})", ln, f"{ind}_ph(stamps, {j + 1})"]
+            j += 2
+        else:
+            out.append(ln)
+    out += ["topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)",
+            f"_ph(stamps, {j})"]
+    return "".join(" " * 12 + ln + "\n" for ln in out)
+
+
 PHASE_NAMES = ["logits loaded, keys (thread 0)", "barrier", "ranked in group (thread 0)",
                "barrier", "candidates ranked (thread 0)", "barrier", "weights written"]
 
@@ -377,7 +345,7 @@ def router_stamps(ctx, twice: bool = False, phases: bool = False):
                              ("cuda.threadfence()  # then read", "after", 12)],
                             "return router_normed_kernel",
                             ((ROUTE_CALL, ROUTE_TWICE),) if twice else
-                            ((ROUTE_CALL, ROUTE_PHASES),) if phases else ())
+                            ((ROUTE_CALL, route_phases_text()),) if phases else ())
     if twice:
         factory.__globals__.update(N_ST=n_st, clock64=clock64, globaltimer=globaltimer)
     if phases:
@@ -389,7 +357,8 @@ def router_stamps(ctx, twice: bool = False, phases: bool = False):
                 stamps[cuda.blockIdx.x, n_st + j, 0] = clock64()
                 stamps[cuda.blockIdx.x, n_st + j, 1] = globaltimer()
         factory.__globals__.update(_ph=ph, **{n: getattr(router, n) for n in (
-            "NEG_INF", "GROUP", "PAD_KEY", "order_key", "key_expert", "topk_weights")})
+            "NEG_INF", "GROUP", "PAD_KEY", "order_key", "key_expert", "topk_weights",
+            "ld_i64x2")})
     kern = factory("F32")
     ws = [ctx.upload(ctx.rng.standard_normal((n_expert, n_embd)).astype(np.float32)
                      .view(np.uint8).reshape(-1)) for _ in range(n_layer)]
