@@ -100,9 +100,9 @@ def rank_topk(logits, tok, n_expert, k, s_val, s_key, s_cand, s_id, s_top):
     synchronises, and the results are readable when it returns): s_id [r] = the expert of rank
     r and s_top[r] its logit, ranks 0..k-1 in `route_warp`'s order (descending logit, ties to
     the lower id; a NaN logit counts as -inf, never picked over a real one); s_val[e] = expert
-    e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert], s_key i64
-    [>= n_expert rounded up to 32] and s_cand i64 (both 16-byte aligned) [>= k * that / 32 rounded up to 8], s_id i32
-    [>= k], s_top f32 [>= k].
+    e's logit. logits: [n_tok, n_expert] f32; shared: s_val f32 [>= n_expert]; s_key i64
+    [>= n_expert rounded up to 32] and s_cand i64 [>= k * that / 32 rounded up to 8], both
+    16-byte aligned; s_id i32 [>= k], s_top f32 [>= k].
 
     Latency is what counts here (one block routing alone at the end of the router, or every
     MoE block before it can resolve its experts). Each expert is ranked within its group of 32
