@@ -187,3 +187,21 @@ def test_group_ranking_against_arranged_logits(n_rows, k, order):
                   **out)
     np.testing.assert_array_equal(out["ids"], want_ids)
     np.testing.assert_allclose(out["weights"], want_w, rtol=1e-5)
+
+
+def test_route_false_writes_the_logits_only():
+    """route=False (the MoE routes the logits): normed_out and logits as ever; ids, weights and
+    the counter untouched (no block counts, none routes)."""
+    n_rows, n_cols, k = 40, 64, 4
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(n_cols) * 4).astype(np.float32)
+    w, w64 = _rows("F32", n_rows, n_cols, rng, x=x)
+    norm_w = rng.uniform(0.5, 1.5, n_cols).astype(np.float32)
+    want_xn, want_logits, _, _ = _ref(x, norm_w, w64, k, True)
+    out = _outputs(n_cols, n_rows, k)
+    out["done"][0] = 5  # a count the kernel must leave alone
+    router_normed(x, norm_w, w, ggml_type="F32", eps=EPS, route=False, **out)
+    np.testing.assert_allclose(out["normed_out"], want_xn, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(out["logits"], want_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out["ids"], -7)
+    assert np.isnan(out["weights"]).all() and out["done"][0] == 5
