@@ -245,6 +245,7 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
+    gu_lanes = _gate_up_lanes_for(layout)
     n_route = 0  # experts the gate/up launch routes itself (0: ids is the router's)
     if route_logits is not None:
         check_array("route_logits", route_logits, np.float32, (None,))
@@ -252,13 +253,13 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         if not k <= n_expert <= MAX_EXPERTS:
             raise ValueError(f"route_logits: {n_expert} experts, expected {k}..{MAX_EXPERTS} "
                              f"(k = {k})")
-        if routes_itself(layout, n_expert):
+        if gu_lanes is not None and n_expert <= ROUTE_MAX_EXPERTS:  # routes_itself
             n_route = n_expert
         else:
             route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
                   norm_topk=norm_topk, stream=stream)
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
-    gu_lanes, dn_lanes = _gate_up_lanes_for(layout), lane_format(dn_fmt.ggml_type)
+    dn_lanes = lane_format(dn_fmt.ggml_type)
     dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
     if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
