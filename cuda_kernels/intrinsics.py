@@ -28,6 +28,7 @@ __all__ = [
     "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
+    "ld_w4", "quad_max", "rint_i32",
 ]
 
 
@@ -203,6 +204,22 @@ if SIMULATED:
         for x in vals[q0 + 1:q0 + 4]:
             s = s + x
         return s
+
+    def quad_max(v):
+        """Max of `v` over this lane's aligned group of 4 lanes, in each of them."""
+        t = threading.current_thread()
+        vals = _warp_gather(v)
+        q0 = (t.thread_id % 32) & ~3
+        return max(vals[q0:q0 + 4])
+
+    def ld_w4(x, i):
+        """x[i:i+4] of a uint32 array as four ints (i a multiple of 4: one 16-byte load)."""
+        _aligned(i, 4)
+        return int(x[i]), int(x[i + 1]), int(x[i + 2]), int(x[i + 3])
+
+    def rint_i32(v):
+        """float32 v rounded to the nearest integer, ties to even (|v| < 2^31)."""
+        return int(np.rint(np.float32(v)))
 
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
@@ -483,6 +500,40 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
         v += cuda.shfl_xor_sync(FULL_MASK, v, 1)
         v += cuda.shfl_xor_sync(FULL_MASK, v, 2)
         return v
+
+    @cuda.jit(device=True, inline="always")
+    def quad_max(v):
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
+        v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
+        return v
+
+    @intrinsic
+    def ld_w4(typingctx, x, i):
+        """x[i:i+4] of a uint32 array (16-byte aligned at i): one 16-byte load."""
+        if not (isinstance(x, types.Array) and x.dtype == types.uint32):
+            return None
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+            vty = ir.VectorType(_I32, 4)
+            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+            vec = builder.load(ptr, align=16)
+            vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(4)]
+            return context.make_tuple(builder, ret, vals)
+        return ret(x, i), codegen
+
+    @intrinsic
+    def rint_i32(typingctx, v):
+        """float32 v rounded to the nearest integer, ties to even: one `cvt.rni.s32.f32` (an
+        add of 1.5 * 2^23 would do it too, but NVVM may fuse the multiply before it into an
+        FMA, and then round a different value than the CPU engine's `np.rint(x * inv)`)."""
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [ir.FloatType()]),
+                               "cvt.rni.s32.f32 $0, $1;", "=r,f")
+            return builder.call(asm, [args[0]])
+        return types.int32(types.float32), codegen
 
 
 @cuda.jit(device=True, inline="always")

@@ -28,6 +28,7 @@ from .intrinsics import warp_sum
 from .lanes_iq import dot_iq3_s, dot_iq4_xs, load_iq3_s, load_iq4_xs
 from .lanes_k import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, load_q4_k, load_q5_k, load_q6_k,
                       load_q8_0)
+from .xstage import X8_GROUP, padded_bytes, padded_len, x8_len
 
 NO_PAD_B = (31, 0)  # (B, PB) of a padding with a single period
 F0 = np.float32(0.0)
@@ -47,9 +48,15 @@ class LaneFormat:
     load: Callable[..., Any]
     dot: Callable[..., Any]
     table: np.ndarray   # the table dot indexes (qtables.NO_TABLE where none)
+    x8: bool = False    # x staged as 8-bit integers (`lanes_x8`), not padded float32
 
     def __post_init__(self):
         a, pa, b, pb = self.pad
+        if self.x8:
+            if self.sb_values % X8_GROUP:
+                raise ValueError(f"{self.name}: 8-bit x needs super-blocks of whole "
+                                 f"{X8_GROUP}-value groups")
+            return
         if 32 % self.lanes or self.lanes & (self.lanes - 1):
             raise ValueError(f"{self.name}: {self.lanes} lanes per super-block do not divide 32")
         if a < 4 or pa % 4 or pb % 4 or self.sb_values % (1 << a):
@@ -67,10 +74,28 @@ class LaneFormat:
 
     @property
     def padded_sb(self) -> int:
-        """Staged floats per super-block (the padding repeats with each one)."""
+        """Staged 4-byte words per super-block (the padding repeats with each one)."""
+        if self.x8:
+            return x8_len(self.sb_values)
         a, pa, b, pb = self.pad
         v = self.sb_values
         return v + pa * (v >> a) + pb * (v >> b)
+
+    @property
+    def sb_sums(self) -> int:
+        """Staged words per super-block after the values: its 16-value sums of x (float32
+        staging), or its groups' scales and sums (8-bit, `lanes_x8`)."""
+        return self.sb_values // 16
+
+    def stage_len(self, n_vals: int) -> int:
+        """Words of the staged x of n_vals values before its sums (the kernels' sums_off)."""
+        return x8_len(n_vals) if self.x8 else padded_len(n_vals, self.pad)
+
+    def stage_bytes(self, n_vals: int) -> int:
+        """Dynamic shared memory of a staged x of n_vals values."""
+        if self.x8:
+            return 4 * (x8_len(n_vals) + n_vals // 16)
+        return padded_bytes(n_vals, self.pad, self.sums)
 
 
 def _lf(t: T, sb_values: int, sb_bytes: int, lanes: int, pad, sums: bool, load, dot,
@@ -118,7 +143,7 @@ def row_pair_steps(lf: LaneFormat):
     partial dots, in every lane."""
     load, dot = lf.load, lf.dot
     lanes = lf.lanes
-    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_values // 16
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
     first, _ = pair_step(lf)  # the lane's slices of both rows at step s_first
 
     @cuda.jit(device=True, inline="always")
@@ -158,7 +183,7 @@ def pair_step(lf: LaneFormat):
     The dots are per lane (sum them over the warp)."""
     load, dot = lf.load, lf.dot
     lanes = lf.lanes
-    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_values // 16
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
 
     @cuda.jit(device=True, inline="always")
     def load_pair(w, off_a, off_b, n_sb, s0):

@@ -289,7 +289,7 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
 def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
     """Whether n_vals staged values (padded, with their sums) and the format's table fit the
     shared memory of one block of the lane kernels."""
-    return padded_bytes(n_vals, lf.pad, lf.sums) + lf.table.nbytes <= MAX_SHARED_BYTES
+    return lf.stage_bytes(n_vals) + lf.table.nbytes <= MAX_SHARED_BYTES
 
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False):

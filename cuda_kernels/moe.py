@@ -44,6 +44,7 @@ from .lanes import LANE_FORMATS, lane_format
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
+from .lanes_x8 import X8_FORMATS, x8_format
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format
@@ -53,6 +54,9 @@ from .xstage import XPAD, padded_bytes, padded_len, stage_x, staged_bytes
 WARPS = 4
 THREADS = 32 * WARPS
 MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memory
+# gate/up dots 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine does. Read
+# at launch, so a benchmark can compare both in one process.
+GATE_UP_X8 = True
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
@@ -181,10 +185,11 @@ _FACTORIES = {"gate_up": _gate_up_factory, "down": _down_factory,
               "down_lanes": _down_lanes}
 
 
-def _kernel(kind: str, ggml_type: int):
-    key = (kind, ggml_type)
+def _kernel(kind: str, ggml_type: int, x8: bool = False):
+    key = (kind, ggml_type, x8)
     if key not in _CACHE:
-        spec = LANE_FORMATS[ggml_type] if "_lanes" in kind else FORMATS[ggml_type]
+        lanes = X8_FORMATS if x8 else LANE_FORMATS
+        spec = lanes[ggml_type] if "_lanes" in kind else FORMATS[ggml_type]
         _CACHE[key] = _FACTORIES[kind](spec)
     return _CACHE[key]
 
@@ -209,8 +214,10 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
 
 
 def _gate_up_lanes_for(layout: ExpertLayout):
-    """The lane format the gate/up launch of `layout` runs, or None (the one-warp-a-row kernel)."""
-    lf = lane_format(get_format(layout.gate_up_type).ggml_type)
+    """The lane format the gate/up launch of `layout` runs (8-bit x where the format has one
+    and GATE_UP_X8 holds), or None (the one-warp-a-row kernel)."""
+    t = get_format(layout.gate_up_type).ggml_type
+    lf = (x8_format(t) if GATE_UP_X8 else None) or lane_format(t)
     return lf if lf is not None and lanes_fit(lf, layout.n_embd) else None
 
 
@@ -275,11 +282,12 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
-        _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type)[
+        _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type,
+                gu_lanes.x8)[
             rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
-            padded_bytes(layout.n_embd, gu_lanes.pad, gu_lanes.sums)](
+            gu_lanes.stage_bytes(layout.n_embd)](
             x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
-            layout.n_ff, layout.up_off, padded_len(layout.n_embd, gu_lanes.pad), h1,
+            layout.n_ff, layout.up_off, gu_lanes.stage_len(layout.n_embd), h1,
             device_table(gu_lanes),
             # n_route 0: logits are never read; x stands in (an argument the kernel never
             # writes: host arrays are copied back per argument, so a written one would be lost)
@@ -358,6 +366,15 @@ _ROUTE_SIG = (types.float32[:, ::1], types.int64, types.boolean, _F32)  # logits
 _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
                           types.int64, _F32)
 
+for _l in X8_FORMATS.values():
+    register_ptx("moe", f"moe_gate_up_lanes_x8_{_l.name}",
+                 lambda f=_l: (_gate_up_lanes(f).py_func,
+                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
+                 options=lane_jit_options(_l))
+    register_ptx("moe", f"moe_gate_up_lanes_rows_x8_{_l.name}",
+                 lambda f=_l: (_gate_up_lanes_rows(f).py_func,
+                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
+                 options=lane_jit_options(_l))
 for _l in LANE_FORMATS.values():
     register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
                  lambda f=_l: (_gate_up_lanes(f).py_func,

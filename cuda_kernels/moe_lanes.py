@@ -14,7 +14,8 @@ from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
                          resolve_shared, route_shared)
-from .xstage import stage_padded, stage_padded_wide
+from .lanes_x8 import stager
+from .xstage import stage_padded_wide
 
 F0 = np.float32(0.0)
 ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
@@ -23,8 +24,7 @@ ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simu
 def _gate_up_lanes(lf: LaneFormat):
     load_pair, dot_pair = pair_step(lf)
     n_values = lf.sb_values
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
+    stage, xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))
@@ -40,11 +40,11 @@ def _gate_up_lanes(lf: LaneFormat):
         # the down launch (`route_shared`); else ids is the router's. The next item's loads are
         # issued before the current one is dotted (the first item's before x is staged): a
         # warp taking its items in turn would wait a full memory latency for each. Dynamic
-        # shared: padded x [sums_off] f32, then (sums) its 16-value sums
+        # shared: x as lf stages it (`lanes_x8.stager`), its sums or scales from sums_off
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
-        xs = cuda.shared.array(0, types.float32)
+        xs = cuda.shared.array(0, xs_type)
         s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
         s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
         s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
@@ -73,7 +73,7 @@ def _gate_up_lanes(lf: LaneFormat):
         cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
-        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
         while it < n_items:
             nxt = cur
@@ -105,8 +105,7 @@ def _gate_up_lanes(lf: LaneFormat):
 def _gate_up_lanes_rows(lf: LaneFormat):
     first, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
+    stage, xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))
@@ -119,12 +118,12 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
         # it < n_items, spread over every warp of the grid (a warp takes it, it + warps of the
         # grid, ...): x is staged once per block for all k experts, and a block's warps keep
-        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: padded x
-        # [sums_off] f32, then (sums) its 16-value sums
+        # loading rows instead of waiting on a fresh block's staging. Dynamic shared: x as lf
+        # stages it (`lanes_x8.stager`), its sums or scales from sums_off
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
-        xs = cuda.shared.array(0, types.float32)
+        xs = cuda.shared.array(0, xs_type)
         s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
         s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
         s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
@@ -139,7 +138,7 @@ def _gate_up_lanes_rows(lf: LaneFormat):
                        cpu_misses, miss_list, counters, s_where, s_base)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
-        stage_padded(x, 0, n_sb * n_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
         n_warps = cuda.gridDim.x * LANE_WARPS
         for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
@@ -180,7 +179,7 @@ def _down_lanes(lf: LaneFormat):
     load, dot = lf.load, lf.dot
     lanes, per_step = lf.lanes, lf.sbs_per_step
     sb_bytes, sb_values, sb_padded, sb_sums = (lf.sb_bytes, lf.sb_values, lf.padded_sb,
-                                               lf.sb_values // 16)
+                                               lf.sb_sums)
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table

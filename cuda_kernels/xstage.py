@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import ld_x4, quad_sum, st_x4
+from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, st_x4
 
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
 
@@ -149,3 +149,61 @@ def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, 
             s = quad_sum(s)
             if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
                 xs[sums_off + (q >> 2)] = s
+
+
+# ---- 8-bit staging (`lanes_x8`) -------------------------------------------------------------
+#
+# x quantized as the CPU engine's `quantize_x8` does it: per 32-value group, dx = absmax / 127
+# and q = rint(x / dx) (x * (1 / dx), the same float32 operations), so that the two engines'
+# integer dots see the same activations. The int8 values are packed 4 to a uint32 word, with 4
+# words of padding after every 64 values (word of value v: `x8_word`), which puts the 16-byte
+# reads of a Q4_K lane quad's 8 lanes (64 values apart) in 8 distinct bank groups. After them,
+# per 64 values, 4 words: dx of its two groups, then dx * sum(q) of each (float32 bits).
+
+X8_GROUP = 32
+
+
+def x8_len(n_vals: int) -> int:
+    """Words the packed, padded int8 copy of n_vals values (a multiple of 64) occupies."""
+    return n_vals // 4 + 4 * (n_vals // 64)
+
+
+@cuda.jit(device=True, inline="always")
+def _pack4(a, b, c, d):
+    return (a & 0xFF) | ((b & 0xFF) << 8) | ((c & 0xFF) << 16) | ((d & 0xFF) << 24)
+
+
+@cuda.jit(device=True, inline="always")
+def stage_x8(x, n_vals, xs, sums_off):
+    """xs (uint32) = x[:n_vals] (float32, n_vals a multiple of 64) quantized and packed as the
+    section above says. Each thread takes 8 consecutive values, so an aligned lane quad holds
+    one 32-value group (its max and sum by 4-lane shuffles). The whole block calls this; every
+    thread runs the same number of iterations."""
+    n_oct = n_vals >> 3
+    last = n_oct - 1
+    for o0 in range(0, n_oct, cuda.blockDim.x):
+        o = o0 + cuda.threadIdx.x
+        a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
+        b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
+        m = max(max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3))),
+                max(max(abs(b0), abs(b1)), max(abs(b2), abs(b3))))
+        d = quad_max(m) / np.float32(127.0)
+        inv = np.float32(1.0) / d if d > np.float32(0.0) else np.float32(0.0)
+        q0 = rint_i32(a0 * inv)
+        q1 = rint_i32(a1 * inv)
+        q2 = rint_i32(a2 * inv)
+        q3 = rint_i32(a3 * inv)
+        q4 = rint_i32(b0 * inv)
+        q5 = rint_i32(b1 * inv)
+        q6 = rint_i32(b2 * inv)
+        q7 = rint_i32(b3 * inv)
+        s = quad_sum(np.float32(((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))))  # exact
+        if o < n_oct:
+            w = 2 * o + 4 * (o >> 3)  # x8_word(8 * o)
+            xs[w] = _pack4(q0, q1, q2, q3)
+            xs[w + 1] = _pack4(q4, q5, q6, q7)
+            if (cuda.threadIdx.x & 3) == 0:
+                g = o >> 2  # the group; its pair's 4 words
+                at = sums_off + 4 * (g >> 1) + (g & 1)
+                xs[at] = f2u(d)
+                xs[at + 2] = f2u(d * s)

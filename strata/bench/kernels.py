@@ -266,7 +266,12 @@ def moe_routing(ctx: Ctx, n_layer: int, n_expert: int, k: int):
 
 @bench("moe")
 def moe_group(ctx: Ctx) -> list[Result]:
+    """MoE decode, 30B shape, all hits; gate/up formats with an 8-bit decoding (`lanes_x8`) run
+    both ways (`moe.GATE_UP_X8`), in one process."""
+    import strata.cuda_kernels.moe as moe_mod
+    from strata.cuda_kernels.lanes_x8 import x8_format
     from strata.cuda_kernels.moe import moe_decode
+    from strata.cuda_kernels.qformats import get_format
     out = []
     n_layer, n_expert, k = 12, 128, 8
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")):
@@ -287,9 +292,16 @@ def moe_group(ctx: Ctx) -> list[Result]:
                            slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
                            host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
                            stream=s)
-        us = ctx.time_graph(record, n_layer)
-        out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits", "2048x768", us,
-                          k * lay.expert_bytes, ctx.read_gbps, 0.60))
+        both = x8_format(get_format(gu).ggml_type) is not None
+        for x8 in (True, False) if both else (moe_mod.GATE_UP_X8,):
+            saved, moe_mod.GATE_UP_X8 = moe_mod.GATE_UP_X8, x8
+            try:
+                us = ctx.time_graph(record, n_layer)
+            finally:
+                moe_mod.GATE_UP_X8 = saved
+            how = (" x8" if x8 else " f32 x") if both else ""
+            out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768", us,
+                              k * lay.expert_bytes, ctx.read_gbps, 0.60))
         del cache
     return out
 

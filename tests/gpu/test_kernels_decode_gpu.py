@@ -103,10 +103,15 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
-@pytest.mark.parametrize("cpu_misses,routed", [(False, False), (True, False), (False, True)])
-def test_moe_decode_30b_shape(cpu_misses, routed):
-    """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs)."""
+@pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
+                                                   (False, True, True), (False, False, False)])
+def test_moe_decode_30b_shape(cpu_misses, routed, x8, monkeypatch):
+    """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs).
+    x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes."""
+    import strata.cuda_kernels.moe as moe_mod
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode
+    from strata.engine.cpu.idot import x8_arrays
+    monkeypatch.setattr(moe_mod, "GATE_UP_X8", x8)
     cuda = _cuda()
     rng = np.random.default_rng()
     n_embd, n_ff, n_layer, n_expert, k, layer = 2048, 768, 2, 16, 8, 1
@@ -154,13 +159,15 @@ def test_moe_decode_30b_shape(cpu_misses, routed):
         np.testing.assert_allclose(wts_d.copy_to_host(), wts, rtol=1e-5)
     want = np.zeros(n_embd)
     hit = slot_table[layer, ids] >= 0
+    assert moe_mod._gate_up_lanes_for(lay).x8 == x8
+    xr = x8_arrays(x[None])[3][0].astype(np.float64) if x8 else x
     for e, w, is_hit in zip(ids, wts, hit):
         if cpu_misses and not is_hit:
             continue
         g, u, d = mats[e]
-        gx, ux = g @ x, u @ x
+        gx, ux = g @ xr, u @ xr
         want += w * (d @ (gx / (1 + np.exp(-gx)) * ux))
-    _check(f"moe cpu_misses={cpu_misses}", (k, n_embd, n_ff), out.copy_to_host(), want)
+    _check(f"moe cpu_misses={cpu_misses} x8={x8}", (k, n_embd, n_ff), out.copy_to_host(), want)
     assert miss.copy_to_host().tolist() == [int(e) if (cpu_misses and not h_) else -1
                                             for e, h_ in zip(ids, hit)]
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]

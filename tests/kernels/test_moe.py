@@ -166,19 +166,26 @@ def test_moe_down_splits_experts_whose_h_exceeds_shared_memory(gu, dn, n_embd, c
     assert np.linalg.norm(out[:n_out] - want) / np.linalg.norm(want) < 1e-5
 
 
-@pytest.mark.parametrize("gu,dn,n_ff,cpu_misses", [
-    ("Q4_K", "Q6_K", 512, False),   # down: 6 units in 2 steps, shared by 2 warps
-    ("Q4_K", "Q6_K", 512, True),    # the missed expert left out of the units
-    ("IQ3_S", "Q5_K", 256, True),
-    ("Q6_K", "IQ3_S", 256, False),
-    ("Q5_K", "IQ4_XS", 256, False),
+@pytest.mark.parametrize("gu,dn,n_ff,cpu_misses,x8", [
+    ("Q4_K", "Q6_K", 512, False, True),   # down: 6 units in 2 steps, shared by 2 warps
+    ("Q4_K", "Q6_K", 512, True, True),    # the missed expert left out of the units
+    ("Q4_K", "Q6_K", 512, True, False),   # Q4_K's float32 gate/up (GATE_UP_X8 off)
+    ("IQ3_S", "Q5_K", 256, True, False),
+    ("Q6_K", "IQ3_S", 256, False, False),
+    ("Q5_K", "IQ4_XS", 256, False, False),
 ])
-def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses):
+def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses, x8, monkeypatch):
     """The lane kernels of K and IQ formats, each run on its first row block only (whole grids
-    take minutes in the simulator): those rows against float64, every other row unwritten."""
+    take minutes in the simulator): those rows against float64, every other row unwritten. An
+    8-bit gate/up (`lanes_x8`) is held to float64 of the x the CPU engine quantizes
+    (`x8_arrays`): its dots are exact but for float32 rounding."""
+    import strata.cuda_kernels.moe as moe_mod
+    from strata.engine.cpu.idot import x8_arrays
+    monkeypatch.setattr(moe_mod, "GATE_UP_X8", x8)
     rng = np.random.default_rng(n_ff + len(gu + dn))
     n_embd, n_expert, layer = 256, 6, 1
     layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    assert moe_mod._gate_up_lanes_for(layout).x8 == x8
     store, mats = _store(layout, gu, dn, rng)
     ids = np.array([4, 2, 0], np.int32)                  # expert 2 misses
     weights = np.array([0.5, 0.3, 0.2], np.float32)
@@ -192,7 +199,7 @@ def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses):
     n_h = LANE_WARPS                                    # one gate/up row pair per warp
     n_out = 2 * (LANE_WARPS >> lane_split(lane_format(get_format(dn).ggml_type), n_embd,
                                           3 * (n_ff // 256)))
-    x64 = x.astype(np.float64)
+    x64 = (x8_arrays(x[None])[3][0] if x8 else x).astype(np.float64)
     want = out0[:n_out].astype(np.float64)
     for kk, (e, w) in enumerate(zip(ids, weights)):
         g, u, d = mats[layer * n_expert + e]
