@@ -22,7 +22,7 @@ from numba import cuda
 from .intrinsics import dp4a, h2f, ld_w4, u2f
 from .lanes import LaneFormat, lane_format
 from .lanes_k import _k4_scales, small_f32
-from .xstage import stage_padded, stage_x8
+from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
 
@@ -73,17 +73,36 @@ def x8_format(ggml_type: int) -> LaneFormat | None:
 
 
 def stager(lf: LaneFormat):
-    """stage(x, n_vals, xs, sums_off): the whole block stages x[:n_vals] (float32) as lf's dot
-    reads it (xs uint32 for an 8-bit format, else float32)."""
+    """Device functions (stage, stage_normed) with which the whole block stages x as lf's dot
+    reads it (xs uint32 for an 8-bit format, else float32):
+      stage(x, n_vals, xs, sums_off)                           x[:n_vals], float32 or float16
+      stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn)   x * scale * nw, and
+                                                               with write_xn that to xn too"""
     if lf.x8:
         @cuda.jit(device=True, inline="always")
         def stage(x, n_vals, xs, sums_off):
             stage_x8(x, n_vals, xs, sums_off)
-        return stage
+
+        @cuda.jit(device=True, inline="always")
+        def stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
+            stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn)
+        return stage, stage_normed
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
 
     @cuda.jit(device=True, inline="always")
     def stage(x, n_vals, xs, sums_off):
         stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
-    return stage
+
+    @cuda.jit(device=True, inline="always")
+    def stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
+        stage_padded_normed(x, nw, scale, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off,
+                            xn, write_xn)
+    return stage, stage_normed
+
+
+def lanes_for(lf: LaneFormat, x8: bool) -> LaneFormat:
+    """lf's format decoded with 8-bit x where x8 and it has that decoding, else with float32."""
+    if x8:
+        return X8_FORMATS.get(lf.ggml_type, lf)
+    return lane_format(lf.ggml_type) if lf.x8 else lf

@@ -7,6 +7,8 @@ each lane loading its fixed slice with wide loads (the warp's loads cover whole 
 super-blocks) and dotting it with x staged once per block in shared memory (padded per format:
 conflict-free). The loads of the next step are issued before the current one is computed, and
 the first step's before x is staged, so each warp keeps several 16-byte loads per lane in flight.
+Formats with an 8-bit decoding (`lanes_x8`: Q4_K) stage x quantized per 32 values, as the CPU
+engine does, and dot it four values an instruction.
 
 Other formats, batches, and rows longer than the staged x fits (`lanes_fit`): one warp per row,
 lane l takes the row's 32-value groups l, l+32, ... through the format's fused `dot32t` (one
@@ -24,11 +26,11 @@ from numba import cuda, from_dtype, types
 from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
+from .lanes_x8 import X8_FORMATS, lanes_for, stager
 from .launch import MAX_SHARED_BYTES, check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .qformats import BY_NAME, FORMATS, get_format
-from .xstage import (XPAD, padded_bytes, padded_len, stage_padded, stage_padded_normed, stage_x,
-                     staged_bytes, sum_squares)
+from .xstage import XPAD, stage_x, staged_bytes, sum_squares
 
 WARPS = 4          # rows per block
 THREADS = 32 * WARPS
@@ -46,6 +48,9 @@ MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (13
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
 # against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
+# One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
+# does. Read at launch, so a benchmark can compare both in one process.
+LANE_X8 = True
 # Formats whose rounds measured slower than a warp a pair on the H200: IQ4_XS's rounds kernel
 # takes 80 registers against 64 (three blocks an SM against four): 8192x8192 25.4 against
 # 21.5 us, the 151,936-row head 105.4 against 103.4.
@@ -181,8 +186,7 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
-    pa_a, pa_pa, pa_b, pa_pb = lf.pad
-    sums = lf.sums
+    (stage, stage_normed), xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))
@@ -198,13 +202,14 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         # takes them in rounds, x staged once per block, a warp's steps of all its pairs one
         # stream of units, the next unit's loads (the next step, or the next pair's first)
         # issued before the current one is dotted; without, a warp a pair (fewer registers:
-        # more blocks an SM for some formats). Dynamic shared: padded x [sums_off] f32, then
-        # (sums) its 16-value sums. `normed` (compile time): x is the raw f32 residual and
+        # more blocks an SM for some formats). Dynamic shared: x as lf stages it
+        # (`lanes_x8.stager`), its sums or scales from sums_off. `normed` (compile time): x is
+        # the raw f32 residual and
         # the staged vector is rmsnorm(x) * nw (every block computes the same scale); block 0
         # writes it to xn where xn is not empty.
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
-        xs = cuda.shared.array(0, types.float32)
+        xs = cuda.shared.array(0, xs_type)
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
         per_block = LANE_WARPS >> log
@@ -222,10 +227,10 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         if normed:
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
             scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)
-            stage_padded_normed(x, nw, scale, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums,
-                                sums_off, xn, cuda.blockIdx.x == 0 and xn.shape[0] > 0)
+            stage_normed(x, nw, scale, n_vals, xs, sums_off, xn,
+                         cuda.blockIdx.x == 0 and xn.shape[0] > 0)
         else:
-            stage_padded(x, 0, n_vals, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+            stage(x, n_vals, xs, sums_off)
         cuda.syncthreads()
         if not rounds:
             acc_a, acc_b = run(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb, cur,
@@ -293,7 +298,7 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False):
-    key = (lf.ggml_type, -1 if normed else 0) + (("rounds",) if rounds else ())
+    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (("rounds",) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds)
@@ -308,11 +313,13 @@ def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
 
 
 def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
-                       accumulate: bool = False, norm=None) -> None:
+                       accumulate: bool = False, norm=None, x8: bool | None = None) -> None:
     """One lane launch over 1..3 matrices of format lf and n_cols columns, mats = ((w, y,
     n_rows), ...) with n_rows >= 1: y = W x (`accumulate`: +=). norm = (norm_w, eps, xn):
     x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
-    block 0 writes that vector, or an empty array)."""
+    block 0 writes that vector, or an empty array). x8 (default LANE_X8): dot 8-bit x where
+    the format has that decoding (`lanes_x8`)."""
+    lf = lanes_for(lf, LANE_X8 if x8 is None else x8)
     n_sb = n_cols // lf.sb_values
     x = flat(x)
     w, y, n1 = mats[0]
@@ -327,13 +334,13 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
         raise ValueError("plain lane launches take two matrices, the first of even rows")
     log = lane_split(lf, 2 * n_pairs, n_sb)
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
-    smem = padded_bytes(n_cols, lf.pad, lf.sums)
+    smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
     rounds = grid > LANE_GRID_BLOCKS and lf.name not in NO_ROUNDS_FORMATS
     kern = _lanes_kernel(lf, norm is not None, rounds)
     kern[min(grid, LANE_GRID_BLOCKS) if rounds else grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
-        padded_len(n_cols, lf.pad), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
+        lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))
 
 
@@ -353,13 +360,16 @@ def kernel_for(ggml_type, n_tok: int):
     return k
 
 
-def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
+def matvec(w, ggml_type, x, y, *, accumulate: bool = False, x8: bool | None = None,
+           stream=0) -> None:
     """y = W x on quantized rows (`accumulate`: y += W x, one token only, e.g. a projection added
     into the residual without a separate add). `w`: uint8, C-contiguous, 1-D or [n_rows,
     row_bytes], starting 16-byte aligned; `x`: [n_cols] or [n_tok, n_cols] float32/float16
     (n_tok <= 8); `y`: [n_rows] or [n_tok, n_rows] float32. n_cols must be a multiple of the
     format's block size. F32 and F16 weights with float32 x go to `matvec_f32.matvec_float`
-    (a block per row; n_cols a multiple of 4 or 8; batch-invariant)."""
+    (a block per row; n_cols a multiple of 4 or 8; batch-invariant). One token of a lane format
+    with an 8-bit decoding dots 8-bit x (`lanes_x8`) where x8 (default LANE_X8) holds: the
+    batched kernels dot float32 x, so a row of a batch run alone passes False."""
     fmt = get_format(ggml_type)
     check_array("x", x, (np.float32, np.float16))
     if len(x.shape) not in (1, 2):
@@ -387,7 +397,7 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, stream=0) -> None:
     lf = lane_format(fmt.ggml_type)
     if n_tok == 1 and lf is not None and lanes_fit(lf, n_cols):
         launch_lane_matvec(lf, x, ((w, y, n_rows),), n_cols, row_bytes, stream,
-                           accumulate=accumulate)
+                           accumulate=accumulate, x8=x8)
         return
     n_groups = n_cols // 32
     tile = batch_tile_groups(n_tok)
@@ -447,16 +457,16 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False):
     return build
 
 
-for _lf in LANE_FORMATS.values():
+for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
+    _x8 = "x8_" if _lf.x8 else ""
     for _r, _tag in ((False, ""), (True, "_rounds"))[:1 if _lf.name in NO_ROUNDS_FORMATS else 2]:
-        register_ptx("matvec", f"matvec_lanes{_tag}_{_lf.name}_f32",
+        register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=lane_jit_options(_lf))
-        register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_lf.name}",
+        register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=lane_jit_options(_lf))
-_Q4K = lane_format(BY_NAME["Q4_K"].ggml_type)
-for _r, _tag in ((False, ""), (True, "_rounds")):
-    register_ptx("matvec", f"matvec_lanes{_tag}_Q4_K_f16", _ptx_lanes(_Q4K, types.float16,
-                                                                       rounds=_r),
-                 options=lane_jit_options(_Q4K))
+for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].ggml_type]):
+    for _r, _tag in ((False, ""), (True, "_rounds")):
+        register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
+                     _ptx_lanes(_lf, types.float16, rounds=_r), options=lane_jit_options(_lf))
 for _n in range(2, MAX_TOKENS):
     register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))

@@ -197,7 +197,7 @@ def _kernel(kind: str, ggml_type: int, x8: bool = False):
 def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                slot_off, host, host_off, h, out, miss_list, counters, cpu_misses: bool = False,
                accumulate: bool = False, route_logits=None, norm_topk: bool = True,
-               stream=0) -> None:
+               x8: bool | None = None, stream=0) -> None:
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
     and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
     out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k].
@@ -205,19 +205,22 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     route_logits: float32 [n_expert], the router's logits: the MoE routes them itself (softmax
     top-k, renormalised with norm_topk, as `router.route`) and writes ids and weights (outputs
     then). Where `routes_itself` holds, the gate/up launch does it in every block, so no router
-    block has to wait for all the others' logits; else a `router.route` launch comes first."""
+    block has to wait for all the others' logits; else a `router.route` launch comes first.
+
+    x8: whether gate/up dots 8-bit x where its format can (None: GATE_UP_X8); the batched
+    kernels dot float32 x, so a row of a batch run alone passes False to get the same bits."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
                 accumulate=accumulate, route_logits=route_logits, norm_topk=norm_topk,
-                stream=stream)
+                x8=x8, stream=stream)
 
 
-def _gate_up_lanes_for(layout: ExpertLayout):
+def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
     """The lane format the gate/up launch of `layout` runs (8-bit x where the format has one
-    and GATE_UP_X8 holds), or None (the one-warp-a-row kernel)."""
+    and x8, default GATE_UP_X8, holds), or None (the one-warp-a-row kernel)."""
     t = get_format(layout.gate_up_type).ggml_type
-    lf = (x8_format(t) if GATE_UP_X8 else None) or lane_format(t)
+    lf = (x8_format(t) if (GATE_UP_X8 if x8 is None else x8) else None) or lane_format(t)
     return lf if lf is not None and lanes_fit(lf, layout.n_embd) else None
 
 
@@ -229,7 +232,8 @@ def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
 
 def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
                 h, out, miss_list, counters, cpu_misses, accumulate, stream,
-                route_logits=None, norm_topk=True, max_row_blocks: int | None = None) -> None:
+                route_logits=None, norm_topk=True, x8=None,
+                max_row_blocks: int | None = None) -> None:
     """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
     simulator tests run one block of each: a whole grid costs minutes there)."""
     def rows(n):
@@ -252,7 +256,7 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     check_array("out", out, np.float32, (layout.n_embd,))
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
-    gu_lanes = _gate_up_lanes_for(layout)
+    gu_lanes = _gate_up_lanes_for(layout, x8)
     n_route = 0  # experts the gate/up launch routes itself (0: ids is the router's)
     if route_logits is not None:
         check_array("route_logits", route_logits, np.float32, (None,))

@@ -174,36 +174,70 @@ def _pack4(a, b, c, d):
 
 
 @cuda.jit(device=True, inline="always")
+def _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3):
+    """Octet o (values 8o .. 8o + 7) quantized with its lane quad's group and stored; every
+    thread calls this the same number of times (4-lane shuffles)."""
+    m = max(max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3))),
+            max(max(abs(b0), abs(b1)), max(abs(b2), abs(b3))))
+    d = quad_max(m) / np.float32(127.0)
+    inv = np.float32(1.0) / d if d > np.float32(0.0) else np.float32(0.0)
+    q0 = rint_i32(a0 * inv)
+    q1 = rint_i32(a1 * inv)
+    q2 = rint_i32(a2 * inv)
+    q3 = rint_i32(a3 * inv)
+    q4 = rint_i32(b0 * inv)
+    q5 = rint_i32(b1 * inv)
+    q6 = rint_i32(b2 * inv)
+    q7 = rint_i32(b3 * inv)
+    s = quad_sum(np.float32(((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))))  # exact
+    if o < n_oct:
+        w = 2 * o + 4 * (o >> 3)  # x8_word(8 * o)
+        xs[w] = _pack4(q0, q1, q2, q3)
+        xs[w + 1] = _pack4(q4, q5, q6, q7)
+        if (cuda.threadIdx.x & 3) == 0:
+            g = o >> 2  # the group; its pair's 4 words
+            at = sums_off + 4 * (g >> 1) + (g & 1)
+            xs[at] = f2u(d)
+            xs[at + 2] = f2u(d * s)
+
+
+@cuda.jit(device=True, inline="always")
 def stage_x8(x, n_vals, xs, sums_off):
-    """xs (uint32) = x[:n_vals] (float32, n_vals a multiple of 64) quantized and packed as the
-    section above says. Each thread takes 8 consecutive values, so an aligned lane quad holds
-    one 32-value group (its max and sum by 4-lane shuffles). The whole block calls this; every
-    thread runs the same number of iterations."""
+    """xs (uint32) = x[:n_vals] (float32 or float16, n_vals a multiple of 64) quantized and
+    packed as the section above says. Each thread takes 8 consecutive values, so an aligned
+    lane quad holds one 32-value group (its max and sum by 4-lane shuffles). The whole block
+    calls this."""
     n_oct = n_vals >> 3
     last = n_oct - 1
     for o0 in range(0, n_oct, cuda.blockDim.x):
         o = o0 + cuda.threadIdx.x
         a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
         b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
-        m = max(max(max(abs(a0), abs(a1)), max(abs(a2), abs(a3))),
-                max(max(abs(b0), abs(b1)), max(abs(b2), abs(b3))))
-        d = quad_max(m) / np.float32(127.0)
-        inv = np.float32(1.0) / d if d > np.float32(0.0) else np.float32(0.0)
-        q0 = rint_i32(a0 * inv)
-        q1 = rint_i32(a1 * inv)
-        q2 = rint_i32(a2 * inv)
-        q3 = rint_i32(a3 * inv)
-        q4 = rint_i32(b0 * inv)
-        q5 = rint_i32(b1 * inv)
-        q6 = rint_i32(b2 * inv)
-        q7 = rint_i32(b3 * inv)
-        s = quad_sum(np.float32(((q0 + q1) + (q2 + q3)) + ((q4 + q5) + (q6 + q7))))  # exact
-        if o < n_oct:
-            w = 2 * o + 4 * (o >> 3)  # x8_word(8 * o)
-            xs[w] = _pack4(q0, q1, q2, q3)
-            xs[w + 1] = _pack4(q4, q5, q6, q7)
-            if (cuda.threadIdx.x & 3) == 0:
-                g = o >> 2  # the group; its pair's 4 words
-                at = sums_off + 4 * (g >> 1) + (g & 1)
-                xs[at] = f2u(d)
-                xs[at + 2] = f2u(d * s)
+        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+
+
+@cuda.jit(device=True, inline="always")
+def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
+    """`stage_x8` of v[i] = x[i] * scale * nw[i] (as `stage_padded_normed`; x, nw float32), and
+    with `write_xn` xn[i] = v[i]."""
+    n_oct = n_vals >> 3
+    last = n_oct - 1
+    for o0 in range(0, n_oct, cuda.blockDim.x):
+        o = o0 + cuda.threadIdx.x
+        i = 8 * min(o, last)
+        a0, a1, a2, a3 = ld_x4(x, i)
+        b0, b1, b2, b3 = ld_x4(x, i + 4)
+        w0, w1, w2, w3 = ld_x4(nw, i)
+        a0 = a0 * scale * w0
+        a1 = a1 * scale * w1
+        a2 = a2 * scale * w2
+        a3 = a3 * scale * w3
+        w0, w1, w2, w3 = ld_x4(nw, i + 4)
+        b0 = b0 * scale * w0
+        b1 = b1 * scale * w1
+        b2 = b2 * scale * w2
+        b3 = b3 * scale * w3
+        if write_xn and o < n_oct:
+            st_x4(xn, i, a0, a1, a2, a3)
+            st_x4(xn, i + 4, b0, b1, b2, b3)
+        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)

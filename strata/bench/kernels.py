@@ -192,6 +192,7 @@ def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.nda
 def matvec_group(ctx: Ctx) -> list[Result]:
     from strata.cuda_kernels import matvec as mv
     from strata.cuda_kernels.lanes import lane_format
+    from strata.cuda_kernels.lanes_x8 import x8_format
     from strata.cuda_kernels.matvec import matvec
     from strata.cuda_kernels.qformats import get_format
     out = []
@@ -225,6 +226,13 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                             ctx.time_graph(record, rounds * n_copies), 2)
                     finally:
                         mv.LANE_GRID_BLOCKS = default
+            if x8_format(get_format(name).ggml_type) is not None:
+                mv.LANE_X8 = False  # the 8-bit decoding (default) against float32 x
+                try:
+                    extra["us with float32 x"] = round(ctx.time_graph(record, rounds * n_copies),
+                                                       2)
+                finally:
+                    mv.LANE_X8 = True
             out.append(Result("matvec", f"matvec {name}", label, us,
                               w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70, extra))
             del dev, views

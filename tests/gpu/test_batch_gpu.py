@@ -134,7 +134,7 @@ def test_batch_matvec_on_the_device_equals_one_token(name, n_cols, n_rows):
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-5, n
         for t in range(n):
             one = cuda.to_device(np.full(n_rows, np.nan, np.float32))
-            matvec(w, name, xd[t], one)
+            matvec(w, name, xd[t], one, x8=False)  # float32 x, as the batch kernels (BatchStep)
             _same(got[t], one.copy_to_host(), f"matvec {name} {n_cols}->{n_rows} x{n} token {t}")
 
 
@@ -164,7 +164,7 @@ def test_tc_matvec_on_the_device(name, n_cols, n_rows):
     assert np.linalg.norm(got[8] - want) / np.linalg.norm(want) < 2e-6
     np.testing.assert_array_equal(got[2], got[8][:2])
     one = cuda.to_device(np.full(n_rows, np.nan, np.float32))
-    matvec(w, name, xd[3], one)
+    matvec(w, name, xd[3], one, x8=False)  # float32 x, as the batch kernels (BatchStep)
     one = one.copy_to_host()
     assert np.linalg.norm(got[8][3] - one) / np.linalg.norm(one) < 2e-6
 
@@ -214,7 +214,8 @@ def test_batch_moe_on_the_device_equals_one_token(tensor_cores):
         moe_decode(cuda.to_device(x[t]), cuda.to_device(ids[t]), cuda.to_device(wts[t]),
                    layer=0, layout=layout, **store, h=cuda.device_array((k, 768), np.float32),
                    out=one, miss_list=cuda.device_array(k, np.int32),
-                   counters=cuda.to_device(np.zeros((1, 2), np.int64)), accumulate=True)
+                   counters=cuda.to_device(np.zeros((1, 2), np.int64)), accumulate=True,
+                   x8=False)  # float32 x, as the batch kernels (BatchStep)
         want = one.copy_to_host()
         if tensor_cores:
             moe = want.astype(np.float64) - out0[t]

@@ -61,3 +61,22 @@ def reference(ggml_type, rows: np.ndarray, n_cols: int) -> np.ndarray:
     t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
     out = dequantize(np.ascontiguousarray(rows), t)
     return np.asarray(out, dtype=np.float64).reshape(rows.shape[0], n_cols)
+
+
+def dots_x8(name) -> bool:
+    """Whether a one-token lane matvec of format `name` dots 8-bit x (`lanes_x8`, LANE_X8)."""
+    from strata.cuda_kernels import matvec as mv
+    from strata.cuda_kernels.lanes_x8 import x8_format
+    from strata.cuda_kernels.qformats import get_format
+    return mv.LANE_X8 and x8_format(get_format(name).ggml_type) is not None
+
+
+def x_seen(x, x8: bool) -> np.ndarray:
+    """float64 of the x a kernel multiplies: with x8, x quantized per 32 values as the CPU
+    engine quantizes it (`strata.engine.cpu.idot.x8_arrays`: an independent implementation of
+    the rounding `xstage.stage_x8` does), else x itself. x: [n] or [n_tok, n]."""
+    if not x8:
+        return np.asarray(x, np.float64)
+    from strata.engine.cpu.idot import x8_arrays
+    x2 = np.atleast_2d(np.asarray(x, np.float32))
+    return x8_arrays(x2)[3].reshape(np.shape(x)).astype(np.float64)

@@ -35,7 +35,7 @@ def test_batch_lane_matvec_against_float64_and_the_one_token_kernel(name, n_rows
     assert _rel(y, want) < 1e-5
     for t in range(n_tok):
         one = np.full(n_rows, np.nan, np.float32)
-        mv.matvec(rows, name, x[t], one)
+        mv.matvec(rows, name, x[t], one, x8=False)  # float32 x, as the batch kernels
         np.testing.assert_array_equal(y[t], one)
     tg = lb.tokens_per_block(BY_NAME[name], n_cols, n_tok)
     assert (BY_NAME[name].ggml_type, tg) in lb._CACHE  # the lane batch kernel ran

@@ -158,7 +158,7 @@ def test_lane_kernels_group_tokens_by_expert_and_match_one_token_moe(monkeypatch
     _moe_decode(x[t], ids[t], weights[t], layer=LAYER, layout=layout, **store, h=one_h,
                 out=one_out, miss_list=np.zeros(2, np.int32),
                 counters=np.zeros((N_LAYER, 2), np.int64), cpu_misses=False, accumulate=True,
-                stream=0, max_row_blocks=1)
+                stream=0, max_row_blocks=1, x8=False)  # float32 x, as the batch kernels
     np.testing.assert_array_equal(h[t, :, :n_h], one_h[:, :n_h])
     np.testing.assert_array_equal(out[t, :n_out], one_out[:n_out])
 

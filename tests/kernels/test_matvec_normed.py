@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_blocks import random_rows, reference
+from helpers.kernel_blocks import dots_x8, random_rows, reference, x_seen
 from strata.cuda_kernels import matvec as mv
 from strata.cuda_kernels.matvec_normed import (matvec_normed, normed_groups,
                                                 normed_lane_format)
@@ -63,8 +63,10 @@ def test_matvec_normed_against_float64(name, n_cols, rows_each):
     matvec_normed(x, nw, EPS, [(w, name, y) for (w, _), y in zip(mats, ys)], normed_out=xn)
     want_xn = _rmsnorm64(x, nw)
     assert _rel(xn, want_xn) < 1e-6
+    # 8-bit x: the kernel's own normed vector (checked above), quantized as the CPU engine does
+    seen = x_seen(xn, True) if dots_x8(name) else want_xn
     for (_, ref), y in zip(mats, ys):
-        assert _rel(y, ref @ want_xn) < 1e-5
+        assert _rel(y, ref @ seen) < 1e-5
 
 
 def test_matvec_normed_equals_rms_norm_then_matvec():
@@ -95,7 +97,7 @@ def test_normed_out_is_optional_and_plain_kernels_still_run():
     y = np.full(3, np.nan, np.float32)
     matvec_normed(x, nw, 1e-5, [(w, name, y)])
     assert _rel(y, ref @ _rmsnorm64(x, nw, 1e-5)) < 1e-5
-    assert (BY_NAME[name].ggml_type, -1) in mv._CACHE  # the normed lane kernel ran
+    assert (BY_NAME[name].ggml_type, -1, False) in mv._CACHE  # the normed lane kernel ran
     y_plain = np.full(3, np.nan, np.float32)
     mv.matvec(w, name, x, y_plain)  # the plain lane kernel: raw x
     assert _rel(y_plain, ref @ x.astype(np.float64)) < 1e-5
@@ -156,14 +158,17 @@ def test_matvec_normed_in_rounds(monkeypatch):
     x, nw = _inputs(rng, n_cols)
     mats = _mats(name, rows_each, n_cols, rng)
 
+    xn = np.full(n_cols, np.nan, np.float32)
+
     def run():
         ys = [np.full(n, np.nan, np.float32) for n in rows_each]
-        matvec_normed(x, nw, EPS, [(w, name, y) for (w, _), y in zip(mats, ys)])
+        matvec_normed(x, nw, EPS, [(w, name, y) for (w, _), y in zip(mats, ys)], normed_out=xn)
         return ys
     full = run()
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1)
     rounds = run()
-    want_xn = _rmsnorm64(x, nw)
+    assert _rel(xn, _rmsnorm64(x, nw)) < 1e-6
+    seen = x_seen(xn, dots_x8(name))  # the x the kernel multiplies
     for (_, ref), y, y_full in zip(mats, rounds, full):
         assert np.array_equal(y, y_full)
-        assert _rel(y, ref @ want_xn) < 1e-5
+        assert _rel(y, ref @ seen) < 1e-5

@@ -13,7 +13,9 @@ router over all rows; the MoE of all rows (`batch_moe`'s lane kernels: two launc
 grouped by expert, down per token; row by row where gate and up differ in format; its
 tensor-core kernels, `batch_moe_tc`, measured slower at 8 rows and are not launched here); final norm and head over all rows; per row,
 seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
-launches as `DecodeStep`.
+launches as `DecodeStep` but with float32 x in the lane matvecs and the MoE's gate/up, as the
+batched kernels (`DecodeStep` dots 8-bit x where the format can: `lanes_x8`), so a row gets the
+same bits alone and in a batch.
 
 Sampling is the caller's: the step leaves rows 0..n-1 of the logits buffer.
 """
@@ -78,8 +80,8 @@ class BatchStep:
         """y[:n] = W x[:n]: one row through the lane kernels (1-D); more through the tensor-core
         kernels where the format has them (`batch_tc`: each weight dequantized once for all
         rows), else the small-batch lane kernels (`lanes_batch`: each weight block read once)."""
-        if n == 1:
-            matvec(w.data, w.ggml_type, x[0], y[0], stream=stream)
+        if n == 1:  # float32 x, as the batched kernels: a row's bits alone and in a batch
+            matvec(w.data, w.ggml_type, x[0], y[0], x8=False, stream=stream)
         elif tc_fits(w.ggml_type, int(x.shape[1])):
             matvec_tc(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
         else:
@@ -173,8 +175,8 @@ class BatchStep:
             args = (a["normed"][r], a["topk_ids"][r], a["topk_weights"][r])
             if isinstance(layout, MixedLayout):
                 moe_decode_mixed(*args, layer=il, layout=layout, **row)
-            else:
-                moe_decode(*args, layer=il, layout=layout, accumulate=True, **row)
+            else:  # float32 x, as the batched kernels: a row's bits alone and in a batch
+                moe_decode(*args, layer=il, layout=layout, accumulate=True, x8=False, **row)
 
     # -- running -------------------------------------------------------------------------------
 
