@@ -11,10 +11,6 @@ quantization of x, |error| <= dx / 2 a value, is the only approximation.
 Slices are the float32 decoders' (`lanes_k`); the staged x is `xstage`'s 8-bit layout:
   Q4_K  part k: qs words j < 8 hold values 64k + 4j .. +3 (low nibbles, group 2k) and 32 further
         (high nibbles, group 2k + 1); their x words are x8_word(64k) + j and + 8 + j.
-  Q6_K  part p = 4n + 2h + t: ql/qh words j < 4 hold values v + 4j .. +3, v = 128n + 32h + 16t
-        (low nibbles: half t of group 4n + h, one 16-value sub-block) and 64 further (group
-        4n + h + 2); x words x8_word(v) + j and + 20 + j. The 6-bit q is made q - 32 per byte,
-        so dp4a takes the offset too.
 """
 
 from __future__ import annotations
@@ -23,9 +19,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from .intrinsics import dp4a, h2f, ld_u32_at, ld_w4, u2f
+from .intrinsics import dp4a, h2f, ld_w4, u2f
 from .lanes import LaneFormat, lane_format
-from .lanes_k import _k4_scales, i8_f32, small_f32
+from .lanes_k import _k4_scales, small_f32
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
@@ -61,34 +57,6 @@ def dot_q4_k_x8(v, part, xs, xo, so, tab):
                                  + small_f32(mn >> 8) * u2f(s_hi)))
 
 
-@cuda.jit(device=True, inline="always")
-def _q6_bytes(ql, qh, h2):
-    """The 6-bit values of one ql/qh word pair as signed bytes q - 32: (low nibbles' sub-block,
-    high nibbles' sub-block). Per byte, (q | 0x80) - 0x20 never borrows across bytes."""
-    m = qh >> h2
-    lo = (ql & NIB) | ((m << 4) & 0x30303030)
-    hi = ((ql >> 4) & NIB) | (m & 0x30303030)
-    return (((lo | 0x80808080) - 0x20202020) ^ 0x80808080,
-            ((hi | 0x80808080) - 0x20202020) ^ 0x80808080)
-
-
-@cuda.jit(device=True, inline="always")
-def dot_q6_k_x8(v, part, xs, xo, so, tab):
-    h2 = part & 2                                  # 2h: the shift of the low sub-block's bits
-    p = xo + 40 * (part >> 2) + 4 * (part & 3)     # x8_word(128n + 32h + 16t)
-    a0, a1, a2, a3 = ld_w4(xs, p)
-    b0, b1, b2, b3 = ld_w4(xs, p + 20)
-    l0, h0 = _q6_bytes(v[0], v[4], h2)
-    l1, h1 = _q6_bytes(v[1], v[5], h2)
-    l2, h2_ = _q6_bytes(v[2], v[6], h2)
-    l3, h3 = _q6_bytes(v[3], v[7], h2)
-    lo = dp4a(l3, a3, dp4a(l2, a2, dp4a(l1, a1, dp4a(l0, a0, 0))))
-    hi = dp4a(h3, b3, dp4a(h2_, b2, dp4a(h1, b1, dp4a(h0, b0, 0))))
-    g = so + 8 * (part >> 2) + ((part >> 1) & 1)  # dx of group 4n + h; of 4n + h + 2: 4 on
-    return h2f(v[10]) * (i8_f32(v[8]) * u2f(ld_u32_at(xs, 4 * g)) * np.float32(lo)
-                         + i8_f32(v[9]) * u2f(ld_u32_at(xs, 4 * (g + 4))) * np.float32(hi))
-
-
 def _x8(t: T, dot) -> tuple[int, LaneFormat]:
     lf = lane_format(t)
     return int(t), LaneFormat(lf.ggml_type, lf.name, lf.sb_values, lf.sb_bytes, lf.lanes,
@@ -96,7 +64,7 @@ def _x8(t: T, dot) -> tuple[int, LaneFormat]:
 
 
 # The formats with an 8-bit decoding: the same loads and slices as their float32 one
-X8_FORMATS: dict[int, LaneFormat] = dict([_x8(T.Q4_K, dot_q4_k_x8), _x8(T.Q6_K, dot_q6_k_x8)])
+X8_FORMATS: dict[int, LaneFormat] = dict([_x8(T.Q4_K, dot_q4_k_x8)])
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

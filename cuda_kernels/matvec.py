@@ -60,15 +60,10 @@ NO_ROUNDS_FORMATS = frozenset({"IQ4_XS"})
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
 # their extra blocks.
 CAPPED_LANE_FORMATS = frozenset({"Q4_K", "IQ3_S"})
-# 8-bit decodings compiled for three blocks per SM (85 registers): Q6_K's float32 kernels take
-# 80 (three blocks), its 8-bit ones 92-101 unbounded (two) and 80 bounded (ptxas 13.0).
-X8_THREE_BLOCKS = frozenset({"Q6_K"})
 
 
 def lane_jit_options(lf: LaneFormat) -> dict:
     """Compile options of a format's lane kernels (also recorded in the PTX registry)."""
-    if lf.x8 and lf.name in X8_THREE_BLOCKS:
-        return {"launch_bounds": (LANE_THREADS, 3)}
     return {"launch_bounds": (LANE_THREADS, 2)} if lf.name in CAPPED_LANE_FORMATS else {}
 
 
