@@ -28,7 +28,7 @@ from .intrinsics import warp_sum
 from .lanes_iq import dot_iq3_s, dot_iq4_xs, load_iq3_s, load_iq4_xs
 from .lanes_k import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, load_q4_k, load_q5_k, load_q6_k,
                       load_q8_0)
-from .xstage import X8_GROUP, padded_bytes, padded_len, x8_len
+from .xstage import X8_SPAN, padded_bytes, padded_len, x8_len
 
 NO_PAD_B = (31, 0)  # (B, PB) of a padding with a single period
 F0 = np.float32(0.0)
@@ -53,9 +53,9 @@ class LaneFormat:
     def __post_init__(self):
         a, pa, b, pb = self.pad
         if self.x8:
-            if self.sb_values % X8_GROUP:
-                raise ValueError(f"{self.name}: 8-bit x needs super-blocks of whole "
-                                 f"{X8_GROUP}-value groups")
+            if self.sb_values % X8_SPAN:
+                raise ValueError(f"{self.name}: 8-bit x is staged in {X8_SPAN}-value spans; "
+                                 f"{self.sb_values}-value super-blocks do not fill them")
             return
         if 32 % self.lanes or self.lanes & (self.lanes - 1):
             raise ValueError(f"{self.name}: {self.lanes} lanes per super-block do not divide 32")

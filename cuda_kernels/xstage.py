@@ -160,7 +160,7 @@ def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, 
 # reads of a Q4_K lane quad's 8 lanes (64 values apart) in 8 distinct bank groups. After them,
 # per 64 values, 4 words: dx of its two groups, then dx * sum(q) of each (float32 bits).
 
-X8_GROUP = 32
+X8_SPAN = 64   # values between two pads
 
 
 def x8_len(n_vals: int) -> int:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_blocks import random_rows, reference
+from helpers.kernel_blocks import random_rows, reference, x_seen
 from strata.cuda_kernels.lanes import lane_format
 from strata.cuda_kernels.matvec import LANE_WARPS, lane_split, lanes_fit
 from strata.cuda_kernels.moe import (
     WARPS,
     ExpertLayout,
+    _gate_up_lanes_for,
     _moe_decode,
     down_group,
     expert_groups,
@@ -79,7 +80,7 @@ def test_moe_decode(gu, dn, n_embd, n_ff, cpu_misses):
                miss_list=miss_list, counters=counters, cpu_misses=cpu_misses, accumulate=True)
 
     want = out0.astype(np.float64)
-    x64 = x.astype(np.float64)
+    x64 = x_seen(x, _gate_up_lanes_for(layout).x8)  # 8-bit x: as the CPU engine quantizes it
     for e, w in zip(ids, weights):
         if cpu_misses and slot_table[layer, e] < 0:
             continue
@@ -178,9 +179,8 @@ def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses, x8, monkeypa
     """The lane kernels of K and IQ formats, each run on its first row block only (whole grids
     take minutes in the simulator): those rows against float64, every other row unwritten. An
     8-bit gate/up (`lanes_x8`) is held to float64 of the x the CPU engine quantizes
-    (`x8_arrays`): its dots are exact but for float32 rounding."""
+    (`x_seen`): its dots are exact but for float32 rounding."""
     import strata.cuda_kernels.moe as moe_mod
-    from strata.engine.cpu.idot import x8_arrays
     monkeypatch.setattr(moe_mod, "GATE_UP_X8", x8)
     rng = np.random.default_rng(n_ff + len(gu + dn))
     n_embd, n_expert, layer = 256, 6, 1
@@ -199,7 +199,7 @@ def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses, x8, monkeypa
     n_h = LANE_WARPS                                    # one gate/up row pair per warp
     n_out = 2 * (LANE_WARPS >> lane_split(lane_format(get_format(dn).ggml_type), n_embd,
                                           3 * (n_ff // 256)))
-    x64 = (x8_arrays(x[None])[3][0] if x8 else x).astype(np.float64)
+    x64 = x_seen(x, x8)
     want = out0[:n_out].astype(np.float64)
     for kk, (e, w) in enumerate(zip(ids, weights)):
         g, u, d = mats[layer * n_expert + e]

@@ -1,0 +1,115 @@
+"""The 8-bit staging of x (`xstage.stage_x8`) against the CPU engine's `quantize_x8`, bit for bit,
+and the layout the 8-bit decoders (`lanes_x8`) read: bank spread and geometry checks. The dots
+themselves are checked through the kernels that use them (test_lanes, test_moe)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, types
+
+from strata.cuda_kernels.lanes import LaneFormat
+from strata.cuda_kernels.lanes_x8 import x8_format
+from strata.cuda_kernels.qformats import BY_NAME
+from strata.cuda_kernels.qtables import NO_TABLE
+from strata.cuda_kernels.xstage import X8_SPAN, stage_x8, stage_x8_normed, x8_len
+from strata.engine.cpu.idot import quantize_x8
+
+
+def _x8_word(v):
+    return v // 4 + 4 * (v // 64)
+
+
+def _stage_kernel(normed: bool):
+    @cuda.jit
+    def k(x, nw, scale, n, off, xn, out):
+        xs = cuda.shared.array(0, types.uint32)
+        if normed:
+            stage_x8_normed(x, nw, scale, n, xs, off, xn, True)
+        else:
+            stage_x8(x, n, xs, off)
+        cuda.syncthreads()
+        for i in range(cuda.threadIdx.x, out.shape[0], cuda.blockDim.x):
+            out[i] = xs[i]
+    return k
+
+
+def _unpack(out, n):
+    """(q int8 [n], dx f32 [n // 32], S f32 [n // 32]) from the staged words."""
+    q = out[:x8_len(n)].view(np.int8)
+    pos = np.array([4 * _x8_word(v - v % 4) + v % 4 for v in range(n)])
+    sums = out[x8_len(n):].view(np.float32).reshape(-1, 4)  # per 64 values: dx a, b; S a, b
+    return q[pos], sums[:, :2].reshape(-1), sums[:, 2:].reshape(-1)
+
+
+def _want(x32):
+    n = x32.shape[0]
+    qx = np.empty((1, n), np.int8)
+    dx = np.empty((1, n // 32), np.float32)
+    quantize_x8(x32[None], qx, dx, np.empty((1, n // 16), np.float32))
+    s = qx[0].astype(np.int32).reshape(-1, 32).sum(1).astype(np.float32)
+    return qx[0], dx[0], dx[0] * s
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_stage_x8_equals_the_cpu_engines_quantization(dtype):
+    """640 values over 64 threads (two passes, the second partial): the int8 values, the group
+    scales and dx * sum(q), bit for bit; ties round to even as np.rint does (x = k + 0.5 with
+    dx = 1: a group whose max is 127), zeros give dx = 0 and q = 0."""
+    n = 640
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(n) * rng.uniform(0.01, 10, n // 32).repeat(32)).astype(dtype)
+    x[:32] = np.array([127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 126.5] + [1.5] * 25, dtype)
+    x[32:64] = 0
+    out = np.zeros(x8_len(n) + n // 16, np.uint32)
+    _stage_kernel(False)[1, 64, 0, 4 * out.size](x, x[:0].astype(np.float32), np.float32(1), n,
+                                                 x8_len(n), x[:0].astype(np.float32), out)
+    q, dx, s = _unpack(out, n)
+    want_q, want_dx, want_s = _want(x.astype(np.float32))
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(dx, want_dx)
+    np.testing.assert_array_equal(s, want_s)
+    assert q[:7].tolist() == [127, 2, 4, -2, 0, 0, 126]  # ties to even
+    assert dx[1] == 0 and not q[32:64].any()
+
+
+def test_stage_x8_normed_quantizes_the_normed_vector_and_writes_it():
+    n = 256
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal(n).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    scale = np.float32(0.37)
+    xn = np.full(n, np.nan, np.float32)
+    out = np.zeros(x8_len(n) + n // 16, np.uint32)
+    _stage_kernel(True)[1, 32, 0, 4 * out.size](x, nw, scale, n, x8_len(n), xn, out)
+    v = x * scale * nw  # float32, in the kernel's order
+    np.testing.assert_array_equal(xn, v)
+    q, dx, s = _unpack(out, n)
+    want_q, want_dx, want_s = _want(v)
+    np.testing.assert_array_equal(q, want_q)
+    np.testing.assert_array_equal(dx, want_dx)
+    np.testing.assert_array_equal(s, want_s)
+
+
+def test_q4_k_reads_spread_each_phase_over_all_bank_groups():
+    """A Q4_K lane (4 a super-block) reads 16 bytes of x at x8_word(64 part) + 0, 4 (low
+    nibbles' group) and + 8, 12 (high): the 8 lanes a 16-byte shared load serves land in 8
+    distinct 16-byte bank groups."""
+    lf = x8_format(BY_NAME["Q4_K"].ggml_type)
+    assert lf.x8 and lf.padded_sb == _x8_word(256) == 80
+    for extra in (0, 4, 8, 12):
+        for phase in range(4):
+            groups = {((lf.padded_sb * (lane // 4) + 20 * (lane % 4) + extra) // 4) % 8
+                      for lane in range(8 * phase, 8 * phase + 8)}
+            assert len(groups) == 8, (extra, phase, groups)
+
+
+def test_x8_lane_format_geometry():
+    base = dict(ggml_type=0, name="X", sb_bytes=64, lanes=8, pad=(5, 4, 31, 0), sums=False,
+                load=None, dot=None, table=NO_TABLE)
+    with pytest.raises(ValueError, match=f"{X8_SPAN}-value"):
+        LaneFormat(sb_values=32, x8=True, **base)
+    lf = LaneFormat(sb_values=256, x8=True, **base)
+    assert lf.stage_len(2048) == x8_len(2048) == 512 + 128
+    assert lf.stage_bytes(2048) == 4 * (640 + 128)  # dx and dx * sum, 2 words per group
+    assert lf.sb_sums == 16
