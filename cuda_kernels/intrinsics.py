@@ -301,24 +301,31 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return context.make_tuple(builder, ret, vals)
         return ret(x, i), codegen
 
-    @intrinsic
-    def ld_i64x2(typingctx, x, i):
-        """x[i], x[i+1] of an int64 array whose start is 16-byte aligned, i even: one 16-byte
-        load, and no negative-index wraparound arithmetic (numba adds it to every x[i] of a
-        signed i it cannot prove non-negative)."""
-        if not (isinstance(x, types.Array) and x.dtype == types.int64):
-            return None
-        ret = types.UniTuple(types.int64, 2)
+    def _vector_load(elt, ll_elt, n):
+        """An intrinsic (x, i) -> x[i:i+n] of an `elt` array whose start is 16-byte aligned,
+        n * size 16 bytes, i a multiple of n: one 16-byte load, and no negative-index
+        wraparound arithmetic (numba adds it to every x[i] of a signed i it cannot prove
+        non-negative)."""
+        ret = types.UniTuple(elt, n)
 
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            vty = ir.VectorType(_I64, 2)
-            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
-            vec = builder.load(ptr, align=16)
-            vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(2)]
-            return context.make_tuple(builder, ret, vals)
-        return ret(x, i), codegen
+        @intrinsic
+        def load(typingctx, x, i):
+            if not (isinstance(x, types.Array) and x.dtype == elt):
+                return None
+
+            def codegen(context, builder, sig, args):
+                data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
+                idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
+                vty = ir.VectorType(ll_elt, n)
+                ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+                vec = builder.load(ptr, align=16)
+                vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(n)]
+                return context.make_tuple(builder, ret, vals)
+            return ret(x, i), codegen
+        return load
+
+    ld_i64x2 = _vector_load(types.int64, _I64, 2)
+    ld_w4 = _vector_load(types.uint32, _I32, 4)
 
     @intrinsic
     def _prmt(typingctx, a, b, sel):
@@ -506,23 +513,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
         v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 1))
         v = max(v, cuda.shfl_xor_sync(FULL_MASK, v, 2))
         return v
-
-    @intrinsic
-    def ld_w4(typingctx, x, i):
-        """x[i:i+4] of a uint32 array (16-byte aligned at i): one 16-byte load."""
-        if not (isinstance(x, types.Array) and x.dtype == types.uint32):
-            return None
-        ret = types.UniTuple(types.uint32, 4)
-
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            vty = ir.VectorType(_I32, 4)
-            ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
-            vec = builder.load(ptr, align=16)
-            vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(4)]
-            return context.make_tuple(builder, ret, vals)
-        return ret(x, i), codegen
 
     @intrinsic
     def rint_i32(typingctx, v):

@@ -370,24 +370,18 @@ _ROUTE_SIG = (types.float32[:, ::1], types.int64, types.boolean, _F32)  # logits
 _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
                           types.int64, _F32)
 
-for _l in X8_FORMATS.values():
-    register_ptx("moe", f"moe_gate_up_lanes_x8_{_l.name}",
+for _l in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
+    _x8 = "x8_" if _l.x8 else ""
+    register_ptx("moe", f"moe_gate_up_lanes_{_x8}{_l.name}",
                  lambda f=_l: (_gate_up_lanes(f).py_func,
                                _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
                  options=lane_jit_options(_l))
-    register_ptx("moe", f"moe_gate_up_lanes_rows_x8_{_l.name}",
+    register_ptx("moe", f"moe_gate_up_lanes_rows_{_x8}{_l.name}",
                  lambda f=_l: (_gate_up_lanes_rows(f).py_func,
                                _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
                  options=lane_jit_options(_l))
-for _l in LANE_FORMATS.values():
-    register_ptx("moe", f"moe_gate_up_lanes_{_l.name}",
-                 lambda f=_l: (_gate_up_lanes(f).py_func,
-                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
-                 options=lane_jit_options(_l))
-    register_ptx("moe", f"moe_gate_up_lanes_rows_{_l.name}",
-                 lambda f=_l: (_gate_up_lanes_rows(f).py_func,
-                               _GUL_SIG + (_tab_type(f),) + _ROUTE_SIG),
-                 options=lane_jit_options(_l))
+    if _l.x8:  # down dots float32 h
+        continue
     register_ptx("moe", f"moe_down_lanes_{_l.name}",
                  lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)),
                  options=lane_jit_options(_l))
