@@ -204,9 +204,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         # issued before the current one is dotted; without, a warp a pair (fewer registers:
         # more blocks an SM for some formats). Dynamic shared: x as lf stages it
         # (`lanes_x8.stager`), its sums or scales from sums_off. `normed` (compile time): x is
-        # the raw f32 residual and
-        # the staged vector is rmsnorm(x) * nw (every block computes the same scale); block 0
-        # writes it to xn where xn is not empty.
+        # the raw f32 residual and the staged vector is rmsnorm(x) * nw (every block computes
+        # the same scale); block 0 writes it to xn where xn is not empty.
         tab_s = cuda.shared.array(n_tab, tab_type)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         xs = cuda.shared.array(0, xs_type)

@@ -24,7 +24,8 @@ the experts' slots are resolved by k threads at once (not one thread in turn; `m
 down warp takes two output rows and, per step, its lane groups take consecutive (cached
 expert, super-block) units of them, the missed experts left out of the unit list. Other
 formats use one warp per row (gate_up) or one warp per output row with lanes spread over all
-(expert, 32-value group) pairs (down).
+(expert, 32-value group) pairs (down). A gate/up format with an 8-bit decoding (`lanes_x8`:
+Q4_K) stages x rounded to 8 bits per 32 values, as the CPU engine does (`GATE_UP_X8`).
 
 Given the router's logits instead of its top k (`route_logits`), every block of a lane gate_up
 launch ranks them itself before it resolves the slots (`moe_slots.route_shared`), and block 0
