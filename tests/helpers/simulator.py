@@ -1,34 +1,49 @@
 """numba's CUDA simulator made cheaper for the tests, its semantics unchanged.
 
-Block barrier. The simulator runs a block as one Python thread per CUDA thread; its block
-manager finds out that every thread reached `syncthreads()` by polling all of them in a loop that
-never blocks, so it takes the GIL from the simulated threads for the whole launch. Here the last
-thread to arrive at the barrier releases the others, and the manager sleeps until the block is
-done or a thread failed. The semantics are numba's: a barrier completes when every thread still
-running has reached it (threads that returned no longer count); a thread's exception aborts the
-block's other threads and is raised by the launch; blocks run one after another.
+Blocks as greenlets (tests/helpers/simulator_green.py, where the greenlet package is present:
+playwright, a dev dependency, brings it). The simulator runs a block as one OS thread per CUDA
+thread, and a few hundred runnable threads spend most of a launch handing CPython's GIL round
+(the engine tests spent more system than kernel time); a block's threads run as greenlets on
+the launching thread instead, each until it finishes or waits at a barrier or warp exchange.
+
+Block barrier (without greenlets, or STRATA_TEST_SIM_THREADS=1). numba's block manager finds out
+that every thread reached `syncthreads()` by polling all of them in a loop that never blocks, so
+it takes the GIL from the simulated threads for the whole launch. Here the last thread to arrive
+at the barrier releases the others, and the manager sleeps until the block is done or a thread
+failed. The semantics are numba's: a barrier completes when every thread still running has
+reached it (threads that returned no longer count); a thread's exception aborts the block's
+other threads and is raised by the launch; blocks run one after another.
 
 Device-function calls. Inside a launch, every call of a `@cuda.jit(device=True)` function
 swaps the `cuda` names of its module's globals for the launch's fake module and back (a module
-scan, three locks shared by every simulated thread and a context manager per call: about a sixth
-of the CPU of the engine's simulator tests). Here a module is swapped at its first device call of
-a launch and restored when the launch ends: the kernel code sees the same fake module either way
-(the kernel's own module is swapped for the whole launch already).
+scan, three locks shared by every simulated thread and a context manager per call). Here a
+module is swapped once per launch (the kernel's own at its start, another at its first device
+call), and its device functions are pointed at their Python functions for the launch, so kernel
+code calls them without a wrapper (kernels make millions of calls); all restored when the launch
+ends: the kernel code sees the same fake module and runs the same functions either way.
 
-`install()` replaces `BlockManager.run`, `BlockThread.syncthreads`/`run`, `FakeCUDAKernel.__call__`
-(device calls inside a launch only) and `_push_kernel_context` of numba-cuda's simulator
-(pyproject pins numba-cuda to 0.30.x, whose simulator this was written against).
+In-kernel arrays and shared arrays. Element access goes through one Python layer instead of
+numba's two; `cuda.shared.array` finds its calling line from the caller's frame instead of
+extracting the whole stack with its source lines (an os.stat per frame and thread): the same
+(file, line) key numba uses.
+
+`install()` replaces `BlockManager.run` (and `BlockThread.syncthreads`/`run` without greenlets),
+`FakeCUDAKernel.__call__`, `_push_kernel_context`, `FakeCUDAShared.array` and the in-kernel array
+wrapper's indexing of numba-cuda's simulator (pyproject pins numba-cuda to 0.30.x, whose
+simulator this was written against).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from contextlib import contextmanager
 
 import numpy as np
 
 _STATE = "_strata_block"  # the manager's attribute holding its _Block
-_SWAPPED = "_strata_swapped"  # the launch's fake module's attribute: {id(globals): (globals, keys)}
+_SWAPPED = "_strata_swapped"  # the fake module's {id(globals): (globals, [(name, was)])}
 _SWAP_LOCK = threading.Lock()
 
 
@@ -109,62 +124,165 @@ def _manager_run(self, grid_point, *args, thread_cls):
         t.join()
 
 
-def _swap_in(globs, fake_cuda, swapped) -> None:
-    """Point the module's `cuda` names at the launch's fake module until the launch ends."""
+def _swap_in(globs, fake_cuda, swapped, kernel_cls) -> None:
+    """Until the launch ends, point the module's `cuda` names at the launch's fake module and
+    its device functions at their Python functions (their modules swapped in likewise, first),
+    so kernel code calls them without a wrapper frame."""
     from numba import cuda  # the simulator's module, as numba's own swap compares with
 
     with _SWAP_LOCK:
-        if id(globs) in swapped:
-            return
-        keys = [k for k, v in globs.items() if v is cuda]
-        for k in keys:
+        _swap_in_locked(globs, fake_cuda, swapped, kernel_cls, cuda)
+
+
+def _swap_in_locked(globs, fake_cuda, swapped, kernel_cls, cuda) -> None:
+    if id(globs) in swapped:
+        return
+    saved: list = []
+    swapped[id(globs)] = (globs, saved)  # before the callees: modules import each other
+    for k, v in list(globs.items()):
+        if v is cuda:
+            saved.append((k, v))
             globs[k] = fake_cuda
-        swapped[id(globs)] = (globs, keys)
+        elif type(v) is kernel_cls and v._device:
+            _swap_in_locked(v.fn.__globals__, fake_cuda, swapped, kernel_cls, cuda)
+            saved.append((k, v))
+            globs[k] = v.fn
 
 
-def _call(self, *args, base_call, sim):
-    fake_cuda = sim._kernel_context
-    swapped = getattr(fake_cuda, _SWAPPED, None) if self._device else None
-    if swapped is None:  # a launch, or a device function called outside one: numba's path
-        return base_call(self, *args)
-    globs = self.fn.__globals__
-    if id(globs) not in swapped:
-        _swap_in(globs, fake_cuda, swapped)
-    return self.fn(*args)
+def _call_method(base_call, sim, launching: list):
+    """FakeCUDAKernel.__call__: a device function inside a launch calls its Python function
+    directly (kernels make millions of calls), its module swapped in first; a launch notes its
+    kernel for `_push_context`."""
+    kernel_cls = sim.FakeCUDAKernel
+
+    def call(self, *args):
+        if self._device:
+            fake_cuda = sim._kernel_context
+            swapped = getattr(fake_cuda, _SWAPPED, None)
+            if swapped is not None:
+                fn = self.fn
+                if id(fn.__globals__) not in swapped:
+                    _swap_in(fn.__globals__, fake_cuda, swapped, kernel_cls)
+                return fn(*args)
+            return base_call(self, *args)  # called outside a launch: numba's path
+        launching.append(self.fn)
+        try:
+            return base_call(self, *args)
+        finally:
+            launching.pop()
+
+    return call
 
 
-def _push_context(fake_cuda, *, base_push):
+def _fast_kernel_arrays() -> None:
+    """numba's in-kernel array wrapper indexes through two Python layers (the wrapper, then the
+    FakeCUDAArray it holds) per element; the same results in one: a scalar as is, a sub-array
+    wrapped as numba wraps it."""
+    from numba.cuda.simulator.cudadrv import devicearray as da
+
+    within, fake, nd, void = da.FakeWithinKernelCUDAArray, da.FakeCUDAArray, np.ndarray, np.void
+
+    def getitem(self, idx):
+        item = self._item
+        ret = item._ary[idx]
+        t = type(ret)
+        if t is nd or t is void:
+            return within(fake(ret, stream=item.stream))
+        return ret
+
+    def setitem(self, idx, val):
+        self._item._ary[idx] = val
+
+    within.__getitem__ = getitem
+    within.__setitem__ = setitem
+    within.__len__ = lambda self: len(self._item._ary)
+
+
+def _push_context(fake_cuda, *, base_push, kernel_cls, launching: list):
+    """numba's kernel context, with the launching kernel's module swapped in (see `_swap_in`)
+    for the launch and every swapped module restored at its end."""
     @contextmanager
     def pushed():
-        from numba import cuda
-
-        setattr(fake_cuda, _SWAPPED, {})
+        swapped: dict = {}
+        setattr(fake_cuda, _SWAPPED, swapped)
         with base_push(fake_cuda):
             try:
+                if launching:
+                    _swap_in(launching[-1].__globals__, fake_cuda, swapped, kernel_cls)
                 yield
             finally:
                 with _SWAP_LOCK:
-                    for globs, keys in getattr(fake_cuda, _SWAPPED).values():
-                        for k in keys:
-                            globs[k] = cuda
+                    for globs, saved in swapped.values():
+                        for k, v in saved:
+                            globs[k] = v
                     setattr(fake_cuda, _SWAPPED, None)
 
     return pushed()
 
 
+def _shared_array_method(base_array):
+    """FakeCUDAShared.array: numba's static shared array of the calling line, keyed as numba
+    keys it by the caller's (file, line), but read from the caller's frame (numba extracts the
+    whole stack with its source lines, an os.stat per frame, for every simulated thread and
+    array)."""
+    from numba.core import types
+    from numba.np import numpy_support
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:
+            return base_array(self, shape, dtype, alignment)
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        f = sys._getframe(1)  # the kernel line calling cuda.shared.array
+        caller = (f.f_code.co_filename, f.f_lineno)
+        res = self._allocations.get(caller)
+        if res is None:
+            res = self._allocations[caller] = np.empty(shape, dtype)
+        return res
+
+    return array
+
+
+def _use_greenlets() -> bool:
+    if os.environ.get("STRATA_TEST_SIM_THREADS") == "1":
+        return False
+    try:
+        import greenlet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def install() -> None:
-    """Swap in the waiting barrier and the per-launch module swap (idempotent)."""
+    """Swap in the cheaper block scheduling (greenlets where the package is present, else the
+    waiting barrier), the per-launch module swap and the frame-keyed shared arrays
+    (idempotent)."""
     from numba.cuda.simulator import kernel as sim
+    from numba.cuda.simulator import kernelapi
 
     if getattr(sim.BlockManager, "_strata_waits", False):
         return
     base_run, base_call, base_push = (sim.BlockThread.run, sim.FakeCUDAKernel.__call__,
                                       sim._push_kernel_context)
-    sim.BlockThread.syncthreads = _syncthreads
-    sim.BlockThread.run = lambda self: _thread_run(self, base_run=base_run)
-    sim.BlockManager.run = lambda self, grid_point, *args: _manager_run(
-        self, grid_point, *args, thread_cls=sim.BlockThread)
-    sim.FakeCUDAKernel.__call__ = lambda self, *args: _call(self, *args, base_call=base_call,
-                                                            sim=sim)
-    sim._push_kernel_context = lambda fake_cuda: _push_context(fake_cuda, base_push=base_push)
+    kernelapi.FakeCUDAShared.array = _shared_array_method(kernelapi.FakeCUDAShared.array)
+    if _use_greenlets():
+        from helpers import simulator_green as green
+
+        threading.current_thread = green.current_thread
+
+        def run_block(self, grid_point, *args):
+            green.patch_mma()
+            green.run_block(self, grid_point, *args, dim3=kernelapi.Dim3)
+
+        sim.BlockManager.run = run_block
+    else:
+        sim.BlockThread.syncthreads = _syncthreads
+        sim.BlockThread.run = lambda self: _thread_run(self, base_run=base_run)
+        sim.BlockManager.run = lambda self, grid_point, *args: _manager_run(
+            self, grid_point, *args, thread_cls=sim.BlockThread)
+    launching: list = []  # the kernel being launched (one launch at a time)
+    sim.FakeCUDAKernel.__call__ = _call_method(base_call, sim, launching)
+    _fast_kernel_arrays()
+    sim._push_kernel_context = lambda fake_cuda: _push_context(
+        fake_cuda, base_push=base_push, kernel_cls=sim.FakeCUDAKernel, launching=launching)
     sim.BlockManager._strata_waits = True
