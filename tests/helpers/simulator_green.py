@@ -155,25 +155,30 @@ def run_block(manager, grid_point, *args, dim3) -> None:
     while block.ready and block.failed is None:
         block.ready.popleft()._green.switch()
     failed = block.failed
-    if failed is None and block.n_live:
-        for t in threads:
-            t._green.throw(GreenletExit) if t._green else None
-        raise RuntimeError(
-            f"simulated block {tuple(grid_point)} deadlocked: {block.n_live} threads still "
-            f"running wait, {len(block.at_barrier)} at the block barrier and {block.parked} at "
-            "a warp exchange (do all threads of the block, all 32 lanes of each warp, take part?)")
-    if failed is not None:
-        for t in threads:  # the others stop where they wait (numba aborts them likewise)
-            t.abort = True
-            if t._green:
-                t._green.throw(GreenletExit)
-        raise failed.exception[0].with_traceback(failed.exception[1])
+    if failed is None and not block.n_live:
+        return
+    stuck = RuntimeError(
+        f"simulated block {tuple(grid_point)} deadlocked: {block.n_live} threads still running "
+        f"wait, {len(block.at_barrier)} at the block barrier and {block.parked} at a warp "
+        "exchange (do all threads of the block, all 32 lanes of each warp, take part?)")
+    for t in threads:  # the others stop where they wait (numba aborts them likewise)
+        t.abort = True
+        if t._green:  # started, not finished
+            t._green.throw(GreenletExit)
+    if failed is None:
+        raise stuck
+    raise failed.exception[0].with_traceback(failed.exception[1])
 
 
 def patch_mma() -> None:
     """Point mma.py's simulated warp exchanges at the greenlet one (its own waits on a lock,
     which would stop the one OS thread every lane runs on). Called at each launch: mma is
     imported by the kernel modules, after install()."""
-    mma = sys.modules.get("strata.cuda_kernels.mma")
-    if mma is not None and getattr(mma, "_WarpExchange", None) is not WarpExchange:
-        mma._WarpExchange = WarpExchange
+    for name in _MMA_MODULES:
+        mma = sys.modules.get(name)
+        if mma is not None and getattr(mma, "_WarpExchange", None) is not WarpExchange:
+            mma._WarpExchange = WarpExchange
+
+
+# the installed package's, and the checkout's when a test imports cuda_kernels from the top
+_MMA_MODULES = ("strata.cuda_kernels.mma", "cuda_kernels.mma")
