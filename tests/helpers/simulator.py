@@ -1,7 +1,7 @@
 """numba's CUDA simulator made cheaper for the tests, its semantics unchanged.
 
-Blocks as greenlets (tests/helpers/simulator_green.py, where the greenlet package is present:
-playwright, a dev dependency, brings it). The simulator runs a block as one OS thread per CUDA
+Blocks as greenlets (tests/helpers/simulator_green.py, where the greenlet package is present: a
+dev dependency). The simulator runs a block as one OS thread per CUDA
 thread, and a few hundred runnable threads spend most of a launch handing CPython's GIL round
 (the engine tests spent more system than kernel time); a block's threads run as greenlets on
 the launching thread instead, each until it finishes or waits at a barrier or warp exchange.

@@ -16,8 +16,8 @@ is the simulated thread (kernel code and numba's fake `cuda` module read its thr
 blockIdx, thread_id, _manager and syncthreads). A block whose threads all wait with no barrier
 or exchange able to open raises (the thread version hung there, or timed out at an exchange).
 
-Used by tests/helpers/simulator.py when the greenlet package is present (playwright, a dev
-dependency, brings it); STRATA_TEST_SIM_THREADS=1 keeps the OS threads.
+Used by tests/helpers/simulator.py when the greenlet package is present (a dev dependency);
+STRATA_TEST_SIM_THREADS=1 keeps the OS threads.
 """
 
 from __future__ import annotations
