@@ -1,7 +1,8 @@
 """The decode step's attention projections: the RMSNorm fused into one lane matvec per weight
 format (Q4_K_M layers: q, k Q4_K in one launch, v Q6_K in another; no RMSNorm launch), and the
 separate RMSNorm + matvecs where a weight has no lane kernel; the q, k, v values against a
-float64 reference either way."""
+float64 reference either way (of the x the CPU engine's 8-bit rounding gives, for the formats
+whose lane matvecs dot 8-bit x: `lanes_x8`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import strata.engine.cuda.decode as decode_mod
-from helpers.kernel_blocks import random_rows, reference
+from helpers.kernel_blocks import dots_x8, random_rows, reference, x_seen
 from strata.engine.cuda.decode import DecodeStep
 
 N_EMBD, N_Q, N_KV = 256, 8, 4
@@ -38,7 +39,10 @@ def _step(fmts, rng):
     step.v = np.full((1, N_KV), np.nan, np.float32)
     x64 = x[0].astype(np.float64)
     xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw
-    return step, {n: r @ xn for n, r in refs.items()}
+    # 8-bit x: the normed vector in float32 (as the kernel computes it), then rounded
+    xq = x_seen((x[0] * np.float32(1 / np.sqrt(np.mean(x64 * x64) + EPS))) * nw, True)
+    return step, {n: r @ (xq if dots_x8(f) else xn)
+                  for (n, r), f in zip(refs.items(), fmts)}
 
 
 def _counting(monkeypatch):
