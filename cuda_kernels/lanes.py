@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import cuda
+from numba import cuda, types
 
 from . import qtables as Q
 from .intrinsics import warp_sum
@@ -86,6 +86,11 @@ class LaneFormat:
         """Staged words per super-block after the values: its 16-value sums of x (float32
         staging), or its groups' scales and sums (8-bit, `lanes_x8`)."""
         return self.sb_values // 16
+
+    @property
+    def xs_type(self):
+        """The numba dtype of the kernels' dynamic shared array holding the staged x."""
+        return types.uint32 if self.x8 else types.float32
 
     def stage_len(self, n_vals: int) -> int:
         """Words of the staged x of n_vals values before its sums (the kernels' sums_off)."""

@@ -15,6 +15,8 @@ Slices are the float32 decoders' (`lanes_k`); the staged x is `xstage`'s 8-bit l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
@@ -58,9 +60,7 @@ def dot_q4_k_x8(v, part, xs, xo, so, tab):
 
 
 def _x8(t: T, dot) -> tuple[int, LaneFormat]:
-    lf = lane_format(t)
-    return int(t), LaneFormat(lf.ggml_type, lf.name, lf.sb_values, lf.sb_bytes, lf.lanes,
-                              lf.pad, True, lf.load, dot, lf.table, x8=True)
+    return int(t), replace(lane_format(t), dot=dot, x8=True)
 
 
 # The formats with an 8-bit decoding: the same loads and slices as their float32 one

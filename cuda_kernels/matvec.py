@@ -186,7 +186,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
-    (stage, stage_normed), xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
+    stage, stage_normed = stager(lf)
+    xs_type = lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))

@@ -45,7 +45,7 @@ from .lanes import LANE_FORMATS, lane_format
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
-from .lanes_x8 import X8_FORMATS, x8_format
+from .lanes_x8 import X8_FORMATS, lanes_for
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format
@@ -220,9 +220,10 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
 def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
     """The lane format the gate/up launch of `layout` runs (8-bit x where the format has one
     and x8, default GATE_UP_X8, holds), or None (the one-warp-a-row kernel)."""
-    t = get_format(layout.gate_up_type).ggml_type
-    lf = (x8_format(t) if (GATE_UP_X8 if x8 is None else x8) else None) or lane_format(t)
-    return lf if lf is not None and lanes_fit(lf, layout.n_embd) else None
+    lf = lane_format(get_format(layout.gate_up_type).ggml_type)
+    if lf is None or not lanes_fit(lf, layout.n_embd):
+        return None
+    return lanes_for(lf, GATE_UP_X8 if x8 is None else x8)
 
 
 def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:

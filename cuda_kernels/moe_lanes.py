@@ -24,7 +24,7 @@ ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simu
 def _gate_up_lanes(lf: LaneFormat):
     load_pair, dot_pair = pair_step(lf)
     n_values = lf.sb_values
-    (stage, _), xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
+    stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))
@@ -105,7 +105,7 @@ def _gate_up_lanes(lf: LaneFormat):
 def _gate_up_lanes_rows(lf: LaneFormat):
     first, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
-    (stage, _), xs_type = stager(lf), types.uint32 if lf.x8 else types.float32
+    stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
     @cuda.jit(**lane_jit(lf))

@@ -227,12 +227,12 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                     finally:
                         mv.LANE_GRID_BLOCKS = default
             if x8_format(get_format(name).ggml_type) is not None:
-                mv.LANE_X8 = False  # the 8-bit decoding (default) against float32 x
+                saved, mv.LANE_X8 = mv.LANE_X8, False  # the 8-bit decoding against float32 x
                 try:
                     extra["us with float32 x"] = round(ctx.time_graph(record, rounds * n_copies),
                                                        2)
                 finally:
-                    mv.LANE_X8 = True
+                    mv.LANE_X8 = saved
             out.append(Result("matvec", f"matvec {name}", label, us,
                               w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70, extra))
             del dev, views
