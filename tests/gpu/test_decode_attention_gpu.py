@@ -109,3 +109,94 @@ def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx):
         p.set_length(length, stream)
         graph.replay(stream)
         p.check(f"graph replay {fmt}", length, stream)
+
+
+def _norm_rope(x, w, pos, theta, eps):
+    """x [n, d] float64 normed per head with w [d], then NeoX-rotated at pos."""
+    d = x.shape[-1]
+    x = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+    ang = pos * theta ** (-2.0 * np.arange(d // 2) / d)
+    a, b = x[:, :d // 2], x[:, d // 2:]
+    return np.concatenate([a * np.cos(ang) - b * np.sin(ang), b * np.cos(ang) + a * np.sin(ang)],
+                          -1)
+
+
+@pytest.mark.parametrize("group", [8, 4])
+def test_decode_attention_rope_at_every_length(group):
+    """`decode_attention_rope` (the new token's norm, RoPE and K/V write inside pass 1) at the
+    30B's head shape in a 4K f16 cache, the token at every length's last position: its output
+    against float64 (q normed and rotated in float64, the keys as the cache holds them), the row
+    it wrote against float64 (within an f16 rounding) and both against `rope_kv` then
+    `decode_attention` on a copy of the cache. Then as a captured graph replayed at other
+    positions."""
+    from numba import cuda
+
+    from strata.cuda_kernels import attention
+    from strata.cuda_kernels.graph import capture
+    from strata.cuda_kernels.kvcache import KvSide
+    from strata.cuda_kernels.rope_kv import rope_kv
+    theta, eps = 1e6, 1e-6
+    p = _Problem("f16", group, 4096, seed=20 + group)
+    rng = np.random.default_rng(group)
+    n_kv = p.n_kv
+    q = rng.standard_normal(N_HEAD * HD).astype(np.float32)
+    k = rng.standard_normal(n_kv * HD).astype(np.float32)
+    v = rng.standard_normal(n_kv * HD).astype(np.float32)
+    qw, kw = (rng.uniform(0.5, 1.5, HD).astype(np.float32) for _ in range(2))
+    dev = {n: cuda.to_device(a) for n, a in dict(q=q, k=k, v=v, qw=qw, kw=kw).items()}
+    stream = cuda.stream()
+    assert attention.rope_fits(p.k, p.v, N_HEAD)
+
+    def fused(s):
+        attention.decode_attention_rope(dev["q"], dev["k"], dev["v"], p.k, p.v, p.seq, p.out,
+                                        p.parts, theta=theta, q_norm_w=dev["qw"],
+                                        k_norm_w=dev["kw"], eps=eps, stream=s)
+
+    def side_copy(side):
+        return KvSide(side.layout, cuda.to_device(side.data.copy_to_host()), side.scale)
+
+    def check(name, length):
+        pos = length - 1
+        stream.synchronize()
+        got = p.out.copy_to_host().astype(np.float64)
+        assert np.isfinite(got).all(), f"{name} L={length}: unwritten or non-finite outputs"
+        row = slice(pos * n_kv * 2 * HD, (pos + 1) * n_kv * 2 * HD)
+        k_row = p.k.data[row].copy_to_host().view(np.float16).reshape(n_kv, HD)
+        v_row = p.v.data[row].copy_to_host().view(np.float16).reshape(n_kv, HD)
+        k_want = _norm_rope(k.reshape(n_kv, HD).astype(np.float64), kw, pos, theta, eps)
+        assert np.abs(k_row - k_want).max() <= 1e-3 * np.abs(k_want).max(), f"{name}: K row"
+        np.testing.assert_array_equal(v_row, v.reshape(n_kv, HD).astype(np.float16))
+        p.kref[pos], p.vref[pos] = k_row, v_row  # the cache as it now is
+        q_rot = _norm_rope(q.reshape(N_HEAD, HD).astype(np.float64), qw, pos, theta, eps)
+        ref = attention_reference(q_rot[None], p.kref, p.vref, pos)[0]
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        ROWS.append((name, f"L={length} of 4096 h{N_HEAD}/{n_kv}", err))
+        assert err < TOL, f"{name} L={length}: relative error {err:.3e}"
+        return got
+
+    for length in LENGTHS:
+        p.set_length(length, stream)
+        kd, vd = side_copy(p.k), side_copy(p.v)
+        fused(stream)
+        got = check(f"decode attn rope g{group}", length)
+        qc, kc = cuda.to_device(q), cuda.to_device(k)
+        rope_kv(qc, kc, dev["v"], p.seq, kd, vd, n_head=N_HEAD, theta=theta, q_norm_w=dev["qw"],
+                k_norm_w=dev["kw"], eps=eps, stream=stream)
+        out2 = cuda.to_device(np.full((N_HEAD, HD), np.nan, np.float32))
+        attention.decode_attention(qc.reshape(N_HEAD, HD), kd, vd, p.seq, out2, p.parts,
+                                   stream=stream)
+        stream.synchronize()
+        np.testing.assert_array_equal(kd.data.copy_to_host(), p.k.data.copy_to_host())
+        np.testing.assert_array_equal(vd.data.copy_to_host(), p.v.data.copy_to_host())
+        two = out2.copy_to_host()
+        err = float(np.abs(got - two).max() / np.abs(two).max())
+        ROWS.append((f"rope fused vs rope_kv g{group}", f"L={length}", err))
+        assert err < 1e-6, f"L={length}: fused and separate launches differ by {err:.2e}"
+    p.set_length(600, stream)
+    fused(stream)  # compiled and loaded outside the capture
+    stream.synchronize()
+    graph = capture(fused, stream)
+    for length in (600, 1, 4096, 3000):
+        p.set_length(length, stream)
+        graph.replay(stream)
+        check(f"graph replay rope g{group}", length)
