@@ -339,9 +339,9 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         kv = cuda.local.array(N_SEG, float32)
         n_kv = k.shape[0] // head_dim
         mine = k0 <= pos and pos < k0 + n_keys  # this split holds the new key
-        # every load of the prologue issued before any is used, and before the first K tile:
-        # a warp's loads return in issue order, so q (in L2) behind the tile (from HBM) would
-        # wait for it
+        if not mine:  # the first K tile is in flight through the prologue
+            load_k(kd, k0, warp * TILE, n_keys, n_kv, hk, lane >> 2, lane & 3, nxt, -1, s_new)
+        # every load of the prologue issued before any is used
         for r in range(Q_ROUNDS):
             h = hk * group + min(warp + r * WARPS, group - 1)
             for j in range(N_SEG):
@@ -350,8 +350,6 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
             for j in range(N_SEG):
                 kv[j] = k[hk * head_dim + lane + 32 * j] if warp != 1 else \
                     v[hk * head_dim + lane + 32 * j]
-        else:  # the first K tile is in flight through the prologue
-            load_k(kd, k0, warp * TILE, n_keys, n_kv, hk, lane >> 2, lane & 3, nxt, -1, s_new)
         # the angles of the position, once a block: [cos of the HALF pairs, their sins] at TO
         fpos = float32(pos)
         for i in range(tid, HALF, THREADS):
