@@ -39,7 +39,7 @@ from strata.plan import attn_split
 from .intrinsics import SIMULATED, ld_nc_u32x4, prmt
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import half2_hi, half2_lo, mma_16816, pack_half2, shfl_xor
-from .rope_kv import norm_scale, rope_cs, rope_rotate
+from .rope_kv import head_scale, rope_pair
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -126,11 +126,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     MIN_SPLIT = min_split
     HALF = head_dim // 2      # NeoX pairs (i, i + HALF); also the K row's f16 words
     N_NEW = head_dim if rope else 1  # u32: the new key's K words, then its V words
-    # s_red during the prologue (rope): q's heads rotated [group, head_dim], k rotated and v
-    # raw at KO and VO, the angles' cos and sin at TO; it holds 33 head_dim floats
-    KO, VO, TO = group * head_dim, (group + 1) * head_dim, (group + 2) * head_dim
-    Q_ROUNDS = (group + WARPS - 1) // WARPS  # q heads a warp norms and rotates (rope)
-    N_QV = Q_ROUNDS * N_SEG   # their dims in a lane (lane + 32 j)
+    KO, VO = group * head_dim, (group + 1) * head_dim  # rotated k, raw v in s_red (prologue)
+    N_ROUNDS = (group + 1 + WARPS - 1) // WARPS  # prologue rounds of the warps (q heads, k)
 
     @cuda.jit(device=True, inline="always")
     def load_k(data, k0, base, n_keys, n_kv, hk, g, t, dst, key_new, s_new):
@@ -180,22 +177,21 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
 
     @cuda.jit(device=True, inline="always")
     def attend(q, kd, vd, k0, n_keys, key_new, s_new, hk, split, n_kv, qk_scale, part_o,
-               part_ml, s_p, s_red, nxt, loaded):
+               part_ml, s_p, s_red):
         # the block's split: keys [k0, k0 + n_keys) of KV head hk; s_p: [G, SPS] scores,
         # then probabilities; s_red: [WARPS, N_ACC, RED_ROW] P V fragments (q with rope: read
-        # before the first barrier here, overwritten after the last); nxt: [N_W] u32, the next
-        # tile's words (the warp's first K tile already there where `loaded`)
+        # before the first barrier here, overwritten after the last)
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         g, t = lane >> 2, lane & 3
         qhi = cuda.local.array(N_KW, uint32)
         qlo = cuda.local.array(N_KW, uint32)
         words = cuda.local.array(N_W, uint32)
+        nxt = cuda.local.array(N_W, uint32)            # the next tile, loading meanwhile
         acc = cuda.local.array(N_ACC, float32)
         first = warp * TILE
         # pass A: scores; tile r + 1 is requested before tile r is computed
-        if not loaded:
-            load_k(kd, k0, first, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)
+        load_k(kd, k0, first, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)
         # B fragments of Q^T: head g, the dims of lane t's words (segment t + 4*(w//4), pair w%4)
         for w in range(N_KW):
             d = 8 * (t + 4 * (w // 4)) + 2 * (w % 4)
@@ -314,9 +310,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         s_p = cuda.shared.array(N_SCORES, float32)
         s_red = cuda.shared.array(N_RED, float32)
         s_new = cuda.shared.array(N_NEW, uint32)  # unused
-        nxt = cuda.local.array(N_W, uint32)
         attend(q, kd, vd, k0, n_keys, int32(-1), s_new, cuda.blockIdx.x, cuda.blockIdx.y,
-               q.shape[0] // group, qk_scale, part_o, part_ml, s_p, s_red, nxt, False)
+               q.shape[0] // group, qk_scale, part_o, part_ml, s_p, s_red)
 
     @cuda.jit(**options)
     def kernel_rope(q, k, v, q_norm_w, k_norm_w, has_norm, theta_log2, eps, kd, vd, seq_len,
@@ -334,65 +329,29 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         s_p = cuda.shared.array(N_SCORES, float32)
         s_red = cuda.shared.array(N_RED, float32)
         s_new = cuda.shared.array(N_NEW, uint32)
-        nxt = cuda.local.array(N_W, uint32)
-        qv = cuda.local.array(N_QV, float32)  # lane's dims lane + 32 j of its heads
-        kv = cuda.local.array(N_SEG, float32)
         n_kv = k.shape[0] // head_dim
-        mine = k0 <= pos and pos < k0 + n_keys  # this split holds the new key
-        if not mine:  # the first K tile is in flight through the prologue
-            load_k(kd, k0, warp * TILE, n_keys, n_kv, hk, lane >> 2, lane & 3, nxt, -1, s_new)
-        # every load of the prologue issued before any is used
-        for r in range(Q_ROUNDS):
-            h = hk * group + min(warp + r * WARPS, group - 1)
-            for j in range(N_SEG):
-                qv[r * N_SEG + j] = q[h * head_dim + lane + 32 * j]
-        if mine:
-            for j in range(N_SEG):
-                kv[j] = k[hk * head_dim + lane + 32 * j] if warp != 1 else \
-                    v[hk * head_dim + lane + 32 * j]
-        # the angles of the position, once a block: [cos of the HALF pairs, their sins] at TO
         fpos = float32(pos)
-        for i in range(tid, HALF, THREADS):
-            c, sn = rope_cs(i, fpos, theta_log2, head_dim)
-            s_red[TO + i] = c
-            s_red[TO + HALF + i] = sn
-        cuda.syncthreads()
-        # q heads warp, warp + WARPS, ... normed and rotated into s_red [group, head_dim]; a
-        # warp past the heads reduces a copy and drops it: every warp makes the same warp-wide
-        # sums (the simulator runs each as a block-wide step)
-        for r in range(Q_ROUNDS):
+        mine = k0 <= pos and pos < k0 + n_keys  # this split holds the new key
+        # items: the group's q heads, then k's head; every warp takes N_ROUNDS (past the items
+        # or k outside its split: a head's scale computed and dropped), so every warp makes
+        # the same warp-wide sums (the simulator runs each as a block-wide step)
+        for r in range(N_ROUNDS):
             item = warp + r * WARPS
-            inv = float32(1.0)
-            if has_norm:
-                ss = float32(0.0)
-                for j in range(N_SEG):
-                    ss += qv[r * N_SEG + j] * qv[r * N_SEG + j]
-                inv = norm_scale(ss, head_dim, eps)
-            if item < group:
-                for j in range(N_SEG // 2):
-                    i = lane + 32 * j
-                    a, b = rope_rotate(qv[r * N_SEG + j], qv[r * N_SEG + j + N_SEG // 2],
-                                       q_norm_w[i], q_norm_w[i + HALF], inv, has_norm,
-                                       s_red[TO + i], s_red[TO + HALF + i])
-                    s_red[item * head_dim + i] = a
-                    s_red[item * head_dim + i + HALF] = b
-        if mine:  # k's head (warp 0; every warp but v's reduces it) and v's (warp 1), as f32
-            inv = float32(1.0)
-            if has_norm:
-                ss = float32(0.0)
-                for j in range(N_SEG):
-                    ss += kv[j] * kv[j]
-                inv = norm_scale(ss, head_dim, eps)
-            if warp == 0:
-                for j in range(N_SEG // 2):
-                    i = lane + 32 * j
-                    a, b = rope_rotate(kv[j], kv[j + N_SEG // 2], k_norm_w[i], k_norm_w[i + HALF],
-                                       inv, has_norm, s_red[TO + i], s_red[TO + HALF + i])
-                    s_red[KO + i] = a
-                    s_red[KO + i + HALF] = b
-            if warp == 1:
-                for j in range(N_SEG):
-                    s_red[VO + lane + 32 * j] = kv[j]
+            is_k = item == group
+            src = k if is_k else q
+            nw = k_norm_w if is_k else q_norm_w
+            base = hk * head_dim if is_k else (hk * group + min(item, group - 1)) * head_dim
+            inv = head_scale(src, base, head_dim, lane, has_norm, eps)
+            if item < group or (is_k and mine):
+                o = KO if is_k else item * head_dim
+                for i in range(lane, HALF, 32):
+                    a, b = rope_pair(src[base + i], src[base + i + HALF], i, inv, nw, has_norm,
+                                     fpos, theta_log2, head_dim)
+                    s_red[o + i] = a
+                    s_red[o + i + HALF] = b
+        if mine and warp == (group + 1) % WARPS:  # the item after k's: v, copied
+            for i in range(lane, head_dim, 32):
+                s_red[VO + i] = v[hk * head_dim + i]
         cuda.syncthreads()
         if mine:  # f16 words (round to nearest even, as rope_kv stores them)
             row = (pos * n_kv + hk) * ROW
@@ -407,9 +366,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 data[off + 1] = (word >> 8) & 0xFF
                 data[off + 2] = (word >> 16) & 0xFF
                 data[off + 3] = word >> 24
-            cuda.syncthreads()
-            load_k(kd, k0, warp * TILE, n_keys, n_kv, hk, lane >> 2, lane & 3, nxt, pos, s_new)
+        cuda.syncthreads()
         attend(s_red, kd, vd, k0, n_keys, pos if mine else int32(-1), s_new, hk,
-               cuda.blockIdx.y, n_kv, qk_scale, part_o, part_ml, s_p, s_red, nxt, True)
+               cuda.blockIdx.y, n_kv, qk_scale, part_o, part_ml, s_p, s_red)
 
     return kernel_rope if rope else kernel

@@ -37,41 +37,32 @@ def _store_f16(data, off, v):
 
 
 @cuda.jit(device=True, inline="always")
-def norm_scale(ss, head_dim, eps):
-    """The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of a head from each lane's sum of squares of
-    its dims (lane, lane + 32, ... in that order), in every lane (a whole warp calls it)."""
-    return F1 / math.sqrt(warp_sum(ss) / np.float32(head_dim) + eps)
-
-
-@cuda.jit(device=True, inline="always")
 def head_scale(buf, base, head_dim, lane, has_norm, eps):
-    """`norm_scale` of the head at buf[base:base + head_dim]; 1 without a norm."""
+    """The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of the head at buf[base:base + head_dim], in
+    every lane (a whole warp calls it); 1 without a norm."""
     inv = F1
     if has_norm:
         ss = F0
         for i in range(lane, head_dim, 32):
             x = buf[base + i]
             ss += x * x
-        inv = norm_scale(ss, head_dim, eps)
+        inv = F1 / math.sqrt(warp_sum(ss) / np.float32(head_dim) + eps)
     return inv
 
 
 @cuda.jit(device=True, inline="always")
-def rope_cs(i, fpos, theta_log2, head_dim):
-    """(cos, sin) of the angle of pair i (dims i, i + head_dim / 2) at position fpos."""
+def rope_pair(a, b, i, inv, nw, has_norm, fpos, theta_log2, head_dim):
+    """Dims i and i + head_dim / 2 of a head (NeoX pairs), normed (inv * nw) where has_norm, then
+    rotated by the angle of position fpos: the one copy of this arithmetic, shared with the
+    attention kernel that applies it itself (`attention_wide`, rope=True), so both give the
+    same bits."""
+    if has_norm:
+        a = a * inv * nw[i]
+        b = b * inv * nw[i + (head_dim >> 1)]
     # theta^(-2i/d) = 2^(-log2(theta) * 2i/d)
     ang = fpos * math.exp2(-theta_log2 * np.float32(2 * i) / np.float32(head_dim))
-    return math.cos(ang), math.sin(ang)
-
-
-@cuda.jit(device=True, inline="always")
-def rope_rotate(a, b, na, nb, inv, has_norm, c, s):
-    """A NeoX pair (a, b) normed (a * inv * na, b * inv * nb) where has_norm, then rotated by
-    (c, s). With `norm_scale` and `rope_cs`, the one copy of this arithmetic: the attention
-    kernel that applies it itself (`attention_wide`, rope=True) gives `rope_kv`'s bits."""
-    if has_norm:
-        a = a * inv * na
-        b = b * inv * nb
+    c = math.cos(ang)
+    s = math.sin(ang)
     return a * c - b * s, b * c + a * s
 
 
@@ -104,9 +95,8 @@ def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n
     inv = head_scale(buf, base, head_dim, lane, has_norm, eps)
     fpos = np.float32(pos)
     for i in range(lane, half, 32):
-        c, s = rope_cs(i, fpos, theta_log2, head_dim)
-        ra, rb = rope_rotate(buf[base + i], buf[base + i + half], nw[i], nw[i + half], inv,
-                             has_norm, c, s)
+        ra, rb = rope_pair(buf[base + i], buf[base + i + half], i, inv, nw, has_norm, fpos,
+                           theta_log2, head_dim)
         buf[base + i] = ra
         buf[base + i + half] = rb
         if writes:
