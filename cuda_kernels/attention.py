@@ -31,7 +31,6 @@ from strata.plan import attn_split
 from . import attention_wide
 from .kvcache import KvSide, make_reader
 from .launch import factory_cache
-from .rope_kv import check_rope_args
 from .mma import shfl_xor
 
 WARPS = 4
@@ -334,56 +333,6 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
         part_o, part_ml)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
-
-
-def rope_fits(k: KvSide, v: KvSide, n_head: int, max_split: int = SPLIT_LEN) -> bool:
-    """Whether `decode_attention_rope` takes this layer: both cache sides f16 of one shape, and
-    the tensor-core kernel's case (head_dim 64 or 128, at most 8 query heads per KV head)."""
-    a, b = k.layout, v.layout
-    return (a == b and a.fmt == "f16" and n_head % a.n_kv_head == 0
-            and attention_wide.supports("f16", "f16", a.head_dim, n_head // a.n_kv_head,
-                                        max_split, rope=True))
-
-
-def decode_attention_rope(q, k, v, k_side: KvSide, v_side: KvSide, seq_len, out, partials, *,
-                          theta: float, q_norm_w=None, k_norm_w=None, eps: float = 1e-6,
-                          max_split: int = SPLIT_LEN, n_target: int | None = None,
-                          stream=0) -> None:
-    """`rope_kv` then `decode_attention` (n_new = 1) in two launches instead of three: one new
-    token's q [n_head * head_dim], k and v [n_kv * head_dim] (float32, as the projections left
-    them; read only) are normed per head (with weights, where given) and rotated at position
-    seq_len[0] inside the tensor-core pass-1 kernel, which also writes the token's K and V rows
-    to the f16 cache (`attention_wide.wide_kernel(..., rope=True)`); then the splits are merged
-    into out [n_head, head_dim] f32. The cache ends as `rope_kv` leaves it (bit for bit) and out
-    is what `decode_attention` gives after it. Only where `rope_fits`."""
-    lay = k_side.layout
-    if out.dtype != np.float32 or out.ndim != 2 or out.shape[1] != lay.head_dim:
-        raise ValueError(f"out must be float32 [n_head, {lay.head_dim}], got {out.dtype} "
-                         f"{tuple(out.shape)}")
-    n_head, hd = out.shape
-    if not rope_fits(k_side, v_side, n_head, max_split):
-        raise ValueError(f"decode_attention_rope takes two f16 cache sides of one shape, head_dim "
-                         f"in {attention_wide.HEAD_DIMS} and at most {attention_wide.MAX_GROUP} "
-                         f"query heads per KV head; got {k_side.layout}, {v_side.layout} and "
-                         f"{n_head} query heads")
-    q_norm_w, k_norm_w, has_norm = check_rope_args(q, k, v, seq_len, lay, n_head, theta, q_norm_w,
-                                                   k_norm_w)
-    group = n_head // lay.n_kv_head
-    n_target = attn_split.split_target(lay.n_kv_head) if n_target is None else n_target
-    min_split = min_split_for("f16", "f16", hd, group, max_split)
-    n_split = n_splits(lay.n_ctx, n_target, max_split, min_split)
-    if n_split > MAX_SPLITS:
-        raise ValueError(f"{lay.n_ctx} positions make up to {n_split} splits of at most "
-                         f"{max_split} keys; at most {MAX_SPLITS}: use a longer max_split")
-    _check_partials(partials, n_split, n_head, hd)
-    kernel = attention_wide.wide_kernel(hd, group, max_split, min_split=min_split, rope=True)
-    part_o, part_ml = partials
-    kernel[(lay.n_kv_head, n_split), THREADS, stream](
-        q, k, v, q_norm_w, k_norm_w, has_norm, np.float32(math.log2(theta)), np.float32(eps),
-        k_side.data, v_side.data, seq_len, lay.n_ctx, n_target,
-        np.float32(1.0 / math.sqrt(hd)), part_o, part_ml)
-    _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
-        part_o, part_ml, seq_len, 1, lay.n_ctx, n_target, max_split, min_split, out)
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

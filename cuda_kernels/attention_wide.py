@@ -39,7 +39,6 @@ from strata.plan import attn_split
 from .intrinsics import SIMULATED, ld_nc_u32x4, prmt
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import half2_hi, half2_lo, mma_16816, pack_half2, shfl_xor
-from .rope_kv import head_scale, rope_pair
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -55,22 +54,19 @@ _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 RED_ROW = 33              # one P V fragment of a warp in shared memory: 32 lanes + 1 of padding
 
 
-def shared_bytes(head_dim: int, group: int, max_split: int, rope: bool = False) -> int:
+def shared_bytes(head_dim: int, group: int, max_split: int) -> int:
     """Static shared memory of the kernel: the scores [group, max_split + 8] and the warps' P V
-    fragments [WARPS, head_dim / 4, RED_ROW], float32; with `rope`, the new key's K and V rows as
-    f16 words [head_dim] u32."""
-    return 4 * (group * (max_split + 8) + WARPS * (head_dim // 4) * RED_ROW
-                + (head_dim if rope else 0))
+    fragments [WARPS, head_dim / 4, RED_ROW], float32."""
+    return 4 * (group * (max_split + 8) + WARPS * (head_dim // 4) * RED_ROW)
 
 
-def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int,
-             rope: bool = False) -> bool:
+def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
     """Whether the tensor-core kernel handles this case (otherwise the generic kernel does);
     max_split: the longest split (its scores must fit the shared memory: at group 8 at most
     1,264 keys at head_dim 64, 992 at head_dim 128)."""
     return (k_fmt == "f16" and v_fmt == "f16" and head_dim in HEAD_DIMS
             and 1 <= group <= MAX_GROUP and max_split % TILE == 0
-            and shared_bytes(head_dim, group, max_split, rope) <= MAX_SHARED_BYTES)
+            and shared_bytes(head_dim, group, max_split) <= MAX_SHARED_BYTES)
 
 
 @cuda.jit(device=True, inline="always")
@@ -87,7 +83,7 @@ def jit_options(min_blocks: int) -> dict:
 
 @factory_cache
 def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN_BLOCKS,
-                min_split: int = attn_split.SPLIT_K_MIN, rope: bool = False):
+                min_split: int = attn_split.SPLIT_K_MIN):
     """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
     least min(min_split, max_split) and at most max_split keys (the shared score buffer's length
     per head).
@@ -99,16 +95,8 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     none before; group 1 would take 164 and spill 128 bytes). Measured on the H200 at 32K
     context: 47.5 us unbounded, 34.6 us with 4 (pass 1 + combine), 30.3 us with the fragment
     epilogue (`2026-12-01_kernels_decode_attention_epilogue.json`).
-
-    rope: the kernel of `attention.decode_attention_rope`, which takes the new token's raw q, k
-    and v (n_new = 1) and does `rope_kv`'s work itself, saving that launch: every block norms
-    and rotates its KV head's query heads into shared memory, and the block whose split holds
-    the new key (position seq_len[0]) norms and rotates k, writes the key's K and V rows to the
-    cache and reads that key from its shared copy of the words (never from the cache it wrote:
-    K/V are read through the non-coherent cache, which a write in the same launch may not
-    reach). The other blocks never read that key.
     """
-    if not supports("f16", "f16", head_dim, group, max_split, rope):
+    if not supports("f16", "f16", head_dim, group, max_split):
         raise ValueError(f"tensor-core decode attention: head_dim {head_dim}, group {group}, "
                          f"longest split {max_split} not supported")
     ROW = 2 * head_dim        # bytes of one cache row
@@ -124,24 +112,15 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
     N_SCORES, N_RED, N_OUT = group * SPS, WARPS * N_ACC * RED_ROW, group * head_dim
     STEP = WARPS * TILE       # keys per block per round
     MIN_SPLIT = min_split
-    HALF = head_dim // 2      # NeoX pairs (i, i + HALF); also the K row's f16 words
-    N_NEW = head_dim if rope else 1  # u32: the new key's K words, then its V words
-    KO, VO = group * head_dim, (group + 1) * head_dim  # rotated k, raw v in s_red (prologue)
-    N_ROUNDS = (group + 1 + WARPS - 1) // WARPS  # prologue rounds of the warps (q heads, k)
 
     @cuda.jit(device=True, inline="always")
-    def load_k(data, k0, base, n_keys, n_kv, hk, g, t, dst, key_new, s_new):
-        # lane (g, t): keys g and g+8 of the tile, 16-byte segments t, t+4, ... of each;
-        # key_new (rope): the new key, read from s_new
+    def load_k(data, k0, base, n_keys, n_kv, hk, g, t, dst):
+        # lane (g, t): keys g and g+8 of the tile, 16-byte segments t, t+4, ... of each
         for r in range(2):
             key = k0 + min(base + g + 8 * r, n_keys - 1)
             row = (key * n_kv + hk) * ROW
             for s in range(N_SEG):
-                if rope and key == key_new:
-                    j = 4 * (t + 4 * s)
-                    w0, w1, w2, w3 = s_new[j], s_new[j + 1], s_new[j + 2], s_new[j + 3]
-                else:
-                    w0, w1, w2, w3 = ld_nc_u32x4(data, row + (t + 4 * s) * 16)
+                w0, w1, w2, w3 = ld_nc_u32x4(data, row + (t + 4 * s) * 16)
                 o = r * N_KW + 4 * s
                 dst[o] = w0
                 dst[o + 1] = w1
@@ -149,41 +128,34 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 dst[o + 3] = w3
 
     @cuda.jit(device=True, inline="always")
-    def load_v(data, k0, base, n_keys, n_kv, hk, g, t, dst, key_new, s_new):
+    def load_v(data, k0, base, n_keys, n_kv, hk, g, t, dst):
         # lane (g, t): dims [g*DL, (g+1)*DL) of keys 2t, 2t+1, 2t+8, 2t+9 of the tile
         for r in range(4):
             key = k0 + min(base + 2 * t + (r & 1) + 8 * (r >> 1), n_keys - 1)
             row = (key * n_kv + hk) * ROW + g * DL * 2
             for s in range(N_VW // 4):
-                if rope and key == key_new:
-                    j = HALF + g * (DL // 2) + 4 * s
-                    w0, w1, w2, w3 = s_new[j], s_new[j + 1], s_new[j + 2], s_new[j + 3]
-                else:
-                    w0, w1, w2, w3 = ld_nc_u32x4(data, row + s * 16)
+                w0, w1, w2, w3 = ld_nc_u32x4(data, row + s * 16)
                 o = r * N_VW + 4 * s
                 dst[o] = w0
                 dst[o + 1] = w1
                 dst[o + 2] = w2
                 dst[o + 3] = w3
 
-    if rope:  # q: the block's query heads, normed and rotated in shared memory [group, hd]
-        @cuda.jit(device=True, inline="always")
-        def q_at(q, hk, h, d):
-            return q[h * head_dim + d]
-    else:     # q: [n_head, head_dim] f32 in global memory
-        @cuda.jit(device=True, inline="always")
-        def q_at(q, hk, h, d):
-            return q[hk * group + h, d]
-
-    @cuda.jit(device=True, inline="always")
-    def attend(q, kd, vd, k0, n_keys, key_new, s_new, hk, split, n_kv, qk_scale, part_o,
-               part_ml, s_p, s_red):
-        # the block's split: keys [k0, k0 + n_keys) of KV head hk; s_p: [G, SPS] scores,
-        # then probabilities; s_red: [WARPS, N_ACC, RED_ROW] P V fragments (q with rope: read
-        # before the first barrier here, overwritten after the last)
+    @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
+        hk, split = cuda.blockIdx.x, cuda.blockIdx.y
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
         g, t = lane >> 2, lane & 3
+        n_kv = q.shape[0] // group
+        length = min(seq_len[0] + n_new, n_ctx)
+        split_len = _split_len(length, n_target, CAP, MIN_SPLIT)  # a multiple of TILE, <= CAP
+        k0 = int32(split * split_len)  # positions fit 32 bits (seq_len is int32): 128 registers
+        n_keys = int32(min(split_len, length - k0))
+        if n_keys <= 0:
+            return
+        s_p = cuda.shared.array(N_SCORES, float32)  # scores, then probabilities [G, split]
+        s_red = cuda.shared.array(N_RED, float32)      # [WARPS, N_ACC, 33] P V fragments
         qhi = cuda.local.array(N_KW, uint32)
         qlo = cuda.local.array(N_KW, uint32)
         words = cuda.local.array(N_W, uint32)
@@ -191,15 +163,15 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
         acc = cuda.local.array(N_ACC, float32)
         first = warp * TILE
         # pass A: scores; tile r + 1 is requested before tile r is computed
-        load_k(kd, k0, first, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)
+        load_k(kd, k0, first, n_keys, n_kv, hk, g, t, nxt)
         # B fragments of Q^T: head g, the dims of lane t's words (segment t + 4*(w//4), pair w%4)
         for w in range(N_KW):
             d = 8 * (t + 4 * (w // 4)) + 2 * (w % 4)
             x0 = float32(0.0)
             x1 = float32(0.0)
             if g < group:
-                x0 = q_at(q, hk, g, d) * qk_scale
-                x1 = q_at(q, hk, g, d + 1) * qk_scale
+                x0 = q[hk * group + g, d] * qk_scale
+                x1 = q[hk * group + g, d + 1] * qk_scale
             hi, lo = _split_pair(x0, x1)
             qhi[w] = hi
             qlo[w] = lo
@@ -207,7 +179,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
             for i in range(N_W):
                 words[i] = nxt[i]
             if base + STEP < n_keys:
-                load_k(kd, k0, base + STEP, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)
+                load_k(kd, k0, base + STEP, n_keys, n_kv, hk, g, t, nxt)
             c0 = c1 = c2 = c3 = float32(0.0)
             for c in range(N_CH):
                 a0, a2 = words[2 * c], words[2 * c + 1]
@@ -224,7 +196,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                     if h < group and key < n_keys:
                         s_p[h * SPS + key] = (c0 if j == 0 else c1) if r == 0 else \
                             (c2 if j == 0 else c3)
-        load_v(vd, k0, first, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)  # during pass B
+        load_v(vd, k0, first, n_keys, n_kv, hk, g, t, nxt)  # lands during pass B
         cuda.syncthreads()
         # pass B: softmax statistics per head; keys past n_keys get probability 0
         for h in range(warp, group, WARPS):
@@ -253,7 +225,7 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
             for i in range(N_W):
                 words[i] = nxt[i]
             if base + STEP < n_keys:
-                load_v(vd, k0, base + STEP, n_keys, n_kv, hk, g, t, nxt, key_new, s_new)
+                load_v(vd, k0, base + STEP, n_keys, n_kv, hk, g, t, nxt)
             p0 = p1 = p2 = p3 = float32(0.0)
             if g < group:  # B fragment: head g, keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1)
                 o = g * SPS + base + 2 * t
@@ -292,82 +264,4 @@ def wide_kernel(head_dim: int, group: int, max_split: int, min_blocks: int = MIN
                 v += s_red[w * N_ACC * RED_ROW + at]
             part_o[split, hk * group + h, d] = v
 
-    def split_of(seq_len0, n_new, n_ctx, n_target):
-        # (first key, keys) of this block's split; n_keys <= 0: past the live length
-        length = min(seq_len0 + n_new, n_ctx)
-        split_len = _split_len(length, n_target, CAP, MIN_SPLIT)  # a multiple of TILE, <= CAP
-        k0 = int32(cuda.blockIdx.y * split_len)  # positions fit 32 bits: 128 registers
-        return k0, int32(min(split_len, length - k0))
-
-    split_of = cuda.jit(device=True, inline="always")(split_of)
-    options = {} if SIMULATED else jit_options(min_blocks)
-
-    @cuda.jit(**options)
-    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
-        k0, n_keys = split_of(seq_len[0], n_new, n_ctx, n_target)
-        if n_keys <= 0:
-            return
-        s_p = cuda.shared.array(N_SCORES, float32)
-        s_red = cuda.shared.array(N_RED, float32)
-        s_new = cuda.shared.array(N_NEW, uint32)  # unused
-        attend(q, kd, vd, k0, n_keys, int32(-1), s_new, cuda.blockIdx.x, cuda.blockIdx.y,
-               q.shape[0] // group, qk_scale, part_o, part_ml, s_p, s_red)
-
-    @cuda.jit(**options)
-    def kernel_rope(q, k, v, q_norm_w, k_norm_w, has_norm, theta_log2, eps, kd, vd, seq_len,
-                    n_ctx, n_target, qk_scale, part_o, part_ml):
-        # q: [n_head * head_dim], k, v: [n_kv * head_dim] f32, the new token's projections
-        # (before norm and RoPE; read only); *_norm_w: [head_dim] f32; the token at position
-        # seq_len[0], the cache's rows there written here (dropped past n_ctx, like rope_kv)
-        hk = cuda.blockIdx.x
-        tid = cuda.threadIdx.x
-        warp, lane = tid // 32, tid % 32
-        pos = seq_len[0]
-        k0, n_keys = split_of(pos, 1, n_ctx, n_target)
-        if n_keys <= 0:
-            return
-        s_p = cuda.shared.array(N_SCORES, float32)
-        s_red = cuda.shared.array(N_RED, float32)
-        s_new = cuda.shared.array(N_NEW, uint32)
-        n_kv = k.shape[0] // head_dim
-        fpos = float32(pos)
-        mine = k0 <= pos and pos < k0 + n_keys  # this split holds the new key
-        # items: the group's q heads, then k's head; every warp takes N_ROUNDS (past the items
-        # or k outside its split: a head's scale computed and dropped), so every warp makes
-        # the same warp-wide sums (the simulator runs each as a block-wide step)
-        for r in range(N_ROUNDS):
-            item = warp + r * WARPS
-            is_k = item == group
-            src = k if is_k else q
-            nw = k_norm_w if is_k else q_norm_w
-            base = hk * head_dim if is_k else (hk * group + min(item, group - 1)) * head_dim
-            inv = head_scale(src, base, head_dim, lane, has_norm, eps)
-            if item < group or (is_k and mine):
-                o = KO if is_k else item * head_dim
-                for i in range(lane, HALF, 32):
-                    a, b = rope_pair(src[base + i], src[base + i + HALF], i, inv, nw, has_norm,
-                                     fpos, theta_log2, head_dim)
-                    s_red[o + i] = a
-                    s_red[o + i + HALF] = b
-        if mine and warp == (group + 1) % WARPS:  # the item after k's: v, copied
-            for i in range(lane, head_dim, 32):
-                s_red[VO + i] = v[hk * head_dim + i]
-        cuda.syncthreads()
-        if mine:  # f16 words (round to nearest even, as rope_kv stores them)
-            row = (pos * n_kv + hk) * ROW
-            for w in range(tid, head_dim, THREADS):
-                is_v = w >= HALF
-                src = VO + 2 * (w - HALF) if is_v else KO + 2 * w
-                word = pack_half2(s_red[src], s_red[src + 1])
-                s_new[w] = word
-                data = vd if is_v else kd
-                off = row + 4 * (w - HALF if is_v else w)
-                data[off] = word & 0xFF
-                data[off + 1] = (word >> 8) & 0xFF
-                data[off + 2] = (word >> 16) & 0xFF
-                data[off + 3] = word >> 24
-        cuda.syncthreads()
-        attend(s_red, kd, vd, k0, n_keys, pos if mine else int32(-1), s_new, hk,
-               cuda.blockIdx.y, n_kv, qk_scale, part_o, part_ml, s_p, s_red)
-
-    return kernel_rope if rope else kernel
+    return kernel

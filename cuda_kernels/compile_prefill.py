@@ -52,14 +52,6 @@ _DECODE_ATTN_SIG = (T.float32[:, ::1], _U8, _F16, _U8, _F16, _I32, _I64, _I64, _
                     T.float32[:, :, ::1], T.float32[:, :, ::1])
 
 
-# the same with the new token's norm and RoPE inside (`attention.decode_attention_rope`): q, k,
-# v, q_norm_w, k_norm_w, has_norm, theta_log2, eps, K data, V data, seq_len, n_ctx, n_target,
-# qk_scale, part_o, part_ml
-_F1 = T.float32[::1]
-_DECODE_ATTN_ROPE_SIG = (_F1, _F1, _F1, _F1, _F1, T.boolean, _F32, _F32, _U8, _U8, _I32, _I64,
-                         _I64, _F32, T.float32[:, :, ::1], T.float32[:, :, ::1])
-
-
 # Attention shapes the binary's bundle carries: head sizes and query heads per KV head of the
 # models we run (Qwen3-MoE: 128 with groups 4, 8 and 16; the built-in tiny model: 3) and their
 # neighbours. The compile check takes a representative few.
@@ -151,11 +143,6 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
             register_ptx(family, f"decode_attn_f16_wide_hd{hd}_g{group}",
                          _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN),
                                 _DECODE_ATTN_SIG),
-                         options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
-        if attention_wide.supports("f16", "f16", hd, group, attention.SPLIT_LEN, rope=True):
-            register_ptx(family, f"decode_attn_f16_wide_rope_hd{hd}_g{group}",
-                         _fixed(attention_wide.wide_kernel(hd, group, attention.SPLIT_LEN,
-                                                           rope=True), _DECODE_ATTN_ROPE_SIG),
                          options=attention_wide.jit_options(attention_wide.MIN_BLOCKS))
     for fmt in kvcache.KV_FORMATS:
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8)]

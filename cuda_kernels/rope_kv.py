@@ -36,36 +36,6 @@ def _store_f16(data, off, v):
     data[off + 1] = bits >> 8
 
 
-@cuda.jit(device=True, inline="always")
-def head_scale(buf, base, head_dim, lane, has_norm, eps):
-    """The RMSNorm scale 1 / sqrt(mean(x^2) + eps) of the head at buf[base:base + head_dim], in
-    every lane (a whole warp calls it); 1 without a norm."""
-    inv = F1
-    if has_norm:
-        ss = F0
-        for i in range(lane, head_dim, 32):
-            x = buf[base + i]
-            ss += x * x
-        inv = F1 / math.sqrt(warp_sum(ss) / np.float32(head_dim) + eps)
-    return inv
-
-
-@cuda.jit(device=True, inline="always")
-def rope_pair(a, b, i, inv, nw, has_norm, fpos, theta_log2, head_dim):
-    """Dims i and i + head_dim / 2 of a head (NeoX pairs), normed (inv * nw) where has_norm, then
-    rotated by the angle of position fpos: the one copy of this arithmetic, shared with the
-    attention kernel that applies it itself (`attention_wide`, rope=True), so both give the
-    same bits."""
-    if has_norm:
-        a = a * inv * nw[i]
-        b = b * inv * nw[i + (head_dim >> 1)]
-    # theta^(-2i/d) = 2^(-log2(theta) * 2i/d)
-    ang = fpos * math.exp2(-theta_log2 * np.float32(2 * i) / np.float32(head_dim))
-    c = math.cos(ang)
-    s = math.sin(ang)
-    return a * c - b * s, b * c + a * s
-
-
 @cuda.jit
 def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n_kv, head_dim,
                        theta_log2, eps, n_ctx, k_data, v_data):
@@ -74,17 +44,16 @@ def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n
     # 2 * head_dim] u8 f16 cache rows. One warp per item: q heads, then k heads, then v heads.
     lane = cuda.threadIdx.x & 31
     item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    if item >= n_head + 2 * n_kv:  # the whole warp: no block-wide barrier follows
-        return
     is_q = item < n_head
     is_v = item >= n_head + n_kv
     h = item if is_q else (item - n_head - n_kv if is_v else item - n_head)
     buf = q if is_q else (v if is_v else k)
     nw = q_norm_w if is_q else k_norm_w
+    active = item < n_head + 2 * n_kv
     base = h * head_dim
     pos = seq_len[0]
     row = pos * n_kv + h  # the cache row of a k or v head
-    writes = not is_q and row < n_ctx * n_kv  # past the cache: dropped
+    writes = active and not is_q and row < n_ctx * n_kv  # past the cache: dropped
     data = v_data if is_v else k_data
     if is_v:
         if writes:
@@ -92,45 +61,39 @@ def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n
                 _store_f16(data, row * 2 * head_dim + 2 * i, buf[base + i])
         return
     half = head_dim >> 1
-    inv = head_scale(buf, base, head_dim, lane, has_norm, eps)
-    fpos = np.float32(pos)
-    for i in range(lane, half, 32):
-        ra, rb = rope_pair(buf[base + i], buf[base + i + half], i, inv, nw, has_norm, fpos,
-                           theta_log2, head_dim)
-        buf[base + i] = ra
-        buf[base + i + half] = rb
-        if writes:
-            _store_f16(data, row * 2 * head_dim + 2 * i, ra)
-            _store_f16(data, row * 2 * head_dim + 2 * (i + half), rb)
+    inv = F1
+    if has_norm:
+        ss = F0
+        if active:
+            for i in range(lane, head_dim, 32):
+                x = buf[base + i]
+                ss += x * x
+        inv = F1 / math.sqrt(warp_sum(ss) / np.float32(head_dim) + eps)
+    if active:
+        fpos = np.float32(pos)
+        for i in range(lane, half, 32):
+            a = buf[base + i]
+            b = buf[base + i + half]
+            if has_norm:
+                a = a * inv * nw[i]
+                b = b * inv * nw[i + half]
+            # theta^(-2i/d) = 2^(-log2(theta) * 2i/d)
+            ang = fpos * math.exp2(-theta_log2 * np.float32(2 * i) / np.float32(head_dim))
+            c = math.cos(ang)
+            s = math.sin(ang)
+            ra = a * c - b * s
+            rb = b * c + a * s
+            buf[base + i] = ra
+            buf[base + i + half] = rb
+            if writes:
+                _store_f16(data, row * 2 * head_dim + 2 * i, ra)
+                _store_f16(data, row * 2 * head_dim + 2 * (i + half), rb)
 
 
 def rope_kv_fits(k_side: KvSide, v_side: KvSide) -> bool:
     """Whether `rope_kv` takes this layer's cache (both sides f16, one shape)."""
     kl, vl = k_side.layout, v_side.layout
     return kl.fmt == vl.fmt == "f16" and kl == vl
-
-
-def check_rope_args(q, k, v, seq_len, lay, n_head: int, theta: float, q_norm_w, k_norm_w):
-    """(q_norm_w, k_norm_w, has_norm) after checking one token's q [n_head * head_dim], k, v
-    [n_kv * head_dim] float32, seq_len int32 [1], theta and the norm weights ([head_dim] float32,
-    both or neither; without, v stands in for them, never read) against the cache layout."""
-    n_kv, hd = lay.n_kv_head, lay.head_dim
-    check_array("q", q, np.float32, (n_head * hd,))
-    check_array("k", k, np.float32, (n_kv * hd,))
-    check_array("v", v, np.float32, (n_kv * hd,))
-    check_array("seq_len", seq_len, np.int32, (1,))
-    if not theta > 1:
-        raise ValueError(f"rope theta must be > 1, got {theta}")
-    has_norm = q_norm_w is not None
-    if has_norm != (k_norm_w is not None):
-        raise ValueError("give both q_norm_w and k_norm_w, or neither")
-    if has_norm:
-        check_array("q_norm_w", q_norm_w, np.float32, (hd,))
-        check_array("k_norm_w", k_norm_w, np.float32, (hd,))
-        return q_norm_w, k_norm_w, True
-    # read-only here: a written array would be copied back over itself where numba transfers
-    # host arrays
-    return v, v, False
 
 
 def rope_kv(q, k, v, seq_len, k_side: KvSide, v_side: KvSide, *, n_head: int, theta: float,
@@ -143,8 +106,20 @@ def rope_kv(q, k, v, seq_len, k_side: KvSide, v_side: KvSide, *, n_head: int, th
                          f"and {v_side.layout}")
     lay = k_side.layout
     n_kv, hd = lay.n_kv_head, lay.head_dim
-    q_norm_w, k_norm_w, has_norm = check_rope_args(q, k, v, seq_len, lay, n_head, theta,
-                                                   q_norm_w, k_norm_w)
+    check_array("q", q, np.float32, (n_head * hd,))
+    check_array("k", k, np.float32, (n_kv * hd,))
+    check_array("v", v, np.float32, (n_kv * hd,))
+    check_array("seq_len", seq_len, np.int32, (1,))
+    if not theta > 1:
+        raise ValueError(f"rope theta must be > 1, got {theta}")
+    has_norm = q_norm_w is not None
+    if has_norm != (k_norm_w is not None):
+        raise ValueError("rope_kv: give both q_norm_w and k_norm_w, or neither")
+    if has_norm:
+        check_array("q_norm_w", q_norm_w, np.float32, (hd,))
+        check_array("k_norm_w", k_norm_w, np.float32, (hd,))
+    else:  # never read: v stands in (read-only here; a written array would be copied back
+        q_norm_w = k_norm_w = v  # over itself where numba transfers host arrays)
     n_items = n_head + 2 * n_kv
     rope_kv_f16_kernel[n_blocks(n_items, WARPS), 32 * WARPS, stream](
         q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n_kv, hd,

@@ -25,7 +25,7 @@ second MoE launch while the pool computes (`strata.engine.cuda.miss_split`).
 
 from __future__ import annotations
 
-from strata.cuda_kernels.attention import decode_attention, decode_attention_rope, rope_fits
+from strata.cuda_kernels.attention import decode_attention
 from strata.cuda_kernels.elementwise import embed
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
@@ -45,10 +45,6 @@ from strata.engine.cuda.pool import CpuPool
 from strata.plan.layout import SPLIT_K_TOKENS  # the longest split the plan sized partials for
 
 MODES = ("logits", "greedy", "sample")  # what follows the head in a step
-# f16 KV on the tensor-core attention kernel: the new token's norm, RoPE and K/V write run inside
-# attention's pass 1 (`decode_attention_rope`), one launch a layer fewer than `rope_kv` first.
-# Read when a step is recorded; False is the bench's A/B arm.
-ROPE_IN_ATTENTION = True
 
 
 class DecodeStep:
@@ -148,25 +144,17 @@ class DecodeStep:
         k_side, v_side = m.kv_sides[il]
         norms = dict(q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
                      eps=eps, stream=stream)
-        q, k, v = self.q.reshape(self.q.size), self.k.reshape(self.k.size), self.v.reshape(
-            self.v.size)
-        if ROPE_IN_ATTENTION and rope_fits(k_side, v_side, s.n_head, SPLIT_K_TOKENS):
-            # f16 KV on tensor cores: norm, RoPE and both writes inside attention's pass 1
-            decode_attention_rope(q, k, v, k_side, v_side, self.seq_len, self.attn2,
-                                  self.partials, theta=s.rope_freq_base,
-                                  max_split=SPLIT_K_TOKENS, **norms)
+        if rope_kv_fits(k_side, v_side):  # f16 KV: norm, RoPE and both writes in one launch
+            rope_kv(self.q.reshape(self.q.size), self.k.reshape(self.k.size),
+                    self.v.reshape(self.v.size), self.seq_len, k_side, v_side,
+                    n_head=s.n_head, theta=s.rope_freq_base, **norms)
         else:
-            if rope_kv_fits(k_side, v_side):  # f16 KV: norm, RoPE and both writes, one launch
-                rope_kv(q, k, v, self.seq_len, k_side, v_side, n_head=s.n_head,
-                        theta=s.rope_freq_base, **norms)
-            else:
-                qk_norm_rope(self.q, self.k, self.seq_len, n_head=s.n_head,
-                             n_head_kv=s.n_head_kv, head_dim=s.head_dim,
-                             theta=s.rope_freq_base, **norms)
-                kv_write(self.k3, k_side, self.seq_len, stream=stream)
-                kv_write(self.v3, v_side, self.seq_len, stream=stream)
-            decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                             n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
+            qk_norm_rope(self.q, self.k, self.seq_len, n_head=s.n_head, n_head_kv=s.n_head_kv,
+                         head_dim=s.head_dim, theta=s.rope_freq_base, **norms)
+            kv_write(self.k3, k_side, self.seq_len, stream=stream)
+            kv_write(self.v3, v_side, self.seq_len, stream=stream)
+        decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
+                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         self._route(il, stream)

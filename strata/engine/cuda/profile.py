@@ -19,8 +19,8 @@ import strata.engine.cuda.decode as decode_mod
 
 # the kernel launchers a decode step calls, by the names decode.py imports them under
 LAUNCHERS = ("embed", "rms_norm", "matvec", "matvec_pair", "matvec_normed", "qk_norm_rope",
-             "rope_kv", "kv_write", "decode_attention", "decode_attention_rope", "add", "route",
-             "router_normed", "moe_decode", "moe_decode_mixed", "advance_seq_len")
+             "rope_kv", "kv_write", "decode_attention", "add", "route", "router_normed",
+             "moe_decode", "moe_decode_mixed", "advance_seq_len")
 
 
 def _noop(*args, **kwargs) -> None:
