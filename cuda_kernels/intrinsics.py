@@ -4,9 +4,9 @@ warp reductions.
 Each helper has two bodies with one meaning. On a GPU (or when compiling PTX) they are numba
 intrinsics that emit the exact instruction (a 4-byte load, `cvt.f32.f16`, `dp4a`, a 16-byte
 `ld.global.nc.v4.u32`, warp shuffles). Under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1, the
-CI test mode) intrinsics cannot run, so each is a plain Python function computing the same value;
-the simulator has no warp shuffles at all, so the warp reductions are emulated with a per-block
-scratch and the simulator's barrier. Integer helpers return values that never rely on wrapping, so
+CI test mode) intrinsics cannot run, so each is a plain Python function computing the same value
+(`intrinsics_sim`); the simulator has no warp shuffles at all, so the warp reductions are
+emulated with a per-block scratch and the simulator's barrier. Integer helpers return values that never rely on wrapping, so
 Python ints (simulator) and numba's int64 arithmetic (GPU) agree.
 
 Contract for the emulated warp helpers: every live thread of the block calls them the same number of
@@ -14,8 +14,6 @@ times (the kernels keep reductions out of divergent branches).
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 from numba import cuda, config
@@ -33,194 +31,10 @@ __all__ = [
 
 
 if SIMULATED:
-
-    def ld_u8(a, off):
-        """Byte `off` of a uint8 array as an int."""
-        return int(a[off])
-
-    # The simulated loads check the alignment the device instruction needs (relative to the
-    # array start: device allocations are 256-byte aligned) and touch exactly the bytes the
-    # device would, so CI catches misaligned and out-of-bounds accesses.
-
-    def _aligned(off, n):
-        if int(off) % n:
-            raise IndexError(f"misaligned {8 * n}-bit load at byte offset {off}")
-
-    def ld_u16(a, off):
-        """Little-endian u16 at byte `off` (2-aligned)."""
-        _aligned(off, 2)
-        return int(a[off]) | (int(a[off + 1]) << 8)
-
-    def ld_u32(a, off):
-        """Little-endian u32 at byte `off` (4-aligned). An aligned word that starts inside the
-        array may run past its end (the device reads it within the same page): those bytes
-        read as 0 here; a word starting past the end is an error."""
-        _aligned(off, 4)
-        off = int(off)
-        if off + 3 >= len(a) and off < len(a):
-            return sum(int(a[off + i]) << (8 * i) for i in range(len(a) - off))
-        return (int(a[off]) | (int(a[off + 1]) << 8) | (int(a[off + 2]) << 16)
-                | (int(a[off + 3]) << 24))
-
-    def ld_u32_any(a, off):
-        """Little-endian u32 at any byte offset: the aligned word holding byte `off`, and the next
-        one only when `off` is misaligned (so it never reads past the 4 bytes' own word)."""
-        off = int(off)
-        base = off & ~3
-        lo = ld_u32(a, base)
-        if off & 3 == 0:
-            return lo
-        s = 8 * (off & 3)
-        return ((lo >> s) | (ld_u32(a, base + 4) << (32 - s))) & 0xFFFFFFFF
-
-    def ld_nc_u32x4(a, off):
-        """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
-        _aligned(off, 16)
-        return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
-
-    def ld_x4(x, i):
-        """x[i:i+4] of a float32 or float16 array as four float32 (i a multiple of 4)."""
-        _aligned(i, 4)
-        return (np.float32(x[i]), np.float32(x[i + 1]), np.float32(x[i + 2]), np.float32(x[i + 3]))
-
-    def ld_i64x2(x, i):
-        """x[i], x[i+1] of an int64 array (i even: one 16-byte load on the GPU)."""
-        _aligned(i, 2)
-        return np.int64(x[i]), np.int64(x[i + 1])
-
-    def prmt(a, b, sel):
-        """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the
-        8 bytes b:a (a the low word)."""
-        both = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
-        out = 0
-        for k in range(4):
-            src = (int(sel) >> (4 * k)) & 7
-            out |= ((both >> (8 * src)) & 0xFF) << (8 * k)
-        return out
-
-    def h2f(bits):
-        """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
-        return np.float32(np.array([int(bits) & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
-
-    def u2f(bits):
-        """The float32 whose bit pattern is `bits`."""
-        return np.array([int(bits) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
-
-    def f2u(x):
-        """The bit pattern of float32 `x` as an int."""
-        return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
-
-    def dp4a(a, b, c):
-        """c + the dot product of the four signed bytes of a and of b."""
-        va = np.array([int(a) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
-        vb = np.array([int(b) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
-        return int(c) + int((va * vb).sum())
-
-    def _warp_gather(v):
-        """Every lane's `v` of the caller's warp, in lane order (simulator only).
-
-        One block barrier: values are keyed by the gather's sequence number, so a thread past
-        it writes its next value under a new key; a thread drops its previous value only here,
-        past this barrier, which every thread reached after reading that value."""
-        t = threading.current_thread()
-        mgr = t._manager
-        store = mgr.__dict__.setdefault("_strata_warp", {})
-        seq = t.__dict__.get("_strata_seq", 0)
-        t._strata_seq = seq + 1
-        store[(seq, t.thread_id)] = v
-        t.syncthreads()
-        store.pop((seq - 1, t.thread_id), None)
-        warp0 = t.thread_id - t.thread_id % 32
-        return [store[(seq, w)] for w in range(warp0, warp0 + 32) if (seq, w) in store]
-
-    def warp_sum(v):
-        """Sum of `v` over the warp, in every lane."""
-        vals = _warp_gather(v)
-        s = vals[0]
-        for x in vals[1:]:
-            s = s + x
-        return s
-
-    def warp_max(v):
-        """Max of `v` over the warp, in every lane."""
-        return max(_warp_gather(v))
-
-    def warp_bcast(v, lane):
-        """Lane `lane`'s `v`, in every lane."""
-        return _warp_gather(v)[lane]
-
-    def warp_argmax(v, i):
-        """(max v, its i) over the warp, ties to the smaller i, in every lane."""
-        pairs = _warp_gather((v, i))
-        best = pairs[0]
-        for p in pairs[1:]:
-            if p[0] > best[0] or (p[0] == best[0] and p[1] < best[1]):
-                best = p
-        return best
-
-    def warp_suffix_sum(v):
-        """Sum of `v` over this lane and every higher lane."""
-        t = threading.current_thread()
-        vals = _warp_gather(v)
-        lane = t.thread_id % 32
-        s = vals[lane]
-        for x in vals[lane + 1:]:
-            s = s + x
-        return s
-
-    def ld_nc_u32x2(a, off):
-        """Two little-endian u32 at an 8-aligned byte offset of a read-only global buffer. The
-        8 bytes may run past the array's end (the device reads them within the same aligned
-        chunk): those read as 0; a chunk starting past the end is an error."""
-        _aligned(off, 8)
-        return (ld_u32(a, off), ld_u32(a, off + 4) if int(off) + 4 < len(a) else 0)
-
-    def funnel_r(lo, hi, sh):
-        """The low word of the 64-bit hi:lo shifted right by sh bits (0 <= sh <= 32)."""
-        both = (int(lo) & 0xFFFFFFFF) | ((int(hi) & 0xFFFFFFFF) << 32)
-        return (both >> min(int(sh), 32)) & 0xFFFFFFFF
-
-    def ld_f32_at(a, byte_off):
-        """The float32 at byte offset `byte_off` (4-aligned) of a 4-byte-element array."""
-        _aligned(byte_off, 4)
-        return np.float32(a[int(byte_off) >> 2])
-
-    def ld_u32_at(a, byte_off):
-        """The u32 at byte offset `byte_off` (4-aligned) of a 4-byte-element array."""
-        _aligned(byte_off, 4)
-        return int(a[int(byte_off) >> 2])
-
-    def st_x4(xs, i, v0, v1, v2, v3):
-        """xs[i:i+4] = v0..v3 on a float32 array (i a multiple of 4)."""
-        _aligned(i, 4)
-        xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
-
-    def quad_sum(v):
-        """Sum of `v` over this lane's aligned group of 4 lanes, in each of them."""
-        t = threading.current_thread()
-        vals = _warp_gather(v)
-        q0 = (t.thread_id % 32) & ~3
-        s = vals[q0]
-        for x in vals[q0 + 1:q0 + 4]:
-            s = s + x
-        return s
-
-    def quad_max(v):
-        """Max of `v` over this lane's aligned group of 4 lanes, in each of them."""
-        t = threading.current_thread()
-        vals = _warp_gather(v)
-        q0 = (t.thread_id % 32) & ~3
-        return max(vals[q0:q0 + 4])
-
-    def ld_w4(x, i):
-        """x[i:i+4] of a uint32 array as four ints (i a multiple of 4: one 16-byte load)."""
-        _aligned(i, 4)
-        return int(x[i]), int(x[i + 1]), int(x[i + 2]), int(x[i + 3])
-
-    def rint_i32(v):
-        """float32 v rounded to the nearest integer, ties to even (|v| < 2^31)."""
-        return int(np.rint(np.float32(v)))
-
+    from .intrinsics_sim import (  # noqa: F401 (re-exported)
+        ld_u8, ld_u16, ld_u32, ld_u32_any, ld_nc_u32x4, ld_x4, ld_i64x2, prmt, h2f, u2f, f2u,
+        dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32x2, funnel_r,
+        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
