@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 MODULES = (
     "strata.cuda_kernels.dequant",
     "strata.cuda_kernels.matvec",
+    "strata.cuda_kernels.matvec_mixed",
     "strata.cuda_kernels.moe",
     "strata.cuda_kernels.batch_moe",
     "strata.cuda_kernels.batch_attention",

@@ -182,40 +182,28 @@ def _put_pair(out, row0, n_here, acc_a, acc_b, accumulate):
         out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
 
 
-def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+    """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
+    kernel of `matvec_mixed` runs one per format):
+      body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
+    blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
+    vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
+    (the format's table, the partial sums, the staged x of lf's `xs_type`)."""
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     stage, stage_normed = stager(lf)
-    xs_type = lf.xs_type
-    n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
+    n_tab, has_tab = lf.table.size, lf.has_table
 
-    @cuda.jit(**lane_jit(lf))
-    def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
-                     nw, eps, xn, y, y2, y3, accumulate, tab):
-        # Up to three matrices of the same format and columns, one after the other in row
-        # space: W's n1 rows (w -> y) from row 0, W2's (w2 -> y2, from its row 0) from n_first
-        # to n_rows, W3's n3 rows from b3 (n_first, b3 even: a row pair never straddles two;
-        # n_first = n_rows without W2, n3 = 0 without W3). Plain kernels take n1 = n_first
-        # and no W3 (fewer registers). w*: rows of row_bytes, each of n_sb super-blocks; x:
-        # [n_sb * sb_values] f32|f16; y* f32 (= or += W x); two rows per 1 << log warps
-        # (interleaved steps). `rounds` (compile time): a grid smaller than the row pairs
-        # takes them in rounds, x staged once per block, a warp's steps of all its pairs one
-        # stream of units, the next unit's loads (the next step, or the next pair's first)
-        # issued before the current one is dotted; without, a warp a pair (fewer registers:
-        # more blocks an SM for some formats). Dynamic shared: x as lf stages it
-        # (`lanes_x8.stager`), its sums or scales from sums_off. `normed` (compile time): x is
-        # the raw f32 residual and the staged vector is rmsnorm(x) * nw (every block computes
-        # the same scale); block 0 writes it to xn where xn is not empty.
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        s_part = cuda.shared.array(PART_SLOTS, types.float32)
-        xs = cuda.shared.array(0, xs_type)
+    @cuda.jit(device=True, inline="always")
+    def body(blk, n_blk, xn_blk, w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3,
+             sums_off, log, x, nw, eps, xn, y, y2, y3, accumulate, tab, tab_s, s_part, xs):
         warp = cuda.threadIdx.x >> 5
         sub = warp & ((1 << log) - 1)
         per_block = LANE_WARPS >> log
         s_first = sub * per_step
         s_stride = per_step << log
-        pair = cuda.blockIdx.x * per_block + (warp >> log)
+        pair = blk * per_block + (warp >> log)
         m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
@@ -228,7 +216,7 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
             scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)
             stage_normed(x, nw, scale, n_vals, xs, sums_off, xn,
-                         cuda.blockIdx.x == 0 and xn.shape[0] > 0)
+                         blk == xn_blk and xn.shape[0] > 0)
         else:
             stage(x, n_vals, xs, sums_off)
         cuda.syncthreads()
@@ -241,11 +229,11 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
                           accumulate)
             return
         n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
-        stride = cuda.gridDim.x * per_block  # pairs a round of the grid takes
+        stride = n_blk * per_block  # pairs a round of the blocks takes
         # units (steps) of a pair: the same for every warp of a block, one unit past the row
         # for some where the steps do not split evenly (dotted as zero)
         spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
-        r_first = cuda.blockIdx.x * per_block
+        r_first = blk * per_block
         n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
         # (m_ld, off_a, off_b): where the warp loads, its last real pair's rows once it is past
         # n_pairs (a load of a row past the end would cost every warp an L2 round trip);
@@ -288,6 +276,37 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
                 m, row0, n_here = m1, row1, n_here1
                 m_ld, off_a, off_b = m_ld1, off_a1, off_b1
             cur = nxt
+    return body
+
+
+def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+    body = lane_body(lf, normed, rounds)
+    xs_type = lf.xs_type
+    n_tab, tab_type = lf.table.size, lf.table.dtype.type
+
+    @cuda.jit(**lane_jit(lf))
+    def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
+                     nw, eps, xn, y, y2, y3, accumulate, tab):
+        # Up to three matrices of the same format and columns, one after the other in row
+        # space: W's n1 rows (w -> y) from row 0, W2's (w2 -> y2, from its row 0) from n_first
+        # to n_rows, W3's n3 rows from b3 (n_first, b3 even: a row pair never straddles two;
+        # n_first = n_rows without W2, n3 = 0 without W3). Plain kernels take n1 = n_first
+        # and no W3 (fewer registers). w*: rows of row_bytes, each of n_sb super-blocks; x:
+        # [n_sb * sb_values] f32|f16; y* f32 (= or += W x); two rows per 1 << log warps
+        # (interleaved steps). `rounds` (compile time): a grid smaller than the row pairs
+        # takes them in rounds, x staged once per block, a warp's steps of all its pairs one
+        # stream of units, the next unit's loads (the next step, or the next pair's first)
+        # issued before the current one is dotted; without, a warp a pair (fewer registers:
+        # more blocks an SM for some formats). Dynamic shared: x as lf stages it
+        # (`lanes_x8.stager`), its sums or scales from sums_off. `normed` (compile time): x is
+        # the raw f32 residual and the staged vector is rmsnorm(x) * nw (every block computes
+        # the same scale); block 0 writes it to xn where xn is not empty.
+        tab_s = cuda.shared.array(n_tab, tab_type)
+        s_part = cuda.shared.array(PART_SLOTS, types.float32)
+        xs = cuda.shared.array(0, xs_type)
+        body(cuda.blockIdx.x, cuda.gridDim.x, 0, w, w2, w3, row_bytes, n_sb, n_rows, n_first,
+             b3, n1, n3, sums_off, log, x, nw, eps, xn, y, y2, y3, accumulate, tab, tab_s, s_part,
+             xs)
     return matvec_lanes
 
 

@@ -10,6 +10,9 @@ all VRAM hits, Q4_K/Q6_K) added into the residual; then the final norm, the Q6_K
 (151936 rows) and argmax into the device token history.
 
 Group `router`: the router matvec alone (F32 128x2048, `matvec_f32`) for 1 and 8 tokens.
+
+Group `qkv`: a Q4_K_M layer's q, k (Q4_K) and v (Q6_K) with the RMSNorm fused, in one launch of
+the mixed kernel against the two per-format launches it replaced.
 """
 
 from __future__ import annotations
@@ -132,3 +135,44 @@ def router_matvec(ctx: Ctx) -> list[Result]:
                           f"{N_EXPERT}x{N_EMBD}", us,
                           host.size + 4 * n_tok * (N_EMBD + N_EXPERT), ctx.read_gbps))
     return out
+
+
+@bench("qkv")
+def qkv_normed(ctx: Ctx) -> list[Result]:
+    """A Q4_K_M layer's q, k (Q4_K) and v (Q6_K) with the attention RMSNorm fused, 30B shapes,
+    one layer's weights of N_LAYER after another (past the L2): one launch of the mixed kernel
+    (`matvec_mixed`) against the per-format launches it replaces (Q4_K q+k, then Q6_K v)."""
+    from strata.cuda_kernels import matvec as mv
+    from strata.cuda_kernels.matvec_normed import matvec_normed
+    from strata.cuda_kernels.qformats import get_format
+    shapes = (("Q4_K", N_HEAD * HEAD_DIM), ("Q4_K", N_KV * HEAD_DIM), ("Q6_K", N_KV * HEAD_DIM))
+    ws, n_bytes = [], 0
+    for t, n_rows in shapes:
+        host = random_weights(ctx, t, n_rows, N_EMBD)
+        dev = ctx.replicate(host, N_LAYER)
+        ws.append([dev[i * host.size:(i + 1) * host.size] for i in range(N_LAYER)])
+        n_bytes += n_rows * get_format(t).row_bytes(N_EMBD)
+    x = ctx.upload((ctx.rng.standard_normal(N_EMBD) * 5.0).astype(np.float32))
+    nw = ctx.upload(ctx.rng.uniform(0.5, 1.5, N_EMBD).astype(np.float32))
+    ys = [ctx.cuda.device_array(n, np.float32, stream=ctx.stream) for _, n in shapes]
+
+    def recorder(groups):
+        def record(s):
+            for il in range(N_LAYER):
+                for g in groups:
+                    matvec_normed(x, nw, 1e-6, [(ws[j][il], shapes[j][0], ys[j]) for j in g],
+                                  stream=s)
+        return record
+    us_mixed = ctx.time_graph(recorder([(0, 1, 2)]), N_LAYER)
+    us_apart = ctx.time_graph(recorder([(0, 1), (2,)]), 2 * N_LAYER) * 2  # per layer
+    default = mv.LANE_GRID_BLOCKS
+    mv.LANE_GRID_BLOCKS = 1 << 30  # a warp a row pair (352 blocks) against rounds (256)
+    try:
+        us_no_rounds = ctx.time_graph(recorder([(0, 1, 2)]), N_LAYER)
+    finally:
+        mv.LANE_GRID_BLOCKS = default
+    label = f"q {shapes[0][1]}, k {shapes[1][1]} Q4_K | v {shapes[2][1]} Q6_K x {N_EMBD}"
+    return [Result("qkv", "q/k/v normed, one mixed launch", label, us_mixed,
+                   n_bytes + 4 * (2 * N_EMBD + sum(n for _, n in shapes)), ctx.read_gbps,
+                   extra={"us per layer, per-format launches": round(us_apart, 2),
+                          "us without rounds": round(us_no_rounds, 2)})]

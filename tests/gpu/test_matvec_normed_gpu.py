@@ -1,6 +1,7 @@
 """The RMSNorm-fused lane matvec on a real GPU at the 30B attention shapes (n_embd 2048; q 4096
 rows, k and v 512 each) against a float64 RMSNorm and gguf-py's dequantization, outputs poisoned
-(NaN) before the run: q, k, v all Q4_K, all Q6_K, and the Q4_K_M split (q, k Q4_K | v Q6_K).
+(NaN) before the run: q, k, v all Q4_K, all Q6_K, and the Q4_K_M split (q, k Q4_K | v Q6_K) in
+one launch of the mixed kernel (`matvec_mixed`), also bit for bit against the per-format launches.
 
     STRATA_TEST_GPU=1 python -m pytest -n0 tests/gpu/test_matvec_normed_gpu.py
 """
@@ -43,7 +44,7 @@ def test_matvec_normed_30b_attention_shapes(fmts):
         mats.append((cuda.to_device(rows), fmt, cuda.to_device(np.full(ROWS[name], np.nan,
                                                                         np.float32))))
     groups = normed_groups(mats, N_EMBD)
-    assert len(groups) == len(set(fmts))
+    assert len(groups) == 1  # one format, or Q4_K_M's mixed pair
     d_x, d_nw = cuda.to_device(x), cuda.to_device(nw)
     d_xn = cuda.to_device(np.full(N_EMBD, np.nan, np.float32))
     for i, g in enumerate(groups):
@@ -61,3 +62,56 @@ def test_matvec_normed_30b_attention_shapes(fmts):
         matvec(w, fmt, d_xn, plain)
         np.testing.assert_allclose(got, plain.copy_to_host(), rtol=1e-4,
                                    atol=1e-5 * float(np.abs(got).max()))
+
+
+@pytest.mark.parametrize("x8,grid_cap", [(True, None), (False, None), (True, 1024)])
+def test_mixed_q4_k_m_layer_in_one_launch(x8, grid_cap, monkeypatch):
+    """q 4096 and k 512 rows Q4_K, v 512 rows Q6_K, 2048 columns, in one launch of the mixed
+    kernel (rounds at the default grid cap; grid_cap 1024: a warp a row pair): against float64
+    (q, k with 8-bit x: of the kernel's normed vector as the CPU engine quantizes it; v: of the
+    normed vector), and the same bits as the Q4_K launch of q, k plus the Q6_K launch of v."""
+    from numba import cuda
+
+    import strata.cuda_kernels.matvec as mv
+    import strata.cuda_kernels.matvec_mixed as mm
+    from strata.cuda_kernels.matvec_normed import matvec_normed
+    from strata.cuda_kernels.qformats import get_format
+
+    monkeypatch.setattr(mv, "LANE_X8", x8)
+    if grid_cap is not None:
+        monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", grid_cap)
+    fmts = ("Q4_K", "Q4_K", "Q6_K")
+    rng = np.random.default_rng()
+    x = (rng.standard_normal(N_EMBD) * 5.0).astype(np.float32)
+    nw = rng.uniform(0.2, 2.0, N_EMBD).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want_xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw.astype(np.float64)
+    ws, refs = [], []
+    for name, fmt in zip(ROWS, fmts):
+        rows = random_rows(fmt, ROWS[name], N_EMBD, rng)
+        refs.append(reference(fmt, rows, N_EMBD))
+        ws.append(cuda.to_device(rows))
+    d_x, d_nw = cuda.to_device(x), cuda.to_device(nw)
+
+    def launch(groups):
+        ys = [cuda.to_device(np.full(ROWS[n], np.nan, np.float32)) for n in ROWS]
+        d_xn = cuda.to_device(np.full(N_EMBD, np.nan, np.float32))
+        for i, g in enumerate(groups):
+            matvec_normed(d_x, d_nw, EPS, [(ws[j], fmts[j], ys[j]) for j in g],
+                          normed_out=d_xn if i == 0 else None)
+        cuda.synchronize()
+        return [y.copy_to_host() for y in ys], d_xn.copy_to_host()
+
+    got, xn = launch([(0, 1, 2)])
+    rounds = grid_cap is None  # 288 Q4_K blocks and 64 Q6_K ones past the cap of 256
+    t4, t6 = (get_format(f).ggml_type for f in ("Q4_K", "Q6_K"))
+    assert (t4, x8, t6, False, rounds) in mm._CACHE  # the mixed kernel ran
+    assert _rel(xn, want_xn) < 1e-6
+    for y, wmat, fmt in zip(got, refs, fmts):
+        ref = wmat @ (x_seen(xn, True) if dots_x8(fmt) else want_xn)
+        assert np.isfinite(y).all(), f"{fmt} [{y.size}]: unwritten outputs"
+        assert _rel(y, ref) < TOL, f"{fmt} [{y.size}]: relative error {_rel(y, ref):.2e}"
+    apart, xn_apart = launch([(0, 1), (2,)])
+    np.testing.assert_array_equal(xn, xn_apart)
+    for y, y_apart, fmt in zip(got, apart, fmts):
+        np.testing.assert_array_equal(y, y_apart, err_msg=f"{fmt} [{y.size}]")

@@ -1,5 +1,6 @@
 """RMSNorm fused into the lane matvec (one to three matrices of one format per launch) against a
-float64 numpy RMSNorm and gguf-py's dequantization, and against rms_norm + matvec."""
+float64 numpy RMSNorm and gguf-py's dequantization, and against rms_norm + matvec (two formats in
+one launch: test_matvec_mixed)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def test_normed_out_is_optional_and_plain_kernels_still_run():
 def test_normed_groups_by_format():
     y = np.zeros(2, np.float32)
     q, k, v = ("wq", "Q4_K", y), ("wk", "Q4_K", y), ("wv", "Q6_K", y)
-    assert normed_groups([q, k, v], 2048) == [[q, k], [v]]
+    assert normed_groups([q, k, v], 2048) == [[q, k, v]]  # a mixed pair (test_matvec_mixed)
+    assert normed_groups([q, k, ("wv", "IQ4_XS", y)], 2048) == [[q, k], [("wv", "IQ4_XS", y)]]
     assert normed_groups([q, k, ("wv", "Q4_K", y)], 2048) == [[q, k, ("wv", "Q4_K", y)]]
     assert normed_groups([q, ("wk", "F16", y)], 2048) is None     # no lane decoding
     assert normed_groups([q], 300) is None                          # not whole super-blocks
@@ -121,8 +123,8 @@ def test_matvec_normed_refuses_bad_arguments():
     w = np.zeros(4 * 144, np.uint8)
     y = np.zeros(4, np.float32)
     one = [(w, "Q4_K", y)]
-    with pytest.raises(ValueError, match="mixed formats"):
-        matvec_normed(x, nw, EPS, [(w, "Q4_K", y), (np.zeros(4 * 210, np.uint8), "Q6_K", y)])
+    with pytest.raises(ValueError, match="mixed formats"):  # no mixed kernel for the pair
+        matvec_normed(x, nw, EPS, [(w, "Q4_K", y), (np.zeros(4 * 136, np.uint8), "IQ4_XS", y)])
     with pytest.raises(ValueError, match="1..3"):
         matvec_normed(x, nw, EPS, one * 4)
     with pytest.raises(ValueError, match="1..3"):

@@ -1,8 +1,8 @@
-"""The decode step's attention projections: the RMSNorm fused into one lane matvec per weight
-format (Q4_K_M layers: q, k Q4_K in one launch, v Q6_K in another; no RMSNorm launch), and the
-separate RMSNorm + matvecs where a weight has no lane kernel; the q, k, v values against a
-float64 reference either way (of the x the CPU engine's 8-bit rounding gives, for the formats
-whose lane matvecs dot 8-bit x: `lanes_x8`)."""
+"""The decode step's attention projections: the RMSNorm fused into one lane matvec launch (Q4_K_M
+layers too: q, k Q4_K and v Q6_K through the mixed kernel; no RMSNorm launch), one per format for
+a pair without a mixed kernel, and the separate RMSNorm + matvecs where a weight has no lane
+kernel; the q, k, v values against a float64 reference either way (of the x the CPU engine's
+8-bit rounding gives, for the formats whose lane matvecs dot 8-bit x: `lanes_x8`)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def _counting(monkeypatch):
 
 
 @pytest.mark.parametrize("fmts,launches", [
-    (("Q4_K", "Q4_K", "Q6_K"), [("matvec_normed", 2), ("matvec_normed", 1)]),
+    (("Q4_K", "Q4_K", "Q6_K"), [("matvec_normed", 3)]),
+    (("Q4_K", "Q4_K", "IQ4_XS"), [("matvec_normed", 2), ("matvec_normed", 1)]),
     (("Q8_0", "Q8_0", "Q8_0"), [("matvec_normed", 3)]),
     (("F16", "Q8_0", "Q8_0"), ["rms_norm", "matvec", "matvec_pair"]),
 ])

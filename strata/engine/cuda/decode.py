@@ -3,7 +3,8 @@ device memory — the token (history[seq_len]), the position and length (seq_len
 the slot table — so the sequence is captured once as a CUDA graph and replayed per token.
 
 Per step: embedding of history[seq_len]; per layer: the q, k and v matvecs with the RMSNorm fused
-in (one launch per weight format; RMSNorm and matvecs apart for formats without a lane kernel),
+in (one launch for one weight format or a pair with a mixed kernel, Q4_K_M's q, k Q4_K | v Q6_K;
+else one per format; RMSNorm and matvecs apart for formats without a lane kernel),
 per-head norm, RoPE and the KV write at seq_len (one launch for an f16 cache), split-K attention
 over seq_len + 1 keys (splits as long as that length calls for, derived on the device),
 output projection added into the residual by its matvec, RMSNorm + router matvec + top-k (one
@@ -176,9 +177,9 @@ class DecodeStep:
         route(logits, a["topk_ids"], a["topk_weights"], norm_topk=True, stream=stream)
 
     def _qkv(self, b: str, stream) -> None:
-        """q, k and v of the attention-normed residual: the norm fused into one lane matvec per
-        weight format (one launch, or two where v's format differs); else RMSNorm into xn, q,
-        and k+v (one launch if one format)."""
+        """q, k and v of the attention-normed residual: the norm fused into one lane matvec
+        launch (`normed_groups`: one for one format or a mixed pair such as Q4_K | Q6_K, else
+        one per format); else RMSNorm into xn, q, and k+v (one launch if one format)."""
         m, eps = self.m, self.m.shape.rms_norm_eps
         wq, wk, wv = (m.matrices[b + n] for n in ("attn_q", "attn_k", "attn_v"))
         q, k, v = self.q.reshape(self.q.size), self.k.reshape(self.k.size), self.v.reshape(
