@@ -24,6 +24,18 @@ def _rel(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def _layer(fmts):
+    """A residual x (fresh random, never zeros), norm weights, the float64 normed x, and q, k,
+    v rows in `fmts` with their float64 matrices."""
+    rng = np.random.default_rng()
+    x = (rng.standard_normal(N_EMBD) * 5.0).astype(np.float32)
+    nw = rng.uniform(0.2, 2.0, N_EMBD).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want_xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw.astype(np.float64)
+    rows = [random_rows(fmt, ROWS[name], N_EMBD, rng) for name, fmt in zip(ROWS, fmts)]
+    return x, nw, want_xn, rows, [reference(f, r, N_EMBD) for f, r in zip(fmts, rows)]
+
+
 @pytest.mark.parametrize("fmts", [("Q4_K", "Q4_K", "Q4_K"), ("Q6_K", "Q6_K", "Q6_K"),
                                   ("Q4_K", "Q4_K", "Q6_K")])
 def test_matvec_normed_30b_attention_shapes(fmts):
@@ -32,17 +44,9 @@ def test_matvec_normed_30b_attention_shapes(fmts):
     from strata.cuda_kernels.matvec import matvec
     from strata.cuda_kernels.matvec_normed import matvec_normed, normed_groups
 
-    rng = np.random.default_rng()
-    x = (rng.standard_normal(N_EMBD) * 5.0).astype(np.float32)
-    nw = rng.uniform(0.2, 2.0, N_EMBD).astype(np.float32)
-    x64 = x.astype(np.float64)
-    want_xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw.astype(np.float64)
-    mats, refs = [], []
-    for name, fmt in zip(ROWS, fmts):
-        rows = random_rows(fmt, ROWS[name], N_EMBD, rng)
-        refs.append(reference(fmt, rows, N_EMBD))
-        mats.append((cuda.to_device(rows), fmt, cuda.to_device(np.full(ROWS[name], np.nan,
-                                                                        np.float32))))
+    x, nw, want_xn, rows, refs = _layer(fmts)
+    mats = [(cuda.to_device(r), fmt, cuda.to_device(np.full(ROWS[name], np.nan, np.float32)))
+            for r, fmt, name in zip(rows, fmts, ROWS)]
     groups = normed_groups(mats, N_EMBD)
     assert len(groups) == 1  # one format, or Q4_K_M's mixed pair
     d_x, d_nw = cuda.to_device(x), cuda.to_device(nw)
@@ -81,16 +85,8 @@ def test_mixed_q4_k_m_layer_in_one_launch(x8, grid_cap, monkeypatch):
     if grid_cap is not None:
         monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", grid_cap)
     fmts = ("Q4_K", "Q4_K", "Q6_K")
-    rng = np.random.default_rng()
-    x = (rng.standard_normal(N_EMBD) * 5.0).astype(np.float32)
-    nw = rng.uniform(0.2, 2.0, N_EMBD).astype(np.float32)
-    x64 = x.astype(np.float64)
-    want_xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw.astype(np.float64)
-    ws, refs = [], []
-    for name, fmt in zip(ROWS, fmts):
-        rows = random_rows(fmt, ROWS[name], N_EMBD, rng)
-        refs.append(reference(fmt, rows, N_EMBD))
-        ws.append(cuda.to_device(rows))
+    x, nw, want_xn, rows, refs = _layer(fmts)
+    ws = [cuda.to_device(r) for r in rows]
     d_x, d_nw = cuda.to_device(x), cuda.to_device(nw)
 
     def launch(groups):
