@@ -21,6 +21,7 @@ from strata.aot.runtime import attach as _attach_kernel_bundle
 from .inline_copy import apply as _shared_memo_inlining
 from .intrinsics import SIMULATED
 from .lowering import apply as _linear_lowering
+from .ssa_blocks import apply as _ssa_mentioning_blocks
 
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block without an opt-in
 
@@ -28,8 +29,9 @@ MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block withou
 # developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
 _attach_kernel_bundle()
 if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py), its inliner
-    _linear_lowering()  # copying a callee's scope once per copy (inline_copy.py): same PTX
-    _shared_memo_inlining()
+    _linear_lowering()  # copying a callee's scope once per copy (inline_copy.py), its SSA pass
+    _shared_memo_inlining()  # visiting only the blocks that mention a variable (ssa_blocks.py):
+    _ssa_mentioning_blocks()  # same PTX
 
 
 def factory_cache(factory: Callable) -> Callable:
