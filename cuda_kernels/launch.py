@@ -18,9 +18,11 @@ from numba import cuda
 
 from strata.aot.runtime import attach as _attach_kernel_bundle
 
+from .inline_cache import apply as _inline_once_per_compile
 from .inline_copy import apply as _shared_memo_inlining
 from .intrinsics import SIMULATED
 from .lowering import apply as _linear_lowering
+from .ssa_blocks import apply as _ssa_mentioning_blocks
 
 MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block without an opt-in
 
@@ -28,8 +30,10 @@ MAX_SHARED_BYTES = 48 * 1024  # static + dynamic shared memory of a block withou
 # developer install has no bundle and compiles on first use as before (strata/aot/runtime.py).
 _attach_kernel_bundle()
 if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.py), its inliner
-    _linear_lowering()  # copying a callee's scope once per copy (inline_copy.py): same PTX
-    _shared_memo_inlining()
+    _linear_lowering()  # copying a callee's scope once per copy (inline_copy.py) and translating
+    _shared_memo_inlining()  # a callee once per compile (inline_cache.py), its SSA pass visiting
+    _inline_once_per_compile()  # only the blocks that mention a variable (ssa_blocks.py): same PTX
+    _ssa_mentioning_blocks()
 
 
 def factory_cache(factory: Callable) -> Callable:

@@ -1,7 +1,13 @@
 """Every registered kernel specialization compiles to PTX for sm_90 (no GPU needed).
 
 The test process runs the CUDA simulator, which cannot emit PTX, so the check runs in one child
-process with the simulator off: `python -m strata.cuda_kernels.compile_check`.
+process with the simulator off: `python -m strata.cuda_kernels.compile_check`. Every
+specialization goes through numba's typing and lowering and through NVVM at -opt=3, as the
+engine compiles it; the numba-cuda patches that make this cheaper change no IR or PTX
+(tests/kernels/test_lowering.py, test_inline_copy.py, test_inline_cache_ssa.py). NVVM is about a
+tenth of the check's CPU time (the table's nvvm column), so the check keeps -opt=3: -O0 would
+save little and would skip the optimizer and the code it hands NVVM's backend, which is where an
+NVVM failure of the engine's own compile would show.
 """
 
 from __future__ import annotations
