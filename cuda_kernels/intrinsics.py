@@ -26,7 +26,7 @@ __all__ = [
     "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "ld_w4", "quad_max", "rint_i32", "prefetch_l2_bulk",
+    "ld_w4", "quad_max", "rint_i32",
 ]
 
 
@@ -34,7 +34,7 @@ if SIMULATED:
     from .intrinsics_sim import (  # noqa: F401 (re-exported)
         ld_u8, ld_u16, ld_u32, ld_u32_any, ld_nc_u32x4, ld_x4, ld_i64x2, prmt, h2f, u2f, f2u,
         dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32x2, funnel_r,
-        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32, prefetch_l2_bulk)
+        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -339,43 +339,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return builder.call(asm, [args[0]])
         return types.int32(types.float32), codegen
 
-
-    from numba.cuda.core import targetconfig
-
-    def _compiling_for(cc_min) -> bool:
-        # the compute capability being compiled for (numba's own cc-dependent lowering reads it
-        # so): PTX for an older GPU must not hold newer instructions
-        flags = targetconfig.ConfigStack.top_or_none()
-        cc = getattr(flags, "compute_capability", None)
-        return cc is not None and tuple(cc) >= cc_min
-
-    @intrinsic
-    def prefetch_l2_bulk(typingctx, a, off, n_bytes):
-        """`cp.async.bulk.prefetch.L2` (sm_90+; nothing on older GPUs) of the whole 16-byte
-        units inside bytes off..off+n_bytes-1 of a uint8 array: one instruction a range, done
-        by the copy engine, so no load slot waits for it and no register holds it."""
-        if not (isinstance(a, types.Array) and isinstance(off, types.Integer)
-                and isinstance(n_bytes, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            if not _compiling_for((9, 0)):
-                return context.get_dummy_value()
-            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            addr = builder.ptrtoint(ptr, _I64)
-            n = args[2]
-            n = builder.sext(n, _I64) if n.type.width < 64 else n
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [_I64, _I64]),
-                "{ .reg .u64 g, e; .reg .u32 n; .reg .pred p;"
-                " cvta.to.global.u64 g, $0; add.u64 e, g, $1;"
-                " add.u64 g, g, 15; and.b64 g, g, -16; and.b64 e, e, -16;"
-                " setp.gt.u64 p, e, g; sub.u64 e, e, g; cvt.u32.u64 n, e;"
-                " @p cp.async.bulk.prefetch.L2.global [g], n; }",
-                "l,l", side_effect=True)
-            builder.call(asm, [addr, n])
-            return context.get_dummy_value()
-        return types.void(a, off, n_bytes), codegen
 
 @cuda.jit(device=True, inline="always")
 def block_sum(v, scratch):

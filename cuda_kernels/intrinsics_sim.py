@@ -231,10 +231,3 @@ def ld_w4(x, i):
 def rint_i32(v):
     """float32 v rounded to the nearest integer, ties to even (|v| < 2^31)."""
     return int(np.rint(np.float32(v)))
-
-
-def prefetch_l2_bulk(a, off, n_bytes):
-    """Nothing to compute: checks that bytes off..off+n_bytes-1 lie inside the uint8 array `a`
-    (the device prefetches their whole 16-byte units into L2)."""
-    if not (int(n_bytes) >= 0 and int(off) >= 0 and int(off) + int(n_bytes) <= len(a)):
-        raise IndexError(f"L2 prefetch of bytes {off}..{off}+{n_bytes} of a {len(a)}-byte array")

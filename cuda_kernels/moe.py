@@ -58,11 +58,6 @@ MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memo
 # gate/up dots 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine does. Read
 # at launch, so a benchmark can compare both in one process.
 GATE_UP_X8 = True
-# gate/up sends the cached experts' down matrices to L2 for the down launch (`prefetch_down`)
-# where k of them take at most this share of the GPU's L2, so gate/up's own stream does not
-# evict them first (the 30B's 8 x 0.9-1.3 MB: yes; the 235B's 8 x 3.5 MB: no). Read at launch;
-# 0 turns it off (a benchmark compares both in one process).
-PREFETCH_DOWN_L2_SHARE = 0.25
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
@@ -231,30 +226,6 @@ def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
     return lanes_for(lf, GATE_UP_X8 if x8 is None else x8)
 
 
-_L2_BYTES: dict[int, int] = {}
-
-
-def _l2_bytes() -> int:
-    """L2 bytes of the current GPU (0 where it does not say: the simulator)."""
-    dev = cuda.get_current_device()
-    key = getattr(dev, "id", 0)
-    if key not in _L2_BYTES:
-        try:
-            _L2_BYTES[key] = int(dev.L2_CACHE_SIZE)
-        except Exception:  # the simulator's device has no attributes
-            _L2_BYTES[key] = 0
-    return _L2_BYTES[key]
-
-
-def prefetch_down_bytes(layout: ExpertLayout, k: int, prefetch: bool | None = None) -> int:
-    """Bytes of each expert's down matrix the gate/up launch sends to L2 (0: none). prefetch
-    None: where k of them fit PREFETCH_DOWN_L2_SHARE of the L2 (`PREFETCH_DOWN_L2_SHARE`)."""
-    down_bytes = layout.n_embd * layout.down_row_bytes
-    if prefetch is None:
-        prefetch = k * down_bytes <= PREFETCH_DOWN_L2_SHARE * _l2_bytes()
-    return down_bytes if prefetch else 0
-
-
 def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
     """Whether `moe_decode(route_logits=...)` routes inside its gate/up launch (lane formats, at
     most ROUTE_MAX_EXPERTS experts) rather than with a `route` launch before it."""
@@ -264,10 +235,9 @@ def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
 def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
                 h, out, miss_list, counters, cpu_misses, accumulate, stream,
                 route_logits=None, norm_topk=True, x8=None,
-                max_row_blocks: int | None = None, prefetch_down: bool | None = None) -> None:
+                max_row_blocks: int | None = None) -> None:
     """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
-    simulator tests run one block of each: a whole grid costs minutes there); prefetch_down
-    as `prefetch_down_bytes` (None: by the L2's size)."""
+    simulator tests run one block of each: a whole grid costs minutes there)."""
     def rows(n):
         return n if max_row_blocks is None else min(n, max_row_blocks)
     check_array("x", x, np.float32, (layout.n_embd,))
@@ -328,8 +298,7 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             # n_route 0: logits are never read; x stands in (an argument the kernel never
             # writes: host arrays are copied back per argument, so a written one would be lost)
             (route_logits if n_route else x).reshape(1, n_route or layout.n_embd),
-            n_route, bool(norm_topk), weights, layout.down_off,
-            prefetch_down_bytes(layout, k, prefetch_down))
+            n_route, bool(norm_topk), weights)
     else:
         _kernel("gate_up", gu_fmt.ggml_type)[
             (rows(n_blocks(layout.n_ff, WARPS)), k), THREADS, stream,
@@ -399,8 +368,7 @@ def _tab_type(fmt):
 
 
 _GUL_SIG = (_F32, _I32, types.int64, types.int64) + _GU_SIG[2:-1] + (types.int64, _F32)
-_ROUTE_SIG = (types.float32[:, ::1], types.int64, types.boolean, _F32,  # logits .. weights
-              types.int64, types.int64)  # down_off, down_bytes (prefetch_down)
+_ROUTE_SIG = (types.float32[:, ::1], types.int64, types.boolean, _F32)  # logits .. weights
 _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int64,
                           types.int64, _F32)
 

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
-from .intrinsics import SIMULATED, prefetch_l2_bulk, warp_sum
+from .intrinsics import SIMULATED, warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
@@ -21,22 +21,6 @@ F0 = np.float32(0.0)
 ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
-@cuda.jit(device=True, inline="always")
-def prefetch_down(cache, k, s_where, s_base, down_off, down_bytes):
-    """Thread t < k starts this block's slice of the t-th expert's down matrix on its way to L2
-    (one bulk prefetch, no register or load slot held) where the expert is cached: the gate/up
-    launch is latency-bound with HBM bandwidth to spare, and the down launch that follows then
-    reads L2 instead of HBM. s_where/s_base as `resolve_shared` left them (after its barrier);
-    down_bytes 0: nothing."""
-    t = cuda.threadIdx.x
-    if t < k and down_bytes > 0 and s_where[t] == 0:
-        n_blk = cuda.gridDim.x
-        chunk = ((down_bytes + n_blk - 1) // n_blk + 15) // 16 * 16
-        start = cuda.blockIdx.x * chunk
-        if start < down_bytes:
-            prefetch_l2_bulk(cache, s_base[t] + down_off + start, min(chunk, down_bytes - start))
-
-
 def _gate_up_lanes(lf: LaneFormat):
     load_pair, dot_pair = pair_step(lf)
     n_values = lf.sb_values
@@ -46,8 +30,7 @@ def _gate_up_lanes(lf: LaneFormat):
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
                           cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
-                          sums_off, h, tab, logits, n_route, norm_topk, weights, down_off,
-                          down_bytes):
+                          sums_off, h, tab, logits, n_route, norm_topk, weights):
         # Rows of one step (n_sb <= the format's super-blocks per step: 2048 columns of Q4_K).
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
         # it = row * k + kk (h entry `row` of the kk-th expert: its gate and up rows) for
@@ -56,10 +39,8 @@ def _gate_up_lanes(lf: LaneFormat):
         # routes logits [1, n_route] f32 itself, block 0 writing ids and weights [k] f32 for
         # the down launch (`route_shared`); else ids is the router's. The next item's loads are
         # issued before the current one is dotted (the first item's before x is staged): a
-        # warp taking its items in turn would wait a full memory latency for each. down_bytes
-        # > 0: the cached experts' down matrices (down_bytes each, at down_off of the blob) go
-        # to L2 for the down launch (`prefetch_down`). Dynamic shared: x as lf stages it
-        # (`lanes_x8.stager`), its sums or scales from sums_off
+        # warp taking its items in turn would wait a full memory latency for each. Dynamic
+        # shared: x as lf stages it (`lanes_x8.stager`), its sums or scales from sums_off
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
@@ -90,7 +71,6 @@ def _gate_up_lanes(lf: LaneFormat):
             off_g = 0
             src = cache if cache.shape[0] >= up_off + row_bytes else host
         cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
-        prefetch_down(cache, k, s_where, s_base, down_off, down_bytes)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
@@ -131,8 +111,7 @@ def _gate_up_lanes_rows(lf: LaneFormat):
     @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes_rows(x, ids, k, n_items, slot_table, layer, cache, slot_off, host,
                                host_off, cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff,
-                               up_off, sums_off, h, tab, logits, n_route, norm_topk, weights,
-                               down_off, down_bytes):
+                               up_off, sums_off, h, tab, logits, n_route, norm_topk, weights):
         # Rows of several steps (see moe_gate_up_lanes for one, and for n_route): a warp's
         # steps of one item pipelined (`run`), items in turn.
         # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 (silu(gate) * up per expert). Items
@@ -161,7 +140,6 @@ def _gate_up_lanes_rows(lf: LaneFormat):
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
-        prefetch_down(cache, k, s_where, s_base, down_off, down_bytes)
         n_warps = cuda.gridDim.x * LANE_WARPS
         for it in range(cuda.blockIdx.x * LANE_WARPS + (t >> 5), n_items, n_warps):
             row = it // k

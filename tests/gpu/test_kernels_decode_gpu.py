@@ -109,18 +109,15 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
-@pytest.mark.parametrize("cpu_misses,routed,x8,prefetch", [
-    (False, False, True, True), (True, False, True, True), (False, True, True, True),
-    (False, False, False, True), (False, False, True, False)])
-def test_moe_decode_30b_shape(cpu_misses, routed, x8, prefetch, monkeypatch):
+@pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
+                                                   (False, True, True), (False, False, False)])
+def test_moe_decode_30b_shape(cpu_misses, routed, x8, monkeypatch):
     """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs).
-    x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes.
-    prefetch: gate/up sends the cached experts' down matrices to L2 (`prefetch_down`)."""
+    x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes."""
     import strata.cuda_kernels.moe as moe_mod
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode
     from strata.engine.cpu.idot import x8_arrays
     monkeypatch.setattr(moe_mod, "GATE_UP_X8", x8)
-    monkeypatch.setattr(moe_mod, "PREFETCH_DOWN_L2_SHARE", 1e6 if prefetch else 0.0)
     cuda = _cuda()
     rng = np.random.default_rng()
     n_embd, n_ff, n_layer, n_expert, k, layer = 2048, 768, 2, 16, 8, 1
@@ -169,7 +166,6 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, prefetch, monkeypatch):
     want = np.zeros(n_embd)
     hit = slot_table[layer, ids] >= 0
     assert moe_mod._gate_up_lanes_for(lay).x8 == x8
-    assert (moe_mod.prefetch_down_bytes(lay, k) > 0) == prefetch
     xr = x8_arrays(x[None])[3][0].astype(np.float64) if x8 else x
     for e, w, is_hit in zip(ids, wts, hit):
         if cpu_misses and not is_hit:

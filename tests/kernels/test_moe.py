@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from numba import cuda
 
 from helpers.kernel_blocks import random_rows, reference, x_seen
 from strata.cuda_kernels.lanes import lane_format
@@ -196,8 +195,7 @@ def test_moe_lane_kernels_first_row_block(gu, dn, n_ff, cpu_misses, x8, monkeypa
     h, out = h0.copy(), out0.copy()
     _moe_decode(x, ids, weights, layer=layer, layout=layout, **store, h=h, out=out,
                 miss_list=np.zeros(3, np.int32), counters=np.zeros((2, 2), np.int64),
-                cpu_misses=cpu_misses, accumulate=True, stream=0, max_row_blocks=1,
-                prefetch_down=x8)  # the simulator checks the prefetched bytes are the cache's
+                cpu_misses=cpu_misses, accumulate=True, stream=0, max_row_blocks=1)
     n_h = LANE_WARPS                                    # one gate/up row pair per warp
     n_out = 2 * (LANE_WARPS >> lane_split(lane_format(get_format(dn).ggml_type), n_embd,
                                           3 * (n_ff // 256)))
@@ -284,50 +282,3 @@ def test_moe_refuses_route_logits_of_too_few_experts():
                    **store, h=z((3, 256), np.float32), out=z(256, np.float32),
                    miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
                    route_logits=z(2, np.float32))
-
-
-@pytest.mark.parametrize("n_blocks,down_bytes", [(1, 4320), (3, 4320), (7, 1000), (5, 48)])
-def test_gate_up_prefetches_each_cached_experts_down_matrix_once(n_blocks, down_bytes,
-                                                                  monkeypatch):
-    """`prefetch_down`: the blocks of a gate/up launch send disjoint 16-byte-multiple slices of
-    every cached expert's down matrix to L2, together exactly the matrix, and nothing of an
-    expert read from host memory or left to the CPU."""
-    import strata.cuda_kernels.moe_lanes as ml
-    calls = []
-    monkeypatch.setattr(ml, "prefetch_l2_bulk", lambda a, off, n: calls.append((int(off), int(n))))
-    prefetch_down = ml.prefetch_down
-
-    @cuda.jit
-    def kernel(cache, k, where, base, down_off, down_bytes):
-        s_where = cuda.shared.array(4, np.int32)
-        s_base = cuda.shared.array(4, np.int64)
-        t = cuda.threadIdx.x
-        if t < k:
-            s_where[t] = where[t]
-            s_base[t] = base[t]
-        cuda.syncthreads()
-        prefetch_down(cache, k, s_where, s_base, down_off, down_bytes)
-
-    down_off = 160
-    where = np.array([0, 1, 0, -1], np.int32)          # cached, host, cached, left to the CPU
-    base = np.array([0, 50_000, 20_000, 90_000], np.int64)
-    kernel[n_blocks, 32](np.zeros(8, np.uint8), 4, where, base, down_off, down_bytes)
-    for e in range(4):
-        lo = base[e] + down_off
-        got = sorted((off, n) for off, n in calls if lo <= off < lo + down_bytes)
-        if where[e] != 0:
-            assert got == []
-            continue
-        assert got[0][0] == lo and all(n > 0 and n % 16 == 0 or off + n == lo + down_bytes
-                                       for off, n in got)
-        for (o0, n0), (o1, _) in zip(got, got[1:]):
-            assert o0 + n0 == o1                       # contiguous and disjoint
-        assert got[-1][0] + got[-1][1] == lo + down_bytes
-        assert len(got) <= n_blocks
-    assert len(calls) == sum(len([1 for off, _ in calls if base[e] + down_off <= off
-                                  < base[e] + down_off + down_bytes]) for e in (0, 2))
-    # the launch's choice: none where k experts' down matrices would crowd the L2
-    from strata.cuda_kernels.moe import prefetch_down_bytes
-    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
-    assert prefetch_down_bytes(layout, 8, True) == 256 * layout.down_row_bytes
-    assert prefetch_down_bytes(layout, 8, False) == 0
