@@ -58,10 +58,6 @@ MAX_STAGED_BYTES = MAX_SHARED_BYTES  # the x or h a kernel stages in shared memo
 # gate/up dots 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine does. Read
 # at launch, so a benchmark can compare both in one process.
 GATE_UP_X8 = True
-# Blocks an SM the gate/up lane kernels are compiled and launched for (registers capped by
-# launch_bounds, at most that many blocks an SM in the grid); None: as the lane matvecs (their
-# registers, MIN_LANE_BLOCKS blocks). Read at launch.
-GATE_UP_BLOCKS_PER_SM: int | None = None
 F0 = np.float32(0.0)
 
 _CACHE: dict[tuple[str, int], object] = {}
@@ -190,29 +186,13 @@ _FACTORIES = {"gate_up": _gate_up_factory, "down": _down_factory,
               "down_lanes": _down_lanes}
 
 
-def _kernel(kind: str, ggml_type: int, x8: bool = False, per_sm: int | None = None):
-    key = (kind, ggml_type, x8, per_sm)
+def _kernel(kind: str, ggml_type: int, x8: bool = False):
+    key = (kind, ggml_type, x8)
     if key not in _CACHE:
         lanes = X8_FORMATS if x8 else LANE_FORMATS
         spec = lanes[ggml_type] if "_lanes" in kind else FORMATS[ggml_type]
-        _CACHE[key] = (_FACTORIES[kind](spec) if per_sm is None
-                       else _FACTORIES[kind](spec, per_sm))
+        _CACHE[key] = _FACTORIES[kind](spec)
     return _CACHE[key]
-
-
-_N_SM: dict[int, int] = {}
-
-
-def n_sm() -> int:
-    """Multiprocessors of the current GPU (132 where it does not say: the simulator)."""
-    dev = cuda.get_current_device()
-    key = getattr(dev, "id", 0)
-    if key not in _N_SM:
-        try:
-            _N_SM[key] = int(dev.MULTIPROCESSOR_COUNT)
-        except Exception:  # the simulator's device has no attributes
-            _N_SM[key] = 132
-    return _N_SM[key]
 
 
 def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
@@ -308,11 +288,9 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
-        per_sm = GATE_UP_BLOCKS_PER_SM
-        cap = MIN_LANE_BLOCKS if per_sm is None else per_sm * n_sm()
         _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type,
-                gu_lanes.x8, per_sm)[
-            rows(min(n_blocks(n_items, LANE_WARPS), cap)), LANE_THREADS, stream,
+                gu_lanes.x8)[
+            rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
             gu_lanes.stage_bytes(layout.n_embd)](
             x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
             layout.n_ff, layout.up_off, gu_lanes.stage_len(layout.n_embd), h1,

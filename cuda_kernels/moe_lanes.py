@@ -11,7 +11,7 @@ from numba import cuda, types
 from .elementwise import silu
 from .intrinsics import SIMULATED, warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
-from .matvec import LANE_THREADS, LANE_WARPS, PART_SLOTS, lane_jit, stage_table
+from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
                          resolve_shared, route_shared)
 from .lanes_x8 import stager
@@ -21,21 +21,13 @@ F0 = np.float32(0.0)
 ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
-def gate_up_options(lf: LaneFormat, per_sm: int | None = None) -> dict:
-    """jit options of the gate/up lane kernels: the lane kernels' (`lane_jit_options`), or
-    registers for per_sm blocks an SM (`launch_bounds`)."""
-    if per_sm is None or SIMULATED:
-        return lane_jit(lf)
-    return {"launch_bounds": (LANE_THREADS, per_sm)}
-
-
-def _gate_up_lanes(lf: LaneFormat, per_sm: int | None = None):
+def _gate_up_lanes(lf: LaneFormat):
     load_pair, dot_pair = pair_step(lf)
     n_values = lf.sb_values
     stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit(**gate_up_options(lf, per_sm))
+    @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes(x, ids, k, n_items, slot_table, layer, cache, slot_off, host, host_off,
                           cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff, up_off,
                           sums_off, h, tab, logits, n_route, norm_topk, weights):
@@ -110,13 +102,13 @@ def _gate_up_lanes(lf: LaneFormat, per_sm: int | None = None):
     return moe_gate_up_lanes
 
 
-def _gate_up_lanes_rows(lf: LaneFormat, per_sm: int | None = None):
+def _gate_up_lanes_rows(lf: LaneFormat):
     first, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
 
-    @cuda.jit(**gate_up_options(lf, per_sm))
+    @cuda.jit(**lane_jit(lf))
     def moe_gate_up_lanes_rows(x, ids, k, n_items, slot_table, layer, cache, slot_off, host,
                                host_off, cpu_misses, miss_list, counters, row_bytes, n_sb, n_ff,
                                up_off, sums_off, h, tab, logits, n_route, norm_topk, weights):

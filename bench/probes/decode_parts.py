@@ -127,8 +127,8 @@ def moe_parts(ctx, rows):
         record = moe_case(ctx, gu, dn, n_layer)
         for what in ("both", "gate/up alone", "down alone"):
             moe._down = (lambda *a, **kw: None) if what == "gate/up alone" else real_down
-            moe._kernel = ((lambda kind, t: _NoLaunch() if kind.startswith("gate_up")
-                            else real_kernel(kind, t)) if what == "down alone" else real_kernel)
+            moe._kernel = ((lambda kind, *a: _NoLaunch() if kind.startswith("gate_up")
+                            else real_kernel(kind, *a)) if what == "down alone" else real_kernel)
             try:
                 us = ctx.time_graph(record, n_layer)
             finally:

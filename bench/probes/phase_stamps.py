@@ -205,7 +205,9 @@ def moe_stamps(ctx, early: bool = False):
     n_layer, n_expert, k = 12, 128, 8
     from strata.cuda_kernels.lanes import LANE_FORMATS
     from gguf import GGMLQuantizationType as T
+    from strata.cuda_kernels.lanes_x8 import lanes_for
     lf = LANE_FORMATS[int(T.Q4_K)]
+    gu_lf = lanes_for(lf, moe.GATE_UP_X8)  # the decoding the launcher stages x for
     if early:
         gu_f, n_gu = stamped(moe._gate_up_lanes, "def moe_gate_up_lanes(",
                              [("counters, s_where, s_base)", "after", 8),
@@ -229,14 +231,14 @@ def moe_stamps(ctx, early: bool = False):
                          "return moe_down_lanes")
     dn_names = ["start", "h staged, resolved (compact)", "first loads issued", "units done",
                 "end"]
-    gu_k, dn_k = gu_f(lf), dn_f(lf)
+    gu_k, dn_k = gu_f(gu_lf), dn_f(lf)
     record = moe_case(ctx, "Q4_K", "Q4_K", n_layer, n_expert, k)
     st_gu = cuda.to_device(np.zeros((n_layer, 256, n_gu, 2), np.int64))
     st_dn = cuda.to_device(np.zeros((n_layer, 256, n_dn, 2), np.int64))
     w_gu, w_dn = _Stamped(gu_k, st_gu), _Stamped(dn_k, st_dn)
     real = moe._kernel
-    moe._kernel = lambda kind, t: w_gu if kind == "gate_up_lanes" else (
-        w_dn if kind == "down_lanes" else real(kind, t))
+    moe._kernel = lambda kind, *a: w_gu if kind == "gate_up_lanes" else (
+        w_dn if kind == "down_lanes" else real(kind, *a))
     try:
         us = ctx.time_graph(record, n_layer)
     finally:
@@ -255,7 +257,9 @@ def matvec_stamps(ctx):
     from strata.bench.kernels import random_weights
     from strata.cuda_kernels import matvec, matvec_normed
     from strata.cuda_kernels.lanes import LANE_FORMATS
+    from strata.cuda_kernels.lanes_x8 import lanes_for
     lf = LANE_FORMATS[int(T.Q4_K)]
+    gu_lf = lanes_for(lf, moe.GATE_UP_X8)  # the decoding the launcher stages x for
     n_layer = 48
     factory, n_st = stamped(matvec._lanes_single, "def matvec_lanes(",
                             [("s_first)  # in flight while x is staged", "after", 8),

@@ -314,47 +314,6 @@ def moe_group(ctx: Ctx) -> list[Result]:
     return out
 
 
-@bench("moe_occupancy")
-def moe_occupancy_group(ctx: Ctx) -> list[Result]:
-    """MoE decode (30B shape, Q4_K/Q6_K, 8-bit x, all hits) with the gate/up kernel compiled and
-    launched for 2 (the lane default), 3 and 4 blocks an SM (`moe.GATE_UP_BLOCKS_PER_SM`),
-    alternating, in one process."""
-    import strata.cuda_kernels.moe as moe_mod
-    from strata.cuda_kernels.moe import moe_decode
-    n_layer, n_expert, k = 12, 128, 8
-    lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q6_K", n_layer=n_layer,
-                                                           n_expert=n_expert)
-    ids, wts = moe_routing(ctx, n_layer, n_expert, k)
-    x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
-    h = ctx.cuda.device_array((k, lay.n_ff), np.float32, stream=ctx.stream)
-    y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
-    miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
-    counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-
-    def record(s):
-        for layer in range(n_layer):
-            moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
-                       slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
-                       host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
-                       stream=s)
-    times: dict = {}
-    outs: dict = {}
-    for _ in range(2):
-        for per_sm in (None, 3, 4):
-            saved, moe_mod.GATE_UP_BLOCKS_PER_SM = moe_mod.GATE_UP_BLOCKS_PER_SM, per_sm
-            try:
-                times.setdefault(per_sm, []).append(ctx.time_graph(record, n_layer))
-                outs[per_sm] = y.copy_to_host()
-            finally:
-                moe_mod.GATE_UP_BLOCKS_PER_SM = saved
-    for per_sm, out in outs.items():  # the same sums in another grid: float32 rounding only
-        if not np.allclose(out, outs[None], rtol=1e-4, atol=1e-4 * np.abs(outs[None]).max()):
-            raise RuntimeError(f"moe_occupancy: {per_sm} blocks an SM changed the output")
-    return [Result("moe_occupancy", f"moe Q4_K/Q6_K x8, gate/up {per_sm or 2} blocks/SM",
-                   "2048x768", float(min(t)), k * lay.expert_bytes, ctx.read_gbps, 0.60)
-            for per_sm, t in times.items()]
-
-
 @bench("route_moe")
 def route_moe_group(ctx: Ctx) -> list[Result]:
     """A layer's router and MoE (30B shape: F32 router 128 x 2048, top-8, Q4_K/Q6_K experts, all
