@@ -1,0 +1,64 @@
+"""Probe (not part of the engine): do numba-cuda patches change any kernel's PTX?
+
+Compiles every specialization compile_check lists to sm_90 PTX, with the inliner and SSA patches
+(`cuda_kernels/inline_cache.py`, `ssa_blocks.py`; arm "new") or without them (arm "old"), and
+writes each kernel's sha256 of its canonical PTX (mangled and shared-array names numbered by
+first use, as tests/kernels/test_inline_cache_ssa.py compares them). Run both arms with the CUDA
+simulator off (no GPU needed) and compare the two files:
+  python bench/probes/ptx_identity.py new 14 new.json; python bench/probes/ptx_identity.py old 14 old.json
+The result of 2026-12-02 is bench/results/2026-12-02_ptx_identity_inline_ssa.json."""
+import hashlib
+import json
+import re
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+ARM = sys.argv[1] if len(sys.argv) > 1 else "new"
+
+
+def _setup():
+    if ARM == "old":
+        from strata.cuda_kernels import inline_cache, ssa_blocks
+        inline_cache.apply = lambda: False
+        ssa_blocks.apply = lambda: False
+    import strata.cuda_kernels.launch  # noqa
+    from strata.cuda_kernels import compile_check as cc, inline_cache, ssa_blocks
+    assert inline_cache._state["applied"] == (ARM == "new")
+    assert ssa_blocks._state["applied"] == (ARM == "new")
+    cc._checks(None, None)
+
+
+def canonical(text):
+    seen = {}
+    return re.sub(r"_ZN\w+|_cudapy_smem_\d+",
+                  lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
+
+
+def one(i):
+    from numba import cuda
+    from strata.cuda_kernels import compile_check as cc
+    c = cc._checks(None, None)[i]
+    t = time.process_time()
+    try:
+        fn, sig = c.build()
+        ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **c.options)
+        h = hashlib.sha256(canonical(ptx).encode()).hexdigest()
+    except Exception as e:
+        h = "FAIL " + repr(e)[:200]
+    return c.family + "/" + c.name, h, time.process_time() - t
+
+
+if __name__ == "__main__":
+    jobs, out = int(sys.argv[2]), sys.argv[3]
+    _setup()
+    from strata.cuda_kernels import compile_check as cc
+    n = len(cc._checks(None, None))
+    t0 = time.time()
+    with ProcessPoolExecutor(jobs, initializer=_setup) as ex:
+        rows = list(ex.map(one, range(n), chunksize=1))
+    json.dump({"arm": ARM, "n": n, "wall_s": time.time() - t0,
+               "cpu_s": sum(r[2] for r in rows), "ptx": {r[0]: r[1] for r in rows}},
+              open(out, "w"), indent=1)
+    print(ARM, n, "kernels", f"{time.time() - t0:.0f} s wall", f"{sum(r[2] for r in rows):.0f} s cpu",
+          sum(1 for r in rows if r[1].startswith("FAIL")), "failed")
