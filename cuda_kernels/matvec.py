@@ -81,8 +81,11 @@ def _table(fmt):
 
 @cuda.jit(device=True, inline="always")
 def stage_table(tab, tab_s, n):
-    for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+    # a while loop: a range with the block size as its step costs a 64-bit division per thread
+    i = cuda.threadIdx.x
+    while i < n:
         tab_s[i] = tab[i]
+        i += cuda.blockDim.x
 
 
 def _single(fmt):

@@ -185,10 +185,12 @@ def topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scrat
             weights[tid] = scratch[tid] / picked
     else:
         z = F0
-        for e in range(tid, n_expert, cuda.blockDim.x):
+        e = tid
+        while e < n_expert:  # not a range: its trip count would take a 64-bit division
             v = s_val[e]
             if v > NEG_INF:
                 z += math.exp(v - m)
+            e += cuda.blockDim.x
         z = block_sum(z, scratch)
         if tid < k:
             v = s_top[tid]

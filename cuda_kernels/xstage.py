@@ -15,13 +15,17 @@ from numba import cuda
 from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, st_x4
 
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
+# The staging loops are while loops: numba computes the trip count of a range whose step is the
+# block size with a 64-bit division, about 30 instructions per thread in every block (ncu).
 
 
 @cuda.jit(device=True, inline="always")
 def stage_x(x, x_base, n_vals, xs, xs_base):
     """xs[xs_base + (i // 32) * XPAD + i % 32] = x[x_base + i] for i < n_vals (whole block)."""
-    for i in range(cuda.threadIdx.x, n_vals, cuda.blockDim.x):
+    i = cuda.threadIdx.x
+    while i < n_vals:
         xs[xs_base + (i >> 5) * XPAD + (i & 31)] = np.float32(x[x_base + i])
+        i += cuda.blockDim.x
 
 
 def staged_bytes(n_groups: int) -> int:
@@ -78,12 +82,14 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
     The whole block calls this; every thread runs the same number of iterations (the sums use
     4-lane shuffles)."""
     n_quads = n_vals >> 2
-    for q0 in range(0, n_quads, cuda.blockDim.x):
+    q0 = 0
+    while q0 < n_quads:
         q = q0 + cuda.threadIdx.x
         x0 = x1 = x2 = x3 = np.float32(0.0)
         if q < n_quads:
             x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
         _put_quad(xs, q, n_quads, x0, x1, x2, x3, a, pa, b, pb, sums, sums_off)
+        q0 += cuda.blockDim.x
 
 
 STAGE_QUADS = 4  # quads of x a thread loads before it stores any (`stage_padded_wide`)
@@ -101,7 +107,8 @@ def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
     n_quads = n_vals >> 2
     last = n_quads - 1
     bd = cuda.blockDim.x
-    for q in range(cuda.threadIdx.x, n_quads + cuda.threadIdx.x, STAGE_QUADS * bd):
+    q = cuda.threadIdx.x
+    while q < n_quads + cuda.threadIdx.x:
         # a quad past the end loads the last one again (in bounds) and is never stored
         a0, a1, a2, a3 = ld_x4(x, 4 * min(q, last))
         b0, b1, b2, b3 = ld_x4(x, 4 * min(q + bd, last))
@@ -111,6 +118,7 @@ def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
         _put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
         _put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
         _put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
+        q += STAGE_QUADS * bd
 
 
 @cuda.jit(device=True, inline="always")
@@ -119,9 +127,11 @@ def sum_squares(x, n_vals):
     threadIdx.x, threadIdx.x + blockDim.x, ... in that order, so a fixed block reduction of the
     parts gives every block of a launch the same bits."""
     s = np.float32(0.0)
-    for q in range(cuda.threadIdx.x, n_vals >> 2, cuda.blockDim.x):
+    q = cuda.threadIdx.x
+    while q < n_vals >> 2:
         x0, x1, x2, x3 = ld_x4(x, 4 * q)
         s += (x0 * x0 + x1 * x1) + (x2 * x2 + x3 * x3)
+        q += cuda.blockDim.x
     return s
 
 
@@ -131,7 +141,8 @@ def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, 
     `norm_rope.rms_norm` computes it), i < n_vals; with `write_xn` also xn[i] = v[i] (x, nw, xn
     float32). The whole block calls this."""
     n_quads = n_vals >> 2
-    for q0 in range(0, n_quads, cuda.blockDim.x):
+    q0 = 0
+    while q0 < n_quads:
         q = q0 + cuda.threadIdx.x
         s = np.float32(0.0)
         if q < n_quads:
@@ -149,6 +160,7 @@ def stage_padded_normed(x, nw, scale, n_vals, xs, a, pa, b, pb, sums, sums_off, 
             s = quad_sum(s)
             if (cuda.threadIdx.x & 3) == 0 and q < n_quads:
                 xs[sums_off + (q >> 2)] = s
+        q0 += cuda.blockDim.x
 
 
 # ---- 8-bit staging (`lanes_x8`) -------------------------------------------------------------
@@ -209,11 +221,13 @@ def stage_x8(x, n_vals, xs, sums_off):
     calls this."""
     n_oct = n_vals >> 3
     last = n_oct - 1
-    for o0 in range(0, n_oct, cuda.blockDim.x):
+    o0 = 0
+    while o0 < n_oct:
         o = o0 + cuda.threadIdx.x
         a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
         b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
         _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+        o0 += cuda.blockDim.x
 
 
 @cuda.jit(device=True, inline="always")
@@ -222,7 +236,8 @@ def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
     with `write_xn` xn[i] = v[i]."""
     n_oct = n_vals >> 3
     last = n_oct - 1
-    for o0 in range(0, n_oct, cuda.blockDim.x):
+    o0 = 0
+    while o0 < n_oct:
         o = o0 + cuda.threadIdx.x
         i = 8 * min(o, last)
         a0, a1, a2, a3 = ld_x4(x, i)
@@ -241,3 +256,4 @@ def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
             st_x4(xn, i, a0, a1, a2, a3)
             st_x4(xn, i + 4, b0, b1, b2, b3)
         _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+        o0 += cuda.blockDim.x
