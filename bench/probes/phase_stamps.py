@@ -257,9 +257,7 @@ def matvec_stamps(ctx):
     from strata.bench.kernels import random_weights
     from strata.cuda_kernels import matvec, matvec_normed
     from strata.cuda_kernels.lanes import LANE_FORMATS
-    from strata.cuda_kernels.lanes_x8 import lanes_for
     lf = LANE_FORMATS[int(T.Q4_K)]
-    gu_lf = lanes_for(lf, moe.GATE_UP_X8)  # the decoding the launcher stages x for
     n_layer = 48
     factory, n_st = stamped(matvec._lanes_single, "def matvec_lanes(",
                             [("s_first)  # in flight while x is staged", "after", 8),
