@@ -160,7 +160,8 @@ def row_pair_steps(lf: LaneFormat):
         cur_a, cur_b = cur
         acc_a = F0
         acc_b = F0
-        for s0 in range(s_first, n_sb, s_stride):
+        s0 = s_first
+        while s0 < n_sb:  # not a range: its trip count would divide by s_stride
             sb_next = min(s0 + s_stride + grp, last_sb)
             nxt_a = load(w, off_a + sb_next * sb_bytes, part)
             nxt_b = load(w, off_b + sb_next * sb_bytes, part)
@@ -174,6 +175,7 @@ def row_pair_steps(lf: LaneFormat):
                 acc_b += db
             cur_a = nxt_a
             cur_b = nxt_b
+            s0 += s_stride
         return warp_sum(acc_a), warp_sum(acc_b)
     return first, run
 

@@ -238,7 +238,8 @@ def _down_lanes(lf: LaneFormat):
             off = s_base[c] + sb * sb_bytes
             cur_a = load(src, off + off_a, part)
             cur_b = load(src, off + off_b, part)
-            for u0 in range(u_first, n_units, u_stride):
+            u0 = u_first
+            while u0 < n_units:  # not a range: its trip count would divide by u_stride
                 cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
                 src = cache if s_where[cn] == 0 else host
                 off = s_base[cn] + sbn * sb_bytes
@@ -254,6 +255,7 @@ def _down_lanes(lf: LaneFormat):
                 cur_b = nxt_b
                 c = cn
                 sb = sbn
+                u0 += u_stride
         acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
         if (t & 31) == 0 and sub == 0:
             if row0 < n_embd:
