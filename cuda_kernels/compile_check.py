@@ -52,6 +52,22 @@ def _checks(family: str | None, pattern: str | None):
             if (family is None or c.family == family) and (pattern is None or pattern in c.name)]
 
 
+def canonical_ptx(check) -> str:
+    """The PTX of one registered specialization (`compile_ptx` for CC, as the engine compiles
+    it) with its mangled names and shared-array names numbered by first use: they carry
+    per-process counters, so two compiles of the same kernel differ only there. What the tests
+    and `bench/probes/ptx_identity.py` compare when they check that a numba-cuda patch changes
+    no code."""
+    import re
+
+    from numba import cuda
+    fn, sig = check.build()
+    text, _ = cuda.compile_ptx(fn, sig, cc=CC, **check.options)
+    seen: dict[str, str] = {}
+    return re.sub(r"_ZN\w+|_cudapy_smem_\d+",
+                  lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
+
+
 def _worker_setup(family: str | None, pattern: str | None) -> None:
     """Import the kernel modules, then make CPython's cycle collector cheaper for what follows.
     A compile allocates millions of short-lived IR objects, so with the default thresholds the

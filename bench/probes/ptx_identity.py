@@ -9,7 +9,6 @@ simulator off (no GPU needed) and compare the two files:
 The result of 2026-12-02 is bench/results/2026-12-02_ptx_identity_inline_ssa.json."""
 import hashlib
 import json
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -29,21 +28,12 @@ def _setup():
     cc._checks(None, None)
 
 
-def canonical(text):
-    seen = {}
-    return re.sub(r"_ZN\w+|_cudapy_smem_\d+",
-                  lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
-
-
 def one(i):
-    from numba import cuda
     from strata.cuda_kernels import compile_check as cc
     c = cc._checks(None, None)[i]
     t = time.process_time()
     try:
-        fn, sig = c.build()
-        ptx, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **c.options)
-        h = hashlib.sha256(canonical(ptx).encode()).hexdigest()
+        h = hashlib.sha256(cc.canonical_ptx(c).encode()).hexdigest()
     except Exception as e:
         h = "FAIL " + repr(e)[:200]
     return c.family + "/" + c.name, h, time.process_time() - t

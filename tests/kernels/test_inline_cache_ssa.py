@@ -23,8 +23,6 @@ pytestmark = pytest.mark.slow  # a minute of numba compiles
 CHILD = textwrap.dedent('''
     import copy
     import io
-    import re
-    from numba import cuda
     from numba.cuda.core import inline_closurecall as icc, ssa
     run_ssa, rewrite = ssa._run_ssa, ssa._run_block_rewrite
     inline_function = icc.InlineWorker.inline_function
@@ -66,16 +64,7 @@ CHILD = textwrap.dedent('''
         n["statements"] += sum(len(b.body) for b in got.values())
         return got
 
-    def canonical(text):
-        # mangled names and shared arrays carry per-process counters: numbered by first use
-        seen = {}
-        return re.sub(r"_ZN\\w+|_cudapy_smem_\\d+",
-                      lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
-
-    def ptx(c):
-        fn, sig = c.build()
-        text, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **c.options)
-        return canonical(text)
+    ptx = cc.canonical_ptx  # names numbered by first use: they carry per-process counters
 
     ssa._run_ssa = both
     cached = [ptx(c) for c in checks]

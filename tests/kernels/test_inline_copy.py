@@ -18,8 +18,6 @@ pytestmark = pytest.mark.slow  # a minute or two of numba compiles
 
 CHILD = textwrap.dedent('''
     import copy
-    import re
-    from numba import cuda
     from numba.cuda.core import inline_closurecall as icc
     import strata.cuda_kernels.launch  # applies the shared-memo copy at import
     from strata.cuda_kernels import compile_check as cc, inline_copy
@@ -33,16 +31,7 @@ CHILD = textwrap.dedent('''
     checks = [c for c in cc._checks(None, None) if c.name in names]
     assert len(checks) == len(names), [c.name for c in checks]
 
-    def canonical(text):
-        # mangled names and shared arrays carry per-compile counters: numbered by first use
-        seen = {}
-        return re.sub(r"_ZN\\w+|_cudapy_smem_\\d+",
-                      lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
-
-    def ptx(c):
-        fn, sig = c.build()
-        text, _ = cuda.compile_ptx(fn, sig, cc=(9, 0), **c.options)
-        return canonical(text)
+    ptx = cc.canonical_ptx  # names numbered by first use: they carry per-process counters
 
     shared = [ptx(c) for c in checks]
     inline_copy.restore()
