@@ -4,9 +4,9 @@
 
 Kernel modules register their specializations with `launch.register_ptx` at import; the modules
 checked are listed in MODULES (another family adds its module there). Prints one line per kernel
-(PTX lines, whether it spills to local memory, CPU seconds in numba's typing and lowering and in
-NVVM) and exits non-zero if any fails to compile. Must run with the CUDA simulator off
-(NUMBA_ENABLE_CUDASIM unset or 0).
+(PTX lines, whether it spills to local memory, its 64-bit integer divisions, CPU seconds in
+numba's typing and lowering and in NVVM) and exits non-zero if any fails to compile. Must run
+with the CUDA simulator off (NUMBA_ENABLE_CUDASIM unset or 0).
 
 Each kernel is compiled as `numba.cuda.compile_ptx` does it (numba-cuda's
 `_compile_pyfunc_with_fixup`, then NVVM at the default -opt=3), in two steps so the table can
@@ -21,6 +21,7 @@ import argparse
 import gc
 import importlib
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -58,8 +59,6 @@ def canonical_ptx(check) -> str:
     per-process counters, so two compiles of the same kernel differ only there. What the tests
     and `bench/probes/ptx_identity.py` compare when they check that a numba-cuda patch changes
     no code."""
-    import re
-
     from numba import cuda
     fn, sig = check.build()
     text, _ = cuda.compile_ptx(fn, sig, cc=CC, **check.options)
@@ -81,9 +80,15 @@ def _worker_setup(family: str | None, pattern: str | None) -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+# a 64-bit integer division or remainder in PTX: about 30 SASS instructions on the H200, and
+# numba emits one for every `range` with a runtime step (its trip count) and every `//` or `%`
+# of runtime integers (its integers are 64-bit). The table counts them (statically).
+DIV64 = re.compile(r"\b(?:div|rem)\.[su]64\b")
+
+
 def _compile_one(args: tuple[str | None, str | None, int]) -> tuple:
-    """(family, name, ok, PTX lines, spills, numba s, NVVM s, error) of one kernel; the
-    seconds are this process's CPU time."""
+    """(family, name, ok, PTX lines, spills, 64-bit divisions, numba s, NVVM s, error) of one
+    kernel; the seconds are this process's CPU time."""
     family, pattern, i = args
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
     c = _checks(family, pattern)[i]
@@ -97,12 +102,12 @@ def _compile_one(args: tuple[str | None, str | None, int]) -> tuple:
         if len(ptxs) != 1:  # as compile_ptx
             raise RuntimeError(f"{len(ptxs)} PTX modules, expected one")
         ptx = ptxs[0]
-        return (c.family, c.name, True, len(ptx.splitlines()), ".local" in ptx, t1 - t0,
-                time.process_time() - t1, "")
+        return (c.family, c.name, True, len(ptx.splitlines()), ".local" in ptx,
+                len(DIV64.findall(ptx)), t1 - t0, time.process_time() - t1, "")
     except Exception as e:  # reported in the table, counted as a failure
         t2 = time.process_time()
         numba_s, nvvm_s = (t2 - t0, 0.0) if t1 is None else (t1 - t0, t2 - t1)
-        return (c.family, c.name, False, 0, False, numba_s, nvvm_s,
+        return (c.family, c.name, False, 0, False, 0, numba_s, nvvm_s,
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
 
 
@@ -132,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             rows = list(ex.map(_compile_one, tasks))
     rows.sort(key=lambda r: (r[0], r[1]))
     print(f"{'family':<12} {'kernel':<34} {'ok':<4} {'ptx lines':>9} {'local':>6} "
-          f"{'numba s':>8} {'nvvm s':>7}")
-    for fam, name, ok, lines, local, numba_s, nvvm_s, err in rows:
+          f"{'div64':>5} {'numba s':>8} {'nvvm s':>7}")
+    for fam, name, ok, lines, local, div64, numba_s, nvvm_s, err in rows:
         print(f"{fam:<12} {name:<34} {'ok' if ok else 'FAIL':<4} {lines:>9} "
-              f"{'yes' if local else '-':>6} {numba_s:>8.2f} {nvvm_s:>7.2f} {err}")
+              f"{'yes' if local else '-':>6} {div64:>5} {numba_s:>8.2f} {nvvm_s:>7.2f} {err}")
     n_fail = sum(1 for r in rows if not r[2])
     print(f"{len(rows)} kernels, {n_fail} failed, sm_{CC[0]}{CC[1]}, "
-          f"{time.perf_counter() - t0:.1f} s (CPU: numba {sum(r[5] for r in rows):.0f} s, "
-          f"NVVM {sum(r[6] for r in rows):.0f} s)")
+          f"{time.perf_counter() - t0:.1f} s (CPU: numba {sum(r[6] for r in rows):.0f} s, "
+          f"NVVM {sum(r[7] for r in rows):.0f} s)")
     return 1 if n_fail else 0
 
 

@@ -37,3 +37,59 @@ def test_every_kernel_compiles_for_sm90():
     for family in ("dequant", "matvec", "moe", "norm_rope", "router", "elementwise", "sampling",
                    "prefill"):
         assert f"\n{family} " in proc.stdout, f"no {family} kernels were checked\n{tail}"
+    problems = over_budget(div64_table(proc.stdout), DIV64_BUDGET)
+    assert not problems, "\n".join(problems) + "\n" + tail
+
+
+def div64_table(stdout: str) -> dict[str, int]:
+    """kernel -> 64-bit divisions, from compile_check's table (compiled kernels' rows only)."""
+    div64 = {}
+    for line in stdout.splitlines():
+        f = line.split()
+        if len(f) >= 8 and f[2] == "ok" and f[3].isdigit():  # a kernel's row, not the header
+            div64[f[1]] = int(f[5])
+    return div64
+
+
+def over_budget(div64: dict[str, int], budgets: dict[str, int]) -> list[str]:
+    """What breaks a budget: a kernel over it, or missing from the table."""
+    out = []
+    for name, budget in budgets.items():
+        if name not in div64:
+            out.append(f"{name} was not in the table")
+        elif div64[name] > budget:
+            out.append(
+                f"{name}: {div64[name]} 64-bit divisions in its PTX, at most {budget} expected. "
+                "A `range` with a runtime step divides for its trip count, and so does `//` or "
+                "`%` of runtime integers: in a decode loop that is ~30 instructions an iteration "
+                "(D1 gained 4% when they left, README). Use a while loop or carry the quotient.")
+    return out
+
+
+def test_div64_budget_reads_the_table():
+    table = ("family       kernel                             ok   ptx lines  local div64  "
+             "numba s  nvvm s\n"
+             "moe          moe_gate_up_lanes_x8_Q4_K          ok        2035      -     3     "
+             "3.25    0.30 \n"
+             "rope_kv      rope_kv_f16                        ok         927    yes     0     "
+             "0.57    0.13 \n"
+             "matvec       matvec_broken                      FAIL         0      -     0     "
+             "0.10    0.00 TypingError: no\n")
+    div64 = div64_table(table)
+    assert div64 == {"moe_gate_up_lanes_x8_Q4_K": 3, "rope_kv_f16": 0}
+    assert over_budget(div64, {"rope_kv_f16": 0, "moe_gate_up_lanes_x8_Q4_K": 3}) == []
+    problems = over_budget(div64, {"moe_gate_up_lanes_x8_Q4_K": 2, "matvec_broken": 0})
+    assert len(problems) == 2 and "3 64-bit divisions" in problems[0]
+    assert "not in the table" in problems[1]
+
+
+# The 64-bit divisions (static, in PTX) the D1 decode step's kernels held on 2026-12-02, after
+# the ones in their loops were removed: gate/up's two split its first item and its stride by k
+# (once a warp); the head's rounds kernel counts its units once. More means a new one: look
+# where it runs before raising a budget.
+DIV64_BUDGET = {
+    "moe_gate_up_lanes_x8_Q4_K": 2, "moe_down_lanes_Q4_K": 0, "moe_down_lanes_Q6_K": 0,
+    "matvec_lanes_x8_Q4_K_f32": 0, "matvec_lanes_normed_x8_Q4_K": 0,
+    "matvec_lanes_mixed_normed_x8_Q4_K_Q6_K": 0, "matvec_lanes_rounds_Q6_K_f32": 1,
+    "router_normed_F32": 2, "rope_kv_f16": 0,
+}
