@@ -21,6 +21,18 @@ import pytest
 pytestmark = pytest.mark.slow  # minutes of NVVM: scheduled first (tests/conftest.py)
 
 
+# The 64-bit divisions (static, in PTX) the D1 decode step's kernels held on 2026-12-02, after
+# the ones in their loops were removed: gate/up's two split its first item and its stride by k
+# (once a warp); the head's rounds kernel counts its units once. More means a new one: look
+# where it runs before raising a budget.
+DIV64_BUDGET = {
+    "moe_gate_up_lanes_x8_Q4_K": 2, "moe_down_lanes_Q4_K": 0, "moe_down_lanes_Q6_K": 0,
+    "matvec_lanes_x8_Q4_K_f32": 0, "matvec_lanes_normed_x8_Q4_K": 0,
+    "matvec_lanes_mixed_normed_x8_Q4_K_Q6_K": 0, "matvec_lanes_rounds_Q6_K_f32": 1,
+    "router_normed_F32": 2, "rope_kv_f16": 0,
+}
+
+
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     # One compiler per core, at a lower priority: while pytest-xdist's other workers run the
@@ -81,15 +93,3 @@ def test_div64_budget_reads_the_table():
     problems = over_budget(div64, {"moe_gate_up_lanes_x8_Q4_K": 2, "matvec_broken": 0})
     assert len(problems) == 2 and "3 64-bit divisions" in problems[0]
     assert "not in the table" in problems[1]
-
-
-# The 64-bit divisions (static, in PTX) the D1 decode step's kernels held on 2026-12-02, after
-# the ones in their loops were removed: gate/up's two split its first item and its stride by k
-# (once a warp); the head's rounds kernel counts its units once. More means a new one: look
-# where it runs before raising a budget.
-DIV64_BUDGET = {
-    "moe_gate_up_lanes_x8_Q4_K": 2, "moe_down_lanes_Q4_K": 0, "moe_down_lanes_Q6_K": 0,
-    "matvec_lanes_x8_Q4_K_f32": 0, "matvec_lanes_normed_x8_Q4_K": 0,
-    "matvec_lanes_mixed_normed_x8_Q4_K_Q6_K": 0, "matvec_lanes_rounds_Q6_K_f32": 1,
-    "router_normed_F32": 2, "rope_kv_f16": 0,
-}
