@@ -20,7 +20,7 @@ from numba import types
 from strata.plan.layout import SPLIT_K_TOKENS
 
 from . import (batch_attention, batch_moe, batch_moe_lanes, batch_moe_tc, batch_tc, compile_prefill,
-               lanes_batch, matvec)
+               lanes_batch, matvec, moe_fused)
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
 from .matvec_f32 import float_format
@@ -31,6 +31,7 @@ FAMILY = "bundle"
 
 def register() -> None:
     compile_prefill.register(FAMILY, full=True)
+    moe_fused.register(FAMILY, rest=True)
     for lf in LANE_FORMATS.values():
         for tg in range(1, lanes_batch.MAX_TOKENS + 1):
             lanes_batch.register_dense(FAMILY, lf, tg)

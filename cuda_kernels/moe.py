@@ -46,6 +46,7 @@ from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, regis
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
 from .lanes_x8 import X8_FORMATS, lanes_for
+from . import moe_fused
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format
@@ -198,7 +199,7 @@ def _kernel(kind: str, ggml_type: int, x8: bool = False):
 def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                slot_off, host, host_off, h, out, miss_list, counters, cpu_misses: bool = False,
                accumulate: bool = False, route_logits=None, norm_topk: bool = True,
-               x8: bool | None = None, stream=0) -> None:
+               x8: bool | None = None, sync=None, stream=0) -> None:
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
     and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
     out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k].
@@ -209,12 +210,16 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     block has to wait for all the others' logits; else a `router.route` launch comes first.
 
     x8: whether gate/up dots 8-bit x where its format can (None: GATE_UP_X8); the batched
-    kernels dot float32 x, so a row of a batch run alone passes False to get the same bits."""
+    kernels dot float32 x, so a row of a batch run alone passes False to get the same bits.
+
+    sync: int32 [2] in device memory, zero before its first use (then kept by the kernels): the
+    state of the barrier that lets gate/up and down run as one launch (`moe_fused`, where the
+    formats and shapes allow). Launches in flight at once need their own."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
                 accumulate=accumulate, route_logits=route_logits, norm_topk=norm_topk,
-                x8=x8, stream=stream)
+                x8=x8, sync=sync, stream=stream)
 
 
 def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
@@ -234,7 +239,7 @@ def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
 
 def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
                 h, out, miss_list, counters, cpu_misses, accumulate, stream,
-                route_logits=None, norm_topk=True, x8=None,
+                route_logits=None, norm_topk=True, x8=None, sync=None,
                 max_row_blocks: int | None = None) -> None:
     """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
     simulator tests run one block of each: a whole grid costs minutes there)."""
@@ -284,21 +289,30 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
                              lambda g: staged_bytes(g * layout.n_ff // 32) <= MAX_STAGED_BYTES)
     h1 = h.reshape(h.size)
     where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
+    # n_route 0: logits are never read; x stands in (an argument the kernel never writes: host
+    # arrays are copied back per argument, so a written one would be lost)
+    logits = (route_logits if n_route else x).reshape(1, n_route or layout.n_embd)
     if gu_lanes is not None:
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
+        if (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
+                and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
+                and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff)):
+            check_array("sync", sync, np.int32, (2,))
+            if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
+                                miss_list=miss_list, counters=counters, layout=layout,
+                                gu=gu_lanes, dn=dn_lanes, h1=h1, logits=logits,
+                                n_route=n_route, norm_topk=norm_topk, accumulate=accumulate,
+                                out=out, sync=sync, stream=stream, rows=rows):
+                return
         _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type,
                 gu_lanes.x8)[
             rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
             gu_lanes.stage_bytes(layout.n_embd)](
             x, ids, k, n_items, *where, miss_list, counters, layout.gate_row_bytes, n_sb,
             layout.n_ff, layout.up_off, gu_lanes.stage_len(layout.n_embd), h1,
-            device_table(gu_lanes),
-            # n_route 0: logits are never read; x stands in (an argument the kernel never
-            # writes: host arrays are copied back per argument, so a written one would be lost)
-            (route_logits if n_route else x).reshape(1, n_route or layout.n_embd),
-            n_route, bool(norm_topk), weights)
+            device_table(gu_lanes), logits, n_route, bool(norm_topk), weights)
     else:
         _kernel("gate_up", gu_fmt.ggml_type)[
             (rows(n_blocks(layout.n_ff, WARPS)), k), THREADS, stream,
@@ -392,3 +406,4 @@ for _f in FORMATS.values():
                  lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))
     register_ptx("moe", f"moe_down_{_f.name}",
                  lambda f=_f: (_down_factory(f).py_func, _DN_SIG + (_tab_type(f),)))
+moe_fused.register()

@@ -21,8 +21,71 @@ F0 = np.float32(0.0)
 ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
-def _gate_up_lanes(lf: LaneFormat):
+def gate_up_items(lf: LaneFormat):
+    """Device functions of the one-step gate/up item loop (see moe_gate_up_lanes), shared with
+    the fused kernel (`moe_fused`):
+      first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb)
+          -> (it, row, kk, cur)        this warp's first item and its loads (issue them early)
+      run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
+          xs, sums_off, tab_s, h, n_ff)   the warp's items, each next one loaded before the
+                                        current one is dotted; h entries written by lane 0"""
     load_pair, dot_pair = pair_step(lf)
+
+    @cuda.jit(device=True, inline="always")
+    def first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb):
+        it = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
+        row = it // k
+        kk = it - row * k
+        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
+        off_g = s_base[kk] + row * row_bytes
+        src = cache if where == 0 else host
+        if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
+            # load of a cache row, never used; mapped host memory only if the cache cannot
+            # hold one expert's gate and up rows (then every expert is a miss anyway)
+            off_g = 0
+            src = cache if cache.shape[0] >= up_off + row_bytes else host
+        return it, row, kk, load_pair(src, off_g, off_g + up_off, n_sb, 0)
+
+    @cuda.jit(device=True, inline="always")
+    def run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
+            xs, sums_off, tab_s, h, n_ff):
+        n_warps = cuda.gridDim.x * LANE_WARPS
+        # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) with one
+        # carry: a 64-bit division by k per item was a tenth of the kernel's instructions
+        step_row = n_warps // k
+        step_kk = n_warps - step_row * k
+        while it < n_items:
+            nxt = cur
+            it1 = it + n_warps
+            row1 = row + step_row
+            kk1 = kk + step_kk
+            if kk1 >= k:
+                kk1 -= k
+                row1 += 1
+            if it1 < n_items:
+                where1 = s_where[kk1]
+                if where1 >= 0:  # never a read for an expert left to the CPU
+                    off1 = s_base[kk1] + row1 * row_bytes
+                    src1 = cache if where1 == 0 else host
+                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
+            where = s_where[kk]
+            g = F0
+            u = F0
+            if where >= 0:
+                g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
+            g = warp_sum(g)
+            u = warp_sum(u)
+            if (cuda.threadIdx.x & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+            cur = nxt
+            it = it1
+            row = row1
+            kk = kk1
+    return first, run
+
+
+def _gate_up_lanes(lf: LaneFormat):
+    first, run = gate_up_items(lf)
     n_values = lf.sb_values
     stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
@@ -51,61 +114,20 @@ def _gate_up_lanes(lf: LaneFormat):
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
         scratch = cuda.shared.array(32, types.float32)
-        t = cuda.threadIdx.x
         if n_route > 0:  # the same in every block: the router wrote logits, not ids
             route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
                          s_id, s_top, scratch)
         resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base)
+                       cpu_misses, miss_list, counters, s_where, s_base, True)
         cuda.syncthreads()
-        n_warps = cuda.gridDim.x * LANE_WARPS
-        it = cuda.blockIdx.x * LANE_WARPS + (t >> 5)
-        row = it // k
-        kk = it - row * k
-        # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) with one
-        # carry: a 64-bit division by k per item was a tenth of the kernel's instructions
-        step_row = n_warps // k
-        step_kk = n_warps - step_row * k
-        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
-        off_g = s_base[kk] + row * row_bytes
-        src = cache if where == 0 else host
-        if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
-            # load of a cache row, never used; mapped host memory only if the cache cannot
-            # hold one expert's gate and up rows (then every expert is a miss anyway)
-            off_g = 0
-            src = cache if cache.shape[0] >= up_off + row_bytes else host
-        cur = load_pair(src, off_g, off_g + up_off, n_sb, 0)  # in flight while x is staged
+        it, row, kk, cur = first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off,
+                                 n_sb)  # in flight while x is staged
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
-        while it < n_items:
-            nxt = cur
-            it1 = it + n_warps
-            row1 = row + step_row
-            kk1 = kk + step_kk
-            if kk1 >= k:
-                kk1 -= k
-                row1 += 1
-            if it1 < n_items:
-                where1 = s_where[kk1]
-                if where1 >= 0:  # never a read for an expert left to the CPU
-                    off1 = s_base[kk1] + row1 * row_bytes
-                    src1 = cache if where1 == 0 else host
-                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
-            where = s_where[kk]
-            g = F0
-            u = F0
-            if where >= 0:
-                g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
-            g = warp_sum(g)
-            u = warp_sum(u)
-            if (t & 31) == 0:
-                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
-            cur = nxt
-            it = it1
-            row = row1
-            kk = kk1
+        run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
+            xs, sums_off, tab_s, h, n_ff)
     return moe_gate_up_lanes
 
 
@@ -142,7 +164,7 @@ def _gate_up_lanes_rows(lf: LaneFormat):
             route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
                          s_id, s_top, scratch)
         resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base)
+                       cpu_misses, miss_list, counters, s_where, s_base, True)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
@@ -182,11 +204,69 @@ def _unit(u, n_sb, inv_n_sb):
     return c, sb
 
 
-def _down_lanes(lf: LaneFormat):
+def down_units(lf: LaneFormat):
+    """Device functions of the down kernel's unit loop (see moe_down_lanes), shared with the
+    fused kernel (`moe_fused`):
+      geometry(log) -> (sub, u_first, u_stride, part, grp)   this thread's place in its row pair
+      rows(rb, log, n_embd, row_bytes) -> (row0, off_a, off_b)   row block rb's pair (clamped)
+      first(cache, host, s_where, s_base, u, last_u, n_sb, inv_n_sb, off_a, off_b, part)
+          -> (c, sb, cur_a, cur_b)     unit min(u, last_u) and its loads (issue them early)
+      run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache, host, s_where, s_base,
+          s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs, sums_off, tab_s) -> (acc_a, acc_b)
+                                       this lane's weighted dots of the pair's units"""
     load, dot = lf.load, lf.dot
     lanes, per_step = lf.lanes, lf.sbs_per_step
-    sb_bytes, sb_values, sb_padded, sb_sums = (lf.sb_bytes, lf.sb_values, lf.padded_sb,
-                                               lf.sb_sums)
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
+
+    @cuda.jit(device=True, inline="always")
+    def geometry(log):
+        t = cuda.threadIdx.x
+        sub = (t >> 5) & ((1 << log) - 1)
+        return sub, sub * per_step, per_step << log, t & (lanes - 1), (t & 31) // lanes
+
+    @cuda.jit(device=True, inline="always")
+    def rows(rb, log, n_embd, row_bytes):
+        row0 = (rb * (LANE_WARPS >> log) + ((cuda.threadIdx.x >> 5) >> log)) * 2
+        return row0, min(row0, n_embd - 1) * row_bytes, min(row0 + 1, n_embd - 1) * row_bytes
+
+    @cuda.jit(device=True, inline="always")
+    def first(cache, host, s_where, s_base, u, last_u, n_sb, inv_n_sb, off_a, off_b, part):
+        c, sb = _unit(min(u, last_u), n_sb, inv_n_sb)
+        src = cache if s_where[c] == 0 else host
+        off = s_base[c] + sb * sb_bytes
+        return c, sb, load(src, off + off_a, part), load(src, off + off_b, part)
+
+    @cuda.jit(device=True, inline="always")
+    def run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache, host, s_where, s_base,
+            s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs, sums_off, tab_s):
+        acc_a = F0
+        acc_b = F0
+        last_u = n_units - 1
+        u0 = u_first
+        while u0 < n_units:  # not a range: its trip count would divide by u_stride
+            cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
+            src = cache if s_where[cn] == 0 else host
+            off = s_base[cn] + sbn * sb_bytes
+            nxt_a = load(src, off + off_a, part)
+            nxt_b = load(src, off + off_b, part)
+            q = s_kk[c] * n_sb + sb             # position of the unit's h slice
+            da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+            db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+            if u0 + grp < n_units:
+                acc_a += s_wt[c] * da
+                acc_b += s_wt[c] * db
+            cur_a = nxt_a
+            cur_b = nxt_b
+            c = cn
+            sb = sbn
+            u0 += u_stride
+        return acc_a, acc_b
+    return geometry, rows, first, run
+
+
+def _down_lanes(lf: LaneFormat):
+    geometry, rows, first, run = down_units(lf)
+    sb_values = lf.sb_values
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
@@ -221,41 +301,16 @@ def _down_lanes(lf: LaneFormat):
         resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
                         down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
         n_units = s_n[0] * n_sb
-        sub = (t >> 5) & ((1 << log) - 1)
-        u_first = sub * per_step
-        u_stride = per_step << log
-        row0 = (cuda.blockIdx.x * (LANE_WARPS >> log) + ((t >> 5) >> log)) * 2
-        off_a = min(row0, n_embd - 1) * row_bytes
-        off_b = min(row0 + 1, n_embd - 1) * row_bytes
-        part = t & (lanes - 1)
-        grp = (t & 31) // lanes
+        sub, u_first, u_stride, part, grp = geometry(log)
+        row0, off_a, off_b = rows(cuda.blockIdx.x, log, n_embd, row_bytes)
         acc_a = F0
         acc_b = F0
         if n_units > 0:  # the same in the whole block
-            last_u = n_units - 1
-            c, sb = _unit(min(u_first + grp, last_u), n_sb, inv_n_sb)
-            src = cache if s_where[c] == 0 else host
-            off = s_base[c] + sb * sb_bytes
-            cur_a = load(src, off + off_a, part)
-            cur_b = load(src, off + off_b, part)
-            u0 = u_first
-            while u0 < n_units:  # not a range: its trip count would divide by u_stride
-                cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
-                src = cache if s_where[cn] == 0 else host
-                off = s_base[cn] + sbn * sb_bytes
-                nxt_a = load(src, off + off_a, part)
-                nxt_b = load(src, off + off_b, part)
-                q = s_kk[c] * n_sb + sb             # position of the unit's h slice
-                da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-                db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-                if u0 + grp < n_units:
-                    acc_a += s_wt[c] * da
-                    acc_b += s_wt[c] * db
-                cur_a = nxt_a
-                cur_b = nxt_b
-                c = cn
-                sb = sbn
-                u0 += u_stride
+            c, sb, cur_a, cur_b = first(cache, host, s_where, s_base, u_first + grp,
+                                        n_units - 1, n_sb, inv_n_sb, off_a, off_b, part)
+            acc_a, acc_b = run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache,
+                               host, s_where, s_base, s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b,
+                               part, xs, sums_off, tab_s)
         acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
         if (t & 31) == 0 and sub == 0:
             if row0 < n_embd:

@@ -30,16 +30,17 @@ def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
 
 @cuda.jit(device=True, inline="always")
 def resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, miss_list,
-                   counters, s_where, s_base):
+                   counters, s_where, s_base, count):
     """The k experts resolved at once, thread t < k taking the t-th, into s_where/s_base (read
-    them after a barrier); block 0 lists the experts left to the CPU and counts hits/misses."""
+    them after a barrier); with `count`, block 0 lists the experts left to the CPU and counts
+    hits/misses (a launch that resolves the same experts again passes False)."""
     t = cuda.threadIdx.x
     if t < k:
         e = ids[t]
         where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
         s_where[t] = where
         s_base[t] = base
-        if cuda.blockIdx.x == 0:
+        if count and cuda.blockIdx.x == 0:
             miss_list[t] = e if where < 0 else -1
             cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
 

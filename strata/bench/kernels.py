@@ -274,9 +274,11 @@ def moe_routing(ctx: Ctx, n_layer: int, n_expert: int, k: int):
 
 @bench("moe")
 def moe_group(ctx: Ctx) -> list[Result]:
-    """MoE decode, 30B shape, all hits; gate/up formats with an 8-bit decoding (`lanes_x8`) run
-    both ways (`moe.GATE_UP_X8`), in one process."""
+    """MoE decode, 30B shape, all hits: one launch (`moe_fused`: gate/up, a grid barrier, down)
+    and two (`moe_fused.FUSE_DOWN` off), in one process; gate/up formats with an 8-bit decoding
+    (`lanes_x8`) also with float32 x (`moe.GATE_UP_X8` off)."""
     import strata.cuda_kernels.moe as moe_mod
+    import strata.cuda_kernels.moe_fused as fused_mod
     from strata.cuda_kernels.lanes_x8 import x8_format
     from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.qformats import get_format
@@ -291,23 +293,26 @@ def moe_group(ctx: Ctx) -> list[Result]:
         y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
         miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
         counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+        sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused launch's barrier
 
         def record(s, lay=lay, cache=cache, slot_table=slot_table, slot_off=slot_off,
                    host_off=host_off, ids=ids, wts=wts, x=x, h=h, y=y, miss=miss,
-                   counters=counters):
+                   counters=counters, sync=sync):
             for layer in range(n_layer):
                 moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
                            slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
                            host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
-                           stream=s)
+                           sync=sync, stream=s)
         both = x8_format(get_format(gu).ggml_type) is not None
-        for x8 in (True, False) if both else (moe_mod.GATE_UP_X8,):
-            saved, moe_mod.GATE_UP_X8 = moe_mod.GATE_UP_X8, x8
+        x8s = (True, False) if both else (moe_mod.GATE_UP_X8,)
+        for x8, fused in [(x8, True) for x8 in x8s] + [(x8s[0], False)]:
+            saved = moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN
+            moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN = x8, fused
             try:
                 us = ctx.time_graph(record, n_layer)
             finally:
-                moe_mod.GATE_UP_X8 = saved
-            how = (" x8" if x8 else " f32 x") if both else ""
+                moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN = saved
+            how = ((" x8" if x8 else " f32 x") if both else "") + ("" if fused else " 2 launches")
             out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768", us,
                               k * lay.expert_bytes, ctx.read_gbps, 0.60))
         del cache
@@ -338,6 +343,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     y = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
     miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+    sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     out, picks = [], {}
     for in_moe in (False, True):
         def record(s, in_moe=in_moe):
@@ -348,7 +354,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
                 moe_decode(xn, ids, wts, layer=layer, layout=lay, slot_table=slot_table,
                            cache=cache, slot_off=slot_off, host=cache, host_off=host_off, h=h,
                            out=y, miss_list=miss, counters=counters,
-                           route_logits=logits if in_moe else None, stream=s)
+                           route_logits=logits if in_moe else None, sync=sync, stream=s)
         us = ctx.time_graph(record, n_layer)
         ctx.stream.synchronize()
         picks[in_moe] = ids.copy_to_host().tolist()

@@ -70,6 +70,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     h = cuda.device_array((K, lay.n_ff), f32)
     miss = cuda.device_array(K, np.int32)
     counters = cuda.to_device(np.zeros((N_LAYER, 2), np.int64))
+    sync = cuda.to_device(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     pos = cuda.to_device(np.array([1234], np.int32))
     tokens = cuda.to_device(np.zeros(1 << 20, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))
@@ -91,7 +92,8 @@ def decode_step(ctx: Ctx) -> list[Result]:
             route(rlog, ids, wts, stream=s)
             moe_decode(xn1, ids1, wts1, layer=layer, layout=lay, slot_table=slot_table,
                        cache=cache, slot_off=slot_off, host=cache, host_off=host_off, h=h,
-                       out=x1, miss_list=miss, counters=counters, accumulate=True, stream=s)
+                       out=x1, miss_list=miss, counters=counters, accumulate=True, sync=sync,
+                       stream=s)
         rms_norm(x, norm_w[2], xn, eps=1e-6, stream=s)
         matvec(head, "Q6_K", xn1, logits, stream=s)
         argmax(logits, tokens, n_tok, stream=s)

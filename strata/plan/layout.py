@@ -206,6 +206,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused router's count of finished blocks (strata.cuda_kernels.router_normed): zero at
     # load, and the kernel's last block sets it back to zero
     b.add("router_done", np.int32, (n_b,))  # [batch] int32
+    # the fused MoE launch's grid barrier, (arrivals, generation) (strata.cuda_kernels.gridsync):
+    # zero at load, kept by the kernel after
+    b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
     b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool
     b.add("moe_out", np.float32, (n_b, e))

@@ -109,11 +109,13 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
                                                    (False, True, True), (False, False, False)])
-def test_moe_decode_30b_shape(cpu_misses, routed, x8, monkeypatch):
+def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
     """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs).
-    x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes."""
+    x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes.
+    fused: one launch with a barrier across the grid (`moe_fused`), given its state."""
     import strata.cuda_kernels.moe as moe_mod
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode
     from strata.engine.cpu.idot import x8_arrays
@@ -159,7 +161,8 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, monkeypatch):
                slot_table=cuda.to_device(slot_table), cache=cache,
                slot_off=cuda.to_device(slot_off), host=host, host_off=cuda.to_device(host_off),
                h=h, out=out, miss_list=miss, counters=counters, cpu_misses=cpu_misses,
-               route_logits=cuda.to_device(logits) if routed else None)
+               route_logits=cuda.to_device(logits) if routed else None,
+               sync=cuda.to_device(np.zeros(2, np.int32)) if fused else None)
     if routed:
         np.testing.assert_array_equal(ids_d.copy_to_host(), ids)
         np.testing.assert_allclose(wts_d.copy_to_host(), wts, rtol=1e-5)
@@ -173,10 +176,70 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, monkeypatch):
         g, u, d = mats[e]
         gx, ux = g @ xr, u @ xr
         want += w * (d @ (gx / (1 + np.exp(-gx)) * ux))
-    _check(f"moe cpu_misses={cpu_misses} x8={x8}", (k, n_embd, n_ff), out.copy_to_host(), want)
+    _check(f"moe cpu_misses={cpu_misses} x8={x8}{' fused' if fused else ''}", (k, n_embd, n_ff),
+           out.copy_to_host(), want)
     assert miss.copy_to_host().tolist() == [int(e) if (cpu_misses and not h_) else -1
                                             for e, h_ in zip(ids, hit)]
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]
+
+
+def test_moe_fused_graph_replays_bit_for_bit():
+    """The fused MoE launch (gate/up, a barrier across the grid, down) captured in a CUDA graph
+    of 12 layers' launches sharing one barrier state, replayed 50 times: every replay's h and
+    output bit for bit those of the two launches, and the barrier's state (arrivals,
+    generation) back at (0, launches so far). Half the experts miss (read through the miss
+    path), as with a cache smaller than the model's experts."""
+    import strata.cuda_kernels.moe_fused as fused_mod
+    from strata.bench.kernels import Ctx, moe_setup
+    from strata.cuda_kernels.graph import capture
+    from strata.cuda_kernels.moe import moe_decode
+    cuda = _cuda()
+    ctx = Ctx(seed=7)
+    n_layer, n_expert, k = 12, 128, 8
+    lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q6_K", n_layer=n_layer,
+                                                           n_expert=n_expert, n_slot_layer=64)
+    table = slot_table.copy_to_host()
+    table[:, 1::2] = -1  # odd experts miss: read from `host` (here the cache's first bytes)
+    slot_table = cuda.to_device(table)
+    rng = np.random.default_rng(8)
+    logits = [cuda.to_device((rng.standard_normal(n_expert) * 2).astype(np.float32))
+              for _ in range(n_layer)]                               # [n_expert] f32
+    x = cuda.to_device(rng.standard_normal(lay.n_embd).astype(np.float32))
+    miss = cuda.device_array(k, np.int32)
+    counters = cuda.to_device(np.zeros((n_layer, 2), np.int64))
+    sync = cuda.to_device(np.zeros(2, np.int32))
+    runs = {}
+    for fused in (True, False):
+        ids = cuda.device_array((n_layer, k), np.int32)
+        wts = cuda.device_array((n_layer, k), np.float32)
+        h = _poisoned((n_layer, k, lay.n_ff))
+        out = _poisoned((n_layer, lay.n_embd))
+
+        def record(s, ids=ids, wts=wts, h=h, out=out, fused=fused):
+            for layer in range(n_layer):
+                moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
+                           slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
+                           host_off=host_off, h=h[layer], out=out[layer], miss_list=miss,
+                           counters=counters, route_logits=logits[layer],
+                           sync=sync if fused else None, stream=s)
+        assert fused_mod.FUSE_DOWN
+        record(ctx.stream)  # compiles (a graph captures no JIT)
+        graph = capture(record, ctx.stream)
+        got = []
+        for _ in range(50 if fused else 1):
+            graph.replay(ctx.stream)
+            ctx.stream.synchronize()
+            got.append((h.copy_to_host(), out.copy_to_host()))
+        runs[fused] = got
+        if fused:
+            n = len(got) + 1
+            assert sync.copy_to_host().tolist() == [0, n * n_layer]
+    (h2, out2), = runs[False]
+    assert np.isfinite(out2).all() and np.isfinite(h2).all()
+    for h1, out1 in runs[True]:
+        np.testing.assert_array_equal(h1, h2)
+        np.testing.assert_array_equal(out1, out2)
+    ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
 
 
 def test_norm_rope_router_elementwise():

@@ -176,7 +176,8 @@ class BatchStep:
             if isinstance(layout, MixedLayout):
                 moe_decode_mixed(*args, layer=il, layout=layout, **row)
             else:  # float32 x, as the batched kernels: a row's bits alone and in a batch
-                moe_decode(*args, layer=il, layout=layout, accumulate=True, x8=False, **row)
+                moe_decode(*args, layer=il, layout=layout, accumulate=True, x8=False,
+                           sync=a["moe_sync"][r], **row)
 
     # -- running -------------------------------------------------------------------------------
 

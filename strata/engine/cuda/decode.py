@@ -210,7 +210,7 @@ class DecodeStep:
             moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
                        layout=layout, accumulate=True,
                        route_logits=a["router_logits"][0] if self.moe_routes[il] else None,
-                       **where)
+                       sync=a["moe_sync"][0], **where)
 
     # -- running -------------------------------------------------------------------------------
 

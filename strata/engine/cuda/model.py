@@ -144,8 +144,9 @@ class CudaModel:
         self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
-        done = self.acts["router_done"]  # the fused router's block counter starts at zero
-        done.copy_to_device(np.zeros(done.shape, np.int32), stream=self.stream)
+        for name in ("router_done", "moe_sync"):  # block counters of fused kernels: from zero
+            counter = self.acts[name]
+            counter.copy_to_device(np.zeros(counter.shape, np.int32), stream=self.stream)
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)

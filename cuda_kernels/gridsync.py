@@ -1,0 +1,41 @@
+"""A barrier across every block of one launch, for kernels that run two dependent phases in one
+launch (`moe_fused`: the MoE's gate/up, then its down, which reads every block's h).
+
+Every block must be resident at once, or the blocks that arrived wait forever for blocks that
+cannot start: such kernels are launched cooperatively (the driver refuses a grid the device
+cannot hold at once) with no more blocks than `max_cooperative_grid_blocks` says fit.
+
+The state is two int32 in device memory, (arrivals, generation), zero before the first launch;
+the last block to arrive sets arrivals back to zero before it bumps the generation, so the same
+two words serve every later launch (and every replay of a graph holding it) with no reset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+POLL_NS = np.uint32(32)  # a waiting block's pause between reads of the generation
+
+
+@cuda.jit(device=True, inline="always")
+def grid_sync(bar):
+    """Wait until every block of the launch has called this; the writes of every block before
+    it are visible to every block after it. bar: int32 [2] (see the module doc). The whole
+    block calls this."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        # the generation is read before this block arrives (the fence orders the two): read
+        # after, it could already be the next one and this block would wait for another
+        gen = cuda.atomic.add(bar, 1, 0)
+        cuda.threadfence()  # also publishes the block's writes (the barrier above ordered them)
+        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        if cuda.atomic.add(bar, 0, 1) == n_blocks - 1:
+            cuda.atomic.exch(bar, 0, 0)
+            cuda.threadfence()
+            cuda.atomic.add(bar, 1, 1)
+        else:
+            while cuda.atomic.add(bar, 1, 0) == gen:
+                cuda.nanosleep(POLL_NS)
+        cuda.threadfence()
+    cuda.syncthreads()

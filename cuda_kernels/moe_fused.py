@@ -1,0 +1,254 @@
+"""One token's MoE in one launch: gate/up, a barrier across the grid (`gridsync`), then down.
+For lane formats whose gate/up rows take one step of a warp and whose k h vectors fit one
+block's shared memory: the 30B models' Q4_K/Q6_K (2048 columns, 8 x 768 values of h).
+
+Why one launch: down, as a launch of its own, began only once gate/up had drained, and then
+resolved the experts' slots again (ids, slot table, slot offsets: three dependent reads) before
+it could issue a weight load. Here the slots are resolved once, and each warp issues its first
+down loads as soon as its gate/up items are done, so they are in flight across the barrier.
+
+The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
+the barrier between. The GPU runs 2. The simulator runs blocks one after another, so a barrier
+across blocks would never open there: it runs 0, then 1, the same code but for the barrier.
+`moe.moe_decode` launches this where `fuses` holds and it is given the barrier's state (`sync`);
+the results are bit for bit those of the two launches (the same dots in the same order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import cuda, types
+
+from .gridsync import grid_sync
+from .intrinsics import SIMULATED, warp_sum
+from .lanes import LANE_FORMATS, LaneFormat, combine_split
+from .lanes_x8 import X8_FORMATS, stager
+from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
+from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
+                     stage_table)
+from .moe_lanes import ALIGN16, down_units, gate_up_items
+from .moe_slots import MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_shared, route_shared
+from .xstage import padded_bytes, padded_len, stage_padded_wide
+
+F0 = np.float32(0.0)
+# Read at launch, so a benchmark can compare one launch with two in one process.
+FUSE_DOWN = True
+# The down formats fused after each gate/up format: its own and the K-quants the _M mixes put
+# in down. The binary's kernel bundle holds these pairs; others run as two launches.
+DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
+
+# The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
+# down's row blocks, as a small card's).
+SIM_RESIDENT = 1 << 30
+
+_CACHE: dict[tuple, object] = {}
+_RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
+
+
+def fuses(gu: LaneFormat, dn: LaneFormat) -> bool:
+    """Whether the pair (gate/up as launched, down) has a fused kernel."""
+    return dn.ggml_type in (gu.ggml_type,) + DOWN_WITH and not dn.x8
+
+
+def shared_bytes(gu: LaneFormat, dn: LaneFormat, n_embd: int, k: int, n_ff: int) -> int:
+    """Dynamic shared memory: gate/up's staged x, then (the same bytes) down's staged h."""
+    return max(gu.stage_bytes(n_embd), padded_bytes(k * n_ff, dn.pad, dn.sums))
+
+
+def fits(gu: LaneFormat, dn: LaneFormat, n_embd: int, k: int, n_ff: int) -> bool:
+    """Whether one block holds x, all k experts' h and both formats' tables."""
+    return (shared_bytes(gu, dn, n_embd, k, n_ff) + gu.table.nbytes + dn.table.nbytes
+            <= MAX_SHARED_BYTES)
+
+
+def _jit() -> dict:
+    # two blocks an SM (at most 128 registers), so a one-wave grid is resident at once
+    return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, 2)}
+
+
+def _fused(gu: LaneFormat, dn: LaneFormat):
+    gu_first, gu_run = gate_up_items(gu)
+    geometry, dn_rows, dn_first, dn_run = down_units(dn)
+    gu_values, dn_values = gu.sb_values, dn.sb_values
+    stage_x, xs_type = stager(gu)[0], gu.xs_type
+    pa_a, pa_pa, pa_b, pa_pb = dn.pad
+    dn_sums = dn.sums
+    n_tg, tg_type, has_tg = gu.table.size, gu.table.dtype.type, gu.has_table
+    n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
+
+    @cuda.jit(**_jit())
+    def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
+                        host_off, cpu_misses, miss_list, counters, gu_row_bytes, gu_n_sb, n_ff,
+                        up_off, gu_sums_off, h, tab_gu, logits, n_route, norm_topk, down_off,
+                        dn_row_bytes, dn_n_sb, inv_n_sb, n_embd, accumulate, dn_sums_off, log,
+                        n_row_blocks, out, tab_dn, bar, phase):
+        # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
+        # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
+        # bar: int32 [2], the barrier's state. Gate/up: items (h entry, expert) over every warp
+        # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
+        # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
+        # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
+        s_where = cuda.shared.array(MAX_K, np.int32)   # by top-k position
+        s_base = cuda.shared.array(MAX_K, np.int64)
+        s_dwhere = cuda.shared.array(MAX_K, np.int32)  # down's list: experts not left to the CPU
+        s_dbase = cuda.shared.array(MAX_K, np.int64)
+        s_dkk = cuda.shared.array(MAX_K, np.int32)
+        s_dwt = cuda.shared.array(MAX_K, np.float32)
+        s_dn = cuda.shared.array(1, np.int32)
+        s_part = cuda.shared.array(PART_SLOTS, types.float32)
+        tab_g = cuda.shared.array(n_tg, tg_type)
+        tab_d = cuda.shared.array(n_td, td_type)
+        xs = cuda.shared.array(0, xs_type)
+        hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
+        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
+        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
+        s_id = cuda.shared.array(MAX_K, types.int32)
+        s_top = cuda.shared.array(MAX_K, types.float32)
+        scratch = cuda.shared.array(32, types.float32)
+        t = cuda.threadIdx.x
+        if n_route > 0:  # the same in every block: the router wrote logits, not ids
+            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
+                         s_id, s_top, scratch)
+        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                       cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
+        cuda.syncthreads()
+        if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
+            n = 0
+            for j in range(t):
+                if s_where[j] >= 0:
+                    n += 1
+            where = s_where[t]
+            if where >= 0:
+                s_dwhere[n] = where
+                s_dbase[n] = s_base[t] + down_off
+                s_dkk[n] = t
+                n += 1
+            if t == k - 1:
+                s_dn[0] = n
+                if n == 0:  # no unit: the first down loads read one expert's bytes unused
+                    s_dwhere[0] = 0 if cache.shape[0] >= down_off + n_embd * dn_row_bytes else 1
+                    s_dbase[0] = down_off
+        if phase != 1:
+            it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host, gu_row_bytes,
+                                        up_off, gu_n_sb)  # in flight while x is staged
+            if has_tg:
+                stage_table(tab_gu, tab_g, n_tg)
+            stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
+            cuda.syncthreads()
+            gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
+                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
+        else:
+            cuda.syncthreads()  # down's list
+        if phase != 0:
+            n_units = s_dn[0] * dn_n_sb
+            sub, u_first, u_stride, part, grp = geometry(log)
+            rb = cuda.blockIdx.x
+            row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
+            last_u = max(n_units - 1, 0)
+            # the first units' loads, in flight across the barrier (they do not read h)
+            c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
+                                           last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            if phase == 2:
+                grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
+            else:
+                cuda.syncthreads()
+            if has_td:
+                stage_table(tab_dn, tab_d, n_td)
+            stage_padded_wide(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                              dn_sums_off)
+            if t < s_dn[0]:
+                s_dwt[t] = weights[s_dkk[t]]
+            cuda.syncthreads()
+            while rb < n_row_blocks:  # the same in the whole block
+                acc_a = F0
+                acc_b = F0
+                if n_units > 0:
+                    acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
+                                          cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
+                                          inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
+                acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
+                if (t & 31) == 0 and sub == 0:
+                    if row0 < n_embd:
+                        out[row0] = out[row0] + acc_a if accumulate else acc_a
+                    if row0 + 1 < n_embd:
+                        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+                rb += cuda.gridDim.x
+                if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
+                    row0, off_a, off_b = dn_rows(rb, log, n_embd, dn_row_bytes)
+                    c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase,
+                                                   u_first + grp, last_u, dn_n_sb, inv_n_sb,
+                                                   off_a, off_b, part)
+                    cuda.syncthreads()  # s_part's readers are done before the next writes
+    return moe_fused_lanes
+
+
+def _kernel(gu: LaneFormat, dn: LaneFormat):
+    key = (gu.ggml_type, gu.x8, dn.ggml_type)
+    if key not in _CACHE:
+        _CACHE[key] = _fused(gu, dn)
+    return _CACHE[key]
+
+
+def _resident(kern, args, shmem: int) -> tuple[int, object]:
+    """(blocks of the kernel the current GPU holds at once, 0 for not one; the kernel compiled
+    for args, marked for a cooperative launch)."""
+    compiled = kern.compile(tuple(kern.typeof_pyval(a) for a in args))
+    compiled.cooperative = True  # the driver refuses a grid it cannot hold at once
+    key = (id(compiled), shmem)
+    if key not in _RESIDENT:
+        _RESIDENT[key] = compiled.max_cooperative_grid_blocks(LANE_THREADS, shmem)
+    return _RESIDENT[key], compiled
+
+
+def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, gu, dn, h1,
+           logits, n_route, norm_topk, accumulate, out, sync, stream, rows) -> bool:
+    """The fused launch of moe_decode's arguments (`where`: slot_table .. cpu_misses), or False
+    (nothing launched) where the GPU cannot hold a block of it. rows: the simulator tests'
+    cap on each phase's blocks (`moe._moe_decode`)."""
+    n_embd, n_ff = layout.n_embd, layout.n_ff
+    gu_n_sb, dn_n_sb = n_embd // gu.sb_values, n_ff // dn.sb_values
+    log = lane_split(dn, n_embd, k * dn_n_sb)  # as if every expert were cached
+    n_row_blocks = rows(n_blocks(n_embd, 2 * (LANE_WARPS >> log)))
+    n_gu_blocks = rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS))
+    shmem = shared_bytes(gu, dn, n_embd, k, n_ff)
+    kern = _kernel(gu, dn)
+    args = (x, ids, weights, k, n_items, *where, miss_list, counters, layout.gate_row_bytes,
+            gu_n_sb, n_ff, layout.up_off, gu.stage_len(n_embd), h1, device_table(gu), logits,
+            n_route, bool(norm_topk), layout.down_off, layout.down_row_bytes, dn_n_sb,
+            np.float32(1.0 / dn_n_sb), n_embd, bool(accumulate), padded_len(k * n_ff, dn.pad),
+            log, n_row_blocks, out, device_table(dn), sync)
+    grid = max(n_gu_blocks, n_row_blocks)
+    if SIMULATED:
+        for phase in (0, 1):
+            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
+        return True
+    resident, compiled = _resident(kern, args + (2,), shmem)
+    if resident < 1:
+        return False
+    compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
+                    shmem)
+    return True
+
+
+CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the tiny model's
+
+
+def register(family: str = "moe", *, rest: bool = False) -> None:
+    """The fused kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the
+    compile check), or with `rest` every other pair `fuses` allows (`compile_bundle`: the
+    binary's kernel bundle holds both)."""
+    from .moe import _GUL_SIG, _ROUTE_SIG, _tab_type  # the two launches' argument types
+
+    ups = list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
+    pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
+             if fuses(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest]
+    down_sig = (types.int64, types.int64, types.int64, types.float32, types.int64,
+                types.boolean, types.int64, types.int64, types.int64, types.float32[::1])
+    for g, d in pairs:
+        sig = ((types.float32[::1], types.int32[::1], types.float32[::1]) + _GUL_SIG[2:]
+               + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
+               + (_tab_type(d), types.int32[::1], types.int64))
+        register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
+                     lambda g=g, d=d, sig=sig: (_fused(g, d).py_func, sig), options=_jit())
