@@ -227,6 +227,8 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
     resident, compiled = _resident(kern, args + (2,), shmem)
     if resident < 1:
         return False
+    if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
+        stream = cuda.default_stream()
     compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
                     shmem)
     return True
