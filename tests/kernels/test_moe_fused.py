@@ -144,3 +144,62 @@ def test_fused_pairs_and_their_checks():
                    **store, h=z((3, 256), np.float32), out=z(256, np.float32),
                    miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
                    sync=z(2, np.int64))
+
+
+@pytest.mark.parametrize("gu,dn,cpu_misses", [("Q4_K", "Q6_K", False), ("Q8_0", "Q8_0", True)])
+def test_fused_router_matches_its_own_launch(gu, dn, cpu_misses):
+    """moe_decode(router=...): the FFN norm and the router's logits in the same launch (a
+    barrier before gate/up) give the bits of `router_normed`'s launch followed by the MoE's:
+    logits, the normed x, ids, weights, h and the output; the logits against float64."""
+    rng = np.random.default_rng(21)
+    n_embd, n_ff, n_expert = 256, 256, 6
+    layout = ExpertLayout(n_embd, n_ff, gu, dn)
+    store, _ = _store(layout, gu, dn, rng)
+    r_x = rng.standard_normal(n_embd).astype(np.float32)              # the raw residual
+    norm_w = rng.uniform(0.5, 1.5, n_embd).astype(np.float32)
+    w = (rng.standard_normal((n_expert, n_embd)) / 8).astype(np.float32)  # F32 router rows
+    h0 = rng.standard_normal((K, n_ff)).astype(np.float32)
+    out0 = rng.standard_normal(n_embd).astype(np.float32)
+    runs = []
+    for sync in (np.zeros(2, np.int32), None):
+        xn = np.full(n_embd, np.nan, np.float32)
+        logits = np.full(n_expert, np.nan, np.float32)
+        ids, weights = np.full(K, -5, np.int32), np.full(K, np.nan, np.float32)
+        h, out = h0.copy(), out0.copy()
+        counters, done = np.zeros((2, 2), np.int64), np.zeros(1, np.int32)
+        _moe_decode(xn, ids, weights, layer=1, layout=layout, **store, h=h, out=out,
+                    miss_list=np.zeros(K, np.int32), counters=counters, cpu_misses=cpu_misses,
+                    accumulate=True, stream=0, route_logits=logits, sync=sync,
+                    router=(r_x, norm_w, 1e-6, w.view(np.uint8).reshape(-1), "F32", done),
+                    max_row_blocks=1)
+        runs.append(dict(xn=xn, logits=logits, ids=ids, weights=weights, h=h, out=out,
+                         counters=counters, done=done))
+    for key in runs[0]:
+        np.testing.assert_array_equal(runs[0][key], runs[1][key], err_msg=key)
+    x64 = r_x.astype(np.float64)
+    xn64 = x64 / np.sqrt(np.mean(x64 * x64) + 1e-6) * norm_w
+    np.testing.assert_allclose(runs[0]["xn"], xn64, rtol=1e-5)
+    np.testing.assert_allclose(runs[0]["logits"], w.astype(np.float64) @ xn64, rtol=1e-4,
+                               atol=1e-5)
+    assert runs[0]["ids"].tolist() == np.argsort(-runs[0]["logits"], kind="stable")[:K].tolist()
+    assert runs[0]["done"].tolist() == [0]  # the MoE routes: the router's counter untouched
+
+
+def test_router_argument_checks():
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    store, _ = _store(layout, "Q4_K", "Q6_K", np.random.default_rng(4))
+    z = np.zeros
+    x, w = z(256, np.float32), z(6 * 256 * 4, np.uint8)
+    args = dict(layer=1, layout=layout, **store, h=z((3, 256), np.float32),
+                out=z(256, np.float32), miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
+                sync=z(2, np.int32))
+    from strata.cuda_kernels.moe import moe_decode
+    ok = (z(256, np.float32), z(256, np.float32), 1e-6, w, "F32", z(1, np.int32))
+    with pytest.raises(ValueError, match="route_logits"):
+        moe_decode(x, z(3, np.int32), z(3, np.float32), router=ok, **args)
+    with pytest.raises(ValueError, match="F32 or F16"):
+        moe_decode(x, z(3, np.int32), z(3, np.float32), route_logits=z(6, np.float32),
+                   router=ok[:4] + ("Q8_0",) + ok[5:], **args)
+    with pytest.raises(ValueError, match="normed_out must not be x"):
+        moe_decode(x, z(3, np.int32), z(3, np.float32), route_logits=z(6, np.float32),
+                   router=(x,) + ok[1:], **args)
