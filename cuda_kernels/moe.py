@@ -50,9 +50,7 @@ from . import moe_fused
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format
-from .matvec_f32 import float_format
 from .router import MAX_EXPERTS, route
-from .router_normed import check_args as check_router, router_normed
 from .xstage import XPAD, padded_bytes, padded_len, stage_x, staged_bytes
 
 WARPS = 4
@@ -201,7 +199,7 @@ def _kernel(kind: str, ggml_type: int, x8: bool = False):
 def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table, cache,
                slot_off, host, host_off, h, out, miss_list, counters, cpu_misses: bool = False,
                accumulate: bool = False, route_logits=None, norm_topk: bool = True,
-               x8: bool | None = None, sync=None, router=None, stream=0) -> None:
+               x8: bool | None = None, sync=None, stream=0) -> None:
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
     and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
     out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k].
@@ -216,18 +214,12 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
 
     sync: int32 [2] in device memory, zero before its first use (then kept by the kernels): the
     state of the barrier that lets gate/up and down run as one launch (`moe_fused`, where the
-    formats and shapes allow). Launches in flight at once need their own.
-
-    router: (x_raw, norm_w, eps, w, ggml_type, done), the FFN norm and the router as
-    `router_normed` takes them (x_raw the raw residual, w the router's F32/F16 rows, done its
-    counter), with route_logits its logits and this call's x its normed output: computed in the
-    MoE's one launch where it routes itself (`moe_fused`), else by a `router_normed` launch
-    (logits only) first."""
+    formats and shapes allow). Launches in flight at once need their own."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
                 accumulate=accumulate, route_logits=route_logits, norm_topk=norm_topk,
-                x8=x8, sync=sync, router=router, stream=stream)
+                x8=x8, sync=sync, stream=stream)
 
 
 def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
@@ -247,7 +239,7 @@ def routes_itself(layout: ExpertLayout, n_expert: int) -> bool:
 
 def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, host, host_off,
                 h, out, miss_list, counters, cpu_misses, accumulate, stream,
-                route_logits=None, norm_topk=True, x8=None, sync=None, router=None,
+                route_logits=None, norm_topk=True, x8=None, sync=None,
                 max_row_blocks: int | None = None) -> None:
     """moe_decode; with max_row_blocks, each kernel runs only its first row blocks (the
     simulator tests run one block of each: a whole grid costs minutes there)."""
@@ -272,15 +264,18 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     check_array("miss_list", miss_list, np.int32, (k,))
     check_array("counters", counters, np.int64, (n_layer, 2))
     gu_lanes = _gate_up_lanes_for(layout, x8)
-    n_expert = 0
+    n_route = 0  # experts the gate/up launch routes itself (0: ids is the router's)
     if route_logits is not None:
         check_array("route_logits", route_logits, np.float32, (None,))
         n_expert = route_logits.shape[0]
         if not k <= n_expert <= MAX_EXPERTS:
             raise ValueError(f"route_logits: {n_expert} experts, expected {k}..{MAX_EXPERTS} "
                              f"(k = {k})")
-    # experts the gate/up launch routes itself (0: ids is the router's)
-    n_route = n_expert if gu_lanes is not None and n_expert <= ROUTE_MAX_EXPERTS else 0
+        if gu_lanes is not None and n_expert <= ROUTE_MAX_EXPERTS:  # routes_itself
+            n_route = n_expert
+        else:
+            route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
+                  norm_topk=norm_topk, stream=stream)
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
     dn_lanes = lane_format(dn_fmt.ggml_type)
     dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
@@ -297,34 +292,20 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     # n_route 0: logits are never read; x stands in (an argument the kernel never writes: host
     # arrays are copied back per argument, so a written one would be lost)
     logits = (route_logits if n_route else x).reshape(1, n_route or layout.n_embd)
-    n_items = one_step = 0
     if gu_lanes is not None:
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
-    fused = (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
-             and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
-             and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff))
-    r_part = None  # the router's arguments for the fused launch
-    if router is not None:
-        r_part = _router_part(router, x, route_logits, ids, weights)
-        if not (fused and n_route and moe_fused.FUSE_ROUTER):
-            _router_launch(router, x, route_logits, ids, weights, norm_topk, stream)
-            r_part = None
-    if n_expert and not n_route:
-        route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
-              norm_topk=norm_topk, stream=stream)
-    if fused:
-        check_array("sync", sync, np.int32, (2,))
-        if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
-                            miss_list=miss_list, counters=counters, layout=layout, gu=gu_lanes,
-                            dn=dn_lanes, h1=h1, logits=logits, n_route=n_route,
-                            norm_topk=norm_topk, accumulate=accumulate, out=out, sync=sync,
-                            stream=stream, rows=rows, router=r_part):
-            return
-        if r_part is not None:  # the GPU cannot hold a block of it: the router's own launch
-            _router_launch(router, x, route_logits, ids, weights, norm_topk, stream)
-    if gu_lanes is not None:
+        if (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
+                and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
+                and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff)):
+            check_array("sync", sync, np.int32, (2,))
+            if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
+                                miss_list=miss_list, counters=counters, layout=layout,
+                                gu=gu_lanes, dn=dn_lanes, h1=h1, logits=logits,
+                                n_route=n_route, norm_topk=norm_topk, accumulate=accumulate,
+                                out=out, sync=sync, stream=stream, rows=rows):
+                return
         _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type,
                 gu_lanes.x8)[
             rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS)), LANE_THREADS, stream,
@@ -341,31 +322,6 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
     for g_ids, g_wts, g_h, g_k, first in expert_groups(ids, weights, h1, layout.n_ff, n_group):
         _down(g_h, g_ids, g_wts, g_k, where, layout, dn_fmt, dn_lanes, accumulate or not first,
               out, stream, rows)
-
-
-def _router_part(router, x, route_logits, ids, weights) -> tuple:
-    """moe_decode's `router` checked (ValueError naming what is wrong), as the fused launch
-    takes it: (x_raw, norm_w, eps, w as bytes, format name)."""
-    if route_logits is None:
-        raise ValueError("router: needs route_logits, where the router's logits go")
-    if len(router) != 6:
-        raise ValueError(f"router: (x, norm_w, eps, w, ggml_type, done), got {len(router)} items")
-    r_x, norm_w, eps, w, ggml_type, done = router
-    name = float_format(ggml_type)
-    if name is None:
-        raise ValueError(f"router: F32 or F16 rows, got {get_format(ggml_type).name}")
-    if not eps > 0:
-        raise ValueError(f"router: eps must be > 0, got {eps}")
-    check_router(r_x, norm_w, w, name, x, route_logits, ids, weights, done)
-    return r_x, norm_w, float(eps), w.reshape(w.size) if len(w.shape) != 1 else w, name
-
-
-def _router_launch(router, x, route_logits, ids, weights, norm_topk, stream) -> None:
-    """The router's own launch, logits only (the MoE launch after it routes them)."""
-    r_x, norm_w, eps, w, ggml_type, done = router
-    router_normed(r_x, norm_w, w, ggml_type=ggml_type, eps=eps, normed_out=x,
-                  logits=route_logits, ids=ids, weights=weights, done=done,
-                  norm_topk=norm_topk, route=False, stream=stream)
 
 
 def down_group(k: int, n_ff: int, fits) -> int:

@@ -28,17 +28,12 @@ from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
 from .moe_lanes import ALIGN16, down_units, gate_up_items
-from .matvec_f32 import MAX_WARPS as ROUTER_WARPS
 from .moe_slots import MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_shared, route_shared
-from .router_normed import row_logit, threads_for
 from .xstage import padded_bytes, padded_len, stage_padded_wide
 
 F0 = np.float32(0.0)
-# Read at launch, so a benchmark can compare one launch with two (or three, with the router's)
-# in one process. FUSE_ROUTER: the router's logits in the same launch where moe_decode is given
-# the router (`router=`), a barrier before gate/up.
+# Read at launch, so a benchmark can compare one launch with two in one process.
 FUSE_DOWN = True
-FUSE_ROUTER = True
 # The down formats fused after each gate/up format: its own and the K-quants the _M mixes put
 # in down. The binary's kernel bundle holds these pairs; others run as two launches.
 DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
@@ -46,8 +41,6 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
 SIM_RESIDENT = 1 << 30
-
-RUN_ALL, ROUTER, GATE_UP, DOWN = -1, 0, 1, 2  # the kernel's phases (see the module doc)
 
 _CACHE: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
@@ -74,7 +67,7 @@ def _jit() -> dict:
     return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, 2)}
 
 
-def _fused(gu: LaneFormat, dn: LaneFormat, router: str | None):
+def _fused(gu: LaneFormat, dn: LaneFormat):
     gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
@@ -83,26 +76,18 @@ def _fused(gu: LaneFormat, dn: LaneFormat, router: str | None):
     dn_sums = dn.sums
     n_tg, tg_type, has_tg = gu.table.size, gu.table.dtype.type, gu.has_table
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
-    has_router = router is not None
-    logit = row_logit(router or "F32")  # never called without a router
 
     @cuda.jit(**_jit())
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
                         host_off, cpu_misses, miss_list, counters, gu_row_bytes, gu_n_sb, n_ff,
                         up_off, gu_sums_off, h, tab_gu, logits, n_route, norm_topk, down_off,
                         dn_row_bytes, dn_n_sb, inv_n_sb, n_embd, accumulate, dn_sums_off, log,
-                        n_row_blocks, out, tab_dn, bar, phase, r_x, r_norm_w, r_eps, r_w,
-                        r_threads):
+                        n_row_blocks, out, tab_dn, bar, phase):
         # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
         # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
-        # bar: int32 [2], the barrier's state. With a router (compiled in): the router part
-        # first, blocks rb = blockIdx.x, + gridDim.x, ... < n_route each computing logit rb of
-        # r_x [n_embd] f32 (the raw residual) normed by r_norm_w [n_embd] f32 and r_eps, with
-        # r_w's rows (as router_normed, its first r_threads threads), block 0 writing the normed
-        # residual into x. Gate/up: items (h entry, expert) over every warp of the grid; down:
-        # row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each a row pair per
-        # 1 << log warps, over units (expert not left to the CPU, super-block). phase: RUN_ALL
-        # (every part, the barrier between them), or one part alone (the simulator).
+        # bar: int32 [2], the barrier's state. Gate/up: items (h entry, expert) over every warp
+        # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
+        # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
         # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
         s_where = cuda.shared.array(MAX_K, np.int32)   # by top-k position
         s_base = cuda.shared.array(MAX_K, np.int64)
@@ -122,23 +107,12 @@ def _fused(gu: LaneFormat, dn: LaneFormat, router: str | None):
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
         scratch = cuda.shared.array(32, types.float32)
-        r_part = cuda.shared.array(ROUTER_WARPS, types.float32)
         t = cuda.threadIdx.x
-        if has_router and (phase == RUN_ALL or phase == ROUTER):
-            rb = cuda.blockIdx.x
-            while rb < n_route:  # the same in the whole block
-                logit(rb, r_x, r_norm_w, r_eps, r_w, n_embd, x, logits, r_threads, scratch,
-                      r_part)
-                rb += cuda.gridDim.x
-            if phase == RUN_ALL:
-                grid_sync(bar)  # every logit, and x normed, written
-        if phase == ROUTER:
-            return
         if n_route > 0:  # the same in every block: the router wrote logits, not ids
             route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
                          s_id, s_top, scratch)
         resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base, phase != DOWN)
+                       cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
@@ -156,7 +130,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, router: str | None):
                 if n == 0:  # no unit: the first down loads read one expert's bytes unused
                     s_dwhere[0] = 0 if cache.shape[0] >= down_off + n_embd * dn_row_bytes else 1
                     s_dbase[0] = down_off
-        if phase != DOWN:
+        if phase != 1:
             it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host, gu_row_bytes,
                                         up_off, gu_n_sb)  # in flight while x is staged
             if has_tg:
@@ -167,53 +141,53 @@ def _fused(gu: LaneFormat, dn: LaneFormat, router: str | None):
                    up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
         else:
             cuda.syncthreads()  # down's list
-        if phase == GATE_UP:
-            return
-        n_units = s_dn[0] * dn_n_sb
-        sub, u_first, u_stride, part, grp = geometry(log)
-        rb = cuda.blockIdx.x
-        row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
-        last_u = max(n_units - 1, 0)
-        # the first units' loads, in flight across the barrier (they do not read h)
-        c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp, last_u,
-                                       dn_n_sb, inv_n_sb, off_a, off_b, part)
-        if phase == RUN_ALL:
-            grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
-        else:
+        if phase != 0:
+            n_units = s_dn[0] * dn_n_sb
+            sub, u_first, u_stride, part, grp = geometry(log)
+            rb = cuda.blockIdx.x
+            row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
+            last_u = max(n_units - 1, 0)
+            # the first units' loads, in flight across the barrier (they do not read h)
+            c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
+                                           last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            if phase == 2:
+                grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
+            else:
+                cuda.syncthreads()
+            if has_td:
+                stage_table(tab_dn, tab_d, n_td)
+            stage_padded_wide(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                              dn_sums_off)
+            if t < s_dn[0]:
+                s_dwt[t] = weights[s_dkk[t]]
             cuda.syncthreads()
-        if has_td:
-            stage_table(tab_dn, tab_d, n_td)
-        stage_padded_wide(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                          dn_sums_off)
-        if t < s_dn[0]:
-            s_dwt[t] = weights[s_dkk[t]]
-        cuda.syncthreads()
-        while rb < n_row_blocks:  # the same in the whole block
-            acc_a = F0
-            acc_b = F0
-            if n_units > 0:
-                acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
-                                      cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
-                                      inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
-            acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
-            if (t & 31) == 0 and sub == 0:
-                if row0 < n_embd:
-                    out[row0] = out[row0] + acc_a if accumulate else acc_a
-                if row0 + 1 < n_embd:
-                    out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
-            rb += cuda.gridDim.x
-            if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
-                row0, off_a, off_b = dn_rows(rb, log, n_embd, dn_row_bytes)
-                c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
-                                               last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
-                cuda.syncthreads()  # s_part's readers are done before the next writes
+            while rb < n_row_blocks:  # the same in the whole block
+                acc_a = F0
+                acc_b = F0
+                if n_units > 0:
+                    acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
+                                          cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
+                                          inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
+                acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
+                if (t & 31) == 0 and sub == 0:
+                    if row0 < n_embd:
+                        out[row0] = out[row0] + acc_a if accumulate else acc_a
+                    if row0 + 1 < n_embd:
+                        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+                rb += cuda.gridDim.x
+                if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
+                    row0, off_a, off_b = dn_rows(rb, log, n_embd, dn_row_bytes)
+                    c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase,
+                                                   u_first + grp, last_u, dn_n_sb, inv_n_sb,
+                                                   off_a, off_b, part)
+                    cuda.syncthreads()  # s_part's readers are done before the next writes
     return moe_fused_lanes
 
 
-def _kernel(gu: LaneFormat, dn: LaneFormat, router: str | None):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, router)
+def _kernel(gu: LaneFormat, dn: LaneFormat):
+    key = (gu.ggml_type, gu.x8, dn.ggml_type)
     if key not in _CACHE:
-        _CACHE[key] = _fused(gu, dn, router)
+        _CACHE[key] = _fused(gu, dn)
     return _CACHE[key]
 
 
@@ -229,24 +203,17 @@ def _resident(kern, args, shmem: int) -> tuple[int, object]:
 
 
 def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, gu, dn, h1,
-           logits, n_route, norm_topk, accumulate, out, sync, stream, rows,
-           router=None) -> bool:
+           logits, n_route, norm_topk, accumulate, out, sync, stream, rows) -> bool:
     """The fused launch of moe_decode's arguments (`where`: slot_table .. cpu_misses), or False
-    (nothing launched) where the GPU cannot hold a block of it. router: None, or (x, norm_w,
-    eps, w, format name) of the router part (`moe_decode(router=...)`, checked there). rows: the
-    simulator tests' cap on each part's blocks (`moe._moe_decode`)."""
+    (nothing launched) where the GPU cannot hold a block of it. rows: the simulator tests'
+    cap on each phase's blocks (`moe._moe_decode`)."""
     n_embd, n_ff = layout.n_embd, layout.n_ff
     gu_n_sb, dn_n_sb = n_embd // gu.sb_values, n_ff // dn.sb_values
     log = lane_split(dn, n_embd, k * dn_n_sb)  # as if every expert were cached
     n_row_blocks = rows(n_blocks(n_embd, 2 * (LANE_WARPS >> log)))
     n_gu_blocks = rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS))
     shmem = shared_bytes(gu, dn, n_embd, k, n_ff)
-    r_name = None if router is None else router[4]
-    kern = _kernel(gu, dn, r_name)
-    # without a router part its arguments are never read: x and cache stand in
-    r_args = ((x, x, np.float32(1.0), where[2], 0) if router is None else
-              (router[0], router[1], np.float32(router[2]), router[3],
-               threads_for(r_name, n_embd)))
+    kern = _kernel(gu, dn)
     args = (x, ids, weights, k, n_items, *where, miss_list, counters, layout.gate_row_bytes,
             gu_n_sb, n_ff, layout.up_off, gu.stage_len(n_embd), h1, device_table(gu), logits,
             n_route, bool(norm_topk), layout.down_off, layout.down_row_bytes, dn_n_sb,
@@ -254,44 +221,36 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             log, n_row_blocks, out, device_table(dn), sync)
     grid = max(n_gu_blocks, n_row_blocks)
     if SIMULATED:
-        for phase in ((ROUTER,) if router is not None else ()) + (GATE_UP, DOWN):
-            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase, *r_args)
+        for phase in (0, 1):
+            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
-    resident, compiled = _resident(kern, args + (RUN_ALL,) + r_args, shmem)
+    resident, compiled = _resident(kern, args + (2,), shmem)
     if resident < 1:
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
-    compiled.launch(args + (RUN_ALL,) + r_args, (min(grid, resident), 1, 1),
-                    (LANE_THREADS, 1, 1), stream, shmem)
+    compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
+                    shmem)
     return True
 
 
-# The kernels the compile check builds: the 30B models' (with and without the router part) and
-# the tiny model's; `compile_bundle` adds every other (`register(rest=True)`).
-CHECKED = (("Q4_K", True, "Q6_K", "F32"), ("Q4_K", True, "Q6_K", None),
-           ("Q8_0", False, "Q8_0", "F32"))
-ROUTERS = (None, "F32", "F16")  # router_normed's formats
+CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the tiny model's
 
 
 def register(family: str = "moe", *, rest: bool = False) -> None:
-    """The fused kernels in the PTX registry: the CHECKED ones (`moe` registers them, for the
-    compile check), or with `rest` every other one `fuses` allows (`compile_bundle`: the
+    """The fused kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the
+    compile check), or with `rest` every other pair `fuses` allows (`compile_bundle`: the
     binary's kernel bundle holds both)."""
     from .moe import _GUL_SIG, _ROUTE_SIG, _tab_type  # the two launches' argument types
 
     ups = list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
-    kinds = [(g, d, r) for g in ups for d in LANE_FORMATS.values() for r in ROUTERS
-             if fuses(g, d) and ((g.name, g.x8, d.name, r) in CHECKED) != rest]
+    pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
+             if fuses(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest]
     down_sig = (types.int64, types.int64, types.int64, types.float32, types.int64,
                 types.boolean, types.int64, types.int64, types.int64, types.float32[::1])
-    router_sig = (types.float32[::1], types.float32[::1], types.float32, types.uint8[::1],
-                  types.int64)
-    for g, d, r in kinds:
+    for g, d in pairs:
         sig = ((types.float32[::1], types.int32[::1], types.float32[::1]) + _GUL_SIG[2:]
                + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
-               + (_tab_type(d), types.int32[::1], types.int64) + router_sig)
-        name = f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}"
-        register_ptx(family, name + (f"_router_{r}" if r else ""),
-                     lambda g=g, d=d, r=r, sig=sig: (_fused(g, d, r).py_func, sig),
-                     options=_jit())
+               + (_tab_type(d), types.int32[::1], types.int64))
+        register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
+                     lambda g=g, d=d, sig=sig: (_fused(g, d).py_func, sig), options=_jit())

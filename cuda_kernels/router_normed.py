@@ -43,14 +43,7 @@ def normed4(x, norm_w, i, scale):
     return x0 * scale * w0, x1 * scale * w1, x2 * scale * w2, x3 * scale * w3
 
 
-def row_logit(name: str):
-    """The device function computing one router logit as the kernel below does:
-      row_logit(row, x, norm_w, eps, w, n_cols, normed_out, logits, n_threads, scratch, part)
-    Threads tid < n_threads of the block take part (their loads, sums and order are the
-    kernel's: the same bits in a larger block, whose other threads add zeros to the norm's sum);
-    every thread of the block calls it (it synchronises). Row 0 also writes normed_out.
-    Returns the logit in thread 0 (also written to logits[0, row]). scratch: shared f32 [32];
-    part: shared f32 [MAX_WARPS]."""
+def _factory(name: str):
     per_chunk = CHUNK_BYTES // VALUE_BYTES[name]  # 4 (F32) or 8 (F16) values per chunk
     is_f16 = name == "F16"  # a compile-time constant: the branch folds away
 
@@ -61,64 +54,6 @@ def row_logit(name: str):
             x4, x5, x6, x7 = normed4(x, norm_w, i + 4, scale)
             return wdot_f16(wc, x0, x1, x2, x3, x4, x5, x6, x7)
         return wdot_f32(wc, x0, x1, x2, x3)
-
-    @cuda.jit(device=True, inline="always")
-    def logit(row, x, norm_w, eps, w, n_cols, normed_out, logits, n_threads, scratch, part):
-        tid = cuda.threadIdx.x
-        active = tid < n_threads  # the same in a whole warp (n_threads: whole warps)
-        n_chunks = n_cols // per_chunk
-        last = n_chunks - 1
-        off = row * n_chunks * CHUNK_BYTES
-        ss = F0  # same threads, loads and tree in every block: the same scale bits
-        i = 4 * tid
-        while active and i < n_cols:  # not a range: its trip count would divide by its step
-            x0, x1, x2, x3 = ld_nc_f32x4(x, i)
-            ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
-            i += 4 * n_threads
-        # the row's first chunks do not depend on the norm: in flight while it is reduced (not
-        # before x's loads: a load's data comes back in issue order, behind every earlier miss)
-        c0 = tid if active else n_chunks
-        w0, w1, w2, w3 = load_chunks4(w, off, min(c0, last), n_threads, last)
-        scale = F1 / math.sqrt(block_sum(ss, scratch) / np.float32(n_cols) + eps)
-        if row == 0:
-            i = 4 * tid
-            while active and i < n_cols:
-                y0, y1, y2, y3 = normed4(x, norm_w, i, scale)
-                normed_out[i] = y0
-                normed_out[i + 1] = y1
-                normed_out[i + 2] = y2
-                normed_out[i + 3] = y3
-                i += 4 * n_threads
-        acc = F0
-        while c0 < n_chunks:
-            c1 = c0 + n_threads
-            c2 = c1 + n_threads
-            c3 = c2 + n_threads
-            acc += normed_dot(w0, x, norm_w, per_chunk * c0, scale)
-            if c1 < n_chunks:
-                acc += normed_dot(w1, x, norm_w, per_chunk * c1, scale)
-            if c2 < n_chunks:
-                acc += normed_dot(w2, x, norm_w, per_chunk * c2, scale)
-            if c3 < n_chunks:
-                acc += normed_dot(w3, x, norm_w, per_chunk * c3, scale)
-            c0 += UNROLL * n_threads
-            if c0 < n_chunks:
-                w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
-        if active:
-            put_warp_sum(part, tid >> 5, acc, tid & 31)
-        cuda.syncthreads()
-        s = F0
-        if tid == 0:
-            s = part[0]
-            for j in range(1, n_threads >> 5):  # warp order, as matvec_float sums
-                s += part[j]
-            logits[0, row] = s
-        return s
-    return logit
-
-
-def _factory(name: str):
-    logit = row_logit(name)
 
     @cuda.jit
     def router_normed_kernel(x, norm_w, eps, w, n_cols, normed_out, logits, k, norm_topk, ids,
@@ -135,13 +70,54 @@ def _factory(name: str):
         s_cand = cuda.shared.array(MAX_CAND, types.int64, alignment=ALIGN16)
         s_id = cuda.shared.array(MAX_K, types.int32)
         s_top = cuda.shared.array(MAX_K, types.float32)
+        row = cuda.blockIdx.x
         tid = cuda.threadIdx.x
+        n_threads = cuda.blockDim.x
         n_rows = logits.shape[1]
-        logit(cuda.blockIdx.x, x, norm_w, eps, w, n_cols, normed_out, logits, cuda.blockDim.x,
-              scratch, part)
-        if tid == 0 and route:
-            cuda.threadfence()  # the logit is visible to every block before the count says so
-            last_flag[0] = cuda.atomic.add(done, 0, 1) == n_rows - 1
+        n_chunks = n_cols // per_chunk
+        last = n_chunks - 1
+        off = row * n_chunks * CHUNK_BYTES
+        ss = F0  # same threads, loads and tree in every block: the same scale bits
+        for i in range(4 * tid, n_cols, 4 * n_threads):
+            x0, x1, x2, x3 = ld_nc_f32x4(x, i)
+            ss += x0 * x0 + x1 * x1 + x2 * x2 + x3 * x3
+        # the row's first chunks do not depend on the norm: in flight while it is reduced (not
+        # before x's loads: a load's data comes back in issue order, behind every earlier miss)
+        c0 = tid
+        w0, w1, w2, w3 = load_chunks4(w, off, min(c0, last), n_threads, last)
+        scale = F1 / math.sqrt(block_sum(ss, scratch) / np.float32(n_cols) + eps)
+        if row == 0:
+            for i in range(4 * tid, n_cols, 4 * n_threads):
+                y0, y1, y2, y3 = normed4(x, norm_w, i, scale)
+                normed_out[i] = y0
+                normed_out[i + 1] = y1
+                normed_out[i + 2] = y2
+                normed_out[i + 3] = y3
+        acc = F0
+        while c0 < n_chunks:
+            c1 = c0 + n_threads
+            c2 = c1 + n_threads
+            c3 = c2 + n_threads
+            acc += normed_dot(w0, x, norm_w, per_chunk * c0, scale)
+            if c1 < n_chunks:
+                acc += normed_dot(w1, x, norm_w, per_chunk * c1, scale)
+            if c2 < n_chunks:
+                acc += normed_dot(w2, x, norm_w, per_chunk * c2, scale)
+            if c3 < n_chunks:
+                acc += normed_dot(w3, x, norm_w, per_chunk * c3, scale)
+            c0 += UNROLL * n_threads
+            if c0 < n_chunks:
+                w0, w1, w2, w3 = load_chunks4(w, off, c0, n_threads, last)
+        put_warp_sum(part, tid >> 5, acc, tid & 31)
+        cuda.syncthreads()
+        if tid == 0:
+            s = part[0]
+            for j in range(1, n_threads >> 5):  # warp order, as matvec_float sums
+                s += part[j]
+            logits[0, row] = s
+            if route:
+                cuda.threadfence()  # the logit is visible to every block before the count says so
+                last_flag[0] = cuda.atomic.add(done, 0, 1) == n_rows - 1
         if not route:
             return
         cuda.syncthreads()
@@ -152,11 +128,6 @@ def _factory(name: str):
             if tid == 0:
                 done[0] = 0  # every block has counted: ready for the next launch
     return router_normed_kernel
-
-
-def threads_for(name: str, n_cols: int) -> int:
-    """Threads of a router block for rows of n_cols values (the summation order's shape)."""
-    return 32 * n_warps(n_cols // (CHUNK_BYTES // VALUE_BYTES[name]))
 
 
 _CACHE: dict[str, object] = {}
@@ -183,7 +154,7 @@ def _ptr(a) -> int:
     return a.__cuda_array_interface__["data"][0]
 
 
-def check_args(x, norm_w, w, name, normed_out, logits, ids, weights, done) -> tuple[int, int, int]:
+def _check(x, norm_w, w, name, normed_out, logits, ids, weights, done) -> tuple[int, int, int]:
     """(n_cols, n_rows, k) of valid arguments, else ValueError naming what is wrong."""
     check_array("x", x, np.float32)
     if len(x.shape) != 1:
@@ -240,8 +211,8 @@ def router_normed(x, norm_w, w, *, ggml_type, eps: float, normed_out, logits, id
                          f"{get_format(ggml_type).name}")
     if not eps > 0:
         raise ValueError(f"eps must be > 0, got {eps}")
-    n_cols, n_rows, k = check_args(x, norm_w, w, name, normed_out, logits, ids, weights, done)
-    threads = threads_for(name, n_cols)
+    n_cols, n_rows, k = _check(x, norm_w, w, name, normed_out, logits, ids, weights, done)
+    threads = 32 * n_warps(n_cols // (CHUNK_BYTES // VALUE_BYTES[name]))
     w1 = w.reshape(w.size) if len(w.shape) != 1 else w
     kernel_for(name)[n_rows, threads, stream](
         x, norm_w, np.float32(eps), w1, n_cols, normed_out, logits.reshape(1, n_rows), k,

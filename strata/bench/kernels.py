@@ -322,9 +322,8 @@ def moe_group(ctx: Ctx) -> list[Result]:
 @bench("route_moe")
 def route_moe_group(ctx: Ctx) -> list[Result]:
     """A layer's router and MoE (30B shape: F32 router 128 x 2048, top-8, Q4_K/Q6_K experts, all
-    hits) three ways, in one graph each: the router's last block routing (route=True); the
-    router writing logits only with every gate/up block routing them (`route_logits`); and the
-    router's logits in the MoE's one launch (`moe_decode(router=...)`, `moe_fused`)."""
+    hits) two ways, in one graph each: the router's last block routing (route=True), and the
+    router writing logits only with every gate/up block routing them (`route_logits`)."""
     from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.router_normed import router_normed
     n_layer, n_expert, k, gu, dn = 12, 128, 8, "Q4_K", "Q6_K"
@@ -346,28 +345,25 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
     sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     out, picks = [], {}
-    for name in ("router routing, MoE", "router, MoE routing", "router in the MoE's launch"):
-        in_moe, fused = name != "router routing, MoE", name.startswith("router in")
-
-        def record(s, in_moe=in_moe, fused=fused):
+    for in_moe in (False, True):
+        def record(s, in_moe=in_moe):
             for layer in range(n_layer):
-                if not fused:
-                    router_normed(x, norm_w, ws[layer], ggml_type="F32", eps=1e-6,
-                                  normed_out=xn, logits=logits, ids=ids, weights=wts, done=done,
-                                  route=not in_moe, stream=s)
+                router_normed(x, norm_w, ws[layer], ggml_type="F32", eps=1e-6, normed_out=xn,
+                              logits=logits, ids=ids, weights=wts, done=done,
+                              route=not in_moe, stream=s)
                 moe_decode(xn, ids, wts, layer=layer, layout=lay, slot_table=slot_table,
                            cache=cache, slot_off=slot_off, host=cache, host_off=host_off, h=h,
                            out=y, miss_list=miss, counters=counters,
-                           route_logits=logits if in_moe else None, sync=sync, stream=s,
-                           router=(x, norm_w, 1e-6, ws[layer], "F32", done) if fused else None)
+                           route_logits=logits if in_moe else None, sync=sync, stream=s)
         us = ctx.time_graph(record, n_layer)
         ctx.stream.synchronize()
-        picks[name] = ids.copy_to_host().tolist()
+        picks[in_moe] = ids.copy_to_host().tolist()
+        name = "router, MoE routing" if in_moe else "router routing, MoE"
         out.append(Result("route_moe", name, "128x2048 + 2048x768", us,
                           k * lay.expert_bytes + n_expert * n_embd * 4, ctx.read_gbps, 0.0))
-    if len({str(p) for p in picks.values()}) != 1:
-        raise RuntimeError(f"route_moe: the ways picked differently: {picks}")
-    out[-1].extra["same picks"] = str(picks[name])
+    if picks[False] != picks[True]:
+        raise RuntimeError(f"route_moe: the two ways picked {picks[False]} and {picks[True]}")
+    out[-1].extra["same picks"] = str(picks[True])
     del cache
     return out
 

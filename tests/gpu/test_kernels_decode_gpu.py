@@ -184,17 +184,15 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
 
 
 def test_moe_fused_graph_replays_bit_for_bit():
-    """The router (F32, 128 x 2048, logits only) and the MoE of 12 layers three ways, each a
-    CUDA graph replayed: three launches a layer (`router_normed`, gate/up, down), two (the MoE
-    as one: a barrier across the grid, `moe_fused`) and one (the router's logits in the MoE's
-    launch too: a second barrier). Every replay of the fused graphs (50 each) gives the bits of
-    the three launches: the normed x, logits, ids, weights, h and output of every layer; each
-    barrier state ends at (0, barriers passed). Half the experts miss (read through the miss
+    """The fused MoE launch (gate/up, a barrier across the grid, down) captured in a CUDA graph
+    of 12 layers' launches sharing one barrier state, replayed 50 times: every replay's h and
+    output bit for bit those of the two launches, and the barrier's state (arrivals,
+    generation) back at (0, launches so far). Half the experts miss (read through the miss
     path), as with a cache smaller than the model's experts."""
+    import strata.cuda_kernels.moe_fused as fused_mod
     from strata.bench.kernels import Ctx, moe_setup
     from strata.cuda_kernels.graph import capture
     from strata.cuda_kernels.moe import moe_decode
-    from strata.cuda_kernels.router_normed import router_normed
     cuda = _cuda()
     ctx = Ctx(seed=7)
     n_layer, n_expert, k = 12, 128, 8
@@ -204,52 +202,44 @@ def test_moe_fused_graph_replays_bit_for_bit():
     table[:, 1::2] = -1  # odd experts miss: read from `host` (here the cache's first bytes)
     slot_table = cuda.to_device(table)
     rng = np.random.default_rng(8)
-    e = lay.n_embd
-    ws = [cuda.to_device((rng.standard_normal((n_expert, e)) / np.sqrt(e)).astype(np.float32)
-                         .view(np.uint8).reshape(-1)) for _ in range(n_layer)]  # F32 rows
-    x = cuda.to_device(rng.standard_normal(e).astype(np.float32))  # the raw residual
-    norm_w = cuda.to_device(rng.uniform(0.5, 1.5, e).astype(np.float32))
+    logits = [cuda.to_device((rng.standard_normal(n_expert) * 2).astype(np.float32))
+              for _ in range(n_layer)]                               # [n_expert] f32
+    x = cuda.to_device(rng.standard_normal(lay.n_embd).astype(np.float32))
     miss = cuda.device_array(k, np.int32)
     counters = cuda.to_device(np.zeros((n_layer, 2), np.int64))
-    done = cuda.to_device(np.zeros(1, np.int32))
+    sync = cuda.to_device(np.zeros(2, np.int32))
     runs = {}
-    for way, n_barriers, reps in (("three", 0, 1), ("two", 1, 50), ("one", 2, 50)):
-        sync = cuda.to_device(np.zeros(2, np.int32))
-        res = dict(xn=_poisoned((n_layer, e)), logits=_poisoned((n_layer, n_expert)),
-                   ids=cuda.device_array((n_layer, k), np.int32),
-                   wts=_poisoned((n_layer, k)), h=_poisoned((n_layer, k, lay.n_ff)),
-                   out=_poisoned((n_layer, e)))
+    for fused in (True, False):
+        ids = cuda.device_array((n_layer, k), np.int32)
+        wts = cuda.device_array((n_layer, k), np.float32)
+        h = _poisoned((n_layer, k, lay.n_ff))
+        out = _poisoned((n_layer, lay.n_embd))
 
-        def record(s, way=way, r=res, sync=sync):
-            for il in range(n_layer):
-                router = (x, norm_w, 1e-6, ws[il], "F32", done)
-                if way != "one":
-                    router_normed(x, norm_w, ws[il], ggml_type="F32", eps=1e-6,
-                                  normed_out=r["xn"][il], logits=r["logits"][il],
-                                  ids=r["ids"][il], weights=r["wts"][il], done=done, route=False,
-                                  stream=s)
-                moe_decode(r["xn"][il], r["ids"][il], r["wts"][il], layer=il, layout=lay,
+        def record(s, ids=ids, wts=wts, h=h, out=out, fused=fused):
+            for layer in range(n_layer):
+                moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
                            slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
-                           host_off=host_off, h=r["h"][il], out=r["out"][il], miss_list=miss,
-                           counters=counters, route_logits=r["logits"][il],
-                           sync=None if way == "three" else sync,
-                           router=router if way == "one" else None, stream=s)
+                           host_off=host_off, h=h[layer], out=out[layer], miss_list=miss,
+                           counters=counters, route_logits=logits[layer],
+                           sync=sync if fused else None, stream=s)
+        assert fused_mod.FUSE_DOWN
         record(ctx.stream)  # compiles (a graph captures no JIT)
         graph = capture(record, ctx.stream)
         got = []
-        for _ in range(reps):
+        for _ in range(50 if fused else 1):
             graph.replay(ctx.stream)
             ctx.stream.synchronize()
-            got.append({name: a.copy_to_host() for name, a in res.items()})
-        runs[way] = got
-        assert sync.copy_to_host().tolist() == [0, (reps + 1) * n_layer * n_barriers], way
-    (want,) = runs["three"]
-    assert all(np.isfinite(v).all() for name, v in want.items() if name != "ids")
-    for way in ("two", "one"):
-        for got in runs[way]:
-            for name in want:
-                np.testing.assert_array_equal(got[name], want[name], err_msg=f"{way} {name}")
-    ROWS.append(("moe fused graphs x50", f"{n_layer} layers", 0.0, 1e-12))
+            got.append((h.copy_to_host(), out.copy_to_host()))
+        runs[fused] = got
+        if fused:
+            n = len(got) + 1
+            assert sync.copy_to_host().tolist() == [0, n * n_layer]
+    (h2, out2), = runs[False]
+    assert np.isfinite(out2).all() and np.isfinite(h2).all()
+    for h1, out1 in runs[True]:
+        np.testing.assert_array_equal(h1, h2)
+        np.testing.assert_array_equal(out1, out2)
+    ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
 
 
 def test_norm_rope_router_elementwise():

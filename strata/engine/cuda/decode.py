@@ -162,18 +162,15 @@ class DecodeStep:
 
     def _route(self, il: int, stream) -> None:
         """Layer il's FFN norm into xn, router logits and top-k: one launch for F32/F16 router
-        rows (`router_normed`), else RMSNorm, matvec and top-k; nothing where the MoE launch
-        takes the router (`moe_routes`: `_router_args`)."""
+        rows (`router_normed`), else RMSNorm, matvec and top-k."""
         m, a = self.m, self.m.acts
         norm_w, w = m.norms[f"blk.{il}.ffn_norm"], m.matrices[f"blk.{il}.ffn_gate_inp"]
         logits, eps = a["router_logits"], m.shape.rms_norm_eps
-        if self.moe_routes[il]:
-            return
-        if router_takes(w.ggml_type, self.x1.shape[0]):
+        if router_takes(w.ggml_type, self.x1.shape[0]):  # moe_routes: logits only
             router_normed(self.x1, norm_w, w.data, ggml_type=w.ggml_type, eps=eps,
                           normed_out=self.xn1, logits=logits[0], ids=a["topk_ids"][0],
-                          weights=a["topk_weights"][0], done=a["router_done"], route=True,
-                          stream=stream)
+                          weights=a["topk_weights"][0], done=a["router_done"],
+                          route=not self.moe_routes[il], stream=stream)
             return
         rms_norm(self.x, norm_w, self.xn, eps=eps, stream=stream)
         matvec(w.data, w.ggml_type, self.xn1, logits.reshape(logits.size), stream=stream)
@@ -210,20 +207,10 @@ class DecodeStep:
             moe_decode_mixed(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
                              layout=layout, **where)
         else:
-            routes = self.moe_routes[il]
             moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
                        layout=layout, accumulate=True,
-                       route_logits=a["router_logits"][0] if routes else None,
-                       router=self._router_args(il) if routes else None,
+                       route_logits=a["router_logits"][0] if self.moe_routes[il] else None,
                        sync=a["moe_sync"][0], **where)
-
-    def _router_args(self, il: int) -> tuple:
-        """Layer il's FFN norm and router as `moe_decode(router=...)` takes them: in the MoE's
-        launch where it can (`moe_fused`), else a `router_normed` launch of the logits."""
-        m = self.m
-        w = m.matrices[f"blk.{il}.ffn_gate_inp"]
-        return (self.x1, m.norms[f"blk.{il}.ffn_norm"], m.shape.rms_norm_eps, w.data,
-                w.ggml_type, m.acts["router_done"])
 
     # -- running -------------------------------------------------------------------------------
 
