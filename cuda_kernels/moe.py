@@ -30,6 +30,10 @@ Q4_K) stages x rounded to 8 bits per 32 values, as the CPU engine does (`GATE_UP
 Given the router's logits instead of its top k (`route_logits`), every block of a lane gate_up
 launch ranks them itself before it resolves the slots (`moe_slots.route_shared`), and block 0
 writes ids and weights for down: no launch has to wait for one block to route alone.
+
+Given the state of a grid barrier (`sync`), lane formats whose gate/up rows take one step and
+whose k h vectors fit one block run gate/up and down as one launch (`moe_fused`), with the same
+bits.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ the results are bit for bit those of the two launches (the same dots in the same
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
@@ -44,6 +46,7 @@ SIM_RESIDENT = 1 << 30
 
 _CACHE: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
+_REFUSED: dict[tuple, str] = {}   # (kernel, dynamic shared bytes) -> why the driver refused it
 
 
 def fuses(gu: LaneFormat, dn: LaneFormat) -> bool:
@@ -205,8 +208,9 @@ def _resident(kern, args, shmem: int) -> tuple[int, object]:
 def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, gu, dn, h1,
            logits, n_route, norm_topk, accumulate, out, sync, stream, rows) -> bool:
     """The fused launch of moe_decode's arguments (`where`: slot_table .. cpu_misses), or False
-    (nothing launched) where the GPU cannot hold a block of it. rows: the simulator tests'
-    cap on each phase's blocks (`moe._moe_decode`)."""
+    (nothing launched) where the GPU cannot hold a block of it or its driver refused the
+    cooperative launch (once; a warning says why, and the kernel is not tried again). rows: the
+    simulator tests' cap on each phase's blocks (`moe._moe_decode`)."""
     n_embd, n_ff = layout.n_embd, layout.n_ff
     gu_n_sb, dn_n_sb = n_embd // gu.sb_values, n_ff // dn.sb_values
     log = lane_split(dn, n_embd, k * dn_n_sb)  # as if every expert were cached
@@ -225,12 +229,20 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
     resident, compiled = _resident(kern, args + (2,), shmem)
-    if resident < 1:
+    key = (id(compiled), shmem)
+    if resident < 1 or key in _REFUSED:
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
-    compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
-                    shmem)
+    try:
+        compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
+                        shmem)
+    except Exception as e:  # noqa: BLE001 - a driver without cooperative launches (some MPS
+        # set-ups): a plain run comes before any graph capture, so the capture sees two launches
+        _REFUSED[key] = f"{type(e).__name__}: {e}"
+        warnings.warn(f"moe: the one-launch MoE kernel was refused ({_REFUSED[key]}); gate/up "
+                      f"and down run as two launches", RuntimeWarning, stacklevel=3)
+        return False
     return True
 
 

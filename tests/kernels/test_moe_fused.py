@@ -144,3 +144,36 @@ def test_fused_pairs_and_their_checks():
                    **store, h=z((3, 256), np.float32), out=z(256, np.float32),
                    miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
                    sync=z(2, np.int64))
+
+
+def test_a_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch):
+    """A driver that refuses the cooperative launch (the kernel's barrier needs one): a warning
+    names why, that kernel is not tried again, and the MoE runs as the two launches, with their
+    bits. The launch itself is a stand-in here (the simulator has no cooperative launches)."""
+    class Refusing:
+        cooperative, calls = False, 0
+
+        def launch(self, *args):
+            Refusing.calls += 1
+            raise RuntimeError("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE")
+
+    rng = np.random.default_rng(11)
+    layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
+    moe_fused._kernel(_gate_up_lanes_for(layout), lane_format(get_format("Q6_K").ggml_type))
+    monkeypatch.setattr(moe_fused, "SIMULATED", False)  # the kernel above: built for the simulator
+    refusing = Refusing()  # one compiled kernel, as the dispatcher keeps it
+    monkeypatch.setattr(moe_fused, "_resident", lambda kern, args, shmem: (264, refusing))
+    monkeypatch.setattr(moe_fused, "_REFUSED", {})
+    store, _ = _store(layout, "Q4_K", "Q6_K", rng)
+    x = rng.standard_normal(256).astype(np.float32)
+    h0 = rng.standard_normal((K, 256)).astype(np.float32)
+    out0 = rng.standard_normal(256).astype(np.float32)
+    run = dict(cpu_misses=False, routed=True, max_row_blocks=1)
+    with pytest.warns(RuntimeWarning, match="COOPERATIVE_LAUNCH_TOO_LARGE"):
+        refused = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
+    again = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)  # no warning
+    two = _run(layout, store, x, h0, out0, sync=None, **run)
+    assert Refusing.calls == 1 and len(moe_fused._REFUSED) == 1
+    for key in two:
+        np.testing.assert_array_equal(refused[key], two[key], err_msg=key)
+        np.testing.assert_array_equal(again[key], two[key], err_msg=key)
