@@ -1,12 +1,14 @@
 """Compile every registered kernel specialization to PTX for sm_90, without a GPU.
 
-    python -m strata.cuda_kernels.compile_check [--family matvec] [-k Q4_K] [--jobs 2]
+    python -m strata.cuda_kernels.compile_check [--family matvec] [-k Q4_K] [--jobs 2] [--ptxas]
 
 Kernel modules register their specializations with `launch.register_ptx` at import; the modules
 checked are listed in MODULES (another family adds its module there). Prints one line per kernel
 (PTX lines, whether it spills to local memory, its 64-bit integer divisions, CPU seconds in
 numba's typing and lowering and in NVVM) and exits non-zero if any fails to compile. Must run
-with the CUDA simulator off (NUMBA_ENABLE_CUDASIM unset or 0).
+with the CUDA simulator off (NUMBA_ENABLE_CUDASIM unset or 0). With --ptxas (a CUDA toolkit's
+ptxas installed: `ptxas.find`) also each kernel's registers a thread, spilled bytes and stack
+frame for sm_90 (`ptxas.info`), and a kernel ptxas rejects counts as a failure.
 
 Each kernel is compiled as `numba.cuda.compile_ptx` does it (numba-cuda's
 `_compile_pyfunc_with_fixup`, then NVVM at the default -opt=3), in two steps so the table can
@@ -25,6 +27,8 @@ import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+from . import ptxas
 
 MODULES = (
     "strata.cuda_kernels.dequant",
@@ -67,7 +71,7 @@ def canonical_ptx(check) -> str:
                   lambda m: seen.setdefault(m.group(0), f"NAME{len(seen)}"), text)
 
 
-def _worker_setup(family: str | None, pattern: str | None) -> None:
+def _worker_setup(family: str | None, pattern: str | None, use_ptxas: bool = False) -> None:
     """Import the kernel modules, then make CPython's cycle collector cheaper for what follows.
     A compile allocates millions of short-lived IR objects, so with the default thresholds the
     collector ran every few hundred allocations and, every hundred of those, over everything
@@ -76,6 +80,7 @@ def _worker_setup(family: str | None, pattern: str | None) -> None:
     are still freed. The whole check on the 2-core machine: 1,009 s of CPU against 1,120 s,
     at 470 MB instead of 330 MB per worker. The compiles themselves are untouched."""
     _checks(family, pattern)
+    _state["ptxas"] = use_ptxas
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
 
@@ -84,11 +89,12 @@ def _worker_setup(family: str | None, pattern: str | None) -> None:
 # numba emits one for every `range` with a runtime step (its trip count) and every `//` or `%`
 # of runtime integers (its integers are 64-bit). The table counts them (statically).
 DIV64 = re.compile(r"\b(?:div|rem)\.[su]64\b")
+_state = {"ptxas": False}  # this process's --ptxas (set by _worker_setup)
 
 
 def _compile_one(args: tuple[str | None, str | None, int]) -> tuple:
-    """(family, name, ok, PTX lines, spills, 64-bit divisions, numba s, NVVM s, error) of one
-    kernel; the seconds are this process's CPU time."""
+    """(family, name, ok, PTX lines, spills, 64-bit divisions, numba s, NVVM s, error, ptxas
+    info or None) of one kernel; the seconds are this process's CPU time."""
     family, pattern, i = args
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
     c = _checks(family, pattern)[i]
@@ -102,13 +108,15 @@ def _compile_one(args: tuple[str | None, str | None, int]) -> tuple:
         if len(ptxs) != 1:  # as compile_ptx
             raise RuntimeError(f"{len(ptxs)} PTX modules, expected one")
         ptx = ptxs[0]
+        t2 = time.process_time()
+        regs = ptxas.info(ptx, arch=f"sm_{CC[0]}{CC[1]}") if _state["ptxas"] else None
         return (c.family, c.name, True, len(ptx.splitlines()), ".local" in ptx,
-                len(DIV64.findall(ptx)), t1 - t0, time.process_time() - t1, "")
+                len(DIV64.findall(ptx)), t1 - t0, t2 - t1, "", regs)
     except Exception as e:  # reported in the table, counted as a failure
         t2 = time.process_time()
         numba_s, nvvm_s = (t2 - t0, 0.0) if t1 is None else (t1 - t0, t2 - t1)
         return (c.family, c.name, False, 0, False, 0, numba_s, nvvm_s,
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200])
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200], None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family")
     p.add_argument("-k", dest="pattern")
     p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--ptxas", action="store_true",
+                   help="also registers, spills and stack of each kernel (needs ptxas)")
     a = p.parse_args(argv)
+    if a.ptxas and ptxas.find() is None:
+        print("compile_check: --ptxas needs a CUDA toolkit's ptxas (PATH or CUDA_HOME)",
+              file=sys.stderr)
+        return 2
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("compile_check: unset NUMBA_ENABLE_CUDASIM (the simulator cannot emit PTX)",
               file=sys.stderr)
@@ -129,18 +143,22 @@ def main(argv: list[str] | None = None) -> int:
     jobs = max(1, min(a.jobs, n))
     tasks = [(a.family, a.pattern, i) for i in range(n)]
     if jobs == 1:
-        _worker_setup(a.family, a.pattern)
+        _worker_setup(a.family, a.pattern, a.ptxas)
         rows = [_compile_one(t) for t in tasks]
     else:
         with ProcessPoolExecutor(jobs, initializer=_worker_setup,
-                                 initargs=(a.family, a.pattern)) as ex:
+                                 initargs=(a.family, a.pattern, a.ptxas)) as ex:
             rows = list(ex.map(_compile_one, tasks))
     rows.sort(key=lambda r: (r[0], r[1]))
     print(f"{'family':<12} {'kernel':<34} {'ok':<4} {'ptx lines':>9} {'local':>6} "
-          f"{'div64':>5} {'numba s':>8} {'nvvm s':>7}")
-    for fam, name, ok, lines, local, div64, numba_s, nvvm_s, err in rows:
+          f"{'div64':>5} {'numba s':>8} {'nvvm s':>7}"
+          + (f" {'regs':>5} {'spill B':>7} {'stack B':>7}" if a.ptxas else ""))
+    for fam, name, ok, lines, local, div64, numba_s, nvvm_s, err, regs in rows:
+        extra = (f" {regs['registers']:>5} {regs['spill_bytes']:>7} {regs['stack_bytes']:>7}"
+                 if regs else "")
         print(f"{fam:<12} {name:<34} {'ok' if ok else 'FAIL':<4} {lines:>9} "
-              f"{'yes' if local else '-':>6} {div64:>5} {numba_s:>8.2f} {nvvm_s:>7.2f} {err}")
+              f"{'yes' if local else '-':>6} {div64:>5} {numba_s:>8.2f} {nvvm_s:>7.2f}"
+              f"{extra} {err}".rstrip())
     n_fail = sum(1 for r in rows if not r[2])
     print(f"{len(rows)} kernels, {n_fail} failed, sm_{CC[0]}{CC[1]}, "
           f"{time.perf_counter() - t0:.1f} s (CPU: numba {sum(r[6] for r in rows):.0f} s, "
