@@ -23,14 +23,14 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
 from .gridsync import grid_sync
-from .intrinsics import SIMULATED, warp_sum
-from .lanes import LANE_FORMATS, LaneFormat, combine_split
+from .intrinsics import SIMULATED
+from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
-from .moe_lanes import ALIGN16, down_units, gate_up_items
-from .moe_slots import MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_shared, route_shared
+from .moe_lanes import down_units, gate_up_items
+from .moe_slots import MAX_K, route_resolve
 from .xstage import padded_bytes, padded_len, stage_padded_wide
 
 F0 = np.float32(0.0)
@@ -72,7 +72,7 @@ def _jit() -> dict:
 
 def _fused(gu: LaneFormat, dn: LaneFormat):
     gu_first, gu_run = gate_up_items(gu)
-    geometry, dn_rows, dn_first, dn_run = down_units(dn)
+    geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
     stage_x, xs_type = stager(gu)[0], gu.xs_type
     pa_a, pa_pa, pa_b, pa_pb = dn.pad
@@ -104,18 +104,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
-        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
-        s_id = cuda.shared.array(MAX_K, types.int32)
-        s_top = cuda.shared.array(MAX_K, types.float32)
-        scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
-        if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
-                         s_id, s_top, scratch)
-        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
+        route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
@@ -171,12 +162,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
                     acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
                                           cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
                                           inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
-                acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
-                if (t & 31) == 0 and sub == 0:
-                    if row0 < n_embd:
-                        out[row0] = out[row0] + acc_a if accumulate else acc_a
-                    if row0 + 1 < n_embd:
-                        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+                dn_finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)
                 rb += cuda.gridDim.x
                 if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
                     row0, off_a, off_b = dn_rows(rb, log, n_embd, dn_row_bytes)

@@ -9,16 +9,14 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
-from .intrinsics import SIMULATED, warp_sum
+from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
-from .moe_slots import (MAX_K, ROUTE_MAX_CAND, ROUTE_MAX_EXPERTS, resolve_compact,
-                         resolve_shared, route_shared)
+from .moe_slots import MAX_K, resolve_compact, route_resolve
 from .lanes_x8 import stager
 from .xstage import stage_padded_wide
 
 F0 = np.float32(0.0)
-ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
 def gate_up_items(lf: LaneFormat):
@@ -108,17 +106,8 @@ def _gate_up_lanes(lf: LaneFormat):
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, xs_type)
-        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
-        s_id = cuda.shared.array(MAX_K, types.int32)
-        s_top = cuda.shared.array(MAX_K, types.float32)
-        scratch = cuda.shared.array(32, types.float32)
-        if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
-                         s_id, s_top, scratch)
-        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base, True)
+        route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True)
         cuda.syncthreads()
         it, row, kk, cur = first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off,
                                  n_sb)  # in flight while x is staged
@@ -153,18 +142,9 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         s_base = cuda.shared.array(MAX_K, np.int64)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, xs_type)
-        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)  # routing (n_route > 0)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
-        s_id = cuda.shared.array(MAX_K, types.int32)
-        s_top = cuda.shared.array(MAX_K, types.float32)
-        scratch = cuda.shared.array(32, types.float32)
         t = cuda.threadIdx.x
-        if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
-                         s_id, s_top, scratch)
-        resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
-                       cpu_misses, miss_list, counters, s_where, s_base, True)
+        route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
@@ -213,7 +193,10 @@ def down_units(lf: LaneFormat):
           -> (c, sb, cur_a, cur_b)     unit min(u, last_u) and its loads (issue them early)
       run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache, host, s_where, s_base,
           s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs, sums_off, tab_s) -> (acc_a, acc_b)
-                                       this lane's weighted dots of the pair's units"""
+                                       this lane's weighted dots of the pair's units
+      finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)   the pair's sums
+                                       over its lanes and warps, into out (= or +=); the whole
+                                       block calls it (it synchronises)"""
     load, dot = lf.load, lf.dot
     lanes, per_step = lf.lanes, lf.sbs_per_step
     sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
@@ -261,11 +244,20 @@ def down_units(lf: LaneFormat):
             sb = sbn
             u0 += u_stride
         return acc_a, acc_b
-    return geometry, rows, first, run
+
+    @cuda.jit(device=True, inline="always")
+    def finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out):
+        acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
+        if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+            if row0 < n_embd:
+                out[row0] = out[row0] + acc_a if accumulate else acc_a
+            if row0 + 1 < n_embd:
+                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+    return geometry, rows, first, run, finish
 
 
 def _down_lanes(lf: LaneFormat):
-    geometry, rows, first, run = down_units(lf)
+    geometry, rows, first, run, finish = down_units(lf)
     sb_values = lf.sb_values
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
@@ -289,7 +281,6 @@ def _down_lanes(lf: LaneFormat):
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, types.float32)
-        t = cuda.threadIdx.x
         # h first, its loads four quads at a time: they go out before anything else and come
         # back first (loads return in issue order); resolve_compact's barriers publish it. Staged
         # after the first weight loads it waited behind them and then took a memory latency per
@@ -311,10 +302,5 @@ def _down_lanes(lf: LaneFormat):
             acc_a, acc_b = run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache,
                                host, s_where, s_base, s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b,
                                part, xs, sums_off, tab_s)
-        acc_a, acc_b = combine_split(warp_sum(acc_a), warp_sum(acc_b), s_part, log)
-        if (t & 31) == 0 and sub == 0:
-            if row0 < n_embd:
-                out[row0] = out[row0] + acc_a if accumulate else acc_a
-            if row0 + 1 < n_embd:
-                out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+        finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)
     return moe_down_lanes

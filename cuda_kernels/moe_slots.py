@@ -6,7 +6,9 @@ experts: the lane gate/up kernels can route the router's logits themselves (`rou
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda
+from numba import cuda, types
+
+from .intrinsics import SIMULATED
 
 from .router import GROUP, rank_topk, topk_weights
 
@@ -15,6 +17,7 @@ MAX_K = 16  # experts per token the kernels' shared lists hold
 # MoE models have 128): more are routed by the router's last block instead.
 ROUTE_MAX_EXPERTS = 256
 ROUTE_MAX_CAND = ROUTE_MAX_EXPERTS // GROUP * MAX_K
+ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simulator: none)
 
 
 @cuda.jit(device=True, inline="always")
@@ -85,3 +88,24 @@ def route_shared(logits, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_c
     rank_topk(logits, 0, n_expert, k, s_val, s_key, s_cand, s_id, s_top)
     if cuda.blockIdx.x == 0:  # uniform over the block: topk_weights may synchronise
         topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
+
+
+@cuda.jit(device=True, inline="always")
+def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                  host_off, cpu_misses, miss_list, counters, s_where, s_base, count):
+    """The prologue of the lane gate/up kernels: with n_route > 0 the token's top k of its
+    router logits ranked by this block (`route_shared`, block 0 writing ids and weights), else
+    ids as given; then those k experts resolved into s_where/s_base (`resolve_shared`; read
+    them after a barrier). The whole block calls this (it synchronises); the routing scratch is
+    declared here, in the shared memory of the kernel that inlines it."""
+    s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)
+    s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+    s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
+    s_id = cuda.shared.array(MAX_K, types.int32)
+    s_top = cuda.shared.array(MAX_K, types.float32)
+    scratch = cuda.shared.array(32, types.float32)
+    if n_route > 0:  # the same in every block: the router wrote logits, not ids
+        route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
+                     s_top, scratch)
+    resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                   cpu_misses, miss_list, counters, s_where, s_base, count)
