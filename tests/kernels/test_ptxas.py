@@ -70,6 +70,13 @@ def test_no_ptxas_is_a_clear_error(monkeypatch):
         ptxas.info(PTX)
 
 
+def test_compile_check_asks_for_ptxas_where_there_is_none(monkeypatch, capsys):
+    from strata.cuda_kernels import compile_check
+    monkeypatch.setattr(ptxas, "find", lambda: None)
+    assert compile_check.main(["--ptxas", "-k", "rope_kv_f16"]) == 2
+    assert "--ptxas needs a CUDA toolkit's ptxas" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(ptxas.find() is None, reason="no CUDA toolkit ptxas on this machine")
 def test_the_installed_ptxas_on_a_small_kernel():
     got = ptxas.info(PTX)

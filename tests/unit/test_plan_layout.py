@@ -117,6 +117,8 @@ def test_session_layout_scales_with_batch_and_context():
     assert four.region("step_tokens").shape == (4,) and four.region("step_tokens").dtype == "int32"
     # the fused router's block counter: one per sequence, int32 (the kernel's atomic add)
     assert four.region("router_done").shape == (4,) and four.region("router_done").dtype == "int32"
+    # the one-launch MoE's grid barrier (arrivals, generation): one pair per sequence, int32
+    assert four.region("moe_sync").shape == (4, 2) and four.region("moe_sync").dtype == "int32"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
     assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
     assert one.region("hit_counts").dtype == "int64"
