@@ -3,6 +3,12 @@ sampler (repetition penalty, top-k, top-p, min-p, temperature) whose random numb
 (seed, step). Both append the chosen id to a device token history and bump its length, which the
 next step's embedding lookup reads.
 
+Greedy argmax is one launch of many blocks: each block reduces its 4 x 256 logits to a key
+(the float's order in the high 32 bits, the complement of the id in the low), one 64-bit atomic
+max per block keeps the best, and the last block to finish (a count beside it) appends the id and
+sets both words back to zero, so a replayed graph starts from zero again. One block over a
+151,936-logit vocabulary waited on ~150 dependent loads a thread.
+
 The sampler runs in one block: radix select (4 passes of a 256-bin histogram) finds the k largest
 logits (k = top_k, or KMAX = 256 when top_k is 0 or larger: candidates past the 256th are never
 sampled), a bitonic sort orders them, then one thread applies top-p and min-p to the T=1
@@ -27,6 +33,8 @@ from .launch import check_array, register_ptx
 
 THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
 KMAX = 256
+ARGMAX_THREADS = 64 if SIMULATED else 256
+ARGMAX_PER = 4  # logits a thread of the argmax launch reads (unrolled by hand in the kernel)
 NEG_INF = np.float32(-np.inf)
 F0 = np.float32(0.0)
 M32 = 0xFFFFFFFF
@@ -110,13 +118,50 @@ def greedy(logits, n_vocab, sv, si):
 
 
 @cuda.jit
-def argmax_kernel(logits, n_vocab, tokens, n_tokens):
+def argmax_kernel(logits, n_vocab, tokens, n_tokens, state):
     # logits: [n_vocab] f32; tokens: [capacity] i32 history; n_tokens: [1] i32
-    sv = cuda.shared.array(32, np.float32)
-    si = cuda.shared.array(32, np.int32)
-    _, bi = greedy(logits, n_vocab, sv, si)
-    if cuda.threadIdx.x == 0:
-        push_token(tokens, n_tokens, bi)
+    # state: [2] u64, zero at launch: best key so far (fkey(v) << 32 | M32 - id), blocks done
+    sk = cuda.shared.array(32, np.int64)
+    si = cuda.shared.array(32, np.int64)
+    t, bd = cuda.threadIdx.x, cuda.blockDim.x
+    i0 = np.int64(cuda.blockIdx.x) * bd * ARGMAX_PER + t
+    # every load issued before the first compare: a thread's logits are independent
+    i1, i2, i3 = i0 + bd, i0 + 2 * bd, i0 + 3 * bd
+    v0 = logits[i0] if i0 < n_vocab else NEG_INF
+    v1 = logits[i1] if i1 < n_vocab else NEG_INF
+    v2 = logits[i2] if i2 < n_vocab else NEG_INF
+    v3 = logits[i3] if i3 < n_vocab else NEG_INF
+    best, bi = np.int64(-1), i0  # -1: below every key, so the first in-range logit wins
+    if i0 < n_vocab:
+        best = np.int64(fkey(v0))
+    k = np.int64(fkey(v1))
+    if i1 < n_vocab and k > best:
+        best, bi = k, i1
+    k = np.int64(fkey(v2))
+    if i2 < n_vocab and k > best:
+        best, bi = k, i2
+    k = np.int64(fkey(v3))
+    if i3 < n_vocab and k > best:
+        best, bi = k, i3
+    best, bi = warp_argmax(best, bi)  # ties to the lower id
+    lane, warp = t & 31, t >> 5
+    if lane == 0:
+        sk[warp] = best
+        si[warp] = bi
+    cuda.syncthreads()
+    if warp == 0:
+        n_warps = bd >> 5
+        best, bi = warp_argmax(sk[lane] if lane < n_warps else np.int64(-1),
+                               si[lane] if lane < n_warps else np.int64(0))
+        if lane == 0:
+            if best >= 0:
+                cuda.atomic.max(state, 0, (np.uint64(best) << np.uint64(32))
+                                | np.uint64(M32 - bi))
+            cuda.threadfence()  # this block's max lands before its count
+            if cuda.atomic.add(state, 1, np.uint64(1)) == np.uint64(cuda.gridDim.x - 1):
+                key = cuda.atomic.exch(state, 0, np.uint64(0))
+                cuda.atomic.exch(state, 1, np.uint64(0))
+                push_token(tokens, n_tokens, np.int32(M32 - np.int64(key & np.uint64(M32))))
 
 
 @cuda.jit(device=True, inline="always")
@@ -300,12 +345,23 @@ def _check_history(tokens, n_tokens):
     check_array("n_tokens", n_tokens, np.int32, (1,))
 
 
-def argmax(logits, tokens, n_tokens, *, stream=0) -> None:
-    """Append argmax(logits) (float32 [n_vocab], ties to the lower id) to the device history
-    `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0]."""
+def argmax_blocks(n_vocab: int) -> int:
+    """Blocks of the argmax launch: ARGMAX_PER logits a thread."""
+    return -(-n_vocab // (ARGMAX_THREADS * ARGMAX_PER))
+
+
+def argmax(logits, tokens, n_tokens, state, *, stream=0) -> None:
+    """Append argmax(logits) (float32 [n_vocab], ties to the lower id, NaN ranked as -inf) to
+    the device history `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0].
+    `state` (uint64 [2]) must be zero; the launch leaves it zero (allocate it once, zeroed)."""
     check_array("logits", logits, np.float32, (None,))
     _check_history(tokens, n_tokens)
-    argmax_kernel[1, THREADS, stream](logits, logits.shape[0], tokens, n_tokens)
+    check_array("state", state, np.uint64, (2,))
+    n_vocab = logits.shape[0]
+    if n_vocab < 1 or n_vocab >= 2**31:
+        raise ValueError(f"argmax needs 1 to 2^31 - 1 logits, got {n_vocab}")
+    argmax_kernel[argmax_blocks(n_vocab), ARGMAX_THREADS, stream](logits, n_vocab, tokens,
+                                                                 n_tokens, state)
 
 
 def sample(logits, tokens, n_tokens, fparams, iparams, *, stream=0) -> None:
@@ -335,6 +391,7 @@ def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min
 
 _F32 = types.float32[::1]
 _I32 = types.int32[::1]
-register_ptx("sampling", "argmax", lambda: (argmax_kernel.py_func, (_F32, types.int64, _I32, _I32)))
+register_ptx("sampling", "argmax", lambda: (argmax_kernel.py_func, (
+    _F32, types.int64, _I32, _I32, types.uint64[::1])))
 register_ptx("sampling", "sample", lambda: (sample_kernel.py_func, (
     _F32, types.int64, _I32, _I32, _F32, types.int64[::1])))

@@ -143,8 +143,9 @@ def check_gpu_kernel() -> Check:
     d_logits = cuda.to_device(logits)
     d_tokens = cuda.to_device(np.zeros(4, np.int32))   # [4] i32 history
     d_count = cuda.to_device(np.zeros(1, np.int32))    # [1] i32
+    d_state = cuda.to_device(np.zeros(2, np.uint64))   # [2] u64 best key, blocks done
     t0 = time.perf_counter()
-    sampling.argmax_kernel[1, 256](d_logits, logits.size, d_tokens, d_count)
+    sampling.argmax(d_logits, d_tokens, d_count, d_state)  # several blocks: the atomics too
     cuda.synchronize()
     secs = time.perf_counter() - t0
     got = int(d_tokens.copy_to_host()[0])

@@ -124,7 +124,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     decode_s = time.perf_counter() - t0
     hits = eng.hits().since(hits0)
     allocs = counter.sizes[n_before:]
-    profile = _profile(args, eng, options)
+    profile = _profile(args, eng, options, sampling)
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
     pool_b, pool_s = (pool.n_bytes - pool0[0], pool.seconds - pool0[1]) if pool else (0, 0.0)
@@ -195,9 +195,10 @@ def decode_sampling(args) -> SamplingParams | None:
                           seed=int(getattr(args, "seed", 0) or 0))
 
 
-def _profile(args, eng, options) -> dict | None:
-    """The decode step's time by launcher (`--profile-decode`; graphs, mapped misses only),
-    measured last: its whole-step graph advances the sequence."""
+def _profile(args, eng, options, sampling) -> dict | None:
+    """The decode step's time by launcher (`--profile-decode`; graphs, mapped misses only), the
+    token's choice (greedy or `sampling`'s) included, measured last: its whole-step graph
+    advances the sequence."""
     from strata.engine.cuda.profile import profile_step
 
     if not getattr(args, "profile_decode", False):
@@ -208,7 +209,7 @@ def _profile(args, eng, options) -> dict | None:
     reps = min(20, (eng.max_context - eng.n_past) // 2 - 2)
     if reps < 1:
         raise StrataError("--profile-decode needs room in the context: raise --max-context")
-    return profile_step(eng.step, reps=reps)
+    return profile_step(eng.step, reps=reps, mode=eng.set_sampling(sampling))
 
 
 def _pct(x) -> str:

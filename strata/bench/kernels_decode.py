@@ -11,6 +11,10 @@ all VRAM hits, Q4_K/Q6_K) added into the residual; then the final norm, the Q6_K
 
 Group `router`: the router matvec alone (F32 128x2048, `matvec_f32`) for 1 and 8 tokens.
 
+Group `sampling`: picking the token from 151,936 logits: the argmax launch (many blocks), and
+the one-block sampler greedy (temperature 0: one block's loop, as argmax was) and sampling
+(top-k 40, top-p 0.95, min-p 0.05).
+
 Group `qkv`: a Q4_K_M layer's q, k (Q4_K) and v (Q6_K) with the RMSNorm fused, in one launch of
 the mixed kernel against the two per-format launches it replaced.
 """
@@ -74,6 +78,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     pos = cuda.to_device(np.array([1234], np.int32))
     tokens = cuda.to_device(np.zeros(1 << 20, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))
+    pick_state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64: argmax's best key, blocks
     x1, xn1, q1, k1, v1, rlog1 = (a.reshape(a.size) for a in (x, xn, q, k, v, rlog))
     kv = [[allocate_kv_side(KvLayout("f16", N_CTX, N_KV, HEAD_DIM)) for _ in range(2)]
           for _ in range(N_LAYER)]  # [layer][K, V] f16 sides
@@ -96,7 +101,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
                        stream=s)
         rms_norm(x, norm_w[2], xn, eps=1e-6, stream=s)
         matvec(head, "Q6_K", xn1, logits, stream=s)
-        argmax(logits, tokens, n_tok, stream=s)
+        argmax(logits, tokens, n_tok, pick_state, stream=s)
 
     n_launch = N_LAYER * LAUNCHES_PER_LAYER + 3
     step_bytes = attn_bytes + N_LAYER * K * lay.expert_bytes + head_host.size
@@ -178,3 +183,30 @@ def qkv_normed(ctx: Ctx) -> list[Result]:
                    n_bytes + 4 * (2 * N_EMBD + sum(n for _, n in shapes)), ctx.read_gbps,
                    extra={"us per layer, per-format launches": round(us_apart, 2),
                           "us without rounds": round(us_no_rounds, 2)})]
+
+
+@bench("sampling")
+def sampling_group(ctx: Ctx) -> list[Result]:
+    """Token choice over a 151,936-logit vocabulary, 48 launches a graph, the history reset by
+    a copy before each graph (no launch of its own)."""
+    from strata.cuda_kernels.sampling import argmax, make_params, sample
+    cuda, reps = ctx.cuda, 48
+    logits = ctx.upload((ctx.rng.standard_normal(N_VOCAB) * 3).astype(np.float32))
+    tokens = cuda.to_device(np.zeros(reps + 1, np.int32))
+    n_tok = cuda.to_device(np.zeros(1, np.int32))
+    state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64: argmax's best key, blocks done
+    out = []
+
+    def timed(name, pick):
+        def record(s):
+            for _ in range(reps):
+                pick(s)
+        us = ctx.time_graph(record, reps)
+        n_tok.copy_to_device(np.zeros(1, np.int32))  # the history filled up in the replays
+        out.append(Result("sampling", name, f"{N_VOCAB} f32", us, 4 * N_VOCAB, ctx.read_gbps))
+    timed("argmax, many blocks", lambda s: argmax(logits, tokens, n_tok, state, stream=s))
+    for label, params in (("sample greedy (one block)", dict(temperature=0.0)),
+                          ("sample t=0.8 top-k 40", dict(temperature=0.8, top_k=40))):
+        f, i = (ctx.upload(a) for a in make_params(**params))
+        timed(label, lambda s, f=f, i=i: sample(logits, tokens, n_tok, f, i, stream=s))
+    return out

@@ -209,6 +209,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused MoE launch's grid barrier, (arrivals, generation) (strata.cuda_kernels.gridsync):
     # zero at load, kept by the kernel after
     b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
+    # the argmax launch's (best key, finished blocks) (strata.cuda_kernels.sampling): zero at
+    # load, set back to zero by its last block
+    b.add("argmax_state", np.uint64, (n_b, 2))  # [batch, 2] uint64
     b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool
     b.add("moe_out", np.float32, (n_b, e))

@@ -307,8 +307,16 @@ def test_sampling_full_vocab():
     logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
     tokens = cuda.to_device(np.zeros(64, np.int32))
     n = cuda.to_device(np.array([0], np.int32))
-    argmax(cuda.to_device(logits), tokens, n)
-    assert tokens.copy_to_host()[0] == int(np.argmax(logits)) and n.copy_to_host()[0] == 1
+    state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64 best key, blocks done
+    want = []
+    for c in range(4):  # 149 blocks a launch; the best once at a block's edge, once tied
+        if c == 2:
+            logits[1023] = logits[1024] = logits.max() + 1
+        argmax(cuda.to_device(logits), tokens, n, state)
+        want.append(int(np.argmax(logits)))
+        logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+    assert tokens.copy_to_host()[:4].tolist() == want and n.copy_to_host()[0] == 4
+    assert want[2] == 1023 and state.copy_to_host().tolist() == [0, 0]
     for params in (dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1),
                    dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0)):
         full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | params

@@ -7,18 +7,67 @@ import pytest
 from numba import cuda
 
 from helpers.sampling_ref import ref_sample as _ref_sample
-from strata.cuda_kernels.sampling import argmax, make_params, sample, uniform, uniform01
+from strata.cuda_kernels.sampling import (argmax, argmax_blocks, make_params, sample, uniform,
+                                          uniform01)
+
+
+def _keyed_argmax(logits):
+    """numpy's argmax with NaN ranked as -inf (first of the largest)."""
+    return int(np.argmax(np.where(np.isnan(logits), -np.inf, logits)))
 
 
 def test_argmax_appends_to_the_history():
     logits = np.array([1.0, 5.0, -2.0, 5.0, 4.0], np.float32)
     tokens = np.full(4, -1, np.int32)
     n = np.array([2], np.int32)
-    argmax(logits, tokens, n)
+    state = np.zeros(2, np.uint64)
+    argmax(logits, tokens, n, state)
     assert n[0] == 3 and tokens[2] == 1  # ties go to the lower id
+    assert state.tolist() == [0, 0]  # left at zero for the next launch (a replayed graph)
     n[0] = 4  # a full history is left alone
-    argmax(logits, tokens, n)
-    assert n[0] == 4 and tokens.tolist() == [-1, -1, 1, -1]
+    argmax(logits, tokens, n, state)
+    assert n[0] == 4 and tokens.tolist() == [-1, -1, 1, -1] and state.tolist() == [0, 0]
+
+
+def test_argmax_over_many_blocks():
+    """Several blocks (the simulator's 256 logits a block), the best in different blocks,
+    ties across blocks, NaN, -inf everywhere, and the state back at zero after each launch."""
+    rng = np.random.default_rng(7)
+    n_vocab = 1000
+    assert argmax_blocks(n_vocab) >= 4
+    cases = []
+    for where in (0, 255, 256, 511, 999):  # first, block edges, last
+        lg = rng.standard_normal(n_vocab).astype(np.float32)
+        lg[where] = 9.0
+        cases.append(lg)
+    tied = rng.standard_normal(n_vocab).astype(np.float32)
+    tied[[700, 300, 900]] = 7.5  # the same best in three blocks: the lowest id
+    cases.append(tied)
+    nan = rng.standard_normal(n_vocab).astype(np.float32)
+    nan[[3, 600]] = np.nan  # NaN ranks as -inf
+    cases.append(nan)
+    negative = -np.abs(rng.standard_normal(n_vocab)).astype(np.float32) - 1.0
+    cases.append(negative)
+    cases.append(np.full(n_vocab, -np.inf, np.float32))  # the lowest id of the all-equal
+    tokens = np.full(len(cases) + 1, -1, np.int32)
+    n = np.array([0], np.int32)
+    state = np.zeros(2, np.uint64)
+    for c, lg in enumerate(cases):
+        argmax(lg, tokens, n, state)
+        assert n[0] == c + 1 and tokens[c] == _keyed_argmax(lg), c
+        assert state.tolist() == [0, 0], c
+    assert tokens[-2] == 0 and tokens[3] == 511
+
+
+def test_argmax_checks_its_arguments():
+    logits = np.ones(10, np.float32)
+    tokens, n = np.zeros(4, np.int32), np.zeros(1, np.int32)
+    with pytest.raises(ValueError, match="state"):
+        argmax(logits, tokens, n, np.zeros(2, np.int64))
+    with pytest.raises(ValueError, match="state"):
+        argmax(logits, tokens, n, np.zeros(3, np.uint64))
+    with pytest.raises(ValueError, match="logits"):
+        argmax(logits.astype(np.float64), tokens, n, np.zeros(2, np.uint64))
 
 
 @pytest.mark.parametrize("params", [

@@ -142,19 +142,22 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
     from strata.engine.cuda.profile import profile_step, profile_table
 
     launched: list[str] = []
-    for name in ("matvec", "rms_norm", "moe_decode"):  # stand-ins: a launch is a list entry
+    for name in ("matvec", "rms_norm", "moe_decode", "argmax"):  # stand-ins: a list entry each
         monkeypatch.setattr(decode_mod, name, lambda *a, name=name: launched.append(name))
-    before = {n: getattr(decode_mod, n) for n in ("matvec", "rms_norm", "moe_decode", "route")}
+    before = {n: getattr(decode_mod, n)
+              for n in ("matvec", "rms_norm", "moe_decode", "argmax", "route")}
 
     class Step:
         m = SimpleNamespace(stream="s")
 
         def record(self, stream, mode):
-            assert mode == "logits"
+            assert mode in ("logits", "greedy")
             for _ in range(3):
                 decode_mod.matvec("w")
             decode_mod.rms_norm("x")
             decode_mod.moe_decode("y")
+            if mode == "greedy":
+                decode_mod.argmax("l")
 
     def capture(record, stream):
         launched.clear()
@@ -170,6 +173,11 @@ def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch)
     assert {n: getattr(decode_mod, n) for n in before} == before
     text = profile_table(prof)
     assert "matvec" in text.splitlines()[1] and "60.0%" in text
+    assert "argmax" not in prof  # mode "logits" picks no token
+    greedy = profile_step(Step(), reps=3, capture=capture, mode="greedy",
+                          timer=lambda g, st, reps: 0.5 * g.n_nodes)
+    assert greedy["step"]["nodes"] == 6 and greedy["argmax"] == {"ms": 0.5, "nodes": 1}
+    assert {n: getattr(decode_mod, n) for n in before} == before
 
 
 def test_batch_profile_keys_matvecs_by_role_and_leaves_frozen_launchers_out(monkeypatch):

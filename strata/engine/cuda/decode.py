@@ -129,7 +129,7 @@ class DecodeStep:
         """Append the next token to the device history (mode greedy / sample), or nothing."""
         a = self.m.acts
         if mode == "greedy":
-            argmax(self.logits, self.history, self.n_tokens, stream=stream)
+            argmax(self.logits, self.history, self.n_tokens, a["argmax_state"][0], stream=stream)
         elif mode == "sample":
             sample(self.logits, self.history, self.n_tokens, a["sample_fparams"][0],
                    a["sample_iparams"][0], stream=stream)

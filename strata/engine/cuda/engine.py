@@ -118,7 +118,7 @@ class CudaEngine(Engine):
         if self._n_past + n - 1 > self.max_context:
             raise ContextFullError(f"{n} tokens after {self._n_past} exceed the context of "
                                    f"{self.max_context}")
-        mode = self._set_sampling(sampling)
+        mode = self.set_sampling(sampling)
         a, st, start = self.m.acts, self.m.stream, self._n_past
         self.step.pick(mode, st)
         for _ in range(n - 1):
@@ -130,7 +130,8 @@ class CudaEngine(Engine):
         st.synchronize()
         return [int(t) for t in out]
 
-    def _set_sampling(self, sampling: SamplingParams | None) -> str:
+    def set_sampling(self, sampling: SamplingParams | None) -> str:
+        """The decode mode for `sampling` ("greedy" or "sample"), its parameters on the device."""
         if sampling is None or sampling.temperature == 0:
             return "greedy"
         f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,

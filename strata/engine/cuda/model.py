@@ -144,9 +144,10 @@ class CudaModel:
         self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
-        for name in ("router_done", "moe_sync"):  # block counters of fused kernels: from zero
+        # block counters of fused kernels and the argmax's running best: from zero
+        for name in ("router_done", "moe_sync", "argmax_state"):
             counter = self.acts[name]
-            counter.copy_to_device(np.zeros(counter.shape, np.int32), stream=self.stream)
+            counter.copy_to_device(np.zeros(counter.shape, counter.dtype), stream=self.stream)
         self._carve_kv()
         self._load_weights(model)
         self._load_experts(model)

@@ -20,7 +20,7 @@ import strata.engine.cuda.decode as decode_mod
 # the kernel launchers a decode step calls, by the names decode.py imports them under
 LAUNCHERS = ("embed", "rms_norm", "matvec", "matvec_pair", "matvec_normed", "qk_norm_rope",
              "rope_kv", "kv_write", "decode_attention", "add", "route", "router_normed",
-             "moe_decode", "moe_decode_mixed", "advance_seq_len")
+             "moe_decode", "moe_decode_mixed", "advance_seq_len", "argmax", "sample")
 
 
 def _noop(*args, **kwargs) -> None:
@@ -69,8 +69,9 @@ def _unit_key(name: str, roles: dict[int, str], args, kwargs) -> str:
 def profile_step(step, *, reps: int = 20, capture: Callable | None = None,
                  timer: Callable | None = None, module=None,
                  launchers: tuple[str, ...] = LAUNCHERS, record: Callable | None = None,
-                 frozen: tuple[str, ...] = ()) -> dict[str, dict]:
-    """{unit: {"ms": per step, "nodes": kernels}} and "step" for the whole step (mode "logits");
+                 frozen: tuple[str, ...] = (), mode: str = "logits") -> dict[str, dict]:
+    """{unit: {"ms": per step, "nodes": kernels}} and "step" for the whole step (of `mode`:
+    "logits", or "greedy" / "sample" with the token's choice, which a full history ignores);
     a unit is a launcher (matvecs: one per weight role, "matvec q", "matvec head", ...); units
     the step never launches are left out. `capture` / `timer`: stand-ins for tests (default:
     `strata.cuda_kernels.graph.capture`, CUDA-event timing). `module`, `launchers`, `record`:
@@ -102,7 +103,7 @@ def profile_step(step, *, reps: int = 20, capture: Callable | None = None,
 
     if record is None:
         def record(st):
-            step.record(st, "logits")
+            step.record(st, mode)
 
     out = {}
     try:
