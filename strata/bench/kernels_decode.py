@@ -11,9 +11,9 @@ all VRAM hits, Q4_K/Q6_K) added into the residual; then the final norm, the Q6_K
 
 Group `router`: the router matvec alone (F32 128x2048, `matvec_f32`) for 1 and 8 tokens.
 
-Group `sampling`: picking the token from 151,936 logits: the argmax launch (many blocks), and
-the one-block sampler greedy (temperature 0: one block's loop, as argmax was) and sampling
-(top-k 40, top-p 0.95, min-p 0.05).
+Group `sampling`: picking the token from 151,936 logits, each one launch of many blocks: argmax,
+the sampler at temperature 0 with a repetition penalty, and sampling (top-k 40 and 256, top-p
+0.95, min-p 0.05).
 
 Group `qkv`: a Q4_K_M layer's q, k (Q4_K) and v (Q6_K) with the RMSNorm fused, in one launch of
 the mixed kernel against the two per-format launches it replaced.
@@ -187,14 +187,17 @@ def qkv_normed(ctx: Ctx) -> list[Result]:
 
 @bench("sampling")
 def sampling_group(ctx: Ctx) -> list[Result]:
-    """Token choice over a 151,936-logit vocabulary, 48 launches a graph, the history reset by
-    a copy before each graph (no launch of its own)."""
-    from strata.cuda_kernels.sampling import argmax, make_params, sample
+    """Token choice over a 151,936-logit vocabulary, 48 launches a graph (the history fills
+    up: later launches choose and append nothing, and are timed all the same)."""
+    from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
+    from strata.plan.pick import pick_blocks
     cuda, reps = ctx.cuda, 48
     logits = ctx.upload((ctx.rng.standard_normal(N_VOCAB) * 3).astype(np.float32))
     tokens = cuda.to_device(np.zeros(reps + 1, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))
-    state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64: argmax's best key, blocks done
+    state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64: best key, blocks done
+    cand_v = cuda.device_array(pick_blocks(N_VOCAB) * KMAX, np.float32)  # each block's top k
+    cand_i = cuda.device_array(pick_blocks(N_VOCAB) * KMAX, np.int32)
     out = []
 
     def timed(name, pick):
@@ -205,8 +208,11 @@ def sampling_group(ctx: Ctx) -> list[Result]:
         n_tok.copy_to_device(np.zeros(1, np.int32))  # the history filled up in the replays
         out.append(Result("sampling", name, f"{N_VOCAB} f32", us, 4 * N_VOCAB, ctx.read_gbps))
     timed("argmax, many blocks", lambda s: argmax(logits, tokens, n_tok, state, stream=s))
-    for label, params in (("sample greedy (one block)", dict(temperature=0.0)),
-                          ("sample t=0.8 top-k 40", dict(temperature=0.8, top_k=40))):
+    for label, params in (("sample greedy, penalty 1.1", dict(temperature=0.0,
+                                                               repeat_penalty=1.1)),
+                          ("sample t=0.8 top-k 40", dict(temperature=0.8, top_k=40)),
+                          ("sample t=1 top-k 0 (256)", dict(temperature=1.0, top_k=0))):
         f, i = (ctx.upload(a) for a in make_params(**params))
-        timed(label, lambda s, f=f, i=i: sample(logits, tokens, n_tok, f, i, stream=s))
+        timed(label, lambda s, f=f, i=i: sample(logits, tokens, n_tok, f, i, state, cand_v,
+                                                cand_i, stream=s))
     return out

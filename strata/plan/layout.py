@@ -15,6 +15,7 @@ import numpy as np
 
 from strata.gguf.shape import ModelShape
 from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
+from strata.plan.pick import PICK_KMAX, pick_blocks
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
@@ -209,9 +210,12 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused MoE launch's grid barrier, (arrivals, generation) (strata.cuda_kernels.gridsync):
     # zero at load, kept by the kernel after
     b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
-    # the argmax launch's (best key, finished blocks) (strata.cuda_kernels.sampling): zero at
-    # load, set back to zero by its last block
-    b.add("argmax_state", np.uint64, (n_b, 2))  # [batch, 2] uint64
+    # the token choice's (best key, finished blocks) (strata.cuda_kernels.sampling): zero at
+    # load, set back to zero by the launch's last block; and each sampler block's candidates
+    b.add("pick_state", np.uint64, (n_b, 2))  # [batch, 2] uint64
+    n_cand = pick_blocks(s.n_vocab) * PICK_KMAX
+    b.add("pick_cand_v", np.float32, (n_b, n_cand))  # [batch, blocks * 256] f32
+    b.add("pick_cand_i", np.int32, (n_b, n_cand))  # [batch, blocks * 256] int32 token ids
     b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool
     b.add("moe_out", np.float32, (n_b, e))

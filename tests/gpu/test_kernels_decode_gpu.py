@@ -300,7 +300,8 @@ def test_norm_rope_router_elementwise():
 
 
 def test_sampling_full_vocab():
-    from strata.cuda_kernels.sampling import argmax, make_params, sample
+    from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
+    from strata.plan.pick import pick_blocks
     cuda = _cuda()
     rng = np.random.default_rng()
     n_vocab = 151936
@@ -317,18 +318,23 @@ def test_sampling_full_vocab():
         logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
     assert tokens.copy_to_host()[:4].tolist() == want and n.copy_to_host()[0] == 4
     assert want[2] == 1023 and state.copy_to_host().tolist() == [0, 0]
+    cand_v = cuda.device_array(pick_blocks(n_vocab) * KMAX, np.float32)  # 149 blocks' top k
+    cand_i = cuda.device_array(pick_blocks(n_vocab) * KMAX, np.int32)
     for params in (dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1),
-                   dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0)):
+                   dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0),
+                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=1.3)):
         full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | params
         f, i = make_params(**full)
         for _ in range(4):
             logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
             hist = tokens.copy_to_host()[:n.copy_to_host()[0]]
             want = ref_sample(logits, hist, **full)
-            sample(cuda.to_device(logits), tokens, n, cuda.to_device(f), cuda.to_device(i))
+            sample(cuda.to_device(logits), tokens, n, cuda.to_device(f), cuda.to_device(i),
+                   state, cand_v, cand_i)
             got = tokens.copy_to_host()[n.copy_to_host()[0] - 1]
             assert got == want, (params, got, want)
-    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 8 steps", 0.0, 1.0))
+            assert state.copy_to_host().tolist() == [0, 0]
+    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 12 steps", 0.0, 1.0))
 
 
 def test_decode_fusions_30b_shape():

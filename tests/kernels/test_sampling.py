@@ -7,8 +7,9 @@ import pytest
 from numba import cuda
 
 from helpers.sampling_ref import ref_sample as _ref_sample
-from strata.cuda_kernels.sampling import (argmax, argmax_blocks, make_params, sample, uniform,
-                                          uniform01)
+from strata.cuda_kernels.sampling import (KMAX, argmax, argmax_blocks, make_params, sample,
+                                          uniform, uniform01)
+from strata.plan.pick import pick_blocks
 
 
 def _keyed_argmax(logits):
@@ -70,35 +71,86 @@ def test_argmax_checks_its_arguments():
         argmax(logits.astype(np.float64), tokens, n, np.zeros(2, np.uint64))
 
 
+def _sample(logits, tokens, n, f, i):
+    """`sample` with fresh scratch, checking the launch leaves its state at zero and the
+    logits as they were."""
+    state = np.zeros(2, np.uint64)
+    cand_v = np.full(pick_blocks(logits.size) * KMAX, np.nan, np.float32)
+    cand_i = np.full(pick_blocks(logits.size) * KMAX, -7, np.int32)
+    before = logits.copy()
+    sample(logits, tokens, n, f, i, state, cand_v, cand_i)
+    assert state.tolist() == [0, 0]
+    np.testing.assert_array_equal(logits, before)
+
+
+@pytest.mark.parametrize("n_vocab", [1000, 2500])  # one block; three, the last part-full
 @pytest.mark.parametrize("params", [
     dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
     dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0),
     dict(temperature=1.0, top_k=300, top_p=0.5, min_p=0.0, repeat_penalty=1.3),
     dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=5.0),
 ])
-def test_sample_matches_the_reference_over_steps(params):
-    rng = np.random.default_rng(hash(tuple(params.items())) % 2**32)
+def test_sample_matches_the_reference_over_steps(params, n_vocab):
+    rng = np.random.default_rng(hash(tuple(params.items())) % 2**32 + n_vocab)
     full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=1234567891234) | params
     f, i = make_params(**full)
     tokens = np.full(16, -1, np.int32)
-    tokens[:3] = rng.integers(0, 1000, 3)
+    tokens[:3] = rng.integers(0, n_vocab, 3)
     n = np.array([3], np.int32)
     for _ in range(3):
-        logits = (rng.standard_normal(1000) * 2.5).astype(np.float32)
+        logits = (rng.standard_normal(n_vocab) * 2.5).astype(np.float32)
         logits[tokens[n[0] - 1]] += 6  # give the penalty something to bite on
         want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
-        sample(logits, tokens, n, f, i)
+        _sample(logits, tokens, n, f, i)
         assert tokens[n[0] - 1] == want
+
+
+def test_sample_merges_the_blocks_candidates():
+    """Every one of the k largest in one block, or one in each; a penalised token in each
+    block; the draw matches the reference each time."""
+    rng = np.random.default_rng(11)
+    n_vocab = 3000
+    assert pick_blocks(n_vocab) == 3
+    full = dict(temperature=2.0, top_k=8, top_p=1.0, min_p=0.0, repeat_penalty=1.5,
+                penalty_last_n=64, seed=77)
+    f, i = make_params(**full)
+    tokens = np.full(8, -1, np.int32)
+    tokens[:3] = [5, 1500, 2990]  # one in each block
+    n = np.array([3], np.int32)
+    for case in range(3):
+        logits = rng.standard_normal(n_vocab).astype(np.float32)
+        if case == 0:
+            logits[2048:2056] += 8.0  # all eight in the last block
+        elif case == 1:
+            logits[[7, 1030, 2100]] += 8.0  # the head of the list spread over the blocks
+        else:
+            logits[tokens[:3]] += 9.0  # the penalised tokens lead before the penalty
+        want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
+        _sample(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want, case
 
 
 def test_sample_with_tied_logits_stays_in_the_top_k():
     rng = np.random.default_rng(9)
-    logits = rng.integers(0, 6, 700).astype(np.float32)  # many ties at the threshold
+    logits = rng.integers(0, 6, 2100).astype(np.float32)  # many ties at the threshold
     f, i = make_params(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, seed=3)
     tokens = np.zeros(4, np.int32)
     n = np.array([0], np.int32)
-    sample(logits, tokens, n, f, i)
+    _sample(logits, tokens, n, f, i)
     assert n[0] == 1 and logits[tokens[0]] == 5.0
+
+
+def test_sample_checks_its_scratch():
+    logits = np.ones(2000, np.float32)
+    tokens, n = np.zeros(4, np.int32), np.zeros(1, np.int32)
+    f, i = make_params(temperature=1.0)
+    state = np.zeros(2, np.uint64)
+    short = np.zeros(2 * KMAX - 1, np.float32)
+    with pytest.raises(ValueError, match="cand_v and cand_i need 512"):
+        sample(logits, tokens, n, f, i, state, short, np.zeros(2 * KMAX, np.int32))
+    with pytest.raises(ValueError, match="state"):
+        sample(logits, tokens, n, f, i, np.zeros(2, np.int32), np.zeros(2 * KMAX, np.float32),
+               np.zeros(2 * KMAX, np.int32))
 
 
 def test_seed_changes_the_draw_and_params_are_checked():

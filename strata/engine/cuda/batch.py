@@ -38,8 +38,8 @@ from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, PlanOptions
 
 MAX_BATCH = MAX_TOKENS  # the small-batch matvec kernels take up to 8 tokens
 ROW_ENTRIES = ("hidden", "residual", "normed", "q", "k", "v", "attn_out", "router_logits",
-               "topk_ids", "topk_weights", "router_done", "moe_sync", "argmax_state", "moe_h",
-               "miss_list", "moe_out", "logits", "seq_len", "history", "step_tokens", "n_tokens",
+               "topk_ids", "topk_weights", "router_done", "moe_sync", "moe_h", "miss_list",
+               "moe_out", "logits", "seq_len", "history", "step_tokens", "n_tokens",
                "sample_fparams", "sample_iparams")
 
 

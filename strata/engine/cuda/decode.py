@@ -129,10 +129,11 @@ class DecodeStep:
         """Append the next token to the device history (mode greedy / sample), or nothing."""
         a = self.m.acts
         if mode == "greedy":
-            argmax(self.logits, self.history, self.n_tokens, a["argmax_state"][0], stream=stream)
+            argmax(self.logits, self.history, self.n_tokens, a["pick_state"][0], stream=stream)
         elif mode == "sample":
             sample(self.logits, self.history, self.n_tokens, a["sample_fparams"][0],
-                   a["sample_iparams"][0], stream=stream)
+                   a["sample_iparams"][0], a["pick_state"][0], a["pick_cand_v"][0],
+                   a["pick_cand_i"][0], stream=stream)
         elif mode != "logits":
             raise ValueError(f"decode mode {mode!r} is not one of {MODES}")
 

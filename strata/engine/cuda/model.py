@@ -145,7 +145,7 @@ class CudaModel:
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
         # block counters of fused kernels and the argmax's running best: from zero
-        for name in ("router_done", "moe_sync", "argmax_state"):
+        for name in ("router_done", "moe_sync", "pick_state"):
             counter = self.acts[name]
             counter.copy_to_device(np.zeros(counter.shape, counter.dtype), stream=self.stream)
         self._carve_kv()

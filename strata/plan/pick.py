@@ -1,0 +1,15 @@
+"""The token choice's geometry, which the plan sizes its scratch by: the sampler takes the logits
+in chunks of PICK_CHUNK, one block each, and keeps at most PICK_KMAX candidates of each chunk
+for the last block's merge (`strata.cuda_kernels.sampling`)."""
+
+from __future__ import annotations
+
+PICK_CHUNK = 1024  # logits a sampler block stages and selects from
+PICK_KMAX = 256    # the most candidates top-k keeps (top_k 0 or larger: the 256 largest)
+
+
+def pick_blocks(n_vocab: int) -> int:
+    """Blocks of a sampler launch over `n_vocab` logits."""
+    if n_vocab < 1:
+        raise ValueError(f"n_vocab must be positive, got {n_vocab}")
+    return -(-n_vocab // PICK_CHUNK)
