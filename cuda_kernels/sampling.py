@@ -5,20 +5,22 @@ next step's embedding lookup reads.
 
 Both are one launch of many blocks whose last block to finish (a count in `state`, which that
 block sets back to zero, so a replayed graph starts from zero again) appends the token. One
-block over a 151,936-logit vocabulary took 27 us to find the argmax and 200 us to sample (H200).
+block over a 151,936-logit vocabulary took 27 us to find the argmax and 200 us to sample
+(top-k 40, H200).
 
 Greedy argmax: each block reduces its 4 x 256 logits to a key (the float's order in the high 32
 bits, the complement of the id in the low: the largest, then the lowest id), and one 64-bit
 atomic max per block keeps the best in state[0].
 
 The sampler: each block stages PICK_CHUNK logits in shared memory (the repetition penalty
-applied there, once per distinct token of the window), then radix select (4 passes of a 256-bin
-histogram) finds its chunk's k largest (k = top_k, or KMAX = 256 when top_k is 0 or larger:
-candidates past the 256th are never sampled) and writes them out. The k largest of all are
-among the chunks' k largest, so the last block selects the k largest of those candidates the
-same way, sorts them (bitonic), applies top-p and min-p to their T=1 probabilities and samples
-the kept prefix at the given temperature (the order llama.cpp's default chain uses).
-Temperature <= 0 means greedy, as argmax does it, on the penalised logits.
+applied there, once per distinct token of the window; NaN as -inf), sorts them (bitonic; equal
+values keep the lower id first) and writes its n_keep best, n_keep the power of two at or above
+k = top_k (KMAX = 256 when top_k is 0 or larger: candidates past the 256th are never sampled).
+The k best of all are among the blocks' k best, so the last block merges the blocks' lists
+(`pick_sort.merge_lists`, 4,096 pairs of shared memory at a time) and draws from the k best:
+top-p and min-p on their T=1 probabilities, then the kept prefix at the given temperature (the
+order llama.cpp's default chain uses). Temperature <= 0 means greedy, as argmax does it, on the
+penalised logits.
 
 Device parameters, so a captured graph reads the current request's settings:
   fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)
@@ -29,13 +31,12 @@ as they are.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import SIMULATED, f2u, warp_argmax, warp_suffix_sum
+from .intrinsics import SIMULATED, f2u, warp_argmax
 from .launch import check_array, register_ptx
+from .pick_sort import bitonic_sort, draw, merge_lists
 from strata.plan.pick import PICK_CHUNK, PICK_KMAX, pick_blocks
 
 THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
@@ -45,6 +46,9 @@ ARGMAX_PER = 4  # logits a thread of the argmax launch reads (unrolled by hand i
 NEG_INF = np.float32(-np.inf)
 F0 = np.float32(0.0)
 M32 = 0xFFFFFFFF
+ID_PAST = 2**31 - 1  # the id of a staged slot past the vocabulary: after every real id
+LG_CHUNK = PICK_CHUNK.bit_length() - 1
+assert 1 << LG_CHUNK == PICK_CHUNK
 
 
 @cuda.jit(device=True, inline="always")
@@ -172,171 +176,48 @@ def argmax_kernel(logits, n_vocab, tokens, n_tokens, state):
 
 
 @cuda.jit(device=True, inline="always")
-def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, mark):
-    """sv[j] = logits[lo + j] (-inf past the end) for the block's chunk, penalised where the id
-    is one of the last `last_n` (<= blockDim) tokens of the history: once each, however often
-    it occurs there."""
+def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
+    """sv[j], si[j] = logits[lo + j], lo + j for the block's chunk (-inf and ID_PAST past the
+    end, NaN as -inf), penalised where the id is one of the last `last_n` (<= blockDim) tokens of
+    the history: once each, however often it occurs there (si marks them first)."""
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     j = t
     while j < PICK_CHUNK:
-        mark[j] = 0
+        si[j] = 0
         j += bd
     cuda.syncthreads()
     if t < last_n:
         tok = tokens[n - 1 - t] - lo
         if 0 <= tok < PICK_CHUNK:
-            mark[tok] = 1
+            si[tok] = 1
     cuda.syncthreads()
     j = t
-    while j < PICK_CHUNK:
-        v = logits[lo + j] if lo + j < n_vocab else NEG_INF
-        if mark[j] != 0:
+    while j < PICK_CHUNK:  # a thread reads the marks it then overwrites
+        v = NEG_INF
+        if lo + j < n_vocab:
+            v = logits[lo + j]
+            if v != v:
+                v = NEG_INF
+        if si[j] != 0:
             v = v / rp if v > F0 else v * rp
         sv[j] = v
+        si[j] = lo + j if lo + j < n_vocab else ID_PAST
         j += bd
     cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline="always")
-def select_bin(hist, remaining, misc):
-    """Find the bin b with count(bins > b) < remaining <= count(bins >= b); misc[0] = b,
-    misc[1] = count(bins > b). Every warp computes it (uniform calls); warp 0 writes."""
-    lane = cuda.threadIdx.x & 31
-    c = 0
-    for q in range(8):
-        c += hist[8 * lane + q]
-    suffix = warp_suffix_sum(c)  # bins >= 8 * lane
-    above = suffix - c
-    if cuda.threadIdx.x < 32 and above < remaining and remaining <= suffix:
-        acc = above
-        for q in range(7, -1, -1):
-            h = hist[8 * lane + q]
-            if acc + h >= remaining:
-                misc[0] = 8 * lane + q
-                misc[1] = acc
-                break
-            acc += h
-
-
-@cuda.jit(device=True, inline="always")
-def radix_threshold(logits, n_vocab, k, hist, misc):
-    """(key of the k-th largest logit, how many logits equal to it belong to the top k)."""
-    t = cuda.threadIdx.x
-    prefix = 0
-    mask = 0
-    remaining = k
-    for p in range(4):
-        shift = 24 - 8 * p
-        for b in range(t, 256, cuda.blockDim.x):
-            hist[b] = 0
-        cuda.syncthreads()
-        for i in range(t, n_vocab, cuda.blockDim.x):
-            key = fkey(logits[i])
-            if (key & mask) == prefix:
-                cuda.atomic.add(hist, (key >> shift) & 255, 1)
-        cuda.syncthreads()
-        select_bin(hist, remaining, misc)
-        cuda.syncthreads()
-        remaining -= misc[1]
-        prefix |= np.int64(misc[0]) << shift
-        mask |= 255 << shift
-        cuda.syncthreads()
-    return prefix, remaining
-
-
-@cuda.jit(device=True, inline="always")
-def gather_top(logits, n_vocab, k, thr, n_ties, cand_v, cand_i, misc):
-    t = cuda.threadIdx.x
-    if t == 0:
-        misc[2] = 0
-        misc[3] = 0
-    for s in range(t, KMAX, cuda.blockDim.x):
-        cand_v[s] = NEG_INF
-        cand_i[s] = -1
-    cuda.syncthreads()
-    n_gt = k - n_ties
-    for i in range(t, n_vocab, cuda.blockDim.x):
-        v = logits[i]
-        key = fkey(v)
-        if key > thr:
-            s = cuda.atomic.add(misc, 2, 1)
-            cand_v[s] = v
-            cand_i[s] = i
-        elif key == thr:
-            s = cuda.atomic.add(misc, 3, 1)
-            if s < n_ties:
-                cand_v[n_gt + s] = v
-                cand_i[n_gt + s] = i
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True, inline="always")
-def bitonic_desc(cand_v, cand_i):
-    """Sort the KMAX candidates by value, descending."""
-    size = 2
-    while size <= KMAX:
-        stride = size >> 1
-        while stride > 0:
-            for pr in range(cuda.threadIdx.x, KMAX >> 1, cuda.blockDim.x):
-                low = pr & (stride - 1)  # stride is a power of two: no division
-                i = ((pr - low) << 1) + low
-                j = i + stride
-                desc = (i & size) == 0
-                if (cand_v[i] < cand_v[j]) == desc:
-                    tv = cand_v[i]
-                    cand_v[i] = cand_v[j]
-                    cand_v[j] = tv
-                    ti = cand_i[i]
-                    cand_i[i] = cand_i[j]
-                    cand_i[j] = ti
-            cuda.syncthreads()
-            stride >>= 1
-        size <<= 1
-
-
-@cuda.jit(device=True, inline="always")
-def choose(cand_v, cand_i, k, temp, top_p, min_p, u):
-    """Top-p and min-p on the T=1 probabilities of the k sorted candidates, then sample the kept
-    prefix at temperature `temp` with the uniform number u."""
-    v0 = cand_v[0]
-    total = F0
-    for i in range(k):
-        total += math.exp(cand_v[i] - v0)
-    keep = k
-    cum = F0
-    for i in range(k):
-        p = math.exp(cand_v[i] - v0)
-        if i > 0 and (p < min_p or cum >= top_p * total):
-            keep = i
-            break
-        cum += p
-    wsum = F0
-    for i in range(keep):
-        wsum += math.exp((cand_v[i] - v0) / temp)
-    target = u * wsum
-    acc = F0
-    chosen = cand_i[keep - 1]
-    for i in range(keep):
-        acc += math.exp((cand_v[i] - v0) / temp)
-        if acc > target:
-            chosen = cand_i[i]
-            break
-    return chosen
 
 
 @cuda.jit
 def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i):
     # logits: [n_vocab] f32; tokens: [capacity] i32; n_tokens: [1] i32; fparams: [4] f32;
     # iparams: [3] i64; state: [2] u64 zero at launch (best key, blocks done);
-    # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's k largest
-    sv = cuda.shared.array(PICK_CHUNK, np.float32)  # the block's chunk, penalised
-    mark = cuda.shared.array(PICK_CHUNK, np.int32)
-    hist = cuda.shared.array(256, np.int32)
-    misc = cuda.shared.array(4, np.int32)
-    top_v = cuda.shared.array(KMAX, np.float32)
-    top_i = cuda.shared.array(KMAX, np.int32)
+    # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best
+    sv = cuda.shared.array(PICK_CHUNK, np.float32)  # the block's chunk; then lists to merge
+    si = cuda.shared.array(PICK_CHUNK, np.int32)
+    scratch = cuda.shared.array(KMAX, np.float32)
+    part = cuda.shared.array(32, np.float32)
+    found = cuda.shared.array(2, np.int32)
     sk = cuda.shared.array(32, np.int64)
-    si = cuda.shared.array(32, np.int64)
+    sb = cuda.shared.array(32, np.int64)
     flag = cuda.shared.array(1, types.boolean)
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     lo = np.int64(cuda.blockIdx.x) * PICK_CHUNK
@@ -346,7 +227,7 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
     last_n = min(iparams[2], n, bd)
     if rp == np.float32(1.0):
         last_n = 0
-    stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, mark)
+    stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si)
     if temp <= F0:  # greedy on the penalised logits, as argmax
         best, bi = np.int64(-1), lo
         j = t
@@ -355,7 +236,7 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
             if lo + j < n_vocab and kj > best:
                 best, bi = kj, lo + j
             j += bd
-        offer(state, best, bi, sk, si)
+        offer(state, best, bi, sk, sb)
         if last_block(state, flag) and t == 0:
             push_best(state, tokens, n_tokens)
         return
@@ -363,31 +244,42 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
     if k <= 0 or k > KMAX:
         k = KMAX
     k = min(k, n_vocab)
-    thr, n_ties = radix_threshold(sv, PICK_CHUNK, k, hist, misc)
-    gather_top(sv, PICK_CHUNK, k, thr, n_ties, top_v, top_i, misc)
-    out = np.int64(cuda.blockIdx.x) * k
-    s = t
-    while s < k:  # the chunk's k largest; past the vocabulary: -inf, id -1 (never chosen)
-        tok = lo + top_i[s]
-        cand_v[out + s] = top_v[s] if tok < n_vocab else NEG_INF
-        cand_i[out + s] = tok if tok < n_vocab else -1
-        s += bd
+    lg_keep = 0
+    while (1 << lg_keep) < k:
+        lg_keep += 1
+    n_keep = 1 << lg_keep  # each block's list: a power of two, for the merge
+    bitonic_sort(sv, si, PICK_CHUNK)
+    out = np.int64(cuda.blockIdx.x) * KMAX
+    j = t
+    while j < n_keep:
+        cand_v[out + j] = sv[j]
+        cand_i[out + j] = si[j]
+        j += bd
     if not last_block(state, flag):
         return
-    n_cand = np.int64(cuda.gridDim.x) * k
-    thr, n_ties = radix_threshold(cand_v, n_cand, k, hist, misc)
-    gather_top(cand_v, n_cand, k, thr, n_ties, top_v, top_i, misc)
-    s = t
-    while s < KMAX:  # candidate index -> token id
-        if top_i[s] >= 0:
-            top_i[s] = cand_i[top_i[s]]
-        s += bd
-    cuda.syncthreads()
-    bitonic_desc(top_v, top_i)
+    # the blocks' lists, PICK_CHUNK // n_keep at a time, merged into list 0 (kept between)
+    lg_list = LG_CHUNK - lg_keep
+    n_blocks = cuda.gridDim.x
+    nxt, first = 0, 1
+    while nxt < n_blocks or first == 1:
+        j = t + (0 if first == 1 else n_keep)  # list 0 holds the best so far after the first
+        while j < PICK_CHUNK:
+            b = nxt + (j >> lg_keep) - (1 - first)
+            if b < n_blocks:
+                sv[j] = cand_v[b * KMAX + (j & (n_keep - 1))]
+                si[j] = cand_i[b * KMAX + (j & (n_keep - 1))]
+            else:
+                sv[j] = NEG_INF
+                si[j] = ID_PAST
+            j += bd
+        cuda.syncthreads()
+        nxt += (PICK_CHUNK >> lg_keep) - (1 - first)
+        first = 0
+        merge_lists(sv, si, lg_keep, lg_list)
+    u = uniform01(iparams[0], n)
+    tok = draw(sv, si, k, temp, fparams[1], fparams[2], u, scratch, part, found)
     if t == 0:
-        u = uniform01(iparams[0], n)
-        tok = choose(top_v, top_i, k, temp, fparams[1], fparams[2], u)
-        push_token(tokens, n_tokens, max(tok, 0))  # all -inf: the weights are NaN
+        push_token(tokens, n_tokens, tok)
 
 
 def _check_history(tokens, n_tokens):

@@ -4,7 +4,7 @@ for the last block's merge (`strata.cuda_kernels.sampling`)."""
 
 from __future__ import annotations
 
-PICK_CHUNK = 1024  # logits a sampler block stages and selects from
+PICK_CHUNK = 4096  # logits a sampler block stages and sorts (a power of two)
 PICK_KMAX = 256    # the most candidates top-k keeps (top_k 0 or larger: the 256 largest)
 
 

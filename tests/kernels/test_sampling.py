@@ -83,7 +83,7 @@ def _sample(logits, tokens, n, f, i):
     np.testing.assert_array_equal(logits, before)
 
 
-@pytest.mark.parametrize("n_vocab", [1000, 2500])  # one block; three, the last part-full
+@pytest.mark.parametrize("n_vocab", [1000, 9000])  # one block; three, the last part-full
 @pytest.mark.parametrize("params", [
     dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
     dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0),
@@ -109,20 +109,21 @@ def test_sample_merges_the_blocks_candidates():
     """Every one of the k largest in one block, or one in each; a penalised token in each
     block; the draw matches the reference each time."""
     rng = np.random.default_rng(11)
-    n_vocab = 3000
+    n_vocab = 12000
     assert pick_blocks(n_vocab) == 3
     full = dict(temperature=2.0, top_k=8, top_p=1.0, min_p=0.0, repeat_penalty=1.5,
                 penalty_last_n=64, seed=77)
     f, i = make_params(**full)
     tokens = np.full(8, -1, np.int32)
-    tokens[:3] = [5, 1500, 2990]  # one in each block
+    tokens[:3] = [5, 5000, 11990]  # one in each block
     n = np.array([3], np.int32)
     for case in range(3):
         logits = rng.standard_normal(n_vocab).astype(np.float32)
         if case == 0:
-            logits[2048:2056] += 8.0  # all eight in the last block
+            logits[8200:8208] += 8.0  # all eight in the last block
         elif case == 1:
-            logits[[7, 1030, 2100]] += 8.0  # the head of the list spread over the blocks
+            logits[[7, 4100, 8300]] += 8.0  # the head of the list spread over the blocks
+            logits[[9, 4200]] = np.nan  # ranked as -inf
         else:
             logits[tokens[:3]] += 9.0  # the penalised tokens lead before the penalty
         want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
@@ -130,18 +131,42 @@ def test_sample_merges_the_blocks_candidates():
         assert tokens[n[0] - 1] == want, case
 
 
-def test_sample_with_tied_logits_stays_in_the_top_k():
-    rng = np.random.default_rng(9)
-    logits = rng.integers(0, 6, 2100).astype(np.float32)  # many ties at the threshold
-    f, i = make_params(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, seed=3)
+def test_sample_merges_in_several_rounds():
+    """More blocks (18) than one merge holds at k = 256 (16 lists of 256): list 0 carries the
+    best so far from one round to the next."""
+    rng = np.random.default_rng(12)
+    n_vocab = 17 * 4096 + 5
+    full = dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.0,
+                penalty_last_n=0, seed=5)
+    f, i = make_params(**full)
     tokens = np.zeros(4, np.int32)
     n = np.array([0], np.int32)
-    _sample(logits, tokens, n, f, i)
-    assert n[0] == 1 and logits[tokens[0]] == 5.0
+    for case in range(2):
+        logits = (rng.standard_normal(n_vocab) * 2).astype(np.float32)
+        logits[n_vocab - 3] += 6.0 * case  # the best in the last block, alone
+        want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
+        _sample(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want, case
+
+
+def test_sample_with_tied_logits_keeps_the_lower_ids():
+    """Ties at the k-th value, within and across blocks: the k candidates are the lowest ids of
+    the tied (a stable order, as the reference's), so the draw is the reference's exactly."""
+    rng = np.random.default_rng(9)
+    logits = rng.integers(0, 6, 9000).astype(np.float32)  # ~1,500 at the top value, 5
+    full = dict(temperature=1.0, top_k=10, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                penalty_last_n=0)
+    tokens = np.zeros(8, np.int32)
+    n = np.array([0], np.int32)
+    for seed in (3, 4, 5):
+        f, i = make_params(**full, seed=seed)
+        want = _ref_sample(logits, tokens[:n[0]].copy(), **full, seed=seed)
+        _sample(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want and logits[want] == 5.0
 
 
 def test_sample_checks_its_scratch():
-    logits = np.ones(2000, np.float32)
+    logits = np.ones(5000, np.float32)
     tokens, n = np.zeros(4, np.int32), np.zeros(1, np.int32)
     f, i = make_params(temperature=1.0)
     state = np.zeros(2, np.uint64)
