@@ -13,6 +13,9 @@ from strata.engine.engine import Engine
 from strata.engine.sampler import Sampler
 
 STOP_REASONS = ("stop", "length", "context")
+# engines with `device_tokens` (the CUDA engine) pick tokens on the device, where the step's
+# logits stay, unless the logits are kept; False samples every backend's logits on the host
+DEVICE_PICK = True
 
 
 class TextStream(Protocol):
@@ -78,23 +81,33 @@ def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: 
     logits = engine.prefill(prompt)
     out.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    while True:
-        if keep_logits:
-            rows.append(np.array(logits, dtype=np.float32))
-        token = sampler(logits)
-        out.tokens.append(token)
-        if token in stops:
-            out.stop_reason = "stop"
-            break
-        if text is not None:
-            emit(text.push(token))
-        if len(out.tokens) >= n_predict:
-            out.stop_reason = "length"
-            break
-        if engine.n_past >= engine.max_context:
-            out.stop_reason = "context"
-            break
-        logits = engine.decode_step(token)
+    on_device = DEVICE_PICK and not keep_logits and hasattr(engine, "device_tokens")
+    # the device picks and feeds each token itself (`device_tokens`); else the host samples
+    # the logits of each step
+    picked = engine.device_tokens(sampler.params, n_predict) if on_device else None
+    try:
+        while True:
+            if keep_logits:
+                rows.append(np.array(logits, dtype=np.float32))
+            token = next(picked) if on_device else sampler(logits)
+            out.tokens.append(token)
+            if token in stops:
+                out.stop_reason = "stop"
+                break
+            if text is not None:
+                emit(text.push(token))
+            if len(out.tokens) >= n_predict:
+                out.stop_reason = "length"
+                break
+            if len(prompt) + len(out.tokens) - 1 >= engine.max_context:  # n_past, once fed
+                out.stop_reason = "context"
+                break
+            if not on_device:
+                logits = engine.decode_step(token)
+    finally:
+        if on_device:
+            picked.close()  # undoes a step run ahead of the last token
+            sampler.accept(out.tokens)
     out.decode_s = time.perf_counter() - t0
     if text is not None:
         emit(text.flush())

@@ -57,6 +57,36 @@ class ScriptedEngine(Engine):
         return self.prefill([token])
 
 
+class PickingEngine(ScriptedEngine):
+    """A ScriptedEngine that picks its tokens itself, as the CUDA engine does on the device
+    (`device_tokens`): it feeds each token before the caller has read it, and undoes that when
+    the caller stops there."""
+
+    def __init__(self, script, max_context=64):
+        super().__init__(script, max_context)
+        self.closed = 0
+
+    def device_tokens(self, sampling, limit):
+        assert sampling.temperature == 0 and limit >= 1
+        n_read = fed = 0
+        try:
+            while True:
+                tok = self.script[self._step - 1]  # the arg-max of the current logits
+                more = n_read + 1 < limit and self._n_past < self.max_context
+                if more:
+                    self.decode_step(tok)
+                    fed += 1
+                n_read += 1
+                yield tok
+                if not more:
+                    return
+        finally:
+            self.closed += 1
+            if fed == n_read:
+                self._n_past -= 1
+                self.fed.pop()
+
+
 class Letters:
     """A text stream that spells token t as chr(ord('a') + t), holding token 11 back until the
     next token (like half of a UTF-8 character)."""
@@ -173,3 +203,27 @@ def test_the_cli_offers_every_registered_backend():
     cli.add_arguments(p)
     choices = next(a.choices for a in p._actions if a.dest == "backend")
     assert tuple(choices) == backends.CHOICES == ("auto", "cuda", "cpu")
+
+
+@pytest.mark.parametrize("how", ["stop", "length", "context"])
+def test_a_picking_engine_stops_where_the_host_loop_does(how):
+    """Each stopping rule with the engine choosing the tokens: the same tokens, text, reason,
+    tokens fed and n_past as the host choosing from the same logits."""
+    kw = dict(stop={"stop_ids": {9}}, length={"n_predict": 3}, context={})[how]
+    n_predict = kw.pop("n_predict", 10)
+    results = []
+    for cls in (ScriptedEngine, PickingEngine):
+        eng = cls([1, 11, 9, 3, 4, 5, 6], max_context=5 if how == "context" else 64)
+        s = Sampler(SamplingParams(temperature=0, repeat_penalty=1.5))
+        g = generate(eng, [7, 8], n_predict=n_predict, sampler=s, text=Letters(), **kw)
+        results.append((g.tokens, g.text, g.stop_reason, eng.fed, eng.n_past, list(s.recent)))
+        if cls is PickingEngine:
+            assert eng.closed == 1
+    assert results[0] == results[1]
+    assert results[0][2] == how
+
+
+def test_kept_logits_are_the_hosts_choice():
+    eng = PickingEngine([1, 2, 3])
+    g = generate(eng, [0], n_predict=2, sampler=Sampler(GREEDY), keep_logits=True)
+    assert g.tokens == [1, 2] and g.logits.shape == (2, N_VOCAB) and eng.closed == 0

@@ -107,6 +107,50 @@ class CudaEngine(Engine):
         self._n_past += 1
         return self._read_logits()
 
+    def device_tokens(self, sampling: SamplingParams | None, limit: int):
+        """Up to `limit` tokens picked on the device, one at a time, the first from the current
+        logits (after `prefill`): a generator for `generate`. The step that feeds token i is
+        launched before token i is read back (4 bytes, through pinned memory), so the GPU never
+        waits on the host; when the caller stops (closing the generator), a step that fed the
+        last token read is undone: `n_past` then counts the tokens fed, as `decode_step` leaves
+        it. Stops early where the context holds no more tokens."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if self._n_past == 0:
+            raise ValueError("device_tokens needs a prefilled sequence")
+        from numba import cuda
+        mode = self.set_sampling(sampling)
+        a, st = self.m.acts, self.m.stream
+        hist, start = a["history"][0], self._n_past
+        ring = cuda.pinned_array(2, np.int32)  # [2] i32: token i in slot i % 2
+
+        def fetch(i):
+            hist[start + i:start + i + 1].copy_to_host(ring[i % 2:i % 2 + 1], stream=st)
+            ev = cuda.event()
+            ev.record(st)
+            return ev
+
+        self.step.pick(mode, st)
+        pending, n_read, fed = fetch(0), 0, 0
+        try:
+            while pending is not None:
+                ahead = None
+                if n_read + 1 < limit and self._n_past < self.max_context:
+                    self.step.run(mode)  # feeds token n_read, picks the next
+                    self._n_past += 1
+                    fed += 1
+                    ahead = fetch(n_read + 1)
+                pending.synchronize()
+                tok = int(ring[n_read % 2])
+                n_read += 1
+                yield tok
+                pending = ahead
+        finally:
+            if fed == n_read:  # the last token read was fed: undo that step
+                self._n_past -= 1
+            self._set_lengths(self._n_past, self._n_past)
+            st.synchronize()
+
     def decode_tokens(self, n: int, sampling: SamplingParams | None = None) -> list[int]:
         """Pick `n` tokens on the device, the first from the current logits (after `prefill`
         or a step), each next one after a device step; returns them (read back once). Greedy
