@@ -7,8 +7,9 @@ lower ids and every result is the same from run to run.
   all in list 0. For two sorted lists A and B, max(A[i], B[n-1-i]) is a
   bitonic sequence holding the n best of both, which log2(n) merge stages sort; pairs of lists
   are reduced that way, then pairs of the results, log2(n_list) rounds.
-* `draw`: top-p / min-p on the T = 1 probabilities of the k best, then an inverse-CDF draw at
-  temperature T, its sums taken in parallel (prefix sums by warps).
+* `draw`: the weights of the k best at temperature T, cut by min-p and top-p as the host's
+  `Sampler` cuts them, then an inverse-CDF draw, its sums taken in parallel (prefix sums by
+  warps).
 
 Every function is called by all threads of the block (they hold `cuda.syncthreads`).
 """
@@ -128,36 +129,35 @@ def block_prefix(x, k, part):
 
 @cuda.jit(device=True, inline="always")
 def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
-    """The token drawn from the k best (vals / ids sorted best first; scratch holds k floats):
-    keep the prefix before the first candidate whose T=1 probability is under min_p (relative
-    to the best) or that comes after top_p of the mass, then pick by u in [0, 1) from the kept
-    candidates' weights at temperature `temp`. Returns it in thread 0 (-1 elsewhere)."""
+    """The token drawn from the k best (vals / ids sorted best first; scratch holds k floats),
+    as `strata.engine.sampler.Sampler` draws: the weights exp((v - v_best) / temp); keep the
+    prefix before the first candidate whose weight is under min_p (relative to the best's) or
+    that comes after top_p of the mass; pick by u in [0, 1) from the kept weights. Returns it
+    in thread 0 (-1 elsewhere)."""
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     v0 = vals[0]
     i = t
     while i < k:
-        scratch[i] = math.exp(vals[i] - v0)
+        scratch[i] = math.exp((vals[i] - v0) / temp)
         i += bd
     if t == 0:
         found[0] = k  # keep
+        found[1] = k  # the chosen: any kept candidate is below
     cuda.syncthreads()
-    block_prefix(scratch, k, part)  # scratch[i]: the mass of candidates 0..i
+    i = t
+    while i < k:  # before the prefix sums replace the weights
+        if i > 0 and scratch[i] < min_p:
+            cuda.atomic.min(found, 0, i)
+        i += bd
+    block_prefix(scratch, k, part)  # scratch[i]: the weight of candidates 0..i
     total = scratch[k - 1]
     i = t
     while i < k:
-        if i > 0 and (math.exp(vals[i] - v0) < min_p or scratch[i - 1] >= top_p * total):
+        if i > 0 and scratch[i - 1] >= top_p * total:
             cuda.atomic.min(found, 0, i)
         i += bd
     cuda.syncthreads()
     keep = found[0]
-    i = t
-    while i < keep:
-        scratch[i] = math.exp((vals[i] - v0) / temp)
-        i += bd
-    if t == 0:
-        found[1] = keep - 1  # the last kept, where rounding leaves no sum above the target
-    cuda.syncthreads()
-    block_prefix(scratch, keep, part)
     target = u * scratch[keep - 1]
     i = t
     while i < keep:
@@ -165,4 +165,5 @@ def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
             cuda.atomic.min(found, 1, i)
         i += bd
     cuda.syncthreads()
-    return ids[found[1]] if t == 0 else -1
+    chosen = min(found[1], keep - 1)  # none above the target (rounding): the last kept
+    return ids[chosen] if t == 0 else -1

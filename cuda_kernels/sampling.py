@@ -17,10 +17,11 @@ applied there, once per distinct token of the window; NaN as -inf), sorts them (
 values keep the lower id first) and writes its n_keep best, n_keep the power of two at or above
 k = top_k (KMAX = 256 when top_k is 0 or larger: candidates past the 256th are never sampled).
 The k best of all are among the blocks' k best, so the last block merges the blocks' lists
-(`pick_sort.merge_lists`, 4,096 pairs of shared memory at a time) and draws from the k best:
-top-p and min-p on their T=1 probabilities, then the kept prefix at the given temperature (the
-order llama.cpp's default chain uses). Temperature <= 0 means greedy, as argmax does it, on the
-penalised logits.
+(`pick_sort.merge_lists`, 4,096 pairs of shared memory at a time) and draws from the k best
+as the host's `strata.engine.sampler.Sampler` does: their weights at the temperature, cut by
+min-p and top-p, then the kept prefix (its random number aside, and where the k-th logit ties
+others: the host keeps them all, this the lowest ids). Temperature <= 0 means greedy, as argmax
+does it, on the penalised logits.
 
 Device parameters, so a captured graph reads the current request's settings:
   fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)

@@ -185,7 +185,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
 
 def decode_sampling(args) -> SamplingParams | None:
     """How the bench decodes: greedy (None) by default; `--temperature T` > 0 samples at T with
-    no top-k / top-p / min-p filter, seeded by --seed. A random synthetic model's greedy tokens
+    no top-p / min-p filter and top-k 0 (on the device: the 256 best), seeded by --seed. A random synthetic model's greedy tokens
     soon repeat one token, so its decode routes a handful of tokens' experts and the measured
     hit rate is a tiny sample of the routing the plan predicts from; sampling spreads it."""
     t = float(getattr(args, "temperature", 0.0) or 0.0)

@@ -14,7 +14,8 @@ from strata.engine.sampler import Sampler
 
 STOP_REASONS = ("stop", "length", "context")
 # engines with `device_tokens` (the CUDA engine) pick tokens on the device, where the step's
-# logits stay, unless the logits are kept; False samples every backend's logits on the host
+# logits stay, unless the logits are kept or the device would draw otherwise (`picks`); False
+# samples every backend's logits on the host
 DEVICE_PICK = True
 
 
@@ -81,9 +82,10 @@ def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: 
     logits = engine.prefill(prompt)
     out.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    on_device = DEVICE_PICK and not keep_logits and hasattr(engine, "device_tokens")
-    # the device picks and feeds each token itself (`device_tokens`); else the host samples
-    # the logits of each step
+    # the device picks and feeds each token itself (`device_tokens`) where it draws as the
+    # host would (`picks`); else the host samples the logits of each step
+    picks = getattr(engine, "picks", None)
+    on_device = DEVICE_PICK and not keep_logits and picks is not None and picks(sampler.params)
     picked = engine.device_tokens(sampler.params, n_predict) if on_device else None
     try:
         while True:

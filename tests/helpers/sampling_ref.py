@@ -16,22 +16,28 @@ def penalise(logits, hist, rp, last_n):
     return out
 
 
-def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
-               penalty_last_n, seed, block=THREADS):
-    """The token the sampler must pick for float32 `logits` after history `hist`."""
-    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
-    if temperature <= 0:
-        return int(np.argmax(lg))
+def ref_support(lg, *, temperature, top_k, top_p, min_p):
+    """(ids, weights): the candidates the device sampler keeps for float64 logits `lg`, best
+    first, and their weights at the temperature (not normalised)."""
     k = top_k if 0 < top_k <= KMAX else KMAX
     order = np.argsort(-lg, kind="stable")[:min(k, lg.size)]
     v = lg[order]
-    p = np.exp(v - v[0])
+    p = np.exp((v - v[0]) / temperature)  # the host Sampler's order: temperature, then the cuts
     keep, cum = len(v), 0.0
     for i in range(len(v)):
         if i > 0 and (p[i] < min_p or cum >= top_p * p.sum()):
             keep = i
             break
         cum += p[i]
-    w = np.exp((v[:keep] - v[0]) / temperature)
+    return order[:keep], p[:keep]
+
+
+def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
+               penalty_last_n, seed, block=THREADS):
+    """The token the sampler must pick for float32 `logits` after history `hist`."""
+    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
+    if temperature <= 0:
+        return int(np.argmax(lg))
+    ids, w = ref_support(lg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     target = uniform(seed, len(hist)) * w.sum()
-    return int(order[np.argmax(np.cumsum(w) > target)])
+    return int(ids[np.argmax(np.cumsum(w) > target)])

@@ -7,6 +7,7 @@ import pytest
 from numba import cuda
 
 from helpers.sampling_ref import ref_sample as _ref_sample
+from helpers.sampling_ref import ref_support
 from strata.cuda_kernels.sampling import (KMAX, argmax, argmax_blocks, make_params, sample,
                                           uniform, uniform01)
 from strata.plan.pick import pick_blocks
@@ -176,6 +177,24 @@ def test_sample_checks_its_scratch():
     with pytest.raises(ValueError, match="state"):
         sample(logits, tokens, n, f, i, np.zeros(2, np.int32), np.zeros(2 * KMAX, np.float32),
                np.zeros(2 * KMAX, np.int32))
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+@pytest.mark.parametrize("cuts", [dict(top_k=40, top_p=0.95, min_p=0.05),
+                                  dict(top_k=256, top_p=0.5, min_p=0.0),
+                                  dict(top_k=7, top_p=1.0, min_p=0.2)])
+def test_the_device_draws_from_the_host_samplers_distribution(temperature, cuts):
+    """The device sampler's mirror (which the kernel matches token for token above) keeps the
+    candidates and weights of the host's `Sampler` (`filtered_support`): the two backends
+    sample the same distribution, with their own random numbers."""
+    from strata.engine.sampler import SamplingParams, filtered_support
+    rng = np.random.default_rng(int(temperature * 10) + cuts["top_k"])
+    lg = (rng.standard_normal(5000) * 2).astype(np.float32)
+    host_ids, host_p = filtered_support(lg, SamplingParams(temperature=temperature, **cuts))
+    ids, w = ref_support(lg.astype(np.float64), temperature=temperature, **cuts)
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(ids[order], host_ids)
+    np.testing.assert_allclose((w / w.sum())[order], host_p, rtol=1e-9)
 
 
 def test_seed_changes_the_draw_and_params_are_checked():

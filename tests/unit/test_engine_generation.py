@@ -66,6 +66,10 @@ class PickingEngine(ScriptedEngine):
         super().__init__(script, max_context)
         self.closed = 0
 
+    @staticmethod
+    def picks(sampling):
+        return sampling.temperature == 0
+
     def device_tokens(self, sampling, limit):
         assert sampling.temperature == 0 and limit >= 1
         n_read = fed = 0
@@ -227,3 +231,24 @@ def test_kept_logits_are_the_hosts_choice():
     eng = PickingEngine([1, 2, 3])
     g = generate(eng, [0], n_predict=2, sampler=Sampler(GREEDY), keep_logits=True)
     assert g.tokens == [1, 2] and g.logits.shape == (2, N_VOCAB) and eng.closed == 0
+
+
+def test_the_host_samples_what_the_engine_would_not_pick_alike():
+    eng = PickingEngine([1, 2, 3])
+    s = Sampler(SamplingParams(temperature=0.7, top_k=0, seed=1))  # PickingEngine: greedy only
+    g = generate(eng, [0], n_predict=2, sampler=s)
+    assert len(g.tokens) == 2 and eng.closed == 0
+
+
+def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
+    from strata.cuda_kernels.sampling import THREADS  # the penalty window the block holds
+    from strata.engine.cuda.engine import CudaEngine
+    assert CudaEngine.picks(None) and CudaEngine.picks(SamplingParams(temperature=0, top_k=0))
+    assert CudaEngine.picks(SamplingParams(temperature=0.8, top_k=40))
+    assert CudaEngine.picks(SamplingParams(temperature=0.8, top_k=256, repeat_penalty=1.1,
+                                           repeat_last_n=THREADS))
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0))  # every token
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=257))
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, repeat_penalty=1.1,
+                                               repeat_last_n=THREADS + 1))
+    assert CudaEngine.picks(SamplingParams(temperature=1.0, repeat_last_n=THREADS + 1))  # off

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from strata.cuda_kernels.sampling import make_params
+from strata.cuda_kernels.sampling import KMAX, THREADS, make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
@@ -106,6 +106,16 @@ class CudaEngine(Engine):
         self.step.run("logits")
         self._n_past += 1
         return self._read_logits()
+
+    @staticmethod
+    def picks(sampling: SamplingParams | None) -> bool:
+        """Whether the device draws exactly as `Sampler` would with `sampling` (its random
+        numbers aside): greedy, or top-k 1..256 with a repeat window the sampler's block holds.
+        Top-k 0 (every token) is left to the host: the device keeps at most the 256 best."""
+        if sampling is None or sampling.greedy:
+            return True
+        return 1 <= sampling.top_k <= KMAX and (sampling.repeat_penalty == 1.0
+                                                or sampling.repeat_last_n <= THREADS)
 
     def device_tokens(self, sampling: SamplingParams | None, limit: int):
         """Up to `limit` tokens picked on the device, one at a time, the first from the current
