@@ -10,14 +10,15 @@ sequence (`n_tokens == seq_len`); a step reads its input token at history[seq_le
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
-from strata.cuda_kernels.sampling import KMAX, THREADS, make_params
+from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
+from strata.engine.cuda.run_ahead import TokenRing, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
@@ -107,59 +108,37 @@ class CudaEngine(Engine):
         self._n_past += 1
         return self._read_logits()
 
-    @staticmethod
-    def picks(sampling: SamplingParams | None) -> bool:
-        """Whether the device draws exactly as `Sampler` would with `sampling` (its random
-        numbers aside): greedy, or top-k 1..256 with a repeat window the sampler's block holds.
-        Top-k 0 (every token) is left to the host: the device keeps at most the 256 best."""
-        if sampling is None or sampling.greedy:
-            return True
-        return 1 <= sampling.top_k <= KMAX and (sampling.repeat_penalty == 1.0
-                                                or sampling.repeat_last_n <= THREADS)
+    picks = staticmethod(picks)  # the samplings `device_tokens` draws as the host does
 
-    def device_tokens(self, sampling: SamplingParams | None, limit: int):
+    def device_tokens(self, sampling: SamplingParams | None, limit: int) -> Iterator[int]:
         """Up to `limit` tokens picked on the device, one at a time, the first from the current
-        logits (after `prefill`): a generator for `generate`. The step that feeds token i is
-        launched before token i is read back (4 bytes, through pinned memory), so the GPU never
-        waits on the host; when the caller stops (closing the generator), a step that fed the
-        last token read is undone: `n_past` then counts the tokens fed, as `decode_step` leaves
-        it. Stops early where the context holds no more tokens."""
+        logits (after `prefill`): a generator for `generate`, read back one step behind
+        (`run_ahead`). Closing it takes back a step that fed the last token read: `n_past` then
+        counts the tokens fed, as `decode_step` leaves it. Stops early where the context holds
+        no more tokens."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         if self._n_past == 0:
             raise ValueError("device_tokens needs a prefilled sequence")
-        from numba import cuda
         mode = self.set_sampling(sampling)
-        a, st = self.m.acts, self.m.stream
-        hist, start = a["history"][0], self._n_past
-        ring = cuda.pinned_array(2, np.int32)  # [2] i32: token i in slot i % 2
+        st, hist, start, ring = self.m.stream, self.m.acts["history"][0], self._n_past, TokenRing()
 
-        def fetch(i):
-            hist[start + i:start + i + 1].copy_to_host(ring[i % 2:i % 2 + 1], stream=st)
-            ev = cuda.event()
-            ev.record(st)
-            return ev
+        def first():
+            self.step.pick(mode, st)
+            return ring.fetch(hist, start, 0, st)
 
-        self.step.pick(mode, st)
-        pending, n_read, fed = fetch(0), 0, 0
-        try:
-            while pending is not None:
-                ahead = None
-                if n_read + 1 < limit and self._n_past < self.max_context:
-                    self.step.run(mode)  # feeds token n_read, picks the next
-                    self._n_past += 1
-                    fed += 1
-                    ahead = fetch(n_read + 1)
-                pending.synchronize()
-                tok = int(ring[n_read % 2])
-                n_read += 1
-                yield tok
-                pending = ahead
-        finally:
-            if fed == n_read:  # the last token read was fed: undo that step
-                self._n_past -= 1
+        def step(i):
+            self.step.run(mode)  # feeds token i, picks token i + 1
+            self._n_past += 1
+            return ring.fetch(hist, start + i + 1, i + 1, st)
+
+        def finish(undo):
+            self._n_past -= int(undo)
             self._set_lengths(self._n_past, self._n_past)
             st.synchronize()
+
+        return run_ahead(limit=limit, first=first, step=step, read=ring.read, finish=finish,
+                         can_step=lambda: self._n_past < self.max_context)
 
     def decode_tokens(self, n: int, sampling: SamplingParams | None = None) -> list[int]:
         """Pick `n` tokens on the device, the first from the current logits (after `prefill`

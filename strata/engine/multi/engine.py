@@ -11,13 +11,14 @@ own kernels. Every stage's prompt use passes its own plan's runtime contract.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
+from strata.engine.cuda.run_ahead import TokenRing, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
@@ -136,6 +137,47 @@ class SplitEngine(Engine):
         self._step("logits")
         self._n_past += 1
         return self._read_logits()
+
+    picks = staticmethod(picks)  # the samplings `device_tokens` draws as the host does
+
+    def device_tokens(self, sampling: SamplingParams | None, limit: int) -> Iterator[int]:
+        """`CudaEngine.device_tokens` over the stages: each token picked on the last stage's
+        GPU, read back from there one step behind, and handed back to stage 0 for its step."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if self._n_past == 0:
+            raise ValueError("device_tokens needs a prefilled sequence")
+        last, first_m, dev = self.last, self.stages[0], self.sm.devices[-1]
+        hist, start = last.acts["history"][0], self._n_past
+        with _on(dev):
+            mode = _set_sampling(last, sampling)
+            ring = TokenRing()  # pinned in the last GPU's context
+
+        def first():
+            with _on(dev):
+                self.steps[-1].pick(mode, last.stream)
+                return ring.fetch(hist, start, 0, last.stream)
+
+        def step(i):
+            p = self._n_past
+            if len(self.stages) > 1:
+                self.sm.back.copy(first_m.acts["history"][0][p:p + 1], hist[p:p + 1])
+            self._step(mode)
+            self._n_past += 1
+            with _on(dev):
+                return ring.fetch(hist, start + i + 1, i + 1, last.stream)
+
+        def read(i, event):
+            with _on(dev):
+                return ring.read(i, event)
+
+        def finish(undo):
+            self._n_past -= int(undo)
+            self._set_lengths(self._n_past, self._n_past)
+            self.synchronize()
+
+        return run_ahead(limit=limit, first=first, step=step, read=read, finish=finish,
+                         can_step=lambda: self._n_past < self.max_context)
 
     def decode_tokens(self, n: int, sampling: SamplingParams | None = None) -> list[int]:
         """`n` tokens picked on the last stage's GPU, each handed back to stage 0 for the next

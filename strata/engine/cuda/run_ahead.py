@@ -1,0 +1,75 @@
+"""Tokens picked on the device, read back one step behind: the loop under `device_tokens` of
+the one-GPU engine and the layer split.
+
+The step that feeds token i (and picks token i+1) is enqueued before token i is read back, so
+the GPU always has a step queued while the host reads a token (4 bytes through pinned memory)
+and decides whether to go on. Where the caller stops at token i (a stop token, its budget), that
+step was one too many: `undo` takes it back, so the engine counts only the tokens it fed, as a
+host loop of `decode_step` would leave it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+
+from strata.cuda_kernels.sampling import KMAX, THREADS
+from strata.engine.sampler import SamplingParams
+
+
+def picks(sampling: SamplingParams | None) -> bool:
+    """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
+    (its random numbers aside): greedy, or top-k 1..256 with a repeat window its block holds.
+    Top-k 0 (every token) is left to the host: the device keeps at most the 256 best."""
+    if sampling is None or sampling.greedy:
+        return True
+    return 1 <= sampling.top_k <= KMAX and (sampling.repeat_penalty == 1.0
+                                            or sampling.repeat_last_n <= THREADS)
+
+
+class TokenRing:
+    """Two pinned int32 slots a stream copies picked tokens into, each copy followed by an event
+    to wait on: token i in slot i % 2 (the reader is never more than one token behind)."""
+
+    def __init__(self):
+        from numba import cuda
+        self._cuda = cuda
+        self.slots = cuda.pinned_array(2, np.int32)  # [2] i32
+
+    def fetch(self, history, pos: int, i: int, stream):
+        """Copy history[pos] (device int32) into slot i % 2 on `stream`; returns its event."""
+        s = i % 2
+        history[pos:pos + 1].copy_to_host(self.slots[s:s + 1], stream=stream)
+        ev = self._cuda.event()
+        ev.record(stream)
+        return ev
+
+    def read(self, i: int, event) -> int:
+        event.synchronize()
+        return int(self.slots[i % 2])
+
+
+def run_ahead(*, limit: int, first: Callable[[], object], step: Callable[[int], object],
+              read: Callable[[int, object], int], can_step: Callable[[], bool],
+              finish: Callable[[bool], None]) -> Iterator[int]:
+    """Yield up to `limit` tokens. `first()` enqueues the pick of token 0 and its copy, and
+    returns what `read(0, ...)` waits on; `step(i)` enqueues the step that feeds token i and
+    the copy of token i+1, likewise; `can_step()` says whether the context holds one more fed
+    token. `finish(undo)` runs once at the end (when the generator is closed or exhausted),
+    undo True where the last token read was fed and that step must be taken back."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    pending, n_read, fed = first(), 0, 0
+    try:
+        while pending is not None:
+            ahead = None
+            if n_read + 1 < limit and can_step():
+                ahead = step(n_read)
+                fed += 1
+            tok = read(n_read, pending)
+            n_read += 1
+            yield tok
+            pending = ahead
+    finally:
+        finish(fed == n_read)
