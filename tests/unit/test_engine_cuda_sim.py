@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from helpers.device_pick import check_device_generate
 from helpers.reference import RefModel, forward
 from strata.synth import PRESETS, write_model
 
@@ -73,25 +74,6 @@ def test_engine_in_the_simulator(tmp_models):
     assert (pool.split.n_cpu, pool.split.n_gpu) == (1, 1)
     assert pool.n_gpu_bytes == pool.n_bytes > 0  # one expert each
     np.testing.assert_array_equal(eng.hits().counts, [[0, 2 * MICRO.n_expert_used]])
-    # `generate` with the device picking and feeding each token (`device_tokens`) against the
-    # host choosing from each step's logits: the same greedy tokens and the same n_past after,
-    # and a stop token undoes the step run ahead of it
-    import strata.engine.generation as generation
-    from strata.engine import Sampler, SamplingParams, generate
+    # `generate` with each token picked and fed on the device against the host's choice
     eng.set_miss_path("mapped")
-    greedy = SamplingParams(temperature=0)
-    on_device = generate(eng, PROMPT, n_predict=3, sampler=Sampler(greedy))
-    n_device = eng.n_past
-    generation.DEVICE_PICK = False
-    try:
-        on_host = generate(eng, PROMPT, n_predict=3, sampler=Sampler(greedy))
-    finally:
-        generation.DEVICE_PICK = True
-    assert on_device.tokens == on_host.tokens and on_device.tokens[0] == tok
-    assert n_device == eng.n_past == len(PROMPT) + 2
-    stopped = generate(eng, PROMPT, n_predict=5, sampler=Sampler(greedy),
-                       stop_ids={on_host.tokens[1]})
-    assert stopped.tokens == on_host.tokens[:2] and stopped.stop_reason == "stop"
-    assert eng.n_past == len(PROMPT) + 1
-    # and the sequence goes on from there: the stop token fed, the next greedy token
-    assert int(np.argmax(eng.decode_step(on_host.tokens[1]))) == on_host.tokens[2]
+    assert check_device_generate(eng, PROMPT)[0] == tok

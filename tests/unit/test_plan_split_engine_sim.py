@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers.device_pick import check_device_generate
 from helpers.reference import RefModel, forward
 
 from strata.synth import PRESETS, write_model
@@ -71,22 +72,7 @@ def test_split_engine_in_the_simulator(tmp_models):
     assert toks[1] == int(np.argmax(got2)) == int(np.argmax(ref[-1]))
     hits = eng.hits().counts
     assert hits.sum() == 2 * MICRO2.n_expert_used and hits[:, 0].sum() <= 2
-    # `generate` with each token picked on the last stage's GPU and handed back (`device_tokens`)
-    # against the host choosing from every step's logits: the same greedy tokens and n_past,
-    # and a stop token takes back the step run ahead of it on every stage
-    import strata.engine.generation as generation
-    from strata.engine import Sampler, SamplingParams, generate
-    greedy = SamplingParams(temperature=0)
-    on_device = generate(eng, PROMPT, n_predict=3, sampler=Sampler(greedy))
-    n_device = eng.n_past
-    generation.DEVICE_PICK = False
-    try:
-        on_host = generate(eng, PROMPT, n_predict=3, sampler=Sampler(greedy))
-    finally:
-        generation.DEVICE_PICK = True
-    assert on_device.tokens == on_host.tokens and on_device.tokens[:2] == toks
-    assert n_device == eng.n_past == len(PROMPT) + 2
-    stopped = generate(eng, PROMPT, n_predict=5, sampler=Sampler(greedy), stop_ids={toks[1]})
-    assert stopped.tokens == toks and eng.n_past == len(PROMPT) + 1
-    assert int(np.argmax(eng.decode_step(toks[1]))) == on_host.tokens[2]
+    # `generate` with each token picked on the last stage's GPU and handed back, against the
+    # host's choice (the step run ahead of a stop token taken back on every stage)
+    assert check_device_generate(eng, PROMPT)[:2] == toks
     sm.close()
