@@ -4,8 +4,8 @@ the one-GPU engine and the layer split.
 The step that feeds token i (and picks token i+1) is enqueued before token i is read back, so
 the GPU always has a step queued while the host reads a token (4 bytes through pinned memory)
 and decides whether to go on. Where the caller stops at token i (a stop token, its budget), that
-step was one too many: `undo` takes it back, so the engine counts only the tokens it fed, as a
-host loop of `decode_step` would leave it.
+step was one too many: `finish(undo=True)` takes it back, so the engine counts only the tokens
+it fed, as a host loop of `decode_step` would leave it.
 """
 
 from __future__ import annotations
