@@ -68,7 +68,7 @@ def test_one_token_needs_no_step_and_a_failing_caller_still_finishes():
     assert list(run_ahead(**d.kwargs(1))) == [10] and d.fed == 0 and d.undone is False
     d = Device(room=100)
     with pytest.raises(RuntimeError):
-        for tok in run_ahead(**d.kwargs(5)):
+        for _ in run_ahead(**d.kwargs(5)):
             raise RuntimeError("the caller failed at the first token")
     assert d.undone is True and d.fed == 0
     with pytest.raises(ValueError, match="limit must be at least 1"):
