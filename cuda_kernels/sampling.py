@@ -283,9 +283,16 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
         push_token(tokens, n_tokens, tok)
 
 
-def _check_history(tokens, n_tokens):
+def _check_pick(what, logits, tokens, n_tokens, state) -> int:
+    """The arguments argmax and sample share, checked; returns n_vocab."""
+    check_array("logits", logits, np.float32, (None,))
     check_array("tokens", tokens, np.int32, (None,))
     check_array("n_tokens", n_tokens, np.int32, (1,))
+    check_array("state", state, np.uint64, (2,))
+    n_vocab = logits.shape[0]
+    if n_vocab < 1 or n_vocab >= 2**31:
+        raise ValueError(f"{what} needs 1 to 2^31 - 1 logits, got {n_vocab}")
+    return n_vocab
 
 
 def argmax_blocks(n_vocab: int) -> int:
@@ -297,12 +304,7 @@ def argmax(logits, tokens, n_tokens, state, *, stream=0) -> None:
     """Append argmax(logits) (float32 [n_vocab], ties to the lower id, NaN ranked as -inf) to
     the device history `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0].
     `state` (uint64 [2]) must be zero; the launch leaves it zero (allocate it once, zeroed)."""
-    check_array("logits", logits, np.float32, (None,))
-    _check_history(tokens, n_tokens)
-    check_array("state", state, np.uint64, (2,))
-    n_vocab = logits.shape[0]
-    if n_vocab < 1 or n_vocab >= 2**31:
-        raise ValueError(f"argmax needs 1 to 2^31 - 1 logits, got {n_vocab}")
+    n_vocab = _check_pick("argmax", logits, tokens, n_tokens, state)
     argmax_kernel[argmax_blocks(n_vocab), ARGMAX_THREADS, stream](logits, n_vocab, tokens,
                                                                  n_tokens, state)
 
@@ -312,14 +314,9 @@ def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
     """Sample one token into the device history (see the module doc for the parameters).
     `state` (uint64 [2]) must be zero and is left zero; `cand_v` / `cand_i` (float32 / int32,
     at least pick_blocks(n_vocab) * KMAX each) are scratch."""
-    check_array("logits", logits, np.float32, (None,))
-    _check_history(tokens, n_tokens)
+    n_vocab = _check_pick("sample", logits, tokens, n_tokens, state)
     check_array("fparams", fparams, np.float32, (4,))
     check_array("iparams", iparams, np.int64, (3,))
-    check_array("state", state, np.uint64, (2,))
-    n_vocab = logits.shape[0]
-    if n_vocab < 1 or n_vocab >= 2**31:
-        raise ValueError(f"sample needs 1 to 2^31 - 1 logits, got {n_vocab}")
     n_blocks = pick_blocks(n_vocab)
     check_array("cand_v", cand_v, np.float32, (None,))
     check_array("cand_i", cand_i, np.int32, (None,))

@@ -71,5 +71,17 @@ def test_one_token_needs_no_step_and_a_failing_caller_still_finishes():
         for _ in run_ahead(**d.kwargs(5)):
             raise RuntimeError("the caller failed at the first token")
     assert d.undone is True and d.fed == 0
+    d = Device(room=1)
     with pytest.raises(ValueError, match="limit must be at least 1"):
-        next(run_ahead(**Device(room=1).kwargs(0)))
+        run_ahead(**d.kwargs(0))  # at the call, before anything is enqueued
+    assert d.log == []
+
+
+def test_device_tokens_needs_a_prefilled_sequence():
+    from types import SimpleNamespace
+
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.multi.engine import SplitEngine
+    for cls in (CudaEngine, SplitEngine):
+        with pytest.raises(ValueError, match="device_tokens needs a prefilled sequence"):
+            cls.device_tokens(SimpleNamespace(_n_past=0), None, 4)

@@ -1,8 +1,8 @@
 """`CudaEngine`: one sequence on the GPU through a loaded `CudaModel`.
 
 The `Engine` interface (prefill / decode_step return logits to the host) is served by the same
-device step as the fast path, `decode_tokens`, which samples on the device and reads the tokens
-back only at the end. The device keeps the truth — `seq_len` (tokens in the KV cache) and the
+device step as the fast paths, which pick tokens on the device: `device_tokens` (`generate`:
+each token read back one step behind) and `decode_tokens` (the bench: read back at the end). The device keeps the truth — `seq_len` (tokens in the KV cache) and the
 token history — and the engine mirrors `n_past`. Between calls the history holds exactly the
 sequence (`n_tokens == seq_len`); a step reads its input token at history[seq_len].
 """
@@ -116,8 +116,6 @@ class CudaEngine(Engine):
         (`run_ahead`). Closing it takes back a step that fed the last token read: `n_past` then
         counts the tokens fed, as `decode_step` leaves it. Stops early where the context holds
         no more tokens."""
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
         if self._n_past == 0:
             raise ValueError("device_tokens needs a prefilled sequence")
         mode = self.set_sampling(sampling)

@@ -29,21 +29,21 @@ def picks(sampling: SamplingParams | None) -> bool:
 
 
 class TokenRing:
-    """Two pinned int32 slots a stream copies picked tokens into, each copy followed by an event
-    to wait on: token i in slot i % 2 (the reader is never more than one token behind)."""
+    """Two pinned int32 slots a stream copies picked tokens into, each copy followed by its
+    slot's event: token i in slot i % 2 (a slot is read before the copy of token i + 2 reuses
+    it: the reader is never more than one token behind)."""
 
     def __init__(self):
         from numba import cuda
-        self._cuda = cuda
         self.slots = cuda.pinned_array(2, np.int32)  # [2] i32
+        self.events = (cuda.event(), cuda.event())
 
     def fetch(self, history, pos: int, i: int, stream):
         """Copy history[pos] (device int32) into slot i % 2 on `stream`; returns its event."""
         s = i % 2
         history[pos:pos + 1].copy_to_host(self.slots[s:s + 1], stream=stream)
-        ev = self._cuda.event()
-        ev.record(stream)
-        return ev
+        self.events[s].record(stream)
+        return self.events[s]
 
     def read(self, i: int, event) -> int:
         event.synchronize()
@@ -58,8 +58,12 @@ def run_ahead(*, limit: int, first: Callable[[], object], step: Callable[[int], 
     the copy of token i+1, likewise; `can_step()` says whether the context holds one more fed
     token. `finish(undo)` runs once at the end (when the generator is closed or exhausted),
     undo True where the last token read was fed and that step must be taken back."""
-    if limit < 1:
+    if limit < 1:  # here, not at the first token: the generator below starts lazily
         raise ValueError(f"limit must be at least 1, got {limit}")
+    return _tokens(limit, first, step, read, can_step, finish)
+
+
+def _tokens(limit, first, step, read, can_step, finish) -> Iterator[int]:
     pending, n_read, fed = first(), 0, 0
     try:
         while pending is not None:

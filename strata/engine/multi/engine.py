@@ -143,8 +143,6 @@ class SplitEngine(Engine):
     def device_tokens(self, sampling: SamplingParams | None, limit: int) -> Iterator[int]:
         """`CudaEngine.device_tokens` over the stages: each token picked on the last stage's
         GPU, read back from there one step behind, and handed back to stage 0 for its step."""
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
         if self._n_past == 0:
             raise ValueError("device_tokens needs a prefilled sequence")
         last, first_m, dev = self.last, self.stages[0], self.sm.devices[-1]
