@@ -21,7 +21,13 @@ The k best of all are among the blocks' k best, so the last block merges the blo
 as the host's `strata.engine.sampler.Sampler` does: their weights at the temperature, cut by
 min-p and top-p, then the kept prefix (its random number aside, and where the k-th logit ties
 others: the host keeps them all, this the lowest ids). Temperature <= 0 means greedy, as argmax
-does it, on the penalised logits.
+does it, on the penalised logits. Top-k 0 with top-p 1 and min-p 0 keeps every token: then no
+block sorts; each writes its largest logit and mass, and the last block draws over the whole
+vocabulary (`pick_full.full_draw`), the host's distribution exactly. Top-k 0 with a top-p or
+min-p cut still keeps only the 256 best.
+
+Each launch serves one sequence or several (grid rows, blockIdx.y: each row its own logits,
+history, length, settings and scratch), so a batched step picks every row's token in one launch.
 
 Device parameters, so a captured graph reads the current request's settings:
   fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)
@@ -37,6 +43,7 @@ from numba import cuda, types
 
 from .intrinsics import SIMULATED, f2u, warp_argmax
 from .launch import check_array, register_ptx
+from .pick_full import ID_PAST, NEG_INF, chunk_mass, full_draw, stage_chunk
 from .pick_sort import bitonic_sort, draw, merge_lists
 from strata.plan.pick import PICK_CHUNK, PICK_KMAX, pick_blocks
 
@@ -44,10 +51,8 @@ THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per 
 KMAX = PICK_KMAX
 ARGMAX_THREADS = 64 if SIMULATED else 256
 ARGMAX_PER = 4  # logits a thread of the argmax launch reads (unrolled by hand in the kernel)
-NEG_INF = np.float32(-np.inf)
 F0 = np.float32(0.0)
 M32 = 0xFFFFFFFF
-ID_PAST = 2**31 - 1  # the id of a staged slot past the vocabulary: after every real id
 LG_CHUNK = PICK_CHUNK.bit_length() - 1
 assert 1 << LG_CHUNK == PICK_CHUNK
 
@@ -94,12 +99,12 @@ def fkey(v):
 
 
 @cuda.jit(device=True, inline="always")
-def push_token(tokens, n_tokens, tok):
-    """Append `tok` to the history (thread 0 only); a full history is left unchanged."""
-    n = n_tokens[0]
+def push_token(tokens, n_tokens, row, tok):
+    """Append `tok` to row `row`'s history (thread 0 only); a full one is left unchanged."""
+    n = n_tokens[row]
     if n < tokens.shape[0]:
         tokens[n] = tok
-        n_tokens[0] = n + 1
+        n_tokens[row] = n + 1
 
 
 @cuda.jit(device=True, inline="always")
@@ -138,16 +143,19 @@ def last_block(state, flag):
 
 
 @cuda.jit(device=True, inline="always")
-def push_best(state, tokens, n_tokens):
+def push_best(state, tokens, n_tokens, row):
     """Append the id of state[0]'s key (thread 0 of the last block) and zero the key."""
     key = cuda.atomic.exch(state, 0, np.uint64(0))
-    push_token(tokens, n_tokens, np.int32(M32 - np.int64(key & np.uint64(M32))))
+    push_token(tokens, n_tokens, row, np.int32(M32 - np.int64(key & np.uint64(M32))))
 
 
 @cuda.jit
-def argmax_kernel(logits, n_vocab, tokens, n_tokens, state):
-    # logits: [n_vocab] f32; tokens: [capacity] i32 history; n_tokens: [1] i32
-    # state: [2] u64, zero at launch: best key so far (fkey(v) << 32 | M32 - id), blocks done
+def argmax_kernel(logits_rows, n_vocab, token_rows, n_tokens, state_rows):
+    # per row (blockIdx.y): logits [n_rows, n_vocab] f32; tokens [n_rows, capacity] i32
+    # history; n_tokens [n_rows] i32; state [n_rows, 2] u64, zero at launch: best key so far
+    # (fkey(v) << 32 | M32 - id), blocks done
+    row = cuda.blockIdx.y
+    logits, state = logits_rows[row], state_rows[row]
     sk = cuda.shared.array(32, np.int64)
     si = cuda.shared.array(32, np.int64)
     flag = cuda.shared.array(1, types.boolean)
@@ -173,45 +181,24 @@ def argmax_kernel(logits, n_vocab, tokens, n_tokens, state):
         best, bi = k, i3
     offer(state, best, bi, sk, si)
     if last_block(state, flag) and t == 0:
-        push_best(state, tokens, n_tokens)
+        push_best(state, token_rows[row], n_tokens, row)
 
 
-@cuda.jit(device=True, inline="always")
-def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
-    """sv[j], si[j] = logits[lo + j], lo + j for the block's chunk (-inf and ID_PAST past the
-    end, NaN as -inf), penalised where the id is one of the last `last_n` (<= blockDim) tokens of
-    the history: once each, however often it occurs there (si marks them first)."""
-    t, bd = cuda.threadIdx.x, cuda.blockDim.x
-    j = t
-    while j < PICK_CHUNK:
-        si[j] = 0
-        j += bd
-    cuda.syncthreads()
-    if t < last_n:
-        tok = tokens[n - 1 - t] - lo
-        if 0 <= tok < PICK_CHUNK:
-            si[tok] = 1
-    cuda.syncthreads()
-    j = t
-    while j < PICK_CHUNK:  # a thread reads the marks it then overwrites
-        v = NEG_INF
-        if lo + j < n_vocab:
-            v = logits[lo + j]
-            if v != v:
-                v = NEG_INF
-        if si[j] != 0:
-            v = v / rp if v > F0 else v * rp
-        sv[j] = v
-        si[j] = lo + j if lo + j < n_vocab else ID_PAST
-        j += bd
-    cuda.syncthreads()
+# a block of 1,024 threads fits an SM only at 64 registers a thread or fewer
+SAMPLE_JIT_OPTIONS = {"launch_bounds": (1024, 1)}
 
 
-@cuda.jit
-def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i):
-    # logits: [n_vocab] f32; tokens: [capacity] i32; n_tokens: [1] i32; fparams: [4] f32;
-    # iparams: [3] i64; state: [2] u64 zero at launch (best key, blocks done);
-    # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best
+@cuda.jit(**({} if SIMULATED else SAMPLE_JIT_OPTIONS))
+def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, iparam_rows,
+                  state_rows, cand_v_rows, cand_i_rows):
+    # per row (blockIdx.y): logits [n_vocab] f32; tokens [capacity] i32; n_tokens[row] i32;
+    # fparams [4] f32; iparams [3] i64; state [2] u64 zero at launch (best key, blocks done);
+    # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best (or,
+    # drawing over every token, its largest logit and mass at cand_v[b * KMAX], [+ 1])
+    row = cuda.blockIdx.y
+    logits, tokens, state = logits_rows[row], token_rows[row], state_rows[row]
+    fparams, iparams = fparam_rows[row], iparam_rows[row]
+    cand_v, cand_i = cand_v_rows[row], cand_i_rows[row]
     sv = cuda.shared.array(PICK_CHUNK, np.float32)  # the block's chunk; then lists to merge
     si = cuda.shared.array(PICK_CHUNK, np.int32)
     scratch = cuda.shared.array(KMAX, np.float32)
@@ -222,7 +209,7 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
     flag = cuda.shared.array(1, types.boolean)
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     lo = np.int64(cuda.blockIdx.x) * PICK_CHUNK
-    n = n_tokens[0]
+    n = n_tokens[row]
     temp = fparams[0]
     rp = fparams[3]
     last_n = min(iparams[2], n, bd)
@@ -239,9 +226,22 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
             j += bd
         offer(state, best, bi, sk, sb)
         if last_block(state, flag) and t == 0:
-            push_best(state, tokens, n_tokens)
+            push_best(state, tokens, n_tokens, row)
         return
     k = iparams[1]
+    if k == 0 and fparams[1] >= np.float32(1.0) and fparams[2] <= F0:  # every token is kept
+        inv_t = np.float32(1.0) / temp
+        m_b, s_b = chunk_mass(sv, inv_t, part)
+        if t == 0:
+            cand_v[np.int64(cuda.blockIdx.x) * KMAX] = m_b
+            cand_v[np.int64(cuda.blockIdx.x) * KMAX + 1] = s_b
+        if not last_block(state, flag):
+            return
+        tok = full_draw(logits, n_vocab, tokens, n, rp, last_n, inv_t, uniform01(iparams[0], n),
+                        cand_v, cuda.gridDim.x, sv, si, part, found)
+        if t == 0:
+            push_token(tokens, n_tokens, row, tok)
+        return
     if k <= 0 or k > KMAX:
         k = KMAX
     k = min(k, n_vocab)
@@ -280,51 +280,83 @@ def sample_kernel(logits, n_vocab, tokens, n_tokens, fparams, iparams, state, ca
     u = uniform01(iparams[0], n)
     tok = draw(sv, si, k, temp, fparams[1], fparams[2], u, scratch, part, found)
     if t == 0:
-        push_token(tokens, n_tokens, tok)
+        push_token(tokens, n_tokens, row, tok)
 
 
-def _check_pick(what, logits, tokens, n_tokens, state) -> int:
-    """The arguments argmax and sample share, checked; returns n_vocab."""
-    check_array("logits", logits, np.float32, (None,))
-    check_array("tokens", tokens, np.int32, (None,))
-    check_array("n_tokens", n_tokens, np.int32, (1,))
-    check_array("state", state, np.uint64, (2,))
-    n_vocab = logits.shape[0]
-    if n_vocab < 1 or n_vocab >= 2**31:
-        raise ValueError(f"{what} needs 1 to 2^31 - 1 logits, got {n_vocab}")
-    return n_vocab
+def _rows(a):
+    """A one-sequence array as the kernels' one row: [n] -> [1, n]."""
+    return a.reshape((1,) + tuple(a.shape))
+
+
+def _check_pick(what, logits, tokens, n_tokens, state):
+    """The arguments argmax and sample share, checked, as rows: (logits [R, n_vocab], tokens
+    [R, capacity], n_tokens [R], state [R, 2]), from one sequence's 1-D arrays (R = 1) or R
+    sequences' rows (`logits` 2-D)."""
+    one = getattr(logits, "ndim", len(logits.shape)) == 1
+    if one:
+        check_array("logits", logits, np.float32, (None,))
+        check_array("tokens", tokens, np.int32, (None,))
+        check_array("n_tokens", n_tokens, np.int32, (1,))
+        check_array("state", state, np.uint64, (2,))
+        logits, tokens, state = _rows(logits), _rows(tokens), _rows(state)
+    else:
+        check_array("logits", logits, np.float32, (None, None))
+        n_rows = logits.shape[0]
+        check_array("tokens", tokens, np.int32, (n_rows, None))
+        check_array("n_tokens", n_tokens, np.int32, (n_rows,))
+        check_array("state", state, np.uint64, (n_rows, 2))
+    n_vocab = logits.shape[1]
+    if n_vocab < 1 or n_vocab > PICK_CHUNK * PICK_CHUNK:
+        raise ValueError(f"{what} needs 1 to {PICK_CHUNK * PICK_CHUNK} logits, got {n_vocab}")
+    if logits.shape[0] < 1:
+        raise ValueError(f"{what} needs at least one row of logits")
+    return logits, tokens, n_tokens, state
 
 
 def argmax_blocks(n_vocab: int) -> int:
-    """Blocks of the argmax launch: ARGMAX_PER logits a thread."""
+    """Blocks of the argmax launch (per row): ARGMAX_PER logits a thread."""
     return -(-n_vocab // (ARGMAX_THREADS * ARGMAX_PER))
 
 
 def argmax(logits, tokens, n_tokens, state, *, stream=0) -> None:
     """Append argmax(logits) (float32 [n_vocab], ties to the lower id, NaN ranked as -inf) to
     the device history `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0].
-    `state` (uint64 [2]) must be zero; the launch leaves it zero (allocate it once, zeroed)."""
-    n_vocab = _check_pick("argmax", logits, tokens, n_tokens, state)
-    argmax_kernel[argmax_blocks(n_vocab), ARGMAX_THREADS, stream](logits, n_vocab, tokens,
-                                                                 n_tokens, state)
+    `state` (uint64 [2]) must be zero; the launch leaves it zero (allocate it once, zeroed).
+    Several sequences in one launch: logits [R, n_vocab], tokens [R, capacity], n_tokens [R],
+    state [R, 2] (row r's token at tokens[r, n_tokens[r]])."""
+    logits, tokens, n_tokens, state = _check_pick("argmax", logits, tokens, n_tokens, state)
+    grid = (argmax_blocks(logits.shape[1]), logits.shape[0])
+    argmax_kernel[grid, ARGMAX_THREADS, stream](logits, logits.shape[1], tokens, n_tokens, state)
 
 
 def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
            stream=0) -> None:
     """Sample one token into the device history (see the module doc for the parameters).
     `state` (uint64 [2]) must be zero and is left zero; `cand_v` / `cand_i` (float32 / int32,
-    at least pick_blocks(n_vocab) * KMAX each) are scratch."""
-    n_vocab = _check_pick("sample", logits, tokens, n_tokens, state)
-    check_array("fparams", fparams, np.float32, (4,))
-    check_array("iparams", iparams, np.int64, (3,))
+    at least pick_blocks(n_vocab) * KMAX each) are scratch. Several sequences in one launch:
+    as `argmax`, with fparams [R, 4], iparams [R, 3] and cand_v / cand_i [R, >= blocks * KMAX]
+    (each row its own settings)."""
+    one = getattr(logits, "ndim", len(logits.shape)) == 1
+    logits, tokens, n_tokens, state = _check_pick("sample", logits, tokens, n_tokens, state)
+    n_rows, n_vocab = logits.shape
+    if one:
+        check_array("fparams", fparams, np.float32, (4,))
+        check_array("iparams", iparams, np.int64, (3,))
+        check_array("cand_v", cand_v, np.float32, (None,))
+        check_array("cand_i", cand_i, np.int32, (None,))
+        fparams, iparams, cand_v, cand_i = (_rows(fparams), _rows(iparams), _rows(cand_v),
+                                            _rows(cand_i))
+    else:
+        check_array("fparams", fparams, np.float32, (n_rows, 4))
+        check_array("iparams", iparams, np.int64, (n_rows, 3))
+        check_array("cand_v", cand_v, np.float32, (n_rows, None))
+        check_array("cand_i", cand_i, np.int32, (n_rows, None))
     n_blocks = pick_blocks(n_vocab)
-    check_array("cand_v", cand_v, np.float32, (None,))
-    check_array("cand_i", cand_i, np.int32, (None,))
-    if min(cand_v.shape[0], cand_i.shape[0]) < n_blocks * KMAX:
+    if min(cand_v.shape[1], cand_i.shape[1]) < n_blocks * KMAX:
         raise ValueError(f"cand_v and cand_i need {n_blocks * KMAX} entries for {n_vocab} "
-                         f"logits, got {cand_v.shape[0]} and {cand_i.shape[0]}")
-    sample_kernel[n_blocks, THREADS, stream](logits, n_vocab, tokens, n_tokens, fparams, iparams,
-                                             state, cand_v, cand_i)
+                         f"logits, got {cand_v.shape[1]} and {cand_i.shape[1]}")
+    sample_kernel[(n_blocks, n_rows), THREADS, stream](logits, n_vocab, tokens, n_tokens,
+                                                       fparams, iparams, state, cand_v, cand_i)
 
 
 def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
@@ -343,9 +375,10 @@ def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min
     return f, i
 
 
-_F32 = types.float32[::1]
-_I32 = types.int32[::1]
+_F32 = types.float32[:, ::1]
+_I32 = types.int32[:, ::1]
 register_ptx("sampling", "argmax", lambda: (argmax_kernel.py_func, (
-    _F32, types.int64, _I32, _I32, types.uint64[::1])))
+    _F32, types.int64, _I32, types.int32[::1], types.uint64[:, ::1])))
 register_ptx("sampling", "sample", lambda: (sample_kernel.py_func, (
-    _F32, types.int64, _I32, _I32, _F32, types.int64[::1], types.uint64[::1], _F32, _I32)))
+    _F32, types.int64, _I32, types.int32[::1], _F32, types.int64[:, ::1], types.uint64[:, ::1],
+    _F32, _I32)), options=SAMPLE_JIT_OPTIONS)

@@ -322,7 +322,9 @@ def test_sampling_full_vocab():
     cand_i = cuda.device_array(pick_blocks(n_vocab) * KMAX, np.int32)
     for params in (dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1),
                    dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0),
-                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=1.3)):
+                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=1.3),
+                   dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.2),
+                   dict(temperature=0.6, top_k=0, top_p=1.0, min_p=0.0)):
         full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | params
         f, i = make_params(**full)
         for _ in range(4):
@@ -334,7 +336,27 @@ def test_sampling_full_vocab():
             got = tokens.copy_to_host()[n.copy_to_host()[0] - 1]
             assert got == want, (params, got, want)
             assert state.copy_to_host().tolist() == [0, 0]
-    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 12 steps", 0.0, 1.0))
+    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 20 steps", 0.0, 1.0))
+    # three sequences in one launch, each by its own settings (a batched step's choice)
+    rows = [dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
+            dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+            dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)]
+    rows = [dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | r
+            for r in rows]
+    fp = np.stack([make_params(**r)[0] for r in rows])
+    ip = np.stack([make_params(**r)[1] for r in rows])
+    hist = rng.integers(0, n_vocab, (3, 8)).astype(np.int32)
+    n3 = cuda.to_device(np.array([2, 5, 7], np.int32))
+    t3 = cuda.to_device(hist)
+    c3 = (cuda.device_array((3, pick_blocks(n_vocab) * KMAX), np.float32),
+          cuda.device_array((3, pick_blocks(n_vocab) * KMAX), np.int32))
+    lg3 = (rng.standard_normal((3, n_vocab)) * 3).astype(np.float32)
+    want = [ref_sample(lg3[r], hist[r, :[2, 5, 7][r]], **rows[r]) for r in range(3)]
+    sample(cuda.to_device(lg3), t3, n3, cuda.to_device(fp), cuda.to_device(ip),
+           cuda.to_device(np.zeros((3, 2), np.uint64)), *c3)
+    got = t3.copy_to_host()
+    assert [int(got[r, [2, 5, 7][r]]) for r in range(3)] == want
+    assert n3.copy_to_host().tolist() == [3, 6, 8]
 
 
 def test_decode_fusions_30b_shape():

@@ -38,6 +38,12 @@ def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty
     lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
     if temperature <= 0:
         return int(np.argmax(lg))
-    ids, w = ref_support(lg, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    if top_k == 0 and top_p >= 1.0 and min_p <= 0.0:  # every token, in id order
+        lg = np.where(np.isnan(lg), -np.inf, lg)  # NaN ranks as -inf, as the device stages it
+        ids = np.arange(lg.size)
+        w = np.exp((lg - lg.max()) / temperature)
+    else:
+        ids, w = ref_support(lg, temperature=temperature, top_k=top_k, top_p=top_p,
+                             min_p=min_p)
     target = uniform(seed, len(hist)) * w.sum()
     return int(ids[np.argmax(np.cumsum(w) > target)])

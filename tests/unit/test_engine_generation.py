@@ -247,7 +247,14 @@ def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
     assert CudaEngine.picks(SamplingParams(temperature=0.8, top_k=40))
     assert CudaEngine.picks(SamplingParams(temperature=0.8, top_k=256, repeat_penalty=1.1,
                                            repeat_last_n=THREADS))
-    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0))  # every token
+    # top-k 0: every token, drawn on the device without a cut; with one, left to the host
+    assert CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))
+    assert CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                           repeat_penalty=1.3, repeat_last_n=THREADS))
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0))  # top-p 0.95
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0, top_p=1.0))  # min-p
+    assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                                               repeat_penalty=1.3, repeat_last_n=THREADS + 1))
     assert not CudaEngine.picks(SamplingParams(temperature=1.0, top_k=257))
     assert not CudaEngine.picks(SamplingParams(temperature=1.0, repeat_penalty=1.1,
                                                repeat_last_n=THREADS + 1))

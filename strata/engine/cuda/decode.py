@@ -84,6 +84,11 @@ class DecodeStep:
         self.logits = a["logits"][0]  # [n_vocab] f32
         self.history = a["history"][0]  # [max_context] i32
         self.n_tokens = a["n_tokens"]  # [1] i32
+        # the token choice's arguments as the one row of its launches (sliced once: a device
+        # array's slice costs Python time on every plain step)
+        self.pick_rows = tuple(a[k][0:1] for k in ("logits", "history", "pick_state",
+                                                   "sample_fparams", "sample_iparams",
+                                                   "pick_cand_v", "pick_cand_i"))
         self.seq_len = a["seq_len"]  # [1] i32: tokens in the KV cache = the next position
         self.moe_routes = [self._moe_routes(il) for il in range(s.n_layer)]
 
@@ -127,13 +132,11 @@ class DecodeStep:
 
     def pick(self, mode: str, stream) -> None:
         """Append the next token to the device history (mode greedy / sample), or nothing."""
-        a = self.m.acts
+        logits, history, state, fp, ip, cand_v, cand_i = self.pick_rows
         if mode == "greedy":
-            argmax(self.logits, self.history, self.n_tokens, a["pick_state"][0], stream=stream)
+            argmax(logits, history, self.n_tokens, state, stream=stream)
         elif mode == "sample":
-            sample(self.logits, self.history, self.n_tokens, a["sample_fparams"][0],
-                   a["sample_iparams"][0], a["pick_state"][0], a["pick_cand_v"][0],
-                   a["pick_cand_i"][0], stream=stream)
+            sample(logits, history, self.n_tokens, fp, ip, state, cand_v, cand_i, stream=stream)
         elif mode != "logits":
             raise ValueError(f"decode mode {mode!r} is not one of {MODES}")
 

@@ -20,12 +20,14 @@ from strata.engine.sampler import SamplingParams
 
 def picks(sampling: SamplingParams | None) -> bool:
     """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
-    (its random numbers aside): greedy, or top-k 1..256 with a repeat window its block holds.
-    Top-k 0 (every token) is left to the host: the device keeps at most the 256 best."""
+    (its random numbers aside), with a repeat window its block holds: greedy; top-k 1..256;
+    or top-k 0 with top-p 1 and min-p 0 (every token kept). Top-k 0 with a top-p or min-p cut,
+    and top-k past 256, are left to the host: the device keeps at most the 256 best there."""
     if sampling is None or sampling.greedy:
         return True
-    return 1 <= sampling.top_k <= KMAX and (sampling.repeat_penalty == 1.0
-                                            or sampling.repeat_last_n <= THREADS)
+    window = sampling.repeat_penalty == 1.0 or sampling.repeat_last_n <= THREADS
+    every = sampling.top_k == 0 and sampling.top_p >= 1.0 and sampling.min_p <= 0.0
+    return window and (1 <= sampling.top_k <= KMAX or every)
 
 
 class TokenRing:
