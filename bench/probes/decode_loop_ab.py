@@ -4,7 +4,11 @@ behind: `device_tokens`) on the same file. Both loops on one loaded engine, alte
 after the same 512-token prompt; also the bench's own engine (`strata.bench.engine_cuda`'s
 options) with both loops, in case the two loads differ.
 
-    python bench/probes/decode_loop_ab.py MODEL.gguf OUT.json [REPS]
+    python bench/probes/decode_loop_ab.py MODEL.gguf OUT.json MODE [REPS]
+
+On the H200 (one process, 2026-12-02): the `load_engine` engine 413.9 / 411.5 / 411.5 tok/s
+(queued / generate / one behind), the bench's options loaded second 395.3 / 392.2 / 392.8: the
+loop is not the difference; the load is (the modes test which part of it).
 """
 import datetime
 import json
@@ -36,8 +40,11 @@ def loops(eng, prompt, n_gen):
 
 
 def main() -> int:
-    path, out = sys.argv[1], sys.argv[2]
-    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    """MODE: "plain" (`load_engine`, the first allocation of the process), "bw_first" (the
+    bench's bandwidth buffers made and freed first, as `strata bench` does) or "bench_options"
+    (the model loaded with the bench's own options). One mode a process."""
+    path, out, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    reps = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     from numba import cuda
 
     from strata.engine import load_engine
@@ -50,28 +57,26 @@ def main() -> int:
     model = open_model(path)
     prompt = np.random.default_rng(0).integers(0, model.shape.n_vocab, 512).tolist()
     rows = []
-    eng = load_engine(model, "cuda", max_context=4096)
+    if mode == "bw_first":
+        from strata.bench.engine_cuda import _bandwidths
+        print(_bandwidths(), flush=True)
+    if mode in ("plain", "bw_first"):
+        eng = load_engine(model, "cuda", max_context=4096)
+    else:
+        from strata.cli.main import _parser_for
+
+        argv = ["bench", "--backend", "cuda", "-m", path, "--max-context", "4096"]
+        args = _parser_for(argv)[0].parse_args(argv)  # the bench's own flags and defaults
+        m = CudaModel(model, CudaOptions(plan=options_from_args(args), gpu_mem=None,
+                                         graph=not args.no_graph, profile_path=args.profile,
+                                         progress=False), log=lambda t: None)
+        eng = CudaEngine(m)
     eng.prefill(prompt[:64])
     eng.decode_tokens(4, None)
     for r in range(reps):
-        rows.append({"engine": "load_engine", "rep": r, **loops(eng, prompt, 128)})
+        rows.append({"engine": mode, "rep": r, **loops(eng, prompt, 128)})
         print(rows[-1], flush=True)
     eng.m.close()
-    from strata.cli.main import _parser_for
-
-    argv = ["bench", "--backend", "cuda", "-m", path, "--max-context", "4096"]
-    args = _parser_for(argv)[0].parse_args(argv)  # the bench's own flags and defaults
-    plan = options_from_args(args)
-    m = CudaModel(model, CudaOptions(plan=plan, gpu_mem=None, graph=not args.no_graph,
-                                     profile_path=args.profile, progress=False),
-                  log=lambda t: None)
-    eng = CudaEngine(m)
-    eng.prefill(prompt[:64])
-    eng.decode_tokens(4, None)
-    for r in range(reps):
-        rows.append({"engine": "bench options", "rep": r, **loops(eng, prompt, 128)})
-        print(rows[-1], flush=True)
-    m.close()
     dev = cuda.get_current_device().name
     res = {"date": datetime.date.today().isoformat(), "commit": os.environ.get("STRATA_COMMIT"),
            "device": dev.decode() if isinstance(dev, bytes) else str(dev),
