@@ -115,6 +115,26 @@ def scatter_tokens(tokens, seq_len, history, *, stream=0) -> None:
     scatter_tokens_kernel[n_blocks(n, 32), 32, stream](tokens, seq_len, history, n)
 
 
+@cuda.jit
+def last_tokens_kernel(history, n_tokens, out, n):
+    # history: [n, n_ctx] i32; n_tokens, out: [n] i32. One thread per row.
+    r = cuda.grid(1)
+    if r < n:
+        c = n_tokens[r]
+        out[r] = history[r, c - 1] if 0 < c <= history.shape[1] else -1
+
+
+def last_tokens(history, n_tokens, out, *, stream=0) -> None:
+    """out[r] = history[r, n_tokens[r] - 1] (-1 where a row's count is outside 1..n_ctx) for
+    every row r < n = out.shape[0]: the tokens a batched pick appended, gathered into one array
+    the host copies back at once. int32 arrays: history [n, n_ctx], n_tokens [n], out [n]."""
+    check_array("out", out, np.int32, (None,))
+    n = out.shape[0]
+    check_array("n_tokens", n_tokens, np.int32, (n,))
+    check_array("history", history, np.int32, (n, None))
+    last_tokens_kernel[n_blocks(n, 32), 32, stream](history, n_tokens, out, n)
+
+
 _F32 = types.float32[::1]
 register_ptx("elementwise", "swiglu", lambda: (swiglu_kernel.py_func, (_F32, _F32, _F32, types.int64)))
 register_ptx("elementwise", "add", lambda: (add_kernel.py_func, (_F32, _F32, _F32, types.int64)))
@@ -131,3 +151,6 @@ def _embed_ptx(fmt):
 
 for _f in FORMATS.values():
     register_ptx("elementwise", f"embed_{_f.name}", _embed_ptx(_f))
+register_ptx("elementwise", "last_tokens",
+             lambda: (last_tokens_kernel.py_func,
+                      (types.int32[:, ::1], types.int32[::1], types.int32[::1], types.int64)))

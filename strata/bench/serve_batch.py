@@ -3,7 +3,8 @@ concurrent clients on the CUDA backend, through the server's own scheduler in-pr
 `Worker` that HTTP requests feed, the batched engine under it), and the batch's correctness.
 
 Per client count n: n jobs (different random prompts, greedy, no stop token, exactly `--gen`
-tokens) are queued at once; the worker prefills them and decodes them together. Reported:
+tokens; picked on the device as serve picks them, or with `--pick host` from each step's logits)
+are queued at once; the worker prefills them and decodes them together. Reported:
 aggregate decode tok/s (tokens after each client's first, over the time from the last first
 token to the last finish), each client's own tok/s, end-to-end aggregate (prefills included),
 and the milliseconds of one step. Where a step's host time goes (`DecodeTimer`, per round's
@@ -41,11 +42,19 @@ class _TokenText:
 
 
 class _Greedy:
-    """What the worker needs from the model: argmax sampling, no stop token."""
+    """What the worker needs from the model: greedy choice, no stop token. `device`: the host
+    `Sampler` at temperature 0, whose settings the worker lets an engine that picks tokens
+    pick on the device (as `strata serve` does); else a bare argmax the host runs each step."""
 
     stop_token_ids: frozenset[int] = frozenset()
 
+    def __init__(self, device: bool = True):
+        self.device = device
+
     def sampler(self, sampling) -> Callable[[np.ndarray], int]:
+        if self.device:
+            from strata.engine.sampler import Sampler, SamplingParams
+            return Sampler(SamplingParams(temperature=0.0))
         return lambda logits: int(np.argmax(logits))
 
     def text_stream(self, after: int) -> _TokenText:
@@ -74,13 +83,15 @@ class _Client:
         self.done.set()
 
 
-def run_clients(engine: Any, prompts: list[list[int]], gen: int) -> list[_Client]:
-    """Queue one greedy job per prompt on a fresh worker over `engine`; wait for all."""
+def run_clients(engine: Any, prompts: list[list[int]], gen: int, *,
+                device_pick: bool = True) -> list[_Client]:
+    """Queue one greedy job per prompt on a fresh worker over `engine`; wait for all.
+    `device_pick`: tokens picked by the engine where it can (serve's way), else on the host."""
     from strata.serve.job import Job, Sampling
     from strata.serve.metrics import Metrics
     from strata.serve.worker import Worker
 
-    worker = Worker(engine, _Greedy(), Metrics(), max_queue=max(1, len(prompts)))
+    worker = Worker(engine, _Greedy(device_pick), Metrics(), max_queue=max(1, len(prompts)))
     clients = [_Client(list(p)) for p in prompts]
     for c in clients:  # all queued before the worker starts: one admission round
         c.t_submit = time.perf_counter()
@@ -118,21 +129,23 @@ class DecodeTimer:
     @contextmanager
     def installed(self):
         eng, clock = self.engine, self.clock
-        decode, run, sync = eng.decode, eng.step.run, eng.m.stream.synchronize
+        run, sync = eng.step.run, eng.m.stream.synchronize
 
-        def timed_decode(slots, tokens):
-            self._marks = marks = [clock()]
-            try:
-                out = decode(slots, tokens)
-            finally:
-                self._marks = None
-            marks.append(clock())
-            if len(marks) == 5:  # a step ran (not a refused or empty call)
-                self.calls.append((len(slots), marks))
-            return out
+        def timing(decode):
+            def timed_decode(slots, *args):
+                self._marks = marks = [clock()]
+                try:
+                    out = decode(slots, *args)
+                finally:
+                    self._marks = None
+                marks.append(clock())
+                if len(marks) == 5:  # a step ran (not a refused or empty call)
+                    self.calls.append((len(slots), marks))
+                return out
+            return timed_decode
 
-        def timed_run(n):
-            run(n)
+        def timed_run(n, pick=False):
+            run(n, pick)
             if self._marks is not None:
                 self._marks.append(clock())
 
@@ -143,8 +156,10 @@ class DecodeTimer:
             sync()
             self._marks.append(clock())
 
-        patched = [(eng, "decode", timed_decode), (eng.step, "run", timed_run),
+        patched = [(eng, "decode", timing(eng.decode)), (eng.step, "run", timed_run),
                    (eng.m.stream, "synchronize", timed_sync)]
+        if hasattr(eng, "decode_picked"):
+            patched.append((eng, "decode_picked", timing(eng.decode_picked)))
         for obj, name, fn in patched:
             setattr(obj, name, fn)
         try:
@@ -204,27 +219,28 @@ def _agreement(batched: list[int], alone: list[int]) -> dict:
 
 
 def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
-            seed: int = 0) -> dict:
+            seed: int = 0, device_pick: bool = True) -> dict:
     """Warm every client count (compiles, captures its graph), then one timed round per count
-    and each prompt alone for the correctness check."""
+    and each prompt alone (picked on the host: the reference) for the correctness check."""
     rng = np.random.default_rng(seed)
     n_max = max(clients)
     prompts = [rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist()
                for _ in range(n_max)]
     for n in clients:
-        run_clients(engine, prompts[:n], 4)
+        run_clients(engine, prompts[:n], 4, device_pick=device_pick)
     rounds, tokens = [], {}
     for n in clients:
         timer = DecodeTimer(engine)
         with timer.installed():
-            got = run_clients(engine, prompts[:n], gen)
-        rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(n),
+            got = run_clients(engine, prompts[:n], gen, device_pick=device_pick)
+        key = ("pick", n) if device_pick else n
+        rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(key),
                                              "decode_host": timer.summary(n)})
         tokens[n] = [c.tokens for c in got]
         print(f"clients {n}: {rounds[-1]['aggregate_decode_tok_s']:8.1f} tok/s aggregate, "
               f"{rounds[-1]['per_client_tok_s']['mean']:7.1f} per client, "
               f"{rounds[-1]['step_ms']:6.2f} ms/step", file=sys.stderr, flush=True)
-    alone = [run_clients(engine, [p], gen)[0].tokens for p in prompts]
+    alone = [run_clients(engine, [p], gen, device_pick=False)[0].tokens for p in prompts]
     check = {str(n): [_agreement(t, alone[i]) for i, t in enumerate(tokens[n])]
              for n in clients}
     one = next((r for r in rounds if r["clients"] == 1), None)
@@ -281,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-context", type=int, default=512, help="per sequence (default 512)")
     p.add_argument("--gpu-mem", help="plan within this much VRAM")
     p.add_argument("--json", metavar="FILE", help="write the result here")
+    p.add_argument("--pick", choices=("device", "host"), default="device",
+                   help="where tokens are chosen: the engine (serve's way; default) or the "
+                        "host from each step's logits")
     p.add_argument("--command", help="the command line to record (default: this one)")
     p.add_argument("--profile-rows", default="", metavar="N,N",
                    help="after the rounds, the batched step's time by launcher at these row "
@@ -311,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen)
+    result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen,
+                     device_pick=args.pick == "device")
     hits = engine.hit_counts().sum(axis=0)
     profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
     out = {
@@ -321,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": args.command or " ".join(["python -m strata.bench.serve_batch"]
                                             + (argv if argv is not None else sys.argv[1:])),
         "slots": engine.n_slots, "max_context_per_sequence": engine.max_context,
-        "prompt_tokens": args.prompt_tokens, "gen": args.gen, "load_seconds": load_s,
+        "prompt_tokens": args.prompt_tokens, "gen": args.gen, "pick": args.pick,
+        "load_seconds": load_s,
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),
         "target": {"aggregate_speedup_at_8": TARGET_SPEEDUP_AT_8},

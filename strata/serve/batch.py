@@ -4,6 +4,9 @@ in a numbered slot, decoded together one token per step.
 A backend whose engine batches natively (the GPU engine: one pass over the weights for up to N
 sequences) implements this directly. `PerSlotEngines` builds one from single-sequence engines
 (`reset()`, `prefill(tokens)`, `decode_step(token)`, `max_context`): one engine instance per slot.
+An engine may also choose tokens itself: `picks(params)` (whether it draws a `SamplingParams` as
+the host `Sampler` would) and `decode_picked(slots, tokens, params)` (a step whose result is each
+slot's next token, not its logits); the worker uses them where every running sequence qualifies.
 Memory note: on the CPU backend every instance maps the same read-only weights, so N slots cost
 N KV caches and N sets of activation buffers, not N models.
 """

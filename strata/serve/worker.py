@@ -2,12 +2,16 @@
 
 Jobs wait in a FIFO queue. Whenever a slot is free the next job is admitted (its prompt is
 prefilled); then every running sequence advances one token in one batched `decode` call.
+Where the engine picks tokens itself (`decode_picked`, the CUDA batch engine) and it draws every
+running sequence's settings as the host `Sampler` would (`picks`), the step returns their tokens
+instead of logits: nothing is sampled on the host, and only n tokens cross the bus.
 Cancelled jobs are dropped before each step, so a client that goes away frees its slot within
 one decode step, and a job cancelled while queued is never prefilled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,6 +21,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from strata.engine.sampler import SamplingParams
 from strata.serve.batch import BatchEngine
 from strata.serve.errors import ApiError
 from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
@@ -56,6 +61,7 @@ class _Seq:
     last_token: int = -1
     n_generated: int = 0
     done: bool = field(default=False)
+    device: SamplingParams | None = None  # how the engine picks its tokens; None: the host
 
 
 class Worker:
@@ -173,6 +179,7 @@ class Worker:
             seq = _Seq(job=job, slot=slot, sample=self.decoding.sampler(job.sampling),
                        text=self.decoding.text_stream(job.prompt[-1]),
                        stops=StopMatcher(job.sampling.stop))
+            seq.device = self._device_sampling(seq.sample)
             self._active.append(seq)
             self._publish_load()
             t0 = time.perf_counter()
@@ -185,6 +192,19 @@ class Worker:
             self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0)
             self._accept(seq, logits)
 
+    def _device_sampling(self, sampler) -> SamplingParams | None:
+        """The settings the engine picks a sequence's tokens by, where it can draw them as the
+        host `sampler` would (a sampled sequence gets a seed from the sampler's generator, so
+        a request's own seed still fixes its tokens); None: the host samples."""
+        params = getattr(sampler, "params", None)
+        picks = getattr(self.engine, "picks", None)
+        if (params is None or picks is None or not hasattr(self.engine, "decode_picked")
+                or not picks(params)):
+            return None
+        if params.seed is None and not params.greedy:
+            params = dataclasses.replace(params, seed=int(sampler.rng.integers(1 << 62)))
+        return params
+
     def _drop_cancelled(self) -> None:
         for seq in list(self._active):
             if seq.job.cancelled:
@@ -192,31 +212,40 @@ class Worker:
 
     def _decode_step(self) -> None:
         batch = list(self._active)
+        on_device = all(s.device is not None for s in batch)  # else the host samples them all
         t0 = time.perf_counter()
         try:
-            logits = self.engine.decode([s.slot for s in batch], [s.last_token for s in batch])
+            slots, tokens = [s.slot for s in batch], [s.last_token for s in batch]
+            out = (self.engine.decode_picked(slots, tokens, [s.device for s in batch])
+                   if on_device else self.engine.decode(slots, tokens))
         except Exception as e:
             log.exception("decode step failed for %d sequences", len(batch))
             for seq in batch:
                 self._finish(seq, "error", error=f"decode failed: {e}")
             return
         self.metrics.record_decode(len(batch), time.perf_counter() - t0)
-        for seq, row in zip(batch, logits):
+        for seq, item in zip(batch, out):
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1
-            self._accept(seq, row)
+            self._accept(seq, item, picked=on_device)
 
-    def _accept(self, seq: _Seq, logits: np.ndarray) -> None:
-        """Sample the next token of `seq` and send what it decides. A failure here (sampling,
-        decoding text) ends that sequence with an error; the others and the thread go on."""
+    def _accept(self, seq: _Seq, item, *, picked: bool = False) -> None:
+        """Take the next token of `seq` (`item`: its logits to sample, or with `picked` the
+        token the engine chose) and send what it decides. A failure here (sampling, decoding
+        text) ends that sequence with an error; the others and the thread go on."""
         try:
-            self._advance(seq, logits)
+            if picked:
+                token = int(item)
+                if hasattr(seq.sample, "accept"):  # its repeat window, should the host go on
+                    seq.sample.accept([token])
+            else:
+                token = int(seq.sample(item))
+            self._advance(seq, token)
         except Exception as e:
             log.exception("sampling failed for job %d", seq.job.id)
             self._finish(seq, "error", error=f"sampling failed: {e}")
 
-    def _advance(self, seq: _Seq, logits: np.ndarray) -> None:
-        token = int(seq.sample(logits))
+    def _advance(self, seq: _Seq, token: int) -> None:
         seq.n_generated += 1
         if token in self.decoding.stop_token_ids:
             self._emit_text(seq, seq.text.flush())

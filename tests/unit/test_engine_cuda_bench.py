@@ -234,8 +234,8 @@ def test_decode_timer_splits_each_step_and_gives_the_engine_back():
             events.append("sync")
 
     class Step:
-        def run(self, n):
-            events.append(f"run {n}")
+        def run(self, n, pick=False):
+            events.append(f"run {n}" + " pick" * pick)
 
     class Engine:  # decode: checks, the step enqueued, copies enqueued, sync, the host copy
         def __init__(self):
@@ -251,6 +251,11 @@ def test_decode_timer_splits_each_step_and_gives_the_engine_back():
             self.m.stream.synchronize()
             return [0] * len(slots)
 
+        def decode_picked(self, slots, tokens, params):  # the same parts, tokens picked
+            self.step.run(len(slots), True)
+            self.m.stream.synchronize()
+            return [7] * len(slots)
+
     ticks = iter(range(1000))
     eng = Engine()
     timer = DecodeTimer(eng, clock=lambda: next(ticks) / 1e3)  # each reading 1 ms later
@@ -261,9 +266,10 @@ def test_decode_timer_splits_each_step_and_gives_the_engine_back():
             eng.decode([0, 1], [5])  # no step ran: not recorded
         eng.prefill(2, [1])
         eng.decode([0, 1, 2], [5, 6, 7])
-        eng.decode([0, 1, 2], [5, 6, 7])
-    assert events == ["sync", "run 2", "sync", "sync", "run 3", "sync", "run 3", "sync"]
-    assert not {"decode", "prefill"} & set(vars(eng)) and "run" not in vars(eng.step)
+        assert eng.decode_picked([0, 1, 2], [5, 6, 7], [None] * 3) == [7, 7, 7]
+    assert events == ["sync", "run 2", "sync", "sync", "run 3", "sync", "run 3 pick", "sync"]
+    assert not {"decode", "decode_picked", "prefill"} & set(vars(eng))
+    assert "run" not in vars(eng.step)
     assert "synchronize" not in vars(eng.m.stream)
     three = timer.summary(3)  # readings: start, run returned, sync in, sync out, end
     assert three["n_steps"] == 2 and three["decode_ms"] == pytest.approx(4.0)

@@ -82,3 +82,50 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
     assert not np.allclose(later, alone, rtol=1e-3, atol=1e-3)
     want = forward(ref, PROMPTS[1] + [tok[1], int(np.argmax(alone))])[-1]
     assert _rel(later, want) < 0.02
+
+
+def test_decode_picked_chooses_what_the_host_would(tmp_models):
+    """`decode_picked` (serve's path where the device draws every sequence's settings): one
+    sequence greedy, one drawing over every token with a seed; each token is what the host's
+    choice gives on the logits `decode` returns for the same step (greedy: the argmax; sampled:
+    the device sampler's float64 mirror), and the sequences go on from there either way."""
+    from helpers.sampling_ref import ref_sample
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.engine.sampler import SamplingParams
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    opts = batch_options(mf, 2, PlanOptions(max_context=256), graph=False, progress=False)
+    eng = load_batch(mf, opts, backend=card)
+    greedy = SamplingParams(temperature=0.0)
+    drawn = SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=2024)
+    assert eng.picks(greedy) and eng.picks(drawn)
+    assert not eng.picks(SamplingParams(temperature=1.0, top_k=0))  # a top-p cut: the host's
+
+    def start():
+        first = {s: eng.prefill(s, p) for s, p in PROMPTS.items()}
+        return {s: int(np.argmax(first[s])) for s in PROMPTS}
+
+    tok = start()
+    logits = eng.decode([0, 1], [tok[0], tok[1]])
+    want = [int(np.argmax(logits[0])),
+            ref_sample(logits[1], np.array(PROMPTS[1] + [tok[1]]), temperature=1.3, top_k=0,
+                       top_p=1.0, min_p=0.0, repeat_penalty=1.0, penalty_last_n=64,
+                       seed=2024)]
+    follow = eng.decode([0, 1], want)  # the next step's logits after those tokens
+    eng.release(0)
+    eng.release(1)
+    assert start() == tok
+    got = eng.decode_picked([0, 1], [tok[0], tok[1]], [greedy, drawn])
+    assert got == want
+    np.testing.assert_allclose(eng.decode([0, 1], got), follow, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="needs a seed"):
+        eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=40)])
+    with pytest.raises(ValueError, match="does not draw"):
+        eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=0, seed=1)])

@@ -12,7 +12,10 @@ The prompt path (`PromptRun`) runs one sequence at a time through a row view of 
 same buffers, with the session's per-sequence entries and the KV sides narrowed to one row.
 
 It is the serve worker's `BatchEngine`: `prefill(slot, tokens)`, `decode(slots, tokens)`,
-`release(slot)`; slots are the worker's names for sequences, rows the engine's.
+`release(slot)`; slots are the worker's names for sequences, rows the engine's. Where every held
+sequence samples by settings the device draws as the host would (`picks`), `decode_picked`
+chooses their tokens on the device in the same step and copies back n tokens instead of n rows of
+logits.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.matvec import MAX_TOKENS
+from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.batch_step import BatchStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.engine.cuda.prefill import PromptRun
+from strata.engine.cuda.run_ahead import picks
 from strata.engine.engine import ContextFullError, EngineInputError
+from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
 from strata.plan import check_runtime_use, runtime_use
@@ -116,6 +122,9 @@ class CudaBatchEngine:
         self._n_past = np.zeros(n, np.int64)  # tokens in each row's KV
         self._logits = _host_buffer((n, s.n_vocab), np.float32)  # [n_slots, n_vocab] f32
         self._tok = _host_buffer((n,), np.int32)  # [n_slots] i32 staging of input tokens
+        self._picked = _host_buffer((n,), np.int32)  # [n_slots] i32 tokens picked on the device
+        self._fparams = _host_buffer((n, 4), np.float32)  # [n_slots, 4] each row's sampling
+        self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
         self._zero = np.zeros(1, np.int32)
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
@@ -255,34 +264,80 @@ class CudaBatchEngine:
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """Append one token to every held sequence in one step; `slots` must name each held
         sequence once. Returns [len(slots), n_vocab] f32 logits in the order of `slots`."""
+        rows = self._step_rows(slots, tokens)
+        n = len(rows)
+        if n == 0:
+            return np.zeros((0, self.shape.n_vocab), np.float32)
+        st = self.m.stream
+        self.step.run(n)
+        dev, host = self._logit_rows[n]
+        dev.copy_to_host(host, stream=st)
+        self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
+        st.synchronize()
+        self._n_past[:n] += 1
+        # one host copy, the caller's own (the pinned buffer is refilled by the next step)
+        return host.copy() if rows == list(range(n)) else self._logits[rows]
+
+    picks = staticmethod(picks)
+
+    def decode_picked(self, slots: Sequence[int], tokens: Sequence[int],
+                      sampling: Sequence[SamplingParams]) -> list[int]:
+        """One step as `decode`, each held sequence's next token then chosen on the device by
+        its `sampling` (one per slot, each one `picks` accepts, with a seed: the draw's random
+        number is a hash of (seed, position)). Returns the tokens in the order of `slots`."""
+        if len(sampling) != len(slots):
+            raise ValueError(f"{len(slots)} slots but {len(sampling)} sampling settings")
+        for p in sampling:
+            if not picks(p):
+                raise ValueError(f"the device does not draw {p} as the host does (top-k 1..256, "
+                                 f"or 0 with top-p 1 and min-p 0; greedy)")
+            if p.seed is None and not p.greedy:
+                raise ValueError("a sampled sequence needs a seed on the device")
+        rows = self._step_rows(slots, tokens)
+        n = len(rows)
+        if n == 0:
+            return []
+        for r, p in zip(rows, sampling):
+            self._fparams[r], self._iparams[r] = make_params(
+                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
+                penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
+        st, a = self.m.stream, self.m.acts
+        a["sample_fparams"][:n].copy_to_device(self._fparams[:n], stream=st)
+        a["sample_iparams"][:n].copy_to_device(self._iparams[:n], stream=st)
+        self.step.run(n, pick=True)
+        a["step_tokens"][:n].copy_to_host(self._picked[:n], stream=st)
+        a["hit_counts"].copy_to_host(self._hits, stream=st)
+        st.synchronize()
+        self._n_past[:n] += 1
+        out = [int(self._picked[r]) for r in rows]
+        bad = [(s, t) for s, t in zip(slots, out) if not 0 <= t < self.shape.n_vocab]
+        if bad:  # a history row full past the plan, or no finite logit: never a wrong token
+            raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
+        return out
+
+    def _step_rows(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        """Check a step's slots and tokens, compact the rows, and stage the input tokens (one
+        copy of all rows' to the device); the rows of `slots`, in their order."""
         if len(slots) != len(tokens):
             raise ValueError(f"{len(slots)} slots but {len(tokens)} tokens")
         if sorted(slots) != sorted(self._row_of):
             raise ValueError(f"a step decodes every held sequence: slots {sorted(slots)} given, "
                              f"{sorted(self._row_of)} held")
         ids = self._check_ids(tokens) if len(tokens) else np.zeros(0, np.int32)
-        n = len(slots)
-        if n == 0:
-            return np.zeros((0, self.shape.n_vocab), np.float32)
+        if not slots:
+            return []
         self._compact()
         rows = [self._row_of[s] for s in slots]
         full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
         if full:
             raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
                                    f"is full")
-        st, a = self.m.stream, self.m.acts
         self._tok[rows] = ids
         # every row's token in one copy (rows n.. carry stale ones the step never reads); the
         # step writes each at its row's position (`scatter_tokens`, inside the graph)
-        a["step_tokens"].copy_to_device(self._tok, stream=st)
-        self.step.run(n)
-        dev, host = self._logit_rows[n]
-        dev.copy_to_host(host, stream=st)
-        a["hit_counts"].copy_to_host(self._hits, stream=st)
-        st.synchronize()
-        self._n_past[:n] += 1
-        # one host copy, the caller's own (the pinned buffer is refilled by the next step)
-        return host.copy() if rows == list(range(n)) else self._logits[rows]
+        self.m.acts["step_tokens"].copy_to_device(self._tok, stream=self.m.stream)
+        return rows
 
     def hit_counts(self) -> np.ndarray:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:

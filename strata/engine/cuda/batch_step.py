@@ -17,7 +17,11 @@ launches as `DecodeStep` but with float32 x in the lane matvecs and the MoE's ga
 batched kernels (`DecodeStep` dots 8-bit x where the format can: `lanes_x8`), so a row gets the
 same bits alone and in a batch.
 
-Sampling is the caller's: the step leaves rows 0..n-1 of the logits buffer.
+The token's choice is the caller's: the step leaves rows 0..n-1 of the logits buffer, or, with
+`pick`, it also picks every row's next token on the device (one `sampling.sample` launch over
+the rows, each by its own settings in sample_fparams / sample_iparams[r]: temperature 0 is
+greedy), appended at history[r, seq_len[r]] (where the next step's own token goes) and gathered
+into step_tokens[:n] for one copy back.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from strata.cuda_kernels.attention import decode_attention, n_splits
 from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
 from strata.cuda_kernels.batch_moe import batch_moe_decode, batch_moe_fits
 from strata.cuda_kernels.batch_tc import matvec_tc, tc_fits
-from strata.cuda_kernels.elementwise import add, embed, scatter_tokens
+from strata.cuda_kernels.elementwise import add, embed, last_tokens, scatter_tokens
 from strata.cuda_kernels.intrinsics import SIMULATED
 from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
 from strata.cuda_kernels.lanes_batch import matvec_batch
@@ -37,6 +41,7 @@ from strata.cuda_kernels.matvec import matvec
 from strata.cuda_kernels.moe import moe_decode
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.router import route
+from strata.cuda_kernels.sampling import sample
 from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel, Matrix
 from strata.plan.attn_split import split_target
@@ -54,8 +59,8 @@ class BatchStep:
         self.sides = sides
         self.n_rows = len(sides)
         self.use_graph = use_graph and not SIMULATED  # the simulator has no graphs
-        self.graphs: dict[int, Any] = {}
-        self._warm: set[int] = set()
+        self.graphs: dict[Any, Any] = {}  # n rows: logits; ("pick", n): tokens picked too
+        self._warm: set[Any] = set()
         a = m.acts
         n_ctx = sides[0][0][0].layout.n_ctx
         ns = n_splits(n_ctx, split_target(m.shape.n_head_kv), SPLIT_K_TOKENS)
@@ -87,8 +92,9 @@ class BatchStep:
         else:
             matvec_batch(w.data, w.ggml_type, x[:n], y[:n], stream=stream)
 
-    def record(self, stream, n: int) -> None:
-        """Enqueue one step of rows 0..n-1 on `stream` (also what a graph captures)."""
+    def record(self, stream, n: int, pick: bool = False) -> None:
+        """Enqueue one step of rows 0..n-1 on `stream` (also what a graph captures); with
+        `pick`, each row's next token chosen on the device too (see the module doc)."""
         if not 1 <= n <= self.n_rows:
             raise ValueError(f"a step takes 1..{self.n_rows} rows, got {n}")
         m, s, a = self.m, self.m.shape, self.m.acts
@@ -104,6 +110,19 @@ class BatchStep:
         self._mv(m.matrices["output"], a["normed"], a["logits"], n, stream)
         for r in range(n):
             advance_seq_len(a["seq_len"][r:r + 1], 1, stream=stream)
+        if pick:
+            self._pick(n, stream)
+
+    def _pick(self, n: int, stream) -> None:
+        """Rows 0..n-1's next tokens, each at its history's position seq_len[r] (the history's
+        count n_tokens[r] set to it first), gathered into step_tokens[:n]."""
+        a = self.m.acts
+        count = a["n_tokens"][:n]
+        count.copy_to_device(a["seq_len"][:n], stream=stream)
+        sample(a["logits"][:n], a["history"][:n], count, a["sample_fparams"][:n],
+               a["sample_iparams"][:n], a["pick_state"][:n], a["pick_cand_v"][:n],
+               a["pick_cand_i"][:n], stream=stream)
+        last_tokens(a["history"][:n], count, a["step_tokens"][:n], stream=stream)
 
     def _attention(self, il: int, n: int, stream) -> None:
         m, s, a = self.m, self.m.shape, self.m.acts
@@ -181,23 +200,25 @@ class BatchStep:
 
     # -- running -------------------------------------------------------------------------------
 
-    def run(self, n: int) -> None:
-        """Enqueue one step of n rows on the model's stream: a graph replay once that row
-        count's kernels have run plainly (compiled) once, else plain launches."""
+    def run(self, n: int, pick: bool = False) -> None:
+        """Enqueue one step of n rows (`pick`: and their tokens' choice) on the model's stream:
+        a graph replay once that row count's kernels have run plainly (compiled) once, else
+        plain launches."""
         stream = self.m.stream
         if not self.use_graph:
-            self.record(stream, n)
+            self.record(stream, n, pick)
             return
-        g = self.graphs.get(n)
-        if g is None and n in self._warm:
+        key = ("pick", n) if pick else n
+        g = self.graphs.get(key)
+        if g is None and key in self._warm:
             from strata.cuda_kernels.graph import capture
-            g = self.graphs[n] = capture(lambda st: self.record(st, n), stream)
+            g = self.graphs[key] = capture(lambda st: self.record(st, n, pick), stream)
         if g is None:
-            self.record(stream, n)
-            self._warm.add(n)
+            self.record(stream, n, pick)
+            self._warm.add(key)
         else:
             g.replay(stream)
 
     @property
-    def n_graph_nodes(self) -> dict[int, int]:
+    def n_graph_nodes(self) -> dict[Any, int]:
         return {n: g.n_nodes for n, g in self.graphs.items()}

@@ -1,0 +1,112 @@
+"""The worker with an engine that picks tokens itself (`picks` / `decode_picked`, as the CUDA
+batch engine): which steps go to the device, what settings and seeds it gets, and that stops,
+budgets and failures behave as on the host path."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helpers.serve_fakes import FakeModel, ScriptedEngine, encode
+from strata.engine.sampler import Sampler, SamplingParams
+from strata.serve.job import Job, Sampling
+from strata.serve.metrics import Metrics
+from strata.serve.worker import Worker
+from test_serve_worker import Sink
+
+
+class PickingEngine(ScriptedEngine):
+    """Picks the scripted token itself for settings it `picks` (any but top-k 7); records
+    every step's kind and the settings it was given."""
+
+    def __init__(self, script, **kw):
+        super().__init__(script, **kw)
+        self.steps: list[str] = []
+        self.given: list[list[SamplingParams]] = []
+        self.fail = False
+
+    @staticmethod
+    def picks(params: SamplingParams) -> bool:
+        return params.top_k != 7
+
+    def decode(self, slots, tokens):
+        self.steps.append("logits")
+        return super().decode(slots, tokens)
+
+    def decode_picked(self, slots, tokens, params):
+        if self.fail:
+            raise RuntimeError("scripted device failure")
+        self.steps.append("picked")
+        self.given.append(list(params))
+        return [int(np.argmax(row)) for row in super().decode(slots, tokens)]
+
+
+class ScriptSampler(Sampler):
+    """The host `Sampler` of the request's settings (its params and generator), whose own
+    draws take the one-hot script's token (the prompt's first token, host steps)."""
+
+    def __call__(self, logits):
+        token = int(np.argmax(logits))
+        self.accept([token])
+        return token
+
+
+class SamplingModel(FakeModel):
+    def sampler(self, sampling: Sampling):
+        return ScriptSampler(SamplingParams(temperature=sampling.temperature,
+                                            top_k=sampling.top_k, top_p=sampling.top_p,
+                                            min_p=0.0, seed=sampling.seed))
+
+
+def run(engine, jobs):
+    worker = Worker(engine, SamplingModel(), Metrics())
+    sinks = []
+    for prompt, sampling in jobs:
+        sink = Sink()
+        worker.submit(Job(encode(prompt), sampling, sink))
+        sinks.append(sink)
+    worker.start()
+    try:
+        for s in sinks:
+            s.finish  # noqa: B018 - waits for the job
+    finally:
+        worker.stop()
+    return sinks
+
+
+def test_every_step_is_picked_on_the_device_where_the_engine_draws_the_settings():
+    engine = PickingEngine(lambda p: "hello world", n_slots=2)
+    sinks = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0)),
+                         ("b", Sampling(max_tokens=50, temperature=1.0, seed=42)),
+                         ("c", Sampling(max_tokens=5, temperature=0.7, top_k=40, stop=("wor",)))])
+    assert [s.text for s in sinks] == ["hello world", "hello world", "hello"]
+    assert [s.finish.reason for s in sinks] == ["stop", "stop", "length"]
+    assert sinks[0].finish.n_completion == len("hello world") + 1  # + the end token, picked
+    assert engine.steps and set(engine.steps) == {"picked"}
+    given = [p for step in engine.given for p in step]
+    assert any(p.greedy for p in given)
+    assert {p.seed for p in given if p.temperature == 1.0} == {42}  # the request's own seed
+    drawn = [p for p in given if p.temperature == 0.7]
+    assert drawn and drawn[0].seed is not None and len({p.seed for p in drawn}) == 1
+
+
+def test_a_sequence_the_device_cannot_draw_sends_the_whole_step_to_the_host():
+    engine = PickingEngine(lambda p: "xyz", n_slots=2)
+    sinks = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0)),
+                             ("b", Sampling(max_tokens=50, temperature=0.0, top_k=7))])
+    assert [s.text for s in sinks] == ["xyz", "xyz"]
+    # while both run, every step is the host's; alone, the first is the device's
+    assert "logits" in engine.steps and engine.steps[0] == "logits"
+
+
+def test_a_failed_device_step_fails_its_jobs_with_the_reason():
+    engine = PickingEngine(lambda p: "abc")
+    engine.fail = True
+    (sink,) = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0))])
+    assert sink.finish.reason == "error" and "scripted device failure" in sink.finish.error
+    assert sink.text == "a"  # the first token, from the prompt's logits, is the host's
+
+
+def test_an_engine_without_picks_keeps_the_host_path():
+    engine = ScriptedEngine(lambda p: "ok")
+    (sink,) = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0))])
+    assert sink.text == "ok" and sink.finish.reason == "stop"
