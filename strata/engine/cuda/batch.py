@@ -130,6 +130,11 @@ class CudaBatchEngine:
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
         # a device array's slice costs tens of microseconds of Python on every step
         self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
+        a = m.acts  # and the same for the picked path's settings and tokens
+        self._pick_rows = {k: (a["sample_fparams"][:k], a["sample_iparams"][:k],
+                               a["step_tokens"][:k], self._fparams[:k], self._iparams[:k],
+                               self._picked[:k]) for k in range(1, n + 1)}
+        self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
 
     def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
         """The plan's KV region [L, n * T, H, row] as n row regions of T tokens per layer."""
@@ -297,20 +302,26 @@ class CudaBatchEngine:
         n = len(rows)
         if n == 0:
             return []
+        st = self.m.stream
+        dev_f, dev_i, dev_tok, host_f, host_i, picked = self._pick_rows[n]
+        changed = False  # settings are copied to the device only when a row's change
         for r, p in zip(rows, sampling):
-            self._fparams[r], self._iparams[r] = make_params(
-                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
-                penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
-        st, a = self.m.stream, self.m.acts
-        a["sample_fparams"][:n].copy_to_device(self._fparams[:n], stream=st)
-        a["sample_iparams"][:n].copy_to_device(self._iparams[:n], stream=st)
+            if self._row_sampling[r] != p:
+                self._fparams[r], self._iparams[r] = make_params(
+                    temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                    min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
+                    penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
+                self._row_sampling[r] = p
+                changed = True
+        if changed:
+            dev_f.copy_to_device(host_f, stream=st)
+            dev_i.copy_to_device(host_i, stream=st)
         self.step.run(n, pick=True)
-        a["step_tokens"][:n].copy_to_host(self._picked[:n], stream=st)
-        a["hit_counts"].copy_to_host(self._hits, stream=st)
+        dev_tok.copy_to_host(picked, stream=st)
+        self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
         st.synchronize()
         self._n_past[:n] += 1
-        out = [int(self._picked[r]) for r in rows]
+        out = [int(picked[r]) for r in rows]
         bad = [(s, t) for s, t in zip(slots, out) if not 0 <= t < self.shape.n_vocab]
         if bad:  # a history row full past the plan, or no finite logit: never a wrong token
             raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
