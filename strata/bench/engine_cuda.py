@@ -137,10 +137,10 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
         eng.reset()  # the same prompt again from position 0, as after the warm-up
         prefill_profile = profile_prefill(lambda: eng.prefill(prompt), stream=m.stream, shape=s)
     m.close()
-    # The bounds' rates, measured once the arena is gone: temporary buffers made and freed
-    # before the load left the same decode 4-5% slower on the H200 (395 against 414 tok/s,
-    # bench/results/2026-12-02_decode_loop_ab*.json), and `strata generate` / `serve` load
-    # first. (The suite measures them once, before its many loads.)
+    # The bounds' rates, measured after the run: temporary buffers made and freed before the
+    # load left the same decode 4-5% slower on the H200 (D1 394.6 -> 413.5 tok/s with this
+    # order, the kernels unchanged: bench/results/2026-12-02_engine_cuda_d1_v18.json), and
+    # `strata generate` / `serve` load first. (The suite measures them once, before its loads.)
     bw = bw or _bandwidths()
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
