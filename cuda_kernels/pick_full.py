@@ -31,7 +31,8 @@ ID_PAST = 2**31 - 1  # the id of a staged slot past the vocabulary: after every 
 def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
     """sv[j], si[j] = logits[lo + j], lo + j for the block's chunk (-inf and ID_PAST past the
     end, NaN as -inf), penalised where the id is one of the last `last_n` (<= blockDim) tokens of
-    the history: once each, however often it occurs there (si marks them first)."""
+    the history: once each, however often it occurs there (si marks them first). Returns
+    whether this thread met a NaN."""
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     j = t
     while j < PICK_CHUNK:
@@ -43,6 +44,7 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
         if 0 <= tok < PICK_CHUNK:
             si[tok] = 1
     cuda.syncthreads()
+    nan = False
     j = t
     while j < PICK_CHUNK:  # a thread reads the marks it then overwrites
         v = NEG_INF
@@ -50,12 +52,14 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
             v = logits[lo + j]
             if v != v:
                 v = NEG_INF
+                nan = True
         if si[j] != 0:
             v = v / rp if v > F0 else v * rp
         sv[j] = v
         si[j] = lo + j if lo + j < n_vocab else ID_PAST
         j += bd
     cuda.syncthreads()
+    return nan
 
 
 

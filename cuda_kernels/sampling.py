@@ -33,7 +33,9 @@ Device parameters, so a captured graph reads the current request's settings:
   fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)
   iparams int64 [3]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block size)
 The repetition penalty (v / p if v > 0 else v * p) changes the staged copy; the logits are left
-as they are.
+as they are. A state of three entries a row also records NaN logits: any block that meets one
+sets state[2] to 1, which stays set until the host, reading it with the token, clears it (the
+host `Sampler` refuses NaN logits; the device ranks them as -inf and flags them).
 """
 
 from __future__ import annotations
@@ -143,6 +145,14 @@ def last_block(state, flag):
 
 
 @cuda.jit(device=True, inline="always")
+def flag_nan(state):
+    """Record that the logits held a NaN in state[2], where the state has that slot (sticky:
+    the host reads and clears it)."""
+    if state.shape[0] > 2:
+        cuda.atomic.max(state, 2, np.uint64(1))
+
+
+@cuda.jit(device=True, inline="always")
 def push_best(state, tokens, n_tokens, row):
     """Append the id of state[0]'s key (thread 0 of the last block) and zero the key."""
     key = cuda.atomic.exch(state, 0, np.uint64(0))
@@ -152,8 +162,8 @@ def push_best(state, tokens, n_tokens, row):
 @cuda.jit
 def argmax_kernel(logits_rows, n_vocab, token_rows, n_tokens, state_rows):
     # per row (blockIdx.y): logits [n_rows, n_vocab] f32; tokens [n_rows, capacity] i32
-    # history; n_tokens [n_rows] i32; state [n_rows, 2] u64, zero at launch: best key so far
-    # (fkey(v) << 32 | M32 - id), blocks done
+    # history; n_tokens [n_rows] i32; state [n_rows, 2 or 3] u64, zero at launch: best key so
+    # far (fkey(v) << 32 | M32 - id), blocks done, and (sticky) whether a NaN was met
     row = cuda.blockIdx.y
     logits, state = logits_rows[row], state_rows[row]
     sk = cuda.shared.array(32, np.int64)
@@ -167,6 +177,8 @@ def argmax_kernel(logits_rows, n_vocab, token_rows, n_tokens, state_rows):
     v1 = logits[i1] if i1 < n_vocab else NEG_INF
     v2 = logits[i2] if i2 < n_vocab else NEG_INF
     v3 = logits[i3] if i3 < n_vocab else NEG_INF
+    if v0 != v0 or v1 != v1 or v2 != v2 or v3 != v3:
+        flag_nan(state)
     best, bi = np.int64(-1), i0  # -1: below every key, so the first in-range logit wins
     if i0 < n_vocab:
         best = np.int64(fkey(v0))
@@ -192,7 +204,8 @@ SAMPLE_JIT_OPTIONS = {"launch_bounds": (1024, 1)}
 def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, iparam_rows,
                   state_rows, cand_v_rows, cand_i_rows):
     # per row (blockIdx.y): logits [n_vocab] f32; tokens [capacity] i32; n_tokens[row] i32;
-    # fparams [4] f32; iparams [3] i64; state [2] u64 zero at launch (best key, blocks done);
+    # fparams [4] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key, blocks
+    # done, NaN met);
     # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best (or,
     # drawing over every token, its largest logit and mass at cand_v[b * KMAX], [+ 1])
     row = cuda.blockIdx.y
@@ -215,7 +228,8 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
     last_n = min(iparams[2], n, bd)
     if rp == np.float32(1.0):
         last_n = 0
-    stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si)
+    if stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
+        flag_nan(state)
     if temp <= F0:  # greedy on the penalised logits, as argmax
         best, bi = np.int64(-1), lo
         j = t
@@ -297,14 +311,17 @@ def _check_pick(what, logits, tokens, n_tokens, state):
         check_array("logits", logits, np.float32, (None,))
         check_array("tokens", tokens, np.int32, (None,))
         check_array("n_tokens", n_tokens, np.int32, (1,))
-        check_array("state", state, np.uint64, (2,))
+        check_array("state", state, np.uint64, (None,))
         logits, tokens, state = _rows(logits), _rows(tokens), _rows(state)
     else:
         check_array("logits", logits, np.float32, (None, None))
         n_rows = logits.shape[0]
         check_array("tokens", tokens, np.int32, (n_rows, None))
         check_array("n_tokens", n_tokens, np.int32, (n_rows,))
-        check_array("state", state, np.uint64, (n_rows, 2))
+        check_array("state", state, np.uint64, (n_rows, None))
+    if state.shape[1] not in (2, 3):
+        raise ValueError(f"state: {state.shape[1]} entries a row, expected 2 (best key, blocks "
+                         f"done) or 3 (and a NaN flag)")
     n_vocab = logits.shape[1]
     if n_vocab < 1 or n_vocab > PICK_CHUNK * PICK_CHUNK:
         raise ValueError(f"{what} needs 1 to {PICK_CHUNK * PICK_CHUNK} logits, got {n_vocab}")
@@ -321,7 +338,9 @@ def argmax_blocks(n_vocab: int) -> int:
 def argmax(logits, tokens, n_tokens, state, *, stream=0) -> None:
     """Append argmax(logits) (float32 [n_vocab], ties to the lower id, NaN ranked as -inf) to
     the device history `tokens` (int32 [capacity]) at n_tokens[0], then increment n_tokens[0].
-    `state` (uint64 [2]) must be zero; the launch leaves it zero (allocate it once, zeroed).
+    `state` (uint64 [2] or [3]) must be zero; the launch leaves its first two zero (allocate it
+    once, zeroed); a third entry is set to 1 where the logits held a NaN, and stays so until the
+    caller clears it.
     Several sequences in one launch: logits [R, n_vocab], tokens [R, capacity], n_tokens [R],
     state [R, 2] (row r's token at tokens[r, n_tokens[r]])."""
     logits, tokens, n_tokens, state = _check_pick("argmax", logits, tokens, n_tokens, state)

@@ -210,9 +210,10 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused MoE launch's grid barrier, (arrivals, generation) (strata.cuda_kernels.gridsync):
     # zero at load, kept by the kernel after
     b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
-    # the token choice's (best key, finished blocks) (strata.cuda_kernels.sampling): zero at
-    # load, set back to zero by the launch's last block; and each sampler block's candidates
-    b.add("pick_state", np.uint64, (n_b, 2))  # [batch, 2] uint64
+    # the token choice's (best key, finished blocks, NaN seen) (strata.cuda_kernels.sampling):
+    # zero at load, the first two set back to zero by the launch's last block, the flag by the
+    # host that reads it; and each sampler block's candidates
+    b.add("pick_state", np.uint64, (n_b, 3))  # [batch, 3] uint64
     n_cand = pick_blocks(s.n_vocab) * PICK_KMAX
     b.add("pick_cand_v", np.float32, (n_b, n_cand))  # [batch, blocks * 256] f32
     b.add("pick_cand_i", np.int32, (n_b, n_cand))  # [batch, blocks * 256] int32 token ids

@@ -236,6 +236,8 @@ class Worker:
         try:
             if picked:
                 token = int(item)
+                if token < 0:  # the engine's sign that the step's logits held a NaN
+                    raise ValueError("logits contain NaN: the engine produced invalid values")
                 if hasattr(seq.sample, "accept"):  # its repeat window, should the host go on
                     seq.sample.accept([token])
             else:

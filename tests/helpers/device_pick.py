@@ -29,3 +29,32 @@ def check_device_generate(eng, prompt: list[int]) -> list[int]:
     assert eng.n_past == len(prompt) + 1
     assert int(np.argmax(eng.decode_step(toks[1]))) == toks[2]
     return toks
+
+
+def check_nan_refused(eng, prompt: list[int], norm, want: list[int]) -> None:
+    """With the output norm's weights (`norm`, the device array) NaN, every logit is NaN:
+    `generate` on the device refuses the first token, as the host's `Sampler` does, and so does
+    `decode_tokens`; with the weights put back, `generate` gives `want` again (the flag the
+    refusal read is cleared)."""
+    import pytest
+
+    import strata.engine.generation as generation
+    from strata.engine import Sampler, SamplingParams, generate
+
+    greedy = SamplingParams(temperature=0)
+    saved = norm.copy_to_host()
+    norm.copy_to_device(np.full(saved.shape, np.nan, np.float32))
+    try:
+        for on_device in (True, False):
+            generation.DEVICE_PICK = on_device
+            with pytest.raises(ValueError, match="NaN"):
+                generate(eng, prompt, n_predict=3, sampler=Sampler(greedy))
+        generation.DEVICE_PICK = True
+        eng.reset()
+        eng.prefill(prompt)
+        with pytest.raises(ValueError, match="NaN"):
+            eng.decode_tokens(2)
+    finally:
+        generation.DEVICE_PICK = True
+        norm.copy_to_device(saved)
+    assert generate(eng, prompt, n_predict=3, sampler=Sampler(greedy)).tokens == want

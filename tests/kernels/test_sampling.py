@@ -66,8 +66,8 @@ def test_argmax_checks_its_arguments():
     tokens, n = np.zeros(4, np.int32), np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="state"):
         argmax(logits, tokens, n, np.zeros(2, np.int64))
-    with pytest.raises(ValueError, match="state"):
-        argmax(logits, tokens, n, np.zeros(3, np.uint64))
+    with pytest.raises(ValueError, match="state: 4 entries"):
+        argmax(logits, tokens, n, np.zeros(4, np.uint64))
     with pytest.raises(ValueError, match="logits"):
         argmax(logits.astype(np.float64), tokens, n, np.zeros(2, np.uint64))
 

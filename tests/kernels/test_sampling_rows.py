@@ -119,3 +119,37 @@ def test_argmax_rows_and_the_row_checks():
     with pytest.raises(ValueError, match="fparams: shape"):
         sample(logits, tokens, n, f, i, state, np.zeros((3, KMAX), np.float32),
                np.zeros((3, KMAX), np.int32))
+
+
+@pytest.mark.parametrize("mode", ["argmax", "top-k", "every token"])
+def test_a_nan_logit_sets_the_rows_flag_and_only_its_own(mode):
+    """A third state entry records that a row's logits held a NaN (in any block; the token is
+    still chosen, NaN ranked as -inf); it stays set across launches until cleared, and a row
+    without NaN keeps it at zero. A two-entry state records nothing."""
+    rng = np.random.default_rng(8)
+    n_vocab = 2 * PICK_CHUNK + 100
+    logits = rng.standard_normal((2, n_vocab)).astype(np.float32)
+    logits[1, PICK_CHUNK + 77] = np.nan  # row 1, second block
+    tokens = np.zeros((2, 8), np.int32)
+    n = np.array([1, 1], np.int32)
+    state = np.zeros((2, 3), np.uint64)
+    params = {"top-k": dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05),
+              "every token": dict(temperature=1.0, **FULL)}.get(mode)
+
+    def launch(lg, st):
+        if params is None:
+            argmax(lg, tokens, n, st)
+            return
+        f, i = make_params(**params, seed=3)
+        cand = np.zeros((2, pick_blocks(n_vocab) * KMAX), np.float32)
+        sample(lg, tokens, n, np.stack([f, f]), np.stack([i, i]), st, cand,
+               np.zeros(cand.shape, np.int32))
+
+    launch(logits, state)
+    assert state[:, 2].tolist() == [0, 1] and not state[:, :2].any()
+    assert tokens[1, 1] != PICK_CHUNK + 77 and n.tolist() == [2, 2]
+    launch(np.nan_to_num(logits, nan=0.0), state)  # clean logits: the flag stays
+    assert state[:, 2].tolist() == [0, 1]
+    two = np.zeros((2, 2), np.uint64)
+    launch(logits, two)
+    assert not two.any()

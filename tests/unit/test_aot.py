@@ -280,7 +280,8 @@ def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
     for c in aot_build.registry("sampling"):
         fn, sig = c.build()
         fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
-                  "name": "old", "symbol": f"sym_{c.name}", "cooperative": False}
+                  "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
+                  "options": B.options_key(c.options)}  # the sampler's launch bounds
         entries.append((fields, {t: f"{c.name}/{t}".encode() for t in aot_build._archs()}))
     B.write_bundle(old, entries, toolchain={}, archs=aot_build._archs())
     lines = []

@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from helpers.device_pick import check_device_generate
+from helpers.device_pick import check_device_generate, check_nan_refused
 from helpers.reference import RefModel, forward
 from strata.synth import PRESETS, write_model
 
@@ -76,4 +76,6 @@ def test_engine_in_the_simulator(tmp_models):
     np.testing.assert_array_equal(eng.hits().counts, [[0, 2 * MICRO.n_expert_used]])
     # `generate` with each token picked and fed on the device against the host's choice
     eng.set_miss_path("mapped")
-    assert check_device_generate(eng, PROMPT)[0] == tok
+    toks = check_device_generate(eng, PROMPT)
+    assert toks[0] == tok
+    check_nan_refused(eng, PROMPT, eng.m.norms["output_norm"], toks)

@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers.device_pick import check_device_generate
+from helpers.device_pick import check_device_generate, check_nan_refused
 from helpers.reference import RefModel, forward
 
 from strata.synth import PRESETS, write_model
@@ -74,5 +74,7 @@ def test_split_engine_in_the_simulator(tmp_models):
     assert hits.sum() == 2 * MICRO2.n_expert_used and hits[:, 0].sum() <= 2
     # `generate` with each token picked on the last stage's GPU and handed back, against the
     # host's choice (the step run ahead of a stop token taken back on every stage)
-    assert check_device_generate(eng, PROMPT)[:2] == toks
+    got = check_device_generate(eng, PROMPT)
+    assert got[:2] == toks
+    check_nan_refused(eng, PROMPT, eng.last.norms["output_norm"], got)
     sm.close()

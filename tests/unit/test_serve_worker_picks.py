@@ -23,6 +23,7 @@ class PickingEngine(ScriptedEngine):
         self.steps: list[str] = []
         self.given: list[list[SamplingParams]] = []
         self.fail = False
+        self.nan_slots: set[int] = set()  # slots whose logits "hold a NaN": -1
 
     @staticmethod
     def picks(params: SamplingParams) -> bool:
@@ -37,7 +38,8 @@ class PickingEngine(ScriptedEngine):
             raise RuntimeError("scripted device failure")
         self.steps.append("picked")
         self.given.append(list(params))
-        return [int(np.argmax(row)) for row in super().decode(slots, tokens)]
+        rows = super().decode(slots, tokens)
+        return [-1 if s in self.nan_slots else int(np.argmax(r)) for s, r in zip(slots, rows)]
 
 
 class ScriptSampler(Sampler):
@@ -110,3 +112,15 @@ def test_an_engine_without_picks_keeps_the_host_path():
     engine = ScriptedEngine(lambda p: "ok")
     (sink,) = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0))])
     assert sink.text == "ok" and sink.finish.reason == "stop"
+
+
+def test_a_sequence_whose_logits_held_a_nan_ends_alone_with_the_reason():
+    """-1 from `decode_picked` (the device saw a NaN in that row's logits): that request ends
+    with an error naming it; the one beside it finishes normally."""
+    engine = PickingEngine(lambda p: "abcdef", n_slots=2)
+    engine.nan_slots = {1}  # the second admitted sequence's slot (slots are handed out 0, 1)
+    sinks = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0)),
+                         ("b", Sampling(max_tokens=50, temperature=0.0))])
+    done = {s.finish.reason: s for s in sinks}
+    assert set(done) == {"stop", "error"}
+    assert done["stop"].text == "abcdef" and "logits contain NaN" in done["error"].finish.error

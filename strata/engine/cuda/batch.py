@@ -131,9 +131,11 @@ class CudaBatchEngine:
         # a device array's slice costs tens of microseconds of Python on every step
         self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
         a = m.acts  # and the same for the picked path's settings and tokens
+        self._flags = _host_buffer((n, 3), np.uint64)  # [n_slots, 3] the picks' states
         self._pick_rows = {k: (a["sample_fparams"][:k], a["sample_iparams"][:k],
                                a["step_tokens"][:k], self._fparams[:k], self._iparams[:k],
-                               self._picked[:k]) for k in range(1, n + 1)}
+                               self._picked[:k], a["pick_state"][:k], self._flags[:k])
+                           for k in range(1, n + 1)}
         self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
 
     def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
@@ -289,7 +291,9 @@ class CudaBatchEngine:
                       sampling: Sequence[SamplingParams]) -> list[int]:
         """One step as `decode`, each held sequence's next token then chosen on the device by
         its `sampling` (one per slot, each one `picks` accepts, with a seed: the draw's random
-        number is a hash of (seed, position)). Returns the tokens in the order of `slots`."""
+        number is a hash of (seed, position)). Returns the tokens in the order of `slots`; -1
+        for a sequence whose logits held a NaN (no token is picked from them: the caller ends
+        that sequence, as the host `Sampler` refuses such logits)."""
         if len(sampling) != len(slots):
             raise ValueError(f"{len(slots)} slots but {len(sampling)} sampling settings")
         for p in sampling:
@@ -303,7 +307,7 @@ class CudaBatchEngine:
         if n == 0:
             return []
         st = self.m.stream
-        dev_f, dev_i, dev_tok, host_f, host_i, picked = self._pick_rows[n]
+        dev_f, dev_i, dev_tok, host_f, host_i, picked, dev_state, flags = self._pick_rows[n]
         changed = False  # settings are copied to the device only when a row's change
         for r, p in zip(rows, sampling):
             if self._row_sampling[r] != p:
@@ -318,11 +322,16 @@ class CudaBatchEngine:
             dev_i.copy_to_device(host_i, stream=st)
         self.step.run(n, pick=True)
         dev_tok.copy_to_host(picked, stream=st)
+        dev_state.copy_to_host(flags, stream=st)
         self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
         st.synchronize()
         self._n_past[:n] += 1
-        out = [int(picked[r]) for r in rows]
-        bad = [(s, t) for s, t in zip(slots, out) if not 0 <= t < self.shape.n_vocab]
+        nan = flags[:, 2] != 0
+        if nan.any():  # cleared for the rows' next sequences (the rest of the state is zero)
+            dev_state.copy_to_device(np.zeros(dev_state.shape, np.uint64), stream=st)
+            st.synchronize()
+        out = [-1 if nan[r] else int(picked[r]) for r in rows]
+        bad = [(s, t) for s, t in zip(slots, out) if t != -1 and not 0 <= t < self.shape.n_vocab]
         if bad:  # a history row full past the plan, or no finite logit: never a wrong token
             raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
         return out

@@ -18,7 +18,7 @@ from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import TokenRing, picks, run_ahead
+from strata.engine.cuda.run_ahead import TokenRing, clear_nan, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
@@ -120,15 +120,17 @@ class CudaEngine(Engine):
             raise ValueError("device_tokens needs a prefilled sequence")
         mode = self.set_sampling(sampling)
         st, hist, start, ring = self.m.stream, self.m.acts["history"][0], self._n_past, TokenRing()
+        nan = self.m.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        clear_nan(nan, st)
 
         def first():
             self.step.pick(mode, st)
-            return ring.fetch(hist, start, 0, st)
+            return ring.fetch(hist, start, 0, st, nan)
 
         def step(i):
             self.step.run(mode)  # feeds token i, picks token i + 1
             self._n_past += 1
-            return ring.fetch(hist, start + i + 1, i + 1, st)
+            return ring.fetch(hist, start + i + 1, i + 1, st, nan)
 
         def finish(undo):
             self._n_past -= int(undo)
@@ -151,14 +153,21 @@ class CudaEngine(Engine):
                                    f"{self.max_context}")
         mode = self.set_sampling(sampling)
         a, st, start = self.m.acts, self.m.stream, self._n_past
+        nan = a["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        clear_nan(nan, st)
         self.step.pick(mode, st)
         for _ in range(n - 1):
             self.step.run(mode)
             self._n_past += 1
         out = np.zeros(n, np.int32)
+        seen = np.zeros(1, np.uint64)
         a["history"][0][start:start + n].copy_to_host(out, stream=st)
+        nan.copy_to_host(seen, stream=st)
         a["n_tokens"].copy_to_device(np.array([self._n_past], np.int32), stream=st)
         st.synchronize()
+        if seen[0]:
+            raise ValueError(f"logits contain NaN in one of {n} steps: the engine produced "
+                             f"invalid values")
         return [int(t) for t in out]
 
     def set_sampling(self, sampling: SamplingParams | None) -> str:

@@ -33,23 +33,38 @@ def picks(sampling: SamplingParams | None) -> bool:
 class TokenRing:
     """Two pinned int32 slots a stream copies picked tokens into, each copy followed by its
     slot's event: token i in slot i % 2 (a slot is read before the copy of token i + 2 reuses
-    it: the reader is never more than one token behind)."""
+    it: the reader is never more than one token behind). With each token, the pick's NaN flag
+    (`sampling`'s third state entry) where one is given: reading a token whose logits held a
+    NaN raises, as the host `Sampler` does."""
 
     def __init__(self):
         from numba import cuda
         self.slots = cuda.pinned_array(2, np.int32)  # [2] i32
+        self.flags = cuda.pinned_array(2, np.uint64)  # [2] u64, copies of the NaN flag
+        self.flags[:] = 0
         self.events = (cuda.event(), cuda.event())
 
-    def fetch(self, history, pos: int, i: int, stream):
-        """Copy history[pos] (device int32) into slot i % 2 on `stream`; returns its event."""
+    def fetch(self, history, pos: int, i: int, stream, nan_flag=None):
+        """Copy history[pos] (device int32) into slot i % 2 on `stream`, and `nan_flag`
+        (device uint64 [1]) beside it; returns the slot's event."""
         s = i % 2
         history[pos:pos + 1].copy_to_host(self.slots[s:s + 1], stream=stream)
+        if nan_flag is not None:
+            nan_flag.copy_to_host(self.flags[s:s + 1], stream=stream)
         self.events[s].record(stream)
         return self.events[s]
 
     def read(self, i: int, event) -> int:
         event.synchronize()
+        if self.flags[i % 2]:
+            raise ValueError(f"logits contain NaN (generated token {i}): the engine produced "
+                             f"invalid values; no token is picked from them")
         return int(self.slots[i % 2])
+
+
+def clear_nan(flag, stream) -> None:
+    """Zero a pick's NaN flag (device uint64 [1]) on `stream`."""
+    flag.copy_to_device(np.zeros(1, np.uint64), stream=stream)
 
 
 def run_ahead(*, limit: int, first: Callable[[], object], step: Callable[[int], object],

@@ -18,7 +18,7 @@ import numpy as np
 from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import TokenRing, picks, run_ahead
+from strata.engine.cuda.run_ahead import TokenRing, clear_nan, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
@@ -147,14 +147,16 @@ class SplitEngine(Engine):
             raise ValueError("device_tokens needs a prefilled sequence")
         last, first_m, dev = self.last, self.stages[0], self.sm.devices[-1]
         hist, start = last.acts["history"][0], self._n_past
+        nan = last.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
         with _on(dev):
             mode = _set_sampling(last, sampling)
             ring = TokenRing()  # pinned in the last GPU's context
+            clear_nan(nan, last.stream)
 
         def first():
             with _on(dev):
                 self.steps[-1].pick(mode, last.stream)
-                return ring.fetch(hist, start, 0, last.stream)
+                return ring.fetch(hist, start, 0, last.stream, nan)
 
         def step(i):
             p = self._n_past
@@ -163,7 +165,7 @@ class SplitEngine(Engine):
             self._step(mode)
             self._n_past += 1
             with _on(dev):
-                return ring.fetch(hist, start + i + 1, i + 1, last.stream)
+                return ring.fetch(hist, start + i + 1, i + 1, last.stream, nan)
 
         def read(i, event):
             with _on(dev):
@@ -188,8 +190,10 @@ class SplitEngine(Engine):
             raise ContextFullError(f"{n} tokens after {self._n_past} exceed the context of "
                                    f"{self.max_context}")
         last, first = self.last, self.stages[0]
+        nan = last.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
         with _on(self.sm.devices[-1]):
             mode = _set_sampling(last, sampling)
+            clear_nan(nan, last.stream)
             self.steps[-1].pick(mode, last.stream)
         start = self._n_past
         for _ in range(n - 1):
@@ -199,12 +203,16 @@ class SplitEngine(Engine):
                                   last.acts["history"][0][p:p + 1])
             self._step(mode)
             self._n_past += 1
-        out = np.zeros(n, np.int32)
+        out, seen = np.zeros(n, np.int32), np.zeros(1, np.uint64)
         with _on(self.sm.devices[-1]):
             last.acts["history"][0][start:start + n].copy_to_host(out, stream=last.stream)
+            nan.copy_to_host(seen, stream=last.stream)
             last.stream.synchronize()
         self._set_lengths(0, self._n_past, seq=False)
         self.synchronize()
+        if seen[0]:
+            raise ValueError(f"logits contain NaN in one of {n} steps: the engine produced "
+                             f"invalid values")
         return [int(t) for t in out]
 
     # -- accounting ----------------------------------------------------------------------------
