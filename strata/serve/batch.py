@@ -6,7 +6,8 @@ sequences) implements this directly. `PerSlotEngines` builds one from single-seq
 (`reset()`, `prefill(tokens)`, `decode_step(token)`, `max_context`): one engine instance per slot.
 An engine may also choose tokens itself: `picks(params)` (whether it draws a `SamplingParams` as
 the host `Sampler` would) and `decode_picked(slots, tokens, params)` (a step whose result is each
-slot's next token, not its logits); the worker uses them where every running sequence qualifies.
+slot's next token where its params are given, its logits where they are None); the worker uses
+them for the sequences that qualify.
 Memory note: on the CPU backend every instance maps the same read-only weights, so N slots cost
 N KV caches and N sets of activation buffers, not N models.
 """

@@ -2,9 +2,10 @@
 
 Jobs wait in a FIFO queue. Whenever a slot is free the next job is admitted (its prompt is
 prefilled); then every running sequence advances one token in one batched `decode` call.
-Where the engine picks tokens itself (`decode_picked`, the CUDA batch engine) and it draws every
-running sequence's settings as the host `Sampler` would (`picks`), the step returns their tokens
-instead of logits: nothing is sampled on the host, and only n tokens cross the bus.
+Where the engine picks tokens itself (`decode_picked`, the CUDA batch engine), each sequence whose
+settings it draws as the host `Sampler` would (`picks`) gets its token from the step instead of
+logits: nothing is sampled for it on the host, and one token crosses the bus; the others' logits
+come back for the host to sample.
 Cancelled jobs are dropped before each step, so a client that goes away frees its slot within
 one decode step, and a job cancelled while queued is never prefilled.
 """
@@ -212,7 +213,8 @@ class Worker:
 
     def _decode_step(self) -> None:
         batch = list(self._active)
-        on_device = all(s.device is not None for s in batch)  # else the host samples them all
+        # the engine picks the tokens it can; the host samples the others from their logits
+        on_device = any(s.device is not None for s in batch)
         t0 = time.perf_counter()
         try:
             slots, tokens = [s.slot for s in batch], [s.last_token for s in batch]
@@ -227,7 +229,7 @@ class Worker:
         for seq, item in zip(batch, out):
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1
-            self._accept(seq, item, picked=on_device)
+            self._accept(seq, item, picked=seq.device is not None)
 
     def _accept(self, seq: _Seq, item, *, picked: bool = False) -> None:
         """Take the next token of `seq` (`item`: its logits to sample, or with `picked` the

@@ -85,10 +85,11 @@ def test_batched_decode_matches_alone_and_the_reference(tmp_models):
 
 
 def test_decode_picked_chooses_what_the_host_would(tmp_models):
-    """`decode_picked` (serve's path where the device draws every sequence's settings): one
-    sequence greedy, one drawing over every token with a seed; each token is what the host's
-    choice gives on the logits `decode` returns for the same step (greedy: the argmax; sampled:
-    the device sampler's float64 mirror), and the sequences go on from there either way."""
+    """`decode_picked` (serve's step where the device draws a sequence's settings): one sequence
+    greedy, one drawing over every token with a seed; each token is what the host's choice
+    gives on the logits `decode` returns for the same step (greedy: the argmax; sampled: the
+    device sampler's float64 mirror). The next step mixed: one sequence's logits handed back
+    for the caller to choose from, the other's token picked."""
     from helpers.sampling_ref import ref_sample
     from strata.engine.cuda.batch import batch_options, load_batch
     from strata.engine.sampler import SamplingParams
@@ -124,7 +125,10 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     assert start() == tok
     got = eng.decode_picked([0, 1], [tok[0], tok[1]], [greedy, drawn])
     assert got == want
-    np.testing.assert_allclose(eng.decode([0, 1], got), follow, rtol=1e-4, atol=1e-4)
+    # the next step mixed: slot 0's logits for the caller to choose from, slot 1 greedy
+    mixed = eng.decode_picked([0, 1], got, [None, greedy])
+    np.testing.assert_allclose(mixed[0], follow[0], rtol=1e-4, atol=1e-4)
+    assert mixed[1] == int(np.argmax(follow[1]))
     with pytest.raises(ValueError, match="needs a seed"):
         eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=40)])
     with pytest.raises(ValueError, match="does not draw"):

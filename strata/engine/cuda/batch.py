@@ -137,6 +137,7 @@ class CudaBatchEngine:
                                self._picked[:k], a["pick_state"][:k], self._flags[:k])
                            for k in range(1, n + 1)}
         self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
+        self._logit_row = [a["logits"][r] for r in range(n)]  # [n_vocab] f32 each
 
     def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
         """The plan's KV region [L, n * T, H, row] as n row regions of T tokens per layer."""
@@ -288,14 +289,17 @@ class CudaBatchEngine:
     picks = staticmethod(picks)
 
     def decode_picked(self, slots: Sequence[int], tokens: Sequence[int],
-                      sampling: Sequence[SamplingParams]) -> list[int]:
+                      sampling: Sequence[SamplingParams | None]) -> list[int | np.ndarray]:
         """One step as `decode`, each held sequence's next token then chosen on the device by
         its `sampling` (one per slot, each one `picks` accepts, with a seed: the draw's random
-        number is a hash of (seed, position)). Returns the tokens in the order of `slots`; -1
-        for a sequence whose logits held a NaN (no token is picked from them: the caller ends
-        that sequence, as the host `Sampler` refuses such logits)."""
+        number is a hash of (seed, position)), or, where it is None, left to the caller: that
+        sequence's [n_vocab] f32 logits. Returns, in the order of `slots`, each token (-1 for a
+        sequence whose logits held a NaN: no token is picked from them, and the caller ends
+        it, as the host `Sampler` refuses such logits) or logits row."""
         if len(sampling) != len(slots):
             raise ValueError(f"{len(slots)} slots but {len(sampling)} sampling settings")
+        host = list(sampling)  # None: the caller chooses that token, from its logits
+        sampling = [_GREEDY_STAND_IN if p is None else p for p in host]
         for p in sampling:
             if not picks(p):
                 raise ValueError(f"the device does not draw {p} as the host does (top-k 1..256, "
@@ -308,21 +312,25 @@ class CudaBatchEngine:
             return []
         st = self.m.stream
         dev_f, dev_i, dev_tok, host_f, host_i, picked, dev_state, flags = self._pick_rows[n]
-        changed = False  # settings are copied to the device only when a row's change
-        for r, p in zip(rows, sampling):
-            if self._row_sampling[r] != p:
-                self._fparams[r], self._iparams[r] = make_params(
-                    temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                    min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
-                    penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
-                self._row_sampling[r] = p
-                changed = True
+        # settings are copied to the device only when a row's change (and marked as copied
+        # once they are)
+        changed = [(r, p) for r, p in zip(rows, sampling) if self._row_sampling[r] != p]
+        for r, p in changed:
+            self._fparams[r], self._iparams[r] = make_params(
+                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
+                penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
         if changed:
             dev_f.copy_to_device(host_f, stream=st)
             dev_i.copy_to_device(host_i, stream=st)
+            for r, p in changed:
+                self._row_sampling[r] = p
         self.step.run(n, pick=True)
         dev_tok.copy_to_host(picked, stream=st)
         dev_state.copy_to_host(flags, stream=st)
+        for r, h in zip(rows, host):  # the rows left to the caller: their logits
+            if h is None:
+                self._logit_row[r].copy_to_host(self._logits[r], stream=st)
         self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
         st.synchronize()
         self._n_past[:n] += 1
@@ -330,11 +338,12 @@ class CudaBatchEngine:
         if nan.any():  # cleared for the rows' next sequences (the rest of the state is zero)
             dev_state.copy_to_device(np.zeros(dev_state.shape, np.uint64), stream=st)
             st.synchronize()
-        out = [-1 if nan[r] else int(picked[r]) for r in rows]
-        bad = [(s, t) for s, t in zip(slots, out) if t != -1 and not 0 <= t < self.shape.n_vocab]
-        if bad:  # a history row full past the plan, or no finite logit: never a wrong token
+        bad = [(s, int(picked[r])) for s, r, h in zip(slots, rows, host)
+               if h is not None and not nan[r] and not 0 <= picked[r] < self.shape.n_vocab]
+        if bad:  # never a wrong token: a row whose history had no room picks none
             raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
-        return out
+        return [np.array(self._logits[r]) if h is None else -1 if nan[r] else int(picked[r])
+                for r, h in zip(rows, host)]
 
     def _step_rows(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """Check a step's slots and tokens, compact the rows, and stage the input tokens (one
@@ -363,6 +372,11 @@ class CudaBatchEngine:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:
         int64 [L, 2], a host copy (safe to read from any thread: no GPU call)."""
         return np.array(self._hits)
+
+
+# the device's settings for a row whose token the caller chooses from its logits (any the
+# sampler takes: its pick is overwritten by the caller's token at the next step)
+_GREEDY_STAND_IN = SamplingParams(temperature=0.0)
 
 
 def _host_buffer(shape: tuple[int, ...], dtype) -> np.ndarray:
