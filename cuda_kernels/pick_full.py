@@ -64,6 +64,14 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
 
 
 @cuda.jit(device=True, inline="always")
+def weight(v, top, inv_t):
+    """exp((v - top) * inv_t), exactly 1 where v is the top value: a +inf logit (a repeat
+    penalty's overflow) then weighs 1 against every finite one's 0, as the host's `Sampler`
+    shares the draw among the +inf logits (inf - inf would make NaN)."""
+    return np.float32(1.0) if v == top else math.exp((v - top) * inv_t)
+
+
+@cuda.jit(device=True, inline="always")
 def chunk_mass(sv, inv_t, red):
     """(m, s) in every thread: the largest of sv[:PICK_CHUNK] and sum(exp((v - m) * inv_t))
     over it (-inf adds 0; s is 0 where every value is -inf). `red`: float32[32] scratch."""
@@ -78,7 +86,7 @@ def chunk_mass(sv, inv_t, red):
     if m > NEG_INF:  # uniform over the block: m is every thread's
         j = t
         while j < PICK_CHUNK:
-            s += math.exp((sv[j] - m) * inv_t)
+            s += weight(sv[j], m, inv_t)
             j += bd
     return m, block_sum(s, red)
 
@@ -121,7 +129,7 @@ def full_draw(logits, n_vocab, tokens, n, rp, last_n, inv_t, u, stats, n_blocks,
     b = t
     while b < n_blocks:  # each block's mass at the largest logit of all
         mb = stats[b * PICK_KMAX]
-        sv[b] = stats[b * PICK_KMAX + 1] * math.exp((mb - big) * inv_t) if mb > NEG_INF else F0
+        sv[b] = stats[b * PICK_KMAX + 1] * weight(mb, big, inv_t) if mb > NEG_INF else F0
         b += bd
     cuda.syncthreads()
     block_prefix(sv, n_blocks, part)
@@ -133,7 +141,7 @@ def full_draw(logits, n_vocab, tokens, n, rp, last_n, inv_t, u, stats, n_blocks,
     stage_chunk(logits, n_vocab, np.int64(chosen) * PICK_CHUNK, tokens, n, rp, last_n, sv, si)
     j = t
     while j < PICK_CHUNK:
-        sv[j] = math.exp((sv[j] - big) * inv_t)
+        sv[j] = weight(sv[j], big, inv_t) if sv[j] > NEG_INF else F0
         j += bd
     cuda.syncthreads()
     block_prefix(sv, PICK_CHUNK, part)

@@ -138,7 +138,9 @@ def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
     v0 = vals[0]
     i = t
     while i < k:
-        scratch[i] = math.exp((vals[i] - v0) / temp)
+        # exactly 1 at the best value: +inf logits (a penalty's overflow) share the draw, as
+        # the host's; inf - inf would make NaN
+        scratch[i] = np.float32(1.0) if vals[i] == v0 else math.exp((vals[i] - v0) / temp)
         i += bd
     if t == 0:
         found[0] = k  # keep

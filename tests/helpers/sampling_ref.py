@@ -22,7 +22,8 @@ def ref_support(lg, *, temperature, top_k, top_p, min_p):
     k = top_k if 0 < top_k <= KMAX else KMAX
     order = np.argsort(-lg, kind="stable")[:min(k, lg.size)]
     v = lg[order]
-    p = np.exp((v - v[0]) / temperature)  # the host Sampler's order: temperature, then the cuts
+    with np.errstate(invalid="ignore"):  # +inf at the top: exactly 1 each, as the host's
+        p = np.where(v == v[0], 1.0, np.exp((v - v[0]) / temperature))
     keep, cum = len(v), 0.0
     for i in range(len(v)):
         if i > 0 and (p[i] < min_p or cum >= top_p * p.sum()):
@@ -41,7 +42,8 @@ def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty
     if top_k == 0 and top_p >= 1.0 and min_p <= 0.0:  # every token, in id order
         lg = np.where(np.isnan(lg), -np.inf, lg)  # NaN ranks as -inf, as the device stages it
         ids = np.arange(lg.size)
-        w = np.exp((lg - lg.max()) / temperature)
+        with np.errstate(invalid="ignore"):  # +inf at the top: exactly 1 each, as the host's
+            w = np.where(lg == lg.max(), 1.0, np.exp((lg - lg.max()) / temperature))
     else:
         ids, w = ref_support(lg, temperature=temperature, top_k=top_k, top_p=top_p,
                              min_p=min_p)

@@ -153,3 +153,30 @@ def test_a_nan_logit_sets_the_rows_flag_and_only_its_own(mode):
     two = np.zeros((2, 2), np.uint64)
     launch(logits, two)
     assert not two.any()
+
+
+@pytest.mark.parametrize("params", [dict(temperature=1.0, **FULL),
+                                    dict(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05)])
+def test_plus_inf_logits_share_the_draw_as_on_the_host(params):
+    """+inf logits (a repeat penalty's overflow on a huge logit) take the whole draw, shared
+    evenly, as the host's `filtered_support` has it: each draw is one of them, the mirror's."""
+    rng = np.random.default_rng(2)
+    n_vocab = 2 * PICK_CHUNK + 5
+    infs = [17, PICK_CHUNK + 3, 2 * PICK_CHUNK + 1]  # one in each block
+    tokens = np.zeros(40, np.int32)
+    n = np.array([0], np.int32)
+    host_ids, host_p = filtered_support(
+        np.where(np.isin(np.arange(n_vocab), infs), np.inf, 0.0).astype(np.float32),
+        SamplingParams(**params))
+    assert host_ids.tolist() == infs and np.allclose(host_p, 1 / 3)
+    seen = set()
+    for seed in range(12):
+        logits = rng.standard_normal(n_vocab).astype(np.float32)
+        logits[infs] = np.inf
+        full = dict(repeat_penalty=1.0, penalty_last_n=0, seed=seed) | params
+        f, i = make_params(**full)
+        want = ref_sample(logits, tokens[:n[0]].copy(), **full)
+        _launch(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want and want in infs
+        seen.add(int(want))
+    assert len(seen) >= 2  # shared, not always the first
