@@ -62,7 +62,6 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
     return nan
 
 
-
 @cuda.jit(device=True, inline="always")
 def weight(v, top, inv_t):
     """exp((v - top) * inv_t), exactly 1 where v is the top value: a +inf logit (a repeat
