@@ -79,6 +79,7 @@ class Metrics:
         self.decode_tokens = 0
         self.decode_seconds = 0.0
         self.decode_steps = 0
+        self.device_picked = 0  # decode-step tokens the engine chose on the GPU
         self.cancelled: Counter[str] = Counter()  # "queued" | "running" -> n
         self.finished: Counter[str] = Counter()  # finish reason -> n
         self.queue_depth = 0
@@ -99,9 +100,12 @@ class Metrics:
             self.prefill_seconds += seconds
             self._window.append((self._clock(), "prefill", n_tokens))
 
-    def record_decode(self, n_tokens: int, seconds: float) -> None:
-        """One decode step that produced `n_tokens` tokens (one per sequence in the batch)."""
+    def record_decode(self, n_tokens: int, seconds: float, *, n_device_picked: int = 0) -> None:
+        """One decode step that produced `n_tokens` tokens (one per sequence in the batch),
+        `n_device_picked` of them chosen by the engine on the GPU (the rest sampled on the
+        host from logits)."""
         with self._lock:
+            self.device_picked += n_device_picked
             self.decode_tokens += n_tokens
             self.decode_seconds += seconds
             self.decode_steps += 1
@@ -166,6 +170,11 @@ class Metrics:
                      [({}, self.decode_seconds)])
             w.family("strata_decode_steps_total", "counter", "Batched decode steps run.",
                      [({}, self.decode_steps)])
+            w.family("strata_decode_tokens_total", "counter",
+                     "Tokens decode steps produced, by where they were chosen (device: picked on "
+                     "the GPU; host: sampled from logits copied back).",
+                     [({"picked": "device"}, self.device_picked),
+                      ({"picked": "host"}, self.decode_tokens - self.device_picked)])
             w.family("strata_requests_cancelled_total", "counter",
                      "Requests whose client went away, by where they were.",
                      [({"where": k}, self.cancelled.get(k, 0)) for k in ("queued", "running")])

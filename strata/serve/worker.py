@@ -225,7 +225,9 @@ class Worker:
             for seq in batch:
                 self._finish(seq, "error", error=f"decode failed: {e}")
             return
-        self.metrics.record_decode(len(batch), time.perf_counter() - t0)
+        self.metrics.record_decode(len(batch), time.perf_counter() - t0,
+                                   n_device_picked=sum(s.device is not None for s in batch)
+                                   if on_device else 0)
         for seq, item in zip(batch, out):
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1

@@ -47,6 +47,7 @@ def test_exposition_counts_everything():
     m.record_request("/v1/messages", 400)
     m.record_prefill(30, 0.5)
     m.record_decode(4, 0.01)
+    m.record_decode(3, 0.01, n_device_picked=2)  # two picked on the GPU, one on the host
     m.record_finish("length", 7)
     m.record_finish("cancelled", 2, cancelled_in="running")
     m.set_load(queue_depth=3, active=2, n_slots=4)
@@ -58,6 +59,8 @@ def test_exposition_counts_everything():
     assert s['strata_requests_cancelled_total{where="running"}'] == 1
     assert s['strata_requests_cancelled_total{where="queued"}'] == 0
     assert s['strata_requests_finished_total{reason="length"}'] == 1
+    assert s['strata_decode_tokens_total{picked="device"}'] == 2
+    assert s['strata_decode_tokens_total{picked="host"}'] == 5
     assert (s["strata_queue_depth"], s["strata_active_sequences"], s["strata_slots"]) == (3, 2, 4)
 
 

@@ -60,8 +60,8 @@ class SamplingModel(FakeModel):
                                             min_p=0.0, seed=sampling.seed))
 
 
-def run(engine, jobs):
-    worker = Worker(engine, SamplingModel(), Metrics())
+def run(engine, jobs, metrics=None):
+    worker = Worker(engine, SamplingModel(), metrics or Metrics())
     sinks = []
     for prompt, sampling in jobs:
         sink = Sink()
@@ -96,13 +96,16 @@ def test_a_sequence_the_device_cannot_draw_gets_its_logits_in_the_same_step():
     """One request the engine cannot draw (top-k 7 here) beside one it can: each step picks the
     second's token on the device and hands back the first's logits, which the host samples;
     both answers come out whole."""
-    engine = PickingEngine(lambda p: "xyz", n_slots=2)
+    engine, metrics = PickingEngine(lambda p: "xyz", n_slots=2), Metrics()
     sinks = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0)),
-                         ("b", Sampling(max_tokens=50, temperature=0.0, top_k=7))])
+                         ("b", Sampling(max_tokens=50, temperature=0.0, top_k=7))], metrics)
     assert [s.text for s in sinks] == ["xyz", "xyz"]
     assert engine.steps and set(engine.steps) == {"picked"}
     mixed = [g for g in engine.given if len(g) == 2]
     assert mixed and all(sum(p is None for p in g) == 1 for g in mixed)
+    # each step's tokens counted by where they were chosen: "xyz" + the end token after the
+    # prompt's first, for each request
+    assert (metrics.device_picked, metrics.decode_tokens - metrics.device_picked) == (3, 3)
 
 
 def test_a_failed_device_step_fails_its_jobs_with_the_reason():
