@@ -7,6 +7,8 @@
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
+* tokens picked on the device (`decode_picked`) equal the host's argmax, alone and in a step
+  mixed with a row left to the host, and NaN logits are flagged, not picked from;
 * the tensor-core batch matvec (`batch_tc`) against float64 and the one-token kernel, batch
   invariant;
 * the small-batch kernels on the device: each token's matvec (`lanes_batch`) and MoE
@@ -109,6 +111,49 @@ def test_serve_worker_over_the_batched_engine(setup):
     alone = [_alone(eng, p, 6)[0] for p in PROMPTS]
     clients = run_clients(eng, list(PROMPTS), 6)
     assert [c.tokens for c in clients] == alone
+
+
+def _start(eng, prompts):
+    for s in range(eng.n_slots):
+        eng.release(s)
+    return [int(np.argmax(eng.prefill(s, p))) for s, p in enumerate(prompts)]
+
+
+def test_decode_picked_is_the_host_choice_mixed_and_flags_nan(setup):
+    """`decode_picked` (serve's steps, CUDA graphs): greedy tokens picked on the device equal
+    the argmax of `decode`'s logits step for step; a mixed step hands back one row's logits
+    (the same argmax) beside the other's token; NaN logits (the output norm poisoned) give -1,
+    and the flag is cleared for the next sequence."""
+    from strata.engine.sampler import SamplingParams
+
+    _, eng = setup
+    greedy = SamplingParams(temperature=0.0)
+    prompts = list(PROMPTS[:2])
+    tok, want = _start(eng, prompts), []
+    for _ in range(5):
+        tok = [int(np.argmax(r)) for r in eng.decode([0, 1], tok)]
+        want.append(tok)
+    tok, got = _start(eng, prompts), []
+    for i in range(5):
+        if i == 2:
+            out = eng.decode_picked([0, 1], tok, [None, greedy])
+            assert isinstance(out[0], np.ndarray) and out[0].shape == (eng.shape.n_vocab,)
+            tok = [int(np.argmax(out[0])), out[1]]
+        else:
+            tok = eng.decode_picked([0, 1], tok, [greedy, greedy])
+        got.append(tok)
+    assert got == want
+    norm = eng.m.norms["output_norm"]
+    saved = norm.copy_to_host()
+    norm.copy_to_device(np.full(saved.shape, np.nan, np.float32))
+    try:
+        _start(eng, prompts[:1])
+        assert eng.decode_picked([0], [5], [greedy]) == [-1]
+    finally:
+        norm.copy_to_device(saved)
+    first = _start(eng, prompts[:1])
+    assert eng.decode_picked([0], first, [greedy]) == [want[0][0]]
+    eng.release(0)
 
 
 @pytest.mark.parametrize("name,n_cols,n_rows", [("Q4_K", 2048, 96), ("Q4_K", 4096, 40),
