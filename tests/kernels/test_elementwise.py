@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers.kernel_blocks import random_rows, reference
-from strata.cuda_kernels.elementwise import add, embed, scatter_tokens, swiglu
+from strata.cuda_kernels.elementwise import add, embed, last_tokens, scatter_tokens, swiglu
 
 
 def test_swiglu_and_add():
@@ -65,3 +65,17 @@ def test_scatter_tokens_refuses_mismatched_rows():
         scatter_tokens(tokens, np.zeros(3, np.int32), history[:2])
     with pytest.raises(ValueError, match="tokens: dtype int64"):
         scatter_tokens(np.zeros(3, np.int64), np.zeros(3, np.int32), history)
+
+
+def test_last_tokens_gathers_each_rows_newest_token():
+    """out[r] = history[r, n_tokens[r] - 1]; a count outside 1..n_ctx gives -1, never a read
+    past the row; shapes that disagree are refused by name."""
+    history = np.arange(4 * 6, dtype=np.int32).reshape(4, 6)  # [rows, n_ctx] i32
+    counts = np.array([1, 6, 0, 7], np.int32)
+    out = np.full(4, 99, np.int32)
+    last_tokens(history, counts, out)
+    assert out.tolist() == [0, 11, -1, -1]
+    with pytest.raises(ValueError, match="n_tokens: shape"):
+        last_tokens(history, counts[:3], out)
+    with pytest.raises(ValueError, match="history: shape"):
+        last_tokens(history[:3], counts, out)

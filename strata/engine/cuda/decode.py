@@ -89,6 +89,7 @@ class DecodeStep:
         self.pick_rows = tuple(a[k][0:1] for k in ("logits", "history", "pick_state",
                                                    "sample_fparams", "sample_iparams",
                                                    "pick_cand_v", "pick_cand_i"))
+        self.nan_flag = self.pick_rows[2][0][2:3]  # [1] u64: whether a pick met NaN logits
         self.seq_len = a["seq_len"]  # [1] i32: tokens in the KV cache = the next position
         self.moe_routes = [self._moe_routes(il) for il in range(s.n_layer)]
 

@@ -18,7 +18,7 @@ from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import TokenRing, clear_nan, picks, run_ahead
+from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
@@ -120,7 +120,7 @@ class CudaEngine(Engine):
             raise ValueError("device_tokens needs a prefilled sequence")
         mode = self.set_sampling(sampling)
         st, hist, start, ring = self.m.stream, self.m.acts["history"][0], self._n_past, TokenRing()
-        nan = self.m.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        nan = self.step.nan_flag
         clear_nan(nan, st)
 
         def first():
@@ -153,7 +153,7 @@ class CudaEngine(Engine):
                                    f"{self.max_context}")
         mode = self.set_sampling(sampling)
         a, st, start = self.m.acts, self.m.stream, self._n_past
-        nan = a["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        nan = self.step.nan_flag
         clear_nan(nan, st)
         self.step.pick(mode, st)
         for _ in range(n - 1):
@@ -166,8 +166,7 @@ class CudaEngine(Engine):
         a["n_tokens"].copy_to_device(np.array([self._n_past], np.int32), stream=st)
         st.synchronize()
         if seen[0]:
-            raise ValueError(f"logits contain NaN in one of {n} steps: the engine produced "
-                             f"invalid values")
+            raise nan_error(f"one of {n} steps")
         return [int(t) for t in out]
 
     def set_sampling(self, sampling: SamplingParams | None) -> str:

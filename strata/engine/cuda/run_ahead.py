@@ -57,9 +57,14 @@ class TokenRing:
     def read(self, i: int, event) -> int:
         event.synchronize()
         if self.flags[i % 2]:
-            raise ValueError(f"logits contain NaN (generated token {i}): the engine produced "
-                             f"invalid values; no token is picked from them")
+            raise nan_error(f"generated token {i}")
         return int(self.slots[i % 2])
+
+
+def nan_error(where: str) -> ValueError:
+    """The error for a pick whose logits held a NaN (as the host `Sampler` refuses them)."""
+    return ValueError(f"logits contain NaN ({where}): the engine produced invalid values; no "
+                      f"token is picked from them")
 
 
 def clear_nan(flag, stream) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import TokenRing, clear_nan, picks, run_ahead
+from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
@@ -147,7 +147,7 @@ class SplitEngine(Engine):
             raise ValueError("device_tokens needs a prefilled sequence")
         last, first_m, dev = self.last, self.stages[0], self.sm.devices[-1]
         hist, start = last.acts["history"][0], self._n_past
-        nan = last.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        nan = self.steps[-1].nan_flag
         with _on(dev):
             mode = _set_sampling(last, sampling)
             ring = TokenRing()  # pinned in the last GPU's context
@@ -190,7 +190,7 @@ class SplitEngine(Engine):
             raise ContextFullError(f"{n} tokens after {self._n_past} exceed the context of "
                                    f"{self.max_context}")
         last, first = self.last, self.stages[0]
-        nan = last.acts["pick_state"][0][2:3]  # [1] u64: the picks' NaN flag
+        nan = self.steps[-1].nan_flag
         with _on(self.sm.devices[-1]):
             mode = _set_sampling(last, sampling)
             clear_nan(nan, last.stream)
@@ -211,8 +211,7 @@ class SplitEngine(Engine):
         self._set_lengths(0, self._n_past, seq=False)
         self.synchronize()
         if seen[0]:
-            raise ValueError(f"logits contain NaN in one of {n} steps: the engine produced "
-                             f"invalid values")
+            raise nan_error(f"one of {n} steps")
         return [int(t) for t in out]
 
     # -- accounting ----------------------------------------------------------------------------
