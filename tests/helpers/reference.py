@@ -24,6 +24,7 @@ holds; the plain reference checks the issue's 2% bound on top.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,9 @@ class RefModel:
     freq_base: float
     eps: float
     x8: frozenset = frozenset()  # tensors whose products round their activations (round_x8)
+    # the rounding those products use: round_x8, or a stand-in with the same contract that also
+    # finds or flips near-ties (helpers.ties)
+    rounder: Callable[[np.ndarray], np.ndarray] | None = None
 
     @classmethod
     def load(cls, path, *, x8: bool = False) -> RefModel:
@@ -93,7 +97,9 @@ class RefModel:
     def mm(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         """x @ W^T for tensor `name` (one expert's matrix of a stacked tensor)."""
         w = self.t[name] if expert is None else self.t[name][expert]
-        return (round_x8(x) if name in self.x8 else x) @ w.T
+        if name in self.x8:
+            x = (self.rounder or round_x8)(x)
+        return x @ w.T
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

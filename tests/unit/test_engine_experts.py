@@ -10,6 +10,7 @@ import pytest
 from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize
 from helpers import reference as ref
+from helpers import ties
 from helpers.engine_models import PROMPT, model_path
 
 from strata.engine.cpu import CpuEngine, CpuExperts
@@ -98,9 +99,10 @@ def test_a_tied_head_reads_the_embedding(tmp_models, tmp_path):
     m = ref.RefModel.load(path, x8=True)
     rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
     # The head alone, on the engine's own last hidden state: the embedding's rows times the
-    # 8-bit activations, to f32 rounding (a CI run once missed the whole-model bound by 1.7x;
-    # this says whether the head or the layers moved).
+    # 8-bit activations, to f32 rounding.
     head = m.mm("token_embd", seen["result_norm"])[-1]
     assert rel(logits, head) < 1e-5, f"the tied head: {rel(logits, head):.2e}"
-    want = ref.forward(m, PROMPT)[-1]
-    assert rel(logits, want) < 1e-3, f"the whole model: {rel(logits, want):.2e}"
+    # The whole model, near-ties of the rounding resolved either way (helpers.ties: CI met one
+    # in blk.0 that alone moves these logits 1.75e-3)
+    dist, _ = ties.x8_distance(logits, m, PROMPT)
+    assert dist < 1e-5, f"the whole model: {dist:.2e}"

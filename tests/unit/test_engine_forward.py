@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import reference as ref
+from helpers import ties
 from helpers.engine_models import MIXES, PROMPT, model_path
 
 from strata.engine import ContextFullError, EngineInputError
@@ -49,8 +50,10 @@ def test_greedy_tokens_and_logits_match_the_float64_reference(models, mix):
     assert tokens == want_tokens
     # f32 activations, 8-bit into K-quant products: inside the required 2%
     assert _rel(first, want_first) < 2e-2
-    # and within f32 rounding of a reference that rounds those activations the same way
-    assert _rel(first, ref.forward(ref.RefModel.load(path, x8=True), PROMPT)[-1]) < 1e-3
+    # and within f32 rounding of a reference that rounds those activations the same way, its
+    # near-ties resolved either way (helpers.ties: one of them alone moves these logits 7e-4)
+    dist, _ = ties.x8_distance(first, ref.RefModel.load(path, x8=True), PROMPT)
+    assert dist < 1e-5, f"{mix}: {dist:.2e} from the 8-bit-rounding reference"
 
 
 @pytest.mark.parametrize("mix", ["Q4_K_M", "LEGACY_MIX"])
