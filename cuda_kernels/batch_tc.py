@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import SIMULATED, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_any, ld_x4
+from .intrinsics import h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_any, ld_x4
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .launch import check_rows, check_token_batch, flat, register_ptx
 from .mma import h2_sub, half2_hi, half2_lo, mma_16816, pack_half2, shfl_idx, shfl_xor

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .matmul_tiles import (FMA_TILE, K_STEP, TC_TILE, FmaTile, TcTile, fma_kernel,
+from .matmul_tiles import (FMA_TILE, K_STEP, FmaTile, TcTile, fma_kernel,
                            n_col_blocks, tc_kernel, tc_tile)
 from .matmul_loads import split_loader
 from .qformats import get_format

@@ -80,9 +80,8 @@ class ExpertLayout:
     down_off: int = -1   # default: right after up
 
     def __post_init__(self):
-        gu, dn = get_format(self.gate_up_type), get_format(self.down_type)
+        gu = get_format(self.gate_up_type)
         gate_bytes = self.n_ff * gu.row_bytes(self.n_embd)
-        down_bytes = self.n_embd * dn.row_bytes(self.n_ff)
         if self.up_off < 0:
             object.__setattr__(self, "up_off", gate_bytes)
         if self.down_off < 0:

@@ -7,7 +7,7 @@ and per kernel, and whether the output equals the plain graph's.
 
 Run from the repository root on a GPU machine: `python bench/probes/pdl_chain.py`. The result
 of 2026-12-01 is in bench/results/2026-12-01_pdl_probe.json."""
-import sys, time, math
+import sys, math
 import numpy as np
 from numba import cuda, types
 from numba.core.extending import intrinsic

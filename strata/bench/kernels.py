@@ -163,7 +163,6 @@ def ceilings(ctx: Ctx) -> list[Result]:
                     for _ in range(3)])
     us_copy = ms * 1e3 / 3
     ctx.copy_gbps = 2 * (n // 2) / (us_copy * 1e-6) / 1e9
-    del src, dst
     return [Result("ceilings", "HBM read (ld.global.nc.v4)", "4 GiB", us_read, n, ctx.read_gbps),
             Result("ceilings", "device-to-device copy (read+write)", "2 GiB", us_copy, n,
                    ctx.copy_gbps)]
@@ -364,7 +363,6 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     if picks[False] != picks[True]:
         raise RuntimeError(f"route_moe: the two ways picked {picks[False]} and {picks[True]}")
     out[-1].extra["same picks"] = str(picks[True])
-    del cache
     return out
 
 
