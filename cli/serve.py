@@ -41,6 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "several sizes (12GiB,16GiB) split the layers over GPUs 0, 1, ...")
     p.add_argument("--no-graph", dest="no_graph", action="store_true", default=None,
                    help="CUDA: launch decode kernels one by one instead of replaying graphs")
+    p.add_argument("--batch-invariant", dest="batch_invariant", action="store_true",
+                   default=None,
+                   help="CUDA: a sequence gets the same tokens alone and beside others (one "
+                        "sequence then decodes through the batched kernels: slower)")
     from strata.plan.knobs import add_engine_knobs
     # --batch (sequences decoded together, one slot each; on CUDA they share each pass over the
     # weights), --max-context (per sequence) and the CUDA plan's VRAM knobs. Their defaults are

@@ -11,7 +11,8 @@ and the milliseconds of one step. Where a step's host time goes (`DecodeTimer`, 
 "decode_host"): the wall time of `engine.decode()` split at the graph replay's launch and around
 the stream's synchronize, and the worker's own time between decodes. Correctness: each client's
 greedy tokens in every batch against the same prompt decoded alone (how many match, the first
-divergence). One JSON object (date, commit, device, command) goes to --json.
+divergence; equal by construction with `--invariant`, else a one-client step's 8-bit-x rounding
+may part them at a near-tie). One JSON object (date, commit, device, command) goes to --json.
 """
 
 from __future__ import annotations
@@ -264,7 +265,8 @@ def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int =
     the positions held (advance_seq_len left out, so every replay writes and reads the same KV
     rows)."""
     import strata.engine.cuda.batch_step as batch_step_mod
-    from strata.engine.cuda.profile import profile_step
+    import strata.engine.cuda.decode as decode_mod
+    from strata.engine.cuda.profile import LAUNCHERS, profile_step
 
     rng = np.random.default_rng(seed)
     a, st, out = engine.m.acts, engine.m.stream, {}
@@ -274,7 +276,11 @@ def profile_rows(engine: Any, counts: list[int], prompt_tokens: int, seed: int =
         tok = rng.integers(0, engine.shape.n_vocab, n).astype(np.int32)  # [n] i32
         a["step_tokens"][:n].copy_to_device(tok, stream=st)
         st.synchronize()
-        out[str(n)] = profile_step(engine.step, module=batch_step_mod, launchers=BATCH_LAUNCHERS,
+        # one row without batch invariance runs the single engine's step (its launchers are
+        # decode.py's; the token scatter before it then runs in every unit's graph)
+        one = n == 1 and engine.step.one is not None
+        out[str(n)] = profile_step(engine.step, module=decode_mod if one else batch_step_mod,
+                                   launchers=LAUNCHERS if one else BATCH_LAUNCHERS,
                                    record=lambda s_, n=n: engine.step.record(s_, n),
                                    frozen=("advance_seq_len",))
         for slot in range(n):
@@ -300,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pick", choices=("device", "host"), default="device",
                    help="where tokens are chosen: the engine (serve's way; default) or the "
                         "host from each step's logits")
+    p.add_argument("--invariant", action="store_true",
+                   help="batch-invariant engine (strata serve --batch-invariant): one client's "
+                        "steps run the batched kernels' float32 path, not the fused single step")
     p.add_argument("--command", help="the command line to record (default: this one)")
     p.add_argument("--profile-rows", default="", metavar="N,N",
                    help="after the rounds, the batched step's time by launcher at these row "
@@ -327,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = batch_options(mf, max(clients), PlanOptions(max_context=args.max_context),
                          gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
                          progress=False)
-    engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
+    engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr),
+                        invariant=args.invariant)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen,
@@ -342,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                                             + (argv if argv is not None else sys.argv[1:])),
         "slots": engine.n_slots, "max_context_per_sequence": engine.max_context,
         "prompt_tokens": args.prompt_tokens, "gen": args.gen, "pick": args.pick,
+        "invariant": args.invariant,
         "load_seconds": load_s,
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),

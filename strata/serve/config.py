@@ -29,7 +29,8 @@ class ServeConfig:
     together (one slot each); `max_context` caps each sequence (None: the engine's default).
     The CUDA backend's plan knobs (`kv` .. `profile`, `gpu_mem`, `no_graph`) mean what they mean
     for `strata plan` / `generate`, per sequence, and so do the layer split's (`gpus` ..
-    `handoff`); the CPU backend reads none of them."""
+    `handoff`); `batch_invariant` is the batched engine's (see the field); the CPU backend
+    reads none of them."""
 
     model: str
     host: str = "127.0.0.1"
@@ -47,6 +48,9 @@ class ServeConfig:
     log_level: str = "info"
     gpu_mem: str | None = None
     no_graph: bool = False
+    # one sequence's tokens do not depend on the others decoded beside it (CUDA, one GPU): a
+    # step of one sequence runs the batched kernels' float32 path, not the fused single step
+    batch_invariant: bool = False
     kv: str = "f16"
     kv_resident: int | None = None
     prefill: str = "auto"
@@ -171,9 +175,9 @@ def build_config(cli: dict[str, Any], config_file: str | None, *,
 
 SPLIT_KNOBS = ("gpus", "layer_split", "cover_b", "no_helper_tiers", "no_carve", "stage_cache",
                "gpu_bandwidth", "handoff")
-PLAN_KNOBS = ("gpu_mem", "no_graph", "kv", "kv_resident", "prefill", "expert_cache",
-              "vram_reserve_mib", "ring_mib", "no_prefill_borrow", "embd_on_gpu", "lend_pct",
-              "lend_floor_slots", "profile") + SPLIT_KNOBS
+PLAN_KNOBS = ("gpu_mem", "no_graph", "batch_invariant", "kv", "kv_resident", "prefill",
+              "expert_cache", "vram_reserve_mib", "ring_mib", "no_prefill_borrow", "embd_on_gpu",
+              "lend_pct", "lend_floor_slots", "profile") + SPLIT_KNOBS
 
 
 def plan_knobs_set(config: ServeConfig) -> list[str]:

@@ -86,7 +86,8 @@ def _cuda(config: ServeConfig, model_file: Any) -> Built:
     options = batch_options(model_file, config.batch, plan_options(config),
                             gpu_mem=req.gpu_mem[0], device=req.devices[0],
                             graph=not config.no_graph, profile_path=config.profile)
-    engine = load_batch(model_file, options, log=lambda text: print(text, file=sys.stderr))
+    engine = load_batch(model_file, options, log=lambda text: print(text, file=sys.stderr),
+                        invariant=config.batch_invariant)
     return Built("cuda", engine, engine.m.plan)
 
 

@@ -2,8 +2,11 @@
 
     STRATA_TEST_GPU=1 python -m pytest -s tests/gpu/test_batch_gpu.py
 
-* three sequences decoded together (CUDA graphs, the small-batch matvec and batched MoE kernels)
-  give each one the greedy tokens it gets decoded alone, and the float64 reference's;
+* a batch-invariant engine (`--batch-invariant`): three sequences decoded together (CUDA
+  graphs, the small-batch matvec and batched MoE kernels) give each one the greedy tokens it
+  gets decoded alone, and the float64 reference's;
+* the default engine: a step of one sequence is the single engine's (`CudaEngine`'s logits bit
+  for bit, graph replays), steps of several the invariant engine's;
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
@@ -39,8 +42,20 @@ def setup(tmp_models):
     path = model_path(tmp_models, "Q4_K_M")
     mf = open_model(path)
     eng = load_batch(mf, batch_options(mf, 3, PlanOptions(max_context=256, ring_mib=1),
-                                       progress=False))
+                                       progress=False), invariant=True)
     return path, eng
+
+
+@pytest.fixture(scope="module")
+def fast(setup):
+    """The default engine (`strata serve`): one sequence's steps run the single engine's."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.gguf import open_model
+    from strata.plan.options import PlanOptions
+
+    mf = open_model(setup[0])
+    return load_batch(mf, batch_options(mf, 3, PlanOptions(max_context=256, ring_mib=1),
+                                        progress=False))
 
 
 def _alone(eng, prompt, n):
@@ -111,6 +126,33 @@ def test_serve_worker_over_the_batched_engine(setup):
     alone = [_alone(eng, p, 6)[0] for p in PROMPTS]
     clients = run_clients(eng, list(PROMPTS), 6)
     assert [c.tokens for c in clients] == alone
+
+
+def test_one_sequence_runs_the_single_engines_step(setup, fast):
+    from helpers.gpu_engine import load
+
+    path, same = setup
+    assert fast.step.one is not None and same.step.one is None
+    _, single = load(path, max_context=256)
+    p = PROMPTS[0]
+    want = single.prefill(p)
+    got = fast.prefill(0, p)
+    np.testing.assert_array_equal(got, want)
+    for _ in range(N_GEN):
+        tok = int(np.argmax(want))
+        want, got = single.decode_step(tok), fast.decode([0], [tok])[0]
+        np.testing.assert_array_equal(got, want)
+    assert 1 in fast.step.graphs  # the later steps were graph replays
+    fast.release(0)
+    # several sequences: the batched kernels, as the invariant engine's, bit for bit
+    tok = {e: _start(e, PROMPTS) for e in (fast, same)}
+    for _ in range(3):
+        rows = {e: e.decode([0, 1, 2], tok[e]) for e in (fast, same)}
+        np.testing.assert_array_equal(rows[fast], rows[same])
+        tok = {e: [int(np.argmax(r)) for r in rows[e]] for e in (fast, same)}
+    for e in (fast, same):
+        for s in range(3):
+            e.release(s)
 
 
 def _start(eng, prompts):

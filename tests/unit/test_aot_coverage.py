@@ -61,7 +61,8 @@ def _run(path):
 
 
 def _run_batch(path, n_slots: int = 8):
-    """`strata serve --batch 8`: every step size from 8 sequences down to 1."""
+    """`strata serve --batch 8`: every step size from 8 sequences down to 1 (one: the single
+    engine's step), and a one-sequence step of `--batch-invariant` (the batched kernels' path)."""
     from strata.engine.cuda.batch import batch_options, load_batch
     from strata.gguf import open_model
     from strata.memory.numba_backend import NumbaBackend
@@ -77,6 +78,10 @@ def _run_batch(path, n_slots: int = 8):
     while held:
         eng.decode(held, [1] * len(held))
         eng.release(held.pop())
+    same = load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
+                                        progress=False), backend=card, invariant=True)
+    same.prefill(0, [5, 77])
+    same.decode([0], [1])
 
 
 def _run_split(path):

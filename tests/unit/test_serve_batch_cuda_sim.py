@@ -133,3 +133,50 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
         eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=40)])
     with pytest.raises(ValueError, match="does not draw"):
         eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=0, seed=1)])
+
+
+def test_one_row_runs_the_single_engines_step(tmp_models):
+    """A step of one row runs `DecodeStep` on row 0 (the single engine's fused launches): its
+    logits are the single `CudaEngine`'s bit for bit. A batch-invariant engine's one-row step
+    runs the batched kernels' float32 path instead, whose logits differ by the 8-bit rounding.
+    A sequence that shares steps, then goes on alone, keeps the reference's greedy tokens."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.cuda.model import CudaModel
+    from strata.engine.cuda.options import CudaOptions
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    plan = PlanOptions(max_context=256)
+    fast = load_batch(mf, batch_options(mf, 2, plan, graph=False, progress=False), backend=card)
+    same = load_batch(mf, batch_options(mf, 2, plan, graph=False, progress=False), backend=card,
+                      invariant=True)
+    assert fast.step.one is not None and same.step.one is None
+    single = CudaEngine(CudaModel(mf, CudaOptions(plan=plan, graph=False, progress=False),
+                                  backend=card), use_graph=False)
+    p = PROMPTS[1]
+    tok = int(np.argmax(single.prefill(p)))
+    want = single.decode_step(tok)
+    assert int(np.argmax(fast.prefill(0, p))) == tok == int(np.argmax(same.prefill(0, p)))
+    np.testing.assert_array_equal(fast.decode([0], [tok])[0], want)
+    other = same.decode([0], [tok])[0]
+    assert not np.array_equal(other, want) and _rel(other, want) < 0.02
+
+    # joined by a second sequence (a batched step), then alone again (the fused step): the
+    # KV rows the batched step wrote are read by the single engine's launches
+    ref = RefModel.load(path)
+    seq = p + [tok, int(np.argmax(want))]
+    first0 = fast.prefill(1, PROMPTS[0])
+    both = fast.decode([0, 1], [seq[-1], int(np.argmax(first0))])
+    seq.append(int(np.argmax(both[0])))
+    fast.release(1)
+    alone = fast.decode([0], [seq[-1]])[0]
+    full = forward(ref, seq)
+    assert _rel(both[0], full[-2]) < 0.02 and _rel(alone, full[-1]) < 0.02
+    assert int(np.argmax(alone)) == int(np.argmax(full[-1]))

@@ -100,6 +100,12 @@ def test_plan_knobs_from_the_file_and_the_command_line(tmp_path):
     cli = build_config(_parse(["-m", "/x.gguf", "--batch", "2", "--kv", "q4_0"]), path)
     assert (cli.batch, cli.kv, cli.expert_cache) == (2, "q4_0", "300")
     assert plan_knobs_set(ServeConfig(model="m")) == []
+    # batch invariance: the flag, or the file's key (the CPU backend is told it ignores it)
+    assert build_config(_parse(["--batch-invariant"]), path).batch_invariant is True
+    inv = build_config(_parse([]), write(tmp_path, {"model": "/m.gguf", "batch_invariant": True},
+                                         "inv.json"))
+    assert inv.batch_invariant is True and plan_knobs_set(inv) == ["batch_invariant"]
+    assert build_config(_parse([]), path).batch_invariant is False
 
 
 def test_bad_plan_knobs_are_named(tmp_path):

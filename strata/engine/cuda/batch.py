@@ -11,6 +11,13 @@ or step.
 The prompt path (`PromptRun`) runs one sequence at a time through a row view of the model: the
 same buffers, with the session's per-sequence entries and the KV sides narrowed to one row.
 
+A step of one row runs the single engine's fused launches (`DecodeStep` on row 0: one client
+of `strata serve` decodes as fast as `strata generate`), whose 8-bit x rounds as the batched
+kernels' float32 x does not: a sequence's logits then depend, by that rounding, on whether
+others share its steps. `invariant=True` (`strata serve --batch-invariant`) runs one row through
+the batched kernels' float32 path instead, so a sequence gets the same bits alone and in any
+batch (slower alone: 3.67 ms a step against 2.41 on the H200's 30B-A3B).
+
 It is the serve worker's `BatchEngine`: `prefill(slot, tokens)`, `decode(slots, tokens)`,
 `release(slot)`; slots are the worker's names for sequences, rows the engine's. Where every held
 sequence samples by settings the device draws as the host would (`picks`), `decode_picked`
@@ -31,6 +38,7 @@ from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.matvec import MAX_TOKENS
 from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.batch_step import BatchStep
+from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.engine.cuda.prefill import PromptRun
@@ -98,12 +106,14 @@ class _RowModel:
 
 
 class CudaBatchEngine:
-    """N sequences decoded together on one GPU (see the module doc)."""
+    """N sequences decoded together on one GPU (see the module doc; `invariant`: one row runs
+    the batched kernels' float32 path, not the single engine's fused 8-bit-x step)."""
 
     backend = "cuda"
 
-    def __init__(self, m: CudaModel, *, use_graph: bool = True):
+    def __init__(self, m: CudaModel, *, use_graph: bool = True, invariant: bool = False):
         self.m = m
+        self.invariant = invariant
         self.shape = s = m.shape
         self.n_slots = n = m.plan.options.batch
         if not 1 <= n <= MAX_BATCH:
@@ -116,6 +126,8 @@ class CudaBatchEngine:
         self.max_context = m.plan.kv.resident_tokens
         self.sides = self._carve_rows()
         self.step = BatchStep(m, self.sides, use_graph=use_graph)
+        if not invariant:  # a step of one row: the single engine's launches on row 0's view
+            self.step.one = DecodeStep(self._row_view(0), use_graph=False)
         self.traffic = PrefillTraffic()
         self._row_of: dict[int, int] = {}  # slot -> row
         self._slot_at: list[int | None] = []  # row -> slot (None: vacant until compacted)
@@ -253,8 +265,7 @@ class CudaBatchEngine:
             m.cache.lend(use.lend_slots)
         try:
             P, R = m.arena.prompt_views(use)
-            view = _RowModel(m, row, self.sides[row], len(self.step.partials[row][0]))
-            run = PromptRun(view, P, R, use.chunk, self.traffic)
+            run = PromptRun(self._row_view(row), P, R, use.chunk, self.traffic)
             for off in range(0, ids.size, use.chunk):
                 part = ids[off:off + use.chunk]
                 run.chunk_step(part, int(self._n_past[row]))
@@ -264,7 +275,9 @@ class CudaBatchEngine:
 
     def row_model(self, slot: int) -> Any:
         """The model seen through `slot`'s row (what the prompt path runs on)."""
-        row = self._row_of[slot]
+        return self._row_view(self._row_of[slot])
+
+    def _row_view(self, row: int) -> _RowModel:
         return _RowModel(self.m, row, self.sides[row], len(self.step.partials[row][0]))
 
     # -- decode --------------------------------------------------------------------------------
@@ -386,7 +399,8 @@ def _host_buffer(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def load_batch(model: ModelFile, options: BatchOptions, *, log: Callable[[str], None] | None
-               = None, backend=None) -> CudaBatchEngine:
-    """Plan and load `model` for `options.plan.batch` sequences and return the engine."""
+               = None, backend=None, invariant: bool = False) -> CudaBatchEngine:
+    """Plan and load `model` for `options.plan.batch` sequences and return the engine
+    (`invariant`: a sequence's bits do not depend on the others in its steps; see the class)."""
     return CudaBatchEngine(CudaModel(model, options, backend=backend, log=log),
-                           use_graph=options.graph)
+                           use_graph=options.graph, invariant=invariant)

@@ -12,10 +12,14 @@ RoPE of all rows at their own positions; the KV write and split-K attention of a
 router over all rows; the MoE of all rows (`batch_moe`'s lane kernels: two launches, gate_up
 grouped by expert, down per token; row by row where gate and up differ in format; its
 tensor-core kernels, `batch_moe_tc`, measured slower at 8 rows and are not launched here); final norm and head over all rows; per row,
-seq_len[r] += 1. One row runs the single-token kernels (`matvec` lanes, `moe_decode`), the same
-launches as `DecodeStep` but with float32 x in the lane matvecs and the MoE's gate/up, as the
-batched kernels (`DecodeStep` dots 8-bit x where the format can: `lanes_x8`), so a row gets the
-same bits alone and in a batch.
+seq_len[r] += 1.
+
+One row, by default, runs the single engine's step (`one`: a `DecodeStep` over row 0, its fused
+launches — the norm inside the q/k/v matvec, RoPE with the KV write, the router with its norm,
+the MoE in one launch — dotting 8-bit x where the format can, `lanes_x8`): a sequence decoded
+alone is as fast as `strata generate`, and its bits differ from those it gets in a batch by that
+rounding. Batch-invariant engines (`one` None) run one row through the single-token kernels with
+float32 x, as the batched kernels, so a row gets the same bits alone and in a batch.
 
 The token's choice is the caller's: the step leaves rows 0..n-1 of the logits buffer, or, with
 `pick`, it also picks every row's next token on the device (one `sampling.sample` launch over
@@ -71,6 +75,9 @@ class BatchStep:
         self.row_ctx = n_ctx
         self.regions = self._regions() if batch_attention.supports(
             m.kv_layout.fmt, m.shape.head_dim, m.shape.n_head // m.shape.n_head_kv) else None
+        # the single engine's step over row 0, for steps of one row (None: the batch-invariant
+        # one-row launches); set by the engine, which makes the row's view of the model
+        self.one: Any = None
 
     def _regions(self) -> list[tuple[Any, Any]]:
         """Per layer, the K and V bytes of all rows ([n_rows * row_ctx, H, row] flat): the
@@ -99,6 +106,11 @@ class BatchStep:
             raise ValueError(f"a step takes 1..{self.n_rows} rows, got {n}")
         m, s, a = self.m, self.m.shape, self.m.acts
         scatter_tokens(a["step_tokens"][:n], a["seq_len"][:n], a["history"][:n], stream=stream)
+        if n == 1 and self.one is not None:  # embedding to seq_len += 1, fused as `generate`'s
+            self.one.record(stream, "logits")
+            if pick:
+                self._pick(n, stream)
+            return
         for r in range(n):
             embed(m.embd_table, m.embd_type, a["history"][r], a["seq_len"][r:r + 1],
                   a["hidden"][r:r + 1], stream=stream)
