@@ -9,7 +9,9 @@ aggregate decode tok/s (tokens after each client's first, over the time from the
 token to the last finish), each client's own tok/s, end-to-end aggregate (prefills included),
 and the milliseconds of one step. Where a step's host time goes (`DecodeTimer`, per round's
 "decode_host"): the wall time of `engine.decode()` split at the graph replay's launch and around
-the stream's synchronize, and the worker's own time between decodes. Correctness: each client's
+the stream's synchronize, and the worker's own time between decodes (with `--no-run-ahead`:
+the worker's default runs each step ahead of the one it reads, through `begin_picked`, which the
+timer does not see). Correctness: each client's
 greedy tokens in every batch against the same prompt decoded alone (how many match, the first
 divergence; equal by construction with `--invariant`, else a one-client step's 8-bit-x rounding
 may part them at a near-tie). One JSON object (date, commit, device, command) goes to --json.
@@ -85,14 +87,16 @@ class _Client:
 
 
 def run_clients(engine: Any, prompts: list[list[int]], gen: int, *,
-                device_pick: bool = True) -> list[_Client]:
+                device_pick: bool = True, run_ahead: bool = True) -> list[_Client]:
     """Queue one greedy job per prompt on a fresh worker over `engine`; wait for all.
-    `device_pick`: tokens picked by the engine where it can (serve's way), else on the host."""
+    `device_pick`: tokens picked by the engine where it can (serve's way), else on the host;
+    `run_ahead`: the worker enqueues the next step before reading this one's (serve's way)."""
     from strata.serve.job import Job, Sampling
     from strata.serve.metrics import Metrics
     from strata.serve.worker import Worker
 
-    worker = Worker(engine, _Greedy(device_pick), Metrics(), max_queue=max(1, len(prompts)))
+    worker = Worker(engine, _Greedy(device_pick), Metrics(), max_queue=max(1, len(prompts)),
+                    run_ahead=run_ahead)
     clients = [_Client(list(p)) for p in prompts]
     for c in clients:  # all queued before the worker starts: one admission round
         c.t_submit = time.perf_counter()
@@ -220,7 +224,7 @@ def _agreement(batched: list[int], alone: list[int]) -> dict:
 
 
 def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
-            seed: int = 0, device_pick: bool = True) -> dict:
+            seed: int = 0, device_pick: bool = True, run_ahead: bool = True) -> dict:
     """Warm every client count (compiles, captures its graph), then one timed round per count
     and each prompt alone (picked on the host: the reference) for the correctness check."""
     rng = np.random.default_rng(seed)
@@ -228,12 +232,13 @@ def measure(engine: Any, *, clients: list[int], prompt_tokens: int, gen: int,
     prompts = [rng.integers(0, engine.shape.n_vocab, prompt_tokens).tolist()
                for _ in range(n_max)]
     for n in clients:
-        run_clients(engine, prompts[:n], 4, device_pick=device_pick)
+        run_clients(engine, prompts[:n], 4, device_pick=device_pick, run_ahead=run_ahead)
     rounds, tokens = [], {}
     for n in clients:
         timer = DecodeTimer(engine)
         with timer.installed():
-            got = run_clients(engine, prompts[:n], gen, device_pick=device_pick)
+            got = run_clients(engine, prompts[:n], gen, device_pick=device_pick,
+                              run_ahead=run_ahead)
         key = ("pick", n) if device_pick else n
         rounds.append(summarize(got, gen) | {"graph_nodes": engine.step.n_graph_nodes.get(key),
                                              "decode_host": timer.summary(n)})
@@ -306,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pick", choices=("device", "host"), default="device",
                    help="where tokens are chosen: the engine (serve's way; default) or the "
                         "host from each step's logits")
+    p.add_argument("--no-run-ahead", dest="run_ahead", action="store_false",
+                   help="the worker reads each step before enqueuing the next (device picks "
+                        "only; serve runs one step ahead; the host table times only this way)")
     p.add_argument("--invariant", action="store_true",
                    help="batch-invariant engine (strata serve --batch-invariant): one client's "
                         "steps run the batched kernels' float32 path, not the fused single step")
@@ -341,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen,
-                     device_pick=args.pick == "device")
+                     device_pick=args.pick == "device", run_ahead=args.run_ahead)
     hits = engine.hit_counts().sum(axis=0)
     profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
     out = {
@@ -352,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                                             + (argv if argv is not None else sys.argv[1:])),
         "slots": engine.n_slots, "max_context_per_sequence": engine.max_context,
         "prompt_tokens": args.prompt_tokens, "gen": args.gen, "pick": args.pick,
-        "invariant": args.invariant,
+        "invariant": args.invariant, "run_ahead": args.run_ahead and args.pick == "device",
         "load_seconds": load_s,
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),

@@ -8,6 +8,12 @@ logits: nothing is sampled for it on the host, and one token crosses the bus; th
 come back for the host to sample.
 Cancelled jobs are dropped before each step, so a client that goes away frees its slot within
 one decode step, and a job cancelled while queued is never prefilled.
+
+Where every running sequence is picked on the device and none is at its budget's last token,
+the next step is enqueued before this one's tokens are read (`begin_picked` fed on the device),
+so the GPU computes while the host reads, samples stops and sends text. A sequence that ends at
+a token (a stop, a cancel) simply has the step run ahead of it discarded: the tokens and text
+are those of stepping one at a time.
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ class Worker:
     """Owns the engine; `submit()` is safe from any thread."""
 
     def __init__(self, engine: BatchEngine, decoding: Decoding, metrics: Metrics, *,
-                 max_queue: int = 256):
+                 max_queue: int = 256, run_ahead: bool = True):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.engine = engine
@@ -82,6 +88,10 @@ class Worker:
         self._active: list[_Seq] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        # a step enqueued before the one before it was read (`begin_picked` without tokens):
+        # (its engine step, its sequences); only where the engine begins and ends steps apart
+        self.run_ahead = run_ahead and hasattr(engine, "begin_picked")
+        self._ahead: tuple[object, list[_Seq]] | None = None
         metrics.set_load(queue_depth=0, active=0, n_slots=engine.n_slots)
 
     # -- the HTTP side ---------------------------------------------------------------------
@@ -212,26 +222,59 @@ class Worker:
                 self._finish(seq, "cancelled", cancelled_in="running")
 
     def _decode_step(self) -> None:
-        batch = list(self._active)
-        # the engine picks the tokens it can; the host samples the others from their logits
-        on_device = any(s.device is not None for s in batch)
+        ahead, self._ahead = self._ahead, None
+        batch = ahead[1] if ahead is not None else list(self._active)
         t0 = time.perf_counter()
         try:
-            slots, tokens = [s.slot for s in batch], [s.last_token for s in batch]
-            out = (self.engine.decode_picked(slots, tokens, [s.device for s in batch])
-                   if on_device else self.engine.decode(slots, tokens))
+            step = ahead[0] if ahead is not None else self._begin(batch)
+            if self._may_run_ahead(batch):  # the GPU runs the next step while this one is read
+                self._ahead = (self.engine.begin_picked([s.slot for s in batch], None,
+                                                        [s.device for s in batch]), batch)
+            out = self._end(step)
         except Exception as e:
             log.exception("decode step failed for %d sequences", len(batch))
             for seq in batch:
                 self._finish(seq, "error", error=f"decode failed: {e}")
+            self._ahead = None
+            if hasattr(self.engine, "drop_picked"):
+                self.engine.drop_picked()
             return
+        n_device = sum(s.device is not None for s in batch)
         self.metrics.record_decode(len(batch), time.perf_counter() - t0,
-                                   n_device_picked=sum(s.device is not None for s in batch)
-                                   if on_device else 0)
+                                   n_device_picked=n_device)
         for seq, item in zip(batch, out):
+            if seq.done:  # ended while its step ran (cancelled, or at the step before it)
+                continue
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1
             self._accept(seq, item, picked=seq.device is not None)
+
+    def _begin(self, batch: list[_Seq]) -> tuple[str, object]:
+        """Start a step of `batch` fed the tokens the host holds (what `_end` reads). The
+        engine picks the tokens it can; the host samples the others from their logits."""
+        slots, tokens = [s.slot for s in batch], [s.last_token for s in batch]
+        if not any(s.device is not None for s in batch):
+            return "logits", self.engine.decode(slots, tokens)
+        sampling = [s.device for s in batch]
+        if self.run_ahead:
+            return "picked", self.engine.begin_picked(slots, tokens, sampling)
+        return "done", self.engine.decode_picked(slots, tokens, sampling)
+
+    def _end(self, step) -> list:
+        """A step's results: each sequence's token (picked) or logits, in its batch's order."""
+        if isinstance(step, tuple):
+            kind, value = step
+            return self.engine.end_picked(value) if kind == "picked" else list(value)
+        return self.engine.end_picked(step)  # a step run ahead
+
+    def _may_run_ahead(self, batch: list[_Seq]) -> bool:
+        """Whether the step after this one may be enqueued now, fed this step's picks on the
+        device: every sequence picked on the device, none cancelled, and each one's budget
+        past the token this step picks (so no step feeds a token past it: its positions are
+        what `submit` reserved)."""
+        return self.run_ahead and bool(batch) and all(
+            s.device is not None and not s.done and not s.job.cancelled
+            and s.n_generated + 1 < s.job.sampling.max_tokens for s in batch)
 
     def _accept(self, seq: _Seq, item, *, picked: bool = False) -> None:
         """Take the next token of `seq` (`item`: its logits to sample, or with `picked` the

@@ -180,3 +180,48 @@ def test_one_row_runs_the_single_engines_step(tmp_models):
     full = forward(ref, seq)
     assert _rel(both[0], full[-2]) < 0.02 and _rel(alone, full[-1]) < 0.02
     assert int(np.argmax(alone)) == int(np.argmax(full[-1]))
+
+
+def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
+    """`begin_picked` without tokens (serve's step run ahead) feeds the tokens the step before
+    picked, from the device: the same tokens as feeding them from the host; it is refused
+    after a release or after a step whose logits went to the host, and steps end in order."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.engine.sampler import SamplingParams
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    eng = load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
+                                       progress=False), backend=card)
+    g = [SamplingParams(temperature=0.0)] * 2
+    drawn = SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+
+    def start():
+        return [int(np.argmax(eng.prefill(s, PROMPTS[s]))) for s in (0, 1)]
+
+    tok = start()
+    one = eng.decode_picked([0, 1], tok, [g[0], drawn])
+    two = eng.decode_picked([0, 1], one, [g[0], drawn])
+    for s in (0, 1):
+        eng.release(s)
+    assert start() == tok
+    first = eng.begin_picked([0, 1], tok, [g[0], drawn])
+    ahead = eng.begin_picked([0, 1], None, [g[0], drawn])
+    with pytest.raises(RuntimeError, match="end the older"):
+        eng.begin_picked([0, 1], None, g)
+    with pytest.raises(RuntimeError, match="in the order they were begun"):
+        eng.end_picked(ahead)
+    assert eng.end_picked(first) == one and eng.end_picked(ahead) == two
+    mixed = eng.begin_picked([0, 1], two, [None, g[1]])  # slot 0's logits go to the host
+    eng.end_picked(mixed)
+    with pytest.raises(ValueError, match="fed on the device follows"):
+        eng.begin_picked([0, 1], None, g)
+    eng.release(1)
+    with pytest.raises(ValueError, match="fed on the device follows"):
+        eng.begin_picked([0], None, g[:1])

@@ -134,7 +134,14 @@ class CudaBatchEngine:
         self._n_past = np.zeros(n, np.int64)  # tokens in each row's KV
         self._logits = _host_buffer((n, s.n_vocab), np.float32)  # [n_slots, n_vocab] f32
         self._tok = _host_buffer((n,), np.int32)  # [n_slots] i32 staging of input tokens
-        self._picked = _host_buffer((n,), np.int32)  # [n_slots] i32 tokens picked on the device
+        # [2, n_slots] i32 tokens picked on the device, and [2, n_slots, 3] the picks' states:
+        # two sets, so a step run ahead copies its own while the one before is read
+        self._picked = _host_buffer((2, n), np.int32)
+        self._flags = _host_buffer((2, n, 3), np.uint64)
+        self._done = (cuda.event(), cuda.event())  # each set's copies finished
+        self._buf = 0  # the set the next picked step copies into
+        self._chain: list[int] | None = None  # slots of the last step, all picked on the device
+        self._open: list[int] = []  # result sets of steps begun and not ended, oldest first
         self._fparams = _host_buffer((n, 4), np.float32)  # [n_slots, 4] each row's sampling
         self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
@@ -143,10 +150,8 @@ class CudaBatchEngine:
         # a device array's slice costs tens of microseconds of Python on every step
         self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
         a = m.acts  # and the same for the picked path's settings and tokens
-        self._flags = _host_buffer((n, 3), np.uint64)  # [n_slots, 3] the picks' states
         self._pick_rows = {k: (a["sample_fparams"][:k], a["sample_iparams"][:k],
-                               a["step_tokens"][:k], self._fparams[:k], self._iparams[:k],
-                               self._picked[:k], a["pick_state"][:k], self._flags[:k])
+                               a["step_tokens"][:k], a["pick_state"][:k])
                            for k in range(1, n + 1)}
         self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
         self._logit_row = [a["logits"][r] for r in range(n)]  # [n_vocab] f32 each
@@ -195,6 +200,7 @@ class CudaBatchEngine:
         """The slot's sequence is over; its row is refilled (by the last row's sequence) at the
         next prefill or step, so sequences ending together move nothing."""
         self._check_slot(slot)
+        self._chain = None
         row = self._row_of.pop(slot, None)
         if row is not None:
             self._slot_at[row] = None
@@ -286,6 +292,7 @@ class CudaBatchEngine:
         """Append one token to every held sequence in one step; `slots` must name each held
         sequence once. Returns [len(slots), n_vocab] f32 logits in the order of `slots`."""
         rows = self._step_rows(slots, tokens)
+        self._chain = None  # this step picks nothing: step_tokens keeps its inputs
         n = len(rows)
         if n == 0:
             return np.zeros((0, self.shape.n_vocab), np.float32)
@@ -309,6 +316,15 @@ class CudaBatchEngine:
         sequence's [n_vocab] f32 logits. Returns, in the order of `slots`, each token (-1 for a
         sequence whose logits held a NaN: no token is picked from them, and the caller ends
         it, as the host `Sampler` refuses such logits) or logits row."""
+        return self.end_picked(self.begin_picked(slots, tokens, sampling))
+
+    def begin_picked(self, slots: Sequence[int], tokens: Sequence[int] | None,
+                     sampling: Sequence[SamplingParams | None]) -> PickedStep:
+        """Enqueue `decode_picked`'s step and the copies of its results; `end_picked` waits
+        for them. `tokens` None: the step is fed the tokens the last step picked, on the device
+        (a step run ahead: the last step's slots, every token picked on the device, nothing
+        prefilled or released since), so it may be enqueued before that step's tokens are read.
+        At most two picked steps are begun and not yet ended."""
         if len(sampling) != len(slots):
             raise ValueError(f"{len(slots)} slots but {len(sampling)} sampling settings")
         host = list(sampling)  # None: the caller chooses that token, from its logits
@@ -319,12 +335,14 @@ class CudaBatchEngine:
                                  f"or 0 with top-p 1 and min-p 0; greedy)")
             if p.seed is None and not p.greedy:
                 raise ValueError("a sampled sequence needs a seed on the device")
-        rows = self._step_rows(slots, tokens)
+        if len(self._open) == 2:
+            raise RuntimeError("two picked steps are open: end the older before beginning another")
+        rows = self._fed_rows(slots) if tokens is None else self._step_rows(slots, tokens)
         n = len(rows)
         if n == 0:
-            return []
-        st = self.m.stream
-        dev_f, dev_i, dev_tok, host_f, host_i, picked, dev_state, flags = self._pick_rows[n]
+            return PickedStep([], [], [], -1)
+        st, b = self.m.stream, self._buf
+        dev_f, dev_i, dev_tok, dev_state = self._pick_rows[n]
         # settings are copied to the device only when a row's change (and marked as copied
         # once they are)
         changed = [(r, p) for r, p in zip(rows, sampling) if self._row_sampling[r] != p]
@@ -334,29 +352,66 @@ class CudaBatchEngine:
                 min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
                 penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
         if changed:
-            dev_f.copy_to_device(host_f, stream=st)
-            dev_i.copy_to_device(host_i, stream=st)
+            dev_f.copy_to_device(self._fparams[:n], stream=st)
+            dev_i.copy_to_device(self._iparams[:n], stream=st)
             for r, p in changed:
                 self._row_sampling[r] = p
         self.step.run(n, pick=True)
-        dev_tok.copy_to_host(picked, stream=st)
-        dev_state.copy_to_host(flags, stream=st)
+        dev_tok.copy_to_host(self._picked[b, :n], stream=st)
+        dev_state.copy_to_host(self._flags[b, :n], stream=st)
         for r, h in zip(rows, host):  # the rows left to the caller: their logits
             if h is None:
                 self._logit_row[r].copy_to_host(self._logits[r], stream=st)
         self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
-        st.synchronize()
+        self._done[b].record(st)
         self._n_past[:n] += 1
+        self._buf = 1 - b
+        self._open.append(b)
+        # the step's picks are in step_tokens: the next step may be fed from there
+        self._chain = list(slots) if all(h is not None for h in host) else None
+        return PickedStep(list(slots), rows, host, b)
+
+    def end_picked(self, step: PickedStep) -> list[int | np.ndarray]:
+        """Wait for `step`'s results and return them as `decode_picked` does."""
+        if step.buf < 0:
+            return []
+        if not self._open or self._open[0] != step.buf:
+            raise RuntimeError("picked steps end in the order they were begun, once each")
+        self._open.pop(0)
+        self._done[step.buf].synchronize()
+        picked, flags = self._picked[step.buf], self._flags[step.buf]
         nan = flags[:, 2] != 0
-        if nan.any():  # cleared for the rows' next sequences (the rest of the state is zero)
+        if nan[step.rows].any():  # cleared for the rows' next sequences (the rest is zero)
+            st = self.m.stream
+            dev_state = self._pick_rows[self.n_slots][3]
             dev_state.copy_to_device(np.zeros(dev_state.shape, np.uint64), stream=st)
             st.synchronize()
-        bad = [(s, int(picked[r])) for s, r, h in zip(slots, rows, host)
+        bad = [(s, int(picked[r])) for s, r, h in zip(step.slots, step.rows, step.host)
                if h is not None and not nan[r] and not 0 <= picked[r] < self.shape.n_vocab]
         if bad:  # never a wrong token: a row whose history had no room picks none
             raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
         return [np.array(self._logits[r]) if h is None else -1 if nan[r] else int(picked[r])
-                for r, h in zip(rows, host)]
+                for r, h in zip(step.rows, step.host)]
+
+    def drop_picked(self) -> None:
+        """Forget the picked steps begun and not ended (their results unread: a caller that
+        failed between the two), once the device has finished them."""
+        self.m.stream.synchronize()
+        self._open.clear()
+        self._chain = None
+
+    def _fed_rows(self, slots: Sequence[int]) -> list[int]:
+        """The rows of a step fed from the device (`begin_picked` without tokens)."""
+        if self._chain is None or list(slots) != self._chain:
+            raise ValueError(f"a step fed on the device follows a step of the same sequences "
+                             f"(slots {self._chain}) whose every token was picked on the "
+                             f"device, with nothing prefilled or released since; got {list(slots)}")
+        rows = [self._row_of[s] for s in slots]
+        full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
+        if full:
+            raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
+                                   f"is full")
+        return rows
 
     def _step_rows(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """Check a step's slots and tokens, compact the rows, and stage the input tokens (one
@@ -385,6 +440,17 @@ class CudaBatchEngine:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:
         int64 [L, 2], a host copy (safe to read from any thread: no GPU call)."""
         return np.array(self._hits)
+
+
+@dataclass(slots=True)
+class PickedStep:
+    """A step `begin_picked` enqueued: its slots, their rows, each one's settings (None: its
+    logits go to the caller) and the host result set its copies land in (-1: no step)."""
+
+    slots: list[int]
+    rows: list[int]
+    host: list[SamplingParams | None]
+    buf: int
 
 
 # the device's settings for a row whose token the caller chooses from its logits (any the

@@ -1,0 +1,157 @@
+"""The worker running one step ahead (`begin_picked` fed on the device, as the CUDA batch
+engine allows): the same texts and finishes as stepping one at a time, no step fed past a
+request's reserved positions, steps run ahead only while every sequence is picked on the device,
+and a failed step ends its requests and leaves the engine usable."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.serve_fakes import encode
+from strata.engine.engine import ContextFullError
+from strata.engine.sampler import SamplingParams
+from strata.serve.job import Job, Sampling
+from strata.serve.metrics import Metrics
+from strata.serve.worker import Worker
+from test_serve_worker import Sink
+from test_serve_worker_picks import PickingEngine, SamplingModel
+
+
+class AheadEngine(PickingEngine):
+    """`PickingEngine` with the CUDA batch engine's split step: `begin_picked` (tokens None:
+    fed the last step's picks, allowed only after a step of the same slots, every one picked,
+    nothing prefilled or released since), `end_picked` in order, at most two open,
+    `drop_picked`. Positions fed per slot are counted against `max_context` as the engine's
+    KV would be."""
+
+    def __init__(self, script, **kw):
+        super().__init__(script, **kw)
+        self.open: list[tuple[object, list]] = []
+        self.chain: list[int] | None = None
+        self.positions: dict[int, int] = {}
+        self.fed_on_device = 0
+        self.fail_end_after: int | None = None  # steps ended before end_picked raises
+        self.n_ended = 0
+        self.dropped = 0
+
+    def prefill(self, slot, tokens):
+        self.chain = None
+        self.positions[slot] = len(tokens)
+        return super().prefill(slot, tokens)
+
+    def release(self, slot):
+        self.chain = None
+        super().release(slot)
+
+    def decode(self, slots, tokens):
+        self.chain = None
+        return super().decode(slots, tokens)
+
+    def begin_picked(self, slots, tokens, params):
+        if len(self.open) == 2:
+            raise RuntimeError("two picked steps are open")
+        if tokens is None:
+            if self.chain != list(slots):
+                raise ValueError(f"fed on the device after {self.chain}, got {list(slots)}")
+            self.fed_on_device += 1
+        for s in slots:
+            self.positions[s] += 1
+            if self.positions[s] > self.max_context:
+                raise ContextFullError(f"slot {s}: past the context")
+        out = self.decode_picked(slots, [0] * len(slots) if tokens is None else tokens, params)
+        self.chain = list(slots) if all(p is not None for p in params) else None
+        handle = object()
+        self.open.append((handle, out))
+        return handle
+
+    def end_picked(self, handle):
+        assert self.open and self.open[0][0] is handle, "steps end in the order begun"
+        _, out = self.open.pop(0)
+        if self.fail_end_after is not None and self.n_ended >= self.fail_end_after:
+            raise RuntimeError("scripted failure reading a step")
+        self.n_ended += 1
+        return out
+
+    def drop_picked(self):
+        self.open.clear()
+        self.chain = None
+        self.dropped += 1
+
+
+def run(engine, jobs, *, run_ahead=True):
+    worker = Worker(engine, SamplingModel(), Metrics(), run_ahead=run_ahead)
+    sinks = []
+    for prompt, sampling in jobs:
+        sink = Sink()
+        worker.submit(Job(encode(prompt), sampling, sink))
+        sinks.append(sink)
+    worker.start()
+    try:
+        return [(s.text, s.finish.reason, s.finish.n_completion) for s in sinks]
+    finally:
+        worker.stop()
+
+
+JOBS = [("a", Sampling(max_tokens=50, temperature=0.0)),                   # ends at its stop
+        ("bb", Sampling(max_tokens=4, temperature=0.0)),                   # ends at its budget
+        ("c", Sampling(max_tokens=50, temperature=1.0, seed=3, stop=("lo w",))),
+        ("d", Sampling(max_tokens=50, temperature=0.0, top_k=7))]          # the host samples
+
+
+def test_the_same_answers_one_step_ahead_as_step_by_step():
+    script = {"a": "hello world", "bb": "abcdefgh", "c": "hello world", "d": "xy"}
+    want = run(AheadEngine(lambda p: script[p], n_slots=2), JOBS, run_ahead=False)
+    engine = AheadEngine(lambda p: script[p], n_slots=2)
+    got = run(engine, JOBS)
+    assert got == want
+    assert [r for _, r, _ in got] == ["stop", "length", "stop", "stop"]
+    assert engine.fed_on_device > 0  # steps really ran ahead
+    assert not engine.open and engine.dropped == 0
+
+
+def test_no_step_feeds_a_position_the_request_did_not_reserve():
+    """The context holds exactly prompt + max_tokens - 1 positions (what `submit` checks): a
+    step run ahead of the budget's last token would need one more, and the engine refuses it."""
+    engine = AheadEngine(lambda p: "abcdefghijkl", max_context=1 + 6 - 1)
+    ((text, reason, n),) = run(engine, [("a", Sampling(max_tokens=6, temperature=0.0))])
+    assert (text, reason, n) == ("abcdef", "length", 6)
+    assert engine.fed_on_device > 0 and max(engine.positions.values()) <= engine.max_context
+
+
+def test_a_sequence_sampled_on_the_host_stops_the_run_ahead():
+    engine = AheadEngine(lambda p: "xyzxyz", n_slots=1)
+    ((text, reason, _),) = run(engine, [("d", Sampling(max_tokens=50, temperature=0.0, top_k=7))])
+    assert (text, reason) == ("xyzxyz", "stop")
+    assert engine.fed_on_device == 0
+
+
+@pytest.mark.parametrize("fail_after", [0, 2])
+def test_a_failed_step_ends_its_requests_and_the_engine_goes_on(fail_after):
+    engine = AheadEngine(lambda p: "abcdefgh", n_slots=1)
+    engine.fail_end_after = fail_after
+    ((text, reason, _),) = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0))])
+    assert reason == "error" and len(text) == 1 + fail_after
+    assert engine.dropped == 1 and not engine.open
+    engine.fail_end_after = None
+    ((text, reason, _),) = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0))])
+    assert (text, reason) == ("abcdefgh", "stop")
+
+
+def test_the_fake_refuses_what_the_cuda_engine_refuses():
+    """The stand-in holds the engine's contract (its checks are what the tests above lean on;
+    the CUDA engine's own are tests/unit/test_serve_batch_cuda_sim.py's)."""
+    engine = AheadEngine(lambda p: "ab", n_slots=2)
+    engine.prefill(0, encode("a"))
+    p = [SamplingParams(temperature=0.0)]
+    with pytest.raises(ValueError, match="fed on the device"):
+        engine.begin_picked([0], None, p)
+    first = engine.begin_picked([0], [1], p)
+    second = engine.begin_picked([0], None, p)
+    with pytest.raises(RuntimeError, match="two picked steps"):
+        engine.begin_picked([0], None, p)
+    with pytest.raises(AssertionError, match="order begun"):
+        engine.end_picked(second)
+    assert engine.end_picked(first) == [ord("b")]
+    engine.release(0)
+    with pytest.raises(ValueError, match="fed on the device"):
+        engine.begin_picked([0], None, p)
