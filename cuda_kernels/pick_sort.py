@@ -128,12 +128,14 @@ def block_prefix(x, k, part):
 
 
 @cuda.jit(device=True, inline="always")
-def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
+def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found, mass):
     """The token drawn from the k best (vals / ids sorted best first; scratch holds k floats),
     as `strata.engine.sampler.Sampler` draws: the weights exp((v - v_best) / temp); keep the
     prefix before the first candidate whose weight is under min_p (relative to the best's) or
-    that comes after top_p of the mass; pick by u in [0, 1) from the kept weights. Returns it
-    in thread 0 (-1 elsewhere)."""
+    that comes after top_p of the mass; pick by u in [0, 1) from the kept weights. `mass`: the
+    mass top-p is a share of (every token's, at the best value) or 0 (the k candidates').
+    Returns (the token in thread 0, -1 elsewhere; whether the cut lies past the k candidates:
+    top-p of `mass` not reached and no min-p cut among them, so the draw is not the host's)."""
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     v0 = vals[0]
     i = t
@@ -152,7 +154,7 @@ def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
             cuda.atomic.min(found, 0, i)
         i += bd
     block_prefix(scratch, k, part)  # scratch[i]: the weight of candidates 0..i
-    total = scratch[k - 1]
+    total = scratch[k - 1] if mass <= F0 else mass
     i = t
     while i < k:
         if i > 0 and scratch[i - 1] >= top_p * total:
@@ -160,6 +162,7 @@ def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
         i += bd
     cuda.syncthreads()
     keep = found[0]
+    past = mass > F0 and keep == k and scratch[k - 1] < top_p * total  # block-uniform
     target = u * scratch[keep - 1]
     i = t
     while i < keep:
@@ -168,4 +171,4 @@ def draw(vals, ids, k, temp, top_p, min_p, u, scratch, part, found):
         i += bd
     cuda.syncthreads()
     chosen = min(found[1], keep - 1)  # none above the target (rounding): the last kept
-    return ids[chosen] if t == 0 else -1
+    return (ids[chosen] if t == 0 else -1), past

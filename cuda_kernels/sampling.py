@@ -43,11 +43,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from .intrinsics import SIMULATED, f2u, warp_argmax
+from .intrinsics import SIMULATED, block_sum, f2u, warp_argmax
 from .launch import check_array, register_ptx
-from .pick_full import ID_PAST, NEG_INF, chunk_mass, full_draw, stage_chunk
+from .pick_full import ID_PAST, NEG_INF, chunk_mass, full_draw, stage_chunk, weight
 from .pick_sort import bitonic_sort, draw, merge_lists
-from strata.plan.pick import PICK_CHUNK, PICK_KMAX, pick_blocks
+from strata.plan.pick import PICK_CHUNK, PICK_KMAX, pick_blocks, pick_cand_len
 
 THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
 KMAX = PICK_KMAX
@@ -144,12 +144,23 @@ def last_block(state, flag):
     return last
 
 
+FLAG_NAN = 1  # state[2] bits (sticky: the host reads and clears them)
+FLAG_PAST = 2
+
+
 @cuda.jit(device=True, inline="always")
 def flag_nan(state):
-    """Record that the logits held a NaN in state[2], where the state has that slot (sticky:
-    the host reads and clears it)."""
+    """Record that the logits held a NaN in state[2], where the state has that slot."""
     if state.shape[0] > 2:
-        cuda.atomic.max(state, 2, np.uint64(1))
+        cuda.atomic.or_(state, 2, np.uint64(FLAG_NAN))
+
+
+@cuda.jit(device=True, inline="always")
+def flag_past(state):
+    """Record in state[2] (where the state has it) that a top-p / min-p cut over every token
+    lay past the 256 candidates: the token pushed is the best one, not a draw."""
+    if state.shape[0] > 2:
+        cuda.atomic.or_(state, 2, np.uint64(FLAG_PAST))
 
 
 @cuda.jit(device=True, inline="always")
@@ -256,6 +267,13 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
         if t == 0:
             push_token(tokens, n_tokens, row, tok)
         return
+    stats = np.int64(cuda.gridDim.x) * KMAX  # the blocks' (largest logit, mass) after the lists
+    if k == 0:  # a top-p or min-p cut over every token: its mass, besides the 256 best
+        m_b, s_b = chunk_mass(sv, np.float32(1.0) / temp, part)
+        if t == 0:
+            cand_v[stats + 2 * cuda.blockIdx.x] = m_b
+            cand_v[stats + 2 * cuda.blockIdx.x + 1] = s_b
+    nucleus = k == 0
     if k <= 0 or k > KMAX:
         k = KMAX
     k = min(k, n_vocab)
@@ -292,9 +310,29 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
         first = 0
         merge_lists(sv, si, lg_keep, lg_list)
     u = uniform01(iparams[0], n)
-    tok = draw(sv, si, k, temp, fparams[1], fparams[2], u, scratch, part, found)
+    mass = F0  # top-p of the k candidates' mass, or (nucleus) of every token's
+    if nucleus and k < n_vocab:
+        mass = total_mass(cand_v, stats, n_blocks, sv[0], np.float32(1.0) / temp, part)
+    tok, past = draw(sv, si, k, temp, fparams[1], fparams[2], u, scratch, part, found, mass)
     if t == 0:
+        if past:  # the host draws this one (it reads the flag); the history gets the best
+            flag_past(state)
+            tok = si[0]
         push_token(tokens, n_tokens, row, tok)
+
+
+@cuda.jit(device=True, inline="always")
+def total_mass(cand_v, stats, n_blocks, top, inv_t, part):
+    """Every token's mass at the largest logit `top`: the blocks' masses at their own largest
+    (cand_v[stats + 2b], [+ 1]) rescaled, summed; in every thread."""
+    s = F0
+    b = cuda.threadIdx.x
+    while b < n_blocks:
+        mb = cand_v[stats + 2 * b]
+        if mb > NEG_INF:
+            s += cand_v[stats + 2 * b + 1] * weight(mb, top, inv_t)
+        b += cuda.blockDim.x
+    return block_sum(s, part)
 
 
 def _rows(a):
@@ -371,9 +409,10 @@ def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
         check_array("cand_v", cand_v, np.float32, (n_rows, None))
         check_array("cand_i", cand_i, np.int32, (n_rows, None))
     n_blocks = pick_blocks(n_vocab)
-    if min(cand_v.shape[1], cand_i.shape[1]) < n_blocks * KMAX:
-        raise ValueError(f"cand_v and cand_i need {n_blocks * KMAX} entries for {n_vocab} "
-                         f"logits, got {cand_v.shape[1]} and {cand_i.shape[1]}")
+    if cand_v.shape[1] < pick_cand_len(n_vocab) or cand_i.shape[1] < n_blocks * KMAX:
+        raise ValueError(f"cand_v and cand_i need {pick_cand_len(n_vocab)} and "
+                         f"{n_blocks * KMAX} entries for {n_vocab} logits, got "
+                         f"{cand_v.shape[1]} and {cand_i.shape[1]}")
     sample_kernel[(n_blocks, n_rows), THREADS, stream](logits, n_vocab, tokens, n_tokens,
                                                        fparams, iparams, state, cand_v, cand_i)
 

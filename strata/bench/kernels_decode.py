@@ -190,13 +190,13 @@ def sampling_group(ctx: Ctx) -> list[Result]:
     """Token choice over a 151,936-logit vocabulary, 48 launches a graph (the history fills
     up: later launches choose and append nothing, and are timed all the same)."""
     from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
-    from strata.plan.pick import pick_blocks
+    from strata.plan.pick import pick_blocks, pick_cand_len
     cuda, reps = ctx.cuda, 48
     logits = ctx.upload((ctx.rng.standard_normal(N_VOCAB) * 3).astype(np.float32))
     tokens = cuda.to_device(np.zeros(reps + 1, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))
     state = cuda.to_device(np.zeros(2, np.uint64))  # [2] u64: best key, blocks done
-    cand_v = cuda.device_array(pick_blocks(N_VOCAB) * KMAX, np.float32)  # each block's top k
+    cand_v = cuda.device_array(pick_cand_len(N_VOCAB), np.float32)  # each block's top k, mass
     cand_i = cuda.device_array(pick_blocks(N_VOCAB) * KMAX, np.int32)
     out = []
 

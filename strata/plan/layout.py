@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.gguf.shape import ModelShape
 from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
-from strata.plan.pick import PICK_KMAX, pick_blocks
+from strata.plan.pick import PICK_KMAX, pick_blocks, pick_cand_len
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
@@ -215,7 +215,8 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # host that reads it; and each sampler block's candidates
     b.add("pick_state", np.uint64, (n_b, 3))  # [batch, 3] uint64
     n_cand = pick_blocks(s.n_vocab) * PICK_KMAX
-    b.add("pick_cand_v", np.float32, (n_b, n_cand))  # [batch, blocks * 256] f32
+    # [batch, blocks * 256 + blocks * 2] f32: candidates, then each block's (max, mass)
+    b.add("pick_cand_v", np.float32, (n_b, pick_cand_len(s.n_vocab)))
     b.add("pick_cand_i", np.int32, (n_b, n_cand))  # [batch, blocks * 256] int32 token ids
     b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool

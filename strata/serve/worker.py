@@ -239,7 +239,8 @@ class Worker:
             if hasattr(self.engine, "drop_picked"):
                 self.engine.drop_picked()
             return
-        n_device = sum(s.device is not None for s in batch)
+        n_device = sum(s.device is not None and not isinstance(o, np.ndarray)
+                       for s, o in zip(batch, out))
         self.metrics.record_decode(len(batch), time.perf_counter() - t0,
                                    n_device_picked=n_device)
         for seq, item in zip(batch, out):
@@ -247,7 +248,8 @@ class Worker:
                 continue
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1
-            self._accept(seq, item, picked=seq.device is not None)
+            # logits where the engine hands a sequence's choice back (a cut past its reach)
+            self._accept(seq, item, picked=not isinstance(item, np.ndarray))
 
     def _begin(self, batch: list[_Seq]) -> tuple[str, object]:
         """Start a step of `batch` fed the tokens the host holds (what `_end` reads). The
@@ -269,11 +271,14 @@ class Worker:
 
     def _may_run_ahead(self, batch: list[_Seq]) -> bool:
         """Whether the step after this one may be enqueued now, fed this step's picks on the
-        device: every sequence picked on the device, none cancelled, and each one's budget
+        device: every sequence picked on the device (none whose token the engine may hand
+        back to the host), none cancelled, and each one's budget
         past the token this step picks (so no step feeds a token past it: its positions are
         what `submit` reserved)."""
+        falls_back = getattr(self.engine, "may_fall_back", None)
         return self.run_ahead and bool(batch) and all(
             s.device is not None and not s.done and not s.job.cancelled
+            and not (falls_back is not None and falls_back(s.device))
             and s.n_generated + 1 < s.job.sampling.max_tokens for s in batch)
 
     def _accept(self, seq: _Seq, item, *, picked: bool = False) -> None:

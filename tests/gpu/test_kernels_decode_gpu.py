@@ -301,7 +301,7 @@ def test_norm_rope_router_elementwise():
 
 def test_sampling_full_vocab():
     from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
-    from strata.plan.pick import pick_blocks
+    from strata.plan.pick import pick_blocks, pick_cand_len
     cuda = _cuda()
     rng = np.random.default_rng()
     n_vocab = 151936
@@ -318,7 +318,7 @@ def test_sampling_full_vocab():
         logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
     assert tokens.copy_to_host()[:4].tolist() == want and n.copy_to_host()[0] == 4
     assert want[2] == 1023 and state.copy_to_host().tolist() == [0, 0]
-    cand_v = cuda.device_array(pick_blocks(n_vocab) * KMAX, np.float32)  # 149 blocks' top k
+    cand_v = cuda.device_array(pick_cand_len(n_vocab), np.float32)  # 149 blocks' top k, masses
     cand_i = cuda.device_array(pick_blocks(n_vocab) * KMAX, np.int32)
     for params in (dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1),
                    dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0),

@@ -10,7 +10,7 @@ from helpers.sampling_ref import ref_sample as _ref_sample
 from helpers.sampling_ref import ref_support
 from strata.cuda_kernels.sampling import (KMAX, argmax, argmax_blocks, make_params, sample,
                                           uniform, uniform01)
-from strata.plan.pick import pick_blocks
+from strata.plan.pick import pick_blocks, pick_cand_len
 
 
 def _keyed_argmax(logits):
@@ -76,7 +76,7 @@ def _sample(logits, tokens, n, f, i):
     """`sample` with fresh scratch, checking the launch leaves its state at zero and the
     logits as they were."""
     state = np.zeros(2, np.uint64)
-    cand_v = np.full(pick_blocks(logits.size) * KMAX, np.nan, np.float32)
+    cand_v = np.full(pick_cand_len(logits.size), np.nan, np.float32)
     cand_i = np.full(pick_blocks(logits.size) * KMAX, -7, np.int32)
     before = logits.copy()
     sample(logits, tokens, n, f, i, state, cand_v, cand_i)
@@ -171,8 +171,8 @@ def test_sample_checks_its_scratch():
     tokens, n = np.zeros(4, np.int32), np.zeros(1, np.int32)
     f, i = make_params(temperature=1.0)
     state = np.zeros(2, np.uint64)
-    short = np.zeros(2 * KMAX - 1, np.float32)
-    with pytest.raises(ValueError, match="cand_v and cand_i need 512"):
+    short = np.zeros(2 * KMAX + 3, np.float32)  # two blocks' lists, not their masses
+    with pytest.raises(ValueError, match="cand_v and cand_i need 516 and 512"):
         sample(logits, tokens, n, f, i, state, short, np.zeros(2 * KMAX, np.int32))
     with pytest.raises(ValueError, match="state"):
         sample(logits, tokens, n, f, i, np.zeros(2, np.int32), np.zeros(2 * KMAX, np.float32),
@@ -225,3 +225,60 @@ def test_the_device_random_number_is_its_host_mirror():
     want = np.array([uniform(int(s), int(t)) for s, t in zip(seeds, steps)], np.float32)
     np.testing.assert_array_equal(out, want)
     assert len(set(out.tolist())) == out.size
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.25, top_k=0, top_p=0.9, min_p=0.0),   # the cut among the 256 best
+    dict(temperature=3.0, top_k=0, top_p=0.9, min_p=0.0),    # past them: flagged, the best
+    dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.3),    # min-p alone, among them
+    dict(temperature=2.0, top_k=0, top_p=1.0, min_p=0.001),  # min-p past them
+    dict(temperature=0.5, top_k=0, top_p=0.8, min_p=0.01, repeat_penalty=1.4),
+])
+def test_a_cut_over_every_token_draws_from_the_256_best_and_all_the_mass(params):
+    """Top-k 0 with a top-p or min-p cut: top-p is a share of every token's mass (each block's,
+    scaled to the largest logit), so the draw is the host's wherever the cut falls among the
+    256 best; past them the state's second flag bit says so and the best is appended."""
+    from strata.cuda_kernels.sampling import FLAG_PAST
+    from helpers.sampling_ref import ref_past
+
+    rng = np.random.default_rng(int(params["temperature"] * 100 + params["min_p"] * 1000))
+    n_vocab = 9000  # three blocks, the last part-full
+    full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=99) | params
+    f, i = make_params(**full)
+    tokens = np.full(8, -1, np.int32)
+    tokens[:2] = rng.integers(0, n_vocab, 2)
+    n = np.array([2], np.int32)
+    pasts = []
+    for _ in range(3):
+        logits = (rng.standard_normal(n_vocab) * 2.5).astype(np.float32)
+        logits[tokens[n[0] - 1]] += 5
+        hist = tokens[:n[0]].copy()
+        want, past = _ref_sample(logits, hist, **full), ref_past(logits, hist, **full)
+        state = np.zeros(3, np.uint64)
+        cand_v = np.full(pick_cand_len(n_vocab), np.nan, np.float32)
+        sample(logits, tokens, n, f, i, state, cand_v, np.full(3 * KMAX, -7, np.int32))
+        assert tokens[n[0] - 1] == want
+        assert state.tolist() == [0, 0, FLAG_PAST if past else 0]
+        pasts.append(past)
+    # the first case's cut is always among the candidates, the second's always past them
+    if params["temperature"] == 0.25:
+        assert not any(pasts)
+    if params["temperature"] == 3.0:
+        assert all(pasts)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.4, 0.5])  # 5, 63, 220 tokens kept
+def test_a_top_p_cut_over_every_token_is_the_host_samplers(temperature):
+    """Where the device keeps a top-k 0 cut among its candidates, its support and weights are
+    the host `Sampler`'s (`filtered_support` over the whole vocabulary)."""
+    from strata.engine.sampler import SamplingParams, filtered_support
+    rng = np.random.default_rng(int(temperature * 10))
+    lg = (rng.standard_normal(20000) * 2).astype(np.float32)
+    cuts = dict(top_k=0, top_p=0.9, min_p=0.0)
+    host_ids, host_p = filtered_support(lg, SamplingParams(temperature=temperature, **cuts))
+    ids, w, past = ref_support(lg.astype(np.float64), temperature=temperature, **cuts,
+                               with_past=True)
+    assert not past and 1 < ids.size < KMAX
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(ids[order], host_ids)
+    np.testing.assert_allclose((w / w.sum())[order], host_p, rtol=1e-9)

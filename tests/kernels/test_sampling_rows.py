@@ -9,14 +9,14 @@ import pytest
 from helpers.sampling_ref import ref_sample
 from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
 from strata.engine.sampler import SamplingParams, filtered_support
-from strata.plan.pick import PICK_CHUNK, pick_blocks
+from strata.plan.pick import PICK_CHUNK, pick_blocks, pick_cand_len
 
 FULL = dict(top_k=0, top_p=1.0, min_p=0.0)
 
 
 def _launch(logits, tokens, n, f, i):
     state = np.zeros(2, np.uint64)
-    cand_v = np.full(pick_blocks(logits.size) * KMAX, np.nan, np.float32)
+    cand_v = np.full(pick_cand_len(logits.size), np.nan, np.float32)
     cand_i = np.full(pick_blocks(logits.size) * KMAX, -7, np.int32)
     sample(logits, tokens, n, f, i, state, cand_v, cand_i)
     assert state.tolist() == [0, 0]
@@ -87,7 +87,7 @@ def test_one_launch_picks_each_rows_token_by_its_own_settings():
     tokens = rng.integers(0, n_vocab, (n_rows, cap)).astype(np.int32)
     n = np.array([3, 5, 2, 7], np.int32)
     state = np.zeros((n_rows, 2), np.uint64)
-    cand_v = np.zeros((n_rows, pick_blocks(n_vocab) * KMAX), np.float32)
+    cand_v = np.zeros((n_rows, pick_cand_len(n_vocab)), np.float32)
     cand_i = np.zeros((n_rows, pick_blocks(n_vocab) * KMAX), np.int32)
     for _ in range(3):
         logits = (rng.standard_normal((n_rows, n_vocab)) * 2).astype(np.float32)
@@ -141,9 +141,9 @@ def test_a_nan_logit_sets_the_rows_flag_and_only_its_own(mode):
             argmax(lg, tokens, n, st)
             return
         f, i = make_params(**params, seed=3)
-        cand = np.zeros((2, pick_blocks(n_vocab) * KMAX), np.float32)
+        cand = np.zeros((2, pick_cand_len(n_vocab)), np.float32)
         sample(lg, tokens, n, np.stack([f, f]), np.stack([i, i]), st, cand,
-               np.zeros(cand.shape, np.int32))
+               np.zeros((2, pick_blocks(n_vocab) * KMAX), np.int32))
 
     launch(logits, state)
     assert state[:, 2].tolist() == [0, 1] and not state[:, :2].any()

@@ -90,7 +90,7 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     gives on the logits `decode` returns for the same step (greedy: the argmax; sampled: the
     device sampler's float64 mirror). The next step mixed: one sequence's logits handed back
     for the caller to choose from, the other's token picked."""
-    from helpers.sampling_ref import ref_sample
+    from helpers.sampling_ref import ref_past, ref_sample
     from strata.engine.cuda.batch import batch_options, load_batch
     from strata.engine.sampler import SamplingParams
     from strata.gguf import open_model
@@ -107,7 +107,7 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     greedy = SamplingParams(temperature=0.0)
     drawn = SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=2024)
     assert eng.picks(greedy) and eng.picks(drawn)
-    assert not eng.picks(SamplingParams(temperature=1.0, top_k=0))  # a top-p cut: the host's
+    assert not eng.picks(SamplingParams(temperature=1.0, top_k=300))  # past the 256 best
 
     def start():
         first = {s: eng.prefill(s, p) for s, p in PROMPTS.items()}
@@ -132,7 +132,33 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     with pytest.raises(ValueError, match="needs a seed"):
         eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=40)])
     with pytest.raises(ValueError, match="does not draw"):
-        eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=0, seed=1)])
+        eng.decode_picked([0, 1], got, [greedy, SamplingParams(temperature=1.0, top_k=300,
+                                                               seed=1)])
+
+    # a top-p cut over every token (top-k 0): drawn on the device where the cut falls among its
+    # 256 best (a cold temperature), else (a hot one: past them) that row's logits come back
+    cold = SamplingParams(temperature=0.05, top_k=0, top_p=0.9, min_p=0.0, seed=5)
+    hot = SamplingParams(temperature=50.0, top_k=0, top_p=0.9, min_p=0.0, seed=5)
+    assert eng.picks(cold) and eng.may_fall_back(hot) and not eng.may_fall_back(greedy)
+    eng.release(0)
+    eng.release(1)
+    tok = start()
+    logits = eng.decode([0, 1], [tok[0], tok[1]])
+    cut = dict(top_k=0, top_p=0.9, min_p=0.0, repeat_penalty=1.0, penalty_last_n=64, seed=5)
+    hist = [np.array(PROMPTS[s] + [tok[s]]) for s in (0, 1)]
+    assert not ref_past(logits[0], hist[0], temperature=0.05, **cut)
+    assert ref_past(logits[1], hist[1], temperature=50.0, **cut)
+    want = ref_sample(logits[0], hist[0], temperature=0.05, **cut)
+    eng.release(0)
+    eng.release(1)
+    assert start() == tok
+    got = eng.decode_picked([0, 1], [tok[0], tok[1]], [cold, hot])
+    assert got[0] == want and isinstance(got[1], np.ndarray)
+    np.testing.assert_allclose(got[1], logits[1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot hold a top-p"):
+        eng.begin_picked([0, 1], None, [cold, hot])
+    # the flag is cleared: the next step picks as before
+    assert all(isinstance(x, int) for x in eng.decode_picked([0, 1], [want, 3], [greedy, greedy]))
 
 
 def test_one_row_runs_the_single_engines_step(tmp_models):

@@ -155,3 +155,32 @@ def test_the_fake_refuses_what_the_cuda_engine_refuses():
     engine.release(0)
     with pytest.raises(ValueError, match="fed on the device"):
         engine.begin_picked([0], None, p)
+
+
+def test_a_token_the_engine_hands_back_is_sampled_on_the_host_and_never_run_ahead():
+    """Settings the engine may hand back (`may_fall_back`: a top-p cut over every token, past
+    its candidates): the rows it hands back come as logits, which the host samples; no step is
+    run ahead of such a sequence, and only the tokens the device chose count as its."""
+
+    class FallingBack(AheadEngine):
+        may_fall_back = staticmethod(lambda p: p.top_k == 0 and p.top_p < 1.0)
+
+        def decode_picked(self, slots, tokens, params):
+            out = super().decode_picked(slots, tokens, params)
+            return [self._logits(s) if p is not None and self.may_fall_back(p) and
+                    self._pos[s] % 2 else o for s, o, p in zip(slots, out, params)]
+
+    engine, metrics = FallingBack(lambda p: "abcdef", n_slots=2), Metrics()
+    worker = Worker(engine, SamplingModel(), metrics)
+    sinks = [Sink(), Sink()]
+    worker.submit(Job(encode("a"), Sampling(max_tokens=50, temperature=0.8, top_p=0.9, seed=1),
+                      sinks[0]))
+    worker.submit(Job(encode("b"), Sampling(max_tokens=50, temperature=0.0), sinks[1]))
+    worker.start()
+    try:
+        assert [s.text for s in sinks] == ["abcdef", "abcdef"]
+    finally:
+        worker.stop()
+    assert engine.fed_on_device == 0  # the top-p sequence ran beside the greedy one throughout
+    handed = 3  # of the top-p sequence's 6 decode steps (after "a"), every other one
+    assert metrics.decode_tokens - metrics.device_picked == handed

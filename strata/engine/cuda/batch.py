@@ -36,13 +36,13 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.matvec import MAX_TOKENS
-from strata.cuda_kernels.sampling import make_params
+from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, make_params
 from strata.engine.cuda.batch_step import BatchStep
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import picks
+from strata.engine.cuda.run_ahead import may_fall_back, picks
 from strata.engine.engine import ContextFullError, EngineInputError
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
@@ -306,7 +306,15 @@ class CudaBatchEngine:
         # one host copy, the caller's own (the pinned buffer is refilled by the next step)
         return host.copy() if rows == list(range(n)) else self._logits[rows]
 
-    picks = staticmethod(picks)
+    @staticmethod
+    def picks(p: SamplingParams | None) -> bool:
+        """Whether a step draws a sequence of settings `p` on the device as the host would:
+        what `generate` picks there (`run_ahead.picks`), and a top-p or min-p cut over every
+        token (top-k 0), which the device draws from its 256 best and every token's mass, and
+        hands back as logits for the host where the cut lies past them (`may_fall_back`)."""
+        return picks(p) or may_fall_back(p)
+
+    may_fall_back = staticmethod(may_fall_back)
 
     def decode_picked(self, slots: Sequence[int], tokens: Sequence[int],
                       sampling: Sequence[SamplingParams | None]) -> list[int | np.ndarray]:
@@ -330,13 +338,16 @@ class CudaBatchEngine:
         host = list(sampling)  # None: the caller chooses that token, from its logits
         sampling = [_GREEDY_STAND_IN if p is None else p for p in host]
         for p in sampling:
-            if not picks(p):
-                raise ValueError(f"the device does not draw {p} as the host does (top-k 1..256, "
-                                 f"or 0 with top-p 1 and min-p 0; greedy)")
+            if not self.picks(p):
+                raise ValueError(f"the device does not draw {p} as the host does (greedy, "
+                                 f"top-k 0..256, a repeat window within the sampler's block)")
             if p.seed is None and not p.greedy:
                 raise ValueError("a sampled sequence needs a seed on the device")
         if len(self._open) == 2:
             raise RuntimeError("two picked steps are open: end the older before beginning another")
+        if tokens is None and any(may_fall_back(p) for p in host):
+            raise ValueError("a step fed on the device cannot hold a top-p / min-p cut over every "
+                             "token: its token may be the host's")
         rows = self._fed_rows(slots) if tokens is None else self._step_rows(slots, tokens)
         n = len(rows)
         if n == 0:
@@ -367,8 +378,10 @@ class CudaBatchEngine:
         self._n_past[:n] += 1
         self._buf = 1 - b
         self._open.append(b)
-        # the step's picks are in step_tokens: the next step may be fed from there
-        self._chain = list(slots) if all(h is not None for h in host) else None
+        # the step's picks are in step_tokens: the next step may be fed from there (not where
+        # a row's token may come from the host after all)
+        self._chain = (list(slots) if all(h is not None and not may_fall_back(h) for h in host)
+                       else None)
         return PickedStep(list(slots), rows, host, b)
 
     def end_picked(self, step: PickedStep) -> list[int | np.ndarray]:
@@ -380,18 +393,23 @@ class CudaBatchEngine:
         self._open.pop(0)
         self._done[step.buf].synchronize()
         picked, flags = self._picked[step.buf], self._flags[step.buf]
-        nan = flags[:, 2] != 0
-        if nan[step.rows].any():  # cleared for the rows' next sequences (the rest is zero)
+        nan = (flags[:, 2] & FLAG_NAN) != 0
+        past = (flags[:, 2] & FLAG_PAST) != 0  # a cut past the 256 best: the host draws
+        if (nan | past)[step.rows].any():  # cleared for the rows' next steps (the rest is zero)
             st = self.m.stream
             dev_state = self._pick_rows[self.n_slots][3]
             dev_state.copy_to_device(np.zeros(dev_state.shape, np.uint64), stream=st)
+            for r in step.rows:  # no step ran after this one (none is fed on the device)
+                if past[r] and not nan[r]:
+                    self._logit_row[r].copy_to_host(self._logits[r], stream=st)
             st.synchronize()
         bad = [(s, int(picked[r])) for s, r, h in zip(step.slots, step.rows, step.host)
-               if h is not None and not nan[r] and not 0 <= picked[r] < self.shape.n_vocab]
+               if h is not None and not nan[r] and not past[r]
+               and not 0 <= picked[r] < self.shape.n_vocab]
         if bad:  # never a wrong token: a row whose history had no room picks none
             raise CudaEngineError(f"slot {bad[0][0]}: the device picked no token ({bad[0][1]})")
-        return [np.array(self._logits[r]) if h is None else -1 if nan[r] else int(picked[r])
-                for r, h in zip(step.rows, step.host)]
+        return [np.array(self._logits[r]) if h is None or (past[r] and not nan[r])
+                else -1 if nan[r] else int(picked[r]) for r, h in zip(step.rows, step.host)]
 
     def drop_picked(self) -> None:
         """Forget the picked steps begun and not ended (their results unread: a caller that

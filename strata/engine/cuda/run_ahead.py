@@ -30,6 +30,17 @@ def picks(sampling: SamplingParams | None) -> bool:
     return window and (1 <= sampling.top_k <= KMAX or every)
 
 
+def may_fall_back(sampling: SamplingParams | None) -> bool:
+    """Settings the batched engine's sampler draws on the device from its 256 best and every
+    token's mass, handing the logits back to the host where the cut lies past those 256: top-k
+    0 with a top-p or min-p cut (a repeat window its block holds). `picks` leaves them out:
+    `generate` feeds each token on the device before it reads it."""
+    if sampling is None or sampling.greedy or sampling.top_k != 0:
+        return False
+    window = sampling.repeat_penalty == 1.0 or sampling.repeat_last_n <= THREADS
+    return window and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
+
+
 class TokenRing:
     """Two pinned int32 slots a stream copies picked tokens into, each copy followed by its
     slot's event: token i in slot i % 2 (a slot is read before the copy of token i + 2 reuses
