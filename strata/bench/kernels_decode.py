@@ -211,8 +211,10 @@ def sampling_group(ctx: Ctx) -> list[Result]:
     for label, params in (("sample greedy, penalty 1.1", dict(temperature=0.0,
                                                                repeat_penalty=1.1)),
                           ("sample t=0.8 top-k 40", dict(temperature=0.8, top_k=40)),
-                          ("sample t=1 top-k 0 top-p .95 (256 best)",
+                          ("sample t=1 top-k 0 top-p .95 min-p .05 (256 best + mass)",
                            dict(temperature=1.0, top_k=0)),
+                          ("sample t=0.7 top-k 0 top-p .9 (256 best + mass)",
+                           dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0)),
                           ("sample t=1 every token (no sort)",
                            dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))):
         f, i = (ctx.upload(a) for a in make_params(**params))

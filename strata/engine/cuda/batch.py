@@ -323,7 +323,8 @@ class CudaBatchEngine:
         number is a hash of (seed, position)), or, where it is None, left to the caller: that
         sequence's [n_vocab] f32 logits. Returns, in the order of `slots`, each token (-1 for a
         sequence whose logits held a NaN: no token is picked from them, and the caller ends
-        it, as the host `Sampler` refuses such logits) or logits row."""
+        it, as the host `Sampler` refuses such logits) or logits row (also where a top-p /
+        min-p cut over every token lay past the device's 256 candidates: `may_fall_back`)."""
         return self.end_picked(self.begin_picked(slots, tokens, sampling))
 
     def begin_picked(self, slots: Sequence[int], tokens: Sequence[int] | None,
