@@ -26,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the model id clients send (default: the file name without .gguf)")
     p.add_argument("--alias", dest="aliases", action="append", metavar="NAME",
                    help="another model id accepted for this model (repeatable)")
+    p.add_argument("--no-prefix-cache", dest="no_prefix_cache", action="store_true",
+                   default=None,
+                   help="compute every prompt whole (by default a prompt that starts as a "
+                        "finished request's text did reuses its KV: a chat's next turn)")
     p.add_argument("--max-queue", dest="max_queue", type=int,
                    help="requests that may wait for a slot before a 503 (default 256)")
     p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int,

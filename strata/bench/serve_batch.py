@@ -95,8 +95,9 @@ def run_clients(engine: Any, prompts: list[list[int]], gen: int, *,
     from strata.serve.metrics import Metrics
     from strata.serve.worker import Worker
 
+    # no prefix reuse: each round's prompts are computed whole, as the first round's
     worker = Worker(engine, _Greedy(device_pick), Metrics(), max_queue=max(1, len(prompts)),
-                    run_ahead=run_ahead)
+                    run_ahead=run_ahead, prefix_cache=False)
     clients = [_Client(list(p)) for p in prompts]
     for c in clients:  # all queued before the worker starts: one admission round
         c.t_submit = time.perf_counter()

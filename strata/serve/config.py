@@ -42,6 +42,8 @@ class ServeConfig:
     batch: int = 1
     max_context: int | None = None
     max_queue: int = 256
+    # a finished request's KV is kept for the next prompt that starts the same (its slot's)
+    no_prefix_cache: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_tokens_limit: int | None = None
     chat_template: str | None = None

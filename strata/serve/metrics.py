@@ -73,6 +73,7 @@ class Metrics:
         self.t_start = clock()
         self.requests: Counter[tuple[str, int]] = Counter()  # (route, status) -> n
         self.prompt_tokens = 0
+        self.prompt_cached_tokens = 0  # prompt tokens whose KV a finished sequence left behind
         self.completion_tokens = 0
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0
@@ -93,8 +94,10 @@ class Metrics:
         with self._lock:
             self.requests[(route, status)] += 1
 
-    def record_prefill(self, n_tokens: int, seconds: float) -> None:
+    def record_prefill(self, n_tokens: int, seconds: float, *, cached: int = 0) -> None:
+        """A prompt of `n_tokens`, `cached` of which the engine found in its KV (not computed)."""
         with self._lock:
+            self.prompt_cached_tokens += cached
             self.prefill_tokens += n_tokens
             self.prompt_tokens += n_tokens
             self.prefill_seconds += seconds
@@ -162,6 +165,9 @@ class Metrics:
                      [({"route": r, "status": str(s)}, n) for (r, s), n in reqs])
             w.family("strata_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
                      [({}, self.prompt_tokens)])
+            w.family("strata_prompt_cached_tokens_total", "counter",
+                     "Prompt tokens found in the KV a finished request left (not computed).",
+                     [({}, self.prompt_cached_tokens)])
             w.family("strata_completion_tokens_total", "counter", "Tokens generated.",
                      [({}, self.completion_tokens)])
             w.family("strata_prefill_seconds_total", "counter", "Engine time spent in prefill.",

@@ -90,7 +90,8 @@ def load(config: ServeConfig) -> Loaded:
     served = ServedModel(name=name, aliases=config.aliases, tokenizer=tokenizer,
                          template=template, max_context=engine.max_context)
     metrics = Metrics()
-    worker = Worker(engine, served, metrics, max_queue=config.max_queue)
+    worker = Worker(engine, served, metrics, max_queue=config.max_queue,
+                    prefix_cache=not config.no_prefix_cache)
     weights_bytes = sum(t.n_bytes for t in model_file.tensors.values())
     devices = _devices_reader(engine, weights_bytes, plan)
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,

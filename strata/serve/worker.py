@@ -69,13 +69,14 @@ class _Seq:
     n_generated: int = 0
     done: bool = field(default=False)
     device: SamplingParams | None = None  # how the engine picks its tokens; None: the host
+    tokens: list[int] = field(default_factory=list)  # generated, in order
 
 
 class Worker:
     """Owns the engine; `submit()` is safe from any thread."""
 
     def __init__(self, engine: BatchEngine, decoding: Decoding, metrics: Metrics, *,
-                 max_queue: int = 256, run_ahead: bool = True):
+                 max_queue: int = 256, run_ahead: bool = True, prefix_cache: bool = True):
         if max_queue < 1:
             raise ValueError(f"max_queue must be at least 1, got {max_queue}")
         self.engine = engine
@@ -92,6 +93,9 @@ class Worker:
         # (its engine step, its sequences); only where the engine begins and ends steps apart
         self.run_ahead = run_ahead and hasattr(engine, "begin_picked")
         self._ahead: tuple[object, list[_Seq]] | None = None
+        # a finished sequence's tokens handed to the engine with its slot, so a prompt that
+        # starts the same (a chat's next turn) is computed only past what they share
+        self.prefix_cache = prefix_cache and getattr(engine, "keeps_prefix", False)
         metrics.set_load(queue_depth=0, active=0, n_slots=engine.n_slots)
 
     # -- the HTTP side ---------------------------------------------------------------------
@@ -200,7 +204,8 @@ class Worker:
                 log.exception("prefill failed for job %d", job.id)
                 self._finish(seq, "error", error=f"prefill failed: {e}")
                 continue
-            self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0)
+            self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0,
+                                        cached=getattr(self.engine, "n_reused", 0))
             self._accept(seq, logits)
 
     def _device_sampling(self, sampler) -> SamplingParams | None:
@@ -301,6 +306,7 @@ class Worker:
 
     def _advance(self, seq: _Seq, token: int) -> None:
         seq.n_generated += 1
+        seq.tokens.append(token)
         if token in self.decoding.stop_token_ids:
             self._emit_text(seq, seq.text.flush())
             self._finish(seq, "stop")
@@ -329,7 +335,10 @@ class Worker:
         seq.done = True
         self._active.remove(seq)
         try:
-            self.engine.release(seq.slot)
+            if self.prefix_cache and reason != "error":  # an error's KV is not trusted
+                self.engine.release(seq.slot, tokens=list(seq.job.prompt) + seq.tokens)
+            else:
+                self.engine.release(seq.slot)
         except Exception:
             log.exception("releasing slot %d failed", seq.slot)
         self._free.append(seq.slot)

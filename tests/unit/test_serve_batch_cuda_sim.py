@@ -251,3 +251,16 @@ def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
     eng.release(1)
     with pytest.raises(ValueError, match="fed on the device follows"):
         eng.begin_picked([0], None, g[:1])
+
+    # a finished sequence's KV reused by the next prompt that starts the same (a chat's next
+    # turn): only the rest is computed, and the logits are the float64 reference's
+    fed = PROMPTS[0] + [tok[0], one[0], two[0]]  # what slot 0 fed: its prompt and 3 steps
+    eng.release(0, tokens=fed + [999])  # one more than its KV holds: ignored
+    turn = fed + [42, 7]
+    got = eng.prefill(1, turn)
+    assert eng.n_reused == len(fed)
+    want = forward(RefModel.load(path), turn)[-1]
+    assert _rel(got, want) < 0.02
+    eng.release(1)  # no tokens: nothing kept
+    eng.prefill(0, turn)
+    assert eng.n_reused == 0

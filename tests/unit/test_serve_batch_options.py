@@ -49,6 +49,7 @@ def _rows(n_slots: int):
     eng = object.__new__(CudaBatchEngine)
     eng.n_slots, eng._row_of, eng._slot_at = n_slots, {}, []
     eng._n_past = np.zeros(n_slots, np.int64)
+    eng._kept = [None] * n_slots
     moves = []
 
     def move(src, dst):
@@ -81,3 +82,23 @@ def test_rows_are_refilled_by_the_last_only_when_needed():
     assert eng._slot_at == [] and moves == [(2, 1)]  # leaving together moves nothing
     with pytest.raises(IndexError, match="slot 4"):
         eng.release(4)
+
+
+def test_a_released_row_keeps_the_tokens_its_kv_holds():
+    """`release(slot, tokens)` keeps the first n_past of them (what the row's KV holds: a
+    finished sequence's last token is fed only by a step run ahead); fewer than that, or none,
+    keep nothing; the next prompt reuses the longest shared prefix, never its last token."""
+    import numpy as np
+
+    from strata.engine.cuda.batch import _common_prefix
+
+    eng, _ = _rows(3)
+    _hold(eng, 2, 6)
+    _hold(eng, 1, 4)
+    eng.release(2, tokens=[9, 8, 7, 6, 5, 4, 3])  # row 0: 6 positions
+    eng.release(1, tokens=[1, 2, 3])  # row 1: 4 positions, only 3 tokens known
+    assert eng._kept[:2] == [[9, 8, 7, 6, 5, 4], None]
+    ids = np.array([9, 8, 7, 1, 2], np.int32)
+    assert _common_prefix(eng._kept[0], ids) == 3
+    assert _common_prefix([9, 8, 7, 6, 5, 4], np.array([9, 8, 7, 6], np.int32)) == 3
+    assert _common_prefix([4], np.array([5, 4], np.int32)) == 0

@@ -106,6 +106,8 @@ def test_plan_knobs_from_the_file_and_the_command_line(tmp_path):
                                          "inv.json"))
     assert inv.batch_invariant is True and plan_knobs_set(inv) == ["batch_invariant"]
     assert build_config(_parse([]), path).batch_invariant is False
+    assert build_config(_parse(["--no-prefix-cache"]), path).no_prefix_cache is True
+    assert build_config(_parse([]), path).no_prefix_cache is False
 
 
 def test_bad_plan_knobs_are_named(tmp_path):

@@ -184,3 +184,52 @@ def test_a_token_the_engine_hands_back_is_sampled_on_the_host_and_never_run_ahea
     assert engine.fed_on_device == 0  # the top-p sequence ran beside the greedy one throughout
     handed = 3  # of the top-p sequence's 6 decode steps (after "a"), every other one
     assert metrics.decode_tokens - metrics.device_picked == handed
+
+
+def test_a_finished_requests_tokens_go_back_with_its_slot():
+    """With an engine that keeps a released row's KV (`keeps_prefix`), the worker hands back
+    what each finished request fed (its prompt, then its tokens), not after an error, and the
+    prompt tokens the engine reused count in the metrics."""
+
+    class Keeping(AheadEngine):
+        keeps_prefix = True
+
+        def __init__(self, script, **kw):
+            super().__init__(script, **kw)
+            self.kept: list[tuple[int, list[int] | None]] = []
+            self.n_reused = 0
+
+        def release(self, slot, tokens=None):
+            self.kept.append((slot, tokens))
+            super().release(slot)
+
+        def prefill(self, slot, tokens):
+            self.n_reused = 2 if len(tokens) > 2 else 0
+            return super().prefill(slot, tokens)
+
+    engine, metrics = Keeping(lambda p: "xy"), Metrics()
+    worker = Worker(engine, SamplingModel(), metrics)
+    sinks = [Sink(), Sink()]
+    worker.submit(Job(encode("ab"), Sampling(max_tokens=50, temperature=0.0), sinks[0]))
+    worker.submit(Job(encode("abxy?"), Sampling(max_tokens=50, temperature=0.0), sinks[1]))
+    worker.start()
+    try:
+        assert [s.text for s in sinks] == ["xy", "xy"]
+    finally:
+        worker.stop()
+    eot = [t for t in SamplingModel().stop_token_ids][0]
+    assert engine.kept[0] == (0, encode("ab") + encode("xy") + [eot])
+    assert metrics.prompt_cached_tokens == 2 and "strata_prompt_cached_tokens_total 2" in \
+        metrics.render()
+    engine.fail_end_after = 0  # a failed step: its KV is not handed back
+    worker = Worker(engine, SamplingModel(), metrics)
+    sink = Sink()
+    worker.submit(Job(encode("ab"), Sampling(max_tokens=50, temperature=0.0), sink))
+    worker.start()
+    try:
+        assert sink.finish.reason == "error"
+    finally:
+        worker.stop()
+    assert engine.kept[-1] == (0, None)
+    off = Worker(engine, SamplingModel(), Metrics(), prefix_cache=False)
+    assert not off.prefix_cache

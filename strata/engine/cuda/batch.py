@@ -142,10 +142,12 @@ class CudaBatchEngine:
         self._buf = 0  # the set the next picked step copies into
         self._chain: list[int] | None = None  # slots of the last step, all picked on the device
         self._open: list[int] = []  # result sets of steps begun and not ended, oldest first
+        # per row: the tokens whose K/V a released sequence left there (None: nothing to reuse)
+        self._kept: list[list[int] | None] = [None] * n
+        self.n_reused = 0  # prompt tokens the last prefill found in its row's KV
         self._fparams = _host_buffer((n, 4), np.float32)  # [n_slots, 4] each row's sampling
         self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
-        self._zero = np.zeros(1, np.int32)
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
         # a device array's slice costs tens of microseconds of Python on every step
         self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
@@ -196,14 +198,22 @@ class CudaBatchEngine:
                                    f"(0..{self.shape.n_vocab - 1})")
         return ids.astype(np.int32)
 
-    def release(self, slot: int) -> None:
+    keeps_prefix = True  # `release` takes the tokens a sequence fed, for the next prefill
+
+    def release(self, slot: int, tokens: Sequence[int] | None = None) -> None:
         """The slot's sequence is over; its row is refilled (by the last row's sequence) at the
-        next prefill or step, so sequences ending together move nothing."""
+        next prefill or step, so sequences ending together move nothing. `tokens`: what the
+        sequence fed (its prompt, then its tokens in order; any past what its KV holds are
+        ignored): until the row is refilled by a move, a prefill that lands in it computes only
+        the prompt past the longest prefix it shares with them (a chat's next turn)."""
         self._check_slot(slot)
         self._chain = None
         row = self._row_of.pop(slot, None)
         if row is not None:
             self._slot_at[row] = None
+            n = int(self._n_past[row])
+            self._kept[row] = ([int(t) for t in tokens[:n]]
+                               if tokens is not None and len(tokens) >= n else None)
 
     def _compact(self) -> None:
         """Held sequences into rows 0..n_active-1: the last row's moves into each vacant one."""
@@ -234,6 +244,7 @@ class CudaBatchEngine:
                 if s_side.layout.fmt == "int8" and n_rows:
                     d_side.scale[:n_rows].copy_to_device(s_side.scale[:n_rows], stream=st)
         a["history"][dst].copy_to_device(a["history"][src], stream=st)
+        self._kept[src] = self._kept[dst] = None  # dst overwritten; src's tokens are the mover's
         a["seq_len"][dst:dst + 1].copy_to_device(a["seq_len"][src:src + 1], stream=st)
         self._n_past[dst] = n_tok
 
@@ -253,10 +264,13 @@ class CudaBatchEngine:
         self._slot_at.append(slot)
         self._row_of[slot] = row
         m = self.m
-        m.acts["seq_len"][row:row + 1].copy_to_device(self._zero, stream=m.stream)
-        self._n_past[row] = 0
+        kept, self._kept[row] = self._kept[row], None
+        common = _common_prefix(kept, ids) if kept else 0
+        m.acts["seq_len"][row:row + 1].copy_to_device(np.array([common], np.int32),
+                                                     stream=m.stream)
+        self._n_past[row] = self.n_reused = common
         try:
-            self._prompt(row, ids)
+            self._prompt(row, ids[common:])
         except BaseException:
             self.release(slot)
             raise
@@ -414,10 +428,11 @@ class CudaBatchEngine:
 
     def drop_picked(self) -> None:
         """Forget the picked steps begun and not ended (their results unread: a caller that
-        failed between the two), once the device has finished them."""
+        failed between the two), once the device has finished them; and any KV kept for reuse."""
         self.m.stream.synchronize()
         self._open.clear()
         self._chain = None
+        self._kept = [None] * self.n_slots
 
     def _fed_rows(self, slots: Sequence[int]) -> list[int]:
         """The rows of a step fed from the device (`begin_picked` without tokens)."""
@@ -459,6 +474,16 @@ class CudaBatchEngine:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:
         int64 [L, 2], a host copy (safe to read from any thread: no GPU call)."""
         return np.array(self._hits)
+
+
+def _common_prefix(kept: list[int], ids: np.ndarray) -> int:
+    """How many leading tokens of `ids` are `kept`'s, at most len(ids) - 1 (the last token is
+    always computed: its logits are the prefill's result)."""
+    n = min(len(kept), ids.size - 1)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(kept[:n], np.int64) != ids[:n])
+    return int(diff[0]) if diff.size else n
 
 
 @dataclass(slots=True)
