@@ -118,6 +118,10 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
         n, ctx = summary["slots"], summary["max_context"]
         lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan holds "
                      f"{n * ctx:,} tokens of KV, one region per sequence")
+        alone = ("batch-invariant (a sequence's tokens do not depend on the others)"
+                 if config.batch_invariant else "one sequence alone runs the fused single step")
+        reuse = "off" if config.no_prefix_cache else "on (a finished request's KV, its slot's)"
+        lines.append(f"decode   {alone}; prefix cache {reuse}")
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
         regions = ", ".join(f"{r.name} {_mib(r.n_bytes)}" for r in d.regions)
