@@ -10,11 +10,11 @@ import pytest
 from helpers.serve_fakes import encode
 from strata.engine.engine import ContextFullError
 from strata.engine.sampler import SamplingParams
-from strata.serve.job import Job, Sampling
+from strata.serve.job import Sampling
 from strata.serve.metrics import Metrics
 from strata.serve.worker import Worker
-from test_serve_worker import Sink
 from test_serve_worker_picks import PickingEngine, SamplingModel
+from test_serve_worker_picks import run as run_jobs
 
 
 class AheadEngine(PickingEngine):
@@ -78,18 +78,10 @@ class AheadEngine(PickingEngine):
         self.dropped += 1
 
 
-def run(engine, jobs, *, run_ahead=True):
-    worker = Worker(engine, SamplingModel(), Metrics(), run_ahead=run_ahead)
-    sinks = []
-    for prompt, sampling in jobs:
-        sink = Sink()
-        worker.submit(Job(encode(prompt), sampling, sink))
-        sinks.append(sink)
-    worker.start()
-    try:
-        return [(s.text, s.finish.reason, s.finish.n_completion) for s in sinks]
-    finally:
-        worker.stop()
+def run(engine, jobs, **worker_kw):
+    """(text, finish reason, completion tokens) of each job, run on a fresh worker."""
+    return [(s.text, s.finish.reason, s.finish.n_completion)
+            for s in run_jobs(engine, jobs, **worker_kw)]
 
 
 JOBS = [("a", Sampling(max_tokens=50, temperature=0.0)),                   # ends at its stop
@@ -171,16 +163,9 @@ def test_a_token_the_engine_hands_back_is_sampled_on_the_host_and_never_run_ahea
                     self._pos[s] % 2 else o for s, o, p in zip(slots, out, params)]
 
     engine, metrics = FallingBack(lambda p: "abcdef", n_slots=2), Metrics()
-    worker = Worker(engine, SamplingModel(), metrics)
-    sinks = [Sink(), Sink()]
-    worker.submit(Job(encode("a"), Sampling(max_tokens=50, temperature=0.8, top_p=0.9, seed=1),
-                      sinks[0]))
-    worker.submit(Job(encode("b"), Sampling(max_tokens=50, temperature=0.0), sinks[1]))
-    worker.start()
-    try:
-        assert [s.text for s in sinks] == ["abcdef", "abcdef"]
-    finally:
-        worker.stop()
+    sinks = run_jobs(engine, [("a", Sampling(max_tokens=50, temperature=0.8, top_p=0.9, seed=1)),
+                              ("b", Sampling(max_tokens=50, temperature=0.0))], metrics)
+    assert [s.text for s in sinks] == ["abcdef", "abcdef"]
     assert engine.fed_on_device == 0  # the top-p sequence ran beside the greedy one throughout
     handed = 3  # of the top-p sequence's 6 decode steps (after "a"), every other one
     assert metrics.decode_tokens - metrics.device_picked == handed
@@ -208,28 +193,16 @@ def test_a_finished_requests_tokens_go_back_with_its_slot():
             return super().prefill(slot, tokens)
 
     engine, metrics = Keeping(lambda p: "xy"), Metrics()
-    worker = Worker(engine, SamplingModel(), metrics)
-    sinks = [Sink(), Sink()]
-    worker.submit(Job(encode("ab"), Sampling(max_tokens=50, temperature=0.0), sinks[0]))
-    worker.submit(Job(encode("abxy?"), Sampling(max_tokens=50, temperature=0.0), sinks[1]))
-    worker.start()
-    try:
-        assert [s.text for s in sinks] == ["xy", "xy"]
-    finally:
-        worker.stop()
-    eot = [t for t in SamplingModel().stop_token_ids][0]
+    greedy = Sampling(max_tokens=50, temperature=0.0)
+    sinks = run_jobs(engine, [("ab", greedy), ("abxy?", greedy)], metrics)
+    assert [s.text for s in sinks] == ["xy", "xy"]
+    eot = next(iter(SamplingModel().stop_token_ids))
     assert engine.kept[0] == (0, encode("ab") + encode("xy") + [eot])
     assert metrics.prompt_cached_tokens == 2 and "strata_prompt_cached_tokens_total 2" in \
         metrics.render()
     engine.fail_end_after = 0  # a failed step: its KV is not handed back
-    worker = Worker(engine, SamplingModel(), metrics)
-    sink = Sink()
-    worker.submit(Job(encode("ab"), Sampling(max_tokens=50, temperature=0.0), sink))
-    worker.start()
-    try:
-        assert sink.finish.reason == "error"
-    finally:
-        worker.stop()
+    (sink,) = run_jobs(engine, [("ab", greedy)], metrics)
+    assert sink.finish.reason == "error"
     assert engine.kept[-1] == (0, None)
     off = Worker(engine, SamplingModel(), Metrics(), prefix_cache=False)
     assert not off.prefix_cache

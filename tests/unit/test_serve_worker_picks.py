@@ -60,8 +60,10 @@ class SamplingModel(FakeModel):
                                             min_p=0.0, seed=sampling.seed))
 
 
-def run(engine, jobs, metrics=None):
-    worker = Worker(engine, SamplingModel(), metrics or Metrics())
+def run(engine, jobs, metrics=None, **worker_kw):
+    """Each (prompt, Sampling) of `jobs` queued on a fresh worker, run until all finish; their
+    sinks."""
+    worker = Worker(engine, SamplingModel(), metrics or Metrics(), **worker_kw)
     sinks = []
     for prompt, sampling in jobs:
         sink = Sink()
