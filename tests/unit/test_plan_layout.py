@@ -122,7 +122,7 @@ def test_session_layout_scales_with_batch_and_context():
     # the token choice: (best key, blocks done) u64 (64-bit atomics), and every sampler block's
     # 256 candidates: 38 blocks of 4,096 of the 30B's 151,936 logits
     assert four.region("pick_state").shape == (4, 3) and four.region("pick_state").dtype == "uint64"
-    assert four.region("pick_cand_v").shape == (4, 38 * 256)
+    assert four.region("pick_cand_v").shape == (4, 38 * 256 + 38 * 2)  # lists, blocks' masses
     assert four.region("pick_cand_v").dtype == "float32"
     assert four.region("pick_cand_i").shape == (4, 38 * 256)
     assert four.region("pick_cand_i").dtype == "int32"
