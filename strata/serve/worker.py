@@ -244,13 +244,12 @@ class Worker:
             if hasattr(self.engine, "drop_picked"):
                 self.engine.drop_picked()
             return
-        n_device = sum(s.device is not None and not isinstance(o, np.ndarray)
-                       for s, o in zip(batch, out))
-        self.metrics.record_decode(len(batch), time.perf_counter() - t0,
-                                   n_device_picked=n_device)
-        for seq, item in zip(batch, out):
-            if seq.done:  # ended while its step ran (cancelled, or at the step before it)
-                continue
+        # the sequences still running: one may have ended while a step run ahead of it ran
+        # (a cancel, or a stop at the step before), and that step's token for it is dropped
+        live = [(s, o) for s, o in zip(batch, out) if not s.done]
+        n_device = sum(s.device is not None and not isinstance(o, np.ndarray) for s, o in live)
+        self.metrics.record_decode(len(live), time.perf_counter() - t0, n_device_picked=n_device)
+        for seq, item in live:
             if seq.job.cancelled:
                 seq.job.n_steps_after_cancel += 1
             # logits where the engine hands a sequence's choice back (a cut past its reach)
