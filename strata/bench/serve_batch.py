@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-run-ahead", dest="run_ahead", action="store_false",
                    help="the worker reads each step before enqueuing the next (device picks "
                         "only; serve runs one step ahead; the host table times only this way)")
+    p.add_argument("--compare", action="store_true",
+                   help="after the run, the same rounds stepped one at a time (no run-ahead), "
+                        "then also batch-invariant (the loop before 2026-12-02's changes), on "
+                        "the same loaded engine")
     p.add_argument("--invariant", action="store_true",
                    help="batch-invariant engine (strata serve --batch-invariant): one client's "
                         "steps run the batched kernels' float32 path, not the fused single step")
@@ -351,6 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens, gen=args.gen,
                      device_pick=args.pick == "device", run_ahead=args.run_ahead)
+    compare = {}
+    if args.compare:  # the same engine, stepped one at a time, then also batch-invariant
+        for name, invariant in (("no run-ahead", args.invariant),
+                                ("no run-ahead, batch-invariant", True)):
+            engine.set_invariant(invariant)
+            got = measure(engine, clients=clients, prompt_tokens=args.prompt_tokens,
+                          gen=args.gen, device_pick=args.pick == "device", run_ahead=False)
+            compare[name] = got
+        engine.set_invariant(args.invariant)
     hits = engine.hit_counts().sum(axis=0)
     profile = profile_rows(engine, prof_rows, args.prompt_tokens) if prof_rows else None
     out = {
@@ -366,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         "run_seconds": time.perf_counter() - t0,
         "decode_hit_rate": float(hits[0] / max(1, hits.sum())),
         "target": {"aggregate_speedup_at_8": TARGET_SPEEDUP_AT_8},
-        **result, "profile": profile,
+        **result, "profile": profile, "compare": compare or None,
     }
     r8 = next((r for r in result["rounds"] if r["clients"] == 8), None)
     out["target_met"] = None if r8 is None else r8["speedup_vs_1"] >= TARGET_SPEEDUP_AT_8
@@ -376,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['per_client_tok_s']['mean']:>10.1f} {r['step_ms']:>8.2f} "
               f"{r['speedup_vs_1'] or 0:>7.2f}")
     print(host_table(result["rounds"]))
+    for name, got in compare.items():
+        print(f"{name}: " + ", ".join(f"{r['clients']} clients {r['aggregate_decode_tok_s']:.1f} "
+                                      f"tok/s" for r in got["rounds"])
+              + f"; tokens equal alone: {got['all_equal']}")
     print(f"greedy tokens equal to each prompt decoded alone: {result['all_equal']}")
     if profile:
         from strata.engine.cuda.profile import profile_table

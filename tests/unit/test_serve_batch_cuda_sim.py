@@ -206,6 +206,14 @@ def test_one_row_runs_the_single_engines_step(tmp_models):
     full = forward(ref, seq)
     assert _rel(both[0], full[-2]) < 0.02 and _rel(alone, full[-1]) < 0.02
     assert int(np.argmax(alone)) == int(np.argmax(full[-1]))
+    # switched on a loaded engine (serve_batch --compare): the one-row graphs are captured again
+    fast.step.graphs.update({1: "stale", ("pick", 1): "stale", 2: "kept"})
+    fast.step._warm.update({1, ("pick", 1), 2})
+    fast.set_invariant(True)
+    assert fast.step.one is None and fast.invariant
+    assert set(fast.step.graphs) == {2} and fast.step._warm == {2}
+    fast.set_invariant(False)
+    assert fast.step.one is not None and not fast.invariant
 
 
 def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):

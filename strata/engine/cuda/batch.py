@@ -113,7 +113,6 @@ class CudaBatchEngine:
 
     def __init__(self, m: CudaModel, *, use_graph: bool = True, invariant: bool = False):
         self.m = m
-        self.invariant = invariant
         self.shape = s = m.shape
         self.n_slots = n = m.plan.options.batch
         if not 1 <= n <= MAX_BATCH:
@@ -126,8 +125,7 @@ class CudaBatchEngine:
         self.max_context = m.plan.kv.resident_tokens
         self.sides = self._carve_rows()
         self.step = BatchStep(m, self.sides, use_graph=use_graph)
-        if not invariant:  # a step of one row: the single engine's launches on row 0's view
-            self.step.one = DecodeStep(self._row_view(0), use_graph=False)
+        self.set_invariant(invariant)
         self.traffic = PrefillTraffic()
         self._row_of: dict[int, int] = {}  # slot -> row
         self._slot_at: list[int | None] = []  # row -> slot (None: vacant until compacted)
@@ -177,6 +175,15 @@ class CudaBatchEngine:
                 per_layer.append(tuple(pair))
             rows.append(per_layer)
         return rows
+
+    def set_invariant(self, invariant: bool) -> None:
+        """How a step of one row runs (see the class): the batched kernels' float32 path
+        (True), or the single engine's launches on row 0's view. Its graphs are captured again."""
+        self.invariant = invariant
+        self.step.one = None if invariant else DecodeStep(self._row_view(0), use_graph=False)
+        for key in (1, ("pick", 1)):
+            self.step.graphs.pop(key, None)
+            self.step._warm.discard(key)
 
     # -- slots and rows ----------------------------------------------------------------------
 
