@@ -102,3 +102,26 @@ def test_a_released_row_keeps_the_tokens_its_kv_holds():
     assert _common_prefix(eng._kept[0], ids) == 3
     assert _common_prefix([9, 8, 7, 6, 5, 4], np.array([9, 8, 7, 6], np.int32)) == 3
     assert _common_prefix([4], np.array([5, 4], np.int32)) == 0
+
+
+def test_a_new_prompt_takes_the_vacant_row_that_holds_its_prefix():
+    """The vacant row whose kept tokens share the longest prefix with the prompt: a hole among
+    the rows is taken as it is (no move); a row past the held ones has its KV moved to the next
+    row; with none, the next row after compaction, reusing nothing."""
+    import numpy as np
+
+    eng, moves = _rows(4)
+    for slot in range(4):
+        _hold(eng, slot, 3)
+    eng.release(1, tokens=[7, 7, 7])  # row 1
+    eng.release(3, tokens=[5, 6, 9])  # row 3
+    assert eng._place(3, np.array([5, 6, 1, 2], np.int32)) == (3, 2)
+    assert eng._place(1, np.array([7, 7, 7, 8], np.int32)) == (1, 3)
+    assert moves == [] and eng._kept == [None] * 4 and eng._slot_at == [0, 1, 2, 3]
+    # held: row 0 only; row 2 keeps [4, 4, 4] past it
+    eng, moves = _rows(4)
+    _hold(eng, 0, 3)
+    eng._kept[2], eng._n_past[2] = [4, 4, 4], 3
+    assert eng._place(1, np.array([4, 4, 9], np.int32)) == (1, 2)
+    assert moves == [(2, 1)] and eng._row_of[1] == 1 and eng._kept[1] is None
+    assert eng._place(2, np.array([1, 2], np.int32)) == (2, 0)  # nothing shared

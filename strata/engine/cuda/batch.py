@@ -211,8 +211,8 @@ class CudaBatchEngine:
         """The slot's sequence is over; its row is refilled (by the last row's sequence) at the
         next prefill or step, so sequences ending together move nothing. `tokens`: what the
         sequence fed (its prompt, then its tokens in order; any past what its KV holds are
-        ignored): until the row is refilled by a move, a prefill that lands in it computes only
-        the prompt past the longest prefix it shares with them (a chat's next turn)."""
+        ignored): until a move refills the row, a later prefill whose prompt shares a prefix
+        with them takes this row (`_place`) and computes only past it (a chat's next turn)."""
         self._check_slot(slot)
         self._chain = None
         row = self._row_of.pop(slot, None)
@@ -266,13 +266,8 @@ class CudaBatchEngine:
             raise ContextFullError(f"the prompt has {ids.size} tokens but the context holds "
                                    f"{self.max_context} (raise --max-context)")
         self.release(slot)
-        self._compact()
-        row = len(self._slot_at)
-        self._slot_at.append(slot)
-        self._row_of[slot] = row
+        row, common = self._place(slot, ids)
         m = self.m
-        kept, self._kept[row] = self._kept[row], None
-        common = _common_prefix(kept, ids) if kept else 0
         m.acts["seq_len"][row:row + 1].copy_to_device(np.array([common], np.int32),
                                                      stream=m.stream)
         self._n_past[row] = self.n_reused = common
@@ -284,6 +279,32 @@ class CudaBatchEngine:
         m.acts["logits"][row].copy_to_host(self._logits[row], stream=m.stream)
         m.stream.synchronize()
         return np.array(self._logits[row])
+
+    def _place(self, slot: int, ids: np.ndarray) -> tuple[int, int]:
+        """The row a new sequence of prompt `ids` takes in `slot`'s name, and how many of its
+        tokens that row's KV already holds. The vacant row whose kept tokens share the longest
+        prefix with `ids` is used: a hole below the held rows is filled as it is; a row past
+        them has its KV moved to the next row (a copy, far cheaper than the prefill); with none,
+        the rows are compacted and the next one taken."""
+        held = len(self._slot_at)
+        best, best_n = -1, 0
+        for r, kept in enumerate(self._kept):
+            if kept is not None and (r >= held or self._slot_at[r] is None):
+                n = _common_prefix(kept, ids)
+                if n > best_n:
+                    best, best_n = r, n
+        if 0 <= best < held:  # a hole: taken as it is (a later step's compaction fills others)
+            row = best
+            self._slot_at[row] = slot
+        else:
+            self._compact()  # moves held rows into holes only: a row past them keeps its KV
+            row = len(self._slot_at)
+            self._slot_at.append(slot)
+            if best > row:
+                self._move(best, row)
+        self._row_of[slot] = row
+        self._kept[row] = None
+        return row, best_n
 
     def _prompt(self, row: int, ids: np.ndarray) -> None:
         m = self.m
