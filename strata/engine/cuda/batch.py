@@ -27,7 +27,6 @@ logits.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -35,74 +34,22 @@ import numpy as np
 from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
-from strata.cuda_kernels.matvec import MAX_TOKENS
 from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, make_params
+# the options' names, where serve and the tests have always imported them from
+from strata.engine.cuda.batch_options import (  # noqa: F401
+    MAX_BATCH, BatchOptions, batch_options, default_context)
 from strata.engine.cuda.batch_step import BatchStep
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
-from strata.engine.cuda.options import CudaEngineError, CudaOptions
+from strata.engine.cuda.options import CudaEngineError
 from strata.engine.cuda.prefill import PromptRun
+from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import may_fall_back, picks
 from strata.engine.engine import ContextFullError, EngineInputError
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
 from strata.plan import check_runtime_use, runtime_use
-from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, PlanOptions
-
-MAX_BATCH = MAX_TOKENS  # the small-batch matvec kernels take up to 8 tokens
-ROW_ENTRIES = ("hidden", "residual", "normed", "q", "k", "v", "attn_out", "router_logits",
-               "topk_ids", "topk_weights", "router_done", "moe_sync", "moe_h", "miss_list",
-               "moe_out", "logits", "seq_len", "history", "step_tokens", "n_tokens",
-               "sample_fparams", "sample_iparams")
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOptions(CudaOptions):
-    """`CudaOptions` whose plan decodes `plan.batch` sequences (1..8) together; every other knob
-    is checked as `CudaOptions` checks it."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.plan.batch <= MAX_BATCH:
-            raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes 1 to "
-                                  f"{MAX_BATCH} sequences together")
-        single = {f.name: getattr(self, f.name) for f in dataclasses.fields(CudaOptions)}
-        CudaOptions(**{**single, "plan": dataclasses.replace(self.plan, batch=1)})
-
-
-def default_context(model: ModelFile) -> int:
-    """Per-sequence context when none is asked for: the plan's default for one sequence."""
-    train = model.shape.n_ctx_train if model.shape.n_ctx_train > 0 else DEFAULT_MAX_CONTEXT
-    return max(CHUNK_GRID, min(train, DEFAULT_MAX_CONTEXT))
-
-
-def batch_options(model: ModelFile, n_slots: int, plan: PlanOptions | None = None,
-                  **cuda_knobs: Any) -> BatchOptions:
-    """Options for `n_slots` sequences of `plan.max_context` tokens each: the plan's batch is
-    `n_slots`, so its KV holds one region of the context per sequence."""
-    plan = plan or PlanOptions()
-    ctx = plan.max_context or default_context(model)
-    return BatchOptions(plan=dataclasses.replace(plan, batch=n_slots, max_context=ctx),
-                        **cuda_knobs)
-
-
-class _RowModel:
-    """A `CudaModel` seen through one row: the session's per-sequence entries narrowed to that
-    row ([1, ...]) and the KV sides to its region; everything else is the model's."""
-
-    def __init__(self, m: CudaModel, row: int, sides, n_split: int):
-        self._m = m
-        acts = dict(m.acts)
-        for name in ROW_ENTRIES:
-            acts[name] = m.acts[name][row:row + 1]
-        for name in ("attn_part_o", "attn_part_ml"):
-            part = m.acts[name][row][:n_split]
-            acts[name] = part.reshape((1,) + tuple(part.shape))
-        self.acts = acts
-        self.kv_sides = sides
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._m, name)
 
 
 class CudaBatchEngine:
@@ -325,8 +272,8 @@ class CudaBatchEngine:
         """The model seen through `slot`'s row (what the prompt path runs on)."""
         return self._row_view(self._row_of[slot])
 
-    def _row_view(self, row: int) -> _RowModel:
-        return _RowModel(self.m, row, self.sides[row], len(self.step.partials[row][0]))
+    def _row_view(self, row: int) -> RowModel:
+        return RowModel(self.m, row, self.sides[row], len(self.step.partials[row][0]))
 
     # -- decode --------------------------------------------------------------------------------
 
