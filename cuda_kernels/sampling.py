@@ -268,12 +268,12 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
             push_token(tokens, n_tokens, row, tok)
         return
     stats = np.int64(cuda.gridDim.x) * KMAX  # the blocks' (largest logit, mass) after the lists
-    if k == 0:  # a top-p or min-p cut over every token: its mass, besides the 256 best
+    nucleus = k == 0  # a top-p or min-p cut over every token: its mass, besides the 256 best
+    if nucleus:
         m_b, s_b = chunk_mass(sv, np.float32(1.0) / temp, part)
         if t == 0:
             cand_v[stats + 2 * cuda.blockIdx.x] = m_b
             cand_v[stats + 2 * cuda.blockIdx.x + 1] = s_b
-    nucleus = k == 0
     if k <= 0 or k > KMAX:
         k = KMAX
     k = min(k, n_vocab)

@@ -92,7 +92,7 @@ class Worker:
         # a step enqueued before the one before it was read (`begin_picked` without tokens):
         # (its engine step, its sequences); only where the engine begins and ends steps apart
         self.run_ahead = run_ahead and hasattr(engine, "begin_picked")
-        self._ahead: tuple[object, list[_Seq]] | None = None
+        self._ahead: tuple[tuple[str, object], list[_Seq]] | None = None
         # a finished sequence's tokens handed to the engine with its slot, so a prompt that
         # starts the same (a chat's next turn) is computed only past what they share
         self.prefix_cache = prefix_cache and getattr(engine, "keeps_prefix", False)
@@ -233,8 +233,8 @@ class Worker:
         try:
             step = ahead[0] if ahead is not None else self._begin(batch)
             if self._may_run_ahead(batch):  # the GPU runs the next step while this one is read
-                self._ahead = (self.engine.begin_picked([s.slot for s in batch], None,
-                                                        [s.device for s in batch]), batch)
+                self._ahead = (("picked", self.engine.begin_picked(
+                    [s.slot for s in batch], None, [s.device for s in batch])), batch)
             out = self._end(step)
         except Exception as e:
             log.exception("decode step failed for %d sequences", len(batch))
@@ -266,12 +266,10 @@ class Worker:
             return "picked", self.engine.begin_picked(slots, tokens, sampling)
         return "done", self.engine.decode_picked(slots, tokens, sampling)
 
-    def _end(self, step) -> list:
+    def _end(self, step: tuple[str, object]) -> list:
         """A step's results: each sequence's token (picked) or logits, in its batch's order."""
-        if isinstance(step, tuple):
-            kind, value = step
-            return self.engine.end_picked(value) if kind == "picked" else list(value)
-        return self.engine.end_picked(step)  # a step run ahead
+        kind, value = step
+        return self.engine.end_picked(value) if kind == "picked" else list(value)
 
     def _may_run_ahead(self, batch: list[_Seq]) -> bool:
         """Whether the step after this one may be enqueued now, fed this step's picks on the

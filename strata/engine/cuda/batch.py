@@ -415,6 +415,11 @@ class CudaBatchEngine:
             raise ValueError(f"a step fed on the device follows a step of the same sequences "
                              f"(slots {self._chain}) whose every token was picked on the "
                              f"device, with nothing prefilled or released since; got {list(slots)}")
+        rows = self._rows_with_room(slots)
+        return rows
+
+    def _rows_with_room(self, slots: Sequence[int]) -> list[int]:
+        """The rows of `slots`, each with room in its context for one more token."""
         rows = [self._row_of[s] for s in slots]
         full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
         if full:
@@ -434,11 +439,7 @@ class CudaBatchEngine:
         if not slots:
             return []
         self._compact()
-        rows = [self._row_of[s] for s in slots]
-        full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
-        if full:
-            raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
-                                   f"is full")
+        rows = self._rows_with_room(slots)
         self._tok[rows] = ids
         # every row's token in one copy (rows n.. carry stale ones the step never reads); the
         # step writes each at its row's position (`scatter_tokens`, inside the graph)
