@@ -355,7 +355,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             return nb * COLS + (r // WTN) * HALF_WTN + within % HALF_WTN, within >= HALF_WTN
         return nb * COLS + r, False
 
-    @cuda.jit(**tile.jit_options)
+    @cuda.jit(**({} if SIMULATED else tile.jit_options))
     def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
                tile_group, tile_m0, n_tiles, n_rows, out):
         tid = cuda.threadIdx.x

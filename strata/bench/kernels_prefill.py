@@ -244,7 +244,7 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
 
 
 def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", x_half=False,
-                quick=False) -> dict:
+                quick=False, tile=None) -> dict:
     from strata.cuda_kernels import matmul
     from strata.quant.random_blocks import random_blocks
     from strata.quant.types import quant_type
@@ -257,8 +257,9 @@ def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", x_half=F
     x = cuda.to_device(rng.standard_normal((n_tok, n_in)).astype(
         np.float16 if x_half else np.float32))
     out = cuda.device_array((n_tok, n_out), np.float32)
-    t = time_ms(lambda: matmul.dense_matmul(x, w, out), reps=3 if quick else 10)
-    return {"name": f"dense_{ggml_type}_tc" + ("_f16in" if x_half else ""), "n_tok": n_tok,
+    t = time_ms(lambda: matmul.dense_matmul(x, w, out, tile=tile), reps=3 if quick else 10)
+    lb = f"_lb{tile.min_blocks}" if tile is not None and tile.min_blocks else ""
+    return {"name": f"dense_{ggml_type}_tc" + ("_f16in" if x_half else "") + lb, "n_tok": n_tok,
             "n_in": n_in, "n_out": n_out,
             "ms": t, "tflops": 2 * n_tok * n_in * n_out / (t * 1e9)}
 

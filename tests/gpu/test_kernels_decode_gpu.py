@@ -348,7 +348,7 @@ def test_sampling_full_vocab():
     hist = rng.integers(0, n_vocab, (3, 8)).astype(np.int32)
     n3 = cuda.to_device(np.array([2, 5, 7], np.int32))
     t3 = cuda.to_device(hist)
-    c3 = (cuda.device_array((3, pick_blocks(n_vocab) * KMAX), np.float32),
+    c3 = (cuda.device_array((3, pick_cand_len(n_vocab)), np.float32),  # each row's top k, masses
           cuda.device_array((3, pick_blocks(n_vocab) * KMAX), np.int32))
     lg3 = (rng.standard_normal((3, n_vocab)) * 3).astype(np.float32)
     want = [ref_sample(lg3[r], hist[r, :[2, 5, 7][r]], **rows[r]) for r in range(3)]
