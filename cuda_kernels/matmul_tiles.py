@@ -114,7 +114,13 @@ class FmaTile:
         return self.threads_m * self.threads_n
 
 
-TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4)
+# Two blocks an SM (launch bounds (256, 2): 128 registers a thread). Unbounded, ptxas 13 gives
+# the kernels 148-168 registers (Q4_K's gate/up 128), which leaves one block an SM; bounded,
+# some spill 32-184 bytes (Q4_K none) and every format measured faster on the H200
+# (bench/probes/prefill_bounds.py, 2026-12-03_prefill_bounds.json): grouped Q4_K 112.3 -> 130.5
+# TFLOP/s (down 1.19 -> 0.89 ms), Q8_0 83.4 -> 88.2, Q6_K 75.7 -> 82.0, Q5_K 43.6 -> 51.3;
+# dense f16-input Q8_0 88.8 -> 91.1, Q6_K 82.3 -> 87.4.
+TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2)
 # The default tile's settings by weight format, measured on the H200 (bench/results/
 # 2026-11-30_kernels_prefill_v4.json and _rev.json): Q4_K runs fastest with one thread per weight
 # row and every tile's MMAs issued (grouped 113.9 TFLOP/s, against 90.8 with two threads a row

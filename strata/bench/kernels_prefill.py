@@ -418,8 +418,9 @@ ENTRIES = {
                                                            pipe=False)),
     "moe_q4k_tc_nopipe": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(128, 128, 2, 4, pipe=False)),
-    "moe_q4k_tc_lb2": lambda quick: bench_moe(tensor_cores=True, quick=quick,
-                                              tile=_tc_tile(128, 128, 2, 4, min_blocks=2)),
+    # the default tile without its launch bounds (one block an SM where ptxas takes > 128 regs)
+    "moe_q4k_tc_lb0": lambda quick: _moe_tile(quick, ggml_type="Q4_K", row_threads=1,
+                                              skip_pad=False, min_blocks=0),
     # the per-format settings (matmul_tiles.FORMAT_TILE) against the other choices
     **{f"moe_{fmt.lower()}_tc_rt{rt}{'_skip' if skip else ''}": functools.partial(
         _moe_tile, ggml_type=fmt, row_threads=rt, skip_pad=skip)
