@@ -1,0 +1,70 @@
+"""Probe (not part of the engine): a 4,096-token prompt (P0's) with the prefill GEMMs at one or
+two blocks an SM, on one loaded engine, alternated, so both run on the same machine at the same
+time (a prompt's rate also depends on the host's launch speed, which differs between machines).
+
+    python bench/probes/prefill_bounds_engine.py MODEL.gguf OUT.json [REPS]
+
+Each setting: one warm-up prompt (its kernels compile), then REPS prompts; the best and the
+median tok/s, and whether the last position's logits are bit-identical across settings (launch
+bounds change register allocation, not arithmetic).
+"""
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def main() -> int:
+    path, out = sys.argv[1], sys.argv[2]
+    reps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    from numba import cuda
+
+    from strata.cuda_kernels import matmul_tiles
+    from strata.engine import load_engine
+    from strata.gguf import open_model
+
+    model = open_model(path)
+    prompt = np.random.default_rng(0).integers(0, model.shape.n_vocab, 4096).tolist()
+    eng = load_engine(model, "cuda", max_context=4608)
+    default = matmul_tiles.TC_TILE
+    rows, logits = [], {}
+    for mb in (2, 0, 2, 0):
+        matmul_tiles.TC_TILE = dataclasses.replace(default, min_blocks=mb)
+        eng.reset()
+        logits.setdefault(mb, np.array(eng.prefill(prompt), copy=True))  # warm-up (compiles)
+        eng.synchronize()
+        rates, enq = [], []
+        for _ in range(reps):
+            eng.reset()
+            eng.synchronize()
+            t0 = time.perf_counter()
+            eng.prefill(prompt)
+            t1 = time.perf_counter()
+            eng.synchronize()
+            rates.append(len(prompt) / (time.perf_counter() - t0))
+            enq.append(t1 - t0)
+        rows.append({"min_blocks": mb, "best_tok_s": round(max(rates), 1),
+                     "median_tok_s": round(statistics.median(rates), 1),
+                     "median_prefill_call_s": round(statistics.median(enq), 4)})
+        print(rows[-1], flush=True)
+    matmul_tiles.TC_TILE = default
+    same = bool(np.array_equal(logits[2], logits[0]))
+    print(f"last-position logits bit-identical across settings: {same}")
+    dev = cuda.get_current_device().name
+    eng.m.close()
+    body = {"date": datetime.date.today().isoformat(), "commit": os.environ.get("STRATA_COMMIT", ""),
+            "device": dev.decode() if isinstance(dev, bytes) else str(dev),
+            "command": "python bench/probes/prefill_bounds_engine.py " + " ".join(sys.argv[1:]),
+            "prompt_tokens": len(prompt), "rows": rows, "logits_bit_identical": same}
+    with open(out, "w") as f:
+        json.dump(body, f, indent=1)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
