@@ -6,8 +6,12 @@ one 256-thread block an SM; Q4_K's gate/up takes 128 and keeps two. Launch bound
 Q6_K 168-184). Each row times the grouped MoE GEMMs (30B expert shapes, 4,096 tokens, 8 of 128
 experts) or a dense projection both ways, after warm-up, on random weights.
 
+With --tiles, the grouped GEMMs at two blocks an SM with each split-loader setting instead:
+one or two threads per weight row, padding tiles' MMAs skipped or issued (`TcTile.row_threads`,
+`skip_pad`), which were chosen when the kernels ran unbounded.
+
 Run from the repository root on a GPU machine:
-`python bench/probes/prefill_bounds.py [--out F]` (prints a table, writes JSON).
+`python bench/probes/prefill_bounds.py [--out F] [--tiles]` (prints a table, writes JSON).
 """
 import argparse
 import dataclasses
@@ -25,9 +29,21 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
     p.add_argument("--formats", default="Q4_K,Q8_0,Q6_K,Q5_K")
+    p.add_argument("--tiles", action="store_true", help="row_threads x skip_pad at two blocks an SM")
     a = p.parse_args()
     rows = []
-    for fmt in a.formats.split(","):
+    for fmt in a.formats.split(",") if a.tiles else ():
+        base = tc_tile(quant_type(fmt).ggml_type)
+        for rt in (1, 2):
+            for skip in (False, True):
+                tile = dataclasses.replace(base, min_blocks=2, row_threads=rt, skip_pad=skip)
+                r = bench_moe(ggml_type=fmt, tile=tile)
+                rows.append(dict(r, kind="moe", format=fmt, min_blocks=2, row_threads=rt,
+                                 skip_pad=skip))
+                print(f"{fmt:6} moe rt{rt} {'skip' if skip else 'all '}  gate/up "
+                      f"{r['gate_up_ms']:.3f} ms  down {r['down_ms']:.3f} ms  "
+                      f"{r['tflops']:.1f} TFLOP/s", flush=True)
+    for fmt in a.formats.split(",") if not a.tiles else ():
         base = tc_tile(quant_type(fmt).ggml_type)
         for mb in (0, 2):
             tile = dataclasses.replace(base, min_blocks=mb)
