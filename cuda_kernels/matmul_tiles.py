@@ -116,17 +116,22 @@ class FmaTile:
 
 # Two blocks an SM (launch bounds (256, 2): 128 registers a thread). Unbounded, ptxas 13 gives
 # the kernels 148-168 registers (Q4_K's gate/up 128), which leaves one block an SM; bounded,
-# some spill 32-184 bytes (Q4_K none) and every format measured faster on the H200
-# (bench/probes/prefill_bounds.py, 2026-12-03_prefill_bounds.json): grouped Q4_K 112.3 -> 130.5
-# TFLOP/s (down 1.19 -> 0.89 ms), Q8_0 83.4 -> 88.2, Q6_K 75.7 -> 82.0, Q5_K 43.6 -> 51.3;
-# dense f16-input Q8_0 88.8 -> 91.1, Q6_K 82.3 -> 87.4.
-TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2)
-# The default tile's settings by weight format, measured on the H200 (bench/results/
-# 2026-11-30_kernels_prefill_v4.json and _rev.json): Q4_K runs fastest with one thread per weight
-# row and every tile's MMAs issued (grouped 113.9 TFLOP/s, against 90.8 with two threads a row
-# and padding tiles skipped); Q8_0 and Q6_K take both with their split loaders (grouped 83.1 /
-# 76.1 TFLOP/s, Q8_0 against 53.3 through dq32; dense Q8_0 87.3 against 48.1).
-FORMAT_TILE = {int(GGMLQuantizationType.Q4_K): {"row_threads": 1, "skip_pad": False}}
+# most spill nothing (ptxas 13: 8-16 bytes in Q6_K, Q4_1, 16-120 in the f32-input dense ones,
+# which the engine does not launch) and every format
+# measured faster on the H200 (bench/probes/prefill_bounds.py, 2026-12-03_prefill_bounds.json):
+# grouped Q4_K 112.3 -> 130.5 TFLOP/s (down 1.19 -> 0.89 ms), Q8_0 83.4 -> 88.2, Q6_K 75.7 ->
+# 82.0, Q5_K 43.6 -> 51.3; dense f16-input Q8_0 88.8 -> 91.1, Q6_K 82.3 -> 87.4.
+# Bounded, every tile's MMAs are issued (skip_pad False): skipping the padding tiles' MMAs costs
+# registers, and at 128 those are spills; in one run (2026-12-03_prefill_tiles_bounded.json)
+# issuing them all measured faster in all three formats tried, at either row_threads:
+# Q8_0 94.2 against 81.5 TFLOP/s (two threads a row), Q6_K 93.5 against 77.4, Q4_K 124.5
+# against 111.4 (one thread a row).
+TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2, skip_pad=False)
+# The default tile's settings by weight format, measured on the H200: Q4_K's split loader runs
+# fastest with one thread per weight row (bounded: 124.5 against 121.4 TFLOP/s at two;
+# unbounded: 113.9 against 90.8, 2026-11-30_kernels_prefill_v4.json and _rev.json); Q8_0 and
+# Q6_K with two (bounded: 94.2 / 93.5 against 86.2 / 80.9 at one).
+FORMAT_TILE = {int(GGMLQuantizationType.Q4_K): {"row_threads": 1}}
 
 
 def tc_tile(ggml_type) -> TcTile:
