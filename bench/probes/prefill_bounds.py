@@ -1,10 +1,11 @@
 """Probe (not part of the engine): the prefill GEMMs at one or two blocks an SM.
 
-ptxas gives most tensor-core GEMM kernels 148-168 registers a thread unbounded, which leaves
-one 256-thread block an SM; Q4_K's gate/up takes 128 and keeps two. Launch bounds of
-(256, 2) cap every kernel at 128, some with spills (ptxas 13: Q4_K none, Q8_0 72-88 bytes,
-Q6_K 168-184). Each row times the grouped MoE GEMMs (30B expert shapes, 4,096 tokens, 8 of 128
-experts) or a dense projection both ways, after warm-up, on random weights.
+ptxas gave most tensor-core GEMM kernels 148-168 registers a thread unbounded (the tiles of
+2026-12-02, padding MMAs skipped), which leaves one 256-thread block an SM; Q4_K's gate/up took
+128 and kept two. Launch bounds of (256, 2) cap every kernel at 128, some with spills. Each row
+times the grouped MoE GEMMs (30B expert shapes, 4,096 tokens, 8 of 128 experts) or a dense
+projection both ways (the format's default tile with and without the bounds), after warm-up, on
+random weights.
 
 With --tiles, the grouped GEMMs at two blocks an SM with each split-loader setting instead:
 one or two threads per weight row, padding tiles' MMAs skipped or issued (`TcTile.row_threads`,
@@ -29,7 +30,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
     p.add_argument("--formats", default="Q4_K,Q8_0,Q6_K,Q5_K")
-    p.add_argument("--tiles", action="store_true", help="row_threads x skip_pad at two blocks an SM")
+    p.add_argument("--tiles", action="store_true",
+                   help="row_threads x skip_pad at two blocks an SM")
     a = p.parse_args()
     rows = []
     for fmt in a.formats.split(",") if a.tiles else ():
@@ -54,9 +56,11 @@ def main():
                   f"({r['down_kernel'].get('regs')} regs)  {r['tflops']:.1f} TFLOP/s", flush=True)
         if fmt in ("Q8_0", "Q6_K"):
             for mb in (0, 2):
-                r = bench_dense(ggml_type=fmt, x_half=True, tile=dataclasses.replace(base, min_blocks=mb))
+                r = bench_dense(ggml_type=fmt, x_half=True,
+                                tile=dataclasses.replace(base, min_blocks=mb))
                 rows.append(dict(r, kind="dense", format=fmt, min_blocks=mb))
-                print(f"{fmt:6} dense lb{mb}  {r['ms']:.3f} ms  {r['tflops']:.1f} TFLOP/s", flush=True)
+                print(f"{fmt:6} dense lb{mb}  {r['ms']:.3f} ms  {r['tflops']:.1f} TFLOP/s",
+                      flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"commit": os.environ.get("STRATA_COMMIT", ""), "rows": rows}, f, indent=1)

@@ -57,7 +57,8 @@ def main() -> int:
     print(f"last-position logits bit-identical across settings: {same}")
     dev = cuda.get_current_device().name
     eng.m.close()
-    body = {"date": datetime.date.today().isoformat(), "commit": os.environ.get("STRATA_COMMIT", ""),
+    body = {"date": datetime.date.today().isoformat(),
+            "commit": os.environ.get("STRATA_COMMIT", ""),
             "device": dev.decode() if isinstance(dev, bytes) else str(dev),
             "command": "python bench/probes/prefill_bounds_engine.py " + " ".join(sys.argv[1:]),
             "prompt_tokens": len(prompt), "rows": rows, "logits_bit_identical": same}
