@@ -18,6 +18,7 @@ from numba import cuda
 
 from strata.aot.runtime import attach as _attach_kernel_bundle
 
+from .direct_launch import apply as _direct_launches
 from .inline_cache import apply as _inline_once_per_compile
 from .inline_copy import apply as _shared_memo_inlining
 from .intrinsics import SIMULATED
@@ -34,6 +35,7 @@ if not SIMULATED:  # numba-cuda's lowering without its quadratic scan (lowering.
     _shared_memo_inlining()  # a callee once per compile (inline_cache.py), its SSA pass visiting
     _inline_once_per_compile()  # only the blocks that mention a variable (ssa_blocks.py): same PTX
     _ssa_mentioning_blocks()
+    _direct_launches()  # a launch seen before goes straight to cuLaunchKernel (direct_launch.py)
 
 
 def factory_cache(factory: Callable) -> Callable:
