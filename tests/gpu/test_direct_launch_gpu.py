@@ -114,20 +114,18 @@ def test_threads_do_not_mix_parameters():
     rng = np.random.default_rng(9)
     x2 = rng.integers(-1000, 1000, (n // 8, 8)).astype(np.float32)
     w8 = rng.integers(0, 256, n).astype(np.uint8)
-    ctx = cuda.current_context()
     d_x, d_w = cuda.to_device(x2), cuda.to_device(w8)
     outs = [cuda.device_array(n, np.float32) for _ in range(4)]
     _launch_all(kern, outs[0], (d_x, d_w, np.float16(1), True, 0, 0.0, np.float32(0)))
     errors = []
 
     def worker(t):
-        try:
-            with ctx:  # a new thread has no current context until it takes one
-                s = cuda.stream()
-                for r in range(200):
-                    _launch_all(kern, outs[t], (d_x, d_w, np.float16(1), True, t, float(r),
-                                                np.float32(t)), s)
-                s.synchronize()
+        try:  # a new thread has no current context: its first launch is numba's, which sets it
+            s = cuda.stream()
+            for r in range(200):
+                _launch_all(kern, outs[t], (d_x, d_w, np.float16(1), True, t, float(r),
+                                            np.float32(t)), s)
+            s.synchronize()
         except Exception as e:  # reported below
             errors.append(e)
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
