@@ -116,6 +116,20 @@ class PromptRun:
         self.staged_layer = -1
         self.dense = self._dense_weights()
         self.layer_done = [cuda.event() for _ in range(LAYERS_AHEAD)]
+        self._views: dict[tuple, Any] = {}  # (what, n) -> the device view `_view` made
+
+    def _view(self, key: tuple, make):
+        """A device-array view made once a prompt: every layer of a chunk takes the same views,
+        and each numba slice or reshape costs ~10-30 us of host time (its context checks and
+        layout arithmetic), ~1,100 of them a chunk before (2026-12-03 host profile)."""
+        v = self._views.get(key)
+        if v is None:
+            v = self._views[key] = make()
+        return v
+
+    def _rows(self, name: str, n: int):
+        """P[name][:n], made once a prompt."""
+        return self._view((name, n), lambda: self.P[name][:n])
 
     def _carve_scratch(self) -> Scratch:
         m, c, n_e = self.m, self.chunk, self.n_expert
@@ -174,58 +188,65 @@ class PromptRun:
         self.traffic.n_chunks += 1
 
     def _attention(self, il: int, n: int, x) -> None:
-        m, s, P, st = self.m, self.m.shape, self.P, self.m.stream
+        m, s, st = self.m, self.m.shape, self.m.stream
         a, b, eps = m.acts, f"blk.{il}.", s.rms_norm_eps
-        x16 = P["normed"][:n]
+        rows = self._rows
+        x16 = rows("normed", n)
         rms_norm_f16(x, m.norms[b + "attn_norm"], x16, eps=eps, stream=st)
-        q, k, v = P["q"][:n], P["k"][:n], P["v"][:n]
+        q, k, v = rows("q", n), rows("k", n), rows("v", n)
         for name, out in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
             dense_matmul(x16, self.dense[b + name], out, stream=st)
-        pos = self.scr.pos[:n]
+        pos = self._view(("pos", n), lambda: self.scr.pos[:n])
         fill_positions(pos, a["seq_len"], stream=st)
         qk_norm_rope(q, k, pos, n_head=s.n_head, n_head_kv=s.n_head_kv, head_dim=s.head_dim,
                      theta=s.rope_freq_base, q_norm_w=m.norms[b + "attn_q_norm"],
                      k_norm_w=m.norms[b + "attn_k_norm"], eps=eps, stream=st)
         k_side, v_side = m.kv_sides[il]
-        kv_write(k.reshape(n, s.n_head_kv, s.head_dim), k_side, a["seq_len"], stream=st)
-        kv_write(v.reshape(n, s.n_head_kv, s.head_dim), v_side, a["seq_len"], stream=st)
-        att = self._attention_out(n)
-        prefill_attention(q.reshape(n, s.n_head, s.head_dim), k_side, v_side, a["seq_len"],
-                          att.reshape(n, s.n_head, s.head_dim), variant=m.options.prefill_attention,
-                          stream=st)
-        tmp = P["expert_out"][:n]  # [n, n_embd] f32: free until the MoE's down projection
+        heads = self._view(("heads", n), lambda: (
+            k.reshape(n, s.n_head_kv, s.head_dim), v.reshape(n, s.n_head_kv, s.head_dim),
+            q.reshape(n, s.n_head, s.head_dim)))
+        kv_write(heads[0], k_side, a["seq_len"], stream=st)
+        kv_write(heads[1], v_side, a["seq_len"], stream=st)
+        att, att_heads = self._view(("att", n), lambda: self._attention_out(n))
+        prefill_attention(heads[2], k_side, v_side, a["seq_len"], att_heads,
+                          variant=m.options.prefill_attention, stream=st)
+        tmp = rows("expert_out", n)  # [n, n_embd] f32: free until the MoE's down projection
         dense_matmul(att, self.dense[b + "attn_output"], tmp, stream=st)
         add(x, tmp, x, stream=st)
         rms_norm_f16(x, m.norms[b + "ffn_norm"], x16, eps=eps, stream=st)
-        logits = P["router_logits"][:n]
+        logits = rows("router_logits", n)
         dense_matmul(x16, self.dense[b + "ffn_gate_inp"], logits, stream=st)
-        route(logits, P["topk_ids"][:n], P["topk_weights"][:n], norm_topk=True, stream=st)
+        route(logits, rows("topk_ids", n), rows("topk_weights", n), norm_topk=True, stream=st)
 
     def _attention_out(self, n: int):
-        """The attention's output for the output projection: the GQA kernel writes it as f16
+        """(the attention's output for the output projection, the same as [n, n_head, head_dim]
+        for the attention kernel). The GQA kernel writes it as f16
         into the front of the f32 `attn_out` region ([n, n_head * head_dim] f16), so the
         projection takes the f16-input GEMM (cp.async-pipelined activations; the f32-input one
         rounds to the same f16 values, but stages them by hand: 0.90 against 0.51 ms a layer at
         4,096 tokens); the base kernel writes f32."""
         s, region = self.m.shape, self.P["attn_out"]
-        if self.m.options.prefill_attention != "gqa":
-            return region[:n]
         cols = s.n_head * s.head_dim
-        flat = region.reshape(region.shape[0] * cols).view(np.float16)  # twice the values
-        return flat[:n * cols].reshape(n, cols)
+        if self.m.options.prefill_attention != "gqa":
+            out = region[:n]
+        else:
+            flat = region.reshape(region.shape[0] * cols).view(np.float16)  # twice the values
+            out = flat[:n * cols].reshape(n, cols)
+        return out, out.reshape(n, s.n_head, s.head_dim)
 
     # -- the MoE of one layer ----------------------------------------------------------------------
 
     def _routing(self, n: int, ids) -> Routing:
         P, ne = self.P, n * self.k
-        r = Routing(n, self.k, self.n_expert, TC_TILE.bm, counts=P["expert_counts"],
-                    offsets=P["expert_offsets"], cursor=P["expert_cursor"],
-                    perm=P["perm_ids"][:ne], inv=P["inv_ids"][:ne], tile_group=P["tile_group"],
-                    tile_m0=P["tile_m0"], n_tiles=P["n_tiles"])
+        r = self._view(("routing", n), lambda: Routing(
+            n, self.k, self.n_expert, TC_TILE.bm, counts=P["expert_counts"],
+            offsets=P["expert_offsets"], cursor=P["expert_cursor"], perm=P["perm_ids"][:ne],
+            inv=P["inv_ids"][:ne], tile_group=P["tile_group"], tile_m0=P["tile_m0"],
+            n_tiles=P["n_tiles"]))
         return route_tokens(ids, r, stream=self.m.stream)
 
     def _moe(self, il: int, n: int, x) -> None:
-        routing = self._routing(n, self.P["topk_ids"][:n])
+        routing = self._routing(n, self._rows("topk_ids", n))
         held = self.m.held(il)  # cache slots and (a split stage's) helper tiers
         staged = self.staged if self.staged_layer == il else {}
         if not self.sync_every_layer and counts_can_wait(held, staged):
@@ -339,14 +360,14 @@ class PromptRun:
         for sl in slots:
             self.ring.acquire(sl, st)
         gate, up, down = self._weights(il)
-        ne = n * self.k
-        h, y = self.P["expert_mid"][:ne], self.P["expert_out"][:ne]
+        ne, rows = n * self.k, self._rows
+        h, y = rows("expert_mid", ne), rows("expert_out", ne)
         if gate.ggml_type == up.ggml_type:
-            moe_gate_up(self.P["normed"][:n], gate, up, routing, h, stream=st)
+            moe_gate_up(rows("normed", n), gate, up, routing, h, stream=st)
         else:  # IQ_MIX / LEGACY_MIX: two plain grouped GEMMs, scratch in y (strata...mixed)
-            gate_up_unfused(self.P["normed"][:n], gate, up, routing, h, y, stream=st)
+            gate_up_unfused(rows("normed", n), gate, up, routing, h, y, stream=st)
         moe_down(h, down, routing, y, stream=st)
-        combine(y, routing, self.P["topk_weights"][:n], x, accumulate=True, stream=st)
+        combine(y, routing, rows("topk_weights", n), x, accumulate=True, stream=st)
         for sl in slots:
             self.ring.release(sl, st)
 
