@@ -14,7 +14,7 @@ from numba import types as T
 from . import attention, attention_prefill, attention_prefill_gqa, attention_wide, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
-from .matmul_tiles import FMA_TILE, tc_tile
+from .matmul_tiles import FMA_TILE, SMALL_TC_TILE, tc_tile
 from .qformats import BY_NAME, FORMATS
 
 FAMILY = "prefill"
@@ -29,9 +29,9 @@ def _gemm_sig(x_half: bool, out_half: bool):
     return (x, _U8, T.int64[::1], T.int64[::1], _I64, _I64, _I64) + _SCHED + (out,)
 
 
-def _tc_spec(t, *, x_half, grouped, gather, swiglu, out_half):
+def _tc_spec(t, *, x_half, grouped, gather, swiglu, out_half, tile=None):
     def build():
-        k = _tc(t, tc_tile(t), x_half, grouped, gather, swiglu, out_half)
+        k = _tc(t, tile or tc_tile(t), x_half, grouped, gather, swiglu, out_half)
         return k.py_func, _gemm_sig(x_half, out_half)
     return build
 
@@ -119,6 +119,17 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
             register_ptx(family, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
                          _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
                                   out_half=False), options=tc(t))
+    # the short-prompt tile (CudaOptions.prefill_small_tiles): gate/up (fused, and the down
+    # kernel the unfused mixes run twice) and down; the check compiles Q4_K's
+    small = SMALL_TC_TILE
+    for f in (FORMATS.values() if full else [BY_NAME["Q4_K"]]):
+        t = f.ggml_type
+        register_ptx(family, f"moe_gate_up_tc_small_{f.name}",
+                     _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,
+                              out_half=True, tile=small), options=small.jit_options)
+        register_ptx(family, f"moe_down_tc_small_{f.name}",
+                     _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
+                              out_half=False, tile=small), options=small.jit_options)
     for name in ("Q4_K", "Q8_0"):  # the FMA fallback (no tensor cores)
         t = BY_NAME[name].ggml_type
         register_ptx(family, f"moe_gate_up_fma_{name}",

@@ -138,6 +138,22 @@ def tc_tile(ggml_type) -> TcTile:
     """The default tensor-core tile with `ggml_type`'s measured settings."""
     return replace(TC_TILE, **FORMAT_TILE.get(int(ggml_type), {}))
 
+
+# A 16-row tile for grouped GEMMs whose experts get a few rows each. In a short prompt
+# (32 tokens x top-8 over 128 experts: ~2 rows an expert) 126 of the default tile's 128 rows are
+# padding, and its warps issue every MMA of them. This tile issues an eighth of those MMAs; its
+# four warps split the 128 columns, and its loads are the default's (one thread a weight row).
+# The prompt path takes it under CudaOptions.prefill_small_tiles, for chunks with at most
+# SMALL_TILE_ROWS_PER_EXPERT entries an expert on average. Not yet timed on a GPU.
+SMALL_TC_TILE = TcTile(bm=16, bn=128, warps_m=1, warps_n=4, row_threads=1, skip_pad=False)
+SMALL_TILE_ROWS_PER_EXPERT = 8
+
+
+def takes_small_tile(n_entries: int, n_experts: int) -> bool:
+    """Whether a grouped GEMM of `n_entries` rows over `n_experts` experts fits SMALL_TC_TILE's
+    use: few enough rows an expert that the default tile would be mostly padding."""
+    return 0 < n_entries <= SMALL_TILE_ROWS_PER_EXPERT * n_experts
+
 FMA_TILE = FmaTile(bm=64, bn=64, threads_m=16, threads_n=16)
 
 

@@ -122,12 +122,13 @@ def _full_problem():
 
 
 @pytest.mark.parametrize("tensor_cores,tile", [(True, None), (True, (64, 64, 2, 2, 2)),
-                                               (True, (64, 128, 2, 2, 1)), (False, None)],
-                         ids=["tc", "tc-64x64k64", "tc-64x128", "fma"])
+                                               (True, (64, 128, 2, 2, 1)), (True, "small"),
+                                               (False, None)],
+                         ids=["tc", "tc-64x64k64", "tc-64x128", "tc-small", "fma"])
 def test_moe_chunk_q4k_full_size(tensor_cores, tile):
-    from strata.cuda_kernels.matmul_tiles import TcTile
+    from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE, TcTile
     inp, ref = _full_problem()
-    tile = TcTile(*tile) if tile else None
+    tile = SMALL_TC_TILE if tile == "small" else TcTile(*tile) if tile else None
     got = _run_moe(inp, MOE, tensor_cores=tensor_cores, tile=tile)
     _check(f"moe Q4_K {'tc' if tensor_cores else 'fma'} {tile or ''}"[:34],
            f"{MOE['n_tok']}x{MOE['d']}x"

@@ -44,7 +44,7 @@ def _zeroed(card):
     return card
 
 
-def _run(path):
+def _run(path, **options):
     from strata.engine.cuda.engine import CudaEngine
     from strata.engine.cuda.model import CudaModel
     from strata.engine.cuda.options import CudaOptions
@@ -54,7 +54,7 @@ def _run(path):
 
     card = _zeroed(NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30)))
     opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0, ring_mib=1),
-                       graph=False, progress=False)
+                       graph=False, progress=False, **options)
     eng = CudaEngine(CudaModel(open_model(path), opts, backend=card), use_graph=False)
     tok = int(eng.prefill([5, 77]).argmax())
     eng.decode_step(tok)
@@ -130,6 +130,21 @@ def _model(tmp_models, shape):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
     _check(_model(tmp_models, shape), _run)
+
+
+@pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
+def test_the_short_prompt_tiles_are_bundled(tmp_models, shape, monkeypatch):
+    """`prefill_small_tiles`: a two-token prompt's grouped GEMMs take the 16-row tile."""
+    from strata.cuda_kernels import matmul
+    from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE
+    tiles = []
+    launch = matmul._launch
+    monkeypatch.setattr(matmul, "_launch", lambda **kw: tiles.append(
+        (kw["routing"] is not None, kw["tile"])) or launch(**kw))
+    _check(_model(tmp_models, shape), lambda p: _run(p, prefill_small_tiles=True))
+    grouped = {t for g, t in tiles if g}
+    assert grouped == {SMALL_TC_TILE}, grouped
+    assert {t for g, t in tiles if not g} == {None}  # dense projections keep their tiles
 
 
 def test_every_kernel_a_layer_split_launches_is_bundled(tmp_models):

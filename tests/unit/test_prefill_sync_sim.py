@@ -6,7 +6,10 @@ adaptive-cache counts, both against the float64 reference — once with every ex
 sync in any layer) and once with an empty cache (layer 1's experts prefetched into the ring
 while layer 0 runs, so layer 1 skips the sync; layer 0 keeps it).
 
-Slow (the simulator runs each CUDA thread as a Python thread): a four-token prompt, four prompts.
+The same model also checks `prefill_small_tiles`: the four-token prompt's grouped GEMMs on
+16-row tiles give bit-identical logits (a tile's rows change which MMAs run, not any value's sum).
+
+Slow (the simulator runs each CUDA thread as a Python thread): a four-token prompt, six prompts.
 """
 
 from __future__ import annotations
@@ -113,4 +116,30 @@ def test_skipping_the_sync_changes_no_result(tmp_models, monkeypatch, expert_cac
     ref = forward(RefModel.load(path), PROMPT)[-1]
     assert np.linalg.norm(new[0] - ref) / np.linalg.norm(ref) < 0.02
     assert int(np.argmax(new[0])) == int(np.argmax(ref))
+    m.close()
+
+
+@pytest.mark.slow
+def test_small_tiles_change_no_result(tmp_models, monkeypatch):
+    from strata.cuda_kernels import matmul
+    from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE
+    from strata.engine.cuda.engine import CudaEngine
+
+    path = tmp_models / "micro2-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO2, mix="Q8_0", seed=3, progress=False)
+    m = _model(path, 0)  # an empty cache: layer 0 streams (synced), layer 1 is prefetched
+    eng = CudaEngine(m, use_graph=False)
+    tiles = []
+    launch = matmul._launch
+    monkeypatch.setattr(matmul, "_launch", lambda **kw: tiles.append(kw["tile"]) or launch(**kw))
+    logits = {}
+    for small in (False, True):
+        m.options = dataclasses.replace(m.options, prefill_small_tiles=small)
+        tiles.clear()
+        eng.reset()
+        logits[small] = eng.prefill(PROMPT)
+        assert (SMALL_TC_TILE in tiles) == small, tiles
+    assert tiles.count(SMALL_TC_TILE) == 2 * MICRO2.n_layer, tiles  # gate/up and down a layer
+    np.testing.assert_array_equal(logits[True], logits[False])
     m.close()

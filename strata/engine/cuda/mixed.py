@@ -233,9 +233,10 @@ def check_prefill_room(n_embd: int, n_ff: int) -> None:
 
 
 def gate_up_unfused(x16, gate: QuantWeights, up: QuantWeights, routing, h, scratch, *,
-                    stream=0) -> None:
+                    tile=None, stream=0) -> None:
     """h[p] = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T) for gate and up in different formats.
-    x16 f16 [n_tokens, n_embd]; h f16 [n_entries, n_ff]; scratch f32 [n_entries, n_embd]."""
+    x16 f16 [n_tokens, n_embd]; h f16 [n_entries, n_ff]; scratch f32 [n_entries, n_embd];
+    `tile`: the grouped GEMMs' tile (None: each format's default)."""
     ne, n_embd = routing.n_entries, x16.shape[1]
     n_ff = gate.n_rows
     check_prefill_room(n_embd, n_ff)
@@ -249,7 +250,7 @@ def gate_up_unfused(x16, gate: QuantWeights, up: QuantWeights, routing, h, scrat
     gather_rows_kernel[ne, 256, stream](flat(x16), routing.perm, routing.k_top, ne, n_embd,
                                         flat(xp))
     for second, w in ((False, gate), (True, up)):
-        moe_down(xp, w, routing, g, stream=stream)
+        moe_down(xp, w, routing, g, tile=tile, stream=stream)
         swiglu_part_kernel[n_blocks(ne * n_ff, 256), 256, stream](flat(g), flat(h), ne * n_ff,
                                                                    second)
 

@@ -38,7 +38,9 @@ class CudaOptions:
     path before `strata.engine.cuda.prefill.counts_can_wait`, kept for A/B runs);
     `prefill_attention`: the prompt path's causal attention kernel, "gqa" (each K/V tile shared
     by a KV head's query heads: 2.1-2.4x the other at 4K-16K f16 on the H200) or "base" (a
-    block per query head; kept for A/B runs)."""
+    block per query head; kept for A/B runs); `prefill_small_tiles`: a chunk whose experts get
+    a few rows each runs its grouped GEMMs on 16-row tiles (`matmul_tiles.SMALL_TC_TILE`;
+    off until timed on a GPU)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -52,6 +54,7 @@ class CudaOptions:
     adaptive_cache: bool = False
     prefill_sync_every_layer: bool = False
     prefill_attention: str = "gqa"
+    prefill_small_tiles: bool = False
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
@@ -67,9 +70,6 @@ class CudaOptions:
         if self.miss_share is not None and not 0.0 <= self.miss_share <= 1.0:
             raise CudaEngineError(f"--miss-share {self.miss_share}: expected the CPU's fraction "
                                   f"of the misses, 0 to 1")
-        if self.prefill_attention not in PREFILL_ATTENTION:
-            raise CudaEngineError(f"prefill_attention {self.prefill_attention!r}: expected one "
-                                  f"of {', '.join(PREFILL_ATTENTION)}")
         if self.miss_share is not None and self.miss_path != "hybrid":
             raise CudaEngineError(f"--miss-share applies to --miss-path hybrid, not "
                                   f"{self.miss_path!r}")

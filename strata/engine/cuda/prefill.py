@@ -41,11 +41,11 @@ from strata.cuda_kernels.attention_prefill import prefill_attention
 from strata.cuda_kernels.elementwise import add, embed
 from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
 from strata.cuda_kernels.matmul import QuantWeights, dense_matmul, moe_down, moe_gate_up
-from strata.cuda_kernels.matmul_tiles import TC_TILE
+from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE, TC_TILE, takes_small_tile
 from strata.cuda_kernels.matvec import matvec
 from strata.cuda_kernels.norm_rope import qk_norm_rope, rms_norm
 from strata.cuda_kernels.ring import ExpertRing
-from strata.cuda_kernels.route import Routing, combine, route_tokens
+from strata.cuda_kernels.route import Routing, combine, max_tiles, route_tokens
 from strata.cuda_kernels.router import route
 from strata.engine.cuda.kernels import fill_positions, mask_ids, rms_norm_f16
 from strata.engine.cuda.mixed import gate_up_unfused
@@ -236,10 +236,21 @@ class PromptRun:
 
     # -- the MoE of one layer ----------------------------------------------------------------------
 
+    def _grouped_tile(self, n: int):
+        """The grouped GEMMs' tile for an n-token chunk: SMALL_TC_TILE where the options ask for
+        it, the experts get a few rows each and its longer tile schedule fits the plan's
+        buffers; else None (each format's default)."""
+        ne = n * self.k
+        if (self.m.options.prefill_small_tiles and takes_small_tile(ne, self.n_expert)
+                and max_tiles(ne, self.n_expert, SMALL_TC_TILE.bm) <= self.P["tile_group"].size):
+            return SMALL_TC_TILE
+        return None
+
     def _routing(self, n: int, ids) -> Routing:
         P, ne = self.P, n * self.k
+        tile = self._grouped_tile(n)
         r = self._view(("routing", n), lambda: Routing(
-            n, self.k, self.n_expert, TC_TILE.bm, counts=P["expert_counts"],
+            n, self.k, self.n_expert, (tile or TC_TILE).bm, counts=P["expert_counts"],
             offsets=P["expert_offsets"], cursor=P["expert_cursor"], perm=P["perm_ids"][:ne],
             inv=P["inv_ids"][:ne], tile_group=P["tile_group"], tile_m0=P["tile_m0"],
             n_tiles=P["n_tiles"]))
@@ -362,11 +373,12 @@ class PromptRun:
         gate, up, down = self._weights(il)
         ne, rows = n * self.k, self._rows
         h, y = rows("expert_mid", ne), rows("expert_out", ne)
+        tile = SMALL_TC_TILE if routing.tile_rows == SMALL_TC_TILE.bm else None
         if gate.ggml_type == up.ggml_type:
-            moe_gate_up(rows("normed", n), gate, up, routing, h, stream=st)
+            moe_gate_up(rows("normed", n), gate, up, routing, h, tile=tile, stream=st)
         else:  # IQ_MIX / LEGACY_MIX: two plain grouped GEMMs, scratch in y (strata...mixed)
-            gate_up_unfused(rows("normed", n), gate, up, routing, h, y, stream=st)
-        moe_down(h, down, routing, y, stream=st)
+            gate_up_unfused(rows("normed", n), gate, up, routing, h, y, tile=tile, stream=st)
+        moe_down(h, down, routing, y, tile=tile, stream=st)
         combine(y, routing, rows("topk_weights", n), x, accumulate=True, stream=st)
         for sl in slots:
             self.ring.release(sl, st)
