@@ -9,21 +9,16 @@ median tok/s, and whether the last position's logits are bit-identical across se
 bounds change register allocation, not arithmetic).
 """
 import dataclasses
-import datetime
-import json
-import os
 import statistics
 import sys
-import time
 
 import numpy as np
+from ab_engine import finish, time_prompt
 
 
 def main() -> int:
     path, out = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-    from numba import cuda
-
     from strata.cuda_kernels import matmul_tiles
     from strata.engine import load_engine
     from strata.gguf import open_model
@@ -38,33 +33,16 @@ def main() -> int:
         eng.reset()
         logits.setdefault(mb, np.array(eng.prefill(prompt), copy=True))  # warm-up (compiles)
         eng.synchronize()
-        rates, enq = [], []
-        for _ in range(reps):
-            eng.reset()
-            eng.synchronize()
-            t0 = time.perf_counter()
-            eng.prefill(prompt)
-            t1 = time.perf_counter()
-            eng.synchronize()
-            rates.append(len(prompt) / (time.perf_counter() - t0))
-            enq.append(t1 - t0)
+        enq, walls = time_prompt(eng, prompt, reps)
+        rates = [len(prompt) / w for w in walls]
         rows.append({"min_blocks": mb, "best_tok_s": round(max(rates), 1),
                      "median_tok_s": round(statistics.median(rates), 1),
                      "median_prefill_call_s": round(statistics.median(enq), 4)})
         print(rows[-1], flush=True)
     matmul_tiles.TC_TILE = default
     same = bool(np.array_equal(logits[2], logits[0]))
-    print(f"last-position logits bit-identical across settings: {same}")
-    dev = cuda.get_current_device().name
-    eng.m.close()
-    body = {"date": datetime.date.today().isoformat(),
-            "commit": os.environ.get("STRATA_COMMIT", ""),
-            "device": dev.decode() if isinstance(dev, bytes) else str(dev),
-            "command": "python bench/probes/prefill_bounds_engine.py " + " ".join(sys.argv[1:]),
-            "prompt_tokens": len(prompt), "rows": rows, "logits_bit_identical": same}
-    with open(out, "w") as f:
-        json.dump(body, f, indent=1)
-    return 0 if same else 1
+    return finish(eng, out, "prefill_bounds_engine.py", same, prompt_tokens=len(prompt),
+                  rows=rows)
 
 
 if __name__ == "__main__":

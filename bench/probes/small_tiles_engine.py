@@ -10,21 +10,16 @@ position's logits are bit-identical across settings (a tile's rows change which 
 any value's sum).
 """
 import dataclasses
-import datetime
-import json
-import os
 import statistics
 import sys
-import time
 
 import numpy as np
+from ab_engine import finish, time_prompt
 
 
 def main() -> int:
     path, out = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-    from numba import cuda
-
     from strata.cuda_kernels.matmul_tiles import takes_small_tile
     from strata.engine import load_engine
     from strata.gguf import open_model
@@ -42,15 +37,7 @@ def main() -> int:
             eng.reset()
             logits.setdefault(small, np.array(eng.prefill(prompt), copy=True))  # warm-up
             eng.synchronize()
-            walls = []
-            for _ in range(reps):
-                eng.reset()
-                eng.synchronize()
-                t0 = time.perf_counter()
-                eng.prefill(prompt)
-                eng.synchronize()
-                walls.append(time.perf_counter() - t0)
-            wall = statistics.median(walls)
+            wall = statistics.median(time_prompt(eng, prompt, reps)[1])
             rows.append({"prompt_tokens": n_tok, "small_tiles": small,
                          "taken": small and takes_small_tile(n_tok * s.n_expert_used,
                                                              s.n_expert),
@@ -58,17 +45,7 @@ def main() -> int:
                          "median_tok_s": round(n_tok / wall, 1)})
             print(rows[-1], flush=True)
         same = same and bool(np.array_equal(logits[True], logits[False]))
-    print(f"last-position logits bit-identical across settings: {same}")
-    dev = cuda.get_current_device().name
-    eng.m.close()
-    body = {"date": datetime.date.today().isoformat(),
-            "commit": os.environ.get("STRATA_COMMIT", ""),
-            "device": dev.decode() if isinstance(dev, bytes) else str(dev),
-            "command": "python bench/probes/small_tiles_engine.py " + " ".join(sys.argv[1:]),
-            "rows": rows, "logits_bit_identical": same}
-    with open(out, "w") as f:
-        json.dump(body, f, indent=1)
-    return 0 if same else 1
+    return finish(eng, out, "small_tiles_engine.py", same, rows=rows)
 
 
 if __name__ == "__main__":
