@@ -154,6 +154,7 @@ def takes_small_tile(n_entries: int, n_experts: int) -> bool:
     use: few enough rows an expert that the default tile would be mostly padding."""
     return 0 < n_entries <= SMALL_TILE_ROWS_PER_EXPERT * n_experts
 
+
 FMA_TILE = FmaTile(bm=64, bn=64, threads_m=16, threads_n=16)
 
 
