@@ -99,3 +99,20 @@ def test_format_tiles():
     assert tc_tile(T.Q8_0) == TC_TILE and tc_tile(T.Q6_K) == TC_TILE
     with pytest.raises(ValueError, match="row_threads"):
         dataclasses.replace(TC_TILE, row_threads=3)
+
+
+def test_small_tile_is_for_few_rows_an_expert():
+    """The short-prompt tile: 16 rows, its threads load one weight row each, and a chunk takes it
+    only with at most SMALL_TILE_ROWS_PER_EXPERT entries an expert (32 tokens x top-8 over 128
+    experts: yes; 4,096 tokens: no); the tile schedule it needs is longer than the default's."""
+    from strata.cuda_kernels.matmul_tiles import (SMALL_TC_TILE, SMALL_TILE_ROWS_PER_EXPERT,
+                                                  TC_TILE, takes_small_tile)
+    from strata.cuda_kernels.route import max_tiles
+
+    assert (SMALL_TC_TILE.bm, SMALL_TC_TILE.threads, SMALL_TC_TILE.row_threads) == (16, 128, 1)
+    assert SMALL_TC_TILE.bn == TC_TILE.bn  # the same weight columns a block
+    assert takes_small_tile(32 * 8, 128) and not takes_small_tile(4096 * 8, 128)
+    assert takes_small_tile(SMALL_TILE_ROWS_PER_EXPERT * 128, 128)
+    assert not takes_small_tile(SMALL_TILE_ROWS_PER_EXPERT * 128 + 1, 128)
+    assert not takes_small_tile(0, 128)
+    assert max_tiles(1024, 128, SMALL_TC_TILE.bm) > max_tiles(1024, 128, TC_TILE.bm)

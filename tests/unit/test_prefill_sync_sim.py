@@ -41,6 +41,25 @@ def test_counts_wait_only_when_every_expert_is_held_or_staged():
     assert not counts_can_wait(np.zeros(4, bool), {})
 
 
+def test_small_tiles_only_where_asked_and_their_schedule_fits():
+    """`PromptRun._grouped_tile`: the 16-row tile needs the option, few rows an expert and a tile
+    schedule the plan's buffers hold; otherwise each format's default (None)."""
+    from types import SimpleNamespace
+
+    from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE
+    from strata.cuda_kernels.route import max_tiles
+    from strata.engine.cuda.prefill import PromptRun
+
+    def run(on, schedule):
+        return SimpleNamespace(m=SimpleNamespace(options=SimpleNamespace(prefill_small_tiles=on)),
+                               k=8, n_expert=128, P={"tile_group": np.zeros(schedule, np.int32)})
+    fits = max_tiles(32 * 8, 128, SMALL_TC_TILE.bm)  # 16 + 128
+    assert PromptRun._grouped_tile(run(True, fits), 32) is SMALL_TC_TILE
+    assert PromptRun._grouped_tile(run(True, fits - 1), 32) is None  # the schedule would overflow
+    assert PromptRun._grouped_tile(run(False, fits), 32) is None
+    assert PromptRun._grouped_tile(run(True, 10 ** 6), 4096) is None  # 32 rows an expert
+
+
 def _model(path, expert_cache):
     from strata.engine.cuda.model import CudaModel
     from strata.engine.cuda.options import CudaOptions
