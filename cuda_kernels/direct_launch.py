@@ -66,28 +66,45 @@ def layout(argtypes) -> tuple[str, list[int], list[int]] | None:
     return "@" + "".join(codes), offsets, kinds
 
 
-def arg_key(args) -> tuple | None:
-    """What numba's typing of these arguments depends on, cheaply; None where an argument is
-    of a kind this module leaves to numba."""
+def key_and_values(args) -> tuple[tuple | None, list]:
+    """(what numba's typing of these arguments depends on, their flat parameter values in
+    `layout`'s order), in one cheap pass; the key is None where an argument is of a kind this
+    module leaves to numba. An array's part of both is kept on the array object: its shape,
+    strides and memory never change (a slice or reshape is a new object), and the prompt path
+    passes the same views to every layer."""
     if not _DRV:
         _load()
     DeviceNDArray, scalars = _DRV["DeviceNDArray"], _DRV["scalars"]
-    key = []
+    key: list = []
+    vals: list = []
     for a in args:
         t = type(a)
         if t is DeviceNDArray:
-            d = a._dummy  # numba types an array C, F or A from these (DeviceNDArray._numba_type_)
-            key.append((a.dtype, a.ndim, d.is_c_contig, d.is_f_contig,
-                        a.size != 0 and 0 in a.strides))
+            info = a.__dict__.get("_direct_launch")
+            if info is None:
+                info = a.__dict__["_direct_launch"] = _array_info(a)
+            key.append(info[0])
+            vals += info[1]
         elif t is int:
             if not -(1 << 63) < a < (1 << 63):  # numba types these uint64 or refuses them
-                return None
+                return None, vals
             key.append(int)
+            vals.append(a)
         elif t in scalars:
             key.append(t)
+            vals.append(a)
         else:
-            return None
-    return tuple(key)
+            return None, vals
+    return tuple(key), vals
+
+
+def _array_info(a) -> tuple[tuple, tuple]:
+    """An array's key (numba types it C, F or A from these: DeviceNDArray._numba_type_) and its
+    parameter values: meminfo, parent, nitems, itemsize, data, shape, strides."""
+    d, g = a._dummy, a.gpu_data
+    key = (a.dtype, a.ndim, d.is_c_contig, d.is_f_contig, a.size != 0 and 0 in a.strides)
+    ptr = int(g.device_pointer) if g is not None else 0
+    return key, (0, 0, a.size, a.dtype.itemsize, ptr, *a.shape, *a.strides)
 
 
 def _load() -> None:
@@ -102,29 +119,15 @@ def _load() -> None:
                                    np.float64, np.bool_)))
 
 
-def pack_values(kinds, args) -> list:
-    """The flat parameter values of `args` in `layout`'s order."""
-    vals: list = []
-    for kind, a in zip(kinds, args):
-        if kind:
-            g = a.gpu_data
-            vals += (0, 0, a.size, a.dtype.itemsize, int(g.device_pointer) if g is not None else 0)
-            vals += a.shape
-            vals += a.strides
-        else:
-            vals.append(a)
-    return vals
-
-
 class _Entry:
     """One kernel in one context for one kind of arguments: its function handle and a parameter
     buffer with the pointer array the driver reads (cuLaunchKernel copies the values at the
     call, so the buffer is refilled at the next launch; the lock keeps threads apart)."""
 
-    __slots__ = ("fn", "fmt", "kinds", "buf", "ptrs", "ptrs_addr", "lock")
+    __slots__ = ("fn", "fmt", "buf", "ptrs", "ptrs_addr", "lock")
 
-    def __init__(self, fn, fmt: str, offsets: list[int], kinds: list[int]):
-        self.fn, self.fmt, self.kinds = fn, fmt, kinds
+    def __init__(self, fn, fmt: str, offsets: list[int]):
+        self.fn, self.fmt = fn, fmt
         self.buf = ctypes.create_string_buffer(max(8, struct.calcsize(fmt)))
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * max(1, len(offsets)))(*[base + o for o in offsets])
@@ -148,12 +151,13 @@ def _entry_for(dispatcher, args):
     lay = layout(kernel.argument_types)
     if lay is None:
         return None
+    fmt, offsets, _ = lay
     handle = kernel._codelibrary.get_cufunc().handle
     if isinstance(handle, cu.CUkernel):  # cuda.core's kernel: this context's function
         err, handle = cu.cuKernelGetFunction(handle)
         if err != cu.CUresult.CUDA_SUCCESS:
             return None
-    return _Entry(handle, *lay)
+    return _Entry(handle, fmt, offsets)
 
 
 def _dim3(d):
@@ -196,7 +200,7 @@ class DirectLaunch:
             h_stream = int(stream.handle)
         else:
             h_stream = None
-        key = arg_key(args)
+        key, vals = key_and_values(args)
         err, ctx = cu.cuCtxGetCurrent()
         ctx = int(ctx) if err == _DRV["ok"] else 0
         if (key is None or grid is None or block is None or h_stream is None or not ctx
@@ -215,7 +219,6 @@ class DirectLaunch:
         if entry is None:
             COUNTS["numba"] += 1
             return self._numba()(*args)
-        vals = pack_values(entry.kinds, args)
         with entry.lock:
             try:
                 struct.pack_into(entry.fmt, entry.buf, 0, *vals)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .launch import cached_view
 from .matmul_tiles import (FMA_TILE, K_STEP, FmaTile, TcTile, fma_kernel,
                            n_col_blocks, tc_kernel, tc_tile)
 from .matmul_loads import split_loader
@@ -97,6 +98,10 @@ def _fma(ggml_type, tile, grouped, gather, swiglu):
                       swiglu=swiglu)
 
 
+def _u32(a):
+    return a.view(np.uint32)  # f16 pairs as the words the tensor-core kernels load
+
+
 def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routing | None,
             gather: bool, swiglu: bool, tensor_cores: bool, tile, stream):
     """Pick the kernel and grid; `routing=None` is the dense (ungrouped) mode."""
@@ -111,8 +116,8 @@ def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routi
         if out_half and n_out % 2:
             raise ValueError(f"a float16 output needs an even column count, got {n_out}")
         kernel = _tc(w0.ggml_type, tile, x.dtype == np.float16, grouped, gather, swiglu, out_half)
-        x_arg = x.view(np.uint32) if x.dtype == np.float16 else x
-        out_arg = out.view(np.uint32) if out_half else out
+        x_arg = cached_view(x, "u32", _u32) if x.dtype == np.float16 else x
+        out_arg = cached_view(out, "u32", _u32) if out_half else out
     else:
         tile = tile or FMA_TILE
         if not isinstance(tile, FmaTile):

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda
 
+from .launch import flat
+
 MAX_EXPERTS = 1024  # the scan runs in one block of at most 1024 threads
 GRID_THREADS = 256
 
@@ -164,7 +166,7 @@ def route_tokens(topk_ids, routing: Routing, *, stream=0) -> Routing:
     if tuple(topk_ids.shape) != want or topk_ids.dtype != np.int32:
         raise ValueError(f"topk_ids must be int32 {want}, got {topk_ids.dtype} "
                          f"{tuple(topk_ids.shape)}")
-    ids = topk_ids.reshape(routing.n_entries)
+    ids = flat(topk_ids)  # [n_entries]
     n_exp = routing.n_experts
     _zero_counts[_grid(n_exp + 1), GRID_THREADS, stream](routing.counts)
     _count[_grid(routing.n_entries), GRID_THREADS, stream](ids, n_exp, routing.counts)

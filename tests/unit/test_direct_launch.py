@@ -72,7 +72,7 @@ CHILD = textwrap.dedent(r"""
         _Kernel._prepare_args(shim, t, v, 0, [], ref)
     ref = [getattr(v, "value", v) for v in ref]  # ctypes scalars to Python
     buf = ctypes.create_string_buffer(struct.calcsize(fmt))
-    struct.pack_into(fmt, buf, 0, *dl.pack_values(kinds, args))
+    struct.pack_into(fmt, buf, 0, *dl.key_and_values(args)[1])
     mine = list(struct.unpack(fmt.replace("e", "H"), buf.raw))  # float16 as numba's bits
     assert len(mine) == len(ref), (len(mine), len(ref))
     assert mine == [int(v) if isinstance(v, (bool, np.bool_)) else v for v in ref], (mine, ref)
@@ -84,15 +84,15 @@ CHILD = textwrap.dedent(r"""
                    7, -7, 1.0, False, np.float64(1.0), np.bool_(True), np.int8(1), np.uint64(9)]
     seen = {}
     for a in pool:
-        k = dl.arg_key((a,))
+        k = dl.key_and_values((a,))[0]
         assert k is not None, a
         t = typeof(a, Purpose.argument)
         assert seen.setdefault(k, t) == t, (k, seen[k], t)
     assert len(seen) >= 20, len(seen)
     for big in (1 << 63, -(1 << 63), 1 << 70):
-        assert dl.arg_key((big,)) is None
+        assert dl.key_and_values((big,))[0] is None
     for other in ((1, 2), np.zeros(3), "x", None, 1j):
-        assert dl.arg_key((other,)) is None, other
+        assert dl.key_and_values((other,))[0] is None, other
 
     # 4. launch dimensions as numba normalises them, or left to numba
     for g in (5, (5,), (5, 6), (5, 6, 7)):
