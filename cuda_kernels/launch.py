@@ -136,11 +136,29 @@ def device_table(fmt) -> Any:
     the link, or not at all where the GPUs have no peer access."""
     if SIMULATED:
         return fmt.table
-    key = (int(cuda.current_context().handle), fmt.ggml_type)
-    t = _TABLES.get(key)
-    if t is None:
-        t = _TABLES[key] = cuda.to_device(fmt.table)
+    return context_table(fmt.ggml_type, lambda: fmt.table)
+
+
+def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:
+    """The current context's device copy of `host()`, made on first use under `key`. The
+    lookup reads the current context from the driver (a microsecond) where numba's
+    `current_context()` costs several: the dense GEMMs ask for their unused schedule's array at
+    every launch."""
+    handle = current_context_handle()
+    t = _TABLES.get((handle, key)) if handle else None
+    if t is None:  # no context yet (numba makes one) or a first use in this one
+        handle = int(cuda.current_context().handle)
+        t = _TABLES.get((handle, key))
+        if t is None:
+            t = _TABLES[(handle, key)] = cuda.to_device(host())
     return t
+
+
+def current_context_handle() -> int:
+    """The calling thread's current CUDA context as an int (0: none), from the driver."""
+    from cuda.bindings import driver as cu
+    err, ctx = cu.cuCtxGetCurrent()
+    return int(ctx) if err == cu.CUresult.CUDA_SUCCESS else 0
 
 
 def n_blocks(n_items: int, per_block: int) -> int:

@@ -77,9 +77,11 @@ def _check(name, a, dtype, ndim, shape=None):
         raise ValueError(f"{name} must be C-contiguous")
 
 
+_ACTIVATION_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+
+
 def _check_activations(name, a, shape, tensor_cores):
-    dtypes = (np.float16, np.float32) if tensor_cores else (np.float32, np.float16)
-    if getattr(a, "dtype", None) not in [np.dtype(d) for d in dtypes]:
+    if getattr(a, "dtype", None) not in _ACTIVATION_DTYPES:
         raise ValueError(f"{name} must be float16 or float32, got "
                          f"{getattr(a, 'dtype', type(a).__name__)}")
     _check(name, a, a.dtype, 2, shape)

@@ -25,6 +25,7 @@ Row modes, fixed when a kernel is built:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -135,8 +136,15 @@ FORMAT_TILE = {int(GGMLQuantizationType.Q4_K): {"row_threads": 1}}
 
 
 def tc_tile(ggml_type) -> TcTile:
-    """The default tensor-core tile with `ggml_type`'s measured settings."""
-    return replace(TC_TILE, **FORMAT_TILE.get(int(ggml_type), {}))
+    """The default tensor-core tile with `ggml_type`'s measured settings (made once a setting:
+    every prompt-path GEMM launch asks, and `replace` re-validates a tile)."""
+    settings = FORMAT_TILE.get(int(ggml_type))
+    return _with_settings(TC_TILE, tuple(sorted(settings.items())) if settings else ())
+
+
+@functools.cache
+def _with_settings(base: TcTile, settings: tuple) -> TcTile:
+    return replace(base, **dict(settings))
 
 
 # A 16-row tile for grouped GEMMs whose experts get a few rows each. In a short prompt

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .launch import _TABLES, SIMULATED
+from .launch import _TABLES, SIMULATED, context_table
 from .qformats import FORMATS
 
 ALIGN = 256
@@ -75,8 +75,4 @@ def dummy_i32():
 
     if SIMULATED:
         return cuda.to_device(np.zeros(1, np.int32))
-    key = (int(cuda.current_context().handle), DUMMY_KEY)
-    t = _TABLES.get(key)
-    if t is None:
-        t = _TABLES[key] = cuda.to_device(np.zeros(1, np.int32))
-    return t
+    return context_table(DUMMY_KEY, lambda: np.zeros(1, np.int32))
