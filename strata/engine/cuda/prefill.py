@@ -129,7 +129,7 @@ class PromptRun:
 
     def _rows(self, name: str, n: int):
         """P[name][:n], made once a prompt."""
-        return self._view((name, n), lambda: self.P[name][:n])
+        return self._view(("rows", name, n), lambda: self.P[name][:n])
 
     def _carve_scratch(self) -> Scratch:
         m, c, n_e = self.m, self.chunk, self.n_expert
@@ -219,12 +219,12 @@ class PromptRun:
         route(logits, rows("topk_ids", n), rows("topk_weights", n), norm_topk=True, stream=st)
 
     def _attention_out(self, n: int):
-        """(the attention's output for the output projection, the same as [n, n_head, head_dim]
-        for the attention kernel). The GQA kernel writes it as f16
-        into the front of the f32 `attn_out` region ([n, n_head * head_dim] f16), so the
-        projection takes the f16-input GEMM (cp.async-pipelined activations; the f32-input one
-        rounds to the same f16 values, but stages them by hand: 0.90 against 0.51 ms a layer at
-        4,096 tokens); the base kernel writes f32."""
+        """The attention's output twice: as the output projection reads it, and as the
+        attention kernel writes it ([n, n_head, head_dim], the same memory). The GQA kernel
+        writes it as f16 into the front of the f32 `attn_out` region ([n, n_head * head_dim]
+        f16), so the projection takes the f16-input GEMM (cp.async-pipelined activations; the
+        f32-input one rounds to the same f16 values, but stages them by hand: 0.90 against 0.51
+        ms a layer at 4,096 tokens); the base kernel writes f32."""
         s, region = self.m.shape, self.P["attn_out"]
         cols = s.n_head * s.head_dim
         if self.m.options.prefill_attention != "gqa":
