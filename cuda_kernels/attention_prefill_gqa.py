@@ -35,7 +35,7 @@ from numba import cuda, float32, uint32
 
 from .attention import _check_pair, _row_bytes
 from .kvcache import KvSide, make_reader
-from .launch import MAX_SHARED_BYTES, cached_view
+from .launch import MAX_SHARED_BYTES, as_u32, cached_view
 from .mma import (SIMULATED, cp_async16, cp_async_wait, ldsm_x4, ldsm_x4_trans, mma_16816,
                   pack_half2, shfl_xor)
 
@@ -339,10 +339,6 @@ def check_args(q, k: KvSide, v: KvSide, seq_len, out, bkv: int, *, half_ok: bool
         raise ValueError("seq_len must be an int32 [1] device array")
 
 
-def _u32(a):
-    return a.view(np.uint32)
-
-
 def cache_operand(side: KvSide):
     """What the kernel reads of one cache side: f16 rows as u32 [rows, row_words] (cp.async
     sources), other formats their bytes."""
@@ -380,4 +376,4 @@ def prefill_attention_gqa(q, k: KvSide, v: KvSide, seq_len, out, *, warps: int =
     grid = (-(-n_q // (16 * tw)), n_head // hb)
     kernel[grid, 32 * hb * tw, stream](q, cache_operand(k), k.scale, cache_operand(v), v.scale,
                                        seq_len, lay.n_ctx, lay.n_kv_head, scale,
-                                       cached_view(out, "u32", _u32) if half else out)
+                                       as_u32(out) if half else out)

@@ -110,6 +110,11 @@ def flat(a: Any) -> Any:
     return a if len(a.shape) == 1 else cached_view(a, "flat", lambda a: a.reshape(a.size))
 
 
+def as_u32(a: Any) -> Any:
+    """`a` (f16 data) viewed as uint32 words, made once per array (`cached_view`)."""
+    return cached_view(a, "u32", lambda a: a.view(np.uint32))
+
+
 def cached_view(a: Any, what: str, make: Callable[[Any], Any]) -> Any:
     """make(a), a view of `a`, made once and kept on the array object. A numba slice, reshape or
     view costs 10-30 us of host time; the prompt path passes the same arrays to each of a

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .launch import cached_view
+from .launch import as_u32
 from .matmul_tiles import (FMA_TILE, K_STEP, FmaTile, TcTile, fma_kernel,
                            n_col_blocks, tc_kernel, tc_tile)
 from .matmul_loads import split_loader
@@ -80,7 +80,7 @@ def _check(name, a, dtype, ndim, shape=None):
 _ACTIVATION_DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
 
-def _check_activations(name, a, shape, tensor_cores):
+def _check_activations(name, a, shape):
     if getattr(a, "dtype", None) not in _ACTIVATION_DTYPES:
         raise ValueError(f"{name} must be float16 or float32, got "
                          f"{getattr(a, 'dtype', type(a).__name__)}")
@@ -100,10 +100,6 @@ def _fma(ggml_type, tile, grouped, gather, swiglu):
                       swiglu=swiglu)
 
 
-def _u32(a):
-    return a.view(np.uint32)  # f16 pairs as the words the tensor-core kernels load
-
-
 def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routing | None,
             gather: bool, swiglu: bool, tensor_cores: bool, tile, stream):
     """Pick the kernel and grid; `routing=None` is the dense (ungrouped) mode."""
@@ -118,8 +114,8 @@ def _launch(*, x, w0: QuantWeights, w1: QuantWeights, out, n_out, routing: Routi
         if out_half and n_out % 2:
             raise ValueError(f"a float16 output needs an even column count, got {n_out}")
         kernel = _tc(w0.ggml_type, tile, x.dtype == np.float16, grouped, gather, swiglu, out_half)
-        x_arg = cached_view(x, "u32", _u32) if x.dtype == np.float16 else x
-        out_arg = cached_view(out, "u32", _u32) if out_half else out
+        x_arg = as_u32(x) if x.dtype == np.float16 else x  # f16 pairs: the words the kernel loads
+        out_arg = as_u32(out) if out_half else out
     else:
         tile = tile or FMA_TILE
         if not isinstance(tile, FmaTile):
@@ -159,8 +155,8 @@ def moe_gate_up(x, gate: QuantWeights, up: QuantWeights, routing: Routing, h, *,
     for w in (gate, up):
         if w.n_groups != routing.n_experts:
             raise ValueError(f"expected {routing.n_experts} expert offsets, got {w.n_groups}")
-    _check_activations("x", x, (routing.n_tokens, gate.n_cols), tensor_cores)
-    _check_activations("h", h, (routing.n_entries, gate.n_rows), tensor_cores)
+    _check_activations("x", x, (routing.n_tokens, gate.n_cols))
+    _check_activations("h", h, (routing.n_entries, gate.n_rows))
     _launch(x=x, w0=gate, w1=up, out=h, n_out=gate.n_rows, routing=routing, gather=True,
             swiglu=True, tensor_cores=tensor_cores, tile=tile, stream=stream)
 
@@ -173,7 +169,7 @@ def moe_down(h, down: QuantWeights, routing: Routing, y, *, tensor_cores: bool =
     """
     if down.n_groups != routing.n_experts:
         raise ValueError(f"expected {routing.n_experts} expert offsets, got {down.n_groups}")
-    _check_activations("h", h, (routing.n_entries, down.n_cols), tensor_cores)
+    _check_activations("h", h, (routing.n_entries, down.n_cols))
     _check("y", y, np.float32, 2, (routing.n_entries, down.n_rows))
     _launch(x=h, w0=down, w1=down, out=y, n_out=down.n_rows, routing=routing, gather=False,
             swiglu=False, tensor_cores=tensor_cores, tile=tile, stream=stream)
@@ -183,8 +179,8 @@ def dense_matmul(x, w: QuantWeights, out, *, tensor_cores: bool = True, tile=Non
     """out = x @ W^T for a chunk: x [n, n_cols] f16/f32, w one matrix, out [n, n_rows] f32/f16."""
     if w.n_groups != 1:
         raise ValueError(f"dense_matmul takes one matrix, got {w.n_groups} offsets")
-    _check_activations("x", x, (x.shape[0] if x.ndim == 2 else -1, w.n_cols), tensor_cores)
-    _check_activations("out", out, (x.shape[0], w.n_rows), tensor_cores)
+    _check_activations("x", x, (x.shape[0] if x.ndim == 2 else -1, w.n_cols))
+    _check_activations("out", out, (x.shape[0], w.n_rows))
     _launch(x=x, w0=w, w1=w, out=out, n_out=w.n_rows, routing=None, gather=False, swiglu=False,
             tensor_cores=tensor_cores, tile=tile, stream=stream)
 
