@@ -19,6 +19,7 @@ from numba import cuda
 from strata.aot.runtime import attach as _attach_kernel_bundle
 
 from .direct_launch import apply as _direct_launches
+from .direct_launch import current_context_handle
 from .inline_cache import apply as _inline_once_per_compile
 from .inline_copy import apply as _shared_memo_inlining
 from .intrinsics import SIMULATED
@@ -146,9 +147,8 @@ def device_table(fmt) -> Any:
 
 def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:
     """The current context's device copy of `host()`, made on first use under `key`. The
-    lookup reads the current context from the driver (a microsecond) where numba's
-    `current_context()` costs several: the dense GEMMs ask for their unused schedule's array at
-    every launch."""
+    lookup reads the current context from the driver (`current_context_handle`): the dense
+    GEMMs ask for their unused schedule's array at every launch."""
     handle = current_context_handle()
     t = _TABLES.get((handle, key)) if handle else None
     if t is None:  # no context yet (numba makes one) or a first use in this one
@@ -157,13 +157,6 @@ def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:
         if t is None:
             t = _TABLES[(handle, key)] = cuda.to_device(host())
     return t
-
-
-def current_context_handle() -> int:
-    """The calling thread's current CUDA context as an int (0: none), from the driver."""
-    from cuda.bindings import driver as cu
-    err, ctx = cu.cuCtxGetCurrent()
-    return int(ctx) if err == cu.CUresult.CUDA_SUCCESS else 0
 
 
 def n_blocks(n_items: int, per_block: int) -> int:

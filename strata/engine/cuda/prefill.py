@@ -248,9 +248,9 @@ class PromptRun:
 
     def _routing(self, n: int, ids) -> Routing:
         P, ne = self.P, n * self.k
-        tile = self._grouped_tile(n)
         r = self._view(("routing", n), lambda: Routing(
-            n, self.k, self.n_expert, (tile or TC_TILE).bm, counts=P["expert_counts"],
+            n, self.k, self.n_expert, (self._grouped_tile(n) or TC_TILE).bm,
+            counts=P["expert_counts"],
             offsets=P["expert_offsets"], cursor=P["expert_cursor"], perm=P["perm_ids"][:ne],
             inv=P["inv_ids"][:ne], tile_group=P["tile_group"], tile_m0=P["tile_m0"],
             n_tiles=P["n_tiles"]))
