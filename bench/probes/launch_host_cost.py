@@ -50,7 +50,7 @@ def main() -> int:
 
     def pack_uncached():
         for a in args:
-            a.__dict__.pop("_direct_launch", None)
+            getattr(a, "__dict__", {}).pop("_direct_launch", None)
         pack()
 
     class Stub:  # the kernel: its launch is not what is timed
