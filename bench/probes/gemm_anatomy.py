@@ -15,7 +15,7 @@ after warm-up, same inputs):
 * no MMA, no B: only the activation copies (cp.async), the fragment reads and the barriers.
 
 `--only NAME` runs one variant a few times (for ncu: `-k regex:kernel --launch-skip 2
---launch-count 1`). Run from the repository root on a GPU machine:
+--launch-count 1`). Run with strata installed, on a GPU machine:
 `python bench/probes/gemm_anatomy.py [--out F] [--only NAME]`.
 """
 import argparse
@@ -25,7 +25,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, ".")
+
 from numba import cuda, float32, uint32  # noqa: E402
 
 from strata.bench.kernels_prefill import MOE, moe_inputs, time_ms  # noqa: E402
