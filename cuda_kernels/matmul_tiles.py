@@ -33,7 +33,8 @@ from gguf import GGMLQuantizationType
 from numba import cuda, float32, int64, uint32
 
 from .launch import MAX_SHARED_BYTES
-from .mma import SIMULATED, cp_async16, cp_async_wait, ldsm_x4, mma_16816, pack_half2
+from .mma import (SIMULATED, cp_async16, cp_async_commit, cp_async_wait, cp_async_wait_group1,
+                  ldsm_x4, mma_16816, pack_half2)
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix / cp.async rows are 16-byte aligned
@@ -48,7 +49,10 @@ class TcTile:
     pipe: f16 activations copied by cp.async and split-loader weights fetched one step ahead;
     min_blocks: launch bounds (threads, min_blocks) when > 0 (`jit_options`);
     row_threads: threads a split loader may give one weight row (1 or 2; 2 only where the block
-    has the threads); skip_pad: a warp skips the MMAs of its 16-row tiles past the group's end.
+    has the threads); skip_pad: a warp skips the MMAs of its 16-row tiles past the group's end;
+    a_stages: shared-memory stages of the activation tile (2, or 3: a ring whose rows are
+    unpadded with XOR-swizzled 16-byte chunks, so three fit where two padded ones did; used where
+    f16 activations are copied by cp.async and read by ldmatrix at 32-value steps, else 2).
     """
 
     bm: int
@@ -61,6 +65,7 @@ class TcTile:
     min_blocks: int = 0  # > 0: launch bounds asking ptxas to fit that many blocks per SM
     row_threads: int = 2
     skip_pad: bool = True
+    a_stages: int = 2
 
     def __post_init__(self):
         wtm, wtn = self.bm // max(self.warps_m, 1), self.bn // max(self.warps_n, 1)
@@ -73,9 +78,13 @@ class TcTile:
         if (self.bm * 16) % self.threads or self.threads % 16 or self.kch not in (1, 2):
             raise ValueError(f"bad tensor-core tile {self}: bm * 16 must be a multiple of threads"
                              " and kch 1 or 2")
-        shared = 2 * 4 * (self.bm + self.bn) * (16 * self.kch + 4)
+        if self.a_stages not in (2, 3) or (self.a_stages == 3 and self.kch != 1):
+            raise ValueError(f"bad tensor-core tile {self}: a_stages must be 2, or 3 at kch 1")
+        row = 16 * self.kch + 4  # u32 words a padded tile row holds
+        a_row = row - 4 if self.a_stages == 3 else row
+        shared = 4 * (self.a_stages * self.bm * a_row + 2 * self.bn * row)
         if shared > MAX_SHARED_BYTES:
-            raise ValueError(f"bad tensor-core tile {self}: its two buffers need {shared} bytes "
+            raise ValueError(f"bad tensor-core tile {self}: its buffers need {shared} bytes "
                              f"of shared memory ({MAX_SHARED_BYTES // 1024} KiB at most)")
 
     @property
@@ -190,7 +199,6 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     KCH = tile.kch
     WPR = 16 * KCH  # u32 words (f16 pairs) per row per step
     SA = WPR + 4  # shared row: 4 words of pad, so fragment reads hit 32 distinct banks
-    WORDS_A, WORDS_B = BM * SA, BN * SA
     B_ITEMS = BN * KCH  # (row, chunk) pairs per step
     # f16 activations are copied global -> shared by cp.async (16 bytes, issued before the MMAs,
     # awaited after): every thread takes A_CHUNKS of them and no register staging is needed.
@@ -207,6 +215,13 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                   and NTHREADS >= 2 * B_ITEMS) else 1  # threads per weight row
     fetch, decode, N_RAW = loader(PARTS) if SPLIT else (None, None, 1)
     SKIP = tile.skip_pad
+    LDSM = tile.ldsm
+    # A ring of three activation stages (copied two steps ahead): its rows are WPR words unpadded,
+    # the 16-byte chunk c of row r stored at chunk c ^ ((r >> 1) & 3), so the 8 rows an ldmatrix
+    # phase reads (one chunk each) still fall in 8 distinct 16-byte bank groups
+    SWZ = PIPE_A and LDSM and KCH == 1 and tile.a_stages == 3
+    SAA = WPR if SWZ else SA  # u32 words an A row takes in shared memory
+    WORDS_A, WORDS_B = BM * SAA, BN * SA
     if PIPE_A:
         NBT = min(NTHREADS, B_ITEMS * PARTS)  # threads decoding B (the rest only copy A)
         NAT, A_ITERS, ROW_STEP = NTHREADS, BM * CPR // NTHREADS, NTHREADS // CPR
@@ -215,20 +230,21 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         NAT = NTHREADS - NBT if ROLE_SPLIT else NTHREADS  # threads staging A
         A_ITERS, ROW_STEP = BM * WPR // NAT, NAT // WPR
     B_ITERS = 1 if SPLIT else (B_ITEMS + NBT - 1) // NBT
-    LDSM = tile.ldsm
     N_ACC = MT * NT * 4
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
-    SH_A, SH_B, N_AFR, N_BFR = 2 * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
+    SH_A, SH_B, N_AFR, N_BFR = (3 if SWZ else 2) * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
 
     @cuda.jit(device=True, inline="always")
     def load_a(x, arow, sA, buf, kt, at):
         if PIPE_A:
             for i in range(A_ITERS):
                 r = at // CPR + i * ROW_STEP
-                w = 4 * (at % CPR)
+                c = at % CPR
+                w = 4 * c
+                dst = buf * WORDS_A + r * SAA + (4 * (c ^ ((r >> 1) & 3)) if SWZ else w)
                 src = arow[i]
-                cp_async16(sA, buf * WORDS_A + r * SA + w, x, max(src, 0), kt * WPR + w, src >= 0)
+                cp_async16(sA, dst, x, max(src, 0), kt * WPR + w, src >= 0)
             return
         aw = at % WPR
         for i in range(A_ITERS):
@@ -271,12 +287,17 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                         sB[dst + w] = uint32(0)
 
     @cuda.jit(device=True, inline="always")
-    def prefetch(x, arow, sA, wbuf, boff, raw, buf, kt, tid):
-        """Start step kt's loads that complete in the background: its A tile (cp.async) and the
-        split loader's weight words."""
+    def fetch_b(wbuf, boff, raw, kt, tid):
+        """Start loading step kt's weight words into registers (the split loader's part)."""
         if SPLIT:
             if tid < B_ITEMS * PARTS and boff[0] >= 0:
                 fetch(wbuf, boff[0], kt, raw, tid % PARTS)
+
+    @cuda.jit(device=True, inline="always")
+    def prefetch(x, arow, sA, wbuf, boff, raw, buf, kt, tid):
+        """Start step kt's loads that complete in the background: its A tile (cp.async) and the
+        split loader's weight words."""
+        fetch_b(wbuf, boff, raw, kt, tid)
         if PIPE_A:
             load_a(x, arow, sA, buf, kt, tid)
 
@@ -297,14 +318,16 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
-    def load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live):
+    def load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live):
         if LDSM:
             ka = kk * 8 + (lane >> 4) * 4
+            if SWZ:  # chunk 2kk + lane // 16 of row 16m + lane % 16: (row >> 1) & 3 is the lane's
+                ka = 4 * ((2 * kk + (lane >> 4)) ^ (((lane & 15) >> 1) & 3))
             for mt in range(MT):
                 if mt >= n_live:
                     break
-                a0, a1, a2, a3 = ldsm_x4(sA, buf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
-                                         * SA + ka)
+                a0, a1, a2, a3 = ldsm_x4(sA, abuf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
+                                         * SAA + ka)
                 afr[mt * 4] = a0
                 afr[mt * 4 + 1] = a1
                 afr[mt * 4 + 2] = a2
@@ -322,7 +345,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         for mt in range(MT):
             if mt >= n_live:
                 break
-            ra = buf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
+            ra = abuf * WORDS_A + (wm * WTM + mt * 16 + g) * SA + kk * 8 + t
             afr[mt * 4 + 0] = sA[ra]
             afr[mt * 4 + 1] = sA[ra + 8 * SA]
             afr[mt * 4 + 2] = sA[ra + 4]
@@ -333,11 +356,11 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
-    def mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live):
-        """The warp's MMAs of one k step over its first n_live 16-row tiles (the others hold
-        only rows past the group's end: their tensor-core work is skipped)."""
+    def mma_step(sA, sB, abuf, buf, acc, afr, bfr, wm, wn, lane, n_live):
+        """The warp's MMAs of one k step (A stage `abuf`, B buffer `buf`) over its first n_live
+        16-row tiles (the others hold only rows past the group's end: their work is skipped)."""
         for kk in range(2 * KCH):
-            load_fragments(sA, sB, buf, kk, afr, bfr, wm, wn, lane, n_live)
+            load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live)
             for mt in range(MT):
                 if mt >= n_live:
                     break
@@ -436,6 +459,37 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         n_k = k_dim // (K_STEP * KCH)
         # warp-uniform; every tile live without skip_pad
         n_live = min(MT, max(0, (count - m0 - wm * WTM + 15) // 16)) if SKIP else MT
+        if SWZ:
+            # three A stages: step kt+2's copies are issued before step kt's MMAs and awaited
+            # only at the end of step kt+1 (one cp.async group a step, the newest left in
+            # flight); B as below, one step ahead
+            prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
+            cp_async_commit()
+            if n_k > 1:
+                load_a(x, arow, sA, 1, 1, tid)
+            cp_async_commit()
+            if tid < NBT:
+                load_b(wbuf, boff, vals, raw, sB, 0, 0, tid)
+            cp_async_wait_group1()
+            cuda.syncthreads()
+            a_cur, a_next, a_free = 0, 1, 2
+            for kt in range(n_k):
+                # stage a_free was last read in step kt-1, finished before the last barrier
+                buf = kt & 1
+                if kt + 1 < n_k:
+                    fetch_b(wbuf, boff, raw, kt + 1, tid)
+                if kt + 2 < n_k:
+                    load_a(x, arow, sA, a_free, kt + 2, tid)
+                cp_async_commit()
+                if n_live > 0:
+                    mma_step(sA, sB, a_cur, buf, acc, afr, bfr, wm, wn, lane, n_live)
+                if kt + 1 < n_k and tid < NBT:
+                    load_b(wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
+                cp_async_wait_group1()  # step kt+1's copies have landed
+                cuda.syncthreads()
+                a_cur, a_next, a_free = a_next, a_free, a_cur
+            epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
+            return
         prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
         finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
         cuda.syncthreads()
@@ -448,7 +502,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             if kt + 1 < n_k:
                 prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
             if n_live > 0:
-                mma_step(sA, sB, buf, acc, afr, bfr, wm, wn, lane, n_live)
+                mma_step(sA, sB, buf, buf, acc, afr, bfr, wm, wn, lane, n_live)
             if kt + 1 < n_k:
                 finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
             cuda.syncthreads()

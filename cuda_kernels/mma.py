@@ -178,6 +178,14 @@ def _cp_async_wait_sim():
     return None
 
 
+def _cp_async_commit_sim():  # the simulator's copies complete at once: groups are no-ops
+    return None
+
+
+def _cp_async_wait_group1_sim():
+    return None
+
+
 def _halves(word):
     return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float64)  # [2]
 
@@ -226,6 +234,8 @@ if SIMULATED:
     ldsm_x4_trans = _ldsm_sim(_ldsm_trans_combine)
     cp_async16 = _cp_async16_sim
     cp_async_wait = _cp_async_wait_sim
+    cp_async_commit = _cp_async_commit_sim
+    cp_async_wait_group1 = _cp_async_wait_group1_sim
     h2_sub_fma = _h2_sub_fma_sim
     h2_sub = _h2_sub_sim
     shfl_idx = _shfl_idx_sim
@@ -297,6 +307,28 @@ else:
         """Wait for this thread's cp.async copies (the block barrier then publishes them)."""
         def codegen(context, builder, signature, args):
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_all;",
+                               "~{memory}", side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_commit(typingctx):
+        """Close this thread's cp.async copies issued since the last commit into one group (an
+        empty group when there were none, so every thread's group count stays in step)."""
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+                               "~{memory}", side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def cp_async_wait_group1(typingctx):
+        """Wait for all but this thread's newest cp.async group: a ring keeps one step's copies
+        in flight while the step before it is consumed."""
+        def codegen(context, builder, signature, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 1;",
                                "~{memory}", side_effect=True)
             builder.call(asm, [])
             return context.get_dummy_value()

@@ -12,13 +12,16 @@ after warm-up, same inputs):
 * B loads, no decode: the weight words stored into the B tile as they are (no f16x2 arithmetic);
 * no B: neither loads nor decode (constant B tile);
 * no MMA: the MMAs replaced by one dependent add (fragments still read by ldmatrix);
-* no MMA, no B: only the activation copies (cp.async), the fragment reads and the barriers.
+* no MMA, no B: only the activation copies (cp.async), the fragment reads and the barriers;
+* 3 A stages: the activation tile a ring of three swizzled stages (`TcTile.a_stages`), copied
+  two steps ahead instead of one; down: the down projection (K = 768) both ways.
 
 `--only NAME` runs one variant a few times (for ncu: `-k regex:kernel --launch-skip 2
 --launch-count 1`). Run with strata installed, on a GPU machine:
 `python bench/probes/gemm_anatomy.py [--out F] [--only NAME]`.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -76,21 +79,26 @@ def fake_mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
             c3 + float32(b1 & 1))
 
 
-VARIANTS = {  # name: (loader kind, real MMAs, routing)
-    "base": ("base", True, "random"),
-    "base, exact rows": ("base", True, "exact"),
-    "B from L1": ("l1", True, "random"),
-    "B loads, no decode": ("nodecode", True, "random"),
-    "no B": ("none", True, "random"),
-    "no MMA": ("base", False, "random"),
-    "no MMA, no B": ("none", False, "random"),
+VARIANTS = {  # name: (loader kind, real MMAs, routing, activation stages, GEMM)
+    "base": ("base", True, "random", 2, "gate_up"),
+    "base, exact rows": ("base", True, "exact", 2, "gate_up"),
+    "B from L1": ("l1", True, "random", 2, "gate_up"),
+    "B loads, no decode": ("nodecode", True, "random", 2, "gate_up"),
+    "no B": ("none", True, "random", 2, "gate_up"),
+    "no MMA": ("base", False, "random", 2, "gate_up"),
+    "no MMA, no B": ("none", False, "random", 2, "gate_up"),
+    "3 A stages": ("base", True, "random", 3, "gate_up"),
+    "3 A stages, exact rows": ("base", True, "exact", 3, "gate_up"),
+    "3 A stages, no MMA, no B": ("none", False, "random", 3, "gate_up"),
+    "down": ("base", True, "random", 2, "down"),
+    "down, 3 A stages": ("base", True, "random", 3, "down"),
 }
 
 
-def build(kind, tile, *, swiglu=True):
+def build(kind, tile, *, swiglu):
     q4k = int(quant_type("Q4_K").ggml_type)
     return mt.tc_kernel(get_format(q4k).dq32, tile=tile, x_half=True, grouped=True,
-                        gather=swiglu, swiglu=swiglu, out_half=True, loader=loader(kind))
+                        gather=swiglu, swiglu=swiglu, out_half=swiglu, loader=loader(kind))
 
 
 # STRATA_PROBE_SMALL=1: a tiny shape, for checking the probe itself under the simulator
@@ -98,9 +106,9 @@ SHAPE = dict(n_tok=32, d=256, ff=256, n_exp=8) if os.environ.get("STRATA_PROBE_S
 
 
 def run(name, reps):
-    kind, real_mma, routing_kind = VARIANTS[name]
+    kind, real_mma, routing_kind, stages, gemm = VARIANTS[name]
     s = dict(MOE, **SHAPE)
-    tile = mt.tc_tile(quant_type("Q4_K").ggml_type)
+    tile = dataclasses.replace(mt.tc_tile(quant_type("Q4_K").ggml_type), a_stages=stages)
     inp = moe_inputs(np.random.default_rng(0), ggml_type="Q4_K", **s)
     if routing_kind == "exact":  # token t's k-th expert (8t + k) % 128: 256 rows an expert
         t = np.arange(s["n_tok"])[:, None] * s["k_top"] + np.arange(s["k_top"])[None, :]
@@ -112,15 +120,24 @@ def run(name, reps):
     route.route_tokens(cuda.to_device(inp["ids"]), routing)
     n_e = s["n_tok"] * s["k_top"]
     x = cuda.to_device(inp["x"].astype(np.float16))        # [n_tok, d] f16
-    h = cuda.device_array((n_e, s["ff"]), np.float16)      # [n_entries, ff] f16
+    h = cuda.to_device((np.random.default_rng(1).standard_normal((n_e, s["ff"])) * 0.5)
+                       .astype(np.float16))                # [n_entries, ff] f16
+    y = cuda.device_array((n_e, s["d"]), np.float32)       # [n_entries, d] f32
     saved = mt.mma_16816
     if not real_mma:
         mt.mma_16816 = fake_mma
-    kernel = build(kind, tile)
-    grid = (mt.n_col_blocks(s["ff"], tile.bn, True), routing.max_tiles)
-    args = (as_u32(x), buf, gate, up, q.row_bytes(s["d"]), s["ff"], s["d"], routing.offsets,
-            routing.perm, routing.k_top, routing.tile_group, routing.tile_m0, routing.n_tiles,
-            n_e, as_u32(h))
+    gu = gemm == "gate_up"
+    kernel = build(kind, tile, swiglu=gu)
+    sched = (routing.offsets, routing.perm, routing.k_top, routing.tile_group, routing.tile_m0,
+             routing.n_tiles, n_e)
+    if gu:
+        grid = (mt.n_col_blocks(s["ff"], tile.bn, True), routing.max_tiles)
+        args = (as_u32(x), buf, gate, up, q.row_bytes(s["d"]), s["ff"], s["d"], *sched,
+                as_u32(h))
+    else:
+        down = cuda.to_device(inp["base"]["down"])
+        grid = (mt.n_col_blocks(s["d"], tile.bn, False), routing.max_tiles)
+        args = (as_u32(h), buf, down, down, q.row_bytes(s["ff"]), s["d"], s["ff"], *sched, y)
     try:
         kernel[grid, tile.threads](*args)  # compiles with the patched names
         cuda.synchronize()
@@ -129,7 +146,7 @@ def run(name, reps):
     n_tiles = int(routing.n_tiles.copy_to_host()[0])
     ms = time_ms(lambda: kernel[grid, tile.threads](*args), reps=reps)
     regs = max(kernel.get_regs_per_thread().values())
-    flops = 2 * 2 * n_e * s["d"] * s["ff"]
+    flops = (2 if gu else 1) * 2 * n_e * s["d"] * s["ff"]
     return {"name": name, "ms": ms, "tflops": flops / (ms * 1e9), "row_tiles": n_tiles,
             "regs": regs, "local_bytes": max(kernel.get_local_mem_per_thread().values())}
 

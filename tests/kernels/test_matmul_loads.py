@@ -85,6 +85,38 @@ def test_row_threads_and_pad_skipping_choices_agree(gate_type, row_threads, skip
     assert rel_err(got, h_ref) < 2e-3
 
 
+@pytest.mark.parametrize("gate_type,d", [(T.Q4_K, 512), (T.Q6_K, 256), (T.Q8_0, 96),
+                                         (T.Q8_0, 32)])
+def test_three_activation_stages_agree(gate_type, d):
+    """A ring of three swizzled activation stages (copied two steps ahead) gives the reference's
+    h, as the two padded stages do: 16, 8, 3 and 1 k steps (the ring's first stages and an
+    empty copy group at the end)."""
+    rng = np.random.default_rng(29)
+    pr = make_problem(rng, n_tok=7, k_top=2, n_exp=2, d=d, ff=32, gate_type=gate_type,
+                      down_type=T.Q8_0, skew=True)
+    h_ref, _ = reference_moe(pr, half=True)
+    for tile in (dataclasses.replace(TC_PAIRS, a_stages=3),
+                 dataclasses.replace(TC_PAIRS, a_stages=3, row_threads=1, skip_pad=False)):
+        got = _gate_up(pr, tile, x_half=True)
+        assert np.isfinite(got).all()
+        assert rel_err(got, h_ref) < 2e-3
+    # f32 activations are not copied by cp.async: the tile runs its two padded stages
+    got = _gate_up(pr, dataclasses.replace(TC_PAIRS, a_stages=3), x_half=False)
+    assert rel_err(got, h_ref) < 2e-3
+
+
+def test_activation_stages_are_checked():
+    from strata.cuda_kernels.matmul_tiles import TC_TILE
+    three = dataclasses.replace(TC_TILE, a_stages=3)  # 44 KiB: fits one block's 48
+    assert three.a_stages == 3
+    with pytest.raises(ValueError, match="a_stages"):
+        dataclasses.replace(TC_TILE, a_stages=4)
+    with pytest.raises(ValueError, match="a_stages"):
+        dataclasses.replace(TC_TILE, bm=64, a_stages=3, kch=2)
+    with pytest.raises(ValueError, match="shared memory"):
+        dataclasses.replace(TC_TILE, bm=256, warps_m=4, warps_n=2, a_stages=3)
+
+
 def test_format_tiles():
     """Q4_K's default tile keeps one thread a row, the others two; every tile issues all its
     MMAs and is bounded to two blocks an SM (measured faster on the H200); formats without
