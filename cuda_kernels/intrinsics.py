@@ -299,22 +299,26 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     @intrinsic
     def st_x4(typingctx, xs, i, v0, v1, v2, v3):
-        """xs[i:i+4] = v0..v3, one 16-byte store (float32 array, i a multiple of 4)."""
-        if not (isinstance(xs, types.Array) and xs.dtype == types.float32):
+        """xs[i:i+4] = v0..v3, one 16-byte store (a float32 or uint32 array, global or shared,
+        16-byte aligned; i a multiple of 4). A warp's 16-byte stores to rows of 80 bytes fill
+        whole shared-memory wavefronts, where four 4-byte stores to the same rows conflict."""
+        if not (isinstance(xs, types.Array) and xs.dtype in (types.float32, types.uint32)):
             return None
+        elt = xs.dtype
 
         def codegen(context, builder, sig, args):
             data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
             idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            vty = ir.VectorType(ir.FloatType(), 4)
+            ll = ir.FloatType() if elt == types.float32 else _I32
+            vty = ir.VectorType(ll, 4)
             vec = ir.Constant(vty, ir.Undefined)
             for k in range(4):
-                vec = builder.insert_element(vec, args[2 + k], ir.Constant(_I32, k))
+                v = context.cast(builder, args[2 + k], sig.args[2 + k], elt)
+                vec = builder.insert_element(vec, v, ir.Constant(_I32, k))
             ptr = builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
             builder.store(vec, ptr, align=16)
             return context.get_dummy_value()
-        return types.void(xs, i, types.float32, types.float32, types.float32,
-                          types.float32), codegen
+        return types.void(xs, i, v0, v1, v2, v3), codegen
 
     @cuda.jit(device=True, inline="always")
     def quad_sum(v):

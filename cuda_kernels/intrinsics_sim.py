@@ -198,7 +198,7 @@ def ld_u32_at(a, byte_off):
 
 
 def st_x4(xs, i, v0, v1, v2, v3):
-    """xs[i:i+4] = v0..v3 on a float32 array (i a multiple of 4)."""
+    """xs[i:i+4] = v0..v3 on a float32 or uint32 array (i a multiple of 4)."""
     _aligned(i, 4)
     xs[i], xs[i + 1], xs[i + 2], xs[i + 3] = v0, v1, v2, v3
 

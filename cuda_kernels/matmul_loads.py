@@ -10,7 +10,10 @@ decodes in one go after the MMAs). A loader serves one format at 32 values per s
 * ``fetch(wbuf, boff, kt, raw, part)``: loads for step kt of the row at byte `boff` into `raw`
   (u32, registers), keeping words an earlier step already loaded;
 * ``decode(raw, kt, part, sB, dst)``: writes the step's values of this thread's part (of
-  `parts` threads sharing the row) as f16 pairs, the row's 32 values going to sB[dst:dst+16].
+  `parts` threads sharing the row) as f16 pairs, the row's 32 values going to sB[dst:dst+16]
+  (dst a multiple of 4 words, 16-byte aligned), four words a store: a warp's 4-byte stores to its
+  rows (80 bytes apart) fell in 8 banks, 4 ways conflicted, and its 16-byte stores fill whole
+  wavefronts.
 
 Q4_K (144-byte super-blocks of 256 values, layout in `qformats_k`): the 16-byte head (d, dmin,
 12 scale bytes) is loaded at a super-block's first step, the 32 quant bytes shared by groups
@@ -26,7 +29,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
-from .intrinsics import funnel_r, h2f, ld_nc_u32x4, ld_u32, prmt
+from .intrinsics import funnel_r, h2f, ld_nc_u32x4, ld_u32, prmt, st_x4
 from .mma import h2_sub_fma, pack_half2
 
 MAGIC2 = np.uint32(0x64006400)  # two halves of 1024.0
@@ -85,10 +88,14 @@ def q4k_loader(parts: int):
         neg2 = pack_half2(-ml, -ml)
         nib = 4 * (jb & 1)
         d0 = dst + 2 * NQ * part
-        for t in range(NQ):
-            m = (raw[4 + t] >> nib) & 0x0F0F0F0F  # four quants, one per byte
-            sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2)
-            sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2)
+        for t in range(NQ // 2):  # two quant words, four quants each: one 16-byte store
+            m = (raw[4 + 2 * t] >> nib) & 0x0F0F0F0F  # four quants, one per byte
+            n = (raw[5 + 2 * t] >> nib) & 0x0F0F0F0F
+            st_x4(sB, d0 + 4 * t,
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2, scale2, neg2))
 
     return fetch, decode, 4 + NQ
 
@@ -121,10 +128,14 @@ def q8_0_loader(parts: int):
         d = h2f(raw[0] >> (16 - 8 * sh))  # d precedes the quants: the other half of its word
         d2 = pack_half2(d, d)
         d0 = dst + 2 * NQ * part
-        for t in range(NQ):
-            m = funnel_r(raw[1 + t], raw[2 + t], 8 * sh) ^ 0x80808080  # bytes q + 128
-            sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q8, d2, ZERO2)
-            sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q8, d2, ZERO2)
+        for t in range(NQ // 2):  # two quant words: one 16-byte store
+            m = funnel_r(raw[1 + 2 * t], raw[2 + 2 * t], 8 * sh) ^ 0x80808080  # bytes q + 128
+            n = funnel_r(raw[2 + 2 * t], raw[3 + 2 * t], 8 * sh) ^ 0x80808080
+            st_x4(sB, d0 + 4 * t,
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q8, d2, ZERO2),
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q8, d2, ZERO2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2_Q8, d2, ZERO2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2_Q8, d2, ZERO2))
 
     return fetch, decode, 3 + NQ
 
@@ -163,13 +174,19 @@ def q6k_loader(parts: int):
             dl = d * float32(sc - ((sc & 0x80) << 1))  # the int8 scale (signed arithmetic)
             dl2 = pack_half2(dl, dl)
             d0 = dst + 2 * NQ * part + 8 * hh
-            for t in range(4):
-                i = 4 * hh + t
+            for t in range(2):  # two quant words: one 16-byte store
+                i = 4 * hh + 2 * t
                 ql = funnel_r(raw[3 + i], raw[4 + i], 8 * sh)
                 qh = funnel_r(raw[4 + NQ + i], raw[5 + NQ + i], 8 * sh)
                 m = ((ql >> lsh) & 0x0F0F0F0F) | (((qh >> hsh) & 0x03030303) << 4)
-                sB[d0 + 2 * t] = h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q6, dl2, ZERO2)
-                sB[d0 + 2 * t + 1] = h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q6, dl2, ZERO2)
+                ql = funnel_r(raw[4 + i], raw[5 + i], 8 * sh)
+                qh = funnel_r(raw[5 + NQ + i], raw[6 + NQ + i], 8 * sh)
+                n = ((ql >> lsh) & 0x0F0F0F0F) | (((qh >> hsh) & 0x03030303) << 4)
+                st_x4(sB, d0 + 4 * t,
+                      h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q6, dl2, ZERO2),
+                      h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q6, dl2, ZERO2),
+                      h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2_Q6, dl2, ZERO2),
+                      h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2_Q6, dl2, ZERO2))
 
     return fetch, decode, 5 + 2 * NQ
 
