@@ -30,11 +30,11 @@ import math
 from dataclasses import dataclass, replace
 
 from gguf import GGMLQuantizationType
-from numba import cuda, float32, int64, uint32
+from numba import cuda, float32, int64, uint32, uint64
 
 from .launch import MAX_SHARED_BYTES
-from .mma import (SIMULATED, cp_async16, cp_async_commit, cp_async_wait, cp_async_wait_group1,
-                  ldsm_x4, mma_16816, pack_half2)
+from .mma import (SIMULATED, cp_async16_at, cp_async_commit, cp_async_wait,
+                  cp_async_wait_group1, gaddr, ldsm_x4_at, mma_16816, pack_half2, smem_u32)
 
 K_STEP = 32  # values per dequantized chunk (the dq32 contract) = the k depth of a tile step
 SHARED_ALIGN = None if SIMULATED else 16  # ldmatrix / cp.async rows are 16-byte aligned
@@ -234,17 +234,41 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
     COLS = BN // 2 if swiglu else BN  # output features per block
     # array sizes must be plain constants for numba's typing, not expressions
     SH_A, SH_B, N_AFR, N_BFR = (3 if SWZ else 2) * WORDS_A, 2 * WORDS_B, MT * 4, NT * 2
+    # a thread's shared-memory byte addresses, made once (adr, u32): sA's and sB's starts, its
+    # B fragment row, its A fragment row at each k sub-step, its A copies' destinations; and its
+    # A copies' global sources at step 0 (ga, u64). The hot loop adds constants and the stage.
+    ADR_SA, ADR_SB, ADR_B, ADR_AF = 0, 1, 2, 3
+    ADR_AD = ADR_AF + 2 * KCH
+    N_ADR = ADR_AD + A_ITERS
+    BYTES_A, BYTES_B = 4 * WORDS_A, 4 * WORDS_B  # one stage / buffer
 
     @cuda.jit(device=True, inline="always")
-    def load_a(x, arow, sA, buf, kt, at):
+    def addresses(x, arow, sA, sB, adr, ga, wm, wn, lane, at):
+        """Fill the thread's address registers (see ADR_*)."""
+        adr[ADR_SA] = smem_u32(sA)
+        adr[ADR_SB] = smem_u32(sB)
+        adr[ADR_B] = uint32(4 * ((wn * WTN + (lane >> 4) * 8 + (lane & 7)) * SA
+                                 + ((lane >> 3) & 1) * 4))
+        a_row = (wm * WTM + (lane & 15)) * SAA
+        for kk in range(2 * KCH):
+            ka = kk * 8 + (lane >> 4) * 4
+            if SWZ:  # chunk 2kk + lane // 16 of row 16m + lane % 16: (row >> 1) & 3 is the lane's
+                ka = 4 * ((2 * kk + (lane >> 4)) ^ (((lane & 15) >> 1) & 3))
+            adr[ADR_AF + kk] = uint32(4 * (a_row + ka))
         if PIPE_A:
+            c = at % CPR
             for i in range(A_ITERS):
                 r = at // CPR + i * ROW_STEP
-                c = at % CPR
-                w = 4 * c
-                dst = buf * WORDS_A + r * SAA + (4 * (c ^ ((r >> 1) & 3)) if SWZ else w)
-                src = arow[i]
-                cp_async16(sA, dst, x, max(src, 0), kt * WPR + w, src >= 0)
+                adr[ADR_AD + i] = uint32(4 * (r * SAA + (4 * (c ^ ((r >> 1) & 3)) if SWZ
+                                                         else 4 * c)))
+                ga[i] = gaddr(x, max(arow[i], 0), 4 * c)
+
+    @cuda.jit(device=True, inline="always")
+    def load_a(x, arow, sA, buf, kt, at, adr, ga):
+        if PIPE_A:
+            for i in range(A_ITERS):
+                cp_async16_at(sA, adr[ADR_SA] + uint32(buf * BYTES_A) + adr[ADR_AD + i], x,
+                              ga[i] + uint64(kt * (4 * WPR)), arow[i] >= 0)
             return
         aw = at % WPR
         for i in range(A_ITERS):
@@ -294,15 +318,15 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                 fetch(wbuf, boff[0], kt, raw, tid % PARTS)
 
     @cuda.jit(device=True, inline="always")
-    def prefetch(x, arow, sA, wbuf, boff, raw, buf, kt, tid):
+    def prefetch(x, arow, sA, wbuf, boff, raw, buf, kt, tid, adr, ga):
         """Start step kt's loads that complete in the background: its A tile (cp.async) and the
         split loader's weight words."""
         fetch_b(wbuf, boff, raw, kt, tid)
         if PIPE_A:
-            load_a(x, arow, sA, buf, kt, tid)
+            load_a(x, arow, sA, buf, kt, tid, adr, ga)
 
     @cuda.jit(device=True, inline="always")
-    def finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf, kt, tid):
+    def finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf, kt, tid, adr, ga):
         """Complete buffer `buf` for step kt: decode B, stage A if not copied asynchronously."""
         if PIPE_A:
             if tid < NBT:
@@ -312,30 +336,26 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             if tid < NBT:
                 load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
             else:
-                load_a(x, arow, sA, buf, kt, tid - NBT)
+                load_a(x, arow, sA, buf, kt, tid - NBT, adr, ga)
         else:
-            load_a(x, arow, sA, buf, kt, tid)
+            load_a(x, arow, sA, buf, kt, tid, adr, ga)
             load_b(wbuf, boff, vals, raw, sB, buf, kt, tid)
 
     @cuda.jit(device=True, inline="always")
-    def load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live):
+    def load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live, adr):
         if LDSM:
-            ka = kk * 8 + (lane >> 4) * 4
-            if SWZ:  # chunk 2kk + lane // 16 of row 16m + lane % 16: (row >> 1) & 3 is the lane's
-                ka = 4 * ((2 * kk + (lane >> 4)) ^ (((lane & 15) >> 1) & 3))
+            a_at = adr[ADR_SA] + uint32(abuf * BYTES_A) + adr[ADR_AF + kk]
+            b_at = adr[ADR_SB] + uint32(buf * BYTES_B) + adr[ADR_B] + uint32(32 * kk)
             for mt in range(MT):
                 if mt >= n_live:
                     break
-                a0, a1, a2, a3 = ldsm_x4(sA, abuf * WORDS_A + (wm * WTM + mt * 16 + (lane & 15))
-                                         * SAA + ka)
+                a0, a1, a2, a3 = ldsm_x4_at(sA, a_at + uint32(mt * 64 * SAA))
                 afr[mt * 4] = a0
                 afr[mt * 4 + 1] = a1
                 afr[mt * 4 + 2] = a2
                 afr[mt * 4 + 3] = a3
-            kb = kk * 8 + ((lane >> 3) & 1) * 4
             for np2 in range(NT // 2):
-                n = wn * WTN + (2 * np2 + (lane >> 4)) * 8 + (lane & 7)
-                b0, b1, b2, b3 = ldsm_x4(sB, buf * WORDS_B + n * SA + kb)
+                b0, b1, b2, b3 = ldsm_x4_at(sB, b_at + uint32(np2 * 64 * SA))
                 bfr[np2 * 4] = b0
                 bfr[np2 * 4 + 1] = b1
                 bfr[np2 * 4 + 2] = b2
@@ -356,11 +376,11 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             bfr[nt * 2 + 1] = sB[rb + 4]
 
     @cuda.jit(device=True, inline="always")
-    def mma_step(sA, sB, abuf, buf, acc, afr, bfr, wm, wn, lane, n_live):
+    def mma_step(sA, sB, abuf, buf, acc, afr, bfr, wm, wn, lane, n_live, adr):
         """The warp's MMAs of one k step (A stage `abuf`, B buffer `buf`) over its first n_live
         16-row tiles (the others hold only rows past the group's end: their work is skipped)."""
         for kk in range(2 * KCH):
-            load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live)
+            load_fragments(sA, sB, abuf, buf, kk, afr, bfr, wm, wn, lane, n_live, adr)
             for mt in range(MT):
                 if mt >= n_live:
                     break
@@ -441,6 +461,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
         bfr = cuda.local.array(N_BFR, uint32)
         arow = cuda.local.array(A_ITERS, int64)
         boff = cuda.local.array(B_ITERS, int64)
+        adr = cuda.local.array(N_ADR, uint32)
+        ga = cuda.local.array(A_ITERS, uint64)
         for i in range(N_ACC):
             acc[i] = float32(0.0)
         at = tid - NBT if ROLE_SPLIT else tid
@@ -456,6 +478,7 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             boff[i] = base + f * row_bytes if f < n_out else -1
         warp, lane = tid // 32, tid % 32
         wm, wn = warp // WN, warp % WN
+        addresses(x, arow, sA, sB, adr, ga, wm, wn, lane, at)
         n_k = k_dim // (K_STEP * KCH)
         # warp-uniform; every tile live without skip_pad
         n_live = min(MT, max(0, (count - m0 - wm * WTM + 15) // 16)) if SKIP else MT
@@ -463,10 +486,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             # three A stages: step kt+2's copies are issued before step kt's MMAs and awaited
             # only at the end of step kt+1 (one cp.async group a step, the newest left in
             # flight); B as below, one step ahead
-            prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
+            prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid, adr, ga)
             cp_async_commit()
             if n_k > 1:
-                load_a(x, arow, sA, 1, 1, tid)
+                load_a(x, arow, sA, 1, 1, tid, adr, ga)
             cp_async_commit()
             if tid < NBT:
                 load_b(wbuf, boff, vals, raw, sB, 0, 0, tid)
@@ -479,10 +502,10 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                 if kt + 1 < n_k:
                     fetch_b(wbuf, boff, raw, kt + 1, tid)
                 if kt + 2 < n_k:
-                    load_a(x, arow, sA, a_free, kt + 2, tid)
+                    load_a(x, arow, sA, a_free, kt + 2, tid, adr, ga)
                 cp_async_commit()
                 if n_live > 0:
-                    mma_step(sA, sB, a_cur, buf, acc, afr, bfr, wm, wn, lane, n_live)
+                    mma_step(sA, sB, a_cur, buf, acc, afr, bfr, wm, wn, lane, n_live, adr)
                 if kt + 1 < n_k and tid < NBT:
                     load_b(wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
                 cp_async_wait_group1()  # step kt+1's copies have landed
@@ -490,8 +513,8 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                 a_cur, a_next, a_free = a_next, a_free, a_cur
             epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
             return
-        prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid)
-        finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid)
+        prefetch(x, arow, sA, wbuf, boff, raw, 0, 0, tid, adr, ga)
+        finish(x, arow, sA, wbuf, boff, vals, raw, sB, 0, 0, tid, adr, ga)
         cuda.syncthreads()
         for kt in range(n_k):
             # start step kt+1's loads, issue step kt's MMAs, then finish kt+1 into the other
@@ -500,11 +523,11 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
             # warp finished before the last barrier.
             buf = kt & 1
             if kt + 1 < n_k:
-                prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid)
+                prefetch(x, arow, sA, wbuf, boff, raw, buf ^ 1, kt + 1, tid, adr, ga)
             if n_live > 0:
-                mma_step(sA, sB, buf, buf, acc, afr, bfr, wm, wn, lane, n_live)
+                mma_step(sA, sB, buf, buf, acc, afr, bfr, wm, wn, lane, n_live, adr)
             if kt + 1 < n_k:
-                finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid)
+                finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid, adr, ga)
             cuda.syncthreads()
         epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
 

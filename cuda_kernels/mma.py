@@ -178,6 +178,27 @@ def _cp_async_wait_sim():
     return None
 
 
+def _smem_u32_sim(arr):
+    """The simulator's shared 'address' of an array is 0: the addressed intrinsics take the
+    array beside the address and read a byte offset from its first element."""
+    return 0
+
+
+def _gaddr_sim(arr, row, col):
+    return int(row) * arr.strides[0] + int(col) * arr.strides[1]
+
+
+def _ldsm_x4_at_sim(arr, addr):
+    return ldsm_x4(arr, int(addr) // 4)
+
+
+def _cp_async16_at_sim(dst, daddr, src, gaddr, valid):
+    i, g = int(daddr) // 4, int(gaddr)
+    row, col = g // src.strides[0], (g % src.strides[0]) // src.strides[1]
+    for w in range(4):
+        dst[i + w] = src[row, col + w] if valid else np.uint32(0)
+
+
 def _cp_async_commit_sim():  # the simulator's copies complete at once: groups are no-ops
     return None
 
@@ -235,6 +256,10 @@ if SIMULATED:
     cp_async16 = _cp_async16_sim
     cp_async_wait = _cp_async_wait_sim
     cp_async_commit = _cp_async_commit_sim
+    smem_u32 = _smem_u32_sim
+    gaddr = _gaddr_sim
+    ldsm_x4_at = _ldsm_x4_at_sim
+    cp_async16_at = _cp_async16_at_sim
     cp_async_wait_group1 = _cp_async_wait_group1_sim
     h2_sub_fma = _h2_sub_fma_sim
     h2_sub = _h2_sub_sim
@@ -281,6 +306,65 @@ else:
         return ldsm
 
     ldsm_x4 = _ldsm("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "A/B fragments")
+
+    # Addressed forms for hot loops: a kernel takes an array's 32-bit shared address once
+    # (`smem_u32`) and a global row's address once a tile (`gaddr`), then passes sums of those and
+    # constant offsets; `ldsm_x4` / `cp_async16` compute a 64-bit generic address from the
+    # array's data pointer and strides at every call (about six integer instructions each,
+    # which made up half of the GEMM's instructions). The array argument is only for the
+    # simulator, which has no addresses (its smem_u32 is 0 and gaddr a byte offset).
+
+    @intrinsic
+    def smem_u32(typingctx, arr):
+        """The 32-bit shared-window address of a shared array's first element."""
+        def codegen(context, builder, signature, args):
+            addr = _addr(context, builder, signature.args[0], args[0], [ir.Constant(_I64, 0)])
+            asm = ir.InlineAsm(ir.FunctionType(_I32, [_I64]),
+                               "{ .reg .u64 s; cvta.to.shared.u64 s, $1; cvt.u32.u64 $0, s; }",
+                               "=r,l")
+            return builder.call(asm, [addr])
+        return types.uint32(arr), codegen
+
+    @intrinsic
+    def gaddr(typingctx, arr, row, col):
+        """The generic (64-bit) address of arr[row, col] of a 2-d device array."""
+        def codegen(context, builder, signature, args):
+            return _addr(context, builder, signature.args[0], args[0], [args[1], args[2]])
+        return types.uint64(arr, row, col), codegen
+
+    @intrinsic
+    def ldsm_x4_at(typingctx, arr, addr):
+        """ldmatrix .x4 of the row at 32-bit shared address `addr` (see ldsm_x4)."""
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, signature, args):
+            a = context.cast(builder, args[1], signature.args[1], types.uint32)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]),
+                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];",
+                "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            res = builder.call(asm, [a])
+            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                     for k in range(4)])
+        return ret(arr, addr), codegen
+
+    @intrinsic
+    def cp_async16_at(typingctx, dst, daddr, src, g, valid):
+        """cp_async16 to 32-bit shared address `daddr` from generic address `g` (16 bytes;
+        zeros when `valid` is false)."""
+        def codegen(context, builder, signature, args):
+            d = context.cast(builder, args[1], signature.args[1], types.uint32)
+            gv = context.cast(builder, args[3], signature.args[3], types.uint64)
+            n = builder.select(context.cast(builder, args[4], signature.args[4], types.boolean),
+                               ir.Constant(_I32, 16), ir.Constant(_I32, 0))
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [_I32, _I64, _I32]),
+                "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                "cp.async.cg.shared.global [$0], [g], 16, $2; }",
+                "r,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [d, gv, n])
+            return context.get_dummy_value()
+        return types.void(dst, daddr, src, g, valid), codegen
     ldsm_x4_trans = _ldsm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
                           "transposed fragments (e.g. V)")
 

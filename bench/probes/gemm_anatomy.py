@@ -16,7 +16,7 @@ after warm-up, same inputs):
 * 3 A stages: the activation tile a ring of three swizzled stages (`TcTile.a_stages`), copied
   two steps ahead instead of one; down: the down projection (K = 768) both ways.
 
-`--only NAME[,NAME]` runs only those variants (one with `--reps 1`, for ncu: `-k regex:kernel --launch-skip 2
+`--only "NAME;NAME"` runs only those variants (one with `--reps 1`, for ncu: `-k regex:kernel --launch-skip 2
 --launch-count 1`). Run with strata installed, on a GPU machine:
 `python bench/probes/gemm_anatomy.py [--out F] [--only NAME]`.
 """
@@ -154,10 +154,10 @@ def run(name, reps):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default="")
-    p.add_argument("--only", default="", help="comma-separated variant names")
+    p.add_argument("--only", default="", help="variant names, separated by ;")
     p.add_argument("--reps", type=int, default=20)
     a = p.parse_args()
-    names = a.only.split(",") if a.only else list(VARIANTS)
+    names = a.only.split(";") if a.only else list(VARIANTS)
     rows = [run(n, a.reps) for n in names]
     print(f"{'variant':22s} {'ms':>7s} {'TFLOP/s':>8s} {'row tiles':>9s} {'regs':>5s} {'local':>5s}")
     for r in rows:
