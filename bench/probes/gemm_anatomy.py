@@ -14,7 +14,8 @@ after warm-up, same inputs):
 * no MMA: the MMAs replaced by one dependent add (fragments still read by ldmatrix);
 * no MMA, no B: only the activation copies (cp.async), the fragment reads and the barriers;
 * 3 A stages: the activation tile a ring of three swizzled stages (`TcTile.a_stages`), copied
-  two steps ahead instead of one; down: the down projection (K = 768) both ways.
+  two steps ahead instead of one; skip pad: the warps whose 16-row tiles are all past the
+  expert's rows skip their fragment reads and MMAs; down: the down projection (K = 768).
 
 `--only "NAME;NAME"` runs only those variants (one with `--reps 1`, for ncu: `-k regex:kernel --launch-skip 2
 --launch-count 1`). Run with strata installed, on a GPU machine:
@@ -90,6 +91,7 @@ VARIANTS = {  # name: (loader kind, real MMAs, routing, activation stages, GEMM)
     "3 A stages": ("base", True, "random", 3, "gate_up"),
     "3 A stages, exact rows": ("base", True, "exact", 3, "gate_up"),
     "3 A stages, no MMA, no B": ("none", False, "random", 3, "gate_up"),
+    "skip pad": ("base", True, "random", 2, "gate_up"),
     "down": ("base", True, "random", 2, "down"),
     "down, 3 A stages": ("base", True, "random", 3, "down"),
 }
@@ -108,7 +110,8 @@ SHAPE = dict(n_tok=32, d=256, ff=256, n_exp=8) if os.environ.get("STRATA_PROBE_S
 def run(name, reps):
     kind, real_mma, routing_kind, stages, gemm = VARIANTS[name]
     s = dict(MOE, **SHAPE)
-    tile = dataclasses.replace(mt.tc_tile(quant_type("Q4_K").ggml_type), a_stages=stages)
+    tile = dataclasses.replace(mt.tc_tile(quant_type("Q4_K").ggml_type), a_stages=stages,
+                               skip_pad=name == "skip pad")
     inp = moe_inputs(np.random.default_rng(0), ggml_type="Q4_K", **s)
     if routing_kind == "exact":  # token t's k-th expert (8t + k) % 128: 256 rows an expert
         t = np.arange(s["n_tok"])[:, None] * s["k_top"] + np.arange(s["k_top"])[None, :]

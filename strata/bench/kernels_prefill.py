@@ -425,6 +425,11 @@ ENTRIES = {
     **{f"moe_{fmt.lower()}_tc_rt{rt}{'_skip' if skip else ''}": functools.partial(
         _moe_tile, ggml_type=fmt, row_threads=rt, skip_pad=skip)
        for fmt in ("Q4_K", "Q8_0") for rt in (1, 2) for skip in (False, True)},
+    # a ring of three activation stages (TcTile.a_stages) in each split-loader format
+    **{f"moe_{fmt.lower()}_tc_a3": functools.partial(
+        _moe_tile, ggml_type=fmt, a_stages=3,
+        **({"row_threads": 1} if fmt == "Q4_K" else {}))
+       for fmt in ("Q4_K", "Q8_0", "Q6_K")},
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
     "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
