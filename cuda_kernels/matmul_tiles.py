@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from gguf import GGMLQuantizationType
 from numba import cuda, float32, int64, uint32, uint64
 
+from .intrinsics import st_x4
 from .launch import MAX_SHARED_BYTES
 from .mma import (SIMULATED, cp_async16_at, cp_async_commit, cp_async_wait,
                   cp_async_wait_group1, gaddr, ldsm_x4_at, mma_16816, pack_half2, smem_u32)
@@ -304,8 +305,12 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                         decode(raw, kt, 0, sB, dst)
                     else:
                         dq32(wbuf, boff[i], kt * KCH + c, vals, 0)
-                        for w in range(16):
-                            sB[dst + w] = pack_half2(vals[2 * w], vals[2 * w + 1])
+                        for w in range(4):  # 16-byte stores (conflict-free, as the loaders')
+                            v = 8 * w
+                            st_x4(sB, dst + 4 * w, pack_half2(vals[v], vals[v + 1]),
+                                  pack_half2(vals[v + 2], vals[v + 3]),
+                                  pack_half2(vals[v + 4], vals[v + 5]),
+                                  pack_half2(vals[v + 6], vals[v + 7]))
                 else:
                     for w in range(16):
                         sB[dst + w] = uint32(0)
