@@ -137,7 +137,7 @@ class FmaTile:
 # issuing them all measured faster in all three formats tried, at either row_threads:
 # Q8_0 94.2 against 81.5 TFLOP/s (two threads a row), Q6_K 93.5 against 77.4, Q4_K 124.5
 # against 111.4 (one thread a row).
-TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2, skip_pad=False)
+TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2, skip_pad=False, a_stages=3)
 # The default tile's settings by weight format, measured on the H200: Q4_K's split loader runs
 # fastest with one thread per weight row (bounded: 124.5 against 121.4 TFLOP/s at two;
 # unbounded: 113.9 against 90.8, 2026-11-30_kernels_prefill_v4.json and _rev.json); Q8_0 and
