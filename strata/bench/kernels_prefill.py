@@ -235,7 +235,8 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
         label += (f"w{tile.warps_m}x{tile.warps_n}" + ("" if tile.ldsm else "_noldsm")
                   + ("" if tile.pipe else "_nopipe")
                   + (f"_lb{tile.min_blocks}" if tile.min_blocks else "")
-                  + f"_rt{tile.row_threads}" + ("_skip" if tile.skip_pad else ""))
+                  + f"_rt{tile.row_threads}" + ("_skip" if tile.skip_pad else "")
+                  + f"_a{tile.a_stages}")
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
             "gate_up_kernel": _resources(kern), "down_kernel": _resources(kern_dn),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
@@ -425,9 +426,10 @@ ENTRIES = {
     **{f"moe_{fmt.lower()}_tc_rt{rt}{'_skip' if skip else ''}": functools.partial(
         _moe_tile, ggml_type=fmt, row_threads=rt, skip_pad=skip)
        for fmt in ("Q4_K", "Q8_0") for rt in (1, 2) for skip in (False, True)},
-    # a ring of three activation stages (TcTile.a_stages) in each split-loader format
-    **{f"moe_{fmt.lower()}_tc_a3": functools.partial(
-        _moe_tile, ggml_type=fmt, a_stages=3,
+    # two activation stages (the default tile has three: TcTile.a_stages) in each split-loader
+    # format
+    **{f"moe_{fmt.lower()}_tc_a2": functools.partial(
+        _moe_tile, ggml_type=fmt, a_stages=2,
         **({"row_threads": 1} if fmt == "Q4_K" else {}))
        for fmt in ("Q4_K", "Q8_0", "Q6_K")},
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),

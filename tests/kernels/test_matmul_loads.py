@@ -119,14 +119,15 @@ def test_activation_stages_are_checked():
 
 def test_format_tiles():
     """Q4_K's default tile keeps one thread a row, the others two; every tile issues all its
-    MMAs and is bounded to two blocks an SM (measured faster on the H200); formats without
+    MMAs, copies activations three steps deep and is bounded to two blocks an SM (each measured
+    faster on the H200); formats without
     settings take the default tile; row_threads is 1 or 2."""
     from strata.cuda_kernels.matmul_tiles import TC_TILE, tc_tile
 
     q4k = tc_tile(T.Q4_K)
     assert (q4k.row_threads, q4k.skip_pad, q4k.min_blocks) == (1, False, 2)
-    assert (TC_TILE.row_threads, TC_TILE.skip_pad, TC_TILE.jit_options) == \
-        (2, False, {"launch_bounds": (256, 2)})
+    assert (TC_TILE.row_threads, TC_TILE.skip_pad, TC_TILE.jit_options, TC_TILE.a_stages) == \
+        (2, False, {"launch_bounds": (256, 2)}, 3)
     assert dataclasses.replace(q4k, row_threads=2) == TC_TILE
     assert tc_tile(T.Q8_0) == TC_TILE and tc_tile(T.Q6_K) == TC_TILE
     with pytest.raises(ValueError, match="row_threads"):
