@@ -306,6 +306,8 @@ else:
         return ldsm
 
     ldsm_x4 = _ldsm("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "A/B fragments")
+    ldsm_x4_trans = _ldsm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                          "transposed fragments (e.g. V)")
 
     # Addressed forms for hot loops: a kernel takes an array's 32-bit shared address once
     # (`smem_u32`) and a global row's address once a tile (`gaddr`), then passes sums of those and
@@ -365,8 +367,6 @@ else:
             builder.call(asm, [d, gv, n])
             return context.get_dummy_value()
         return types.void(dst, daddr, src, g, valid), codegen
-    ldsm_x4_trans = _ldsm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
-                          "transposed fragments (e.g. V)")
 
     @intrinsic
     def cp_async16(typingctx, dst, i, src, row, col, valid):
@@ -386,37 +386,30 @@ else:
             return context.get_dummy_value()
         return types.void(dst, i, src, row, col, valid), codegen
 
-    @intrinsic
-    def cp_async_wait(typingctx):
-        """Wait for this thread's cp.async copies (the block barrier then publishes them)."""
-        def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_all;",
-                               "~{memory}", side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
-        return types.void(), codegen
+    def _void_asm(ptx: str, doc: str):
+        """An intrinsic () -> None issuing one PTX instruction that orders memory."""
+        @intrinsic
+        def op(typingctx):
+            def codegen(context, builder, signature, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), ptx, "~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        op.__doc__ = doc
+        return op
 
-    @intrinsic
-    def cp_async_commit(typingctx):
-        """Close this thread's cp.async copies issued since the last commit into one group (an
-        empty group when there were none, so every thread's group count stays in step)."""
-        def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
-                               "~{memory}", side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
-        return types.void(), codegen
-
-    @intrinsic
-    def cp_async_wait_group1(typingctx):
-        """Wait for all but this thread's newest cp.async group: a ring keeps one step's copies
-        in flight while the step before it is consumed."""
-        def codegen(context, builder, signature, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.wait_group 1;",
-                               "~{memory}", side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
-        return types.void(), codegen
+    cp_async_wait = _void_asm(
+        "cp.async.wait_all;",
+        "Wait for this thread's cp.async copies (the block barrier then publishes them).")
+    cp_async_commit = _void_asm(
+        "cp.async.commit_group;",
+        "Close this thread's cp.async copies issued since the last commit into one group (an "
+        "empty group when there were none, so every thread's group count stays in step).")
+    cp_async_wait_group1 = _void_asm(
+        "cp.async.wait_group 1;",
+        "Wait for all but this thread's newest cp.async group: a ring keeps one step's copies "
+        "in flight while the step before it is consumed.")
 
     @intrinsic
     def h2_sub_fma(typingctx, w, sub, scale, add):
