@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .launch import as_u32
-from .matmul_tiles import (FMA_TILE, K_STEP, FmaTile, TcTile, fma_kernel,
-                           n_col_blocks, tc_kernel, tc_tile)
+from .matmul_fma import fma_kernel
+from .matmul_tiles import FMA_TILE, K_STEP, FmaTile, TcTile, n_col_blocks, tc_kernel, tc_tile
 from .matmul_loads import split_loader
 from .qformats import get_format
 from .route import Routing

@@ -7,12 +7,14 @@ decoder) and stages the BM activation rows, then multiplies the two tiles.
 
 Two bodies share the tile machinery:
 * tensor cores (`tc_kernel`): tiles held as f16 pairs, fragments read with `ldmatrix`, warps
-  issue `mma.sync.m16n8k16` with f32 accumulators; two shared-memory buffers, one barrier per k
-  step: step k+1's f16 activations (cp.async) and weight words (a format's split loader,
+  issue `mma.sync.m16n8k16` with f32 accumulators; two shared-memory buffers (or a ring of
+  three activation stages, `TcTile.a_stages`), one barrier per k step, every shared and global
+  address made once a thread (the loop adds stage offsets and constants): step k+1's f16 activations (cp.async) and weight words (a format's split loader,
   `matmul_loads`) are requested before step k's MMAs and decoded after them, so memory latency
   and dequantization overlap the tensor-core work; a tile's settings by weight format
   (`tc_tile`: threads per weight row, MMAs of 16-row tiles past a group's end skipped);
-* FMA (`fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback path.
+* FMA (`matmul_fma.fma_kernel`): f32 tiles and a per-thread register micro-tile, the fallback
+  path.
 
 Row modes, fixed when a kernel is built:
 * grouped: the block's row tile comes from the routing schedule (tile_group, tile_m0, n_tiles);
@@ -52,8 +54,9 @@ class TcTile:
     row_threads: threads a split loader may give one weight row (1 or 2; 2 only where the block
     has the threads); skip_pad: a warp skips the MMAs of its 16-row tiles past the group's end;
     a_stages: shared-memory stages of the activation tile (2, or 3: a ring whose rows are
-    unpadded with XOR-swizzled 16-byte chunks, so three fit where two padded ones did; used where
-    f16 activations are copied by cp.async and read by ldmatrix at 32-value steps, else 2).
+    unpadded with XOR-swizzled 16-byte chunks, so three fit a block's 48 KiB beside B's two
+    buffers; used where f16 activations are copied by cp.async and read by ldmatrix at 32-value
+    steps, else 2).
     """
 
     bm: int
@@ -137,6 +140,9 @@ class FmaTile:
 # issuing them all measured faster in all three formats tried, at either row_threads:
 # Q8_0 94.2 against 81.5 TFLOP/s (two threads a row), Q6_K 93.5 against 77.4, Q4_K 124.5
 # against 111.4 (one thread a row).
+# Three activation stages: 5% faster in every split-loader format once the loop's addresses were
+# made once a thread (Q4_K gate/up 0.99 against 1.04 ms, down 0.59 against 0.62; Q8_0 132.2
+# against 126.2 TFLOP/s: 2026-12-03_gemm_anatomy_v3.json, _kernels_prefill_addressed.json).
 TC_TILE = TcTile(bm=128, bn=128, warps_m=2, warps_n=4, min_blocks=2, skip_pad=False, a_stages=3)
 # The default tile's settings by weight format, measured on the H200: Q4_K's split loader runs
 # fastest with one thread per weight row (bounded: 124.5 against 121.4 TFLOP/s at two;
@@ -535,105 +541,6 @@ def tc_kernel(dq32, *, tile: TcTile, x_half: bool, grouped: bool, gather: bool, 
                 finish(x, arow, sA, wbuf, boff, vals, raw, sB, buf ^ 1, kt + 1, tid, adr, ga)
             cuda.syncthreads()
         epilogue(out, acc, nb, m0, row0, count, n_out, wm, wn, lane)
-
-    return kernel
-
-
-def fma_kernel(dq32, *, tile: FmaTile, grouped: bool, gather: bool, swiglu: bool):
-    """Build the f32 FMA GEMM kernel (same arguments as `tc_kernel`; x f32 or f16, out f32)."""
-    BM, BN, TX, TY = tile.bm, tile.bn, tile.threads_n, tile.threads_m
-    NTHREADS = tile.threads
-    TM, TN = BM // TY, BN // TX
-    HALF_TN = TN // 2
-    SK = K_STEP + 1  # padded shared row: column reads by consecutive threads hit distinct banks
-    A_ITERS, ROW_STEP = BM * K_STEP // NTHREADS, NTHREADS // K_STEP
-    B_ITERS = (BN + NTHREADS - 1) // NTHREADS
-    COLS = BN // 2 if swiglu else BN
-    SH_A, SH_B, N_ACC = BM * SK, BN * SK, TM * TN
-
-    @cuda.jit
-    def kernel(x, wbuf, base0, base1, row_bytes, n_out, k_dim, group_off, perm, k_top,
-               tile_group, tile_m0, n_tiles, n_rows, out):
-        tid = cuda.threadIdx.x
-        nb = cuda.blockIdx.x
-        slot = cuda.blockIdx.y
-        if grouped:
-            if slot >= n_tiles[0]:
-                return
-            grp = tile_group[slot]
-            m0 = tile_m0[slot]
-            row0 = group_off[grp]
-            count = group_off[grp + 1] - row0
-        else:
-            grp = 0
-            m0 = slot * BM
-            row0 = 0
-            count = n_rows
-        sA = cuda.shared.array(SH_A, float32)
-        sB = cuda.shared.array(SH_B, float32)
-        acc = cuda.local.array(N_ACC, float32)
-        a = cuda.local.array(TM, float32)
-        b = cuda.local.array(TN, float32)
-        arow = cuda.local.array(A_ITERS, int64)
-        boff = cuda.local.array(B_ITERS, int64)
-        for i in range(N_ACC):
-            acc[i] = float32(0.0)
-        for i in range(A_ITERS):
-            m = m0 + tid // K_STEP + i * ROW_STEP
-            arow[i] = -1
-            if m < count:
-                arow[i] = perm[row0 + m] // k_top if gather else row0 + m
-        for i in range(B_ITERS):
-            r = tid + i * NTHREADS
-            if swiglu:
-                second = r >= COLS
-                f = nb * COLS + (r - COLS if second else r)
-            else:
-                second = False
-                f = nb * COLS + r
-            base = base1[grp] if second else base0[grp]
-            boff[i] = base + f * row_bytes if f < n_out else -1
-        tx, ty = tid % TX, tid // TX
-        ac = tid % K_STEP
-        for kt in range(k_dim // K_STEP):
-            for i in range(A_ITERS):
-                r = tid // K_STEP + i * ROW_STEP
-                v = float32(0.0)
-                if arow[i] >= 0:
-                    v = float32(x[arow[i], kt * K_STEP + ac])
-                sA[r * SK + ac] = v
-            for i in range(B_ITERS):
-                r = tid + i * NTHREADS
-                if r < BN:
-                    if boff[i] >= 0:
-                        dq32(wbuf, boff[i], kt, sB, r * SK)
-                    else:
-                        for w in range(K_STEP):
-                            sB[r * SK + w] = float32(0.0)
-            cuda.syncthreads()
-            for kk in range(K_STEP):
-                for i in range(TM):
-                    a[i] = sA[(ty + i * TY) * SK + kk]
-                for j in range(TN):
-                    b[j] = sB[(tx + j * TX) * SK + kk]
-                for i in range(TM):
-                    for j in range(TN):
-                        acc[i * TN + j] += a[i] * b[j]
-            cuda.syncthreads()
-        for i in range(TM):
-            m = m0 + ty + i * TY
-            if m < count:
-                pos = row0 + m
-                if swiglu:
-                    for j in range(HALF_TN):
-                        col = nb * COLS + tx + j * TX
-                        if col < n_out:
-                            out[pos, col] = silu_mul(acc[i * TN + j], acc[i * TN + j + HALF_TN])
-                else:
-                    for j in range(TN):
-                        col = nb * COLS + tx + j * TX
-                        if col < n_out:
-                            out[pos, col] = acc[i * TN + j]
 
     return kernel
 
