@@ -188,15 +188,37 @@ def _gaddr_sim(arr, row, col):
     return int(row) * arr.strides[0] + int(col) * arr.strides[1]
 
 
+def _gaddr1_sim(arr, i):
+    return int(i) * arr.strides[0]
+
+
 def _ldsm_x4_at_sim(arr, addr):
     return ldsm_x4(arr, int(addr) // 4)
 
 
+def _ldsm_x4_trans_at_sim(arr, addr):
+    return ldsm_x4_trans(arr, int(addr) // 4)
+
+
 def _cp_async16_at_sim(dst, daddr, src, gaddr, valid):
     i, g = int(daddr) // 4, int(gaddr)
+    if src.ndim == 1:  # a byte array (gaddr1): four little-endian words from byte g
+        b = [int(src[g + k]) if valid else 0 for k in range(16)] if src.itemsize == 1 else None
+        if b is None:
+            raise TypeError("the simulator's cp_async16_at reads 1-d arrays of bytes only")
+        for w in range(4):
+            dst[i + w] = np.uint32(b[4 * w] | b[4 * w + 1] << 8 | b[4 * w + 2] << 16
+                                   | b[4 * w + 3] << 24)
+        return
     row, col = g // src.strides[0], (g % src.strides[0]) // src.strides[1]
     for w in range(4):
         dst[i + w] = src[row, col + w] if valid else np.uint32(0)
+
+
+def _syncwarp_sim():
+    """A barrier of the simulated warp's 32 lanes (the simulator has no `syncwarp`)."""
+    ex, lane = _warp_exchange()
+    ex.run(lane, 0, list)
 
 
 def _cp_async_commit_sim():  # the simulator's copies complete at once: groups are no-ops
@@ -258,12 +280,15 @@ if SIMULATED:
     cp_async_commit = _cp_async_commit_sim
     smem_u32 = _smem_u32_sim
     gaddr = _gaddr_sim
+    gaddr1 = _gaddr1_sim
     ldsm_x4_at = _ldsm_x4_at_sim
+    ldsm_x4_trans_at = _ldsm_x4_trans_at_sim
     cp_async16_at = _cp_async16_at_sim
     cp_async_wait_group1 = _cp_async_wait_group1_sim
     h2_sub_fma = _h2_sub_fma_sim
     h2_sub = _h2_sub_sim
     shfl_idx = _shfl_idx_sim
+    syncwarp = _syncwarp_sim
 else:
     from llvmlite import ir
     from numba import cuda, types
@@ -335,20 +360,34 @@ else:
         return types.uint64(arr, row, col), codegen
 
     @intrinsic
-    def ldsm_x4_at(typingctx, arr, addr):
-        """ldmatrix .x4 of the row at 32-bit shared address `addr` (see ldsm_x4)."""
-        ret = types.UniTuple(types.uint32, 4)
-
+    def gaddr1(typingctx, arr, i):
+        """The generic (64-bit) address of arr[i] of a 1-d device array."""
         def codegen(context, builder, signature, args):
-            a = context.cast(builder, args[1], signature.args[1], types.uint32)
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]),
-                "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0,$1,$2,$3}, [$4];",
-                "=r,=r,=r,=r,r,~{memory}", side_effect=True)
-            res = builder.call(asm, [a])
-            return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                     for k in range(4)])
-        return ret(arr, addr), codegen
+            return _addr(context, builder, signature.args[0], args[0], [args[1]])
+        return types.uint64(arr, i), codegen
+
+    def _ldsm_at(op: str, what: str):
+        """An ldmatrix .m8n8.x4 intrinsic (`op`) of the row at a 32-bit shared address."""
+        @intrinsic
+        def ldsm_at(typingctx, arr, addr):
+            ret = types.UniTuple(types.uint32, 4)
+
+            def codegen(context, builder, signature, args):
+                a = context.cast(builder, args[1], signature.args[1], types.uint32)
+                asm = ir.InlineAsm(
+                    ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]),
+                    f"{op} {{$0,$1,$2,$3}}, [$4];", "=r,=r,=r,=r,r,~{memory}",
+                    side_effect=True)
+                res = builder.call(asm, [a])
+                return context.make_tuple(builder, ret, [builder.extract_value(res, k)
+                                                         for k in range(4)])
+            return ret(arr, addr), codegen
+        ldsm_at.__doc__ = f"{what} of the row at 32-bit shared address `addr` (see ldsm_x4)."
+        return ldsm_at
+
+    ldsm_x4_at = _ldsm_at("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix .x4")
+    ldsm_x4_trans_at = _ldsm_at("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                                "ldmatrix .x4 .trans")
 
     @intrinsic
     def cp_async16_at(typingctx, dst, daddr, src, g, valid):
@@ -492,6 +531,11 @@ else:
     def shfl_xor(value, lane_mask):
         """The value held by lane `lane ^ lane_mask` (all 32 lanes must take part)."""
         return cuda.shfl_xor_sync(0xFFFFFFFF, value, lane_mask)
+
+    @cuda.jit(device=True, inline="always")
+    def syncwarp():
+        """Barrier of the warp's 32 lanes, ordering their shared-memory accesses."""
+        cuda.syncwarp(0xFFFFFFFF)
 
     @cuda.jit(device=True, inline="always")
     def shfl_idx(value, src):

@@ -281,15 +281,31 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
-                           min_split=None, quick=False, tag="") -> dict:
+                           min_split=None, quick=False, tag="", tc=None,
+                           min_blocks=None) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
     the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
     without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
     gives the fixed split of max_split keys the kernels used before the split followed the
-    length); min_split: the shortest split (default: the launcher's)."""
-    from strata.cuda_kernels import attention, attention_wide
+    length); min_split: the shortest split (default: the launcher's). tc: the tensor-core
+    kernel ("stream" or "wide"; default `attention.TC_KERNEL`); min_blocks: the streaming
+    kernel's launch bounds (default its own)."""
+    from strata.cuda_kernels import attention
+    saved = attention.TC_KERNEL
+    attention.TC_KERNEL = tc or saved
+    try:
+        return _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split,
+                                       n_target, variant, n_layer, min_split, quick, tag,
+                                       min_blocks)
+    finally:
+        attention.TC_KERNEL = saved
+
+
+def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_target, variant,
+                            n_layer, min_split, quick, tag, min_blocks) -> dict:
+    from strata.cuda_kernels import attention, attention_stream, attention_wide
     from strata.plan import attn_split
     cuda = _cuda()
     rng = np.random.default_rng(2)
@@ -306,8 +322,12 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    if variant == "tc_nolb":
+    direct = variant == "tc_nolb" or min_blocks is not None
+    if variant == "tc_nolb" and attention.TC_KERNEL == "wide":
         kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
+    elif direct:
+        kern = attention_stream.stream_kernel(hd, group, max_split, min_split,
+                                              0 if variant == "tc_nolb" else min_blocks)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
                                        wide=False if variant == "generic" else None,
@@ -317,7 +337,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
 
     def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
-            if variant == "tc_nolb":
+            if direct:
                 kern[(n_kv, n_split), attention.THREADS, s](
                     q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
@@ -330,7 +350,8 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
-    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
+    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "tc": attention.TC_KERNEL,
+            "n_ctx": n_ctx,
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
@@ -393,10 +414,11 @@ def _prefill_attn(quick, **kw):
     return bench_prefill_attention(quick=quick, **kw)
 
 
-def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16"):
+def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16",
+                    **knobs):
     return bench_decode_attention(fmt=fmt, n_ctx=n_ctx, length=length, n_target=n_target,
                                   n_layer=48 if n_ctx <= 4096 else 2, min_split=min_split,
-                                  quick=quick, tag=tag)
+                                  quick=quick, tag=tag, **knobs)
 
 
 def _moe_tile(quick, *, ggml_type, **flags):
@@ -455,6 +477,13 @@ ENTRIES = {
         fmt=fmt, tag=f"_{name}_m{m}")
        for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
        for m in (16, 64, 128)},
+    # the tensor-core kernels side by side at the D1 shape, a full 4K cache and 32K: the
+    # streaming kernel at its launch bounds and at others, and the two-pass kernel before it
+    **{f"decode_attn_f16_{name}_{tc}{'' if lb is None else f'_lb{lb}'}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), tc=tc,
+        min_blocks=lb, tag=f"_{name}_{tc}{'' if lb is None else f'_lb{lb}'}")
+       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
+       for tc, lb in (("stream", None), ("stream", 3), ("stream", 0), ("wide", None))},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

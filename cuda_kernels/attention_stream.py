@@ -1,0 +1,305 @@
+"""Decode attention for an f16 KV cache on tensor cores, streaming K and V with an online softmax.
+
+Same contract, arguments and partial outputs as `attention._split_kernel` (pass 1 of
+flash-decoding; `attention._combine` merges the splits; the split length follows the live
+length on the device, `strata.plan.attn_split.split_len`), for f16 K and V, head_dim 64 or 128
+and a GQA group of at most 8 query heads (one mma n-tile).
+
+Why: the two-pass tensor-core kernel before it (`attention_wide`) scored all of a split's keys,
+took the softmax statistics, then read V: each warp had one 16-key tile in flight at a time, K
+and V one after the other, with the block's barriers between the passes, and all blocks of a
+long context ran in step (one wave). A 600-key layer took 7.8 us in pass 1 for 1.2 MB, and 32K
+keys 2.21 TB/s, 49% of the read ceiling. Here each warp streams its tiles (16 keys, tiles
+warp, warp + WARPS, ...) through its own two shared-memory slots with `cp.async`: the K and V
+rows of a tile are requested together, the next tile's K as soon as this tile's scores are
+taken, its V as soon as this tile's P V is done, and the softmax is online (running max and sum
+per query head, the output rescaled when the max grows), so there is no score buffer, no pass
+barrier, and no limit on the split length from shared memory.
+
+Per tile, warp-private (`mma.sync.m16n8k16`, f16 inputs, f32 accumulation):
+* scores S[key, head] = K[key, :] . Q[head, :]: A = the K tile by `ldmatrix` (rows = keys),
+  B = Q^T held in registers. c0, c1: key g, heads 2t, 2t+1; c2, c3: key g + 8.
+* O^T[dim, head] += V^T[dim, key] . P^T[key, head]: A = the V tile by `ldmatrix .trans`, B = P^T
+  from the scores transposed through 640 bytes of shared memory. The accumulator of m-tile i
+  holds dims 16i + g (+ 8) of heads 2t, 2t + 1: the heads whose statistics the lane already has.
+The slots hold rows of 16-byte chunks XOR-swizzled by the row's low 3 bits, so `ldmatrix` reads
+and the copies are free of bank conflicts. Keys past the split's valid length are copied as
+zeros (not read) and get probability 0.
+
+Accuracy stays at f32 level: K and V are f16 already (exact in the mma); Q and P are split into
+f16 hi + lo parts (x = hi + lo to ~2^-22 relative) and multiplied twice. Q * scale must be within
+the f16 range (|q| / sqrt(head_dim) < 65504). At the end the block's warps merge their
+statistics and outputs in shared memory (the slots, reused) in warp order: the result does not
+depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32, uint64
+
+from strata.plan import attn_split
+
+from .intrinsics import SIMULATED, f2u, u2f
+from .launch import MAX_SHARED_BYTES, factory_cache
+from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
+                  half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
+                  shfl_xor, smem_u32, syncwarp)
+
+WARPS = 4
+THREADS = 32 * WARPS
+TILE = 16                 # keys per warp tile (the mma's m for scores, k for P V)
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 8             # query heads per KV head: one mma n-tile
+MIN_BLOCKS = 4            # resident blocks per SM asked of ptxas (launch bounds; 0: none)
+PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
+RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
+NEG_INF = float32(-np.inf)
+_split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
+
+
+def ring_words(head_dim: int) -> int:
+    """u32 words of the block's slots: a K and a V tile per warp."""
+    return WARPS * 2 * TILE * 2 * head_dim // 4
+
+
+def shared_bytes(head_dim: int) -> int:
+    """Static shared memory of the kernel: the slots, the P transposes [WARPS, 8, PS] and the
+    merge's statistics [WARPS, 8, 2], 4 bytes each."""
+    return 4 * (ring_words(head_dim) + WARPS * MAX_GROUP * PS + WARPS * MAX_GROUP * 2)
+
+
+def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
+    """Whether this kernel handles the case (any longest split that is a multiple of a tile)."""
+    return (k_fmt == "f16" and v_fmt == "f16" and head_dim in HEAD_DIMS
+            and 1 <= group <= MAX_GROUP and max_split % TILE == 0 and max_split > 0
+            and shared_bytes(head_dim) <= MAX_SHARED_BYTES)
+
+
+def jit_options(min_blocks: int) -> dict:
+    """Compile options of the kernel (also recorded in the PTX registry for ahead-of-time builds)."""
+    return {"launch_bounds": (THREADS, min_blocks)} if min_blocks else {}
+
+
+@cuda.jit(device=True, inline="always")
+def _split_pair(x0, x1):
+    """(hi, lo) f16x2 words with x = hi + lo to ~2^-22 relative."""
+    hi = pack_half2(x0, x1)
+    return hi, pack_half2(x0 - half2_lo(hi), x1 - half2_hi(hi))
+
+
+@cuda.jit(device=True, inline="always")
+def _max_over_g(v):
+    """Max over the 8 lanes of a warp with the same t = lane & 3."""
+    v = max(v, shfl_xor(v, 4))
+    v = max(v, shfl_xor(v, 8))
+    return max(v, shfl_xor(v, 16))
+
+
+@cuda.jit(device=True, inline="always")
+def _sum_over_g(v):
+    v += shfl_xor(v, 4)
+    v += shfl_xor(v, 8)
+    return v + shfl_xor(v, 16)
+
+
+@factory_cache
+def stream_kernel(head_dim: int, group: int, max_split: int,
+                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS):
+    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
+    least min(min_split, max_split) and at most max_split keys, as the launcher's rule makes
+    them (any length: there is no shared score buffer)."""
+    if not supports("f16", "f16", head_dim, group, max_split):
+        raise ValueError(f"streaming decode attention: head_dim {head_dim}, group {group}, "
+                         f"longest split {max_split} not supported")
+    MAX_SPLIT, MIN_SPLIT = max_split, min_split
+    ROW = 2 * head_dim        # bytes of one cache row
+    SLOT = TILE * ROW         # bytes of one tile
+    CH = head_dim // 8        # 16-byte chunks of a row
+    RSTEP = 32 // CH          # rows one copy instruction of the warp covers
+    NC = TILE // RSTEP        # copies per lane per tile
+    N_CH = head_dim // 16     # k-chunks of the score mma = m-tiles of P V
+    N_ACC = 4 * N_CH          # P V accumulators per lane
+    N_QW = 2 * N_CH           # words of a lane's Q^T fragments (hi or lo)
+    N_RING, N_P, N_ML = ring_words(head_dim), WARPS * MAX_GROUP * PS, WARPS * MAX_GROUP * 2
+    N_OUT = group * head_dim
+
+    @cuda.jit(device=True, inline="always")
+    def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
+        # this lane's NC chunks of the tile's rows key0.. (chunk lane % CH of rows r0 + RSTEP*j)
+        # into the slot, swizzled; rows past the split are zero-filled and not read
+        col = lane % CH
+        for j in range(NC):
+            row = r0 + RSTEP * j
+            key = min(key0 + row, n_keys - 1)
+            cp_async16_at(ring, slot + row * ROW + ((col ^ (row & 7)) << 4), src,
+                          g_src + uint32(key) * kstride, key0 + row < n_keys)
+
+    @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
+        hk, split = cuda.blockIdx.x, cuda.blockIdx.y
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        g, t = lane >> 2, lane & 3
+        n_kv = q.shape[0] // group
+        length = min(seq_len[0] + n_new, n_ctx)
+        split_len = _split_len(length, n_target, MAX_SPLIT, MIN_SPLIT)
+        k0 = int32(split * split_len)
+        n_keys = int32(min(split_len, length - k0))
+        if n_keys <= 0:
+            return
+        ring = cuda.shared.array(N_RING, uint32)    # [WARPS, K|V, TILE, ROW] f16, swizzled
+        s_p = cuda.shared.array(N_P, float32)       # [WARPS, 8 heads, PS] P of a tile
+        s_ml = cuda.shared.array(N_ML, float32)     # [WARPS, 8 heads, max | sum]
+        qhi = cuda.local.array(N_QW, uint32)
+        qlo = cuda.local.array(N_QW, uint32)
+        acc = cuda.local.array(N_ACC, float32)
+        n_tiles = (n_keys + TILE - 1) // TILE
+        base_s = smem_u32(ring)
+        k_slot = base_s + uint32(warp * 2 * SLOT)
+        v_slot = k_slot + uint32(SLOT)
+        kstride = uint32(n_kv * ROW)
+        # the global address of chunk lane % CH of key k0 + row 0 (add key * kstride)
+        lane_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % CH) * 16)
+        gk = gaddr1(kd, 0) + lane_off
+        gv = gaddr1(vd, 0) + lane_off
+        r0 = lane // CH
+        r = warp
+        if r < n_tiles:  # this warp's first tile: K and V requested together
+            issue(ring, k_slot, kd, gk, r * TILE, n_keys, kstride, r0, lane)
+            cp_async_commit()
+            issue(ring, v_slot, vd, gv, r * TILE, n_keys, kstride, r0, lane)
+        cp_async_commit()
+        # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further
+        for c in range(N_CH):
+            for h in range(2):
+                d = 16 * c + 2 * t + 8 * h
+                x0 = float32(0.0)
+                x1 = float32(0.0)
+                if g < group:
+                    x0 = q[hk * group + g, d] * qk_scale
+                    x1 = q[hk * group + g, d + 1] * qk_scale
+                hi, lo = _split_pair(x0, x1)
+                qhi[2 * c + h] = hi
+                qlo[2 * c + h] = lo
+        for i in range(N_ACC):
+            acc[i] = float32(0.0)
+        m0 = NEG_INF      # running max of heads 2t, 2t + 1 (the same in the 8 lanes of a t)
+        m1 = NEG_INF
+        l0 = float32(0.0)  # running sums of this lane's keys
+        l1 = float32(0.0)
+        # ldmatrix rows: K (keys (l & 7) + 8 ((l >> 3) & 1), chunk 2c + (l >> 4)); V .trans
+        # (keys (l & 7) + 8 (l >> 4), chunk 2i + ((l >> 3) & 1)); the swizzle XORs the chunk
+        # with the key's low 3 bits, (l & 7)
+        sw = lane & 7
+        k_row = k_slot + uint32((sw + 8 * ((lane >> 3) & 1)) * ROW)
+        k_x = (lane >> 4) ^ sw
+        v_row = v_slot + uint32((sw + 8 * (lane >> 4)) * ROW)
+        v_x = ((lane >> 3) & 1) ^ sw
+        pw = warp * MAX_GROUP * PS
+        while r < n_tiles:
+            base = r * TILE
+            cp_async_wait_group1()  # this tile's K (its V may still be in flight)
+            syncwarp()
+            c0 = c1 = c2 = c3 = float32(0.0)
+            for c in range(N_CH):
+                a0, a1, a2, a3 = ldsm_x4_at(ring, k_row + uint32(((2 * c) ^ k_x) << 4))
+                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, qhi[2 * c], qhi[2 * c + 1],
+                                           c0, c1, c2, c3)
+                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, qlo[2 * c], qlo[2 * c + 1],
+                                           c0, c1, c2, c3)
+            syncwarp()  # every lane has read the K slot: the next tile's K may land
+            nxt = r + WARPS
+            if nxt < n_tiles:
+                issue(ring, k_slot, kd, gk, nxt * TILE, n_keys, kstride, r0, lane)
+            cp_async_commit()
+            # online softmax: keys g (c0, c1) and g + 8 (c2, c3) of heads 2t, 2t + 1
+            if base + g >= n_keys:
+                c0 = c1 = NEG_INF
+            if base + g + 8 >= n_keys:
+                c2 = c3 = NEG_INF
+            n0 = max(m0, _max_over_g(max(c0, c2)))  # finite: the tile's key 0 is valid
+            n1 = max(m1, _max_over_g(max(c1, c3)))
+            al0 = math.exp(m0 - n0)
+            al1 = math.exp(m1 - n1)
+            m0, m1 = n0, n1
+            p0, p2 = math.exp(c0 - n0), math.exp(c2 - n0)
+            p1, p3 = math.exp(c1 - n1), math.exp(c3 - n1)
+            l0 = l0 * al0 + p0 + p2
+            l1 = l1 * al1 + p1 + p3
+            for i in range(N_CH):
+                acc[4 * i] *= al0
+                acc[4 * i + 1] *= al1
+                acc[4 * i + 2] *= al0
+                acc[4 * i + 3] *= al1
+            # P^T for the B fragment (head g, keys 2t, 2t + 1 and 2t + 8, 2t + 9)
+            s_p[pw + 2 * t * PS + g] = p0
+            s_p[pw + (2 * t + 1) * PS + g] = p1
+            s_p[pw + 2 * t * PS + g + 8] = p2
+            s_p[pw + (2 * t + 1) * PS + g + 8] = p3
+            cp_async_wait_group1()  # this tile's V (the next K may still be in flight)
+            syncwarp()
+            o = pw + g * PS + 2 * t
+            b0h, b0l = _split_pair(s_p[o], s_p[o + 1])
+            b1h, b1l = _split_pair(s_p[o + 8], s_p[o + 9])
+            for i in range(N_CH):  # m-tile i: dims 16i + g, 16i + g + 8
+                a0, a1, a2, a3 = ldsm_x4_trans_at(ring, v_row + uint32(((2 * i) ^ v_x) << 4))
+                x0, x1, x2, x3 = mma_16816(a0, a1, a2, a3, b0h, b1h, acc[4 * i],
+                                           acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3])
+                x0, x1, x2, x3 = mma_16816(a0, a1, a2, a3, b0l, b1l, x0, x1, x2, x3)
+                acc[4 * i] = x0
+                acc[4 * i + 1] = x1
+                acc[4 * i + 2] = x2
+                acc[4 * i + 3] = x3
+            syncwarp()  # every lane has read the V slot and the P transpose
+            if nxt < n_tiles:
+                issue(ring, v_slot, vd, gv, nxt * TILE, n_keys, kstride, r0, lane)
+            cp_async_commit()
+            r = nxt
+        cp_async_wait()
+        # merge the warps: statistics first (rows of heads >= group are never read)
+        l0 = _sum_over_g(l0)
+        l1 = _sum_over_g(l1)
+        if g == 0:
+            s_ml[(warp * MAX_GROUP + 2 * t) * 2] = m0
+            s_ml[(warp * MAX_GROUP + 2 * t) * 2 + 1] = l0
+            s_ml[(warp * MAX_GROUP + 2 * t + 1) * 2] = m1
+            s_ml[(warp * MAX_GROUP + 2 * t + 1) * 2 + 1] = l1
+        cuda.syncthreads()  # also: every warp is done with the slots
+        big0 = NEG_INF
+        big1 = NEG_INF
+        for w in range(WARPS):
+            big0 = max(big0, s_ml[(w * MAX_GROUP + 2 * t) * 2])
+            big1 = max(big1, s_ml[(w * MAX_GROUP + 2 * t + 1) * 2])
+        sc0 = math.exp(m0 - big0)  # 0 for a warp that had no tile (its max is -inf)
+        sc1 = math.exp(m1 - big1)
+        for f in range(N_ACC):
+            ring[(warp * N_ACC + f) * RED_ROW + lane] = f2u(acc[f] * (sc0 if f % 2 == 0 else sc1))
+        if warp == 0 and g == 0:
+            for j in range(2):
+                h = 2 * t + j
+                big = big0 if j == 0 else big1
+                if h < group:
+                    tot = float32(0.0)
+                    for w in range(WARPS):
+                        mw = s_ml[(w * MAX_GROUP + h) * 2]
+                        tot += s_ml[(w * MAX_GROUP + h) * 2 + 1] * math.exp(mw - big)
+                    part_ml[split, hk * group + h, 0] = big
+                    part_ml[split, hk * group + h, 1] = tot
+        cuda.syncthreads()
+        # output (head h, dim d) is fragment f = 4 (d >> 4) + 2 ((d >> 3) & 1) + (h & 1) of
+        # lane 4 (d & 7) + (h >> 1); summed over the warps in warp order
+        o = tid
+        while o < N_OUT:
+            h = o // head_dim
+            d = o - h * head_dim
+            at = (4 * (d >> 4) + 2 * ((d >> 3) & 1) + (h & 1)) * RED_ROW + 4 * (d & 7) + (h >> 1)
+            v = u2f(ring[at])
+            for w in range(1, WARPS):
+                v += u2f(ring[w * N_ACC * RED_ROW + at])
+            part_o[split, hk * group + h, d] = v
+            o += THREADS
+
+    return kernel
