@@ -238,31 +238,53 @@ def _block_reduce(v, is_max, s_red, warp, lane):
     return v
 
 
+COMBINE_EARLY = 16  # partial outputs a thread loads before the reductions (128 splits: 32K keys)
+
+
 @cuda.jit
 def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_split, out):
     """Block (head, 32-dim slice): merge the used splits (their count derived from the length
     as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
-    hundreds of splits was the slowest part of decode)."""
+    hundreds of splits was the slowest part of decode). Every load is issued first: a
+    thread's split statistics and its share of the first COMBINE_EARLY * COMBINE_WARPS splits'
+    outputs (in registers), so the merge waits on one memory latency, not one per step."""
     h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
     s_w = cuda.shared.array(MAX_SPLITS, float32)
     s_red = cuda.shared.array(COMBINE_THREADS, float32)
+    early = cuda.local.array(COMBINE_EARLY, float32)
     length = min(seq_len[0] + n_new, n_ctx)
     split_len = _split_len(length, n_target, max_split, min_split)
     n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
-    m = NEG_INF
-    for s in range(tid, n_used, COMBINE_THREADS):
+    m_own = NEG_INF
+    l_own = float32(0.0)
+    if tid < n_used:
+        m_own = part_ml[tid, h, 0]
+        l_own = part_ml[tid, h, 1]
+    for i in range(COMBINE_EARLY):
+        s = warp + COMBINE_WARPS * i
+        early[i] = part_o[s, h, d] if s < n_used else float32(0.0)
+    m = m_own
+    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
         m = max(m, part_ml[s, h, 0])
     m = _block_reduce(m, True, s_red, warp, lane)
     den = float32(0.0)
-    for s in range(tid, n_used, COMBINE_THREADS):
+    if tid < n_used:
+        w = math.exp(m_own - m)
+        s_w[tid] = w
+        den = w * l_own
+    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
         w = math.exp(part_ml[s, h, 0] - m)
         s_w[s] = w
         den += w * part_ml[s, h, 1]
     den = _block_reduce(den, False, s_red, warp, lane)  # its barriers also publish s_w
     acc = float32(0.0)
-    for s in range(warp, n_used, COMBINE_WARPS):
+    for i in range(COMBINE_EARLY):
+        s = warp + COMBINE_WARPS * i
+        if s < n_used:
+            acc += s_w[s] * early[i]
+    for s in range(warp + COMBINE_WARPS * COMBINE_EARLY, n_used, COMBINE_WARPS):
         acc += s_w[s] * part_o[s, h, d]
     s_red[warp * 32 + lane] = acc
     cuda.syncthreads()

@@ -42,11 +42,11 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from strata.plan import attn_split
 
-from .intrinsics import SIMULATED, f2u, u2f
+from .intrinsics import SIMULATED, f2u, ld_w4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
                   half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
-                  shfl_xor, smem_u32, syncwarp)
+                  prefetch_l2, shfl_xor, smem_u32, syncwarp)
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -54,6 +54,7 @@ TILE = 16                 # keys per warp tile (the mma's m for scores, k for P 
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8             # query heads per KV head: one mma n-tile
 MIN_BLOCKS = 4            # resident blocks per SM asked of ptxas (launch bounds; 0: none)
+PREFETCH = False          # the L2 prefetch of a warp's tile after next (stream_kernel)
 PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
 RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
 NEG_INF = float32(-np.inf)
@@ -66,9 +67,10 @@ def ring_words(head_dim: int) -> int:
 
 
 def shared_bytes(head_dim: int) -> int:
-    """Static shared memory of the kernel: the slots, the P transposes [WARPS, 8, PS] and the
-    merge's statistics [WARPS, 8, 2], 4 bytes each."""
-    return 4 * (ring_words(head_dim) + WARPS * MAX_GROUP * PS + WARPS * MAX_GROUP * 2)
+    """Static shared memory of the kernel: the slots, Q^T's fragments [head_dim / 16, 32, 4],
+    the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes each."""
+    return 4 * (ring_words(head_dim) + head_dim * 8 + WARPS * MAX_GROUP * PS
+                + WARPS * MAX_GROUP * 2)
 
 
 def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
@@ -107,10 +109,13 @@ def _sum_over_g(v):
 
 @factory_cache
 def stream_kernel(head_dim: int, group: int, max_split: int,
-                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS):
+                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS,
+                  prefetch: bool = PREFETCH):
     """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
     least min(min_split, max_split) and at most max_split keys, as the launcher's rule makes
-    them (any length: there is no shared score buffer)."""
+    them (any length: there is no shared score buffer). prefetch: when a tile's K or V is
+    requested, the warp's tile after it is asked into L2 (a pipeline one tile deeper than the
+    slots hold)."""
     if not supports("f16", "f16", head_dim, group, max_split):
         raise ValueError(f"streaming decode attention: head_dim {head_dim}, group {group}, "
                          f"longest split {max_split} not supported")
@@ -122,9 +127,19 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
     NC = TILE // RSTEP        # copies per lane per tile
     N_CH = head_dim // 16     # k-chunks of the score mma = m-tiles of P V
     N_ACC = 4 * N_CH          # P V accumulators per lane
-    N_QW = 2 * N_CH           # words of a lane's Q^T fragments (hi or lo)
     N_RING, N_P, N_ML = ring_words(head_dim), WARPS * MAX_GROUP * PS, WARPS * MAX_GROUP * 2
+    N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_OUT = group * head_dim
+    LINES = ROW // 128        # 128-byte lines of a row (the L2 prefetch: one line a lane)
+    PREFETCH_ON = prefetch
+
+    @cuda.jit(device=True, inline="always")
+    def ahead(p_src, key0, n_keys, kstride, lane):
+        # ask L2 for line lane % LINES of row (lane // LINES) % TILE of the tile at key0
+        if PREFETCH_ON:
+            row = (lane // LINES) % TILE
+            if key0 + row < n_keys:
+                prefetch_l2(p_src + uint32(key0 + row) * kstride)
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
@@ -153,8 +168,7 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
         ring = cuda.shared.array(N_RING, uint32)    # [WARPS, K|V, TILE, ROW] f16, swizzled
         s_p = cuda.shared.array(N_P, float32)       # [WARPS, 8 heads, PS] P of a tile
         s_ml = cuda.shared.array(N_ML, float32)     # [WARPS, 8 heads, max | sum]
-        qhi = cuda.local.array(N_QW, uint32)
-        qlo = cuda.local.array(N_QW, uint32)
+        s_q = cuda.shared.array(N_Q, uint32)        # B fragments of Q^T, read once a tile
         acc = cuda.local.array(N_ACC, float32)
         n_tiles = (n_keys + TILE - 1) // TILE
         base_s = smem_u32(ring)
@@ -165,15 +179,23 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
         lane_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % CH) * 16)
         gk = gaddr1(kd, 0) + lane_off
         gv = gaddr1(vd, 0) + lane_off
+        p_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % LINES) * 128)
+        pk = gaddr1(kd, 0) + p_off
+        pv = gaddr1(vd, 0) + p_off
         r0 = lane // CH
         r = warp
         if r < n_tiles:  # this warp's first tile: K and V requested together
             issue(ring, k_slot, kd, gk, r * TILE, n_keys, kstride, r0, lane)
             cp_async_commit()
             issue(ring, v_slot, vd, gv, r * TILE, n_keys, kstride, r0, lane)
+            ahead(pk, (r + WARPS) * TILE, n_keys, kstride, lane)
+            ahead(pv, (r + WARPS) * TILE, n_keys, kstride, lane)
         cp_async_commit()
-        # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further
-        for c in range(N_CH):
+        # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further;
+        # warp w makes chunks w, w + WARPS, ... for the block (in shared memory rather than 32
+        # registers a lane, which left the kernel spilling at 128 registers)
+        c = warp
+        while c < N_CH:
             for h in range(2):
                 d = 16 * c + 2 * t + 8 * h
                 x0 = float32(0.0)
@@ -182,8 +204,10 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
                     x0 = q[hk * group + g, d] * qk_scale
                     x1 = q[hk * group + g, d + 1] * qk_scale
                 hi, lo = _split_pair(x0, x1)
-                qhi[2 * c + h] = hi
-                qlo[2 * c + h] = lo
+                s_q[(c * 32 + lane) * 4 + h] = hi
+                s_q[(c * 32 + lane) * 4 + 2 + h] = lo
+            c += WARPS
+        cuda.syncthreads()
         for i in range(N_ACC):
             acc[i] = float32(0.0)
         m0 = NEG_INF      # running max of heads 2t, 2t + 1 (the same in the 8 lanes of a t)
@@ -206,14 +230,14 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             c0 = c1 = c2 = c3 = float32(0.0)
             for c in range(N_CH):
                 a0, a1, a2, a3 = ldsm_x4_at(ring, k_row + uint32(((2 * c) ^ k_x) << 4))
-                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, qhi[2 * c], qhi[2 * c + 1],
-                                           c0, c1, c2, c3)
-                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, qlo[2 * c], qlo[2 * c + 1],
-                                           c0, c1, c2, c3)
+                bh0, bh1, bl0, bl1 = ld_w4(s_q, (c * 32 + lane) * 4)
+                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bh0, bh1, c0, c1, c2, c3)
+                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
             syncwarp()  # every lane has read the K slot: the next tile's K may land
             nxt = r + WARPS
             if nxt < n_tiles:
                 issue(ring, k_slot, kd, gk, nxt * TILE, n_keys, kstride, r0, lane)
+                ahead(pk, (nxt + WARPS) * TILE, n_keys, kstride, lane)
             cp_async_commit()
             # online softmax: keys g (c0, c1) and g + 8 (c2, c3) of heads 2t, 2t + 1
             if base + g >= n_keys:
@@ -256,6 +280,7 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             syncwarp()  # every lane has read the V slot and the P transpose
             if nxt < n_tiles:
                 issue(ring, v_slot, vd, gv, nxt * TILE, n_keys, kstride, r0, lane)
+                ahead(pv, (nxt + WARPS) * TILE, n_keys, kstride, lane)
             cp_async_commit()
             r = nxt
         cp_async_wait()

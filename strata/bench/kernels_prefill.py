@@ -282,7 +282,7 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
                            min_split=None, quick=False, tag="", tc=None,
-                           min_blocks=None) -> dict:
+                           min_blocks=None, prefetch=None) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
@@ -290,21 +290,21 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
     gives the fixed split of max_split keys the kernels used before the split followed the
     length); min_split: the shortest split (default: the launcher's). tc: the tensor-core
-    kernel ("stream" or "wide"; default `attention.TC_KERNEL`); min_blocks: the streaming
-    kernel's launch bounds (default its own)."""
+    kernel ("stream" or "wide"; default `attention.TC_KERNEL`); min_blocks, prefetch: the
+    streaming kernel's launch bounds and L2 prefetch (default its own)."""
     from strata.cuda_kernels import attention
     saved = attention.TC_KERNEL
     attention.TC_KERNEL = tc or saved
     try:
         return _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split,
                                        n_target, variant, n_layer, min_split, quick, tag,
-                                       min_blocks)
+                                       min_blocks, prefetch)
     finally:
         attention.TC_KERNEL = saved
 
 
 def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_target, variant,
-                            n_layer, min_split, quick, tag, min_blocks) -> dict:
+                            n_layer, min_split, quick, tag, min_blocks, prefetch) -> dict:
     from strata.cuda_kernels import attention, attention_stream, attention_wide
     from strata.plan import attn_split
     cuda = _cuda()
@@ -322,12 +322,14 @@ def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_t
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    direct = variant == "tc_nolb" or min_blocks is not None
+    direct = variant == "tc_nolb" or min_blocks is not None or prefetch is not None
     if variant == "tc_nolb" and attention.TC_KERNEL == "wide":
         kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
     elif direct:
+        lb = attention_stream.MIN_BLOCKS if min_blocks is None else min_blocks
+        pf = attention_stream.PREFETCH if prefetch is None else prefetch
         kern = attention_stream.stream_kernel(hd, group, max_split, min_split,
-                                              0 if variant == "tc_nolb" else min_blocks)
+                                              0 if variant == "tc_nolb" else lb, pf)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
                                        wide=False if variant == "generic" else None,
@@ -478,12 +480,17 @@ ENTRIES = {
        for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
        for m in (16, 64, 128)},
     # the tensor-core kernels side by side at the D1 shape, a full 4K cache and 32K: the
-    # streaming kernel at its launch bounds and at others, and the two-pass kernel before it
-    **{f"decode_attn_f16_{name}_{tc}{'' if lb is None else f'_lb{lb}'}": functools.partial(
+    # streaming kernel at its launch bounds and at others, with the L2 prefetch, and the
+    # two-pass kernel before it
+    **{f"decode_attn_f16_{name}_{tc}{knob}": functools.partial(
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), tc=tc,
-        min_blocks=lb, tag=f"_{name}_{tc}{'' if lb is None else f'_lb{lb}'}")
+        tag=f"_{name}_{tc}{knob}", **kw)
        for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for tc, lb in (("stream", None), ("stream", 3), ("stream", 0), ("wide", None))},
+       for tc, knob, kw in (("stream", "", {}), ("stream", "_lb5", {"min_blocks": 5}),
+                            ("stream", "_lb0", {"min_blocks": 0}),
+                            ("stream", "_pf", {"prefetch": True}),
+                            ("stream", "_lb5_pf", {"min_blocks": 5, "prefetch": True}),
+                            ("wide", "", {}))},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

@@ -224,11 +224,14 @@ def test_decode_attention_split_floor():
 
 def test_combine_merges_the_used_splits():
     """The second pass alone on random partials, against numpy: the splits a length uses (one,
-    a few, more than a warp's 32, more than two warps' worth), partials past them NaN (a merge
-    reading past the used splits would show)."""
+    a few, more than a warp's 32, more than two warps' worth, more than the outputs loaded
+    before the reductions (COMBINE_EARLY a warp), more than a thread each), partials past them
+    NaN (a merge reading past the used splits would show)."""
     rng = np.random.default_rng(12)
-    n_head, hd, n_split, n_ctx = 2, 64, 80, 80 * 16
-    for n_used in (1, 5, 33, 70):
+    n_head, hd, n_split = 2, 32, 300
+    n_ctx = n_split * 16
+    assert attention.COMBINE_EARLY * attention.COMBINE_WARPS < 129
+    for n_used in (1, 5, 33, 70, 129, 290):
         ml = np.full((n_split, n_head, 2), np.nan, np.float32)
         po = np.full((n_split, n_head, hd), np.nan, np.float32)
         ml[:n_used, :, 0] = rng.normal(0, 4, (n_used, n_head))  # split maxima far apart
@@ -236,11 +239,11 @@ def test_combine_merges_the_used_splits():
         po[:n_used] = rng.standard_normal((n_used, n_head, hd))
         w = np.exp(ml[:n_used, :, 0] - ml[:n_used, :, 0].max(0))  # [n_used, n_head]
         want = (w[:, :, None] * po[:n_used]).sum(0) / (w * ml[:n_used, :, 1]).sum(0)[:, None]
-        # splits of 16 keys aimed at n_ctx / 16 = 80: length 16 * n_used uses n_used of them
+        # splits of 16 keys aimed at n_ctx / 16 = n_split: length 16 * n_used uses n_used
         seq = cuda.to_device(np.array([16 * n_used - 1], np.int32))
         out = cuda.to_device(np.full((n_head, hd), np.nan, np.float32))
         attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS](
-            cuda.to_device(po), cuda.to_device(ml), seq, 1, n_ctx, 80, 256, 16, out)
+            cuda.to_device(po), cuda.to_device(ml), seq, 1, n_ctx, n_split, 256, 16, out)
         assert rel_err(out.copy_to_host(), want) < 1e-5, n_used
 
 
