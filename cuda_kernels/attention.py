@@ -22,14 +22,13 @@ flight per lane.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from numba import cuda, float32, int32
 
 from strata.plan import attn_split
 
-from . import attention_stream, attention_wide
+from . import attention_stream
 from .kvcache import KvSide, make_reader
 from .launch import factory_cache
 from .mma import shfl_xor
@@ -40,18 +39,6 @@ UNROLL = 4
 SPLIT_LEN = attn_split.SPLIT_K_TOKENS  # the longest split (the shared score buffer's length)
 NEG_INF = float32(-np.inf)
 _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
-# The tensor-core f16 pass-1 kernel: "stream" (`attention_stream`: K and V streamed through
-# cp.async slots, online softmax) or "wide" (`attention_wide`: the two-pass kernel before it,
-# kept for A/B runs; `STRATA_DECODE_ATTN=wide` picks it for a whole process). Read when a
-# kernel is picked, so a benchmark can compare both.
-TC_KERNEL = os.environ.get("STRATA_DECODE_ATTN", "stream")
-
-
-def _tc():
-    """The module of the tensor-core kernel TC_KERNEL names."""
-    if TC_KERNEL not in ("stream", "wide"):
-        raise ValueError(f"TC_KERNEL must be 'stream' or 'wide', got {TC_KERNEL!r}")
-    return attention_stream if TC_KERNEL == "stream" else attention_wide
 
 
 def _pow2_at_least(n: int) -> int:
@@ -185,27 +172,22 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split
 
 
 def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_split=None):
-    """The pass-1 kernel for this case: the tensor-core f16 kernel (TC_KERNEL's) where it
+    """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_stream`) where it
     applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
-    max_split / min_split: the longest split (the generic and wide kernels' shared score
-    buffer's length) / the shortest (where the longest allows it) and the granularity; None:
-    the kernel's own (`min_split_for`)."""
-    tc = _tc()
+    max_split / min_split: the longest split (the generic kernel's shared score buffer's
+    length) / the shortest (where the longest allows it) and the granularity; None: the
+    kernel's own (`min_split_for`)."""
+    tc = attention_stream
     ok = tc.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
-        raise ValueError(f"the tensor-core decode-attention kernel ({TC_KERNEL}) needs f16 K "
-                         f"and V, head_dim in {tc.HEAD_DIMS}, a GQA group of at most "
-                         f"{tc.MAX_GROUP} and a longest split multiple of {tc.TILE}"
-                         + (f" whose scores fit {tc.MAX_SHARED_BYTES} B of shared memory"
-                            if tc is attention_wide else "")
-                         + f"; got {k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, "
-                         f"longest split {max_split}")
+        raise ValueError(f"the tensor-core decode-attention kernel needs f16 K and V, head_dim "
+                         f"in {tc.HEAD_DIMS}, a GQA group of at most {tc.MAX_GROUP} and a "
+                         f"longest split multiple of {tc.TILE}; got {k_fmt}/{v_fmt}, head_dim "
+                         f"{head_dim}, group {group}, longest split {max_split}")
     if min_split is None:
         min_split = min_split_for(k_fmt, v_fmt, head_dim, group, max_split, wide=wide)
     if ok and wide is not False:
-        if tc is attention_stream:
-            return attention_stream.stream_kernel(head_dim, group, max_split, min_split)
-        return attention_wide.wide_kernel(head_dim, group, max_split, min_split=min_split)
+        return tc.stream_kernel(head_dim, group, max_split, min_split)
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
 
 
@@ -213,7 +195,7 @@ def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int
     """The shortest split of the kernel `decode_kernel` picks: SPLIT_K_MIN (64) for the
     tensor-core kernel (a tile for each of its four warps), SPLIT_K_GRAIN (16) for the generic
     one (its block takes 16 keys a round; longer splits only serialise them)."""
-    wide_ok = _tc().supports(k_fmt, v_fmt, head_dim, group, max_split)
+    wide_ok = attention_stream.supports(k_fmt, v_fmt, head_dim, group, max_split)
     return attn_split.SPLIT_K_MIN if wide_ok and wide is not False else attn_split.SPLIT_K_GRAIN
 
 

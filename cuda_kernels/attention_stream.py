@@ -5,20 +5,24 @@ flash-decoding; `attention._combine` merges the splits; the split length follows
 length on the device, `strata.plan.attn_split.split_len`), for f16 K and V, head_dim 64 or 128
 and a GQA group of at most 8 query heads (one mma n-tile).
 
-Why: the two-pass tensor-core kernel before it (`attention_wide`) scored all of a split's keys,
-took the softmax statistics, then read V: each warp had one 16-key tile in flight at a time, K
-and V one after the other, with the block's barriers between the passes, and all blocks of a
-long context ran in step (one wave). A 600-key layer took 7.8 us in pass 1 for 1.2 MB, and 32K
-keys 2.21 TB/s, 49% of the read ceiling. Here each warp streams its tiles (16 keys, tiles
-warp, warp + WARPS, ...) through its own two shared-memory slots with `cp.async`: the K and V
-rows of a tile are requested together, the next tile's K as soon as this tile's scores are
-taken, its V as soon as this tile's P V is done, and the softmax is online (running max and sum
-per query head, the output rescaled when the max grows), so there is no score buffer, no pass
-barrier, and no limit on the split length from shared memory.
+Why: the two-pass tensor-core kernel before it (`attention_wide`, removed in favour of this one)
+scored all of a split's keys, took the softmax statistics, then read V: each warp had one 16-key
+tile in flight at a time, K and V one after the other, with the block's barriers between the
+passes, and every block of a long context ran the passes in step (one wave). Here each warp
+streams its tiles (16 keys; tiles warp, warp + WARPS, ...) through its own two shared-memory
+slots with `cp.async`: a tile's K and V rows are requested together, the next tile's K as soon
+as this tile's scores are taken, its V as soon as this tile's P V is done, and the softmax is
+online (a running max and sum per query head, the output rescaled when the max grows), so there
+is no score buffer, no pass barrier, and no limit on the split length from shared memory. On
+the H200 (pass 1 + combine, one run, `2026-12-03_kernels_decode_attention_stream.json`): 600
+live keys 8.6 us a layer against 10.4, a full 4K cache 11.3 against 12.7, 32K keys 26.2 against
+30.4 (2.56 TB/s). Asking L2 for the warp's tile after next as each tile was requested (a
+pipeline a tile deeper than the slots) made 32K slower, 28.8 us, and was dropped.
 
 Per tile, warp-private (`mma.sync.m16n8k16`, f16 inputs, f32 accumulation):
 * scores S[key, head] = K[key, :] . Q[head, :]: A = the K tile by `ldmatrix` (rows = keys),
-  B = Q^T held in registers. c0, c1: key g, heads 2t, 2t+1; c2, c3: key g + 8.
+  B = Q^T, staged once a block in shared memory as fragments (one 16-byte load a k-chunk).
+  c0, c1: key g, heads 2t, 2t+1; c2, c3: key g + 8.
 * O^T[dim, head] += V^T[dim, key] . P^T[key, head]: A = the V tile by `ldmatrix .trans`, B = P^T
   from the scores transposed through 640 bytes of shared memory. The accumulator of m-tile i
   holds dims 16i + g (+ 8) of heads 2t, 2t + 1: the heads whose statistics the lane already has.
@@ -46,15 +50,18 @@ from .intrinsics import SIMULATED, f2u, ld_w4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
                   half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
-                  prefetch_l2, shfl_xor, smem_u32, syncwarp)
+                  shfl_xor, smem_u32, syncwarp)
 
 WARPS = 4
 THREADS = 32 * WARPS
 TILE = 16                 # keys per warp tile (the mma's m for scores, k for P V)
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 8             # query heads per KV head: one mma n-tile
-MIN_BLOCKS = 4            # resident blocks per SM asked of ptxas (launch bounds; 0: none)
-PREFETCH = False          # the L2 prefetch of a warp's tile after next (stream_kernel)
+# Resident blocks per SM asked of ptxas (launch bounds; 0: none). On the H200 5 (96 registers;
+# shared memory holds 5 blocks) was as fast as 4 (125) at 32K keys and 0.2-0.4 us faster at 600
+# and 4K; unbounded (172 registers, 2 blocks) was slower at 32K
+# (`2026-12-03_kernels_decode_attention_stream.json`).
+MIN_BLOCKS = 5
 PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
 RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
 NEG_INF = float32(-np.inf)
@@ -109,13 +116,10 @@ def _sum_over_g(v):
 
 @factory_cache
 def stream_kernel(head_dim: int, group: int, max_split: int,
-                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS,
-                  prefetch: bool = PREFETCH):
+                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS):
     """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
     least min(min_split, max_split) and at most max_split keys, as the launcher's rule makes
-    them (any length: there is no shared score buffer). prefetch: when a tile's K or V is
-    requested, the warp's tile after it is asked into L2 (a pipeline one tile deeper than the
-    slots hold)."""
+    them (any length: there is no shared score buffer)."""
     if not supports("f16", "f16", head_dim, group, max_split):
         raise ValueError(f"streaming decode attention: head_dim {head_dim}, group {group}, "
                          f"longest split {max_split} not supported")
@@ -130,16 +134,6 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
     N_RING, N_P, N_ML = ring_words(head_dim), WARPS * MAX_GROUP * PS, WARPS * MAX_GROUP * 2
     N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_OUT = group * head_dim
-    LINES = ROW // 128        # 128-byte lines of a row (the L2 prefetch: one line a lane)
-    PREFETCH_ON = prefetch
-
-    @cuda.jit(device=True, inline="always")
-    def ahead(p_src, key0, n_keys, kstride, lane):
-        # ask L2 for line lane % LINES of row (lane // LINES) % TILE of the tile at key0
-        if PREFETCH_ON:
-            row = (lane // LINES) % TILE
-            if key0 + row < n_keys:
-                prefetch_l2(p_src + uint32(key0 + row) * kstride)
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
@@ -179,17 +173,12 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
         lane_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % CH) * 16)
         gk = gaddr1(kd, 0) + lane_off
         gv = gaddr1(vd, 0) + lane_off
-        p_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % LINES) * 128)
-        pk = gaddr1(kd, 0) + p_off
-        pv = gaddr1(vd, 0) + p_off
         r0 = lane // CH
         r = warp
         if r < n_tiles:  # this warp's first tile: K and V requested together
             issue(ring, k_slot, kd, gk, r * TILE, n_keys, kstride, r0, lane)
             cp_async_commit()
             issue(ring, v_slot, vd, gv, r * TILE, n_keys, kstride, r0, lane)
-            ahead(pk, (r + WARPS) * TILE, n_keys, kstride, lane)
-            ahead(pv, (r + WARPS) * TILE, n_keys, kstride, lane)
         cp_async_commit()
         # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further;
         # warp w makes chunks w, w + WARPS, ... for the block (in shared memory rather than 32
@@ -237,7 +226,6 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             nxt = r + WARPS
             if nxt < n_tiles:
                 issue(ring, k_slot, kd, gk, nxt * TILE, n_keys, kstride, r0, lane)
-                ahead(pk, (nxt + WARPS) * TILE, n_keys, kstride, lane)
             cp_async_commit()
             # online softmax: keys g (c0, c1) and g + 8 (c2, c3) of heads 2t, 2t + 1
             if base + g >= n_keys:
@@ -280,7 +268,6 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             syncwarp()  # every lane has read the V slot and the P transpose
             if nxt < n_tiles:
                 issue(ring, v_slot, vd, gv, nxt * TILE, n_keys, kstride, r0, lane)
-                ahead(pv, (nxt + WARPS) * TILE, n_keys, kstride, lane)
             cp_async_commit()
             r = nxt
         cp_async_wait()

@@ -229,10 +229,6 @@ def _cp_async_wait_group1_sim():
     return None
 
 
-def _prefetch_l2_sim(g):  # the simulator has no caches
-    return None
-
-
 def _halves(word):
     return np.array([word], dtype=np.uint32).view(np.float16).astype(np.float64)  # [2]
 
@@ -289,7 +285,6 @@ if SIMULATED:
     ldsm_x4_trans_at = _ldsm_x4_trans_at_sim
     cp_async16_at = _cp_async16_at_sim
     cp_async_wait_group1 = _cp_async_wait_group1_sim
-    prefetch_l2 = _prefetch_l2_sim
     h2_sub_fma = _h2_sub_fma_sim
     h2_sub = _h2_sub_sim
     shfl_idx = _shfl_idx_sim
@@ -454,19 +449,6 @@ else:
         "cp.async.wait_group 1;",
         "Wait for all but this thread's newest cp.async group: a ring keeps one step's copies "
         "in flight while the step before it is consumed.")
-
-    @intrinsic
-    def prefetch_l2(typingctx, g):
-        """Ask for the line holding generic address `g` (global memory) to be brought into L2;
-        nothing waits for it."""
-        def codegen(context, builder, signature, args):
-            gv = context.cast(builder, args[0], signature.args[0], types.uint64)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [_I64]),
-                               "{ .reg .u64 g; cvta.to.global.u64 g, $0; prefetch.global.L2 [g]; }",
-                               "l,~{memory}", side_effect=True)
-            builder.call(asm, [gv])
-            return context.get_dummy_value()
-        return types.void(g), codegen
 
     @intrinsic
     def h2_sub_fma(typingctx, w, sub, scale, add):

@@ -29,7 +29,7 @@ sys.path.insert(0, ".")
 from decode_parts import moe_case  # noqa: E402  (this folder: the script's, first on the path)
 from strata.bench.kernels import Ctx  # noqa: E402
 from strata.bench.kernels_prefill import _kv_sides  # noqa: E402
-from strata.cuda_kernels import attention, attention_wide, moe  # noqa: E402
+from strata.cuda_kernels import attention, attention_stream, moe  # noqa: E402
 from strata.plan import attn_split  # noqa: E402
 
 
@@ -141,16 +141,16 @@ def report(title, stamps, names):
 def attn(ctx):
     n_head, n_kv, hd, n_ctx, n_layer = 32, 4, 128, 4096, 48
     group, max_split = n_head // n_kv, attention.SPLIT_LEN
-    factory, n_st = stamped(attention_wide.wide_kernel.__wrapped__, "def kernel(",
-                            [("s_p = cuda.shared.array(N_SCORES", "after", 8),
-                             ("load_k(kd, k0, first", "after", 8),
-                             ("for base in range(first", "before", 8),
-                             ("load_v(vd, k0, first", "before", 8),
-                             ("# pass B", "after", 8), ("# pass C", "after", 8),
-                             ("# acc[f], f = 4j + 2r + c", "after", 8)], "return kernel")
-    kern = factory(hd, group, max_split, attention_wide.MIN_BLOCKS)
-    names = ["length known", "K loads issued", "Q fragments built", "scores done", "after sync 1",
-             "softmax done (sync 2)", "P V done", "reduced, partials written"]
+    factory, n_st = stamped(attention_stream.stream_kernel.__wrapped__, "def kernel(",
+                            [("s_q = cuda.shared.array(N_Q", "after", 8),
+                             ("# B fragments of Q^T", "before", 8),
+                             ("for i in range(N_ACC):", "before", 8),
+                             ("cp_async_wait()", "after", 8),
+                             ("cuda.syncthreads()  # also: every warp", "after", 8),
+                             ("# output (head h, dim d)", "before", 8)], "return kernel")
+    kern = factory(hd, group, max_split, attn_split.SPLIT_K_MIN, attention_stream.MIN_BLOCKS)
+    names = ["length known", "K/V copies issued", "Q^T staged (barrier)", "tiles done",
+             "statistics merged (barrier)", "fragments stored (barrier)", "partials written"]
     assert n_st == len(names) + 1
     rng = np.random.default_rng(2)
     q = ctx.upload(rng.standard_normal((n_head, hd)).astype(np.float32))
@@ -170,7 +170,7 @@ def attn(ctx):
                     q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, t, scale, *parts,
                     st[i])
         us = ctx.time_graph(step, n_layer)
-        report(f"attention pass 1 (wide), L {length}: {us:.2f} us a launch in the graph",
+        report(f"attention pass 1 (stream), L {length}: {us:.2f} us a launch in the graph",
                st.copy_to_host(), ["start"] + names)
 
 

@@ -281,31 +281,16 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
-                           min_split=None, quick=False, tag="", tc=None,
-                           min_blocks=None, prefetch=None) -> dict:
+                           min_split=None, quick=False, tag="", min_blocks=None) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
     the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
     without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
     gives the fixed split of max_split keys the kernels used before the split followed the
-    length); min_split: the shortest split (default: the launcher's). tc: the tensor-core
-    kernel ("stream" or "wide"; default `attention.TC_KERNEL`); min_blocks, prefetch: the
-    streaming kernel's launch bounds and L2 prefetch (default its own)."""
-    from strata.cuda_kernels import attention
-    saved = attention.TC_KERNEL
-    attention.TC_KERNEL = tc or saved
-    try:
-        return _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split,
-                                       n_target, variant, n_layer, min_split, quick, tag,
-                                       min_blocks, prefetch)
-    finally:
-        attention.TC_KERNEL = saved
-
-
-def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_target, variant,
-                            n_layer, min_split, quick, tag, min_blocks, prefetch) -> dict:
-    from strata.cuda_kernels import attention, attention_stream, attention_wide
+    length); min_split: the shortest split (default: the launcher's); min_blocks: the
+    tensor-core kernel's launch bounds (default its own)."""
+    from strata.cuda_kernels import attention, attention_stream
     from strata.plan import attn_split
     cuda = _cuda()
     rng = np.random.default_rng(2)
@@ -322,14 +307,10 @@ def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_t
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
-    direct = variant == "tc_nolb" or min_blocks is not None or prefetch is not None
-    if variant == "tc_nolb" and attention.TC_KERNEL == "wide":
-        kern = attention_wide.wide_kernel(hd, group, max_split, 0, min_split=min_split)
-    elif direct:
-        lb = attention_stream.MIN_BLOCKS if min_blocks is None else min_blocks
-        pf = attention_stream.PREFETCH if prefetch is None else prefetch
+    direct = variant == "tc_nolb" or min_blocks is not None
+    if direct:
         kern = attention_stream.stream_kernel(hd, group, max_split, min_split,
-                                              0 if variant == "tc_nolb" else lb, pf)
+                                              0 if variant == "tc_nolb" else min_blocks)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
                                        wide=False if variant == "generic" else None,
@@ -352,8 +333,7 @@ def _bench_decode_attention(fmt, n_ctx, length, n_head, n_kv, hd, max_split, n_t
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
-    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "tc": attention.TC_KERNEL,
-            "n_ctx": n_ctx,
+    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
@@ -479,18 +459,12 @@ ENTRIES = {
         fmt=fmt, tag=f"_{name}_m{m}")
        for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
        for m in (16, 64, 128)},
-    # the tensor-core kernels side by side at the D1 shape, a full 4K cache and 32K: the
-    # streaming kernel at its launch bounds and at others, with the L2 prefetch, and the
-    # two-pass kernel before it
-    **{f"decode_attn_f16_{name}_{tc}{knob}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), tc=tc,
-        tag=f"_{name}_{tc}{knob}", **kw)
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for tc, knob, kw in (("stream", "", {}), ("stream", "_lb5", {"min_blocks": 5}),
-                            ("stream", "_lb0", {"min_blocks": 0}),
-                            ("stream", "_pf", {"prefetch": True}),
-                            ("stream", "_lb5_pf", {"min_blocks": 5, "prefetch": True}),
-                            ("wide", "", {}))},
+    # the tensor-core kernel's launch bounds against its default at the D1 shape, a full 4K
+    # cache and 32K
+    **{f"decode_attn_f16_{name}_lb{lb}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), min_blocks=lb,
+        tag=f"_{name}_lb{lb}")
+       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768)) for lb in (4, 0)},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

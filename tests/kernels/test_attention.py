@@ -9,8 +9,7 @@ from numba import cuda
 
 from helpers.kv_problem import attention_reference, decode_rows, encode_rows, filled_side
 from helpers.moe_problem import rel_err
-from strata.cuda_kernels import (attention, attention_prefill, attention_stream, attention_wide,
-                                 kvcache)
+from strata.cuda_kernels import attention, attention_prefill, attention_stream, kvcache
 
 FORMATS = ("f16", "int8", "q4_0")
 HD = 64
@@ -161,17 +160,14 @@ def test_attention_launchers_reject_bad_input():
                                             k, k, seq, q)
 
 
-@pytest.mark.parametrize("tc", ["stream", "wide"])
 @pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32),
                                                  (64, 1, 8, 80)])
-def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split, tc,
-                                                                 monkeypatch):
-    """Both tensor-core f16 kernels: partial last split, stale random bytes past the length, a
-    padded group (3 -> 4) and the 30B shape's group of 8, splits of one tile a warp or fewer and
-    of five tiles (the streaming kernel's warps then take two, one warp a second round); agree
+def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split):
+    """The tensor-core f16 kernel: partial last split, stale random bytes past the length, a
+    group of 3 and the 30B shape's group of 8, splits of one tile a warp or fewer and of five
+    tiles (a warp then takes two: a second round, its running max and sums rescaled); agrees
     with the float64 reference and with the generic kernel (splits of `split` keys: one split
     aimed at, clamped)."""
-    monkeypatch.setattr(attention, "TC_KERNEL", tc)
     rng = np.random.default_rng(5)
     length = 2 * split + 5
     lay = kvcache.KvLayout("f16", n_ctx=3 * split + 3, n_kv_head=n_kv, head_dim=hd)
@@ -247,40 +243,22 @@ def test_combine_merges_the_used_splits():
         assert rel_err(out.copy_to_host(), want) < 1e-5, n_used
 
 
-def test_decode_attention_picks_the_streaming_kernel(monkeypatch):
-    """The streaming kernel is the default tensor-core kernel and takes any split length (it
-    keeps no score buffer); it refuses what it cannot read, and TC_KERNEL must name a kernel."""
-    assert attention.TC_KERNEL == "stream"
+def test_decode_attention_picks_the_streaming_kernel():
+    """The streaming kernel is the tensor-core kernel and takes any split length (it keeps no
+    score buffer); it refuses what it cannot read, and the rest runs the generic kernel."""
     assert attention.decode_kernel("f16", "f16", 128, 8, 256) is \
         attention_stream.stream_kernel(128, 8, 256, 64)
     assert attention.decode_kernel("f16", "f16", 128, 8, 4096) is \
         attention_stream.stream_kernel(128, 8, 4096, 64)
+    assert attention.decode_kernel("int8", "int8", 128, 8, 256) is attention._split_kernel(
+        "int8", "int8", 128, 8, 256)
+    assert attention.decode_kernel("f16", "f16", 128, 16, 256) is attention._split_kernel(
+        "f16", "f16", 128, 16, 256, 16)
     assert attention_stream.shared_bytes(128) <= attention_stream.MAX_SHARED_BYTES
     for case in (("int8", "int8", 128, 8, 256), ("f16", "f16", 96, 4, 256),
                  ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
                  ("f16", "f16", 128, 8, 100)):
-        with pytest.raises(ValueError, match=r"tensor-core decode-attention kernel \(stream\)"):
+        with pytest.raises(ValueError, match="tensor-core decode-attention kernel needs"):
             attention.decode_kernel(*case, wide=True)
     with pytest.raises(ValueError, match="longest split 100 not supported"):
         attention_stream.stream_kernel(128, 8, 100)
-    monkeypatch.setattr(attention, "TC_KERNEL", "flash")
-    with pytest.raises(ValueError, match="TC_KERNEL must be 'stream' or 'wide'"):
-        attention.decode_kernel("f16", "f16", 128, 8, 256)
-
-
-def test_decode_attention_wide_refuses_what_it_cannot_read(monkeypatch):
-    monkeypatch.setattr(attention, "TC_KERNEL", "wide")
-    assert attention.decode_kernel("f16", "f16", 128, 8, 256) is attention_wide.wide_kernel(128, 8, 256)
-    assert attention.decode_kernel("int8", "int8", 128, 8, 256) is attention._split_kernel(
-        "int8", "int8", 128, 8, 256)
-    # the longest split whose scores and P V fragments fit 48 KiB of shared memory (the kernel's
-    # arrays are static): one tile more and the generic kernel takes the case
-    assert attention_wide.shared_bytes(128, 8, 256) == 25344  # what ptxas reports on the H200
-    assert attention_wide.supports("f16", "f16", 128, 8, 992)
-    assert attention.decode_kernel("f16", "f16", 128, 8, 1008) is attention._split_kernel(
-        "f16", "f16", 128, 8, 1008)
-    for case in (("int8", "int8", 128, 8, 256), ("f16", "f16", 96, 4, 256),
-                 ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
-                 ("f16", "f16", 128, 8, 100), ("f16", "f16", 128, 8, 1008)):
-        with pytest.raises(ValueError, match=r"decode-attention kernel \(wide\) needs"):
-            attention.decode_kernel(*case, wide=True)
