@@ -88,7 +88,8 @@ def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) 
 
 
 def jit_options(min_blocks: int) -> dict:
-    """Compile options of the kernel (also recorded in the PTX registry for ahead-of-time builds)."""
+    """Compile options of the kernel (also recorded in the PTX registry for ahead-of-time
+    builds)."""
     return {"launch_bounds": (THREADS, min_blocks)} if min_blocks else {}
 
 

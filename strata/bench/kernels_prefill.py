@@ -465,6 +465,12 @@ ENTRIES = {
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), min_blocks=lb,
         tag=f"_{name}_lb{lb}")
        for name, length in (("600", 600), ("4k", 4096), ("32k", 32768)) for lb in (4, 0)},
+    # longer splits at 32K (the streaming kernel keeps no score buffer): 64 splits a KV head of
+    # 512 keys (256 blocks) and 94 of 352, against 128 of 256
+    **{f"decode_attn_f16_32k_s512{tag}": functools.partial(
+        _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
+        tag=f"_32k{tag}")
+       for tag, target in (("", None), ("_t96", 96))},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",
