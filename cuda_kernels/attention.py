@@ -172,22 +172,23 @@ def _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split=attn_split
 
 
 def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_split=None):
-    """The pass-1 kernel for this case: the tensor-core f16 kernel (`attention_stream`) where it
-    applies (unless wide=False), else the generic one. wide=True insists on the f16 kernel.
+    """The pass-1 kernel for this case: the tensor-core kernel (`attention_stream`: f16 or int8
+    K and V) where it applies (unless wide=False), else the generic one. wide=True insists on
+    the tensor-core kernel.
     max_split / min_split: the longest split (the generic kernel's shared score buffer's
     length) / the shortest (where the longest allows it) and the granularity; None: the
     kernel's own (`min_split_for`)."""
     tc = attention_stream
     ok = tc.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
-        raise ValueError(f"the tensor-core decode-attention kernel needs f16 K and V, head_dim "
-                         f"in {tc.HEAD_DIMS}, a GQA group of at most {tc.MAX_GROUP} and a "
+        raise ValueError(f"the tensor-core decode-attention kernel needs K and V both "
+                         f"{' or '.join(tc.FORMATS)}, head_dim in {tc.HEAD_DIMS}, a GQA group of at most {tc.MAX_GROUP} and a "
                          f"longest split multiple of {tc.TILE}; got {k_fmt}/{v_fmt}, head_dim "
                          f"{head_dim}, group {group}, longest split {max_split}")
     if min_split is None:
         min_split = min_split_for(k_fmt, v_fmt, head_dim, group, max_split, wide=wide)
     if ok and wide is not False:
-        return tc.stream_kernel(head_dim, group, max_split, min_split)
+        return tc.stream_kernel(k_fmt, head_dim, group, max_split, min_split)
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
 
 
@@ -318,8 +319,9 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     `allocate_partials`). The split length follows L on the device (`attn_split.split_len`):
     n_target splits aimed at (default: `attn_split.split_target(n_kv_head)`), each of at most
     max_split keys (a multiple of 16).
-    wide: None picks the tensor-core f16 kernel where it applies; False forces the generic
-    kernel; True requires the f16 kernel (ValueError where it does not apply).
+    wide: None picks the tensor-core kernel (f16 or int8 K and V) where it applies; False forces
+    the generic kernel; True requires the tensor-core kernel (ValueError where it does not
+    apply).
     min_split: the shortest split where max_split allows it (a multiple of 16; None: the
     kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
     (`allocate_partials` with the same or a smaller one, e.g. its default).

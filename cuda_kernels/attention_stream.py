@@ -46,22 +46,26 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from strata.plan import attn_split
 
-from .intrinsics import SIMULATED, f2u, ld_w4, u2f
+from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
-                  half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
+                  h2_sub, half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
                   shfl_xor, smem_u32, syncwarp)
 
 WARPS = 4
 THREADS = 32 * WARPS
 TILE = 16                 # keys per warp tile (the mma's m for scores, k for P V)
 HEAD_DIMS = (64, 128)
+FORMATS = ("f16", "int8")  # KV formats: int8 rows are widened to f16 in the slots (exact)
+I8_MAGIC = 0x64646464     # f16 0x64xx = 1024 + byte xx
+I8_BIAS = 0x64806480      # f16 1152 twice: 1024 + (b ^ 0x80) - 1152 = the signed byte b
 MAX_GROUP = 8             # query heads per KV head: one mma n-tile
-# Resident blocks per SM asked of ptxas (launch bounds; 0: none). On the H200 5 (96 registers;
-# shared memory holds 5 blocks) was as fast as 4 (125) at 32K keys and 0.2-0.4 us faster at 600
-# and 4K; unbounded (172 registers, 2 blocks) was slower at 32K
-# (`2026-12-03_kernels_decode_attention_stream.json`).
-MIN_BLOCKS = 5
+# Resident blocks per SM asked of ptxas (launch bounds; 0: none), by KV format. On the H200, f16
+# at 5 (96 registers; shared memory holds 5 blocks) was as fast as 4 (125) at 32K keys and
+# 0.2-0.4 us faster at 600 and 4K; unbounded (172 registers here, 124 on the device's ptxas) not
+# faster (`2026-12-03_kernels_decode_attention_stream.json`). int8 widens its rows in registers
+# and spills at 96 (ptxas 13.0): 4, 128 registers.
+MIN_BLOCKS = {"f16": 5, "int8": 4}
 PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
 RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
 NEG_INF = float32(-np.inf)
@@ -82,7 +86,7 @@ def shared_bytes(head_dim: int) -> int:
 
 def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
     """Whether this kernel handles the case (any longest split that is a multiple of a tile)."""
-    return (k_fmt == "f16" and v_fmt == "f16" and head_dim in HEAD_DIMS
+    return (k_fmt == v_fmt and k_fmt in FORMATS and head_dim in HEAD_DIMS
             and 1 <= group <= MAX_GROUP and max_split % TILE == 0 and max_split > 0
             and shared_bytes(head_dim) <= MAX_SHARED_BYTES)
 
@@ -116,20 +120,31 @@ def _sum_over_g(v):
 
 
 @factory_cache
-def stream_kernel(head_dim: int, group: int, max_split: int,
-                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int = MIN_BLOCKS):
-    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 K/V; splits of at
-    least min(min_split, max_split) and at most max_split keys, as the launcher's rule makes
-    them (any length: there is no shared score buffer)."""
-    if not supports("f16", "f16", head_dim, group, max_split):
-        raise ValueError(f"streaming decode attention: head_dim {head_dim}, group {group}, "
-                         f"longest split {max_split} not supported")
+def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
+                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None):
+    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 or int8 K/V (`fmt`);
+    splits of at least min(min_split, max_split) and at most max_split keys, as the launcher's
+    rule makes them (any length: there is no shared score buffer).
+
+    int8: a tile's rows are copied as they lie into the first half of their slot, then every
+    lane widens the bytes it copied to f16 (exact: a byte over f16's 1024, less 1152) into the
+    swizzled f16 layout; the per-row scales are applied in f32, a key's K scale to its scores and
+    its V scale to its probabilities in P V (not to their sum), so the results are the f16 path's
+    up to f32 rounding."""
+    if not supports(fmt, fmt, head_dim, group, max_split):
+        raise ValueError(f"streaming decode attention: {fmt} KV, head_dim {head_dim}, group "
+                         f"{group}, longest split {max_split} not supported")
     MAX_SPLIT, MIN_SPLIT = max_split, min_split
-    ROW = 2 * head_dim        # bytes of one cache row
+    min_blocks = MIN_BLOCKS[fmt] if min_blocks is None else min_blocks
+    INT8 = fmt == "int8"
+    ROW = 2 * head_dim        # bytes of one f16 row in a slot
     SLOT = TILE * ROW         # bytes of one tile
-    CH = head_dim // 8        # 16-byte chunks of a row
-    RSTEP = 32 // CH          # rows one copy instruction of the warp covers
+    KV_ROW = head_dim if INT8 else ROW  # bytes of one cache row
+    CH_G = KV_ROW // 16       # 16-byte chunks of a cache row
+    RSTEP = 32 // CH_G        # rows one copy instruction of the warp covers
     NC = TILE // RSTEP        # copies per lane per tile
+    ROW_W = ROW // 4          # words of an f16 row
+    N_GOT = 4 * NC            # words a lane copies a tile (int8: widened from registers)
     N_CH = head_dim // 16     # k-chunks of the score mma = m-tiles of P V
     N_ACC = 4 * N_CH          # P V accumulators per lane
     N_RING, N_P, N_ML = ring_words(head_dim), WARPS * MAX_GROUP * PS, WARPS * MAX_GROUP * 2
@@ -138,14 +153,47 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
-        # this lane's NC chunks of the tile's rows key0.. (chunk lane % CH of rows r0 + RSTEP*j)
-        # into the slot, swizzled; rows past the split are zero-filled and not read
-        col = lane % CH
+        # this lane's NC chunks of the tile's rows key0.. (chunk lane % CH_G of rows
+        # r0 + RSTEP*j) into the slot, f16 swizzled, int8 as they lie (chunk lane + 32j); rows
+        # past the split are zero-filled and not read
+        col = lane % CH_G
         for j in range(NC):
             row = r0 + RSTEP * j
             key = min(key0 + row, n_keys - 1)
-            cp_async16_at(ring, slot + row * ROW + ((col ^ (row & 7)) << 4), src,
-                          g_src + uint32(key) * kstride, key0 + row < n_keys)
+            if INT8:
+                dst = slot + ((lane + 32 * j) << 4)
+            else:
+                dst = slot + row * ROW + ((col ^ (row & 7)) << 4)
+            cp_async16_at(ring, dst, src, g_src + uint32(key) * kstride, key0 + row < n_keys)
+
+    @cuda.jit(device=True, inline="always")
+    def widen(ring, slot_w, r0, lane):
+        # int8: the bytes this lane copied (its own copies: visible to it after the wait) to
+        # f16 in the slot's swizzled layout, once every lane has read its bytes
+        got = cuda.local.array(N_GOT, uint32)
+        for j in range(NC):
+            w0, w1, w2, w3 = ld_w4(ring, slot_w + (lane + 32 * j) * 4)
+            got[4 * j] = w0
+            got[4 * j + 1] = w1
+            got[4 * j + 2] = w2
+            got[4 * j + 3] = w3
+        syncwarp()
+        col = lane % CH_G
+        for j in range(NC):
+            row = r0 + RSTEP * j
+            for h in range(2):  # f16 chunk 2 col + h: the int8 words 2h, 2h + 1
+                wa = got[4 * j + 2 * h] ^ 0x80808080
+                wb = got[4 * j + 2 * h + 1] ^ 0x80808080
+                st_x4(ring, slot_w + row * ROW_W + (((2 * col + h) ^ (row & 7)) << 2),
+                      h2_sub(prmt(wa, I8_MAGIC, 0x4140), I8_BIAS),
+                      h2_sub(prmt(wa, I8_MAGIC, 0x4342), I8_BIAS),
+                      h2_sub(prmt(wb, I8_MAGIC, 0x4140), I8_BIAS),
+                      h2_sub(prmt(wb, I8_MAGIC, 0x4342), I8_BIAS))
+
+    @cuda.jit(device=True, inline="always")
+    def row_scale(sc, k0, key, n_keys, n_kv, hk):
+        # the int8 row scale of the split's key `key` (clamped to the last valid one)
+        return float32(sc[(k0 + min(key, n_keys - 1)) * n_kv + hk])
 
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
@@ -169,17 +217,27 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
         base_s = smem_u32(ring)
         k_slot = base_s + uint32(warp * 2 * SLOT)
         v_slot = k_slot + uint32(SLOT)
-        kstride = uint32(n_kv * ROW)
-        # the global address of chunk lane % CH of key k0 + row 0 (add key * kstride)
-        lane_off = uint64(k0) * uint64(kstride) + uint32(hk * ROW + (lane % CH) * 16)
+        k_slot_w = warp * 2 * SLOT // 4  # the slots as word indices (ld_w4, st_x4)
+        v_slot_w = k_slot_w + SLOT // 4
+        kstride = uint32(n_kv * KV_ROW)
+        # the global address of chunk lane % CH_G of key k0 + row 0 (add key * kstride)
+        lane_off = uint64(k0) * uint64(kstride) + uint32(hk * KV_ROW + (lane % CH_G) * 16)
         gk = gaddr1(kd, 0) + lane_off
         gv = gaddr1(vd, 0) + lane_off
-        r0 = lane // CH
+        r0 = lane // CH_G
         r = warp
+        # int8: the row scales of keys g, g + 8 of this tile (s*) and of the next (n*), loaded
+        # when the tile's rows are requested
+        sk0 = sk1 = sv0 = sv1 = nk0 = nk1 = nv0 = nv1 = float32(1.0)
         if r < n_tiles:  # this warp's first tile: K and V requested together
             issue(ring, k_slot, kd, gk, r * TILE, n_keys, kstride, r0, lane)
             cp_async_commit()
             issue(ring, v_slot, vd, gv, r * TILE, n_keys, kstride, r0, lane)
+            if INT8:
+                sk0 = row_scale(ks, k0, r * TILE + g, n_keys, n_kv, hk)
+                sk1 = row_scale(ks, k0, r * TILE + g + 8, n_keys, n_kv, hk)
+                sv0 = row_scale(vs, k0, r * TILE + g, n_keys, n_kv, hk)
+                sv1 = row_scale(vs, k0, r * TILE + g + 8, n_keys, n_kv, hk)
         cp_async_commit()
         # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further;
         # warp w makes chunks w, w + WARPS, ... for the block (in shared memory rather than 32
@@ -216,6 +274,8 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
         while r < n_tiles:
             base = r * TILE
             cp_async_wait_group1()  # this tile's K (its V may still be in flight)
+            if INT8:
+                widen(ring, k_slot_w, r0, lane)
             syncwarp()
             c0 = c1 = c2 = c3 = float32(0.0)
             for c in range(N_CH):
@@ -227,7 +287,15 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             nxt = r + WARPS
             if nxt < n_tiles:
                 issue(ring, k_slot, kd, gk, nxt * TILE, n_keys, kstride, r0, lane)
+                if INT8:
+                    nk0 = row_scale(ks, k0, nxt * TILE + g, n_keys, n_kv, hk)
+                    nk1 = row_scale(ks, k0, nxt * TILE + g + 8, n_keys, n_kv, hk)
             cp_async_commit()
+            if INT8:  # the keys' K scales, before the mask
+                c0 *= sk0
+                c1 *= sk0
+                c2 *= sk1
+                c3 *= sk1
             # online softmax: keys g (c0, c1) and g + 8 (c2, c3) of heads 2t, 2t + 1
             if base + g >= n_keys:
                 c0 = c1 = NEG_INF
@@ -242,6 +310,22 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             p1, p3 = math.exp(c1 - n1), math.exp(c3 - n1)
             l0 = l0 * al0 + p0 + p2
             l1 = l1 * al1 + p1 + p3
+            big_v = float32(1.0)
+            if INT8:
+                # each key's probability times its V scale over the tile's largest, so P keeps
+                # f16's normal range (a scale of ~0.02 would push it into subnormals, where the
+                # hi + lo split loses bits); the accumulators are divided by that largest scale
+                # before the mma and multiplied by it after (f32, a rounding each)
+                big_v = _max_over_g(max(sv0, sv1))
+                if big_v == float32(0.0):  # every V row of the tile is zero
+                    big_v = float32(1.0)
+                inv_v = float32(1.0) / big_v
+                al0 *= inv_v
+                al1 *= inv_v
+                p0 *= sv0 * inv_v
+                p1 *= sv0 * inv_v
+                p2 *= sv1 * inv_v
+                p3 *= sv1 * inv_v
             for i in range(N_CH):
                 acc[4 * i] *= al0
                 acc[4 * i + 1] *= al1
@@ -253,6 +337,8 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
             s_p[pw + 2 * t * PS + g + 8] = p2
             s_p[pw + (2 * t + 1) * PS + g + 8] = p3
             cp_async_wait_group1()  # this tile's V (the next K may still be in flight)
+            if INT8:
+                widen(ring, v_slot_w, r0, lane)
             syncwarp()
             o = pw + g * PS + 2 * t
             b0h, b0l = _split_pair(s_p[o], s_p[o + 1])
@@ -262,14 +348,18 @@ def stream_kernel(head_dim: int, group: int, max_split: int,
                 x0, x1, x2, x3 = mma_16816(a0, a1, a2, a3, b0h, b1h, acc[4 * i],
                                            acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3])
                 x0, x1, x2, x3 = mma_16816(a0, a1, a2, a3, b0l, b1l, x0, x1, x2, x3)
-                acc[4 * i] = x0
-                acc[4 * i + 1] = x1
-                acc[4 * i + 2] = x2
-                acc[4 * i + 3] = x3
+                acc[4 * i] = x0 * big_v
+                acc[4 * i + 1] = x1 * big_v
+                acc[4 * i + 2] = x2 * big_v
+                acc[4 * i + 3] = x3 * big_v
             syncwarp()  # every lane has read the V slot and the P transpose
             if nxt < n_tiles:
                 issue(ring, v_slot, vd, gv, nxt * TILE, n_keys, kstride, r0, lane)
+                if INT8:
+                    nv0 = row_scale(vs, k0, nxt * TILE + g, n_keys, n_kv, hk)
+                    nv1 = row_scale(vs, k0, nxt * TILE + g + 8, n_keys, n_kv, hk)
             cp_async_commit()
+            sk0, sk1, sv0, sv1 = nk0, nk1, nv0, nv1
             r = nxt
         cp_async_wait()
         # merge the warps: statistics first (rows of heads >= group are never read)

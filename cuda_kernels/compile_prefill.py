@@ -63,7 +63,7 @@ CHECK_SHAPES = ((128, 8), (128, 4), (128, 3), (64, 8))
 def _attn_specs(fmt, shapes):
     q3 = T.float32[:, :, ::1]
     for hd, group in shapes:
-        if fmt == "f16" and attention_stream.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
+        if attention_stream.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
             continue  # the tensor-core kernel serves these
         yield (f"decode_attn_{fmt}_hd{hd}_g{group}",
                _fixed(attention._split_kernel(fmt, fmt, hd, group, attention.SPLIT_LEN),
@@ -149,14 +149,18 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
                                              _I64, _I64, _I64, _I64, _I64, f2)))
     register_ptx(family, "kv_advance", _fixed(kvcache._advance, (_I32, _I64)))
     shapes = [(hd, g) for hd in HEAD_DIMS for g in GROUPS] if full else list(CHECK_SHAPES)
-    for hd, group in shapes:  # the tensor-core f16 kernel (the default where it applies)
-        if attention_stream.supports("f16", "f16", hd, group, attention.SPLIT_LEN):
-            register_ptx(family, f"decode_attn_f16_stream_hd{hd}_g{group}",
-                         _fixed(attention_stream.stream_kernel(hd, group, attention.SPLIT_LEN),
+    for hd, group in shapes:  # the tensor-core kernel (the default where it applies)
+        for fmt in attention_stream.FORMATS:
+            if not attention_stream.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
+                continue
+            register_ptx(family, f"decode_attn_{fmt}_stream_hd{hd}_g{group}",
+                         _fixed(attention_stream.stream_kernel(fmt, hd, group,
+                                                               attention.SPLIT_LEN),
                                 _DECODE_ATTN_SIG),
-                         options=attention_stream.jit_options(attention_stream.MIN_BLOCKS))
+                         options=attention_stream.jit_options(attention_stream.MIN_BLOCKS[fmt]))
     for fmt in kvcache.KV_FORMATS:
-        fmt_shapes = shapes if full or fmt == "f16" else [(128, 8)]
+        # the generic kernel where the tensor-core one does not apply (Qwen3-235B's group 16)
+        fmt_shapes = shapes if full or fmt == "f16" else [(128, 8), (128, 16)]
         for name, build in _attn_specs(fmt, fmt_shapes):
             register_ptx(family, name, build)
         _register_gqa(family, fmt, fmt_shapes)

@@ -148,7 +148,7 @@ def attn(ctx):
                              ("cp_async_wait()", "after", 8),
                              ("cuda.syncthreads()  # also: every warp", "after", 8),
                              ("# output (head h, dim d)", "before", 8)], "return kernel")
-    kern = factory(hd, group, max_split, attn_split.SPLIT_K_MIN, attention_stream.MIN_BLOCKS)
+    kern = factory("f16", hd, group, max_split, attn_split.SPLIT_K_MIN)
     names = ["length known", "K/V copies issued", "Q^T staged (barrier)", "tiles done",
              "statistics merged (barrier)", "fragments stored (barrier)", "partials written"]
     assert n_st == len(names) + 1

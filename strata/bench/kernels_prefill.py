@@ -309,7 +309,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     seq = cuda.to_device(np.array([length - 1], np.int32))
     direct = variant == "tc_nolb" or min_blocks is not None
     if direct:
-        kern = attention_stream.stream_kernel(hd, group, max_split, min_split,
+        kern = attention_stream.stream_kernel(fmt, hd, group, max_split, min_split,
                                               0 if variant == "tc_nolb" else min_blocks)
     else:
         kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
@@ -471,6 +471,13 @@ ENTRIES = {
         _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
         tag=f"_32k{tag}")
        for tag, target in (("", None), ("_t96", 96))},
+    # int8 KV: the tensor-core kernel (its rows widened to f16 in shared memory) against the
+    # generic kernel it replaced there
+    **{f"decode_attn_int8_{name}_{v}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt="int8",
+        variant=v, tag=f"_{name}")
+       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
+       for v in ("auto", "generic")},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),
     "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",

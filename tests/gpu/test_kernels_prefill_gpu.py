@@ -198,9 +198,10 @@ def test_kv_write(fmt):
 
 
 @pytest.mark.parametrize("fmt,wide", [("f16", None), ("f16", False), ("int8", None),
-                                      ("q4_0", None)])
+                                      ("int8", False), ("q4_0", None)])
 def test_decode_attention_32k(fmt, wide):
-    """f16 runs the tensor-core kernel by default (wide=None) and the generic one (False)."""
+    """f16 and int8 run the tensor-core kernel by default (wide=None) and the generic one
+    (False); q4_0 the generic one."""
     from strata.cuda_kernels import attention, kvcache
     rng = np.random.default_rng()
     a = ATTN

@@ -80,6 +80,7 @@ DECODE_CASES = [
     ("f16", True, 1, 8, 64, 700, 256, 4, (600, 16)),
     ("f16", True, 1, 4, 64, 100, 32, 2, (100, 33, 15)),
     ("f16", True, 1, 1, 64, 40, 256, None, (17, 1)),
+    ("int8", True, 2, 3, 64, 300, 256, 2, (300, 65, 1)),
 ]
 
 
@@ -160,19 +161,22 @@ def test_attention_launchers_reject_bad_input():
                                             k, k, seq, q)
 
 
+@pytest.mark.parametrize("fmt", ["f16", "int8"])
 @pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32),
                                                  (64, 1, 8, 80)])
-def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split):
-    """The tensor-core f16 kernel: partial last split, stale random bytes past the length, a
-    group of 3 and the 30B shape's group of 8, splits of one tile a warp or fewer and of five
-    tiles (a warp then takes two: a second round, its running max and sums rescaled); agrees
-    with the float64 reference and with the generic kernel (splits of `split` keys: one split
-    aimed at, clamped)."""
+def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split, fmt):
+    """The tensor-core kernel, f16 and int8 K/V: partial last split, stale random bytes past the
+    length, a group of 3 and the 30B shape's group of 8, splits of one tile a warp or fewer and
+    of five tiles (a warp then takes two: a second round, its running max and sums rescaled);
+    agrees with the float64 reference and with the generic kernel (splits of `split` keys: one
+    split aimed at, clamped). The int8 V values are small (row scales ~2e-5), where a
+    probability times its scale would sit in f16's subnormals."""
     rng = np.random.default_rng(5)
     length = 2 * split + 5
-    lay = kvcache.KvLayout("f16", n_ctx=3 * split + 3, n_kv_head=n_kv, head_dim=hd)
+    lay = kvcache.KvLayout(fmt, n_ctx=3 * split + 3, n_kv_head=n_kv, head_dim=hd)
     k, kref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
-    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, hd)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((length, n_kv, hd))
+                          * (1e-3 if fmt == "int8" else 1.0), rng)
     q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
     seq = cuda.to_device(np.array([length - 1], np.int32))
     ref = attention_reference(q[None], kref, vref, length - 1)[0]
@@ -195,7 +199,8 @@ def test_decode_attention_split_floor():
     to it (the generic kernel takes the default floor in DECODE_CASES)."""
     assert attention.min_split_for("f16", "f16", 64, 8, 256) == 64  # the kernels' own floors
     assert attention.min_split_for("f16", "f16", 64, 8, 256, wide=False) == 16
-    assert attention.min_split_for("int8", "int8", 64, 8, 256) == 16
+    assert attention.min_split_for("int8", "int8", 64, 8, 256) == 64
+    assert attention.min_split_for("q4_0", "q4_0", 64, 8, 256) == 16
     rng = np.random.default_rng(11)
     n_kv, group, hd, n_ctx = 1, 8, 64, 200
     lay = kvcache.KvLayout("f16", n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
@@ -247,18 +252,21 @@ def test_decode_attention_picks_the_streaming_kernel():
     """The streaming kernel is the tensor-core kernel and takes any split length (it keeps no
     score buffer); it refuses what it cannot read, and the rest runs the generic kernel."""
     assert attention.decode_kernel("f16", "f16", 128, 8, 256) is \
-        attention_stream.stream_kernel(128, 8, 256, 64)
+        attention_stream.stream_kernel("f16", 128, 8, 256, 64)
     assert attention.decode_kernel("f16", "f16", 128, 8, 4096) is \
-        attention_stream.stream_kernel(128, 8, 4096, 64)
-    assert attention.decode_kernel("int8", "int8", 128, 8, 256) is attention._split_kernel(
-        "int8", "int8", 128, 8, 256)
+        attention_stream.stream_kernel("f16", 128, 8, 4096, 64)
+    assert attention.decode_kernel("int8", "int8", 128, 8, 256) is \
+        attention_stream.stream_kernel("int8", 128, 8, 256, 64)
+    assert attention.decode_kernel("q4_0", "q4_0", 128, 8, 256) is attention._split_kernel(
+        "q4_0", "q4_0", 128, 8, 256, 16)
     assert attention.decode_kernel("f16", "f16", 128, 16, 256) is attention._split_kernel(
         "f16", "f16", 128, 16, 256, 16)
     assert attention_stream.shared_bytes(128) <= attention_stream.MAX_SHARED_BYTES
-    for case in (("int8", "int8", 128, 8, 256), ("f16", "f16", 96, 4, 256),
+    for case in (("q4_0", "q4_0", 128, 8, 256), ("f16", "int8", 128, 8, 256),
+                 ("f16", "f16", 96, 4, 256),
                  ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
                  ("f16", "f16", 128, 8, 100)):
         with pytest.raises(ValueError, match="tensor-core decode-attention kernel needs"):
             attention.decode_kernel(*case, wide=True)
     with pytest.raises(ValueError, match="longest split 100 not supported"):
-        attention_stream.stream_kernel(128, 8, 100)
+        attention_stream.stream_kernel("f16", 128, 8, 100)
