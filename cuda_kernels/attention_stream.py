@@ -195,6 +195,16 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
         # the int8 row scale of the split's key `key` (clamped to the last valid one)
         return float32(sc[(k0 + min(key, n_keys - 1)) * n_kv + hk])
 
+    @cuda.jit(device=True, inline="always")
+    def request(ring, slot, src, g_src, sc, k0, key0, n_keys, kstride, n_kv, hk, r0, g, lane):
+        # issue a tile's copies (K or V); int8: also load its row scales of keys g, g + 8
+        issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane)
+        s0 = s1 = float32(1.0)
+        if INT8:
+            s0 = row_scale(sc, k0, key0 + g, n_keys, n_kv, hk)
+            s1 = row_scale(sc, k0, key0 + g + 8, n_keys, n_kv, hk)
+        return s0, s1
+
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         hk, split = cuda.blockIdx.x, cuda.blockIdx.y
@@ -230,14 +240,11 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
         # when the tile's rows are requested
         sk0 = sk1 = sv0 = sv1 = nk0 = nk1 = nv0 = nv1 = float32(1.0)
         if r < n_tiles:  # this warp's first tile: K and V requested together
-            issue(ring, k_slot, kd, gk, r * TILE, n_keys, kstride, r0, lane)
+            sk0, sk1 = request(ring, k_slot, kd, gk, ks, k0, r * TILE, n_keys, kstride, n_kv,
+                               hk, r0, g, lane)
             cp_async_commit()
-            issue(ring, v_slot, vd, gv, r * TILE, n_keys, kstride, r0, lane)
-            if INT8:
-                sk0 = row_scale(ks, k0, r * TILE + g, n_keys, n_kv, hk)
-                sk1 = row_scale(ks, k0, r * TILE + g + 8, n_keys, n_kv, hk)
-                sv0 = row_scale(vs, k0, r * TILE + g, n_keys, n_kv, hk)
-                sv1 = row_scale(vs, k0, r * TILE + g + 8, n_keys, n_kv, hk)
+            sv0, sv1 = request(ring, v_slot, vd, gv, vs, k0, r * TILE, n_keys, kstride, n_kv,
+                               hk, r0, g, lane)
         cp_async_commit()
         # B fragments of Q^T (k-chunk c): b0 = q[head g, 16c + 2t, +1], b1 = the dims 8 further;
         # warp w makes chunks w, w + WARPS, ... for the block (in shared memory rather than 32
@@ -286,10 +293,8 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             syncwarp()  # every lane has read the K slot: the next tile's K may land
             nxt = r + WARPS
             if nxt < n_tiles:
-                issue(ring, k_slot, kd, gk, nxt * TILE, n_keys, kstride, r0, lane)
-                if INT8:
-                    nk0 = row_scale(ks, k0, nxt * TILE + g, n_keys, n_kv, hk)
-                    nk1 = row_scale(ks, k0, nxt * TILE + g + 8, n_keys, n_kv, hk)
+                nk0, nk1 = request(ring, k_slot, kd, gk, ks, k0, nxt * TILE, n_keys, kstride,
+                                   n_kv, hk, r0, g, lane)
             cp_async_commit()
             if INT8:  # the keys' K scales, before the mask
                 c0 *= sk0
@@ -354,10 +359,8 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 acc[4 * i + 3] = x3 * big_v
             syncwarp()  # every lane has read the V slot and the P transpose
             if nxt < n_tiles:
-                issue(ring, v_slot, vd, gv, nxt * TILE, n_keys, kstride, r0, lane)
-                if INT8:
-                    nv0 = row_scale(vs, k0, nxt * TILE + g, n_keys, n_kv, hk)
-                    nv1 = row_scale(vs, k0, nxt * TILE + g + 8, n_keys, n_kv, hk)
+                nv0, nv1 = request(ring, v_slot, vd, gv, vs, k0, nxt * TILE, n_keys, kstride,
+                                   n_kv, hk, r0, g, lane)
             cp_async_commit()
             sk0, sk1, sv0, sv1 = nk0, nk1, nv0, nv1
             r = nxt

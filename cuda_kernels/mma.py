@@ -309,25 +309,34 @@ else:
             aryty.layout, idx)
         return builder.ptrtoint(ptr, _I64)
 
-    def _ldsm(op: str, what: str):
+    def _ldsm_call(context, builder, ret, op: str, addr):
+        """Emit ldmatrix `op` of the row at `addr`: a generic i64 address (converted to the
+        shared window) or a 32-bit shared one; the four words as a tuple of type `ret`."""
+        generic = addr.type.width == 64
+        asm = ir.InlineAsm(
+            ir.FunctionType(ir.LiteralStructType([_I32] * 4), [addr.type]),
+            ("{ .reg .u64 s; cvta.to.shared.u64 s, $4; " f"{op} {{$0,$1,$2,$3}}, [s]; }}")
+            if generic else f"{op} {{$0,$1,$2,$3}}, [$4];",
+            "=r,=r,=r,=r," + ("l" if generic else "r") + ",~{memory}", side_effect=True)
+        res = builder.call(asm, [addr])
+        return context.make_tuple(builder, ret, [builder.extract_value(res, k) for k in range(4)])
+
+    def _ldsm(op: str, what: str, addressed: bool = False):
         """An ldmatrix .m8n8.x4 intrinsic (`op`: its PTX mnemonic) reading a shared u32 array:
-        this lane's row starts at word i."""
+        this lane's row starts at word i of it, or (addressed) at 32-bit shared address i."""
         @intrinsic
         def ldsm(typingctx, arr, i):
             ret = types.UniTuple(types.uint32, 4)
 
             def codegen(context, builder, signature, args):
-                addr = _addr(context, builder, signature.args[0], args[0], [args[1]])
-                asm = ir.InlineAsm(
-                    ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I64]),
-                    "{ .reg .u64 s; cvta.to.shared.u64 s, $4; "
-                    f"{op} {{$0,$1,$2,$3}}, [s]; }}",
-                    "=r,=r,=r,=r,l,~{memory}", side_effect=True)
-                res = builder.call(asm, [addr])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                         for k in range(4)])
+                addr = (context.cast(builder, args[1], signature.args[1], types.uint32)
+                        if addressed else
+                        _addr(context, builder, signature.args[0], args[0], [args[1]]))
+                return _ldsm_call(context, builder, ret, op, addr)
             return ret(arr, i), codegen
-        ldsm.__doc__ = f"{what}: ldmatrix .m8n8.x4{' .trans' if 'trans' in op else ''}."
+        ldsm.__doc__ = (f"{what}: ldmatrix .m8n8.x4{' .trans' if 'trans' in op else ''}"
+                        + (" of the row at a 32-bit shared address (see ldsm_x4)." if addressed
+                           else "."))
         return ldsm
 
     ldsm_x4 = _ldsm("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "A/B fragments")
@@ -366,28 +375,9 @@ else:
             return _addr(context, builder, signature.args[0], args[0], [args[1]])
         return types.uint64(arr, i), codegen
 
-    def _ldsm_at(op: str, what: str):
-        """An ldmatrix .m8n8.x4 intrinsic (`op`) of the row at a 32-bit shared address."""
-        @intrinsic
-        def ldsm_at(typingctx, arr, addr):
-            ret = types.UniTuple(types.uint32, 4)
-
-            def codegen(context, builder, signature, args):
-                a = context.cast(builder, args[1], signature.args[1], types.uint32)
-                asm = ir.InlineAsm(
-                    ir.FunctionType(ir.LiteralStructType([_I32] * 4), [_I32]),
-                    f"{op} {{$0,$1,$2,$3}}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                    side_effect=True)
-                res = builder.call(asm, [a])
-                return context.make_tuple(builder, ret, [builder.extract_value(res, k)
-                                                         for k in range(4)])
-            return ret(arr, addr), codegen
-        ldsm_at.__doc__ = f"{what} of the row at 32-bit shared address `addr` (see ldsm_x4)."
-        return ldsm_at
-
-    ldsm_x4_at = _ldsm_at("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix .x4")
-    ldsm_x4_trans_at = _ldsm_at("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
-                                "ldmatrix .x4 .trans")
+    ldsm_x4_at = _ldsm("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "A/B fragments", True)
+    ldsm_x4_trans_at = _ldsm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                             "transposed fragments (e.g. V)", True)
 
     @intrinsic
     def cp_async16_at(typingctx, dst, daddr, src, g, valid):
