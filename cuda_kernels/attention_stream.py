@@ -1,9 +1,11 @@
-"""Decode attention for an f16 KV cache on tensor cores, streaming K and V with an online softmax.
+"""Decode attention for an f16 or int8 KV cache on tensor cores, streaming K and V with an online
+softmax.
 
 Same contract, arguments and partial outputs as `attention._split_kernel` (pass 1 of
 flash-decoding; `attention._combine` merges the splits; the split length follows the live
-length on the device, `strata.plan.attn_split.split_len`), for f16 K and V, head_dim 64 or 128
-and a GQA group of at most 8 query heads (one mma n-tile).
+length on the device, `strata.plan.attn_split.split_len`), for f16 or int8 K and V (int8 rows
+widened to f16 in shared memory, their scales applied in f32: `stream_kernel`), head_dim 64 or
+128 and a GQA group of at most 8 query heads (one mma n-tile).
 
 Why: the two-pass tensor-core kernel before it (`attention_wide`, removed in favour of this one)
 scored all of a split's keys, took the softmax statistics, then read V: each warp had one 16-key
