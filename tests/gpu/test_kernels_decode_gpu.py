@@ -408,3 +408,44 @@ def test_decode_fusions_30b_shape():
     _check("rope_kv K row (f16)", (n_kv, d), got_k, want_k, 1e-3)
     got_v = vs.data.copy_to_host()[row].view(np.float16)
     _check("rope_kv V row (f16)", (n_kv, d), got_v, v.astype(np.float64), 1e-3)
+
+
+def test_rope_kv_int8_30b_shape():
+    """q/k norm + RoPE + the int8 KV write in one launch at the 30B shape (32/4 heads x 128,
+    position 3000): the K/V rows and scales byte for byte what `qk_norm_rope` + `kv_write` (the
+    launches it replaces) write on this GPU, and the dequantized K within int8's rounding of the
+    float64 reference."""
+    from strata.cuda_kernels.kvcache import KvLayout, allocate_kv_side, kv_write
+    from strata.cuda_kernels.norm_rope import qk_norm_rope
+    from strata.cuda_kernels.rope_kv import rope_kv
+    cuda = _cuda()
+    rng = np.random.default_rng()
+    n_head, n_kv, d, n_ctx, pos, theta, eps = 32, 4, 128, 4096, 3000, 1e6, 1e-6
+    q, k, v = (rng.standard_normal(n * d).astype(np.float32) for n in (n_head, n_kv, n_kv))
+    qw, kw = (cuda.to_device(rng.uniform(0.5, 1.5, d).astype(np.float32)) for _ in range(2))
+    seq = cuda.to_device(np.array([pos], np.int32))
+    lay = KvLayout("int8", n_ctx, n_kv, d)
+    ks, vs, ks2, vs2 = (allocate_kv_side(lay) for _ in range(4))
+    for side in (ks, vs, ks2, vs2):  # the same poison in both pairs
+        side.data.copy_to_device(np.full(n_ctx * n_kv * d, 0x5A, np.uint8))
+        side.scale.copy_to_device(np.full(n_ctx * n_kv, 7.0, np.float16))
+    dq, dk = cuda.to_device(q), cuda.to_device(k)
+    rope_kv(dq, dk, cuda.to_device(v), seq, ks, vs, n_head=n_head, theta=theta, q_norm_w=qw,
+            k_norm_w=kw, eps=eps)
+    dq2, dk2 = cuda.to_device(q.reshape(1, -1)), cuda.to_device(k.reshape(1, -1))
+    qk_norm_rope(dq2, dk2, seq, n_head=n_head, n_head_kv=n_kv, head_dim=d, theta=theta,
+                 q_norm_w=qw, k_norm_w=kw, eps=eps)
+    kv_write(dk2.reshape(1, n_kv, d), ks2, seq)
+    kv_write(cuda.to_device(v.reshape(1, n_kv, d)), vs2, seq)
+    same = all(np.array_equal(a.copy_to_host(), b.copy_to_host())
+               for a, b in ((dq, dq2.reshape(q.size)), (dk, dk2.reshape(k.size)),
+                            (ks.data, ks2.data),
+                            (ks.scale, ks2.scale), (vs.data, vs2.data), (vs.scale, vs2.scale)))
+    ROWS.append(("rope_kv int8 vs separate launches", f"{n_head}/{n_kv}x{d}",
+                 0.0 if same else 1.0, 0.5))
+    assert same, "rope_kv's int8 rows, scales or q/k differ from qk_norm_rope + kv_write"
+    rows = slice(pos * n_kv, (pos + 1) * n_kv)
+    qb = ks.data.copy_to_host().reshape(-1, d)[rows].view(np.int8).astype(np.float64)
+    deq = qb * ks.scale.copy_to_host()[rows].astype(np.float64)[:, None]
+    kr = dk.copy_to_host().reshape(n_kv, d).astype(np.float64)
+    _check("rope_kv K row (int8)", (n_kv, d), deq, kr, 1e-2)

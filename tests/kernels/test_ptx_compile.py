@@ -31,6 +31,7 @@ DIV64_BUDGET = {
     "matvec_lanes_x8_Q4_K_f32": 0, "matvec_lanes_normed_x8_Q4_K": 0,
     "matvec_lanes_mixed_normed_x8_Q4_K_Q6_K": 0, "matvec_lanes_rounds_Q6_K_f32": 1,
     "router_normed_F32": 2, "rope_kv_f16": 0, "moe_fused_lanes_x8_Q4_K_Q6_K": 2,
+    "rope_kv_int8": 0,
 }
 
 

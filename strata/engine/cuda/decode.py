@@ -150,7 +150,7 @@ class DecodeStep:
         k_side, v_side = m.kv_sides[il]
         norms = dict(q_norm_w=m.norms[b + "attn_q_norm"], k_norm_w=m.norms[b + "attn_k_norm"],
                      eps=eps, stream=stream)
-        if rope_kv_fits(k_side, v_side):  # f16 KV: norm, RoPE and both writes in one launch
+        if rope_kv_fits(k_side, v_side):  # f16, int8 KV: norm, RoPE, both writes in one launch
             rope_kv(self.q.reshape(self.q.size), self.k.reshape(self.k.size),
                     self.v.reshape(self.v.size), self.seq_len, k_side, v_side,
                     n_head=s.n_head, theta=s.rope_freq_base, **norms)
