@@ -26,7 +26,7 @@ CHILD = textwrap.dedent('''
         print("not applied")
         raise SystemExit(0)
     assert icc.copy.deepcopy([[1], {2: 3}]) == [[1], {2: 3}]  # outside inline_ir: plain
-    names = ("router_normed_F32", "moe_down_lanes_Q6_K", "decode_attn_f16_wide_hd128_g8",
+    names = ("router_normed_F32", "moe_down_lanes_Q6_K", "decode_attn_f16_stream_hd128_g8",
              "argmax")
     checks = [c for c in cc._checks(None, None) if c.name in names]
     assert len(checks) == len(names), [c.name for c in checks]
