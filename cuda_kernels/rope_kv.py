@@ -74,23 +74,28 @@ def _norm_rotate(buf, base, nw, has_norm, eps, pos, theta_log2, head_dim, lane, 
                 _store_f16(data, row * 2 * head_dim + 2 * (i + half), rb)
 
 
+@cuda.jit(device=True, inline="always")
+def _item(seq_len, n_head, n_kv, head_dim):
+    """This warp's item (q heads, then k heads, then v heads): (lane, is_q, is_v, active, the
+    head's offset in its vector, the position, the cache row of a k or v head)."""
+    lane = cuda.threadIdx.x & 31
+    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
+    is_q = item < n_head
+    is_v = item >= n_head + n_kv
+    h = item if is_q else (item - n_head - n_kv if is_v else item - n_head)
+    pos = seq_len[0]
+    return lane, is_q, is_v, item < n_head + 2 * n_kv, h * head_dim, pos, pos * n_kv + h
+
+
 @cuda.jit
 def rope_kv_f16_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, n_kv, head_dim,
                        theta_log2, eps, n_ctx, k_data, v_data):
     # q: [n_head * head_dim] f32, k, v: [n_kv * head_dim] f32 (q, k normed and rotated in
     # place); *_norm_w: [head_dim] f32; seq_len: [1] i32; k_data, v_data: [n_ctx * n_kv *
     # 2 * head_dim] u8 f16 cache rows. One warp per item: q heads, then k heads, then v heads.
-    lane = cuda.threadIdx.x & 31
-    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    is_q = item < n_head
-    is_v = item >= n_head + n_kv
-    h = item if is_q else (item - n_head - n_kv if is_v else item - n_head)
+    lane, is_q, is_v, active, base, pos, row = _item(seq_len, n_head, n_kv, head_dim)
     buf = q if is_q else (v if is_v else k)
     nw = q_norm_w if is_q else k_norm_w
-    active = item < n_head + 2 * n_kv
-    base = h * head_dim
-    pos = seq_len[0]
-    row = pos * n_kv + h  # the cache row of a k or v head
     writes = active and not is_q and row < n_ctx * n_kv  # past the cache: dropped
     data = v_data if is_v else k_data
     if is_v:
@@ -108,17 +113,9 @@ def rope_kv_int8_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, 
     # rope_kv_f16_kernel's work for an int8 cache: k_data, v_data [n_ctx * n_kv * head_dim] u8,
     # k_scale, v_scale [n_ctx * n_kv] f16 (a row's scale). A k head is rotated in place first,
     # then quantized from what it holds, as kv_write quantizes it.
-    lane = cuda.threadIdx.x & 31
-    item = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-    is_q = item < n_head
-    is_v = item >= n_head + n_kv
-    h = item if is_q else (item - n_head - n_kv if is_v else item - n_head)
+    lane, is_q, is_v, active, base, pos, row = _item(seq_len, n_head, n_kv, head_dim)
     buf = q if is_q else (v if is_v else k)
     nw = q_norm_w if is_q else k_norm_w
-    active = item < n_head + 2 * n_kv
-    base = h * head_dim
-    pos = seq_len[0]
-    row = pos * n_kv + h
     if not is_v:
         _norm_rotate(buf, base, nw, has_norm, eps, pos, theta_log2, head_dim, lane, active,
                      k_data, row, False)
