@@ -182,9 +182,10 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_sp
     ok = tc.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the tensor-core decode-attention kernel needs K and V both "
-                         f"{' or '.join(tc.FORMATS)}, head_dim in {tc.HEAD_DIMS}, a GQA group of at most {tc.MAX_GROUP} and a "
-                         f"longest split multiple of {tc.TILE}; got {k_fmt}/{v_fmt}, head_dim "
-                         f"{head_dim}, group {group}, longest split {max_split}")
+                         f"{' or '.join(tc.FORMATS)}, head_dim in {tc.HEAD_DIMS}, a GQA group "
+                         f"of at most {tc.MAX_GROUP} and a longest split multiple of {tc.TILE}; "
+                         f"got {k_fmt}/{v_fmt}, head_dim {head_dim}, group {group}, longest "
+                         f"split {max_split}")
     if min_split is None:
         min_split = min_split_for(k_fmt, v_fmt, head_dim, group, max_split, wide=wide)
     if ok and wide is not False:
