@@ -178,7 +178,7 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_sp
     max_split / min_split: the longest split (the generic kernel's shared score buffer's
     length) / the shortest (where the longest allows it) and the granularity; None: the
     kernel's own (`min_split_for`)."""
-    tc = attention_stream
+    tc = attention_stream  # the tensor-core kernel's module: its limits name the refusal
     ok = tc.supports(k_fmt, v_fmt, head_dim, group, max_split)
     if wide and not ok:
         raise ValueError(f"the tensor-core decode-attention kernel needs K and V both "

@@ -121,6 +121,22 @@ def make_reader(fmt: str, n_vals: int, row_bytes: int):
 
 
 @cuda.jit(device=True, inline="always")
+def i8_scale(amax):
+    """(the int8 row scale as stored, f16-rounded, of a row whose largest magnitude is amax; its
+    inverse, 0 for an all-zero row): values are quantized with the stored scale, so q * scale
+    reproduces them best."""
+    s = half2_lo(pack_half2(amax / float32(127.0), float32(0.0)))
+    return s, (float32(1.0) / s if s > 0 else float32(0.0))
+
+
+@cuda.jit(device=True, inline="always")
+def i8_byte(x, inv):
+    """The int8 cache byte of x at inverse scale inv: rounded half up, clamped to +-127."""
+    q = int(math.floor(x * inv + float32(0.5)))
+    return min(127, max(-127, q)) & 0xFF
+
+
+@cuda.jit(device=True, inline="always")
 def _group_absmax(v, width):
     """(value of largest magnitude, its sign kept) over groups of `width` lanes (a power of 2)."""
     m = width // 2
@@ -159,12 +175,9 @@ def _write_kernel(fmt: str, head_dim: int):
                 amax = max(amax, abs(src[t, h, d0 + i]))
             for m in (16, 8, 4, 2, 1):
                 amax = max(amax, shfl_xor(amax, m))
-            # quantize with the scale as stored (f16), so q * scale reproduces the value best
-            s = half2_lo(pack_half2(amax / float32(127.0), float32(0.0)))
-            inv = float32(1.0) / s if s > 0 else float32(0.0)
+            s, inv = i8_scale(amax)
             for i in range(DPL):
-                q = int(math.floor(src[t, h, d0 + i] * inv + float32(0.5)))
-                data[row * ROW_BYTES + d0 + i] = min(127, max(-127, q)) & 0xFF
+                data[row * ROW_BYTES + d0 + i] = i8_byte(src[t, h, d0 + i], inv)
             if lane == 0:
                 scale[row] = s
         else:

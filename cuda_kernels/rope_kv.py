@@ -21,9 +21,9 @@ import numpy as np
 from numba import cuda, types
 
 from .intrinsics import warp_max, warp_sum
-from .kvcache import KvSide
+from .kvcache import KvSide, i8_byte, i8_scale
 from .launch import check_array, n_blocks, register_ptx
-from .mma import half2_lo, pack_half2, syncwarp
+from .mma import pack_half2, syncwarp
 
 WARPS = 4
 F0 = np.float32(0.0)
@@ -125,13 +125,10 @@ def rope_kv_int8_kernel(q, k, v, q_norm_w, k_norm_w, has_norm, seq_len, n_head, 
     amax = F0
     for i in range(lane, head_dim, 32):
         amax = max(amax, abs(buf[base + i]))
-    amax = warp_max(amax)
-    sc = half2_lo(pack_half2(amax / np.float32(127.0), F0))  # the scale as stored (f16)
-    inv_s = F1 / sc if sc > 0 else F0
+    sc, inv_s = i8_scale(warp_max(amax))
     data = v_data if is_v else k_data
     for i in range(lane, head_dim, 32):
-        qv = int(math.floor(buf[base + i] * inv_s + np.float32(0.5)))
-        data[row * head_dim + i] = min(127, max(-127, qv)) & 0xFF
+        data[row * head_dim + i] = i8_byte(buf[base + i], inv_s)
     if lane == 0:
         if is_v:
             v_scale[row] = sc
