@@ -82,12 +82,16 @@ def ld_i64x2(x, i):
 
 def prmt(a, b, sel):
     """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the
-    8 bytes b:a (a the low word)."""
+    8 bytes b:a (a the low word); where bit 3 of that selector is set, the byte's sign bit
+    replicated instead (0x00 or 0xFF)."""
     both = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
     out = 0
     for k in range(4):
-        src = (int(sel) >> (4 * k)) & 7
-        out |= ((both >> (8 * src)) & 0xFF) << (8 * k)
+        nib = (int(sel) >> (4 * k)) & 0xF
+        byte = (both >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * k)
     return out
 
 

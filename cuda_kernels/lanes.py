@@ -56,6 +56,10 @@ class LaneFormat:
             if self.sb_values % X8_SPAN:
                 raise ValueError(f"{self.name}: 8-bit x is staged in {X8_SPAN}-value spans; "
                                  f"{self.sb_values}-value super-blocks do not fill them")
+            if self.lanes * X8_SPAN != self.sb_values:
+                raise ValueError(f"{self.name}: an 8-bit lane reads {X8_SPAN} values (the span "
+                                 f"the staging spreads over the banks), not "
+                                 f"{self.sb_values // self.lanes}")
             return
         if 32 % self.lanes or self.lanes & (self.lanes - 1):
             raise ValueError(f"{self.name}: {self.lanes} lanes per super-block do not divide 32")

@@ -8,9 +8,17 @@ time in integers; the group's scale is applied once per 32 values. Each dot is e
 dequantized row times the quantized x (as the CPU engine's), up to float32 rounding: the
 quantization of x, |error| <= dx / 2 a value, is the only approximation.
 
-Slices are the float32 decoders' (`lanes_k`); the staged x is `xstage`'s 8-bit layout:
-  Q4_K  part k: qs words j < 8 hold values 64k + 4j .. +3 (low nibbles, group 2k) and 32 further
-        (high nibbles, group 2k + 1); their x words are x8_word(64k) + j and + 8 + j.
+Every 8-bit format takes 64 values a lane (4 lanes a super-block), the span whose reads
+`xstage`'s 8-bit layout spreads over the bank groups; the staged x of part k starts at word
+x8_word(64k) = 20k of its super-block:
+  Q4_K    the float32 slice (`lanes_k`): qs words j < 8 hold values 64k + 4j .. +3 (low
+          nibbles, group 2k) and 32 further (high nibbles, group 2k + 1): x words + j, + 8 + j.
+  IQ4_XS  its own slice (the float32 decoder takes 8 lanes): the 8-byte header and qs[32k ..
+          32k + 31], sub-blocks 2k and 2k + 1. Byte i of a sub-block holds values i (low nibble)
+          and 16 + i (high); the nibbles index the 16 int8 levels, looked up four at a time by
+          byte permutes of the levels held in four words.
+  IQ3_S   the float32 slice (`lanes_iq`): grid entry e of a sub-block is values 4e .. 4e + 3,
+          x word e; its four sign bits become a byte mask by one multiply and one permute.
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from .intrinsics import dp4a, h2f, ld_w4, u2f
+from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u32_at, ld_w4, prmt, u2f
 from .lanes import LaneFormat, lane_format
 from .lanes_k import _k4_scales, small_f32
+from .qtables import GRID_IQ3_S, KVALUES_IQ4NL
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
@@ -59,12 +68,129 @@ def dot_q4_k_x8(v, part, xs, xo, so, tab):
                                  + small_f32(mn >> 8) * u2f(s_hi)))
 
 
-def _x8(t: T, dot) -> tuple[int, LaneFormat]:
-    return int(t), replace(lane_format(t), dot=dot, x8=True)
+# ---- IQ4_XS ----
+
+# The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
+IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype(np.int8).view(np.uint32))
+F32 = np.float32(32.0)
 
 
-# The formats with an 8-bit decoding: the same loads and slices as their float32 one
-X8_FORMATS: dict[int, LaneFormat] = dict([_x8(T.Q4_K, dot_q4_k_x8)])
+@cuda.jit(device=True, inline="always")
+def load_iq4_xs_x8(w, off, part):
+    h0, h1 = ld_nc_u32x2(w, off)                   # d | scales_h << 16, scales_l
+    q0, q1 = ld_nc_u32x2(w, off + 8 + 32 * part)   # the super-block is 8-aligned, qs too
+    q2, q3 = ld_nc_u32x2(w, off + 16 + 32 * part)
+    q4, q5 = ld_nc_u32x2(w, off + 24 + 32 * part)
+    q6, q7 = ld_nc_u32x2(w, off + 32 + 32 * part)
+    return (h0, h1, q0, q1, q2, q3, q4, q5, q6, q7)
+
+
+@cuda.jit(device=True, inline="always")
+def _iq4_levels(q):
+    """(the levels of q's low nibbles, of its high nibbles), int8 bytes in value order.
+    A permute's selector takes the low 16 bits, four 3-bit indices (bit 3 would make it
+    replicate a sign): the nibbles' low 3 bits pick from levels 0-7 and from 8-15, their
+    bit 3 picks between the two; the bytes come out in nibble order (low, high, low, high)."""
+    qm = q & 0x77777777
+    pick = 0x32103210 | ((q >> 1) & 0x44444444)
+    q2 = qm >> 16
+    r0 = prmt(prmt(IQ4_L0, IQ4_L1, qm), prmt(IQ4_L2, IQ4_L3, qm), pick)
+    r1 = prmt(prmt(IQ4_L0, IQ4_L1, q2), prmt(IQ4_L2, IQ4_L3, q2), pick >> 16)
+    return prmt(r0, r1, 0x6420), prmt(r0, r1, 0x7531)
+
+
+@cuda.jit(device=True, inline="always")
+def _iq4_word(q, xa, xb, acc):
+    lo, hi = _iq4_levels(q)
+    return dp4a(hi, xb, dp4a(lo, xa, acc))
+
+
+@cuda.jit(device=True, inline="always")
+def _iq4_sub(q0, q1, q2, q3, xs, p):
+    """Integer dot of one 32-value sub-block (qs words q0..q3) with x words p .. p + 7."""
+    a0, a1, a2, a3 = ld_w4(xs, p)                  # values 0 .. 15
+    b0, b1, b2, b3 = ld_w4(xs, p + 4)              # values 16 .. 31
+    s = _iq4_word(q0, a0, b0, 0)
+    s = _iq4_word(q1, a1, b1, s)
+    s = _iq4_word(q2, a2, b2, s)
+    return _iq4_word(q3, a3, b3, s)
+
+
+@cuda.jit(device=True, inline="always")
+def _iq4_scale(h0, h1, sub):
+    """Sub-block `sub`'s 6-bit scale minus its bias of 32, as float32."""
+    return small_f32(((h1 >> (4 * sub)) & 0xF) | (((h0 >> (16 + 2 * sub)) & 3) << 4)) - F32
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq4_xs_x8(v, part, xs, xo, so, tab):
+    p = xo + 20 * part
+    sa = _iq4_sub(v[2], v[3], v[4], v[5], xs, p)
+    sb = _iq4_sub(v[6], v[7], v[8], v[9], xs, p + 8)
+    d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
+    h0 = v[0]
+    return h2f(h0 & 0xFFFF) * (_iq4_scale(h0, v[1], 2 * part) * u2f(d_a) * np.float32(sa)
+                               + _iq4_scale(h0, v[1], 2 * part + 1) * u2f(d_b) * np.float32(sb))
+
+
+# ---- IQ3_S ----
+
+# A sign mask is built as (grid ^ mask) + (mask & ONES) per byte, which negates a byte only
+# where it cannot borrow: every grid magnitude must lie in 1 .. 127.
+_MAGS = GRID_IQ3_S.view(np.uint8)
+if _MAGS.min() < 1 or _MAGS.max() > 127:
+    raise ValueError("IQ3_S grid magnitudes outside 1..127: the 8-bit sign trick needs them")
+ONES = 0x01010101
+SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
+
+
+@cuda.jit(device=True, inline="always")
+def _iq3_e(q, b, qh, e, signs, tab, xw, acc):
+    """acc + grid entry e (index byte b of q, ninth bit e of qh), signed by bits 4e .. 4e + 3
+    of signs, dotted with the x word xw."""
+    grid = ld_u32_at(tab, 4 * (((q >> (8 * b)) & 0xFF) | (((qh >> e) & 1) << 8)))
+    mask = prmt(((signs >> (4 * e)) & 0xF) * SPREAD, 0, 0xBA98)  # each byte's sign, replicated
+    return dp4a((grid ^ mask) + (mask & ONES), xw, acc)
+
+
+@cuda.jit(device=True, inline="always")
+def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
+    """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7)."""
+    a0, a1, a2, a3 = ld_w4(xs, p)
+    b0, b1, b2, b3 = ld_w4(xs, p + 4)
+    s = _iq3_e(qa, 0, qh, 0, signs, tab, a0, 0)
+    s = _iq3_e(qa, 1, qh, 1, signs, tab, a1, s)
+    s = _iq3_e(qa, 2, qh, 2, signs, tab, a2, s)
+    s = _iq3_e(qa, 3, qh, 3, signs, tab, a3, s)
+    s = _iq3_e(qb, 0, qh, 4, signs, tab, b0, s)
+    s = _iq3_e(qb, 1, qh, 5, signs, tab, b1, s)
+    s = _iq3_e(qb, 2, qh, 6, signs, tab, b2, s)
+    return _iq3_e(qb, 3, qh, 7, signs, tab, b3, s)
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq3_s_x8(v, part, xs, xo, so, tab):
+    p = xo + 20 * part
+    qh = v[6]
+    sc = v[7]
+    sa = _iq3_sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p)
+    sb = _iq3_sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8)
+    d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
+    return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * u2f(d_a) * np.float32(sa)
+                        + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
+
+
+def _x8(t: T, dot, **slice_) -> tuple[int, LaneFormat]:
+    return int(t), replace(lane_format(t), dot=dot, x8=True, **slice_)
+
+
+# The formats with an 8-bit decoding: the float32 one's loads and slices unless given here.
+# Their tables stay the float32 format's: `launch.device_table` keeps one per format.
+X8_FORMATS: dict[int, LaneFormat] = dict([
+    _x8(T.Q4_K, dot_q4_k_x8),
+    _x8(T.IQ4_XS, dot_iq4_xs_x8, lanes=4, load=load_iq4_xs_x8),
+    _x8(T.IQ3_S, dot_iq3_s_x8),
+])
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

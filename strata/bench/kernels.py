@@ -241,6 +241,13 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                             ctx.time_graph(record, rounds * n_copies), 2)
                     finally:
                         mv.LANE_GRID_BLOCKS = default
+                if name in mv.NO_ROUNDS_FORMATS:  # the rounds kernel it is kept from
+                    saved_nr, mv.NO_ROUNDS_FORMATS = mv.NO_ROUNDS_FORMATS, frozenset()
+                    try:
+                        extra["us in rounds"] = round(ctx.time_graph(record, rounds * n_copies),
+                                                      2)
+                    finally:
+                        mv.NO_ROUNDS_FORMATS = saved_nr
             if x8_format(get_format(name).ggml_type) is not None:
                 saved, mv.LANE_X8 = mv.LANE_X8, False  # the 8-bit decoding against float32 x
                 try:
@@ -303,7 +310,8 @@ def moe_group(ctx: Ctx) -> list[Result]:
     from strata.cuda_kernels.qformats import get_format
     out = []
     n_layer, n_expert, k = 12, 128, 8
-    for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")):
+    for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
+                   ("IQ3_S", "IQ3_S")):
         lay, cache, slot_table, slot_off, host_off = moe_setup(
             ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
         ids, wts = moe_routing(ctx, n_layer, n_expert, k)

@@ -206,6 +206,6 @@ def test_formats_without_rounds_keep_a_warp_a_pair(monkeypatch):
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1)
     y = np.full(21, np.nan, np.float32)
     mv.matvec(rows, "IQ4_XS", x, y)
-    assert _rel(y, reference("IQ4_XS", rows, 256) @ x.astype(np.float64)) < 1e-5
+    assert _rel(y, reference("IQ4_XS", rows, 256) @ x_seen(x, dots_x8("IQ4_XS"))) < 1e-5
     assert not [k for k in mv._CACHE if k[0] == BY_LANE_NAME["IQ4_XS"].ggml_type
                 and "rounds" in k]

@@ -105,11 +105,13 @@ def test_q4_k_reads_spread_each_phase_over_all_bank_groups():
 
 
 def test_x8_lane_format_geometry():
-    base = dict(ggml_type=0, name="X", sb_bytes=64, lanes=8, pad=(5, 4, 31, 0), sums=False,
+    base = dict(ggml_type=0, name="X", sb_bytes=64, pad=(5, 4, 31, 0), sums=False,
                 load=None, dot=None, table=NO_TABLE)
     with pytest.raises(ValueError, match=f"{X8_SPAN}-value"):
-        LaneFormat(sb_values=32, x8=True, **base)
-    lf = LaneFormat(sb_values=256, x8=True, **base)
+        LaneFormat(sb_values=32, lanes=1, x8=True, **base)
+    with pytest.raises(ValueError, match=f"reads {X8_SPAN} values .* not 32"):
+        LaneFormat(sb_values=256, lanes=8, x8=True, **base)
+    lf = LaneFormat(sb_values=256, lanes=4, x8=True, **base)
     assert lf.stage_len(2048) == x8_len(2048) == 512 + 128
     assert lf.stage_bytes(2048) == 4 * (640 + 128)  # dx and dx * sum, 2 words per group
     assert lf.sb_sums == 16

@@ -172,6 +172,8 @@ def test_moe_down_splits_experts_whose_h_exceeds_shared_memory(gu, dn, n_embd, c
     ("Q4_K", "Q6_K", 512, True, True),    # the missed expert left out of the units
     ("Q4_K", "Q6_K", 512, True, False),   # Q4_K's float32 gate/up (GATE_UP_X8 off)
     ("IQ3_S", "Q5_K", 256, True, False),
+    ("IQ3_S", "Q5_K", 256, True, True),     # IQ3_S's 8-bit gate/up
+    ("IQ4_XS", "Q6_K", 256, False, True),   # IQ4_XS's: 4 lanes a super-block, not 8
     ("Q6_K", "IQ3_S", 256, False, False),
     ("Q5_K", "IQ4_XS", 256, False, False),
 ])
