@@ -70,6 +70,11 @@ class Ctx:
         self.read_gbps = 0.0
         self.copy_gbps = 0.0
         self.notes: list[str] = []
+        self.formats: tuple[str, ...] | None = None  # --formats: the weight formats to run
+
+    def wanted(self, formats) -> list[str]:
+        """Those of `formats` this run takes (--formats), in their order."""
+        return [f for f in formats if self.formats is None or f in self.formats]
 
     def events_ms(self, fn: Callable[[], None], reps: int) -> float:
         """Milliseconds of `reps` calls of fn (which enqueues work on self.stream)."""
@@ -212,7 +217,7 @@ def matvec_group(ctx: Ctx) -> list[Result]:
     from strata.cuda_kernels.qformats import get_format
     out = []
     n_max = max(r * c for _, r, c in MATVEC_SHAPES)
-    for name in MATVEC_FORMATS:
+    for name in ctx.wanted(MATVEC_FORMATS):
         # one random tensor per format; each shape rotates copies of a prefix of it
         big = ctx.upload(random_weights(ctx, name, n_max // 2048, 2048))
         for label, n_rows, n_cols in MATVEC_SHAPES:
@@ -310,8 +315,9 @@ def moe_group(ctx: Ctx) -> list[Result]:
     from strata.cuda_kernels.qformats import get_format
     out = []
     n_layer, n_expert, k = 12, 128, 8
-    for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
-                   ("IQ3_S", "IQ3_S")):
+    pairs = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
+             ("IQ3_S", "IQ3_S"))
+    for gu, dn in [pair for pair in pairs if pair[0] in ctx.wanted(p[0] for p in pairs)]:
         lay, cache, slot_table, slot_off, host_off = moe_setup(
             ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
         ids, wts = moe_routing(ctx, n_layer, n_expert, k)
@@ -417,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="kernel microbenchmarks against measured ceilings")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--only", default="", help="comma-separated groups (ceilings always runs)")
+    p.add_argument("--formats", default="",
+                   help="comma-separated weight formats the matvec and MoE groups run (MoE: "
+                        "by gate/up format); default all of theirs")
     a = p.parse_args(argv)
     for m in EXTRA_MODULES:
         if importlib.util.find_spec(m) is not None:
@@ -426,27 +435,39 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown groups {unknown}; known: {list(REGISTRY)}", file=sys.stderr)
         return 2
+    from strata.cuda_kernels.qformats import BY_NAME
+    formats = tuple(f for f in a.formats.split(",") if f)
+    bad = [f for f in formats if f not in BY_NAME]
+    if bad:
+        print(f"unknown formats {bad}; known: {sorted(BY_NAME)}", file=sys.stderr)
+        return 2
     ctx = Ctx()
+    ctx.formats = formats or None
     results = list(REGISTRY["ceilings"](ctx))
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, "kernels_bench.json")
+    command = "python -m strata.bench.kernels " + " ".join(argv or sys.argv[1:])
     for g in wanted:
         if g != "ceilings":
             print(f"[bench] {g} ...", flush=True)
             results += REGISTRY[g](ctx)
+            _write(path, ctx, command, results)  # after each group: a run cut short keeps them
     print_table(results)
+    _write(path, ctx, command, results)
+    print(f"wrote {path}")
+    return 0
+
+
+def _write(path: str, ctx: Ctx, command: str, results: list[Result]) -> None:
     dev = ctx.cuda.get_current_device()
     name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "device": name,
-           "command": "python -m strata.bench.kernels " + " ".join(argv or sys.argv[1:]),
+           "commit": _commit(), "device": name, "command": command,
            "ceilings": {"read_gbps": ctx.read_gbps, "copy_gbps": ctx.copy_gbps},
            "notes": ctx.notes,
            "results": [asdict(r) | {"gbps": r.gbps, "frac": r.frac} for r in results]}
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, "kernels_bench.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
-    print(f"wrote {path}")
-    return 0
 
 
 if __name__ == "__main__":
