@@ -51,10 +51,17 @@ LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
-# Formats whose rounds measured slower than a warp a pair on the H200: IQ4_XS's rounds kernel
-# takes 80 registers against 64 (three blocks an SM against four): 8192x8192 25.4 against
-# 21.5 us, the 151,936-row head 105.4 against 103.4.
-NO_ROUNDS_FORMATS = frozenset({"IQ4_XS"})
+# (format, 8-bit x) whose rounds measured slower than a warp a pair on the H200: IQ4_XS's
+# float32 rounds kernel takes 80 registers against 64 (three blocks an SM against four):
+# 8192x8192 25.4 against 21.5 us, the 151,936-row head 105.4 against 103.4. Its 8-bit kernel
+# gains from rounds: 19.1 against 20.1 us, the head 72.0 against 84.5
+# (`2026-12-03_kernels_matvec_iq_x8.json`).
+NO_ROUNDS = frozenset({("IQ4_XS", False)})
+
+
+def has_rounds(lf: LaneFormat) -> bool:
+    """Whether lf's lane matvec goes through row pairs in rounds where they exceed the grid."""
+    return (lf.name, lf.x8) not in NO_ROUNDS
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
@@ -358,7 +365,7 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
-    rounds = grid > LANE_GRID_BLOCKS and lf.name not in NO_ROUNDS_FORMATS
+    rounds = grid > LANE_GRID_BLOCKS and has_rounds(lf)
     kern = _lanes_kernel(lf, norm is not None, rounds)
     kern[min(grid, LANE_GRID_BLOCKS) if rounds else grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
@@ -481,7 +488,7 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False):
 
 for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
     _x8 = "x8_" if _lf.x8 else ""
-    for _r, _tag in ((False, ""), (True, "_rounds"))[:1 if _lf.name in NO_ROUNDS_FORMATS else 2]:
+    for _r, _tag in ((False, ""), (True, "_rounds"))[:2 if has_rounds(_lf) else 1]:
         register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=lane_jit_options(_lf))
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",

@@ -29,7 +29,7 @@ from .intrinsics import SIMULATED
 from .lanes import LaneFormat, lane_format
 from .lanes_x8 import lanes_for
 from .launch import device_table, flat, n_blocks, register_ptx
-from .matvec import (LANE_THREADS, LANE_WARPS, NO_ROUNDS_FORMATS, PART_SLOTS, lane_body,
+from .matvec import (LANE_THREADS, LANE_WARPS, PART_SLOTS, has_rounds, lane_body,
                      lane_jit_options, lane_split, lanes_fit)
 
 # (format A, format B) of the mixed kernels: Q4_K_M's and Q5_K_M's q, k | v (Q6_K). The launcher
@@ -150,7 +150,7 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
     for lf in (lf_a, lf_b):
         if n_cols <= 0 or n_cols % lf.sb_values or not lanes_fit(lf, n_cols):
             raise ValueError(f"x: {n_cols} columns do not make whole, stageable {lf.name} rows")
-    if any(lf.name in NO_ROUNDS_FORMATS or lf.has_table for lf in (lf_a, lf_b)):
+    if any(not has_rounds(lf) or lf.has_table for lf in (lf_a, lf_b)):
         raise ValueError(f"{lf_a.name} + {lf_b.name}: the mixed kernel takes table-free formats "
                          f"with rounds only")
     use_x8 = mv.LANE_X8 if x8 is None else x8

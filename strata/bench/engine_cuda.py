@@ -25,6 +25,7 @@ import numpy as np
 
 from strata.engine.sampler import SamplingParams
 from strata.errors import StrataError
+from strata.plan.knobs import knob_flags
 
 LLAMA_CPP_BAR = {  # REFERENCE.md, llama.cpp on the same H200 (tok/s)
     "decode_q4_k_m_all_gpu": 304, "prefill_pp4096_q4_k_m_all_gpu": 9100,
@@ -292,7 +293,7 @@ def run_cuda(args) -> int:
     command = (f"strata bench --backend cuda -m {args.model[0]} --prompt-tokens "
                f"{args.prompt_tokens} --gen {args.gen}"
                + (f" --gpu-mem {args.gpu_mem}" if args.gpu_mem else "")
-               + (f" --max-context {args.max_context}" if args.max_context else "")
+               + "".join(f" {f}" for f in knob_flags(args))
                + (" --no-graph" if args.no_graph else "")
                + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
                + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")

@@ -246,13 +246,6 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                             ctx.time_graph(record, rounds * n_copies), 2)
                     finally:
                         mv.LANE_GRID_BLOCKS = default
-                if name in mv.NO_ROUNDS_FORMATS:  # the rounds kernel it is kept from
-                    saved_nr, mv.NO_ROUNDS_FORMATS = mv.NO_ROUNDS_FORMATS, frozenset()
-                    try:
-                        extra["us in rounds"] = round(ctx.time_graph(record, rounds * n_copies),
-                                                      2)
-                    finally:
-                        mv.NO_ROUNDS_FORMATS = saved_nr
             if x8_format(get_format(name).ggml_type) is not None:
                 saved, mv.LANE_X8 = mv.LANE_X8, False  # the 8-bit decoding against float32 x
                 try:

@@ -56,6 +56,21 @@ def add_engine_knobs(p: argparse.ArgumentParser) -> None:
                    help="routing counts [n_layer, n_expert] to rank the cache's fill by")
 
 
+def knob_flags(args: argparse.Namespace) -> list[str]:
+    """The engine knobs of `args` that differ from their defaults, as command-line flags (a
+    benchmark records the command it ran)."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_engine_knobs(p)
+    flags = []
+    for a in p._actions:  # the one parser whose actions these are: built just above
+        value = getattr(args, a.dest, a.default)
+        if value == a.default:
+            continue
+        flag = a.option_strings[0]
+        flags += [flag] if a.nargs == 0 else [flag, str(value)]
+    return flags
+
+
 def _ring_mib(args: argparse.Namespace, environ) -> int | None:
     if args.ring_mib is not None:
         return args.ring_mib

@@ -84,7 +84,7 @@ def test_dequant_and_matvec(name):
                ref @ x_seen(xh, dots_x8(name)))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ3_S"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ3_S", "IQ4_XS"])
 def test_matvec_in_rounds_full_size(name, monkeypatch):
     """A head-like matrix (24,575 rows: 12,288 row pairs, more than the capped grid's 4,096
     warps) goes through its row pairs in rounds: equal to the reference and to a grid of one

@@ -173,7 +173,7 @@ def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
 # two warps over three steps, one unit of the second past the row)
 ROUNDS = [("Q4_K", 37, 512, 1), ("Q4_K", 35, 2048, 2), ("Q6_K", 41, 1024, 1),
           ("Q8_0", 19, 96, 1), ("IQ3_S", 21, 4096, 1), ("Q4_K", 35, 4096, 2),
-          ("Q6_K", 9, 3072, 1)]
+          ("Q6_K", 9, 3072, 1), ("IQ4_XS", 21, 512, 1)]
 
 
 @pytest.mark.parametrize("name,n_rows,n_cols,cap", ROUNDS)
@@ -198,14 +198,17 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
 
 
 def test_formats_without_rounds_keep_a_warp_a_pair(monkeypatch):
-    """IQ4_XS (NO_ROUNDS_FORMATS) launches its one-pair kernel on any grid: the rounds kernel
-    is never built for it, and the sums still equal the reference."""
+    """IQ4_XS on float32 x (matvec.NO_ROUNDS) launches its one-pair kernel on any grid: the
+    rounds kernel is never built for it, and the sums still equal the reference. On 8-bit x it
+    takes rounds (test_lane_matvec_in_rounds_equals_one_round)."""
     rng = np.random.default_rng(3)
     rows = random_rows("IQ4_XS", 21, 256, rng)
     x = rng.standard_normal(256).astype(np.float32)
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1)
+    monkeypatch.setattr(mv, "LANE_X8", False)
+    assert not mv.has_rounds(BY_LANE_NAME["IQ4_XS"])
     y = np.full(21, np.nan, np.float32)
     mv.matvec(rows, "IQ4_XS", x, y)
-    assert _rel(y, reference("IQ4_XS", rows, 256) @ x_seen(x, dots_x8("IQ4_XS"))) < 1e-5
+    assert _rel(y, reference("IQ4_XS", rows, 256) @ x.astype(np.float64)) < 1e-5
     assert not [k for k in mv._CACHE if k[0] == BY_LANE_NAME["IQ4_XS"].ggml_type
-                and "rounds" in k]
+                and "rounds" in k and not k[2]]

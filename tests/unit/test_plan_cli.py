@@ -233,3 +233,20 @@ def test_ring_budget_knob_and_env():
                                            "--no-prefill-borrow", "--embd-on-gpu"]), environ={})
     assert (opts.prefill.ceiling, opts.expert_cache, opts.prefill_borrow, opts.embd_on_host) == \
         (4096, 12, False, False)
+
+
+def test_knob_flags_render_what_differs_from_the_defaults():
+    """A benchmark's recorded command names its knobs: every flag given, none that was not,
+    and the rendering parses back to the same options."""
+    import argparse
+
+    from strata.plan.knobs import add_engine_knobs, knob_flags, options_from_args
+    p = argparse.ArgumentParser()
+    add_engine_knobs(p)
+    assert knob_flags(p.parse_args([])) == []
+    given = ["--kv", "int8", "--max-context", "4096", "--no-prefill-borrow", "--batch", "4"]
+    args = p.parse_args(given)
+    flags = knob_flags(args)
+    assert sorted(flags) == sorted(given)
+    assert options_from_args(p.parse_args(flags), environ={}) == options_from_args(args,
+                                                                                   environ={})
