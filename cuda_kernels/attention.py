@@ -2,15 +2,14 @@
 
 One query token, `n_head` query heads sharing `n_kv_head` KV heads (GQA group G = n_head /
 n_kv_head). Pass 1 (`decode_attention`): a block per (kv head, split) scores its keys for the G
-query heads, takes the split's softmax statistics (max m, sum l of exp(s - m)) and the
-unnormalised sum of exp(s - m) * v; pass 2 (`_combine`) merges the splits. The sequence
-length L is read from device memory (seq_len[0] + n_new keys are valid) and so is the split
-length: both passes derive it from L by `strata.plan.attn_split.split_len` (about
-SPLIT_K_BLOCKS blocks once L fills them, splits of at least the kernel's floor, `min_split_for`,
-and at most `max_split` keys). A CUDA graph captured
-once (grid sized for the most splits any length up to the cache's capacity can use; splits past
-the length exit at once) replays at every position, with as many live blocks as the length
-calls for.
+query heads (the tensor-core kernel: `kv_blocks` blocks a kv head, 8 query heads each), takes the
+split's softmax statistics (max m, sum l of exp(s - m)) and the unnormalised sum of exp(s - m) * v;
+pass 2 (`_combine`) merges the splits. The sequence length L is read from device memory (seq_len[0]
++ n_new keys are valid) and so is the split length: both passes derive it from L by
+`strata.plan.attn_split.split_len` (about SPLIT_K_BLOCKS blocks once L fills them, splits of at
+least the kernel's floor, `min_split_for`, and at most `max_split` keys). A CUDA graph captured
+once (grid sized for the most splits any length up to the cache's capacity can use; splits past the
+length exit at once) replays at every position, with as many live blocks as the length calls for.
 
 Work inside a block: a warp owns one key at a time; lane l holds dims l*D..l*D+D-1 (D =
 head_dim/32) of the key and of all G query vectors (in registers). The G partial dot products
@@ -193,6 +192,15 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_sp
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
 
 
+def kv_blocks(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
+    """Blocks of the pass-1 grid per KV head (grid x = n_kv_head * this): the tensor-core
+    kernel takes 8 query heads a block (`attention_stream.n_sub`), the generic one a whole
+    group."""
+    if wide is not False and attention_stream.supports(k_fmt, v_fmt, head_dim, group, max_split):
+        return attention_stream.n_sub(group)
+    return 1
+
+
 def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
     """The shortest split of the kernel `decode_kernel` picks: SPLIT_K_MIN (64) for the
     tensor-core kernel (a tile for each of its four warps), SPLIT_K_GRAIN (16) for the generic
@@ -352,7 +360,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
                            min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     part_o, part_ml = partials
-    kernel[(lay.n_kv_head, n_split), THREADS, stream](
+    n_x = lay.n_kv_head * kv_blocks(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
+    kernel[(n_x, n_split), THREADS, stream](
         q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
         part_o, part_ml)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](

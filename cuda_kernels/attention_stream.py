@@ -5,7 +5,9 @@ Same contract, arguments and partial outputs as `attention._split_kernel` (pass 
 flash-decoding; `attention._combine` merges the splits; the split length follows the live
 length on the device, `strata.plan.attn_split.split_len`), for f16 or int8 K and V (int8 rows
 widened to f16 in shared memory, their scales applied in f32: `stream_kernel`), head_dim 64 or
-128 and a GQA group of at most 8 query heads (one mma n-tile).
+128 and a GQA group of up to 32 query heads. A block takes at most 8 of a KV head's query heads
+(one mma n-tile): a larger group (Qwen3-235B's 16) gives each KV head `n_sub(group)` blocks,
+adjacent in the grid, each reading the head's K and V (the later ones mostly from L2).
 
 Why: the two-pass tensor-core kernel before it (`attention_wide`, removed in favour of this one)
 scored all of a split's keys, took the softmax statistics, then read V: each warp had one 16-key
@@ -61,7 +63,8 @@ HEAD_DIMS = (64, 128)
 FORMATS = ("f16", "int8")  # KV formats: int8 rows are widened to f16 in the slots (exact)
 I8_MAGIC = 0x64646464     # f16 0x64xx = 1024 + byte xx
 I8_BIAS = 0x64806480      # f16 1152 twice: 1024 + (b ^ 0x80) - 1152 = the signed byte b
-MAX_GROUP = 8             # query heads per KV head: one mma n-tile
+TILE_HEADS = 8            # query heads a block takes: one mma n-tile
+MAX_GROUP = 32            # query heads per KV head: n_sub(group) blocks of TILE_HEADS
 # Resident blocks per SM asked of ptxas (launch bounds; 0: none), by KV format. On the H200, f16
 # at 5 (96 registers; shared memory holds 5 blocks) was as fast as 4 (125) at 32K keys and
 # 0.2-0.4 us faster at 600 and 4K; unbounded (172 registers here, 124 on the device's ptxas) not
@@ -82,8 +85,13 @@ def ring_words(head_dim: int) -> int:
 def shared_bytes(head_dim: int) -> int:
     """Static shared memory of the kernel: the slots, Q^T's fragments [head_dim / 16, 32, 4],
     the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes each."""
-    return 4 * (ring_words(head_dim) + head_dim * 8 + WARPS * MAX_GROUP * PS
-                + WARPS * MAX_GROUP * 2)
+    return 4 * (ring_words(head_dim) + head_dim * 8 + WARPS * TILE_HEADS * PS
+                + WARPS * TILE_HEADS * 2)
+
+
+def n_sub(group: int) -> int:
+    """Blocks a KV head takes (grid x = n_kv_head * n_sub): TILE_HEADS query heads each."""
+    return -(-group // TILE_HEADS)
 
 
 def supports(k_fmt: str, v_fmt: str, head_dim: int, group: int, max_split: int) -> bool:
@@ -124,7 +132,8 @@ def _sum_over_g(v):
 @factory_cache
 def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                   min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None):
-    """Pass-1 kernel (grid (n_kv_head, n_split), THREADS threads) for f16 or int8 K/V (`fmt`);
+    """Pass-1 kernel (grid (n_kv_head * n_sub(group), n_split), THREADS threads) for f16 or int8
+    K/V (`fmt`);
     splits of at least min(min_split, max_split) and at most max_split keys, as the launcher's
     rule makes them (any length: there is no shared score buffer).
 
@@ -149,9 +158,9 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
     N_GOT = 4 * NC            # words a lane copies a tile (int8: widened from registers)
     N_CH = head_dim // 16     # k-chunks of the score mma = m-tiles of P V
     N_ACC = 4 * N_CH          # P V accumulators per lane
-    N_RING, N_P, N_ML = ring_words(head_dim), WARPS * MAX_GROUP * PS, WARPS * MAX_GROUP * 2
+    N_RING, N_P, N_ML = ring_words(head_dim), WARPS * TILE_HEADS * PS, WARPS * TILE_HEADS * 2
     N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
-    N_OUT = group * head_dim
+    N_SUB = n_sub(group)
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
@@ -209,7 +218,16 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
 
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
-        hk, split = cuda.blockIdx.x, cuda.blockIdx.y
+        split = cuda.blockIdx.y
+        if N_SUB == 1:  # a constant: the whole group in one block
+            hk = cuda.blockIdx.x
+            h_first = 0
+            n_heads = group
+        else:           # KV head hk's query heads h_first .. + n_heads - 1
+            hk = cuda.blockIdx.x // N_SUB
+            h_first = (cuda.blockIdx.x - hk * N_SUB) * TILE_HEADS
+            n_heads = min(TILE_HEADS, group - h_first)
+        q_first = hk * group + h_first  # the block's first query head
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
@@ -257,9 +275,9 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 d = 16 * c + 2 * t + 8 * h
                 x0 = float32(0.0)
                 x1 = float32(0.0)
-                if g < group:
-                    x0 = q[hk * group + g, d] * qk_scale
-                    x1 = q[hk * group + g, d + 1] * qk_scale
+                if g < n_heads:
+                    x0 = q[q_first + g, d] * qk_scale
+                    x1 = q[q_first + g, d + 1] * qk_scale
                 hi, lo = _split_pair(x0, x1)
                 s_q[(c * 32 + lane) * 4 + h] = hi
                 s_q[(c * 32 + lane) * 4 + 2 + h] = lo
@@ -279,7 +297,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
         k_x = (lane >> 4) ^ sw
         v_row = v_slot + uint32((sw + 8 * (lane >> 4)) * ROW)
         v_x = ((lane >> 3) & 1) ^ sw
-        pw = warp * MAX_GROUP * PS
+        pw = warp * TILE_HEADS * PS
         while r < n_tiles:
             base = r * TILE
             cp_async_wait_group1()  # this tile's K (its V may still be in flight)
@@ -367,20 +385,20 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             sk0, sk1, sv0, sv1 = nk0, nk1, nv0, nv1
             r = nxt
         cp_async_wait()
-        # merge the warps: statistics first (rows of heads >= group are never read)
+        # merge the warps: statistics first (rows of heads >= n_heads are never read)
         l0 = _sum_over_g(l0)
         l1 = _sum_over_g(l1)
         if g == 0:
-            s_ml[(warp * MAX_GROUP + 2 * t) * 2] = m0
-            s_ml[(warp * MAX_GROUP + 2 * t) * 2 + 1] = l0
-            s_ml[(warp * MAX_GROUP + 2 * t + 1) * 2] = m1
-            s_ml[(warp * MAX_GROUP + 2 * t + 1) * 2 + 1] = l1
+            s_ml[(warp * TILE_HEADS + 2 * t) * 2] = m0
+            s_ml[(warp * TILE_HEADS + 2 * t) * 2 + 1] = l0
+            s_ml[(warp * TILE_HEADS + 2 * t + 1) * 2] = m1
+            s_ml[(warp * TILE_HEADS + 2 * t + 1) * 2 + 1] = l1
         cuda.syncthreads()  # also: every warp is done with the slots
         big0 = NEG_INF
         big1 = NEG_INF
         for w in range(WARPS):
-            big0 = max(big0, s_ml[(w * MAX_GROUP + 2 * t) * 2])
-            big1 = max(big1, s_ml[(w * MAX_GROUP + 2 * t + 1) * 2])
+            big0 = max(big0, s_ml[(w * TILE_HEADS + 2 * t) * 2])
+            big1 = max(big1, s_ml[(w * TILE_HEADS + 2 * t + 1) * 2])
         sc0 = math.exp(m0 - big0)  # 0 for a warp that had no tile (its max is -inf)
         sc1 = math.exp(m1 - big1)
         for f in range(N_ACC):
@@ -389,25 +407,25 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             for j in range(2):
                 h = 2 * t + j
                 big = big0 if j == 0 else big1
-                if h < group:
+                if h < n_heads:
                     tot = float32(0.0)
                     for w in range(WARPS):
-                        mw = s_ml[(w * MAX_GROUP + h) * 2]
-                        tot += s_ml[(w * MAX_GROUP + h) * 2 + 1] * math.exp(mw - big)
-                    part_ml[split, hk * group + h, 0] = big
-                    part_ml[split, hk * group + h, 1] = tot
+                        mw = s_ml[(w * TILE_HEADS + h) * 2]
+                        tot += s_ml[(w * TILE_HEADS + h) * 2 + 1] * math.exp(mw - big)
+                    part_ml[split, q_first + h, 0] = big
+                    part_ml[split, q_first + h, 1] = tot
         cuda.syncthreads()
         # output (head h, dim d) is fragment f = 4 (d >> 4) + 2 ((d >> 3) & 1) + (h & 1) of
         # lane 4 (d & 7) + (h >> 1); summed over the warps in warp order
         o = tid
-        while o < N_OUT:
+        while o < n_heads * head_dim:
             h = o // head_dim
             d = o - h * head_dim
             at = (4 * (d >> 4) + 2 * ((d >> 3) & 1) + (h & 1)) * RED_ROW + 4 * (d & 7) + (h >> 1)
             v = u2f(ring[at])
             for w in range(1, WARPS):
                 v += u2f(ring[w * N_ACC * RED_ROW + at])
-            part_o[split, hk * group + h, d] = v
+            part_o[split, q_first + h, d] = v
             o += THREADS
 
     return kernel

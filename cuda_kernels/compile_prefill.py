@@ -57,7 +57,7 @@ _DECODE_ATTN_SIG = (T.float32[:, ::1], _U8, _F16, _U8, _F16, _I32, _I64, _I64, _
 # neighbours. The compile check takes a representative few.
 HEAD_DIMS = (64, 128)
 GROUPS = (1, 2, 3, 4, 6, 8, 16)
-CHECK_SHAPES = ((128, 8), (128, 4), (128, 3), (64, 8))
+CHECK_SHAPES = ((128, 8), (128, 4), (128, 3), (64, 8), (128, 16))  # 16: Qwen3-235B's group
 
 
 def _attn_specs(fmt, shapes):
@@ -159,7 +159,7 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
                                 _DECODE_ATTN_SIG),
                          options=attention_stream.jit_options(attention_stream.MIN_BLOCKS[fmt]))
     for fmt in kvcache.KV_FORMATS:
-        # the generic kernel where the tensor-core one does not apply (Qwen3-235B's group 16)
+        # the generic kernel where the tensor-core one does not apply (q4_0 KV)
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8), (128, 16)]
         for name, build in _attn_specs(fmt, fmt_shapes):
             register_ptx(family, name, build)

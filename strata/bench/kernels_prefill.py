@@ -321,7 +321,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
             if direct:
-                kern[(n_kv, n_split), attention.THREADS, s](
+                kern[(n_kv * attention_stream.n_sub(group), n_split), attention.THREADS, s](
                     q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
@@ -477,6 +477,13 @@ ENTRIES = {
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt="int8",
         variant=v, tag=f"_{name}")
        for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
+       for v in ("auto", "generic")},
+    # Qwen3-235B's shape (64 query heads over 4 KV heads: a group of 16): the tensor-core kernel
+    # (two blocks a KV head, 8 query heads each) against the generic kernel
+    **{f"decode_attn_{fmt}_g16_{name}_{v}": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt=fmt,
+        variant=v, n_head=64, tag=f"_g16_{name}")
+       for fmt in ("f16", "int8") for name, length in (("4k", 4096), ("32k", 32768))
        for v in ("auto", "generic")},
     "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
                                                                     quick=quick),

@@ -1,5 +1,5 @@
 """Decode attention on a real GPU with the split length following the live length: at the 30B's
-head shape (32 query heads, head_dim 128) with GQA groups 1/4/8, every KV format, lengths from
+head shape (32 query heads, head_dim 128) with GQA groups 1/4/8/16, every KV format, lengths from
 one key to the whole cache, against float64 references; and a CUDA graph captured at one
 length and replayed at others (the length read from device memory at every replay). Every
 output is poisoned (NaN) before its run; the cache holds valid keys past every length (a kernel
@@ -72,7 +72,9 @@ class _Problem:
 # min_split None: the kernel's own floor (64 keys tensor-core, 16 generic)
 CASES = [("f16", None, 1, None), ("f16", None, 4, None), ("f16", None, 8, None),
          ("f16", False, 8, None), ("int8", None, 8, None), ("q4_0", None, 4, None),
-         ("f16", None, 8, 16), ("int8", None, 8, 64)]
+         ("f16", None, 8, 16), ("int8", None, 8, 64),
+         # a group of 16 (Qwen3-235B's): two tensor-core blocks a KV head
+         ("f16", True, 16, None), ("int8", True, 16, None)]
 
 
 @pytest.mark.parametrize("fmt,wide,group,min_split", CASES)

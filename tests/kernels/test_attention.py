@@ -163,10 +163,12 @@ def test_attention_launchers_reject_bad_input():
 
 @pytest.mark.parametrize("fmt", ["f16", "int8"])
 @pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32),
-                                                 (64, 1, 8, 80)])
+                                                 (64, 1, 8, 80), (64, 2, 16, 16),
+                                                 (64, 1, 12, 32)])
 def test_decode_attention_wide_f16_against_generic_and_reference(hd, n_kv, group, split, fmt):
     """The tensor-core kernel, f16 and int8 K/V: partial last split, stale random bytes past the
-    length, a group of 3 and the 30B shape's group of 8, splits of one tile a warp or fewer and
+    length, a group of 3, the 30B shape's group of 8, and groups of 16 (Qwen3-235B's: two blocks
+    a KV head) and 12 (a second block of 4 heads), splits of one tile a warp or fewer and
     of five tiles (a warp then takes two: a second round, its running max and sums rescaled);
     agrees with the float64 reference and with the generic kernel (splits of `split` keys: one
     split aimed at, clamped). The int8 V values are small (row scales ~2e-5), where a
@@ -259,12 +261,17 @@ def test_decode_attention_picks_the_streaming_kernel():
         attention_stream.stream_kernel("int8", 128, 8, 256, 64)
     assert attention.decode_kernel("q4_0", "q4_0", 128, 8, 256) is attention._split_kernel(
         "q4_0", "q4_0", 128, 8, 256, 16)
-    assert attention.decode_kernel("f16", "f16", 128, 16, 256) is attention._split_kernel(
-        "f16", "f16", 128, 16, 256, 16)
+    assert attention.decode_kernel("f16", "f16", 128, 16, 256) is \
+        attention_stream.stream_kernel("f16", 128, 16, 256, 64)
+    # a block takes 8 query heads: a larger group gets blocks per KV head, the generic kernel one
+    assert [attention.kv_blocks("f16", "f16", 128, g, 256) for g in (1, 8, 9, 16, 32)] == \
+        [1, 1, 2, 2, 4]
+    assert attention.kv_blocks("f16", "f16", 128, 16, 256, wide=False) == 1
+    assert attention.kv_blocks("q4_0", "q4_0", 128, 16, 256) == 1
     assert attention_stream.shared_bytes(128) <= attention_stream.MAX_SHARED_BYTES
     for case in (("q4_0", "q4_0", 128, 8, 256), ("f16", "int8", 128, 8, 256),
                  ("f16", "f16", 96, 4, 256),
-                 ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 16, 256),
+                 ("f16", "f16", 256, 8, 256), ("f16", "f16", 64, 33, 256),
                  ("f16", "f16", 128, 8, 100)):
         with pytest.raises(ValueError, match="tensor-core decode-attention kernel needs"):
             attention.decode_kernel(*case, wide=True)
