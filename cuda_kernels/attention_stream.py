@@ -161,6 +161,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
     N_RING, N_P, N_ML = ring_words(head_dim), WARPS * TILE_HEADS * PS, WARPS * TILE_HEADS * 2
     N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_SUB = n_sub(group)
+    EVEN_SUB = group % TILE_HEADS == 0  # every block a full n-tile: a constant head count
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
@@ -216,18 +217,22 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             s1 = row_scale(sc, k0, key0 + g + 8, n_keys, n_kv, hk)
         return s0, s1
 
+    @cuda.jit(device=True, inline="always")
+    def block_heads():
+        # (KV head, first query head, query heads) of this block: a function of the block
+        # index, taken again at the end rather than held in registers through the loop
+        if N_SUB == 1:  # a constant: the whole group in one block
+            return cuda.blockIdx.x, cuda.blockIdx.x * group, group
+        hk = cuda.blockIdx.x // N_SUB
+        h_first = (cuda.blockIdx.x - hk * N_SUB) * TILE_HEADS
+        if EVEN_SUB:
+            return hk, cuda.blockIdx.x * TILE_HEADS, TILE_HEADS
+        return hk, hk * group + h_first, min(TILE_HEADS, group - h_first)
+
     @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         split = cuda.blockIdx.y
-        if N_SUB == 1:  # a constant: the whole group in one block
-            hk = cuda.blockIdx.x
-            h_first = 0
-            n_heads = group
-        else:           # KV head hk's query heads h_first .. + n_heads - 1
-            hk = cuda.blockIdx.x // N_SUB
-            h_first = (cuda.blockIdx.x - hk * N_SUB) * TILE_HEADS
-            n_heads = min(TILE_HEADS, group - h_first)
-        q_first = hk * group + h_first  # the block's first query head
+        hk, q_first, n_heads = block_heads()
         tid = cuda.threadIdx.x
         warp, lane = tid >> 5, tid & 31
         g, t = lane >> 2, lane & 3
@@ -386,6 +391,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             r = nxt
         cp_async_wait()
         # merge the warps: statistics first (rows of heads >= n_heads are never read)
+        _, q_first, n_heads = block_heads()
         l0 = _sum_over_g(l0)
         l1 = _sum_over_g(l1)
         if g == 0:
