@@ -5,8 +5,9 @@ instructions a value (a byte permute and an FMA), which leaves the MoE's gate/up
 memory bandwidth. Here x is quantized per 32 values when it is staged (`xstage.stage_x8`, the
 CPU engine's rounding) and a lane's nibbles are masked into bytes and dotted with it four at a
 time in integers; the group's scale is applied once per 32 values. Each dot is exactly the
-dequantized row times the quantized x (as the CPU engine's), up to float32 rounding: the
-quantization of x, |error| <= dx / 2 a value, is the only approximation.
+dequantized row times the quantized x, up to float32 rounding: the quantization of x, |error|
+<= dx / 2 a value, is the only approximation (the CPU engine's for Q4_K; it dots IQ4_XS and
+IQ3_S with float32 x).
 
 Every 8-bit format takes 64 values a lane (4 lanes a super-block), the span whose reads
 `xstage`'s 8-bit layout spreads over the bank groups; the staged x of part k starts at word
