@@ -17,7 +17,7 @@ x8_word(64k) = 20k of its super-block:
   IQ4_XS  its own slice (the float32 decoder takes 8 lanes): the 8-byte header and qs[32k ..
           32k + 31], sub-blocks 2k and 2k + 1. Byte i of a sub-block holds values i (low nibble)
           and 16 + i (high); the nibbles index the 16 int8 levels, looked up four at a time by
-          byte permutes of the levels held in four words.
+          byte permutes (`levels`).
   IQ3_S   the float32 slice (`lanes_iq`): grid entry e of a sub-block is values 4e .. 4e + 3,
           x word e; its four sign bits become a byte mask by one multiply and one permute.
 """
@@ -33,7 +33,8 @@ from numba import cuda
 from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u32_at, ld_w4, prmt, u2f
 from .lanes import LaneFormat, lane_format
 from .lanes_k import _k4_scales, small_f32
-from .qtables import GRID_IQ3_S, KVALUES_IQ4NL
+from .levels import iq4_levels
+from .qtables import GRID_IQ3_S
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
@@ -71,8 +72,6 @@ def dot_q4_k_x8(v, part, xs, xo, so, tab):
 
 # ---- IQ4_XS ----
 
-# The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
-IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype(np.int8).view(np.uint32))
 F32 = np.float32(32.0)
 
 
@@ -87,22 +86,8 @@ def load_iq4_xs_x8(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _iq4_levels(q):
-    """(the levels of q's low nibbles, of its high nibbles), int8 bytes in value order.
-    A permute's selector takes the low 16 bits, four 3-bit indices (bit 3 would make it
-    replicate a sign): the nibbles' low 3 bits pick from levels 0-7 and from 8-15, their
-    bit 3 picks between the two; the bytes come out in nibble order (low, high, low, high)."""
-    qm = q & 0x77777777
-    pick = 0x32103210 | ((q >> 1) & 0x44444444)
-    q2 = qm >> 16
-    r0 = prmt(prmt(IQ4_L0, IQ4_L1, qm), prmt(IQ4_L2, IQ4_L3, qm), pick)
-    r1 = prmt(prmt(IQ4_L0, IQ4_L1, q2), prmt(IQ4_L2, IQ4_L3, q2), pick >> 16)
-    return prmt(r0, r1, 0x6420), prmt(r0, r1, 0x7531)
-
-
-@cuda.jit(device=True, inline="always")
 def _iq4_word(q, xa, xb, acc):
-    lo, hi = _iq4_levels(q)
+    lo, hi = iq4_levels(q)
     return dp4a(hi, xb, dp4a(lo, xa, acc))
 
 

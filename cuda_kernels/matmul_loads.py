@@ -1,7 +1,7 @@
 """Split weight-row loaders for the tensor-core GEMM: `fetch` issues a k step's global loads into
 registers, `decode` later turns them into the step's 16 f16-pair words in shared memory.
 
-Formats with a split loader: Q4_K, Q6_K, Q8_0 (the others decode through dq32).
+Formats with a split loader: Q4_K, Q6_K, Q8_0, IQ4_XS (the others decode through dq32).
 
 The tile loop fetches step k+1 before it issues step k's MMAs and decodes after them, so the
 loads' latency hides behind tensor-core work (the generic path, a format's `dq32`, loads and
@@ -29,7 +29,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
-from .intrinsics import funnel_r, h2f, ld_nc_u32x4, ld_u32, prmt, st_x4
+from .intrinsics import funnel_r, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u32, prmt, st_x4
+from .levels import iq4_levels
 from .mma import h2_sub_fma, pack_half2
 
 MAGIC2 = np.uint32(0x64006400)  # two halves of 1024.0
@@ -191,7 +192,74 @@ def q6k_loader(parts: int):
     return fetch, decode, 5 + 2 * NQ
 
 
-LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q6_K): q6k_loader, int(T.Q8_0): q8_0_loader}
+@cuda.jit(device=True, inline="always")
+def _ld16_8(wbuf, off, raw, at):
+    """raw[at:at+4] = the 16 bytes at `off` (4-byte aligned): one vector load when 16-byte
+    aligned, two when 8-byte aligned (IQ4_XS's 136-byte super-blocks alternate)."""
+    if off & 15 == 0:
+        a, b, c, d = ld_nc_u32x4(wbuf, off)
+    elif off & 7 == 0:
+        a, b = ld_nc_u32x2(wbuf, off)
+        c, d = ld_nc_u32x2(wbuf, off + 8)
+    else:
+        a, b, c, d = ld_u32(wbuf, off), ld_u32(wbuf, off + 4), ld_u32(wbuf, off + 8), \
+            ld_u32(wbuf, off + 12)
+    raw[at] = a
+    raw[at + 1] = b
+    raw[at + 2] = c
+    raw[at + 3] = d
+
+
+@cuda.jit(device=True, inline="always")
+def _i8x4_f16(b, scale2):
+    """Two f16x2 words: the four int8 bytes of b times scale2 (as Q8_0's: each byte placed
+    under 1024 + 128, 1152 subtracted exactly, one rounding in the fma)."""
+    m = b ^ 0x80808080
+    return (h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2_Q8, scale2, ZERO2),
+            h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2_Q8, scale2, ZERO2))
+
+
+def iq4_xs_loader(parts: int):
+    """IQ4_XS (fetch, decode, raw words) for `parts` threads per weight row. A step is one
+    32-value sub-block jb of a 136-byte super-block (fp16 d, 16 bits of high scale bits, 32 of
+    low, then 8 x 16 quant bytes: byte i holds values i (low nibble) and 16 + i (high)). The
+    8-byte head is loaded at a super-block's first step, the sub-block's 16 quant bytes at
+    every step (by every part: part 0 decodes the low nibbles, values 0..15, part 1 the high).
+    Levels come four at a time from byte permutes (`levels.iq4_levels`) as int8, widen to f16
+    exactly as Q8_0's bytes do, and fma.rn.f16x2 scales them by d * (ls - 32) rounded to f16."""
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(wbuf, boff, kt, raw, part):
+        o = boff + (kt >> 3) * 136
+        if kt & 7 == 0:
+            raw[0] = ld_u32(wbuf, o)       # d | scales_h << 16
+            raw[1] = ld_u32(wbuf, o + 4)   # scales_l
+        _ld16_8(wbuf, o + 8 + 16 * (kt & 7), raw, 2)
+
+    @cuda.jit(device=True, inline="always")
+    def decode(raw, kt, part, sB, dst):
+        jb = kt & 7
+        dh = raw[0]
+        ls = ((raw[1] >> (4 * jb)) & 0xF) | (((dh >> (16 + 2 * jb)) & 3) << 4)
+        dl = h2f(dh & 0xFFFF) * (float32(ls) - float32(32.0))  # ls unsigned: no int subtract
+        dl2 = pack_half2(dl, dl)
+        for t in range(2):  # quant words 2t, 2t + 1: values 8t .. 8t + 7 (low nibbles), + 16
+            la, ha = iq4_levels(raw[2 + 2 * t])
+            lb, hb = iq4_levels(raw[3 + 2 * t])
+            if parts == 1 or part == 0:
+                w0, w1 = _i8x4_f16(la, dl2)
+                w2, w3 = _i8x4_f16(lb, dl2)
+                st_x4(sB, dst + 4 * t, w0, w1, w2, w3)
+            if parts == 1 or part == 1:
+                w0, w1 = _i8x4_f16(ha, dl2)
+                w2, w3 = _i8x4_f16(hb, dl2)
+                st_x4(sB, dst + 8 + 4 * t, w0, w1, w2, w3)
+
+    return fetch, decode, 6
+
+
+LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q6_K): q6k_loader, int(T.Q8_0): q8_0_loader,
+           int(T.IQ4_XS): iq4_xs_loader}
 
 
 def split_loader(ggml_type: int):
@@ -200,4 +268,4 @@ def split_loader(ggml_type: int):
     return LOADERS.get(int(ggml_type))
 
 
-__all__ = ["split_loader", "q4k_loader", "q6k_loader", "q8_0_loader"]
+__all__ = ["split_loader", "q4k_loader", "q6k_loader", "q8_0_loader", "iq4_xs_loader"]

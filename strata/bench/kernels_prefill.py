@@ -196,8 +196,30 @@ def _resources(dispatcher) -> dict:
 
 
 def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False, tile=None,
-              **shape) -> dict:
-    """Grouped expert GEMMs of one chunk (gate/up + SwiGLU, down), TFLOP/s."""
+              split_loader: bool = True, **shape) -> dict:
+    """Grouped expert GEMMs of one chunk (gate/up + SwiGLU, down), TFLOP/s. split_loader=False:
+    the tensor-core kernels decode through the format's dq32 even where it has a split loader
+    (`matmul_loads`), for an A/B in one process."""
+    import contextlib
+
+    from strata.cuda_kernels import matmul, matmul_loads
+    from strata.cuda_kernels.qformats import get_format
+    with contextlib.ExitStack() as undo:
+        if not split_loader:
+            t = int(get_format(ggml_type).ggml_type)
+            saved = matmul_loads.LOADERS.pop(t, None)
+            matmul._tc.cache_clear()  # kernels made with the loader: made again without
+            undo.callback(matmul._tc.cache_clear)
+            if saved is not None:
+                undo.callback(matmul_loads.LOADERS.__setitem__, t, saved)
+        res = _bench_moe(tensor_cores=tensor_cores, ggml_type=ggml_type, quick=quick, tile=tile,
+                         **shape)
+    if not split_loader:
+        res["name"] += "_dq32"
+    return res
+
+
+def _bench_moe(*, tensor_cores, ggml_type, quick, tile, **shape) -> dict:
     from strata.cuda_kernels import matmul, route
     from strata.cuda_kernels.matmul_tiles import FMA_TILE, tc_tile
     cuda = _cuda()
@@ -438,6 +460,10 @@ ENTRIES = {
        for fmt in ("Q4_K", "Q8_0", "Q6_K")},
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
     "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
+    # IQ4_XS through its split loader and through dq32 (before the loader)
+    "moe_iq4_xs_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="IQ4_XS", quick=quick),
+    "moe_iq4_xs_tc_dq32": lambda quick: bench_moe(tensor_cores=True, ggml_type="IQ4_XS",
+                                                  quick=quick, split_loader=False),
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(64, 128, 2, 2)),
     "moe_q4k_tc_64x64k64": lambda quick: bench_moe(tensor_cores=True, quick=quick,

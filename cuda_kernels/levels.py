@@ -1,0 +1,31 @@
+"""IQ4_NL / IQ4_XS levels looked up four at a time by byte permutes (the decode lanes' 8-bit dots
+and the prefill GEMM's split loader share it).
+
+The 16 levels are int8 values, four to a word. A `prmt` takes four 3-bit indices from the low 16
+bits of its selector (bit 3 of an index would make it replicate a sign instead), so the nibbles'
+low 3 bits pick from levels 0-7 and from 8-15, and a third permute picks between the two by each
+nibble's top bit; the bytes come out in nibble order (low, high, low, high), and two more
+permutes put them in value order.
+"""
+
+from __future__ import annotations
+
+from numba import cuda
+
+from .intrinsics import prmt
+from .qtables import KVALUES_IQ4NL
+
+# The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
+IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype("i1").view("u4"))
+
+
+@cuda.jit(device=True, inline="always")
+def iq4_levels(q):
+    """(the levels of q's four low nibbles, of its four high nibbles): int8 bytes, byte i the
+    level of byte i's nibble."""
+    qm = q & 0x77777777
+    pick = 0x32103210 | ((q >> 1) & 0x44444444)
+    q2 = qm >> 16
+    r0 = prmt(prmt(IQ4_L0, IQ4_L1, qm), prmt(IQ4_L2, IQ4_L3, qm), pick)
+    r1 = prmt(prmt(IQ4_L0, IQ4_L1, q2), prmt(IQ4_L2, IQ4_L3, q2), pick >> 16)
+    return prmt(r0, r1, 0x6420), prmt(r0, r1, 0x7531)
