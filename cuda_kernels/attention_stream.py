@@ -133,9 +133,8 @@ def _sum_over_g(v):
 def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                   min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None):
     """Pass-1 kernel (grid (n_kv_head * n_sub(group), n_split), THREADS threads) for f16 or int8
-    K/V (`fmt`);
-    splits of at least min(min_split, max_split) and at most max_split keys, as the launcher's
-    rule makes them (any length: there is no shared score buffer).
+    K/V (`fmt`); splits of at least min(min_split, max_split) and at most max_split keys, as the
+    launcher's rule makes them (any length: there is no shared score buffer).
 
     int8: a tile's rows are copied as they lie into the first half of their slot, then every
     lane widens the bytes it copied to f16 (exact: a byte over f16's 1024, less 1152) into the

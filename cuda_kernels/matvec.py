@@ -62,6 +62,8 @@ NO_ROUNDS = frozenset({("IQ4_XS", False)})
 def has_rounds(lf: LaneFormat) -> bool:
     """Whether lf's lane matvec goes through row pairs in rounds where they exceed the grid."""
     return (lf.name, lf.x8) not in NO_ROUNDS
+
+
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep

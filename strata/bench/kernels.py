@@ -310,7 +310,8 @@ def moe_group(ctx: Ctx) -> list[Result]:
     n_layer, n_expert, k = 12, 128, 8
     pairs = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
              ("IQ3_S", "IQ3_S"))
-    for gu, dn in [pair for pair in pairs if pair[0] in ctx.wanted(p[0] for p in pairs)]:
+    wanted = ctx.wanted(gu for gu, _ in pairs)
+    for gu, dn in (pair for pair in pairs if pair[0] in wanted):
         lay, cache, slot_table, slot_off, host_off = moe_setup(
             ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
         ids, wts = moe_routing(ctx, n_layer, n_expert, k)
