@@ -1,7 +1,7 @@
 """Split weight-row loaders for the tensor-core GEMM: `fetch` issues a k step's global loads into
 registers, `decode` later turns them into the step's 16 f16-pair words in shared memory.
 
-Formats with a split loader: Q4_K, Q6_K, Q8_0, IQ4_XS (the others decode through dq32).
+Formats with a split loader: Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS (the others decode through dq32).
 
 The tile loop fetches step k+1 before it issues step k's MMAs and decodes after them, so the
 loads' latency hides behind tensor-core work (the generic path, a format's `dq32`, loads and
@@ -54,6 +54,26 @@ def _ld16(wbuf, off, raw, at):
     raw[at + 3] = d
 
 
+@cuda.jit(device=True, inline="always")
+def _k4_scale_min(raw, jb):
+    """(scale, -min) of sub-block jb as f16 pairs, from a Q4_K / Q5_K head in raw[0:4] (d, dmin,
+    then 12 bytes of 6-bit scales and minimums)."""
+    s0, s1 = raw[1], raw[2]
+    if jb < 4:
+        sh = 8 * jb
+        sc = (s0 >> sh) & 63
+        mn = (s1 >> sh) & 63
+    else:
+        sh = 8 * (jb - 4)
+        hi = raw[3] >> sh
+        sc = (hi & 0xF) | (((s0 >> sh) >> 6) & 3) << 4
+        mn = ((hi >> 4) & 0xF) | (((s1 >> sh) >> 6) & 3) << 4
+    dm = raw[0]
+    dl = h2f(dm & 0xFFFF) * float32(sc)
+    ml = h2f(dm >> 16) * float32(mn)
+    return pack_half2(dl, dl), pack_half2(-ml, -ml)
+
+
 def q4k_loader(parts: int):
     """Q4_K (fetch, decode, raw words) for `parts` threads per weight row (1 or 2): part p
     decodes values 16p.. of its row's 32 (16 / parts words of quants each)."""
@@ -72,21 +92,7 @@ def q4k_loader(parts: int):
     @cuda.jit(device=True, inline="always")
     def decode(raw, kt, part, sB, dst):
         jb = kt & 7
-        s0, s1 = raw[1], raw[2]
-        if jb < 4:
-            sh = 8 * jb
-            sc = (s0 >> sh) & 63
-            mn = (s1 >> sh) & 63
-        else:
-            sh = 8 * (jb - 4)
-            hi = raw[3] >> sh
-            sc = (hi & 0xF) | (((s0 >> sh) >> 6) & 3) << 4
-            mn = ((hi >> 4) & 0xF) | (((s1 >> sh) >> 6) & 3) << 4
-        dm = raw[0]
-        dl = h2f(dm & 0xFFFF) * float32(sc)
-        ml = h2f(dm >> 16) * float32(mn)
-        scale2 = pack_half2(dl, dl)
-        neg2 = pack_half2(-ml, -ml)
+        scale2, neg2 = _k4_scale_min(raw, jb)
         nib = 4 * (jb & 1)
         d0 = dst + 2 * NQ * part
         for t in range(NQ // 2):  # two quant words, four quants each: one 16-byte store
@@ -99,6 +105,46 @@ def q4k_loader(parts: int):
                   h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2, scale2, neg2))
 
     return fetch, decode, 4 + NQ
+
+
+def q5k_loader(parts: int):
+    """Q5_K (fetch, decode, raw words) for `parts` threads per weight row: Q4_K's with a fifth
+    bit. Super-blocks of 176 bytes (d, dmin, 12 scale bytes, qh[32], qs[128]; 16-byte aligned
+    in an aligned matrix): the head and the part's qh words at a super-block's first step (bit
+    jb of qh[l] is value l's fifth bit in sub-block jb, for all eight steps), its qs words at
+    even steps as Q4_K's. A 5-bit q becomes the half 1024 + q, then as Q4_K."""
+    NQ = 8 // parts  # quant words per thread (and qh words)
+
+    @cuda.jit(device=True, inline="always")
+    def fetch(wbuf, boff, kt, raw, part):
+        o = boff + (kt >> 3) * 176
+        if kt & 7 == 0:
+            _ld16(wbuf, o, raw, 0)
+            for h in range(NQ // 4):
+                _ld16(wbuf, o + 16 + 4 * NQ * part + 16 * h, raw, 4 + NQ + 4 * h)
+        if kt & 1 == 0:
+            qo = o + 48 + 32 * ((kt & 7) >> 1) + 4 * NQ * part
+            for h in range(NQ // 4):
+                _ld16(wbuf, qo + 16 * h, raw, 4 + 4 * h)
+
+    @cuda.jit(device=True, inline="always")
+    def decode(raw, kt, part, sB, dst):
+        jb = kt & 7
+        scale2, neg2 = _k4_scale_min(raw, jb)
+        nib = 4 * (jb & 1)
+        d0 = dst + 2 * NQ * part
+        for t in range(NQ // 2):  # two quant words, four quants each: one 16-byte store
+            m = (((raw[4 + 2 * t] >> nib) & 0x0F0F0F0F)
+                 | (((raw[4 + NQ + 2 * t] >> jb) & 0x01010101) << 4))
+            n = (((raw[5 + 2 * t] >> nib) & 0x0F0F0F0F)
+                 | (((raw[5 + NQ + 2 * t] >> jb) & 0x01010101) << 4))
+            st_x4(sB, d0 + 4 * t,
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
+                  h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2, scale2, neg2))
+
+    return fetch, decode, 4 + 2 * NQ
 
 
 def q8_0_loader(parts: int):
@@ -258,8 +304,8 @@ def iq4_xs_loader(parts: int):
     return fetch, decode, 6
 
 
-LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q6_K): q6k_loader, int(T.Q8_0): q8_0_loader,
-           int(T.IQ4_XS): iq4_xs_loader}
+LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q5_K): q5k_loader, int(T.Q6_K): q6k_loader,
+           int(T.Q8_0): q8_0_loader, int(T.IQ4_XS): iq4_xs_loader}
 
 
 def split_loader(ggml_type: int):
@@ -268,4 +314,5 @@ def split_loader(ggml_type: int):
     return LOADERS.get(int(ggml_type))
 
 
-__all__ = ["split_loader", "q4k_loader", "q6k_loader", "q8_0_loader", "iq4_xs_loader"]
+__all__ = ["split_loader", "q4k_loader", "q5k_loader", "q6k_loader", "q8_0_loader",
+           "iq4_xs_loader"]

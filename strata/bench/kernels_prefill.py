@@ -425,6 +425,11 @@ def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096,
                                   quick=quick, tag=tag, **knobs)
 
 
+def _moe_loader(quick, *, ggml_type, split_loader):
+    return bench_moe(tensor_cores=True, ggml_type=ggml_type, quick=quick,
+                     split_loader=split_loader)
+
+
 def _moe_tile(quick, *, ggml_type, **flags):
     from dataclasses import replace
 
@@ -460,10 +465,10 @@ ENTRIES = {
        for fmt in ("Q4_K", "Q8_0", "Q6_K")},
     "moe_q8_0_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q8_0", quick=quick),
     "moe_q6_k_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="Q6_K", quick=quick),
-    # IQ4_XS through its split loader and through dq32 (before the loader)
-    "moe_iq4_xs_tc": lambda quick: bench_moe(tensor_cores=True, ggml_type="IQ4_XS", quick=quick),
-    "moe_iq4_xs_tc_dq32": lambda quick: bench_moe(tensor_cores=True, ggml_type="IQ4_XS",
-                                                  quick=quick, split_loader=False),
+    # IQ4_XS and Q5_K through their split loaders and through dq32 (before the loaders)
+    **{f"moe_{t.lower()}_tc{tag}": functools.partial(_moe_loader, ggml_type=t,
+                                                     split_loader=not tag)
+       for t in ("IQ4_XS", "Q5_K") for tag in ("", "_dq32")},
     "moe_q4k_tc_64x128": lambda quick: bench_moe(tensor_cores=True, quick=quick,
                                                  tile=_tc_tile(64, 128, 2, 2)),
     "moe_q4k_tc_64x64k64": lambda quick: bench_moe(tensor_cores=True, quick=quick,

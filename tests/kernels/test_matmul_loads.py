@@ -37,14 +37,16 @@ def _gate_up(pr, tile, *, x_half, shift=0):
     return h.copy_to_host()[r.inv.copy_to_host()]
 
 
-@pytest.mark.parametrize("gate_type", [T.Q4_K, T.IQ4_XS])
+@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q5_K, T.IQ4_XS])
 @pytest.mark.parametrize("x_half,shift", [(True, 0), (False, 4), (True, 4)],
                          ids=["pairs-aligned", "single-misaligned", "pairs-misaligned"])
 def test_split_loader_matches_reference(x_half, shift, gate_type):
-    """Q4_K and IQ4_XS through their split loaders, one and two threads a row, aligned and
-    4-byte-misaligned buffers (IQ4_XS's 136-byte super-blocks alternate 16- and 8-byte aligned
-    quant bytes: both vector paths, and the word path when misaligned)."""
-    assert all(split_loader(int(t)) is not None for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS))
+    """Q4_K, Q5_K and IQ4_XS through their split loaders, one and two threads a row, aligned
+    and 4-byte-misaligned buffers (IQ4_XS's 136-byte super-blocks alternate 16- and 8-byte
+    aligned quant bytes: both vector paths, and the word path when misaligned); two
+    super-blocks a row, so the heads (and Q5_K's fifth bits) are fetched again mid-row."""
+    assert all(split_loader(int(t)) is not None
+               for t in (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.IQ4_XS))
     rng = np.random.default_rng(41)
     # d = 512: two super-blocks per row, so the head words are fetched again mid-row
     pr = make_problem(rng, n_tok=6, k_top=2, n_exp=2, d=512, ff=32, gate_type=gate_type,
@@ -55,7 +57,7 @@ def test_split_loader_matches_reference(x_half, shift, gate_type):
     assert rel_err(got, h_ref) < 2e-3
 
 
-@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS])
+@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.IQ4_XS])
 def test_fragment_and_pipeline_variants_agree(gate_type):
     """ldmatrix + pipeline (default) and plain loads without pipeline give the same h, both
     matching the reference; a group shorter than the tile leaves whole warps' rows unused."""
@@ -72,7 +74,7 @@ def test_fragment_and_pipeline_variants_agree(gate_type):
     assert rel_err(got[0], got[1].astype(np.float64)) < 2e-3
 
 
-@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q8_0, T.IQ4_XS])
+@pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q5_K, T.Q8_0, T.IQ4_XS])
 @pytest.mark.parametrize("row_threads,skip_pad", [(1, False), (1, True), (2, False)])
 def test_row_threads_and_pad_skipping_choices_agree(gate_type, row_threads, skip_pad):
     """The per-format settings (matmul_tiles.FORMAT_TILE) are kernel choices, not semantics:
