@@ -136,8 +136,8 @@ def test_moe_chunk_q4k_full_size(tensor_cores, tile):
            TC_TOL if tensor_cores else F32_TOL)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q5_1", "Q6_K", "Q3_K", "IQ2_XXS", "IQ3_S", "IQ4_XS",
-                                  "MXFP4"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_1", "Q5_K", "Q6_K", "Q3_K", "IQ2_XXS", "IQ3_S",
+                                  "IQ4_XS", "MXFP4"])
 def test_moe_chunk_formats_tc(name):
     """gate/up in each format (down Q8_0): the tile loader of every decoder family on the GPU."""
     from strata.bench.kernels_prefill import moe_inputs
