@@ -77,15 +77,33 @@ def _k4_scale_min(raw, jb):
 def q4k_loader(parts: int):
     """Q4_K (fetch, decode, raw words) for `parts` threads per weight row (1 or 2): part p
     decodes values 16p.. of its row's 32 (16 / parts words of quants each)."""
-    NQ = 8 // parts  # quant words per thread
+    return _k_loader(parts, fifth=False)
+
+
+def q5k_loader(parts: int):
+    """Q5_K (fetch, decode, raw words) for `parts` threads per weight row: Q4_K's with a fifth
+    bit. Super-blocks of 176 bytes (d, dmin, 12 scale bytes, qh[32], qs[128]; 16-byte aligned
+    in an aligned matrix): the part's qh words come with the head at a super-block's first step
+    (bit jb of qh[l] is value l's fifth bit in sub-block jb, for all eight steps). A 5-bit q
+    becomes the half 1024 + q, then as Q4_K."""
+    return _k_loader(parts, fifth=True)
+
+
+def _k_loader(parts: int, fifth: bool):
+    """Q4_K's loader, or with `fifth` Q5_K's (see both)."""
+    NQ = 8 // parts  # quant words per thread (and, for Q5_K, fifth-bit words)
+    SB, QS = (176, 48) if fifth else (144, 16)  # super-block bytes, offset of qs
 
     @cuda.jit(device=True, inline="always")
     def fetch(wbuf, boff, kt, raw, part):
-        o = boff + (kt >> 3) * 144
+        o = boff + (kt >> 3) * SB
         if kt & 7 == 0:
             _ld16(wbuf, o, raw, 0)
+            if fifth:
+                for h in range(NQ // 4):
+                    _ld16(wbuf, o + 16 + 4 * NQ * part + 16 * h, raw, 4 + NQ + 4 * h)
         if kt & 1 == 0:
-            qo = o + 16 + 32 * ((kt & 7) >> 1) + 4 * NQ * part
+            qo = o + QS + 32 * ((kt & 7) >> 1) + 4 * NQ * part
             for h in range(NQ // 4):
                 _ld16(wbuf, qo + 16 * h, raw, 4 + 4 * h)
 
@@ -98,53 +116,16 @@ def q4k_loader(parts: int):
         for t in range(NQ // 2):  # two quant words, four quants each: one 16-byte store
             m = (raw[4 + 2 * t] >> nib) & 0x0F0F0F0F  # four quants, one per byte
             n = (raw[5 + 2 * t] >> nib) & 0x0F0F0F0F
+            if fifth:
+                m |= ((raw[4 + NQ + 2 * t] >> jb) & 0x01010101) << 4
+                n |= ((raw[5 + NQ + 2 * t] >> jb) & 0x01010101) << 4
             st_x4(sB, d0 + 4 * t,
                   h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
                   h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2),
                   h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
                   h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2, scale2, neg2))
 
-    return fetch, decode, 4 + NQ
-
-
-def q5k_loader(parts: int):
-    """Q5_K (fetch, decode, raw words) for `parts` threads per weight row: Q4_K's with a fifth
-    bit. Super-blocks of 176 bytes (d, dmin, 12 scale bytes, qh[32], qs[128]; 16-byte aligned
-    in an aligned matrix): the head and the part's qh words at a super-block's first step (bit
-    jb of qh[l] is value l's fifth bit in sub-block jb, for all eight steps), its qs words at
-    even steps as Q4_K's. A 5-bit q becomes the half 1024 + q, then as Q4_K."""
-    NQ = 8 // parts  # quant words per thread (and qh words)
-
-    @cuda.jit(device=True, inline="always")
-    def fetch(wbuf, boff, kt, raw, part):
-        o = boff + (kt >> 3) * 176
-        if kt & 7 == 0:
-            _ld16(wbuf, o, raw, 0)
-            for h in range(NQ // 4):
-                _ld16(wbuf, o + 16 + 4 * NQ * part + 16 * h, raw, 4 + NQ + 4 * h)
-        if kt & 1 == 0:
-            qo = o + 48 + 32 * ((kt & 7) >> 1) + 4 * NQ * part
-            for h in range(NQ // 4):
-                _ld16(wbuf, qo + 16 * h, raw, 4 + 4 * h)
-
-    @cuda.jit(device=True, inline="always")
-    def decode(raw, kt, part, sB, dst):
-        jb = kt & 7
-        scale2, neg2 = _k4_scale_min(raw, jb)
-        nib = 4 * (jb & 1)
-        d0 = dst + 2 * NQ * part
-        for t in range(NQ // 2):  # two quant words, four quants each: one 16-byte store
-            m = (((raw[4 + 2 * t] >> nib) & 0x0F0F0F0F)
-                 | (((raw[4 + NQ + 2 * t] >> jb) & 0x01010101) << 4))
-            n = (((raw[5 + 2 * t] >> nib) & 0x0F0F0F0F)
-                 | (((raw[5 + NQ + 2 * t] >> jb) & 0x01010101) << 4))
-            st_x4(sB, d0 + 4 * t,
-                  h2_sub_fma(prmt(m, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
-                  h2_sub_fma(prmt(m, MAGIC4, 0x4342), MAGIC2, scale2, neg2),
-                  h2_sub_fma(prmt(n, MAGIC4, 0x4140), MAGIC2, scale2, neg2),
-                  h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2, scale2, neg2))
-
-    return fetch, decode, 4 + 2 * NQ
+    return fetch, decode, 4 + (2 * NQ if fifth else NQ)
 
 
 def q8_0_loader(parts: int):
