@@ -40,18 +40,29 @@ MAGIC2_Q6 = np.uint32(0x64206420)  # two halves of 1056.0 = 1024 + 32
 ZERO2 = np.uint32(0)
 
 
-@cuda.jit(device=True, inline="always")
-def _ld16(wbuf, off, raw, at):
-    """raw[at:at+4] = the 16 bytes at `off` (one vector load when 16-byte aligned)."""
-    if off & 15 == 0:
-        a, b, c, d = ld_nc_u32x4(wbuf, off)
-    else:
-        a, b, c, d = ld_u32(wbuf, off), ld_u32(wbuf, off + 4), ld_u32(wbuf, off + 8), \
-            ld_u32(wbuf, off + 12)
-    raw[at] = a
-    raw[at + 1] = b
-    raw[at + 2] = c
-    raw[at + 3] = d
+def _loader16(pairs: bool):
+    """A device function raw[at:at+4] = the 16 bytes at `off` (4-byte aligned) of wbuf: one
+    vector load when 16-byte aligned, with `pairs` two when 8-byte aligned (IQ4_XS's 136-byte
+    super-blocks alternate), else four words."""
+    @cuda.jit(device=True, inline="always")
+    def ld16(wbuf, off, raw, at):
+        if off & 15 == 0:
+            a, b, c, d = ld_nc_u32x4(wbuf, off)
+        elif pairs and off & 7 == 0:
+            a, b = ld_nc_u32x2(wbuf, off)
+            c, d = ld_nc_u32x2(wbuf, off + 8)
+        else:
+            a, b, c, d = ld_u32(wbuf, off), ld_u32(wbuf, off + 4), ld_u32(wbuf, off + 8), \
+                ld_u32(wbuf, off + 12)
+        raw[at] = a
+        raw[at + 1] = b
+        raw[at + 2] = c
+        raw[at + 3] = d
+    return ld16
+
+
+_ld16 = _loader16(False)   # the K-quants' rows: 16-byte aligned in an aligned matrix
+_ld16_8 = _loader16(True)
 
 
 @cuda.jit(device=True, inline="always")
@@ -217,24 +228,6 @@ def q6k_loader(parts: int):
                       h2_sub_fma(prmt(n, MAGIC4, 0x4342), MAGIC2_Q6, dl2, ZERO2))
 
     return fetch, decode, 5 + 2 * NQ
-
-
-@cuda.jit(device=True, inline="always")
-def _ld16_8(wbuf, off, raw, at):
-    """raw[at:at+4] = the 16 bytes at `off` (4-byte aligned): one vector load when 16-byte
-    aligned, two when 8-byte aligned (IQ4_XS's 136-byte super-blocks alternate)."""
-    if off & 15 == 0:
-        a, b, c, d = ld_nc_u32x4(wbuf, off)
-    elif off & 7 == 0:
-        a, b = ld_nc_u32x2(wbuf, off)
-        c, d = ld_nc_u32x2(wbuf, off + 8)
-    else:
-        a, b, c, d = ld_u32(wbuf, off), ld_u32(wbuf, off + 4), ld_u32(wbuf, off + 8), \
-            ld_u32(wbuf, off + 12)
-    raw[at] = a
-    raw[at + 1] = b
-    raw[at + 2] = c
-    raw[at + 3] = d
 
 
 @cuda.jit(device=True, inline="always")
