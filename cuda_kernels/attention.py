@@ -187,16 +187,22 @@ def decode_kernel(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None, min_sp
                          f"split {max_split}")
     if min_split is None:
         min_split = min_split_for(k_fmt, v_fmt, head_dim, group, max_split, wide=wide)
-    if ok and wide is not False:
+    if _tensor_cores(k_fmt, v_fmt, head_dim, group, max_split, wide):
         return tc.stream_kernel(k_fmt, head_dim, group, max_split, min_split)
     return _split_kernel(k_fmt, v_fmt, head_dim, group, max_split, min_split)
+
+
+def _tensor_cores(k_fmt, v_fmt, head_dim, group, max_split, wide) -> bool:
+    """Whether `decode_kernel` picks the tensor-core kernel for this case."""
+    return wide is not False and attention_stream.supports(k_fmt, v_fmt, head_dim, group,
+                                                           max_split)
 
 
 def kv_blocks(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
     """Blocks of the pass-1 grid per KV head (grid x = n_kv_head * this): the tensor-core
     kernel takes 8 query heads a block (`attention_stream.n_sub`), the generic one a whole
     group."""
-    if wide is not False and attention_stream.supports(k_fmt, v_fmt, head_dim, group, max_split):
+    if _tensor_cores(k_fmt, v_fmt, head_dim, group, max_split, wide):
         return attention_stream.n_sub(group)
     return 1
 
@@ -205,8 +211,9 @@ def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int
     """The shortest split of the kernel `decode_kernel` picks: SPLIT_K_MIN (64) for the
     tensor-core kernel (a tile for each of its four warps), SPLIT_K_GRAIN (16) for the generic
     one (its block takes 16 keys a round; longer splits only serialise them)."""
-    wide_ok = attention_stream.supports(k_fmt, v_fmt, head_dim, group, max_split)
-    return attn_split.SPLIT_K_MIN if wide_ok and wide is not False else attn_split.SPLIT_K_GRAIN
+    if _tensor_cores(k_fmt, v_fmt, head_dim, group, max_split, wide):
+        return attn_split.SPLIT_K_MIN
+    return attn_split.SPLIT_K_GRAIN
 
 
 COMBINE_WARPS = 8

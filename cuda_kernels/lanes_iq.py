@@ -18,6 +18,7 @@ from numba import cuda
 from .intrinsics import F_2P23, MAGIC_2P23, byte_to_f32, f2u, h2f, ld_f32_at, ld_nc_u32x2, ld_u16
 from .intrinsics import ld_u32_at, ld_u8, ld_x4, prmt, u2f
 from .lanes_k import small_f32
+from .levels import iq4_xs_scale
 from .spans import span2, span4
 
 B_S6 = np.float32(8388608.0 + 32.0)  # 2^23 + the bias of IQ4_XS's 6-bit scales
@@ -60,7 +61,7 @@ def dot_iq4_xs(v, part, xs, xo, so, tab):
     a, b = _iq4_word(v[3], tab, xs, p + 4, a, b)
     a, b = _iq4_word(v[4], tab, xs, p + 8, a, b)
     a, b = _iq4_word(v[5], tab, xs, p + 12, a, b)
-    sc = ((v[1] >> (4 * part)) & 0xF) | (((h0 >> (16 + 2 * part)) & 3) << 4)
+    sc = iq4_xs_scale(h0, v[1], part)
     return h2f(h0 & 0xFFFF) * (u2f(MAGIC_2P23 | sc) - B_S6) * (a + b)
 
 

@@ -33,7 +33,7 @@ from numba import cuda
 from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u32_at, ld_w4, prmt, u2f
 from .lanes import LaneFormat, lane_format
 from .lanes_k import _k4_scales, small_f32
-from .levels import iq4_levels
+from .levels import iq4_levels, iq4_xs_scale
 from .qtables import GRID_IQ3_S
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
@@ -105,7 +105,7 @@ def _iq4_sub(q0, q1, q2, q3, xs, p):
 @cuda.jit(device=True, inline="always")
 def _iq4_scale(h0, h1, sub):
     """Sub-block `sub`'s 6-bit scale minus its bias of 32, as float32."""
-    return small_f32(((h1 >> (4 * sub)) & 0xF) | (((h0 >> (16 + 2 * sub)) & 3) << 4)) - F32
+    return small_f32(iq4_xs_scale(h0, h1, sub)) - F32
 
 
 @cuda.jit(device=True, inline="always")

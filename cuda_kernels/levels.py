@@ -1,5 +1,5 @@
-"""IQ4_NL / IQ4_XS levels looked up four at a time by byte permutes (the decode lanes' 8-bit dots
-and the prefill GEMM's split loader share it).
+"""IQ4_NL / IQ4_XS levels looked up four at a time by byte permutes, and IQ4_XS's sub-block
+scales (the decode lanes' dots and the prefill GEMM's split loader share them).
 
 The 16 levels are int8 values, four to a word. A `prmt` takes four 3-bit indices from the low 16
 bits of its selector (bit 3 of an index would make it replicate a sign instead), so the nibbles'
@@ -17,6 +17,13 @@ from .qtables import KVALUES_IQ4NL
 
 # The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
 IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype("i1").view("u4"))
+
+
+@cuda.jit(device=True, inline="always")
+def iq4_xs_scale(head0, head1, sub):
+    """IQ4_XS sub-block `sub`'s 6-bit scale (0..63, before its bias of 32), from the super-block's
+    first two words: head0 = d | scales_h << 16, head1 = scales_l."""
+    return ((head1 >> (4 * sub)) & 0xF) | (((head0 >> (16 + 2 * sub)) & 3) << 4)
 
 
 @cuda.jit(device=True, inline="always")

@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
 from .intrinsics import funnel_r, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u32, prmt, st_x4
-from .levels import iq4_levels
+from .levels import iq4_levels, iq4_xs_scale
 from .mma import h2_sub_fma, pack_half2
 
 MAGIC2 = np.uint32(0x64006400)  # two halves of 1024.0
@@ -260,7 +260,7 @@ def iq4_xs_loader(parts: int):
     def decode(raw, kt, part, sB, dst):
         jb = kt & 7
         dh = raw[0]
-        ls = ((raw[1] >> (4 * jb)) & 0xF) | (((dh >> (16 + 2 * jb)) & 3) << 4)
+        ls = iq4_xs_scale(dh, raw[1], jb)
         dl = h2f(dh & 0xFFFF) * (float32(ls) - float32(32.0))  # ls unsigned: no int subtract
         dl2 = pack_half2(dl, dl)
         for t in range(2):  # quant words 2t, 2t + 1: values 8t .. 8t + 7 (low nibbles), + 16
