@@ -1,6 +1,7 @@
 """The ring's stream ordering, without a GPU: a fake RingOps records every copy / record / wait per
 stream, then a random scheduler executes the streams in any order the events allow, and every
-compute step must find its own blob in its slot (not yet overwritten, already landed)."""
+compute step must find its own blob in its slot (not yet overwritten, already landed). The
+fake's events are re-recorded as the ring reuses them, with CUDA's semantics for a wait."""
 
 from __future__ import annotations
 
@@ -11,20 +12,28 @@ from strata.cuda_kernels.ring import ExpertRing, RingSlot
 
 
 class FakeOps:
+    """Events as CUDA's: made once, recorded again at every use; a wait takes the record that
+    is the event's latest when the wait is enqueued (a wait on an event never recorded is
+    no wait)."""
+
     def __init__(self):
         self.queues: dict[str, list] = {"copy": [], "compute": []}
-        self.n_events = 0
+        self.n_records: dict[int, int] = {}
+
+    def events(self, n):
+        return list(range(n))
 
     def copy(self, dst, dst_offset, src, stream):
         self.queues[stream].append(("copy", dst_offset, int(src[0])))
 
-    def record(self, stream):
-        self.n_events += 1
-        self.queues[stream].append(("record", self.n_events))
-        return self.n_events
+    def record(self, event, stream):
+        self.n_records[event] = self.n_records.get(event, 0) + 1
+        self.queues[stream].append(("record", (event, self.n_records[event])))
 
     def wait(self, stream, event):
-        self.queues[stream].append(("wait", event))
+        n = self.n_records.get(event, 0)
+        if n:
+            self.queues[stream].append(("wait", (event, n)))
 
     def use(self, stream, slot: RingSlot, blob_id: int):
         self.queues[stream].append(("use", slot.offset, blob_id))

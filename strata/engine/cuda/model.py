@@ -18,6 +18,7 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.moe import ExpertLayout
+from strata.cuda_kernels.ring import CudaRingOps
 from strata.cuda_kernels.tables import install as install_tables
 from strata.cuda_kernels.tables import uninstall as uninstall_tables
 from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
@@ -141,6 +142,7 @@ class CudaModel:
         self._plan_and_open(model, backend)
         self.stream = cuda.stream()
         self.copy_stream = cuda.stream()
+        self.ring_ops = CudaRingOps()  # the prompt ring's events, made once for every prompt
         self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch

@@ -100,7 +100,7 @@ class PromptRun:
         if "slots" in R:
             slot_bytes = ring_slot_bytes(s)
             flat = R["slots"].reshape(-1)
-            self.ring = ExpertRing(flat, slot_bytes, m.copy_stream)
+            self.ring = ExpertRing(flat, slot_bytes, m.copy_stream, ops=m.ring_ops)
             self.ring_base = m.arena_offset(flat) + m.window_shift
             ev = cuda.event()  # the ring's first copies must follow whatever read those bytes
             ev.record(m.stream)
