@@ -40,8 +40,11 @@ def stop_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:
 
 
 def usage(finish: FinishEvent) -> dict:
-    return {"input_tokens": finish.n_prompt, "output_tokens": finish.n_completion,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    """Anthropic's split of the prompt: `input_tokens` computed, `cache_read_input_tokens`
+    found in the KV a finished request left (a conversation's earlier turns)."""
+    return {"input_tokens": finish.n_prompt - finish.n_cached,
+            "output_tokens": finish.n_completion, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": finish.n_cached}
 
 
 def _tool_use(call: ToolCall) -> dict:
@@ -115,7 +118,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
     yield sse({"type": "message_delta",
                "delta": {"stop_reason": stop_reason(gen.finish, gen.tool_calls),
                          "stop_sequence": gen.finish.stop_sequence},
-               "usage": {"output_tokens": gen.finish.n_completion}}, "message_delta")
+               "usage": usage(gen.finish)}, "message_delta")  # the final counts
     yield sse({"type": "message_stop"}, "message_stop")
 
 

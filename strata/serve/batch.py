@@ -10,6 +10,13 @@ slot's next token where its params are given, its logits where they are None); t
 them for the sequences that qualify.
 Memory note: on the CPU backend every instance maps the same read-only weights, so N slots cost
 N KV caches and N sets of activation buffers, not N models.
+
+A chat's next turn: where every engine can `rewind(n)` (keep its first n positions: the CPU
+engine), `PerSlotEngines` keeps a finished sequence's KV (`release(slot, tokens)`, as the CUDA
+batch engine does), and a later prompt that starts with the same tokens is computed only past
+them. A new prompt takes the engine, among the slots not running, whose kept tokens share the
+longest prefix with it: engines are swapped between slots, so the worker's choice of slot does
+not lose a conversation's KV.
 """
 
 from __future__ import annotations
@@ -55,7 +62,9 @@ def last_logits(logits: Any) -> np.ndarray:
 
 class PerSlotEngines:
     """A `BatchEngine` over single-sequence engines, one per slot (made by `make_engine()`).
-    A decode step runs the slots one after another: correct everywhere, batched nowhere."""
+    A decode step runs the slots one after another: correct everywhere, batched nowhere.
+    With engines that can `rewind`, a released sequence's KV is kept for a later prompt that
+    shares its prefix (see the module doc; `n_reused` counts the last prefill's reused tokens)."""
 
     def __init__(self, make_engine: Callable[[], Any], n_slots: int):
         if n_slots < 1:
@@ -63,6 +72,11 @@ class PerSlotEngines:
         self.engines = [make_engine() for _ in range(n_slots)]
         self.n_slots = n_slots
         self.max_context = min(int(e.max_context) for e in self.engines)
+        self.keeps_prefix = all(callable(getattr(e, "rewind", None)) for e in self.engines)
+        self.shape = getattr(self.engines[0], "shape", None)  # the model's (every engine's)
+        # tokens a released slot's KV holds (None: nothing kept, or the slot is running)
+        self._kept: list[list[int] | None] = [None] * n_slots
+        self.n_reused = 0
 
     def _engine(self, slot: int) -> Any:
         if not 0 <= slot < self.n_slots:
@@ -70,9 +84,31 @@ class PerSlotEngines:
         return self.engines[slot]
 
     def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
-        engine = self._engine(slot)
-        engine.reset()
-        return last_logits(engine.prefill(list(tokens)))
+        self._engine(slot)
+        tokens = list(tokens)
+        best, common = slot, _common_prefix(self._kept[slot], tokens)
+        for s in range(self.n_slots):  # the released slot whose kept tokens share the most
+            n = _common_prefix(self._kept[s], tokens)
+            if n > common:
+                best, common = s, n
+        if best != slot:  # its engine (and KV) moves into this slot's name
+            self.engines[slot], self.engines[best] = self.engines[best], self.engines[slot]
+            self._kept[slot], self._kept[best] = self._kept[best], self._kept[slot]
+        engine, self._kept[slot] = self.engines[slot], None
+        self.n_reused = 0
+        try:
+            if common:
+                engine.rewind(common)
+                logits = engine.prefill(tokens[common:])
+                self.n_reused = common
+            else:
+                engine.reset()
+                logits = engine.prefill(tokens)
+        except BaseException:
+            engine.reset()  # a failed prefill leaves no state to reuse
+            self.n_reused = 0
+            raise
+        return last_logits(logits)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if len(slots) != len(tokens):
@@ -80,8 +116,28 @@ class PerSlotEngines:
         rows = [last_logits(self._engine(s).decode_step(int(t))) for s, t in zip(slots, tokens)]
         return np.stack(rows)  # [n_seq, n_vocab] f32
 
-    def release(self, slot: int) -> None:
-        self._engine(slot).reset()
+    def release(self, slot: int, tokens: Sequence[int] | None = None) -> None:
+        """The slot's sequence is over. `tokens`: what it fed (its prompt, then its tokens;
+        any past what its KV holds are ignored): kept for a later prompt's prefix where the
+        engines can rewind; without them the KV is dropped."""
+        engine = self._engine(slot)
+        n = int(getattr(engine, "n_past", 0))
+        if self.keeps_prefix and tokens is not None and len(tokens) >= n > 0:
+            self._kept[slot] = [int(t) for t in tokens[:n]]
+        else:
+            self._kept[slot] = None
+            engine.reset()
+
+
+def _common_prefix(kept: list[int] | None, tokens: list[int]) -> int:
+    """Leading tokens `kept` and `tokens` share, at most all but the last of `tokens` (a
+    prefill computes at least one token: its logits are the answer's first)."""
+    if not kept:
+        return 0
+    n, limit = 0, min(len(kept), len(tokens) - 1)
+    while n < limit and kept[n] == tokens[n]:
+        n += 1
+    return n
 
 
 class SplitSlot(PerSlotEngines):
@@ -105,8 +161,8 @@ class SplitSlot(PerSlotEngines):
             self._read_hits()
         return out
 
-    def release(self, slot: int) -> None:
-        super().release(slot)
+    def release(self, slot: int, tokens: Sequence[int] | None = None) -> None:
+        super().release(slot, tokens)
         self._read_hits()
 
     def _read_hits(self) -> None:

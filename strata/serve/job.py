@@ -59,6 +59,7 @@ class FinishEvent:
     n_completion: int
     stop_sequence: str | None = None
     error: str | None = None
+    n_cached: int = 0  # of n_prompt: tokens whose KV a finished request left (not computed)
 
     def __post_init__(self) -> None:
         if self.reason not in FINISH_REASONS:

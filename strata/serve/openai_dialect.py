@@ -46,7 +46,9 @@ def finish_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:
 
 def usage(finish: FinishEvent) -> dict:
     return {"prompt_tokens": finish.n_prompt, "completion_tokens": finish.n_completion,
-            "total_tokens": finish.n_prompt + finish.n_completion}
+            "total_tokens": finish.n_prompt + finish.n_completion,
+            # the prompt tokens a finished request's KV held (a chat's earlier turns)
+            "prompt_tokens_details": {"cached_tokens": finish.n_cached}}
 
 
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict:

@@ -96,7 +96,7 @@ def load(config: ServeConfig) -> Loaded:
     devices = _devices_reader(engine, weights_bytes, plan)
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
                "weights_bytes": weights_bytes, "arch": model_file.arch,
-               "tool_calls_parsed": served.tool_calls_parsed}
+               "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
                         plan_summary=summary)
@@ -122,6 +122,10 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
                  if config.batch_invariant else "one sequence alone runs the fused single step")
         reuse = "off" if config.no_prefix_cache else "on (a finished request's KV, its slot's)"
         lines.append(f"decode   {alone}; prefix cache {reuse}")
+    else:  # engines per slot: reuse where they can rewind (the CPU engine), else off
+        reuse = ("on (a finished request's KV, kept by its slot's engine)"
+                 if summary.get("prefix_cache") else "off")
+        lines.append(f"prompts  prefix cache {reuse}")
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
         regions = ", ".join(f"{r.name} {_mib(r.n_bytes)}" for r in d.regions)

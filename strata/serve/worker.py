@@ -70,6 +70,7 @@ class _Seq:
     done: bool = field(default=False)
     device: SamplingParams | None = None  # how the engine picks its tokens; None: the host
     tokens: list[int] = field(default_factory=list)  # generated, in order
+    n_cached: int = 0  # prompt tokens the engine found in its KV
 
 
 class Worker:
@@ -204,8 +205,9 @@ class Worker:
                 log.exception("prefill failed for job %d", job.id)
                 self._finish(seq, "error", error=f"prefill failed: {e}")
                 continue
+            seq.n_cached = int(getattr(self.engine, "n_reused", 0)) if self.prefix_cache else 0
             self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0,
-                                        cached=getattr(self.engine, "n_reused", 0))
+                                        cached=seq.n_cached)
             self._accept(seq, logits)
 
     def _device_sampling(self, sampler) -> SamplingParams | None:
@@ -341,5 +343,6 @@ class Worker:
         self._free.append(seq.slot)
         self.metrics.record_finish(reason, seq.n_generated, cancelled_in=cancelled_in)
         seq.job.emit(FinishEvent(reason, len(seq.job.prompt), seq.n_generated,
-                                 stop_sequence=stop_sequence, error=error))
+                                 stop_sequence=stop_sequence, error=error,
+                                 n_cached=seq.n_cached))
         self._publish_load()

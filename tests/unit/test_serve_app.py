@@ -29,9 +29,10 @@ def script(prompt: str) -> str:
 
 
 class Harness:
-    def __init__(self, *, max_context=4096, api_key=KEY, max_body_bytes=64 << 10):
+    def __init__(self, *, max_context=4096, api_key=KEY, max_body_bytes=64 << 10,
+                 engine_class=None):
         self.model = FakeModel(max_context=max_context)
-        self.engine = ScriptedEngine(script, n_slots=2, max_context=max_context)
+        self.engine = (engine_class or ScriptedEngine)(script, n_slots=2, max_context=max_context)
         self.metrics = Metrics()
         self.worker = Worker(self.engine, self.model, self.metrics)
         state = ServerState(model=self.model, worker=self.worker, metrics=self.metrics)
@@ -89,7 +90,8 @@ def test_chat_completion_shape_and_usage(h):
     assert choice["finish_reason"] == "stop"
     n_prompt = len(render([{"role": "user", "content": "hello"}], None))
     assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 10,
-                             "total_tokens": n_prompt + 10}
+                             "total_tokens": n_prompt + 10,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert r.headers["x-strata-max-tokens"] == "100"
     assert "x-strata-max-tokens-clamped-from" not in r.headers
 
@@ -344,3 +346,51 @@ def test_metrics_and_monitor(h):
     assert h.client.get("/").headers["content-type"].startswith("text/html")
     schema = h.client.get("/openapi.json").json()
     assert "/v1/messages" in schema["paths"]
+
+
+class KeepingEngine(ScriptedEngine):
+    """A scripted engine that keeps a finished request's tokens and reports, at the next
+    prefill, how many leading tokens of its prompt they cover (all but its last, at most)."""
+
+    keeps_prefix = True
+
+    def __init__(self, script, **kw):
+        super().__init__(script, **kw)
+        self.kept: list[int] = []
+        self.n_reused = 0
+
+    def prefill(self, slot, tokens):
+        n = 0
+        while n < min(len(self.kept), len(tokens) - 1) and self.kept[n] == tokens[n]:
+            n += 1
+        self.n_reused = n
+        return super().prefill(slot, tokens)
+
+    def release(self, slot, tokens=None):
+        self.kept = list(tokens or [])
+        super().release(slot)
+
+
+def test_a_next_turn_reports_its_cached_prompt_tokens_in_both_dialects():
+    """OpenAI's usage.prompt_tokens_details.cached_tokens and Anthropic's
+    cache_read_input_tokens (input_tokens then counts the computed rest) carry the tokens the
+    engine reused; a first turn reports 0."""
+    with Harness(engine_class=KeepingEngine) as h:
+        first = h.client.post("/v1/chat/completions", json=chat()).json()
+        assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        turns = [{"role": "user", "content": "hello"},
+                 {"role": "assistant", "content": "Hi there!"},
+                 {"role": "user", "content": "and now?"}]
+        n_kept = len(h.engine.kept)  # the first turn's prompt and answer
+        second = h.client.post("/v1/chat/completions", json=chat(messages=turns)).json()
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < cached <= n_kept and cached == h.engine.n_reused
+        third = h.client.post("/v1/messages", json=msgs(messages=turns)).json()
+        n_prompt = second["usage"]["prompt_tokens"]
+        assert third["usage"]["cache_read_input_tokens"] == h.engine.n_reused == n_prompt - 1
+        assert third["usage"]["input_tokens"] == 1
+        stream = h.client.post("/v1/messages", json=msgs(messages=turns, stream=True))
+        delta = [json.loads(d) for e, d in sse_events(stream.text) if e == "message_delta"][0]
+        assert delta["usage"]["cache_read_input_tokens"] == n_prompt - 1
+        assert delta["usage"]["input_tokens"] + delta["usage"]["cache_read_input_tokens"] == \
+            n_prompt

@@ -200,6 +200,7 @@ def test_a_finished_requests_tokens_go_back_with_its_slot():
     assert engine.kept[0] == (0, encode("ab") + encode("xy") + [eot])
     assert metrics.prompt_cached_tokens == 2 and "strata_prompt_cached_tokens_total 2" in \
         metrics.render()
+    assert [s.finish.n_cached for s in sinks] == [0, 2]  # what the request's usage reports
     engine.fail_end_after = 0  # a failed step: its KV is not handed back
     (sink,) = run_jobs(engine, [("ab", greedy)], metrics)
     assert sink.finish.reason == "error"

@@ -46,6 +46,14 @@ class CpuEngine(Engine):
     def reset(self) -> None:
         self._n_past = 0
 
+    def rewind(self, n_keep: int) -> None:
+        """Keep the sequence's first `n_keep` positions; the next prefill appends after them
+        (the KV cache is positional: what lay past them is overwritten as it is recomputed)."""
+        if not 0 <= n_keep <= self._n_past:
+            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
+                             f"sequence")
+        self._n_past = int(n_keep)
+
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         ids = self.check_tokens(tokens)
         logits = None

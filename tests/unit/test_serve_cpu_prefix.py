@@ -1,0 +1,83 @@
+"""A chat's next turn on the CPU backend (`PerSlotEngines` over `CpuEngine`): a released
+sequence's KV is kept, a later prompt that starts with its tokens is computed only past them
+(in whichever slot the worker gives it), its logits are those of the whole prompt computed
+afresh, and without tokens (or after a failure) nothing is kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers.engine_models import PROMPT, model_path
+from strata.bench import chat_turns
+from strata.engine.cpu.engine import CpuEngine
+from strata.engine.cpu.layers import CpuModel
+from strata.engine.engine import ContextFullError
+from strata.gguf import open_model
+from strata.serve.batch import PerSlotEngines
+
+
+@pytest.fixture(scope="module")
+def model(tmp_models):
+    return CpuModel(open_model(model_path(tmp_models, "Q4_K_M")))
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def test_a_next_turn_reuses_the_kv_in_any_free_slot(model):
+    eng = PerSlotEngines(lambda: CpuEngine(model, max_context=64), 2)
+    assert eng.keeps_prefix and eng.shape.n_vocab == 640
+    first = eng.prefill(0, PROMPT)
+    t1 = int(np.argmax(first))
+    t2 = int(np.argmax(eng.decode([0], [t1])[0]))
+    t3 = int(np.argmax(eng.decode([0], [t2])[0]))
+    eng.release(0, tokens=PROMPT + [t1, t2, t3])  # t3 was sampled, never fed
+    turn2 = PROMPT + [t1, t2, t3, 44, 45]
+    got = eng.prefill(1, turn2)  # the worker hands it slot 1: slot 0's engine moves there
+    assert eng.n_reused == len(PROMPT) + 2
+    fresh = CpuEngine(model, max_context=64).prefill(turn2)
+    assert _rel(got, fresh) < 1e-5
+    assert eng.engines[1].n_past == len(turn2)
+    # the same prompt again after a release without tokens: nothing kept
+    eng.release(1)
+    eng.prefill(0, turn2)
+    assert eng.n_reused == 0
+    # a prompt the kept tokens cover whole still computes its last token
+    eng.release(0, tokens=turn2 + [7])
+    again = eng.prefill(0, turn2)
+    assert eng.n_reused == len(turn2) - 1 and _rel(again, fresh) < 1e-5
+
+
+def test_a_failed_prefill_keeps_nothing(model):
+    eng = PerSlotEngines(lambda: CpuEngine(model, max_context=16), 1)
+    eng.prefill(0, PROMPT)
+    eng.release(0, tokens=PROMPT)
+    with pytest.raises(ContextFullError):
+        eng.prefill(0, PROMPT + list(range(1, 11)))  # 17 tokens: past the context
+    assert eng.engines[0].n_past == 0
+    eng.prefill(0, PROMPT)
+    assert eng.n_reused == 0
+
+
+def test_rewind_refuses_positions_the_sequence_lacks(model):
+    e = CpuEngine(model, max_context=16)
+    e.prefill(PROMPT)
+    with pytest.raises(ValueError, match="cannot keep 8 positions of a 7-position sequence"):
+        e.rewind(8)
+    e.rewind(3)
+    assert e.n_past == 3
+
+
+def test_serves_worker_reuses_a_turns_kv_on_the_cpu(model):
+    """The chat bench's two runs through serve's worker: with reuse every turn after the first
+    finds all of its history but the previous answer's last token, and the answers are the
+    whole-prompt run's."""
+    eng = PerSlotEngines(lambda: CpuEngine(model, max_context=128), 1)
+    res = chat_turns.measure(eng, system=20, turns=3, user=6, answer=5, seed=2)
+    rows = res["turns"]
+    assert [r["prompt_tokens"] for r in rows] == [26, 37, 48]
+    assert [r["cached_tokens"] for r in rows] == [0, 26 + 4, 37 + 4]
+    assert [r["cached_tokens"] for r in res["whole"]] == [0, 0, 0]
+    assert all(r["answer_tokens_equal_before_first_difference"] == 5 for r in rows)
