@@ -1,5 +1,6 @@
-"""`python -m strata.bench.chat_turns -m FILE`: a chat's turns through `strata serve`'s worker on
-the CUDA backend, with the KV of each finished turn reused by the next (serve's default) and
+"""`python -m strata.bench.chat_turns -m FILE [--backend cuda|cpu]`: a chat's turns through
+`strata serve`'s worker (the CUDA batch engine, or the CPU engine per slot as `serve --backend
+cpu` runs it), with the KV of each finished turn reused by the next (serve's default) and
 without it (`--no-prefix-cache`), on one loaded engine.
 
 A conversation: a system prompt of `--system-tokens` random tokens, then `--turns` turns, each
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answer-tokens", type=int, default=64)
     p.add_argument("--max-context", type=int, default=None,
                    help="per sequence (default: what the conversation needs, rounded up to 1K)")
-    p.add_argument("--gpu-mem", help="plan within this much VRAM")
+    p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--gpu-mem", help="plan within this much VRAM (cuda)")
     p.add_argument("--json", metavar="FILE", help="write the result here")
     p.add_argument("--command", help="the command line to record (default: this one)")
     args = p.parse_args(argv)
@@ -138,25 +140,37 @@ def main(argv: list[str] | None = None) -> int:
     if need > ctx:
         p.error(f"the conversation needs {need} tokens of context; --max-context is {ctx}")
 
+    if args.backend == "cpu" and args.gpu_mem:
+        p.error("--gpu-mem plans VRAM: it applies to --backend cuda only")
+
     from strata.bench.engine_cuda import _commit
-    from strata.bench.serve_batch import _device_name
-    from strata.engine.cuda.batch import batch_options, load_batch
     from strata.gguf import open_model
-    from strata.plan.devices import parse_size
-    from strata.plan.options import PlanOptions
 
     mf = open_model(args.model)
     t0 = time.perf_counter()
-    opts = batch_options(mf, 1, PlanOptions(max_context=ctx),
-                         gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
-                         progress=False)
-    engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
+    if args.backend == "cpu":
+        import platform
+
+        from strata.engine.cpu import engine_factory
+        from strata.serve.batch import PerSlotEngines
+        engine = PerSlotEngines(engine_factory(mf, max_context=ctx), 1)
+        device = f"CPU: {platform.processor() or platform.machine()}"
+    else:
+        from strata.bench.serve_batch import _device_name
+        from strata.engine.cuda.batch import batch_options, load_batch
+        from strata.plan.devices import parse_size
+        from strata.plan.options import PlanOptions
+        opts = batch_options(mf, 1, PlanOptions(max_context=ctx),
+                             gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
+                             progress=False)
+        engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
+        device = _device_name()
     load_s = time.perf_counter() - t0
     res = measure(engine, system=args.system_tokens, turns=args.turns, user=args.user_tokens,
                   answer=args.answer_tokens)
     out = {"bench": "chat_turns", "model": args.model, "arch": mf.arch,
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "commit": _commit(), "device": _device_name(),
+           "commit": _commit(), "device": device, "backend": args.backend,
            "command": args.command or " ".join(["python -m strata.bench.chat_turns"]
                                                + (argv if argv is not None else sys.argv[1:])),
            "max_context": ctx, "gpu_mem": args.gpu_mem, "load_seconds": load_s, **res}

@@ -86,6 +86,7 @@ def test_a_turn_past_the_context_is_refused_before_it_is_submitted():
     (["--answer-tokens", "1"], "need --turns >= 1"),
     (["--user-tokens", "-1"], "--user-tokens must be >= 0"),
     (["--system-tokens", "4096", "--max-context", "2048"], "needs 4608 tokens of context"),
+    (["--backend", "cpu", "--gpu-mem", "8GiB"], "applies to --backend cuda only"),
 ])
 def test_bad_arguments_are_refused_by_name(argv, msg, capsys):
     with pytest.raises(SystemExit):
