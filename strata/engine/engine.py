@@ -26,6 +26,17 @@ class ContextFullError(EngineInputError):
     """The sequence would not fit in the engine's `max_context` positions."""
 
 
+def common_prefix(kept: Sequence[int] | None, tokens: Sequence[int]) -> int:
+    """How many leading tokens of a new prompt `tokens` a kept sequence's `kept` holds, at most
+    all but the prompt's last (a prefill computes at least one token: its logits are the
+    prefill's result). The rule every engine that keeps a finished sequence's KV reuses by."""
+    n = min(len(kept) if kept is not None else 0, len(tokens) - 1)
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(kept[:n], np.int64) != np.asarray(tokens[:n], np.int64))
+    return int(diff[0]) if diff.size else n
+
+
 class Engine(ABC):
     """One sequence through a model. `prefill` appends tokens at positions n_past.. and
     `decode_step` appends one; both return float32[n_vocab] logits of the next token."""

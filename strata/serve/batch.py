@@ -25,6 +25,8 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from strata.engine.engine import common_prefix
+
 
 @runtime_checkable
 class BatchEngine(Protocol):
@@ -84,11 +86,11 @@ class PerSlotEngines:
         return self.engines[slot]
 
     def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
-        self._engine(slot)
+        self._engine(slot)  # in range
         tokens = list(tokens)
-        best, common = slot, _common_prefix(self._kept[slot], tokens)
+        best, common = slot, common_prefix(self._kept[slot], tokens)
         for s in range(self.n_slots):  # the released slot whose kept tokens share the most
-            n = _common_prefix(self._kept[s], tokens)
+            n = common_prefix(self._kept[s], tokens)
             if n > common:
                 best, common = s, n
         if best != slot:  # its engine (and KV) moves into this slot's name
@@ -127,17 +129,6 @@ class PerSlotEngines:
         else:
             self._kept[slot] = None
             engine.reset()
-
-
-def _common_prefix(kept: list[int] | None, tokens: list[int]) -> int:
-    """Leading tokens `kept` and `tokens` share, at most all but the last of `tokens` (a
-    prefill computes at least one token: its logits are the answer's first)."""
-    if not kept:
-        return 0
-    n, limit = 0, min(len(kept), len(tokens) - 1)
-    while n < limit and kept[n] == tokens[n]:
-        n += 1
-    return n
 
 
 class SplitSlot(PerSlotEngines):

@@ -90,7 +90,7 @@ def test_a_released_row_keeps_the_tokens_its_kv_holds():
     keep nothing; the next prompt reuses the longest shared prefix, never its last token."""
     import numpy as np
 
-    from strata.engine.cuda.batch import _common_prefix
+    from strata.engine.engine import common_prefix
 
     eng, _ = _rows(3)
     _hold(eng, 2, 6)
@@ -99,9 +99,10 @@ def test_a_released_row_keeps_the_tokens_its_kv_holds():
     eng.release(1, tokens=[1, 2, 3])  # row 1: 4 positions, only 3 tokens known
     assert eng._kept[:2] == [[9, 8, 7, 6, 5, 4], None]
     ids = np.array([9, 8, 7, 1, 2], np.int32)
-    assert _common_prefix(eng._kept[0], ids) == 3
-    assert _common_prefix([9, 8, 7, 6, 5, 4], np.array([9, 8, 7, 6], np.int32)) == 3
-    assert _common_prefix([4], np.array([5, 4], np.int32)) == 0
+    assert common_prefix(eng._kept[0], ids) == 3
+    assert common_prefix([9, 8, 7, 6, 5, 4], np.array([9, 8, 7, 6], np.int32)) == 3
+    assert common_prefix([4], np.array([5, 4], np.int32)) == 0
+    assert common_prefix(None, [1, 2]) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
 
 
 def test_a_new_prompt_takes_the_vacant_row_that_holds_its_prefix():

@@ -45,7 +45,7 @@ from strata.engine.cuda.options import CudaEngineError
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import may_fall_back, picks
-from strata.engine.engine import ContextFullError, EngineInputError
+from strata.engine.engine import ContextFullError, EngineInputError, common_prefix
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
@@ -237,7 +237,7 @@ class CudaBatchEngine:
         best, best_n = -1, 0
         for r, kept in enumerate(self._kept):
             if kept is not None and (r >= held or self._slot_at[r] is None):
-                n = _common_prefix(kept, ids)
+                n = common_prefix(kept, ids)
                 if n > best_n:
                     best, best_n = r, n
         if 0 <= best < held:  # a hole: taken as it is (a later step's compaction fills others)
@@ -450,16 +450,6 @@ class CudaBatchEngine:
         """The per-layer decode [hits, misses] expert counters (cumulative) as of the last step:
         int64 [L, 2], a host copy (safe to read from any thread: no GPU call)."""
         return np.array(self._hits)
-
-
-def _common_prefix(kept: list[int], ids: np.ndarray) -> int:
-    """How many leading tokens of `ids` are `kept`'s, at most len(ids) - 1 (the last token is
-    always computed: its logits are the prefill's result)."""
-    n = min(len(kept), ids.size - 1)
-    if n <= 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(kept[:n], np.int64) != ids[:n])
-    return int(diff[0]) if diff.size else n
 
 
 @dataclass(slots=True)
