@@ -88,11 +88,10 @@ class PerSlotEngines:
     def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
         self._engine(slot)  # in range
         tokens = list(tokens)
-        best, common = slot, common_prefix(self._kept[slot], tokens)
-        for s in range(self.n_slots):  # the released slot whose kept tokens share the most
-            n = common_prefix(self._kept[s], tokens)
-            if n > common:
-                best, common = s, n
+        # the released slot whose kept tokens share the most (this one on a tie)
+        shared = [common_prefix(kept, tokens) for kept in self._kept]
+        common = max(shared)
+        best = slot if shared[slot] == common else shared.index(common)
         if best != slot:  # its engine (and KV) moves into this slot's name
             self.engines[slot], self.engines[best] = self.engines[best], self.engines[slot]
             self._kept[slot], self._kept[best] = self._kept[best], self._kept[slot]

@@ -114,17 +114,17 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
              f"{summary['max_context']:,} tokens of context each",
              f"tools    {tools}"]
+    # whether the worker hands finished sequences' KV to the next prompts (the engine can and
+    # --no-prefix-cache is not set)
+    reuse = "on (a finished request's KV, its slot's)" if summary["prefix_cache"] else "off"
     if summary["backend"] == "cuda":  # the plan's batch: one KV region per sequence
         n, ctx = summary["slots"], summary["max_context"]
         lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan holds "
                      f"{n * ctx:,} tokens of KV, one region per sequence")
         alone = ("batch-invariant (a sequence's tokens do not depend on the others)"
                  if config.batch_invariant else "one sequence alone runs the fused single step")
-        reuse = "off" if config.no_prefix_cache else "on (a finished request's KV, its slot's)"
         lines.append(f"decode   {alone}; prefix cache {reuse}")
-    else:  # engines per slot: reuse where they can rewind (the CPU engine), else off
-        reuse = ("on (a finished request's KV, kept by its slot's engine)"
-                 if summary.get("prefix_cache") else "off")
+    else:  # engines per slot: reuse where they can rewind (the CPU engine)
         lines.append(f"prompts  prefix cache {reuse}")
     for d in devices:
         where = f" layers {d.layers[0]}-{d.layers[1] - 1}" if d.layers else ""
