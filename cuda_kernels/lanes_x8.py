@@ -20,6 +20,13 @@ x8_word(64k) = 20k of its super-block:
           byte permutes (`levels`).
   IQ3_S   the float32 slice (`lanes_iq`): grid entry e of a sub-block is values 4e .. 4e + 3,
           x word e; its four sign bits become a byte mask by one multiply and one permute.
+  Q6_K    its own slice (the float32 decoder takes 8 lanes): part p = 2n + h holds ql[64n +
+          16h .. +15] (A), ql[64n + 32 + 16h .. +15] (B) and qh[32n + 16h .. +15] (H): the 16-value
+          chunks c = 0..3 at values 128n + 16h + 32c, each under one scale (sc[8n + h + 2c]) and
+          in the 32-value x group 4n + c. Chunk c's 6-bit codes are A's low nibbles (c = 0),
+          B's (1), A's high (2), B's (3) under H's bit pair 2c; the bias of 32 is one more dp4a
+          of each x word with bytes of -32. The lanes of a half (h = 0, 1) read disjoint bytes,
+          unlike a 64-value contiguous slice, whose two lanes of a half would both load A, B and H.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u32_at, ld_w4, prmt, u2f
+from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u16, ld_u32_at, ld_w4, prmt, u2f
 from .lanes import LaneFormat, lane_format
-from .lanes_k import _k4_scales, small_f32
+from .lanes_k import _k4_scales, i8_f32, small_f32
 from .levels import iq4_levels, iq4_xs_scale
 from .qtables import GRID_IQ3_S
+from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
@@ -166,6 +174,65 @@ def dot_iq3_s_x8(v, part, xs, xo, so, tab):
                         + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
 
 
+# ---- Q6_K ----
+
+HB = 0x30303030      # a code's two high bits, in place
+NEG32 = 0xE0E0E0E0   # int8 -32 in every byte: dp4a(NEG32, x) = -32 * (sum of x's 4 values)
+
+
+@cuda.jit(device=True, inline="always")
+def load_q6_k_x8(w, off, part):
+    n = part >> 1
+    h = part & 1
+    a0, a1, a2, a3 = span4(w, off + 64 * n + 16 * h)
+    b0, b1, b2, b3 = span4(w, off + 64 * n + 32 + 16 * h)
+    c0, c1, c2, c3 = span4(w, off + 128 + 32 * n + 16 * h)
+    s0, s1 = span2(w, off + 192 + 8 * n)           # sc[8n .. 8n + 7]; shifted to put sc[8n + h]
+    sh = 8 * h                                     # and sc[8n + h + 4] in bytes 0 (chunks 0, 2)
+    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,   # and 2 (chunks 1, 3)
+            s0 >> sh, s1 >> sh, ld_u16(w, off + 208))
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_word(q, x, acc):
+    return dp4a(q, x, dp4a(NEG32, x, acc))
+
+
+@cuda.jit(device=True, inline="always")
+def _q6_chunk(q0, q1, q2, q3, xs, p):
+    """Integer dot of one 16-value chunk, codes q0..q3 (0..63 a byte), minus 32 times the sum of
+    x, with x words p .. p + 3."""
+    x0, x1, x2, x3 = ld_w4(xs, p)
+    s = _q6_word(q0, x0, 0)
+    s = _q6_word(q1, x1, s)
+    s = _q6_word(q2, x2, s)
+    return _q6_word(q3, x3, s)
+
+
+@cuda.jit(device=True, inline="always")
+def dot_q6_k_x8(v, part, xs, xo, so, tab):
+    n = part >> 1
+    p = xo + 40 * n + 4 * (part & 1)               # x8_word(128n + 16h); chunks at + 0, 8, 20, 28
+    h0, h1, h2, h3 = v[8], v[9], v[10], v[11]
+    s0 = _q6_chunk((v[0] & NIB) | ((h0 << 4) & HB), (v[1] & NIB) | ((h1 << 4) & HB),
+                   (v[2] & NIB) | ((h2 << 4) & HB), (v[3] & NIB) | ((h3 << 4) & HB), xs, p)
+    s1 = _q6_chunk((v[4] & NIB) | ((h0 << 2) & HB), (v[5] & NIB) | ((h1 << 2) & HB),
+                   (v[6] & NIB) | ((h2 << 2) & HB), (v[7] & NIB) | ((h3 << 2) & HB), xs, p + 8)
+    s2 = _q6_chunk(((v[0] >> 4) & NIB) | (h0 & HB), ((v[1] >> 4) & NIB) | (h1 & HB),
+                   ((v[2] >> 4) & NIB) | (h2 & HB), ((v[3] >> 4) & NIB) | (h3 & HB), xs, p + 20)
+    s3 = _q6_chunk(((v[4] >> 4) & NIB) | ((h0 >> 2) & HB), ((v[5] >> 4) & NIB) | ((h1 >> 2) & HB),
+                   ((v[6] >> 4) & NIB) | ((h2 >> 2) & HB), ((v[7] >> 4) & NIB) | ((h3 >> 2) & HB),
+                   xs, p + 28)
+    d0, d1, _, _ = ld_w4(xs, so + 8 * n)           # dx of the x groups 4n, 4n + 1
+    d2, d3, _, _ = ld_w4(xs, so + 8 * n + 4)       # 4n + 2, 4n + 3
+    sa = v[12]
+    sb = v[13]
+    return h2f(v[14]) * (i8_f32(sa & 0xFF) * u2f(d0) * np.float32(s0)
+                         + i8_f32((sa >> 16) & 0xFF) * u2f(d1) * np.float32(s1)
+                         + i8_f32(sb & 0xFF) * u2f(d2) * np.float32(s2)
+                         + i8_f32((sb >> 16) & 0xFF) * u2f(d3) * np.float32(s3))
+
+
 def _x8(t: T, dot, **slice_) -> tuple[int, LaneFormat]:
     return int(t), replace(lane_format(t), dot=dot, x8=True, **slice_)
 
@@ -176,6 +243,7 @@ X8_FORMATS: dict[int, LaneFormat] = dict([
     _x8(T.Q4_K, dot_q4_k_x8),
     _x8(T.IQ4_XS, dot_iq4_xs_x8, lanes=4, load=load_iq4_xs_x8),
     _x8(T.IQ3_S, dot_iq3_s_x8),
+    _x8(T.Q6_K, dot_q6_k_x8, lanes=4, load=load_q6_k_x8),
 ])
 
 

@@ -5,7 +5,8 @@ llama.cpp's Q4_K_M recipe stores attn_v as Q6_K in half the layers (`use_more_bi
 format, those layers pay a second launch, a few microseconds of latency each. Here the grid is
 split by blocks: blocks [0, blocks_a) run format A's matrices, the others format B's, each block
 running exactly its format's single-format normed kernel (`matvec.lane_body`): its staging of x
-(8-bit for Q4_K where `lanes_x8` has it, padded float32 for Q6_K; a block stages only its own),
+(8-bit where `lanes_x8` has the format, as Q4_K and Q6_K; padded float32 for Q5_K; a block stages
+only its own),
 its row-pair split, its rounds. So every output has the bits of the per-format launches: the
 norm's scale is the same fixed-order block reduction in every block, and no dot changes. A
 block-uniform choice keeps the warps of a block in step at the staging barrier and costs no
@@ -52,7 +53,7 @@ def mixed_pair(type_a: int, type_b: int) -> tuple[int, int] | None:
 def mixed_jit_options(lf_a: LaneFormat, lf_b: LaneFormat) -> dict:
     """The looser of the two formats' launch bounds (a path held to a tighter bound than its own
     kernel's could spill): Q4_K's two blocks an SM for the Q4_K/Q6_K kernel (127-128 registers,
-    no spills; Q6_K's own normed kernels take 80 and 134)."""
+    no spills; Q6_K's own normed kernels on 8-bit x take 95 and 126)."""
     mins = [o["launch_bounds"][1] for o in (lane_jit_options(lf_a), lane_jit_options(lf_b)) if o]
     return {"launch_bounds": (LANE_THREADS, min(mins))} if mins else {}
 

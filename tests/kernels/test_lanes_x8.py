@@ -115,3 +115,24 @@ def test_x8_lane_format_geometry():
     assert lf.stage_len(2048) == x8_len(2048) == 512 + 128
     assert lf.stage_bytes(2048) == 4 * (640 + 128)  # dx and dx * sum, 2 words per group
     assert lf.sb_sums == 16
+
+
+def test_q6_k_reads_spread_each_phase_over_all_bank_groups():
+    """A Q6_K lane p = 2n + h reads its 16-value chunks c at x8_word(128n + 16h + 32c) (+ 0, 8,
+    20, 28 from the first): the 8 lanes of a 16-byte shared load land in 8 distinct bank groups,
+    and the dx words of its x groups at so + 8n (+ 4) are shared only by the two lanes of a half."""
+    lf = x8_format(BY_NAME["Q6_K"].ggml_type)
+    assert lf.x8 and lf.lanes == 4 and lf.padded_sb == 80
+    for c, extra in enumerate((0, 8, 20, 28)):
+        for lane in range(4):
+            n, h = lane >> 1, lane & 1
+            assert 40 * n + 4 * h + extra == _x8_word(128 * n + 16 * h + 32 * c)
+        for phase in range(4):
+            lanes = range(8 * phase, 8 * phase + 8)
+            groups = {((lf.padded_sb * (lane // 4) + 40 * ((lane % 4) >> 1) + 4 * (lane & 1)
+                        + extra) // 4) % 8 for lane in lanes}
+            assert len(groups) == 8, (extra, phase, groups)
+    for phase in range(4):
+        dx = {(lf.sb_sums * (lane // 4) + 8 * ((lane % 4) >> 1)) for lane in
+              range(8 * phase, 8 * phase + 8)}
+        assert len({(w // 4) % 8 for w in dx}) == len(dx) == 4

@@ -2,9 +2,10 @@
 launch, a Q4_K_M layer's Q4_K | Q6_K) against a float64 numpy RMSNorm and gguf-py's
 dequantization, and bit for bit against the per-format launches it replaces.
 
-Each block runs its own format's single-format kernel, so a Q4_K output is held, as there, to
-float64 of the kernel's normed vector quantized as the CPU engine quantizes it (8-bit x,
-`lanes_x8`), and a Q6_K output (float32 x) to float64 of the normed vector itself."""
+Each block runs its own format's single-format kernel, so an output of a format that dots 8-bit x
+(`lanes_x8`: Q4_K and Q6_K) is held, as there, to float64 of the kernel's normed vector quantized
+as the CPU engine quantizes it, and one on float32 x (Q5_K) to float64 of the normed vector
+itself."""
 
 from __future__ import annotations
 
@@ -111,8 +112,8 @@ def test_mixed_in_rounds(monkeypatch):
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 2)
     rounds, xn_none = _launch(x, nw, fmts, ws, rows_each, normed_out=False)
     assert np.isnan(xn_none).all()
-    assert (BY_NAME["Q4_K"].ggml_type, True, BY_NAME["Q6_K"].ggml_type, False, True) \
-        in mm._CACHE
+    assert (BY_NAME["Q4_K"].ggml_type, dots_x8("Q4_K"), BY_NAME["Q6_K"].ggml_type,
+            dots_x8("Q6_K"), True) in mm._CACHE
     _check_float64(rounds, xn, x, nw, fmts, refs)
     for y, y_full in zip(rounds, full):
         np.testing.assert_array_equal(y, y_full)
