@@ -51,6 +51,23 @@ LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
+# Formats whose 8-bit decoding pays only from this many weight bytes a launch (of that format):
+# below it they dot float32 x. Q6_K on the H200, both ways in one run
+# (`2026-12-03_kernels_matvec_q6k_x8.json`): 4096x4096 (13.8 MB) 8.97 against 10.07 us,
+# 8192x8192 27.6 against 31.1, the 151,936-row head 107.4 against 121.2; but 2048->4096 and
+# 4096->2048 (6.9 MB) 6.30 and 6.95 against 6.29 and 6.87, and the D1 step's q/k/v launch, whose
+# Q6_K v (512 x 2048, 0.9 MB) then took 8-bit x too, 0.353 against 0.330 ms a step
+# (`2026-12-03_engine_cuda_d1_v23_q6k_x8.json`). Its four lanes a super-block take a 2,048-column
+# row in one step, where the float32 decoder's eight take two, split between two warps.
+X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20}
+
+
+def x8_pays(lf: LaneFormat, n_bytes: int) -> bool:
+    """Whether a launch reading n_bytes of lf's weights dots 8-bit x where lf has that decoding
+    (X8_MIN_BYTES; read at launch)."""
+    return n_bytes >= X8_MIN_BYTES.get(lf.ggml_type, 0)
+
+
 # (format, 8-bit x) whose rounds measured slower than a warp a pair on the H200: IQ4_XS's
 # float32 rounds kernel takes 80 registers against 64 (three blocks an SM against four):
 # 8192x8192 25.4 against 21.5 us, the 151,936-row head 105.4 against 103.4. Its 8-bit kernel
@@ -349,8 +366,9 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     n_rows), ...) with n_rows >= 1: y = W x (`accumulate`: +=). norm = (norm_w, eps, xn):
     x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
     block 0 writes that vector, or an empty array). x8 (default LANE_X8): dot 8-bit x where
-    the format has that decoding (`lanes_x8`)."""
-    lf = lanes_for(lf, LANE_X8 if x8 is None else x8)
+    the format has that decoding (`lanes_x8`) and the matrices hold enough bytes (`x8_pays`)."""
+    n_bytes = row_bytes * sum(m[2] for m in mats)
+    lf = lanes_for(lf, (LANE_X8 if x8 is None else x8) and x8_pays(lf, n_bytes))
     n_sb = n_cols // lf.sb_values
     x = flat(x)
     w, y, n1 = mats[0]

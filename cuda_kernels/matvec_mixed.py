@@ -5,8 +5,8 @@ llama.cpp's Q4_K_M recipe stores attn_v as Q6_K in half the layers (`use_more_bi
 format, those layers pay a second launch, a few microseconds of latency each. Here the grid is
 split by blocks: blocks [0, blocks_a) run format A's matrices, the others format B's, each block
 running exactly its format's single-format normed kernel (`matvec.lane_body`): its staging of x
-(8-bit where `lanes_x8` has the format, as Q4_K and Q6_K; padded float32 for Q5_K; a block stages
-only its own),
+(8-bit where `lanes_x8` has the format and `matvec.x8_pays`, as for Q4_K; padded float32 for
+Q5_K, and for a Q6_K v of under 8 MiB; a block stages only its own),
 its row-pair split, its rounds. So every output has the bits of the per-format launches: the
 norm's scale is the same fixed-order block reduction in every block, and no dot changes. A
 block-uniform choice keeps the warps of a block in step at the staging barrier and costs no
@@ -135,7 +135,8 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
     """One launch of y = W (rmsnorm(x) * norm_w) over format A's 1..2 matrices and format B's
     1..2 (3 at most; mats = ((w, y, n_rows), ...), n_rows >= 1, w checked by the caller),
     norm = (norm_w, eps, xn) as `matvec.launch_lane_matvec` takes it, x8 (default
-    `matvec.LANE_X8`): each format dots 8-bit x where it has that decoding. Refuses (ValueError)
+    `matvec.LANE_X8`): each format dots 8-bit x where it has that decoding and its matrices hold
+    enough bytes (`matvec.x8_pays`), as its own launch would. Refuses (ValueError)
     a pair without a mixed kernel (`MIXED_PAIRS`, in either order) or shapes it cannot take."""
     pair = mixed_pair(lf_a.ggml_type, lf_b.ggml_type)
     if pair is None or lf_a.ggml_type == lf_b.ggml_type:
@@ -155,8 +156,12 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
         raise ValueError(f"{lf_a.name} + {lf_b.name}: the mixed kernel takes table-free formats "
                          f"with rounds only")
     use_x8 = mv.LANE_X8 if x8 is None else x8
-    a = _part(lanes_for(lf_a, use_x8), mats_a, n_cols)
-    b = _part(lanes_for(lf_b, use_x8), mats_b, n_cols)
+
+    def decoding(lf, mats):  # as that format's own launch picks it (`matvec.x8_pays`)
+        n_bytes = lf.sb_bytes * (n_cols // lf.sb_values) * sum(m[2] for m in mats)
+        return lanes_for(lf, use_x8 and mv.x8_pays(lf, n_bytes))
+    a = _part(decoding(lf_a, mats_a), mats_a, n_cols)
+    b = _part(decoding(lf_b, mats_b), mats_b, n_cols)
     blocks_a, blocks_b, rounds = split_blocks(a["grid"], b["grid"], mv.LANE_GRID_BLOCKS)
     nw, eps, xn = norm
     la, lb = a["lf"], b["lf"]
@@ -179,11 +184,13 @@ def _ptx_mixed(lf_a: LaneFormat, lf_b: LaneFormat, rounds: bool):
 
 def _register() -> None:
     for ta, tb in sorted(MIXED_PAIRS):
-        # by (A 8-bit, B 8-bit): x8 on and off make one pair where neither has an 8-bit form
+        # by (A 8-bit, B 8-bit): each format's decoding on its own (`matvec.x8_pays` picks per
+        # format), one variant where neither has an 8-bit form
         variants = {}
-        for x8 in (False, True):
-            la, lb = lanes_for(lane_format(ta), x8), lanes_for(lane_format(tb), x8)
-            variants[(la.x8, lb.x8)] = (la, lb)
+        for x8a in (False, True):
+            for x8b in (False, True):
+                la, lb = lanes_for(lane_format(ta), x8a), lanes_for(lane_format(tb), x8b)
+                variants[(la.x8, lb.x8)] = (la, lb)
         for la, lb in variants.values():
             for rounds, tag in ((False, ""), (True, "_rounds")):
                 x8a, x8b = ("x8_" if la.x8 else ""), ("x8_" if lb.x8 else "")

@@ -309,7 +309,7 @@ def moe_group(ctx: Ctx) -> list[Result]:
     out = []
     n_layer, n_expert, k = 12, 128, 8
     pairs = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("IQ4_XS", "IQ4_XS"),
-             ("IQ3_S", "IQ3_S"))
+             ("IQ3_S", "IQ3_S"), ("Q6_K", "Q6_K"))
     wanted = ctx.wanted(gu for gu, _ in pairs)
     for gu, dn in (pair for pair in pairs if pair[0] in wanted):
         lay, cache, slot_table, slot_off, host_off = moe_setup(

@@ -66,8 +66,9 @@ def test_dequant_and_matvec(name):
         x = rng.standard_normal(n_cols).astype(np.float32)
         y = _poisoned(n_rows)
         matvec(w, name, cuda.to_device(x), y)
-        _check(f"matvec {name}", (n_rows, n_cols), y.copy_to_host(), ref @ x_seen(x, dots_x8(name)))
-        if dots_x8(name):
+        _check(f"matvec {name}", (n_rows, n_cols), y.copy_to_host(),
+               ref @ x_seen(x, dots_x8(name, rows.nbytes)))
+        if dots_x8(name, rows.nbytes):
             _check(f"matvec {name} x8 vs f32 x", (n_rows, n_cols), y.copy_to_host(),
                    ref @ x.astype(np.float64), X8_VS_F32_TOL)
     if name in ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S"):
@@ -81,7 +82,7 @@ def test_dequant_and_matvec(name):
         y = _poisoned(n_rows)
         matvec(w, name, cuda.to_device(xh), y)
         _check(f"matvec f16-x {name}", (n_rows, n_cols), y.copy_to_host(),
-               ref @ x_seen(xh, dots_x8(name)))
+               ref @ x_seen(xh, dots_x8(name, rows.nbytes)))
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ3_S", "IQ4_XS"])
@@ -101,7 +102,7 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     mv.matvec(w, name, x, y)
     got = y.copy_to_host()
     _check(f"matvec rounds {name}", (n_rows, n_cols), got,
-           reference(name, rows, n_cols) @ x_seen(x.copy_to_host(), dots_x8(name)))
+           reference(name, rows, n_cols) @ x_seen(x.copy_to_host(), dots_x8(name, rows.nbytes)))
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1 << 30)
     y1 = _poisoned(n_rows)
     mv.matvec(w, name, x, y1)

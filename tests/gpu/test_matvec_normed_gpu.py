@@ -24,6 +24,11 @@ def _rel(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def _fmt_bytes(rows, fmts, fmt) -> int:
+    """Weight bytes of format fmt in one layer's q, k, v: what its part of the launch reads."""
+    return sum(r.nbytes for r, f in zip(rows, fmts) if f == fmt)
+
+
 def _layer(fmts):
     """A residual x (fresh random, never zeros), norm weights, the float64 normed x, and q, k,
     v rows in `fmts` with their float64 matrices."""
@@ -57,7 +62,7 @@ def test_matvec_normed_30b_attention_shapes(fmts):
     assert _rel(xn, want_xn) < 1e-6
     for (w, fmt, y), wmat in zip(mats, refs):
         # 8-bit x (`lanes_x8`): the kernel's own normed vector, quantized as the CPU engine does
-        ref = wmat @ (x_seen(xn, True) if dots_x8(fmt) else want_xn)
+        ref = wmat @ (x_seen(xn, True) if dots_x8(fmt, _fmt_bytes(rows, fmts, fmt)) else want_xn)
         got = y.copy_to_host()
         assert np.isfinite(got).all(), f"{fmt} [{got.size}]: unwritten outputs"
         assert _rel(got, ref) < TOL, f"{fmt} [{got.size}]: relative error {_rel(got, ref):.2e}"
@@ -104,7 +109,7 @@ def test_mixed_q4_k_m_layer_in_one_launch(x8, grid_cap, monkeypatch):
     assert (t4, x8, t6, False, rounds) in mm._CACHE  # the mixed kernel ran
     assert _rel(xn, want_xn) < 1e-6
     for y, wmat, fmt in zip(got, refs, fmts):
-        ref = wmat @ (x_seen(xn, True) if dots_x8(fmt) else want_xn)
+        ref = wmat @ (x_seen(xn, True) if dots_x8(fmt, _fmt_bytes(rows, fmts, fmt)) else want_xn)
         assert np.isfinite(y).all(), f"{fmt} [{y.size}]: unwritten outputs"
         assert _rel(y, ref) < TOL, f"{fmt} [{y.size}]: relative error {_rel(y, ref):.2e}"
     apart, xn_apart = launch([(0, 1), (2,)])

@@ -63,12 +63,14 @@ def reference(ggml_type, rows: np.ndarray, n_cols: int) -> np.ndarray:
     return np.asarray(out, dtype=np.float64).reshape(rows.shape[0], n_cols)
 
 
-def dots_x8(name) -> bool:
-    """Whether a one-token lane matvec of format `name` dots 8-bit x (`lanes_x8`, LANE_X8)."""
+def dots_x8(name, n_bytes: int) -> bool:
+    """Whether a one-token lane launch of format `name` over n_bytes of its weights dots 8-bit x
+    (`lanes_x8`, LANE_X8, `matvec.x8_pays`)."""
     from strata.cuda_kernels import matvec as mv
     from strata.cuda_kernels.lanes_x8 import x8_format
     from strata.cuda_kernels.qformats import get_format
-    return mv.LANE_X8 and x8_format(get_format(name).ggml_type) is not None
+    lf = x8_format(get_format(name).ggml_type)
+    return bool(mv.LANE_X8) and lf is not None and mv.x8_pays(lf, n_bytes)
 
 
 def x_seen(x, x8: bool) -> np.ndarray:

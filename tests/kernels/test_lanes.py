@@ -121,6 +121,9 @@ def test_split_log():
     assert split_log(1, 1, warps=8, min_blocks=256) == 0
 
 
+_X8_FLOOR = dict(mv.X8_MIN_BYTES)  # the product's, read before the kernel tests' fixture lifts it
+
+
 def _rel(got, want):
     return np.linalg.norm(got - want) / np.linalg.norm(want)
 
@@ -142,8 +145,46 @@ def test_lane_matvec(name, n_rows, n_cols):
         x = rng.standard_normal(n_cols).astype(np.float32)
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
-        assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name))) < 1e-5
-    assert (lf.ggml_type, 0, dots_x8(name)) in mv._CACHE  # the lane kernel ran
+        assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
+    assert (lf.ggml_type, 0, dots_x8(name, rows.nbytes)) in mv._CACHE  # the lane kernel ran
+
+
+def test_x8_floor(monkeypatch):
+    """A format under its X8_MIN_BYTES dots float32 x (Q6_K: 8 MiB a launch, the product's
+    default, lifted for the other kernel tests), from it 8-bit x; in the mixed q/k/v launch
+    each format decides on its own matrices' bytes, with the bits of its own launch."""
+    assert _X8_FLOOR == {BY_LANE_NAME["Q6_K"].ggml_type: 8 << 20}
+    rng = np.random.default_rng(23)
+    t6, t4 = BY_LANE_NAME["Q6_K"].ggml_type, BY_LANE_NAME["Q4_K"].ggml_type
+    rows = random_rows("Q6_K", 5, 768, rng)
+    x = rng.standard_normal(768).astype(np.float32)
+    ref = reference("Q6_K", rows, 768)
+    for floor, x8 in ((rows.nbytes + 1, False), (rows.nbytes, True)):
+        monkeypatch.setattr(mv, "X8_MIN_BYTES", {t6: floor})
+        mv._CACHE.clear()
+        y = np.full(5, np.nan, np.float32)
+        mv.matvec(rows, "Q6_K", x, y)
+        assert list(mv._CACHE) == [(t6, 0, x8)]
+        assert _rel(y, ref @ x_seen(x, x8)) < 1e-5
+        assert dots_x8("Q6_K", rows.nbytes) == x8
+    # q, k Q4_K and v Q6_K with the norm: v under the floor keeps float32 x, q and k take 8-bit
+    from strata.cuda_kernels import matvec_mixed as mm
+    from strata.cuda_kernels.matvec_normed import matvec_normed
+    nw = rng.uniform(0.5, 1.5, 768).astype(np.float32)
+    ws = [random_rows(f, n, 768, rng) for f, n in (("Q4_K", 4), ("Q4_K", 2), ("Q6_K", 3))]
+    monkeypatch.setattr(mv, "X8_MIN_BYTES", {t6: ws[2].nbytes + 1})
+    mm._CACHE.clear()
+
+    def launch(groups):
+        ys = [np.full(w.shape[0], np.nan, np.float32) for w in ws]
+        fmts = ("Q4_K", "Q4_K", "Q6_K")
+        for g in groups:
+            matvec_normed(x, nw, 1e-6, [(ws[j], fmts[j], ys[j]) for j in g])
+        return ys
+    mixed = launch([(0, 1, 2)])
+    assert [k[:4] for k in mm._CACHE] == [(t4, True, t6, False)]
+    for y, y_apart in zip(mixed, launch([(0, 1), (2,)])):
+        np.testing.assert_array_equal(y, y_apart)
 
 
 def test_lane_matvec_f16_x():
@@ -152,7 +193,7 @@ def test_lane_matvec_f16_x():
     x = rng.standard_normal(1024).astype(np.float16)
     y = np.full(3, np.nan, np.float32)
     mv.matvec(rows, "Q6_K", x, y)
-    assert _rel(y, reference("Q6_K", rows, 1024) @ x_seen(x, dots_x8("Q6_K"))) < 1e-5
+    assert _rel(y, reference("Q6_K", rows, 1024) @ x_seen(x, dots_x8("Q6_K", rows.nbytes))) < 1e-5
 
 
 def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
@@ -190,7 +231,7 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
     assert np.array_equal(y, y_one)
-    assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name))) < 1e-5
+    assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
     base = rng.standard_normal(n_rows).astype(np.float32)
     acc = base.copy()
     mv.matvec(rows, name, x, acc, accumulate=True)

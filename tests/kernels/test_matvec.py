@@ -30,7 +30,7 @@ def test_matvec_one_token_every_format(name):
     x = rng.standard_normal(n_cols).astype(np.float32)
     y = np.full(N_ROWS, np.nan, dtype=np.float32)
     matvec(rows, name, x, y)
-    assert _rel(y, ref @ x_seen(x, dots_x8(name))) < 1e-5  # 8-bit x: exact but for rounding
+    assert _rel(y, ref @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5  # 8-bit x: exact but for rounding
 
 
 @pytest.mark.parametrize("name,n_tok", [("Q4_K", 3), ("Q6_K", 8), ("IQ3_S", 2), ("Q8_0", 4)])
@@ -49,7 +49,7 @@ def test_matvec_f16_activations():
     x = rng.standard_normal(n_cols).astype(np.float16)
     y = np.full(N_ROWS, np.nan, dtype=np.float32)
     matvec(rows, "IQ4_XS", x, y)
-    assert _rel(y, ref @ x_seen(x.astype(np.float32), dots_x8("IQ4_XS"))) < 1e-5
+    assert _rel(y, ref @ x_seen(x.astype(np.float32), dots_x8("IQ4_XS", rows.nbytes))) < 1e-5
 
 
 def test_matvec_refuses_bad_arguments():
@@ -72,7 +72,7 @@ def test_matvec_spans_several_staged_column_tiles(n_tok, n_cols):
     x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
     y = np.full((n_tok, N_ROWS), np.nan, dtype=np.float32)
     matvec(rows, "Q4_K", x[0] if n_tok == 1 else x, y[0] if n_tok == 1 else y)
-    assert _rel(y, x_seen(x, n_tok == 1 and dots_x8("Q4_K")) @ ref.T) < 1e-5
+    assert _rel(y, x_seen(x, n_tok == 1 and dots_x8("Q4_K", rows.nbytes)) @ ref.T) < 1e-5
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "IQ4_NL"])  # a lane kernel, a generic one
@@ -83,7 +83,7 @@ def test_matvec_accumulate_adds_into_y(name):
     y0 = rng.standard_normal(N_ROWS).astype(np.float32)
     y = y0.copy()
     matvec(rows, name, x, y, accumulate=True)
-    want = y0 + ref @ x_seen(x, dots_x8(name))
+    want = y0 + ref @ x_seen(x, dots_x8(name, rows.nbytes))
     assert _rel(y, want) < 1e-5
     with pytest.raises(ValueError, match="one token"):
         matvec(rows, name, x[None], y[None], accumulate=True)

@@ -51,10 +51,14 @@ def _launch(x, nw, fmts, ws, rows_each, *, groups=None, normed_out=True):
     return ys, xn
 
 
-def _check_float64(ys, xn, x, nw, fmts, refs):
+def _fmt_bytes(ws, fmts, fmt) -> int:
+    return sum(w.nbytes for w, f in zip(ws, fmts) if f == fmt)
+
+
+def _check_float64(ys, xn, x, nw, fmts, refs, ws):
     assert _rel(xn, _rmsnorm64(x, nw)) < 1e-6
     for y, ref, f in zip(ys, refs, fmts):
-        seen = x_seen(xn, True) if dots_x8(f) else _rmsnorm64(x, nw)
+        seen = x_seen(xn, True) if dots_x8(f, _fmt_bytes(ws, fmts, f)) else _rmsnorm64(x, nw)
         assert np.isfinite(y).all(), f
         assert _rel(y, ref @ seen) < 1e-5, f
 
@@ -76,7 +80,7 @@ def test_mixed_against_float64_and_the_per_format_launches(fmts, rows_each, n_co
     mats = [(w, f, np.zeros(n, np.float32)) for w, f, n in zip(ws, fmts, rows_each)]
     assert len(normed_groups(mats, n_cols)) == 1  # one launch
     ys, xn = _launch(x, nw, fmts, ws, rows_each)
-    _check_float64(ys, xn, x, nw, fmts, refs)
+    _check_float64(ys, xn, x, nw, fmts, refs, ws)
     by_fmt = {}
     for i, f in enumerate(fmts):
         by_fmt.setdefault(f, []).append(i)
@@ -93,8 +97,8 @@ def test_mixed_with_float32_x_everywhere(monkeypatch):
     fmts, rows_each, n_cols = ("Q4_K", "Q4_K", "Q6_K"), (5, 3, 3), 256
     x, nw, ws, refs = _problem(fmts, rows_each, n_cols, 11)
     ys, xn = _launch(x, nw, fmts, ws, rows_each)
-    assert not dots_x8("Q4_K")
-    _check_float64(ys, xn, x, nw, fmts, refs)
+    assert not dots_x8("Q4_K", _fmt_bytes(ws, fmts, "Q4_K"))
+    _check_float64(ys, xn, x, nw, fmts, refs, ws)
     apart, _ = _launch(x, nw, fmts, ws, rows_each, groups=[(0, 1), (2,)])
     for y, y_apart in zip(ys, apart):
         np.testing.assert_array_equal(y, y_apart)
@@ -112,9 +116,10 @@ def test_mixed_in_rounds(monkeypatch):
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 2)
     rounds, xn_none = _launch(x, nw, fmts, ws, rows_each, normed_out=False)
     assert np.isnan(xn_none).all()
-    assert (BY_NAME["Q4_K"].ggml_type, dots_x8("Q4_K"), BY_NAME["Q6_K"].ggml_type,
-            dots_x8("Q6_K"), True) in mm._CACHE
-    _check_float64(rounds, xn, x, nw, fmts, refs)
+    assert (BY_NAME["Q4_K"].ggml_type, dots_x8("Q4_K", _fmt_bytes(ws, fmts, "Q4_K")),
+            BY_NAME["Q6_K"].ggml_type, dots_x8("Q6_K", _fmt_bytes(ws, fmts, "Q6_K")), True) \
+        in mm._CACHE
+    _check_float64(rounds, xn, x, nw, fmts, refs, ws)
     for y, y_full in zip(rounds, full):
         np.testing.assert_array_equal(y, y_full)
 

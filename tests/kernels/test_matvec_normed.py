@@ -65,7 +65,7 @@ def test_matvec_normed_against_float64(name, n_cols, rows_each):
     want_xn = _rmsnorm64(x, nw)
     assert _rel(xn, want_xn) < 1e-6
     # 8-bit x: the kernel's own normed vector (checked above), quantized as the CPU engine does
-    seen = x_seen(xn, True) if dots_x8(name) else want_xn
+    seen = x_seen(xn, True) if dots_x8(name, sum(w.nbytes for w, _ in mats)) else want_xn
     for (_, ref), y in zip(mats, ys):
         assert _rel(y, ref @ seen) < 1e-5
 
@@ -170,7 +170,7 @@ def test_matvec_normed_in_rounds(monkeypatch):
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1)
     rounds = run()
     assert _rel(xn, _rmsnorm64(x, nw)) < 1e-6
-    seen = x_seen(xn, dots_x8(name))  # the x the kernel multiplies
+    seen = x_seen(xn, dots_x8(name, sum(w.nbytes for w, _ in mats)))  # the x it multiplies
     for (_, ref), y, y_full in zip(mats, rounds, full):
         assert np.array_equal(y, y_full)
         assert _rel(y, ref @ seen) < 1e-5

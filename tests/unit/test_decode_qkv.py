@@ -41,7 +41,9 @@ def _step(fmts, rng):
     xn = x64 / np.sqrt(np.mean(x64 * x64) + EPS) * nw
     # 8-bit x: the normed vector in float32 (as the kernel computes it), then rounded
     xq = x_seen((x[0] * np.float32(1 / np.sqrt(np.mean(x64 * x64) + EPS))) * nw, True)
-    return step, {n: r @ (xq if dots_x8(f) else xn)
+    fmt_bytes = {f: sum(m.data.nbytes for m, g in zip(matrices.values(), fmts) if g == f)
+                 for f in fmts}  # a launch per format (or the mixed one, deciding per format)
+    return step, {n: r @ (xq if dots_x8(f, fmt_bytes[f]) else xn)
                   for (n, r), f in zip(refs.items(), fmts)}
 
 
