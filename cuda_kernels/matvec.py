@@ -57,8 +57,9 @@ LANE_X8 = True
 # 8192x8192 27.6 against 31.1, the 151,936-row head 107.4 against 121.2; but 2048->4096 and
 # 4096->2048 (6.9 MB) 6.30 and 6.95 against 6.29 and 6.87, and the D1 step's q/k/v launch, whose
 # Q6_K v (512 x 2048, 0.9 MB) then took 8-bit x too, 0.353 against 0.330 ms a step
-# (`2026-12-03_engine_cuda_d1_v23_q6k_x8.json`). Its four lanes a super-block take a 2,048-column
-# row in one step, where the float32 decoder's eight take two, split between two warps.
+# (`2026-12-03_engine_cuda_d1_v23_q6k_x8.json`). Not profiled; one difference at 2,048 columns:
+# its four lanes a super-block take a row in one step, the float32 decoder's eight in two, which
+# split a row pair between two warps.
 X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20}
 
 

@@ -184,13 +184,15 @@ def _ptx_mixed(lf_a: LaneFormat, lf_b: LaneFormat, rounds: bool):
 
 def _register() -> None:
     for ta, tb in sorted(MIXED_PAIRS):
-        # by (A 8-bit, B 8-bit): each format's decoding on its own (`matvec.x8_pays` picks per
-        # format), one variant where neither has an 8-bit form
+        # by (A 8-bit, B 8-bit), the decodings a launch can pick: none with LANE_X8 off, each
+        # format's 8-bit one with it, or float32 x for a format under its `X8_MIN_BYTES`
         variants = {}
-        for x8a in (False, True):
-            for x8b in (False, True):
-                la, lb = lanes_for(lane_format(ta), x8a), lanes_for(lane_format(tb), x8b)
-                variants[(la.x8, lb.x8)] = (la, lb)
+        for x8 in (False, True):
+            for pays_a in (True, False) if ta in mv.X8_MIN_BYTES else (True,):
+                for pays_b in (True, False) if tb in mv.X8_MIN_BYTES else (True,):
+                    la = lanes_for(lane_format(ta), x8 and pays_a)
+                    lb = lanes_for(lane_format(tb), x8 and pays_b)
+                    variants[(la.x8, lb.x8)] = (la, lb)
         for la, lb in variants.values():
             for rounds, tag in ((False, ""), (True, "_rounds")):
                 x8a, x8b = ("x8_" if la.x8 else ""), ("x8_" if lb.x8 else "")
