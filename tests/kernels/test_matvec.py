@@ -30,7 +30,8 @@ def test_matvec_one_token_every_format(name):
     x = rng.standard_normal(n_cols).astype(np.float32)
     y = np.full(N_ROWS, np.nan, dtype=np.float32)
     matvec(rows, name, x, y)
-    assert _rel(y, ref @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5  # 8-bit x: exact but for rounding
+    # 8-bit x: exact but for rounding
+    assert _rel(y, ref @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
 
 
 @pytest.mark.parametrize("name,n_tok", [("Q4_K", 3), ("Q6_K", 8), ("IQ3_S", 2), ("Q8_0", 4)])
