@@ -69,6 +69,14 @@ def x8_pays(lf: LaneFormat, n_bytes: int) -> bool:
     return n_bytes >= X8_MIN_BYTES.get(lf.ggml_type, 0)
 
 
+def launch_decoding(lf: LaneFormat, x8: bool | None, n_cols: int, mats) -> LaneFormat:
+    """The decoding a lane launch of lf's matrices mats = ((w, y, n_rows), ...) of n_cols
+    columns runs: 8-bit x where x8 (None: LANE_X8) holds, lf has that decoding and the
+    matrices' bytes reach its floor (`x8_pays`); else float32 x."""
+    n_bytes = lf.sb_bytes * (n_cols // lf.sb_values) * sum(m[2] for m in mats)
+    return lanes_for(lf, (LANE_X8 if x8 is None else x8) and x8_pays(lf, n_bytes))
+
+
 # (format, 8-bit x) whose rounds measured slower than a warp a pair on the H200: IQ4_XS's
 # float32 rounds kernel takes 80 registers against 64 (three blocks an SM against four):
 # 8192x8192 25.4 against 21.5 us, the 151,936-row head 105.4 against 103.4. Its 8-bit kernel
@@ -368,8 +376,7 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
     block 0 writes that vector, or an empty array). x8 (default LANE_X8): dot 8-bit x where
     the format has that decoding (`lanes_x8`) and the matrices hold enough bytes (`x8_pays`)."""
-    n_bytes = row_bytes * sum(m[2] for m in mats)
-    lf = lanes_for(lf, (LANE_X8 if x8 is None else x8) and x8_pays(lf, n_bytes))
+    lf = launch_decoding(lf, x8, n_cols, mats)
     n_sb = n_cols // lf.sb_values
     x = flat(x)
     w, y, n1 = mats[0]

@@ -155,13 +155,9 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
     if any(not has_rounds(lf) or lf.has_table for lf in (lf_a, lf_b)):
         raise ValueError(f"{lf_a.name} + {lf_b.name}: the mixed kernel takes table-free formats "
                          f"with rounds only")
-    use_x8 = mv.LANE_X8 if x8 is None else x8
-
-    def decoding(lf, mats):  # as that format's own launch picks it (`matvec.x8_pays`)
-        n_bytes = lf.sb_bytes * (n_cols // lf.sb_values) * sum(m[2] for m in mats)
-        return lanes_for(lf, use_x8 and mv.x8_pays(lf, n_bytes))
-    a = _part(decoding(lf_a, mats_a), mats_a, n_cols)
-    b = _part(decoding(lf_b, mats_b), mats_b, n_cols)
+    # each format's decoding as its own launch would pick it
+    a = _part(mv.launch_decoding(lf_a, x8, n_cols, mats_a), mats_a, n_cols)
+    b = _part(mv.launch_decoding(lf_b, x8, n_cols, mats_b), mats_b, n_cols)
     blocks_a, blocks_b, rounds = split_blocks(a["grid"], b["grid"], mv.LANE_GRID_BLOCKS)
     nw, eps, xn = norm
     la, lb = a["lf"], b["lf"]
