@@ -66,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(hybrid) (default: the engine's)")
     g.add_argument("--adaptive-cache", action="store_true",
                    help="after each prompt, swap cache slots towards the experts it routed to")
+    g.add_argument("--prompt-steps", type=int, default=None, metavar="N",
+                   help="prompts of up to N tokens run as decode steps (0: never; default: "
+                        "where the plan estimates steps beat the prompt path)")
     g.add_argument("--miss-share", type=float, metavar="F",
                    help="--miss-path hybrid: the CPU pool's fraction of the misses (default: "
                         "from the measured rates of both paths)")

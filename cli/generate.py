@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miss-share", type=float, default=None, metavar="F",
                    help="CUDA, --miss-path hybrid: the CPU pool's fraction of the misses "
                         "(default: from the measured rates of both paths)")
+    p.add_argument("--prompt-steps", type=int, default=None, metavar="N",
+                   help="CUDA: prompts (and a chat turn's new tokens) of up to N tokens run "
+                        "as decode steps, one token each (0: never; default: where the plan "
+                        "estimates steps beat the prompt path)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.add_argument("--logits-out", metavar="FILE.npy",
@@ -73,8 +77,10 @@ def _engine(args, model) -> tuple[str, object]:
     split_from_args(args)  # and a bad split flag
     name, mod = select_backend(args.backend)
     if name != "cuda":
-        if args.gpu_mem or args.no_graph or args.miss_path or args.adaptive_cache:
-            print(f"note: --gpu-mem, --no-graph, --miss-path and --adaptive-cache apply to the "
+        if (args.gpu_mem or args.no_graph or args.miss_path or args.adaptive_cache
+                or args.prompt_steps is not None):
+            print(f"note: --gpu-mem, --no-graph, --miss-path, --adaptive-cache and "
+                  f"--prompt-steps apply to the "
                   f"CUDA engine; the {name} backend ignores them", file=sys.stderr)
         given = (["--gpus"] if args.gpus else []) + split_flags_given(args)
         if given:
@@ -96,6 +102,11 @@ def _engine(args, model) -> tuple[str, object]:
     extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
     if args.miss_share is not None:
         extra["miss_share"] = args.miss_share
+    if args.prompt_steps is not None:
+        if req.is_split:
+            print("note: --prompt-steps: a layer split runs every prompt through its stages' "
+                  "prompt path; the knob applies to one GPU", file=sys.stderr)
+        extra["prompt_steps"] = args.prompt_steps
     if args.adaptive_cache:
         if req.is_split:
             raise StrataError("--adaptive-cache: a layer split keeps its planned residency "

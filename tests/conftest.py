@@ -132,6 +132,15 @@ def _numba_settings_stay(request):
                 pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _prompts_take_the_prompt_path(monkeypatch):
+    """The CUDA engines' automatic short-prompt steps off (`prompt_steps.MAX_STEPS` 0: the
+    plan's estimate gives 0), so every test written for the prompt path still runs it, however
+    short its prompt; the tests of the steps give `prompt_steps` (an explicit limit is kept)."""
+    from strata.engine.cuda import prompt_steps
+    monkeypatch.setattr(prompt_steps, "MAX_STEPS", 0)
+
+
 @pytest.fixture(scope="session")
 def tmp_models(tmp_path_factory):
     """A per-session folder for GGUF files the tests write (one per xdist worker: pytest gives

@@ -157,6 +157,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     prefill_tps = n_prompt / prefill_s
     stream_bound = n_prompt / (streamed / (bw["h2d_gb_per_s"] * 1e9)) if streamed else None
     pred = m.plan.predicted_hit_rate
+    use = eng.last_prompt_use  # None: the prompt ran as decode steps
     dev = cuda.get_current_device()
     name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
     res = {
@@ -167,8 +168,10 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                                "bytes": allocs if counting else None,
                                "arena_bytes": m.arena.device_plan.arena_bytes},
         "prefill": {"tokens": n_prompt, "seconds": prefill_s, "tokens_per_s": prefill_tps,
-                    "chunk": eng.last_prompt_use.chunk, "mode": eng.last_prompt_use.mode,
-                    "ring_slots": eng.last_prompt_use.ring_slots,
+                    # a prompt of up to `prompt_steps` tokens ran as decode steps
+                    "chunk": use.chunk if use else None, "mode": use.mode if use else "steps",
+                    "ring_slots": use.ring_slots if use else 0,
+                    "prompt_steps": eng.prompt_steps,
                     "bytes_streamed": streamed,
                     "pcie_streaming_bound_tokens_per_s": stream_bound,
                     "fraction_of_streaming_bound": prefill_tps / stream_bound
@@ -244,8 +247,10 @@ def table(r: dict) -> str:
         f"  {'':8s} {'tok/s':>10s} {'bound':>10s} {'of bound':>9s}  held against",
         f"  {'prefill':8s} {p['tokens_per_s']:10.1f} {bp:>10s} "
         f"{_pct(p['fraction_of_streaming_bound']):>9s}  PCIe streaming of "
-        f"{p['bytes_streamed'] / 1e9:.2f} GB ({p['tokens']} tokens, chunk {p['chunk']} "
-        f"{p['mode']}, ring {p['ring_slots']} slots)",
+        f"{p['bytes_streamed'] / 1e9:.2f} GB ({p['tokens']} tokens, "
+        + (f"run as decode steps: --prompt-steps {p.get('prompt_steps')})"
+           if p["mode"] == "steps" else
+           f"chunk {p['chunk']} {p['mode']}, ring {p['ring_slots']} slots)"),
         f"  {'decode':8s} {d['tokens_per_s']:10.1f} {d['bound_tokens_per_s']:10.1f} "
         f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
         f"missed {d['host_bytes_per_token'] / 1e9:.3f} GB per token"
@@ -287,6 +292,8 @@ def run_cuda(args) -> int:
         extra["miss_share"] = args.miss_share
     if getattr(args, "adaptive_cache", False):
         extra["adaptive_cache"] = True
+    if getattr(args, "prompt_steps", None) is not None:
+        extra["prompt_steps"] = args.prompt_steps
     options = CudaOptions(plan=options_from_args(args), gpu_mem=gpu_mem, graph=not args.no_graph,
                           profile_path=args.profile, progress=not args.json, **extra)
     res = measure(args, options)
@@ -298,6 +305,7 @@ def run_cuda(args) -> int:
                + (f" --miss-path {options.miss_path}" if "miss_path" in extra else "")
                + (f" --miss-share {options.miss_share}" if "miss_share" in extra else "")
                + (" --adaptive-cache" if "adaptive_cache" in extra else "")
+               + (f" --prompt-steps {args.prompt_steps}" if "prompt_steps" in extra else "")
                + (f" --temperature {args.temperature:g} --seed {args.seed}"
                   if getattr(args, "temperature", 0.0) else "")
                + (" --profile-decode" if args.profile_decode else "")

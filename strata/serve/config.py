@@ -53,6 +53,9 @@ class ServeConfig:
     # one sequence's tokens do not depend on the others decoded beside it (CUDA, one GPU): a
     # step of one sequence runs the batched kernels' float32 path, not the fused single step
     batch_invariant: bool = False
+    # prompts (or a turn's new tokens) of up to this many run as decode steps (CUDA, one GPU;
+    # 0: never; None: the plan's estimate, `strata.engine.cuda.prompt_steps`)
+    prompt_steps: int | None = None
     kv: str = "f16"
     kv_resident: int | None = None
     prefill: str = "auto"
@@ -92,6 +95,9 @@ class ServeConfig:
         if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
             raise ServeConfigError(f"max_tokens_limit: must be at least 1, got "
                                    f"{self.max_tokens_limit}")
+        if self.prompt_steps is not None and self.prompt_steps < 0:
+            raise ServeConfigError(f"prompt_steps: must be 0 or more (0: never), got "
+                                   f"{self.prompt_steps}")
         if self.api_key is not None and not self.api_key:
             raise ServeConfigError("api_key: must not be empty (leave it out to disable auth)")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
@@ -177,7 +183,7 @@ def build_config(cli: dict[str, Any], config_file: str | None, *,
 
 SPLIT_KNOBS = ("gpus", "layer_split", "cover_b", "no_helper_tiers", "no_carve", "stage_cache",
                "gpu_bandwidth", "handoff")
-PLAN_KNOBS = ("gpu_mem", "no_graph", "batch_invariant", "kv", "kv_resident", "prefill",
+PLAN_KNOBS = ("gpu_mem", "no_graph", "batch_invariant", "prompt_steps", "kv", "kv_resident", "prefill",
               "expert_cache", "vram_reserve_mib", "ring_mib", "no_prefill_borrow", "embd_on_gpu",
               "lend_pct", "lend_floor_slots", "profile") + SPLIT_KNOBS
 

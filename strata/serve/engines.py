@@ -85,7 +85,8 @@ def _cuda(config: ServeConfig, model_file: Any) -> Built:
         return _split(config, model_file, req)
     options = batch_options(model_file, config.batch, plan_options(config),
                             gpu_mem=req.gpu_mem[0], device=req.devices[0],
-                            graph=not config.no_graph, profile_path=config.profile)
+                            graph=not config.no_graph, profile_path=config.profile,
+                            prompt_steps=config.prompt_steps)
     engine = load_batch(model_file, options, log=lambda text: print(text, file=sys.stderr),
                         invariant=config.batch_invariant)
     return Built("cuda", engine, engine.m.plan)
@@ -100,6 +101,9 @@ def _split(config: ServeConfig, model_file: Any, req) -> Built:
     from strata.engine.multi.request import open_split
     from strata.serve.batch import SplitSlot
 
+    if config.prompt_steps:
+        log.warning("--prompt-steps: a layer split runs every prompt through its stages' "
+                    "prompt path; the knob applies to one GPU")
     plan = plan_options(config)
     if plan.max_context is None:
         plan = dataclasses.replace(plan, max_context=default_context(model_file))

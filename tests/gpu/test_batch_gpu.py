@@ -7,6 +7,7 @@
   gets decoded alone, and the float64 reference's;
 * the default engine: a step of one sequence is the single engine's (`CudaEngine`'s logits bit
   for bit, graph replays), steps of several the invariant engine's;
+* prompts of a few tokens run as decode steps of their own row give the prompt path's tokens;
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
@@ -89,6 +90,28 @@ def test_batched_tokens_equal_alone_and_the_reference(setup):
             logits = list(eng.decode([2, 0, 1], [toks[2][-1], toks[0][-1], toks[1][-1]])[[1, 2, 0]])
     assert toks == [t for t, _ in alone]
     assert set(eng.step.graphs) >= {1, 3}  # graphs captured for one row and for three
+
+
+def test_short_prompts_run_as_steps_of_their_rows(setup):
+    """Prompts of up to `prompt_steps` tokens run as decode steps of their own row (graphs
+    captured per row): the batch then decodes the tokens each prompt gets on the prompt path."""
+    path, eng = setup
+    want = [_alone(eng, p, N_GEN)[0] for p in PROMPTS]  # the prompt path (the suite's default)
+    eng.prompt_steps = 6
+    try:
+        n0, chunks0 = eng.n_step_prompts, eng.traffic.n_chunks
+        logits = [eng.prefill(s, p) for s, p in enumerate(PROMPTS)]  # rows 0, 1 as steps
+        assert (eng.n_step_prompts - n0, eng.traffic.n_chunks - chunks0) == (2, 1)
+        toks = [[int(np.argmax(x))] for x in logits]
+        for _ in range(N_GEN - 1):
+            out = eng.decode([0, 1, 2], [t[-1] for t in toks])
+            for t, x in zip(toks, out):
+                t.append(int(np.argmax(x)))
+        assert toks == want
+    finally:
+        eng.prompt_steps = 0
+        for s in range(eng.n_slots):
+            eng.release(s)
 
 
 def test_sequences_join_and_leave_between_steps(setup):

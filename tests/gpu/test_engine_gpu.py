@@ -12,7 +12,8 @@
 * the CPU pool as the miss path, and the misses split between the pool and mapped reads
   (hybrid), give the mapped path's tokens; the adaptive cache swaps slots without changing
   tokens; IQ_MIX and LEGACY_MIX (gate and up in different
-  formats) run.
+  formats) run;
+* a short prompt, and a turn's new tokens, run as decode steps give the prompt path's tokens.
 """
 
 from __future__ import annotations
@@ -109,6 +110,35 @@ def test_owned_vs_borrowed_and_two_prompts_back_to_back(tmp_models):
                 f"owned: {owned}")
     assert outs[0] == outs[2] == owned
     assert eng.traffic.n_streamed > 0  # the lent experts went through the ring
+    m.close()
+
+
+@pytest.mark.parametrize("mix", ("Q8_0", "Q4_K_M"))
+def test_short_prompts_as_steps_give_the_prompt_paths_tokens(tmp_models, mix):
+    """A prompt, and a turn's new tokens after a history, run as decode steps (`prompt_steps`)
+    give the greedy tokens of the prompt path; the steps lend no slots and stream nothing."""
+    path = model_path(tmp_models, mix)
+    m, eng = load(path, expert_cache=8, prefill_borrow=True, prompt_steps=len(PROMPT))
+    assert m.plan.prefill.mode == "borrowed"
+    table0 = m.cache.table.copy()
+    history, turn = PROMPT + PROMPT[::-1] + PROMPT, [5, 311, 9, 77]
+    runs = {}
+    for steps in (len(PROMPT), 0):
+        eng.prompt_steps = steps
+        n_chunks = eng.traffic.n_chunks
+        toks, logits = _gpu_greedy(eng, PROMPT, N_GEN)  # steps, then the prompt path
+        eng.reset()
+        eng.prefill(history)  # 27 tokens: the prompt path either way
+        after = eng.prefill(turn)
+        runs[steps] = toks, logits, after, eng.decode_tokens(N_GEN)
+        assert eng.traffic.n_chunks - n_chunks == (1 if steps else 3)
+        np.testing.assert_array_equal(m.cache.table, table0)
+        m.cache.check()
+    assert eng.n_step_prompts == 2
+    (t_s, l_s, a_s, d_s), (t_p, l_p, a_p, d_p) = runs[len(PROMPT)], runs[0]
+    ROWS.append(f"{mix} prompt as steps {t_s} / prompt path {t_p}; turn {d_s} / {d_p}")
+    assert t_s == t_p and d_s == d_p
+    assert _rel(l_s, l_p) < LOGIT_TOL and _rel(a_s, a_p) < LOGIT_TOL
     m.close()
 
 

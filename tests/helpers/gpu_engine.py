@@ -28,9 +28,11 @@ def model_path(folder: Path, mix: str, *, config=CONFIG, seed: int = 11) -> Path
     return path
 
 
-def load(path, *, graph: bool = True, backend=None, adaptive_cache: bool = False, **knobs):
+def load(path, *, graph: bool = True, backend=None, adaptive_cache: bool = False,
+         prompt_steps: int | None = None, **knobs):
     """A `CudaModel` of `path` and one `CudaEngine` on it; `knobs` are `PlanOptions` fields
-    (default: a 512-token context, a 1 MiB ring, loans allowed down to the last slot)."""
+    (default: a 512-token context, a 1 MiB ring, loans allowed down to the last slot);
+    `prompt_steps`: the engine option (None: the plan's estimate, 0 in the test suite)."""
     from strata.engine.cuda.engine import CudaEngine
     from strata.engine.cuda.model import CudaModel
     from strata.engine.cuda.options import CudaOptions
@@ -40,7 +42,7 @@ def load(path, *, graph: bool = True, backend=None, adaptive_cache: bool = False
     base = dict(max_context=512, ring_mib=1, lend_floor_slots=0)
     base.update(knobs)
     opts = CudaOptions(plan=PlanOptions(**base), graph=graph, progress=False,
-                       adaptive_cache=adaptive_cache)
+                       adaptive_cache=adaptive_cache, prompt_steps=prompt_steps)
     m = CudaModel(open_model(path), opts, backend=backend)
     return m, CudaEngine(m, use_graph=graph)
 

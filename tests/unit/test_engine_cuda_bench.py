@@ -118,10 +118,12 @@ def test_generate_takes_the_vram_knobs_and_notes_them_on_the_cpu(tmp_models, cap
     path = str(model_path(tmp_models, "Q8_0"))
     rc = main(["generate", "-m", path, "--prompt-tokens", "1,2,3", "-n", "2",
                "--temperature", "0", "--backend", "cpu", "--gpu-mem", "8GiB",
-               "--expert-cache", "4", "--max-context", "64", "--adaptive-cache", "--json"])
+               "--expert-cache", "4", "--max-context", "64", "--adaptive-cache",
+               "--prompt-steps", "8", "--json"])
     assert rc == 0
     err = capsys.readouterr().err
-    assert "--gpu-mem, --no-graph, --miss-path and --adaptive-cache apply to the CUDA engine" in err
+    assert ("--gpu-mem, --no-graph, --miss-path, --adaptive-cache and --prompt-steps apply to "
+            "the CUDA engine") in err
 
 
 def test_generate_refuses_bad_knobs(tmp_models, capsys):

@@ -42,6 +42,7 @@ from strata.engine.cuda.batch_step import BatchStep
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError
+from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import may_fall_back, picks
@@ -102,6 +103,11 @@ class CudaBatchEngine:
                            for k in range(1, n + 1)}
         self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
         self._logit_row = [a["logits"][r] for r in range(n)]  # [n_vocab] f32 each
+        # prompts up to this many tokens run as decode steps of their row (`prompt_steps`), by
+        # a `DecodeStep` over that row's view (graphs captured per row on its second use)
+        self.prompt_steps = prompt_steps.limit(m.plan, m.options.prompt_steps)
+        self._row_steps: dict[int, DecodeStep] = {}
+        self.n_step_prompts = 0  # prompts (or their new tokens) that ran as decode steps
 
     def _carve_rows(self) -> list[list[tuple[KvSide, KvSide]]]:
         """The plan's KV region [L, n * T, H, row] as n row regions of T tokens per layer."""
@@ -255,6 +261,15 @@ class CudaBatchEngine:
 
     def _prompt(self, row: int, ids: np.ndarray) -> None:
         m = self.m
+        if ids.size <= self.prompt_steps:
+            step = self._row_steps.get(row)
+            if step is None:
+                step = self._row_steps[row] = DecodeStep(self._row_view(row),
+                                                         use_graph=self.step.use_graph)
+            prompt_steps.feed(step, ids, int(self._n_past[row]))
+            self._n_past[row] += ids.size
+            self.n_step_prompts += 1
+            return
         use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
         if use.mode == "borrowed":
             m.cache.lend(use.lend_slots)
@@ -478,5 +493,10 @@ def load_batch(model: ModelFile, options: BatchOptions, *, log: Callable[[str], 
                = None, backend=None, invariant: bool = False) -> CudaBatchEngine:
     """Plan and load `model` for `options.plan.batch` sequences and return the engine
     (`invariant`: a sequence's bits do not depend on the others in its steps; see the class)."""
-    return CudaBatchEngine(CudaModel(model, options, backend=backend, log=log),
-                           use_graph=options.graph, invariant=invariant)
+    engine = CudaBatchEngine(CudaModel(model, options, backend=backend, log=log),
+                             use_graph=options.graph, invariant=invariant)
+    if log is not None:
+        n = engine.prompt_steps
+        log(f"short prompts: up to {n} tokens run as decode steps (--prompt-steps)" if n else
+            "short prompts: every prompt takes the prompt path (--prompt-steps 0)")
+    return engine

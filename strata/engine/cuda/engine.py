@@ -18,6 +18,7 @@ from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
+from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
@@ -44,6 +45,12 @@ class CudaEngine(Engine):
         self.n_prompts = 0
         self.last_prompt_use = None
         self.n_adaptive_swaps = 0  # --adaptive-cache: slots swapped after prompts
+        # prompts up to this many tokens run as decode steps (`prompt_steps`); a layer split's
+        # stage runs only its layers, so its prompts always take the prompt path
+        whole = tuple(model.layers) == (0, model.shape.n_layer)
+        self.prompt_steps = prompt_steps.limit(model.plan, model.options.prompt_steps) \
+            if whole else 0
+        self.n_step_prompts = 0  # prompts that ran as decode steps
         self._n_past = 0
         self._logits = np.zeros(model.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
         self._one = np.zeros(1, np.int32)
@@ -67,6 +74,14 @@ class CudaEngine(Engine):
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         ids = self.check_tokens(tokens)
         m = self.m
+        if ids.size <= self.prompt_steps:  # a short prompt: decode steps (`prompt_steps`)
+            prompt_steps.feed(self.step, ids, self._n_past)
+            self._n_past += int(ids.size)
+            self.last_prompt_use = None
+            self.n_step_prompts += 1
+            self._set_lengths_host_only()
+            self.n_prompts += 1
+            return self._read_logits()
         use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
         self.last_prompt_use = use
         if use.mode == "borrowed":

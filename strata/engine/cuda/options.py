@@ -40,7 +40,9 @@ class CudaOptions:
     by a KV head's query heads: 2.1-2.4x the other at 4K-16K f16 on the H200) or "base" (a
     block per query head; kept for A/B runs); `prefill_small_tiles`: a chunk whose experts get
     a few rows each runs its grouped GEMMs on 16-row tiles (`matmul_tiles.SMALL_TC_TILE`;
-    off until timed on a GPU)."""
+    off until timed on a GPU); `prompt_steps`: prompts of up to this many tokens run as decode
+    steps, one token each, instead of the prompt path (0: never; None: the plan's estimate of
+    where steps win, `strata.engine.cuda.prompt_steps`)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     gpu_mem: int | None = None
@@ -55,6 +57,7 @@ class CudaOptions:
     prefill_sync_every_layer: bool = False
     prefill_attention: str = "gqa"
     prefill_small_tiles: bool = False
+    prompt_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_mem is not None and self.gpu_mem <= 0:
@@ -73,6 +76,9 @@ class CudaOptions:
         if self.miss_share is not None and self.miss_path != "hybrid":
             raise CudaEngineError(f"--miss-share applies to --miss-path hybrid, not "
                                   f"{self.miss_path!r}")
+        if self.prompt_steps is not None and self.prompt_steps < 0:
+            raise CudaEngineError(f"--prompt-steps {self.prompt_steps}: expected a token count "
+                                  f">= 0 (0: prompts never run as decode steps)")
         if self.plan.batch != 1:
             raise CudaEngineError(f"--batch {self.plan.batch}: the CUDA engine decodes one "
                                   f"sequence (batch 1)")

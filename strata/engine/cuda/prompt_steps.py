@@ -1,0 +1,83 @@
+"""Short prompts as decode steps: a prompt of a few tokens — often a chat turn's new tokens after
+the history its sequence already holds — runs through the decode step one token at a time (logits
+mode, nothing picked) instead of through the prompt path.
+
+Why: the prompt path's cost hardly depends on a short prompt's length. Under a budget it lends
+cache slots, streams each layer's routed non-resident experts through the ring, waits on routing
+counts and refills the loan afterwards, while a decode step reads only its own token's missed
+experts, zero-copy. On the H200 (Q4_K_M 30B-A3B at --gpu-mem 8GiB, after a 256-token history;
+`bench/results/2026-12-04_prompt_steps_8g.json`) the prompt path took 176-235 ms for 1-16 tokens,
+355 ms for 32 and ~420 ms from 64 on, decode steps 7.2-8.6 ms a token: steps win below about 48
+tokens. Both paths compute the same logits but for the decode step's 8-bit x rounding (there:
+relative difference 2e-3, the same greedy token).
+
+The longest prompt that runs as steps (`limit`) is a pure function of the plan unless given
+(`--prompt-steps N`, 0: never): the time a short prompt costs on the path the plan gives it,
+over a decode step's time estimated from the plan's predicted hit rate (its VRAM bytes at the
+rate a decode step reads them, its missed bytes at the mapped-read rate), both measured on the
+H200. It is the same for every run of a plan, so a seeded run repeats its tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from strata.plan.layout import ring_slot_bytes
+
+# Measured on the H200 (2026-12-04; see the module doc), per layer of a 48-layer model: the
+# prompt path's cost for a short prompt scales with the layers it runs (per-layer launches,
+# syncs and ring traffic), as a decode step's launch-bound floor does.
+PROMPT_STREAMED_LAYER_S = 0.30 / 48   # under a budget: the ring, a loan and its refill
+PROMPT_RESIDENT_LAYER_S = 0.004 / 48  # every expert in VRAM: the chunk path
+STEP_LAYER_S = 20e-6       # a decode step's floor: a layer's ~7 graph-replayed launches
+STEP_VRAM_BPS = 0.83e12    # a decode step's VRAM bytes a second (D1: 1.92 GB in 2.32 ms)
+MAPPED_BPS = 50e9          # its missed experts' bytes a second, read over PCIe 5 (D2's rate)
+MAX_STEPS = 64             # never more: past that the prompt path's chunks win everywhere
+
+
+def step_seconds(plan) -> float:
+    """A decode step's estimated time under `plan`: its dense weights and hit experts read
+    from VRAM, its missed experts from mapped host memory, and never under its launch floor."""
+    s = plan.shape
+    hit = plan.predicted_hit_rate if plan.predicted_hit_rate is not None else 0.0
+    expert = s.n_layer * s.n_expert_used * ring_slot_bytes(s)  # a token's experts
+    dense = sum(d.regions["weights"] for d in plan.devices)
+    reads = (dense + hit * expert) / STEP_VRAM_BPS + (1.0 - hit) * expert / MAPPED_BPS
+    return max(reads, s.n_layer * STEP_LAYER_S)
+
+
+def streams(plan) -> bool:
+    """Whether the plan's prompt path moves experts through a ring (every expert not resident)."""
+    p = plan.prefill
+    return p is not None and (p.mode == "borrowed" or p.ring_slots > 0)
+
+
+def auto_limit(plan) -> int:
+    """The longest prompt that runs as decode steps under `plan` (see the module doc): the
+    prompt path's cost for a short prompt over a step's."""
+    if not plan.accepted or plan.shape is None:
+        return 0
+    per_layer = PROMPT_STREAMED_LAYER_S if streams(plan) else PROMPT_RESIDENT_LAYER_S
+    return max(0, min(MAX_STEPS, int(plan.shape.n_layer * per_layer / step_seconds(plan))))
+
+
+def limit(plan, given: int | None) -> int:
+    """`given` (`--prompt-steps`), or the plan's `auto_limit`."""
+    return auto_limit(plan) if given is None else given
+
+
+def feed(step, ids: Sequence[int] | np.ndarray, start: int) -> None:
+    """Run `ids` at positions start.. through `step` (a `DecodeStep` whose sequence holds
+    `start` tokens: seq_len on the device is `start`): the tokens go into the history in one copy,
+    then one step a token, each embedding history[seq_len] and advancing seq_len; the last one's
+    logits land in the step's logits buffer. Nothing is read back."""
+    arr = np.ascontiguousarray(ids, dtype=np.int32)  # [n] i32
+    n = int(arr.size)
+    if n == 0:
+        return
+    stream = step.m.stream
+    step.history[start:start + n].copy_to_device(arr, stream=stream)
+    for _ in range(n):
+        step.run("logits")
