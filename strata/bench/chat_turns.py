@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="per sequence (default: what the conversation needs, rounded up to 1K)")
     p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpu-mem", help="plan within this much VRAM (cuda)")
+    p.add_argument("--prompt-steps", type=int, default=None, metavar="N",
+                   help="cuda: prompts of up to N new tokens run as decode steps (0: never; "
+                        "default: the plan's estimate)")
     p.add_argument("--json", metavar="FILE", help="write the result here")
     p.add_argument("--command", help="the command line to record (default: this one)")
     args = p.parse_args(argv)
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         from strata.plan.options import PlanOptions
         opts = batch_options(mf, 1, PlanOptions(max_context=ctx),
                              gpu_mem=parse_size(args.gpu_mem) if args.gpu_mem else None,
-                             progress=False)
+                             progress=False, prompt_steps=args.prompt_steps)
         engine = load_batch(mf, opts, log=lambda t: print(t, file=sys.stderr))
         device = _device_name()
     load_s = time.perf_counter() - t0
@@ -173,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
            "commit": _commit(), "device": device, "backend": args.backend,
            "command": args.command or " ".join(["python -m strata.bench.chat_turns"]
                                                + (argv if argv is not None else sys.argv[1:])),
-           "max_context": ctx, "gpu_mem": args.gpu_mem, "load_seconds": load_s, **res}
+           "max_context": ctx, "gpu_mem": args.gpu_mem, "load_seconds": load_s,
+           "prompt_steps": getattr(engine, "prompt_steps", None), **res}
     print(table(res["turns"]))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

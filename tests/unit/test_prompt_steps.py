@@ -30,9 +30,9 @@ def test_the_suite_keeps_prompts_on_the_prompt_path():
 def test_under_a_budget_short_prompts_run_as_steps(auto):
     p8 = _plan("8GiB")
     assert ps.streams(p8) and p8.prefill.mode == "borrowed"
-    # the H200 at 8 GiB (Q4_K_M, skew 3: 79% hits): 7.2-8.6 ms a step; steps won below ~48 tokens
+    # the H200 at 8 GiB (Q4_K_M, skew 3: 77% hits): 7.9-9.3 ms a step; steps won below ~40
     assert 6e-3 < ps.step_seconds(p8) < 12e-3
-    assert 24 <= ps.auto_limit(p8) <= 48
+    assert 28 <= ps.auto_limit(p8) <= 44
 
 
 def test_the_limit_follows_the_steps_cost(auto):
@@ -44,10 +44,12 @@ def test_the_limit_follows_the_steps_cost(auto):
     assert 0 < ps.auto_limit(_plan("8GiB", q8)) < q4[1]
 
 
-def test_every_expert_in_vram_keeps_the_prompt_path_nearly_always(auto):
+def test_every_expert_in_vram_still_runs_a_few_tokens_as_steps(auto):
     full = _plan("80GiB")
     assert not ps.streams(full) and full.predicted_hit_rate == 1.0
-    assert ps.auto_limit(full) <= 2
+    # the H200 with no cap: the chunk path 53-57 ms for 1-16 tokens, steps 2.5-2.9 ms a token
+    assert 2e-3 < ps.step_seconds(full) < 3e-3
+    assert 15 <= ps.auto_limit(full) <= 25 < ps.auto_limit(_plan("8GiB"))
     # a step is never estimated under its layers' launch floor (a tiny model's weights)
     tiny = qwen3moe("q8_0", n_embd=64, n_ff=32, n_head=2, n_head_kv=1, head_dim=32,
                     n_vocab=512, n_layer=4)

@@ -4,12 +4,17 @@ mode, nothing picked) instead of through the prompt path.
 
 Why: the prompt path's cost hardly depends on a short prompt's length. Under a budget it lends
 cache slots, streams each layer's routed non-resident experts through the ring, waits on routing
-counts and refills the loan afterwards, while a decode step reads only its own token's missed
-experts, zero-copy. On the H200 (Q4_K_M 30B-A3B at --gpu-mem 8GiB, after a 256-token history;
-`bench/results/2026-12-04_prompt_steps_8g.json`) the prompt path took 176-235 ms for 1-16 tokens,
-355 ms for 32 and ~420 ms from 64 on, decode steps 7.2-8.6 ms a token: steps win below about 48
-tokens. Both paths compute the same logits but for the decode step's 8-bit x rounding (there:
-relative difference 2e-3, the same greedy token).
+counts and refills the loan afterwards; with every expert in VRAM its chunk still pays per-layer
+host work. A decode step reads only its own token's experts, missed ones zero-copy. On the H200
+(Q4_K_M 30B-A3B, after a 256-token history; `bench/results/2026-12-04_prompt_steps.json`):
+
+    --gpu-mem 8GiB (77% hits)   prompt path 151-221 ms for 1-16 tokens, ~350 ms from 32 on;
+                                steps 7.9-9.3 ms a token: steps win below about 40 tokens
+    no cap (every expert in VRAM) prompt path 53-57 ms for 1-16 tokens;
+                                steps 2.5-2.9 ms a token: steps win below about 20 tokens
+
+Both paths compute the same logits but for the decode step's 8-bit x rounding (there: relative
+difference under 2e-3, the same greedy token at every length).
 
 The longest prompt that runs as steps (`limit`) is a pure function of the plan unless given
 (`--prompt-steps N`, 0: never): the time a short prompt costs on the path the plan gives it,
@@ -29,8 +34,8 @@ from strata.plan.layout import ring_slot_bytes
 # Measured on the H200 (2026-12-04; see the module doc), per layer of a 48-layer model: the
 # prompt path's cost for a short prompt scales with the layers it runs (per-layer launches,
 # syncs and ring traffic), as a decode step's launch-bound floor does.
-PROMPT_STREAMED_LAYER_S = 0.30 / 48   # under a budget: the ring, a loan and its refill
-PROMPT_RESIDENT_LAYER_S = 0.004 / 48  # every expert in VRAM: the chunk path
+PROMPT_STREAMED_LAYER_S = 0.30 / 48  # under a budget: the ring, a loan and its refill
+PROMPT_RESIDENT_LAYER_S = 0.054 / 48  # every expert in VRAM: the chunk path
 STEP_LAYER_S = 20e-6       # a decode step's floor: a layer's ~7 graph-replayed launches
 STEP_VRAM_BPS = 0.83e12    # a decode step's VRAM bytes a second (D1: 1.92 GB in 2.32 ms)
 MAPPED_BPS = 50e9          # its missed experts' bytes a second, read over PCIe 5 (D2's rate)
