@@ -75,12 +75,14 @@ class _Client:
     done: threading.Event = field(default_factory=threading.Event)
 
     def sink(self, event) -> None:
-        from strata.serve.job import TextEvent
+        from strata.serve.job import FinishEvent, TextEvent
         now = time.perf_counter()
         if isinstance(event, TextEvent):
             if self.t_first is None:
                 self.t_first = now
             self.tokens += [int(t) for t in event.text.split()]
+            return
+        if not isinstance(event, FinishEvent):  # the prompt has run (`PromptEvent`)
             return
         self.t_finish, self.reason = now, event.reason
         self.done.set()

@@ -21,7 +21,7 @@ from strata.serve.chat import prepare_chat
 from strata.serve.errors import ApiError, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
-from strata.serve.job import FinishEvent
+from strata.serve.job import FinishEvent, PromptEvent
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -79,17 +79,30 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
     }, headers=prepared.headers)
 
 
-async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]:
-    n_prompt = len(gen.prepared.prompt)
-    yield sse({"type": "message_start", "message": {
+def _start(mid: str, model: str, n_prompt: int, n_cached: int) -> bytes:
+    return sse({"type": "message_start", "message": {
         "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": n_prompt, "output_tokens": 0,
-                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}},
-        "message_start")
-    yield sse({"type": "ping"}, "ping")
+        "usage": {"input_tokens": n_prompt - n_cached, "output_tokens": 0,
+                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": n_cached}}},
+        "message_start") + sse({"type": "ping"}, "ping")
+
+
+async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]:
+    # message_start waits for the prompt to run, so its usage splits the prompt as the final
+    # counts do (the tokens a finished request's KV held are known only then); the response's
+    # headers went out at once. A job that ends before its prompt runs starts with the whole.
+    started = False
     index, open_text = -1, False
-    async for item in gen.items():
+    async for item in gen.items(prompt=True):
+        if isinstance(item, PromptEvent):
+            if not started:
+                yield _start(mid, model, item.n_prompt, item.n_cached)
+                started = True
+            continue
+        if not started:
+            yield _start(mid, model, len(gen.prepared.prompt), 0)
+            started = True
         if isinstance(item, ToolCall):
             if open_text:
                 yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
@@ -110,6 +123,8 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
                        "content_block": {"type": "text", "text": ""}}, "content_block_start")
         yield sse({"type": "content_block_delta", "index": index,
                    "delta": {"type": "text_delta", "text": item}}, "content_block_delta")
+    if not started:
+        yield _start(mid, model, len(gen.prepared.prompt), 0)
     if gen.finish.reason == "error":
         yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")), "error")
         return

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
 from strata.serve.errors import bad_request
-from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
+from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent
 from strata.serve.tools import ToolCall, ToolCallParser
 
 
@@ -87,13 +87,20 @@ class Generation:
                 self.tool_calls.append(p)
         return [p for p in pieces if not (isinstance(p, str) and not p)]
 
-    async def items(self) -> AsyncIterator[str | ToolCall]:
-        """Text pieces and tool calls until the job ends; `finish` is set afterwards."""
+    async def items(self, *, prompt: bool = False
+                    ) -> AsyncIterator[str | ToolCall | PromptEvent]:
+        """Text pieces and tool calls until the job ends; `finish` is set afterwards. `prompt`:
+        also the `PromptEvent` that says the prompt has run (and how much of it was reused),
+        before any text (none where the job ended first)."""
         if self._parser is not None and self.prepared.forced_prefix:
             for item in self._parsed(self._parser.feed(self.prepared.forced_prefix)):
                 yield item
         while True:
             event = await self._events.get()
+            if isinstance(event, PromptEvent):
+                if prompt:
+                    yield event
+                continue
             if isinstance(event, TextEvent):
                 pieces = [event.text] if self._parser is None else self._parser.feed(event.text)
                 for item in self._parsed(pieces):

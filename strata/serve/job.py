@@ -51,6 +51,16 @@ class TextEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptEvent:
+    """The prompt has run: its length and how many of its tokens a finished request's KV held
+    (not computed). Sent once, before the first text; a job that ends before its prompt runs
+    sends none."""
+
+    n_prompt: int
+    n_cached: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class FinishEvent:
     """The job is over: why, the token counts, and the stop string that ended it, if one did."""
 
@@ -66,7 +76,7 @@ class FinishEvent:
             raise ValueError(f"finish reason {self.reason!r} is not one of {FINISH_REASONS}")
 
 
-Event = TextEvent | FinishEvent
+Event = TextEvent | PromptEvent | FinishEvent
 
 
 class Job:

@@ -31,7 +31,7 @@ import numpy as np
 from strata.engine.sampler import SamplingParams
 from strata.serve.batch import BatchEngine
 from strata.serve.errors import ApiError
-from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
+from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent
 from strata.serve.metrics import Metrics
 from strata.serve.stops import StopMatcher
 
@@ -208,6 +208,7 @@ class Worker:
             seq.n_cached = int(getattr(self.engine, "n_reused", 0)) if self.prefix_cache else 0
             self.metrics.record_prefill(len(job.prompt), time.perf_counter() - t0,
                                         cached=seq.n_cached)
+            job.emit(PromptEvent(len(job.prompt), seq.n_cached))
             self._accept(seq, logits)
 
     def _device_sampling(self, sampler) -> SamplingParams | None:

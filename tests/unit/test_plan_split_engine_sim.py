@@ -4,7 +4,7 @@ caching one expert of its own layer, so the prompt streams through each stage's 
 reads misses from the one host store; the hidden state (and the token handed back) crosses
 through the pinned host staging buffer (`--handoff host`); logits against the float64
 reference, greedy tokens on the device, each stage's regions holding only its own layer, the hit
-counters per stage.
+counters per stage; serve's slot reusing a finished turn's KV (`rewind`).
 
 Slow (the simulator runs each CUDA thread as a Python thread): the smallest model the
 synthesizer writes, a three-token prompt, one decode step.
@@ -77,4 +77,19 @@ def test_split_engine_in_the_simulator(tmp_models):
     got = check_device_generate(eng, PROMPT)
     assert got[:2] == toks
     check_nan_refused(eng, PROMPT, eng.last.norms["output_norm"], got)
+    # serve's slot over the split keeps a finished turn's KV: the next turn computes only its
+    # new tokens (after the prompt and the answer's token the last step fed)
+    from strata.serve.batch import SplitSlot
+
+    slot = SplitSlot(eng)
+    assert slot.keeps_prefix
+    first = slot.prefill(0, PROMPT)
+    slot.decode([0], [tok])
+    slot.release(0, PROMPT + [tok])
+    turn = PROMPT + [tok, 9]
+    again = slot.prefill(0, turn)
+    assert slot.n_reused == 4 and eng.n_past == 5
+    assert rel(first, ref[-2]) < 0.02 and rel(again, forward(ref_model, turn)[-1]) < 0.02
+    with pytest.raises(ValueError, match="cannot keep 6 positions of a 5-position"):
+        eng.rewind(6)
     sm.close()

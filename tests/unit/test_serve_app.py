@@ -390,7 +390,12 @@ def test_a_next_turn_reports_its_cached_prompt_tokens_in_both_dialects():
         assert third["usage"]["cache_read_input_tokens"] == h.engine.n_reused == n_prompt - 1
         assert third["usage"]["input_tokens"] == 1
         stream = h.client.post("/v1/messages", json=msgs(messages=turns, stream=True))
-        delta = [json.loads(d) for e, d in sse_events(stream.text) if e == "message_delta"][0]
+        events = sse_events(stream.text)
+        # message_start is sent once the prompt has run: its usage splits the prompt already
+        assert [e for e, _ in events[:2]] == ["message_start", "ping"]
+        start = json.loads(events[0][1])["message"]["usage"]
+        assert (start["input_tokens"], start["cache_read_input_tokens"]) == (1, n_prompt - 1)
+        delta = [json.loads(d) for e, d in events if e == "message_delta"][0]
         assert delta["usage"]["cache_read_input_tokens"] == n_prompt - 1
         assert delta["usage"]["input_tokens"] + delta["usage"]["cache_read_input_tokens"] == \
             n_prompt

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.serve_fakes import FakeModel, ScriptedEngine, encode
 from strata.serve.errors import ApiError
-from strata.serve.job import FinishEvent, Job, Sampling, TextEvent
+from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent
 from strata.serve.metrics import Metrics
 from strata.serve.worker import Worker
 
@@ -65,6 +65,9 @@ def test_jobs_run_in_arrival_order_and_decode_together():
             assert sink.finish.reason == "stop"
             assert sink.finish.n_prompt == 2
             assert sink.finish.n_completion == len(f"answer to q{i}") + 1  # + the end token
+            # the prompt's event first (Anthropic's message_start waits for it), once
+            prompts = [e for e in sink.events if isinstance(e, PromptEvent)]
+            assert sink.events[0] == prompts[0] == PromptEvent(2, 0) and len(prompts) == 1
     finally:
         worker.stop()
     assert engine.prefills == ["q0", "q1", "q2"]

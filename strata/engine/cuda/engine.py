@@ -46,10 +46,12 @@ class CudaEngine(Engine):
         self.last_prompt_use = None
         self.n_adaptive_swaps = 0  # --adaptive-cache: slots swapped after prompts
         # prompts up to this many tokens run as decode steps (`prompt_steps`); a layer split's
-        # stage runs only its layers, so its prompts always take the prompt path
+        # stage runs only its layers, so its prompts always take the prompt path; the plan's
+        # estimate prices misses as mapped reads, so the CPU pool's paths take it only if given
+        given = model.options.prompt_steps
         whole = tuple(model.layers) == (0, model.shape.n_layer)
-        self.prompt_steps = prompt_steps.limit(model.plan, model.options.prompt_steps) \
-            if whole else 0
+        self.prompt_steps = (0 if not whole or (given is None and self.step.miss_path != "mapped")
+                             else prompt_steps.limit(model.plan, given))
         self.n_step_prompts = 0  # prompts that ran as decode steps
         self._n_past = 0
         self._logits = np.zeros(model.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy

@@ -38,7 +38,7 @@ PROMPT_STREAMED_LAYER_S = 0.30 / 48  # under a budget: the ring, a loan and its 
 PROMPT_RESIDENT_LAYER_S = 0.054 / 48  # every expert in VRAM: the chunk path
 STEP_LAYER_S = 20e-6       # a decode step's floor: a layer's ~7 graph-replayed launches
 STEP_VRAM_BPS = 0.83e12    # a decode step's VRAM bytes a second (D1: 1.92 GB in 2.32 ms)
-MAPPED_BPS = 50e9          # its missed experts' bytes a second, read over PCIe 5 (D2's rate)
+MAPPED_BPS = 50e9          # its missed experts' bytes a second: the measured PCIe 5 rate
 MAX_STEPS = 64             # never more: past that the prompt path's chunks win everywhere
 
 
@@ -54,7 +54,7 @@ def step_seconds(plan) -> float:
 
 
 def streams(plan) -> bool:
-    """Whether the plan's prompt path moves experts through a ring (every expert not resident)."""
+    """Whether the plan's prompt path moves experts through a ring (not every one is resident)."""
     p = plan.prefill
     return p is not None and (p.mode == "borrowed" or p.ring_slots > 0)
 

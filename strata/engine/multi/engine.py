@@ -69,6 +69,17 @@ class SplitEngine(Engine):
         self._n_past = 0
         self._set_lengths(0, 0)
 
+    def rewind(self, n_keep: int) -> None:
+        """Keep the sequence's first `n_keep` positions on every stage; the next prefill appends
+        after them (each stage's KV is positional: what lay past them is overwritten as it is
+        recomputed). What lets serve's slot keep a finished turn's KV for the next
+        (`PerSlotEngines`)."""
+        if not 0 <= n_keep <= self._n_past:
+            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
+                             f"sequence")
+        self._n_past = int(n_keep)
+        self._set_lengths(self._n_past, self._n_past)
+
     def _set_lengths(self, seq_len: int, n_tokens: int, *, seq: bool = True) -> None:
         for _, m in self._each():
             if seq:
