@@ -3,7 +3,7 @@ greedy tokens identical to the single-GPU engine and logits against the float64 
 carve's A/B (every stage holding every layer's dense weights, stage caches pinned equal) gives
 the same tokens and frees the carved bytes; the hand-off forced through pinned host memory
 (`--handoff host`) gives the same tokens; the hand-off between stages is measured on every
-path."""
+path; serve's slot over the split reuses a finished turn's KV."""
 
 from __future__ import annotations
 
@@ -80,6 +80,38 @@ def _mapped(portable):
     from numba import cuda
     with cuda.gpus[0]:
         return portable.mapped()
+
+
+def test_a_turn_reuses_the_split_kv(setup):
+    """serve's slot over the split (`SplitSlot`) keeps a finished turn's KV: the next turn's
+    prompt runs only past it (`SplitEngine.rewind` on every stage), its logits the float64
+    reference's and those of the whole turn prefilled afresh."""
+    from strata.engine.cuda.options import CudaOptions
+    from strata.engine.multi import SplitEngine, SplitModel
+    from strata.plan.options import PlanOptions
+    from strata.plan.split import SplitOptions
+    from strata.serve.batch import SplitSlot
+
+    path, mf, devices, store = setup
+    opts = CudaOptions(plan=PlanOptions(max_context=512, ring_mib=1, lend_floor_slots=0),
+                       progress=False)
+    sm = SplitModel(mf, opts, SplitOptions(cuts=(2,), stage_cache=(9, 9)), devices=devices,
+                    gpu_mem=[1 << 30] * len(devices), store=store, log=None)
+    eng = SplitEngine(sm)
+    slot = SplitSlot(eng)
+    tok = int(np.argmax(slot.prefill(0, PROMPT)))
+    slot.decode([0], [tok])
+    slot.release(0, PROMPT + [tok])
+    turn = PROMPT + [tok, 5, 311]
+    again = slot.prefill(0, turn)
+    assert slot.n_reused == len(PROMPT) + 1 and eng.n_past == len(turn)
+    ref = forward(RefModel.load(path), turn)[-1]
+    assert np.linalg.norm(again - ref) / np.linalg.norm(ref) < 0.02
+    eng.reset()
+    whole = eng.prefill(turn)
+    assert np.linalg.norm(again - whole) / np.linalg.norm(whole) < 2e-3
+    assert int(np.argmax(again)) == int(np.argmax(whole))
+    sm.close()
 
 
 def test_host_handoff_gives_the_same_tokens(setup):
