@@ -103,9 +103,6 @@ def _engine(args, model) -> tuple[str, object]:
     if args.miss_share is not None:
         extra["miss_share"] = args.miss_share
     if args.prompt_steps is not None:
-        if req.is_split:
-            print("note: --prompt-steps: a layer split runs every prompt through its stages' "
-                  "prompt path; the knob applies to one GPU", file=sys.stderr)
         extra["prompt_steps"] = args.prompt_steps
     if args.adaptive_cache:
         if req.is_split:

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: a sequence gets the same tokens alone and beside others (one "
                         "sequence then decodes through the batched kernels: slower)")
     p.add_argument("--prompt-steps", dest="prompt_steps", type=int, default=None, metavar="N",
-                   help="CUDA, one GPU: prompts (and a chat turn's new tokens) of up to N tokens "
+                   help="CUDA: prompts (and a chat turn's new tokens) of up to N tokens "
                         "run as decode steps, one token each (0: never; default: where the plan "
                         "estimates steps beat the prompt path)")
     from strata.plan.knobs import add_engine_knobs

@@ -53,8 +53,8 @@ class ServeConfig:
     # one sequence's tokens do not depend on the others decoded beside it (CUDA, one GPU): a
     # step of one sequence runs the batched kernels' float32 path, not the fused single step
     batch_invariant: bool = False
-    # prompts (or a turn's new tokens) of up to this many run as decode steps (CUDA, one GPU;
-    # 0: never; None: the plan's estimate, `strata.engine.cuda.prompt_steps`)
+    # prompts (or a turn's new tokens) of up to this many run as decode steps (CUDA; 0: never;
+    # None: the plan's estimate, `strata.engine.cuda.prompt_steps`)
     prompt_steps: int | None = None
     kv: str = "f16"
     kv_resident: int | None = None

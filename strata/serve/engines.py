@@ -101,14 +101,11 @@ def _split(config: ServeConfig, model_file: Any, req) -> Built:
     from strata.engine.multi.request import open_split
     from strata.serve.batch import SplitSlot
 
-    if config.prompt_steps:
-        log.warning("--prompt-steps: a layer split runs every prompt through its stages' "
-                    "prompt path; the knob applies to one GPU")
     plan = plan_options(config)
     if plan.max_context is None:
         plan = dataclasses.replace(plan, max_context=default_context(model_file))
     options = CudaOptions(plan=plan, device=req.devices[0], graph=not config.no_graph,
-                          profile_path=config.profile)
+                          profile_path=config.profile, prompt_steps=config.prompt_steps)
     engine = open_split(model_file, options, req, use_graph=not config.no_graph,
                         log=lambda text: print(text, file=sys.stderr))
     return Built("cuda-split", SplitSlot(engine), engine.sm.plan)

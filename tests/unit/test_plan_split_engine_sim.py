@@ -4,7 +4,8 @@ caching one expert of its own layer, so the prompt streams through each stage's 
 reads misses from the one host store; the hidden state (and the token handed back) crosses
 through the pinned host staging buffer (`--handoff host`); logits against the float64
 reference, greedy tokens on the device, each stage's regions holding only its own layer, the hit
-counters per stage; serve's slot reusing a finished turn's KV (`rewind`).
+counters per stage; serve's slot reusing a finished turn's KV (`rewind`); a short prompt run as
+decode steps through both stages.
 
 Slow (the simulator runs each CUDA thread as a Python thread): the smallest model the
 synthesizer writes, a three-token prompt, one decode step.
@@ -92,4 +93,12 @@ def test_split_engine_in_the_simulator(tmp_models):
     assert rel(first, ref[-2]) < 0.02 and rel(again, forward(ref_model, turn)[-1]) < 0.02
     with pytest.raises(ValueError, match="cannot keep 6 positions of a 5-position"):
         eng.rewind(6)
+    # a short prompt as decode steps through both stages (`prompt_steps`; the suite's plans
+    # take the prompt path unless told): the prompt path's logits, and a step after them
+    eng.reset()
+    eng.prompt_steps = len(PROMPT)
+    n_chunks = eng.traffic.n_chunks
+    steps = eng.prefill(PROMPT)
+    assert (eng.n_step_prompts, eng.traffic.n_chunks, eng.n_past) == (1, n_chunks, 3)
+    assert rel(steps, ref[-2]) < 0.02 and eng.decode_tokens(2) == toks
     sm.close()

@@ -71,3 +71,21 @@ def test_a_negative_limit_is_refused():
     with pytest.raises(ServeConfigError, match="prompt_steps: must be 0 or more"):
         ServeConfig(model="m", prompt_steps=-1)
     assert CudaOptions(prompt_steps=0).prompt_steps == 0
+
+
+def test_a_split_weighs_its_stages(auto):
+    """A layer split's limit: its stages' prompt costs over their step times, summed (a step
+    and a prompt run every stage in turn)."""
+    from strata.engine.multi.model import stage_plan
+    from strata.plan.split import plan_split
+
+    sp = plan_split(S30, parse_gpu_mem("4GiB,4GiB"), PlanOptions(max_context=4096))
+    stages = [stage_plan(sp, st, i) for i, st in enumerate(sp.stages)]
+    alone = [ps.auto_limit(p) for p in stages]
+    both = ps.auto_limit(*stages)
+    assert all(ps.streams(p) for p in stages) and min(alone) <= both <= max(alone)
+    assert ps.limit(stages, None) == both > 0 and ps.limit(stages, 3) == 3
+    resident = plan_split(S30, parse_gpu_mem("12GiB,12GiB"), PlanOptions(max_context=4096))
+    stages = [stage_plan(resident, st, i) for i, st in enumerate(resident.stages)]
+    assert not any(ps.streams(p) for p in stages)
+    assert abs(ps.auto_limit(*stages) - ps.auto_limit(_plan("80GiB"))) <= 3

@@ -42,15 +42,21 @@ MAPPED_BPS = 50e9          # its missed experts' bytes a second: the measured PC
 MAX_STEPS = 64             # never more: past that the prompt path's chunks win everywhere
 
 
+def _layers_run(plan) -> int:
+    """Layers `plan` runs: all of them, or a layer split's stage's."""
+    return sum(hi - lo for lo, hi in (d.layers for d in plan.devices))
+
+
 def step_seconds(plan) -> float:
-    """A decode step's estimated time under `plan`: its dense weights and hit experts read
-    from VRAM, its missed experts from mapped host memory, and never under its launch floor."""
-    s = plan.shape
+    """A decode step's estimated time over the layers `plan` runs: their dense weights and hit
+    experts read from VRAM, their missed experts from mapped host memory, and never under
+    their launch floor."""
+    s, n_run = plan.shape, _layers_run(plan)
     hit = plan.predicted_hit_rate if plan.predicted_hit_rate is not None else 0.0
-    expert = s.n_layer * s.n_expert_used * ring_slot_bytes(s)  # a token's experts
+    expert = n_run * s.n_expert_used * ring_slot_bytes(s)  # a token's experts there
     dense = sum(d.regions["weights"] for d in plan.devices)
     reads = (dense + hit * expert) / STEP_VRAM_BPS + (1.0 - hit) * expert / MAPPED_BPS
-    return max(reads, s.n_layer * STEP_LAYER_S)
+    return max(reads, n_run * STEP_LAYER_S)
 
 
 def streams(plan) -> bool:
@@ -59,18 +65,24 @@ def streams(plan) -> bool:
     return p is not None and (p.mode == "borrowed" or p.ring_slots > 0)
 
 
-def auto_limit(plan) -> int:
-    """The longest prompt that runs as decode steps under `plan` (see the module doc): the
-    prompt path's cost for a short prompt over a step's."""
-    if not plan.accepted or plan.shape is None:
+def auto_limit(*plans) -> int:
+    """The longest prompt that runs as decode steps (see the module doc): the prompt path's
+    cost for a short prompt over a step's, summed over `plans` (one, or a layer split's
+    stages' in their order: a step and a prompt run each stage in turn)."""
+    if not plans or any(not p.accepted or p.shape is None for p in plans):
         return 0
-    per_layer = PROMPT_STREAMED_LAYER_S if streams(plan) else PROMPT_RESIDENT_LAYER_S
-    return max(0, min(MAX_STEPS, int(plan.shape.n_layer * per_layer / step_seconds(plan))))
+    prompt_s = sum(_layers_run(p) * (PROMPT_STREAMED_LAYER_S if streams(p) else
+                                     PROMPT_RESIDENT_LAYER_S) for p in plans)
+    step_s = sum(step_seconds(p) for p in plans)
+    return max(0, min(MAX_STEPS, int(prompt_s / step_s)))
 
 
-def limit(plan, given: int | None) -> int:
-    """`given` (`--prompt-steps`), or the plan's `auto_limit`."""
-    return auto_limit(plan) if given is None else given
+def limit(plans, given: int | None) -> int:
+    """`given` (`--prompt-steps`), or the `auto_limit` of `plans` (a plan or a list of a split's
+    stage plans)."""
+    if given is not None:
+        return given
+    return auto_limit(*plans) if isinstance(plans, (list, tuple)) else auto_limit(plans)
 
 
 def feed(step, ids: Sequence[int] | np.ndarray, start: int) -> None:

@@ -5,7 +5,9 @@ graph per mode, replayed per token) and `PromptRun` (chunks, the ring, the loan)
 threads them: a step (or a prompt chunk) runs stage 0, its hidden state is handed to stage 1 and
 so on; the last stage owns the head and the sampler, and the token it picks is handed back to
 stage 0's history for the next step. Every stage keeps its own sequence length, advanced by its
-own kernels. Every stage's prompt use passes its own plan's runtime contract.
+own kernels. Every stage's prompt use passes its own plan's runtime contract. A short prompt
+(up to `prompt_steps` tokens) runs as decode steps through the stages instead
+(`strata.engine.cuda.prompt_steps`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from strata.cuda_kernels.sampling import make_params
+from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
@@ -48,6 +51,11 @@ class SplitEngine(Engine):
                 self.steps.append(DecodeStep(m, use_graph=use_graph) if tiers is None else
                                   TierDecodeStep(m, tiers, use_graph=use_graph))
         self.traffic = PrefillTraffic()
+        # prompts up to this many tokens run as decode steps through every stage
+        # (`prompt_steps`: the estimate sums the stages' prompt and step costs)
+        self.prompt_steps = prompt_steps.limit([m.plan for m in self.stages],
+                                               self.stages[0].options.prompt_steps)
+        self.n_step_prompts = 0  # prompts that ran as decode steps
         self._n_past = 0
         self._logits = np.zeros(sm.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
         self.reset()
@@ -94,6 +102,8 @@ class SplitEngine(Engine):
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         ids = self.check_tokens(tokens)
+        if ids.size <= self.prompt_steps:
+            return self._prefill_steps(ids)
         uses = [check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size),
                                                       device=m.plan.devices[0].device.index))
                 for m in self.stages]
@@ -118,6 +128,21 @@ class SplitEngine(Engine):
         finally:
             for _, m in self._each():
                 m.cache.refill()
+        self._set_lengths(self._n_past, self._n_past, seq=False)
+        return self._read_logits()
+
+    def _prefill_steps(self, ids: np.ndarray) -> np.ndarray:
+        """A short prompt as decode steps (`prompt_steps`): its tokens into the histories the
+        steps read (stage 0's embedding, the last stage's sampler), then one step a token."""
+        arr = ids.astype(np.int32)  # [n] i32
+        p, n = self._n_past, int(arr.size)
+        for g, m in self._each():
+            if g in (0, len(self.stages) - 1):
+                m.acts["history"][0][p:p + n].copy_to_device(arr, stream=m.stream)
+        for _ in range(n):
+            self._step("logits")
+        self._n_past += n
+        self.n_step_prompts += 1
         self._set_lengths(self._n_past, self._n_past, seq=False)
         return self._read_logits()
 
