@@ -35,6 +35,7 @@ from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
 from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, make_params
+from strata.engine.cuda import prompt_steps
 # the options' names, where serve and the tests have always imported them from
 from strata.engine.cuda.batch_options import (  # noqa: F401
     MAX_BATCH, BatchOptions, batch_options, default_context)
@@ -42,7 +43,6 @@ from strata.engine.cuda.batch_step import BatchStep
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError
-from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import may_fall_back, picks

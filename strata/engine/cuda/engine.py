@@ -15,10 +15,10 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from strata.cuda_kernels.sampling import make_params
+from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
@@ -45,9 +45,9 @@ class CudaEngine(Engine):
         self.n_prompts = 0
         self.last_prompt_use = None
         self.n_adaptive_swaps = 0  # --adaptive-cache: slots swapped after prompts
-        # prompts up to this many tokens run as decode steps (`prompt_steps`); a layer split's
-        # stage runs only its layers, so its prompts always take the prompt path; the plan's
-        # estimate prices misses as mapped reads, so the CPU pool's paths take it only if given
+        # prompts up to this many tokens run as decode steps (`prompt_steps`): a step runs every
+        # layer (a layer split's `SplitEngine` steps its stages itself); the plan's estimate
+        # prices misses as mapped reads, so the CPU pool's paths take it only if given
         given = model.options.prompt_steps
         whole = tuple(model.layers) == (0, model.shape.n_layer)
         self.prompt_steps = (0 if not whole or (given is None and self.step.miss_path != "mapped")
