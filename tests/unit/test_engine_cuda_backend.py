@@ -62,6 +62,10 @@ def test_bench_table_shows_each_number_against_its_bound():
     assert "measured 61.0%, predicted 60.0%" in text
     resident = table(_result(0))
     assert "PCIe streaming of 0.00 GB" in resident
+    # a prompt short enough to run as decode steps (`prompt_steps`) says so instead of a chunk
+    steps = _result(0)
+    steps["prefill"].update(tokens=8, chunk=None, mode="steps", ring_slots=0, prompt_steps=22)
+    assert "(8 tokens, run as decode steps: --prompt-steps 22)" in table(steps)
 
 
 def test_bench_cuda_needs_one_model(capsys):
