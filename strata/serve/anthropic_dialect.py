@@ -95,14 +95,12 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
     started = False
     index, open_text = -1, False
     async for item in gen.items(prompt=True):
-        if isinstance(item, PromptEvent):
-            if not started:
-                yield _start(mid, model, item.n_prompt, item.n_cached)
-                started = True
-            continue
         if not started:
-            yield _start(mid, model, len(gen.prepared.prompt), 0)
+            n_cached = item.n_cached if isinstance(item, PromptEvent) else 0
+            yield _start(mid, model, len(gen.prepared.prompt), n_cached)
             started = True
+        if isinstance(item, PromptEvent):
+            continue
         if isinstance(item, ToolCall):
             if open_text:
                 yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")

@@ -24,7 +24,7 @@ def auto(monkeypatch):
 
 def test_the_suite_keeps_prompts_on_the_prompt_path():
     # tests/conftest.py: a test written for the prompt path runs it, however short its prompt
-    assert ps.auto_limit(_plan("8GiB")) == 0 and ps.limit(_plan("8GiB"), 5) == 5
+    assert ps.auto_limit(_plan("8GiB")) == 0 and ps.limit(5, _plan("8GiB")) == 5
 
 
 def test_under_a_budget_short_prompts_run_as_steps(auto):
@@ -59,7 +59,7 @@ def test_every_expert_in_vram_still_runs_a_few_tokens_as_steps(auto):
 def test_a_refused_plan_and_a_given_limit(auto):
     refused = _plan("1GiB")
     assert not refused.accepted and ps.auto_limit(refused) == 0
-    assert ps.limit(_plan("8GiB"), 0) == 0 and ps.limit(_plan("80GiB"), 17) == 17
+    assert ps.limit(0, _plan("8GiB")) == 0 and ps.limit(17, _plan("80GiB")) == 17
 
 
 def test_a_negative_limit_is_refused():
@@ -84,7 +84,7 @@ def test_a_split_weighs_its_stages(auto):
     alone = [ps.auto_limit(p) for p in stages]
     both = ps.auto_limit(*stages)
     assert all(ps.streams(p) for p in stages) and min(alone) <= both <= max(alone)
-    assert ps.limit(stages, None) == both > 0 and ps.limit(stages, 3) == 3
+    assert ps.limit(None, *stages) == both > 0 and ps.limit(3, *stages) == 3
     resident = plan_split(S30, parse_gpu_mem("12GiB,12GiB"), PlanOptions(max_context=4096))
     stages = [stage_plan(resident, st, i) for i, st in enumerate(resident.stages)]
     assert not any(ps.streams(p) for p in stages)

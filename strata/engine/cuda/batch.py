@@ -105,7 +105,7 @@ class CudaBatchEngine:
         self._logit_row = [a["logits"][r] for r in range(n)]  # [n_vocab] f32 each
         # prompts up to this many tokens run as decode steps of their row (`prompt_steps`), by
         # a `DecodeStep` over that row's view (graphs captured per row on its second use)
-        self.prompt_steps = prompt_steps.limit(m.plan, m.options.prompt_steps)
+        self.prompt_steps = prompt_steps.limit(m.options.prompt_steps, m.plan)
         self._row_steps: dict[int, DecodeStep] = {}
         self.n_step_prompts = 0  # prompts (or their new tokens) that ran as decode steps
 

@@ -45,13 +45,11 @@ class CudaEngine(Engine):
         self.n_prompts = 0
         self.last_prompt_use = None
         self.n_adaptive_swaps = 0  # --adaptive-cache: slots swapped after prompts
-        # prompts up to this many tokens run as decode steps (`prompt_steps`): a step runs every
-        # layer (a layer split's `SplitEngine` steps its stages itself); the plan's estimate
-        # prices misses as mapped reads, so the CPU pool's paths take it only if given
+        # prompts up to this many tokens run as decode steps (`prompt_steps`); the plan's
+        # estimate prices misses as mapped reads, so the CPU pool's paths take it only if given
         given = model.options.prompt_steps
-        whole = tuple(model.layers) == (0, model.shape.n_layer)
-        self.prompt_steps = (0 if not whole or (given is None and self.step.miss_path != "mapped")
-                             else prompt_steps.limit(model.plan, given))
+        self.prompt_steps = (0 if given is None and self.step.miss_path != "mapped"
+                             else prompt_steps.limit(given, model.plan))
         self.n_step_prompts = 0  # prompts that ran as decode steps
         self._n_past = 0
         self._logits = np.zeros(model.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy

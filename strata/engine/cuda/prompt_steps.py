@@ -77,12 +77,9 @@ def auto_limit(*plans) -> int:
     return max(0, min(MAX_STEPS, int(prompt_s / step_s)))
 
 
-def limit(plans, given: int | None) -> int:
-    """`given` (`--prompt-steps`), or the `auto_limit` of `plans` (a plan or a list of a split's
-    stage plans)."""
-    if given is not None:
-        return given
-    return auto_limit(*plans) if isinstance(plans, (list, tuple)) else auto_limit(plans)
+def limit(given: int | None, *plans) -> int:
+    """`given` (`--prompt-steps`), or the `auto_limit` of `plans` (one, or a split's stages')."""
+    return auto_limit(*plans) if given is None else given
 
 
 def feed(step, ids: Sequence[int] | np.ndarray, start: int) -> None:

@@ -53,8 +53,8 @@ class SplitEngine(Engine):
         self.traffic = PrefillTraffic()
         # prompts up to this many tokens run as decode steps through every stage
         # (`prompt_steps`: the estimate sums the stages' prompt and step costs)
-        self.prompt_steps = prompt_steps.limit([m.plan for m in self.stages],
-                                               self.stages[0].options.prompt_steps)
+        self.prompt_steps = prompt_steps.limit(self.stages[0].options.prompt_steps,
+                                               *(m.plan for m in self.stages))
         self.n_step_prompts = 0  # prompts that ran as decode steps
         self._n_past = 0
         self._logits = np.zeros(sm.shape.n_vocab, np.float32)  # [n_vocab] f32 host copy
