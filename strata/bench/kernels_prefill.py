@@ -303,7 +303,8 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
-                           min_split=None, quick=False, tag="", min_blocks=None) -> dict:
+                           min_split=None, quick=False, tag="", min_blocks=None,
+                           combine=True) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
@@ -311,7 +312,8 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
     gives the fixed split of max_split keys the kernels used before the split followed the
     length); min_split: the shortest split (default: the launcher's); min_blocks: the
-    tensor-core kernel's launch bounds (default its own)."""
+    tensor-core kernel's launch bounds (default its own); combine=False: pass 1 alone (the
+    tensor-core kernel launched directly), to see what the combine launch costs."""
     from strata.cuda_kernels import attention, attention_stream
     from strata.plan import attn_split
     cuda = _cuda()
@@ -329,6 +331,8 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
                                         n_target=n_target, min_split=min_split)
     seq = cuda.to_device(np.array([length - 1], np.int32))
+    if not combine and min_blocks is None and variant != "tc_nolb":
+        min_blocks = attention_stream.MIN_BLOCKS[fmt]
     direct = variant == "tc_nolb" or min_blocks is not None
     if direct:
         kern = attention_stream.stream_kernel(fmt, hd, group, max_split, min_split,
@@ -345,6 +349,8 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
             if direct:
                 kern[(n_kv * attention_stream.n_sub(group), n_split), attention.THREADS, s](
                     q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
+                if not combine:
+                    continue
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
             else:
@@ -502,6 +508,11 @@ ENTRIES = {
         _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
         tag=f"_32k{tag}")
        for tag, target in (("", None), ("_t96", 96))},
+    # pass 1 alone (no combine launch) at 32K and a full 4K cache: what the combine costs
+    **{f"decode_attn_f16_{name}_pass1": functools.partial(
+        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), combine=False,
+        tag=f"_{name}_pass1")
+       for name, length in (("4k", 4096), ("32k", 32768))},
     # int8 KV: the tensor-core kernel (its rows widened to f16 in shared memory) against the
     # generic kernel it replaced there
     **{f"decode_attn_int8_{name}_{v}": functools.partial(

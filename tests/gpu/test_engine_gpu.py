@@ -198,6 +198,12 @@ def test_cpu_pool_misses_give_the_mapped_tokens(tmp_models):
                 f", tokens {pooled}; mapped {mapped}")
     assert hits.misses > 0 and eng.step.pool.n_experts == hits.misses
     assert pooled == mapped
+    eng.prompt_steps = len(PROMPT)  # the prompt as decode steps, its misses on the CPU too
+    n_pooled, n_steps = eng.step.pool.n_experts, eng.n_step_prompts
+    stepped, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    ROWS.append(f"cpu pool, prompt as steps: tokens {stepped}")
+    assert eng.n_step_prompts == n_steps + 1 and eng.step.pool.n_experts > n_pooled
+    assert stepped == mapped
     m.close()
 
 
