@@ -277,3 +277,74 @@ def test_decode_attention_picks_the_streaming_kernel():
             attention.decode_kernel(*case, wide=True)
     with pytest.raises(ValueError, match="longest split 100 not supported"):
         attention_stream.stream_kernel("f16", 128, 8, 100)
+
+
+@pytest.mark.parametrize("fmt,hd,n_kv,group", [("f16", 64, 2, 8), ("int8", 64, 1, 16),
+                                                ("f16", 128, 1, 3)])
+def test_decode_attention_in_one_launch(fmt, hd, n_kv, group, monkeypatch):
+    """With `sync`, pass 1 and the merge run as one kernel (`attention_merge`; the simulator runs
+    its two phases as two launches): the float64 reference's output and the two launches' at
+    lengths of one split, a partial split and several, a group of 16 (two blocks a KV head)
+    and of 3; the barrier words untouched in the simulator (no phase 2 there)."""
+    from strata.cuda_kernels import attention_merge
+    ran = []
+    real = attention_merge.launch
+    monkeypatch.setattr(attention_merge, "launch",
+                        lambda *a, **kw: ran.append(real(*a, **kw)) or ran[-1])
+    rng = np.random.default_rng(21)
+    n_ctx = 200
+    lay = kvcache.KvLayout(fmt, n_ctx=n_ctx, n_kv_head=n_kv, head_dim=hd)
+    k, kref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((n_ctx, n_kv, hd))
+                          * (1e-3 if fmt == "int8" else 1.0), rng)
+    q = rng.standard_normal((n_kv * group, hd)).astype(np.float32)
+    qd, seq = cuda.to_device(q), cuda.to_device(np.zeros(1, np.int32))
+    sync = cuda.to_device(np.zeros(2, np.int32))
+    parts = attention.allocate_partials(n_kv * group, hd, n_ctx, n_kv_head=n_kv, max_split=64,
+                                        n_target=4, min_split=16)
+    for length in (200, 65, 1):
+        seq.copy_to_device(np.array([length - 1], np.int32))
+        got = []
+        for s in (sync, None):
+            out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+            attention.decode_attention(qd, k, v, seq, out, parts, max_split=64, n_target=4,
+                                       min_split=16, wide=True, sync=s)
+            got.append(out.copy_to_host())
+        ref = attention_reference(q[None], kref, vref, length - 1)[0]
+        assert rel_err(got[0], ref) < 1e-5, length
+        assert rel_err(got[0], got[1]) < 1e-6, length
+    assert ran == [True] * 3  # the one-launch kernel ran where sync was given, only there
+    np.testing.assert_array_equal(sync.copy_to_host(), [0, 0])
+    with pytest.raises(ValueError, match="sync must be an int32"):
+        attention.decode_attention(qd, k, v, seq, out, parts, max_split=64, n_target=4,
+                                   min_split=16, sync=cuda.to_device(np.zeros(3, np.int32)))
+
+
+def test_merge_phase_merges_the_used_splits():
+    """The one-launch kernel's merge alone (phase 1) on random partials, against numpy: as
+    `test_combine_merges_the_used_splits`, with a grid smaller than the (head, 32 dims) units
+    (a block takes several) and splits past MERGE_EARLY a warp and past a thread each."""
+    from strata.cuda_kernels import attention_merge
+    rng = np.random.default_rng(13)
+    n_kv, group, hd, n_split = 1, 8, 64, 300
+    n_head, n_ctx = n_kv * group, n_split * 16
+    kern = attention_merge.merged_kernel("f16", hd, group, 256, 16)
+    lay = kvcache.KvLayout("f16", n_ctx=16, n_kv_head=n_kv, head_dim=hd)
+    k, _ = filled_side(lay, rng.standard_normal((16, n_kv, hd)), rng)
+    qd = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
+    assert attention_merge.MERGE_EARLY * attention_stream.WARPS < 70
+    for n_used in (1, 5, 70, 129, 290):
+        ml = np.full((n_split, n_head, 2), np.nan, np.float32)
+        po = np.full((n_split, n_head, hd), np.nan, np.float32)
+        ml[:n_used, :, 0] = rng.normal(0, 4, (n_used, n_head))
+        ml[:n_used, :, 1] = rng.uniform(1, 16, (n_used, n_head))
+        po[:n_used] = rng.standard_normal((n_used, n_head, hd))
+        w = np.exp(ml[:n_used, :, 0] - ml[:n_used, :, 0].max(0))
+        want = (w[:, :, None] * po[:n_used]).sum(0) / (w * ml[:n_used, :, 1]).sum(0)[:, None]
+        seq = cuda.to_device(np.array([16 * n_used - 1], np.int32))
+        out = cuda.to_device(np.full((n_head, hd), np.nan, np.float32))
+        kern[(1, 5), attention_stream.THREADS](
+            qd, k.data, k.scale, k.data, k.scale, seq, 1, n_ctx, n_split, np.float32(0.125),
+            cuda.to_device(po), cuda.to_device(ml), out, cuda.to_device(np.zeros(2, np.int32)),
+            1)
+        assert rel_err(out.copy_to_host(), want) < 1e-5, n_used
