@@ -344,6 +344,7 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     sync: int32 [2] device words, zero before their first use (`gridsync`): with the
     tensor-core kernel, pass 1 and the merge run in one cooperative launch (`attention_merge`)
     where the device holds the whole grid; None, or a grid too large, runs the two launches.
+    Returns whether the one launch ran.
     """
     lay = k.layout
     _check_pair(k, v)
@@ -381,10 +382,11 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
             and attention_merge.launch(args, out, sync, grid=(n_x, n_split), fmt=lay.fmt,
                                        head_dim=hd, group=group, max_split=max_split,
                                        min_split=min_split, stream=stream)):
-        return
+        return True
     kernel[(n_x, n_split), THREADS, stream](*args)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
+    return False
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

@@ -345,6 +345,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     scale = np.float32(1.0 / math.sqrt(hd))
     n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
     sync = cuda.to_device(np.zeros(2, np.int32)) if one_launch else None
+    ran = []  # whether the one launch ran (the GPU may not hold a long cache's grid)
 
     def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
@@ -356,10 +357,10 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
             else:
-                attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
-                                           max_split=max_split, n_target=n_target, stream=s,
-                                           wide=False if variant == "generic" else None,
-                                           min_split=min_split, sync=sync)
+                ran.append(attention.decode_attention(
+                    q, k, v, seq, out, parts, n_new=1, max_split=max_split, n_target=n_target,
+                    stream=s, wide=False if variant == "generic" else None,
+                    min_split=min_split, sync=sync))
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
@@ -367,7 +368,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
-            "timing": how, "kernel": _resources(kern),
+            "timing": how, "kernel": _resources(kern), "one_launch": bool(ran and all(ran)),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
 
