@@ -27,7 +27,7 @@ from numba import cuda, float32, int32
 
 from strata.plan import attn_split
 
-from . import attention_merge, attention_stream
+from . import attention_stream
 from .kvcache import KvSide, make_reader
 from .launch import factory_cache
 from .mma import shfl_xor
@@ -325,7 +325,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
-                     wide: bool | None = None, min_split: int | None = None, sync=None):
+                     wide: bool | None = None, min_split: int | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -341,10 +341,6 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     min_split: the shortest split where max_split allows it (a multiple of 16; None: the
     kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
     (`allocate_partials` with the same or a smaller one, e.g. its default).
-    sync: int32 [2] device words, zero before their first use (`gridsync`): with the
-    tensor-core kernel, pass 1 and the merge run in one cooperative launch (`attention_merge`)
-    where the device holds the whole grid; None, or a grid too large, runs the two launches.
-    Returns whether the one launch ran.
     """
     lay = k.layout
     _check_pair(k, v)
@@ -367,26 +363,16 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     _check_partials(partials, n_split, n_head, hd)
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
-    if sync is not None and (sync.dtype != np.int32 or tuple(sync.shape) != (2,)):
-        raise ValueError(f"sync must be an int32 [2] device array, got {sync.dtype} "
-                         f"{tuple(sync.shape)}")
     kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide,
                            min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     part_o, part_ml = partials
     n_x = lay.n_kv_head * kv_blocks(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
-    args = (q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
-            part_o, part_ml)
-    if (sync is not None and attention_merge.ONE_LAUNCH and _tensor_cores(lay.fmt, v.layout.fmt, hd, group, max_split, wide)
-            and lay.fmt == v.layout.fmt
-            and attention_merge.launch(args, out, sync, grid=(n_x, n_split), fmt=lay.fmt,
-                                       head_dim=hd, group=group, max_split=max_split,
-                                       min_split=min_split, stream=stream)):
-        return True
-    kernel[(n_x, n_split), THREADS, stream](*args)
+    kernel[(n_x, n_split), THREADS, stream](
+        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
+        part_o, part_ml)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
-    return False
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

@@ -82,14 +82,6 @@ def ring_words(head_dim: int) -> int:
     return WARPS * 2 * TILE * 2 * head_dim // 4
 
 
-def shared_lens(head_dim: int) -> tuple[int, int, int, int]:
-    """Lengths of the kernel's four shared arrays (4-byte elements): the slots (u32), the P
-    transposes [WARPS, 8, PS] (f32), the merge's statistics [WARPS, 8, 2] (f32) and Q^T's
-    fragments [head_dim / 16, 32 lanes, (b0, b1) hi, (b0, b1) lo] (u32)."""
-    return (ring_words(head_dim), WARPS * TILE_HEADS * PS, WARPS * TILE_HEADS * 2,
-            head_dim // 16 * 32 * 4)
-
-
 def shared_bytes(head_dim: int) -> int:
     """Static shared memory of the kernel: the slots, Q^T's fragments [head_dim / 16, 32, 4],
     the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes each."""
@@ -142,31 +134,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                   min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None):
     """Pass-1 kernel (grid (n_kv_head * n_sub(group), n_split), THREADS threads) for f16 or int8
     K/V (`fmt`); splits of at least min(min_split, max_split) and at most max_split keys, as the
-    launcher's rule makes them (any length: there is no shared score buffer). Its body is
-    `split_body`'s device function."""
-    min_blocks = MIN_BLOCKS[fmt] if min_blocks is None else min_blocks
-    body = split_body(fmt, head_dim, group, max_split, min_split)
-    N_RING, N_P, N_ML, N_Q = shared_lens(head_dim)
-
-    @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
-    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
-        ring = cuda.shared.array(N_RING, uint32)    # [WARPS, K|V, TILE, ROW] f16, swizzled
-        s_p = cuda.shared.array(N_P, float32)       # [WARPS, 8 heads, PS] P of a tile
-        s_ml = cuda.shared.array(N_ML, float32)     # [WARPS, 8 heads, max | sum]
-        s_q = cuda.shared.array(N_Q, uint32)        # B fragments of Q^T, read once a tile
-        body(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml,
-             ring, s_p, s_ml, s_q)
-
-    return kernel
-
-
-@factory_cache
-def split_body(fmt: str, head_dim: int, group: int, max_split: int,
-               min_split: int = attn_split.SPLIT_K_MIN):
-    """Pass 1 of one block as a device function of the kernel's arguments and its four shared
-    arrays (ring [ring_words] u32, s_p [WARPS * 8 * PS] f32, s_ml [WARPS * 8 * 2] f32, s_q
-    [head_dim / 16 * 128] u32); it returns at once in a block whose split the length leaves
-    empty.
+    launcher's rule makes them (any length: there is no shared score buffer).
 
     int8: a tile's rows are copied as they lie into the first half of their slot, then every
     lane widens the bytes it copied to f16 (exact: a byte over f16's 1024, less 1152) into the
@@ -177,6 +145,7 @@ def split_body(fmt: str, head_dim: int, group: int, max_split: int,
         raise ValueError(f"streaming decode attention: {fmt} KV, head_dim {head_dim}, group "
                          f"{group}, longest split {max_split} not supported")
     MAX_SPLIT, MIN_SPLIT = max_split, min_split
+    min_blocks = MIN_BLOCKS[fmt] if min_blocks is None else min_blocks
     INT8 = fmt == "int8"
     ROW = 2 * head_dim        # bytes of one f16 row in a slot
     SLOT = TILE * ROW         # bytes of one tile
@@ -188,6 +157,8 @@ def split_body(fmt: str, head_dim: int, group: int, max_split: int,
     N_GOT = 4 * NC            # words a lane copies a tile (int8: widened from registers)
     N_CH = head_dim // 16     # k-chunks of the score mma = m-tiles of P V
     N_ACC = 4 * N_CH          # P V accumulators per lane
+    N_RING, N_P, N_ML = ring_words(head_dim), WARPS * TILE_HEADS * PS, WARPS * TILE_HEADS * 2
+    N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_SUB = n_sub(group)
     EVEN_SUB = group % TILE_HEADS == 0  # every block a full n-tile: a constant head count
 
@@ -257,9 +228,8 @@ def split_body(fmt: str, head_dim: int, group: int, max_split: int,
             return hk, cuda.blockIdx.x * TILE_HEADS, TILE_HEADS
         return hk, hk * group + h_first, min(TILE_HEADS, group - h_first)
 
-    @cuda.jit(device=True, inline="always")
-    def body(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml,
-             ring, s_p, s_ml, s_q):
+    @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         split = cuda.blockIdx.y
         hk, q_first, n_heads = block_heads()
         tid = cuda.threadIdx.x
@@ -272,6 +242,10 @@ def split_body(fmt: str, head_dim: int, group: int, max_split: int,
         n_keys = int32(min(split_len, length - k0))
         if n_keys <= 0:
             return
+        ring = cuda.shared.array(N_RING, uint32)    # [WARPS, K|V, TILE, ROW] f16, swizzled
+        s_p = cuda.shared.array(N_P, float32)       # [WARPS, 8 heads, PS] P of a tile
+        s_ml = cuda.shared.array(N_ML, float32)     # [WARPS, 8 heads, max | sum]
+        s_q = cuda.shared.array(N_Q, uint32)        # B fragments of Q^T, read once a tile
         acc = cuda.local.array(N_ACC, float32)
         n_tiles = (n_keys + TILE - 1) // TILE
         base_s = smem_u32(ring)
@@ -459,4 +433,4 @@ def split_body(fmt: str, head_dim: int, group: int, max_split: int,
             part_o[split, q_first + h, d] = v
             o += THREADS
 
-    return body
+    return kernel

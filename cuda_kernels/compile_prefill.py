@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from numba import types as T
 
-from strata.plan import attn_split
-
-from . import (attention, attention_merge, attention_prefill, attention_prefill_gqa,
-               attention_stream, kvcache, route)
+from . import attention, attention_prefill, attention_prefill_gqa, attention_stream, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, SMALL_TC_TILE, tc_tile
@@ -53,8 +50,6 @@ def _fixed(kernel, sig):
 # qk_scale, part_o, part_ml
 _DECODE_ATTN_SIG = (T.float32[:, ::1], _U8, _F16, _U8, _F16, _I32, _I64, _I64, _I64, _F32,
                     T.float32[:, :, ::1], T.float32[:, :, ::1])
-# the one-launch kernel's: pass 1's, then out, the barrier's words and the phase
-_DECODE_ATTN_MERGED_SIG = _DECODE_ATTN_SIG + (T.float32[:, ::1], T.int32[::1], _I64)
 
 
 # Attention shapes the binary's bundle carries: head sizes and query heads per KV head of the
@@ -163,13 +158,6 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
                                                                attention.SPLIT_LEN),
                                 _DECODE_ATTN_SIG),
                          options=attention_stream.jit_options(attention_stream.MIN_BLOCKS[fmt]))
-            if full or (hd, group) == (128, 8):  # the one-launch kernel (its merge after pass 1)
-                register_ptx(family, f"decode_attn_{fmt}_merged_hd{hd}_g{group}",
-                             _fixed(attention_merge.merged_kernel(
-                                 fmt, hd, group, attention.SPLIT_LEN,
-                                 attn_split.SPLIT_K_MIN), _DECODE_ATTN_MERGED_SIG),
-                             options=attention_stream.jit_options(
-                                 attention_stream.MIN_BLOCKS[fmt]))
     for fmt in kvcache.KV_FORMATS:
         # the generic kernel where the tensor-core one does not apply (q4_0 KV)
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8), (128, 16)]

@@ -304,7 +304,7 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
                            min_split=None, quick=False, tag="", min_blocks=None,
-                           combine=True, one_launch=False) -> dict:
+                           combine=True) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
@@ -313,8 +313,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     gives the fixed split of max_split keys the kernels used before the split followed the
     length); min_split: the shortest split (default: the launcher's); min_blocks: the
     tensor-core kernel's launch bounds (default its own); combine=False: pass 1 alone (the
-    tensor-core kernel launched directly), to see what the combine launch costs; one_launch:
-    pass 1 and the merge in one launch (`attention_merge`, the launcher given its barrier)."""
+    tensor-core kernel launched directly), to see what the combine launch costs."""
     from strata.cuda_kernels import attention, attention_stream
     from strata.plan import attn_split
     cuda = _cuda()
@@ -344,8 +343,6 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
                                        min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
-    sync = cuda.to_device(np.zeros(2, np.int32)) if one_launch else None
-    ran = []  # whether the one launch ran (the GPU may not hold a long cache's grid)
 
     def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
@@ -357,10 +354,10 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
                 attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
                     *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
             else:
-                ran.append(attention.decode_attention(
-                    q, k, v, seq, out, parts, n_new=1, max_split=max_split, n_target=n_target,
-                    stream=s, wide=False if variant == "generic" else None,
-                    min_split=min_split, sync=sync))
+                attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
+                                           max_split=max_split, n_target=n_target, stream=s,
+                                           wide=False if variant == "generic" else None,
+                                           min_split=min_split)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
@@ -368,7 +365,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
-            "timing": how, "kernel": _resources(kern), "one_launch": bool(ran and all(ran)),
+            "timing": how, "kernel": _resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
 
@@ -511,13 +508,6 @@ ENTRIES = {
         _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
         tag=f"_32k{tag}")
        for tag, target in (("", None), ("_t96", 96))},
-    # pass 1 and the merge in one launch (`attention_merge`) at the D1 shape, a full 4K cache
-    # and 32K, f16 and int8
-    **{f"decode_attn_{fmt}_{name}_one": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt=fmt,
-        one_launch=True, tag=f"_{name}_one")
-       for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096),
-                                                       ("32k", 32768))},
     # pass 1 alone (no combine launch) at 32K and a full 4K cache: what the combine costs
     **{f"decode_attn_f16_{name}_pass1": functools.partial(
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), combine=False,

@@ -33,8 +33,7 @@ def table():
 class _Problem:
     """q, a cache of n_ctx positions all holding keys, the launch's device arguments."""
 
-    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split=None,
-                 one_launch: bool = False):
+    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split=None):
         from numba import cuda
 
         from strata.cuda_kernels import attention, kvcache
@@ -50,14 +49,11 @@ class _Problem:
         self.parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
                            attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv))
         self.min_split = min_split
-        # the grid barrier's words (zero once; the barrier leaves them reusable): one launch
-        self.sync = cuda.to_device(np.zeros(2, np.int32)) if one_launch else None
 
     def launch(self, stream, wide):
         from strata.cuda_kernels import attention
         attention.decode_attention(self.qd, self.k, self.v, self.seq, self.out, self.parts,
-                                   stream=stream, wide=wide, min_split=self.min_split,
-                                   sync=self.sync)
+                                   stream=stream, wide=wide, min_split=self.min_split)
 
     def set_length(self, length: int, stream) -> None:
         self.seq.copy_to_device(np.array([length - 1], np.int32), stream=stream)
@@ -95,61 +91,6 @@ def test_decode_attention_every_length(fmt, wide, group, min_split):
         p.set_length(length, stream)
         p.launch(stream, wide)
         p.check(name, length, stream)
-
-
-class _Spy:
-    """Counts attention_merge.launch's answers (True: the one launch ran)."""
-
-    def __init__(self, monkeypatch):
-        from strata.cuda_kernels import attention_merge
-        self.answers: list[bool] = []
-        real = attention_merge.launch
-
-        def spy(*a, **kw):
-            self.answers.append(real(*a, **kw))
-            return self.answers[-1]
-        monkeypatch.setattr(attention_merge, "launch", spy)
-
-
-@pytest.mark.parametrize("fmt,group,min_split", [("f16", 8, None), ("f16", 4, None),
-                                                 ("int8", 8, None), ("f16", 16, None),
-                                                 ("f16", 8, 16)])
-def test_one_launch_every_length(fmt, group, min_split, monkeypatch):
-    """Pass 1 and the merge in one cooperative launch (a grid barrier between them) give the
-    float64 reference's output at every length of a 4K cache, and the launch was not refused."""
-    from numba import cuda
-    spy = _Spy(monkeypatch)
-    p = _Problem(fmt, group, 4096, seed=group + 1, min_split=min_split, one_launch=True)
-    stream = cuda.stream()
-    for length in LENGTHS:
-        p.set_length(length, stream)
-        p.launch(stream, None)
-        p.check(f"one launch {fmt} g{group} m{min_split or 'auto'}", length, stream)
-    assert spy.answers == [True] * len(LENGTHS), f"one launch refused: {spy.answers}"
-
-
-@pytest.mark.parametrize("n_ctx", [4096, 32768])
-def test_one_launch_graph_replays_at_every_length(n_ctx, monkeypatch):
-    """The one launch captured in a graph at a short length replays right at other lengths
-    (the barrier's words serve every replay with no reset). At 32K the grid may be larger than
-    the GPU holds: then the two launches run, and the table says which ran."""
-    from numba import cuda
-
-    from strata.cuda_kernels.graph import capture
-    spy = _Spy(monkeypatch)
-    p = _Problem("f16", 8, n_ctx, seed=11, one_launch=True)
-    stream = cuda.stream()
-    p.set_length(600, stream)
-    p.launch(stream, None)
-    stream.synchronize()
-    graph = capture(lambda s: p.launch(s, None), stream)
-    kind = "one launch" if spy.answers[-1] else "two launches"
-    if n_ctx == 4096:
-        assert spy.answers == [True, True], spy.answers
-    for length in (600, 1, 17, n_ctx, 3000, 2):
-        p.set_length(length, stream)
-        graph.replay(stream)
-        p.check(f"graph {kind} f16 {n_ctx}", length, stream)
 
 
 @pytest.mark.parametrize("fmt,wide,n_ctx", [("f16", None, 32768), ("int8", None, 4096)])

@@ -182,8 +182,7 @@ class BatchStep:
                      stream=stream)
             decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
                              a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
-                             n_new=1, max_split=SPLIT_K_TOKENS, stream=stream,
-                             sync=a["grid_sync"][r])
+                             n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
 
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in
@@ -209,7 +208,7 @@ class BatchStep:
                 moe_decode_mixed(*args, layer=il, layout=layout, **row)
             else:  # float32 x, as the batched kernels: a row's bits alone and in a batch
                 moe_decode(*args, layer=il, layout=layout, accumulate=True, x8=False,
-                           sync=a["grid_sync"][r], **row)
+                           sync=a["moe_sync"][r], **row)
 
     # -- running -------------------------------------------------------------------------------
 

@@ -160,8 +160,7 @@ class DecodeStep:
             kv_write(self.k3, k_side, self.seq_len, stream=stream)
             kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream,
-                         sync=self.m.acts["grid_sync"][0])
+                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         self._route(il, stream)
@@ -216,7 +215,7 @@ class DecodeStep:
             moe_decode(self.xn1, a["topk_ids"][0], a["topk_weights"][0], layer=il,
                        layout=layout, accumulate=True,
                        route_logits=a["router_logits"][0] if self.moe_routes[il] else None,
-                       sync=a["grid_sync"][0], **where)
+                       sync=a["moe_sync"][0], **where)
 
     # -- running -------------------------------------------------------------------------------
 
