@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .intrinsics import ld_acquire_i32
+
 POLL_NS = np.uint32(32)  # a waiting block's pause between reads of the generation
 
 
@@ -27,7 +29,7 @@ def grid_sync(bar):
     if cuda.threadIdx.x == 0:
         # the generation is read before this block arrives (the fence orders the two): read
         # after, it could already be the next one and this block would wait for another
-        gen = cuda.atomic.add(bar, 1, 0)
+        gen = ld_acquire_i32(bar, 1)
         cuda.threadfence()  # also publishes the block's writes (the barrier above ordered them)
         n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
         if cuda.atomic.add(bar, 0, 1) == n_blocks - 1:
@@ -35,7 +37,9 @@ def grid_sync(bar):
             cuda.threadfence()
             cuda.atomic.add(bar, 1, 1)
         else:
-            while cuda.atomic.add(bar, 1, 0) == gen:
+            # plain acquire loads, not atomics: the waiting blocks' reads do not queue in the
+            # L2 behind each other and the arrivals' atomics
+            while ld_acquire_i32(bar, 1) == gen:
                 cuda.nanosleep(POLL_NS)
         cuda.threadfence()
     cuda.syncthreads()
