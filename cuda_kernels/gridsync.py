@@ -15,13 +15,13 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import ld_acquire_i32
+from .ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
 
 POLL_NS = np.uint32(32)  # a waiting block's pause between reads of the generation
 
 
 @cuda.jit(device=True, inline="always")
-def grid_sync(bar):
+def grid_sync_fenced(bar):
     """Wait until every block of the launch has called this; the writes of every block before
     it are visible to every block after it. bar: int32 [2] (see the module doc). The whole
     block calls this."""
@@ -29,7 +29,7 @@ def grid_sync(bar):
     if cuda.threadIdx.x == 0:
         # the generation is read before this block arrives (the fence orders the two): read
         # after, it could already be the next one and this block would wait for another
-        gen = ld_acquire_i32(bar, 1)
+        gen = cuda.atomic.add(bar, 1, 0)
         cuda.threadfence()  # also publishes the block's writes (the barrier above ordered them)
         n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
         if cuda.atomic.add(bar, 0, 1) == n_blocks - 1:
@@ -37,9 +37,30 @@ def grid_sync(bar):
             cuda.threadfence()
             cuda.atomic.add(bar, 1, 1)
         else:
-            # plain acquire loads, not atomics: the waiting blocks' reads do not queue in the
-            # L2 behind each other and the arrivals' atomics
-            while ld_acquire_i32(bar, 1) == gen:
+            while cuda.atomic.add(bar, 1, 0) == gen:
                 cuda.nanosleep(POLL_NS)
         cuda.threadfence()
     cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def grid_sync_ordered(bar):
+    """`grid_sync_fenced`'s barrier with its order in the instructions: the arrival an acq_rel
+    add (it publishes the block's writes, which the block barrier before it ordered, and the
+    last block sees every other's), the generation bumped by a release store and polled by
+    acquire loads; no full fence."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        gen = ld_acquire(bar, 1)  # before the arrival: the acq_rel add cannot move above it
+        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        if add_acq_rel(bar, 0, 1) == n_blocks - 1:
+            st_relaxed(bar, 0, 0)  # the release below orders it before the next arrivals
+            st_release(bar, 1, gen + 1)
+        else:
+            while ld_acquire(bar, 1) == gen:
+                cuda.nanosleep(POLL_NS)
+    cuda.syncthreads()
+
+
+ORDERED = True
+grid_sync = grid_sync_ordered if ORDERED else grid_sync_fenced

@@ -26,7 +26,7 @@ __all__ = [
     "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "ld_w4", "quad_max", "rint_i32", "ld_acquire_i32",
+    "ld_w4", "quad_max", "rint_i32",
 ]
 
 
@@ -34,7 +34,7 @@ if SIMULATED:
     from .intrinsics_sim import (  # noqa: F401 (re-exported)
         ld_u8, ld_u16, ld_u32, ld_u32_any, ld_nc_u32x4, ld_x4, ld_i64x2, prmt, h2f, u2f, f2u,
         dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32x2, funnel_r,
-        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32, ld_acquire_i32)
+        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -276,26 +276,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             vals = [builder.extract_value(res, i) for i in range(2)]
             return context.make_tuple(builder, ret, vals)
         return ret(a, off), codegen
-
-    @intrinsic
-    def ld_acquire_i32(typingctx, a, i):
-        """a[i] of an int32 array in global memory, one `ld.acquire.gpu` (a plain load, no
-        atomic): a flag another block sets is seen, with the writes before it, without the
-        read-modify-write an atomic read costs in the L2."""
-        if not (isinstance(a, types.Array) and a.dtype == types.int32
-                and isinstance(i, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            data = context.make_array(sig.args[0])(context, builder, value=args[0]).data
-            idx = builder.sext(args[1], _I64) if args[1].type.width < 64 else args[1]
-            addr = builder.ptrtoint(builder.gep(data, [idx]), _I64)
-            asm = ir.InlineAsm(
-                ir.FunctionType(_I32, [_I64]),
-                "{ .reg .u64 g; cvta.to.global.u64 g, $1; ld.acquire.gpu.global.b32 $0, [g]; }",
-                "=r,l,~{memory}", side_effect=True)
-            return builder.call(asm, [addr])
-        return types.int32(a, i), codegen
 
     @cuda.jit(device=True, inline="always")
     def funnel_r(lo, hi, sh):

@@ -15,13 +15,8 @@ __all__ = [
     "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "ld_i64x2", "prmt", "h2f",
     "u2f", "f2u", "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum",
     "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "st_x4", "quad_sum", "quad_max", "ld_w4",
-    "rint_i32", "ld_acquire_i32",
+    "rint_i32",
 ]
-
-
-def ld_acquire_i32(a, i):
-    """a[i] of an int32 array (the simulator's threads see every write at once)."""
-    return int(a[i])
 
 
 def ld_u8(a, off):

@@ -1,6 +1,7 @@
-"""What one barrier across the grid (`cuda_kernels.gridsync`) costs on this GPU, against the
-form it replaced (the waiting blocks polled the generation with atomic reads), at grids of one,
-two and four blocks an SM and the most the device holds at once.
+"""What one barrier across the grid costs on this GPU, at grids of one, two and four blocks an SM
+and the most the device holds at once: `gridsync`'s two forms (fenced: full fences and atomic
+reads of the generation; ordered: an acq_rel arrival, a release store, acquire polls), the
+ordered one polling with no pause, and a two-level one (the arrivals over 8 counters).
 
 A cooperative launch of rounds of two barriers and nothing else; the cost of one barrier is the
 time of 129 rounds less that of 33, over 192 barriers (the launch cancels; both long enough
@@ -18,27 +19,54 @@ import sys
 import numpy as np
 from numba import cuda
 
-from strata.cuda_kernels.gridsync import POLL_NS, grid_sync
+from strata.cuda_kernels.gridsync import POLL_NS, grid_sync_fenced, grid_sync_ordered
+from strata.cuda_kernels.ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
 
 THREADS = 128  # the MoE lane kernels' and decode attention's blocks
 
 
+N_SUB = 8  # the two-level barrier's first-level counters
+
+
 @cuda.jit(device=True, inline="always")
-def grid_sync_atomic_poll(bar):
-    """The barrier before 2026-12-04: the generation read and polled by atomic adds of 0."""
+def grid_sync_spin(bar):
+    """`grid_sync_ordered` polling with no pause."""
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
-        gen = cuda.atomic.add(bar, 1, 0)
-        cuda.threadfence()
+        gen = ld_acquire(bar, 1)
         n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
-        if cuda.atomic.add(bar, 0, 1) == n_blocks - 1:
-            cuda.atomic.exch(bar, 0, 0)
-            cuda.threadfence()
-            cuda.atomic.add(bar, 1, 1)
+        if add_acq_rel(bar, 0, 1) == n_blocks - 1:
+            st_relaxed(bar, 0, 0)
+            st_release(bar, 1, gen + 1)
         else:
-            while cuda.atomic.add(bar, 1, 0) == gen:
+            while ld_acquire(bar, 1) == gen:
+                pass
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def grid_sync_two_level(bar):
+    """`grid_sync_ordered` with the arrivals spread over N_SUB counters (bar[2:2 + N_SUB]):
+    block b counts at b % N_SUB, the last of each such group at bar[0], the last of those bumps
+    the generation. Fewer atomics queue at one word; two in turn for a group's last block."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        gen = ld_acquire(bar, 1)
+        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        b = cuda.blockIdx.x
+        sub = b % N_SUB
+        n_groups = min(n_blocks, N_SUB)
+        n_members = (n_blocks - 1 - sub) // N_SUB + 1
+        last = False
+        if add_acq_rel(bar, 2 + sub, 1) == n_members - 1:
+            st_relaxed(bar, 2 + sub, 0)
+            if add_acq_rel(bar, 0, 1) == n_groups - 1:
+                st_relaxed(bar, 0, 0)
+                st_release(bar, 1, gen + 1)
+                last = True
+        if not last:
+            while ld_acquire(bar, 1) == gen:
                 cuda.nanosleep(POLL_NS)
-        cuda.threadfence()
     cuda.syncthreads()
 
 
@@ -86,10 +114,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     n_sm = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rows, ok = [], True
-    for name, barrier in (("acquire poll (now)", grid_sync), ("atomic poll (before)",
-                                                              grid_sync_atomic_poll)):
+    for name, barrier in (("fenced", grid_sync_fenced), ("ordered", grid_sync_ordered),
+                          ("ordered spin", grid_sync_spin), ("two-level", grid_sync_two_level)):
         kern = _kernel(barrier)
-        bar = cuda.to_device(np.zeros(2, np.int32))
+        bar = cuda.to_device(np.zeros(2 + N_SUB, np.int32))
         seen0 = cuda.to_device(np.zeros(4097, np.int32))
         compiled = kern.compile(tuple(kern.typeof_pyval(x) for x in (bar, 1, 1, seen0)))
         compiled.cooperative = True
@@ -106,14 +134,15 @@ def main(argv=None) -> int:
             words, broken = bar.copy_to_host(), broken + int(seen.copy_to_host()[n_block])
             # 21 launches of 33 rounds and 21 of 129, two barriers a round
             want_gen = before + 2 * 21 * (33 + 129)
-            good = words[0] == 0 and words[1] == want_gen and broken == 0
+            good = (words[0] == 0 and words[1] == want_gen and not words[2:].any()
+                    and broken == 0)
             ok &= good
             us = (t_long - t_short) * 1e3 / (2 * 96)
             rows.append({"barrier": name, "n_block": n_block, "launch_33_rounds_us": t_short * 1e3,
                          "barrier_us": us, "words_ok": bool(good)})
-    print(f"{'barrier':<22} {'blocks':>6} {'33 rounds us':>13} {'a barrier us':>13}  words")
+    print(f"{'barrier':<14} {'blocks':>6} {'33 rounds us':>13} {'a barrier us':>13}  words")
     for r in rows:
-        print(f"{r['barrier']:<22} {r['n_block']:>6} {r['launch_33_rounds_us']:>13.2f} "
+        print(f"{r['barrier']:<14} {r['n_block']:>6} {r['launch_33_rounds_us']:>13.2f} "
               f"{r['barrier_us']:>13.3f}  {'ok' if r['words_ok'] else 'BROKEN'}")
     if a.json:
         sys.path.insert(0, __file__.rsplit("/", 1)[0])
