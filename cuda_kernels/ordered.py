@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from numba import config
 
-__all__ = ["ld_acquire", "st_release", "st_relaxed", "add_acq_rel"]
+__all__ = ["add_acq_rel", "ld_acquire", "st_relaxed", "st_release"]
 
 if config.ENABLE_CUDASIM:
     def ld_acquire(a, i):

@@ -1,7 +1,8 @@
 """What one barrier across the grid costs on this GPU, at grids of one, two and four blocks an SM
-and the most the device holds at once: `gridsync`'s two forms (fenced: full fences and atomic
-reads of the generation; ordered: an acq_rel arrival, a release store, acquire polls), the
-ordered one polling with no pause, and a two-level one (the arrivals over 8 counters).
+and the most the device holds at once: `gridsync.grid_sync` (ordered: an acq_rel arrival, a
+release store, acquire polls), the form it replaced (fenced: full fences, atomic reads of the
+generation), the ordered one polling with no pause, and a two-level one (the arrivals over 8
+counters).
 
 A cooperative launch of rounds of two barriers and nothing else; the cost of one barrier is the
 time of 129 rounds less that of 33, over 192 barriers (the launch cancels; both long enough
@@ -18,11 +19,30 @@ import sys
 
 import numpy as np
 from numba import cuda
-
-from strata.cuda_kernels.gridsync import POLL_NS, grid_sync_fenced, grid_sync_ordered
+from strata.cuda_kernels.gridsync import POLL_NS, grid_sync
 from strata.cuda_kernels.ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
 
 THREADS = 128  # the MoE lane kernels' and decode attention's blocks
+
+
+@cuda.jit(device=True, inline="always")
+def grid_sync_fenced(bar):
+    """`gridsync.grid_sync` before 2026-12-04: the generation read and polled by atomic adds of
+    0, full fences (`membar.gl`) around the arrival."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        gen = cuda.atomic.add(bar, 1, 0)
+        cuda.threadfence()
+        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        if cuda.atomic.add(bar, 0, 1) == n_blocks - 1:
+            cuda.atomic.exch(bar, 0, 0)
+            cuda.threadfence()
+            cuda.atomic.add(bar, 1, 1)
+        else:
+            while cuda.atomic.add(bar, 1, 0) == gen:
+                cuda.nanosleep(POLL_NS)
+        cuda.threadfence()
+    cuda.syncthreads()
 
 
 N_SUB = 8  # the two-level barrier's first-level counters
@@ -30,7 +50,7 @@ N_SUB = 8  # the two-level barrier's first-level counters
 
 @cuda.jit(device=True, inline="always")
 def grid_sync_spin(bar):
-    """`grid_sync_ordered` polling with no pause."""
+    """`gridsync.grid_sync` polling with no pause."""
     cuda.syncthreads()
     if cuda.threadIdx.x == 0:
         gen = ld_acquire(bar, 1)
@@ -46,7 +66,7 @@ def grid_sync_spin(bar):
 
 @cuda.jit(device=True, inline="always")
 def grid_sync_two_level(bar):
-    """`grid_sync_ordered` with the arrivals spread over N_SUB counters (bar[2:2 + N_SUB]):
+    """`gridsync.grid_sync` with the arrivals spread over N_SUB counters (bar[2:2 + N_SUB]):
     block b counts at b % N_SUB, the last of each such group at bar[0], the last of those bumps
     the generation. Fewer atomics queue at one word; two in turn for a group's last block."""
     cuda.syncthreads()
@@ -114,7 +134,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     n_sm = cuda.get_current_device().MULTIPROCESSOR_COUNT
     rows, ok = [], True
-    for name, barrier in (("fenced", grid_sync_fenced), ("ordered", grid_sync_ordered),
+    for name, barrier in (("fenced", grid_sync_fenced), ("ordered", grid_sync),
                           ("ordered spin", grid_sync_spin), ("two-level", grid_sync_two_level)):
         kern = _kernel(barrier)
         bar = cuda.to_device(np.zeros(2 + N_SUB, np.int32))
