@@ -42,4 +42,3 @@ def grid_sync(bar):
             while ld_acquire(bar, 1) == gen:
                 cuda.nanosleep(POLL_NS)
     cuda.syncthreads()
-
