@@ -22,7 +22,7 @@ from numba import cuda
 
 sys.path.insert(0, ".")
 from strata.bench.kernels import Ctx, moe_routing, moe_setup  # noqa: E402
-from strata.bench.kernels_prefill import _kv_sides  # noqa: E402
+from strata.bench.kernels_attention import _kv_sides  # noqa: E402
 from strata.cuda_kernels import attention, moe  # noqa: E402
 from strata.plan import attn_split  # noqa: E402
 

@@ -28,7 +28,7 @@ from numba.core.extending import intrinsic
 sys.path.insert(0, ".")
 from decode_parts import moe_case  # noqa: E402  (this folder: the script's, first on the path)
 from strata.bench.kernels import Ctx  # noqa: E402
-from strata.bench.kernels_prefill import _kv_sides  # noqa: E402
+from strata.bench.kernels_attention import _kv_sides  # noqa: E402
 from strata.cuda_kernels import attention, attention_stream, moe  # noqa: E402
 from strata.plan import attn_split  # noqa: E402
 

@@ -30,76 +30,15 @@ import time
 
 import numpy as np
 
+from .kernels_attention import ENTRIES as ATTENTION_ENTRIES
+from .timing import cuda_module, resources, time_graph_ms, time_ms  # noqa: F401 (probes)
+
 MOE = dict(n_tok=4096, d=2048, ff=768, n_exp=128, k_top=8)
-
-
-def _cuda():
-    from numba import cuda
-    return cuda
-
-
-def time_ms(fn, *, reps: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of `fn()` (device work enqueued on the default stream), event-timed."""
-    cuda = _cuda()
-    for _ in range(warmup):
-        fn()
-    cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = cuda.event(), cuda.event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return float(np.median(times))
-
-
-def time_graph_ms(fn, *, reps: int = 50) -> tuple[float, str]:
-    """Median ms of one replay of a CUDA graph capturing `fn(stream)`; falls back to event timing
-    of plain launches (then launch overhead is included) when capture is unavailable."""
-    cuda = _cuda()
-    try:
-        from cuda.bindings import driver as drv
-        s = cuda.stream()
-        fn(s)  # warm: compile and load outside the capture
-        s.synchronize()
-        h = s.handle
-        if not isinstance(h, drv.CUstream):
-            h = drv.CUstream(int(getattr(h, "value", h)))
-        n_inner = 20
-        with cuda.defer_cleanup():
-            _ok(drv.cuStreamBeginCapture(h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
-            for _ in range(n_inner):
-                fn(s)
-            graph = _ok(drv.cuStreamEndCapture(h))
-        gexec = _ok(drv.cuGraphInstantiate(graph, 0))
-        _ok(drv.cuGraphLaunch(gexec, h))
-        s.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = cuda.event(), cuda.event()
-            a.record(s)
-            _ok(drv.cuGraphLaunch(gexec, h))
-            b.record(s)
-            b.synchronize()
-            times.append(a.elapsed_time(b) / n_inner)
-        return float(np.median(times)), "graph"
-    except Exception as e:  # measured anyway, and labelled as launch-bound
-        print(f"  (graph capture unavailable: {type(e).__name__}: {e}; timing plain launches)")
-        return time_ms(lambda: fn(0), reps=reps), "launches"
-
-
-def _ok(res):
-    err, *rest = res if isinstance(res, tuple) else (res,)
-    if int(err) != 0:
-        raise RuntimeError(f"CUDA driver error {err}")
-    return rest[0] if len(rest) == 1 else rest
 
 
 def ceilings() -> dict:
     """Measured device ceilings: copy GB/s (read + write), streaming read GB/s, f16 TFLOP/s."""
-    cuda = _cuda()
+    cuda = cuda_module()
     n = 1 << 30  # 4 GiB of u32
     src = cuda.device_array(n, np.uint32)
     dst = cuda.device_array(n, np.uint32)
@@ -132,7 +71,7 @@ _KERNELS: dict = {}
 
 def _read_kernel():
     if "read" not in _KERNELS:
-        cuda = _cuda()
+        cuda = cuda_module()
 
         @cuda.jit
         def read(src, out):  # four independent sums: several loads in flight per thread
@@ -151,7 +90,7 @@ def _read_kernel():
 
 def _fill_random_u32(a, seed: int = 1):
     """Random device contents without a host round trip of the whole array."""
-    cuda = _cuda()
+    cuda = cuda_module()
     if "fill" not in _KERNELS:
         @cuda.jit
         def fill(a, seed):
@@ -185,16 +124,6 @@ def moe_inputs(rng, *, ggml_type="Q4_K", n_tok, d, ff, n_exp, k_top):
     return dict(buf=buf, base=base, ids=ids, w=w, x=x, type=q.ggml_type)
 
 
-def _resources(dispatcher) -> dict:
-    """Registers / local bytes per thread and static shared bytes of a compiled kernel."""
-    try:
-        return {"regs": max(dispatcher.get_regs_per_thread().values()),
-                "local_bytes": max(dispatcher.get_local_mem_per_thread().values()),
-                "shared_bytes": max(dispatcher.get_shared_mem_per_block().values())}
-    except Exception as e:
-        return {"resources": f"unavailable: {type(e).__name__}"}
-
-
 def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False, tile=None,
               split_loader: bool = True, **shape) -> dict:
     """Grouped expert GEMMs of one chunk (gate/up + SwiGLU, down), TFLOP/s. split_loader=False:
@@ -222,7 +151,7 @@ def bench_moe(*, tensor_cores: bool = True, ggml_type: str = "Q4_K", quick=False
 def _bench_moe(*, tensor_cores, ggml_type, quick, tile, **shape) -> dict:
     from strata.cuda_kernels import matmul, route
     from strata.cuda_kernels.matmul_tiles import FMA_TILE, tc_tile
-    cuda = _cuda()
+    cuda = cuda_module()
     s = dict(MOE, **shape)
     inp = moe_inputs(np.random.default_rng(0), ggml_type=ggml_type, **s)
     tile = tile or (tc_tile(inp["type"]) if tensor_cores else FMA_TILE)
@@ -260,7 +189,7 @@ def _bench_moe(*, tensor_cores, ggml_type, quick, tile, **shape) -> dict:
                   + f"_rt{tile.row_threads}" + ("_skip" if tile.skip_pad else "")
                   + f"_a{tile.a_stages}")
     return {"name": f"moe_{ggml_type}_{'tc' if tensor_cores else 'fma'}_{label}", **s,
-            "gate_up_kernel": _resources(kern), "down_kernel": _resources(kern_dn),
+            "gate_up_kernel": resources(kern), "down_kernel": resources(kern_dn),
             "gate_up_ms": t_gu, "down_ms": t_dn, "route_ms": t_rt, "combine_ms": t_cb,
             "tflops": flops / ((t_gu + t_dn) * 1e9),
             "weight_gb": inp["buf"].nbytes / 1e9}
@@ -271,7 +200,7 @@ def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", x_half=F
     from strata.cuda_kernels import matmul
     from strata.quant.random_blocks import random_blocks
     from strata.quant.types import quant_type
-    cuda = _cuda()
+    cuda = cuda_module()
     q = quant_type(ggml_type)
     rng = np.random.default_rng(1)
     raw = random_blocks(q.ggml_type, n_out * q.row_bytes(n_in) // q.block_bytes, rng).reshape(-1)
@@ -285,150 +214,6 @@ def bench_dense(*, n_tok=4096, n_in=2048, n_out=4096, ggml_type="Q8_0", x_half=F
     return {"name": f"dense_{ggml_type}_tc" + ("_f16in" if x_half else "") + lb, "n_tok": n_tok,
             "n_in": n_in, "n_out": n_out,
             "ms": t, "tflops": 2 * n_tok * n_in * n_out / (t * 1e9)}
-
-
-def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
-    from strata.cuda_kernels import kvcache
-    cuda = _cuda()
-    lay = kvcache.KvLayout(fmt, n_ctx, n_kv, hd)
-    sides = []
-    for _ in range(2):
-        side = kvcache.allocate_kv_side(lay)
-        seq = cuda.to_device(np.zeros(1, np.int32))
-        src = cuda.to_device(rng.standard_normal((length, n_kv, hd)).astype(np.float32))
-        kvcache.kv_write(src, side, seq)
-        sides.append(side)
-    return lay, sides
-
-
-def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
-                           max_split=None, n_target=None, variant="auto", n_layer=2,
-                           min_split=None, quick=False, tag="", min_blocks=None,
-                           combine=True) -> dict:
-    """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
-    L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
-    positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
-    the launcher picks), "generic" (the FMA kernel), "tc_nolb" (the tensor-core f16 kernel
-    without launch bounds). n_target: splits aimed at (default: the launcher's, from n_kv; 1
-    gives the fixed split of max_split keys the kernels used before the split followed the
-    length); min_split: the shortest split (default: the launcher's); min_blocks: the
-    tensor-core kernel's launch bounds (default its own); combine=False: pass 1 alone (the
-    tensor-core kernel launched directly), to see what the combine launch costs."""
-    from strata.cuda_kernels import attention, attention_stream
-    from strata.plan import attn_split
-    cuda = _cuda()
-    rng = np.random.default_rng(2)
-    length = n_ctx if length is None else length
-    layers = [_kv_sides(fmt, n_ctx, n_kv, hd, length, rng) for _ in range(n_layer)]
-    lay = layers[0][0]
-    q = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
-    out = cuda.device_array((n_head, hd), np.float32)
-    max_split = max_split or attention.SPLIT_LEN
-    n_target = n_target or attn_split.split_target(n_kv)
-    group = n_head // n_kv
-    min_split = min_split or attention.min_split_for(  # tc_nolb: the tensor-core kernel's
-        fmt, fmt, hd, group, max_split, wide=False if variant == "generic" else None)
-    parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,
-                                        n_target=n_target, min_split=min_split)
-    seq = cuda.to_device(np.array([length - 1], np.int32))
-    if not combine and min_blocks is None and variant != "tc_nolb":
-        min_blocks = attention_stream.MIN_BLOCKS[fmt]
-    direct = variant == "tc_nolb" or min_blocks is not None
-    if direct:
-        kern = attention_stream.stream_kernel(fmt, hd, group, max_split, min_split,
-                                              0 if variant == "tc_nolb" else min_blocks)
-    else:
-        kern = attention.decode_kernel(fmt, fmt, hd, group, max_split,
-                                       wide=False if variant == "generic" else None,
-                                       min_split=min_split)
-    scale = np.float32(1.0 / math.sqrt(hd))
-    n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
-
-    def step(s):  # the launcher's launches, with the chosen pass-1 kernel
-        for _, (k, v) in layers:
-            if direct:
-                kern[(n_kv * attention_stream.n_sub(group), n_split), attention.THREADS, s](
-                    q, k.data, k.scale, v.data, v.scale, seq, 1, n_ctx, n_target, scale, *parts)
-                if not combine:
-                    continue
-                attention._combine[(n_head, hd // 32), attention.COMBINE_THREADS, s](
-                    *parts, seq, 1, n_ctx, n_target, max_split, min_split, out)
-            else:
-                attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
-                                           max_split=max_split, n_target=n_target, stream=s,
-                                           wide=False if variant == "generic" else None,
-                                           min_split=min_split)
-    ms, how = time_graph_ms(step, reps=10 if quick else 50)
-    ms /= n_layer
-    n_bytes = 2 * length * lay.bytes_per_token
-    return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
-            "length": length, "n_target": n_target, "min_split": min_split,
-            "split_len": attn_split.split_len(length, n_target, max_split, min_split),
-            "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
-            "timing": how, "kernel": _resources(kern),
-            "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
-
-
-def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, hd=128,
-                            variant="base", warps=None, bkv=None, min_blocks=None, quick=False,
-                            tag="") -> dict:
-    """Causal prefill attention of an n_q-token chunk over `start` cached tokens, TFLOP/s of the
-    unmasked work. variant "base" (a block per head) or "gqa" (K/V tiles shared by a KV head's
-    query heads: warps, bkv, min_blocks its launch knobs; None: the module's defaults)."""
-    from strata.cuda_kernels import attention_prefill
-    from strata.cuda_kernels import attention_prefill_gqa as gqa
-    cuda = _cuda()
-    rng = np.random.default_rng(3)
-    _, (k, v) = _kv_sides(fmt, start + n_q, n_kv, hd, start + n_q, rng)
-    q = cuda.to_device(rng.standard_normal((n_q, n_head, hd)).astype(np.float32))
-    out = cuda.device_array((n_q, n_head, hd), np.float32)
-    seq = cuda.to_device(np.array([start], np.int32))
-    if variant == "gqa":
-        warps, bkv = warps or gqa.WARPS, bkv or gqa.fit_bkv(hd)
-        hb, tw = gqa.block_shape(n_head // n_kv, warps)
-        if min_blocks is None:
-            min_blocks = gqa.default_min_blocks(hb * tw)
-        kern = gqa.gqa_kernel(fmt, fmt, hd, hb, tw, bkv, min_blocks)
-        run = functools.partial(gqa.prefill_attention_gqa, warps=warps, bkv=bkv,
-                                min_blocks=min_blocks)
-    else:
-        warps, bkv = warps or attention_prefill.WARPS, bkv or attention_prefill.BKV
-        kern = attention_prefill._prefill_kernel(fmt, fmt, hd, warps, bkv)
-        run = functools.partial(attention_prefill.prefill_attention, warps=warps, bkv=bkv)
-    t = time_ms(lambda: run(q, k, v, seq, out), reps=3 if quick else 10)
-    flops = attention_prefill.attention_flops(n_q, start, n_head, hd)
-    name = f"prefill_attn_{fmt}" + ("" if variant == "base" else f"_{variant}") + tag
-    return {"name": name, "n_q": n_q, "start": start, "warps": warps, "bkv": bkv,
-            "min_blocks": min_blocks, "ms": t, "kernel": _resources(kern),
-            "tflops": flops / (t * 1e9)}
-
-
-def _prefill_attn_entries() -> dict:
-    """Base and GQA-shared kernels at 4096 tokens (f16, int8) and 16384 (f16), and the GQA
-    kernel's knobs against its default (8 warps bounded to 2 blocks an SM) at 4096: 4 warps (3
-    blocks an SM), 8 warps unbounded, 16-key tiles."""
-    e = {}
-    for fmt, n_q, tag in (("f16", 4096, ""), ("f16", 16384, "_16k"), ("int8", 4096, "")):
-        for variant in ("base", "gqa"):
-            name = f"prefill_attn_{fmt}" + ("" if variant == "base" else "_gqa") + tag
-            e[name] = functools.partial(_prefill_attn, fmt=fmt, n_q=n_q, variant=variant,
-                                        tag=tag)
-    for tag, knobs in (("_w4", dict(warps=4)), ("_w8nolb", dict(warps=8, min_blocks=0)),
-                       ("_k16", dict(bkv=16))):
-        e[f"prefill_attn_f16_gqa{tag}"] = functools.partial(_prefill_attn, variant="gqa",
-                                                             tag=tag, **knobs)
-    return e
-
-
-def _prefill_attn(quick, **kw):
-    return bench_prefill_attention(quick=quick, **kw)
-
-
-def _decode_attn_4k(quick, *, length, n_target, tag, min_split=None, n_ctx=4096, fmt="f16",
-                    **knobs):
-    return bench_decode_attention(fmt=fmt, n_ctx=n_ctx, length=length, n_target=n_target,
-                                  n_layer=48 if n_ctx <= 4096 else 2, min_split=min_split,
-                                  quick=quick, tag=tag, **knobs)
 
 
 def _moe_loader(quick, *, ggml_type, split_loader):
@@ -482,58 +267,7 @@ ENTRIES = {
     "moe_q4k_fma": lambda quick: bench_moe(tensor_cores=False, quick=quick),
     "dense_q8_0_tc": lambda quick: bench_dense(quick=quick),
     "dense_q8_0_tc_f16in": lambda quick: bench_dense(x_half=True, quick=quick),
-    "decode_attn_f16": lambda quick: bench_decode_attention(fmt="f16", quick=quick),
-    # the D1 decode's shape: ~600 live keys in a 4K cache, and a full 4K cache, over 48 layers
-    # (the 30B's; past the L2); "_fixed": one split aimed at, i.e. the fixed 256-key split of
-    # before the split followed the length, for the comparison in one run
-    **{f"decode_attn_f16_{name}{fixed}": functools.partial(
-        _decode_attn_4k, length=length, n_target=1 if fixed else None, tag=f"_{name}{fixed}")
-       for name, length in (("600", 600), ("4k", 4096)) for fixed in ("", "_fixed")},
-    # splits of at least 16 or 64 keys (64, the default, gives each of the tensor-core
-    # kernel's four warps a tile)
-    **{f"decode_attn_{fmt}_{name}_m{m}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, min_split=m, n_ctx=max(4096, length),
-        fmt=fmt, tag=f"_{name}_m{m}")
-       for fmt in ("f16", "int8") for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for m in (16, 64, 128)},
-    # the tensor-core kernel's launch bounds against its default at the D1 shape, a full 4K
-    # cache and 32K
-    **{f"decode_attn_f16_{name}_lb{lb}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), min_blocks=lb,
-        tag=f"_{name}_lb{lb}")
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768)) for lb in (4, 0)},
-    # longer splits at 32K (the streaming kernel keeps no score buffer): 64 splits a KV head of
-    # 512 keys (256 blocks) and 94 of 352, against 128 of 256
-    **{f"decode_attn_f16_32k_s512{tag}": functools.partial(
-        _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
-        tag=f"_32k{tag}")
-       for tag, target in (("", None), ("_t96", 96))},
-    # pass 1 alone (no combine launch) at 32K and a full 4K cache: what the combine costs
-    **{f"decode_attn_f16_{name}_pass1": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), combine=False,
-        tag=f"_{name}_pass1")
-       for name, length in (("4k", 4096), ("32k", 32768))},
-    # int8 KV: the tensor-core kernel (its rows widened to f16 in shared memory) against the
-    # generic kernel it replaced there
-    **{f"decode_attn_int8_{name}_{v}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt="int8",
-        variant=v, tag=f"_{name}")
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for v in ("auto", "generic")},
-    # Qwen3-235B's shape (64 query heads over 4 KV heads: a group of 16): the tensor-core kernel
-    # (two blocks a KV head, 8 query heads each) against the generic kernel
-    **{f"decode_attn_{fmt}_g16_{name}_{v}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), fmt=fmt,
-        variant=v, n_head=64, tag=f"_g16_{name}")
-       for fmt in ("f16", "int8") for name, length in (("4k", 4096), ("32k", 32768))
-       for v in ("auto", "generic")},
-    "decode_attn_f16_tc_nolb": lambda quick: bench_decode_attention(fmt="f16", variant="tc_nolb",
-                                                                    quick=quick),
-    "decode_attn_f16_generic": lambda quick: bench_decode_attention(fmt="f16", variant="generic",
-                                                                    quick=quick),
-    "decode_attn_int8": lambda quick: bench_decode_attention(fmt="int8", quick=quick),
-    "decode_attn_q4_0": lambda quick: bench_decode_attention(fmt="q4_0", quick=quick),
-    **_prefill_attn_entries(),
+    **ATTENTION_ENTRIES,
 }
 
 
@@ -576,7 +310,7 @@ def main(argv=None) -> int:
                    "comma-separated, or an exact name with a trailing '$')")
     p.add_argument("--commit", help="commit id to record (default: git rev-parse HEAD)")
     a = p.parse_args(argv)
-    cuda = _cuda()
+    cuda = cuda_module()
     dev = cuda.get_current_device()
     ceil = ceilings()
     rows = []
