@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = options_from_args(args)
     split = split_from_args(args)
+    mf = open_model(args.model)  # a wrong path is named before any question about GPUs
     devices, notes = _devices(args)
-    mf = open_model(args.model)
     shape = mf.shape
     profile = load_profile(mf.metadata, shape.n_layer, shape.n_expert, args.profile)
     if len(devices) > 1:

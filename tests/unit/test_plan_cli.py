@@ -146,6 +146,10 @@ def test_no_gpu_suggests_gpu_mem(capsys, small, monkeypatch):
     assert main(["plan", "-m", small]) == 1
     err = capsys.readouterr().err
     assert "no NVIDIA GPU found" in err and "--gpu-mem 16GiB" in err
+    # a missing file is what is wrong, even where there is no GPU
+    assert main(["plan", "-m", "/nonexistent/model.gguf"]) == 1
+    err = capsys.readouterr().err
+    assert "/nonexistent/model.gguf" in err and "no NVIDIA GPU" not in err
 
 
 def test_table_output_and_wddm_warning(capsys, small):
