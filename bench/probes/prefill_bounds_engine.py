@@ -19,17 +19,17 @@ from ab_engine import finish, time_prompt
 def main() -> int:
     path, out = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-    from strata.cuda_kernels import matmul_tiles
+    from strata.cuda_kernels import tile_shapes  # tc_tile reads its TC_TILE
     from strata.engine import load_engine
     from strata.gguf import open_model
 
     model = open_model(path)
     prompt = np.random.default_rng(0).integers(0, model.shape.n_vocab, 4096).tolist()
     eng = load_engine(model, "cuda", max_context=4608)
-    default = matmul_tiles.TC_TILE
+    default = tile_shapes.TC_TILE
     rows, logits = [], {}
     for mb in (2, 0, 2, 0):
-        matmul_tiles.TC_TILE = dataclasses.replace(default, min_blocks=mb)
+        tile_shapes.TC_TILE = dataclasses.replace(default, min_blocks=mb)
         eng.reset()
         logits.setdefault(mb, np.array(eng.prefill(prompt), copy=True))  # warm-up (compiles)
         eng.synchronize()
@@ -39,7 +39,7 @@ def main() -> int:
                      "median_tok_s": round(statistics.median(rates), 1),
                      "median_prefill_call_s": round(statistics.median(enq), 4)})
         print(rows[-1], flush=True)
-    matmul_tiles.TC_TILE = default
+    tile_shapes.TC_TILE = default
     same = bool(np.array_equal(logits[2], logits[0]))
     return finish(eng, out, "prefill_bounds_engine.py", same, prompt_tokens=len(prompt),
                   rows=rows)

@@ -244,7 +244,7 @@ ENTRIES = {
     # the default tile without its launch bounds (one block an SM where ptxas takes > 128 regs)
     "moe_q4k_tc_lb0": lambda quick: _moe_tile(quick, ggml_type="Q4_K", row_threads=1,
                                               skip_pad=False, min_blocks=0),
-    # the per-format settings (matmul_tiles.FORMAT_TILE) against the other choices
+    # the per-format settings (tile_shapes.FORMAT_TILE) against the other choices
     **{f"moe_{fmt.lower()}_tc_rt{rt}{'_skip' if skip else ''}": functools.partial(
         _moe_tile, ggml_type=fmt, row_threads=rt, skip_pad=skip)
        for fmt in ("Q4_K", "Q8_0") for rt in (1, 2) for skip in (False, True)},

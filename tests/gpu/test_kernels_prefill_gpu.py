@@ -75,7 +75,7 @@ def _run_moe(inp, s, *, tensor_cores, gate_type=None, down_type=None, tile=None)
     buf = cuda.to_device(inp["buf"])
     types = {"gate": gate_type or inp["type"], "up": gate_type or inp["type"],
              "down": down_type or inp["type"]}
-    # None: each launch takes its format's default tile (matmul_tiles.tc_tile), as the engine
+    # None: each launch takes its format's default tile (tile_shapes.tc_tile), as the engine
     tile = tile or (None if tensor_cores else FMA_TILE)
     rows = (tile or TC_TILE).bm
     qw = {k: matmul.QuantWeights(buf, cuda.to_device(inp["base"][k]), int(types[k]),

@@ -77,7 +77,7 @@ def test_fragment_and_pipeline_variants_agree(gate_type):
 @pytest.mark.parametrize("gate_type", [T.Q4_K, T.Q5_K, T.Q8_0, T.IQ4_XS])
 @pytest.mark.parametrize("row_threads,skip_pad", [(1, False), (1, True), (2, False)])
 def test_row_threads_and_pad_skipping_choices_agree(gate_type, row_threads, skip_pad):
-    """The per-format settings (matmul_tiles.FORMAT_TILE) are kernel choices, not semantics:
+    """The per-format settings (tile_shapes.FORMAT_TILE) are kernel choices, not semantics:
     one or two threads a weight row, padding tiles' MMAs skipped or issued, all give the
     reference's h (the default, two threads and skipping, is covered above)."""
     rng = np.random.default_rng(13)

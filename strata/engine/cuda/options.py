@@ -39,7 +39,7 @@ class CudaOptions:
     `prefill_attention`: the prompt path's causal attention kernel, "gqa" (each K/V tile shared
     by a KV head's query heads: 2.1-2.4x the other at 4K-16K f16 on the H200) or "base" (a
     block per query head; kept for A/B runs); `prefill_small_tiles`: a chunk whose experts get
-    a few rows each runs its grouped GEMMs on 16-row tiles (`matmul_tiles.SMALL_TC_TILE`;
+    a few rows each runs its grouped GEMMs on 16-row tiles (`tile_shapes.SMALL_TC_TILE`;
     off until timed on a GPU); `prompt_steps`: prompts of up to this many tokens run as decode
     steps, one token each, instead of the prompt path (0: never; None: the plan's estimate of
     where steps win, `strata.engine.cuda.prompt_steps`)."""
