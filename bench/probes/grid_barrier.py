@@ -19,6 +19,7 @@ import sys
 
 import numpy as np
 from numba import cuda
+
 from strata.cuda_kernels.gridsync import POLL_NS, grid_sync
 from strata.cuda_kernels.ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
 
