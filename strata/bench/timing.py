@@ -7,6 +7,7 @@ import numpy as np
 
 
 def cuda_module():
+    """numba.cuda, imported at first use (the runner lists its benchmarks without it)."""
     from numba import cuda
     return cuda
 
