@@ -99,9 +99,11 @@ class _NoLaunch:
         return lambda *a: None
 
 
-def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8):
+def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
     """`record(stream)`: one token's MoE decode over n_layer layers of a VRAM cache holding every
-    expert (random weights, gate/up format gu, down dn), k of n_expert experts a layer."""
+    expert (random weights, gate/up format gu, down dn), k of n_expert experts a layer; fused:
+    given the barrier's words, as the engine does, so gate/up and down run as one launch
+    (`moe_fused`) where the formats allow."""
     lay, cache, slot_table, slot_off, host_off = moe_setup(
         ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
     ids, wts = moe_routing(ctx, n_layer, n_expert, k)
@@ -110,13 +112,14 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8):
     y = ctx.cuda.device_array(lay.n_embd, np.float32)
     miss = ctx.cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
+    sync = ctx.upload(np.zeros(2, np.int32)) if fused else None  # [2] i32
 
     def record(s):
         for layer in range(n_layer):
             moe.moe_decode(x, ids[layer], wts[layer], layer=layer, layout=lay,
                            slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
                            host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
-                           stream=s)
+                           sync=sync, stream=s)
     return record
 
 
