@@ -108,6 +108,47 @@ def test_kernel_key_refuses_values_without_stable_text():
         kernel_key(k)
 
 
+_SCALE = 2
+
+
+def _helper(x):
+    return x + 1
+
+
+def _other_helper(x):
+    return x - 1
+
+
+def _kernel_with_globals(x):
+    return _helper(x) * _SCALE
+
+
+def test_kernel_key_follows_the_globals_a_kernel_names(monkeypatch):
+    """A function or constant the kernel names at module level is compiled into it, so it is
+    in the key: swapping either changes the key, putting it back restores it."""
+    module, original = sys.modules[__name__], _helper
+    key = kernel_key(_kernel_with_globals)
+    monkeypatch.setattr(module, "_helper", _other_helper)
+    assert kernel_key(_kernel_with_globals) != key
+    monkeypatch.setattr(module, "_helper", original)
+    assert kernel_key(_kernel_with_globals) == key
+    monkeypatch.setattr(module, "_SCALE", 3)
+    assert kernel_key(_kernel_with_globals) != key
+
+
+def test_fused_moe_key_follows_its_grid_barrier(monkeypatch):
+    """The fused MoE kernel calls the barrier as a module global of moe_fused: a new barrier
+    alone must give the kernel a new key (a build reusing an older bundle's image would
+    otherwise ship the old barrier)."""
+    from strata.cuda_kernels import intrinsics, moe_fused
+    from strata.cuda_kernels.lanes import LANE_FORMATS
+    from gguf import GGMLQuantizationType as T
+    lf = LANE_FORMATS[int(T.Q4_K)]
+    key = kernel_key(moe_fused._fused(lf, lf).py_func)
+    monkeypatch.setattr(moe_fused, "grid_sync", intrinsics.warp_sum)  # any other device fn
+    assert kernel_key(moe_fused._fused(lf, lf).py_func) != key
+
+
 def test_kernel_key_is_the_same_in_another_process():
     code = textwrap.dedent("""
         from strata.aot.identity import kernel_key, signature_key
