@@ -12,11 +12,11 @@ simulator (one thread at a time, every write seen at once) each is the plain acc
 
 from __future__ import annotations
 
-from numba import config
+from .intrinsics import SIMULATED
 
 __all__ = ["add_acq_rel", "ld_acquire", "st_relaxed", "st_release"]
 
-if config.ENABLE_CUDASIM:
+if SIMULATED:
     def ld_acquire(a, i):
         """a[i]."""
         return int(a[i])

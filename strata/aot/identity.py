@@ -36,7 +36,7 @@ def kernel_key(py_func: Callable[..., Any]) -> str:
     globals it names)."""
     h = hashlib.sha256()
     own = {"strata", (py_func.__module__ or "").split(".")[0]}
-    _feed_function(h, py_func, depth=0, walk=_Walk(own, set()))
+    _feed_function(h, py_func, depth=0, walk=_Walk(own))
     return f"{py_func.__module__}:{py_func.__qualname__}:{h.hexdigest()[:KEY_HEX]}"
 
 
@@ -46,8 +46,8 @@ class _Walk:
 
     __slots__ = ("own", "seen")
 
-    def __init__(self, own: set[str], seen: set[int]):
-        self.own, self.seen = own, seen
+    def __init__(self, own: set[str]):
+        self.own, self.seen = own, set()
 
     def follows(self, fn) -> bool:
         return (getattr(fn, "__module__", None) or "").split(".")[0] in self.own

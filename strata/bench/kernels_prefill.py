@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from .kernels_attention import ENTRIES as ATTENTION_ENTRIES
-from .timing import cuda_module, resources, time_graph_ms, time_ms  # noqa: F401 (probes)
+from .timing import cuda_module, resources, time_ms
 
 MOE = dict(n_tok=4096, d=2048, ff=768, n_exp=128, k_top=8)
 
