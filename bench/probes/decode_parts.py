@@ -120,6 +120,7 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
                            slot_table=slot_table, cache=cache, slot_off=slot_off, host=cache,
                            host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
                            sync=sync, stream=s)
+    record.out = y  # the last layer's output (a probe compares variants by it)
     return record
 
 

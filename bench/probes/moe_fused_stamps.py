@@ -13,6 +13,7 @@ the stamps of the block that ends last.
 
 Run from the repository root on a GPU machine: `python bench/probes/moe_fused_stamps.py`.
 """
+import argparse
 import sys
 
 import numpy as np
@@ -29,9 +30,13 @@ MARKS = [("s_where, s_base, phase != 1)", "after", 8),
          ("up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)", "after", 12),
          ("last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)", "after", 12),
          ("grid_sync(bar)  # every block's h written", "after", 16),
+         ("cuda.syncthreads()  # h staged", "after", 12),
          ("dn_finish(acc_a, acc_b, s_part", "after", 16)]
 NAMES = ["start", "experts resolved", "gate/up items done", "first down loads issued",
-         "barrier passed", "its row blocks' units done", "end"]
+         "barrier passed", "h staged", "its row blocks' units done", "end"]
+# the barrier after h's staging, marked (the kernel's own line has no text of its own)
+H_STAGED = (("s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()",
+             "s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()  # h staged"),)
 MAX_BLOCKS = 1024  # stamp rows a launch (the fused grid: at most what the GPU holds at once)
 
 
@@ -80,7 +85,7 @@ class _Stamped:
 
 def fused_stamps(ctx, gu: str, dn: str, n_layer: int = 12) -> None:
     factory, n_st = stamped(moe_fused._fused, "def moe_fused_lanes(", MARKS,
-                            "return moe_fused_lanes")
+                            "return moe_fused_lanes", H_STAGED)
     assert n_st == len(NAMES), (n_st, NAMES)
     st = cuda.to_device(np.zeros((n_layer, MAX_BLOCKS, n_st, 2), np.int64))
     made = {}
@@ -105,6 +110,14 @@ def fused_stamps(ctx, gu: str, dn: str, n_layer: int = 12) -> None:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prefetch-down", type=int, default=moe_fused.PREFETCH_DOWN)
+    ap.add_argument("--prefetch-gu", type=int, default=int(moe_fused.PREFETCH_GU))
+    a = ap.parse_args()
+    # the stamped copy is made from the factory's source in the module's namespace: it reads
+    # these as the kernel does
+    moe_fused.PREFETCH_DOWN, moe_fused.PREFETCH_GU = a.prefetch_down, bool(a.prefetch_gu)
+    print(f"PREFETCH_DOWN={moe_fused.PREFETCH_DOWN} PREFETCH_GU={moe_fused.PREFETCH_GU}")
     ctx = Ctx()
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
         fused_stamps(ctx, gu, dn)
