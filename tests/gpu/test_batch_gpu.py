@@ -6,7 +6,8 @@
   graphs, the small-batch matvec and batched MoE kernels) give each one the greedy tokens it
   gets decoded alone, and the float64 reference's;
 * the default engine: a step of one sequence is the single engine's (`CudaEngine`'s logits bit
-  for bit, graph replays), steps of several the invariant engine's;
+  for bit, graph replays, from a prompt run as steps in both), steps of several the invariant
+  engine's; its prompt path agrees with the single engine's to rounding;
 * prompts of a few tokens run as decode steps of their own row give the prompt path's tokens;
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
@@ -156,10 +157,21 @@ def test_one_sequence_runs_the_single_engines_step(setup, fast):
 
     path, same = setup
     assert fast.step.one is not None and same.step.one is None
-    _, single = load(path, max_context=256)
     p = PROMPTS[0]
-    want = single.prefill(p)
-    got = fast.prefill(0, p)
+    # the prompt path: each engine's plan (its cache fill, loans, ring) picks how a chunk's
+    # experts are computed, so the logits agree to rounding, not bit for bit (H200: 0.2%)
+    _, single = load(path, max_context=256)
+    want, got = single.prefill(p), fast.prefill(0, p)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-2
+    fast.release(0)
+    # the prompt as decode steps in both: from here on the two run the same step's kernels
+    _, single = load(path, max_context=256, prompt_steps=len(p))
+    fast.prompt_steps, n0 = len(p), fast.n_step_prompts
+    try:
+        want, got = single.prefill(p), fast.prefill(0, p)
+    finally:
+        fast.prompt_steps = 0
+    assert (single.n_step_prompts, fast.n_step_prompts - n0) == (1, 1)
     np.testing.assert_array_equal(got, want)
     for _ in range(N_GEN):
         tok = int(np.argmax(want))
