@@ -21,10 +21,11 @@ POLL_NS = np.uint32(32)  # a waiting block's pause between reads of the generati
 
 
 @cuda.jit(device=True, inline="always")
-def grid_sync(bar):
-    """Wait until every block of the launch has called this; the writes of every block before
-    it are visible to every block after it. bar: int32 [2] (see the module doc). The whole
-    block calls this.
+def grid_arrive(bar):
+    """This block's arrival at the barrier (`grid_wait` with what this returns waits for the
+    others): the block's writes before it are visible to every block after the wait. bar: int32
+    [2] (see the module doc). The whole block calls this; thread 0's return value is the one to
+    wait with (the generation it arrived in).
 
     The order is in the instructions (`ordered`): the arrival an acq_rel add (it publishes the
     block's writes, which the block barrier before it ordered, and the last block sees every
@@ -32,13 +33,28 @@ def grid_sync(bar):
     fences and atomic reads of the generation instead, a barrier took 2.05 against 1.60 us at
     132 blocks, 10.3 against 6.3 at 2,112 (`bench/probes/grid_barrier.py`)."""
     cuda.syncthreads()
+    gen = 0
     if cuda.threadIdx.x == 0:
         gen = ld_acquire(bar, 1)  # before the arrival: the acq_rel add cannot move above it
         n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
         if add_acq_rel(bar, 0, 1) == n_blocks - 1:
             st_relaxed(bar, 0, 0)  # the release below orders it before the next arrivals
             st_release(bar, 1, gen + 1)
-        else:
-            while ld_acquire(bar, 1) == gen:
-                cuda.nanosleep(POLL_NS)
+    return gen
+
+
+@cuda.jit(device=True, inline="always")
+def grid_wait(bar, gen):
+    """Wait until every block has arrived (`grid_arrive`, which gave thread 0 `gen`). The whole
+    block calls this; between the two it may do work that no other block's writes feed."""
+    if cuda.threadIdx.x == 0:
+        while ld_acquire(bar, 1) == gen:
+            cuda.nanosleep(POLL_NS)
     cuda.syncthreads()
+
+
+@cuda.jit(device=True, inline="always")
+def grid_sync(bar):
+    """Wait until every block of the launch has called this; the writes of every block before
+    it are visible to every block after it (`grid_arrive`, then `grid_wait`)."""
+    grid_wait(bar, grid_arrive(bar))

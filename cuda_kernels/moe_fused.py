@@ -22,7 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from .gridsync import grid_sync
+from .gridsync import grid_arrive, grid_sync, grid_wait
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -31,8 +31,7 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
-from .prefetch import LINE, prefetch_l2, prefetch_spans
-from .xstage import padded_bytes, padded_len, stage_padded_wide
+from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
 # Read at launch, so a benchmark can compare one launch with two in one process.
@@ -40,11 +39,11 @@ FUSE_DOWN = True
 # The down formats fused after each gate/up format: its own and the K-quants the _M mixes put
 # in down. The binary's kernel bundle holds these pairs; others run as two launches.
 DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
-# L2 prefetches once the slots are resolved (`prefetch`), read when a kernel is made: of the
-# block's down rows of every cached expert (0 none, 1 a line an instruction, 2 one bulk
-# prefetch a span: sm_90), and of gate/up's rows the block's warps take after their first item.
-PREFETCH_DOWN = 0
-PREFETCH_GU = False
+# Read when a kernel is made (a probe compares them): h staged six quads a thread at a time (one
+# round of loads for 8 x 768 values), and the block's arrival at the barrier before its first
+# down loads are issued (not after).
+H_SIX = False
+SPLIT_ARRIVE = False
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -85,7 +84,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
     dn_sums = dn.sums
     n_tg, tg_type, has_tg = gu.table.size, gu.table.dtype.type, gu.has_table
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
-    pf_down, pf_bulk, pf_gu = PREFETCH_DOWN > 0, PREFETCH_DOWN > 1, PREFETCH_GU
+    stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
+    split = SPLIT_ARRIVE
 
     @cuda.jit(**_jit())
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -115,13 +115,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
                       host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
-        if pf_gu and phase != 1:
-            _prefetch_items(cache, s_where, s_base, k, n_items, gu_row_bytes, up_off)
-        if pf_down and phase != 0 and cuda.blockIdx.x < n_row_blocks:
-            r0 = cuda.blockIdx.x * 2 * (LANE_WARPS >> log)  # the block's first row block's rows
-            prefetch_spans(cache, s_where, s_base, k, down_off + r0 * dn_row_bytes,
-                           (min(r0 + 2 * (LANE_WARPS >> log), n_embd) - r0) * dn_row_bytes,
-                           pf_bulk)
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
             for j in range(t):
@@ -155,17 +148,23 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             rb = cuda.blockIdx.x
             row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
             last_u = max(n_units - 1, 0)
+            gen = 0
+            if split and phase == 2:
+                gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
             if phase == 2:
-                grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
+                if split:
+                    grid_wait(bar, gen)
+                else:
+                    grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
             else:
                 cuda.syncthreads()
             if has_td:
                 stage_table(tab_dn, tab_d, n_td)
-            stage_padded_wide(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                              dn_sums_off)
+            stage_h(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                    dn_sums_off)
             if t < s_dn[0]:
                 s_dwt[t] = weights[s_dkk[t]]
             cuda.syncthreads()
@@ -185,29 +184,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
                                                    off_a, off_b, part)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
     return moe_fused_lanes
-
-
-@cuda.jit(device=True, inline="always")
-def _prefetch_items(cache, s_where, s_base, k, n_items, row_bytes, up_off):
-    """Every thread: the L2 lines of the gate and up rows of the items this block's warps take
-    after their first (`moe_lanes.gate_up_items`: warp w's items are w, w + the grid's warps,
-    ...), of cached experts."""
-    n_warps = cuda.gridDim.x * LANE_WARPS
-    n_later = (n_items + n_warps - 1) // n_warps - 1  # items a warp takes after its first
-    n_lines = (row_bytes + LINE - 1) // LINE + 1      # a row off the line grid touches one more
-    for i in range(cuda.threadIdx.x, LANE_WARPS * n_later * 2 * n_lines, cuda.blockDim.x):
-        item = i // (2 * n_lines)
-        rest = i - item * 2 * n_lines
-        it = (cuda.blockIdx.x * LANE_WARPS + item % LANE_WARPS
-              + (item // LANE_WARPS + 1) * n_warps)
-        if it < n_items:
-            row = it // k
-            kk = it - row * k
-            if s_where[kk] == 0:
-                side = rest // n_lines  # 0 gate, 1 up
-                start = s_base[kk] + row * row_bytes + side * up_off
-                prefetch_l2(cache, min((start & ~(LINE - 1)) + (rest - side * n_lines) * LINE,
-                                       start + row_bytes - 1))
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):

@@ -92,33 +92,48 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
         q0 += cuda.blockDim.x
 
 
-STAGE_QUADS = 4  # quads of x a thread loads before it stores any (`stage_padded_wide`)
+def _wide_stager(n_at_once: int):
+    six = n_at_once == 6
+    if n_at_once not in (4, 6):
+        raise ValueError(f"a wide staging loads 4 or 6 quads at a time, not {n_at_once}")
+
+    @cuda.jit(device=True, inline="always")
+    def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
+        """`stage_padded` of x[:n_vals] (x_base 0) with each thread's loads issued 4 (or 6)
+        quads at a time, before any of their stores. A shared store may alias a later global
+        load for the compiler (numba's arrays are generic pointers), so `stage_padded`'s loop
+        waits a memory latency per iteration: the MoE down kernel's 8 x 768 values (6
+        iterations of 256 threads) took ~3.5 us that way on the H200 with nothing else in
+        flight (`phase_stamps.py`). Worth it where nothing else is in flight (loads return in
+        issue order); the same sums, in the same order, as `stage_padded`."""
+        n_quads = n_vals >> 2
+        last = n_quads - 1
+        bd = cuda.blockDim.x
+        q = cuda.threadIdx.x
+        e0 = e1 = e2 = e3 = f0 = f1 = f2 = f3 = np.float32(0.0)
+        while q < n_quads + cuda.threadIdx.x:
+            # a quad past the end loads the last one again (in bounds) and is never stored
+            a0, a1, a2, a3 = ld_x4(x, 4 * min(q, last))
+            b0, b1, b2, b3 = ld_x4(x, 4 * min(q + bd, last))
+            c0, c1, c2, c3 = ld_x4(x, 4 * min(q + 2 * bd, last))
+            d0, d1, d2, d3 = ld_x4(x, 4 * min(q + 3 * bd, last))
+            if six:
+                e0, e1, e2, e3 = ld_x4(x, 4 * min(q + 4 * bd, last))
+                f0, f1, f2, f3 = ld_x4(x, 4 * min(q + 5 * bd, last))
+            _put_quad(xs, q, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
+            if six:
+                _put_quad(xs, q + 4 * bd, n_quads, e0, e1, e2, e3, a, pa, b, pb, sums, sums_off)
+                _put_quad(xs, q + 5 * bd, n_quads, f0, f1, f2, f3, a, pa, b, pb, sums, sums_off)
+            q += n_at_once * bd
+    return stage_padded_wide
 
 
-@cuda.jit(device=True, inline="always")
-def stage_padded_wide(x, n_vals, xs, a, pa, b, pb, sums, sums_off):
-    """`stage_padded` of x[:n_vals] (x_base 0) with each thread's loads issued STAGE_QUADS quads
-    at a time, before any of their stores. A shared store may alias a later global load for the
-    compiler (numba's arrays are generic pointers), so `stage_padded`'s loop waits a memory
-    latency per iteration: the MoE down kernel's 8 x 768 values (6 iterations of 256 threads)
-    took ~3.5 us that way on the H200 with nothing else in flight (`phase_stamps.py`). Worth it
-    where nothing else is in flight (loads return in issue order); the same sums, in the same
-    order, as `stage_padded`."""
-    n_quads = n_vals >> 2
-    last = n_quads - 1
-    bd = cuda.blockDim.x
-    q = cuda.threadIdx.x
-    while q < n_quads + cuda.threadIdx.x:
-        # a quad past the end loads the last one again (in bounds) and is never stored
-        a0, a1, a2, a3 = ld_x4(x, 4 * min(q, last))
-        b0, b1, b2, b3 = ld_x4(x, 4 * min(q + bd, last))
-        c0, c1, c2, c3 = ld_x4(x, 4 * min(q + 2 * bd, last))
-        d0, d1, d2, d3 = ld_x4(x, 4 * min(q + 3 * bd, last))
-        _put_quad(xs, q, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
-        q += STAGE_QUADS * bd
+stage_padded_wide = _wide_stager(4)
+# six at a time: the fused MoE's 8 x 768 values of h in one round of 256 threads, not two
+stage_padded_wide6 = _wide_stager(6)
 
 
 @cuda.jit(device=True, inline="always")

@@ -111,13 +111,13 @@ def fused_stamps(ctx, gu: str, dn: str, n_layer: int = 12) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prefetch-down", type=int, default=moe_fused.PREFETCH_DOWN)
-    ap.add_argument("--prefetch-gu", type=int, default=int(moe_fused.PREFETCH_GU))
+    ap.add_argument("--h-six", type=int, default=int(moe_fused.H_SIX))
+    ap.add_argument("--split", type=int, default=int(moe_fused.SPLIT_ARRIVE))
     a = ap.parse_args()
     # the stamped copy is made from the factory's source in the module's namespace: it reads
     # these as the kernel does
-    moe_fused.PREFETCH_DOWN, moe_fused.PREFETCH_GU = a.prefetch_down, bool(a.prefetch_gu)
-    print(f"PREFETCH_DOWN={moe_fused.PREFETCH_DOWN} PREFETCH_GU={moe_fused.PREFETCH_GU}")
+    moe_fused.H_SIX, moe_fused.SPLIT_ARRIVE = bool(a.h_six), bool(a.split)
+    print(f"H_SIX={moe_fused.H_SIX} SPLIT_ARRIVE={moe_fused.SPLIT_ARRIVE}")
     ctx = Ctx()
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
         fused_stamps(ctx, gu, dn)
