@@ -39,11 +39,13 @@ FUSE_DOWN = True
 # The down formats fused after each gate/up format: its own and the K-quants the _M mixes put
 # in down. The binary's kernel bundle holds these pairs; others run as two launches.
 DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
-# Read when a kernel is made (a probe compares them): h staged six quads a thread at a time (one
-# round of loads for 8 x 768 values), and the block's arrival at the barrier before its first
-# down loads are issued (not after).
-H_SIX = False
-SPLIT_ARRIVE = False
+# Read when a kernel is made (`bench/probes/moe_fused_variants.py` compares them): h staged six
+# quads a thread at a time (one round of loads for 8 x 768 values, not two), and the block's
+# arrival at the barrier before its first down loads are issued (not after). Each was faster on
+# the H200 (2026-12-04, us a layer: Q4_K/Q4_K 15.79 neither, 15.42 both; Q4_K/Q6_K 18.09, 17.04;
+# Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
+H_SIX = True
+SPLIT_ARRIVE = True
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
