@@ -30,7 +30,8 @@ from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
-from .moe_slots import MAX_K, route_resolve
+from .moe_slots import MAX_K, route_resolve, route_resolve_row
+from .prefetch import prefetch_spans
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
@@ -46,6 +47,12 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
+# Variants not yet measured (the probe's next run): L2 prefetches of the block's down rows of
+# every cached expert issued at its barrier arrival, after its first down loads (0 none, 1 a
+# line an instruction, 2 one bulk prefetch a span: sm_90), so they come in while it waits and
+# stages h; the layer's slot-table row read whole beside the ids (`route_resolve_row`).
+PREFETCH_AT_ARRIVAL = 0
+SLOT_ROW = False
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -88,6 +95,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
     stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
+    pf_arrival, pf_bulk = PREFETCH_AT_ARRIVAL > 0, PREFETCH_AT_ARRIVAL > 1
+    resolve_experts = route_resolve_row if SLOT_ROW else route_resolve
 
     @cuda.jit(**_jit())
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -114,8 +123,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
         t = cuda.threadIdx.x
-        route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
+        resolve_experts(logits, n_route, k, norm_topk, ids, weights, slot_table, layer,
+                        slot_off, host_off, cpu_misses, miss_list, counters, s_where, s_base,
+                        phase != 1)
         cuda.syncthreads()
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
@@ -156,6 +166,11 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            if pf_arrival and rb < n_row_blocks:  # its rows in the L2 by the wait's end
+                r0 = rb * 2 * (LANE_WARPS >> log)
+                prefetch_spans(cache, s_where, s_base, k, down_off + r0 * dn_row_bytes,
+                               (min(r0 + 2 * (LANE_WARPS >> log), n_embd) - r0) * dn_row_bytes,
+                               pf_bulk)
             if phase == 2:
                 if split:
                     grid_wait(bar, gen)

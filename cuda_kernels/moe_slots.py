@@ -10,7 +10,7 @@ from numba import cuda, types
 
 from .intrinsics import SIMULATED
 
-from .router import GROUP, rank_topk, topk_weights
+from .router import GROUP, MAX_EXPERTS, rank_topk, topk_weights
 
 MAX_K = 16  # experts per token the kernels' shared lists hold
 # The most experts a MoE kernel routes itself (its shared lists are sized for them; Qwen3's
@@ -23,7 +23,12 @@ ALIGN16 = None if SIMULATED else 16  # route_shared's 16-byte shared reads (simu
 @cuda.jit(device=True, inline="always")
 def resolve(slot_table, layer, e, slot_off, host_off, cpu_misses):
     """(where, base): where 0 = cache, 1 = host, -1 = left to the CPU pool."""
-    slot = slot_table[layer, e]
+    return resolve_slot(slot_table[layer, e], layer, e, slot_off, host_off, cpu_misses)
+
+
+@cuda.jit(device=True, inline="always")
+def resolve_slot(slot, layer, e, slot_off, host_off, cpu_misses):
+    """`resolve` of expert e of layer with its slot-table entry already read."""
     if slot >= 0:
         return 0, slot_off[slot]
     if cpu_misses:
@@ -109,3 +114,42 @@ def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer
                      s_top, scratch)
     resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
                    cpu_misses, miss_list, counters, s_where, s_base, count)
+
+
+@cuda.jit(device=True, inline="always")
+def route_resolve_row(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, count):
+    """`route_resolve` with the layer's whole slot-table row read into shared memory first, by
+    every thread at once, beside the ids (or the routing): a block then waits for two dependent
+    reads (ids and the row, then the slot offsets), not three. Rows of more than MAX_EXPERTS
+    experts are read per expert as `route_resolve` does."""
+    s_slot = cuda.shared.array(MAX_EXPERTS, types.int32)
+    s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)
+    s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+    s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
+    s_id = cuda.shared.array(MAX_K, types.int32)
+    s_top = cuda.shared.array(MAX_K, types.float32)
+    scratch = cuda.shared.array(32, types.float32)
+    t = cuda.threadIdx.x
+    n_e = slot_table.shape[1]
+    row = n_e <= MAX_EXPERTS
+    if row:
+        for e in range(t, n_e, cuda.blockDim.x):
+            s_slot[e] = slot_table[layer, e]
+    e_t = 0
+    if n_route > 0:  # the same in every block; route_shared synchronises
+        route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
+                     s_top, scratch)
+        if t < k:
+            e_t = s_id[t]
+    elif t < k:
+        e_t = ids[t]
+    cuda.syncthreads()  # the row
+    if t < k:
+        slot = s_slot[e_t] if row else slot_table[layer, e_t]
+        where, base = resolve_slot(slot, layer, e_t, slot_off, host_off, cpu_misses)
+        s_where[t] = where
+        s_base[t] = base
+        if count and cuda.blockIdx.x == 0:
+            miss_list[t] = e_t if where < 0 else -1
+            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)

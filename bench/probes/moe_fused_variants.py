@@ -3,18 +3,21 @@
 
 Its stamps (`moe_fused_stamps.py`, 2026-12-04, Q4_K/Q6_K at the 30B shape: 8 of 128 experts, all
 hits) put 1.4 us of an 18.4 us layer in resolving the slots, 5.7 in gate/up, ~3.3 until the
-barrier passes, 1.75 in staging h and 4.2 in down's units. Variants (module constants):
-  H_SIX         h staged six quads a thread at a time: 8 x 768 values in one round of loads
-                (not two)
-  SPLIT_ARRIVE  a block arrives at the barrier before it issues its first down loads, then
-                waits (not both after)
+barrier passes, 1.75 in staging h and 4.2 in down's units. Variants (module constants; each
+variant names the ones it changes from the defaults):
+  H_SIX                h staged six quads a thread at a time (one round of loads, not two)
+  SPLIT_ARRIVE         a block arrives at the barrier before it issues its first down loads
+                       (both made defaults on 2026-12-04)
+  PREFETCH_AT_ARRIVAL  the block's down rows L2-prefetched at its arrival (1 a line an
+                       instruction, 2 one bulk prefetch a span)
+  SLOT_ROW             the layer's slot-table row read whole beside the ids
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
-same dots in the same order). L2 prefetches of the down and gate/up rows were tried the same
-way and made every pair slower (`bench/results/2026-12-04_kernels_moe_prefetch.json`).
+same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
+resolve, during gate/up, made every pair slower (`bench/results/2026-12-04_kernels_moe_prefetch.json`).
 
 Run from the repository root on a GPU machine:
-`python bench/probes/moe_fused_variants.py [--json FILE]`; the best variant is printed last as
-`best: NAME=VALUE ...`.
+`python bench/probes/moe_fused_variants.py [--only NAMES] [--json FILE]`; the best variant is
+printed last as `best: NAME {settings}`.
 """
 import argparse
 import json
@@ -28,13 +31,18 @@ from decode_parts import moe_case  # noqa: E402  (this folder: the script's, fir
 from strata.bench.kernels import Ctx  # noqa: E402
 from strata.cuda_kernels import moe_fused  # noqa: E402
 
-NAMES = ("H_SIX", "SPLIT_ARRIVE")
-VARIANTS = [(False, False), (True, False), (False, True), (True, True)]
+VARIANTS = {"defaults": {}, "prefetch at arrival, lines": {"PREFETCH_AT_ARRIVAL": 1},
+            "prefetch at arrival, bulk": {"PREFETCH_AT_ARRIVAL": 2},
+            "slot row": {"SLOT_ROW": True},
+            "slot row + prefetch lines": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 1},
+            "slot row + prefetch bulk": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 2}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "PREFETCH_AT_ARRIVAL",
+                                               "SLOT_ROW")}
 
 
-def run(ctx, gu, dn, variant):
-    for name, value in zip(NAMES, variant):
+def run(ctx, gu, dn, settings):
+    for name, value in {**DEFAULTS, **settings}.items():
         setattr(moe_fused, name, value)
     moe_fused._CACHE.clear()  # the kernels are made with the constants they read
     ctx.rng = np.random.default_rng(7)  # the same weights, x and experts for every variant
@@ -49,28 +57,29 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--pairs", default=",".join(f"{g}/{d}" for g, d in PAIRS))
+    ap.add_argument("--only", help="variant names, comma-separated (default: all)")
     a = ap.parse_args()
     pairs = [tuple(p.split("/")) for p in a.pairs.split(",")]
+    names = a.only.split(",") if a.only else list(VARIANTS)
     ctx = Ctx()
-    rows, total = [], {v: 0.0 for v in VARIANTS}
+    rows, total = [], {n: 0.0 for n in names}
     for gu, dn in pairs:
         base = None
-        for v in VARIANTS:
-            us, out = run(ctx, gu, dn, v)
+        for name in names:
+            us, out = run(ctx, gu, dn, VARIANTS[name])
             if base is None:
                 base = out
             elif not np.array_equal(out, base):
-                raise RuntimeError(f"{gu}/{dn} {dict(zip(NAMES, v))}: output differs from "
-                                   f"the first variant's")
-            total[v] += us
-            rows.append({"pair": f"{gu}/{dn}", **dict(zip(NAMES, v)), "us": us})
-            print(f"{gu}/{dn:5s} " + " ".join(f"{n}={int(x)}" for n, x in zip(NAMES, v))
-                  + f": {us:7.2f} us a layer", flush=True)
-    best = min(VARIANTS, key=lambda v: total[v])
+                raise RuntimeError(f"{gu}/{dn} {name}: output differs from the first variant's")
+            total[name] += us
+            rows.append({"pair": f"{gu}/{dn}", "variant": name, **DEFAULTS, **VARIANTS[name],
+                         "us": us})
+            print(f"{gu}/{dn:5s} {name:28s}: {us:7.2f} us a layer", flush=True)
+    best = min(names, key=lambda n: total[n])
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "best": dict(zip(NAMES, best))}, f, indent=1)
-    print("best: " + " ".join(f"{n}={int(x)}" for n, x in zip(NAMES, best)))
+            json.dump({"rows": rows, "best": best, "defaults": DEFAULTS}, f, indent=1)
+    print(f"best: {best} {VARIANTS[best]}")
     return 0
 
 
