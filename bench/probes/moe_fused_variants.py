@@ -13,7 +13,8 @@ variant names the ones it changes from the defaults):
   SLOT_ROW             the layer's slot-table row read whole beside the ids
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
 same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
-resolve, during gate/up, made every pair slower (`bench/results/2026-12-04_kernels_moe_prefetch.json`).
+resolve, during gate/up, made every pair slower
+(`bench/results/2026-12-04_kernels_moe_prefetch.json`).
 
 Run from the repository root on a GPU machine:
 `python bench/probes/moe_fused_variants.py [--only NAMES] [--json FILE]`; the best variant is
