@@ -20,7 +20,7 @@ from numba import types
 from strata.plan.layout import SPLIT_K_TOKENS
 
 from . import (batch_attention, batch_moe, batch_moe_lanes, batch_moe_tc, batch_tc, compile_prefill,
-               lanes_batch, matvec, moe_fused)
+               lanes_batch, matvec_generic, moe_fused)
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
 from .matvec_f32 import float_format
@@ -44,7 +44,7 @@ def register() -> None:
         # F32/F16 rows with float32 x run `matvec_f32` (registered by its module), never these
         for n_tok in range(2, lanes_batch.MAX_TOKENS + 1) if not float_format(f.ggml_type) else ():
             register_ptx(FAMILY, f"matvec{n_tok}_{f.name}_f32",
-                         matvec._ptx(f, n_tok, types.float32))
+                         matvec_generic._ptx(f, n_tok, types.float32))
         tab = batch_moe._tab_type(f)
         register_ptx(FAMILY, f"batch_gate_up_{f.name}",
                      lambda f=f, t=tab: (batch_moe._gate_up_factory(f).py_func,

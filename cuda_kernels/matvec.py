@@ -10,10 +10,8 @@ the first step's before x is staged, so each warp keeps several 16-byte loads pe
 Formats with an 8-bit decoding (`lanes_x8`: Q4_K) stage x quantized per 32 values, as the CPU
 engine does, and dot it four values an instruction.
 
-Other formats, batches, and rows longer than the staged x fits (`lanes_fit`): one warp per row,
-lane l takes the row's 32-value groups l, l+32, ... through the format's fused `dot32t` (one
-token) or decodes each group once with `dq32t` and dots it with every token's x (batch), x staged
-in shared memory per column tile (`xstage`). Each kernel is specialised per (format, batch size).
+Other formats, batches, and rows longer than the staged x fits (`lanes_fit`): the generic
+kernels of `matvec_generic`, one warp per row.
 """
 
 from __future__ import annotations
@@ -23,19 +21,17 @@ import math
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .intrinsics import SIMULATED, block_sum, ld_x4, warp_sum
+from .intrinsics import SIMULATED, block_sum, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
 from .lanes_x8 import X8_FORMATS, lanes_for, stager
 from .launch import MAX_SHARED_BYTES, check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
-from .qformats import BY_NAME, FORMATS, get_format
-from .xstage import XPAD, stage_x, staged_bytes, sum_squares
+from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
+                             stage_table)
+from .qformats import BY_NAME, get_format
+from .xstage import staged_bytes, sum_squares
 
-WARPS = 4          # rows per block
-THREADS = 32 * WARPS
-MAX_TOKENS = 8
-TILE_GROUPS = 128  # 4096 columns of x staged at a time (18 KiB of shared memory)
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 LANE_WARPS = 8     # warps per block of the lane kernels, 2 rows each
@@ -106,96 +102,7 @@ def lane_jit(lf: LaneFormat) -> dict:
     """The options `cuda.jit` takes for a lane kernel (none in the simulator)."""
     return {} if SIMULATED else lane_jit_options(lf)
 
-_CACHE: dict[tuple[int, int], object] = {}
-
-
-def _table(fmt):
-    """(staged table length, its dtype, whether to stage it) for a kernel factory."""
-    return fmt.table.size, fmt.table.dtype.type, fmt.has_table
-
-
-@cuda.jit(device=True, inline="always")
-def stage_table(tab, tab_s, n):
-    # a while loop: a range with the block size as its step costs a 64-bit division per thread
-    i = cuda.threadIdx.x
-    while i < n:
-        tab_s[i] = tab[i]
-        i += cuda.blockDim.x
-
-
-def _single(fmt):
-    dot32t = fmt.dot32t
-    n_tab, tab_type, has_tab = _table(fmt)
-
-    @cuda.jit
-    def matvec1(w, row_bytes, n_groups, n_rows, x, y, accumulate, tab):
-        # w: [n_rows * row_bytes] u8; x: [n_cols] f32|f16; y: [n_rows] f32 (= or += W x);
-        # tab: the format's
-        # table; dynamic shared: [TILE_GROUPS * XPAD] f32, x staged one column tile at a time
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        if has_tab:
-            stage_table(tab, tab_s, n_tab)
-        xs = cuda.shared.array(0, types.float32)
-        lane = cuda.threadIdx.x & 31
-        row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-        off = row * row_bytes
-        acc = F0
-        for g0 in range(0, n_groups, TILE_GROUPS):
-            ng = min(TILE_GROUPS, n_groups - g0)
-            cuda.syncthreads()
-            stage_x(x, g0 * 32, ng * 32, xs, 0)
-            cuda.syncthreads()
-            if row < n_rows:
-                for j in range(lane, ng, 32):
-                    acc += dot32t(w, off, g0 + j, xs, j * XPAD, tab_s)
-        s = warp_sum(acc)
-        if lane == 0 and row < n_rows:
-            y[row] = y[row] + s if accumulate else s
-    return matvec1
-
-
-def _batched(fmt, n_tok):
-    dq32t = fmt.dq32t
-    tile = batch_tile_groups(n_tok)
-    n_tab, tab_type, has_tab = _table(fmt)
-
-    @cuda.jit
-    def matvec_batch(w, row_bytes, n_groups, n_rows, x, y, tab):
-        # w: [n_rows * row_bytes] u8; x: [n_tok * n_cols] f32|f16; y: [n_tok * n_rows] f32;
-        # dynamic shared: [n_tok, tile * XPAD] f32
-        tab_s = cuda.shared.array(n_tab, tab_type)
-        if has_tab:
-            stage_table(tab, tab_s, n_tab)
-        xs = cuda.shared.array(0, types.float32)
-        lane = cuda.threadIdx.x & 31
-        row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
-        n_cols = n_groups * 32
-        off = row * row_bytes
-        acc = cuda.local.array(n_tok, np.float32)
-        vals = cuda.local.array(32, np.float32)
-        for t in range(n_tok):
-            acc[t] = F0
-        for g0 in range(0, n_groups, tile):
-            ng = min(tile, n_groups - g0)
-            cuda.syncthreads()
-            for t in range(n_tok):
-                stage_x(x, t * n_cols + g0 * 32, ng * 32, xs, t * tile * XPAD)
-            cuda.syncthreads()
-            if row < n_rows:
-                for j in range(lane, ng, 32):
-                    dq32t(w, off, g0 + j, vals, 0, tab_s)
-                    for t in range(n_tok):
-                        s = F0
-                        for i in range(8):
-                            x0, x1, x2, x3 = ld_x4(xs, t * tile * XPAD + j * XPAD + 4 * i)
-                            s += (vals[4 * i] * x0 + vals[4 * i + 1] * x1
-                                  + vals[4 * i + 2] * x2 + vals[4 * i + 3] * x3)
-                        acc[t] += s
-        for t in range(n_tok):
-            s = warp_sum(acc[t])
-            if lane == 0 and row < n_rows:
-                y[t * n_rows + row] = s
-    return matvec_batch
+_CACHE: dict[tuple, object] = {}  # the lane kernels, by (format, -1 normed | 0, x8[, rounds])
 
 
 @cuda.jit(device=True, inline="always")
@@ -401,22 +308,6 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
         bool(accumulate), device_table(lf))
 
 
-def batch_tile_groups(n_tok: int) -> int:
-    """Column groups staged per tile for n_tok tokens (shared memory <= ~37 KiB)."""
-    return TILE_GROUPS if n_tok == 1 else 32
-
-
-def kernel_for(ggml_type, n_tok: int):
-    """The compiled-on-first-use kernel for (format, batch size)."""
-    fmt = get_format(ggml_type)
-    key = (fmt.ggml_type, n_tok)
-    k = _CACHE.get(key)
-    if k is None:
-        k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
-        _CACHE[key] = k
-    return k
-
-
 def matvec(w, ggml_type, x, y, *, accumulate: bool = False, x8: bool | None = None,
            stream=0) -> None:
     """y = W x on quantized rows (`accumulate`: y += W x, one token only, e.g. a projection added
@@ -488,22 +379,6 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
-def _ptx(fmt, n_tok, x_type):
-    def build():
-        k = _single(fmt) if n_tok == 1 else _batched(fmt, n_tok)
-        tab = types.Array(from_dtype(fmt.table.dtype), 1, "C")
-        one = (types.boolean,) if n_tok == 1 else ()  # accumulate
-        return k.py_func, (types.uint8[::1], types.int64, types.int64, types.int64,
-                           x_type[::1], types.float32[::1]) + one + (tab,)
-    return build
-
-
-for _f in FORMATS.values():
-    register_ptx("matvec", f"matvec1_{_f.name}_f32", _ptx(_f, 1, types.float32))
-    register_ptx("matvec", f"matvec1_{_f.name}_f16", _ptx(_f, 1, types.float16))
-    register_ptx("matvec", f"matvec8_{_f.name}_f32", _ptx(_f, 8, types.float32))
-
-
 def _ptx_lanes(lf, x_type, normed=False, rounds=False):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
@@ -525,5 +400,3 @@ for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].g
     for _r, _tag in ((False, ""), (True, "_rounds")):
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
                      _ptx_lanes(_lf, types.float16, rounds=_r), options=lane_jit_options(_lf))
-for _n in range(2, MAX_TOKENS):
-    register_ptx("matvec", f"matvec{_n}_Q4_K_f32", _ptx(BY_NAME["Q4_K"], _n, types.float32))
