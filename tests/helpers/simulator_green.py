@@ -171,7 +171,7 @@ def run_block(manager, grid_point, *args, dim3) -> None:
 
 
 def patch_mma() -> None:
-    """Point mma.py's simulated warp exchanges at the greenlet one (its own waits on a lock,
+    """Point mma_sim.py's simulated warp exchanges at the greenlet one (its own waits on a lock,
     which would stop the one OS thread every lane runs on). Called at each launch: mma is
     imported by the kernel modules, after install()."""
     for name in _MMA_MODULES:
@@ -181,4 +181,4 @@ def patch_mma() -> None:
 
 
 # the installed package's, and the checkout's when a test imports cuda_kernels from the top
-_MMA_MODULES = ("strata.cuda_kernels.mma", "cuda_kernels.mma")
+_MMA_MODULES = ("strata.cuda_kernels.mma_sim", "cuda_kernels.mma_sim")
