@@ -1,0 +1,94 @@
+"""Probe (not part of the engine): the SASS of registered kernels without a GPU, for kernels whose
+speed is bound by their instruction count (the lane matvecs of IQ3_S, IQ4_XS and Q6_K at large
+shapes). Each kernel is compiled as the compile check does (`compile_check.canonical_ptx`'s
+`compile_ptx` for sm_90), assembled by ptxas into a cubin and disassembled by nvdisasm; per loop
+(a backward branch) it prints the instructions of the loop's body, by opcode, so a change to a
+decoder can be read as instructions a step before a GPU times it.
+
+    python bench/probes/sass_loops.py -k matvec_lanes_x8_IQ3_S_f32 [--nvdisasm PATH] [--top 12]
+
+nvdisasm comes with a CUDA toolkit or the `nvidia-cuda-nvdisasm` wheel (its bin/ folder); ptxas
+as `cuda_kernels/ptxas.py` finds it. Run with the CUDA simulator off.
+"""
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from strata.cuda_kernels import compile_check, ptxas
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_TARGET = re.compile(r"(\.L_x_\d+)")
+
+
+def sass(ptx: str, exe_ptxas: str, exe_nvdisasm: str) -> str:
+    """nvdisasm's listing of the cubin ptxas makes of ptx (its version lowered where ptxas asks,
+    as `ptxas.info` does)."""
+    with tempfile.TemporaryDirectory() as d:
+        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        for attempt in range(2):
+            with open(src, "w") as f:
+                f.write(ptx)
+            r = subprocess.run([exe_ptxas, "-arch=sm_90", "-o", cubin, src], capture_output=True,
+                               text=True, timeout=600)
+            older = ptxas._REFUSED.search(r.stderr)
+            if r.returncode == 0 or not older or attempt:
+                break
+            ptx = ptxas._VERSION.sub(f".version {older.group(1)}", ptx, count=1)
+        if r.returncode != 0:
+            raise RuntimeError(f"ptxas failed: {r.stderr.strip()[:300]}")
+        return subprocess.run([exe_nvdisasm, "-c", "-g", cubin], capture_output=True, text=True,
+                              check=True, timeout=600).stdout
+
+
+def loops(listing: str) -> list[tuple[str, list[str]]]:
+    """(label, opcodes of the body) per backward branch of the listing, innermost first by size."""
+    insns, labels = [], {}
+    for line in listing.splitlines():
+        m = _LABEL.match(line)
+        if m:
+            labels[m.group(1)] = len(insns)
+            continue
+        m = _INSN.search(line)
+        if m:
+            insns.append((m.group(3), m.group(4)))
+    found = []
+    for i, (op, rest) in enumerate(insns):
+        if op.startswith("BRA"):
+            t = _TARGET.search(rest)
+            if t and t.group(1) in labels and labels[t.group(1)] <= i:
+                found.append((t.group(1), [o for o, _ in insns[labels[t.group(1)]:i + 1]]))
+    return sorted(found, key=lambda f: len(f[1])), [o for o, _ in insns]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", required=True, help="substring of the registered kernels' names")
+    ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"))
+    ap.add_argument("--top", type=int, default=12, help="opcodes listed per loop")
+    a = ap.parse_args()
+    exe = ptxas.find()
+    if exe is None or not a.nvdisasm:
+        print("needs ptxas (a CUDA toolkit) and nvdisasm (--nvdisasm PATH)", file=sys.stderr)
+        return 2
+    checks = compile_check._checks(None, a.k)
+    if not checks:
+        print(f"no registered kernel matches {a.k!r}", file=sys.stderr)
+        return 2
+    for c in checks:
+        body, every = loops(sass(compile_check.canonical_ptx(c), exe, a.nvdisasm))
+        print(f"\n{c.name}: {len(every)} instructions")
+        for label, ops in body:
+            count = collections.Counter(op.split(".")[0] for op in ops)
+            print(f"  loop {label}: {len(ops)} instructions: "
+                  + ", ".join(f"{op} {n}" for op, n in count.most_common(a.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
