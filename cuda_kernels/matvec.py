@@ -102,6 +102,7 @@ def lane_jit(lf: LaneFormat) -> dict:
     """The options `cuda.jit` takes for a lane kernel (none in the simulator)."""
     return {} if SIMULATED else lane_jit_options(lf)
 
+
 _CACHE: dict[tuple, object] = {}  # the lane kernels, by (format, -1 normed | 0, x8[, rounds])
 
 
