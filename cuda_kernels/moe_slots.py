@@ -45,12 +45,20 @@ def resolve_shared(ids, k, slot_table, layer, slot_off, host_off, cpu_misses, mi
     t = cuda.threadIdx.x
     if t < k:
         e = ids[t]
-        where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-        s_where[t] = where
-        s_base[t] = base
-        if count and cuda.blockIdx.x == 0:
-            miss_list[t] = e if where < 0 else -1
-            cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+        _put(t, e, resolve(slot_table, layer, e, slot_off, host_off, cpu_misses), layer,
+             miss_list, counters, s_where, s_base, count)
+
+
+@cuda.jit(device=True, inline="always")
+def _put(t, e, where_base, layer, miss_list, counters, s_where, s_base, count):
+    """Thread t's resolved expert e into the shared lists; with `count`, block 0 lists it if it
+    is left to the CPU and counts it as a hit or a miss."""
+    where, base = where_base
+    s_where[t] = where
+    s_base[t] = base
+    if count and cuda.blockIdx.x == 0:
+        miss_list[t] = e if where < 0 else -1
+        cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
 
 
 @cuda.jit(device=True, inline="always")
@@ -126,12 +134,8 @@ def _resolver(row: bool):
         cuda.syncthreads()  # the row
         if t < k:
             slot = s_slot[e_t] if n_e <= MAX_EXPERTS else slot_table[layer, e_t]
-            where, base = resolve_slot(slot, layer, e_t, slot_off, host_off, cpu_misses)
-            s_where[t] = where
-            s_base[t] = base
-            if count and cuda.blockIdx.x == 0:
-                miss_list[t] = e_t if where < 0 else -1
-                cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
+            _put(t, e_t, resolve_slot(slot, layer, e_t, slot_off, host_off, cpu_misses), layer,
+                 miss_list, counters, s_where, s_base, count)
     return resolve_experts
 
 
