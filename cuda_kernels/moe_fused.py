@@ -29,7 +29,7 @@ from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
-from .moe_lanes import down_units, gate_up_items
+from .moe_lanes import down_run_two_ahead, down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve, route_resolve_row
 from .prefetch import prefetch_spans
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
@@ -53,6 +53,9 @@ SPLIT_ARRIVE = True
 # stages h; the layer's slot-table row read whole beside the ids (`route_resolve_row`).
 PREFETCH_AT_ARRIVAL = 0
 SLOT_ROW = False
+# Also not yet measured: each warp's second down unit's loads issued before the barrier too,
+# and every later unit's once the unit two before it is dotted (`moe_lanes.down_run_two_ahead`)
+DOWN_TWO_AHEAD = False
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -97,6 +100,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
     split = SPLIT_ARRIVE
     pf_arrival, pf_bulk = PREFETCH_AT_ARRIVAL > 0, PREFETCH_AT_ARRIVAL > 1
     resolve_experts = route_resolve_row if SLOT_ROW else route_resolve
+    two = DOWN_TWO_AHEAD
+    dn_run2 = down_run_two_ahead(dn)
 
     @cuda.jit(**_jit())
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -166,6 +171,11 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            cn, sbn, nxt_a, nxt_b = c, sb, cur_a, cur_b
+            if two:  # and the second units'
+                cn, sbn, nxt_a, nxt_b = dn_first(cache, host, s_dwhere, s_dbase,
+                                                 u_first + u_stride + grp, last_u, dn_n_sb,
+                                                 inv_n_sb, off_a, off_b, part)
             if pf_arrival and rb < n_row_blocks:  # its rows in the L2 by the wait's end
                 r0 = rb * 2 * (LANE_WARPS >> log)
                 prefetch_spans(cache, s_where, s_base, k, down_off + r0 * dn_row_bytes,
@@ -188,7 +198,12 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             while rb < n_row_blocks:  # the same in the whole block
                 acc_a = F0
                 acc_b = F0
-                if n_units > 0:
+                if n_units > 0 and two:
+                    acc_a, acc_b = dn_run2(c, sb, cur_a, cur_b, cn, sbn, nxt_a, nxt_b, n_units,
+                                           u_first, u_stride, grp, cache, host, s_dwhere,
+                                           s_dbase, s_dkk, s_dwt, dn_n_sb, inv_n_sb, off_a,
+                                           off_b, part, hs, dn_sums_off, tab_d)
+                elif n_units > 0:
                     acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
                                           cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
                                           inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
@@ -199,6 +214,10 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
                     c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase,
                                                    u_first + grp, last_u, dn_n_sb, inv_n_sb,
                                                    off_a, off_b, part)
+                    if two:
+                        cn, sbn, nxt_a, nxt_b = dn_first(cache, host, s_dwhere, s_dbase,
+                                                         u_first + u_stride + grp, last_u,
+                                                         dn_n_sb, inv_n_sb, off_a, off_b, part)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
     return moe_fused_lanes
 

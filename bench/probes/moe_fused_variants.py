@@ -11,6 +11,8 @@ variant names the ones it changes from the defaults):
   PREFETCH_AT_ARRIVAL  the block's down rows L2-prefetched at its arrival (1 a line an
                        instruction, 2 one bulk prefetch a span)
   SLOT_ROW             the layer's slot-table row read whole beside the ids
+  DOWN_TWO_AHEAD       each warp's first two down units' loads issued before the barrier, later
+                       ones once the unit two before is dotted (`moe_lanes.down_run_two_ahead`)
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
 same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
 resolve, during gate/up, made every pair slower
@@ -36,10 +38,12 @@ VARIANTS = {"defaults": {}, "prefetch at arrival, lines": {"PREFETCH_AT_ARRIVAL"
             "prefetch at arrival, bulk": {"PREFETCH_AT_ARRIVAL": 2},
             "slot row": {"SLOT_ROW": True},
             "slot row + prefetch lines": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 1},
-            "slot row + prefetch bulk": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 2}}
+            "slot row + prefetch bulk": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 2},
+            "down two ahead": {"DOWN_TWO_AHEAD": True},
+            "down two ahead + slot row": {"DOWN_TWO_AHEAD": True, "SLOT_ROW": True}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
 DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "PREFETCH_AT_ARRIVAL",
-                                               "SLOT_ROW")}
+                                               "SLOT_ROW", "DOWN_TWO_AHEAD")}
 
 
 def run(ctx, gu, dn, settings):
