@@ -184,6 +184,24 @@ def _unit(u, n_sb, inv_n_sb):
     return c, sb
 
 
+def _unit_acc(lf: LaneFormat):
+    """acc_a, acc_b + the weighted dots of one unit's two rows (cur_a, cur_b: their loads), where
+    `counted` (a unit past the warp's last one is dotted, not added)."""
+    dot, sb_padded, sb_sums = lf.dot, lf.padded_sb, lf.sb_sums
+
+    @cuda.jit(device=True, inline="always")
+    def unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, counted, s_kk, s_wt, n_sb, part, xs,
+                 sums_off, tab_s):
+        q = s_kk[c] * n_sb + sb             # position of the unit's h slice
+        da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+        db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+        if counted:
+            acc_a += s_wt[c] * da
+            acc_b += s_wt[c] * db
+        return acc_a, acc_b
+    return unit_acc
+
+
 def down_units(lf: LaneFormat):
     """Device functions of the down kernel's unit loop (see moe_down_lanes), shared with the
     fused kernel (`moe_fused`):
@@ -197,9 +215,9 @@ def down_units(lf: LaneFormat):
       finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)   the pair's sums
                                        over its lanes and warps, into out (= or +=); the whole
                                        block calls it (it synchronises)"""
-    load, dot = lf.load, lf.dot
+    load, unit_acc = lf.load, _unit_acc(lf)
     lanes, per_step = lf.lanes, lf.sbs_per_step
-    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
+    sb_bytes = lf.sb_bytes
 
     @cuda.jit(device=True, inline="always")
     def geometry(log):
@@ -232,12 +250,8 @@ def down_units(lf: LaneFormat):
             off = s_base[cn] + sbn * sb_bytes
             nxt_a = load(src, off + off_a, part)
             nxt_b = load(src, off + off_b, part)
-            q = s_kk[c] * n_sb + sb             # position of the unit's h slice
-            da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-            db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-            if u0 + grp < n_units:
-                acc_a += s_wt[c] * da
-                acc_b += s_wt[c] * db
+            acc_a, acc_b = unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, u0 + grp < n_units, s_kk,
+                                    s_wt, n_sb, part, xs, sums_off, tab_s)
             cur_a = nxt_a
             cur_b = nxt_b
             c = cn
@@ -263,8 +277,7 @@ def down_run_two_ahead(lf: LaneFormat):
     Each unit's loads are issued once the unit two before it is dotted, into its registers: two
     units in flight, where `run` has one in flight while it dots the other, so the barrier's
     wait and h's staging cover two memory latencies of each warp's units, not one."""
-    load, dot = lf.load, lf.dot
-    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
+    load, unit_acc, sb_bytes = lf.load, _unit_acc(lf), lf.sb_bytes
 
     @cuda.jit(device=True, inline="always")
     def run2(c, sb, cur_a, cur_b, cn, sbn, nxt_a, nxt_b, n_units, u_first, u_stride, grp, cache,
@@ -275,12 +288,8 @@ def down_run_two_ahead(lf: LaneFormat):
         last_u = n_units - 1
         u0 = u_first
         while u0 < n_units:  # not a range: its trip count would divide by u_stride
-            q = s_kk[c] * n_sb + sb             # position of the unit's h slice
-            da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-            db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-            if u0 + grp < n_units:
-                acc_a += s_wt[c] * da
-                acc_b += s_wt[c] * db
+            acc_a, acc_b = unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, u0 + grp < n_units, s_kk,
+                                    s_wt, n_sb, part, xs, sums_off, tab_s)
             c2, sb2 = _unit(min(u0 + 2 * u_stride + grp, last_u), n_sb, inv_n_sb)
             src = cache if s_where[c2] == 0 else host
             off = s_base[c2] + sb2 * sb_bytes
