@@ -47,20 +47,19 @@ def parse(stderr: str) -> dict[str, int]:
     return {"registers": int(regs.group(1)), "stack_bytes": stack, "spill_bytes": stores + loads}
 
 
-def _run(exe: str, ptx: str, arch: str) -> subprocess.CompletedProcess:
+def _run(exe: str, ptx: str, arch: str, out: str = os.devnull) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "kernel.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        return subprocess.run([exe, f"-arch={arch}", "-v", "-o", os.devnull, path],
+        return subprocess.run([exe, f"-arch={arch}", "-v", "-o", out, path],
                               capture_output=True, text=True, timeout=600)
 
 
-def info(ptx: str, *, arch: str = "sm_90", exe: str | None = None,
-         run: Callable[[str, str, str], subprocess.CompletedProcess] = _run) -> dict[str, int]:
-    """`parse` of ptxas -v on one kernel's PTX (its version lowered where ptxas asks: see the
-    module doc). RuntimeError with ptxas's message where it fails; `run` is a stand-in for
-    tests."""
+def _assemble(ptx: str, arch: str, exe: str | None,
+              run: Callable[[str, str, str], subprocess.CompletedProcess]) -> str:
+    """ptxas's -v output for ptx, its version lowered where ptxas asks (see the module doc);
+    RuntimeError with ptxas's message where it fails."""
     exe = exe or find()
     if exe is None:
         raise RuntimeError("no ptxas: put a CUDA toolkit's bin on PATH or set CUDA_HOME")
@@ -70,4 +69,21 @@ def info(ptx: str, *, arch: str = "sm_90", exe: str | None = None,
         r = run(exe, _VERSION.sub(f".version {older.group(1)}", ptx, count=1), arch)
     if r.returncode != 0:
         raise RuntimeError(f"ptxas failed: {r.stderr.strip()[:300]}")
-    return parse(r.stderr)
+    return r.stderr
+
+
+def info(ptx: str, *, arch: str = "sm_90", exe: str | None = None,
+         run: Callable[[str, str, str], subprocess.CompletedProcess] = _run) -> dict[str, int]:
+    """`parse` of ptxas -v on one kernel's PTX (its version lowered where ptxas asks: see the
+    module doc). RuntimeError with ptxas's message where it fails; `run` is a stand-in for
+    tests."""
+    return parse(_assemble(ptx, arch, exe, run))
+
+
+def cubin(ptx: str, *, arch: str = "sm_90", exe: str | None = None) -> bytes:
+    """The cubin ptxas makes of ptx (as `info` assembles it), for a disassembler."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "kernel.cubin")
+        _assemble(ptx, arch, exe, lambda e, p, a: _run(e, p, a, out))
+        with open(out, "rb") as f:
+            return f.read()

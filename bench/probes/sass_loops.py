@@ -26,28 +26,19 @@ _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _TARGET = re.compile(r"(\.L_x_\d+)")
 
 
-def sass(ptx: str, exe_ptxas: str, exe_nvdisasm: str) -> str:
-    """nvdisasm's listing of the cubin ptxas makes of ptx (its version lowered where ptxas asks,
-    as `ptxas.info` does)."""
+def sass(ptx: str, exe_nvdisasm: str) -> str:
+    """nvdisasm's listing of the cubin ptxas makes of ptx (`ptxas.cubin`)."""
     with tempfile.TemporaryDirectory() as d:
-        src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        for attempt in range(2):
-            with open(src, "w") as f:
-                f.write(ptx)
-            r = subprocess.run([exe_ptxas, "-arch=sm_90", "-o", cubin, src], capture_output=True,
-                               text=True, timeout=600)
-            older = ptxas._REFUSED.search(r.stderr)
-            if r.returncode == 0 or not older or attempt:
-                break
-            ptx = ptxas._VERSION.sub(f".version {older.group(1)}", ptx, count=1)
-        if r.returncode != 0:
-            raise RuntimeError(f"ptxas failed: {r.stderr.strip()[:300]}")
-        return subprocess.run([exe_nvdisasm, "-c", "-g", cubin], capture_output=True, text=True,
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(ptxas.cubin(ptx))
+        return subprocess.run([exe_nvdisasm, "-c", "-g", path], capture_output=True, text=True,
                               check=True, timeout=600).stdout
 
 
-def loops(listing: str) -> list[tuple[str, list[str]]]:
-    """(label, opcodes of the body) per backward branch of the listing, innermost first by size."""
+def loops(listing: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """((label, opcodes of the body) per backward branch of the listing, smallest first; every
+    instruction's opcode)."""
     insns, labels = [], {}
     for line in listing.splitlines():
         m = _LABEL.match(line)
@@ -72,8 +63,7 @@ def main() -> int:
     ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"))
     ap.add_argument("--top", type=int, default=12, help="opcodes listed per loop")
     a = ap.parse_args()
-    exe = ptxas.find()
-    if exe is None or not a.nvdisasm:
+    if ptxas.find() is None or not a.nvdisasm:
         print("needs ptxas (a CUDA toolkit) and nvdisasm (--nvdisasm PATH)", file=sys.stderr)
         return 2
     checks = compile_check._checks(None, a.k)
@@ -81,7 +71,7 @@ def main() -> int:
         print(f"no registered kernel matches {a.k!r}", file=sys.stderr)
         return 2
     for c in checks:
-        body, every = loops(sass(compile_check.canonical_ptx(c), exe, a.nvdisasm))
+        body, every = loops(sass(compile_check.canonical_ptx(c), a.nvdisasm))
         print(f"\n{c.name}: {len(every)} instructions")
         for label, ops in body:
             count = collections.Counter(op.split(".")[0] for op in ops)

@@ -81,3 +81,14 @@ def test_compile_check_asks_for_ptxas_where_there_is_none(monkeypatch, capsys):
 def test_the_installed_ptxas_on_a_small_kernel():
     got = ptxas.info(PTX)
     assert 1 <= got["registers"] <= 16 and got["spill_bytes"] == 0 and got["stack_bytes"] == 0
+
+
+@pytest.mark.skipif(ptxas.find() is None, reason="no CUDA toolkit ptxas on this machine")
+def test_the_installed_ptxas_makes_a_cubin():
+    assert ptxas.cubin(PTX)[:4] == b"\x7fELF"  # what a disassembler reads (`sass_loops.py`)
+
+
+def test_a_cubin_without_ptxas_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(ptxas, "find", lambda: None)
+    with pytest.raises(RuntimeError, match="no ptxas"):
+        ptxas.cubin(PTX)
