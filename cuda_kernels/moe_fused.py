@@ -29,9 +29,8 @@ from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
-from .moe_lanes import down_run_two_ahead, down_units, gate_up_items
-from .moe_slots import MAX_K, route_resolve, route_resolve_row
-from .prefetch import prefetch_spans
+from .moe_lanes import down_units, gate_up_items
+from .moe_slots import MAX_K, route_resolve
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
@@ -47,15 +46,12 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
-# Variants not yet measured (the probe's next run): L2 prefetches of the block's down rows of
-# every cached expert issued at its barrier arrival, after its first down loads (0 none, 1 a
-# line an instruction, 2 one bulk prefetch a span: sm_90), so they come in while it waits and
-# stages h; the layer's slot-table row read whole beside the ids (`route_resolve_row`).
-PREFETCH_AT_ARRIVAL = 0
-SLOT_ROW = False
-# Also not yet measured: each warp's second down unit's loads issued before the barrier too,
-# and every later unit's once the unit two before it is dotted (`moe_lanes.down_run_two_ahead`)
-DOWN_TWO_AHEAD = False
+# Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
+# 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
+# (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
+# whole beside the ids (17.42), each warp's first two down units' loads issued before the
+# barrier and later ones two ahead (Q4_K/Q4_K 16.88 against 15.50)
+# (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`).
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -98,10 +94,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
     stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
-    pf_arrival, pf_bulk = PREFETCH_AT_ARRIVAL > 0, PREFETCH_AT_ARRIVAL > 1
-    resolve_experts = route_resolve_row if SLOT_ROW else route_resolve
-    two = DOWN_TWO_AHEAD
-    dn_run2 = down_run_two_ahead(dn)
 
     @cuda.jit(**_jit())
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -128,9 +120,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
         t = cuda.threadIdx.x
-        resolve_experts(logits, n_route, k, norm_topk, ids, weights, slot_table, layer,
-                        slot_off, host_off, cpu_misses, miss_list, counters, s_where, s_base,
-                        phase != 1)
+        route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
@@ -171,16 +162,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
-            cn, sbn, nxt_a, nxt_b = c, sb, cur_a, cur_b
-            if two:  # and the second units'
-                cn, sbn, nxt_a, nxt_b = dn_first(cache, host, s_dwhere, s_dbase,
-                                                 u_first + u_stride + grp, last_u, dn_n_sb,
-                                                 inv_n_sb, off_a, off_b, part)
-            if pf_arrival and rb < n_row_blocks:  # its rows in the L2 by the wait's end
-                r0 = rb * 2 * (LANE_WARPS >> log)
-                prefetch_spans(cache, s_where, s_base, k, down_off + r0 * dn_row_bytes,
-                               (min(r0 + 2 * (LANE_WARPS >> log), n_embd) - r0) * dn_row_bytes,
-                               pf_bulk)
             if phase == 2:
                 if split:
                     grid_wait(bar, gen)
@@ -198,12 +179,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
             while rb < n_row_blocks:  # the same in the whole block
                 acc_a = F0
                 acc_b = F0
-                if n_units > 0 and two:
-                    acc_a, acc_b = dn_run2(c, sb, cur_a, cur_b, cn, sbn, nxt_a, nxt_b, n_units,
-                                           u_first, u_stride, grp, cache, host, s_dwhere,
-                                           s_dbase, s_dkk, s_dwt, dn_n_sb, inv_n_sb, off_a,
-                                           off_b, part, hs, dn_sums_off, tab_d)
-                elif n_units > 0:
+                if n_units > 0:
                     acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
                                           cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
                                           inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
@@ -214,10 +190,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
                     c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase,
                                                    u_first + grp, last_u, dn_n_sb, inv_n_sb,
                                                    off_a, off_b, part)
-                    if two:
-                        cn, sbn, nxt_a, nxt_b = dn_first(cache, host, s_dwhere, s_dbase,
-                                                         u_first + u_stride + grp, last_u,
-                                                         dn_n_sb, inv_n_sb, off_a, off_b, part)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
     return moe_fused_lanes
 

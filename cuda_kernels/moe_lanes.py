@@ -270,42 +270,6 @@ def down_units(lf: LaneFormat):
     return geometry, rows, first, run, finish
 
 
-def down_run_two_ahead(lf: LaneFormat):
-    """`down_units`' run with the second unit's loads given as well (the fused kernel issues
-    both units' loads before its barrier):
-      run2(c, sb, cur_a, cur_b, cn, sbn, nxt_a, nxt_b, <run's other arguments>) -> (acc_a, acc_b)
-    Each unit's loads are issued once the unit two before it is dotted, into its registers: two
-    units in flight, where `run` has one in flight while it dots the other, so the barrier's
-    wait and h's staging cover two memory latencies of each warp's units, not one."""
-    load, unit_acc, sb_bytes = lf.load, _unit_acc(lf), lf.sb_bytes
-
-    @cuda.jit(device=True, inline="always")
-    def run2(c, sb, cur_a, cur_b, cn, sbn, nxt_a, nxt_b, n_units, u_first, u_stride, grp, cache,
-             host, s_where, s_base, s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs,
-             sums_off, tab_s):
-        acc_a = F0
-        acc_b = F0
-        last_u = n_units - 1
-        u0 = u_first
-        while u0 < n_units:  # not a range: its trip count would divide by u_stride
-            acc_a, acc_b = unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, u0 + grp < n_units, s_kk,
-                                    s_wt, n_sb, part, xs, sums_off, tab_s)
-            c2, sb2 = _unit(min(u0 + 2 * u_stride + grp, last_u), n_sb, inv_n_sb)
-            src = cache if s_where[c2] == 0 else host
-            off = s_base[c2] + sb2 * sb_bytes
-            cur_a = nxt_a
-            cur_b = nxt_b
-            c = cn
-            sb = sbn
-            nxt_a = load(src, off + off_a, part)
-            nxt_b = load(src, off + off_b, part)
-            cn = c2
-            sbn = sb2
-            u0 += u_stride
-        return acc_a, acc_b
-    return run2
-
-
 def _down_lanes(lf: LaneFormat):
     geometry, rows, first, run, finish = down_units(lf)
     sb_values = lf.sb_values

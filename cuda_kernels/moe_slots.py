@@ -10,7 +10,7 @@ from numba import cuda, types
 
 from .intrinsics import SIMULATED
 
-from .router import GROUP, MAX_EXPERTS, rank_topk, topk_weights
+from .router import GROUP, rank_topk, topk_weights
 
 MAX_K = 16  # experts per token the kernels' shared lists hold
 # The most experts a MoE kernel routes itself (its shared lists are sized for them; Qwen3's
@@ -103,52 +103,24 @@ def route_shared(logits, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_c
         topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
 
 
-def _resolver(row: bool):
-    n_slot = MAX_EXPERTS if row else 1  # the slot-table row's shared copy (row only)
-
-    @cuda.jit(device=True, inline="always")
-    def resolve_experts(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                        host_off, cpu_misses, miss_list, counters, s_where, s_base, count):
-        s_slot = cuda.shared.array(n_slot, types.int32)
-        s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)
-        s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
-        s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
-        s_id = cuda.shared.array(MAX_K, types.int32)
-        s_top = cuda.shared.array(MAX_K, types.float32)
-        scratch = cuda.shared.array(32, types.float32)
-        t = cuda.threadIdx.x
-        n_e = slot_table.shape[1]
-        if row and n_e <= MAX_EXPERTS:  # read first: in flight beside the ids or the routing
-            for e in range(t, n_e, cuda.blockDim.x):
-                s_slot[e] = slot_table[layer, e]
-        if n_route > 0:  # the same in every block: the router wrote logits, not ids
-            route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand,
-                         s_id, s_top, scratch)
-        if not row:
-            resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off,
-                           host_off, cpu_misses, miss_list, counters, s_where, s_base, count)
-            return
-        e_t = 0
-        if t < k:
-            e_t = s_id[t] if n_route > 0 else ids[t]
-        cuda.syncthreads()  # the row
-        if t < k:
-            slot = s_slot[e_t] if n_e <= MAX_EXPERTS else slot_table[layer, e_t]
-            _put(t, e_t, resolve_slot(slot, layer, e_t, slot_off, host_off, cpu_misses), layer,
-                 miss_list, counters, s_where, s_base, count)
-    return resolve_experts
-
-
-# The prologue of the lane gate/up kernels: with n_route > 0 the token's top k of its router
-# logits ranked by this block (`route_shared`, block 0 writing ids and weights), else ids as
-# given; then those k experts resolved into s_where/s_base (`resolve_shared`; read them after a
-# barrier). The whole block calls it (it synchronises); the routing scratch is declared in it,
-# in the shared memory of the kernel that inlines it:
-#   route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-#                 host_off, cpu_misses, miss_list, counters, s_where, s_base, count)
-route_resolve = _resolver(False)
-# The same with the layer's whole slot-table row read into shared memory first, by every thread
-# at once, beside the ids (or the routing): a block then waits for two dependent reads (ids and
-# the row, then the slot offsets), not three. Rows of more than MAX_EXPERTS experts are read per
-# expert. A variant of the fused MoE (`moe_fused.SLOT_ROW`), not yet measured.
-route_resolve_row = _resolver(True)
+@cuda.jit(device=True, inline="always")
+def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
+                  host_off, cpu_misses, miss_list, counters, s_where, s_base, count):
+    """The prologue of the lane gate/up kernels: with n_route > 0 the token's top k of its
+    router logits ranked by this block (`route_shared`, block 0 writing ids and weights), else
+    ids as given; then those k experts resolved into s_where/s_base (`resolve_shared`; read
+    them after a barrier). The whole block calls this (it synchronises); the routing scratch is
+    declared here, in the shared memory of the kernel that inlines it. (Reading the layer's
+    whole slot-table row beside the ids, two dependent reads instead of three, made the fused
+    MoE slower on the H200: `bench/results/2026-12-04_kernels_moe_fused_variants_2.json`.)"""
+    s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)
+    s_key = cuda.shared.array(ROUTE_MAX_EXPERTS, types.int64, alignment=ALIGN16)
+    s_cand = cuda.shared.array(ROUTE_MAX_CAND, types.int64, alignment=ALIGN16)
+    s_id = cuda.shared.array(MAX_K, types.int32)
+    s_top = cuda.shared.array(MAX_K, types.float32)
+    scratch = cuda.shared.array(32, types.float32)
+    if n_route > 0:  # the same in every block: the router wrote logits, not ids
+        route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
+                     s_top, scratch)
+    resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
+                   cpu_misses, miss_list, counters, s_where, s_base, count)

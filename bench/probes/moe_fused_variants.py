@@ -8,11 +8,9 @@ variant names the ones it changes from the defaults):
   H_SIX                h staged six quads a thread at a time (one round of loads, not two)
   SPLIT_ARRIVE         a block arrives at the barrier before it issues its first down loads
                        (both made defaults on 2026-12-04)
-  PREFETCH_AT_ARRIVAL  the block's down rows L2-prefetched at its arrival (1 a line an
-                       instruction, 2 one bulk prefetch a span)
-  SLOT_ROW             the layer's slot-table row read whole beside the ids
-  DOWN_TWO_AHEAD       each warp's first two down units' loads issued before the barrier, later
-                       ones once the unit two before is dotted (`moe_lanes.down_run_two_ahead`)
+Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
+112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
+read whole beside the ids, each warp's first two down units' loads issued before the barrier.
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
 same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
 resolve, during gate/up, made every pair slower
@@ -34,16 +32,11 @@ from decode_parts import moe_case  # noqa: E402  (this folder: the script's, fir
 from strata.bench.kernels import Ctx  # noqa: E402
 from strata.cuda_kernels import moe_fused  # noqa: E402
 
-VARIANTS = {"defaults": {}, "prefetch at arrival, lines": {"PREFETCH_AT_ARRIVAL": 1},
-            "prefetch at arrival, bulk": {"PREFETCH_AT_ARRIVAL": 2},
-            "slot row": {"SLOT_ROW": True},
-            "slot row + prefetch lines": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 1},
-            "slot row + prefetch bulk": {"SLOT_ROW": True, "PREFETCH_AT_ARRIVAL": 2},
-            "down two ahead": {"DOWN_TWO_AHEAD": True},
-            "down two ahead + slot row": {"DOWN_TWO_AHEAD": True, "SLOT_ROW": True}}
+VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
+            "arrival after the first down loads": {"SPLIT_ARRIVE": False},
+            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "PREFETCH_AT_ARRIVAL",
-                                               "SLOT_ROW", "DOWN_TWO_AHEAD")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE")}
 
 
 def run(ctx, gu, dn, settings):
