@@ -71,6 +71,10 @@ MAX_GROUP = 32            # query heads per KV head: n_sub(group) blocks of TILE
 # faster (`2026-12-03_kernels_decode_attention_stream.json`). int8 widens its rows in registers
 # and spills at 96 (ptxas 13.0): 4, 128 registers.
 MIN_BLOCKS = {"f16": 5, "int8": 4}
+# Read when a kernel is made: the score mma's products of Q's hi and lo parts accumulated in two
+# chains of N_CH mmas each, added at the end (2), or in one chain of 2 N_CH (1): a tile's scores
+# wait on half as many dependent mmas, for four more registers a lane.
+SCORE_CHAINS = 1
 PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
 RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
 NEG_INF = float32(-np.inf)
@@ -161,6 +165,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
     N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_SUB = n_sub(group)
     EVEN_SUB = group % TILE_HEADS == 0  # every block a full n-tile: a constant head count
+    TWO_CHAINS = SCORE_CHAINS == 2
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
@@ -309,11 +314,20 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 widen(ring, k_slot_w, r0, lane)
             syncwarp()
             c0 = c1 = c2 = c3 = float32(0.0)
+            e0 = e1 = e2 = e3 = float32(0.0)  # Q's lo products (TWO_CHAINS)
             for c in range(N_CH):
                 a0, a1, a2, a3 = ldsm_x4_at(ring, k_row + uint32(((2 * c) ^ k_x) << 4))
                 bh0, bh1, bl0, bl1 = ld_w4(s_q, (c * 32 + lane) * 4)
                 c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bh0, bh1, c0, c1, c2, c3)
-                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
+                if TWO_CHAINS:
+                    e0, e1, e2, e3 = mma_16816(a0, a1, a2, a3, bl0, bl1, e0, e1, e2, e3)
+                else:
+                    c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
+            if TWO_CHAINS:
+                c0 += e0
+                c1 += e1
+                c2 += e2
+                c3 += e3
             syncwarp()  # every lane has read the K slot: the next tile's K may land
             nxt = r + WARPS
             if nxt < n_tiles:
