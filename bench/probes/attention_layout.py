@@ -10,7 +10,8 @@ if not, the kernel's own chain per tile is what bounds it.
 
 Rows (pass 1 alone, graph replays over two layers' caches, as `strata.bench.kernels_prefill`'s
 decode_attn cases): f16 and int8 KV, 4/2/1 KV heads over 32K/64K/128K keys (the same bytes), and
-the 30B shape with the combine and with splits of 512 keys.
+the 30B shape with the combine and with splits of 512 and 1,024 keys; last, a read of the same
+bytes (`strata.bench.kernels`' ceiling read kernel, two 64 MiB buffers in turn).
 
     python bench/probes/attention_layout.py --json OUT.json
 """
@@ -20,6 +21,9 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
+from strata.bench.kernels import Ctx, time_same_size_read
 from strata.bench.kernels_attention import bench_decode_attention
 
 
@@ -37,7 +41,11 @@ def main() -> int:
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, max_split=512,
                       tag="_kv4_s512"),
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, max_split=512,
-                      tag="_kv4_s512_pass1")]
+                      tag="_kv4_s512_pass1"),
+                 dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, max_split=1024, n_target=32,
+                      tag="_kv4_s1024"),
+                 dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, max_split=1024,
+                      n_target=32, tag="_kv4_s1024_pass1")]
         for c in cases:
             if c["combine"]:  # the launcher (its own launch bounds): what the engine runs
                 c = {**c}
@@ -46,6 +54,13 @@ def main() -> int:
             rows.append(r)
             print(f"{r['name']:40s} {r['ms'] * 1e3:7.2f} us  {r['gbps'] / 1e3:5.2f} TB/s  "
                   f"splits {r['n_used']} of {r['split_len']}", flush=True)
+    ctx = Ctx()
+    n_bytes = 2 * 32768 * 4 * 128 * 2  # a layer's f16 K and V at the 30B shape
+    views = [ctx.upload(ctx.rng.integers(0, 256, n_bytes, dtype=np.uint8)) for _ in range(2)]
+    us = time_same_size_read(ctx, views, 4)
+    rows.append({"name": "read of a layer's f16 K and V", "ms": us / 1e3, "kv_bytes": n_bytes,
+                 "gbps": n_bytes / (us * 1e3)})
+    print(f"{rows[-1]['name']:40s} {us:7.2f} us  {rows[-1]['gbps'] / 1e3:5.2f} TB/s", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows}, f, indent=1)
