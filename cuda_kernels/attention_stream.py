@@ -54,7 +54,7 @@ from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
                   h2_sub, half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
-                  shfl_xor, smem_u32, syncwarp)
+                  shfl_xor, smem_u32, syncwarp, warp_all)
 
 WARPS = 4
 THREADS = 32 * WARPS
@@ -71,10 +71,6 @@ MAX_GROUP = 32            # query heads per KV head: n_sub(group) blocks of TILE
 # faster (`2026-12-03_kernels_decode_attention_stream.json`). int8 widens its rows in registers
 # and spills at 96 (ptxas 13.0): 4, 128 registers.
 MIN_BLOCKS = {"f16": 5, "int8": 4}
-# Read when a kernel is made: the score mma's products of Q's hi and lo parts accumulated in two
-# chains of N_CH mmas each, added at the end (2), or in one chain of 2 N_CH (1): a tile's scores
-# wait on half as many dependent mmas, for four more registers a lane.
-SCORE_CHAINS = 1
 PS = 20                   # row stride (floats) of a warp's P transpose: conflict-free stores
 RED_ROW = 33              # one P V fragment of a warp at the merge: 32 lanes + 1 of padding
 NEG_INF = float32(-np.inf)
@@ -165,22 +161,30 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
     N_Q = N_CH * 32 * 4       # Q^T fragments: [k-chunk, lane, (b0, b1) hi, (b0, b1) lo]
     N_SUB = n_sub(group)
     EVEN_SUB = group % TILE_HEADS == 0  # every block a full n-tile: a constant head count
-    TWO_CHAINS = SCORE_CHAINS == 2
 
     @cuda.jit(device=True, inline="always")
     def issue(ring, slot, src, g_src, key0, n_keys, kstride, r0, lane):
         # this lane's NC chunks of the tile's rows key0.. (chunk lane % CH_G of rows
         # r0 + RSTEP*j) into the slot, f16 swizzled, int8 as they lie (chunk lane + 32j); rows
-        # past the split are zero-filled and not read
-        col = lane % CH_G
+        # past the split are zero-filled and not read. Keys in int32: numba widens integer
+        # arithmetic to 64 bits, and a 64-bit compare and min cost twice the instructions. The
+        # f16 swizzle: r0 < RSTEP (a power of two), so (r0 + RSTEP j) & 7 = r0 ^ c_j with
+        # c_j = (RSTEP j) & 7, and the chunk col ^ (row & 7) = (col ^ r0) ^ c_j: an XOR and an
+        # add a copy. (Together with the unsigned P^T indices and the skipped rescale below,
+        # the f16 tile loop went from 600 SASS instructions to 430, `bench/probes/sass_loops.py`.)
+        last = int32(n_keys - 1)
+        d_lane = slot + uint32(r0 * ROW)
+        x16 = uint32(((lane % CH_G) ^ r0) << 4)
         for j in range(NC):
-            row = r0 + RSTEP * j
-            key = min(key0 + row, n_keys - 1)
+            row = int32(r0 + RSTEP * j)
+            key = int32(key0 + row)
+            valid = key < n_keys
+            key = min(key, last)
             if INT8:
-                dst = slot + ((lane + 32 * j) << 4)
+                dst = slot + uint32((lane + 32 * j) << 4)
             else:
-                dst = slot + row * ROW + ((col ^ (row & 7)) << 4)
-            cp_async16_at(ring, dst, src, g_src + uint32(key) * kstride, key0 + row < n_keys)
+                dst = d_lane + uint32(RSTEP * j * ROW) + (x16 ^ uint32(((RSTEP * j) & 7) << 4))
+            cp_async16_at(ring, dst, src, g_src + uint32(key) * kstride, valid)
 
     @cuda.jit(device=True, inline="always")
     def widen(ring, slot_w, r0, lane):
@@ -314,20 +318,11 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 widen(ring, k_slot_w, r0, lane)
             syncwarp()
             c0 = c1 = c2 = c3 = float32(0.0)
-            e0 = e1 = e2 = e3 = float32(0.0)  # Q's lo products (TWO_CHAINS)
             for c in range(N_CH):
                 a0, a1, a2, a3 = ldsm_x4_at(ring, k_row + uint32(((2 * c) ^ k_x) << 4))
                 bh0, bh1, bl0, bl1 = ld_w4(s_q, (c * 32 + lane) * 4)
                 c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bh0, bh1, c0, c1, c2, c3)
-                if TWO_CHAINS:
-                    e0, e1, e2, e3 = mma_16816(a0, a1, a2, a3, bl0, bl1, e0, e1, e2, e3)
-                else:
-                    c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
-            if TWO_CHAINS:
-                c0 += e0
-                c1 += e1
-                c2 += e2
-                c3 += e3
+                c0, c1, c2, c3 = mma_16816(a0, a1, a2, a3, bl0, bl1, c0, c1, c2, c3)
             syncwarp()  # every lane has read the K slot: the next tile's K may land
             nxt = r + WARPS
             if nxt < n_tiles:
@@ -340,9 +335,9 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 c2 *= sk1
                 c3 *= sk1
             # online softmax: keys g (c0, c1) and g + 8 (c2, c3) of heads 2t, 2t + 1
-            if base + g >= n_keys:
+            if int32(base + g) >= n_keys:
                 c0 = c1 = NEG_INF
-            if base + g + 8 >= n_keys:
+            if int32(base + g + 8) >= n_keys:
                 c2 = c3 = NEG_INF
             n0 = max(m0, _max_over_g(max(c0, c2)))  # finite: the tile's key 0 is valid
             n1 = max(m1, _max_over_g(max(c1, c3)))
@@ -369,23 +364,38 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 p1 *= sv0 * inv_v
                 p2 *= sv1 * inv_v
                 p3 *= sv1 * inv_v
-            for i in range(N_CH):
-                acc[4 * i] *= al0
-                acc[4 * i + 1] *= al1
-                acc[4 * i + 2] *= al0
-                acc[4 * i + 3] *= al1
+            # f16: once the running maxima stop growing (most tiles) every factor is exactly 1
+            # and the warp skips the 4 N_CH multiplies (int8's factors carry 1 / big_v)
+            rescale = True
+            if not INT8:
+                rescale = not warp_all(al0 == float32(1.0) and al1 == float32(1.0))
+            if rescale:
+                for i in range(N_CH):
+                    acc[4 * i] *= al0
+                    acc[4 * i + 1] *= al1
+                    acc[4 * i + 2] *= al0
+                    acc[4 * i + 3] *= al1
             # P^T for the B fragment (head g, keys 2t, 2t + 1 and 2t + 8, 2t + 9)
-            s_p[pw + 2 * t * PS + g] = p0
-            s_p[pw + (2 * t + 1) * PS + g] = p1
-            s_p[pw + 2 * t * PS + g + 8] = p2
-            s_p[pw + (2 * t + 1) * PS + g + 8] = p3
+            # (unsigned indices: a signed one costs each access a wrap-around check; int8 keeps
+            # the signed stores, with which ptxas fits its group of 16 in 128 registers unspilled)
+            if INT8:
+                s_p[pw + 2 * t * PS + g] = p0
+                s_p[pw + (2 * t + 1) * PS + g] = p1
+                s_p[pw + 2 * t * PS + g + 8] = p2
+                s_p[pw + (2 * t + 1) * PS + g + 8] = p3
+            else:
+                p_st = uint32(pw + 2 * t * PS + g)  # this lane's P^T (keys 2t, 2t + 1, head g)
+                s_p[p_st] = p0
+                s_p[p_st + uint32(PS)] = p1
+                s_p[p_st + uint32(8)] = p2
+                s_p[p_st + uint32(PS + 8)] = p3
             cp_async_wait_group1()  # this tile's V (the next K may still be in flight)
             if INT8:
                 widen(ring, v_slot_w, r0, lane)
             syncwarp()
-            o = pw + g * PS + 2 * t
-            b0h, b0l = _split_pair(s_p[o], s_p[o + 1])
-            b1h, b1l = _split_pair(s_p[o + 8], s_p[o + 9])
+            p_ld = uint32(pw + g * PS + 2 * t)  # and its B-fragment loads
+            b0h, b0l = _split_pair(s_p[p_ld], s_p[p_ld + uint32(1)])
+            b1h, b1l = _split_pair(s_p[p_ld + uint32(8)], s_p[p_ld + uint32(9)])
             for i in range(N_CH):  # m-tile i: dims 16i + g, 16i + g + 8
                 a0, a1, a2, a3 = ldsm_x4_trans_at(ring, v_row + uint32(((2 * i) ^ v_x) << 4))
                 x0, x1, x2, x3 = mma_16816(a0, a1, a2, a3, b0h, b1h, acc[4 * i],

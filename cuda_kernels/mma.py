@@ -36,7 +36,8 @@ if SIMULATED:
     from .mma_sim import (  # noqa: F401 (re-exported)
         cp_async16, cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr,
         gaddr1, h2_sub, h2_sub_fma, half2_hi, half2_lo, ldsm_x4, ldsm_x4_at, ldsm_x4_trans,
-        ldsm_x4_trans_at, mma_16816, pack_half2, shfl_idx, shfl_xor, smem_u32, syncwarp)
+        ldsm_x4_trans_at, mma_16816, pack_half2, shfl_idx, shfl_xor, smem_u32, syncwarp,
+        warp_all)
 else:
     from llvmlite import ir
     from numba import cuda, types
@@ -274,6 +275,11 @@ else:
     def syncwarp():
         """Barrier of the warp's 32 lanes, ordering their shared-memory accesses."""
         cuda.syncwarp(0xFFFFFFFF)
+
+    @cuda.jit(device=True, inline="always")
+    def warp_all(pred):
+        """Whether `pred` holds in all 32 lanes (all must take part; one vote)."""
+        return cuda.all_sync(0xFFFFFFFF, pred) != 0
 
     @cuda.jit(device=True, inline="always")
     def shfl_idx(value, src):

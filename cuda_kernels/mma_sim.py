@@ -229,6 +229,11 @@ def _shfl_idx_sim(value, src):
     return values[int(src) & 31]
 
 
+def _warp_all_sim(pred):
+    ex, lane = _warp_exchange()
+    return all(ex.run(lane, bool(pred), list))
+
+
 def _pack_half2_sim(lo, hi):
     pair = np.array([lo, hi], dtype=np.float32).astype(np.float16)
     return np.uint32(pair.view(np.uint32)[0])
@@ -262,4 +267,5 @@ cp_async_wait_group1 = _cp_async_wait_group1_sim
 h2_sub_fma = _h2_sub_fma_sim
 h2_sub = _h2_sub_sim
 shfl_idx = _shfl_idx_sim
+warp_all = _warp_all_sim
 syncwarp = _syncwarp_sim

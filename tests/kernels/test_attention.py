@@ -277,3 +277,21 @@ def test_decode_attention_picks_the_streaming_kernel():
             attention.decode_kernel(*case, wide=True)
     with pytest.raises(ValueError, match="longest split 100 not supported"):
         attention_stream.stream_kernel("f16", 128, 8, 100)
+
+
+def test_warp_all_votes_over_the_whole_warp():
+    """`mma.warp_all` (the f16 stream kernel skips its rescale when the vote holds): true only
+    where all 32 lanes' predicates hold, the same answer in every lane."""
+    from strata.cuda_kernels.mma import warp_all
+
+    @cuda.jit
+    def vote(flags, out):
+        w = cuda.blockIdx.x
+        out[w, cuda.threadIdx.x] = 1 if warp_all(flags[w, cuda.threadIdx.x] != 0) else 0
+
+    flags = np.ones((3, 32), np.int32)
+    flags[1, 17] = 0  # one lane false
+    flags[2] = 0      # every lane false
+    out = cuda.device_array((3, 32), np.int32)
+    vote[3, 32](cuda.to_device(flags), out)
+    assert out.copy_to_host().tolist() == [[1] * 32, [0] * 32, [0] * 32]
