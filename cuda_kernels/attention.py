@@ -207,6 +207,16 @@ def kv_blocks(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
     return 1
 
 
+def longest_split(k_fmt, v_fmt, head_dim, group, *, wide=None) -> int:
+    """The longest split the launcher gives the kernel `decode_kernel` picks, where the caller
+    names none: the tensor-core kernel's by format (`attention_stream.LONG_SPLIT`), SPLIT_LEN
+    (its shared score buffer) for the generic one. Partials sized for SPLIT_LEN (the plan's,
+    `allocate_partials`' default) hold the splits of either: a longer split makes fewer."""
+    if _tensor_cores(k_fmt, v_fmt, head_dim, group, SPLIT_LEN, wide):
+        return max(SPLIT_LEN, attention_stream.LONG_SPLIT[k_fmt])
+    return SPLIT_LEN
+
+
 def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int:
     """The shortest split of the kernel `decode_kernel` picks: SPLIT_K_MIN (64) for the
     tensor-core kernel (a tile for each of its four warps), SPLIT_K_GRAIN (16) for the generic
@@ -217,74 +227,62 @@ def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int
 
 
 COMBINE_WARPS = 8
-MAX_SPLITS = 4096  # 16 KiB of split weights in shared memory: 1M positions at split 256
+MAX_SPLITS = 4096  # the most splits the launcher takes: 1M positions at split 256
 COMBINE_THREADS = COMBINE_WARPS * 32
 
 
-@cuda.jit(device=True, inline="always")
-def _block_reduce(v, is_max, s_red, warp, lane):
-    """Max or sum of v over the block (COMBINE_WARPS warps), returned to every thread."""
-    for sh in (16, 8, 4, 2, 1):
-        o = shfl_xor(v, sh)
-        v = max(v, o) if is_max else v + o
-    if lane == 0:
-        s_red[warp] = v
-    cuda.syncthreads()
-    v = s_red[0]
-    for w in range(1, COMBINE_WARPS):
-        v = max(v, s_red[w]) if is_max else v + s_red[w]
-    cuda.syncthreads()
-    return v
-
-
-COMBINE_EARLY = 16  # partial outputs a thread loads before the reductions (128 splits: 32K keys)
+COMBINE_EARLY = 16  # partial outputs a thread loads up front (its warp's: 128 splits in all)
+ML_EARLY = 4        # split statistics a lane loads up front (128 splits)
 
 
 @cuda.jit
 def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_split, out):
     """Block (head, 32-dim slice): merge the used splits (their count derived from the length
-    as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
-    hundreds of splits was the slowest part of decode). Every load is issued first: a
-    thread's split statistics and its share of the first COMBINE_EARLY * COMBINE_WARPS splits'
-    outputs (in registers), so the merge waits on one memory latency, not one per step."""
+    as pass 1 derives it). Each warp takes the statistics of every split itself (lane l: splits
+    l, l + 32, ...; the global max and the denominator by shuffles) and its share of the outputs
+    (splits warp, warp + COMBINE_WARPS, ...), each weighted by exp(its max - the global max)
+    from its own broadcast load, so the warps meet once, to add their sums. Every load is issued
+    first (ML_EARLY statistics and COMBINE_EARLY outputs and maxima a lane): one memory latency.
+    (Before, 2026-12-04: the block's threads took a split's statistics each and met at two block
+    reductions of four barriers in all, the weights through shared memory.)"""
     h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
-    s_w = cuda.shared.array(MAX_SPLITS, float32)
     s_red = cuda.shared.array(COMBINE_THREADS, float32)
-    early = cuda.local.array(COMBINE_EARLY, float32)
+    m_st = cuda.local.array(ML_EARLY, float32)
+    l_st = cuda.local.array(ML_EARLY, float32)
+    o_e = cuda.local.array(COMBINE_EARLY, float32)
+    m_e = cuda.local.array(COMBINE_EARLY, float32)
     length = min(seq_len[0] + n_new, n_ctx)
     split_len = _split_len(length, n_target, max_split, min_split)
     n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
-    m_own = NEG_INF
-    l_own = float32(0.0)
-    if tid < n_used:
-        m_own = part_ml[tid, h, 0]
-        l_own = part_ml[tid, h, 1]
+    for i in range(ML_EARLY):
+        s = lane + 32 * i
+        m_st[i] = part_ml[s, h, 0] if s < n_used else NEG_INF
+        l_st[i] = part_ml[s, h, 1] if s < n_used else float32(0.0)
     for i in range(COMBINE_EARLY):
         s = warp + COMBINE_WARPS * i
-        early[i] = part_o[s, h, d] if s < n_used else float32(0.0)
-    m = m_own
-    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
+        o_e[i] = part_o[s, h, d] if s < n_used else float32(0.0)
+        m_e[i] = part_ml[s, h, 0] if s < n_used else NEG_INF
+    m = m_st[0]
+    for i in range(1, ML_EARLY):
+        m = max(m, m_st[i])
+    for s in range(lane + 32 * ML_EARLY, n_used, 32):  # past 128 splits
         m = max(m, part_ml[s, h, 0])
-    m = _block_reduce(m, True, s_red, warp, lane)
+    for sh in (16, 8, 4, 2, 1):
+        m = max(m, shfl_xor(m, sh))
     den = float32(0.0)
-    if tid < n_used:
-        w = math.exp(m_own - m)
-        s_w[tid] = w
-        den = w * l_own
-    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
-        w = math.exp(part_ml[s, h, 0] - m)
-        s_w[s] = w
-        den += w * part_ml[s, h, 1]
-    den = _block_reduce(den, False, s_red, warp, lane)  # its barriers also publish s_w
+    for i in range(ML_EARLY):
+        den += math.exp(m_st[i] - m) * l_st[i]  # 0 where the split is unused (-inf)
+    for s in range(lane + 32 * ML_EARLY, n_used, 32):
+        den += math.exp(part_ml[s, h, 0] - m) * part_ml[s, h, 1]
+    for sh in (16, 8, 4, 2, 1):
+        den += shfl_xor(den, sh)
     acc = float32(0.0)
     for i in range(COMBINE_EARLY):
-        s = warp + COMBINE_WARPS * i
-        if s < n_used:
-            acc += s_w[s] * early[i]
+        acc += math.exp(m_e[i] - m) * o_e[i]
     for s in range(warp + COMBINE_WARPS * COMBINE_EARLY, n_used, COMBINE_WARPS):
-        acc += s_w[s] * part_o[s, h, d]
+        acc += math.exp(part_ml[s, h, 0] - m) * part_o[s, h, d]
     s_red[warp * 32 + lane] = acc
     cuda.syncthreads()
     if warp == 0:
@@ -324,7 +322,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
-                     max_split: int = SPLIT_LEN, n_target: int | None = None, stream=0,
+                     max_split: int | None = None, n_target: int | None = None, stream=0,
                      wide: bool | None = None, min_split: int | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
@@ -334,7 +332,7 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     [n, n_head, 2] f32) with n at least `n_splits(n_ctx, n_target, max_split)` (e.g. from
     `allocate_partials`). The split length follows L on the device (`attn_split.split_len`):
     n_target splits aimed at (default: `attn_split.split_target(n_kv_head)`), each of at most
-    max_split keys (a multiple of 16).
+    max_split keys (a multiple of 16; None: the kernel's own, `longest_split`).
     wide: None picks the tensor-core kernel (f16 or int8 K and V) where it applies; False forces
     the generic kernel; True requires the tensor-core kernel (ValueError where it does not
     apply).
@@ -354,6 +352,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     if out.dtype != np.float32 or tuple(out.shape) != tuple(q.shape):
         raise ValueError(f"out must be float32 {tuple(q.shape)}, got {out.dtype} {tuple(out.shape)}")
     n_target = attn_split.split_target(lay.n_kv_head) if n_target is None else n_target
+    if max_split is None:
+        max_split = longest_split(lay.fmt, v.layout.fmt, hd, group, wide=wide)
     if min_split is None:
         min_split = min_split_for(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
     n_split = n_splits(lay.n_ctx, n_target, max_split, min_split)

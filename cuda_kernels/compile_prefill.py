@@ -154,8 +154,8 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
             if not attention_stream.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
                 continue
             register_ptx(family, f"decode_attn_{fmt}_stream_hd{hd}_g{group}",
-                         _fixed(attention_stream.stream_kernel(fmt, hd, group,
-                                                               attention.SPLIT_LEN),
+                         _fixed(attention_stream.stream_kernel(
+                                    fmt, hd, group, attention.longest_split(fmt, fmt, hd, group)),
                                 _DECODE_ATTN_SIG),
                          options=attention_stream.jit_options(attention_stream.MIN_BLOCKS[fmt]))
     for fmt in kvcache.KV_FORMATS:

@@ -10,8 +10,8 @@ if not, the kernel's own chain per tile is what bounds it.
 
 Rows (pass 1 alone, graph replays over two layers' caches, as `strata.bench.kernels_prefill`'s
 decode_attn cases): f16 and int8 KV, 4/2/1 KV heads over 32K/64K/128K keys (the same bytes), and
-the 30B shape with the combine and with splits of 512 and 1,024 keys; last, a read of the same
-bytes (`strata.bench.kernels`' ceiling read kernel, two 64 MiB buffers in turn).
+the 30B shape with the combine at the launcher's split (512 keys for f16 since 2026-12-04) and
+with splits of 256, 512 and 1,024 keys, and at 64K keys; last, a read of the same bytes (`strata.bench.kernels`' ceiling read kernel, two 64 MiB buffers in turn).
 
     python bench/probes/attention_layout.py --json OUT.json
 """
@@ -34,18 +34,24 @@ def main() -> int:
     a = ap.parse_args()
     rows = []
     for fmt in a.formats.split(","):
-        cases = [dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, tag="_kv4_pass1"),
-                 dict(n_kv=2, n_head=16, n_ctx=65536, combine=False, tag="_kv2_pass1"),
-                 dict(n_kv=1, n_head=8, n_ctx=131072, combine=False, tag="_kv1_pass1"),
+        cases = [dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, max_split=256,
+                      tag="_kv4_pass1"),
+                 dict(n_kv=2, n_head=16, n_ctx=65536, combine=False, max_split=256,
+                      tag="_kv2_pass1"),
+                 dict(n_kv=1, n_head=8, n_ctx=131072, combine=False, max_split=256,
+                      tag="_kv1_pass1"),
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, tag="_kv4"),
+                 dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, max_split=256,
+                      tag="_kv4_s256"),
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, max_split=512,
                       tag="_kv4_s512"),
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, max_split=512,
                       tag="_kv4_s512_pass1"),
                  dict(n_kv=4, n_head=32, n_ctx=32768, combine=True, max_split=1024, n_target=32,
                       tag="_kv4_s1024"),
-                 dict(n_kv=4, n_head=32, n_ctx=32768, combine=False, max_split=1024,
-                      n_target=32, tag="_kv4_s1024_pass1")]
+                 dict(n_kv=4, n_head=32, n_ctx=65536, combine=True, tag="_kv4_64k"),
+                 dict(n_kv=4, n_head=32, n_ctx=65536, combine=True, max_split=256,
+                      tag="_kv4_64k_s256")]
         for c in cases:
             if c["combine"]:  # the launcher (its own launch bounds): what the engine runs
                 c = {**c}

@@ -48,9 +48,10 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     lay = layers[0][0]
     q = cuda.to_device(rng.standard_normal((n_head, hd)).astype(np.float32))
     out = cuda.device_array((n_head, hd), np.float32)
-    max_split = max_split or attention.SPLIT_LEN
-    n_target = n_target or attn_split.split_target(n_kv)
     group = n_head // n_kv
+    max_split = max_split or attention.longest_split(  # the launcher's default
+        fmt, fmt, hd, group, wide=False if variant == "generic" else None)
+    n_target = n_target or attn_split.split_target(n_kv)
     min_split = min_split or attention.min_split_for(  # tc_nolb: the tensor-core kernel's
         fmt, fmt, hd, group, max_split, wide=False if variant == "generic" else None)
     parts = attention.allocate_partials(n_head, hd, n_ctx, n_kv_head=n_kv, max_split=max_split,

@@ -295,3 +295,30 @@ def test_warp_all_votes_over_the_whole_warp():
     out = cuda.device_array((3, 32), np.int32)
     vote[3, 32](cuda.to_device(flags), out)
     assert out.copy_to_host().tolist() == [[1] * 32, [0] * 32, [0] * 32]
+
+
+def test_launcher_default_split_is_the_kernels_longest():
+    """With no max_split the launcher takes the kernel's longest split (`longest_split`): 512
+    keys for the f16 tensor-core kernel (so a long context makes half the splits, the combine
+    half the work), 256 for int8 and for the generic kernel; partials sized with the plan's
+    default hold them. A 1,100-key f16 run with one split aimed at takes three splits of 512
+    (the partials past them NaN) and agrees with float64."""
+    assert attention.longest_split("f16", "f16", 64, 8) == 512
+    assert attention.longest_split("int8", "int8", 64, 8) == attention.SPLIT_LEN
+    assert attention.longest_split("f16", "f16", 64, 8, wide=False) == attention.SPLIT_LEN
+    assert attention.longest_split("q4_0", "q4_0", 64, 8) == attention.SPLIT_LEN
+    rng = np.random.default_rng(5)
+    n_ctx, length = 1152, 1100
+    lay = kvcache.KvLayout("f16", n_ctx=n_ctx, n_kv_head=1, head_dim=HD)
+    k, kref = filled_side(lay, rng.standard_normal((n_ctx, 1, HD)), rng)
+    v, vref = filled_side(lay, rng.standard_normal((n_ctx, 1, HD)), rng)
+    q = rng.standard_normal((8, HD)).astype(np.float32)
+    out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
+    parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
+                  attention.allocate_partials(8, HD, n_ctx, n_kv_head=1, n_target=1))
+    seq = cuda.to_device(np.array([length - 1], np.int32))
+    attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, n_target=1)
+    ml = parts[1].copy_to_host()
+    assert np.isfinite(ml[:3]).all() and np.isnan(ml[3:]).all()  # splits of 512: 3 used
+    ref = attention_reference(q[None], kref, vref, length - 1)[0]
+    assert rel_err(out.copy_to_host(), ref) < 1e-5

@@ -182,7 +182,7 @@ class BatchStep:
                      stream=stream)
             decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
                              a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
-                             n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
+                             n_new=1, stream=stream)
 
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in

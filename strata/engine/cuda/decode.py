@@ -43,7 +43,6 @@ from strata.engine.cuda.mixed import MixedLayout, moe_decode_mixed
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.miss_split import MissShare
 from strata.engine.cuda.pool import CpuPool
-from strata.plan.layout import SPLIT_K_TOKENS  # the longest split the plan sized partials for
 
 MODES = ("logits", "greedy", "sample")  # what follows the head in a step
 
@@ -160,7 +159,7 @@ class DecodeStep:
             kv_write(self.k3, k_side, self.seq_len, stream=stream)
             kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                         n_new=1, max_split=SPLIT_K_TOKENS, stream=stream)
+                         n_new=1, stream=stream)  # the kernel's longest split: partials fit
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         self._route(il, stream)
