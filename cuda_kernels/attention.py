@@ -227,62 +227,74 @@ def min_split_for(k_fmt, v_fmt, head_dim, group, max_split, *, wide=None) -> int
 
 
 COMBINE_WARPS = 8
-MAX_SPLITS = 4096  # the most splits the launcher takes: 1M positions at split 256
+MAX_SPLITS = 4096  # 16 KiB of split weights in shared memory: 1M positions at split 256
 COMBINE_THREADS = COMBINE_WARPS * 32
 
 
-COMBINE_EARLY = 16  # partial outputs a thread loads up front (its warp's: 128 splits in all)
-ML_EARLY = 4        # split statistics a lane loads up front (128 splits)
+@cuda.jit(device=True, inline="always")
+def _block_reduce(v, is_max, s_red, warp, lane):
+    """Max or sum of v over the block (COMBINE_WARPS warps), returned to every thread."""
+    for sh in (16, 8, 4, 2, 1):
+        o = shfl_xor(v, sh)
+        v = max(v, o) if is_max else v + o
+    if lane == 0:
+        s_red[warp] = v
+    cuda.syncthreads()
+    v = s_red[0]
+    for w in range(1, COMBINE_WARPS):
+        v = max(v, s_red[w]) if is_max else v + s_red[w]
+    cuda.syncthreads()
+    return v
+
+
+COMBINE_EARLY = 16  # partial outputs a thread loads before the reductions (128 splits: 32K keys)
 
 
 @cuda.jit
 def _combine(part_o, part_ml, seq_len, n_new, n_ctx, n_target, max_split, min_split, out):
     """Block (head, 32-dim slice): merge the used splits (their count derived from the length
-    as pass 1 derives it). Each warp takes the statistics of every split itself (lane l: splits
-    l, l + 32, ...; the global max and the denominator by shuffles) and its share of the outputs
-    (splits warp, warp + COMBINE_WARPS, ...), each weighted by exp(its max - the global max)
-    from its own broadcast load, so the warps meet once, to add their sums. Every load is issued
-    first (ML_EARLY statistics and COMBINE_EARLY outputs and maxima a lane): one memory latency.
-    (Before, 2026-12-04: the block's threads took a split's statistics each and met at two block
-    reductions of four barriers in all, the weights through shared memory.)"""
+    as pass 1 derives it); every loop runs across the splits in parallel (a serial walk over
+    hundreds of splits was the slowest part of decode). Every load is issued first: a
+    thread's split statistics and its share of the first COMBINE_EARLY * COMBINE_WARPS splits'
+    outputs (in registers), so the merge waits on one memory latency, not one per step."""
     h, d = cuda.blockIdx.x, cuda.blockIdx.y * 32 + cuda.threadIdx.x % 32
     tid = cuda.threadIdx.x
     warp, lane = tid // 32, tid % 32
+    s_w = cuda.shared.array(MAX_SPLITS, float32)
     s_red = cuda.shared.array(COMBINE_THREADS, float32)
-    m_st = cuda.local.array(ML_EARLY, float32)
-    l_st = cuda.local.array(ML_EARLY, float32)
-    o_e = cuda.local.array(COMBINE_EARLY, float32)
-    m_e = cuda.local.array(COMBINE_EARLY, float32)
+    early = cuda.local.array(COMBINE_EARLY, float32)
     length = min(seq_len[0] + n_new, n_ctx)
     split_len = _split_len(length, n_target, max_split, min_split)
     n_used = min((length + split_len - 1) // split_len, MAX_SPLITS)
-    for i in range(ML_EARLY):
-        s = lane + 32 * i
-        m_st[i] = part_ml[s, h, 0] if s < n_used else NEG_INF
-        l_st[i] = part_ml[s, h, 1] if s < n_used else float32(0.0)
+    m_own = NEG_INF
+    l_own = float32(0.0)
+    if tid < n_used:
+        m_own = part_ml[tid, h, 0]
+        l_own = part_ml[tid, h, 1]
     for i in range(COMBINE_EARLY):
         s = warp + COMBINE_WARPS * i
-        o_e[i] = part_o[s, h, d] if s < n_used else float32(0.0)
-        m_e[i] = part_ml[s, h, 0] if s < n_used else NEG_INF
-    m = m_st[0]
-    for i in range(1, ML_EARLY):
-        m = max(m, m_st[i])
-    for s in range(lane + 32 * ML_EARLY, n_used, 32):  # past 128 splits
+        early[i] = part_o[s, h, d] if s < n_used else float32(0.0)
+    m = m_own
+    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
         m = max(m, part_ml[s, h, 0])
-    for sh in (16, 8, 4, 2, 1):
-        m = max(m, shfl_xor(m, sh))
+    m = _block_reduce(m, True, s_red, warp, lane)
     den = float32(0.0)
-    for i in range(ML_EARLY):
-        den += math.exp(m_st[i] - m) * l_st[i]  # 0 where the split is unused (-inf)
-    for s in range(lane + 32 * ML_EARLY, n_used, 32):
-        den += math.exp(part_ml[s, h, 0] - m) * part_ml[s, h, 1]
-    for sh in (16, 8, 4, 2, 1):
-        den += shfl_xor(den, sh)
+    if tid < n_used:
+        w = math.exp(m_own - m)
+        s_w[tid] = w
+        den = w * l_own
+    for s in range(tid + COMBINE_THREADS, n_used, COMBINE_THREADS):
+        w = math.exp(part_ml[s, h, 0] - m)
+        s_w[s] = w
+        den += w * part_ml[s, h, 1]
+    den = _block_reduce(den, False, s_red, warp, lane)  # its barriers also publish s_w
     acc = float32(0.0)
     for i in range(COMBINE_EARLY):
-        acc += math.exp(m_e[i] - m) * o_e[i]
+        s = warp + COMBINE_WARPS * i
+        if s < n_used:
+            acc += s_w[s] * early[i]
     for s in range(warp + COMBINE_WARPS * COMBINE_EARLY, n_used, COMBINE_WARPS):
-        acc += math.exp(part_ml[s, h, 0] - m) * part_o[s, h, d]
+        acc += s_w[s] * part_o[s, h, d]
     s_red[warp * 32 + lane] = acc
     cuda.syncthreads()
     if warp == 0:
