@@ -74,7 +74,7 @@ MIN_BLOCKS = {"f16": 5, "int8": 4}
 # The longest split the launcher gives this kernel by KV format (it keeps no score buffer, so any
 # length serves; the split follows the live length up to n_target splits, so this only changes
 # lengths past 16K keys at 4 KV heads). On the H200 at 32K keys (30B shape, pass 1 + combine):
-# f16 512-key splits 25.3 us against 26.1-27.0 with 256 in five runs of 2026-12-04 (the
+# f16 512-key splits 25.2-25.5 us against 26.1-27.0 with 256 in three runs of 2026-12-04 (the
 # combine's 64 splits, not 128; pass 1 the same), int8 26.1 against 25.1, so it keeps 256
 # (`bench/probes/attention_layout.py`; 1,024 keys were slower for both).
 LONG_SPLIT = {"f16": 512, "int8": 256}
