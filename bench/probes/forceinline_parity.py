@@ -19,7 +19,6 @@ which fails on a machine without a GPU: the "force" arm answers sm_90, the check
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 ARM = sys.argv[1]
 NVDISASM = sys.argv[sys.argv.index("--nvdisasm") + 1]
@@ -70,15 +69,12 @@ def one(i):
 
 
 if __name__ == "__main__":
+    from kernel_pool import map_kernels  # this folder's: the script's, first on the path
     jobs, out = int(sys.argv[2]), sys.argv[3]
-    _setup()
-    from strata.cuda_kernels import compile_check
-    n = len(compile_check._checks(None, None))
-    t0 = time.time()
-    with ProcessPoolExecutor(jobs, initializer=_setup) as ex:
-        rows = dict(ex.map(one, range(n), chunksize=1))
-    json.dump({"arm": ARM, "n": n, "wall_s": round(time.time() - t0, 1), "kernels": rows},
+    rows, wall = map_kernels(one, _setup, jobs)
+    rows = dict(rows)
+    json.dump({"arm": ARM, "n": len(rows), "wall_s": round(wall, 1), "kernels": rows},
               open(out, "w"), indent=1)
     ok = [r for r in rows.values() if "fail" not in r]
-    print(ARM, n, "kernels", f"{time.time() - t0:.0f} s wall",
-          f"{sum(r['compile_s'] for r in ok):.0f} s compiling", n - len(ok), "failed")
+    print(ARM, len(rows), "kernels", f"{wall:.0f} s wall",
+          f"{sum(r['compile_s'] for r in ok):.0f} s compiling", len(rows) - len(ok), "failed")

@@ -11,7 +11,6 @@ import hashlib
 import json
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 ARM = sys.argv[1] if len(sys.argv) > 1 else "new"
 
@@ -40,15 +39,11 @@ def one(i):
 
 
 if __name__ == "__main__":
+    from kernel_pool import map_kernels  # this folder's: the script's, first on the path
     jobs, out = int(sys.argv[2]), sys.argv[3]
-    _setup()
-    from strata.cuda_kernels import compile_check as cc
-    n = len(cc._checks(None, None))
-    t0 = time.time()
-    with ProcessPoolExecutor(jobs, initializer=_setup) as ex:
-        rows = list(ex.map(one, range(n), chunksize=1))
-    json.dump({"arm": ARM, "n": n, "wall_s": time.time() - t0,
+    rows, wall = map_kernels(one, _setup, jobs)
+    json.dump({"arm": ARM, "n": len(rows), "wall_s": wall,
                "cpu_s": sum(r[2] for r in rows), "ptx": {r[0]: r[1] for r in rows}},
               open(out, "w"), indent=1)
-    print(ARM, n, "kernels", f"{time.time() - t0:.0f} s wall", f"{sum(r[2] for r in rows):.0f} s cpu",
+    print(ARM, len(rows), "kernels", f"{wall:.0f} s wall", f"{sum(r[2] for r in rows):.0f} s cpu",
           sum(1 for r in rows if r[1].startswith("FAIL")), "failed")
