@@ -184,24 +184,6 @@ def _unit(u, n_sb, inv_n_sb):
     return c, sb
 
 
-def _unit_acc(lf: LaneFormat):
-    """acc_a, acc_b + the weighted dots of one unit's two rows (cur_a, cur_b: their loads), where
-    `counted` (a unit past the warp's last one is dotted, not added)."""
-    dot, sb_padded, sb_sums = lf.dot, lf.padded_sb, lf.sb_sums
-
-    @cuda.jit(device=True, inline="always")
-    def unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, counted, s_kk, s_wt, n_sb, part, xs,
-                 sums_off, tab_s):
-        q = s_kk[c] * n_sb + sb             # position of the unit's h slice
-        da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-        db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-        if counted:
-            acc_a += s_wt[c] * da
-            acc_b += s_wt[c] * db
-        return acc_a, acc_b
-    return unit_acc
-
-
 def down_units(lf: LaneFormat):
     """Device functions of the down kernel's unit loop (see moe_down_lanes), shared with the
     fused kernel (`moe_fused`):
@@ -215,9 +197,9 @@ def down_units(lf: LaneFormat):
       finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)   the pair's sums
                                        over its lanes and warps, into out (= or +=); the whole
                                        block calls it (it synchronises)"""
-    load, unit_acc = lf.load, _unit_acc(lf)
+    load, dot = lf.load, lf.dot
     lanes, per_step = lf.lanes, lf.sbs_per_step
-    sb_bytes = lf.sb_bytes
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
 
     @cuda.jit(device=True, inline="always")
     def geometry(log):
@@ -250,8 +232,12 @@ def down_units(lf: LaneFormat):
             off = s_base[cn] + sbn * sb_bytes
             nxt_a = load(src, off + off_a, part)
             nxt_b = load(src, off + off_b, part)
-            acc_a, acc_b = unit_acc(acc_a, acc_b, c, sb, cur_a, cur_b, u0 + grp < n_units, s_kk,
-                                    s_wt, n_sb, part, xs, sums_off, tab_s)
+            q = s_kk[c] * n_sb + sb             # position of the unit's h slice
+            da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+            db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
+            if u0 + grp < n_units:
+                acc_a += s_wt[c] * da
+                acc_b += s_wt[c] * db
             cur_a = nxt_a
             cur_b = nxt_b
             c = cn
