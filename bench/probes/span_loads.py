@@ -1,0 +1,90 @@
+"""Probe (not part of the engine): the one-token lane matvecs at the kernel bench's shapes, each
+at its default settings, and (with --read) a read of the same bytes, for an A/B of a setting read
+at import (e.g. `cuda_kernels.spans.SPAN_LOAD_BYTES`): run it once per installed copy and
+compare the JSONs. Prints a table; writes --json. With --ncu FORMAT:SHAPE it only launches that
+matvec a few times (no graph), for Nsight Compute's counters, e.g.
+  ncu --clock-control none -k regex:matvec --launch-skip 3 --launch-count 1 \\
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \\
+      --section WarpStateStats --section MemoryWorkloadAnalysis \\
+      python bench/probes/span_loads.py --ncu Q6_K:2048->151936
+
+    python bench/probes/span_loads.py [--formats Q6_K,IQ3_S] [--read] [--json PATH]
+"""
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from strata.bench.kernels import (MATVEC_SHAPES, Ctx, n_rotation, random_weights,
+                                  time_same_size_read)
+from strata.cuda_kernels import spans
+from strata.cuda_kernels.matvec import matvec
+from strata.cuda_kernels.qformats import get_format
+
+
+def setup(ctx: Ctx, name: str, n_rows: int, n_cols: int, big):
+    w_bytes = n_rows * get_format(name).row_bytes(n_cols)
+    n_copies = n_rotation(w_bytes)
+    dev = ctx.replicate(big[:w_bytes], n_copies)
+    views = [dev[c * w_bytes:(c + 1) * w_bytes] for c in range(n_copies)]
+    x = ctx.upload(ctx.rng.standard_normal(n_cols).astype(np.float32))  # [n_cols] f32
+    y = ctx.cuda.device_array(n_rows, np.float32, stream=ctx.stream)  # [n_rows] f32
+    return w_bytes, dev, views, x, y
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default="Q6_K,IQ3_S,Q4_K")
+    ap.add_argument("--read", action="store_true", help="also a read of each shape's bytes")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--ncu", default="", help="FORMAT:SHAPE: launch only that, 5 times")
+    a = ap.parse_args()
+    ctx = Ctx(seed=1)
+    shapes = {label: (r, c) for label, r, c in MATVEC_SHAPES}
+    if a.ncu:
+        name, label = a.ncu.split(":", 1)
+        n_rows, n_cols = shapes[label]
+        big = ctx.upload(random_weights(ctx, name, n_rows, n_cols))
+        _, _, views, x, y = setup(ctx, name, n_rows, n_cols, big)
+        for i in range(5):
+            matvec(views[i % len(views)], name, x, y, stream=ctx.stream)
+        ctx.stream.synchronize()
+        out = y.copy_to_host()
+        print(f"{name} {label}: y finite {bool(np.isfinite(out).all())}, "
+              f"span loads {spans.SPAN_LOAD_BYTES} bytes")
+        return 0
+    n_max = max(r * c for r, c in shapes.values())
+    rows = []
+    for name in a.formats.split(","):
+        big = ctx.upload(random_weights(ctx, name, n_max // 2048, 2048))
+        for label, (n_rows, n_cols) in shapes.items():
+            w_bytes, dev, views, x, y = setup(ctx, name, n_rows, n_cols, big)
+            rounds = max(1, 64 // len(views))
+
+            def record(s, views=views, x=x, y=y, name=name, rounds=rounds):
+                for _ in range(rounds):
+                    for v in views:
+                        matvec(v, name, x, y, stream=s)
+            us = ctx.time_graph(record, rounds * len(views))
+            row = {"format": name, "shape": label, "us": round(us, 3), "bytes": w_bytes}
+            if a.read:
+                row["us_read"] = round(time_same_size_read(ctx, views, rounds), 3)
+            rows.append(row)
+            print(row, flush=True)
+            del dev, views
+        del big
+    print(f"\nspan loads {spans.SPAN_LOAD_BYTES} bytes")
+    print(f"{'format':8} {'shape':14} {'us':>8} {'GB/s':>7} {'of read':>8}")
+    for r in rows:
+        of = f"{r['us_read'] / r['us']:.0%}" if "us_read" in r else ""
+        print(f"{r['format']:8} {r['shape']:14} {r['us']:8.2f} {r['bytes'] / r['us'] / 1e3:7.0f} "
+              f"{of:>8}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"span_load_bytes": spans.SPAN_LOAD_BYTES, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
