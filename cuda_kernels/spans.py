@@ -72,7 +72,7 @@ def _span8_w4(w, off):
 
 
 @cuda.jit(device=True, inline="always")
-def span2(w, off):
+def _span2_w8(w, off):
     """The 8 bytes at `off` (even) of `w` as 2 u32."""
     a0, a1 = ld_nc_u32x2(w, _base8(off))
     a2, a3 = ld_nc_u32x2(w, _base8(off + 7))
@@ -85,7 +85,7 @@ def span2(w, off):
 
 
 @cuda.jit(device=True, inline="always")
-def span4(w, off):
+def _span4_w8(w, off):
     """The 16 bytes at `off` (even) of `w` as 4 u32."""
     b = _base8(off)
     a0, a1 = ld_nc_u32x2(w, b)
@@ -103,7 +103,7 @@ def span4(w, off):
 
 
 @cuda.jit(device=True, inline="always")
-def span8(w, off):
+def _span8_w8(w, off):
     """The 32 bytes at `off` (even) of `w` as 8 u32."""
     b = _base8(off)
     a0, a1 = ld_nc_u32x2(w, b)
@@ -127,5 +127,8 @@ def span8(w, off):
             funnel_r(v6, v7, sh), funnel_r(v7, v8, sh))
 
 
+# span2(w, off), span4, span8: the 8, 16, 32 bytes at `off` (even) of `w` as 2, 4, 8 u32
 if SPAN_LOAD_BYTES == 4:
-    span2, span4, span8 = _span2_w4, _span4_w4, _span8_w4  # noqa: F811
+    span2, span4, span8 = _span2_w4, _span4_w4, _span8_w4
+else:
+    span2, span4, span8 = _span2_w8, _span4_w8, _span8_w8

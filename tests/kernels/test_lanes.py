@@ -12,7 +12,6 @@ from strata.cuda_kernels import matvec as mv
 from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
 from strata.cuda_kernels.qtables import NO_TABLE
 from strata.cuda_kernels import spans as spans_mod
-from strata.cuda_kernels.spans import span2, span4, span8
 from strata.cuda_kernels.xstage import padded_len, stage_padded
 
 BY_LANE_NAME = {f.name: f for f in LANE_FORMATS.values()}
@@ -40,7 +39,8 @@ def _spans_kernel(s2, s4, s8):
     return k
 
 
-@pytest.mark.parametrize("spans", [(span2, span4, span8),
+@pytest.mark.parametrize("spans", [(spans_mod._span2_w8, spans_mod._span4_w8,
+                                    spans_mod._span8_w8),
                                    (spans_mod._span2_w4, spans_mod._span4_w4,
                                     spans_mod._span8_w4)], ids=["words8", "words4"])
 @pytest.mark.parametrize("n_bytes", [70, 72])
