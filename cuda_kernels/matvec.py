@@ -98,6 +98,25 @@ def lane_jit_options(lf: LaneFormat) -> dict:
     return {"launch_bounds": (LANE_THREADS, 2)} if lf.name in CAPPED_LANE_FORMATS else {}
 
 
+# Blocks per SM the one-token lane matvecs (not the MoE's or the mixed kernels) of these formats
+# are compiled for (launch bounds), past what their registers unbounded allow, and their rounds
+# grid: that many blocks an SM (LANE_GRID_BLOCKS is two). Why: Q6_K's head matvec on the H200
+# (96 registers: two blocks, 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls
+# first, issue slots 48% busy, DRAM 49%), so more warps put more bytes in flight.
+MATVEC_MIN_BLOCKS: dict[str, int] = {}
+
+
+def matvec_jit_options(lf: LaneFormat) -> dict:
+    """Compile options of a format's one-token lane matvec kernels."""
+    n = MATVEC_MIN_BLOCKS.get(lf.name)
+    return {"launch_bounds": (LANE_THREADS, n)} if n else lane_jit_options(lf)
+
+
+def rounds_grid(lf: LaneFormat) -> int:
+    """The most blocks a one-token lane matvec of lf launches (read at launch)."""
+    return LANE_GRID_BLOCKS * MATVEC_MIN_BLOCKS.get(lf.name, 2) // 2
+
+
 def lane_jit(lf: LaneFormat) -> dict:
     """The options `cuda.jit` takes for a lane kernel (none in the simulator)."""
     return {} if SIMULATED else lane_jit_options(lf)
@@ -230,7 +249,7 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size, lf.table.dtype.type
 
-    @cuda.jit(**lane_jit(lf))
+    @cuda.jit(**({} if SIMULATED else matvec_jit_options(lf)))
     def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
                      nw, eps, xn, y, y2, y3, accumulate, tab):
         # Up to three matrices of the same format and columns, one after the other in row
@@ -301,9 +320,10 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
-    rounds = grid > LANE_GRID_BLOCKS and has_rounds(lf)
+    cap = rounds_grid(lf)
+    rounds = grid > cap and has_rounds(lf)
     kern = _lanes_kernel(lf, norm is not None, rounds)
-    kern[min(grid, LANE_GRID_BLOCKS) if rounds else grid, LANE_THREADS, stream, smem](
+    kern[min(grid, cap) if rounds else grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))
@@ -394,10 +414,10 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
     _x8 = "x8_" if _lf.x8 else ""
     for _r, _tag in ((False, ""), (True, "_rounds"))[:2 if has_rounds(_lf) else 1]:
         register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, rounds=_r), options=lane_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float32, rounds=_r), options=matvec_jit_options(_lf))
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, _r), options=lane_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float32, True, _r), options=matvec_jit_options(_lf))
 for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].ggml_type]):
     for _r, _tag in ((False, ""), (True, "_rounds")):
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
-                     _ptx_lanes(_lf, types.float16, rounds=_r), options=lane_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float16, rounds=_r), options=matvec_jit_options(_lf))
