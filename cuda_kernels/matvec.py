@@ -98,23 +98,33 @@ def lane_jit_options(lf: LaneFormat) -> dict:
     return {"launch_bounds": (LANE_THREADS, 2)} if lf.name in CAPPED_LANE_FORMATS else {}
 
 
-# Blocks per SM the one-token lane matvecs (not the MoE's or the mixed kernels) of these formats
-# are compiled for (launch bounds), past what their registers unbounded allow, and their rounds
-# grid: that many blocks an SM (LANE_GRID_BLOCKS is two). Why: Q6_K's head matvec on the H200
-# (96 registers: two blocks, 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls
-# first, issue slots 48% busy, DRAM 49%), so more warps put more bytes in flight.
-MATVEC_MIN_BLOCKS: dict[str, int] = {}
+# Formats whose rounds kernels (one-token lane matvecs only) also come compiled for this many
+# blocks an SM (launch bounds), taken where the balanced rounds grid (`rounds_launch`) passes
+# LANE_GRID_BLOCKS. Why: Q6_K's head matvec on the H200 (96 registers unbounded: two blocks,
+# 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls first, issue slots 48% busy,
+# DRAM 49%); at three blocks (80 registers, a 36-byte spill) it took 95.6 us against 107.2, but
+# shapes that gain no warps lost to the spill (4096x4096 9.55 against 8.95 us), and IQ4_XS at
+# three lost everywhere (the head 77.2 against 72.2) (`2026-12-04_kernels_matvec_wide_rounds.json`).
+WIDE_ROUNDS: dict[str, int] = {"Q6_K": 3}
 
 
-def matvec_jit_options(lf: LaneFormat) -> dict:
-    """Compile options of a format's one-token lane matvec kernels."""
-    n = MATVEC_MIN_BLOCKS.get(lf.name)
-    return {"launch_bounds": (LANE_THREADS, n)} if n else lane_jit_options(lf)
+def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0) -> dict:
+    """Compile options of a format's one-token lane matvec kernels (min_blocks: a wide rounds
+    kernel's blocks an SM)."""
+    return {"launch_bounds": (LANE_THREADS, min_blocks)} if min_blocks else lane_jit_options(lf)
 
 
-def rounds_grid(lf: LaneFormat) -> int:
-    """The most blocks a one-token lane matvec of lf launches (read at launch)."""
-    return LANE_GRID_BLOCKS * MATVEC_MIN_BLOCKS.get(lf.name, 2) // 2
+def rounds_launch(lf: LaneFormat, grid: int) -> tuple[int, int]:
+    """(blocks, min_blocks) of a rounds launch for `grid` blocks of row pairs: the fewest blocks
+    that take as few rounds as the widest grid lf's kernels allow (LANE_GRID_BLOCKS, or
+    WIDE_ROUNDS' blocks an SM: 1.5 times it at three), so no warp takes a round more than
+    another; min_blocks: the wide kernel's blocks an SM where they pass LANE_GRID_BLOCKS,
+    else 0 (read at launch)."""
+    wide = WIDE_ROUNDS.get(lf.name, 0)
+    cap = LANE_GRID_BLOCKS * max(wide, 2) // 2
+    n_rounds = -(-grid // cap)
+    blocks = -(-grid // n_rounds)
+    return blocks, (wide if blocks > LANE_GRID_BLOCKS else 0)
 
 
 def lane_jit(lf: LaneFormat) -> dict:
@@ -122,7 +132,8 @@ def lane_jit(lf: LaneFormat) -> dict:
     return {} if SIMULATED else lane_jit_options(lf)
 
 
-_CACHE: dict[tuple, object] = {}  # the lane kernels, by (format, -1 normed | 0, x8[, rounds])
+# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks])
+_CACHE: dict[tuple, object] = {}
 
 
 @cuda.jit(device=True, inline="always")
@@ -244,12 +255,12 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     return body
 
 
-def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
+                  min_blocks: int = 0):
     body = lane_body(lf, normed, rounds)
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size, lf.table.dtype.type
 
-    @cuda.jit(**({} if SIMULATED else matvec_jit_options(lf)))
     def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
                      nw, eps, xn, y, y2, y3, accumulate, tab):
         # Up to three matrices of the same format and columns, one after the other in row
@@ -272,7 +283,10 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False):
         body(cuda.blockIdx.x, cuda.gridDim.x, 0, w, w2, w3, row_bytes, n_sb, n_rows, n_first,
              b3, n1, n3, sums_off, log, x, nw, eps, xn, y, y2, y3, accumulate, tab, tab_s, s_part,
              xs)
-    return matvec_lanes
+    if min_blocks:  # its own name: the binary's kernel key (name and code) sees no launch bounds
+        matvec_lanes.__name__ += f"_wide{min_blocks}"
+        matvec_lanes.__qualname__ += f"_wide{min_blocks}"
+    return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks)))(matvec_lanes)
 
 
 def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
@@ -281,11 +295,12 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
     return lf.stage_bytes(n_vals) + lf.table.nbytes <= MAX_SHARED_BYTES
 
 
-def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False):
-    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (("rounds",) if rounds else ())
+def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
+                  min_blocks: int = 0):
+    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (("rounds", min_blocks) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed, rounds)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks)
     return k
 
 
@@ -320,10 +335,12 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
-    cap = rounds_grid(lf)
-    rounds = grid > cap and has_rounds(lf)
-    kern = _lanes_kernel(lf, norm is not None, rounds)
-    kern[min(grid, cap) if rounds else grid, LANE_THREADS, stream, smem](
+    rounds = grid > LANE_GRID_BLOCKS and has_rounds(lf)
+    min_blocks = 0
+    if rounds:
+        grid, min_blocks = rounds_launch(lf, grid)
+    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks)
+    kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
         bool(accumulate), device_table(lf))
@@ -400,11 +417,11 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
-def _ptx_lanes(lf, x_type, normed=False, rounds=False):
+def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed, rounds).py_func, (
+        return _lanes_single(lf, normed, rounds, min_blocks).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build
@@ -417,6 +434,13 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=matvec_jit_options(_lf))
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=matvec_jit_options(_lf))
+    if _lf.name in WIDE_ROUNDS:
+        _n = WIDE_ROUNDS[_lf.name]
+        _opts = matvec_jit_options(_lf, _n)
+        register_ptx("matvec", f"matvec_lanes_rounds_wide_{_x8}{_lf.name}_f32",
+                     _ptx_lanes(_lf, types.float32, rounds=True, min_blocks=_n), options=_opts)
+        register_ptx("matvec", f"matvec_lanes_rounds_wide_normed_{_x8}{_lf.name}",
+                     _ptx_lanes(_lf, types.float32, True, True, _n), options=_opts)
 for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].ggml_type]):
     for _r, _tag in ((False, ""), (True, "_rounds")):
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",

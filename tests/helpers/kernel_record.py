@@ -61,12 +61,20 @@ def record_launches(run=None):
 
 
 @functools.cache
-def registered() -> frozenset[tuple[str, str]]:
-    """(kernel key, signature) of every specialization the binary's kernel bundle is built from."""
+def registered_options() -> dict[tuple[str, str], list[tuple[str, dict]]]:
+    """(kernel key, signature) -> [(registry name, compile options as the bundle keeps them)] of
+    every specialization the binary's kernel bundle is built from."""
     from strata.aot.build import registry
+    from strata.aot.bundle import options_key
 
-    out = set()
+    out: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     for check in registry():
         fn, sig = check.build()
-        out.add((kernel_key(fn), signature_key(tuple(sig))))
-    return frozenset(out)
+        key = (kernel_key(fn), signature_key(tuple(sig)))
+        out.setdefault(key, []).append((check.name, options_key(getattr(check, "options", None))))
+    return out
+
+
+def registered() -> frozenset[tuple[str, str]]:
+    """(kernel key, signature) of every specialization the binary's kernel bundle is built from."""
+    return frozenset(registered_options())

@@ -226,8 +226,10 @@ def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
 # (format, n_rows, n_cols, grid cap): more row pairs than the grid's warps, so warps go through
 # pairs in rounds, the last round part empty: rows of one step (Q4_K 2048), and rows of several
 # steps whose warps share a pair (IQ3_S 4096: four warps a pair; Q4_K 4096: two; Q6_K 3072:
-# two warps over three steps, one unit of the second past the row)
+# two warps over three steps, one unit of the second past the row; Q6_K 41 x 1024 at a cap of 2:
+# three blocks of the wide kernel, `matvec.WIDE_ROUNDS`)
 ROUNDS = [("Q4_K", 37, 512, 1), ("Q4_K", 35, 2048, 2), ("Q6_K", 41, 1024, 1),
+          ("Q6_K", 41, 1024, 2),
           ("Q8_0", 19, 96, 1), ("IQ3_S", 21, 4096, 1), ("Q4_K", 35, 4096, 2),
           ("Q6_K", 9, 3072, 1), ("IQ4_XS", 21, 512, 1)]
 
@@ -245,12 +247,35 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
+    if (name, cap) == ("Q6_K", 2):  # ran the wide kernel
+        assert any(k[0] == BY_LANE_NAME[name].ggml_type and k[-2:] == ("rounds", 3)
+                   for k in mv._CACHE)
     assert np.array_equal(y, y_one)
     assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
     base = rng.standard_normal(n_rows).astype(np.float32)
     acc = base.copy()
     mv.matvec(rows, name, x, acc, accumulate=True)
     assert np.array_equal(acc, base + y_one)
+
+
+def test_rounds_launch_balances_the_rounds_and_widens_past_two_blocks_an_sm():
+    """The fewest blocks that take as few rounds as the widest grid allows; the wide kernel only
+    where the blocks pass LANE_GRID_BLOCKS (the 30B shapes at the H200's cap of 256)."""
+    q6, q4 = BY_LANE_NAME["Q6_K"], BY_LANE_NAME["Q4_K"]
+    assert mv.LANE_GRID_BLOCKS == 256 and mv.WIDE_ROUNDS == {"Q6_K": 3}
+    assert mv.rounds_launch(q6, 9496) == (380, 3)   # the 151,936-row head: 25 rounds
+    assert mv.rounds_launch(q6, 512) == (256, 0)    # 8192 x 8192: two rounds either way
+    assert mv.rounds_launch(q6, 300) == (300, 3)    # one round, wide
+    assert mv.rounds_launch(q4, 9496) == (250, 0)   # 38 rounds at most 256 blocks
+    assert mv.rounds_launch(q4, 257) == (129, 0)
+
+
+def test_wide_rounds_kernel_has_its_own_name():
+    """The binary's bundle keys a kernel by its name and code, not its launch bounds."""
+    q6 = BY_LANE_NAME["Q6_K"]
+    plain = mv._lanes_single(q6, rounds=True).py_func
+    wide = mv._lanes_single(q6, rounds=True, min_blocks=3).py_func
+    assert wide.__qualname__ == plain.__qualname__ + "_wide3"
 
 
 def test_formats_without_rounds_keep_a_warp_a_pair(monkeypatch):

@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from helpers.kernel_record import record_launches, registered
+from helpers.kernel_record import record_launches, registered, registered_options
 from strata.synth import PRESETS, write_model
 
 
@@ -155,3 +155,12 @@ def test_every_kernel_a_layer_split_launches_is_bundled(tmp_models):
 @pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
 def test_every_kernel_batched_serving_launches_is_bundled(tmp_models, shape):
     _check(_model(tmp_models, shape), _run_batch)
+
+
+def test_no_two_bundled_specializations_share_a_key_with_other_options():
+    """The bundle finds a kernel by (key, signature) and refuses an entry built with other
+    options than the launching dispatcher's: two registrations of one key with different launch
+    bounds (a kernel compiled twice) would leave one of them unloadable in the binary."""
+    clashes = {k: v for k, v in registered_options().items()
+               if any(o != v[0][1] for _, o in v[1:])}
+    assert not clashes, sorted((v[0][0], [n for n, _ in v]) for v in clashes.values())[:5]
