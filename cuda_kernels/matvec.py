@@ -98,14 +98,19 @@ def lane_jit_options(lf: LaneFormat) -> dict:
     return {"launch_bounds": (LANE_THREADS, 2)} if lf.name in CAPPED_LANE_FORMATS else {}
 
 
-# Formats whose rounds kernels (one-token lane matvecs only) also come compiled for this many
-# blocks an SM (launch bounds), taken where the balanced rounds grid (`rounds_launch`) passes
-# LANE_GRID_BLOCKS. Why: Q6_K's head matvec on the H200 (96 registers unbounded: two blocks,
-# 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls first, issue slots 48% busy,
-# DRAM 49%); at three blocks (80 registers, a 36-byte spill) it took 95.6 us against 107.2, but
-# shapes that gain no warps lost to the spill (4096x4096 9.55 against 8.95 us), and IQ4_XS at
-# three lost everywhere (the head 77.2 against 72.2) (`2026-12-04_kernels_matvec_wide_rounds.json`).
-WIDE_ROUNDS: dict[str, int] = {"Q6_K": 3}
+# (format, 8-bit x) whose rounds kernels (one-token lane matvecs only) also come compiled for
+# this many blocks an SM (launch bounds: 80 registers), taken where the balanced rounds grid
+# (`rounds_launch`) passes LANE_GRID_BLOCKS. Why: Q6_K's head matvec on the H200 (96 registers
+# unbounded: two blocks, 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls first,
+# issue slots 48% busy, DRAM 49%). At three blocks (the 8-bit kernels spill 28-146 bytes) the
+# heads took Q6_K 97.3 us against 109.3, Q4_K 53.3-54.0 against 63.2-63.3 (capped at two blocks
+# before: 128 registers), Q8_0 107.8-108.4 against 111.3-111.5 (72 registers: the grid had held
+# it at two); three blocks on every shape was slower where it adds no warps (Q6_K 4096x4096 9.55
+# against 8.95 us: the spill), and IQ4_XS at three lost everywhere (its head 77.2 against 72.2)
+# (`2026-12-04_kernels_matvec_wide_rounds.json`). Q4_K on float32 x stays out: 292 bytes of
+# spill at 80 registers.
+WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", True): 3, ("Q6_K", False): 3,
+                                            ("Q4_K", True): 3, ("Q8_0", False): 3}
 
 
 def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0) -> dict:
@@ -120,7 +125,7 @@ def rounds_launch(lf: LaneFormat, grid: int) -> tuple[int, int]:
     WIDE_ROUNDS' blocks an SM: 1.5 times it at three), so no warp takes a round more than
     another; min_blocks: the wide kernel's blocks an SM where they pass LANE_GRID_BLOCKS,
     else 0 (read at launch)."""
-    wide = WIDE_ROUNDS.get(lf.name, 0)
+    wide = WIDE_ROUNDS.get((lf.name, lf.x8), 0)
     cap = LANE_GRID_BLOCKS * max(wide, 2) // 2
     n_rounds = -(-grid // cap)
     blocks = -(-grid // n_rounds)
@@ -434,8 +439,8 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=matvec_jit_options(_lf))
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=matvec_jit_options(_lf))
-    if _lf.name in WIDE_ROUNDS:
-        _n = WIDE_ROUNDS[_lf.name]
+    if (_lf.name, _lf.x8) in WIDE_ROUNDS:
+        _n = WIDE_ROUNDS[_lf.name, _lf.x8]
         _opts = matvec_jit_options(_lf, _n)
         register_ptx("matvec", f"matvec_lanes_rounds_wide_{_x8}{_lf.name}_f32",
                      _ptx_lanes(_lf, types.float32, rounds=True, min_blocks=_n), options=_opts)
@@ -445,3 +450,8 @@ for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].g
     for _r, _tag in ((False, ""), (True, "_rounds")):
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
                      _ptx_lanes(_lf, types.float16, rounds=_r), options=matvec_jit_options(_lf))
+    if ("Q4_K", _lf.x8) in WIDE_ROUNDS:
+        _n = WIDE_ROUNDS["Q4_K", _lf.x8]
+        register_ptx("matvec", f"matvec_lanes_rounds_wide_{'x8_' if _lf.x8 else ''}Q4_K_f16",
+                     _ptx_lanes(_lf, types.float16, rounds=True, min_blocks=_n),
+                     options=matvec_jit_options(_lf, _n))

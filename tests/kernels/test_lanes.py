@@ -9,9 +9,10 @@ from numba import cuda, types
 
 from helpers.kernel_blocks import dots_x8, own_random_rows, random_rows, reference, x_seen
 from strata.cuda_kernels import matvec as mv
-from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
-from strata.cuda_kernels.qtables import NO_TABLE
 from strata.cuda_kernels import spans as spans_mod
+from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
+from strata.cuda_kernels.lanes_x8 import x8_format
+from strata.cuda_kernels.qtables import NO_TABLE
 from strata.cuda_kernels.xstage import padded_len, stage_padded
 
 BY_LANE_NAME = {f.name: f for f in LANE_FORMATS.values()}
@@ -226,10 +227,10 @@ def test_rows_too_wide_for_the_staged_x_use_the_generic_kernel():
 # (format, n_rows, n_cols, grid cap): more row pairs than the grid's warps, so warps go through
 # pairs in rounds, the last round part empty: rows of one step (Q4_K 2048), and rows of several
 # steps whose warps share a pair (IQ3_S 4096: four warps a pair; Q4_K 4096: two; Q6_K 3072:
-# two warps over three steps, one unit of the second past the row; Q6_K 41 x 1024 at a cap of 2:
-# three blocks of the wide kernel, `matvec.WIDE_ROUNDS`)
+# two warps over three steps, one unit of the second past the row; Q6_K 41 x 1024 and Q4_K
+# 35 x 2048 at a cap of 2: three blocks of the wide kernel, `matvec.WIDE_ROUNDS`)
 ROUNDS = [("Q4_K", 37, 512, 1), ("Q4_K", 35, 2048, 2), ("Q6_K", 41, 1024, 1),
-          ("Q6_K", 41, 1024, 2),
+          ("Q6_K", 41, 1024, 2), ("Q8_0", 67, 256, 2),
           ("Q8_0", 19, 96, 1), ("IQ3_S", 21, 4096, 1), ("Q4_K", 35, 4096, 2),
           ("Q6_K", 9, 3072, 1), ("IQ4_XS", 21, 512, 1)]
 
@@ -247,9 +248,9 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
-    if (name, cap) == ("Q6_K", 2):  # ran the wide kernel
+    if cap == 2 and name in ("Q6_K", "Q4_K", "Q8_0"):  # ran the wide kernel
         assert any(k[0] == BY_LANE_NAME[name].ggml_type and k[-2:] == ("rounds", 3)
-                   for k in mv._CACHE)
+                   for k in mv._CACHE), name
     assert np.array_equal(y, y_one)
     assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
     base = rng.standard_normal(n_rows).astype(np.float32)
@@ -261,13 +262,16 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
 def test_rounds_launch_balances_the_rounds_and_widens_past_two_blocks_an_sm():
     """The fewest blocks that take as few rounds as the widest grid allows; the wide kernel only
     where the blocks pass LANE_GRID_BLOCKS (the 30B shapes at the H200's cap of 256)."""
-    q6, q4 = BY_LANE_NAME["Q6_K"], BY_LANE_NAME["Q4_K"]
-    assert mv.LANE_GRID_BLOCKS == 256 and mv.WIDE_ROUNDS == {"Q6_K": 3}
+    q6, iq3 = BY_LANE_NAME["Q6_K"], BY_LANE_NAME["IQ3_S"]
+    q4_x8 = x8_format(BY_LANE_NAME["Q4_K"].ggml_type)
+    assert mv.LANE_GRID_BLOCKS == 256 and mv.WIDE_ROUNDS[("Q6_K", False)] == 3
     assert mv.rounds_launch(q6, 9496) == (380, 3)   # the 151,936-row head: 25 rounds
+    assert mv.rounds_launch(q4_x8, 9496) == (380, 3)
     assert mv.rounds_launch(q6, 512) == (256, 0)    # 8192 x 8192: two rounds either way
     assert mv.rounds_launch(q6, 300) == (300, 3)    # one round, wide
-    assert mv.rounds_launch(q4, 9496) == (250, 0)   # 38 rounds at most 256 blocks
-    assert mv.rounds_launch(q4, 257) == (129, 0)
+    assert mv.rounds_launch(iq3, 9496) == (250, 0)  # not wide: 38 rounds at most 256 blocks
+    assert mv.rounds_launch(iq3, 257) == (129, 0)
+    assert mv.rounds_launch(BY_LANE_NAME["Q4_K"], 9496) == (250, 0)  # float32 x: not wide
 
 
 def test_wide_rounds_kernel_has_its_own_name():
