@@ -23,18 +23,18 @@ FULL_MASK = 0xFFFFFFFF
 
 __all__ = [
     "SIMULATED", "prmt", "byte_to_f32", "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4",
-    "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u", "dp4a", "warp_sum", "warp_max",
-    "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum", "block_max", "ld_nc_u32",
-    "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4", "ld_w4", "quad_max",
-    "rint_i32",
+    "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
+    "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
+    "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
+    "ld_w4", "quad_max", "rint_i32",
 ]
 
 
 if SIMULATED:
     from .intrinsics_sim import (  # noqa: F401 (re-exported)
         ld_u8, ld_u16, ld_u32, ld_u32_any, ld_nc_u32x4, ld_x4, ld_i64x2, prmt, h2f, u2f, f2u,
-        dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32,
-        ld_nc_u32x2, funnel_r, ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
+        dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32x2, funnel_r,
+        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -258,19 +258,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             if lane + off < 32:
                 v += o
         return v
-
-    @intrinsic
-    def ld_nc_u32(typingctx, a, off):
-        """One u32 at a 4-aligned byte offset, one `ld.global.nc.u32`."""
-        def codegen(context, builder, sig, args):
-            ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-            addr = builder.ptrtoint(ptr, _I64)
-            asm = ir.InlineAsm(
-                ir.FunctionType(_I32, [_I64]),
-                "{ .reg .u64 g; cvta.to.global.u64 g, $1; ld.global.nc.u32 $0, [g]; }",
-                "=r,l")
-            return builder.call(asm, [addr])
-        return types.uint32(a, off), codegen
 
     @intrinsic
     def ld_nc_u32x2(typingctx, a, off):

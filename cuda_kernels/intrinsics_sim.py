@@ -13,9 +13,9 @@ import numpy as np
 
 __all__ = [
     "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "ld_i64x2", "prmt", "h2f",
-    "u2f", "f2u", "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax",
-    "warp_suffix_sum", "ld_nc_u32", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "st_x4",
-    "quad_sum", "quad_max", "ld_w4", "rint_i32",
+    "u2f", "f2u", "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum",
+    "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "st_x4", "quad_sum", "quad_max", "ld_w4",
+    "rint_i32",
 ]
 
 
@@ -173,12 +173,6 @@ def warp_suffix_sum(v):
     for x in vals[lane + 1:]:
         s = s + x
     return s
-
-
-def ld_nc_u32(a, off):
-    """A little-endian u32 at a 4-aligned byte offset of a read-only global buffer (as
-    `ld_u32`)."""
-    return ld_u32(a, off)
 
 
 def ld_nc_u32x2(a, off):

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from numba import cuda
 
-from .intrinsics import funnel_r, ld_nc_u32, ld_nc_u32x2
-
-# Width of the loads a span is read with: 8 (the 8-byte-aligned `ld.global.nc.v2.u32` words
-# covering it, a select per word on the span's 4-byte half and a funnel shift) or 4 (the
-# 4-byte-aligned words covering it, `ld.global.nc.u32`, and the funnel shift alone: more load
-# instructions, fewer integer ones). Read at import.
-SPAN_LOAD_BYTES = 8
+from .intrinsics import funnel_r, ld_nc_u32x2
 
 
 @cuda.jit(device=True, inline="always")
@@ -27,52 +21,7 @@ def _base8(off):
 
 
 @cuda.jit(device=True, inline="always")
-def _base4(off):
-    return off - (off & 3)
-
-
-@cuda.jit(device=True, inline="always")
-def _span2_w4(w, off):
-    b = _base4(off)
-    a0 = ld_nc_u32(w, b)
-    a1 = ld_nc_u32(w, b + 4)
-    a2 = ld_nc_u32(w, _base4(off + 7))  # b + 8 only when off is not 4-aligned
-    sh = (off & 3) * 8
-    return funnel_r(a0, a1, sh), funnel_r(a1, a2, sh)
-
-
-@cuda.jit(device=True, inline="always")
-def _span4_w4(w, off):
-    b = _base4(off)
-    a0 = ld_nc_u32(w, b)
-    a1 = ld_nc_u32(w, b + 4)
-    a2 = ld_nc_u32(w, b + 8)
-    a3 = ld_nc_u32(w, b + 12)
-    a4 = ld_nc_u32(w, _base4(off + 15))
-    sh = (off & 3) * 8
-    return funnel_r(a0, a1, sh), funnel_r(a1, a2, sh), funnel_r(a2, a3, sh), funnel_r(a3, a4, sh)
-
-
-@cuda.jit(device=True, inline="always")
-def _span8_w4(w, off):
-    b = _base4(off)
-    a0 = ld_nc_u32(w, b)
-    a1 = ld_nc_u32(w, b + 4)
-    a2 = ld_nc_u32(w, b + 8)
-    a3 = ld_nc_u32(w, b + 12)
-    a4 = ld_nc_u32(w, b + 16)
-    a5 = ld_nc_u32(w, b + 20)
-    a6 = ld_nc_u32(w, b + 24)
-    a7 = ld_nc_u32(w, b + 28)
-    a8 = ld_nc_u32(w, _base4(off + 31))
-    sh = (off & 3) * 8
-    return (funnel_r(a0, a1, sh), funnel_r(a1, a2, sh), funnel_r(a2, a3, sh),
-            funnel_r(a3, a4, sh), funnel_r(a4, a5, sh), funnel_r(a5, a6, sh),
-            funnel_r(a6, a7, sh), funnel_r(a7, a8, sh))
-
-
-@cuda.jit(device=True, inline="always")
-def _span2_w8(w, off):
+def span2(w, off):
     """The 8 bytes at `off` (even) of `w` as 2 u32."""
     a0, a1 = ld_nc_u32x2(w, _base8(off))
     a2, a3 = ld_nc_u32x2(w, _base8(off + 7))
@@ -85,7 +34,7 @@ def _span2_w8(w, off):
 
 
 @cuda.jit(device=True, inline="always")
-def _span4_w8(w, off):
+def span4(w, off):
     """The 16 bytes at `off` (even) of `w` as 4 u32."""
     b = _base8(off)
     a0, a1 = ld_nc_u32x2(w, b)
@@ -103,7 +52,7 @@ def _span4_w8(w, off):
 
 
 @cuda.jit(device=True, inline="always")
-def _span8_w8(w, off):
+def span8(w, off):
     """The 32 bytes at `off` (even) of `w` as 8 u32."""
     b = _base8(off)
     a0, a1 = ld_nc_u32x2(w, b)
@@ -125,10 +74,3 @@ def _span8_w8(w, off):
     return (funnel_r(v0, v1, sh), funnel_r(v1, v2, sh), funnel_r(v2, v3, sh),
             funnel_r(v3, v4, sh), funnel_r(v4, v5, sh), funnel_r(v5, v6, sh),
             funnel_r(v6, v7, sh), funnel_r(v7, v8, sh))
-
-
-# span2(w, off), span4, span8: the 8, 16, 32 bytes at `off` (even) of `w` as 2, 4, 8 u32
-if SPAN_LOAD_BYTES == 4:
-    span2, span4, span8 = _span2_w4, _span4_w4, _span8_w4
-else:
-    span2, span4, span8 = _span2_w8, _span4_w8, _span8_w8

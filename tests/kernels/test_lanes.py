@@ -9,10 +9,10 @@ from numba import cuda, types
 
 from helpers.kernel_blocks import dots_x8, own_random_rows, random_rows, reference, x_seen
 from strata.cuda_kernels import matvec as mv
-from strata.cuda_kernels import spans as spans_mod
 from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
 from strata.cuda_kernels.lanes_x8 import x8_format
 from strata.cuda_kernels.qtables import NO_TABLE
+from strata.cuda_kernels.spans import span2, span4, span8
 from strata.cuda_kernels.xstage import padded_len, stage_padded
 
 BY_LANE_NAME = {f.name: f for f in LANE_FORMATS.values()}
@@ -40,20 +40,15 @@ def _spans_kernel(s2, s4, s8):
     return k
 
 
-@pytest.mark.parametrize("spans", [(spans_mod._span2_w8, spans_mod._span4_w8,
-                                    spans_mod._span8_w8),
-                                   (spans_mod._span2_w4, spans_mod._span4_w4,
-                                    spans_mod._span8_w4)], ids=["words8", "words4"])
 @pytest.mark.parametrize("n_bytes", [70, 72])
-def test_spans_read_every_even_offset_up_to_the_buffer_end(spans, n_bytes):
-    """Both load widths (`spans.SPAN_LOAD_BYTES`), every span ending at the buffer's end among
-    the offsets, at either 4-byte alignment of that end; the simulator's loads fail on a word
-    that starts past it."""
+def test_spans_read_every_even_offset_up_to_the_buffer_end(n_bytes):
+    """Every span ending at the buffer's end among the offsets, at either 4-byte alignment of
+    that end; the simulator's loads fail on a word that starts past it."""
     rng = np.random.default_rng(3)
     buf = rng.integers(0, 256, n_bytes, dtype=np.uint8)
     offs = np.arange(0, n_bytes - 8 + 1, 2, dtype=np.int64)
     out = np.full((offs.size, 14), -1, np.int64)
-    _spans_kernel(*spans)[1, 64](buf, offs, out)
+    _spans_kernel(span2, span4, span8)[1, 64](buf, offs, out)
     for i, o in enumerate(offs):
         for lo, n_words in ((0, 2), (2, 4), (6, 8)):
             want = [-1] * n_words

@@ -1,14 +1,15 @@
 """Probe (not part of the engine): the one-token lane matvecs at the kernel bench's shapes, each
 at its default settings, and (with --read) a read of the same bytes, for an A/B of a setting read
-at import (e.g. `cuda_kernels.spans.SPAN_LOAD_BYTES`): run it once per installed copy and
-compare the JSONs. Prints a table; writes --json. With --ncu FORMAT:SHAPE it only launches that
-matvec a few times (no graph), for Nsight Compute's counters, e.g.
+at import or at kernel construction (e.g. `matvec.WIDE_ROUNDS`, or 54d3127's span-load width):
+run it once per installed copy and compare the JSONs. Prints a table; writes --json. With --ncu
+FORMAT:SHAPE it only launches that matvec a few times (no graph), for Nsight Compute's
+counters, e.g.
   ncu --clock-control none -k regex:matvec --launch-skip 3 --launch-count 1 \\
       --section SpeedOfLight --section ComputeWorkloadAnalysis --section InstructionStats \\
       --section WarpStateStats --section MemoryWorkloadAnalysis \\
-      python bench/probes/span_loads.py --ncu Q6_K:2048->151936
+      python bench/probes/matvec_ab.py --ncu Q6_K:2048->151936
 
-    python bench/probes/span_loads.py [--formats Q6_K,IQ3_S] [--read] [--json PATH]
+    python bench/probes/matvec_ab.py [--formats Q6_K,IQ3_S] [--read] [--json PATH]
 """
 import argparse
 import json
@@ -18,7 +19,6 @@ import numpy as np
 
 from strata.bench.kernels import (MATVEC_SHAPES, Ctx, n_rotation, random_weights,
                                   time_same_size_read)
-from strata.cuda_kernels import spans
 from strata.cuda_kernels.matvec import matvec
 from strata.cuda_kernels.qformats import get_format
 
@@ -51,8 +51,7 @@ def main() -> int:
             matvec(views[i % len(views)], name, x, y, stream=ctx.stream)
         ctx.stream.synchronize()
         out = y.copy_to_host()
-        print(f"{name} {label}: y finite {bool(np.isfinite(out).all())}, "
-              f"span loads {spans.SPAN_LOAD_BYTES} bytes")
+        print(f"{name} {label}: y finite {bool(np.isfinite(out).all())}")
         return 0
     n_max = max(r * c for r, c in shapes.values())
     rows = []
@@ -74,7 +73,6 @@ def main() -> int:
             print(row, flush=True)
             del dev, views
         del big
-    print(f"\nspan loads {spans.SPAN_LOAD_BYTES} bytes")
     print(f"{'format':8} {'shape':14} {'us':>8} {'GB/s':>7} {'of read':>8}")
     for r in rows:
         of = f"{r['us_read'] / r['us']:.0%}" if "us_read" in r else ""
@@ -82,7 +80,7 @@ def main() -> int:
               f"{of:>8}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"span_load_bytes": spans.SPAN_LOAD_BYTES, "rows": rows}, f, indent=1)
+            json.dump({"rows": rows}, f, indent=1)
     return 0
 
 
