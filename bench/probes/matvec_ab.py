@@ -12,11 +12,13 @@ counters, e.g.
     python bench/probes/matvec_ab.py [--formats Q6_K,IQ3_S] [--read] [--json PATH]
 """
 import argparse
+import datetime
 import json
 import sys
 
 import numpy as np
 
+import strata
 from strata.bench.kernels import (MATVEC_SHAPES, Ctx, n_rotation, random_weights,
                                   time_same_size_read)
 from strata.cuda_kernels.matvec import matvec
@@ -78,9 +80,12 @@ def main() -> int:
         of = f"{r['us_read'] / r['us']:.0%}" if "us_read" in r else ""
         print(f"{r['format']:8} {r['shape']:14} {r['us']:8.2f} {r['bytes'] / r['us'] / 1e3:7.0f} "
               f"{of:>8}")
-    if a.json:
+    if a.json:  # what ran where: the copy's path tells the arms of an A/B apart
+        doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": str(ctx.cuda.get_current_device().name), "strata": strata.__file__,
+               "formats": a.formats, "rows": rows}
         with open(a.json, "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
+            json.dump(doc, f, indent=1)
     return 0
 
 
