@@ -18,26 +18,24 @@ from strata.cuda_kernels.xstage import padded_len, stage_padded
 BY_LANE_NAME = {f.name: f for f in LANE_FORMATS.values()}
 
 
-def _spans_kernel(s2, s4, s8):
-    @cuda.jit
-    def k(buf, offs, out):
-        i = cuda.grid(1)
-        if i < offs.size:
-            o = offs[i]
-            n = buf.size
-            if o + 8 <= n:
-                a = s2(buf, o)
-                for j in range(2):
-                    out[i, j] = a[j]
-            if o + 16 <= n:
-                b = s4(buf, o)
-                for j in range(4):
-                    out[i, 2 + j] = b[j]
-            if o + 32 <= n:
-                c = s8(buf, o)
-                for j in range(8):
-                    out[i, 6 + j] = c[j]
-    return k
+@cuda.jit
+def _spans_kernel(buf, offs, out):
+    i = cuda.grid(1)
+    if i < offs.size:
+        o = offs[i]
+        n = buf.size
+        if o + 8 <= n:
+            a = span2(buf, o)
+            for j in range(2):
+                out[i, j] = a[j]
+        if o + 16 <= n:
+            b = span4(buf, o)
+            for j in range(4):
+                out[i, 2 + j] = b[j]
+        if o + 32 <= n:
+            c = span8(buf, o)
+            for j in range(8):
+                out[i, 6 + j] = c[j]
 
 
 @pytest.mark.parametrize("n_bytes", [70, 72])
@@ -48,7 +46,7 @@ def test_spans_read_every_even_offset_up_to_the_buffer_end(n_bytes):
     buf = rng.integers(0, 256, n_bytes, dtype=np.uint8)
     offs = np.arange(0, n_bytes - 8 + 1, 2, dtype=np.int64)
     out = np.full((offs.size, 14), -1, np.int64)
-    _spans_kernel(span2, span4, span8)[1, 64](buf, offs, out)
+    _spans_kernel[1, 64](buf, offs, out)
     for i, o in enumerate(offs):
         for lo, n_words in ((0, 2), (2, 4), (6, 8)):
             want = [-1] * n_words
