@@ -53,6 +53,14 @@ SPLIT_ARRIVE = True
 # barrier and later ones two ahead (Q4_K/Q4_K 16.88 against 15.50)
 # (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`).
 
+# Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap
+# (MIN_LANE_BLOCKS at two): read when a kernel is made and at launch, so a benchmark can time
+# both in one process. At two (127 registers, no spill) the 30B's 6,144 gate/up items give each
+# warp three; at three (80 registers, a 152-byte spill with ptxas 13.0; a grid of 384) two. The
+# one-token matvecs' heads gained 10-15% from a third block (`matvec.WIDE_ROUNDS`): their loads
+# are what they wait on. Not yet timed here on the H200 (the kernel bench's "3 blocks an SM" row).
+BLOCKS_AN_SM = 2
+
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
 SIM_RESIDENT = 1 << 30
@@ -78,12 +86,12 @@ def fits(gu: LaneFormat, dn: LaneFormat, n_embd: int, k: int, n_ff: int) -> bool
             <= MAX_SHARED_BYTES)
 
 
-def _jit() -> dict:
-    # two blocks an SM (at most 128 registers), so a one-wave grid is resident at once
-    return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, 2)}
+def _jit(blocks_an_sm: int = 2) -> dict:
+    # BLOCKS_AN_SM blocks an SM (two: at most 128 registers), so a one-wave grid is resident
+    return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, blocks_an_sm)}
 
 
-def _fused(gu: LaneFormat, dn: LaneFormat):
+def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int = 2):
     gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
@@ -95,7 +103,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
     stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
 
-    @cuda.jit(**_jit())
+    @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
                         host_off, cpu_misses, miss_list, counters, gu_row_bytes, gu_n_sb, n_ff,
                         up_off, gu_sums_off, h, tab_gu, logits, n_route, norm_topk, down_off,
@@ -195,9 +203,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat):
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM)
     if key not in _CACHE:
-        _CACHE[key] = _fused(gu, dn)
+        _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
     return _CACHE[key]
 
 
@@ -222,7 +230,7 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
     gu_n_sb, dn_n_sb = n_embd // gu.sb_values, n_ff // dn.sb_values
     log = lane_split(dn, n_embd, k * dn_n_sb)  # as if every expert were cached
     n_row_blocks = rows(n_blocks(n_embd, 2 * (LANE_WARPS >> log)))
-    n_gu_blocks = rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS))
+    n_gu_blocks = rows(min(n_blocks(n_items, LANE_WARPS), MIN_LANE_BLOCKS * BLOCKS_AN_SM // 2))
     shmem = shared_bytes(gu, dn, n_embd, k, n_ff)
     kern = _kernel(gu, dn)
     args = (x, ids, weights, k, n_items, *where, miss_list, counters, layout.gate_row_bytes,
