@@ -86,12 +86,12 @@ def fits(gu: LaneFormat, dn: LaneFormat, n_embd: int, k: int, n_ff: int) -> bool
             <= MAX_SHARED_BYTES)
 
 
-def _jit(blocks_an_sm: int = 2) -> dict:
+def _jit(blocks_an_sm: int) -> dict:
     # BLOCKS_AN_SM blocks an SM (two: at most 128 registers), so a one-wave grid is resident
     return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, blocks_an_sm)}
 
 
-def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int = 2):
+def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
@@ -280,4 +280,5 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
                + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
                + (_tab_type(d), types.int32[::1], types.int64))
         register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
-                     lambda g=g, d=d, sig=sig: (_fused(g, d).py_func, sig), options=_jit())
+                     lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM).py_func, sig),
+                     options=_jit(BLOCKS_AN_SM))
