@@ -67,6 +67,18 @@ def dot_iq4_xs(v, part, xs, xo, so, tab):
 
 # ---- IQ3_S ----
 
+NINTH = 0x00204081  # bit j (of 4) times this lands on bit 8j (bits j + 7k never overlap for j < 7)
+# prmt selectors of index byte b of a qs word (the low byte) and byte b of its entries' ninth
+# bits (0 or 1: the high byte), whose sign (0) fills the upper half: a 9-bit grid row, one permute
+ROW_SEL = (0xCC40, 0xDD51, 0xEE62, 0xFF73)
+
+
+@cuda.jit(device=True, inline="always")
+def ninth_bits(h):
+    """Bytes j = bit j of h, 0 or 1 (j < 4): four grid entries' ninth index bits."""
+    return ((h & 0xF) * NINTH) & 0x01010101
+
+
 @cuda.jit(device=True, inline="always")
 def load_iq3_s(w, off, part):
     q0, q1, q2, q3 = span4(w, off + 2 + 16 * part)
@@ -83,11 +95,11 @@ def _signed(g, b, signs, bit, x):
 
 
 @cuda.jit(device=True, inline="always")
-def _iq3_g4(q, b, qh, g, signs, tab, xs, p, acc):
-    """acc + the 4 values of grid entry g (index byte b of word q, ninth bit g of qh) dotted
-    with xs[p..p+3]."""
-    row = ((q >> (8 * b)) & 0xFF) | (((qh >> g) & 1) << 8)
-    grid = ld_u32_at(tab, 4 * row)
+def _iq3_g4(q, nb, sel, g, signs, tab, xs, p, acc):
+    """acc + the 4 values of grid entry g (index byte b of word q, its ninth bit byte b of nb:
+    sel = ROW_SEL[b], indexed by the caller with a constant, as numba types a tuple's constant
+    index in place) dotted with xs[p..p+3]."""
+    grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
     x0, x1, x2, x3 = ld_x4(xs, p)
     acc += _signed(grid, 0, signs, 4 * g, x0)
     acc += _signed(grid, 1, signs, 4 * g + 1, x1)
@@ -98,15 +110,18 @@ def _iq3_g4(q, b, qh, g, signs, tab, xs, p, acc):
 
 @cuda.jit(device=True, inline="always")
 def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
-    """Dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7)."""
-    a = _iq3_g4(qa, 0, qh, 0, signs, tab, xs, p, F0)
-    b = _iq3_g4(qb, 0, qh, 4, signs, tab, xs, p + 16, F0)
-    a = _iq3_g4(qa, 1, qh, 1, signs, tab, xs, p + 4, a)
-    b = _iq3_g4(qb, 1, qh, 5, signs, tab, xs, p + 20, b)
-    a = _iq3_g4(qa, 2, qh, 2, signs, tab, xs, p + 8, a)
-    b = _iq3_g4(qb, 2, qh, 6, signs, tab, xs, p + 24, b)
-    a = _iq3_g4(qa, 3, qh, 3, signs, tab, xs, p + 12, a)
-    b = _iq3_g4(qb, 3, qh, 7, signs, tab, xs, p + 28, b)
+    """Dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7), their
+    ninth bits in qh's bits 0..7."""
+    na = ninth_bits(qh)
+    nb = ninth_bits(qh >> 4)
+    a = _iq3_g4(qa, na, ROW_SEL[0], 0, signs, tab, xs, p, F0)
+    b = _iq3_g4(qb, nb, ROW_SEL[0], 4, signs, tab, xs, p + 16, F0)
+    a = _iq3_g4(qa, na, ROW_SEL[1], 1, signs, tab, xs, p + 4, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[1], 5, signs, tab, xs, p + 20, b)
+    a = _iq3_g4(qa, na, ROW_SEL[2], 2, signs, tab, xs, p + 8, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[2], 6, signs, tab, xs, p + 24, b)
+    a = _iq3_g4(qa, na, ROW_SEL[3], 3, signs, tab, xs, p + 12, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[3], 7, signs, tab, xs, p + 28, b)
     return a + b
 
 

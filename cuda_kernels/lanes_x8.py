@@ -39,6 +39,7 @@ from numba import cuda
 
 from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u16, ld_u32_at, ld_w4, prmt, u2f
 from .lanes import LaneFormat, lane_format
+from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .levels import iq4_levels, iq4_xs_scale
 from .qtables import GRID_IQ3_S
@@ -129,37 +130,42 @@ def dot_iq4_xs_x8(v, part, xs, xo, so, tab):
 
 # ---- IQ3_S ----
 
-# A sign mask is built as (grid ^ mask) + (mask & ONES) per byte, which negates a byte only
-# where it cannot borrow: every grid magnitude must lie in 1 .. 127.
+# A negated grid byte is dotted as its complement and corrected by the mask's -1 (`_iq3_e`),
+# which holds only where the complement is the int8 -g - 1: every grid magnitude at most 127.
 _MAGS = GRID_IQ3_S.view(np.uint8)
-if _MAGS.min() < 1 or _MAGS.max() > 127:
-    raise ValueError("IQ3_S grid magnitudes outside 1..127: the 8-bit sign trick needs them")
-ONES = 0x01010101
+if _MAGS.max() > 127:
+    raise ValueError("IQ3_S grid magnitudes past 127: the 8-bit sign trick needs them in int8")
 SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
 
 
 @cuda.jit(device=True, inline="always")
-def _iq3_e(q, b, qh, e, signs, tab, xw, acc):
-    """acc + grid entry e (index byte b of q, ninth bit e of qh), signed by bits 4e .. 4e + 3
-    of signs, dotted with the x word xw."""
-    grid = ld_u32_at(tab, 4 * (((q >> (8 * b)) & 0xFF) | (((qh >> e) & 1) << 8)))
-    mask = prmt(((signs >> (4 * e)) & 0xF) * SPREAD, 0, 0xBA98)  # each byte's sign, replicated
-    return dp4a((grid ^ mask) + (mask & ONES), xw, acc)
+def _iq3_e(q, nb, sel, nib, tab, xw, acc, neg):
+    """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
+    signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as its
+    complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the 0x00/0xFF
+    mask), so acc - neg is the signed dot."""
+    grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
+    mask = prmt(nib * SPREAD, 0, 0xBA98)                    # each byte's sign, replicated
+    return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
 
 
 @cuda.jit(device=True, inline="always")
 def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
-    """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7)."""
+    """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7),
+    their ninth bits in qh's bits 0..7."""
     a0, a1, a2, a3 = ld_w4(xs, p)
     b0, b1, b2, b3 = ld_w4(xs, p + 4)
-    s = _iq3_e(qa, 0, qh, 0, signs, tab, a0, 0)
-    s = _iq3_e(qa, 1, qh, 1, signs, tab, a1, s)
-    s = _iq3_e(qa, 2, qh, 2, signs, tab, a2, s)
-    s = _iq3_e(qa, 3, qh, 3, signs, tab, a3, s)
-    s = _iq3_e(qb, 0, qh, 4, signs, tab, b0, s)
-    s = _iq3_e(qb, 1, qh, 5, signs, tab, b1, s)
-    s = _iq3_e(qb, 2, qh, 6, signs, tab, b2, s)
-    return _iq3_e(qb, 3, qh, 7, signs, tab, b3, s)
+    na = ninth_bits(qh)
+    nb = ninth_bits(qh >> 4)
+    s, n = _iq3_e(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0)
+    s, n = _iq3_e(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n)
+    s, n = _iq3_e(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n)
+    s, n = _iq3_e(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n)
+    s, n = _iq3_e(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n)
+    s, n = _iq3_e(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n)
+    s, n = _iq3_e(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n)
+    s, n = _iq3_e(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n)
+    return np.int32(s - n)      # numba widens int32 arithmetic to int64: this keeps it 32-bit
 
 
 @cuda.jit(device=True, inline="always")
