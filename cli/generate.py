@@ -31,6 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="0 = off (default 0.05)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
                    help="1 = off (default 1.0)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                   help="subtracted from a recent token's logit once; 0 = off (default)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="subtracted per occurrence among the recent tokens; 0 = off (default)")
+    p.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                   help="recent tokens (prompt included) the penalties look at (default 64)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="sampling seed (default: random)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
@@ -125,7 +131,9 @@ def _sampling(args):
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                              seed=args.seed)
+                              presence_penalty=args.presence_penalty,
+                              frequency_penalty=args.frequency_penalty,
+                              repeat_last_n=args.repeat_last_n, seed=args.seed)
     except ValueError as e:
         raise StrataError(f"bad sampling option: {e}") from None
 

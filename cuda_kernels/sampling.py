@@ -1,5 +1,6 @@
 """On-device token choice, so a decode step never waits on the host: greedy argmax, and a seeded
-sampler (repetition penalty, top-k, top-p, min-p, temperature) whose random number is a hash of
+sampler (repeat, presence and frequency penalties, top-k, top-p, min-p, temperature) whose
+random number is a hash of
 (seed, step). Both append the chosen id to a device token history and bump its length, which the
 next step's embedding lookup reads.
 
@@ -12,8 +13,8 @@ Greedy argmax: each block reduces its 4 x 256 logits to a key (the float's order
 bits, the complement of the id in the low: the largest, then the lowest id), and one 64-bit
 atomic max per block keeps the best in state[0].
 
-The sampler: each block stages PICK_CHUNK logits in shared memory (the repetition penalty
-applied there, once per distinct token of the window; NaN as -inf), sorts them (bitonic; equal
+The sampler: each block stages PICK_CHUNK logits in shared memory (the penalties applied there,
+the host `apply_penalties`' over the window's counts; NaN as -inf), sorts them (bitonic; equal
 values keep the lower id first) and writes its n_keep best, n_keep the power of two at or above
 k = top_k (KMAX = 256 when top_k is 0 or larger: candidates past the 256th are never sampled).
 The k best of all are among the blocks' k best, so the last block merges the blocks' lists
@@ -30,10 +31,11 @@ Each launch serves one sequence or several (grid rows, blockIdx.y: each row its 
 history, length, settings and scratch), so a batched step picks every row's token in one launch.
 
 Device parameters, so a captured graph reads the current request's settings:
-  fparams float32 [4]: temperature, top_p, min_p, repeat_penalty (1 = off)
+  fparams float32 [N_FPARAMS = 6]: temperature, top_p, min_p, repeat_penalty (1 = off),
+    presence_penalty, frequency_penalty (0 = off)
   iparams int64 [3]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block size)
-The repetition penalty (v / p if v > 0 else v * p) changes the staged copy; the logits are left
-as they are. A state of three entries a row also records NaN logits: any block that meets one
+The penalties ((v / p if v > 0 else v * p) - presence - frequency * count) change the staged
+copy; the logits are left as they are. A state of three entries a row also records NaN logits: any block that meets one
 sets state[2] to 1, which stays set until the host, reading it with the token, clears it (the
 host `Sampler` refuses NaN logits; the device ranks them as -inf and flags them).
 """
@@ -47,10 +49,11 @@ from .intrinsics import SIMULATED, block_sum, f2u, warp_argmax
 from .launch import check_array, register_ptx
 from .pick_full import ID_PAST, NEG_INF, chunk_mass, full_draw, stage_chunk, weight
 from .pick_sort import bitonic_sort, draw, merge_lists
-from strata.plan.pick import PICK_CHUNK, PICK_KMAX, pick_blocks, pick_cand_len
+from strata.plan.pick import PICK_CHUNK, PICK_FPARAMS, PICK_KMAX, pick_blocks, pick_cand_len
 
 THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
 KMAX = PICK_KMAX
+N_FPARAMS = PICK_FPARAMS  # a row's float settings (the plan sizes them)
 ARGMAX_THREADS = 64 if SIMULATED else 256
 ARGMAX_PER = 4  # logits a thread of the argmax launch reads (unrolled by hand in the kernel)
 F0 = np.float32(0.0)
@@ -215,7 +218,7 @@ SAMPLE_JIT_OPTIONS = {"launch_bounds": (1024, 1)}
 def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, iparam_rows,
                   state_rows, cand_v_rows, cand_i_rows):
     # per row (blockIdx.y): logits [n_vocab] f32; tokens [capacity] i32; n_tokens[row] i32;
-    # fparams [4] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key, blocks
+    # fparams [N_FPARAMS] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key, blocks
     # done, NaN met);
     # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best (or,
     # drawing over every token, its largest logit and mass at cand_v[b * KMAX], [+ 1])
@@ -235,11 +238,10 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
     lo = np.int64(cuda.blockIdx.x) * PICK_CHUNK
     n = n_tokens[row]
     temp = fparams[0]
-    rp = fparams[3]
     last_n = min(iparams[2], n, bd)
-    if rp == np.float32(1.0):
+    if fparams[3] == np.float32(1.0) and fparams[4] == F0 and fparams[5] == F0:
         last_n = 0
-    if stage_chunk(logits, n_vocab, lo, tokens, n, rp, last_n, sv, si):
+    if stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, sv, si):
         flag_nan(state)
     if temp <= F0:  # greedy on the penalised logits, as argmax
         best, bi = np.int64(-1), lo
@@ -262,7 +264,7 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
             cand_v[np.int64(cuda.blockIdx.x) * KMAX + 1] = s_b
         if not last_block(state, flag):
             return
-        tok = full_draw(logits, n_vocab, tokens, n, rp, last_n, inv_t, uniform01(iparams[0], n),
+        tok = full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t, uniform01(iparams[0], n),
                         cand_v, cuda.gridDim.x, sv, si, part, found)
         if t == 0:
             push_token(tokens, n_tokens, row, tok)
@@ -391,20 +393,20 @@ def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
     """Sample one token into the device history (see the module doc for the parameters).
     `state` (uint64 [2]) must be zero and is left zero; `cand_v` / `cand_i` (float32 / int32,
     at least pick_blocks(n_vocab) * KMAX each) are scratch. Several sequences in one launch:
-    as `argmax`, with fparams [R, 4], iparams [R, 3] and cand_v / cand_i [R, >= blocks * KMAX]
+    as `argmax`, with fparams [R, N_FPARAMS], iparams [R, 3] and cand_v / cand_i [R, >= blocks * KMAX]
     (each row its own settings)."""
     one = getattr(logits, "ndim", len(logits.shape)) == 1
     logits, tokens, n_tokens, state = _check_pick("sample", logits, tokens, n_tokens, state)
     n_rows, n_vocab = logits.shape
     if one:
-        check_array("fparams", fparams, np.float32, (4,))
+        check_array("fparams", fparams, np.float32, (N_FPARAMS,))
         check_array("iparams", iparams, np.int64, (3,))
         check_array("cand_v", cand_v, np.float32, (None,))
         check_array("cand_i", cand_i, np.int32, (None,))
         fparams, iparams, cand_v, cand_i = (_rows(fparams), _rows(iparams), _rows(cand_v),
                                             _rows(cand_i))
     else:
-        check_array("fparams", fparams, np.float32, (n_rows, 4))
+        check_array("fparams", fparams, np.float32, (n_rows, N_FPARAMS))
         check_array("iparams", iparams, np.int64, (n_rows, 3))
         check_array("cand_v", cand_v, np.float32, (n_rows, None))
         check_array("cand_i", cand_i, np.int32, (n_rows, None))
@@ -418,8 +420,10 @@ def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
 
 
 def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                repeat_penalty: float = 1.0, penalty_last_n: int = 64, seed: int = 0):
-    """(fparams, iparams) host arrays for `sample`, validated (copy them to the device)."""
+                repeat_penalty: float = 1.0, penalty_last_n: int = 64, seed: int = 0,
+                presence_penalty: float = 0.0, frequency_penalty: float = 0.0):
+    """(fparams [N_FPARAMS], iparams [3]) host arrays for `sample`, validated (copy them to the
+    device)."""
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if not 0.0 <= min_p < 1.0:
@@ -428,7 +432,11 @@ def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min
         raise ValueError(f"repeat_penalty must be > 0, got {repeat_penalty}")
     if top_k < 0 or penalty_last_n < 0:
         raise ValueError("top_k and penalty_last_n must be >= 0")
-    f = np.array([temperature, top_p, min_p, repeat_penalty], dtype=np.float32)
+    if not (np.isfinite(presence_penalty) and np.isfinite(frequency_penalty)):
+        raise ValueError(f"presence_penalty and frequency_penalty must be finite, got "
+                         f"{presence_penalty} and {frequency_penalty}")
+    f = np.array([temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty],
+                 dtype=np.float32)
     i = np.array([seed & (2**63 - 1), top_k, penalty_last_n], dtype=np.int64)
     return f, i
 

@@ -1,10 +1,13 @@
 """`Sampler`: picks the next token from logits — greedy, or temperature sampling narrowed by
-top-k, top-p and min-p, with a repeat penalty and a seed. Backend-independent (numpy).
+top-k, top-p and min-p, with repeat, presence and frequency penalties and a seed.
+Backend-independent (numpy).
 
-Order, per token: repeat penalty on the logits of recent tokens; then, when temperature is 0,
-the arg-max; otherwise top-k, softmax at the temperature, top-p (the smallest set of most likely
-tokens whose probability reaches p), min-p (drop tokens below p times the most likely one's
-probability), renormalise, draw.
+Order, per token: the penalties on the logits of the tokens among the last `repeat_last_n` of
+the sequence (prompt included, as llama.cpp counts them): the repeat penalty (divide a positive
+logit, multiply a negative one), then minus presence + frequency * the token's count there;
+then, when temperature is 0, the arg-max; otherwise top-k, softmax at the temperature, top-p
+(the smallest set of most likely tokens whose probability reaches p), min-p (drop tokens below
+p times the most likely one's probability), renormalise, draw.
 """
 
 from __future__ import annotations
@@ -17,16 +20,19 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to pick tokens. `temperature=0` is greedy; `top_k=0`, `top_p=1`, `min_p=0` and
-    `repeat_penalty=1` turn those filters off; `seed=None` draws a fresh seed."""
+    """How to pick tokens. `temperature=0` is greedy; `top_k=0`, `top_p=1`, `min_p=0`,
+    `repeat_penalty=1` and the presence and frequency penalties 0 turn those off; `seed=None`
+    draws a fresh seed."""
 
     temperature: float = 0.8
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64  # how many recent tokens the penalty looks at
+    repeat_last_n: int = 64  # how many recent tokens the penalties look at
     seed: int | None = None
+    presence_penalty: float = 0.0   # subtracted once from a recent token's logit
+    frequency_penalty: float = 0.0  # subtracted per occurrence among the recent tokens
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.temperature) and self.temperature >= 0):
@@ -39,6 +45,9 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not (np.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
             raise ValueError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite (0 = off), got {getattr(self, name)}")
         if self.repeat_last_n < 0:
             raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
         if self.seed is not None and self.seed < 0:
@@ -48,17 +57,32 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalised(self) -> bool:
+        """Whether any penalty changes the logits of recent tokens."""
+        return (self.repeat_last_n > 0 and (self.repeat_penalty != 1.0
+                                            or self.presence_penalty != 0.0
+                                            or self.frequency_penalty != 0.0))
 
-def apply_repeat_penalty(logits: np.ndarray, recent: np.ndarray, penalty: float) -> np.ndarray:
-    """Logits of tokens in `recent` made less likely: divided by `penalty` when positive,
-    multiplied when negative (each token once, however often it repeats)."""
-    if penalty == 1.0 or recent.size == 0:
+
+def apply_penalties(logits: np.ndarray, recent: np.ndarray, repeat: float,
+                    presence: float = 0.0, frequency: float = 0.0) -> np.ndarray:
+    """float32 logits with those of the tokens in `recent` made less likely (a negative presence
+    or frequency penalty, more): divided by `repeat` when positive, multiplied when negative (once
+    per token, however often it repeats), then minus presence + frequency * its count in
+    `recent`, in float32 as the device sampler does it."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if recent.size == 0 or (repeat == 1.0 and presence == 0.0 and frequency == 0.0):
         return logits
     out = logits.copy()
-    ids = np.unique(recent)
+    ids, counts = np.unique(recent, return_counts=True)
     vals = out[ids]
     with np.errstate(over="ignore", divide="ignore"):  # a huge boost is +inf: see filtered_support
-        out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
+        if repeat != 1.0:
+            vals = np.where(vals > 0, vals / np.float32(repeat), vals * np.float32(repeat))
+        if presence != 0.0 or frequency != 0.0:
+            vals = vals - (np.float32(presence) + np.float32(frequency) * counts.astype(np.float32))
+    out[ids] = vals
     return out
 
 
@@ -129,7 +153,7 @@ def filtered_probs(logits: np.ndarray, p: SamplingParams) -> np.ndarray:
 
 class Sampler:
     """Callable on float32[n_vocab] logits -> token id. Remembers the tokens it chose (and
-    those given to `accept`, e.g. the prompt) for the repeat penalty."""
+    those given to `accept`, e.g. the prompt) for the penalties."""
 
     def __init__(self, params: SamplingParams | None = None):
         self.params = params or SamplingParams()
@@ -137,14 +161,15 @@ class Sampler:
         self.recent: deque[int] = deque(maxlen=max(self.params.repeat_last_n, 1))
 
     def accept(self, tokens) -> None:
-        """Count tokens (prompt or generated elsewhere) as recent, for the repeat penalty."""
-        if self.params.repeat_last_n:
-            self.recent.extend(int(t) for t in tokens)
+        """Count tokens (prompt or generated elsewhere) as recent, for the penalties."""
+        if self.params.repeat_last_n:  # only the window's worth of a long prompt
+            self.recent.extend(int(t) for t in list(tokens)[-self.recent.maxlen:])
 
     def __call__(self, logits: np.ndarray) -> int:
         p = self.params
         recent = np.fromiter(self.recent, dtype=np.int64) if p.repeat_last_n else np.zeros(0, int)
-        z = apply_repeat_penalty(np.asarray(logits, dtype=np.float32), recent, p.repeat_penalty)
+        z = apply_penalties(logits, recent, p.repeat_penalty, p.presence_penalty,
+                            p.frequency_penalty)
         if np.isnan(z).any():  # an engine fault: never a token picked from it
             raise ValueError(f"logits contain NaN at {np.flatnonzero(np.isnan(z))[:8].tolist()}")
         if p.greedy:

@@ -15,7 +15,7 @@ import numpy as np
 
 from strata.gguf.shape import ModelShape
 from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
-from strata.plan.pick import PICK_KMAX, pick_blocks, pick_cand_len
+from strata.plan.pick import PICK_FPARAMS, PICK_KMAX, pick_blocks, pick_cand_len
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
@@ -226,7 +226,8 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("history", np.int32, (n_b, max_context))  # sampled tokens (repeat penalty, output)
     b.add("step_tokens", np.int32, (n_b,))  # each sequence's input token of a batched step
     b.add("n_tokens", np.int32, (n_b,))
-    b.add("sample_fparams", np.float32, (n_b, 4))  # temperature, top_p, min_p, repeat penalty
+    # temperature, top_p, min_p, repeat, presence and frequency penalties
+    b.add("sample_fparams", np.float32, (n_b, PICK_FPARAMS))
     b.add("sample_iparams", np.int64, (n_b, 3))  # seed, top_k, penalty window
     b.add("slot_table", np.int32, (s.n_layer, s.n_expert))  # (layer, expert) -> slot, -1 = miss
     b.add("slot_off", np.int64, (s.n_layer * s.n_expert,))  # byte offset of each cache slot

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 PICK_CHUNK = 4096  # logits a sampler block stages and sorts (a power of two)
 PICK_KMAX = 256    # the most candidates top-k keeps (top_k 0 or larger: the 256 largest)
+# a row's float settings: temperature, top_p, min_p, repeat, presence and frequency penalties
+PICK_FPARAMS = 6
 
 
 def pick_cand_len(n_vocab: int) -> int:

@@ -43,6 +43,8 @@ class ChatInput:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -54,7 +56,9 @@ class ChatInput:
 
     def sampling(self, max_tokens: int) -> Sampling:
         return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                        top_k=self.top_k, seed=self.seed, stop=self.stop)
+                        top_k=self.top_k, seed=self.seed, stop=self.stop,
+                        presence_penalty=self.presence_penalty,
+                        frequency_penalty=self.frequency_penalty)
 
 
 def forced_prefix(tool_choice: str) -> str:

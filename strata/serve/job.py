@@ -14,14 +14,16 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+PENALTY_LAST_N = 64  # the tokens the penalties look at (llama.cpp's default window)
 
 _ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """How to pick tokens and when to stop. `top_k=0` and `top_p=1` mean off; `temperature=0`
-    is greedy; `stop` strings end the text before they appear."""
+    """How to pick tokens and when to stop. `top_k=0`, `top_p=1` and the penalties 0 mean off;
+    `temperature=0` is greedy; `stop` strings end the text before they appear. The presence and
+    frequency penalties (OpenAI's, -2..2) look at the sequence's last PENALTY_LAST_N tokens."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -29,6 +31,8 @@ class Sampling:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -39,6 +43,9 @@ class Sampling:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
-from strata.serve.job import Sampling
+from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.tools import template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 
@@ -62,7 +62,9 @@ class ServedModel:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
         return Sampler(SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            min_p=0.0, repeat_penalty=1.0, seed=seed))
+            min_p=0.0, repeat_penalty=1.0, seed=seed, repeat_last_n=PENALTY_LAST_N,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty))
 
     def text_stream(self, after: int) -> StreamDecoder:
         return self.tokenizer.stream_decoder(skip_special=True, after=after)

@@ -2,8 +2,10 @@
 
 Every field the API defines is either honoured, checked and ignored because it cannot change
 the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`), or refused with
-a 400 naming it (`n` > 1, `logprobs`, penalties, `logit_bias`, structured `response_format`,
-image/audio/file content parts): nothing is silently dropped.
+a 400 naming it (`n` > 1, `logprobs`, `logit_bias`, structured `response_format`,
+image/audio/file content parts): nothing is silently dropped. `presence_penalty` and
+`frequency_penalty` (-2..2) apply to the last 64 tokens of the sequence, prompt included
+(llama.cpp's window; `strata.engine.sampler`).
 """
 
 from __future__ import annotations
@@ -59,10 +61,6 @@ def _refuse_unsupported(f: Fields) -> None:
     n = f.int("n", default=1, minimum=1, maximum=128)
     if n != 1:
         raise bad_request(f"n: only one choice per request is supported, got {n}", "n")
-    for key in ("presence_penalty", "frequency_penalty"):
-        v = f.number(key, default=0.0, minimum=-2.0, maximum=2.0)
-        if v != 0.0:
-            raise bad_request(f"{key}: penalties are not supported (only 0), got {v}", key)
     bias = f.obj_at("logit_bias")
     if bias is not None and bias.obj:
         raise bad_request("logit_bias: not supported; send an empty object or leave it out",
@@ -70,7 +68,8 @@ def _refuse_unsupported(f: Fields) -> None:
 
 
 def sampling_args(f: Fields) -> dict[str, Any]:
-    """temperature / top_p / top_k / seed / stop as `Sampling` keywords (top_p 0 is greedy)."""
+    """temperature / top_p / top_k / seed / stop / the penalties as `Sampling` keywords (top_p 0
+    is greedy)."""
     temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
     top_p = f.number("top_p", default=1.0, minimum=0.0, maximum=1.0)
     if top_p == 0.0:
@@ -78,7 +77,11 @@ def sampling_args(f: Fields) -> dict[str, Any]:
     return {"temperature": temperature, "top_p": top_p,
             "top_k": f.int("top_k", default=0, minimum=0, maximum=1 << 20),
             "seed": f.int("seed", minimum=-(1 << 63), maximum=(1 << 64) - 1),
-            "stop": parse_stop(f, "stop")}
+            "stop": parse_stop(f, "stop"),
+            "presence_penalty": f.number("presence_penalty", default=0.0, minimum=-2.0,
+                                         maximum=2.0),
+            "frequency_penalty": f.number("frequency_penalty", default=0.0, minimum=-2.0,
+                                          maximum=2.0)}
 
 
 def _stream_flags(f: Fields) -> tuple[bool, bool]:

@@ -195,6 +195,8 @@ class Worker:
             seq = _Seq(job=job, slot=slot, sample=self.decoding.sampler(job.sampling),
                        text=self.decoding.text_stream(job.prompt[-1]),
                        stops=StopMatcher(job.sampling.stop))
+            if hasattr(seq.sample, "accept"):  # the penalties' window holds the prompt too,
+                seq.sample.accept(job.prompt)  # as the engine's token history does
             seq.device = self._device_sampling(seq.sample)
             self._active.append(seq)
             self._publish_load()

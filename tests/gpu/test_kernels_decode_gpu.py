@@ -325,7 +325,11 @@ def test_sampling_full_vocab():
                    dict(temperature=1.2, top_k=0, top_p=0.9, min_p=0.0),
                    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=1.3),
                    dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.2),
-                   dict(temperature=0.6, top_k=0, top_p=1.0, min_p=0.0)):
+                   dict(temperature=0.6, top_k=0, top_p=1.0, min_p=0.0),
+                   # penalties exact in float32 (quarters): no rounding the host does otherwise
+                   dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.0, presence_penalty=0.5,
+                        frequency_penalty=0.25),
+                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, frequency_penalty=1.5)):
         full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | params
         f, i = make_params(**full)
         for _ in range(4):
@@ -337,7 +341,7 @@ def test_sampling_full_vocab():
             got = tokens.copy_to_host()[n.copy_to_host()[0] - 1]
             assert got == want, (params, got, want)
             assert state.copy_to_host().tolist() == [0, 0]
-    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 20 steps", 0.0, 1.0))
+    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 28 steps", 0.0, 1.0))
     # three sequences in one launch, each by its own settings (a batched step's choice)
     rows = [dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
             dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),

@@ -8,11 +8,17 @@ import numpy as np
 from strata.cuda_kernels.sampling import KMAX, THREADS, uniform
 
 
-def penalise(logits, hist, rp, last_n):
+def penalise(logits, hist, rp, last_n, presence=0.0, frequency=0.0):
+    """The window's tokens: repeat penalty once each, then minus presence + frequency * count,
+    each step rounded to float32 as the device rounds it."""
     out = logits.copy()
-    for tok in set(hist[max(0, len(hist) - last_n):].tolist()):
+    window = hist[max(0, len(hist) - last_n):].tolist()
+    for tok in set(window):
         v = out[tok]
-        out[tok] = v / np.float32(rp) if v > 0 else v * np.float32(rp)
+        v = v / np.float32(rp) if v > 0 else v * np.float32(rp)
+        if presence or frequency:
+            v = v - (np.float32(presence) + np.float32(frequency) * np.float32(window.count(tok)))
+        out[tok] = v
     return out
 
 
@@ -43,10 +49,11 @@ def ref_support(lg, *, temperature, top_k, top_p, min_p, with_past=False):
 
 
 def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
-               penalty_last_n, seed, block=THREADS):
+               penalty_last_n, seed, block=THREADS, presence_penalty=0.0, frequency_penalty=0.0):
     """The token the sampler must append for float32 `logits` after history `hist` (where a
     top-k 0 cut lies past its 256 candidates, the best one: see `ref_past`)."""
-    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
+    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block), presence_penalty,
+                  frequency_penalty).astype(np.float64)
     if temperature <= 0:
         return int(np.argmax(lg))
     if top_k == 0 and top_p >= 1.0 and min_p <= 0.0:  # every token, in id order
@@ -64,10 +71,11 @@ def ref_sample(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty
 
 
 def ref_past(logits, hist, *, temperature, top_k, top_p, min_p, repeat_penalty,
-             penalty_last_n, seed=0, block=THREADS):
+             penalty_last_n, seed=0, block=THREADS, presence_penalty=0.0, frequency_penalty=0.0):
     """Whether the device flags its draw for the host (a top-k 0 cut past its candidates)."""
     if temperature <= 0 or top_k != 0 or (top_p >= 1.0 and min_p <= 0.0):
         return False
-    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block)).astype(np.float64)
+    lg = penalise(logits, hist, repeat_penalty, min(penalty_last_n, block), presence_penalty,
+                  frequency_penalty).astype(np.float64)
     return ref_support(lg, temperature=temperature, top_k=0, top_p=top_p, min_p=min_p,
                        with_past=True)[2]

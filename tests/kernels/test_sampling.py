@@ -106,6 +106,53 @@ def test_sample_matches_the_reference_over_steps(params, n_vocab):
         assert tokens[n[0] - 1] == want
 
 
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, frequency_penalty=1.5),
+    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, presence_penalty=2.0,
+         repeat_penalty=1.25),
+    dict(temperature=0.9, top_k=20, top_p=0.95, min_p=0.0, presence_penalty=0.75,
+         frequency_penalty=0.5),
+    dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0, frequency_penalty=-0.5),
+    dict(temperature=0.6, top_k=0, top_p=0.9, min_p=0.0, presence_penalty=1.0),
+])
+def test_presence_and_frequency_penalties_match_the_reference(params):
+    """The window's tokens lose presence once and frequency per occurrence (a token three times
+    in the window, one twice, one once; one repeat only outside the window), after the repeat
+    penalty: the device's token is the reference's, greedy and drawn, over several blocks."""
+    rng = np.random.default_rng(int(params["temperature"] * 10) + 3)
+    n_vocab = 9000
+    full = dict(repeat_penalty=1.0, penalty_last_n=6, seed=4242) | params
+    f, i = make_params(**full)
+    tokens = np.full(16, -1, np.int32)
+    hist = [8100, 17, 4500, 17, 4500, 17, 8100]  # window (last 6): 17 x3, 4500 x2, 8100 x1
+    tokens[:len(hist)] = hist
+    n = np.array([len(hist)], np.int32)
+    for step in range(3):
+        logits = (rng.standard_normal(n_vocab) * 0.5).astype(np.float32)
+        logits[[17, 4500, 8100]] += np.float32(3.0)  # lead before the penalties
+        logits[8100] -= np.float32(0.5 * step)
+        want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
+        _sample(logits, tokens, n, f, i)
+        assert tokens[n[0] - 1] == want, step
+
+
+def test_penalties_move_the_greedy_choice():
+    """Greedy: frequency counts occurrences (the token seen three times falls behind the one
+    seen once), presence does not (the same two, each once penalised, keep their order)."""
+    logits = np.zeros(300, np.float32)
+    logits[[5, 6, 7]] = [3.0, 2.5, 1.0]
+    hist = [5, 5, 5, 6]
+    for kw, best in ((dict(frequency_penalty=0.5), 6),   # 5: 3.0 - 1.5; 6: 2.5 - 0.5
+                     (dict(presence_penalty=1.0), 5),    # 5: 2.0; 6: 1.5
+                     (dict(presence_penalty=2.0, frequency_penalty=0.1), 7)):  # 5: 0.7, 6: 0.4
+        f, i = make_params(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, seed=1, **kw)
+        tokens = np.full(8, -1, np.int32)
+        tokens[:4] = hist
+        n = np.array([4], np.int32)
+        _sample(logits, tokens, n, f, i)
+        assert tokens[4] == best, kw
+
+
 def test_sample_merges_the_blocks_candidates():
     """Every one of the k largest in one block, or one in each; a penalised token in each
     block; the draw matches the reference each time."""
@@ -204,6 +251,8 @@ def test_seed_changes_the_draw_and_params_are_checked():
         make_params(temperature=1.0, top_p=0.0)
     with pytest.raises(ValueError, match="repeat_penalty"):
         make_params(temperature=1.0, repeat_penalty=0.0)
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        make_params(temperature=1.0, frequency_penalty=float("nan"))
 
 
 @cuda.jit

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helpers.sampling_ref import ref_sample
-from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
+from strata.cuda_kernels.sampling import KMAX, N_FPARAMS, argmax, make_params, sample
 from strata.engine.sampler import SamplingParams, filtered_support
 from strata.plan.pick import PICK_CHUNK, pick_blocks, pick_cand_len
 
@@ -77,10 +77,11 @@ def test_one_launch_picks_each_rows_token_by_its_own_settings():
     settings = [dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
                 dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
                 dict(temperature=1.2, **FULL),
-                dict(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, repeat_penalty=2.0)]
+                dict(temperature=1.0, top_k=5, top_p=1.0, min_p=0.0, repeat_penalty=2.0,
+                     presence_penalty=0.5, frequency_penalty=0.25)]
     full = [dict(repeat_penalty=1.0, penalty_last_n=64, seed=1000 + r) | s
             for r, s in enumerate(settings)]
-    fp = np.zeros((n_rows, 4), np.float32)
+    fp = np.zeros((n_rows, N_FPARAMS), np.float32)
     ip = np.zeros((n_rows, 3), np.int64)
     for r, p in enumerate(full):
         fp[r], ip[r] = make_params(**p)

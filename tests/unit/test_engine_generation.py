@@ -259,3 +259,22 @@ def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
     assert not CudaEngine.picks(SamplingParams(temperature=1.0, repeat_penalty=1.1,
                                                repeat_last_n=THREADS + 1))
     assert CudaEngine.picks(SamplingParams(temperature=1.0, repeat_last_n=THREADS + 1))  # off
+    # greedy and the presence / frequency penalties keep to the window the block holds too
+    assert not CudaEngine.picks(SamplingParams(temperature=0, repeat_penalty=1.3,
+                                               repeat_last_n=THREADS + 1))
+    assert CudaEngine.picks(SamplingParams(temperature=0, presence_penalty=0.5,
+                                           repeat_last_n=THREADS))
+    assert not CudaEngine.picks(SamplingParams(temperature=0.8, frequency_penalty=0.5,
+                                               repeat_last_n=THREADS + 1))
+
+
+def test_greedy_with_a_penalty_runs_the_sampler_not_the_argmax():
+    """The argmax kernel sees the logits as they are: a penalised greedy sequence is the
+    sampler's (temperature 0: the arg-max of the penalised logits), as the host's would be."""
+    from strata.engine.cuda.run_ahead import step_mode
+    assert step_mode(None) == "greedy" and step_mode(SamplingParams(temperature=0)) == "greedy"
+    assert step_mode(SamplingParams(temperature=0, repeat_last_n=0, repeat_penalty=2.0)) == "greedy"
+    for kw in (dict(repeat_penalty=1.1), dict(presence_penalty=0.5),
+               dict(frequency_penalty=-0.5)):
+        assert step_mode(SamplingParams(temperature=0, **kw)) == "sample", kw
+    assert step_mode(SamplingParams(temperature=0.7)) == "sample"

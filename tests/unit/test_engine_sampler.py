@@ -1,4 +1,4 @@
-"""The sampler: greedy, each filter against its definition, the repeat penalty, seeds, and the
+"""The sampler: greedy, each filter against its definition, the penalties, seeds, and the
 empirical distribution of draws against the filtered softmax."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.engine.sampler import Sampler, SamplingParams, apply_repeat_penalty, filtered_probs
+from strata.engine.sampler import Sampler, SamplingParams, apply_penalties, filtered_probs
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
 LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], np.float32)
@@ -51,12 +51,46 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_best():
 
 
 def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():
-    out = apply_repeat_penalty(LOGITS, np.array([0, 4, 0]), 2.0)
+    out = apply_penalties(LOGITS, np.array([0, 4, 0]), 2.0)
     assert out[0] == pytest.approx(1.0) and out[4] == pytest.approx(-2.0)
     np.testing.assert_array_equal(np.delete(out, [0, 4]), np.delete(LOGITS, [0, 4]))
     s = Sampler(SamplingParams(temperature=0, repeat_penalty=10.0))
     s.accept([3])
     assert s(LOGITS) == 0  # token 3 was recent: its 3.0 became 0.3
+
+
+def test_presence_and_frequency_penalties_subtract_once_and_per_occurrence():
+    """OpenAI's definition: minus presence for a token among the recent ones, minus frequency
+    times its count there; after the repeat penalty (llama.cpp's order); a token outside the
+    window untouched; negative penalties favour repeats."""
+    recent = np.array([0, 4, 0, 0, 2])
+    out = apply_penalties(LOGITS, recent, 1.0, presence=0.5, frequency=0.25)
+    want = LOGITS.copy()
+    want[0] -= 0.5 + 3 * 0.25
+    want[4] -= 0.5 + 0.25
+    want[2] -= 0.5 + 0.25
+    np.testing.assert_array_equal(out, want)
+    both = apply_penalties(LOGITS, recent, 2.0, presence=0.5, frequency=0.25)
+    assert both[0] == np.float32(2.0 / 2 - 1.25) and both[4] == np.float32(-1.0 * 2 - 0.75)
+    assert apply_penalties(LOGITS, recent, 1.0, presence=-1.0)[2] == np.float32(1.5)
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.6, repeat_last_n=3))
+    s.accept([3, 3, 1])  # token 3 twice in the window: 3.0 - 1.2 < 2.0
+    assert s(LOGITS) == 0
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.6, repeat_last_n=1))
+    s.accept([3, 3, 1])  # only the last token counts: 3 stays the best
+    assert s(LOGITS) == 3
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=1.5))
+    s.accept([3, 3, 3, 3])  # presence counts once: 3.0 - 1.5 < 2.0
+    assert s(LOGITS) == 0
+
+
+def test_penalties_off_leave_the_logits_as_they_are():
+    assert SamplingParams().penalised is False
+    assert SamplingParams(presence_penalty=0.1).penalised
+    assert SamplingParams(frequency_penalty=-0.1).penalised
+    assert not SamplingParams(repeat_penalty=1.3, repeat_last_n=0).penalised
+    out = apply_penalties(LOGITS, np.array([0, 3]), 1.0, 0.0, 0.0)
+    np.testing.assert_array_equal(out, LOGITS)
 
 
 def test_a_seed_makes_draws_repeatable():
@@ -83,6 +117,8 @@ def test_draws_follow_the_filtered_distribution():
     (dict(temperature=-1), "temperature"), (dict(top_k=-2), "top_k"), (dict(top_p=0), "top_p"),
     (dict(min_p=1.5), "min_p"), (dict(repeat_penalty=0), "repeat_penalty"),
     (dict(seed=-3), "seed"), (dict(repeat_last_n=-1), "repeat_last_n"),
+    (dict(presence_penalty=float("nan")), "presence_penalty"),
+    (dict(frequency_penalty=float("inf")), "frequency_penalty"),
 ])
 def test_bad_parameters_name_themselves(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -158,7 +194,7 @@ def test_an_overflowing_repeat_penalty_makes_the_repeated_tokens_certain():
     p = SamplingParams(temperature=1.0, repeat_penalty=1e-300, **OFF)
     s = Sampler(p)
     s.accept([0, 1])
-    z = apply_repeat_penalty(LOGITS, np.array([0, 1]), p.repeat_penalty)
+    z = apply_penalties(LOGITS, np.array([0, 1]), p.repeat_penalty)
     assert np.isposinf(z[[0, 1]]).all()
     np.testing.assert_array_equal(filtered_probs(z, p), [0.5, 0.5, 0, 0, 0, 0])
     assert all(s(LOGITS) in (0, 1) for _ in range(20))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from helpers.serve_fakes import FakeModel, ScriptedEngine, render
+from helpers.serve_fakes import FakeModel, ScriptedEngine, encode, render
 from strata.serve.app import Server
 from strata.serve.metrics import Metrics
 from strata.serve.state import ServerState
@@ -118,6 +119,53 @@ def test_stop_sequence(h):
                       json=chat(messages=[{"role": "user", "content": "STOPME"}], stop=[" two"]))
     assert r.json()["choices"][0]["message"]["content"] == "one"
     assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+
+class _Recording:
+    """A sampler that takes the arg-max and records what the worker gives it."""
+
+    def __init__(self, sampling):
+        self.sampling, self.accepted = sampling, []
+
+    def accept(self, tokens):
+        self.accepted.extend(int(t) for t in tokens)
+
+    def __call__(self, logits):
+        return int(np.argmax(logits))
+
+
+def test_penalties_reach_the_sampler_with_the_prompt_in_its_window(h, monkeypatch):
+    """presence_penalty / frequency_penalty (OpenAI's, -2..2) in both OpenAI routes become the
+    job's sampling; the worker hands the sampler the prompt first (the penalties' window holds
+    it, as the engine's token history does)."""
+    made = []
+    monkeypatch.setattr(h.model, "sampler", lambda sampling: made.append(_Recording(sampling))
+                        or made[-1])
+    r = h.client.post("/v1/chat/completions",
+                      json=chat(presence_penalty=0.5, frequency_penalty=-1.25))
+    assert r.status_code == 200, r.text
+    r = h.client.post("/v1/completions", json={"model": "fake", "prompt": "hello",
+                                               "frequency_penalty": 2})
+    assert r.status_code == 200, r.text
+    r = h.client.post("/v1/messages", json={"model": "fake", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "hello"}]})
+    assert r.status_code == 200, r.text
+    got = [(m.sampling.presence_penalty, m.sampling.frequency_penalty) for m in made]
+    assert got == [(0.5, -1.25), (0.0, 2.0), (0.0, 0.0)]
+    prompt = render([{"role": "user", "content": "hello"}], None)
+    assert made[0].accepted[:len(prompt)] == encode(prompt)
+
+
+def test_the_served_sampler_takes_the_penalties_over_the_last_64_tokens():
+    from strata.serve.job import PENALTY_LAST_N, Sampling
+    from strata.serve.model import ServedModel
+    sampling = Sampling(max_tokens=4, temperature=0.0, presence_penalty=0.5,
+                        frequency_penalty=0.25)
+    p = ServedModel.sampler(object.__new__(ServedModel), sampling).params
+    assert (p.presence_penalty, p.frequency_penalty, p.repeat_penalty) == (0.5, 0.25, 1.0)
+    assert p.repeat_last_n == PENALTY_LAST_N == 64 and p.penalised
+    with pytest.raises(ValueError, match="frequency_penalty"):
+        Sampling(max_tokens=4, frequency_penalty=2.5)
 
 
 def test_max_tokens_is_clamped_to_the_room_left():
@@ -283,6 +331,8 @@ def test_openai_image_part_refused_by_path(h):
     (json.dumps(chat(messages=[])).encode(), 400, "messages"),
     (json.dumps(chat(model="gpt-9")).encode(), 404, "model"),
     (json.dumps(chat(n=3)).encode(), 400, "n"),
+    (json.dumps(chat(presence_penalty=2.5)).encode(), 400, "presence_penalty"),
+    (json.dumps(chat(frequency_penalty="high")).encode(), 400, "frequency_penalty"),
 ])
 def test_openai_errors_name_the_field(h, body, status, param):
     r = h.client.post("/v1/chat/completions", content=body,

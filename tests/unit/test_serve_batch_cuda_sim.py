@@ -92,7 +92,7 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     for the caller to choose from, the other's token picked."""
     from helpers.sampling_ref import ref_past, ref_sample
     from strata.engine.cuda.batch import batch_options, load_batch
-    from strata.engine.sampler import SamplingParams
+    from strata.engine.sampler import Sampler, SamplingParams
     from strata.gguf import open_model
     from strata.memory.numba_backend import NumbaBackend
     from strata.plan.options import PlanOptions
@@ -160,6 +160,26 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     # the flag is cleared: the next step picks as before
     assert all(isinstance(x, int) for x in eng.decode_picked([0, 1], [want, 3], [greedy, greedy]))
 
+    # penalties, greedy: the device's window is the row's history, prompt included, as the host
+    # sampler's once the prompt is accepted (a large negative frequency penalty makes the window's
+    # most frequent token win, so the penalty, not the logits, decides)
+    eng.release(0)
+    eng.release(1)
+    tok = start()
+    logits = eng.decode([0, 1], [tok[0], tok[1]])
+    pen = [SamplingParams(temperature=0.0, frequency_penalty=-40.0, presence_penalty=1.0),
+           SamplingParams(temperature=0.0, repeat_penalty=1.5, presence_penalty=3.0)]
+    want = []
+    for s, p in enumerate(pen):
+        host = Sampler(p)
+        host.accept(PROMPTS[s] + [tok[s]])
+        want.append(host(logits[s]))
+    assert want[0] != int(np.argmax(logits[0]))
+    eng.release(0)
+    eng.release(1)
+    assert start() == tok
+    assert eng.decode_picked([0, 1], [tok[0], tok[1]], pen) == want
+
 
 def test_one_row_runs_the_single_engines_step(tmp_models):
     """A step of one row runs `DecodeStep` on row 0 (the single engine's fused launches): its
@@ -221,7 +241,7 @@ def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
     picked, from the device: the same tokens as feeding them from the host; it is refused
     after a release or after a step whose logits went to the host, and steps end in order."""
     from strata.engine.cuda.batch import batch_options, load_batch
-    from strata.engine.sampler import SamplingParams
+    from strata.engine.sampler import Sampler, SamplingParams
     from strata.gguf import open_model
     from strata.memory.numba_backend import NumbaBackend
     from strata.plan.options import PlanOptions

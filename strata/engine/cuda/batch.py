@@ -34,7 +34,7 @@ import numpy as np
 from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
-from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, make_params
+from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, N_FPARAMS, make_params
 from strata.engine.cuda import prompt_steps
 # the options' names, where serve and the tests have always imported them from
 from strata.engine.cuda.batch_options import (  # noqa: F401
@@ -91,7 +91,7 @@ class CudaBatchEngine:
         # per row: the tokens whose K/V a released sequence left there (None: nothing to reuse)
         self._kept: list[list[int] | None] = [None] * n
         self.n_reused = 0  # prompt tokens the last prefill found in its row's KV
-        self._fparams = _host_buffer((n, 4), np.float32)  # [n_slots, 4] each row's sampling
+        self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] each row's sampling
         self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
@@ -345,7 +345,7 @@ class CudaBatchEngine:
         for p in sampling:
             if not self.picks(p):
                 raise ValueError(f"the device does not draw {p} as the host does (greedy, "
-                                 f"top-k 0..256, a repeat window within the sampler's block)")
+                                 f"top-k 0..256, a penalty window within the sampler's block)")
             if p.seed is None and not p.greedy:
                 raise ValueError("a sampled sequence needs a seed on the device")
         if len(self._open) == 2:
@@ -366,7 +366,8 @@ class CudaBatchEngine:
             self._fparams[r], self._iparams[r] = make_params(
                 temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                 min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
-                penalty_last_n=p.repeat_last_n, seed=p.seed or 0)
+                penalty_last_n=p.repeat_last_n, seed=p.seed or 0,
+                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty)
         if changed:
             dev_f.copy_to_device(self._fparams[:n], stream=st)
             dev_i.copy_to_device(self._iparams[:n], stream=st)

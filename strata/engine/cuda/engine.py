@@ -19,7 +19,8 @@ from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import TokenRing, clear_nan, nan_error, picks, run_ahead
+from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, nan_error, picks, run_ahead,
+                                          step_mode)
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
@@ -185,15 +186,19 @@ class CudaEngine(Engine):
         return [int(t) for t in out]
 
     def set_sampling(self, sampling: SamplingParams | None) -> str:
-        """The decode mode for `sampling` ("greedy" or "sample"), its parameters on the device."""
-        if sampling is None or sampling.temperature == 0:
+        """The decode mode for `sampling` ("greedy" or "sample"), its parameters on the device.
+        Greedy with a penalty is the sampler's: it takes the arg-max of the penalised logits
+        (the argmax kernel sees them as they are)."""
+        if step_mode(sampling) == "greedy":
             return "greedy"
         f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
                            top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
                            repeat_penalty=sampling.repeat_penalty,
                            penalty_last_n=sampling.repeat_last_n,
                            seed=sampling.seed if sampling.seed is not None else
-                           int(time.time_ns()))
+                           int(time.time_ns()),
+                           presence_penalty=sampling.presence_penalty,
+                           frequency_penalty=sampling.frequency_penalty)
         a = self.m.acts
         a["sample_fparams"][0].copy_to_device(f, stream=self.m.stream)
         a["sample_iparams"][0].copy_to_device(i, stream=self.m.stream)

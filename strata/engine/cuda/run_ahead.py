@@ -18,14 +18,25 @@ from strata.cuda_kernels.sampling import KMAX, THREADS
 from strata.engine.sampler import SamplingParams
 
 
+def step_mode(sampling: SamplingParams | None) -> str:
+    """What picks a single sequence's tokens on the device: "greedy" (the argmax kernel, which
+    sees the logits as they are) or "sample" (the sampler, whose temperature 0 takes the arg-max
+    of the penalised logits: greedy with a penalty)."""
+    if sampling is None or (sampling.greedy and not sampling.penalised):
+        return "greedy"
+    return "sample"
+
+
 def picks(sampling: SamplingParams | None) -> bool:
     """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
-    (its random numbers aside), with a repeat window its block holds: greedy; top-k 1..256;
+    (its random numbers aside), with a penalty window its block holds: greedy; top-k 1..256;
     or top-k 0 with top-p 1 and min-p 0 (every token kept). Top-k 0 with a top-p or min-p cut,
     and top-k past 256, are left to the host: the device keeps at most the 256 best there."""
-    if sampling is None or sampling.greedy:
+    if sampling is None:
         return True
-    window = sampling.repeat_penalty == 1.0 or sampling.repeat_last_n <= THREADS
+    window = not sampling.penalised or sampling.repeat_last_n <= THREADS
+    if sampling.greedy:
+        return window
     every = sampling.top_k == 0 and sampling.top_p >= 1.0 and sampling.min_p <= 0.0
     return window and (1 <= sampling.top_k <= KMAX or every)
 
@@ -33,11 +44,11 @@ def picks(sampling: SamplingParams | None) -> bool:
 def may_fall_back(sampling: SamplingParams | None) -> bool:
     """Settings the batched engine's sampler draws on the device from its 256 best and every
     token's mass, handing the logits back to the host where the cut lies past those 256: top-k
-    0 with a top-p or min-p cut (a repeat window its block holds). `picks` leaves them out:
+    0 with a top-p or min-p cut (a penalty window its block holds). `picks` leaves them out:
     `generate` feeds each token on the device before it reads it."""
     if sampling is None or sampling.greedy or sampling.top_k != 0:
         return False
-    window = sampling.repeat_penalty == 1.0 or sampling.repeat_last_n <= THREADS
+    window = not sampling.penalised or sampling.repeat_last_n <= THREADS
     return window and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
 
 
