@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from strata.serve.generation import Prepared, fit_max_tokens
-from strata.serve.job import Sampling
+from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.tools import OPEN_TAG
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -45,6 +45,9 @@ class ChatInput:
     stop: tuple[str, ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = PENALTY_LAST_N
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -58,7 +61,8 @@ class ChatInput:
         return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                         top_k=self.top_k, seed=self.seed, stop=self.stop,
                         presence_penalty=self.presence_penalty,
-                        frequency_penalty=self.frequency_penalty)
+                        frequency_penalty=self.frequency_penalty, min_p=self.min_p,
+                        repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n)
 
 
 def forced_prefix(tool_choice: str) -> str:

@@ -22,8 +22,9 @@ _ids = itertools.count(1)
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """How to pick tokens and when to stop. `top_k=0`, `top_p=1` and the penalties 0 mean off;
-    `temperature=0` is greedy; `stop` strings end the text before they appear. The presence and
-    frequency penalties (OpenAI's, -2..2) look at the sequence's last PENALTY_LAST_N tokens."""
+    `temperature=0` is greedy; `stop` strings end the text before they appear. The penalties
+    (OpenAI's presence and frequency, -2..2; llama.cpp's repeat, 1 = off) look at the sequence's
+    last `repeat_last_n` tokens (PENALTY_LAST_N unless a request says)."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -33,6 +34,9 @@ class Sampling:
     stop: tuple[str, ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = PENALTY_LAST_N
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -46,6 +50,12 @@ class Sampling:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.repeat_penalty <= 10.0:
+            raise ValueError(f"repeat_penalty must be in (0, 10], got {self.repeat_penalty}")
+        if self.repeat_last_n < 0:
+            raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
-from strata.serve.job import PENALTY_LAST_N, Sampling
+from strata.serve.job import Sampling
 from strata.serve.tools import template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 
@@ -62,8 +62,8 @@ class ServedModel:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
         return Sampler(SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-            min_p=0.0, repeat_penalty=1.0, seed=seed, repeat_last_n=PENALTY_LAST_N,
-            presence_penalty=sampling.presence_penalty,
+            min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=seed,
+            repeat_last_n=sampling.repeat_last_n, presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty))
 
     def text_stream(self, after: int) -> StreamDecoder:

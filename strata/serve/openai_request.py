@@ -5,7 +5,8 @@ the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`),
 a 400 naming it (`n` > 1, `logprobs`, `logit_bias`, structured `response_format`,
 image/audio/file content parts): nothing is silently dropped. `presence_penalty` and
 `frequency_penalty` (-2..2) apply to the last 64 tokens of the sequence, prompt included
-(llama.cpp's window; `strata.engine.sampler`).
+(llama.cpp's window; `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes
+also take `top_k`, `min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
-from strata.serve.job import Sampling
+from strata.serve.job import PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -68,8 +69,8 @@ def _refuse_unsupported(f: Fields) -> None:
 
 
 def sampling_args(f: Fields) -> dict[str, Any]:
-    """temperature / top_p / top_k / seed / stop / the penalties as `Sampling` keywords (top_p 0
-    is greedy)."""
+    """temperature / top_p / top_k / min_p / seed / stop / the penalties as `Sampling` keywords
+    (top_p 0 is greedy)."""
     temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
     top_p = f.number("top_p", default=1.0, minimum=0.0, maximum=1.0)
     if top_p == 0.0:
@@ -81,7 +82,20 @@ def sampling_args(f: Fields) -> dict[str, Any]:
             "presence_penalty": f.number("presence_penalty", default=0.0, minimum=-2.0,
                                          maximum=2.0),
             "frequency_penalty": f.number("frequency_penalty", default=0.0, minimum=-2.0,
-                                          maximum=2.0)}
+                                          maximum=2.0),
+            "min_p": f.number("min_p", default=0.0, minimum=0.0, maximum=1.0),
+            "repeat_penalty": _repeat_penalty(f),
+            "repeat_last_n": f.int("repeat_last_n", default=PENALTY_LAST_N, minimum=0,
+                                   maximum=1 << 20)}
+
+
+def _repeat_penalty(f: Fields) -> float:
+    """llama.cpp's repeat penalty: a positive logit divided by it, a negative one multiplied
+    (1 = off; 0 would make every recent logit infinite, so it is refused)."""
+    v = f.number("repeat_penalty", default=1.0, minimum=0.0, maximum=10.0)
+    if v == 0.0:
+        raise bad_request("repeat_penalty: must be above 0 (1 = off), got 0", "repeat_penalty")
+    return v
 
 
 def _stream_flags(f: Fields) -> tuple[bool, bool]:

@@ -10,7 +10,13 @@ _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
 _PENALTY = {"type": "number", "minimum": -2, "maximum": 2}
-_PENALTIES = {"presence_penalty": _PENALTY, "frequency_penalty": _PENALTY}
+_EXTRA_SAMPLING = {"presence_penalty": _PENALTY, "frequency_penalty": _PENALTY,
+              # llama.cpp server's extensions
+              "top_k": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
+              "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+              "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                                 "maximum": 10},
+              "repeat_last_n": {"type": "integer", "minimum": 0, "maximum": 1 << 20}}
 _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": _STR, "description": _STR, "parameters": {"type": "object"}}}
 
@@ -36,7 +42,7 @@ def _chat_body(models: list[str]) -> dict:
     return {"type": "object", "required": ["model", "messages"], "properties": {
         "model": {"type": "string", "enum": models},
         "messages": {"type": "array", "items": message, "minItems": 1},
-        **_sampling(2.0), **_PENALTIES,
+        **_sampling(2.0), **_EXTRA_SAMPLING,
         "max_completion_tokens": {"type": "integer", "minimum": 1},
         "seed": {"type": "integer"},
         "stop": _STOP,
@@ -54,7 +60,7 @@ def _completion_body(models: list[str]) -> dict:
     return {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": {"type": "string", "enum": models},
         "prompt": {"oneOf": [_STR, {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
-        **_sampling(2.0), **_PENALTIES, "seed": {"type": "integer"}, "stop": _STOP,
+        **_sampling(2.0), **_EXTRA_SAMPLING, "seed": {"type": "integer"}, "stop": _STOP,
         "echo": {"type": "boolean"},
     }}
 

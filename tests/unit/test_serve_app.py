@@ -135,9 +135,10 @@ class _Recording:
 
 
 def test_penalties_reach_the_sampler_with_the_prompt_in_its_window(h, monkeypatch):
-    """presence_penalty / frequency_penalty (OpenAI's, -2..2) in both OpenAI routes become the
-    job's sampling; the worker hands the sampler the prompt first (the penalties' window holds
-    it, as the engine's token history does)."""
+    """presence_penalty / frequency_penalty (OpenAI's, -2..2) and llama.cpp's repeat_penalty,
+    repeat_last_n and min_p in both OpenAI routes become the job's sampling; the worker hands
+    the sampler the prompt first (the penalties' window holds it, as the engine's token history
+    does)."""
     made = []
     monkeypatch.setattr(h.model, "sampler", lambda sampling: made.append(_Recording(sampling))
                         or made[-1])
@@ -145,25 +146,31 @@ def test_penalties_reach_the_sampler_with_the_prompt_in_its_window(h, monkeypatc
                       json=chat(presence_penalty=0.5, frequency_penalty=-1.25))
     assert r.status_code == 200, r.text
     r = h.client.post("/v1/completions", json={"model": "fake", "prompt": "hello",
-                                               "frequency_penalty": 2})
+                                               "frequency_penalty": 2, "repeat_penalty": 1.1,
+                                               "repeat_last_n": 256, "min_p": 0.05})
     assert r.status_code == 200, r.text
     r = h.client.post("/v1/messages", json={"model": "fake", "max_tokens": 5, "messages": [
         {"role": "user", "content": "hello"}]})
     assert r.status_code == 200, r.text
     got = [(m.sampling.presence_penalty, m.sampling.frequency_penalty) for m in made]
     assert got == [(0.5, -1.25), (0.0, 2.0), (0.0, 0.0)]
+    assert [(m.sampling.repeat_penalty, m.sampling.repeat_last_n, m.sampling.min_p)
+            for m in made] == [(1.0, 64, 0.0), (1.1, 256, 0.05), (1.0, 64, 0.0)]
     prompt = render([{"role": "user", "content": "hello"}], None)
     assert made[0].accepted[:len(prompt)] == encode(prompt)
 
 
-def test_the_served_sampler_takes_the_penalties_over_the_last_64_tokens():
+def test_the_served_sampler_takes_the_requests_penalties_and_window():
     from strata.serve.job import PENALTY_LAST_N, Sampling
     from strata.serve.model import ServedModel
     sampling = Sampling(max_tokens=4, temperature=0.0, presence_penalty=0.5,
                         frequency_penalty=0.25)
     p = ServedModel.sampler(object.__new__(ServedModel), sampling).params
     assert (p.presence_penalty, p.frequency_penalty, p.repeat_penalty) == (0.5, 0.25, 1.0)
-    assert p.repeat_last_n == PENALTY_LAST_N == 64 and p.penalised
+    assert p.repeat_last_n == PENALTY_LAST_N == 64 and p.penalised and p.min_p == 0.0
+    p = ServedModel.sampler(object.__new__(ServedModel), Sampling(
+        max_tokens=4, repeat_penalty=1.3, repeat_last_n=8, min_p=0.1)).params
+    assert (p.repeat_penalty, p.repeat_last_n, p.min_p) == (1.3, 8, 0.1)
     with pytest.raises(ValueError, match="frequency_penalty"):
         Sampling(max_tokens=4, frequency_penalty=2.5)
 
@@ -333,6 +340,9 @@ def test_openai_image_part_refused_by_path(h):
     (json.dumps(chat(n=3)).encode(), 400, "n"),
     (json.dumps(chat(presence_penalty=2.5)).encode(), 400, "presence_penalty"),
     (json.dumps(chat(frequency_penalty="high")).encode(), 400, "frequency_penalty"),
+    (json.dumps(chat(repeat_penalty=0)).encode(), 400, "repeat_penalty"),
+    (json.dumps(chat(repeat_last_n=-1)).encode(), 400, "repeat_last_n"),
+    (json.dumps(chat(min_p=1.5)).encode(), 400, "min_p"),
 ])
 def test_openai_errors_name_the_field(h, body, status, param):
     r = h.client.post("/v1/chat/completions", content=body,
