@@ -1,8 +1,7 @@
 """On-device token choice, so a decode step never waits on the host: greedy argmax, and a seeded
 sampler (repeat, presence and frequency penalties, top-k, top-p, min-p, temperature) whose
-random number is a hash of
-(seed, step). Both append the chosen id to a device token history and bump its length, which the
-next step's embedding lookup reads.
+random number is a hash of (seed, step). Both append the chosen id to a device token history
+and bump its length, which the next step's embedding lookup reads.
 
 Both are one launch of many blocks whose last block to finish (a count in `state`, which that
 block sets back to zero, so a replayed graph starts from zero again) appends the token. One
@@ -35,9 +34,10 @@ Device parameters, so a captured graph reads the current request's settings:
     presence_penalty, frequency_penalty (0 = off)
   iparams int64 [3]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block size)
 The penalties ((v / p if v > 0 else v * p) - presence - frequency * count) change the staged
-copy; the logits are left as they are. A state of three entries a row also records NaN logits: any block that meets one
-sets state[2] to 1, which stays set until the host, reading it with the token, clears it (the
-host `Sampler` refuses NaN logits; the device ranks them as -inf and flags them).
+copy; the logits are left as they are. A state of three entries a row also records NaN logits:
+any block that meets one sets state[2] to 1, which stays set until the host, reading it with the
+token, clears it (the host `Sampler` refuses NaN logits; the device ranks them as -inf and flags
+them).
 """
 
 from __future__ import annotations
@@ -218,8 +218,8 @@ SAMPLE_JIT_OPTIONS = {"launch_bounds": (1024, 1)}
 def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, iparam_rows,
                   state_rows, cand_v_rows, cand_i_rows):
     # per row (blockIdx.y): logits [n_vocab] f32; tokens [capacity] i32; n_tokens[row] i32;
-    # fparams [N_FPARAMS] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key, blocks
-    # done, NaN met);
+    # fparams [N_FPARAMS] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key,
+    # blocks done, NaN met);
     # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best (or,
     # drawing over every token, its largest logit and mass at cand_v[b * KMAX], [+ 1])
     row = cuda.blockIdx.y
@@ -264,8 +264,8 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
             cand_v[np.int64(cuda.blockIdx.x) * KMAX + 1] = s_b
         if not last_block(state, flag):
             return
-        tok = full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t, uniform01(iparams[0], n),
-                        cand_v, cuda.gridDim.x, sv, si, part, found)
+        tok = full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t,
+                        uniform01(iparams[0], n), cand_v, cuda.gridDim.x, sv, si, part, found)
         if t == 0:
             push_token(tokens, n_tokens, row, tok)
         return
@@ -393,8 +393,8 @@ def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
     """Sample one token into the device history (see the module doc for the parameters).
     `state` (uint64 [2]) must be zero and is left zero; `cand_v` / `cand_i` (float32 / int32,
     at least pick_blocks(n_vocab) * KMAX each) are scratch. Several sequences in one launch:
-    as `argmax`, with fparams [R, N_FPARAMS], iparams [R, 3] and cand_v / cand_i [R, >= blocks * KMAX]
-    (each row its own settings)."""
+    as `argmax`, with fparams [R, N_FPARAMS], iparams [R, 3] and cand_v / cand_i
+    [R, >= blocks * KMAX] (each row its own settings)."""
     one = getattr(logits, "ndim", len(logits.shape)) == 1
     logits, tokens, n_tokens, state = _check_pick("sample", logits, tokens, n_tokens, state)
     n_rows, n_vocab = logits.shape

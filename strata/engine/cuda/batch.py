@@ -91,7 +91,7 @@ class CudaBatchEngine:
         # per row: the tokens whose K/V a released sequence left there (None: nothing to reuse)
         self._kept: list[list[int] | None] = [None] * n
         self.n_reused = 0  # prompt tokens the last prefill found in its row's KV
-        self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] each row's sampling
+        self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] rows' sampling
         self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
