@@ -10,13 +10,14 @@ _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"type": "string", "enum": ["text"]}, "text": _STR}}
 _STOP = {"oneOf": [_STR, {"type": "array", "items": _STR, "maxItems": 16}], "nullable": True}
 _PENALTY = {"type": "number", "minimum": -2, "maximum": 2}
-_EXTRA_SAMPLING = {"presence_penalty": _PENALTY, "frequency_penalty": _PENALTY,
-              # llama.cpp server's extensions
-              "top_k": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
-              "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-              "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
-                                 "maximum": 10},
-              "repeat_last_n": {"type": "integer", "minimum": 0, "maximum": 1 << 20}}
+_EXTRA_SAMPLING = {
+    "presence_penalty": _PENALTY, "frequency_penalty": _PENALTY,
+    # llama.cpp server's extensions
+    "top_k": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 10},
+    "repeat_last_n": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
+}
 _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": _STR, "description": _STR, "parameters": {"type": "object"}}}
 
