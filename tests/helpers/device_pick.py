@@ -28,6 +28,19 @@ def check_device_generate(eng, prompt: list[int]) -> list[int]:
     assert stopped.tokens == toks[:2] and stopped.stop_reason == "stop"
     assert eng.n_past == len(prompt) + 1
     assert int(np.argmax(eng.decode_step(toks[1]))) == toks[2]
+    # greedy with penalties: the device runs the sampler (the argmax kernel would drop them) and
+    # its window is the sequence's, prompt included, as the host's; a large negative frequency
+    # penalty makes the prompt's tokens win, so the penalty, not the logits, decides
+    penalised = SamplingParams(temperature=0, frequency_penalty=-30.0, presence_penalty=0.5,
+                               repeat_penalty=1.25)
+    on_device = generate(eng, prompt, n_predict=3, sampler=Sampler(penalised))
+    generation.DEVICE_PICK = False
+    try:
+        on_host = generate(eng, prompt, n_predict=3, sampler=Sampler(penalised))
+    finally:
+        generation.DEVICE_PICK = True
+    assert on_device.tokens == on_host.tokens != toks
+    assert on_host.tokens[0] in prompt
     return toks
 
 
