@@ -106,6 +106,27 @@ def test_openai_tool_round_trip(oai):
     assert forced.usage.prompt_tokens > with_tools.usage.prompt_tokens
 
 
+def test_openai_penalties_through_the_sdk(oai):
+    """The SDK's own presence_penalty / frequency_penalty, and llama.cpp's repeat_penalty,
+    repeat_last_n and min_p in extra_body, reach a real server: greedy with them repeats
+    itself, and a penalty out of OpenAI's range is the SDK's BadRequestError naming it."""
+    kw = dict(model=MODEL_NAME, max_tokens=6, temperature=0, presence_penalty=0.5,
+              frequency_penalty=-2.0, extra_body={"repeat_penalty": 1.3, "repeat_last_n": 32,
+                                                  "min_p": 0.1},
+              messages=[{"role": "user", "content": "river river river"}])
+    first = oai.chat.completions.create(**kw)
+    assert first.choices[0].finish_reason in ("stop", "length")
+    assert first.choices[0].message.content == oai.chat.completions.create(
+        **kw).choices[0].message.content
+    legacy = oai.completions.create(model=MODEL_NAME, prompt="The river", max_tokens=3,
+                                    temperature=0, frequency_penalty=1.0)
+    assert 0 < legacy.usage.completion_tokens <= 3
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=MODEL_NAME, max_tokens=2, frequency_penalty=2.5,
+                                    messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["param"] == "frequency_penalty"
+
+
 def test_openai_errors_are_sdk_exceptions(server, oai):
     with pytest.raises(openai.NotFoundError) as e:
         oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])
