@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 
+PENALTY_LAST_N = 64  # the recent tokens the penalties look at by default (llama.cpp's window)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens. `temperature=0` is greedy; `top_k=0`, `top_p=1`, `min_p=0`,
@@ -29,7 +32,7 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
-    repeat_last_n: int = 64  # how many recent tokens the penalties look at
+    repeat_last_n: int = PENALTY_LAST_N  # how many recent tokens the penalties look at
     seed: int | None = None
     presence_penalty: float = 0.0   # subtracted once from a recent token's logit
     frequency_penalty: float = 0.0  # subtracted per occurrence among the recent tokens

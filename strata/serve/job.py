@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from strata.engine.sampler import PENALTY_LAST_N
+
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
-PENALTY_LAST_N = 64  # the tokens the penalties look at (llama.cpp's default window)
 
 _ids = itertools.count(1)
 

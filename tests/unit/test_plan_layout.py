@@ -126,6 +126,12 @@ def test_session_layout_scales_with_batch_and_context():
     assert four.region("pick_cand_v").dtype == "float32"
     assert four.region("pick_cand_i").shape == (4, 38 * 256)
     assert four.region("pick_cand_i").dtype == "int32"
+    # each sequence's sampler settings: temperature, top_p, min_p and the repeat, presence and
+    # frequency penalties (f32); seed, top_k and the penalties' window (i64)
+    assert four.region("sample_fparams").shape == (4, 6)
+    assert four.region("sample_fparams").dtype == "float32"
+    assert four.region("sample_iparams").shape == (4, 3)
+    assert four.region("sample_iparams").dtype == "int64"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
     assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
     assert one.region("hit_counts").dtype == "int64"

@@ -27,6 +27,11 @@ def step_mode(sampling: SamplingParams | None) -> str:
     return "sample"
 
 
+def _window_held(sampling: SamplingParams) -> bool:
+    """Whether the device sampler's block holds the penalties' window (or none applies)."""
+    return not sampling.penalised or sampling.repeat_last_n <= THREADS
+
+
 def picks(sampling: SamplingParams | None) -> bool:
     """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
     (its random numbers aside), with a penalty window its block holds: greedy; top-k 1..256;
@@ -34,11 +39,10 @@ def picks(sampling: SamplingParams | None) -> bool:
     and top-k past 256, are left to the host: the device keeps at most the 256 best there."""
     if sampling is None:
         return True
-    window = not sampling.penalised or sampling.repeat_last_n <= THREADS
     if sampling.greedy:
-        return window
+        return _window_held(sampling)
     every = sampling.top_k == 0 and sampling.top_p >= 1.0 and sampling.min_p <= 0.0
-    return window and (1 <= sampling.top_k <= KMAX or every)
+    return _window_held(sampling) and (1 <= sampling.top_k <= KMAX or every)
 
 
 def may_fall_back(sampling: SamplingParams | None) -> bool:
@@ -48,8 +52,7 @@ def may_fall_back(sampling: SamplingParams | None) -> bool:
     `generate` feeds each token on the device before it reads it."""
     if sampling is None or sampling.greedy or sampling.top_k != 0:
         return False
-    window = not sampling.penalised or sampling.repeat_last_n <= THREADS
-    return window and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
+    return _window_held(sampling) and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
 
 
 class TokenRing:
