@@ -83,9 +83,11 @@ def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: 
     out.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # the device picks and feeds each token itself (`device_tokens`) where it draws as the
-    # host would (`picks`); else the host samples the logits of each step
+    # host would (`picks`: never under a constraint, which only the host keeps); else the host
+    # samples the logits of each step
     picks = getattr(engine, "picks", None)
-    on_device = DEVICE_PICK and not keep_logits and picks is not None and picks(sampler.params)
+    on_device = (DEVICE_PICK and not keep_logits and picks is not None
+                 and getattr(sampler, "constraint", None) is None and picks(sampler.params))
     picked = engine.device_tokens(sampler.params, n_predict) if on_device else None
     try:
         while True:

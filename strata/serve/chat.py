@@ -48,6 +48,9 @@ class ChatInput:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = PENALTY_LAST_N
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int | None = None  # None: none; n: each token's and the n most likely
+    json_object: bool = False  # response_format json_object: the answer is one JSON object
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -62,7 +65,9 @@ class ChatInput:
                         top_k=self.top_k, seed=self.seed, stop=self.stop,
                         presence_penalty=self.presence_penalty,
                         frequency_penalty=self.frequency_penalty, min_p=self.min_p,
-                        repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n)
+                        repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+                        logit_bias=self.logit_bias, logprobs=self.logprobs,
+                        json_object=self.json_object)
 
 
 def forced_prefix(tool_choice: str) -> str:

@@ -2,8 +2,10 @@
 
 Both dialects turn their request into a `Prepared` (prompt tokens, sampling, tool handling),
 then read `items()`: plain text pieces and parsed `ToolCall`s, in order. `finish` holds the
-worker's `FinishEvent` afterwards. `max_tokens` is clamped to the room the prompt leaves in
-the context and the clamp is reported in response headers, never refused.
+worker's `FinishEvent` afterwards. Where the request asked for logprobs, `take_logprobs()` hands
+out each token's entry once: after a text piece, those of the tokens sent so far. `max_tokens`
+is clamped to the room the prompt leaves in the context and the clamp is reported in response
+headers, never refused.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
 from strata.serve.errors import bad_request
-from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent
+from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob
 from strata.serve.tools import ToolCall, ToolCallParser
 
 
@@ -70,6 +72,8 @@ class Generation:
         self._parser = ToolCallParser(id_prefix) if prepared.parse_tools else None
         self.finish: FinishEvent | None = None
         self.tool_calls: list[ToolCall] = []
+        self.logprobs: list[TokenLogprob] = []  # every entry received, in token order
+        self._n_taken = 0
         worker.submit(self.job)
 
     def _sink(self, event) -> None:
@@ -80,6 +84,12 @@ class Generation:
 
     def cancel(self) -> None:
         self.job.cancel()
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log-probability entries received since the last call."""
+        out = self.logprobs[self._n_taken:]
+        self._n_taken = len(self.logprobs)
+        return out
 
     def _parsed(self, pieces: list) -> list[str | ToolCall]:
         for p in pieces:
@@ -102,6 +112,7 @@ class Generation:
                     yield event
                 continue
             if isinstance(event, TextEvent):
+                self.logprobs.extend(event.logprobs)
                 pieces = [event.text] if self._parser is None else self._parser.feed(event.text)
                 for item in self._parsed(pieces):
                     yield item

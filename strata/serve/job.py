@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 from strata.engine.sampler import PENALTY_LAST_N
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's limit)
 
 _ids = itertools.count(1)
 
@@ -38,6 +39,15 @@ class Sampling:
     min_p: float = 0.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = PENALTY_LAST_N
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), -100..100
+    logprobs: int | None = None  # None: none; n: each token's log-probability and the n best
+    json_object: bool = False  # the text is one JSON object (response_format json_object)
+
+    @property
+    def host_sampled(self) -> bool:
+        """Whether the host must pick this sequence's tokens: it reads their logits (logprobs)
+        or constrains them (a JSON object), neither of which the device sampler does."""
+        return self.logprobs is not None or self.json_object
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -57,15 +67,33 @@ class Sampling:
             raise ValueError(f"repeat_penalty must be in (0, 10], got {self.repeat_penalty}")
         if self.repeat_last_n < 0:
             raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
+            raise ValueError("logit_bias values must be in [-100, 100]")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log-probability under the model, and the most likely tokens at
+    its position with theirs (most likely first; as many as the request asked)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TextEvent:
-    """Newly decoded text (never splits a UTF-8 character, never holds part of a stop string)."""
+    """Newly decoded text (never splits a UTF-8 character, never holds part of a stop string).
+    `logprobs`: where the job asked for them, one per token generated since the last event
+    (text a token adds may come with a later event: a stop string is held back until it is
+    ruled out); the tokens of a stop string that ends the text, and a stop token, have none."""
 
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

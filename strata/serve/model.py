@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from strata.engine.json_constraint import JsonObject
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
@@ -58,13 +59,26 @@ class ServedModel:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special=True)
 
+    def _json_piece(self, token: int) -> bytes | None:
+        """A token's bytes for the JSON constraint: None for a control token."""
+        return None if self.tokenizer.is_special(token) else self.tokenizer.token_bytes(token)
+
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
+        constraint = (JsonObject(self._json_piece, sorted(self.stop_token_ids))
+                      if sampling.json_object else None)
         return Sampler(SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=seed,
             repeat_last_n=sampling.repeat_last_n, presence_penalty=sampling.presence_penalty,
-            frequency_penalty=sampling.frequency_penalty))
+            frequency_penalty=sampling.frequency_penalty, logit_bias=sampling.logit_bias),
+            constraint)
+
+    def token_piece(self, token: int) -> tuple[str, bytes]:
+        """A token as the API's logprobs show it: its text (a piece that is part of a UTF-8
+        character shows as the replacement character) and its bytes in decoded text."""
+        data = self.tokenizer.token_bytes(token)
+        return data.decode("utf-8", errors="replace"), data
 
     def text_stream(self, after: int) -> StreamDecoder:
         return self.tokenizer.stream_decoder(skip_special=True, after=after)

@@ -3,7 +3,9 @@
 Requests are validated field by field (a 400 names the field); responses and stream chunks have
 the shapes of the official API: `chat.completion` / `chat.completion.chunk` / `text_completion`
 objects, SSE `data:` lines ending with `data: [DONE]`, a usage chunk with empty `choices` when
-`stream_options.include_usage` is set.
+`stream_options.include_usage` is set. `n` choices (`strata.serve.choices`) each carry their
+`index`; streamed, their chunks interleave as the choices produce them. Where a request asks for logprobs, each chunk carries
+those of the tokens whose text it sends (`strata.serve.logprobs`); the last chunk, any left.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from starlette.responses import JSONResponse, Response
 
 from strata import __version__
 from strata.serve.chat import prepare_chat
+from strata.serve.choices import Choices
 from strata.serve.errors import ApiError, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation, Prepared, fit_max_tokens
 from strata.serve.job import FinishEvent
+from strata.serve.logprobs import CompletionLogprobs, chat_logprobs
 from strata.serve.openai_request import parse_chat, parse_completion
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
@@ -44,22 +48,20 @@ def finish_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:
     return "tool_calls" if calls else "stop"
 
 
-def usage(finish: FinishEvent) -> dict:
-    return {"prompt_tokens": finish.n_prompt, "completion_tokens": finish.n_completion,
-            "total_tokens": finish.n_prompt + finish.n_completion,
-            # the prompt tokens a finished request's KV held (a chat's earlier turns)
-            "prompt_tokens_details": {"cached_tokens": finish.n_cached}}
-
-
 def _tool_call_json(call: ToolCall, index: int | None = None) -> dict:
     out = {"id": call.id, "type": "function",
            "function": {"name": call.name, "arguments": call.arguments_json}}
     return out if index is None else {"index": index, **out}
 
 
-def _raise_failed(finish: FinishEvent) -> None:
-    if finish.reason == "error":
-        raise ApiError(500, f"generation failed: {finish.error}")
+def _raise_failed(choices: Choices) -> None:
+    failed = choices.failed
+    if failed is not None:
+        raise ApiError(500, f"generation failed: {failed.error}")
+
+
+def _stream_error(failed: FinishEvent) -> bytes:
+    return sse(error_body(ApiError(500, f"generation failed: {failed.error}")))
 
 
 async def list_models(request: Request, state: ServerState) -> Response:
@@ -69,58 +71,74 @@ async def list_models(request: Request, state: ServerState) -> Response:
     return JSONResponse({"object": "list", "data": data})
 
 
+def _entries(gen: Generation) -> list | None:
+    """The log-probability entries not yet sent, or None where the request asked for none."""
+    return None if gen.prepared.sampling.logprobs is None else gen.take_logprobs()
+
+
 async def chat_completions(request: Request, state: ServerState, body: dict) -> Response:
     req = parse_chat(Fields(body), state)
     # rendering and tokenizing a long prompt is CPU work: keep it off the event loop
     prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
                                        limit=state.max_tokens_limit)
-    gen = Generation(state.worker, prepared, id_prefix="call_")
+    choices = Choices(state.worker, prepared, req.n, id_prefix="call_")
     rid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if req.stream:
-        chunks = _chat_chunks(gen, rid, created, state.model.name, req.include_usage)
-        return event_stream(chunks, gen.cancel, prepared.headers)
-    text, calls = await unless_disconnected(request, gen.collect(), gen.cancel)
-    _raise_failed(gen.finish)
-    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else ""),
-                               "refusal": None}
-    if calls:
-        message["tool_calls"] = [_tool_call_json(c) for c in calls]
+        chunks = _chat_chunks(choices, rid, created, state.model, req.include_usage)
+        return event_stream(chunks, choices.cancel, prepared.headers)
+    results = await unless_disconnected(request, choices.collect(), choices.cancel)
+    _raise_failed(choices)
+    out = []
+    for i, ((text, calls), gen) in enumerate(zip(results, choices.gens)):
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": text or (None if calls else ""), "refusal": None}
+        if calls:
+            message["tool_calls"] = [_tool_call_json(c) for c in calls]
+        out.append({"index": i, "message": message,
+                    "logprobs": chat_logprobs(state.model, _entries(gen)),
+                    "finish_reason": finish_reason(gen.finish, calls)})
     return JSONResponse({
         "id": rid, "object": "chat.completion", "created": created, "model": state.model.name,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": finish_reason(gen.finish, calls)}],
-        "usage": usage(gen.finish),
+        "system_fingerprint": FINGERPRINT, "choices": out, "usage": choices.usage(),
     }, headers=prepared.headers)
 
 
-async def _chat_chunks(gen: Generation, rid: str, created: int, model: str,
+async def _chat_chunks(choices: Choices, rid: str, created: int, served,
                        include_usage: bool) -> AsyncIterator[bytes]:
-    def chunk(delta: dict, finish: str | None = None) -> bytes:
-        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": FINGERPRINT,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    """Each choice's role chunk, then its content, tool-call and finish chunks (each with its
+    `index`) as the choices produce them; a failed choice ends the stream with the error."""
+    def chunk(i: int, delta: dict, finish: str | None = None, entries: list | None = None
+              ) -> bytes:
+        if finish is not None and not entries:
+            entries = None  # nothing left to send with the finish reason
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": served.name, "system_fingerprint": FINGERPRINT,
+                "choices": [{"index": i, "delta": delta,
+                             "logprobs": chat_logprobs(served, entries),
                              "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return sse(body)
 
-    yield chunk({"role": "assistant", "content": ""})
-    n_calls = 0
-    async for item in gen.items():
-        if isinstance(item, ToolCall):
-            yield chunk({"tool_calls": [_tool_call_json(item, n_calls)]})
-            n_calls += 1
+    for i in range(len(choices)):
+        yield chunk(i, {"role": "assistant", "content": ""})
+    n_calls = [0] * len(choices)
+    async for i, item, entries in choices.items():
+        gen = choices.gens[i]
+        if item is None:  # choice i has finished
+            if gen.finish.reason == "error":
+                yield _stream_error(gen.finish)
+                return
+            yield chunk(i, {}, finish_reason(gen.finish, gen.tool_calls), entries)
+        elif isinstance(item, ToolCall):
+            yield chunk(i, {"tool_calls": [_tool_call_json(item, n_calls[i])]}, None, entries)
+            n_calls[i] += 1
         else:
-            yield chunk({"content": item})
-    if gen.finish.reason == "error":
-        yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")))
-        return
-    yield chunk({}, finish_reason(gen.finish, gen.tool_calls))
+            yield chunk(i, {"content": item}, None, entries)
     if include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                   "model": model, "system_fingerprint": FINGERPRINT, "choices": [],
-                   "usage": usage(gen.finish)})
+                   "model": served.name, "system_fingerprint": FINGERPRINT, "choices": [],
+                   "usage": choices.usage()})
     yield sse("[DONE]")
 
 
@@ -131,42 +149,58 @@ async def completions(request: Request, state: ServerState, body: dict) -> Respo
                                 limit=state.max_tokens_limit, param="prompt")
     prepared = Prepared(prompt=req.prompt, sampling=req.sampling(max_tokens),
                         requested_max_tokens=req.max_tokens)
-    gen = Generation(state.worker, prepared)
+    choices = Choices(state.worker, prepared, req.n)
     rid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     echo = state.model.decode(list(req.prompt)) if req.echo else ""
     if req.stream:
-        chunks = _completion_chunks(gen, rid, created, state.model.name, req.include_usage, echo)
-        return event_stream(chunks, gen.cancel, prepared.headers)
-    text, _ = await unless_disconnected(request, gen.collect(), gen.cancel)
-    _raise_failed(gen.finish)
+        chunks = _completion_chunks(choices, rid, created, state.model, req.include_usage, echo)
+        return event_stream(chunks, choices.cancel, prepared.headers)
+    results = await unless_disconnected(request, choices.collect(), choices.cancel)
+    _raise_failed(choices)
+    out = [{"text": echo + text, "index": i,
+            "logprobs": _completion_logprobs(gen, CompletionLogprobs(state.model)),
+            "finish_reason": finish_reason(gen.finish, [])}
+           for i, ((text, _), gen) in enumerate(zip(results, choices.gens))]
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": created, "model": state.model.name,
-        "system_fingerprint": FINGERPRINT,
-        "choices": [{"text": echo + text, "index": 0, "logprobs": None,
-                     "finish_reason": finish_reason(gen.finish, [])}],
-        "usage": usage(gen.finish),
+        "system_fingerprint": FINGERPRINT, "choices": out, "usage": choices.usage(),
     }, headers=prepared.headers)
 
 
-async def _completion_chunks(gen: Generation, rid: str, created: int, model: str,
+def _completion_logprobs(gen: Generation, out: CompletionLogprobs) -> dict | None:
+    entries = _entries(gen)
+    return None if entries is None else out.take(entries)
+
+
+async def _completion_chunks(choices: Choices, rid: str, created: int, served,
                              include_usage: bool, echo: str) -> AsyncIterator[bytes]:
-    def chunk(text: str, finish: str | None = None, *, choices: bool = True) -> bytes:
-        body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-                "system_fingerprint": FINGERPRINT,
-                "choices": [{"text": text, "index": 0, "logprobs": None,
-                             "finish_reason": finish}] if choices else []}
+    offsets = [CompletionLogprobs(served) for _ in choices.gens]
+
+    def chunk(i: int, text: str, finish: str | None = None, entries: list | None = None
+              ) -> bytes:
+        body = {"id": rid, "object": "text_completion", "created": created,
+                "model": served.name, "system_fingerprint": FINGERPRINT,
+                "choices": [{"text": text, "index": i,
+                             "logprobs": None if entries is None else offsets[i].take(entries),
+                             "finish_reason": finish}]}
         if include_usage:
-            body["usage"] = None if choices else usage(gen.finish)
+            body["usage"] = None
         return sse(body)
 
-    if echo:
-        yield chunk(echo)
-    async for item in gen.items():
-        yield chunk(item)
-    if gen.finish.reason == "error":
-        yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")))
-        return
-    yield chunk("", finish_reason(gen.finish, []))
+    if echo:  # (never with logprobs)
+        for i in range(len(choices)):
+            yield chunk(i, echo)
+    async for i, item, entries in choices.items():
+        gen = choices.gens[i]
+        if item is None:
+            if gen.finish.reason == "error":
+                yield _stream_error(gen.finish)
+                return
+            yield chunk(i, "", finish_reason(gen.finish, []), entries)
+        else:
+            yield chunk(i, item, None, entries)
     if include_usage:
-        yield chunk("", choices=False)
+        yield sse({"id": rid, "object": "text_completion", "created": created,
+                   "model": served.name, "system_fingerprint": FINGERPRINT, "choices": [],
+                   "usage": choices.usage()})
     yield sse("[DONE]")

@@ -2,10 +2,14 @@
 
 Every field the API defines is either honoured, checked and ignored because it cannot change
 the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`), or refused with
-a 400 naming it (`n` > 1, `logprobs`, `logit_bias`, structured `response_format`,
-image/audio/file content parts): nothing is silently dropped. `presence_penalty` and
-`frequency_penalty` (-2..2) apply to the last 64 tokens of the sequence, prompt included
-(llama.cpp's window; `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes
+a 400 naming it (`n` above 16, a `best_of` other than `n`, a `json_schema` response format,
+image/audio/file content parts, a completion's `echo` with `logprobs`): nothing is silently
+dropped. `n` choices are `n` sequences (`strata.serve.choices`). `logit_bias` (token id ->
+-100..100) is added to the logits before the penalties; `logprobs` (chat: `logprobs` and
+`top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own log-probabilities,
+before bias, penalties and temperature. Either makes the host sample that sequence (the device
+sampler has neither). `presence_penalty` and `frequency_penalty` (-2..2) apply to the last 64
+tokens of the sequence, prompt included (llama.cpp's window; `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes
 also take `top_k`, `min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
 """
 
@@ -15,11 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.serve.chat import ChatInput, tool_arguments
+from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
-from strata.serve.job import PENALTY_LAST_N, Sampling
+from strata.serve.job import MAX_TOP_LOGPROBS, PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
+MAX_LOGIT_BIAS = 1024  # entries; a bias on more tokens than this is a mistake or an attack
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -28,6 +34,7 @@ class ChatRequest:
     chat: ChatInput
     stream: bool
     include_usage: bool
+    n: int = 1  # choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     echo: bool
+    n: int = 1  # choices
 
     def sampling(self, max_tokens: int) -> Sampling:
         return Sampling(max_tokens=max_tokens, **self.sampling_args)
@@ -58,19 +66,36 @@ def parse_stop(f: Fields, key: str) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _refuse_unsupported(f: Fields) -> None:
-    n = f.int("n", default=1, minimum=1, maximum=128)
-    if n != 1:
-        raise bad_request(f"n: only one choice per request is supported, got {n}", "n")
+def _n_choices(f: Fields) -> int:
+    """`n`: how many choices (each a sequence of its own, decoded side by side)."""
+    return f.int("n", default=1, minimum=1, maximum=MAX_CHOICES)
+
+
+def parse_logit_bias(f: Fields, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """`logit_bias`: {"token id": bias -100..100}, as (id, bias) pairs in id order."""
     bias = f.obj_at("logit_bias")
-    if bias is not None and bias.obj:
-        raise bad_request("logit_bias: not supported; send an empty object or leave it out",
+    if bias is None:
+        return ()
+    if len(bias.obj) > MAX_LOGIT_BIAS:
+        raise bad_request(f"logit_bias: at most {MAX_LOGIT_BIAS} tokens, got {len(bias.obj)}",
                           "logit_bias")
+    out = {}
+    for key in bias.obj:
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token < n_vocab:
+            raise bad_request(f"{bias.where(key)}: the key must be a token id 0..{n_vocab - 1}",
+                              bias.where(key))
+        if token in out:
+            raise bad_request(f"{bias.where(key)}: token {token} is biased twice", bias.where(key))
+        out[token] = bias.number(key, minimum=-100.0, maximum=100.0)
+        if out[token] is None:
+            raise bad_request(f"{bias.where(key)}: expected a number, got null", bias.where(key))
+    return tuple(sorted(out.items()))
 
 
-def sampling_args(f: Fields) -> dict[str, Any]:
-    """temperature / top_p / top_k / min_p / seed / stop / the penalties as `Sampling` keywords
-    (top_p 0 is greedy)."""
+def sampling_args(f: Fields, n_vocab: int) -> dict[str, Any]:
+    """temperature / top_p / top_k / min_p / seed / stop / the penalties / logit_bias as
+    `Sampling` keywords (top_p 0 is greedy)."""
     temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
     top_p = f.number("top_p", default=1.0, minimum=0.0, maximum=1.0)
     if top_p == 0.0:
@@ -86,7 +111,8 @@ def sampling_args(f: Fields) -> dict[str, Any]:
             "min_p": f.number("min_p", default=0.0, minimum=0.0, maximum=1.0),
             "repeat_penalty": _repeat_penalty(f),
             "repeat_last_n": f.int("repeat_last_n", default=PENALTY_LAST_N, minimum=0,
-                                   maximum=1 << 20)}
+                                   maximum=1 << 20),
+            "logit_bias": parse_logit_bias(f, n_vocab)}
 
 
 def _repeat_penalty(f: Fields) -> float:
@@ -193,25 +219,46 @@ def _tools(f: Fields) -> tuple[list[dict], str]:
     return tools, name
 
 
+def _json_object(f: Fields) -> bool:
+    """`response_format`: {"type": "text"} (the default) or {"type": "json_object"} (the
+    answer is constrained to one JSON object); a JSON schema is refused, not ignored."""
+    fmt = f.obj_at("response_format")
+    if fmt is None:
+        return False
+    kind = fmt.str("type", required=True)
+    if kind == "json_schema":
+        raise bad_request("response_format: json_schema is not supported (no schema-constrained "
+                          "decoding); {'type': 'json_object'} constrains the answer to one JSON "
+                          "object", "response_format.type")
+    if kind not in ("text", "json_object"):
+        raise bad_request(f"response_format.type: {kind!r} is not one of 'text', 'json_object'",
+                          "response_format.type")
+    return kind == "json_object"
+
+
 def parse_chat(f: Fields, state) -> ChatRequest:
     state.check_model(f.str("model", required=True))
     raw_messages = f.list("messages", required=True, non_empty=True)
     messages = tuple(_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
-    _refuse_unsupported(f)
-    if f.bool("logprobs") or f.has("top_logprobs"):
-        raise bad_request("logprobs: not supported", "logprobs")
-    fmt = f.obj_at("response_format")
-    if fmt is not None and fmt.str("type", required=True) != "text":
-        raise bad_request("response_format: only {'type': 'text'} is supported (no constrained "
-                          "decoding)", "response_format.type")
+    n = _n_choices(f)
+    top = f.int("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if top is not None and not f.bool("logprobs"):
+        raise bad_request("top_logprobs: needs logprobs set to true", "top_logprobs")
+    logprobs = (top or 0) if f.bool("logprobs") else None
+    json_object = _json_object(f)
     max_tokens = f.int("max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", minimum=1)
     tools, choice = _tools(f)
+    if json_object and tools and choice != "none":
+        raise bad_request("response_format: json_object cannot be combined with tools (a tool "
+                          "call is not the JSON object); send tool_choice 'none' or no tools",
+                          "response_format")
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
-                     max_tokens=max_tokens, **sampling_args(f))
-    return ChatRequest(chat=chat, stream=stream, include_usage=include_usage)
+                     max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
+                     **sampling_args(f, state.model.n_vocab))
+    return ChatRequest(chat=chat, stream=stream, include_usage=include_usage, n=n)
 
 
 def _prompt_tokens(f: Fields, model) -> tuple[int, ...]:
@@ -240,14 +287,20 @@ def _prompt_tokens(f: Fields, model) -> tuple[int, ...]:
 def parse_completion(f: Fields, state) -> CompletionRequest:
     state.check_model(f.str("model", required=True))
     prompt = _prompt_tokens(f, state.model)
-    _refuse_unsupported(f)
-    if f.int("best_of", default=1, minimum=1, maximum=128) != 1:
-        raise bad_request("best_of: only 1 is supported", "best_of")
-    if f.has("logprobs"):
-        raise bad_request("logprobs: not supported", "logprobs")
+    n = _n_choices(f)
+    best_of = f.int("best_of", minimum=1, maximum=128)
+    if best_of is not None and best_of != n:
+        raise bad_request(f"best_of: {best_of} candidates would need ranking, which is not "
+                          f"done here; leave it out or set it to n ({n})", "best_of")
+    logprobs = f.int("logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    echo = f.bool("echo")
+    if logprobs is not None and echo:
+        raise bad_request("logprobs: not with echo (the prompt's tokens get no log-probabilities "
+                          "here); leave one of them out", "logprobs")
     if f.str("suffix"):
         raise bad_request("suffix: insertion (fill-in-the-middle) is not supported", "suffix")
     stream, include_usage = _stream_flags(f)
     return CompletionRequest(prompt=prompt, max_tokens=f.int("max_tokens", default=16, minimum=1),
-                             sampling_args=sampling_args(f), stream=stream,
-                             include_usage=include_usage, echo=f.bool("echo"))
+                             sampling_args={**sampling_args(f, state.model.n_vocab),
+                                            "logprobs": logprobs},
+                             stream=stream, include_usage=include_usage, echo=echo, n=n)

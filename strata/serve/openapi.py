@@ -18,6 +18,10 @@ _EXTRA_SAMPLING = {
     "repeat_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 10},
     "repeat_last_n": {"type": "integer", "minimum": 0, "maximum": 1 << 20},
 }
+_LOGIT_BIAS = {"type": "object", "additionalProperties": {"type": "number", "minimum": -100,
+                                                        "maximum": 100}}
+_TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": 20}
+_N = {"type": "integer", "minimum": 1, "maximum": 16}
 _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": _STR, "description": _STR, "parameters": {"type": "object"}}}
 
@@ -45,6 +49,9 @@ def _chat_body(models: list[str]) -> dict:
         "messages": {"type": "array", "items": message, "minItems": 1},
         **_sampling(2.0), **_EXTRA_SAMPLING,
         "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "logit_bias": _LOGIT_BIAS, "logprobs": {"type": "boolean"}, "top_logprobs": _TOP_LOGPROBS,
+        "n": _N, "response_format": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["text", "json_object"]}}},
         "seed": {"type": "integer"},
         "stop": _STOP,
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
@@ -62,7 +69,8 @@ def _completion_body(models: list[str]) -> dict:
         "model": {"type": "string", "enum": models},
         "prompt": {"oneOf": [_STR, {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
         **_sampling(2.0), **_EXTRA_SAMPLING, "seed": {"type": "integer"}, "stop": _STOP,
-        "echo": {"type": "boolean"},
+        "echo": {"type": "boolean"}, "logit_bias": _LOGIT_BIAS,
+        "logprobs": {**_TOP_LOGPROBS, "nullable": True}, "n": _N,
     }}
 
 

@@ -28,10 +28,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from strata.engine.sampler import SamplingParams
+from strata.engine.sampler import SamplingParams, token_logprobs
 from strata.serve.batch import BatchEngine
 from strata.serve.errors import ApiError
-from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent
+from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob
 from strata.serve.metrics import Metrics
 from strata.serve.stops import StopMatcher
 
@@ -71,6 +71,7 @@ class _Seq:
     device: SamplingParams | None = None  # how the engine picks its tokens; None: the host
     tokens: list[int] = field(default_factory=list)  # generated, in order
     n_cached: int = 0  # prompt tokens the engine found in its KV
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with text
 
 
 class Worker:
@@ -197,7 +198,9 @@ class Worker:
                        stops=StopMatcher(job.sampling.stop))
             if hasattr(seq.sample, "accept"):  # the penalties' window holds the prompt too,
                 seq.sample.accept(job.prompt)  # as the engine's token history does
-            seq.device = self._device_sampling(seq.sample)
+            # logprobs and a JSON constraint read the logits: the host samples such a sequence
+            seq.device = (None if job.sampling.host_sampled
+                          else self._device_sampling(seq.sample))
             self._active.append(seq)
             self._publish_load()
             t0 = time.perf_counter()
@@ -299,23 +302,33 @@ class Worker:
                     raise ValueError("logits contain NaN: the engine produced invalid values")
                 if hasattr(seq.sample, "accept"):  # its repeat window, should the host go on
                     seq.sample.accept([token])
+                entry = None
             else:
                 token = int(seq.sample(item))
-            self._advance(seq, token)
+                n_top = seq.job.sampling.logprobs
+                entry = (None if n_top is None
+                         else TokenLogprob(token, *token_logprobs(item, token, n_top)))
+            self._advance(seq, token, entry)
         except Exception as e:
             log.exception("sampling failed for job %d", seq.job.id)
             self._finish(seq, "error", error=f"sampling failed: {e}")
 
-    def _advance(self, seq: _Seq, token: int) -> None:
+    def _advance(self, seq: _Seq, token: int, entry: TokenLogprob | None = None) -> None:
+        """Take `token` (and its `entry` of log-probabilities, where the job asked for them):
+        its text goes out once no stop string can start in it, each entry with the first text
+        sent after it; a stop token's entry, and those of the tokens a stop string ends, are
+        dropped with their text."""
         seq.n_generated += 1
         seq.tokens.append(token)
         if token in self.decoding.stop_token_ids:
             self._emit_text(seq, seq.text.flush())
             self._finish(seq, "stop")
             return
+        if entry is not None:
+            seq.logprobs.append(entry)
         piece, hit = seq.stops.feed(seq.text.push(token))
         if piece:
-            seq.job.emit(TextEvent(piece))
+            self._send(seq, piece)
         if hit is not None:
             self._finish(seq, "stop", stop_sequence=hit)
         elif seq.n_generated >= seq.job.sampling.max_tokens:
@@ -325,10 +338,16 @@ class Worker:
             seq.last_token = token
 
     def _emit_text(self, seq: _Seq, tail: str) -> None:
+        """The text a decoder and the stop matcher held, at the end (and the log-probabilities
+        still waiting, unless a stop string ended the text)."""
         piece, hit = seq.stops.feed(tail)
         piece += "" if hit is not None else seq.stops.flush()
-        if piece:
-            seq.job.emit(TextEvent(piece))
+        if piece or (seq.logprobs and hit is None):
+            self._send(seq, piece)
+
+    def _send(self, seq: _Seq, piece: str) -> None:
+        seq.job.emit(TextEvent(piece, tuple(seq.logprobs)))
+        seq.logprobs.clear()
 
     def _finish(self, seq: _Seq, reason: str, *, stop_sequence: str | None = None,
                 error: str | None = None, cancelled_in: str | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from helpers.serve_process import API_KEY, MODEL_NAME
@@ -125,6 +126,124 @@ def test_openai_penalties_through_the_sdk(oai):
         oai.chat.completions.create(model=MODEL_NAME, max_tokens=2, frequency_penalty=2.5,
                                     messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "frequency_penalty"
+
+
+def test_openai_logprobs_are_the_float64_models(oai, tmp_models):
+    """The SDK parses both logprobs shapes, and their numbers are the model's: each greedy
+    token's log-probability and its five best alternatives' equal the log-softmax of a float64
+    forward of the file (gguf-py's dequantize), their texts the tokenizer's pieces."""
+    from helpers.reference import RefModel, forward
+    from helpers.serve_process import tiny_model
+    from strata.gguf import open_model
+    from strata.tokenizer import Tokenizer
+
+    path = tiny_model(tmp_models)
+    ref, tok = RefModel.load(path), Tokenizer.from_metadata(open_model(path).metadata)
+    prompt = [17, 301, 42, 999, 5]
+
+    def piece(t):
+        return tok.token_bytes(int(t)).decode("utf-8", errors="replace")
+
+    r = oai.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0,
+                               logprobs=5)
+    lp = r.choices[0].logprobs
+    chat = oai.chat.completions.create(
+        model=MODEL_NAME, max_tokens=3, temperature=0, logprobs=True, top_logprobs=5,
+        messages=[{"role": "user", "content": "Tell me about rivers"}])
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens or chat.choices[0].finish_reason == "stop"
+    assert all(len(e.top_logprobs) == 5 and e.logprob == e.top_logprobs[0].logprob
+               for e in content)
+    seq = list(prompt)
+    for i, token_text in enumerate(lp.tokens):
+        z = forward(ref, seq)[-1]  # [n_vocab] f64
+        ref_lp = z - (z.max() + np.log(np.exp(z - z.max()).sum()))
+        best = np.argsort(-ref_lp, kind="stable")[:5]
+        seq.append(int(best[0]))  # greedy: the server's token (tested against it elsewhere)
+        assert token_text == piece(best[0])
+        assert lp.token_logprobs[i] == pytest.approx(ref_lp[best[0]], abs=2e-3)
+        want: dict[str, float] = {}  # the legacy shape keys by text: the likelier one stays
+        for t in best:
+            want.setdefault(piece(t), float(ref_lp[t]))
+        assert lp.top_logprobs[i] == pytest.approx(want, abs=2e-3)
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == r.choices[0].text
+
+
+def test_openai_logit_bias_through_the_sdk(oai, tmp_models):
+    """-100 on the float64 forward's greedy token makes its runner-up the first token; +100 on
+    one token makes greedy pick it every step; a key outside the vocabulary is the SDK's
+    BadRequestError naming it."""
+    from helpers.reference import RefModel, forward
+    from helpers.serve_process import tiny_model
+    from strata.gguf import open_model
+    from strata.tokenizer import Tokenizer
+
+    path = tiny_model(tmp_models)
+    tok = Tokenizer.from_metadata(open_model(path).metadata)
+    prompt = [17, 301, 42]
+    order = np.argsort(-forward(RefModel.load(path), prompt)[-1], kind="stable")
+
+    def piece(t):
+        return tok.token_bytes(int(t)).decode("utf-8", errors="replace")
+
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=0)
+    first = oai.completions.create(**kw).choices[0].logprobs.tokens[0]
+    banned = oai.completions.create(**kw, logit_bias={str(order[0]): -100})
+    assert (first, banned.choices[0].logprobs.tokens[0]) == (piece(order[0]), piece(order[1]))
+    forced = oai.completions.create(**kw, logit_bias={"700": 100}).choices[0]
+    assert forced.logprobs.tokens == [piece(700)] * 3
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(**kw, logit_bias={"99999": 1})
+    assert e.value.body["param"] == "logit_bias.99999"
+
+
+def test_openai_choices_through_the_sdk(oai):
+    """n choices: the SDK reads each by index; greedy choices agree, seeded sampled ones repeat
+    as a whole; the prompt is counted once."""
+    kw = dict(model=MODEL_NAME, max_tokens=4, messages=[{"role": "user", "content": "Hello"}])
+    greedy = oai.chat.completions.create(**kw, n=2, temperature=0)
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    one = oai.chat.completions.create(**kw, temperature=0)
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 2 * one.usage.completion_tokens
+    sampled = [oai.chat.completions.create(**kw, n=3, temperature=1.0, seed=7)
+               for _ in range(2)]
+    assert ([c.message.content for c in sampled[0].choices]
+            == [c.message.content for c in sampled[1].choices])
+    streamed = {}
+    for chunk in oai.completions.create(model=MODEL_NAME, prompt="The river", max_tokens=3,
+                                        temperature=0, n=2, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    whole = oai.completions.create(model=MODEL_NAME, prompt="The river", max_tokens=3,
+                                   temperature=0)
+    assert streamed == {0: whole.choices[0].text, 1: whole.choices[0].text}
+
+
+def test_openai_json_object_through_the_sdk(oai, tmp_models):
+    """response_format json_object on the real model and tokenizer: the answer opens an object
+    at once and stays a prefix of one; with a bias towards "}" it closes at once, ends with the
+    end-of-turn token (finish "stop") and parses."""
+    from helpers.serve_process import tiny_model
+    from strata.engine.json_constraint import START, feed
+    from strata.gguf import open_model
+    from strata.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(open_model(tiny_model(tmp_models)).metadata)
+    close = next(t for t in range(tok.n_vocab) if tok.token_bytes(t) == b"}")
+    kw = dict(model=MODEL_NAME, temperature=0, response_format={"type": "json_object"},
+              messages=[{"role": "user", "content": "Give me a JSON object"}])
+    free = oai.chat.completions.create(**kw, max_tokens=24).choices[0]
+    assert free.message.content.startswith("{")
+    assert feed(START, free.message.content.encode("utf-8")) is not None
+    closed = oai.chat.completions.create(**kw, max_tokens=24, logit_bias={str(close): 60})
+    assert closed.choices[0].finish_reason == "stop"
+    assert json.loads(closed.choices[0].message.content) == {}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(**{**kw, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})
+    assert e.value.body["param"] == "response_format.type"
 
 
 def test_openai_errors_are_sdk_exceptions(server, oai):

@@ -12,6 +12,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from strata.engine.json_constraint import JsonObject
+from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
 
@@ -72,7 +74,14 @@ class FakeModel:
         return "".join(chr(i) for i in ids if i != EOT)
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
+        if sampling.json_object:  # the real constraint over the character vocabulary
+            return Sampler(SamplingParams(temperature=0.0), JsonObject(
+                lambda t: None if t == EOT else chr(t).encode("utf-8"), [EOT]))
         return lambda logits: int(np.argmax(logits))
+
+    def token_piece(self, token: int) -> tuple[str, bytes]:
+        text = "" if token == EOT else chr(token)
+        return text, text.encode("utf-8")
 
     def text_stream(self, after: int) -> FakeText:
         return FakeText()

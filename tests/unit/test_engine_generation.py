@@ -240,6 +240,21 @@ def test_the_host_samples_what_the_engine_would_not_pick_alike():
     assert len(g.tokens) == 2 and eng.closed == 0
 
 
+def test_a_constrained_sampler_is_never_left_to_the_device():
+    """Greedy the engine would pick itself, but under a constraint only the host keeps: every
+    token comes from the host's sampler (the constraint refuses the script's token 2)."""
+    class NoTwo:
+        def allows(self, token):
+            return token != 2
+
+        def advance(self, token):
+            assert token != 2
+
+    eng = PickingEngine([1, 2, 3])
+    g = generate(eng, [0], n_predict=3, sampler=Sampler(SamplingParams(temperature=0), NoTwo()))
+    assert eng.closed == 0 and 2 not in g.tokens and len(g.tokens) == 3
+
+
 def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
     from strata.cuda_kernels.sampling import THREADS  # the penalty window the block holds
     from strata.engine.cuda.engine import CudaEngine
@@ -266,6 +281,16 @@ def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
                                            repeat_last_n=THREADS))
     assert not CudaEngine.picks(SamplingParams(temperature=0.8, frequency_penalty=0.5,
                                                repeat_last_n=THREADS + 1))
+    # a logit bias has no table on the device: the host samples it, greedy or drawn, and the
+    # device's own sampling refuses it rather than drop it
+    from strata.engine.cuda.batch import CudaBatchEngine
+    from strata.engine.cuda.run_ahead import may_fall_back, step_mode
+    for p in (SamplingParams(temperature=0, logit_bias=((5, 1.0),)),
+              SamplingParams(temperature=0.8, top_k=40, logit_bias=((5, -100.0),)),
+              SamplingParams(temperature=1.0, top_k=0, logit_bias=((5, 2.0),))):
+        assert not CudaEngine.picks(p) and not may_fall_back(p) and not CudaBatchEngine.picks(p)
+        with pytest.raises(ValueError, match="logit bias"):
+            step_mode(p)
 
 
 def test_greedy_with_a_penalty_runs_the_sampler_not_the_argmax():

@@ -3,10 +3,13 @@ empirical distribution of draws against the filtered softmax."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from strata.engine.sampler import Sampler, SamplingParams, apply_penalties, filtered_probs
+from strata.engine.sampler import (LOGPROB_FLOOR, Sampler, SamplingParams, apply_logit_bias,
+                                   apply_penalties, filtered_probs, token_logprobs)
 
 OFF = dict(top_k=0, top_p=1.0, min_p=0.0)
 LOGITS = np.array([2.0, 1.0, 0.5, 3.0, -1.0, 0.0], np.float32)
@@ -206,3 +209,81 @@ def test_nan_logits_are_an_error_never_a_token(temperature):
     z[[2, 4]] = np.nan
     with pytest.raises(ValueError, match=r"logits contain NaN at \[2, 4\]"):
         Sampler(SamplingParams(temperature=temperature))(z)
+
+
+# -- logit bias ----------------------------------------------------------------------------
+
+def test_a_logit_bias_moves_the_arg_max_and_the_distribution():
+    s = Sampler(SamplingParams(temperature=0, logit_bias=((0, 1.5),)))
+    assert s(LOGITS) == 0  # 2.0 + 1.5 passes token 3's 3.0
+    assert Sampler(SamplingParams(temperature=0, logit_bias=((3, -100.0),)))(LOGITS) == 0
+    s = Sampler(SamplingParams(temperature=0.9, logit_bias=((1, 2.0), (4, -0.5)), seed=3, **OFF))
+    draws = np.bincount([s(LOGITS) for _ in range(20000)], minlength=LOGITS.size) / 20000
+    z = LOGITS.astype(np.float64)
+    z[1] += 2.0
+    z[4] -= 0.5
+    np.testing.assert_allclose(draws, _softmax(z, 0.9), atol=0.015)  # ~4 sigma at 20k draws
+
+
+def test_the_bias_comes_before_the_penalties():
+    """llama.cpp's order: the bias, then the penalties (which see the biased logit's sign)."""
+    # biased first: (3 - 1) / 2 = 1.0 beats 0.8; penalised first: 3 / 2 - 1 = 0.5 would not
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0, logit_bias=((0, -1.0),)))
+    s.accept([0])
+    assert s(np.array([3.0, 0.8], np.float32)) == 0
+    # biased negative, then multiplied: (3 - 3.5) * 2 = -1.0 beats -1.5 (3 / 2 - 3.5 = -2 not)
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0, logit_bias=((0, -3.5),)))
+    s.accept([0])
+    assert s(np.array([3.0, -1.5], np.float32)) == 0
+    z = apply_penalties(apply_logit_bias(np.array([3.0], np.float32), ((0, -3.5),)),
+                        np.array([0]), 2.0)
+    assert z[0] == pytest.approx(-1.0)
+
+
+def test_logit_bias_errors_are_named():
+    with pytest.raises(ValueError, match="unique"):
+        SamplingParams(logit_bias=((1, 1.0), (1, 2.0)))
+    with pytest.raises(ValueError, match="finite"):
+        SamplingParams(logit_bias=((1, float("inf")),))
+    with pytest.raises(ValueError, match="token id 9 is outside the vocabulary"):
+        Sampler(SamplingParams(temperature=0, logit_bias=((9, 1.0),)))(LOGITS)
+
+
+# -- log-probabilities ---------------------------------------------------------------------
+
+def _log_softmax_reference(z) -> list[float]:
+    """Per element with math.fsum: no numpy reduction shared with the code under test."""
+    z = [float(v) for v in z]
+    m = max(z)
+    lse = m + math.log(math.fsum(math.exp(v - m) for v in z))
+    return [v - lse for v in z]
+
+
+def test_token_logprobs_are_the_log_softmax_and_the_best_first():
+    rng = np.random.default_rng(5)
+    z = (rng.standard_normal(4000) * 4).astype(np.float32)
+    ref = _log_softmax_reference(z)
+    lp, top = token_logprobs(z, 17, 5)
+    assert lp == pytest.approx(ref[17], abs=1e-6)
+    best = sorted(range(z.size), key=lambda i: (-ref[i], i))[:5]
+    assert [t for t, _ in top] == best
+    assert [v for _, v in top] == pytest.approx([ref[i] for i in best], abs=1e-6)
+    assert token_logprobs(z, 17, 0) == (lp, ())
+
+
+def test_token_logprobs_ties_take_the_lower_id_and_floor_the_impossible():
+    z = np.array([1.0, 5.0, 1.0, 5.0, -np.inf, 1.0], np.float32)
+    lp, top = token_logprobs(z, 4, 3)
+    assert [t for t, _ in top] == [1, 3, 0]  # the tie at the cut: 0 before 2 and 5
+    assert lp == LOGPROB_FLOOR
+    _, everything = token_logprobs(z, 0, 50)  # more asked than the vocabulary holds
+    assert [t for t, _ in everything] == [1, 3, 0, 2, 5, 4]
+    assert everything[-1][1] == LOGPROB_FLOOR
+    assert math.fsum(math.exp(v) for _, v in everything) == pytest.approx(1.0)
+
+
+def test_token_logprobs_refuse_nan_and_nothing_finite():
+    with pytest.raises(ValueError, match="NaN"):
+        token_logprobs(np.array([0.0, np.nan], np.float32), 0, 1)
+    with pytest.raises(ValueError, match="no finite value"):
+        token_logprobs(np.full(3, -np.inf, np.float32), 0, 1)

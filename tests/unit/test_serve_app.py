@@ -337,7 +337,7 @@ def test_openai_image_part_refused_by_path(h):
      "messages[0].role"),
     (json.dumps(chat(messages=[])).encode(), 400, "messages"),
     (json.dumps(chat(model="gpt-9")).encode(), 404, "model"),
-    (json.dumps(chat(n=3)).encode(), 400, "n"),
+    (json.dumps(chat(n=17)).encode(), 400, "n"),
     (json.dumps(chat(presence_penalty=2.5)).encode(), 400, "presence_penalty"),
     (json.dumps(chat(frequency_penalty="high")).encode(), 400, "frequency_penalty"),
     (json.dumps(chat(repeat_penalty=0)).encode(), 400, "repeat_penalty"),

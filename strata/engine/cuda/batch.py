@@ -345,7 +345,8 @@ class CudaBatchEngine:
         for p in sampling:
             if not self.picks(p):
                 raise ValueError(f"the device does not draw {p} as the host does (greedy, "
-                                 f"top-k 0..256, a penalty window within the sampler's block)")
+                                 f"top-k 0..256, a penalty window within the sampler's "
+                                 f"block, no logit bias)")
             if p.seed is None and not p.greedy:
                 raise ValueError("a sampled sequence needs a seed on the device")
         if len(self._open) == 2:

@@ -21,7 +21,11 @@ from strata.engine.sampler import SamplingParams
 def step_mode(sampling: SamplingParams | None) -> str:
     """What picks a single sequence's tokens on the device: "greedy" (the argmax kernel, which
     sees the logits as they are) or "sample" (the sampler, whose temperature 0 takes the arg-max
-    of the penalised logits: greedy with a penalty)."""
+    of the penalised logits: greedy with a penalty). A logit bias has no place on the device:
+    refused, never dropped."""
+    if sampling is not None and sampling.logit_bias:
+        raise ValueError("the device sampler takes no logit bias: sample these tokens on the "
+                         "host (`picks` is False for them)")
     if sampling is None or (sampling.greedy and not sampling.penalised):
         return "greedy"
     return "sample"
@@ -36,9 +40,12 @@ def picks(sampling: SamplingParams | None) -> bool:
     """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
     (its random numbers aside), with a penalty window its block holds: greedy; top-k 1..256;
     or top-k 0 with top-p 1 and min-p 0 (every token kept). Top-k 0 with a top-p or min-p cut,
-    and top-k past 256, are left to the host: the device keeps at most the 256 best there."""
+    and top-k past 256, are left to the host: the device keeps at most the 256 best there; so
+    is a logit bias (the device sampler has no table for one)."""
     if sampling is None:
         return True
+    if sampling.logit_bias:
+        return False
     if sampling.greedy:
         return _window_held(sampling)
     every = sampling.top_k == 0 and sampling.top_p >= 1.0 and sampling.min_p <= 0.0
@@ -50,7 +57,7 @@ def may_fall_back(sampling: SamplingParams | None) -> bool:
     token's mass, handing the logits back to the host where the cut lies past those 256: top-k
     0 with a top-p or min-p cut (a penalty window its block holds). `picks` leaves them out:
     `generate` feeds each token on the device before it reads it."""
-    if sampling is None or sampling.greedy or sampling.top_k != 0:
+    if sampling is None or sampling.greedy or sampling.top_k != 0 or sampling.logit_bias:
         return False
     return _window_held(sampling) and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
 

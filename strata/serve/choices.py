@@ -1,0 +1,109 @@
+"""`Choices`: the `n` generations of one OpenAI request (its `n` choices), submitted together,
+read together, cancelled together.
+
+Each choice is its own job (its own sequence in the batch, so n choices decode side by side in
+one step where the batch has room); a sampled request's choices draw from different streams: a
+request seed s gives choice i the seed s + i, so the whole response repeats with the seed. The
+prompt is counted once in the usage, as OpenAI counts it; the completions are summed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import AsyncIterator
+
+from strata.serve.generation import Generation, Prepared, Submitter
+from strata.serve.job import FinishEvent
+from strata.serve.model import SEED_MODULUS
+from strata.serve.tools import ToolCall
+
+MAX_CHOICES = 16  # per request: each is a sequence of the batch, and a prompt prefilled again
+
+
+def choice_prepared(prepared: Prepared, index: int) -> Prepared:
+    """Choice `index`'s request: the same, its seed (where one is given) moved on by index."""
+    seed = prepared.sampling.seed
+    if index == 0 or seed is None:
+        return prepared
+    sampling = dataclasses.replace(prepared.sampling, seed=(seed + index) % SEED_MODULUS)
+    return dataclasses.replace(prepared, sampling=sampling)
+
+
+class Choices:
+    """`n` generations of `prepared`. Submitting is all or nothing: where the queue refuses
+    one, the ones already queued are cancelled and the error goes to the caller."""
+
+    def __init__(self, worker: Submitter, prepared: Prepared, n: int, *,
+                 id_prefix: str = "call_"):
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {n}")
+        self.prepared = prepared
+        self.gens: list[Generation] = []
+        try:
+            for i in range(n):
+                self.gens.append(Generation(worker, choice_prepared(prepared, i),
+                                            id_prefix=id_prefix))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def __len__(self) -> int:
+        return len(self.gens)
+
+    def cancel(self) -> None:
+        for g in self.gens:
+            g.cancel()
+
+    async def collect(self) -> list[tuple[str, list[ToolCall]]]:
+        """Each choice's text and tool calls, in choice order."""
+        return list(await asyncio.gather(*(g.collect() for g in self.gens)))
+
+    async def items(self) -> AsyncIterator[tuple[int, str | ToolCall | None, list | None]]:
+        """(choice index, text piece or tool call, log-probability entries) as the choices
+        produce them, each choice's own in order, and (index, None, entries) once that choice
+        has finished (its `finish` is set). The entries are those of the tokens received with
+        the item (the rest, with the finish), None where the request asked for none: taken as
+        the item is, since a choice may run ahead of the reader. Ends when every choice has."""
+        queue: asyncio.Queue = asyncio.Queue()
+        wants = self.prepared.sampling.logprobs is not None
+
+        async def pump(i: int, gen: Generation) -> None:
+            try:
+                async for item in gen.items():
+                    queue.put_nowait((i, item, gen.take_logprobs() if wants else None))
+                queue.put_nowait((i, None, gen.take_logprobs() if wants else None))
+            except Exception as e:  # the reader's to raise
+                queue.put_nowait((i, e, None))
+
+        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(self.gens)]
+        try:
+            n_open = len(tasks)
+            while n_open:
+                i, item, entries = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                n_open -= item is None
+                yield i, item, entries
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    @property
+    def finishes(self) -> list[FinishEvent]:
+        """Each choice's `FinishEvent` (after `collect` or `items` ended)."""
+        return [g.finish for g in self.gens]
+
+    @property
+    def failed(self) -> FinishEvent | None:
+        """The first choice that ended in an error, if any did."""
+        return next((f for f in self.finishes if f is not None and f.reason == "error"), None)
+
+    def usage(self) -> dict:
+        """OpenAI's usage: the prompt once (and the tokens of it a finished request's KV held,
+        for the first choice), every choice's completion tokens."""
+        first = self.finishes[0]
+        n_completion = sum(f.n_completion for f in self.finishes)
+        return {"prompt_tokens": first.n_prompt, "completion_tokens": n_completion,
+                "total_tokens": first.n_prompt + n_completion,
+                "prompt_tokens_details": {"cached_tokens": first.n_cached}}

@@ -1,0 +1,91 @@
+"""`response_format: {"type": "json_object"}` through the serve layer over the scripted engine
+(one-hot logits, so the constrained arg-max takes the scripted token wherever the JSON allows
+it): an answer that is an object comes out whole and ends at its close, one that is not is
+bent into an object's prefix, the host samples such a sequence, and the refusals name the
+field. The constraint itself is checked against Python's json in test_json_constraint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from strata.engine.json_constraint import START, feed
+from strata.serve.job import Sampling
+from test_serve_app import Harness, chat, sse_events
+from test_serve_worker_picks import PickingEngine, run
+
+OBJECT = '{"a": [1, -2.5e3, "x\\"y"], "b": {"c": null, "d": true}}'
+JSON_FORMAT = {"type": "json_object"}
+
+
+class _Client:
+    """The app over a scripted engine that answers `answer` to every prompt."""
+
+    def __init__(self, answer: str):
+        self.harness = Harness()
+        self.harness.engine.script = lambda prompt: answer
+
+    def __enter__(self):
+        return self.harness.__enter__().client
+
+    def __exit__(self, *exc):
+        self.harness.__exit__(*exc)
+
+
+def test_an_object_answer_comes_out_whole_and_stops_at_its_close():
+    with _Client(OBJECT + " and then some prose") as client:
+        r = client.post("/v1/chat/completions", json=chat(response_format=JSON_FORMAT))
+        choice = r.json()["choices"][0]
+        assert choice["message"]["content"] == OBJECT and choice["finish_reason"] == "stop"
+        assert json.loads(choice["message"]["content"]) == json.loads(OBJECT)
+        plain = client.post("/v1/chat/completions", json=chat()).json()["choices"][0]
+        assert plain["message"]["content"] == OBJECT + " and then some prose"
+        r = client.post("/v1/chat/completions", json=chat(response_format=JSON_FORMAT,
+                                                          stream=True))
+        chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == OBJECT
+
+
+def test_a_prose_answer_is_bent_into_an_objects_prefix():
+    with _Client("Sure! Here it is: {\"k\": 1}") as client:
+        r = client.post("/v1/chat/completions", json=chat(response_format=JSON_FORMAT,
+                                                          max_tokens=80))
+        choice = r.json()["choices"][0]
+        text = choice["message"]["content"]
+        assert text.startswith("{") and "Sure" not in text
+        assert feed(START, text.encode("utf-8")) is not None  # a prefix of one object
+        assert choice["finish_reason"] in ("length", "stop")
+
+
+def test_a_json_sequence_is_sampled_on_the_host():
+    engine = PickingEngine(lambda p: '{"x": 1}', n_slots=2)
+    sinks = run(engine, [("a", Sampling(max_tokens=50, temperature=0.0)),
+                         ("b", Sampling(max_tokens=50, temperature=0.0, json_object=True))])
+    assert [s.text for s in sinks] == ['{"x": 1}', '{"x": 1}']
+    mixed = [g for g in engine.given if len(g) == 2]
+    assert mixed and all(g[1] is None and g[0] is not None for g in mixed)
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+     "response_format.type"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {}}, "response_format.type"),
+    ({"response_format": JSON_FORMAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}]}, "response_format"),
+])
+def test_formats_it_cannot_keep_are_400s(extra, param):
+    with _Client(OBJECT) as client:
+        r = client.post("/v1/chat/completions", json=chat(**extra))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+
+
+def test_tools_left_out_by_choice_allow_the_json_format():
+    with _Client(OBJECT) as client:
+        r = client.post("/v1/chat/completions", json=chat(
+            response_format=JSON_FORMAT, tool_choice="none",
+            tools=[{"type": "function", "function": {"name": "f"}}]))
+        assert r.status_code == 200, r.text
+        assert json.loads(r.json()["choices"][0]["message"]["content"]) == json.loads(OBJECT)
