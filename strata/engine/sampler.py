@@ -218,12 +218,16 @@ GREEDY_CANDIDATES = 64  # a constrained arg-max tries the most likely 64 before 
 
 
 def constrained_argmax(z: np.ndarray, constraint: Constraint) -> int:
-    """The most likely token the constraint allows (ties by id)."""
+    """The most likely token the constraint allows (ties by id). The best 64 are tried first;
+    past them, the constraint's `candidates()` where it has them (else every token), most
+    likely first."""
     n = min(GREEDY_CANDIDATES, z.size)
     cand = np.argpartition(-z, n - 1)[:n]
     ordered = [cand[np.lexsort((cand, -z[cand]))]]
-    if n < z.size:  # none of the best allowed: every token, most likely first
-        ordered.append(np.lexsort((np.arange(z.size), -z)))
+    if n < z.size:  # none of the best allowed
+        pool = (constraint.candidates() if hasattr(constraint, "candidates")
+                else np.arange(z.size))
+        ordered.append(pool[np.lexsort((pool, -z[pool]))])
     for order in ordered:
         for t in order:
             if z[t] > -np.inf and constraint.allows(int(t)):  # never a token of probability 0

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from strata.engine.json_schema import Node
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.tools import OPEN_TAG
@@ -51,6 +52,7 @@ class ChatInput:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: int | None = None  # None: none; n: each token's and the n most likely
     json_object: bool = False  # response_format json_object: the answer is one JSON object
+    json_schema: Node | None = None  # response_format json_schema: the schema it follows
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -67,7 +69,7 @@ class ChatInput:
                         frequency_penalty=self.frequency_penalty, min_p=self.min_p,
                         repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
                         logit_bias=self.logit_bias, logprobs=self.logprobs,
-                        json_object=self.json_object)
+                        json_object=self.json_object, json_schema=self.json_schema)
 
 
 def forced_prefix(tool_choice: str) -> str:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from strata.engine.json_schema import Node
 from strata.engine.sampler import PENALTY_LAST_N
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
@@ -42,6 +43,7 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), -100..100
     logprobs: int | None = None  # None: none; n: each token's log-probability and the n best
     json_object: bool = False  # the text is one JSON object (response_format json_object)
+    json_schema: Node | None = None  # with json_object: the schema it follows (None: any)
 
     @property
     def host_sampled(self) -> bool:
@@ -71,6 +73,8 @@ class Sampling:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         if any(not -100.0 <= b <= 100.0 for _, b in self.logit_bias):
             raise ValueError("logit_bias values must be in [-100, 100]")
+        if self.json_schema is not None and not self.json_object:
+            raise ValueError("json_schema needs json_object")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
 

@@ -8,11 +8,12 @@ completion prompts follow the file's `add_bos_token`.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import numpy as np
 
-from strata.engine.json_constraint import JsonObject
+from strata.engine.json_constraint import JsonConstraint, TokenBytes
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
@@ -63,9 +64,16 @@ class ServedModel:
         """A token's bytes for the JSON constraint: None for a control token."""
         return None if self.tokenizer.is_special(token) else self.tokenizer.token_bytes(token)
 
+    @functools.cached_property
+    def json_vocab(self) -> TokenBytes:
+        """The vocabulary as the JSON constraint reads it, built at the first request that
+        asks for a JSON format (on the engine thread, which makes every sampler)."""
+        return TokenBytes.of(self._json_piece, self.n_vocab)
+
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
-        constraint = (JsonObject(self._json_piece, sorted(self.stop_token_ids))
+        constraint = (JsonConstraint(self.json_vocab, sorted(self.stop_token_ids),
+                                     sampling.json_schema)
                       if sampling.json_object else None)
         return Sampler(SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,

@@ -4,8 +4,9 @@ Requests are validated field by field (a 400 names the field); responses and str
 the shapes of the official API: `chat.completion` / `chat.completion.chunk` / `text_completion`
 objects, SSE `data:` lines ending with `data: [DONE]`, a usage chunk with empty `choices` when
 `stream_options.include_usage` is set. `n` choices (`strata.serve.choices`) each carry their
-`index`; streamed, their chunks interleave as the choices produce them. Where a request asks for logprobs, each chunk carries
-those of the tokens whose text it sends (`strata.serve.logprobs`); the last chunk, any left.
+`index`; streamed, their chunks interleave as the choices produce them. Where a request asks
+for logprobs, each chunk carries those of the tokens whose text it sends
+(`strata.serve.logprobs`); the last chunk, any left.
 """
 
 from __future__ import annotations

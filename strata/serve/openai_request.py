@@ -2,15 +2,17 @@
 
 Every field the API defines is either honoured, checked and ignored because it cannot change
 the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`), or refused with
-a 400 naming it (`n` above 16, a `best_of` other than `n`, a `json_schema` response format,
-image/audio/file content parts, a completion's `echo` with `logprobs`): nothing is silently
-dropped. `n` choices are `n` sequences (`strata.serve.choices`). `logit_bias` (token id ->
--100..100) is added to the logits before the penalties; `logprobs` (chat: `logprobs` and
-`top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own log-probabilities,
-before bias, penalties and temperature. Either makes the host sample that sequence (the device
-sampler has neither). `presence_penalty` and `frequency_penalty` (-2..2) apply to the last 64
-tokens of the sequence, prompt included (llama.cpp's window; `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes
-also take `top_k`, `min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
+a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword the output
+could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`):
+nothing is silently dropped. `n` choices are `n` sequences (`strata.serve.choices`).
+`logit_bias` (token id -> -100..100) is added to the logits before the penalties; `logprobs`
+(chat: `logprobs` and `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own
+log-probabilities, before bias, penalties and temperature; `response_format` json_object /
+json_schema constrains the answer (`strata.engine.json_constraint`). These make the host sample
+that sequence (the device sampler has none of them). `presence_penalty` and `frequency_penalty`
+(-2..2) apply to the last 64 tokens of the sequence, prompt included (llama.cpp's window;
+`strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes also take `top_k`,
+`min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from strata.engine.json_schema import Node, SchemaError, compile_schema
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
@@ -219,21 +222,28 @@ def _tools(f: Fields) -> tuple[list[dict], str]:
     return tools, name
 
 
-def _json_object(f: Fields) -> bool:
-    """`response_format`: {"type": "text"} (the default) or {"type": "json_object"} (the
-    answer is constrained to one JSON object); a JSON schema is refused, not ignored."""
+def _json_format(f: Fields) -> tuple[bool, Node | None]:
+    """`response_format`: {"type": "text"} (the default), {"type": "json_object"} (the answer is
+    one JSON object) or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
+    (one object the schema allows; a schema keyword the output could not be held to is a 400
+    naming it, never ignored). Returns (constrained, the compiled schema or None)."""
     fmt = f.obj_at("response_format")
     if fmt is None:
-        return False
-    kind = fmt.str("type", required=True)
-    if kind == "json_schema":
-        raise bad_request("response_format: json_schema is not supported (no schema-constrained "
-                          "decoding); {'type': 'json_object'} constrains the answer to one JSON "
-                          "object", "response_format.type")
-    if kind not in ("text", "json_object"):
-        raise bad_request(f"response_format.type: {kind!r} is not one of 'text', 'json_object'",
-                          "response_format.type")
-    return kind == "json_object"
+        return False, None
+    kind = fmt.str("type", required=True, choices=("text", "json_object", "json_schema"))
+    if kind != "json_schema":
+        return kind == "json_object", None
+    spec = fmt.obj_at("json_schema", required=True)
+    spec.str("name", required=True, non_empty=True)
+    spec.bool("strict")  # checked; every schema here is kept strictly
+    schema = spec.obj_at("schema")
+    if schema is None:  # OpenAI: no schema is any object
+        return True, None
+    try:
+        return True, compile_schema(schema.obj)
+    except SchemaError as e:
+        raise bad_request(f"response_format.json_schema.schema: {e}",
+                          "response_format.json_schema.schema") from e
 
 
 def parse_chat(f: Fields, state) -> ChatRequest:
@@ -245,18 +255,19 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     if top is not None and not f.bool("logprobs"):
         raise bad_request("top_logprobs: needs logprobs set to true", "top_logprobs")
     logprobs = (top or 0) if f.bool("logprobs") else None
-    json_object = _json_object(f)
+    json_object, json_schema = _json_format(f)
     max_tokens = f.int("max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", minimum=1)
     tools, choice = _tools(f)
     if json_object and tools and choice != "none":
-        raise bad_request("response_format: json_object cannot be combined with tools (a tool "
-                          "call is not the JSON object); send tool_choice 'none' or no tools",
-                          "response_format")
+        raise bad_request("response_format: a JSON format cannot be combined with tools (a "
+                          "tool call is not the JSON object); send tool_choice 'none' or no "
+                          "tools", "response_format")
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
+                     json_schema=json_schema,
                      **sampling_args(f, state.model.n_vocab))
     return ChatRequest(chat=chat, stream=stream, include_usage=include_usage, n=n)
 

@@ -222,11 +222,13 @@ def test_openai_choices_through_the_sdk(oai):
 
 
 def test_openai_json_object_through_the_sdk(oai, tmp_models):
-    """response_format json_object on the real model and tokenizer: the answer opens an object
-    at once and stays a prefix of one; with a bias towards "}" it closes at once, ends with the
-    end-of-turn token (finish "stop") and parses."""
+    """response_format json_object / json_schema on the real model and tokenizer: the answer
+    opens an object at once and stays a prefix of one; with a bias towards "}" it closes at
+    once, ends with the end-of-turn token (finish "stop") and parses; under a schema the whole
+    answer validates; a keyword it cannot hold is the SDK's BadRequestError naming it."""
     from helpers.serve_process import tiny_model
-    from strata.engine.json_constraint import START, feed
+    from strata.engine.json_constraint import feed, start
+    from strata.engine.json_schema import object_node
     from strata.gguf import open_model
     from strata.tokenizer import Tokenizer
 
@@ -236,14 +238,27 @@ def test_openai_json_object_through_the_sdk(oai, tmp_models):
               messages=[{"role": "user", "content": "Give me a JSON object"}])
     free = oai.chat.completions.create(**kw, max_tokens=24).choices[0]
     assert free.message.content.startswith("{")
-    assert feed(START, free.message.content.encode("utf-8")) is not None
+    assert feed(start(object_node()), free.message.content.encode("utf-8")) is not None
     closed = oai.chat.completions.create(**kw, max_tokens=24, logit_bias={str(close): 60})
     assert closed.choices[0].finish_reason == "stop"
     assert json.loads(closed.choices[0].message.content) == {}
+    # a schema: the random model is held to it key by key, and the whole answer validates
+    # (jsonschema_rs, independent of the constraint)
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                               "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    held = oai.chat.completions.create(**{**kw, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "flags", "strict": True,
+                                               "schema": schema}}}, max_tokens=400)
+    assert held.choices[0].finish_reason == "stop"
+    assert jsonschema_rs.is_valid(schema, json.loads(held.choices[0].message.content))
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(**{**kw, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}})
-    assert e.value.body["param"] == "response_format.type"
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"d": {"type": "string", "pattern": "^a"}}}}}})
+    assert e.value.body["param"] == "response_format.json_schema.schema"
+    assert "pattern" in e.value.message
 
 
 def test_openai_errors_are_sdk_exceptions(server, oai):

@@ -12,13 +12,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from strata.engine.json_constraint import JsonObject
+from strata.engine.json_constraint import JsonConstraint, TokenBytes
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
 
 EOT = 256
 N_VOCAB = 257
+TOKEN_BYTES = TokenBytes([chr(t).encode("utf-8") for t in range(EOT)] + [None])
 
 
 def encode(text: str) -> list[int]:
@@ -75,8 +76,8 @@ class FakeModel:
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         if sampling.json_object:  # the real constraint over the character vocabulary
-            return Sampler(SamplingParams(temperature=0.0), JsonObject(
-                lambda t: None if t == EOT else chr(t).encode("utf-8"), [EOT]))
+            return Sampler(SamplingParams(temperature=0.0), JsonConstraint(
+                TOKEN_BYTES, [EOT], sampling.json_schema))
         return lambda logits: int(np.argmax(logits))
 
     def token_piece(self, token: int) -> tuple[str, bytes]:

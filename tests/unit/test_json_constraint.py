@@ -11,9 +11,14 @@ import random
 import numpy as np
 import pytest
 
-from strata.engine.json_constraint import MAX_WS, START, JsonObject, complete, feed
+from strata.engine.json_constraint import (MAX_WS, JsonConstraint, TokenBytes, complete, feed,
+                                           start)
+from strata.engine.json_schema import object_node
 from strata.engine.sampler import (Sampler, SamplingParams, constrained_argmax,
                                    constrained_draw)
+
+
+START = start(object_node())  # any object: response_format json_object
 
 
 def _strict(text: str):
@@ -122,7 +127,7 @@ VOCAB = [b"{", b"}", b'"', b"a", b":", b"1", b",", b" ", b"Hi", b'{"', b'":', b"
 
 
 def _constraint():
-    return JsonObject(lambda t: VOCAB[t] if t < len(VOCAB) else None, [EOT])
+    return JsonConstraint(TokenBytes(VOCAB + [None] * (100 - len(VOCAB))), [EOT])
 
 
 def test_end_token_only_once_whole_and_control_tokens_never():

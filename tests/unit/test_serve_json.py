@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from strata.engine.json_constraint import START, feed
+from strata.engine.json_constraint import feed, start
+from strata.engine.json_schema import compile_schema, object_node
 from strata.serve.job import Sampling
 from test_serve_app import Harness, chat, sse_events
 from test_serve_worker_picks import PickingEngine, run
@@ -54,7 +55,7 @@ def test_a_prose_answer_is_bent_into_an_objects_prefix():
         choice = r.json()["choices"][0]
         text = choice["message"]["content"]
         assert text.startswith("{") and "Sure" not in text
-        assert feed(START, text.encode("utf-8")) is not None  # a prefix of one object
+        assert feed(start(object_node()), text.encode("utf-8")) is not None  # an object's prefix
         assert choice["finish_reason"] in ("length", "stop")
 
 
@@ -68,8 +69,14 @@ def test_a_json_sequence_is_sampled_on_the_host():
 
 
 @pytest.mark.parametrize("extra, param", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}},
+     "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-     "response_format.type"),
+     "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format.json_schema.name"),
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {}}, "response_format.type"),
     ({"response_format": JSON_FORMAT, "tools": [{"type": "function", "function": {
@@ -80,6 +87,25 @@ def test_formats_it_cannot_keep_are_400s(extra, param):
         r = client.post("/v1/chat/completions", json=chat(**extra))
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}},
+                                           "b": {"type": "object"}},
+          "required": ["a"], "additionalProperties": False}
+
+
+def test_a_schema_answer_comes_out_whole_and_one_it_breaks_is_held_to_it():
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "strict": True, "schema": SCHEMA}}
+    with _Client('{"a": [1, -2.5e3], "b": {"c": null}} trailing') as client:
+        r = client.post("/v1/chat/completions", json=chat(response_format=fmt))
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        assert json.loads(choice["message"]["content"]) == {"a": [1, -2.5e3], "b": {"c": None}}
+    with _Client('{"a": ["x"], "z": 1}') as client:  # a string item and an unknown key
+        r = client.post("/v1/chat/completions", json=chat(response_format=fmt, max_tokens=60))
+        text = r.json()["choices"][0]["message"]["content"]
+        assert text.startswith('{"a": [') and '"x"' not in text and '"z"' not in text
+        assert feed(start(compile_schema(SCHEMA)), text.encode("utf-8")) is not None
 
 
 def test_tools_left_out_by_choice_allow_the_json_format():
