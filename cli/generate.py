@@ -60,6 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CUDA: prompts (and a chat turn's new tokens) of up to N tokens run "
                         "as decode steps, one token each (0: never; default: where the plan "
                         "estimates steps beat the prompt path)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json-object", action="store_true",
+                     help="constrain the output to one JSON object, ended by the end token")
+    fmt.add_argument("--json-schema", metavar="SCHEMA",
+                     help="constrain the output to one JSON object this schema allows: inline "
+                          "JSON, or a file's path (the subset `strata serve` takes; another "
+                          "keyword is refused by name)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object at the end instead of streaming text")
     p.add_argument("--logits-out", metavar="FILE.npy",
@@ -185,28 +192,62 @@ def run(args) -> int:
     if args.max_context is not None and args.max_context < 1:
         raise StrataError(f"--max-context must be at least 1, got {args.max_context}")
     sampling = _sampling(args)
+    root = _json_root(args)
     model = open_model(_model_path(args))
     tokenizer = Tokenizer.from_metadata(model.metadata)
     prompt = _prompt_ids(args, model, tokenizer)
     backend, engine = _engine(args, model)
     try:
-        return _generate(args, model, tokenizer, prompt, (backend, engine), sampling)
+        return _generate(args, model, tokenizer, prompt, (backend, engine), sampling, root)
     finally:
         close = getattr(engine, "close", None)  # a layer split gives its GPUs back in order
         if close is not None:
             close()
 
 
-def _generate(args, model, tokenizer, prompt, loaded, sampling) -> int:
+def _json_root(args):
+    """The schema node `--json-schema` / `--json-object` hold the output to (`False`: none;
+    None: any object), checked before the model loads."""
+    if not args.json_object and args.json_schema is None:
+        return False
+    if args.json_object:
+        return None
+    from pathlib import Path
+
+    from strata.engine.json_schema import SchemaError, compile_schema
+
+    text = args.json_schema
+    if not text.lstrip().startswith("{"):
+        try:
+            text = Path(text).read_text(encoding="utf-8")
+        except OSError as e:
+            raise StrataError(f"--json-schema: {args.json_schema!r} is neither inline JSON "
+                              f"nor a readable file: {e}") from None
+    try:
+        return compile_schema(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise StrataError(f"--json-schema: not JSON: {e}") from None
+    except SchemaError as e:
+        raise StrataError(f"--json-schema: {e}") from None
+
+
+def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> int:
     from strata.engine import Sampler, generate
 
     backend, engine = loaded
+    constraint = None
+    if root is not False:  # the host samples under it (generate keeps it off the device)
+        from strata.engine.json_constraint import JsonConstraint, TokenBytes
+
+        constraint = JsonConstraint(TokenBytes.of_tokenizer(tokenizer), sorted(tokenizer.eot_ids),
+                                    root)
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    gen = generate(engine, prompt, n_predict=args.n_predict, sampler=Sampler(sampling),
+    gen = generate(engine, prompt, n_predict=args.n_predict,
+                   sampler=Sampler(sampling, constraint),
                    stop_ids=tokenizer.eot_ids, text=tokenizer.stream_decoder(after=prompt[-1]),
                    on_text=None if args.json else show, keep_logits=bool(args.logits_out))
     if args.logits_out:

@@ -4,14 +4,16 @@ the document is whole: the API's `response_format` json_object (any object) and 
 
 The check runs on bytes (a token's bytes in decoded text), so a token that ends inside a UTF-8
 character is judged like any other: inside a string every byte from 0x20 up except `"` and `\\`
-stands for itself. A state is an immutable tuple, so trying a candidate token costs one walk
+stands for itself, as long as the bytes are well-formed UTF-8 (RFC 3629: no overlong forms, no
+surrogates), so the text decodes without a replacement character. A state is an immutable tuple, so trying a candidate token costs one walk
 over its bytes and nothing to undo; where the schema leaves a choice open (`anyOf`, an enum of
 which one value begins another) several states run side by side, and a byte keeps those it
 continues. No state is ever kept that cannot be completed: a comma needs a key or an item still
 to come, a close needs the required keys and `minItems`, so a model is never cornered. The
 document opens at the first byte (no whitespace before it, none after its close: the end token
-is due there), and runs of whitespace inside are capped (`MAX_WS`, room for a newline and an
-indent): a model that would pad with newlines forever cannot.
+is due there), and whitespace inside takes llama.cpp's JSON grammar's forms: none, one space, or
+a newline and an indent of at most `MAX_INDENT` spaces or tabs. A model that would pad with
+newlines or tabs forever cannot.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from strata.engine.json_schema import Node, object_node
 
-MAX_WS = 24  # consecutive whitespace bytes allowed inside the document
+MAX_INDENT = 20  # spaces or tabs after a newline
 
 # modes
 (ROOT, VALUE, OBJ_OPEN, OBJ_KEY, KEY, COLON, AFTER, ARR_OPEN, STRING, ESCAPE, HEX, NUMBER,
@@ -40,15 +42,37 @@ _ESCAPES = frozenset(b'"\\/bfnrt')
 
 # A state: (mode, stack, aux, n_ws). stack: the open containers, innermost last, each
 # ("o", node, keys seen) or ("a", node, items done); aux per mode (VALUE: the node expected;
-# KEY: (the key's bytes so far, 0 / "\\" after a backslash / hex digits due); COLON: the key;
+# KEY: (the key's bytes so far, 0 / "\\" after a backslash / hex digits due / UTF-8
+# continuation bytes due); STRING: UTF-8 continuation bytes due; COLON: the key;
 # NUMBER: (part, integers only); LITERAL: (the texts still possible, the bytes so far); HEX:
-# digits left); n_ws: whitespace bytes in a row.
+# digits left); n_ws: the whitespace run so far (`_ws_next`).
 State = tuple
 States = tuple  # of State, none twice
 
 
 def start(root: Node) -> States:
     return ((ROOT, (), root, 0),)
+
+
+def _utf8_lead(c: int):
+    """What a byte from 0x80 up starts: (continuation bytes due, the next one's low, high), or
+    None where it cannot start a character."""
+    if 0xC2 <= c <= 0xDF:
+        return (1, 0x80, 0xBF)
+    if 0xE0 <= c <= 0xEF:
+        return (2, 0xA0 if c == 0xE0 else 0x80, 0x9F if c == 0xED else 0xBF)
+    if 0xF0 <= c <= 0xF4:
+        return (3, 0x90 if c == 0xF0 else 0x80, 0x8F if c == 0xF4 else 0xBF)
+    return None
+
+
+def _utf8_more(due: tuple, c: int):
+    """After continuation byte `c` of a character: False where it does not fit, None where the
+    character is whole, else what is still due."""
+    n, lo, hi = due
+    if not lo <= c <= hi:
+        return False
+    return None if n == 1 else (n - 1, 0x80, 0xBF)
 
 
 def _after_value(stack: tuple) -> State:
@@ -121,6 +145,14 @@ def _key_byte(state: State, c: int) -> list[State]:
     _, stack, (typed, esc), _ = state
     _, node, seen = stack[-1]
     free = node.additional is not None
+    if isinstance(esc, tuple) or (esc == 0 and c >= 0x80):  # a multi-byte character's byte
+        due = _utf8_more(esc, c) if isinstance(esc, tuple) else _utf8_lead(c)
+        if due is False or (due is None and not isinstance(esc, tuple)):
+            return []
+        typed += bytes([c])
+        if free or any(k.startswith(typed) and k not in seen for k in node.props):
+            return [(KEY, stack, (typed, due or 0), 0)]
+        return []
     if esc == "\\":  # after a backslash
         if c == 0x75:
             return [(KEY, stack, (typed + b"\\u", 4), 0)]
@@ -161,11 +193,17 @@ def _number(state: State, c: int) -> list[State]:
 def _step(state: State, c: int) -> list[State]:
     """The states one deterministic state goes to on byte `c` (none: refused)."""
     mode, stack, aux, n_ws = state
-    if mode == STRING:
+    if mode == STRING:  # aux: the UTF-8 continuation bytes due (None: none)
+        if aux is not None:
+            due = _utf8_more(aux, c)
+            return [] if due is False else [(STRING, stack, due, 0)]
         if c == 0x22:
             return [_after_value(stack)]
         if c == 0x5C:
             return [(ESCAPE, stack, None, 0)]
+        if c >= 0x80:
+            due = _utf8_lead(c)
+            return [] if due is None else [(STRING, stack, due, 0)]
         return [state] if c >= 0x20 else []
     if mode == ESCAPE:
         if c == 0x75:  # u
@@ -186,7 +224,7 @@ def _step(state: State, c: int) -> list[State]:
     if mode == ROOT:
         return _value_start(stack, aux, c)
     if c in _WS:  # every mode left takes whitespace before what it expects
-        return [(mode, stack, aux, n_ws + 1)] if n_ws < MAX_WS else []
+        return [(mode, stack, aux, n)] if (n := _ws_next(n_ws, c)) else []
     if mode == VALUE:
         return _value_start(stack, aux, c)
     if mode == COLON:
@@ -214,6 +252,16 @@ def _step(state: State, c: int) -> list[State]:
             return [(VALUE, stack, node.items, 0)]
         return []
     return _close(stack, c)
+
+
+def _ws_next(n_ws: int, c: int) -> int:
+    """The whitespace run's state after byte `c` (0: refused). n_ws: 0 none yet, 1 one space
+    (the run is over), 2 + k a newline and k spaces or tabs."""
+    if n_ws == 0:
+        return 1 if c == 0x20 else 2 if c == 0x0A else 0
+    if n_ws >= 2 and c in (0x20, 0x09) and n_ws - 2 < MAX_INDENT:
+        return n_ws + 1
+    return 0
 
 
 def feed(states: States, data: bytes) -> States | None:
@@ -250,6 +298,11 @@ class TokenBytes:
     @classmethod
     def of(cls, token_bytes: Callable[[int], bytes | None], n_vocab: int) -> TokenBytes:
         return cls([token_bytes(i) for i in range(n_vocab)])
+
+    @classmethod
+    def of_tokenizer(cls, tok) -> TokenBytes:
+        """From a `strata.tokenizer.Tokenizer`: control tokens None, the others their bytes."""
+        return cls.of(lambda i: None if tok.is_special(i) else tok.token_bytes(i), tok.n_vocab)
 
 
 class JsonConstraint:

@@ -60,15 +60,11 @@ class ServedModel:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special=True)
 
-    def _json_piece(self, token: int) -> bytes | None:
-        """A token's bytes for the JSON constraint: None for a control token."""
-        return None if self.tokenizer.is_special(token) else self.tokenizer.token_bytes(token)
-
     @functools.cached_property
     def json_vocab(self) -> TokenBytes:
         """The vocabulary as the JSON constraint reads it, built at the first request that
         asks for a JSON format (on the engine thread, which makes every sampler)."""
-        return TokenBytes.of(self._json_piece, self.n_vocab)
+        return TokenBytes.of_tokenizer(self.tokenizer)
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS

@@ -142,3 +142,27 @@ def test_the_default_model_runs_on_a_fresh_machine(tmp_path):
     assert p.returncode == 0, p.stderr
     assert list((tmp_path / "cache" / "strata").glob("tiny-*.gguf"))
     assert "[cpu] prompt" in p.stderr and "generated 4" in p.stderr
+
+
+def test_json_schema_holds_the_output_to_it(capsys, model, tmp_path):
+    """--json-schema (a file, and inline) on the real model and tokenizer: greedy output is one
+    object the schema allows (jsonschema_rs, independent of the constraint), ended by the end
+    token; a keyword it cannot hold, or a path that is not there, is refused before loading."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                               "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    for given in (str(path), json.dumps(schema)):
+        res = _json(capsys, "-m", model, "--prompt", "Answer:", "-n", "400", *GREEDY,
+                    "--json-schema", given)
+        assert res["stats"]["stop_reason"] == "stop", res["text"]
+        assert jsonschema_rs.is_valid(schema, json.loads(res["text"]))
+    res = _json(capsys, "-m", model, "--prompt", "Answer:", "-n", "3", *GREEDY, "--json-object")
+    assert res["text"].startswith("{")
+    for bad, says in ((json.dumps({"type": "object", "properties": {"d": {"format": "x"}}}),
+                       "format not supported"), (str(tmp_path / "nope.json"), "neither inline"),
+                      ("{not json", "not JSON")):
+        code, _, err = _run(capsys, "-m", model, "--prompt", "x", "--json-schema", bad)
+        assert code != 0 and says in err

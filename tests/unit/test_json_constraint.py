@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from strata.engine.json_constraint import (MAX_WS, JsonConstraint, TokenBytes, complete, feed,
-                                           start)
+from strata.engine.json_constraint import (MAX_INDENT, JsonConstraint, TokenBytes, complete,
+                                           feed, start)
 from strata.engine.json_schema import object_node
 from strata.engine.sampler import (Sampler, SamplingParams, constrained_argmax,
                                    constrained_draw)
@@ -25,6 +25,25 @@ def _strict(text: str):
     def no_constant(name):
         raise ValueError(f"not JSON: {name}")
     return json.loads(text, parse_constant=no_constant)
+
+
+def _squeeze(data: bytes) -> bytes:
+    """`data` without the whitespace outside its strings."""
+    out, in_string, escaped = bytearray(), False, False
+    for c in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:
+                escaped = True
+            elif c == 0x22:
+                in_string = False
+        elif c in b" \t\n\r":
+            continue
+        else:
+            in_string = c == 0x22
+        out.append(c)
+    return bytes(out)
 
 
 def _random_value(rng: random.Random, depth: int):
@@ -51,9 +70,13 @@ def _texts(n: int):
     rng = random.Random(7)
     for _ in range(n):
         obj = _random_object(rng)
-        yield json.dumps(obj, ensure_ascii=rng.random() < 0.5,
-                         indent=rng.choice([None, 1, 2]),
-                         separators=rng.choice([None, (",", ":"), (" , ", " : ")]))
+        indent = rng.choice([None, 1, 2])
+        # the forms of whitespace the constraint takes (llama.cpp's): a space, or a newline
+        # and an indent; never a space before a newline
+        separators = (rng.choice([None, (",", ":"), (", ", " : ")]) if indent is None
+                      else rng.choice([None, (",", ":")]))
+        yield json.dumps(obj, ensure_ascii=rng.random() < 0.5, indent=indent,
+                         separators=separators)
 
 
 def test_every_written_object_is_accepted_in_every_prefix():
@@ -69,7 +92,8 @@ def test_every_written_object_is_accepted_in_every_prefix():
 def test_whatever_it_calls_whole_parses_and_mutations_it_accepts_do_too():
     """Soundness: random byte edits of valid objects; each one the constraint calls a whole
     object must parse to one, and each one it rejects at some byte must not parse (but for
-    whitespace around the object: it opens at once, and after its close the end is due)."""
+    whitespace in a form it does not take: around the object, or a run llama.cpp's JSON
+    grammar would not write)."""
     rng = random.Random(3)
     n_whole = n_rejected = 0
     alphabet = b'{}[]",:0123456789.-+eEtrufalsn \\\n/x\x01'
@@ -93,9 +117,9 @@ def test_whatever_it_calls_whole_parses_and_mutations_it_accepts_do_too():
             assert isinstance(parsed, dict), bytes(data)
         elif state is None:
             n_rejected += 1
-            if isinstance(parsed, dict):  # whitespace around the object: refused by design
-                stripped = feed(START, bytes(data).strip(b" \t\n\r"))
-                assert stripped is not None and complete(stripped), bytes(data)
+            if isinstance(parsed, dict):  # whitespace in a form it refuses, by design
+                squeezed = feed(START, _squeeze(bytes(data)))
+                assert squeezed is not None and complete(squeezed), bytes(data)
     assert n_whole > 20 and n_rejected > 100  # both sides were exercised
 
 
@@ -111,11 +135,13 @@ def test_what_is_not_a_json_object_is_refused(text):
         assert isinstance(_strict(text), dict)
 
 
-def test_whitespace_runs_are_capped_and_the_object_opens_at_once():
+def test_whitespace_takes_llamas_forms_and_the_object_opens_at_once():
     assert feed(START, b" ") is None and feed(START, b"\n{") is None
-    assert feed(START, b'{"a":' + b"\n" * MAX_WS + b"1") is not None
-    assert feed(START, b'{"a":' + b"\n" * (MAX_WS + 1)) is None
-    assert feed(START, b'{"a":' + b" " * (MAX_WS - 1) + b"[" + b" " * MAX_WS + b"1") is not None
+    # llama.cpp's forms: none, one space, or a newline and an indent of up to 20
+    assert feed(START, b'{"a": 1,\n' + b" " * MAX_INDENT + b'"b":\n\t\t[ 1 ]}') is not None
+    for bad in (b'{"a":\n' + b" " * (MAX_INDENT + 1), b'{"a":  ', b'{"a":\t', b'{"a":\n\n',
+                b'{"a": \n', b'{"a":\r\n'):
+        assert feed(START, bad) is None, bad
     assert feed(START, b'{"a": "' + b" " * 500 + b'"}') is not None  # inside a string: text
 
 
@@ -195,3 +221,25 @@ def test_a_constrained_draw_is_the_restricted_distribution():
     assert draws.sum() == draws[[0, 17, 9]].sum()
     # top-k 1 keeps only the refused "Hi": the best allowed token of the whole vocabulary
     assert constrained_draw(z, SamplingParams(temperature=1.0, top_k=1), rng, c) == 0
+
+
+@pytest.mark.parametrize("text, ok", [
+    ("é€😀".encode(), True), (b"\xc3", None), (b"\xc3E", False), (b"\x80", False),
+    (b"\xc0\xaf", False), (b"\xe0\x80\x80", False), (b"\xed\xa0\x80", False),
+    (b"\xf4\x90\x80\x80", False), (b"\xf5", False), ("\U0010ffff".encode(), True),
+])
+def test_strings_and_free_keys_are_well_formed_utf8(text, ok):
+    """Overlong forms, surrogates and stray bytes are refused, as Python's strict decoder
+    refuses them; a character cut short is a prefix (None), not whole."""
+    for doc in (b'{"k": "' + text + b'"}', b'{"' + text + b'": 1}'):
+        states = feed(START, doc)
+        if ok:
+            assert states is not None and complete(states)
+            assert isinstance(_strict(doc.decode("utf-8")), dict)
+        else:
+            assert states is None
+            if ok is False:
+                with pytest.raises(UnicodeDecodeError):
+                    doc.decode("utf-8")
+    if ok is None:
+        assert feed(START, b'{"k": "' + text) is not None
