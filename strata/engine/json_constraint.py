@@ -5,15 +5,15 @@ the document is whole: the API's `response_format` json_object (any object) and 
 The check runs on bytes (a token's bytes in decoded text), so a token that ends inside a UTF-8
 character is judged like any other: inside a string every byte from 0x20 up except `"` and `\\`
 stands for itself, as long as the bytes are well-formed UTF-8 (RFC 3629: no overlong forms, no
-surrogates), so the text decodes without a replacement character. A state is an immutable tuple, so trying a candidate token costs one walk
-over its bytes and nothing to undo; where the schema leaves a choice open (`anyOf`, an enum of
-which one value begins another) several states run side by side, and a byte keeps those it
-continues. No state is ever kept that cannot be completed: a comma needs a key or an item still
-to come, a close needs the required keys and `minItems`, so a model is never cornered. The
-document opens at the first byte (no whitespace before it, none after its close: the end token
-is due there), and whitespace inside takes llama.cpp's JSON grammar's forms: none, one space, or
-a newline and an indent of at most `MAX_INDENT` spaces or tabs. A model that would pad with
-newlines or tabs forever cannot.
+surrogates), so the text decodes without a replacement character. A state is an immutable
+tuple, so trying a candidate token costs one walk over its bytes and nothing to undo; where the
+schema leaves a choice open (`anyOf`, an enum of which one value begins another) several states
+run side by side, and a byte keeps those it continues. No state is ever kept that cannot be
+completed: a comma needs a key or an item still to come, a close needs the required keys and
+`minItems`, so a model is never cornered. The document opens at the first byte (no whitespace
+before it, none after its close: the end token is due there), and whitespace inside takes
+llama.cpp's JSON grammar's forms: none, one space, or a newline and an indent of at most
+`MAX_INDENT` spaces or tabs. A model that would pad with newlines or tabs forever cannot.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ MAX_INDENT = 20  # spaces or tabs after a newline
 MINUS, ZERO, INT, DOT, FRAC, EXP_MARK, EXP_SIGN, EXP, EXP2 = range(9)
 _NUMBER_ENDS = frozenset({ZERO, INT, FRAC, EXP, EXP2})  # where a number may stop
 # Exponents have at most two digits: within a double's range, so no number written here
-# parses to infinity (9e348363 is JSON, and inf in every client).
+# parses to infinity (9e348363 is JSON, and inf in every client). The integer and fraction parts
+# have at most MAX_DIGITS digits each, as llama.cpp's JSON grammar has: a model repeating a digit
+# cannot write a number forever.
+MAX_DIGITS = 16
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
@@ -44,8 +47,8 @@ _ESCAPES = frozenset(b'"\\/bfnrt')
 # ("o", node, keys seen) or ("a", node, items done); aux per mode (VALUE: the node expected;
 # KEY: (the key's bytes so far, 0 / "\\" after a backslash / hex digits due / UTF-8
 # continuation bytes due); STRING: UTF-8 continuation bytes due; COLON: the key;
-# NUMBER: (part, integers only); LITERAL: (the texts still possible, the bytes so far); HEX:
-# digits left); n_ws: the whitespace run so far (`_ws_next`).
+# NUMBER: (part, integers only, digits of the part); LITERAL: (the texts still possible, the
+# bytes so far); HEX: digits left); n_ws: the whitespace run so far (`_ws_next`).
 State = tuple
 States = tuple  # of State, none twice
 
@@ -117,7 +120,7 @@ def _value_start(stack: tuple, node: Node, c: int) -> list[State]:
             out.append((STRING, stack, None, 0))
         elif (c == 0x2D or c in _DIGITS) and ("number" in k or "integer" in k):
             part = MINUS if c == 0x2D else ZERO if c == 0x30 else INT
-            out.append((NUMBER, stack, (part, "number" not in k), 0))
+            out.append((NUMBER, stack, (part, "number" not in k, int(part == INT)), 0))
         elif c in (0x74, 0x66) and "boolean" in k:  # t f
             out += _literal(stack, (b"true", b"false"), bytes([c]))
         elif c == 0x6E and "null" in k:  # n
@@ -174,17 +177,20 @@ def _key_byte(state: State, c: int) -> list[State]:
 
 
 def _number(state: State, c: int) -> list[State]:
-    _, stack, (part, integer), _ = state
+    _, stack, (part, integer, n_digits), _ = state
     if c in _DIGITS:
         nxt = {MINUS: ZERO if c == 0x30 else INT, INT: INT, DOT: FRAC, FRAC: FRAC,
                EXP_MARK: EXP, EXP_SIGN: EXP, EXP: EXP2}.get(part)
-        return [] if nxt is None else [(NUMBER, stack, (nxt, integer), 0)]
+        n = n_digits + 1 if nxt == part else int(nxt in (INT, FRAC))  # digits of this part
+        if nxt is None or n > MAX_DIGITS:
+            return []
+        return [(NUMBER, stack, (nxt, integer, n), 0)]
     if c == 0x2E and part in (ZERO, INT) and not integer:  # .
-        return [(NUMBER, stack, (DOT, integer), 0)]
+        return [(NUMBER, stack, (DOT, integer, 0), 0)]
     if c in (0x65, 0x45) and part in (ZERO, INT, FRAC) and not integer:  # e E
-        return [(NUMBER, stack, (EXP_MARK, integer), 0)]
+        return [(NUMBER, stack, (EXP_MARK, integer, 0), 0)]
     if c in (0x2B, 0x2D) and part == EXP_MARK:  # + -
-        return [(NUMBER, stack, (EXP_SIGN, integer), 0)]
+        return [(NUMBER, stack, (EXP_SIGN, integer, 0), 0)]
     if part in _NUMBER_ENDS:  # the number is over: the byte is the next thing's
         return _step(_after_value(stack), c)
     return []

@@ -186,3 +186,30 @@ def object_node() -> Node:
     node.kinds = frozenset({"object"})
     node.additional = node.items = ANY
     return node
+
+
+def literal_node(value: Any) -> Node:
+    node = Node()
+    node.literals = (value_text(value),)
+    return node
+
+
+def call_node(name: str, arguments: Node | None) -> Node:
+    """A tool call's document: {"name": the tool's name, "arguments": an object `arguments`
+    allows (None: any object)}, both keys, no other."""
+    node = Node()
+    node.kinds = frozenset({"object"})
+    node.props = {b"name": literal_node(name),
+                  b"arguments": arguments if arguments is not None else object_node()}
+    node.required = frozenset(node.props)
+    return node
+
+
+def any_of_node(nodes: list[Node]) -> Node:
+    """A value any of `nodes` allows (all objects: the root of a tool call)."""
+    if not nodes:
+        raise SchemaError("anyOf needs at least one schema")
+    node = Node()
+    node.kinds = frozenset({"object"})
+    node.any_of = tuple(nodes)
+    return node

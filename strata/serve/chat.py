@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from strata.engine.json_schema import Node
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
-from strata.serve.tools import OPEN_TAG
+from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 
 TOOL_CHOICES = ("auto", "none", "required")
 
@@ -53,6 +53,8 @@ class ChatInput:
     logprobs: int | None = None  # None: none; n: each token's and the n most likely
     json_object: bool = False  # response_format json_object: the answer is one JSON object
     json_schema: Node | None = None  # response_format json_schema: the schema it follows
+    # (tool name, its parameters' schema where it is strict, else None), one per tool
+    tool_schemas: tuple[tuple[str, Node | None], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -62,8 +64,9 @@ class ChatInput:
             raise ValueError(f"tool_choice names {self.tool_choice!r}, which is not among the "
                              f"tools ({', '.join(sorted(names)) or 'none given'})")
 
-    def sampling(self, max_tokens: int) -> Sampling:
-        return Sampling(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+    def sampling(self, max_tokens: int, strict: StrictCalls | None = None) -> Sampling:
+        return Sampling(max_tokens=max_tokens, strict_calls=strict, temperature=self.temperature,
+                        top_p=self.top_p,
                         top_k=self.top_k, seed=self.seed, stop=self.stop,
                         presence_penalty=self.presence_penalty,
                         frequency_penalty=self.frequency_penalty, min_p=self.min_p,
@@ -90,7 +93,9 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     prompt = model.encode(text + prefix)
     max_tokens = fit_max_tokens(len(prompt), chat.max_tokens, max_context=model.max_context,
                                 limit=limit)
-    return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens),
+    strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix))
+              if use_tools and model.tool_calls_parsed else None)
+    return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens, strict),
                     requested_max_tokens=chat.max_tokens,
                     parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix)
 

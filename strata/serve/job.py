@@ -11,7 +11,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from strata.engine.json_schema import Node
 from strata.engine.sampler import PENALTY_LAST_N
@@ -44,12 +44,14 @@ class Sampling:
     logprobs: int | None = None  # None: none; n: each token's log-probability and the n best
     json_object: bool = False  # the text is one JSON object (response_format json_object)
     json_schema: Node | None = None  # with json_object: the schema it follows (None: any)
+    strict_calls: Any = None  # serve.tools.StrictCalls: strict tools hold the calls it makes
 
     @property
     def host_sampled(self) -> bool:
         """Whether the host must pick this sequence's tokens: it reads their logits (logprobs)
-        or constrains them (a JSON object), neither of which the device sampler does."""
-        return self.logprobs is not None or self.json_object
+        or constrains them (a JSON object, strict tool calls), which the device sampler does
+        not."""
+        return self.logprobs is not None or self.json_object or self.strict_calls is not None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -14,13 +14,30 @@ from typing import Callable, Sequence
 import numpy as np
 
 from strata.engine.json_constraint import JsonConstraint, TokenBytes
+from strata.engine.json_trigger import TriggeredJson
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
-from strata.serve.tools import template_uses_hermes_calls
+from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 
 SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..2**64-1
+
+
+def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, frozenset[int]]]
+                    ) -> JsonConstraint | TriggeredJson | None:
+    """What holds a sequence's tokens: a JSON format, or strict tool calls, or nothing.
+    `vocab()`: the model's `TokenBytes` and end tokens, asked for only where a constraint
+    needs them (the table is built at the first such request)."""
+    if not sampling.json_object and sampling.strict_calls is None:
+        return None
+    vocab, stop_ids = vocab()
+    stops = sorted(stop_ids)
+    if sampling.json_object:
+        return JsonConstraint(vocab, stops, sampling.json_schema)
+    calls = sampling.strict_calls
+    return TriggeredJson(vocab, stops, trigger=OPEN_TAG.encode(), root=calls.root,
+                         suffix=CALL_SUFFIX, inside=calls.inside)
 
 
 class ServedModel:
@@ -68,9 +85,7 @@ class ServedModel:
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         seed = None if sampling.seed is None else sampling.seed % SEED_MODULUS
-        constraint = (JsonConstraint(self.json_vocab, sorted(self.stop_token_ids),
-                                     sampling.json_schema)
-                      if sampling.json_object else None)
+        constraint = make_constraint(sampling, lambda: (self.json_vocab, self.stop_token_ids))
         return Sampler(SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             min_p=sampling.min_p, repeat_penalty=sampling.repeat_penalty, seed=seed,

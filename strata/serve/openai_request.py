@@ -191,35 +191,48 @@ def _message(raw: Any, path: str) -> dict:
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
-def _tools(f: Fields) -> tuple[list[dict], str]:
-    tools = []
+def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
+    """The tools (as the chat template reads them), the tool choice, and (name, the parameters'
+    compiled schema where the function is `strict`, else None) per tool: a strict tool's calls
+    are held to its schema, and a schema keyword they could not be held to is a 400."""
+    tools, schemas = [], []
     for j, raw in enumerate(f.list("tools") or []):
         t = Fields(raw, join("tools", j))
         t.str("type", required=True, choices=("function",))
         fn = t.obj_at("function", required=True)
         params = fn.obj_at("parameters")
+        node = None
+        if fn.bool("strict"):
+            where = fn.where("parameters")
+            try:
+                node = compile_schema(params.obj if params is not None else
+                                      {"type": "object", "properties": {}})
+            except SchemaError as e:
+                raise bad_request(f"{where}: {e}", where) from e
+        schemas.append((fn.str("name", required=True, non_empty=True), node))
         tools.append({"type": "function", "function": {
             "name": fn.str("name", required=True, non_empty=True),
             "description": fn.str("description", default=""),
             "parameters": params.obj if params is not None else {"type": "object",
                                                                   "properties": {}}}})
+    schemas = tuple(schemas)
     choice = f.raw("tool_choice")
     if choice is None:
-        return tools, "auto"
+        return tools, "auto", schemas
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
             raise bad_request(f"tool_choice: {choice!r} is not one of 'auto', 'none', 'required'",
                               "tool_choice")
         if choice == "required" and not tools:
             raise bad_request("tool_choice: 'required' needs at least one tool", "tool_choice")
-        return tools, choice
+        return tools, choice, schemas
     c = Fields(choice, "tool_choice")
     c.str("type", required=True, choices=("function",))
     name = c.obj_at("function", required=True).str("name", required=True)
     if name not in {t["function"]["name"] for t in tools}:
         raise bad_request(f"tool_choice.function.name: {name!r} is not among the tools",
                           "tool_choice.function.name")
-    return tools, name
+    return tools, name, schemas
 
 
 def _json_format(f: Fields) -> tuple[bool, Node | None]:
@@ -259,13 +272,14 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     max_tokens = f.int("max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", minimum=1)
-    tools, choice = _tools(f)
+    tools, choice, tool_schemas = _tools(f)
     if json_object and tools and choice != "none":
         raise bad_request("response_format: a JSON format cannot be combined with tools (a "
                           "tool call is not the JSON object); send tool_choice 'none' or no "
                           "tools", "response_format")
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
+                     tool_schemas=tool_schemas,
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
                      json_schema=json_schema,
                      **sampling_args(f, state.model.n_vocab))

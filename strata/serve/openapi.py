@@ -23,7 +23,8 @@ _LOGIT_BIAS = {"type": "object", "additionalProperties": {"type": "number", "min
 _TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": 20}
 _N = {"type": "integer", "minimum": 1, "maximum": 16}
 _FUNCTION = {"type": "object", "required": ["name"], "properties": {
-    "name": _STR, "description": _STR, "parameters": {"type": "object"}}}
+    "name": _STR, "description": _STR, "parameters": {"type": "object"},
+    "strict": {"type": "boolean"}}}
 
 
 def _sampling(temperature_max: float) -> dict:

@@ -19,8 +19,39 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from strata.engine.json_schema import Node, any_of_node, call_node, object_node
+
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+CALL_SUFFIX = ("\n" + CLOSE_TAG).encode()  # what closes a call's JSON, as the template writes it
+
+
+@dataclass(frozen=True, slots=True)
+class StrictCalls:
+    """How a request's strict tools hold the model's calls (`strata.engine.json_trigger`):
+    `root` any call document ({"name", "arguments"} of one tool, a strict tool's arguments held
+    to its parameters' schema), opened by `<tool_call>`; `inside`, where the prompt already
+    opened a call (a forced choice), that call's open document and what closes it."""
+
+    root: Node
+    inside: tuple[Node, bytes] | None = None
+
+
+def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
+                 forced: bool) -> StrictCalls | None:
+    """The constraint for tools `schemas` ((name, its parameters' node where `strict`, else
+    None)) under `tool_choice` `choice`, `forced` where the prompt ends with the opening of the
+    forced call; None where no tool is strict (the calls stay free, as before)."""
+    if not any(node is not None for _, node in schemas):
+        return None
+    root = any_of_node([call_node(name, node) for name, node in schemas])
+    inside = None
+    if forced and choice == "required":  # the prompt ends with the tag and a newline
+        inside = (root, CALL_SUFFIX)
+    elif forced:  # ... and '{"name": "X", "arguments": ': the arguments' object, then "}"
+        node = dict(schemas)[choice]
+        inside = (node if node is not None else object_node(), b"}" + CALL_SUFFIX)
+    return StrictCalls(root=root, inside=inside)
 
 
 @dataclass(frozen=True, slots=True)

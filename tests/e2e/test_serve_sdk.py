@@ -261,6 +261,24 @@ def test_openai_json_object_through_the_sdk(oai, tmp_models):
     assert "pattern" in e.value.message
 
 
+def test_openai_strict_tool_calls_through_the_sdk(oai):
+    """A forced call to a strict tool on the real model and tokenizer: the arguments the model
+    writes validate against the tool's parameters (jsonschema_rs)."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                               "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "strict": True,
+                                               "parameters": params}}]
+    r = oai.chat.completions.create(
+        model=MODEL_NAME, max_tokens=400, temperature=0, tools=tools,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    assert jsonschema_rs.is_valid(params, json.loads(call.function.arguments))
+
+
 def test_openai_errors_are_sdk_exceptions(server, oai):
     with pytest.raises(openai.NotFoundError) as e:
         oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])

@@ -12,9 +12,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from strata.engine.json_constraint import JsonConstraint, TokenBytes
+from strata.engine.json_constraint import TokenBytes
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
+from strata.serve.model import make_constraint
 from strata.serve.job import Sampling
 
 EOT = 256
@@ -75,9 +76,9 @@ class FakeModel:
         return "".join(chr(i) for i in ids if i != EOT)
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
-        if sampling.json_object:  # the real constraint over the character vocabulary
-            return Sampler(SamplingParams(temperature=0.0), JsonConstraint(
-                TOKEN_BYTES, [EOT], sampling.json_schema))
+        constraint = make_constraint(sampling, lambda: (TOKEN_BYTES, frozenset({EOT})))
+        if constraint is not None:  # the real constraint over the character vocabulary
+            return Sampler(SamplingParams(temperature=0.0), constraint)
         return lambda logits: int(np.argmax(logits))
 
     def token_piece(self, token: int) -> tuple[str, bytes]:

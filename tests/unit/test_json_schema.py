@@ -150,9 +150,15 @@ def test_an_enum_whose_value_begins_another_keeps_both_open():
     assert feed(start(root), b'{"n":13') is None and feed(start(root), b'{"n":1234') is None
 
 
-def test_exponents_stay_within_a_doubles_range():
+def test_numbers_stay_within_a_doubles_range_and_sixteen_digits():
     root = compile_schema({"type": "object", "properties": {"x": {"type": "number"}}})
     assert complete(feed(start(root), b'{"x":-1.5e-99}'))
     assert feed(start(root), b'{"x":1e308') is None  # three digits: could be inf
     root = compile_schema({"type": "object", "properties": {"i": {"type": "integer"}}})
     assert feed(start(root), b'{"i":1.0') is None and feed(start(root), b'{"i":1e2') is None
+    # at most 16 digits in the integer and the fraction parts (llama.cpp's JSON grammar)
+    assert complete(feed(start(root), b'{"i":-' + b"9" * 16 + b"}"))
+    assert feed(start(root), b'{"i":' + b"9" * 17) is None
+    root = compile_schema({"type": "object", "properties": {"x": {"type": "number"}}})
+    assert complete(feed(start(root), b'{"x":0.' + b"1" * 16 + b"e-5}"))
+    assert feed(start(root), b'{"x":0.' + b"1" * 17) is None
