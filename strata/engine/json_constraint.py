@@ -301,6 +301,11 @@ class TokenBytes:
         cuts = np.searchsorted(first[order], np.arange(257))
         self.by_first = [order[cuts[b]:cuts[b + 1]] for b in range(256)]  # ids, ascending
 
+    def with_first(self, fits: Callable[[int], bool]) -> np.ndarray:
+        """int64 ids of the tokens whose first byte `fits`."""
+        groups = [self.by_first[b] for b in range(256) if fits(b)]
+        return np.concatenate(groups) if groups else np.zeros(0, np.int64)
+
     @classmethod
     def of(cls, token_bytes: Callable[[int], bytes | None], n_vocab: int) -> TokenBytes:
         return cls([token_bytes(i) for i in range(n_vocab)])
@@ -337,9 +342,7 @@ class JsonConstraint:
         byte some state takes."""
         if complete(self.states):
             return np.array(sorted(self.stop_ids), np.int64)
-        groups = [self.vocab.by_first[b] for b in range(256)
-                  if any(_step(s, b) for s in self.states)]
-        return np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        return self.vocab.with_first(lambda b: any(_step(s, b) for s in self.states))
 
     def allows(self, token: int) -> bool:
         return self._next(token) is not None

@@ -94,9 +94,8 @@ class TriggeredJson:
         kind, aux = self.state
         if kind == "free":
             return np.arange(len(self.vocab.pieces), dtype=np.int64)
-        groups = [self.vocab.by_first[b] for b in range(256)
-                  if self._step(self.state, self._inside_suffix, b) is not None]
-        return np.concatenate(groups) if groups else np.zeros(0, np.int64)
+        return self.vocab.with_first(
+            lambda b: self._step(self.state, self._inside_suffix, b) is not None)
 
     @property
     def in_call(self) -> bool:

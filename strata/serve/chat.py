@@ -66,8 +66,7 @@ class ChatInput:
 
     def sampling(self, max_tokens: int, strict: StrictCalls | None = None) -> Sampling:
         return Sampling(max_tokens=max_tokens, strict_calls=strict, temperature=self.temperature,
-                        top_p=self.top_p,
-                        top_k=self.top_k, seed=self.seed, stop=self.stop,
+                        top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
                         presence_penalty=self.presence_penalty,
                         frequency_penalty=self.frequency_penalty, min_p=self.min_p,
                         repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,

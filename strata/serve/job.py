@@ -11,10 +11,11 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from strata.engine.json_schema import Node
 from strata.engine.sampler import PENALTY_LAST_N
+from strata.serve.tools import StrictCalls
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's limit)
@@ -44,7 +45,7 @@ class Sampling:
     logprobs: int | None = None  # None: none; n: each token's log-probability and the n best
     json_object: bool = False  # the text is one JSON object (response_format json_object)
     json_schema: Node | None = None  # with json_object: the schema it follows (None: any)
-    strict_calls: Any = None  # serve.tools.StrictCalls: strict tools hold the calls it makes
+    strict_calls: StrictCalls | None = None  # strict tools hold the calls it makes
 
     @property
     def host_sampled(self) -> bool:
