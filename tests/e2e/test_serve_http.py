@@ -126,11 +126,15 @@ def test_32_concurrent_clients_get_complete_uncrossed_answers(server, http):
     assert metric(http, "strata_queue_depth") == 0
 
 
-def open_stream(url: str, max_tokens: int) -> tuple[httpx.Client, httpx.Response]:
+def open_stream(url: str, max_tokens: int, end_ids=()) -> tuple[httpx.Client, httpx.Response]:
+    """A stream of up to `max_tokens`; `end_ids` banned (logit_bias -100), so it cannot end on
+    its own: this prompt and seed met an end token after 59 tokens, which a loaded machine
+    reached before the test closed the stream."""
     client = httpx.Client(base_url=url, headers=AUTH, timeout=60)
     req = client.build_request("POST", "/v1/chat/completions",
                                json=chat("Tell me a long story", max_tokens=max_tokens,
-                                         stream=True, temperature=0.8, seed=7))
+                                         stream=True, temperature=0.8, seed=7,
+                                         logit_bias={str(t): -100 for t in end_ids}))
     resp = client.send(req, stream=True)
     return client, resp
 
@@ -147,13 +151,17 @@ def long_server(tmp_models):
     s.stop()
 
 
-def test_disconnect_frees_the_slot_and_queued_cancels_never_run(long_server):
+def test_disconnect_frees_the_slot_and_queued_cancels_never_run(long_server, tmp_models):
+    from strata.gguf import open_model
+    from strata.tokenizer import Tokenizer
+
     server = long_server
+    end_ids = Tokenizer.from_metadata(open_model(tiny_model(tmp_models)).metadata).eot_ids
     http = httpx.Client(base_url=server.url, headers=AUTH, timeout=60)
     n_long = 4000
     done_before = metric(http, "strata_completion_tokens_total")
     cancelled_r = metric(http, "strata_requests_cancelled_total", where="running")
-    running = [open_stream(server.url, n_long) for _ in range(4)]  # every slot busy
+    running = [open_stream(server.url, n_long, end_ids) for _ in range(4)]  # every slot busy
     readers = [resp.iter_lines() for _, resp in running]  # kept: a dropped reader closes
     assert all(next(r).startswith("data: ") for r in readers)
     assert wait_for(lambda: metric(http, "strata_active_sequences") == 4)
@@ -161,7 +169,7 @@ def test_disconnect_frees_the_slot_and_queued_cancels_never_run(long_server):
     # next decode step comes after the last one's prefill
     steps = metric(http, "strata_decode_steps_total")
     assert wait_for(lambda: metric(http, "strata_decode_steps_total") > steps)
-    queued_client, queued = open_stream(server.url, n_long)
+    queued_client, queued = open_stream(server.url, n_long, end_ids)
     assert wait_for(lambda: metric(http, "strata_queue_depth") == 1)
     prompt_before = metric(http, "strata_prompt_tokens_total")
     cancelled_q = metric(http, "strata_requests_cancelled_total", where="queued")
