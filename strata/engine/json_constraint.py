@@ -160,7 +160,7 @@ def _key_byte(state: State, c: int) -> list[State]:
         if c == 0x75:
             return [(KEY, stack, (typed + b"\\u", 4), 0)]
         return [(KEY, stack, (typed + bytes([0x5C, c]), 0), 0)] if c in _ESCAPES else []
-    if esc:  # hex digits of \uXXXX still due
+    if esc:  # the hex digits of a \u escape still due
         return [(KEY, stack, (typed + bytes([c]), esc - 1), 0)] if c in _HEX else []
     if c == 0x22:  # the key is whole
         if typed not in seen and (typed in node.props or free):
@@ -307,13 +307,9 @@ class TokenBytes:
         return np.concatenate(groups) if groups else np.zeros(0, np.int64)
 
     @classmethod
-    def of(cls, token_bytes: Callable[[int], bytes | None], n_vocab: int) -> TokenBytes:
-        return cls([token_bytes(i) for i in range(n_vocab)])
-
-    @classmethod
     def of_tokenizer(cls, tok) -> TokenBytes:
         """From a `strata.tokenizer.Tokenizer`: control tokens None, the others their bytes."""
-        return cls.of(lambda i: None if tok.is_special(i) else tok.token_bytes(i), tok.n_vocab)
+        return cls([None if tok.is_special(i) else tok.token_bytes(i) for i in range(tok.n_vocab)])
 
 
 class JsonConstraint:
