@@ -198,7 +198,10 @@ def ld_f32_at(a, byte_off):
 def ld_u32_at(a, byte_off):
     """The u32 at byte offset `byte_off` (4-aligned) of a 4-byte-element array."""
     _aligned(byte_off, 4)
-    return int(a[int(byte_off) >> 2])
+    w = a[int(byte_off) >> 2]
+    if isinstance(w, np.floating):  # a float32 array's bits, as the GPU's load reads them
+        return int(np.float32(w).view(np.uint32))
+    return int(w)
 
 
 def st_x4(xs, i, v0, v1, v2, v3):

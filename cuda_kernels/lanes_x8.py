@@ -41,8 +41,8 @@ from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u16, ld_u32_at, ld_w4, prmt, 
 from .lanes import LaneFormat, lane_format
 from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
-from .levels import iq4_levels, iq4_xs_scale
-from .qtables import GRID_IQ3_S
+from .levels import iq4_levels_of, iq4_xs_scale
+from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
@@ -95,20 +95,21 @@ def load_iq4_xs_x8(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _iq4_word(q, xa, xb, acc):
-    lo, hi = iq4_levels(q)
+def _iq4_word(q, lv, xa, xb, acc):
+    lo, hi = iq4_levels_of(q, lv[0], lv[1], lv[2], lv[3])
     return dp4a(hi, xb, dp4a(lo, xa, acc))
 
 
 @cuda.jit(device=True, inline="always")
-def _iq4_sub(q0, q1, q2, q3, xs, p):
-    """Integer dot of one 32-value sub-block (qs words q0..q3) with x words p .. p + 7."""
+def _iq4_sub(q0, q1, q2, q3, lv, xs, p):
+    """Integer dot of one 32-value sub-block (qs words q0..q3, level words lv) with x words
+    p .. p + 7."""
     a0, a1, a2, a3 = ld_w4(xs, p)                  # values 0 .. 15
     b0, b1, b2, b3 = ld_w4(xs, p + 4)              # values 16 .. 31
-    s = _iq4_word(q0, a0, b0, 0)
-    s = _iq4_word(q1, a1, b1, s)
-    s = _iq4_word(q2, a2, b2, s)
-    return _iq4_word(q3, a3, b3, s)
+    s = _iq4_word(q0, lv, a0, b0, 0)
+    s = _iq4_word(q1, lv, a1, b1, s)
+    s = _iq4_word(q2, lv, a2, b2, s)
+    return _iq4_word(q3, lv, a3, b3, s)
 
 
 @cuda.jit(device=True, inline="always")
@@ -120,8 +121,12 @@ def _iq4_scale(h0, h1, sub):
 @cuda.jit(device=True, inline="always")
 def dot_iq4_xs_x8(v, part, xs, xo, so, tab):
     p = xo + 20 * part
-    sa = _iq4_sub(v[2], v[3], v[4], v[5], xs, p)
-    sb = _iq4_sub(v[6], v[7], v[8], v[9], xs, p + 8)
+    # the int8 level words from the staged table, a copy for even and one for odd lanes, so
+    # ptxas keeps them in registers (see qtables.TABLE_IQ4NL)
+    t = IQ4NL_WORDS_OFF + 16 * (cuda.threadIdx.x & 1)
+    lv = (ld_u32_at(tab, t), ld_u32_at(tab, t + 4), ld_u32_at(tab, t + 8), ld_u32_at(tab, t + 12))
+    sa = _iq4_sub(v[2], v[3], v[4], v[5], lv, xs, p)
+    sb = _iq4_sub(v[6], v[7], v[8], v[9], lv, xs, p + 8)
     d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
     h0 = v[0]
     return h2f(h0 & 0xFFFF) * (_iq4_scale(h0, v[1], 2 * part) * u2f(d_a) * np.float32(sa)

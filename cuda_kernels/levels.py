@@ -30,9 +30,16 @@ def iq4_xs_scale(head0, head1, sub):
 def iq4_levels(q):
     """(the levels of q's four low nibbles, of its four high nibbles): int8 bytes, byte i the
     level of byte i's nibble."""
+    return iq4_levels_of(q, IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3)
+
+
+@cuda.jit(device=True, inline="always")
+def iq4_levels_of(q, l0, l1, l2, l3):
+    """iq4_levels with the four level words given (IQ4_L0..3, or loaded from the format's
+    table: see `qtables.TABLE_IQ4NL`)."""
     qm = q & 0x77777777
     pick = 0x32103210 | ((q >> 1) & 0x44444444)
     q2 = qm >> 16
-    r0 = prmt(prmt(IQ4_L0, IQ4_L1, qm), prmt(IQ4_L2, IQ4_L3, qm), pick)
-    r1 = prmt(prmt(IQ4_L0, IQ4_L1, q2), prmt(IQ4_L2, IQ4_L3, q2), pick >> 16)
+    r0 = prmt(prmt(l0, l1, qm), prmt(l2, l3, qm), pick)
+    r1 = prmt(prmt(l0, l1, q2), prmt(l2, l3, q2), pick >> 16)
     return prmt(r0, r1, 0x6420), prmt(r0, r1, 0x7531)
