@@ -41,7 +41,7 @@ from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u16, ld_u32_at, ld_w4, prmt, 
 from .lanes import LaneFormat, lane_format
 from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
-from .levels import iq4_levels_of, iq4_xs_scale
+from .levels import IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3, iq4_levels_of, iq4_xs_scale
 from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
@@ -119,18 +119,28 @@ def _iq4_scale(h0, h1, sub):
 
 
 @cuda.jit(device=True, inline="always")
-def dot_iq4_xs_x8(v, part, xs, xo, so, tab):
+def _dot_iq4_xs_x8(v, part, xs, xo, so, lv):
     p = xo + 20 * part
-    # the int8 level words from the staged table, a copy for even and one for odd lanes, so
-    # ptxas keeps them in registers (see qtables.TABLE_IQ4NL)
-    t = IQ4NL_WORDS_OFF + 16 * (cuda.threadIdx.x & 1)
-    lv = (ld_u32_at(tab, t), ld_u32_at(tab, t + 4), ld_u32_at(tab, t + 8), ld_u32_at(tab, t + 12))
     sa = _iq4_sub(v[2], v[3], v[4], v[5], lv, xs, p)
     sb = _iq4_sub(v[6], v[7], v[8], v[9], lv, xs, p + 8)
     d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
     h0 = v[0]
     return h2f(h0 & 0xFFFF) * (_iq4_scale(h0, v[1], 2 * part) * u2f(d_a) * np.float32(sa)
                                + _iq4_scale(h0, v[1], 2 * part + 1) * u2f(d_b) * np.float32(sb))
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq4_xs_x8(v, part, xs, xo, so, tab):
+    return _dot_iq4_xs_x8(v, part, xs, xo, so, (IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3))
+
+
+@cuda.jit(device=True, inline="always")
+def dot_iq4_xs_x8_loaded(v, part, xs, xo, so, tab):
+    """dot_iq4_xs_x8 with the int8 level words read from the staged table, a copy for even and
+    one for odd lanes (see qtables.TABLE_IQ4NL), so ptxas keeps them in four registers."""
+    t = IQ4NL_WORDS_OFF + 16 * (cuda.threadIdx.x & 1)
+    return _dot_iq4_xs_x8(v, part, xs, xo, so, (ld_u32_at(tab, t), ld_u32_at(tab, t + 4),
+                                                ld_u32_at(tab, t + 8), ld_u32_at(tab, t + 12)))
 
 
 # ---- IQ3_S ----
@@ -256,6 +266,22 @@ X8_FORMATS: dict[int, LaneFormat] = dict([
     _x8(T.IQ3_S, dot_iq3_s_x8),
     _x8(T.Q6_K, dot_q6_k_x8, lanes=4, load=load_q6_k_x8),
 ])
+
+
+# Decoders the one-token rounds matvecs (`matvec.lane_body` with rounds) take instead of the
+# format's: IQ4_XS's level words as immediates are rematerialised by ptxas before each of the 64
+# byte permutes that read them a step (SASS of the rounds loop 786 instructions; 734 with them
+# loaded, at 126 registers against 96). On the H200 (2026-12-05, two runs each): 8192x8192 18.05
+# against 19.19 us, the 151,936-row head 70.6 against 73.7; the one-pair kernels (96 registers
+# against 80) were 0.4-1.2% slower with them, the fused MoE 17.67 against 17.42 us, so those
+# keep the immediates (one run; `2026-12-05_iq4xs_level_words_h200.json`).
+ROUNDS_DOTS = {int(T.IQ4_XS): dot_iq4_xs_x8_loaded}
+
+
+def rounds_decoding(lf: LaneFormat) -> LaneFormat:
+    """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only)."""
+    dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
+    return lf if dot is None else replace(lf, dot=dot)
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

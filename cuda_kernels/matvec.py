@@ -24,7 +24,7 @@ from numba import cuda, from_dtype, types
 from .intrinsics import SIMULATED, block_sum, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
-from .lanes_x8 import X8_FORMATS, lanes_for, stager
+from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
 from .launch import MAX_SHARED_BYTES, check_array, device_table, flat, n_blocks, register_ptx
 from .matvec_f32 import float_format, matvec_float
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
@@ -170,6 +170,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
     (the format's table, the partial sums, the staged x of lf's `xs_type`)."""
+    if rounds:
+        lf = rounds_decoding(lf)
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step

@@ -136,3 +136,31 @@ def test_q6_k_reads_spread_each_phase_over_all_bank_groups():
         dx = {(lf.sb_sums * (lane // 4) + 8 * ((lane % 4) >> 1)) for lane in
               range(8 * phase, 8 * phase + 8)}
         assert len({(w // 4) % 8 for w in dx}) == len(dx) == 4
+
+
+def test_iq4_level_words_in_the_table_are_the_int8_levels_twice():
+    """The rounds decoder of IQ4_XS reads its level words from the format's table: both copies
+    (even and odd lanes) are gguf's IQ4_NL levels as int8, four to a word, after the 16 float
+    levels the float32 decoders index; the immediates the other decoders use are the same."""
+    from gguf import quants
+
+    from strata.cuda_kernels import levels
+    from strata.cuda_kernels.qtables import IQ4NL_WORDS_OFF, TABLE_IQ4NL
+    want = np.array(quants.IQ4_NL.kvalues, np.int8)
+    assert np.array_equal(TABLE_IQ4NL[:16], want.astype(np.float32))
+    bits = TABLE_IQ4NL.view(np.uint32)[IQ4NL_WORDS_OFF // 4:]
+    assert bits.size == 8
+    for copy in (bits[:4], bits[4:]):
+        assert np.array_equal(copy.view(np.int8), want)
+    assert [levels.IQ4_L0, levels.IQ4_L1, levels.IQ4_L2, levels.IQ4_L3] == [int(b) for b in bits[:4]]
+
+
+def test_rounds_decoding_swaps_only_iq4_xs_on_8_bit_x():
+    from strata.cuda_kernels.lanes import lane_format
+    from strata.cuda_kernels.lanes_x8 import dot_iq4_xs_x8_loaded, rounds_decoding
+    iq4 = BY_NAME["IQ4_XS"].ggml_type
+    assert rounds_decoding(x8_format(iq4)).dot is dot_iq4_xs_x8_loaded
+    assert rounds_decoding(lane_format(iq4)) is lane_format(iq4)  # float32 x: its own decoder
+    for name in ("Q4_K", "Q6_K", "IQ3_S"):
+        lf = x8_format(BY_NAME[name].ggml_type)
+        assert rounds_decoding(lf) is lf
