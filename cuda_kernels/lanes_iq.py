@@ -15,15 +15,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import F_2P23, MAGIC_2P23, f2u, h2f, ld_f32_at, ld_nc_u32x2, ld_u16
+from .intrinsics import F_2P23, MAGIC_2P23, byte_to_f32, f2u, h2f, ld_f32_at, ld_nc_u32x2, ld_u16
 from .intrinsics import ld_u32_at, ld_u8, ld_x4, prmt, u2f
 from .lanes_k import small_f32
 from .levels import iq4_xs_scale
-from .qtables import IQ3S_MAGIC_OFF, TABLE_IQ3_S
 from .spans import span2, span4
 
-if TABLE_IQ3_S[IQ3S_MAGIC_OFF // 4] != MAGIC_2P23:
-    raise ValueError("TABLE_IQ3_S's 2^23 word is not intrinsics.MAGIC_2P23")
 B_S6 = np.float32(8388608.0 + 32.0)  # 2^23 + the bias of IQ4_XS's 6-bit scales
 F0 = np.float32(0.0)
 
@@ -91,41 +88,40 @@ def load_iq3_s(w, off, part):
 
 
 @cuda.jit(device=True, inline="always")
-def _signed(g, b, magic, signs, bit, x):
-    """(magnitude byte b of grid word g, negated where bit `bit` of signs is set) * x; magic:
-    2^23's float bits (`byte_to_f32`'s permute, with the word in a register)."""
-    m = u2f(prmt(g, magic, 0x7440 | b)) - F_2P23
+def _signed(g, b, signs, bit, x):
+    """(magnitude byte b of grid word g, negated where bit `bit` of signs is set) * x."""
+    m = byte_to_f32(g, b, F_2P23)
     return u2f(f2u(m) ^ ((signs << (31 - bit)) & 0x80000000)) * x
 
 
 @cuda.jit(device=True, inline="always")
-def _iq3_g4(q, nb, sel, g, magic, signs, tab, xs, p, acc):
+def _iq3_g4(q, nb, sel, g, signs, tab, xs, p, acc):
     """acc + the 4 values of grid entry g (index byte b of word q, its ninth bit byte b of nb:
     sel = ROW_SEL[b], indexed by the caller with a constant, as numba types a tuple's constant
     index in place) dotted with xs[p..p+3]."""
     grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
     x0, x1, x2, x3 = ld_x4(xs, p)
-    acc += _signed(grid, 0, magic, signs, 4 * g, x0)
-    acc += _signed(grid, 1, magic, signs, 4 * g + 1, x1)
-    acc += _signed(grid, 2, magic, signs, 4 * g + 2, x2)
-    acc += _signed(grid, 3, magic, signs, 4 * g + 3, x3)
+    acc += _signed(grid, 0, signs, 4 * g, x0)
+    acc += _signed(grid, 1, signs, 4 * g + 1, x1)
+    acc += _signed(grid, 2, signs, 4 * g + 2, x2)
+    acc += _signed(grid, 3, signs, 4 * g + 3, x3)
     return acc
 
 
 @cuda.jit(device=True, inline="always")
-def _iq3_sub(qa, qb, qh, magic, signs, tab, xs, p):
+def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
     """Dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7), their
     ninth bits in qh's bits 0..7."""
     na = ninth_bits(qh)
     nb = ninth_bits(qh >> 4)
-    a = _iq3_g4(qa, na, ROW_SEL[0], 0, magic, signs, tab, xs, p, F0)
-    b = _iq3_g4(qb, nb, ROW_SEL[0], 4, magic, signs, tab, xs, p + 16, F0)
-    a = _iq3_g4(qa, na, ROW_SEL[1], 1, magic, signs, tab, xs, p + 4, a)
-    b = _iq3_g4(qb, nb, ROW_SEL[1], 5, magic, signs, tab, xs, p + 20, b)
-    a = _iq3_g4(qa, na, ROW_SEL[2], 2, magic, signs, tab, xs, p + 8, a)
-    b = _iq3_g4(qb, nb, ROW_SEL[2], 6, magic, signs, tab, xs, p + 24, b)
-    a = _iq3_g4(qa, na, ROW_SEL[3], 3, magic, signs, tab, xs, p + 12, a)
-    b = _iq3_g4(qb, nb, ROW_SEL[3], 7, magic, signs, tab, xs, p + 28, b)
+    a = _iq3_g4(qa, na, ROW_SEL[0], 0, signs, tab, xs, p, F0)
+    b = _iq3_g4(qb, nb, ROW_SEL[0], 4, signs, tab, xs, p + 16, F0)
+    a = _iq3_g4(qa, na, ROW_SEL[1], 1, signs, tab, xs, p + 4, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[1], 5, signs, tab, xs, p + 20, b)
+    a = _iq3_g4(qa, na, ROW_SEL[2], 2, signs, tab, xs, p + 8, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[2], 6, signs, tab, xs, p + 24, b)
+    a = _iq3_g4(qa, na, ROW_SEL[3], 3, signs, tab, xs, p + 12, a)
+    b = _iq3_g4(qb, nb, ROW_SEL[3], 7, signs, tab, xs, p + 28, b)
     return a + b
 
 
@@ -135,9 +131,6 @@ def dot_iq3_s(v, part, xs, xo, so, tab):
     sc = v[7]
     # padding: 4 floats per 32 values and 4 more per 256
     p = xo + 72 * part
-    # 2^23's bits from the staged table, a copy for even and one for odd lanes, so ptxas keeps
-    # the word in a register (see qtables.TABLE_IQ3_S)
-    magic = ld_u32_at(tab, IQ3S_MAGIC_OFF + 4 * (cuda.threadIdx.x & 1))
-    a = _iq3_sub(v[0], v[1], qh & 0xFF, magic, v[4], tab, xs, p)
-    b = _iq3_sub(v[2], v[3], qh >> 8, magic, v[5], tab, xs, p + 36)
+    a = _iq3_sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p)
+    b = _iq3_sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 36)
     return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * a + small_f32(1 + 2 * (sc >> 4)) * b)

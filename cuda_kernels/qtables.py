@@ -51,12 +51,7 @@ _IQ4NL_WORDS = KVALUES_IQ4NL.astype(np.int8).view(np.uint32).view(np.float32)
 TABLE_IQ4NL = np.concatenate([KVALUES_IQ4NL, _IQ4NL_WORDS, _IQ4NL_WORDS])
 IQ4NL_WORDS_OFF = 4 * KVALUES_IQ4NL.size             # byte offset of the int8 level words
 TABLE_MXFP4 = KVALUES_MXFP4                        # [16] f32
-# [512 + 2] u32: the grid, then 2^23's float bits twice, the word the float32 lane decoder
-# (`lanes_iq`) permutes grid bytes into, loaded (odd lanes from the second copy) so it stays in a
-# register: as an immediate, ptxas copied it from a uniform register before each of the 128
-# permutes of a step (see TABLE_IQ4NL).
-TABLE_IQ3_S = np.concatenate([GRID_IQ3_S, np.full(2, 0x4B000000, np.uint32)])
-IQ3S_MAGIC_OFF = 4 * GRID_IQ3_S.size               # byte offset of the 2^23 words
+TABLE_IQ3_S = GRID_IQ3_S                           # [512] u32
 TABLE_IQ3_XXS = _with_signs(GRID_IQ3_XXS)          # [256 + 128] u32
 TABLE_IQ2_XXS = _with_signs(GRID_IQ2_XXS)          # [512 + 128] u32
 TABLE_IQ2_XS = _with_signs(GRID_IQ2_XS)            # [1024 + 128] u32
