@@ -153,6 +153,10 @@ def test_iq4_level_words_in_the_table_are_the_int8_levels_twice():
     for copy in (bits[:4], bits[4:]):
         assert np.array_equal(copy.view(np.int8), want)
     assert [levels.IQ4_L0, levels.IQ4_L1, levels.IQ4_L2, levels.IQ4_L3] == [int(b) for b in bits[:4]]
+    # kernels stage the table as float32 (loads and stores): words whose float is a normal
+    # number, never a NaN or a subnormal, cross it unchanged on any path
+    words = TABLE_IQ4NL[16:]
+    assert np.all(np.isfinite(words)) and np.all(np.abs(words) >= np.finfo(np.float32).tiny)
 
 
 def test_rounds_decoding_swaps_only_iq4_xs_on_8_bit_x():
