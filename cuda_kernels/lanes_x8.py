@@ -271,8 +271,8 @@ X8_FORMATS: dict[int, LaneFormat] = dict([
 # Decoders the one-token rounds matvecs (`matvec.lane_body` with rounds) take instead of the
 # format's: IQ4_XS's level words as immediates are rematerialised by ptxas before each of the 64
 # byte permutes that read them a step (SASS of the rounds loop 786 instructions; 734 with them
-# loaded, at 126 registers against 96). On the H200 (2026-12-05, two runs each): 8192x8192 18.05
-# against 19.19 us, the 151,936-row head 70.6 against 73.7; the one-pair kernels (96 registers
+# loaded, at 126 registers against 96). On the H200 (2026-12-05, best of two): 8192x8192 18.04
+# against 19.18 us, the 151,936-row head 70.5 against 73.7; the one-pair kernels (96 registers
 # against 80) were 0.4-1.2% slower with them, the fused MoE 17.67 against 17.42 us, so those
 # keep the immediates (one run; `2026-12-05_iq4xs_level_words_h200.json`).
 ROUNDS_DOTS = {int(T.IQ4_XS): dot_iq4_xs_x8_loaded}

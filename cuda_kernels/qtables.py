@@ -42,8 +42,8 @@ def _with_signs(grid: np.ndarray) -> np.ndarray:
 # One flat table per format, what its `*32t` decoders index (kernels stage it in shared memory):
 #   grid rows at 0 (IQ2 rows as 2 consecutive u32), then KSIGNS at KS_OFF_<fmt> where used.
 # [24] f32: the 16 levels, then the same levels as int8 bytes four to a word, twice (their bits
-# in slots 16..19 and 20..23), which the 8-bit lane decoder (`lanes_x8`) loads, odd lanes from the
-# second copy. Given as immediates, ptxas rematerialised the four words before each byte permute
+# in slots 16..19 and 20..23), which the 8-bit rounds matvecs' decoder (`lanes_x8`) loads, odd
+# lanes from the second copy. Given as immediates, ptxas rematerialised the four words before each byte permute
 # that reads them (64 moves a step of IQ4_XS's rounds loop); loaded from one address for the
 # whole warp, it kept them in uniform registers and copied them out the same way; loaded from
 # lane-varying addresses, they stay in four registers.
