@@ -2,7 +2,8 @@
 speed is bound by their instruction count (the lane matvecs of IQ3_S, IQ4_XS and Q6_K at large
 shapes). Each kernel is compiled as the compile check does (`compile_check.canonical_ptx`'s
 `compile_ptx` for sm_90), assembled by ptxas into a cubin and disassembled by nvdisasm; per loop
-(a backward branch) it prints the instructions of the loop's body, by opcode, so a change to a
+(a backward branch) it prints the instructions of the loop's body, by opcode, and how many of them
+copy a uniform register into a register (constants ptxas hands out once a use), so a change to a
 decoder can be read as instructions a step before a GPU times it.
 
     python bench/probes/sass_loops.py -k matvec_lanes_x8_IQ3_S_f32 [--nvdisasm PATH] [--top 12]
@@ -36,9 +37,14 @@ def sass(ptx: str, exe_nvdisasm: str) -> str:
                               check=True, timeout=600).stdout
 
 
-def loops(listing: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
-    """((label, opcodes of the body) per backward branch of the listing, smallest first; every
-    instruction's opcode)."""
+# A register written from a uniform register alone: how ptxas hands a constant it keeps in a
+# uniform register to an operand that takes only registers (a `prmt`'s data words), once a use.
+_UR_COPY = re.compile(r"^(IMAD\.U32 R\d+, RZ, RZ, UR\d+|MOV R\d+, UR\d+)\s*$")
+
+
+def loops(listing: str) -> tuple[list[tuple[str, list[tuple[str, str]]]], list[str]]:
+    """((label, (opcode, operands) of each instruction of the body) per backward branch of the
+    listing, smallest first; every instruction's opcode)."""
     insns, labels = [], {}
     for line in listing.splitlines():
         m = _LABEL.match(line)
@@ -53,7 +59,7 @@ def loops(listing: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
         if op.startswith("BRA"):
             t = _TARGET.search(rest)
             if t and t.group(1) in labels and labels[t.group(1)] <= i:
-                found.append((t.group(1), [o for o, _ in insns[labels[t.group(1)]:i + 1]]))
+                found.append((t.group(1), insns[labels[t.group(1)]:i + 1]))
     return sorted(found, key=lambda f: len(f[1])), [o for o, _ in insns]
 
 
@@ -74,9 +80,10 @@ def main() -> int:
         body, every = loops(sass(compile_check.canonical_ptx(c), a.nvdisasm))
         print(f"\n{c.name}: {len(every)} instructions")
         for label, ops in body:
-            count = collections.Counter(op.split(".")[0] for op in ops)
-            print(f"  loop {label}: {len(ops)} instructions: "
-                  + ", ".join(f"{op} {n}" for op, n in count.most_common(a.top)))
+            count = collections.Counter(op.split(".")[0] for op, _ in ops)
+            copies = sum(1 for op, rest in ops if _UR_COPY.match(f"{op}{rest}".strip()))
+            print(f"  loop {label}: {len(ops)} instructions ({copies} copies from uniform "
+                  "registers): " + ", ".join(f"{op} {n}" for op, n in count.most_common(a.top)))
     return 0
 
 
