@@ -7,6 +7,7 @@ The sampler, the generation loop and the server drive any engine through this in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -35,6 +36,39 @@ def common_prefix(kept: Sequence[int] | None, tokens: Sequence[int]) -> int:
         return 0
     diff = np.flatnonzero(np.asarray(kept[:n], np.int64) != np.asarray(tokens[:n], np.int64))
     return int(diff[0]) if diff.size else n
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    """A sequence's prompt ([n] i64) and the logits its prefill returned ([n_vocab] f32), kept
+    by an engine that holds several sequences while that sequence's KV holds the prompt."""
+
+    tokens: np.ndarray
+    logits: np.ndarray
+
+    @classmethod
+    def of(cls, tokens: Sequence[int], logits: np.ndarray) -> "PromptRecord":
+        return cls(np.array(tokens, np.int64), np.array(logits, np.float32))
+
+    def begins(self, fed: Sequence[int] | None) -> bool:
+        """Whether `fed` (a finished sequence's tokens) starts with this prompt."""
+        n = self.tokens.size
+        return fed is not None and len(fed) >= n and np.array_equal(
+            np.asarray(fed[:n], np.int64), self.tokens)
+
+
+def reusable_prefix(record: PromptRecord | None, kept: Sequence[int] | None,
+                    tokens: Sequence[int], *, running: bool) -> int:
+    """How many leading `tokens` of a new prompt a sequence's KV gives it: all where they are
+    the sequence's recorded prompt (its logits are kept too: nothing is computed), else
+    `common_prefix` of what its KV holds that another may take: its prompt while it runs (the
+    positions past it are still its own to write), its kept tokens once it finished."""
+    if record is not None and record.tokens.size == len(tokens) and np.array_equal(
+            record.tokens, np.asarray(tokens, np.int64)):
+        return len(tokens)
+    if running:
+        return common_prefix(None if record is None else record.tokens, tokens)
+    return common_prefix(kept, tokens)
 
 
 class Engine(ABC):

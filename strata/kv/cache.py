@@ -37,3 +37,15 @@ class HostKVCache:
                              f"{self.n_ctx} positions")
         self.k[layer, start:start + n] = k
         self.v[layer, start:start + n] = v
+
+    def copy_prefix(self, other: "HostKVCache", n: int) -> None:
+        """Positions 0..n-1 of every layer from `other` (a cache of the same shape): the K/V of
+        a prompt prefix another sequence computed."""
+        if (other.n_layer, other.n_head_kv, other.head_dim) != (
+                self.n_layer, self.n_head_kv, self.head_dim):
+            raise ValueError("the caches hold different models' K/V")
+        if not 0 <= n <= min(self.n_ctx, other.n_ctx):
+            raise ValueError(f"cannot copy {n} positions between caches of {other.n_ctx} and "
+                             f"{self.n_ctx}")
+        self.k[:, :n] = other.k[:, :n]
+        self.v[:, :n] = other.v[:, :n]

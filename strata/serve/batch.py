@@ -17,6 +17,14 @@ batch engine does), and a later prompt that starts with the same tokens is compu
 them. A new prompt takes the engine, among the slots not running, whose kept tokens share the
 longest prefix with it: engines are swapped between slots, so the worker's choice of slot does
 not lose a conversation's KV.
+
+A prompt shared with a running sequence (a request's `n` choices; clients that send one system
+prompt): where the engines can `copy_prefix(other, n)`, the new sequence's engine takes the
+K/V of the prompt tokens they share from the running one's (a copy, not a prefill). Each
+sequence's prompt and its logits are kept while its KV holds them, so a prompt equal to one of
+them (the second choice, a request sent again) computes nothing: its logits are the recorded
+ones, bit for bit what its own prefill gave. (`common_prefix` leaves the last token to compute
+otherwise: KV alone does not give its logits.)
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from strata.engine.engine import common_prefix
+from strata.engine.engine import PromptRecord, reusable_prefix
 
 
 @runtime_checkable
@@ -37,7 +45,8 @@ class BatchEngine(Protocol):
 
     def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
         """Start a new sequence in `slot` (dropping what it held) from `tokens`;
-        returns the last token's logits: [n_vocab] f32."""
+        returns the last token's logits: [n_vocab] f32. An engine that reuses K/V it holds
+        (`keeps_prefix`) also takes `reuse=False`: compute the whole prompt."""
         ...
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
@@ -78,6 +87,11 @@ class PerSlotEngines:
         self.shape = getattr(self.engines[0], "shape", None)  # the model's (every engine's)
         # tokens a released slot's KV holds (None: nothing kept, or the slot is running)
         self._kept: list[list[int] | None] = [None] * n_slots
+        # each slot's prompt and its logits while its KV holds them (running, or kept)
+        self._prompts: list[PromptRecord | None] = [None] * n_slots
+        self.copies_prefix = self.keeps_prefix and all(
+            callable(getattr(e, "copy_prefix", None)) for e in self.engines)
+        self._running: set[int] = set()
         self.n_reused = 0
 
     def _engine(self, slot: int) -> Any:
@@ -85,31 +99,58 @@ class PerSlotEngines:
             raise IndexError(f"slot {slot} out of range 0..{self.n_slots - 1}")
         return self.engines[slot]
 
-    def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(self, slot: int, tokens: Sequence[int], *, reuse: bool = True) -> np.ndarray:
+        """`reuse`: take what K/V the engines hold (see the module doc); False: compute the
+        whole prompt (`--no-prefix-cache`)."""
         self._engine(slot)  # in range
-        tokens = list(tokens)
+        tokens = [int(t) for t in tokens]
+        self._running.discard(slot)  # a prefill starts the slot's sequence again
         # the released slot whose kept tokens share the most (this one on a tie)
-        shared = [common_prefix(kept, tokens) for kept in self._kept]
+        shared = [self._shared(s, tokens) if s not in self._running and reuse else 0
+                  for s in range(self.n_slots)]
         common = max(shared)
         best = slot if shared[slot] == common else shared.index(common)
-        if best != slot:  # its engine (and KV) moves into this slot's name
+        # a running sequence's prompt, where it shares more: its K/V copied
+        source, from_running = None, 0
+        if self.copies_prefix and reuse:
+            for s in sorted(self._running):
+                n = self._shared(s, tokens)
+                if n > max(common, from_running):
+                    source, from_running = s, n
+        if source is None and best != slot:  # its engine (and KV) moves into this slot's name
             self.engines[slot], self.engines[best] = self.engines[best], self.engines[slot]
             self._kept[slot], self._kept[best] = self._kept[best], self._kept[slot]
-        engine, self._kept[slot] = self.engines[slot], None
+            self._prompts[slot], self._prompts[best] = self._prompts[best], self._prompts[slot]
+        engine, self._kept[slot], record = self.engines[slot], None, self._prompts[slot]
+        self._prompts[slot] = None
         self.n_reused = 0
         try:
-            if common:
+            if source is not None:
+                engine.copy_prefix(self.engines[source], from_running)
+                common, record = from_running, self._prompts[source]
+            elif common:
                 engine.rewind(common)
-                logits = engine.prefill(tokens[common:])
-                self.n_reused = common
             else:
                 engine.reset()
-                logits = engine.prefill(tokens)
+            if common and common == len(tokens):  # the recorded prompt: nothing to compute
+                logits = record.logits.copy()
+            else:
+                logits = last_logits(engine.prefill(tokens[common:]))
+            self.n_reused = common
         except BaseException:
             engine.reset()  # a failed prefill leaves no state to reuse
             self.n_reused = 0
             raise
-        return last_logits(logits)
+        self._prompts[slot] = PromptRecord.of(tokens, logits)
+        self._running.add(slot)
+        return logits
+
+    def _shared(self, slot: int, tokens: list[int]) -> int:
+        """How many leading `tokens` slot's KV gives (`reusable_prefix`)."""
+        if not self.keeps_prefix:
+            return 0
+        return reusable_prefix(self._prompts[slot], self._kept[slot], tokens,
+                               running=slot in self._running)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         if len(slots) != len(tokens):
@@ -122,11 +163,15 @@ class PerSlotEngines:
         any past what its KV holds are ignored): kept for a later prompt's prefix where the
         engines can rewind; without them the KV is dropped."""
         engine = self._engine(slot)
+        self._running.discard(slot)
         n = int(getattr(engine, "n_past", 0))
+        record = self._prompts[slot]
         if self.keeps_prefix and tokens is not None and len(tokens) >= n > 0:
             self._kept[slot] = [int(t) for t in tokens[:n]]
+            if record is not None and not record.begins(self._kept[slot]):
+                self._prompts[slot] = None  # what it fed did not start with its prompt
         else:
-            self._kept[slot] = None
+            self._kept[slot] = self._prompts[slot] = None
             engine.reset()
 
 

@@ -98,6 +98,10 @@ class Worker:
         # a finished sequence's tokens handed to the engine with its slot, so a prompt that
         # starts the same (a chat's next turn) is computed only past what they share
         self.prefix_cache = prefix_cache and getattr(engine, "keeps_prefix", False)
+        # and a prompt shared with a running sequence (`n` choices) is copied, not computed:
+        # an engine that does so is told not to where reuse is off
+        self._prefill_kw = ({} if self.prefix_cache or not getattr(engine, "keeps_prefix", False)
+                            else {"reuse": False})
         metrics.set_load(queue_depth=0, active=0, n_slots=engine.n_slots)
 
     # -- the HTTP side ---------------------------------------------------------------------
@@ -205,7 +209,7 @@ class Worker:
             self._publish_load()
             t0 = time.perf_counter()
             try:
-                logits = self.engine.prefill(slot, job.prompt)
+                logits = self.engine.prefill(slot, job.prompt, **self._prefill_kw)
             except Exception as e:  # an engine failure ends this job, never the server
                 log.exception("prefill failed for job %d", job.id)
                 self._finish(seq, "error", error=f"prefill failed: {e}")

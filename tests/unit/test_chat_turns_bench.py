@@ -34,10 +34,10 @@ class KeepingEngine:
         out[(7 * sum(self.fed[-3:]) + len(self.fed)) % N_VOCAB] = 1.0
         return out
 
-    def prefill(self, slot, tokens):
+    def prefill(self, slot, tokens, reuse=True):
         tokens = [int(t) for t in tokens]
         common = 0
-        if self.kept is not None:
+        if self.kept is not None and reuse:
             while (common < min(len(self.kept), len(tokens) - 1)
                    and self.kept[common] == tokens[common]):
                 common += 1

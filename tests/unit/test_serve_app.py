@@ -419,9 +419,9 @@ class KeepingEngine(ScriptedEngine):
         self.kept: list[int] = []
         self.n_reused = 0
 
-    def prefill(self, slot, tokens):
+    def prefill(self, slot, tokens, reuse=True):
         n = 0
-        while n < min(len(self.kept), len(tokens) - 1) and self.kept[n] == tokens[n]:
+        while reuse and n < min(len(self.kept), len(tokens) - 1) and self.kept[n] == tokens[n]:
             n += 1
         self.n_reused = n
         return super().prefill(slot, tokens)

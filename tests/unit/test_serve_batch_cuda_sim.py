@@ -241,7 +241,7 @@ def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
     picked, from the device: the same tokens as feeding them from the host; it is refused
     after a release or after a step whose logits went to the host, and steps end in order."""
     from strata.engine.cuda.batch import batch_options, load_batch
-    from strata.engine.sampler import Sampler, SamplingParams
+    from strata.engine.sampler import SamplingParams
     from strata.gguf import open_model
     from strata.memory.numba_backend import NumbaBackend
     from strata.plan.options import PlanOptions
@@ -292,3 +292,45 @@ def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
     eng.release(1)  # no tokens: nothing kept
     eng.prefill(0, turn)
     assert eng.n_reused == 0
+
+
+def test_a_running_sequences_prompt_is_copied_not_computed_again(tmp_models):
+    """A request's `n` choices: a prompt equal to a running sequence's takes a copy of its
+    row's K/V and its recorded logits (nothing computed, the same bits) and both decode alike;
+    a prompt sharing a prefix copies those positions and computes the rest (the float64
+    reference's logits); a finished sequence's own prompt is taken whole from its kept row."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    eng = load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
+                                       progress=False), backend=card)
+    ref = RefModel.load(path)
+    prompt = PROMPTS[1]
+    first = eng.prefill(0, prompt)
+    second = eng.prefill(1, prompt)
+    assert eng.n_reused == len(prompt)
+    np.testing.assert_array_equal(second, first)
+    tok = int(np.argmax(first))
+    out = eng.decode([0, 1], [tok, tok])
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-6, atol=1e-6)
+    assert _rel(out[0], forward(ref, prompt + [tok])[-1]) < 0.02
+
+    eng.release(1)
+    branch = prompt[:1] + [200, 201]
+    got = eng.prefill(1, branch)
+    assert eng.n_reused == 1
+    assert _rel(got, forward(ref, branch)[-1]) < 0.02
+
+    eng.release(0, tokens=prompt + [tok])  # a hole below slot 1's row, its prompt recorded
+    again = eng.prefill(0, prompt)
+    assert eng.n_reused == len(prompt)
+    np.testing.assert_array_equal(again, first)
+    nxt = eng.decode([0, 1], [tok, int(np.argmax(got))])
+    np.testing.assert_allclose(nxt[0], out[0], rtol=1e-4, atol=1e-4)

@@ -44,10 +44,74 @@ def test_a_next_turn_reuses_the_kv_in_any_free_slot(model):
     eng.release(1)
     eng.prefill(0, turn2)
     assert eng.n_reused == 0
-    # a prompt the kept tokens cover whole still computes its last token
+    # a prompt the kept tokens cover whole, not the one they were prefilled from, still
+    # computes its last token (the KV alone does not give its logits)
     eng.release(0, tokens=turn2 + [7])
-    again = eng.prefill(0, turn2)
-    assert eng.n_reused == len(turn2) - 1 and _rel(again, fresh) < 1e-5
+    again = eng.prefill(0, turn2[:-1])
+    assert eng.n_reused == len(turn2) - 2
+    assert _rel(again, CpuEngine(model, max_context=64).prefill(turn2[:-1])) < 1e-5
+    # the prompt a kept sequence was prefilled from: nothing computed, its logits bit for bit
+    eng.release(0, tokens=turn2[:-1] + [3, 4])
+    np.testing.assert_array_equal(eng.prefill(1, turn2[:-1]), again)
+    assert eng.n_reused == len(turn2) - 1 and eng.engines[1].n_past == len(turn2) - 1
+    # fed tokens that do not start with the prompt keep no record of it
+    eng.release(1, tokens=[1] * (len(turn2) - 1))
+    eng.prefill(0, turn2[:-1])
+    assert eng.n_reused == 0
+
+
+def test_a_running_sequences_prompt_is_copied_not_computed_again(model):
+    """A request's `n` choices: the second prompt equal to a running one's takes its K/V and
+    logits (nothing computed, the same bits), and both decode as one sequence would; a prompt
+    sharing only a prefix copies the prefix's K/V and computes the rest, as a fresh engine
+    does. A running sequence lends its prompt's positions only, not its generated ones."""
+    eng = PerSlotEngines(lambda: CpuEngine(model, max_context=64), 3)
+    assert eng.copies_prefix
+    first = eng.prefill(0, PROMPT)
+    t1 = int(np.argmax(first))
+    second = eng.prefill(1, PROMPT)
+    assert eng.n_reused == len(PROMPT) and eng.engines[1].n_past == len(PROMPT)
+    np.testing.assert_array_equal(second, first)
+    second[0] = 1e9  # the caller's copy: the record is not
+    np.testing.assert_array_equal(eng.prefill(2, PROMPT), first)
+    eng.release(2)
+    out = eng.decode([0, 1], [t1, t1])
+    np.testing.assert_array_equal(out[0], out[1])
+    alone = CpuEngine(model, max_context=64)
+    alone.prefill(PROMPT)
+    assert _rel(out[0], alone.decode_step(t1)) < 1e-6
+
+    # slot 0 now holds PROMPT + t1: a prompt of PROMPT + t1 + more reuses the prompt only.
+    # The logits are those of an engine fed the same pieces (the CPU engine's chunks of under
+    # 8 tokens round activations as longer ones do not: ~0.2% against one whole prefill)
+    def pieces(*parts):
+        e = CpuEngine(model, max_context=64)
+        return [e.prefill(p) for p in parts][-1]
+
+    longer = PROMPT + [t1, 33, 34]
+    got = eng.prefill(2, longer)
+    assert eng.n_reused == len(PROMPT)
+    assert _rel(got, pieces(PROMPT, longer[len(PROMPT):])) < 1e-6
+    assert _rel(got, pieces(longer)) < 1e-2
+    eng.release(2)
+    branch = PROMPT[:4] + [500, 501]
+    got = eng.prefill(2, branch)
+    assert eng.n_reused == 4
+    assert _rel(got, pieces(branch)) < 1e-2
+    # the source's own sequence went on untouched
+    assert _rel(eng.decode([0], [5])[0], alone.decode_step(5)) < 1e-6
+
+
+def test_copy_prefix_refuses_what_the_source_lacks(model):
+    a, b = CpuEngine(model, max_context=16), CpuEngine(model, max_context=4)
+    a.prefill(PROMPT)
+    with pytest.raises(ValueError, match="cannot copy 8 positions of a 7-position sequence"):
+        b.copy_prefix(a, 8)
+    with pytest.raises(ValueError, match="do not fit this engine's context of 4"):
+        b.copy_prefix(a, 5)
+    b.copy_prefix(a, 3)
+    assert b.n_past == 3
+    np.testing.assert_array_equal(b.kv.k[:, :3], a.kv.k[:, :3])
 
 
 def test_a_failed_prefill_keeps_nothing(model):

@@ -183,13 +183,15 @@ def test_a_finished_requests_tokens_go_back_with_its_slot():
             super().__init__(script, **kw)
             self.kept: list[tuple[int, list[int] | None]] = []
             self.n_reused = 0
+            self.reuse: list[bool] = []  # each prefill's `reuse`
 
         def release(self, slot, tokens=None):
             self.kept.append((slot, tokens))
             super().release(slot)
 
-        def prefill(self, slot, tokens):
-            self.n_reused = 2 if len(tokens) > 2 else 0
+        def prefill(self, slot, tokens, reuse=True):
+            self.reuse.append(reuse)
+            self.n_reused = 2 if len(tokens) > 2 and reuse else 0
             return super().prefill(slot, tokens)
 
     engine, metrics = Keeping(lambda p: "xy"), Metrics()
@@ -207,3 +209,9 @@ def test_a_finished_requests_tokens_go_back_with_its_slot():
     assert engine.kept[-1] == (0, None)
     off = Worker(engine, SamplingModel(), Metrics(), prefix_cache=False)
     assert not off.prefix_cache
+    assert engine.reuse == [True] * 3  # on: the engine takes what K/V it holds
+    # off: the engine is told to compute every prompt whole (nor copy a running one's), and
+    # is handed no tokens to keep
+    (sink,) = run_jobs(engine, [("abxy?", greedy)], prefix_cache=False)
+    assert engine.reuse[-1] is False and engine.kept[-1] == (0, None)
+    assert sink.finish.n_cached == 0

@@ -54,6 +54,19 @@ class CpuEngine(Engine):
                              f"sequence")
         self._n_past = int(n_keep)
 
+    def copy_prefix(self, other: "CpuEngine", n: int) -> None:
+        """Start this sequence as `other`'s first `n` positions (their K/V copied): a prompt
+        prefix another running sequence computed. The next prefill appends after them."""
+        if other.shape != self.shape:
+            raise ValueError("the engines run different models")
+        if not 0 <= n <= other.n_past:
+            raise ValueError(f"cannot copy {n} positions of a {other.n_past}-position sequence")
+        if n > self.max_context:
+            raise ValueError(f"{n} positions do not fit this engine's context of "
+                             f"{self.max_context}")
+        self.kv.copy_prefix(other.kv, n)
+        self._n_past = int(n)
+
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         ids = self.check_tokens(tokens)
         logits = None

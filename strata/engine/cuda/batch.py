@@ -46,7 +46,8 @@ from strata.engine.cuda.options import CudaEngineError
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import may_fall_back, picks
-from strata.engine.engine import ContextFullError, EngineInputError, common_prefix
+from strata.engine.engine import (ContextFullError, EngineInputError, PromptRecord,
+                                  reusable_prefix)
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
@@ -90,7 +91,9 @@ class CudaBatchEngine:
         self._open: list[int] = []  # result sets of steps begun and not ended, oldest first
         # per row: the tokens whose K/V a released sequence left there (None: nothing to reuse)
         self._kept: list[list[int] | None] = [None] * n
-        self.n_reused = 0  # prompt tokens the last prefill found in its row's KV
+        # per row: its sequence's prompt and that prefill's logits, while the KV holds them
+        self._prompts: list[PromptRecord | None] = [None] * n
+        self.n_reused = 0  # prompt tokens the last prefill found in KV (its row's or copied)
         self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] rows' sampling
         self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
@@ -174,6 +177,9 @@ class CudaBatchEngine:
             n = int(self._n_past[row])
             self._kept[row] = ([int(t) for t in tokens[:n]]
                                if tokens is not None and len(tokens) >= n else None)
+            record = self._prompts[row]
+            if record is not None and not record.begins(self._kept[row]):
+                self._prompts[row] = None  # nothing kept, or not fed from its prompt
 
     def _compact(self) -> None:
         """Held sequences into rows 0..n_active-1: the last row's moves into each vacant one."""
@@ -193,8 +199,18 @@ class CudaBatchEngine:
 
     def _move(self, src: int, dst: int) -> None:
         """Row src's sequence into row dst: KV up to its length, history, position."""
-        m, st, n_tok = self.m, self.m.stream, int(self._n_past[src])
-        a = m.acts
+        a, st, n_tok = self.m.acts, self.m.stream, int(self._n_past[src])
+        self._copy_kv(src, dst, n_tok)
+        a["history"][dst].copy_to_device(a["history"][src], stream=st)
+        self._kept[src] = self._kept[dst] = None  # dst overwritten; src's tokens are the mover's
+        self._prompts[dst], self._prompts[src] = self._prompts[src], None
+        a["seq_len"][dst:dst + 1].copy_to_device(a["seq_len"][src:src + 1], stream=st)
+        self._n_past[dst] = n_tok
+
+    def _copy_kv(self, src: int, dst: int, n_tok: int) -> None:
+        """Positions 0..n_tok-1 of row src into row dst: every layer's K and V (and int8
+        scales), and the history's tokens."""
+        m, st = self.m, self.m.stream
         n_rows = n_tok * self.shape.n_head_kv
         for il in range(self.shape.n_layer):
             for s_side, d_side in zip(self.sides[src][il], self.sides[dst][il]):
@@ -203,61 +219,78 @@ class CudaBatchEngine:
                     d_side.data[:nb].copy_to_device(s_side.data[:nb], stream=st)
                 if s_side.layout.fmt == "int8" and n_rows:
                     d_side.scale[:n_rows].copy_to_device(s_side.scale[:n_rows], stream=st)
-        a["history"][dst].copy_to_device(a["history"][src], stream=st)
-        self._kept[src] = self._kept[dst] = None  # dst overwritten; src's tokens are the mover's
-        a["seq_len"][dst:dst + 1].copy_to_device(a["seq_len"][src:src + 1], stream=st)
-        self._n_past[dst] = n_tok
+        if n_tok:
+            hist = m.acts["history"]
+            hist[dst][:n_tok].copy_to_device(hist[src][:n_tok], stream=st)
 
     # -- prompt ------------------------------------------------------------------------------
 
-    def prefill(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(self, slot: int, tokens: Sequence[int], *, reuse: bool = True) -> np.ndarray:
         """Start a sequence in `slot` (dropping what it held) from `tokens`; [n_vocab] f32
-        logits of the token that follows them."""
+        logits of the token that follows them. `reuse`: take the K/V rows hold of its prefix
+        (`_place`); False: compute the whole prompt (`--no-prefix-cache`)."""
         self._check_slot(slot)
         ids = self._check_ids(tokens)
         if ids.size > self.max_context:
             raise ContextFullError(f"the prompt has {ids.size} tokens but the context holds "
                                    f"{self.max_context} (raise --max-context)")
         self.release(slot)
-        row, common = self._place(slot, ids)
+        row, common, record = self._place(slot, ids, reuse)
         m = self.m
         m.acts["seq_len"][row:row + 1].copy_to_device(np.array([common], np.int32),
                                                      stream=m.stream)
         self._n_past[row] = self.n_reused = common
-        try:
-            self._prompt(row, ids[common:])
-        except BaseException:
-            self.release(slot)
-            raise
-        m.acts["logits"][row].copy_to_host(self._logits[row], stream=m.stream)
+        if common == ids.size:  # a recorded prompt: its KV taken, nothing computed
+            logits = record.logits
+        else:
+            try:
+                self._prompt(row, ids[common:])
+            except BaseException:
+                self.release(slot)
+                raise
+            m.acts["logits"][row].copy_to_host(self._logits[row], stream=m.stream)
+            logits = self._logits[row]
         m.stream.synchronize()
-        return np.array(self._logits[row])
+        self._prompts[row] = PromptRecord.of(ids, logits)
+        return np.array(logits)
 
-    def _place(self, slot: int, ids: np.ndarray) -> tuple[int, int]:
-        """The row a new sequence of prompt `ids` takes in `slot`'s name, and how many of its
-        tokens that row's KV already holds. The vacant row whose kept tokens share the longest
-        prefix with `ids` is used: a hole below the held rows is filled as it is; a row past
-        them has its KV moved to the next row (a copy, far cheaper than the prefill); with none,
-        the rows are compacted and the next one taken."""
+    def _place(self, slot: int, ids: np.ndarray,
+               reuse: bool = True) -> tuple[int, int, PromptRecord | None]:
+        """The row a new sequence of prompt `ids` takes in `slot`'s name, how many of its
+        tokens that row's KV then holds, and the record they came with (`reusable_prefix`:
+        where they are all of `ids`, its logits). The vacant row whose kept tokens share the
+        longest prefix with `ids` is used: a hole below the held rows is filled as it is; a
+        row past them has its KV moved to the next row (a copy, far cheaper than the prefill);
+        with none, the rows are compacted and the next one taken. Where a running sequence's
+        prompt shares more (a request's `n` choices, one system prompt), the next row takes
+        a copy of those positions' KV from its row."""
         held = len(self._slot_at)
-        best, best_n = -1, 0
-        for r, kept in enumerate(self._kept):
-            if kept is not None and (r >= held or self._slot_at[r] is None):
-                n = common_prefix(kept, ids)
-                if n > best_n:
-                    best, best_n = r, n
-        if 0 <= best < held:  # a hole: taken as it is (a later step's compaction fills others)
+        best, best_n = -1, 0  # a vacant row
+        source, source_n = -1, 0  # a running sequence's slot
+        for r in range(self.n_slots if reuse else 0):
+            running = r < held and self._slot_at[r] is not None
+            n = reusable_prefix(self._prompts[r], self._kept[r], ids, running=running)
+            if running and n > source_n:
+                source, source_n = self._slot_at[r], n
+            elif not running and n > best_n:
+                best, best_n = r, n
+        if 0 <= best < held and best_n >= source_n:  # a hole: taken as it is
             row = best
             self._slot_at[row] = slot
         else:
             self._compact()  # moves held rows into holes only: a row past them keeps its KV
             row = len(self._slot_at)
             self._slot_at.append(slot)
-            if best > row:
+            if source_n > best_n:
+                src = self._row_of[source]
+                self._copy_kv(src, row, source_n)
+                self._prompts[row], best_n = self._prompts[src], source_n
+            elif best > row:
                 self._move(best, row)
         self._row_of[slot] = row
         self._kept[row] = None
-        return row, best_n
+        record, self._prompts[row] = self._prompts[row], None
+        return row, best_n, record
 
     def _prompt(self, row: int, ids: np.ndarray) -> None:
         m = self.m
@@ -425,6 +458,7 @@ class CudaBatchEngine:
         self._open.clear()
         self._chain = None
         self._kept = [None] * self.n_slots
+        self._prompts = [None] * self.n_slots
 
     def _fed_rows(self, slots: Sequence[int]) -> list[int]:
         """The rows of a step fed from the device (`begin_picked` without tokens)."""
