@@ -2,7 +2,9 @@
 read together, cancelled together.
 
 Each choice is its own job (its own sequence in the batch, so n choices decode side by side in
-one step where the batch has room); a sampled request's choices draw from different streams: a
+one step where the batch has room). Their prompt is computed once: the engine gives each later
+choice a copy of the first one's K/V and its logits (`PerSlotEngines`, `CudaBatchEngine._place`),
+unless `--no-prefix-cache`. A sampled request's choices draw from different streams: a
 request seed s gives choice i the seed s + i, so the whole response repeats with the seed. The
 prompt is counted once in the usage, as OpenAI counts it; the completions are summed.
 """
@@ -18,7 +20,7 @@ from strata.serve.job import FinishEvent
 from strata.serve.model import SEED_MODULUS
 from strata.serve.tools import ToolCall
 
-MAX_CHOICES = 16  # per request: each is a sequence of the batch, and a prompt prefilled again
+MAX_CHOICES = 16  # per request: each is a sequence of the batch (and its KV)
 
 
 def choice_prepared(prepared: Prepared, index: int) -> Prepared:
