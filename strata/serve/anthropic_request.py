@@ -4,6 +4,12 @@ Content blocks map onto template messages: text joins into the message's content
 becomes an assistant tool call, each `tool_result` a `tool` message, `thinking` the assistant's
 `reasoning_content`. A block this model cannot take — an image or document, inside a
 `tool_result` or not — is a 400 naming the block's path; nothing is dropped silently.
+
+Structured outputs as Anthropic's API has them: `output_config.format` (or the earlier top-level
+`output_format`) `{"type": "json_schema", "schema": {...}}` holds the answer's text to one JSON
+document the schema allows, and a tool with `"strict": true` has its calls held to its
+`input_schema` (`strata.engine.json_schema`; a keyword the output could not be held to is a 400
+naming where it is, never ignored).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from strata.engine.json_schema import Node, SchemaError, compile_schema
 from strata.serve.chat import ChatInput
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
@@ -116,8 +123,17 @@ def _assistant(m: Fields, out: list[dict]) -> None:
     out.append(msg)
 
 
-def _tools(f: Fields) -> tuple[list[dict], str]:
-    tools = []
+def _compiled(schema: dict, where: str) -> Node:
+    try:
+        return compile_schema(schema)
+    except SchemaError as e:
+        raise bad_request(f"{where}: {e}", where) from e
+
+
+def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
+    """The tools (as the chat template reads them), the tool choice, and (name, the input
+    schema compiled where the tool is `strict`, else None) per tool."""
+    tools, schemas = [], []
     for j, raw in enumerate(f.list("tools") or []):
         t = Fields(raw, join("tools", j))
         kind = t.str("type", default="custom")
@@ -125,12 +141,17 @@ def _tools(f: Fields) -> tuple[list[dict], str]:
             raise bad_request(f"tools[{j}].type: server tool {kind!r} is not available here; "
                               f"only client tools (with input_schema) are", f"tools[{j}].type")
         schema = t.obj_at("input_schema", required=True)
+        name = t.str("name", required=True, non_empty=True)
+        strict = t.bool("strict")
+        schemas.append((name, _compiled(schema.obj, t.where("input_schema")) if strict
+                        else None))
         tools.append({"type": "function", "function": {
-            "name": t.str("name", required=True, non_empty=True),
-            "description": t.str("description", default=""), "parameters": schema.obj}})
+            "name": name, "description": t.str("description", default=""),
+            "parameters": schema.obj}})
+    schemas = tuple(schemas)
     c = f.obj_at("tool_choice")
     if c is None:
-        return tools, "auto"
+        return tools, "auto", schemas
     kind = c.str("type", required=True, choices=("auto", "any", "tool", "none"))
     if kind in ("any", "tool") and not tools:
         raise bad_request(f"tool_choice: {kind!r} needs at least one tool", "tool_choice")
@@ -139,8 +160,25 @@ def _tools(f: Fields) -> tuple[list[dict], str]:
         if name not in {t["function"]["name"] for t in tools}:
             raise bad_request(f"tool_choice.name: {name!r} is not among the tools",
                               "tool_choice.name")
-        return tools, name
-    return tools, {"any": "required"}.get(kind, kind)
+        return tools, name, schemas
+    return tools, {"any": "required"}.get(kind, kind), schemas
+
+
+def _output_format(f: Fields) -> tuple[bool, Node | None]:
+    """`output_config.format` (or the older top-level `output_format`, not both):
+    {"type": "json_schema", "schema": {...}}. Returns (constrained, the compiled schema)."""
+    config = f.obj_at("output_config")
+    fmt = config.obj_at("format") if config is not None else None
+    if f.has("output_format"):
+        if fmt is not None:
+            raise bad_request("output_format: give the format once, in output_config.format "
+                              "(output_format is its older name)", "output_format")
+        fmt = f.obj_at("output_format")
+    if fmt is None:
+        return False, None
+    fmt.str("type", required=True, choices=("json_schema",))
+    schema = fmt.obj_at("schema", required=True)
+    return True, _compiled(schema.obj, schema.path)
 
 
 def _stops(f: Fields) -> tuple[str, ...]:
@@ -170,9 +208,16 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     thinking = f.obj_at("thinking")
     if thinking is not None:  # a budget hint: the model thinks as its template lets it
         thinking.str("type", required=True)
-    tools, choice = _tools(f)
+    tools, choice, tool_schemas = _tools(f)
+    json_object, json_schema = _output_format(f)
+    if json_object and tools and choice != "none":
+        raise bad_request("output_config.format: a JSON format cannot be combined with tools "
+                          "(a tool call is not the JSON document); send tool_choice "
+                          "{\"type\": \"none\"} or no tools", "output_config.format")
     chat = ChatInput(
-        messages=tuple(messages), tools=tuple(tools), tool_choice=choice, max_tokens=max_tokens,
+        messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
+        tool_schemas=tool_schemas, json_object=json_object, json_schema=json_schema,
+        max_tokens=max_tokens,
         temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
         top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
         top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f))

@@ -26,6 +26,9 @@ _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": _STR, "description": _STR, "parameters": {"type": "object"},
     "strict": {"type": "boolean"}}}
 
+_OUTPUT_FORMAT = {"type": "object", "required": ["type", "schema"], "properties": {
+    "type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object"}}}
+
 
 def _sampling(temperature_max: float) -> dict:
     return {
@@ -52,7 +55,9 @@ def _chat_body(models: list[str]) -> dict:
         "max_completion_tokens": {"type": "integer", "minimum": 1},
         "logit_bias": _LOGIT_BIAS, "logprobs": {"type": "boolean"}, "top_logprobs": _TOP_LOGPROBS,
         "n": _N, "response_format": {"type": "object", "required": ["type"], "properties": {
-            "type": {"type": "string", "enum": ["text", "json_object"]}}},
+            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+            "json_schema": {"type": "object", "required": ["name"], "properties": {
+                "name": _STR, "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}},
         "seed": {"type": "integer"},
         "stop": _STOP,
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
@@ -94,9 +99,12 @@ def _messages_body(models: list[str], *, counting: bool) -> dict:
         "stop_sequences": {"type": "array", "items": _STR, "maxItems": 16},
         "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"],
                                              "properties": {"name": _STR, "description": _STR,
-                                                            "input_schema": {"type": "object"}}}},
+                                                            "input_schema": {"type": "object"},
+                                                            "strict": {"type": "boolean"}}}},
         "tool_choice": {"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
+        "output_config": {"type": "object", "properties": {"format": _OUTPUT_FORMAT}},
+        "output_format": _OUTPUT_FORMAT,
     }}
 
 

@@ -12,6 +12,8 @@
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
+* a request's choices share their prompt (a row's K/V copied to another, the recorded logits
+  returned), and decode the tokens each gets alone;
 * tokens picked on the device (`decode_picked`) equal the host's argmax, alone and in a step
   mixed with a row left to the host, and NaN logits are flagged, not picked from;
 * the tensor-core batch matvec (`batch_tc`) against float64 and the one-token kernel, batch
@@ -188,6 +190,33 @@ def test_one_sequence_runs_the_single_engines_step(setup, fast):
     for e in (fast, same):
         for s in range(3):
             e.release(s)
+
+
+def test_choices_share_their_prompt(setup):
+    """A request's `n` choices: the second prompt equal to a running one's takes a device copy
+    of its row's K/V and its recorded logits (bit for bit), a third sharing a prefix copies
+    those positions and computes the rest; decoded together, each gets the greedy tokens it
+    gets alone."""
+    _, eng = setup
+    prompt = [(37 * i + 11) % 600 + 1 for i in range(48)]  # past any prompt-steps limit
+    branch = prompt[:20] + [5, 6]
+    want = [_alone(eng, prompt, N_GEN), _alone(eng, branch, N_GEN)]
+    first = eng.prefill(0, prompt)
+    np.testing.assert_array_equal(eng.prefill(1, prompt), first)
+    assert eng.n_reused == len(prompt)
+    third = eng.prefill(2, branch)
+    assert eng.n_reused == 20
+    assert np.linalg.norm(third - want[1][1]) / np.linalg.norm(want[1][1]) < 1e-2
+    logits = [first, first, third]
+    toks: list[list[int]] = [[], [], []]
+    for _ in range(N_GEN):
+        for t, x in zip(toks, logits):
+            t.append(int(np.argmax(x)))
+        if len(toks[0]) < N_GEN:
+            logits = list(eng.decode([0, 1, 2], [t[-1] for t in toks]))
+    assert toks == [want[0][0], want[0][0], want[1][0]]
+    for s in range(eng.n_slots):
+        eng.release(s)
 
 
 def _start(eng, prompts):
