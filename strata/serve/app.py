@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from strata.serve import anthropic_dialect, openai_dialect
+from strata.serve import anthropic_dialect, openai_dialect, responses_dialect
 from strata.serve.errors import ApiError
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
@@ -120,6 +120,7 @@ class Server:
             Route("/v1/chat/completions", e(openai_dialect.chat_completions, body=True),
                   methods=["POST"]),
             Route("/v1/completions", e(openai_dialect.completions, body=True), methods=["POST"]),
+            Route("/v1/responses", e(responses_dialect.responses, body=True), methods=["POST"]),
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
                   methods=["POST"]),

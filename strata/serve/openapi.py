@@ -108,6 +108,38 @@ def _messages_body(models: list[str], *, counting: bool) -> dict:
     }}
 
 
+def _responses_body(models: list[str]) -> dict:
+    part = {"type": "object", "required": ["type", "text"], "properties": {
+        "type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": _STR}}
+    item = {"type": "object", "properties": {
+        "type": {"type": "string", "enum": ["message", "function_call", "function_call_output"]},
+        "role": {"type": "string", "enum": ["user", "system", "developer", "assistant"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": part}]},
+        "call_id": _STR, "name": _STR, "arguments": _STR, "output": _STR}}
+    fmt = {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "name": _STR, "schema": {"type": "object"}, "strict": {"type": "boolean"}}}
+    return {"type": "object", "required": ["model", "input"], "properties": {
+        "model": {"type": "string", "enum": models},
+        "input": {"oneOf": [_STR, {"type": "array", "items": item, "minItems": 1}]},
+        "instructions": _STR,
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"}, "store": {"type": "boolean"},
+        "text": {"type": "object", "properties": {"format": fmt}},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"],
+                                             "properties": {
+            "type": {"type": "string", "enum": ["function"]}, "name": _STR,
+            "description": _STR, "parameters": {"type": "object"},
+            "strict": {"type": "boolean"}}}},
+        "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                                  {"type": "object"}]},
+        "metadata": {"type": "object"}, "user": _STR,
+        "parallel_tool_calls": {"type": "boolean"},
+    }}
+
+
 def _post(summary: str, schema: dict) -> dict:
     return {"post": {
         "summary": summary,
@@ -135,6 +167,7 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/models": _get("the served model"),
             "/v1/chat/completions": _post("OpenAI chat completion", _chat_body(names)),
             "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
+            "/v1/responses": _post("OpenAI response (Responses API)", _responses_body(names)),
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),

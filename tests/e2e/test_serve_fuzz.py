@@ -1,4 +1,4 @@
-"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,000 generated requests,
+"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,250 generated requests,
 valid and invalid, against a real server process; none may get a 5xx."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the im
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
-# (path, method, mode, examples): 4 operations with bodies x 2 modes x 126 -> 1,008 bodies,
+# (path, method, mode, examples): 5 operations with bodies x 2 modes x 126 -> 1,260 bodies,
 # plus the GETs (a GET without parameters has no invalid form)
-_BODIES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens")
+_BODIES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+           "/v1/messages/count_tokens")
 OPERATIONS = [(path, "POST", mode, 126) for path in _BODIES
               for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)] + [
     (path, "GET", GenerationMode.POSITIVE, 3) for path in ("/v1/models", "/health", "/metrics")]
-MIN_CASES = 1000
+MIN_CASES = 1250
 calls: list[tuple[str, int]] = []
 
 

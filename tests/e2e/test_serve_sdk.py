@@ -1,6 +1,6 @@
 """The official `openai` and `anthropic` Python SDKs against a real `strata serve` process on the
 tiny synthetic model (CPU backend): chat, streaming, usage, a tool round trip through the chat
-template, and errors surfacing as the SDKs' own exception types."""
+template, the Responses API, and errors surfacing as the SDKs' own exception types."""
 
 from __future__ import annotations
 
@@ -277,6 +277,48 @@ def test_openai_strict_tool_calls_through_the_sdk(oai):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather"
     assert jsonschema_rs.is_valid(params, json.loads(call.function.arguments))
+
+
+def test_openai_responses_through_the_sdk(oai):
+    """The Responses API through the SDK's typed objects: the text equals the chat route's
+    greedy answer to the same conversation, the stream helper (which replays every event into
+    the response and checks their order) ends with the same response, and a forced strict
+    function call's arguments validate against its parameters (jsonschema_rs)."""
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+    ask = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    chat = oai.chat.completions.create(model=MODEL_NAME, max_tokens=6, temperature=0,
+                                       messages=ask)
+    r = oai.responses.create(model=MODEL_NAME, instructions="Be brief.", input="Hello",
+                             max_output_tokens=6, temperature=0)
+    assert r.object == "response" and r.status in ("completed", "incomplete")
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    with oai.responses.stream(model=MODEL_NAME, instructions="Be brief.", input="Hello",
+                              max_output_tokens=6, temperature=0) as stream:
+        events = list(stream)  # the helper folds each into its snapshot, checking the order
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    last = events[-1]  # completed, or incomplete where the 6 tokens ran out
+    assert last.type == f"response.{r.status}" and last.response.status == r.status
+    assert "".join(deltas) == last.response.output_text == r.output_text
+    params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+              "required": ["city"], "additionalProperties": False}
+    tools = [{"type": "function", "name": "get_weather", "parameters": params, "strict": True}]
+    r = oai.responses.create(model=MODEL_NAME, input="What is the weather in Paris?",
+                             max_output_tokens=200, temperature=0, tools=tools,
+                             tool_choice={"type": "function", "name": "get_weather"})
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and jsonschema_rs.is_valid(params, json.loads(call.arguments))
+    follow = oai.responses.create(
+        model=MODEL_NAME, max_output_tokens=3, tools=tools,
+        input=[{"role": "user", "content": "What is the weather in Paris?"},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}])
+    assert follow.usage.input_tokens > r.usage.input_tokens  # the call and its output rendered
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=MODEL_NAME, input="x", previous_response_id="resp_x")
+    assert e.value.body["param"] == "previous_response_id"
 
 
 def test_openai_errors_are_sdk_exceptions(server, oai):

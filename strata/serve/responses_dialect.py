@@ -1,0 +1,187 @@
+"""The OpenAI Responses API: `POST /v1/responses` (`strata.serve.responses_request` reads it).
+
+A response object (`"object": "response"`) whose `output` holds the answer's items in order: a
+`message` item (one `output_text` part) for each run of text, a `function_call` item for each
+tool call. `status` is `completed`, or `incomplete` with `incomplete_details.reason`
+`max_output_tokens` where the budget ended it. Usage counts `input_tokens` (with
+`input_tokens_details.cached_tokens`, the prompt tokens a finished request's KV held) and
+`output_tokens`.
+
+Streamed, the events of the official API, each with its `event:` line and a `sequence_number`:
+`response.created`, `response.in_progress`; per message item `response.output_item.added`,
+`response.content_part.added`, `response.output_text.delta`*, `response.output_text.done`,
+`response.content_part.done`, `response.output_item.done`; per function call
+`response.output_item.added`, `response.function_call_arguments.delta`,
+`response.function_call_arguments.done`, `response.output_item.done`; then
+`response.completed` (or `response.incomplete`) with the whole response, or `response.failed`.
+Errors outside a stream have the OpenAI shape.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from strata.serve.chat import prepare_chat
+from strata.serve.errors import ApiError
+from strata.serve.fields import Fields
+from strata.serve.generation import Generation
+from strata.serve.job import FinishEvent
+from strata.serve.responses_request import ResponsesRequest, parse_responses
+from strata.serve.sse import event_stream, sse, unless_disconnected
+from strata.serve.state import ServerState
+from strata.serve.tools import ToolCall
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def usage(finish: FinishEvent) -> dict:
+    return {"input_tokens": finish.n_prompt,
+            "input_tokens_details": {"cached_tokens": finish.n_cached},
+            "output_tokens": finish.n_completion,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": finish.n_prompt + finish.n_completion}
+
+
+class Shell:
+    """The response object around its output: its id, settings, status and usage."""
+
+    def __init__(self, req: ResponsesRequest, model: str):
+        self.id, self.created = _id("resp"), int(time.time())
+        self.req, self.model = req, model
+
+    def body(self, output: list[dict], *, status: str, finish: FinishEvent | None = None,
+             error: str | None = None) -> dict:
+        incomplete = status == "incomplete"
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "error": None if error is None else {"code": "server_error", "message": error},
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "model": self.model, "output": output, "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "store": False,
+            "truncation": "disabled", "user": None, **self.req.echo,
+            "usage": None if finish is None else usage(finish),
+        }
+
+
+def status_of(finish: FinishEvent) -> str:
+    return "incomplete" if finish.reason == "length" else "completed"
+
+
+def message_item(mid: str, text: str, status: str = "completed") -> dict:
+    return {"type": "message", "id": mid, "status": status, "role": "assistant",
+            "content": [] if status == "in_progress" else [_text_part(text)]}
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(iid: str, call: ToolCall, status: str = "completed") -> dict:
+    return {"type": "function_call", "id": iid, "call_id": call.id, "name": call.name,
+            "arguments": "" if status == "in_progress" else call.arguments_json,
+            "status": status}
+
+
+async def responses(request: Request, state: ServerState, body: dict) -> Response:
+    req = parse_responses(Fields(body), state)
+    # rendering and tokenizing a long prompt is CPU work: keep it off the event loop
+    prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
+                                       limit=state.max_tokens_limit)
+    gen = Generation(state.worker, prepared, id_prefix="call_")
+    shell = Shell(req, state.model.name)
+    if req.stream:
+        return event_stream(_events(gen, shell), gen.cancel, prepared.headers)
+    output: list[dict] = []
+
+    async def collect() -> None:
+        async for item in gen.items():
+            if isinstance(item, ToolCall):
+                output.append(call_item(_id("fc"), item))
+            elif output and output[-1]["type"] == "message":
+                output[-1]["content"][0]["text"] += item
+            else:
+                output.append(message_item(_id("msg"), item))
+
+    await unless_disconnected(request, collect(), gen.cancel)
+    if gen.finish.reason == "error":
+        raise ApiError(500, f"generation failed: {gen.finish.error}")
+    return JSONResponse(shell.body(output, status=status_of(gen.finish), finish=gen.finish),
+                        headers=prepared.headers)
+
+
+class _Events:
+    """Numbered SSE events of one response."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.n, **fields}
+        self.n += 1
+        return sse(body, kind)
+
+
+async def _events(gen: Generation, shell: Shell) -> AsyncIterator[bytes]:
+    ev = _Events()
+    yield ev("response.created", response=shell.body([], status="in_progress"))
+    yield ev("response.in_progress", response=shell.body([], status="in_progress"))
+    output: list[dict] = []
+    text_at: int | None = None  # the output index of the message item open, if one is
+
+    def close_text() -> list[bytes]:
+        item = output[text_at]
+        text = item["content"][0]["text"]
+        out = [ev("response.output_text.done", item_id=item["id"], output_index=text_at,
+                  content_index=0, text=text, logprobs=[]),
+               ev("response.content_part.done", item_id=item["id"], output_index=text_at,
+                  content_index=0, part=_text_part(text))]
+        item["status"] = "completed"
+        out.append(ev("response.output_item.done", output_index=text_at, item=item))
+        return out
+
+    async for item in gen.items():
+        if isinstance(item, ToolCall):
+            if text_at is not None:
+                for chunk in close_text():
+                    yield chunk
+                text_at = None
+            iid, at = _id("fc"), len(output)
+            yield ev("response.output_item.added", output_index=at,
+                     item=call_item(iid, item, "in_progress"))
+            yield ev("response.function_call_arguments.delta", item_id=iid, output_index=at,
+                     delta=item.arguments_json)
+            yield ev("response.function_call_arguments.done", item_id=iid, output_index=at,
+                     arguments=item.arguments_json)
+            output.append(call_item(iid, item))
+            yield ev("response.output_item.done", output_index=at, item=output[-1])
+            continue
+        if text_at is None:
+            text_at = len(output)
+            mid = _id("msg")
+            yield ev("response.output_item.added", output_index=text_at,
+                     item=message_item(mid, "", "in_progress"))
+            yield ev("response.content_part.added", item_id=mid, output_index=text_at,
+                     content_index=0, part=_text_part(""))
+            output.append({**message_item(mid, ""), "status": "in_progress"})
+        output[text_at]["content"][0]["text"] += item
+        yield ev("response.output_text.delta", item_id=output[text_at]["id"],
+                 output_index=text_at, content_index=0, delta=item, logprobs=[])
+    if gen.finish.reason == "error":
+        message = f"generation failed: {gen.finish.error}"
+        yield ev("response.failed", response=shell.body(output, status="failed",
+                                                       finish=gen.finish, error=message))
+        return
+    if text_at is not None:
+        for chunk in close_text():
+            yield chunk
+    status = status_of(gen.finish)
+    yield ev(f"response.{status}", response=shell.body(output, status=status,
+                                                      finish=gen.finish))

@@ -1,0 +1,225 @@
+"""Reading OpenAI Responses API request bodies (`POST /v1/responses`) into a `ChatInput`.
+
+`input` is a string (one user message) or a list of items: messages (`role` user / system /
+developer / assistant; `content` a string or `input_text` / `output_text` parts), the model's
+earlier `function_call` items (an assistant message's tool calls) and the client's
+`function_call_output` items (tool messages); `instructions` is a system message before them.
+Tools are function tools in the Responses shape (`name`, `parameters`, `strict` at the top of
+the tool; strict by default, as the API has it, unless the schema lies outside the subset
+`strata.engine.json_schema` holds calls to: then the tool is not, and the response's `tools`
+say so; `strict: true` given explicitly makes such a schema a 400); `text.format` is `text`,
+`json_object` or `json_schema` (`name`, `schema`, `strict`).
+
+This server keeps no responses: `previous_response_id` and `conversation` are a 400 (send the
+whole conversation in `input`), and `store` is taken but stores nothing. Built-in tools (web
+search, file search, ...), image and file inputs, `include` entries and `top_logprobs` are a
+400 naming the field; `reasoning` is checked and left to the chat template (the model thinks as
+its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
+`service_tier` cannot change the output and are checked and ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.serve.chat import ChatInput, tool_arguments
+from strata.serve.errors import bad_request
+from strata.serve.fields import Fields, join
+
+ROLES = ("user", "system", "developer", "assistant")
+_NOT_TEXT = ("input_image", "input_file", "input_audio")
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesRequest:
+    chat: ChatInput
+    stream: bool
+    echo: dict  # the request's settings as the response object repeats them
+
+
+def _content(m: Fields) -> str:
+    value = m.raw("content", required=True)
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{m.where('content')}: expected a string or an array of content "
+                          f"parts", m.where("content"))
+    texts = []
+    for j, raw in enumerate(value):
+        path = join(m.where("content"), j)
+        p = Fields(raw, path)
+        kind = p.str("type", required=True)
+        if kind in ("input_text", "output_text", "text"):
+            texts.append(p.str("text", required=True))
+        elif kind == "refusal":
+            texts.append(p.str("refusal", required=True))
+        elif kind in _NOT_TEXT:
+            raise bad_request(f"{path} is an {kind!r} part, but this model takes text only: "
+                              f"remove it or serve a model that accepts it", path)
+        else:
+            raise bad_request(f"{join(path, 'type')}: unknown content part type {kind!r} "
+                              f"(expected 'input_text' or 'output_text')", join(path, "type"))
+    return "".join(texts)
+
+
+def _messages(f: Fields) -> list[dict]:
+    out: list[dict] = []
+    instructions = f.str("instructions")
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    value = f.raw("input", required=True)
+    if isinstance(value, str):
+        return out + [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad_request("input: expected a string or a non-empty array of items", "input")
+    for i, raw in enumerate(value):
+        m = Fields(raw, join("input", i))
+        kind = m.str("type", default="message")
+        if kind == "message":
+            role = m.str("role", required=True, choices=ROLES)
+            msg = {"role": "system" if role == "developer" else role, "content": _content(m)}
+            out.append(msg)
+        elif kind == "function_call":
+            call = {"type": "function", "id": m.str("call_id", required=True, non_empty=True),
+                    "function": {"name": m.str("name", required=True, non_empty=True),
+                                 "arguments": tool_arguments(m.str("arguments", required=True))}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":  # its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = m.raw("output", required=True)
+            text = output if isinstance(output, str) else _content(
+                Fields({"content": output}, m.path))
+            out.append({"role": "tool", "content": text,
+                        "tool_call_id": m.str("call_id", required=True, non_empty=True)})
+        else:
+            raise bad_request(f"input[{i}].type: item type {kind!r} is not supported here "
+                              f"(expected 'message', 'function_call' or "
+                              f"'function_call_output')", f"input[{i}].type")
+    if not any(msg["role"] != "system" for msg in out):
+        raise bad_request("input: needs at least one message besides instructions", "input")
+    return out
+
+
+def _compiled(schema: dict, where: str) -> Node:
+    try:
+        return compile_schema(schema)
+    except SchemaError as e:
+        raise bad_request(f"{where}: {e}", where) from e
+
+
+def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
+    """The tools (as the chat template reads them), the tool choice, (name, compiled schema
+    where strict) per tool, and the tools as the response repeats them."""
+    tools, schemas, echo = [], [], []
+    for j, raw in enumerate(f.list("tools") or []):
+        t = Fields(raw, join("tools", j))
+        kind = t.str("type", required=True)
+        if kind != "function":
+            raise bad_request(f"tools[{j}].type: built-in tool {kind!r} is not available here; "
+                              f"only function tools are", f"tools[{j}].type")
+        name = t.str("name", required=True, non_empty=True)
+        params = t.obj_at("parameters")
+        schema = params.obj if params is not None else {"type": "object", "properties": {}}
+        node = None
+        if t.has("strict"):  # asked for: a schema it cannot hold to is a 400
+            if t.bool("strict"):
+                node = _compiled(schema, t.where("parameters"))
+        else:  # the API's default is strict; where the schema is outside the subset, the
+            try:  # tool is not, and the response's tools say so
+                node = compile_schema(schema)
+            except SchemaError:
+                node = None
+        strict = node is not None
+        schemas.append((name, node))
+        description = t.str("description", default="")
+        tools.append({"type": "function", "function": {
+            "name": name, "description": description, "parameters": schema}})
+        echo.append({"type": "function", "name": name, "description": description,
+                     "parameters": schema, "strict": strict})
+    names = {t["function"]["name"] for t in tools}
+    choice = f.raw("tool_choice")
+    if choice is None:
+        return tools, "auto", tuple(schemas), echo
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise bad_request(f"tool_choice: {choice!r} is not one of 'auto', 'none', 'required'",
+                              "tool_choice")
+        if choice == "required" and not tools:
+            raise bad_request("tool_choice: 'required' needs at least one tool", "tool_choice")
+        return tools, choice, tuple(schemas), echo
+    c = Fields(choice, "tool_choice")
+    c.str("type", required=True, choices=("function",))
+    name = c.str("name", required=True)
+    if name not in names:
+        raise bad_request(f"tool_choice.name: {name!r} is not among the tools",
+                          "tool_choice.name")
+    return tools, name, tuple(schemas), echo
+
+
+def _format(f: Fields) -> tuple[bool, Node | None, dict]:
+    """`text.format`: (constrained, the compiled schema or None, the format as echoed)."""
+    text = f.obj_at("text")
+    fmt = text.obj_at("format") if text is not None else None
+    if fmt is None:
+        return False, None, {"type": "text"}
+    kind = fmt.str("type", required=True, choices=("text", "json_object", "json_schema"))
+    if kind != "json_schema":
+        return kind == "json_object", None, {"type": kind}
+    name = fmt.str("name", required=True, non_empty=True)
+    schema = fmt.obj_at("schema", required=True)
+    strict = fmt.bool("strict")
+    return True, _compiled(schema.obj, schema.path), {
+        "type": "json_schema", "name": name, "schema": schema.obj, "strict": strict}
+
+
+def _refuse_unsupported(f: Fields) -> None:
+    for key in ("previous_response_id", "conversation"):
+        if f.has(key):
+            raise bad_request(f"{key}: this server keeps no responses; send the whole "
+                              f"conversation in input", key)
+    include = f.list("include") or []
+    if include:
+        raise bad_request(f"include: {include[0]!r} is not available here", "include")
+    if f.int("top_logprobs", minimum=0, maximum=20):
+        raise bad_request("top_logprobs: not on this route; /v1/chat/completions returns "
+                          "log-probabilities", "top_logprobs")
+    if f.has("background") and f.bool("background"):
+        raise bad_request("background: responses run in the request here", "background")
+    reasoning = f.obj_at("reasoning")
+    if reasoning is not None:  # a hint: the model thinks as its template lets it
+        reasoning.str("effort")
+        reasoning.str("summary")
+    f.str("truncation", choices=("auto", "disabled"))
+    f.bool("store"), f.bool("parallel_tool_calls"), f.obj_at("metadata"), f.str("user")
+    f.str("service_tier")
+
+
+def parse_responses(f: Fields, state) -> ResponsesRequest:
+    state.check_model(f.str("model", required=True))
+    _refuse_unsupported(f)
+    messages = _messages(f)
+    tools, choice, schemas, tools_echo = _tools(f)
+    json_object, json_schema, fmt = _format(f)
+    if json_object and tools and choice != "none":
+        raise bad_request("text.format: a JSON format cannot be combined with tools (a tool "
+                          "call is not the JSON document); send tool_choice 'none' or no tools",
+                          "text.format")
+    max_tokens = f.int("max_output_tokens", minimum=1)
+    temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
+    top_p = f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0)
+    chat = ChatInput(messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
+                     tool_schemas=schemas, max_tokens=max_tokens, temperature=temperature,
+                     top_p=top_p, json_object=json_object, json_schema=json_schema)
+    tool_choice: Any = (choice if choice in ("auto", "none", "required")
+                        else {"type": "function", "name": choice})
+    echo = {"instructions": f.str("instructions"), "max_output_tokens": max_tokens,
+            "temperature": temperature, "top_p": top_p, "tool_choice": tool_choice,
+            "tools": tools_echo, "text": {"format": fmt},
+            "metadata": (f.obj_at("metadata").obj if f.obj_at("metadata") is not None else {}),
+            "parallel_tool_calls": f.bool("parallel_tool_calls", default=True)}
+    return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo)

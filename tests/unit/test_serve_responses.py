@@ -1,0 +1,168 @@
+"""The OpenAI Responses API (`POST /v1/responses`) in process over the scripted engine: the
+response object and its output items (text, function calls), the streamed events in order with
+their sequence numbers (replayed into the same output the whole response has), a conversation
+with a tool's output, structured output, budgets, and the fields refused with a 400 naming them.
+The official SDK against a real server: tests/e2e/test_serve_sdk.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_serve_app import Harness, sse_events
+
+ASK = "weather?"
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}]
+
+
+@pytest.fixture
+def h():
+    with Harness() as harness:
+        yield harness
+
+
+def body(**kw):
+    out = {"model": "fake", "input": "hello"}
+    out.update(kw)
+    return out
+
+
+def _post(h, **kw):
+    r = h.client.post("/v1/responses", json=body(**kw))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_text_answer(h):
+    r = _post(h, instructions="be brief", max_output_tokens=50, temperature=0)
+    assert r["object"] == "response" and r["id"].startswith("resp_")
+    assert r["status"] == "completed" and r["incomplete_details"] is None
+    (msg,) = r["output"]
+    assert msg["type"] == "message" and msg["role"] == "assistant"
+    assert msg["status"] == "completed" and msg["id"].startswith("msg_")
+    assert msg["content"] == [{"type": "output_text", "text": "Hi there!", "annotations": [],
+                               "logprobs": []}]
+    u = r["usage"]
+    assert u["output_tokens"] == 10  # 9 characters and the end-of-turn token
+    assert u["total_tokens"] == u["input_tokens"] + u["output_tokens"]
+    assert r["instructions"] == "be brief" and r["max_output_tokens"] == 50
+    assert "<system>be brief<user>hello" in h.model.rendered[-1]
+
+
+def test_a_budget_cut_is_incomplete(h):
+    r = _post(h, max_output_tokens=3)
+    assert r["status"] == "incomplete"
+    assert r["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert r["output"][0]["content"][0]["text"] == "Hi "
+
+
+def test_function_calls_and_their_outputs(h):
+    r = _post(h, input=[{"role": "user", "content": [{"type": "input_text", "text": ASK}]}],
+              tools=TOOLS)
+    text, call = r["output"]
+    assert text["content"][0]["text"] == "Checking."
+    assert call["type"] == "function_call" and call["name"] == "get_weather"
+    assert call["call_id"].startswith("call_") and call["id"].startswith("fc_")
+    assert json.loads(call["arguments"]) == {"city": "Paris"} and call["status"] == "completed"
+    assert r["tools"][0]["strict"] is True  # the API's default, its schema held
+    follow = [{"role": "user", "content": ASK}, text, call,
+              {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]
+    r = _post(h, input=follow, tools=TOOLS)
+    assert r["output"][0]["content"][0]["text"] == "Hi there!"
+    rendered = h.model.rendered[-1]
+    assert "<assistant>Checking.<tool_call>get_weather</tool_call><tool>sunny" in rendered
+
+
+def test_the_stream_replays_into_the_whole_response(h):
+    whole = _post(h, input=ASK, tools=TOOLS)
+    r = h.client.post("/v1/responses", json=body(input=ASK, tools=TOOLS, stream=True))
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [(name, json.loads(data)) for name, data in sse_events(r.text)]
+    assert all(name == e["type"] for name, e in events)
+    assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+    kinds = [name for name, _ in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-1] == "response.completed"
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done")
+    # replay the events as a client does: items added, text and arguments appended
+    output: list[dict] = []
+    for name, e in events:
+        if name == "response.output_item.added":
+            assert e["output_index"] == len(output)
+            output.append(e["item"])
+        elif name == "response.content_part.added":
+            output[e["output_index"]]["content"].append(e["part"])
+        elif name == "response.output_text.delta":
+            output[e["output_index"]]["content"][e["content_index"]]["text"] += e["delta"]
+        elif name == "response.function_call_arguments.delta":
+            output[e["output_index"]]["arguments"] += e["delta"]
+        elif name == "response.output_item.done":
+            assert e["item"]["status"] == "completed"
+            output[e["output_index"]] = e["item"]
+    final = events[-1][1]["response"]
+    strip = lambda items: [{k: v for k, v in i.items() if k not in ("id", "call_id")}  # noqa
+                           for i in items]
+    assert strip(output) == strip(final["output"]) == strip(whole["output"])
+    assert final["usage"] == whole["usage"] and final["status"] == "completed"
+    created = events[0][1]["response"]
+    assert created["status"] == "in_progress" and created["output"] == []
+
+
+def test_a_streamed_budget_cut_ends_incomplete(h):
+    r = h.client.post("/v1/responses", json=body(max_output_tokens=2, stream=True))
+    name, last = sse_events(r.text)[-1]
+    assert name == "response.incomplete"
+    assert json.loads(last)["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_json_schema_format_holds_the_answer(h):
+    h.engine.script = lambda prompt: '{"a": [1], "z": 2} and prose'
+    fmt = {"type": "json_schema", "name": "t", "strict": True, "schema": {
+        "type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}}},
+        "required": ["a"], "additionalProperties": False}}
+    r = _post(h, text={"format": fmt}, max_output_tokens=40)
+    assert json.loads(r["output"][0]["content"][0]["text"]) == {"a": [1]}
+    assert r["text"] == {"format": fmt}
+    r = _post(h, text={"format": {"type": "json_object"}})
+    assert json.loads(r["output"][0]["content"][0]["text"]) == {"a": [1], "z": 2}
+
+
+def test_a_schema_outside_the_subset_is_strict_only_when_asked(h):
+    loose = [{**TOOLS[0], "parameters": {"type": "object", "properties": {
+        "d": {"type": "string", "format": "date"}}}}]
+    r = _post(h, input=ASK, tools=loose)
+    assert r["tools"][0]["strict"] is False  # said, not silently dropped
+    r = h.client.post("/v1/responses", json=body(tools=[{**loose[0], "strict": True}]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].parameters"
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": []}, "input"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+    ({"text": {"format": {"type": "json_object"}}, "tools": TOOLS}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"temperature": 3}, "temperature"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "other"}, "model"),
+])
+def test_what_it_cannot_do_is_a_400_naming_the_field(h, extra, param):
+    r = h.client.post("/v1/responses", json=body(**extra))
+    assert r.status_code in (400, 404), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"]
+
+
+def test_the_openapi_document_lists_the_route(h):
+    doc = h.client.get("/openapi.json").json()
+    assert "/v1/responses" in doc["paths"]
