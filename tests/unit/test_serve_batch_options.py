@@ -50,12 +50,17 @@ def _rows(n_slots: int):
     eng.n_slots, eng._row_of, eng._slot_at = n_slots, {}, []
     eng._n_past = np.zeros(n_slots, np.int64)
     eng._kept = [None] * n_slots
+    eng._prompts = [None] * n_slots
     moves = []
 
     def move(src, dst):
         moves.append((src, dst))
         eng._n_past[dst] = eng._n_past[src]
-    eng._move = move
+        eng._prompts[dst], eng._prompts[src] = eng._prompts[src], None
+
+    def copy_kv(src, dst, n_tok):
+        moves.append(("copy", src, dst, n_tok))
+    eng._move, eng._copy_kv = move, copy_kv
     return eng, moves
 
 
@@ -116,13 +121,54 @@ def test_a_new_prompt_takes_the_vacant_row_that_holds_its_prefix():
         _hold(eng, slot, 3)
     eng.release(1, tokens=[7, 7, 7])  # row 1
     eng.release(3, tokens=[5, 6, 9])  # row 3
-    assert eng._place(3, np.array([5, 6, 1, 2], np.int32)) == (3, 2)
-    assert eng._place(1, np.array([7, 7, 7, 8], np.int32)) == (1, 3)
+    assert eng._place(3, np.array([5, 6, 1, 2], np.int32))[:2] == (3, 2)
+    assert eng._place(1, np.array([7, 7, 7, 8], np.int32))[:2] == (1, 3)
     assert moves == [] and eng._kept == [None] * 4 and eng._slot_at == [0, 1, 2, 3]
     # held: row 0 only; row 2 keeps [4, 4, 4] past it
     eng, moves = _rows(4)
     _hold(eng, 0, 3)
     eng._kept[2], eng._n_past[2] = [4, 4, 4], 3
-    assert eng._place(1, np.array([4, 4, 9], np.int32)) == (1, 2)
+    assert eng._place(1, np.array([4, 4, 9], np.int32))[:2] == (1, 2)
     assert moves == [(2, 1)] and eng._row_of[1] == 1 and eng._kept[1] is None
-    assert eng._place(2, np.array([1, 2], np.int32)) == (2, 0)  # nothing shared
+    assert eng._place(2, np.array([1, 2], np.int32))[:2] == (2, 0)  # nothing shared
+
+
+def test_a_running_rows_prompt_is_copied_where_it_shares_more():
+    """A held row lends the positions of its prompt (not those past it): the new row after
+    compaction takes a copy of them where they share more than any vacant row's kept tokens
+    (a tie keeps the vacant row: no copy); a prompt equal to a recorded one comes with its
+    record (its logits), from a held row or from a vacant row that kept it."""
+    import numpy as np
+
+    from strata.engine.engine import PromptRecord
+
+    eng, moves = _rows(4)
+    _hold(eng, 0, 9)  # row 0: prompt [1, 2, 3, 4], then 5 generated positions
+    eng._prompts[0] = PromptRecord.of([1, 2, 3, 4], np.arange(5.0))
+    row, n, record = eng._place(1, np.array([1, 2, 3, 4], np.int32))
+    assert (row, n, moves) == (1, 4, [("copy", 0, 1, 4)])  # all of it: the second choice
+    np.testing.assert_array_equal(record.logits, np.arange(5.0))
+    assert eng._prompts[1] is None  # the prefill records its own
+    moves.clear()
+    row, n, record = eng._place(2, np.array([1, 2, 3, 4, 5, 6], np.int32))
+    assert (row, n) == (2, 4) and moves == [("copy", 0, 2, 4)]  # its prompt only
+    moves.clear()
+    eng._n_past[2] = 6  # what the prefill leaves
+    eng.release(2, tokens=[1, 2, 3, 4, 5, 6, 7])  # row 2 vacant, keeping [1..6]
+    row, n, _ = eng._place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
+    assert (row, n) == (2, 4) and moves == []  # a tie with the held prompt: the hole, as is
+    eng._n_past[2] = 6
+    eng._prompts[2] = PromptRecord.of([1, 2, 3, 4, 9, 9], np.ones(5))
+    eng.release(3, tokens=[1, 2, 3, 4, 9, 9, 7])
+    row, n, record = eng._place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
+    assert (row, n) == (2, 6) and record.logits.tolist() == [1.0] * 5  # the same prompt again
+    assert moves == []
+    # a vacant row's record is dropped where what it fed did not start with its prompt
+    eng._n_past[2] = 6
+    eng._prompts[2] = PromptRecord.of([1, 2], np.ones(5))
+    eng.release(3, tokens=[7] * 8)
+    assert eng._prompts[2] is None and eng._kept[2] == [7] * 6
+    # reuse off: nothing found, nothing copied
+    moves.clear()
+    eng.release(1)
+    assert eng._place(1, np.array([1, 2, 3, 4], np.int32), reuse=False)[1:] == (0, None)
