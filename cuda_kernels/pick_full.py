@@ -1,6 +1,7 @@
 """The sampler's chunk staging and its draw over every token (`sampling.sample_kernel`).
 
-* `stage_chunk`: a block's PICK_CHUNK logits into shared memory, the penalties applied.
+* `stage_chunk`: a block's PICK_CHUNK logits into shared memory, the logit bias and the
+  penalties applied.
 * `chunk_mass`: the staged chunk's largest logit m_b and its mass sum(exp((v - m_b) / T)).
 * `full_draw`: top-k 0 with top-p 1 and min-p 0 keeps every token, so the draw needs no sort:
   the last block scales each block's mass to the largest logit of all,
@@ -28,13 +29,26 @@ ID_PAST = 2**31 - 1  # the id of a staged slot past the vocabulary: after every 
 
 
 @cuda.jit(device=True, inline="always")
-def stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, sv, si):
+def _penalised(v, c, rp, pres, freq):
+    """`v` with the penalties of an id met `c` times in the window (none where c is 0)."""
+    if c != 0:
+        v = v / rp if v > F0 else v * rp
+        if pres != F0 or freq != F0:
+            v = v - (pres + freq * np.float32(c))
+    return v
+
+
+@cuda.jit(device=True, inline="always")
+def stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, bias_ids, bias_vals, n_bias,
+                sv, si):
     """sv[j], si[j] = logits[lo + j], lo + j for the block's chunk (-inf and ID_PAST past the
-    end, NaN as -inf), penalised where the id is one of the last `last_n` (<= blockDim) tokens of
-    the history (si counts them first): divided by the repeat penalty fparams[3] if positive,
-    else multiplied (once, however often it occurs there), then minus the presence penalty
-    fparams[4] plus the frequency penalty fparams[5] times its count, as the host's
-    `apply_penalties`. Returns whether this thread met a NaN."""
+    end, NaN as -inf), plus the bias of the id where one of the first `n_bias` (bias_ids[b],
+    bias_vals[b]) entries names it, then penalised where the id is one of the last `last_n`
+    (<= blockDim) tokens of the history (si counts them first): divided by the repeat penalty
+    fparams[3] if positive, else multiplied (once, however often it occurs there), then minus
+    the presence penalty fparams[4] plus the frequency penalty fparams[5] times its count, as
+    the host's `apply_logit_bias` then `apply_penalties`. Returns whether this thread met a
+    NaN."""
     t, bd = cuda.threadIdx.x, cuda.blockDim.x
     rp, pres, freq = fparams[3], fparams[4], fparams[5]
     j = t
@@ -48,6 +62,7 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, sv, si):
             cuda.atomic.add(si, tok, 1)
     cuda.syncthreads()
     nan = False
+    biased = n_bias > 0  # uniform over the block: a row's settings
     j = t
     while j < PICK_CHUNK:  # a thread reads the counts it then overwrites
         v = NEG_INF
@@ -56,15 +71,27 @@ def stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, sv, si):
             if v != v:
                 v = NEG_INF
                 nan = True
-        c = si[j]
-        if c != 0:
-            v = v / rp if v > F0 else v * rp
-            if pres != F0 or freq != F0:
-                v = v - (pres + freq * np.float32(c))
-        sv[j] = v
-        si[j] = lo + j if lo + j < n_vocab else ID_PAST
+        if biased:  # the bias goes on first: the penalties follow once every one is in
+            sv[j] = v
+        else:
+            sv[j] = _penalised(v, si[j], rp, pres, freq)
+            si[j] = lo + j if lo + j < n_vocab else ID_PAST
         j += bd
     cuda.syncthreads()
+    if biased:
+        b = t
+        while b < n_bias:  # ids are unique (the host checks): one thread a slot
+            i = np.int64(bias_ids[b]) - lo
+            if 0 <= i < PICK_CHUNK and lo + i < n_vocab:
+                sv[i] += bias_vals[b]
+            b += bd
+        cuda.syncthreads()
+        j = t
+        while j < PICK_CHUNK:
+            sv[j] = _penalised(sv[j], si[j], rp, pres, freq)
+            si[j] = lo + j if lo + j < n_vocab else ID_PAST
+            j += bd
+        cuda.syncthreads()
     return nan
 
 
@@ -119,8 +146,8 @@ def _crossing(x, k, target, found):
 
 
 @cuda.jit(device=True, inline="always")
-def full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t, u, stats, n_blocks, sv, si,
-              part, found):
+def full_draw(logits, n_vocab, tokens, n, fparams, last_n, bias_ids, bias_vals, n_bias, inv_t,
+              u, stats, n_blocks, sv, si, part, found):
     """The token drawn from every token's weight exp((v - M) * inv_t) by u in [0, 1), in id
     order (the last block; see the module doc). stats[b * PICK_KMAX] / [+ 1]: block b's m_b and
     s_b; n_blocks <= PICK_CHUNK. Returns it in thread 0 (-1 elsewhere)."""
@@ -143,8 +170,8 @@ def full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t, u, stats, n_bl
     if chosen > 0:
         target -= sv[chosen - 1]  # the mass of the blocks before it
     cuda.syncthreads()  # every thread has its target before the chunk overwrites sv
-    stage_chunk(logits, n_vocab, np.int64(chosen) * PICK_CHUNK, tokens, n, fparams, last_n, sv,
-                si)
+    stage_chunk(logits, n_vocab, np.int64(chosen) * PICK_CHUNK, tokens, n, fparams, last_n,
+                bias_ids, bias_vals, n_bias, sv, si)
     j = t
     while j < PICK_CHUNK:
         sv[j] = weight(sv[j], big, inv_t) if sv[j] > NEG_INF else F0

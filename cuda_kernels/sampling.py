@@ -32,9 +32,13 @@ history, length, settings and scratch), so a batched step picks every row's toke
 Device parameters, so a captured graph reads the current request's settings:
   fparams float32 [N_FPARAMS = 6]: temperature, top_p, min_p, repeat_penalty (1 = off),
     presence_penalty, frequency_penalty (0 = off)
-  iparams int64 [3]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block size)
-The penalties ((v / p if v > 0 else v * p) - presence - frequency * count) change the staged
-copy; the logits are left as they are. A state of three entries a row also records NaN logits:
+  iparams int64 [N_IPARAMS = 4]: seed, top_k (0 = KMAX), penalty_last_n (clamped to the block
+    size), n_bias (the logit-bias entries in use)
+  bias_ids int32 / bias_vals float32 [MAX_BIAS]: the logit bias, (token id, value added) in the
+    first n_bias entries (ids unique; `bias_table` builds them)
+The bias, then the penalties ((v / p if v > 0 else v * p) - presence - frequency * count), change
+the staged copy, as the host's `apply_logit_bias` then `apply_penalties`; the logits are left as
+they are. A biased row is picked by this kernel even at temperature 0 (argmax has no table). A state of three entries a row also records NaN logits:
 any block that meets one sets state[2] to 1, which stays set until the host, reading it with the
 token, clears it (the host `Sampler` refuses NaN logits; the device ranks them as -inf and flags
 them).
@@ -49,11 +53,14 @@ from .intrinsics import SIMULATED, block_sum, f2u, warp_argmax
 from .launch import check_array, register_ptx
 from .pick_full import ID_PAST, NEG_INF, chunk_mass, full_draw, stage_chunk, weight
 from .pick_sort import bitonic_sort, draw, merge_lists
-from strata.plan.pick import PICK_CHUNK, PICK_FPARAMS, PICK_KMAX, pick_blocks, pick_cand_len
+from strata.plan.pick import (PICK_CHUNK, PICK_FPARAMS, PICK_IPARAMS, PICK_KMAX, PICK_MAX_BIAS,
+                              pick_blocks, pick_cand_len)
 
 THREADS = 64 if SIMULATED else 1024  # the simulator runs one Python thread per CUDA thread
 KMAX = PICK_KMAX
 N_FPARAMS = PICK_FPARAMS  # a row's float settings (the plan sizes them)
+N_IPARAMS = PICK_IPARAMS  # and its integer ones
+MAX_BIAS = PICK_MAX_BIAS  # a row's logit-bias entries
 ARGMAX_THREADS = 64 if SIMULATED else 256
 ARGMAX_PER = 4  # logits a thread of the argmax launch reads (unrolled by hand in the kernel)
 F0 = np.float32(0.0)
@@ -216,16 +223,17 @@ SAMPLE_JIT_OPTIONS = {"launch_bounds": (1024, 1)}
 
 @cuda.jit(**({} if SIMULATED else SAMPLE_JIT_OPTIONS))
 def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, iparam_rows,
-                  state_rows, cand_v_rows, cand_i_rows):
+                  state_rows, cand_v_rows, cand_i_rows, bias_id_rows, bias_val_rows):
     # per row (blockIdx.y): logits [n_vocab] f32; tokens [capacity] i32; n_tokens[row] i32;
-    # fparams [N_FPARAMS] f32; iparams [3] i64; state [2 or 3] u64 zero at launch (best key,
-    # blocks done, NaN met);
+    # fparams [N_FPARAMS] f32; iparams [N_IPARAMS] i64; state [2 or 3] u64 zero at launch
+    # (best key, blocks done, NaN met); bias_ids / bias_vals [MAX_BIAS] i32 / f32;
     # cand_v / cand_i: [pick_blocks(n_vocab) * KMAX] f32 / i32, each block's n_keep best (or,
     # drawing over every token, its largest logit and mass at cand_v[b * KMAX], [+ 1])
     row = cuda.blockIdx.y
     logits, tokens, state = logits_rows[row], token_rows[row], state_rows[row]
     fparams, iparams = fparam_rows[row], iparam_rows[row]
     cand_v, cand_i = cand_v_rows[row], cand_i_rows[row]
+    bias_ids, bias_vals, n_bias = bias_id_rows[row], bias_val_rows[row], iparams[3]
     sv = cuda.shared.array(PICK_CHUNK, np.float32)  # the block's chunk; then lists to merge
     si = cuda.shared.array(PICK_CHUNK, np.int32)
     scratch = cuda.shared.array(KMAX, np.float32)
@@ -241,7 +249,8 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
     last_n = min(iparams[2], n, bd)
     if fparams[3] == np.float32(1.0) and fparams[4] == F0 and fparams[5] == F0:
         last_n = 0
-    if stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, sv, si):
+    if stage_chunk(logits, n_vocab, lo, tokens, n, fparams, last_n, bias_ids, bias_vals, n_bias,
+                   sv, si):
         flag_nan(state)
     if temp <= F0:  # greedy on the penalised logits, as argmax
         best, bi = np.int64(-1), lo
@@ -264,8 +273,9 @@ def sample_kernel(logits_rows, n_vocab, token_rows, n_tokens, fparam_rows, ipara
             cand_v[np.int64(cuda.blockIdx.x) * KMAX + 1] = s_b
         if not last_block(state, flag):
             return
-        tok = full_draw(logits, n_vocab, tokens, n, fparams, last_n, inv_t,
-                        uniform01(iparams[0], n), cand_v, cuda.gridDim.x, sv, si, part, found)
+        tok = full_draw(logits, n_vocab, tokens, n, fparams, last_n, bias_ids, bias_vals,
+                        n_bias, inv_t, uniform01(iparams[0], n), cand_v, cuda.gridDim.x, sv, si,
+                        part, found)
         if t == 0:
             push_token(tokens, n_tokens, row, tok)
         return
@@ -388,42 +398,49 @@ def argmax(logits, tokens, n_tokens, state, *, stream=0) -> None:
     argmax_kernel[grid, ARGMAX_THREADS, stream](logits, logits.shape[1], tokens, n_tokens, state)
 
 
-def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, *,
-           stream=0) -> None:
+def sample(logits, tokens, n_tokens, fparams, iparams, state, cand_v, cand_i, bias_ids,
+           bias_vals, *, stream=0) -> None:
     """Sample one token into the device history (see the module doc for the parameters).
     `state` (uint64 [2]) must be zero and is left zero; `cand_v` / `cand_i` (float32 / int32,
-    at least pick_blocks(n_vocab) * KMAX each) are scratch. Several sequences in one launch:
-    as `argmax`, with fparams [R, N_FPARAMS], iparams [R, 3] and cand_v / cand_i
-    [R, >= blocks * KMAX] (each row its own settings)."""
+    at least pick_blocks(n_vocab) * KMAX each) are scratch; `bias_ids` / `bias_vals` (int32 /
+    float32 [MAX_BIAS]) the logit bias, iparams[3] entries of it in use. Several sequences in
+    one launch: as `argmax`, with fparams [R, N_FPARAMS], iparams [R, N_IPARAMS], cand_v /
+    cand_i [R, >= blocks * KMAX] and bias_ids / bias_vals [R, MAX_BIAS] (each row its own)."""
     one = getattr(logits, "ndim", len(logits.shape)) == 1
     logits, tokens, n_tokens, state = _check_pick("sample", logits, tokens, n_tokens, state)
     n_rows, n_vocab = logits.shape
     if one:
         check_array("fparams", fparams, np.float32, (N_FPARAMS,))
-        check_array("iparams", iparams, np.int64, (3,))
+        check_array("iparams", iparams, np.int64, (N_IPARAMS,))
         check_array("cand_v", cand_v, np.float32, (None,))
         check_array("cand_i", cand_i, np.int32, (None,))
-        fparams, iparams, cand_v, cand_i = (_rows(fparams), _rows(iparams), _rows(cand_v),
-                                            _rows(cand_i))
+        check_array("bias_ids", bias_ids, np.int32, (MAX_BIAS,))
+        check_array("bias_vals", bias_vals, np.float32, (MAX_BIAS,))
+        fparams, iparams, cand_v, cand_i, bias_ids, bias_vals = (
+            _rows(fparams), _rows(iparams), _rows(cand_v), _rows(cand_i), _rows(bias_ids),
+            _rows(bias_vals))
     else:
         check_array("fparams", fparams, np.float32, (n_rows, N_FPARAMS))
-        check_array("iparams", iparams, np.int64, (n_rows, 3))
+        check_array("iparams", iparams, np.int64, (n_rows, N_IPARAMS))
         check_array("cand_v", cand_v, np.float32, (n_rows, None))
         check_array("cand_i", cand_i, np.int32, (n_rows, None))
+        check_array("bias_ids", bias_ids, np.int32, (n_rows, MAX_BIAS))
+        check_array("bias_vals", bias_vals, np.float32, (n_rows, MAX_BIAS))
     n_blocks = pick_blocks(n_vocab)
     if cand_v.shape[1] < pick_cand_len(n_vocab) or cand_i.shape[1] < n_blocks * KMAX:
         raise ValueError(f"cand_v and cand_i need {pick_cand_len(n_vocab)} and "
                          f"{n_blocks * KMAX} entries for {n_vocab} logits, got "
                          f"{cand_v.shape[1]} and {cand_i.shape[1]}")
     sample_kernel[(n_blocks, n_rows), THREADS, stream](logits, n_vocab, tokens, n_tokens,
-                                                       fparams, iparams, state, cand_v, cand_i)
+                                                       fparams, iparams, state, cand_v, cand_i,
+                                                       bias_ids, bias_vals)
 
 
 def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                 repeat_penalty: float = 1.0, penalty_last_n: int = 64, seed: int = 0,
-                presence_penalty: float = 0.0, frequency_penalty: float = 0.0):
-    """(fparams [N_FPARAMS], iparams [3]) host arrays for `sample`, validated (copy them to the
-    device)."""
+                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, n_bias: int = 0):
+    """(fparams [N_FPARAMS], iparams [N_IPARAMS]) host arrays for `sample`, validated (copy them
+    to the device); `n_bias`: the entries of the row's bias table in use (`bias_table`)."""
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if not 0.0 <= min_p < 1.0:
@@ -435,10 +452,33 @@ def make_params(*, temperature: float, top_k: int = 40, top_p: float = 0.95, min
     if not (np.isfinite(presence_penalty) and np.isfinite(frequency_penalty)):
         raise ValueError(f"presence_penalty and frequency_penalty must be finite, got "
                          f"{presence_penalty} and {frequency_penalty}")
+    if not 0 <= n_bias <= MAX_BIAS:
+        raise ValueError(f"n_bias must be in [0, {MAX_BIAS}], got {n_bias}")
     f = np.array([temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty],
                  dtype=np.float32)
-    i = np.array([seed & (2**63 - 1), top_k, penalty_last_n], dtype=np.int64)
+    i = np.array([seed & (2**63 - 1), top_k, penalty_last_n, n_bias], dtype=np.int64)
     return f, i
+
+
+def bias_table(logit_bias, n_vocab: int):
+    """(ids int32 [MAX_BIAS], vals float32 [MAX_BIAS]) host arrays of a row's logit bias
+    ((token id, value) pairs; ids -1 past them), validated: ids unique and in the vocabulary,
+    values finite, at most MAX_BIAS entries. Its length is make_params' `n_bias`."""
+    pairs = list(logit_bias)
+    if len(pairs) > MAX_BIAS:
+        raise ValueError(f"the device takes at most {MAX_BIAS} logit-bias entries, got "
+                         f"{len(pairs)}")
+    ids = np.full(MAX_BIAS, -1, np.int32)
+    vals = np.zeros(MAX_BIAS, np.float32)
+    if pairs:
+        got = np.array([int(t) for t, _ in pairs], np.int64)
+        if got.min() < 0 or got.max() >= n_vocab or np.unique(got).size != got.size:
+            raise ValueError(f"logit bias ids must be unique and in 0..{n_vocab - 1}")
+        v = np.array([float(b) for _, b in pairs], np.float64)
+        if not np.isfinite(v).all():
+            raise ValueError("logit bias values must be finite")
+        ids[:got.size], vals[:got.size] = got, v
+    return ids, vals
 
 
 _F32 = types.float32[:, ::1]
@@ -447,4 +487,4 @@ register_ptx("sampling", "argmax", lambda: (argmax_kernel.py_func, (
     _F32, types.int64, _I32, types.int32[::1], types.uint64[:, ::1])))
 register_ptx("sampling", "sample", lambda: (sample_kernel.py_func, (
     _F32, types.int64, _I32, types.int32[::1], _F32, types.int64[:, ::1], types.uint64[:, ::1],
-    _F32, _I32)), options=SAMPLE_JIT_OPTIONS)
+    _F32, _I32, _I32, _F32)), options=SAMPLE_JIT_OPTIONS)

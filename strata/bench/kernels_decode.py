@@ -189,7 +189,7 @@ def qkv_normed(ctx: Ctx) -> list[Result]:
 def sampling_group(ctx: Ctx) -> list[Result]:
     """Token choice over a 151,936-logit vocabulary, 48 launches a graph (the history fills
     up: later launches choose and append nothing, and are timed all the same)."""
-    from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
+    from strata.cuda_kernels.sampling import KMAX, argmax, bias_table, make_params, sample
     from strata.plan.pick import pick_blocks, pick_cand_len
     cuda, reps = ctx.cuda, 48
     logits = ctx.upload((ctx.rng.standard_normal(N_VOCAB) * 3).astype(np.float32))
@@ -216,8 +216,16 @@ def sampling_group(ctx: Ctx) -> list[Result]:
                           ("sample t=0.7 top-k 0 top-p .9 (256 best + mass)",
                            dict(temperature=0.7, top_k=0, top_p=0.9, min_p=0.0)),
                           ("sample t=1 every token (no sort)",
-                           dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0))):
-        f, i = (ctx.upload(a) for a in make_params(**params))
-        timed(label, lambda s, f=f, i=i: sample(logits, tokens, n_tok, f, i, state, cand_v,
-                                                cand_i, stream=s))
+                           dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)),
+                          ("sample greedy, a 300-entry logit bias",
+                           dict(temperature=0.0, logit_bias=tuple(
+                               (t * 499, 1.5) for t in range(300)))),
+                          ("sample t=0.8 top-k 40, a 300-entry logit bias",
+                           dict(temperature=0.8, top_k=40, logit_bias=tuple(
+                               (t * 499, -2.0) for t in range(300))))):
+        bias = params.pop("logit_bias", ())
+        f, i = (ctx.upload(a) for a in make_params(**params, n_bias=len(bias)))
+        bid, bval = (ctx.upload(a) for a in bias_table(bias, N_VOCAB))
+        timed(label, lambda s, f=f, i=i, bid=bid, bval=bval: sample(
+            logits, tokens, n_tok, f, i, state, cand_v, cand_i, bid, bval, stream=s))
     return out

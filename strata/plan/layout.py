@@ -15,7 +15,8 @@ import numpy as np
 
 from strata.gguf.shape import ModelShape
 from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
-from strata.plan.pick import PICK_FPARAMS, PICK_KMAX, pick_blocks, pick_cand_len
+from strata.plan.pick import (PICK_FPARAMS, PICK_IPARAMS, PICK_KMAX, PICK_MAX_BIAS, pick_blocks,
+                               pick_cand_len)
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
@@ -228,7 +229,10 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("n_tokens", np.int32, (n_b,))
     # temperature, top_p, min_p, repeat, presence and frequency penalties
     b.add("sample_fparams", np.float32, (n_b, PICK_FPARAMS))
-    b.add("sample_iparams", np.int64, (n_b, 3))  # seed, top_k, penalty window
+    b.add("sample_iparams", np.int64, (n_b, PICK_IPARAMS))  # seed, top_k, window, n_bias
+    # each row's logit bias: token ids (-1 past the row's n_bias) and the values added
+    b.add("sample_bias_ids", np.int32, (n_b, PICK_MAX_BIAS))
+    b.add("sample_bias_vals", np.float32, (n_b, PICK_MAX_BIAS))
     b.add("slot_table", np.int32, (s.n_layer, s.n_expert))  # (layer, expert) -> slot, -1 = miss
     b.add("slot_off", np.int64, (s.n_layer * s.n_expert,))  # byte offset of each cache slot
     b.add("host_off", np.int64, (s.n_layer, s.n_expert))  # byte offset of each expert in host

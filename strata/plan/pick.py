@@ -9,6 +9,10 @@ PICK_CHUNK = 4096  # logits a sampler block stages and sorts (a power of two)
 PICK_KMAX = 256    # the most candidates top-k keeps (top_k 0 or larger: the 256 largest)
 # a row's float settings: temperature, top_p, min_p, repeat, presence and frequency penalties
 PICK_FPARAMS = 6
+# a row's integer settings: seed, top_k, penalty window, logit-bias entries in use
+PICK_IPARAMS = 4
+# logit-bias entries a row's table holds ((token id, bias) pairs: 8 KiB a row)
+PICK_MAX_BIAS = 1024
 
 
 def pick_cand_len(n_vocab: int) -> int:

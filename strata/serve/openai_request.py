@@ -5,11 +5,12 @@ the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`),
 a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword the output
 could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`):
 nothing is silently dropped. `n` choices are `n` sequences (`strata.serve.choices`).
-`logit_bias` (token id -> -100..100) is added to the logits before the penalties; `logprobs`
-(chat: `logprobs` and `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own
+`logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the
+device too: the sampler's bias table holds MAX_LOGIT_BIAS entries); `logprobs` (chat:
+`logprobs` and `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own
 log-probabilities, before bias, penalties and temperature; `response_format` json_object /
-json_schema constrains the answer (`strata.engine.json_constraint`). These make the host sample
-that sequence (the device sampler has none of them). `presence_penalty` and `frequency_penalty`
+json_schema constrains the answer (`strata.engine.json_constraint`). These two make the host
+sample that sequence (they read its logits). `presence_penalty` and `frequency_penalty`
 (-2..2) apply to the last 64 tokens of the sequence, prompt included (llama.cpp's window;
 `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes also take `top_k`,
 `min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.plan.pick import PICK_MAX_BIAS
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
@@ -28,7 +30,9 @@ from strata.serve.fields import Fields, join
 from strata.serve.job import MAX_TOP_LOGPROBS, PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
-MAX_LOGIT_BIAS = 1024  # entries; a bias on more tokens than this is a mistake or an attack
+# entries; a bias on more tokens than this is a mistake or an attack (and the device sampler's
+# table holds exactly this many)
+MAX_LOGIT_BIAS = PICK_MAX_BIAS
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 

@@ -301,9 +301,11 @@ def test_norm_rope_router_elementwise():
 
 
 def test_sampling_full_vocab():
-    from strata.cuda_kernels.sampling import KMAX, argmax, make_params, sample
+    from strata.cuda_kernels.sampling import KMAX, argmax, bias_table, make_params, sample
+    from strata.engine.sampler import apply_logit_bias
     from strata.plan.pick import pick_blocks, pick_cand_len
     cuda = _cuda()
+    no_bias = [cuda.to_device(a) for a in bias_table((), 1)]
     rng = np.random.default_rng()
     n_vocab = 151936
     logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
@@ -329,19 +331,33 @@ def test_sampling_full_vocab():
                    # penalties exact in float32 (quarters): no rounding the host does otherwise
                    dict(temperature=0.9, top_k=40, top_p=0.95, min_p=0.0, presence_penalty=0.5,
                         frequency_penalty=0.25),
-                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, frequency_penalty=1.5)):
+                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, frequency_penalty=1.5),
+                   # a logit bias of 300 entries over the blocks (the leader banned, the last
+                   # block's tail raised): the device's table against the host's apply_logit_bias
+                   dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, bias=True),
+                   dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1.1,
+                        bias=True),
+                   dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, bias=True)):
         full = dict(repeat_penalty=1.0, penalty_last_n=64, seed=int(rng.integers(2**62))) | params
-        f, i = make_params(**full)
+        biased = full.pop("bias", False)
         for _ in range(4):
             logits = (rng.standard_normal(n_vocab) * 3).astype(np.float32)
+            bias = ()
+            if biased:
+                ids = rng.choice(n_vocab - 1, 298, replace=False)
+                ids = ids[ids != int(np.argmax(logits))]
+                bias = tuple((int(t), float(rng.uniform(-3, 3))) for t in ids[:297])
+                bias += ((n_vocab - 1, 4.0), (int(np.argmax(logits)), -100.0))
+            f, i = make_params(**full, n_bias=len(bias))
             hist = tokens.copy_to_host()[:n.copy_to_host()[0]]
-            want = ref_sample(logits, hist, **full)
+            want = ref_sample(apply_logit_bias(logits, bias), hist, **full)
+            table = [cuda.to_device(a) for a in bias_table(bias, n_vocab)] if bias else no_bias
             sample(cuda.to_device(logits), tokens, n, cuda.to_device(f), cuda.to_device(i),
-                   state, cand_v, cand_i)
+                   state, cand_v, cand_i, *table)
             got = tokens.copy_to_host()[n.copy_to_host()[0] - 1]
             assert got == want, (params, got, want)
             assert state.copy_to_host().tolist() == [0, 0]
-    ROWS.append(("sample (exact token match)", f"({n_vocab},) x 28 steps", 0.0, 1.0))
+    ROWS.append(("sample (exact token match, bias too)", f"({n_vocab},) x 40 steps", 0.0, 1.0))
     # three sequences in one launch, each by its own settings (a batched step's choice)
     rows = [dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
             dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
@@ -358,7 +374,8 @@ def test_sampling_full_vocab():
     lg3 = (rng.standard_normal((3, n_vocab)) * 3).astype(np.float32)
     want = [ref_sample(lg3[r], hist[r, :[2, 5, 7][r]], **rows[r]) for r in range(3)]
     sample(cuda.to_device(lg3), t3, n3, cuda.to_device(fp), cuda.to_device(ip),
-           cuda.to_device(np.zeros((3, 2), np.uint64)), *c3)
+           cuda.to_device(np.zeros((3, 2), np.uint64)), *c3,
+           *(cuda.to_device(np.stack([a] * 3)) for a in bias_table((), 1)))
     got = t3.copy_to_host()
     assert [int(got[r, [2, 5, 7][r]]) for r in range(3)] == want
     assert n3.copy_to_host().tolist() == [3, 6, 8]

@@ -8,8 +8,8 @@ from numba import cuda
 
 from helpers.sampling_ref import ref_sample as _ref_sample
 from helpers.sampling_ref import ref_support
-from strata.cuda_kernels.sampling import (KMAX, argmax, argmax_blocks, make_params, sample,
-                                          uniform, uniform01)
+from strata.cuda_kernels.sampling import (KMAX, MAX_BIAS, argmax, argmax_blocks, bias_table,
+                                          make_params, sample, uniform, uniform01)
 from strata.plan.pick import pick_blocks, pick_cand_len
 
 
@@ -72,14 +72,17 @@ def test_argmax_checks_its_arguments():
         argmax(logits.astype(np.float64), tokens, n, np.zeros(2, np.uint64))
 
 
-def _sample(logits, tokens, n, f, i):
+NO_BIAS = bias_table((), 1)  # (ids, values): a table with no entry in use
+
+
+def _sample(logits, tokens, n, f, i, bias=NO_BIAS):
     """`sample` with fresh scratch, checking the launch leaves its state at zero and the
     logits as they were."""
     state = np.zeros(2, np.uint64)
     cand_v = np.full(pick_cand_len(logits.size), np.nan, np.float32)
     cand_i = np.full(pick_blocks(logits.size) * KMAX, -7, np.int32)
     before = logits.copy()
-    sample(logits, tokens, n, f, i, state, cand_v, cand_i)
+    sample(logits, tokens, n, f, i, state, cand_v, cand_i, *bias)
     assert state.tolist() == [0, 0]
     np.testing.assert_array_equal(logits, before)
 
@@ -220,10 +223,13 @@ def test_sample_checks_its_scratch():
     state = np.zeros(2, np.uint64)
     short = np.zeros(2 * KMAX + 3, np.float32)  # two blocks' lists, not their masses
     with pytest.raises(ValueError, match="cand_v and cand_i need 516 and 512"):
-        sample(logits, tokens, n, f, i, state, short, np.zeros(2 * KMAX, np.int32))
+        sample(logits, tokens, n, f, i, state, short, np.zeros(2 * KMAX, np.int32), *NO_BIAS)
     with pytest.raises(ValueError, match="state"):
         sample(logits, tokens, n, f, i, np.zeros(2, np.int32), np.zeros(2 * KMAX, np.float32),
-               np.zeros(2 * KMAX, np.int32))
+               np.zeros(2 * KMAX, np.int32), *NO_BIAS)
+    with pytest.raises(ValueError, match="bias_ids: shape"):
+        sample(logits, tokens, n, f, i, state, np.zeros(2 * KMAX + 4, np.float32),
+               np.zeros(2 * KMAX, np.int32), NO_BIAS[0][:10], NO_BIAS[1])
 
 
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
@@ -253,6 +259,57 @@ def test_seed_changes_the_draw_and_params_are_checked():
         make_params(temperature=1.0, repeat_penalty=0.0)
     with pytest.raises(ValueError, match="frequency_penalty"):
         make_params(temperature=1.0, frequency_penalty=float("nan"))
+    with pytest.raises(ValueError, match="n_bias must be in"):
+        make_params(temperature=1.0, n_bias=MAX_BIAS + 1)
+
+
+def test_the_bias_table_is_checked():
+    ids, vals = bias_table(((7, -1.5), (2, 100.0)), 10)
+    assert ids.shape == vals.shape == (MAX_BIAS,)
+    assert ids[:3].tolist() == [7, 2, -1] and vals[:3].tolist() == [-1.5, 100.0, 0.0]
+    for bad, what in ((((10, 1.0),), "in 0..9"), (((3, 1.0), (3, 2.0)), "unique"),
+                      (((-1, 1.0),), "in 0..9"), (((3, float("inf")),), "finite"),
+                      (tuple((t, 1.0) for t in range(MAX_BIAS + 1)), "at most")):
+        with pytest.raises(ValueError, match=what):
+            bias_table(bad, 10 if len(bad) < 5 else 2 * MAX_BIAS)
+
+
+@pytest.mark.parametrize("params", [
+    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
+    dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0, repeat_penalty=1.5),
+    dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, presence_penalty=0.5),
+    dict(temperature=1.2, top_k=0, top_p=1.0, min_p=0.0),
+    dict(temperature=0.6, top_k=0, top_p=0.9, min_p=0.0),
+])
+def test_a_logit_bias_is_the_hosts(params):
+    """A bias in every block (the last part-full), one that makes a token the leader, one
+    that bans the leader (-100), one on a penalised token (the bias goes on before the
+    penalty): each step's token is the float64 mirror's over the host's `apply_logit_bias` of
+    the logits, as the host `Sampler` applies it."""
+    from strata.engine.sampler import apply_logit_bias
+    rng = np.random.default_rng(int(params["temperature"] * 10) + int(params.get(
+        "repeat_penalty", 1) * 7))
+    n_vocab = 9000  # three blocks, the last part-full
+    full = dict(repeat_penalty=1.0, penalty_last_n=8, seed=31) | params
+    tokens = np.full(16, -1, np.int32)
+    tokens[:3] = [4100, 12, 8990]
+    n = np.array([3], np.int32)
+    for step in range(3):
+        logits = (rng.standard_normal(n_vocab) * 1.5).astype(np.float32)
+        lead = int(np.argmax(logits))
+        bias = ((8995, 6.0 + step), (4100, 3.5), (int(tokens[n[0] - 1]), 1.25), (77, -2.0),
+                (lead, -100.0))
+        bias = tuple(dict(bias).items())  # one entry an id (a repeat keeps the last: the ban)
+        f, i = make_params(**full, n_bias=len(bias))
+        want = _ref_sample(apply_logit_bias(logits, bias), tokens[:n[0]].copy(), **full)
+        _sample(logits, tokens, n, f, i, bias_table(bias, n_vocab))
+        assert tokens[n[0] - 1] == want, step
+        assert want != lead
+    # the same logits without the table's entries in use (n_bias 0): as unbiased
+    f, i = make_params(**full)
+    want = _ref_sample(logits, tokens[:n[0]].copy(), **full)
+    _sample(logits, tokens, n, f, i, bias_table(bias, n_vocab))
+    assert tokens[n[0] - 1] == want
 
 
 @cuda.jit
@@ -305,7 +362,8 @@ def test_a_cut_over_every_token_draws_from_the_256_best_and_all_the_mass(params)
         want, past = _ref_sample(logits, hist, **full), ref_past(logits, hist, **full)
         state = np.zeros(3, np.uint64)
         cand_v = np.full(pick_cand_len(n_vocab), np.nan, np.float32)
-        sample(logits, tokens, n, f, i, state, cand_v, np.full(3 * KMAX, -7, np.int32))
+        sample(logits, tokens, n, f, i, state, cand_v, np.full(3 * KMAX, -7, np.int32),
+               *NO_BIAS)
         assert tokens[n[0] - 1] == want
         assert state.tolist() == [0, 0, FLAG_PAST if past else 0]
         pasts.append(past)

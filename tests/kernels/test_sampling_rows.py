@@ -7,18 +7,24 @@ import numpy as np
 import pytest
 
 from helpers.sampling_ref import ref_sample
-from strata.cuda_kernels.sampling import KMAX, N_FPARAMS, argmax, make_params, sample
+from strata.cuda_kernels.sampling import (KMAX, MAX_BIAS, N_FPARAMS, N_IPARAMS, argmax, bias_table,
+                                          make_params, sample)
 from strata.engine.sampler import SamplingParams, filtered_support
 from strata.plan.pick import PICK_CHUNK, pick_blocks, pick_cand_len
 
 FULL = dict(top_k=0, top_p=1.0, min_p=0.0)
+NO_BIAS = bias_table((), 1)
+
+
+def _no_bias(n_rows):
+    return np.full((n_rows, MAX_BIAS), -1, np.int32), np.zeros((n_rows, MAX_BIAS), np.float32)
 
 
 def _launch(logits, tokens, n, f, i):
     state = np.zeros(2, np.uint64)
     cand_v = np.full(pick_cand_len(logits.size), np.nan, np.float32)
     cand_i = np.full(pick_blocks(logits.size) * KMAX, -7, np.int32)
-    sample(logits, tokens, n, f, i, state, cand_v, cand_i)
+    sample(logits, tokens, n, f, i, state, cand_v, cand_i, *NO_BIAS)
     assert state.tolist() == [0, 0]
 
 
@@ -70,8 +76,10 @@ def test_every_token_draw_is_the_host_samplers_distribution():
 
 def test_one_launch_picks_each_rows_token_by_its_own_settings():
     """Four rows in one launch: greedy, top-k 40, every token, and top-k 5 with a penalty;
+    rows 0 and 2 with a logit bias of their own (row 1's table holds entries it does not use);
     each row's token is the mirror's for its own logits, history and settings, and each row's
     length moves on by one."""
+    from strata.engine.sampler import apply_logit_bias
     rng = np.random.default_rng(21)
     n_rows, n_vocab, cap = 4, PICK_CHUNK + 300, 16
     settings = [dict(temperature=0.0, top_k=40, top_p=1.0, min_p=0.0),
@@ -81,10 +89,14 @@ def test_one_launch_picks_each_rows_token_by_its_own_settings():
                      presence_penalty=0.5, frequency_penalty=0.25)]
     full = [dict(repeat_penalty=1.0, penalty_last_n=64, seed=1000 + r) | s
             for r, s in enumerate(settings)]
+    biases = [((5, 4.0), (PICK_CHUNK + 7, 3.0)), (), ((11, -100.0), (PICK_CHUNK + 299, 5.0)), ()]
     fp = np.zeros((n_rows, N_FPARAMS), np.float32)
-    ip = np.zeros((n_rows, 3), np.int64)
+    ip = np.zeros((n_rows, N_IPARAMS), np.int64)
+    bid, bval = _no_bias(n_rows)
     for r, p in enumerate(full):
-        fp[r], ip[r] = make_params(**p)
+        fp[r], ip[r] = make_params(**p, n_bias=len(biases[r]))
+        bid[r], bval[r] = bias_table(biases[r], n_vocab)
+    bid[1], bval[1] = bias_table(((3, 50.0),), n_vocab)  # in the table, not in use
     tokens = rng.integers(0, n_vocab, (n_rows, cap)).astype(np.int32)
     n = np.array([3, 5, 2, 7], np.int32)
     state = np.zeros((n_rows, 2), np.uint64)
@@ -93,10 +105,10 @@ def test_one_launch_picks_each_rows_token_by_its_own_settings():
     for _ in range(3):
         logits = (rng.standard_normal((n_rows, n_vocab)) * 2).astype(np.float32)
         logits[3, tokens[3, n[3] - 1]] += 8.0  # row 3's last token leads until penalised
-        want = [ref_sample(logits[r], tokens[r, :n[r]].copy(), **full[r])
-                for r in range(n_rows)]
+        want = [ref_sample(apply_logit_bias(logits[r], biases[r]), tokens[r, :n[r]].copy(),
+                           **full[r]) for r in range(n_rows)]
         before = n.copy()
-        sample(logits, tokens, n, fp, ip, state, cand_v, cand_i)
+        sample(logits, tokens, n, fp, ip, state, cand_v, cand_i, bid, bval)
         np.testing.assert_array_equal(n, before + 1)
         assert [int(tokens[r, before[r]]) for r in range(n_rows)] == want
         assert not state.any()
@@ -119,7 +131,7 @@ def test_argmax_rows_and_the_row_checks():
     f, i = make_params(temperature=1.0)
     with pytest.raises(ValueError, match="fparams: shape"):
         sample(logits, tokens, n, f, i, state, np.zeros((3, KMAX), np.float32),
-               np.zeros((3, KMAX), np.int32))
+               np.zeros((3, KMAX), np.int32), *_no_bias(3))
 
 
 @pytest.mark.parametrize("mode", ["argmax", "top-k", "every token"])
@@ -144,7 +156,7 @@ def test_a_nan_logit_sets_the_rows_flag_and_only_its_own(mode):
         f, i = make_params(**params, seed=3)
         cand = np.zeros((2, pick_cand_len(n_vocab)), np.float32)
         sample(lg, tokens, n, np.stack([f, f]), np.stack([i, i]), st, cand,
-               np.zeros((2, pick_blocks(n_vocab) * KMAX), np.int32))
+               np.zeros((2, pick_blocks(n_vocab) * KMAX), np.int32), *_no_bias(2))
 
     launch(logits, state)
     assert state[:, 2].tolist() == [0, 1] and not state[:, :2].any()

@@ -281,16 +281,24 @@ def test_the_cuda_engine_picks_only_what_it_draws_as_the_host_does():
                                            repeat_last_n=THREADS))
     assert not CudaEngine.picks(SamplingParams(temperature=0.8, frequency_penalty=0.5,
                                                repeat_last_n=THREADS + 1))
-    # a logit bias has no table on the device: the host samples it, greedy or drawn, and the
-    # device's own sampling refuses it rather than drop it
+    # a logit bias goes in the device's table (the sampler's, even greedy: the argmax kernel
+    # has none), up to MAX_BIAS entries; past that the host samples it
+    from strata.cuda_kernels.sampling import MAX_BIAS
     from strata.engine.cuda.batch import CudaBatchEngine
     from strata.engine.cuda.run_ahead import may_fall_back, step_mode
     for p in (SamplingParams(temperature=0, logit_bias=((5, 1.0),)),
               SamplingParams(temperature=0.8, top_k=40, logit_bias=((5, -100.0),)),
-              SamplingParams(temperature=1.0, top_k=0, logit_bias=((5, 2.0),))):
-        assert not CudaEngine.picks(p) and not may_fall_back(p) and not CudaBatchEngine.picks(p)
-        with pytest.raises(ValueError, match="logit bias"):
-            step_mode(p)
+              SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                             logit_bias=((5, 2.0),))):
+        assert CudaEngine.picks(p) and CudaBatchEngine.picks(p) and step_mode(p) == "sample"
+        assert not may_fall_back(p)
+    cut = SamplingParams(temperature=1.0, top_k=0, logit_bias=((5, 2.0),))  # top-p 0.95
+    assert not CudaEngine.picks(cut) and may_fall_back(cut)
+    many = tuple((t, 1.0) for t in range(MAX_BIAS + 1))
+    for p in (SamplingParams(temperature=0, logit_bias=many),
+              SamplingParams(temperature=1.0, top_k=0, logit_bias=many)):
+        assert not CudaEngine.picks(p) and not may_fall_back(p)
+    assert CudaEngine.picks(SamplingParams(temperature=0, logit_bias=many[:MAX_BIAS]))
 
 
 def test_greedy_with_a_penalty_runs_the_sampler_not_the_argmax():

@@ -130,8 +130,12 @@ def test_session_layout_scales_with_batch_and_context():
     # frequency penalties (f32); seed, top_k and the penalties' window (i64)
     assert four.region("sample_fparams").shape == (4, 6)
     assert four.region("sample_fparams").dtype == "float32"
-    assert four.region("sample_iparams").shape == (4, 3)
+    assert four.region("sample_iparams").shape == (4, 4)  # seed, top_k, window, n_bias
     assert four.region("sample_iparams").dtype == "int64"
+    assert four.region("sample_bias_ids").shape == (4, 1024)
+    assert four.region("sample_bias_ids").dtype == "int32"
+    assert four.region("sample_bias_vals").shape == (4, 1024)
+    assert four.region("sample_bias_vals").dtype == "float32"
     assert one.region("slot_table").shape == (48, 128) and one.region("slot_table").dtype == "int32"
     assert one.region("slot_off").shape == (48 * 128,) and one.region("slot_off").dtype == "int64"
     assert one.region("hit_counts").dtype == "int64"

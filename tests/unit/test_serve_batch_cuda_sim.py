@@ -180,6 +180,28 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     assert start() == tok
     assert eng.decode_picked([0, 1], [tok[0], tok[1]], pen) == want
 
+    # a logit bias, in the rows' device tables: greedy, the host `Sampler`'s token (the leader
+    # banned); drawn over every token, the mirror's over the host's biased logits
+    from strata.engine.sampler import apply_logit_bias
+    eng.release(0)
+    eng.release(1)
+    tok = start()
+    logits = eng.decode([0, 1], [tok[0], tok[1]])
+    ban = int(np.argmax(logits[0]))
+    biased = [SamplingParams(temperature=0.0, logit_bias=((ban, -100.0), (7, 0.5))),
+              SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=77,
+                             logit_bias=((int(np.argmax(logits[1])), -30.0), (2, 9.0)))]
+    assert all(eng.picks(p) for p in biased)
+    want = [Sampler(biased[0])(logits[0]),
+            ref_sample(apply_logit_bias(logits[1], biased[1].logit_bias),
+                       np.array(PROMPTS[1] + [tok[1]]), temperature=1.3, top_k=0, top_p=1.0,
+                       min_p=0.0, repeat_penalty=1.0, penalty_last_n=64, seed=77)]
+    assert want[0] != ban
+    eng.release(0)
+    eng.release(1)
+    assert start() == tok
+    assert eng.decode_picked([0, 1], [tok[0], tok[1]], biased) == want
+
 
 def test_one_row_runs_the_single_engines_step(tmp_models):
     """A step of one row runs `DecodeStep` on row 0 (the single engine's fused launches): its

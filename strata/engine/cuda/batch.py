@@ -34,7 +34,7 @@ import numpy as np
 from numba import cuda
 
 from strata.cuda_kernels.kvcache import KvLayout, KvSide
-from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, N_FPARAMS, make_params
+from strata.cuda_kernels.sampling import FLAG_NAN, FLAG_PAST, MAX_BIAS, N_FPARAMS, N_IPARAMS
 from strata.engine.cuda import prompt_steps
 # the options' names, where serve and the tests have always imported them from
 from strata.engine.cuda.batch_options import (  # noqa: F401
@@ -45,7 +45,7 @@ from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.options import CudaEngineError
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
-from strata.engine.cuda.run_ahead import may_fall_back, picks
+from strata.engine.cuda.run_ahead import device_params, may_fall_back, picks
 from strata.engine.engine import (ContextFullError, EngineInputError, PromptRecord,
                                   reusable_prefix)
 from strata.engine.sampler import SamplingParams
@@ -95,14 +95,17 @@ class CudaBatchEngine:
         self._prompts: list[PromptRecord | None] = [None] * n
         self.n_reused = 0  # prompt tokens the last prefill found in KV (its row's or copied)
         self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] rows' sampling
-        self._iparams = _host_buffer((n, 3), np.int64)  # [n_slots, 3]
+        self._iparams = _host_buffer((n, N_IPARAMS), np.int64)  # [n_slots, 4]
+        self._bias_ids = _host_buffer((n, MAX_BIAS), np.int32)  # [n_slots, MAX_BIAS] i32
+        self._bias_vals = _host_buffer((n, MAX_BIAS), np.float32)  # [n_slots, MAX_BIAS] f32
         self._hits = _host_buffer((s.n_layer, 2), np.int64)  # [n_layer, 2] i64, after each step
         # rows 0..k-1 of the logits, device and host, per row count k: sliced here once, since
         # a device array's slice costs tens of microseconds of Python on every step
         self._logit_rows = {k: (m.acts["logits"][:k], self._logits[:k]) for k in range(1, n + 1)}
         a = m.acts  # and the same for the picked path's settings and tokens
         self._pick_rows = {k: (a["sample_fparams"][:k], a["sample_iparams"][:k],
-                               a["step_tokens"][:k], a["pick_state"][:k])
+                               a["step_tokens"][:k], a["pick_state"][:k],
+                               a["sample_bias_ids"][:k], a["sample_bias_vals"][:k])
                            for k in range(1, n + 1)}
         self._row_sampling: list[SamplingParams | None] = [None] * n  # what each row's are
         self._logit_row = [a["logits"][r] for r in range(n)]  # [n_vocab] f32 each
@@ -392,19 +395,21 @@ class CudaBatchEngine:
         if n == 0:
             return PickedStep([], [], [], -1)
         st, b = self.m.stream, self._buf
-        dev_f, dev_i, dev_tok, dev_state = self._pick_rows[n]
+        dev_f, dev_i, dev_tok, dev_state, dev_bid, dev_bval = self._pick_rows[n]
         # settings are copied to the device only when a row's change (and marked as copied
-        # once they are)
+        # once they are); the bias tables only where a changed row has one (a row without
+        # reads none of its table: its iparams say 0 entries)
         changed = [(r, p) for r, p in zip(rows, sampling) if self._row_sampling[r] != p]
+        biased = any(p.logit_bias for _, p in changed)
         for r, p in changed:
-            self._fparams[r], self._iparams[r] = make_params(
-                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                min_p=min(p.min_p, 0.999999), repeat_penalty=p.repeat_penalty,
-                penalty_last_n=p.repeat_last_n, seed=p.seed or 0,
-                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty)
+            (self._fparams[r], self._iparams[r], self._bias_ids[r],
+             self._bias_vals[r]) = device_params(p, p.seed or 0, self.shape.n_vocab)
         if changed:
             dev_f.copy_to_device(self._fparams[:n], stream=st)
             dev_i.copy_to_device(self._iparams[:n], stream=st)
+            if biased:
+                dev_bid.copy_to_device(self._bias_ids[:n], stream=st)
+                dev_bval.copy_to_device(self._bias_vals[:n], stream=st)
             for r, p in changed:
                 self._row_sampling[r] = p
         self.step.run(n, pick=True)

@@ -133,7 +133,8 @@ class BatchStep:
         count.copy_to_device(a["seq_len"][:n], stream=stream)
         sample(a["logits"][:n], a["history"][:n], count, a["sample_fparams"][:n],
                a["sample_iparams"][:n], a["pick_state"][:n], a["pick_cand_v"][:n],
-               a["pick_cand_i"][:n], stream=stream)
+               a["pick_cand_i"][:n], a["sample_bias_ids"][:n], a["sample_bias_vals"][:n],
+               stream=stream)
         last_tokens(a["history"][:n], count, a["step_tokens"][:n], stream=stream)
 
     def _attention(self, il: int, n: int, stream) -> None:

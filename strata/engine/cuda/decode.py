@@ -87,7 +87,8 @@ class DecodeStep:
         # array's slice costs Python time on every plain step)
         self.pick_rows = tuple(a[k][0:1] for k in ("logits", "history", "pick_state",
                                                    "sample_fparams", "sample_iparams",
-                                                   "pick_cand_v", "pick_cand_i"))
+                                                   "pick_cand_v", "pick_cand_i",
+                                                   "sample_bias_ids", "sample_bias_vals"))
         self.nan_flag = self.pick_rows[2][0][2:3]  # [1] u64: whether a pick met NaN logits
         self.seq_len = a["seq_len"]  # [1] i32: tokens in the KV cache = the next position
         self.moe_routes = [self._moe_routes(il) for il in range(s.n_layer)]
@@ -132,11 +133,12 @@ class DecodeStep:
 
     def pick(self, mode: str, stream) -> None:
         """Append the next token to the device history (mode greedy / sample), or nothing."""
-        logits, history, state, fp, ip, cand_v, cand_i = self.pick_rows
+        logits, history, state, fp, ip, cand_v, cand_i, bias_ids, bias_vals = self.pick_rows
         if mode == "greedy":
             argmax(logits, history, self.n_tokens, state, stream=stream)
         elif mode == "sample":
-            sample(logits, history, self.n_tokens, fp, ip, state, cand_v, cand_i, stream=stream)
+            sample(logits, history, self.n_tokens, fp, ip, state, cand_v, cand_i, bias_ids,
+                   bias_vals, stream=stream)
         elif mode != "logits":
             raise ValueError(f"decode mode {mode!r} is not one of {MODES}")
 

@@ -14,13 +14,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, nan_error, picks, run_ahead,
-                                          step_mode)
+from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
+                                          put_params, run_ahead, step_mode)
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
@@ -191,17 +190,9 @@ class CudaEngine(Engine):
         (the argmax kernel sees them as they are)."""
         if step_mode(sampling) == "greedy":
             return "greedy"
-        f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
-                           top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
-                           repeat_penalty=sampling.repeat_penalty,
-                           penalty_last_n=sampling.repeat_last_n,
-                           seed=sampling.seed if sampling.seed is not None else
-                           int(time.time_ns()),
-                           presence_penalty=sampling.presence_penalty,
-                           frequency_penalty=sampling.frequency_penalty)
-        a = self.m.acts
-        a["sample_fparams"][0].copy_to_device(f, stream=self.m.stream)
-        a["sample_iparams"][0].copy_to_device(i, stream=self.m.stream)
+        seed = sampling.seed if sampling.seed is not None else int(time.time_ns())
+        put_params(self.m.acts, 0, device_params(sampling, seed, self.shape.n_vocab),
+                   self.m.stream)
         return "sample"
 
     def set_miss_path(self, miss_path: str, *, miss_share: float | None = None) -> None:

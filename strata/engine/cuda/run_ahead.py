@@ -14,21 +14,41 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from strata.cuda_kernels.sampling import KMAX, THREADS
+from strata.cuda_kernels.sampling import KMAX, MAX_BIAS, THREADS, bias_table, make_params
 from strata.engine.sampler import SamplingParams
 
 
 def step_mode(sampling: SamplingParams | None) -> str:
     """What picks a single sequence's tokens on the device: "greedy" (the argmax kernel, which
     sees the logits as they are) or "sample" (the sampler, whose temperature 0 takes the arg-max
-    of the penalised logits: greedy with a penalty). A logit bias has no place on the device:
-    refused, never dropped."""
-    if sampling is not None and sampling.logit_bias:
-        raise ValueError("the device sampler takes no logit bias: sample these tokens on the "
-                         "host (`picks` is False for them)")
-    if sampling is None or (sampling.greedy and not sampling.penalised):
+    of the biased and penalised logits: greedy with a bias or a penalty)."""
+    if sampling is None or (sampling.greedy and not sampling.penalised
+                            and not sampling.logit_bias):
         return "greedy"
     return "sample"
+
+
+def device_params(sampling: SamplingParams, seed: int, n_vocab: int):
+    """(fparams, iparams, bias ids, bias values): the host arrays of `sampling` the sampler
+    reads from a row of the device's (`make_params`, `bias_table`); `seed` the draw's."""
+    ids, vals = bias_table(sampling.logit_bias, n_vocab)
+    f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
+                       repeat_penalty=sampling.repeat_penalty,
+                       penalty_last_n=sampling.repeat_last_n, seed=seed,
+                       presence_penalty=sampling.presence_penalty,
+                       frequency_penalty=sampling.frequency_penalty,
+                       n_bias=len(sampling.logit_bias))
+    return f, i, ids, vals
+
+
+PARAM_ROWS = ("sample_fparams", "sample_iparams", "sample_bias_ids", "sample_bias_vals")
+
+
+def put_params(acts, row: int, params, stream) -> None:
+    """Copy `device_params`' four arrays into row `row` of the session's sampler settings."""
+    for name, host in zip(PARAM_ROWS, params):
+        acts[name][row].copy_to_device(host, stream=stream)
 
 
 def _window_held(sampling: SamplingParams) -> bool:
@@ -38,13 +58,13 @@ def _window_held(sampling: SamplingParams) -> bool:
 
 def picks(sampling: SamplingParams | None) -> bool:
     """Whether the device sampler draws from the host `Sampler`'s distribution for `sampling`
-    (its random numbers aside), with a penalty window its block holds: greedy; top-k 1..256;
-    or top-k 0 with top-p 1 and min-p 0 (every token kept). Top-k 0 with a top-p or min-p cut,
-    and top-k past 256, are left to the host: the device keeps at most the 256 best there; so
-    is a logit bias (the device sampler has no table for one)."""
+    (its random numbers aside), with a penalty window its block holds and a logit bias its
+    table holds (MAX_BIAS entries): greedy; top-k 1..256; or top-k 0 with top-p 1 and min-p 0
+    (every token kept). Top-k 0 with a top-p or min-p cut, and top-k past 256, are left to the
+    host: the device keeps at most the 256 best there."""
     if sampling is None:
         return True
-    if sampling.logit_bias:
+    if len(sampling.logit_bias) > MAX_BIAS:
         return False
     if sampling.greedy:
         return _window_held(sampling)
@@ -55,11 +75,12 @@ def picks(sampling: SamplingParams | None) -> bool:
 def may_fall_back(sampling: SamplingParams | None) -> bool:
     """Settings the batched engine's sampler draws on the device from its 256 best and every
     token's mass, handing the logits back to the host where the cut lies past those 256: top-k
-    0 with a top-p or min-p cut (a penalty window its block holds). `picks` leaves them out:
-    `generate` feeds each token on the device before it reads it."""
-    if sampling is None or sampling.greedy or sampling.top_k != 0 or sampling.logit_bias:
+    0 with a top-p or min-p cut (a penalty window its block holds, a bias its table holds).
+    `picks` leaves them out: `generate` feeds each token on the device before it reads it."""
+    if sampling is None or sampling.greedy or sampling.top_k != 0:
         return False
-    return _window_held(sampling) and (sampling.top_p < 1.0 or sampling.min_p > 0.0)
+    return (_window_held(sampling) and len(sampling.logit_bias) <= MAX_BIAS
+            and (sampling.top_p < 1.0 or sampling.min_p > 0.0))
 
 
 class TokenRing:

@@ -17,12 +17,11 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from strata.cuda_kernels.sampling import make_params
 from strata.engine.cuda import prompt_steps
 from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
-from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, nan_error, picks, run_ahead,
-                                          step_mode)
+from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
+                                          put_params, run_ahead, step_mode)
 from strata.engine.engine import ContextFullError, Engine
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
@@ -295,13 +294,6 @@ def _set_sampling(m, sampling: SamplingParams | None) -> str:
     """The sampler's parameters on the stage that samples; returns the step mode."""
     if step_mode(sampling) == "greedy":
         return "greedy"
-    f, i = make_params(temperature=sampling.temperature, top_k=sampling.top_k,
-                       top_p=sampling.top_p, min_p=min(sampling.min_p, 0.999999),
-                       repeat_penalty=sampling.repeat_penalty,
-                       penalty_last_n=sampling.repeat_last_n,
-                       seed=sampling.seed if sampling.seed is not None else time.time_ns(),
-                       presence_penalty=sampling.presence_penalty,
-                       frequency_penalty=sampling.frequency_penalty)
-    m.acts["sample_fparams"][0].copy_to_device(f, stream=m.stream)
-    m.acts["sample_iparams"][0].copy_to_device(i, stream=m.stream)
+    seed = sampling.seed if sampling.seed is not None else time.time_ns()
+    put_params(m.acts, 0, device_params(sampling, seed, m.shape.n_vocab), m.stream)
     return "sample"
