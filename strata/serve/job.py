@@ -105,9 +105,9 @@ class TextEvent:
 
 @dataclass(frozen=True, slots=True)
 class PromptEvent:
-    """The prompt has run: its length and how many of its tokens a finished request's KV held
-    (not computed). Sent once, before the first text; a job that ends before its prompt runs
-    sends none."""
+    """The prompt has run: its length and how many of its tokens were found in K/V, not
+    computed (a finished request's, or a running one's prompt). Sent once, before the first
+    text; a job that ends before its prompt runs sends none."""
 
     n_prompt: int
     n_cached: int = 0

@@ -4,7 +4,8 @@ A response object (`"object": "response"`) whose `output` holds the answer's ite
 `message` item (one `output_text` part) for each run of text, a `function_call` item for each
 tool call. `status` is `completed`, or `incomplete` with `incomplete_details.reason`
 `max_output_tokens` where the budget ended it. Usage counts `input_tokens` (with
-`input_tokens_details.cached_tokens`, the prompt tokens a finished request's KV held) and
+`input_tokens_details.cached_tokens`, the prompt tokens found in K/V: a finished request's
+or a running one's prompt) and
 `output_tokens`.
 
 Streamed, the events of the official API, each with its `event:` line and a `sequence_number`:

@@ -116,7 +116,8 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
              f"tools    {tools}"]
     # whether the worker hands finished sequences' KV to the next prompts (the engine can and
     # --no-prefix-cache is not set)
-    reuse = "on (a finished request's KV, its slot's)" if summary["prefix_cache"] else "off"
+    reuse = ("on (a finished request's KV, its slot's; a running one's prompt, copied)"
+             if summary["prefix_cache"] else "off")
     if summary["backend"] == "cuda":  # the plan's batch: one KV region per sequence
         n, ctx = summary["slots"], summary["max_context"]
         lines.append(f"kv       {n} sequence(s) x {ctx:,} tokens: the plan holds "
