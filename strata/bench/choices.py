@@ -29,41 +29,16 @@ def run_choices(engine: Any, prompt: list[int], n: int, answer: int, *,
     """`n` greedy jobs of `prompt` queued on a fresh worker over `engine` before it starts (one
     admission round, as a request's choices arrive); waits for all. Returns all_first_ms (submit
     to the last choice's first token), all_done_ms, cached_tokens (per choice), answers."""
-    from strata.bench.serve_batch import _Client, _Greedy
-    from strata.serve.job import Job, PromptEvent, Sampling
-    from strata.serve.metrics import Metrics
-    from strata.serve.worker import Worker
+    from strata.bench.serve_batch import run_clients
 
     if n > engine.n_slots:
         raise ValueError(f"{n} choices need {n} slots; the engine has {engine.n_slots}")
-    worker = Worker(engine, _Greedy(True), Metrics(), max_queue=n, prefix_cache=prefix_cache)
-    clients = [_Client(list(prompt)) for _ in range(n)]
-    cached = [0] * n
-
-    def sink_of(i: int, c: _Client):
-        def sink(event) -> None:
-            if isinstance(event, PromptEvent):
-                cached[i] = event.n_cached
-            c.sink(event)
-        return sink
-
-    t0 = time.perf_counter()
-    for i, c in enumerate(clients):
-        c.t_submit = t0
-        worker.submit(Job(c.prompt, Sampling(max_tokens=answer, temperature=0.0), sink_of(i, c)))
-    worker.start()
-    try:
-        for c in clients:
-            if not c.done.wait(600):
-                raise RuntimeError("a choice did not finish in 10 minutes")
-    finally:
-        worker.stop()
-    bad = [c.reason for c in clients if c.reason != "length" or len(c.tokens) != answer]
-    if bad:
-        raise RuntimeError(f"choices ended early: {bad}")
+    clients = run_clients(engine, [list(prompt)] * n, answer, prefix_cache=prefix_cache)
+    t0 = min(c.t_submit for c in clients)
     return {"all_first_ms": (max(c.t_first for c in clients) - t0) * 1e3,
             "all_done_ms": (max(c.t_finish for c in clients) - t0) * 1e3,
-            "cached_tokens": cached, "answers": [list(c.tokens) for c in clients]}
+            "cached_tokens": [c.n_cached for c in clients],
+            "answers": [list(c.tokens) for c in clients]}
 
 
 def measure(engine: Any, *, prompt_tokens: int, n: int, answer: int, seed: int = 0) -> dict:

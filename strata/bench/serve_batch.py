@@ -72,34 +72,39 @@ class _Client:
     t_finish: float | None = None
     tokens: list[int] = field(default_factory=list)
     reason: str | None = None
+    n_cached: int = 0  # prompt tokens the engine found in K/V (`PromptEvent`)
     done: threading.Event = field(default_factory=threading.Event)
 
     def sink(self, event) -> None:
-        from strata.serve.job import FinishEvent, TextEvent
+        from strata.serve.job import FinishEvent, PromptEvent, TextEvent
         now = time.perf_counter()
         if isinstance(event, TextEvent):
             if self.t_first is None:
                 self.t_first = now
             self.tokens += [int(t) for t in event.text.split()]
             return
-        if not isinstance(event, FinishEvent):  # the prompt has run (`PromptEvent`)
+        if isinstance(event, PromptEvent):  # the prompt has run
+            self.n_cached = event.n_cached
             return
-        self.t_finish, self.reason = now, event.reason
-        self.done.set()
+        if isinstance(event, FinishEvent):
+            self.t_finish, self.reason = now, event.reason
+            self.done.set()
 
 
 def run_clients(engine: Any, prompts: list[list[int]], gen: int, *,
-                device_pick: bool = True, run_ahead: bool = True) -> list[_Client]:
+                device_pick: bool = True, run_ahead: bool = True,
+                prefix_cache: bool = False) -> list[_Client]:
     """Queue one greedy job per prompt on a fresh worker over `engine`; wait for all.
     `device_pick`: tokens picked by the engine where it can (serve's way), else on the host;
-    `run_ahead`: the worker enqueues the next step before reading this one's (serve's way)."""
+    `run_ahead`: the worker enqueues the next step before reading this one's (serve's way);
+    `prefix_cache`: prompts take the K/V the engine holds (serve's way; off by default, so
+    each round's prompts are computed whole, as the first round's)."""
     from strata.serve.job import Job, Sampling
     from strata.serve.metrics import Metrics
     from strata.serve.worker import Worker
 
-    # no prefix reuse: each round's prompts are computed whole, as the first round's
     worker = Worker(engine, _Greedy(device_pick), Metrics(), max_queue=max(1, len(prompts)),
-                    run_ahead=run_ahead, prefix_cache=False)
+                    run_ahead=run_ahead, prefix_cache=prefix_cache)
     clients = [_Client(list(p)) for p in prompts]
     for c in clients:  # all queued before the worker starts: one admission round
         c.t_submit = time.perf_counter()

@@ -159,3 +159,31 @@ class Fields:
         if maximum is not None and value > maximum:
             raise bad_request(f"{self.where(key)}: {value} is above the maximum {maximum}",
                               self.where(key))
+
+
+def text_parts(value: Any, path: str, *, texts: tuple[str, ...],
+               not_text: tuple[str, ...]) -> str:
+    """A message's content: a string, or an array of parts joined. A part whose `type` is in
+    `texts` gives its `text`, a `refusal` part its `refusal`; one in `not_text` (an image,
+    audio, a file) is a 400 naming the part, since the model takes text only; any other type
+    a 400 naming its `type`."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad_request(f"{path}: expected a string or an array of content parts", path)
+    out = []
+    for j, raw in enumerate(value):
+        part = Fields(raw, join(path, j))
+        kind = part.str("type", required=True)
+        if kind in texts:
+            out.append(part.str("text", required=True))
+        elif kind == "refusal":
+            out.append(part.str("refusal", required=True))
+        elif kind in not_text:
+            raise bad_request(f"{part.path} is an {kind!r} part, but this model takes text "
+                              f"only: remove it or serve a model that accepts it", part.path)
+        else:
+            expected = " or ".join(repr(t) for t in texts)
+            raise bad_request(f"{part.where('type')}: unknown content part type {kind!r} "
+                              f"(expected {expected})", part.where("type"))
+    return "".join(out)

@@ -26,7 +26,7 @@ from strata.plan.pick import PICK_MAX_BIAS
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join
+from strata.serve.fields import Fields, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS, PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
@@ -143,27 +143,8 @@ def _content(f: Fields, key: str, *, required: bool) -> str | None:
     value = f.raw(key, required=required)
     if value is None:
         return None
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise bad_request(f"{f.where(key)}: expected a string or an array of content parts",
-                          f.where(key))
-    texts = []
-    for j, part in enumerate(value):
-        path = join(f.where(key), j)
-        pf = Fields(part, path)
-        kind = pf.str("type", required=True)
-        if kind == "text":
-            texts.append(pf.str("text", required=True))
-        elif kind == "refusal":
-            texts.append(pf.str("refusal", required=True))
-        elif kind in ("image_url", "input_audio", "file", "input_image"):
-            raise bad_request(f"{path} is an {kind!r} part, but this model takes text only: "
-                              f"remove it or serve a model that accepts it", path)
-        else:
-            raise bad_request(f"{join(path, 'type')}: unknown content part type {kind!r} "
-                              f"(expected 'text')", join(path, "type"))
-    return "".join(texts)
+    return text_parts(value, f.where(key), texts=("text",),
+                      not_text=("image_url", "input_audio", "file", "input_image"))
 
 
 def _tool_calls(f: Fields) -> list[dict]:

@@ -26,7 +26,7 @@ from typing import Any
 from strata.engine.json_schema import Node, SchemaError, compile_schema
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join
+from strata.serve.fields import Fields, join, text_parts
 
 ROLES = ("user", "system", "developer", "assistant")
 _NOT_TEXT = ("input_image", "input_file", "input_audio")
@@ -40,28 +40,8 @@ class ResponsesRequest:
 
 
 def _content(m: Fields) -> str:
-    value = m.raw("content", required=True)
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise bad_request(f"{m.where('content')}: expected a string or an array of content "
-                          f"parts", m.where("content"))
-    texts = []
-    for j, raw in enumerate(value):
-        path = join(m.where("content"), j)
-        p = Fields(raw, path)
-        kind = p.str("type", required=True)
-        if kind in ("input_text", "output_text", "text"):
-            texts.append(p.str("text", required=True))
-        elif kind == "refusal":
-            texts.append(p.str("refusal", required=True))
-        elif kind in _NOT_TEXT:
-            raise bad_request(f"{path} is an {kind!r} part, but this model takes text only: "
-                              f"remove it or serve a model that accepts it", path)
-        else:
-            raise bad_request(f"{join(path, 'type')}: unknown content part type {kind!r} "
-                              f"(expected 'input_text' or 'output_text')", join(path, "type"))
-    return "".join(texts)
+    return text_parts(m.raw("content", required=True), m.where("content"),
+                      texts=("input_text", "output_text", "text"), not_text=_NOT_TEXT)
 
 
 def _messages(f: Fields) -> list[dict]:

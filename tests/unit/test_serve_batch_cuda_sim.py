@@ -25,6 +25,22 @@ MICRO = dataclasses.replace(
 PROMPTS = {0: [5, 77], 1: [300, 9, 41]}
 
 
+def _micro_engine(tmp_models):
+    """(the micro model's path, a 2-slot batch engine over it, 256 tokens each, no graphs)."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-batch-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
+    mf = open_model(path)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))  # the simulator has no size
+    return path, load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
+                                              progress=False), backend=card)
+
+
 def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
@@ -262,19 +278,9 @@ def test_a_step_fed_on_the_device_is_the_step_fed_from_the_host(tmp_models):
     """`begin_picked` without tokens (serve's step run ahead) feeds the tokens the step before
     picked, from the device: the same tokens as feeding them from the host; it is refused
     after a release or after a step whose logits went to the host, and steps end in order."""
-    from strata.engine.cuda.batch import batch_options, load_batch
     from strata.engine.sampler import SamplingParams
-    from strata.gguf import open_model
-    from strata.memory.numba_backend import NumbaBackend
-    from strata.plan.options import PlanOptions
 
-    path = tmp_models / "micro-batch-Q8_0.gguf"
-    if not path.is_file():
-        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
-    mf = open_model(path)
-    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
-    eng = load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
-                                       progress=False), backend=card)
+    path, eng = _micro_engine(tmp_models)
     g = [SamplingParams(temperature=0.0)] * 2
     drawn = SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=7)
 
@@ -321,18 +327,7 @@ def test_a_running_sequences_prompt_is_copied_not_computed_again(tmp_models):
     row's K/V and its recorded logits (nothing computed, the same bits) and both decode alike;
     a prompt sharing a prefix copies those positions and computes the rest (the float64
     reference's logits); a finished sequence's own prompt is taken whole from its kept row."""
-    from strata.engine.cuda.batch import batch_options, load_batch
-    from strata.gguf import open_model
-    from strata.memory.numba_backend import NumbaBackend
-    from strata.plan.options import PlanOptions
-
-    path = tmp_models / "micro-batch-Q8_0.gguf"
-    if not path.is_file():
-        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
-    mf = open_model(path)
-    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
-    eng = load_batch(mf, batch_options(mf, 2, PlanOptions(max_context=256), graph=False,
-                                       progress=False), backend=card)
+    path, eng = _micro_engine(tmp_models)
     ref = RefModel.load(path)
     prompt = PROMPTS[1]
     first = eng.prefill(0, prompt)
