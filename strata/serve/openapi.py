@@ -137,6 +137,9 @@ def _responses_body(models: list[str]) -> dict:
                                   {"type": "object"}]},
         "metadata": {"type": "object"}, "user": _STR,
         "parallel_tool_calls": {"type": "boolean"},
+        "include": {"type": "array", "items": {"type": "string",
+                                               "enum": ["message.output_text.logprobs"]}},
+        "top_logprobs": _TOP_LOGPROBS,
     }}
 
 

@@ -15,7 +15,9 @@ Streamed, the events of the official API, each with its `event:` line and a `seq
 `response.output_item.added`, `response.function_call_arguments.delta`,
 `response.function_call_arguments.done`, `response.output_item.done`; then
 `response.completed` (or `response.incomplete`) with the whole response, or `response.failed`.
-Errors outside a stream have the OpenAI shape.
+Where the request asked for log-probabilities, each text delta carries its tokens' entries and
+each output_text part all of them (the chat route's entries: token, logprob, bytes,
+top_logprobs). Errors outside a stream have the OpenAI shape.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from strata.serve.errors import ApiError
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent
+from strata.serve.logprobs import chat_content
 from strata.serve.responses_request import ResponsesRequest, parse_responses
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
@@ -98,24 +101,41 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
                                        limit=state.max_tokens_limit)
     gen = Generation(state.worker, prepared, id_prefix="call_")
     shell = Shell(req, state.model.name)
+    entries = _Entries(gen, state.model)
     if req.stream:
-        return event_stream(_events(gen, shell), gen.cancel, prepared.headers)
+        return event_stream(_events(gen, shell, entries), gen.cancel, prepared.headers)
     output: list[dict] = []
 
     async def collect() -> None:
         async for item in gen.items():
+            taken = entries.take()
             if isinstance(item, ToolCall):
                 output.append(call_item(_id("fc"), item))
-            elif output and output[-1]["type"] == "message":
-                output[-1]["content"][0]["text"] += item
-            else:
-                output.append(message_item(_id("msg"), item))
+                continue
+            if not output or output[-1]["type"] != "message":
+                output.append(message_item(_id("msg"), ""))
+            part = output[-1]["content"][0]
+            part["text"] += item
+            part["logprobs"] += taken
 
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
     return JSONResponse(shell.body(output, status=status_of(gen.finish), finish=gen.finish),
                         headers=prepared.headers)
+
+
+class _Entries:
+    """The log-probability entries of the tokens received since the last `take` (the chat
+    route's per-token objects), or none where the request asked for none. A function call's
+    tokens have none in this API: their entries are taken and dropped with the call."""
+
+    def __init__(self, gen: Generation, model):
+        self.gen, self.model = gen, model
+        self.wanted = gen.prepared.sampling.logprobs is not None
+
+    def take(self) -> list[dict]:
+        return chat_content(self.model, self.gen.take_logprobs()) if self.wanted else []
 
 
 class _Events:
@@ -130,7 +150,7 @@ class _Events:
         return sse(body, kind)
 
 
-async def _events(gen: Generation, shell: Shell) -> AsyncIterator[bytes]:
+async def _events(gen: Generation, shell: Shell, entries: _Entries) -> AsyncIterator[bytes]:
     ev = _Events()
     yield ev("response.created", response=shell.body([], status="in_progress"))
     yield ev("response.in_progress", response=shell.body([], status="in_progress"))
@@ -139,16 +159,17 @@ async def _events(gen: Generation, shell: Shell) -> AsyncIterator[bytes]:
 
     def close_text() -> list[bytes]:
         item = output[text_at]
-        text = item["content"][0]["text"]
+        part = item["content"][0]
         out = [ev("response.output_text.done", item_id=item["id"], output_index=text_at,
-                  content_index=0, text=text, logprobs=[]),
+                  content_index=0, text=part["text"], logprobs=part["logprobs"]),
                ev("response.content_part.done", item_id=item["id"], output_index=text_at,
-                  content_index=0, part=_text_part(text))]
+                  content_index=0, part=part)]
         item["status"] = "completed"
         out.append(ev("response.output_item.done", output_index=text_at, item=item))
         return out
 
     async for item in gen.items():
+        taken = entries.take()
         if isinstance(item, ToolCall):
             if text_at is not None:
                 for chunk in close_text():
@@ -172,9 +193,11 @@ async def _events(gen: Generation, shell: Shell) -> AsyncIterator[bytes]:
             yield ev("response.content_part.added", item_id=mid, output_index=text_at,
                      content_index=0, part=_text_part(""))
             output.append({**message_item(mid, ""), "status": "in_progress"})
-        output[text_at]["content"][0]["text"] += item
+        part = output[text_at]["content"][0]
+        part["text"] += item
+        part["logprobs"] += taken
         yield ev("response.output_text.delta", item_id=output[text_at]["id"],
-                 output_index=text_at, content_index=0, delta=item, logprobs=[])
+                 output_index=text_at, content_index=0, delta=item, logprobs=taken)
     if gen.finish.reason == "error":
         message = f"generation failed: {gen.finish.error}"
         yield ev("response.failed", response=shell.body(output, status="failed",

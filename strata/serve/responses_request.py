@@ -10,10 +10,13 @@ the tool; strict by default, as the API has it, unless the schema lies outside t
 say so; `strict: true` given explicitly makes such a schema a 400); `text.format` is `text`,
 `json_object` or `json_schema` (`name`, `schema`, `strict`).
 
+Log-probabilities: `include: ["message.output_text.logprobs"]` (or a `top_logprobs` count,
+0..20) gives each output_text part the chat route's per-token entries.
+
 This server keeps no responses: `previous_response_id` and `conversation` are a 400 (send the
 whole conversation in `input`), and `store` is taken but stores nothing. Built-in tools (web
-search, file search, ...), image and file inputs, `include` entries and `top_logprobs` are a
-400 naming the field; `reasoning` is checked and left to the chat template (the model thinks as
+search, file search, ...), image and file inputs, and other `include` entries are a 400 naming
+the field; `reasoning` is checked and left to the chat template (the model thinks as
 its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
 `service_tier` cannot change the output and are checked and ignored.
 """
@@ -27,8 +30,10 @@ from strata.engine.json_schema import Node, SchemaError, compile_schema
 from strata.serve.chat import ChatInput, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
+from strata.serve.job import MAX_TOP_LOGPROBS
 
 ROLES = ("user", "system", "developer", "assistant")
+LOGPROBS = "message.output_text.logprobs"  # the one `include` entry this server has
 _NOT_TEXT = ("input_image", "input_file", "input_audio")
 
 
@@ -162,12 +167,10 @@ def _refuse_unsupported(f: Fields) -> None:
         if f.has(key):
             raise bad_request(f"{key}: this server keeps no responses; send the whole "
                               f"conversation in input", key)
-    include = f.list("include") or []
-    if include:
-        raise bad_request(f"include: {include[0]!r} is not available here", "include")
-    if f.int("top_logprobs", minimum=0, maximum=20):
-        raise bad_request("top_logprobs: not on this route; /v1/chat/completions returns "
-                          "log-probabilities", "top_logprobs")
+    for j, entry in enumerate(f.list("include") or []):
+        if entry != LOGPROBS:
+            raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
+                              f"{LOGPROBS!r})", f"include[{j}]")
     if f.has("background") and f.bool("background"):
         raise bad_request("background: responses run in the request here", "background")
     reasoning = f.obj_at("reasoning")
@@ -192,14 +195,19 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
     max_tokens = f.int("max_output_tokens", minimum=1)
     temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
     top_p = f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0)
+    # log-probabilities: asked for by the include entry, or by a top_logprobs count
+    top = f.int("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    logprobs = (top or 0) if LOGPROBS in (f.list("include") or []) or top else None
     chat = ChatInput(messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
                      tool_schemas=schemas, max_tokens=max_tokens, temperature=temperature,
-                     top_p=top_p, json_object=json_object, json_schema=json_schema)
+                     top_p=top_p, json_object=json_object, json_schema=json_schema,
+                     logprobs=logprobs)
     tool_choice: Any = (choice if choice in ("auto", "none", "required")
                         else {"type": "function", "name": choice})
     echo = {"instructions": f.str("instructions"), "max_output_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "tool_choice": tool_choice,
             "tools": tools_echo, "text": {"format": fmt},
             "metadata": (f.obj_at("metadata").obj if f.obj_at("metadata") is not None else {}),
-            "parallel_tool_calls": f.bool("parallel_tool_calls", default=True)}
+            "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
+            "top_logprobs": top or 0}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo)

@@ -301,6 +301,12 @@ def test_openai_responses_through_the_sdk(oai):
     last = events[-1]  # completed, or incomplete where the 6 tokens ran out
     assert last.type == f"response.{r.status}" and last.response.status == r.status
     assert "".join(deltas) == last.response.output_text == r.output_text
+    lp = oai.responses.create(model=MODEL_NAME, instructions="Be brief.", input="Hello",
+                              max_output_tokens=6, temperature=0, top_logprobs=2,
+                              include=["message.output_text.logprobs"])
+    entries = lp.output[0].content[0].logprobs
+    assert lp.output_text == r.output_text and len(entries) > 0
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
     params = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
               "required": ["city"], "additionalProperties": False}
     tools = [{"type": "function", "name": "get_weather", "parameters": params, "strict": True}]

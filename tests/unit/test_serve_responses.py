@@ -150,8 +150,8 @@ def test_a_schema_outside_the_subset_is_strict_only_when_asked(h):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
     ({"text": {"format": {"type": "json_object"}}, "tools": TOOLS}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
-    ({"include": ["file_search_call.results"]}, "include"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"include": ["file_search_call.results"]}, "include[0]"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"temperature": 3}, "temperature"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"model": "other"}, "model"),
@@ -161,6 +161,33 @@ def test_what_it_cannot_do_is_a_400_naming_the_field(h, extra, param):
     assert r.status_code in (400, 404), r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
+
+
+def test_logprobs_whole_and_streamed_are_the_chat_routes(h):
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the output_text part
+    carries the chat route's entries for the same answer, and the stream's deltas each carry
+    their own tokens' (together the part's); without them, none."""
+    kw = dict(include=["message.output_text.logprobs"], top_logprobs=3)
+    r = _post(h, **kw)
+    part = r["output"][0]["content"][0]
+    chat = h.client.post("/v1/chat/completions", json={
+        "model": "fake", "messages": [{"role": "user", "content": "hello"}],
+        "logprobs": True, "top_logprobs": 3}).json()["choices"][0]
+    assert part["logprobs"] == chat["logprobs"]["content"] and len(part["logprobs"]) == 9
+    assert "".join(e["token"] for e in part["logprobs"]) == part["text"] == "Hi there!"
+    assert all(len(e["top_logprobs"]) == 3 for e in part["logprobs"]) and r["top_logprobs"] == 3
+    r = h.client.post("/v1/responses", json=body(stream=True, **kw))
+    events = [json.loads(d) for _, d in sse_events(r.text)]
+    streamed = []
+    for e in events:
+        if e["type"] == "response.output_text.delta":
+            assert "".join(x["token"] for x in e["logprobs"]) == e["delta"]
+            streamed += e["logprobs"]
+    assert streamed == part["logprobs"]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == part["logprobs"]
+    assert _post(h, top_logprobs=2)["output"][0]["content"][0]["logprobs"][0]["top_logprobs"]
+    assert _post(h)["output"][0]["content"][0]["logprobs"] == []  # not asked for
 
 
 def test_the_openapi_document_lists_the_route(h):
