@@ -46,19 +46,9 @@ def _rel(a, b) -> float:
 
 
 def test_batched_decode_matches_alone_and_the_reference(tmp_models):
-    from strata.engine.cuda.batch import batch_options, load_batch
     from strata.engine.engine import ContextFullError
-    from strata.gguf import open_model
-    from strata.memory.numba_backend import NumbaBackend
-    from strata.plan.options import PlanOptions
 
-    path = tmp_models / "micro-batch-Q8_0.gguf"
-    if not path.is_file():
-        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
-    mf = open_model(path)
-    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))  # the simulator has no size
-    opts = batch_options(mf, 2, PlanOptions(max_context=256), graph=False, progress=False)
-    eng = load_batch(mf, opts, backend=card)
+    path, eng = _micro_engine(tmp_models)
     assert (eng.n_slots, eng.max_context) == (2, 256)
     kv = eng.m.plan.kv  # one 256-token KV region per sequence
     assert (kv.resident_tokens, kv.n_seq) == (256, 2)
@@ -107,19 +97,9 @@ def test_decode_picked_chooses_what_the_host_would(tmp_models):
     device sampler's float64 mirror). The next step mixed: one sequence's logits handed back
     for the caller to choose from, the other's token picked."""
     from helpers.sampling_ref import ref_past, ref_sample
-    from strata.engine.cuda.batch import batch_options, load_batch
     from strata.engine.sampler import Sampler, SamplingParams
-    from strata.gguf import open_model
-    from strata.memory.numba_backend import NumbaBackend
-    from strata.plan.options import PlanOptions
 
-    path = tmp_models / "micro-batch-Q8_0.gguf"
-    if not path.is_file():
-        write_model(path, MICRO, mix="Q8_0", seed=3, progress=False)
-    mf = open_model(path)
-    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
-    opts = batch_options(mf, 2, PlanOptions(max_context=256), graph=False, progress=False)
-    eng = load_batch(mf, opts, backend=card)
+    _, eng = _micro_engine(tmp_models)
     greedy = SamplingParams(temperature=0.0)
     drawn = SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=2024)
     assert eng.picks(greedy) and eng.picks(drawn)
