@@ -38,10 +38,10 @@ Device parameters, so a captured graph reads the current request's settings:
     first n_bias entries (ids unique; `bias_table` builds them)
 The bias, then the penalties ((v / p if v > 0 else v * p) - presence - frequency * count), change
 the staged copy, as the host's `apply_logit_bias` then `apply_penalties`; the logits are left as
-they are. A biased row is picked by this kernel even at temperature 0 (argmax has no table). A state of three entries a row also records NaN logits:
-any block that meets one sets state[2] to 1, which stays set until the host, reading it with the
-token, clears it (the host `Sampler` refuses NaN logits; the device ranks them as -inf and flags
-them).
+they are. A biased row is picked by this kernel even at temperature 0 (argmax has no table).
+A state of three entries a row also records NaN logits: any block that meets one sets state[2]
+to 1, which stays set until the host, reading it with the token, clears it (the host `Sampler`
+refuses NaN logits; the device ranks them as -inf and flags them).
 """
 
 from __future__ import annotations

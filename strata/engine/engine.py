@@ -63,8 +63,7 @@ def reusable_prefix(record: PromptRecord | None, kept: Sequence[int] | None,
     the sequence's recorded prompt (its logits are kept too: nothing is computed), else
     `common_prefix` of what its KV holds that another may take: its prompt while it runs (the
     positions past it are still its own to write), its kept tokens once it finished."""
-    if record is not None and record.tokens.size == len(tokens) and np.array_equal(
-            record.tokens, np.asarray(tokens, np.int64)):
+    if record is not None and record.tokens.size == len(tokens) and record.begins(tokens):
         return len(tokens)
     if running:
         return common_prefix(None if record is None else record.tokens, tokens)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from strata.engine.json_schema import Node, SchemaError, compile_schema
-from strata.serve.chat import ChatInput
+from strata.engine.json_schema import Node
+from strata.serve.chat import ChatInput, schema_node
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
 
@@ -123,13 +123,6 @@ def _assistant(m: Fields, out: list[dict]) -> None:
     out.append(msg)
 
 
-def _compiled(schema: dict, where: str) -> Node:
-    try:
-        return compile_schema(schema)
-    except SchemaError as e:
-        raise bad_request(f"{where}: {e}", where) from e
-
-
 def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
     """The tools (as the chat template reads them), the tool choice, and (name, the input
     schema compiled where the tool is `strict`, else None) per tool."""
@@ -143,7 +136,7 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
         schema = t.obj_at("input_schema", required=True)
         name = t.str("name", required=True, non_empty=True)
         strict = t.bool("strict")
-        schemas.append((name, _compiled(schema.obj, t.where("input_schema")) if strict
+        schemas.append((name, schema_node(schema.obj, t.where("input_schema")) if strict
                         else None))
         tools.append({"type": "function", "function": {
             "name": name, "description": t.str("description", default=""),
@@ -178,7 +171,7 @@ def _output_format(f: Fields) -> tuple[bool, Node | None]:
         return False, None
     fmt.str("type", required=True, choices=("json_schema",))
     schema = fmt.obj_at("schema", required=True)
-    return True, _compiled(schema.obj, schema.path)
+    return True, schema_node(schema.obj, schema.path)
 
 
 def _stops(f: Fields) -> tuple[str, ...]:

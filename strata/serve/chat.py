@@ -13,12 +13,22 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from strata.engine.json_schema import Node
+from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.serve.errors import bad_request
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 
 TOOL_CHOICES = ("auto", "none", "required")
+
+
+def schema_node(schema: dict, where: str) -> Node:
+    """A request's JSON schema (a response format's, a strict tool's) compiled for the
+    constraint; one outside the subset it holds output to is a 400 naming `where`."""
+    try:
+        return compile_schema(schema)
+    except SchemaError as e:
+        raise bad_request(f"{where}: {e}", where) from e
 
 
 class ChatModel(Protocol):

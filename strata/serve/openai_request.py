@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.engine.json_schema import Node
 from strata.plan.pick import PICK_MAX_BIAS
-from strata.serve.chat import ChatInput, tool_arguments
+from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
@@ -188,36 +188,39 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
         params = fn.obj_at("parameters")
         node = None
         if fn.bool("strict"):
-            where = fn.where("parameters")
-            try:
-                node = compile_schema(params.obj if params is not None else
-                                      {"type": "object", "properties": {}})
-            except SchemaError as e:
-                raise bad_request(f"{where}: {e}", where) from e
+            node = schema_node(params.obj if params is not None else
+                               {"type": "object", "properties": {}}, fn.where("parameters"))
         schemas.append((fn.str("name", required=True, non_empty=True), node))
         tools.append({"type": "function", "function": {
             "name": fn.str("name", required=True, non_empty=True),
             "description": fn.str("description", default=""),
             "parameters": params.obj if params is not None else {"type": "object",
                                                                   "properties": {}}}})
-    schemas = tuple(schemas)
+    return tools, parse_tool_choice(f, tools, nested=True), tuple(schemas)
+
+
+def parse_tool_choice(f: Fields, tools: list[dict], *, nested: bool) -> str:
+    """`tool_choice`: "auto" (also when absent), "none", "required" (with a tool to call), or
+    the name of the tool an object names: {"type": "function", "function": {"name"}} on the
+    chat route (`nested`), {"type": "function", "name"} on the Responses route."""
     choice = f.raw("tool_choice")
     if choice is None:
-        return tools, "auto", schemas
+        return "auto"
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
             raise bad_request(f"tool_choice: {choice!r} is not one of 'auto', 'none', 'required'",
                               "tool_choice")
         if choice == "required" and not tools:
             raise bad_request("tool_choice: 'required' needs at least one tool", "tool_choice")
-        return tools, choice, schemas
+        return choice
     c = Fields(choice, "tool_choice")
     c.str("type", required=True, choices=("function",))
-    name = c.obj_at("function", required=True).str("name", required=True)
+    holder = c.obj_at("function", required=True) if nested else c
+    name = holder.str("name", required=True)
     if name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice.function.name: {name!r} is not among the tools",
-                          "tool_choice.function.name")
-    return tools, name, schemas
+        raise bad_request(f"{holder.where('name')}: {name!r} is not among the tools",
+                          holder.where("name"))
+    return name
 
 
 def _json_format(f: Fields) -> tuple[bool, Node | None]:
@@ -237,11 +240,7 @@ def _json_format(f: Fields) -> tuple[bool, Node | None]:
     schema = spec.obj_at("schema")
     if schema is None:  # OpenAI: no schema is any object
         return True, None
-    try:
-        return True, compile_schema(schema.obj)
-    except SchemaError as e:
-        raise bad_request(f"response_format.json_schema.schema: {e}",
-                          "response_format.json_schema.schema") from e
+    return True, schema_node(schema.obj, schema.path)
 
 
 def parse_chat(f: Fields, state) -> ChatRequest:

@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.json_schema import Node, SchemaError, compile_schema
-from strata.serve.chat import ChatInput, tool_arguments
+from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS
+from strata.serve.openai_request import parse_tool_choice
 
 ROLES = ("user", "system", "developer", "assistant")
 LOGPROBS = "message.output_text.logprobs"  # the one `include` entry this server has
+_TEXT = ("input_text", "output_text", "text")
 _NOT_TEXT = ("input_image", "input_file", "input_audio")
 
 
@@ -45,8 +47,8 @@ class ResponsesRequest:
 
 
 def _content(m: Fields) -> str:
-    return text_parts(m.raw("content", required=True), m.where("content"),
-                      texts=("input_text", "output_text", "text"), not_text=_NOT_TEXT)
+    return text_parts(m.raw("content", required=True), m.where("content"), texts=_TEXT,
+                      not_text=_NOT_TEXT)
 
 
 def _messages(f: Fields) -> list[dict]:
@@ -76,9 +78,8 @@ def _messages(f: Fields) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = m.raw("output", required=True)
-            text = output if isinstance(output, str) else _content(
-                Fields({"content": output}, m.path))
+            text = text_parts(m.raw("output", required=True), m.where("output"),
+                              texts=_TEXT, not_text=_NOT_TEXT)
             out.append({"role": "tool", "content": text,
                         "tool_call_id": m.str("call_id", required=True, non_empty=True)})
         else:
@@ -88,13 +89,6 @@ def _messages(f: Fields) -> list[dict]:
     if not any(msg["role"] != "system" for msg in out):
         raise bad_request("input: needs at least one message besides instructions", "input")
     return out
-
-
-def _compiled(schema: dict, where: str) -> Node:
-    try:
-        return compile_schema(schema)
-    except SchemaError as e:
-        raise bad_request(f"{where}: {e}", where) from e
 
 
 def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
@@ -113,7 +107,7 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
         node = None
         if t.has("strict"):  # asked for: a schema it cannot hold to is a 400
             if t.bool("strict"):
-                node = _compiled(schema, t.where("parameters"))
+                node = schema_node(schema, t.where("parameters"))
         else:  # the API's default is strict; where the schema is outside the subset, the
             try:  # tool is not, and the response's tools say so
                 node = compile_schema(schema)
@@ -126,24 +120,7 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
             "name": name, "description": description, "parameters": schema}})
         echo.append({"type": "function", "name": name, "description": description,
                      "parameters": schema, "strict": strict})
-    names = {t["function"]["name"] for t in tools}
-    choice = f.raw("tool_choice")
-    if choice is None:
-        return tools, "auto", tuple(schemas), echo
-    if isinstance(choice, str):
-        if choice not in ("auto", "none", "required"):
-            raise bad_request(f"tool_choice: {choice!r} is not one of 'auto', 'none', 'required'",
-                              "tool_choice")
-        if choice == "required" and not tools:
-            raise bad_request("tool_choice: 'required' needs at least one tool", "tool_choice")
-        return tools, choice, tuple(schemas), echo
-    c = Fields(choice, "tool_choice")
-    c.str("type", required=True, choices=("function",))
-    name = c.str("name", required=True)
-    if name not in names:
-        raise bad_request(f"tool_choice.name: {name!r} is not among the tools",
-                          "tool_choice.name")
-    return tools, name, tuple(schemas), echo
+    return tools, parse_tool_choice(f, tools, nested=False), tuple(schemas), echo
 
 
 def _format(f: Fields) -> tuple[bool, Node | None, dict]:
@@ -158,7 +135,7 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
     name = fmt.str("name", required=True, non_empty=True)
     schema = fmt.obj_at("schema", required=True)
     strict = fmt.bool("strict")
-    return True, _compiled(schema.obj, schema.path), {
+    return True, schema_node(schema.obj, schema.path), {
         "type": "json_schema", "name": name, "schema": schema.obj, "strict": strict}
 
 
@@ -171,14 +148,15 @@ def _refuse_unsupported(f: Fields) -> None:
         if entry != LOGPROBS:
             raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
                               f"{LOGPROBS!r})", f"include[{j}]")
-    if f.has("background") and f.bool("background"):
+    if f.bool("background"):
         raise bad_request("background: responses run in the request here", "background")
     reasoning = f.obj_at("reasoning")
     if reasoning is not None:  # a hint: the model thinks as its template lets it
         reasoning.str("effort")
         reasoning.str("summary")
-    f.str("truncation", choices=("auto", "disabled"))
-    f.bool("store"), f.bool("parallel_tool_calls"), f.obj_at("metadata"), f.str("user")
+    f.str("truncation", choices=("auto", "disabled"))  # checked: none changes the output
+    f.bool("store")
+    f.str("user")
     f.str("service_tier")
 
 
@@ -204,10 +182,11 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
                      logprobs=logprobs)
     tool_choice: Any = (choice if choice in ("auto", "none", "required")
                         else {"type": "function", "name": choice})
+    metadata = f.obj_at("metadata")
     echo = {"instructions": f.str("instructions"), "max_output_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "tool_choice": tool_choice,
             "tools": tools_echo, "text": {"format": fmt},
-            "metadata": (f.obj_at("metadata").obj if f.obj_at("metadata") is not None else {}),
+            "metadata": metadata.obj if metadata is not None else {},
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
             "top_logprobs": top or 0}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo)
