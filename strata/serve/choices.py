@@ -3,7 +3,7 @@ read together, cancelled together.
 
 Each choice is its own job (its own sequence in the batch, so n choices decode side by side in
 one step where the batch has room). Their prompt is computed once: the engine gives each later
-choice a copy of the first one's K/V and its logits (`PerSlotEngines`, `CudaBatchEngine._place`),
+choice a copy of the first one's K/V and its logits (`PerSlotEngines`, `RowTable.place`),
 unless `--no-prefix-cache`. A sampled request's choices draw from different streams: a
 request seed s gives choice i the seed s + i, so the whole response repeats with the seed. The
 prompt is counted once in the usage, as OpenAI counts it; the completions are summed.

@@ -41,33 +41,20 @@ def test_other_knobs_are_checked_as_for_one_sequence():
 
 
 def _rows(n_slots: int):
-    """A `CudaBatchEngine` reduced to its slot/row bookkeeping; moves are recorded, not made."""
-    import numpy as np
+    """The batch engine's slot/row bookkeeping (`RowTable`); device moves are recorded, not
+    made."""
+    from strata.engine.cuda.rows import RowTable
 
-    from strata.engine.cuda.batch import CudaBatchEngine
-
-    eng = object.__new__(CudaBatchEngine)
-    eng.n_slots, eng._row_of, eng._slot_at = n_slots, {}, []
-    eng._n_past = np.zeros(n_slots, np.int64)
-    eng._kept = [None] * n_slots
-    eng._prompts = [None] * n_slots
     moves = []
-
-    def move(src, dst):
-        moves.append((src, dst))
-        eng._n_past[dst] = eng._n_past[src]
-        eng._prompts[dst], eng._prompts[src] = eng._prompts[src], None
-
-    def copy_kv(src, dst, n_tok):
-        moves.append(("copy", src, dst, n_tok))
-    eng._move, eng._copy_kv = move, copy_kv
+    eng = RowTable(n_slots, copy_kv=lambda src, dst, n_tok: moves.append(("copy", src, dst, n_tok)),
+                   move_row=lambda src, dst, n_tok: moves.append((src, dst)))
     return eng, moves
 
 
 def _hold(eng, slot, n_past):
-    eng._row_of[slot] = len(eng._slot_at)
-    eng._slot_at.append(slot)
-    eng._n_past[eng._row_of[slot]] = n_past
+    eng.row_of[slot] = len(eng.slot_at)
+    eng.slot_at.append(slot)
+    eng.n_past[eng.row_of[slot]] = n_past
 
 
 def test_rows_are_refilled_by_the_last_only_when_needed():
@@ -77,14 +64,14 @@ def test_rows_are_refilled_by_the_last_only_when_needed():
     eng.release(0)  # row 1
     eng.release(1)  # row 3, the last: nothing to move
     assert eng.n_active == 2 and moves == []
-    eng._compact()
+    eng.compact()
     assert moves == [(2, 1)]  # slot 2 (row 2) into row 1
-    assert eng._row_of == {3: 0, 2: 1} and eng._slot_at == [3, 2]
-    assert eng._n_past[1] == 30
+    assert eng.row_of == {3: 0, 2: 1} and eng.slot_at == [3, 2]
+    assert eng.n_past[1] == 30
     for slot in (3, 2):
         eng.release(slot)
-    eng._compact()
-    assert eng._slot_at == [] and moves == [(2, 1)]  # leaving together moves nothing
+    eng.compact()
+    assert eng.slot_at == [] and moves == [(2, 1)]  # leaving together moves nothing
     with pytest.raises(IndexError, match="slot 4"):
         eng.release(4)
 
@@ -102,9 +89,9 @@ def test_a_released_row_keeps_the_tokens_its_kv_holds():
     _hold(eng, 1, 4)
     eng.release(2, tokens=[9, 8, 7, 6, 5, 4, 3])  # row 0: 6 positions
     eng.release(1, tokens=[1, 2, 3])  # row 1: 4 positions, only 3 tokens known
-    assert eng._kept[:2] == [[9, 8, 7, 6, 5, 4], None]
+    assert eng.kept[:2] == [[9, 8, 7, 6, 5, 4], None]
     ids = np.array([9, 8, 7, 1, 2], np.int32)
-    assert common_prefix(eng._kept[0], ids) == 3
+    assert common_prefix(eng.kept[0], ids) == 3
     assert common_prefix([9, 8, 7, 6, 5, 4], np.array([9, 8, 7, 6], np.int32)) == 3
     assert common_prefix([4], np.array([5, 4], np.int32)) == 0
     assert common_prefix(None, [1, 2]) == 0 and common_prefix([1, 2], [1, 2, 3]) == 2
@@ -121,16 +108,16 @@ def test_a_new_prompt_takes_the_vacant_row_that_holds_its_prefix():
         _hold(eng, slot, 3)
     eng.release(1, tokens=[7, 7, 7])  # row 1
     eng.release(3, tokens=[5, 6, 9])  # row 3
-    assert eng._place(3, np.array([5, 6, 1, 2], np.int32))[:2] == (3, 2)
-    assert eng._place(1, np.array([7, 7, 7, 8], np.int32))[:2] == (1, 3)
-    assert moves == [] and eng._kept == [None] * 4 and eng._slot_at == [0, 1, 2, 3]
+    assert eng.place(3, np.array([5, 6, 1, 2], np.int32))[:2] == (3, 2)
+    assert eng.place(1, np.array([7, 7, 7, 8], np.int32))[:2] == (1, 3)
+    assert moves == [] and eng.kept == [None] * 4 and eng.slot_at == [0, 1, 2, 3]
     # held: row 0 only; row 2 keeps [4, 4, 4] past it
     eng, moves = _rows(4)
     _hold(eng, 0, 3)
-    eng._kept[2], eng._n_past[2] = [4, 4, 4], 3
-    assert eng._place(1, np.array([4, 4, 9], np.int32))[:2] == (1, 2)
-    assert moves == [(2, 1)] and eng._row_of[1] == 1 and eng._kept[1] is None
-    assert eng._place(2, np.array([1, 2], np.int32))[:2] == (2, 0)  # nothing shared
+    eng.kept[2], eng.n_past[2] = [4, 4, 4], 3
+    assert eng.place(1, np.array([4, 4, 9], np.int32))[:2] == (1, 2)
+    assert moves == [(2, 1)] and eng.row_of[1] == 1 and eng.kept[1] is None
+    assert eng.place(2, np.array([1, 2], np.int32))[:2] == (2, 0)  # nothing shared
 
 
 def test_a_running_rows_prompt_is_copied_where_it_shares_more():
@@ -144,31 +131,31 @@ def test_a_running_rows_prompt_is_copied_where_it_shares_more():
 
     eng, moves = _rows(4)
     _hold(eng, 0, 9)  # row 0: prompt [1, 2, 3, 4], then 5 generated positions
-    eng._prompts[0] = PromptRecord.of([1, 2, 3, 4], np.arange(5.0))
-    row, n, record = eng._place(1, np.array([1, 2, 3, 4], np.int32))
+    eng.prompts[0] = PromptRecord.of([1, 2, 3, 4], np.arange(5.0))
+    row, n, record = eng.place(1, np.array([1, 2, 3, 4], np.int32))
     assert (row, n, moves) == (1, 4, [("copy", 0, 1, 4)])  # all of it: the second choice
     np.testing.assert_array_equal(record.logits, np.arange(5.0))
-    assert eng._prompts[1] is None  # the prefill records its own
+    assert eng.prompts[1] is None  # the prefill records its own
     moves.clear()
-    row, n, record = eng._place(2, np.array([1, 2, 3, 4, 5, 6], np.int32))
+    row, n, record = eng.place(2, np.array([1, 2, 3, 4, 5, 6], np.int32))
     assert (row, n) == (2, 4) and moves == [("copy", 0, 2, 4)]  # its prompt only
     moves.clear()
-    eng._n_past[2] = 6  # what the prefill leaves
+    eng.n_past[2] = 6  # what the prefill leaves
     eng.release(2, tokens=[1, 2, 3, 4, 5, 6, 7])  # row 2 vacant, keeping [1..6]
-    row, n, _ = eng._place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
+    row, n, _ = eng.place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
     assert (row, n) == (2, 4) and moves == []  # a tie with the held prompt: the hole, as is
-    eng._n_past[2] = 6
-    eng._prompts[2] = PromptRecord.of([1, 2, 3, 4, 9, 9], np.ones(5))
+    eng.n_past[2] = 6
+    eng.prompts[2] = PromptRecord.of([1, 2, 3, 4, 9, 9], np.ones(5))
     eng.release(3, tokens=[1, 2, 3, 4, 9, 9, 7])
-    row, n, record = eng._place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
+    row, n, record = eng.place(3, np.array([1, 2, 3, 4, 9, 9], np.int32))
     assert (row, n) == (2, 6) and record.logits.tolist() == [1.0] * 5  # the same prompt again
     assert moves == []
     # a vacant row's record is dropped where what it fed did not start with its prompt
-    eng._n_past[2] = 6
-    eng._prompts[2] = PromptRecord.of([1, 2], np.ones(5))
+    eng.n_past[2] = 6
+    eng.prompts[2] = PromptRecord.of([1, 2], np.ones(5))
     eng.release(3, tokens=[7] * 8)
-    assert eng._prompts[2] is None and eng._kept[2] == [7] * 6
+    assert eng.prompts[2] is None and eng.kept[2] == [7] * 6
     # reuse off: nothing found, nothing copied
     moves.clear()
     eng.release(1)
-    assert eng._place(1, np.array([1, 2, 3, 4], np.int32), reuse=False)[1:] == (0, None)
+    assert eng.place(1, np.array([1, 2, 3, 4], np.int32), reuse=False)[1:] == (0, None)

@@ -46,8 +46,8 @@ from strata.engine.cuda.options import CudaEngineError
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import device_params, may_fall_back, picks
-from strata.engine.engine import (ContextFullError, EngineInputError, PromptRecord,
-                                  reusable_prefix)
+from strata.engine.cuda.rows import RowTable
+from strata.engine.engine import ContextFullError, EngineInputError, PromptRecord
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
@@ -76,9 +76,7 @@ class CudaBatchEngine:
         self.step = BatchStep(m, self.sides, use_graph=use_graph)
         self.set_invariant(invariant)
         self.traffic = PrefillTraffic()
-        self._row_of: dict[int, int] = {}  # slot -> row
-        self._slot_at: list[int | None] = []  # row -> slot (None: vacant until compacted)
-        self._n_past = np.zeros(n, np.int64)  # tokens in each row's KV
+        self.rows = RowTable(n, self._copy_kv, self._move_row)  # slots, rows, what KV holds
         self._logits = _host_buffer((n, s.n_vocab), np.float32)  # [n_slots, n_vocab] f32
         self._tok = _host_buffer((n,), np.int32)  # [n_slots] i32 staging of input tokens
         # [2, n_slots] i32 tokens picked on the device, and [2, n_slots, 3] the picks' states:
@@ -89,10 +87,6 @@ class CudaBatchEngine:
         self._buf = 0  # the set the next picked step copies into
         self._chain: list[int] | None = None  # slots of the last step, all picked on the device
         self._open: list[int] = []  # result sets of steps begun and not ended, oldest first
-        # per row: the tokens whose K/V a released sequence left there (None: nothing to reuse)
-        self._kept: list[list[int] | None] = [None] * n
-        # per row: its sequence's prompt and that prefill's logits, while the KV holds them
-        self._prompts: list[PromptRecord | None] = [None] * n
         self.n_reused = 0  # prompt tokens the last prefill found in KV (its row's or copied)
         self._fparams = _host_buffer((n, N_FPARAMS), np.float32)  # [n_slots, 6] rows' sampling
         self._iparams = _host_buffer((n, N_IPARAMS), np.int64)  # [n_slots, 4]
@@ -148,11 +142,7 @@ class CudaBatchEngine:
 
     @property
     def n_active(self) -> int:
-        return len(self._row_of)
-
-    def _check_slot(self, slot: int) -> None:
-        if not 0 <= slot < self.n_slots:
-            raise IndexError(f"slot {slot} out of range 0..{self.n_slots - 1}")
+        return self.rows.n_active
 
     def _check_ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens)
@@ -167,48 +157,17 @@ class CudaBatchEngine:
     keeps_prefix = True  # `release` takes the tokens a sequence fed, for the next prefill
 
     def release(self, slot: int, tokens: Sequence[int] | None = None) -> None:
-        """The slot's sequence is over; its row is refilled (by the last row's sequence) at the
-        next prefill or step, so sequences ending together move nothing. `tokens`: what the
-        sequence fed (its prompt, then its tokens in order; any past what its KV holds are
-        ignored): until a move refills the row, a later prefill whose prompt shares a prefix
-        with them takes this row (`_place`) and computes only past it (a chat's next turn)."""
-        self._check_slot(slot)
+        """The slot's sequence is over (`RowTable.release`: its row keeps the first tokens of
+        `tokens` its KV holds, for a later prompt that shares them)."""
+        self.rows.release(slot, tokens)
         self._chain = None
-        row = self._row_of.pop(slot, None)
-        if row is not None:
-            self._slot_at[row] = None
-            n = int(self._n_past[row])
-            self._kept[row] = ([int(t) for t in tokens[:n]]
-                               if tokens is not None and len(tokens) >= n else None)
-            record = self._prompts[row]
-            if record is not None and not record.begins(self._kept[row]):
-                self._prompts[row] = None  # nothing kept, or not fed from its prompt
 
-    def _compact(self) -> None:
-        """Held sequences into rows 0..n_active-1: the last row's moves into each vacant one."""
-        rows = self._slot_at
-        while rows and rows[-1] is None:
-            rows.pop()
-        for row in range(len(rows)):
-            if row >= len(rows):
-                break
-            if rows[row] is None:
-                last = len(rows) - 1
-                self._move(last, row)
-                rows[row] = rows.pop()
-                self._row_of[rows[row]] = row
-                while rows and rows[-1] is None:
-                    rows.pop()
-
-    def _move(self, src: int, dst: int) -> None:
-        """Row src's sequence into row dst: KV up to its length, history, position."""
-        a, st, n_tok = self.m.acts, self.m.stream, int(self._n_past[src])
+    def _move_row(self, src: int, dst: int, n_tok: int) -> None:
+        """Row src's sequence into row dst on the device: KV up to n_tok, history, position."""
+        a, st = self.m.acts, self.m.stream
         self._copy_kv(src, dst, n_tok)
         a["history"][dst].copy_to_device(a["history"][src], stream=st)
-        self._kept[src] = self._kept[dst] = None  # dst overwritten; src's tokens are the mover's
-        self._prompts[dst], self._prompts[src] = self._prompts[src], None
         a["seq_len"][dst:dst + 1].copy_to_device(a["seq_len"][src:src + 1], stream=st)
-        self._n_past[dst] = n_tok
 
     def _copy_kv(self, src: int, dst: int, n_tok: int) -> None:
         """Positions 0..n_tok-1 of row src into row dst: every layer's K and V (and int8
@@ -231,18 +190,18 @@ class CudaBatchEngine:
     def prefill(self, slot: int, tokens: Sequence[int], *, reuse: bool = True) -> np.ndarray:
         """Start a sequence in `slot` (dropping what it held) from `tokens`; [n_vocab] f32
         logits of the token that follows them. `reuse`: take the K/V rows hold of its prefix
-        (`_place`); False: compute the whole prompt (`--no-prefix-cache`)."""
-        self._check_slot(slot)
+        (`RowTable.place`); False: compute the whole prompt (`--no-prefix-cache`)."""
+        self.rows.check_slot(slot)
         ids = self._check_ids(tokens)
         if ids.size > self.max_context:
             raise ContextFullError(f"the prompt has {ids.size} tokens but the context holds "
                                    f"{self.max_context} (raise --max-context)")
         self.release(slot)
-        row, common, record = self._place(slot, ids, reuse)
+        row, common, record = self.rows.place(slot, ids, reuse)
         m = self.m
         m.acts["seq_len"][row:row + 1].copy_to_device(np.array([common], np.int32),
                                                      stream=m.stream)
-        self._n_past[row] = self.n_reused = common
+        self.rows.n_past[row] = self.n_reused = common
         if common == ids.size:  # a recorded prompt: its KV taken, nothing computed
             logits = record.logits
         else:
@@ -254,46 +213,8 @@ class CudaBatchEngine:
             m.acts["logits"][row].copy_to_host(self._logits[row], stream=m.stream)
             logits = self._logits[row]
         m.stream.synchronize()
-        self._prompts[row] = PromptRecord.of(ids, logits)
+        self.rows.prompts[row] = PromptRecord.of(ids, logits)
         return np.array(logits)
-
-    def _place(self, slot: int, ids: np.ndarray,
-               reuse: bool = True) -> tuple[int, int, PromptRecord | None]:
-        """The row a new sequence of prompt `ids` takes in `slot`'s name, how many of its
-        tokens that row's KV then holds, and the record they came with (`reusable_prefix`:
-        where they are all of `ids`, its logits). The vacant row whose kept tokens share the
-        longest prefix with `ids` is used: a hole below the held rows is filled as it is; a
-        row past them has its KV moved to the next row (a copy, far cheaper than the prefill);
-        with none, the rows are compacted and the next one taken. Where a running sequence's
-        prompt shares more (a request's `n` choices, one system prompt), the next row takes
-        a copy of those positions' KV from its row."""
-        held = len(self._slot_at)
-        best, best_n = -1, 0  # a vacant row
-        source, source_n = -1, 0  # a running sequence's slot
-        for r in range(self.n_slots if reuse else 0):
-            running = r < held and self._slot_at[r] is not None
-            n = reusable_prefix(self._prompts[r], self._kept[r], ids, running=running)
-            if running and n > source_n:
-                source, source_n = self._slot_at[r], n
-            elif not running and n > best_n:
-                best, best_n = r, n
-        if 0 <= best < held and best_n >= source_n:  # a hole: taken as it is
-            row = best
-            self._slot_at[row] = slot
-        else:
-            self._compact()  # moves held rows into holes only: a row past them keeps its KV
-            row = len(self._slot_at)
-            self._slot_at.append(slot)
-            if source_n > best_n:
-                src = self._row_of[source]
-                self._copy_kv(src, row, source_n)
-                self._prompts[row], best_n = self._prompts[src], source_n
-            elif best > row:
-                self._move(best, row)
-        self._row_of[slot] = row
-        self._kept[row] = None
-        record, self._prompts[row] = self._prompts[row], None
-        return row, best_n, record
 
     def _prompt(self, row: int, ids: np.ndarray) -> None:
         m = self.m
@@ -302,8 +223,8 @@ class CudaBatchEngine:
             if step is None:
                 step = self._row_steps[row] = DecodeStep(self._row_view(row),
                                                          use_graph=self.step.use_graph)
-            prompt_steps.feed(step, ids, int(self._n_past[row]))
-            self._n_past[row] += ids.size
+            prompt_steps.feed(step, ids, int(self.rows.n_past[row]))
+            self.rows.n_past[row] += ids.size
             self.n_step_prompts += 1
             return
         use = check_runtime_use(m.plan, runtime_use(m.plan, int(ids.size)))
@@ -314,14 +235,14 @@ class CudaBatchEngine:
             run = PromptRun(self._row_view(row), P, R, use.chunk, self.traffic)
             for off in range(0, ids.size, use.chunk):
                 part = ids[off:off + use.chunk]
-                run.chunk_step(part, int(self._n_past[row]))
-                self._n_past[row] += part.size
+                run.chunk_step(part, int(self.rows.n_past[row]))
+                self.rows.n_past[row] += part.size
         finally:
             m.cache.refill()
 
     def row_model(self, slot: int) -> Any:
         """The model seen through `slot`'s row (what the prompt path runs on)."""
-        return self._row_view(self._row_of[slot])
+        return self._row_view(self.rows.row_of[slot])
 
     def _row_view(self, row: int) -> RowModel:
         return RowModel(self.m, row, self.sides[row], len(self.step.partials[row][0]))
@@ -342,7 +263,7 @@ class CudaBatchEngine:
         dev.copy_to_host(host, stream=st)
         self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
         st.synchronize()
-        self._n_past[:n] += 1
+        self.rows.n_past[:n] += 1
         # one host copy, the caller's own (the pinned buffer is refilled by the next step)
         return host.copy() if rows == list(range(n)) else self._logits[rows]
 
@@ -420,7 +341,7 @@ class CudaBatchEngine:
                 self._logit_row[r].copy_to_host(self._logits[r], stream=st)
         self.m.acts["hit_counts"].copy_to_host(self._hits, stream=st)
         self._done[b].record(st)
-        self._n_past[:n] += 1
+        self.rows.n_past[:n] += 1
         self._buf = 1 - b
         self._open.append(b)
         # the step's picks are in step_tokens: the next step may be fed from there (not where
@@ -462,8 +383,7 @@ class CudaBatchEngine:
         self.m.stream.synchronize()
         self._open.clear()
         self._chain = None
-        self._kept = [None] * self.n_slots
-        self._prompts = [None] * self.n_slots
+        self.rows.forget()
 
     def _fed_rows(self, slots: Sequence[int]) -> list[int]:
         """The rows of a step fed from the device (`begin_picked` without tokens)."""
@@ -471,31 +391,22 @@ class CudaBatchEngine:
             raise ValueError(f"a step fed on the device follows a step of the same sequences "
                              f"(slots {self._chain}) whose every token was picked on the "
                              f"device, with nothing prefilled or released since; got {list(slots)}")
-        rows = self._rows_with_room(slots)
-        return rows
-
-    def _rows_with_room(self, slots: Sequence[int]) -> list[int]:
-        """The rows of `slots`, each with room in its context for one more token."""
-        rows = [self._row_of[s] for s in slots]
-        full = [s for s, r in zip(slots, rows) if self._n_past[r] + 1 > self.max_context]
-        if full:
-            raise ContextFullError(f"slot {full[0]} has {self.max_context} tokens: the context "
-                                   f"is full")
-        return rows
+        return self.rows.rows_with_room(slots, self.max_context)
 
     def _step_rows(self, slots: Sequence[int], tokens: Sequence[int]) -> list[int]:
         """Check a step's slots and tokens, compact the rows, and stage the input tokens (one
         copy of all rows' to the device); the rows of `slots`, in their order."""
         if len(slots) != len(tokens):
             raise ValueError(f"{len(slots)} slots but {len(tokens)} tokens")
-        if sorted(slots) != sorted(self._row_of):
+        held = sorted(self.rows.row_of)
+        if sorted(slots) != held:
             raise ValueError(f"a step decodes every held sequence: slots {sorted(slots)} given, "
-                             f"{sorted(self._row_of)} held")
+                             f"{held} held")
         ids = self._check_ids(tokens) if len(tokens) else np.zeros(0, np.int32)
         if not slots:
             return []
-        self._compact()
-        rows = self._rows_with_room(slots)
+        self.rows.compact()
+        rows = self.rows.rows_with_room(slots, self.max_context)
         self._tok[rows] = ids
         # every row's token in one copy (rows n.. carry stale ones the step never reads); the
         # step writes each at its row's position (`scatter_tokens`, inside the graph)
