@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests that may wait for a slot before a 503 (default 256)")
     p.add_argument("--max-body-bytes", dest="max_body_bytes", type=int,
                    help="largest request body accepted (default 8 MiB)")
+    p.add_argument("--response-store-mib", dest="response_store_mib", type=int, metavar="MIB",
+                   help="memory for the Responses API's stored responses (previous_response_id, "
+                        "GET /v1/responses/ID; least recently used leave first; 0 keeps none; "
+                        "default 64)")
     p.add_argument("--max-tokens-limit", dest="max_tokens_limit", type=int,
                    help="upper bound on any request's max_tokens (default: the context left)")
     p.add_argument("--chat-template", dest="chat_template", metavar="FILE",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from strata.errors import StrataError
+from strata.serve.response_store import DEFAULT_MIB
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 
@@ -45,6 +46,8 @@ class ServeConfig:
     # a finished request's KV is kept for the next prompt that starts the same (its slot's)
     no_prefix_cache: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # the Responses API's stored responses, in memory (least recently used leave first; 0: none)
+    response_store_mib: int = DEFAULT_MIB
     max_tokens_limit: int | None = None
     chat_template: str | None = None
     log_level: str = "info"
@@ -92,6 +95,9 @@ class ServeConfig:
         if self.max_body_bytes < 1024:
             raise ServeConfigError(f"max_body_bytes: must be at least 1024, got "
                                    f"{self.max_body_bytes}")
+        if self.response_store_mib < 0:
+            raise ServeConfigError(f"response_store_mib: must be 0 or more (0: none kept), got "
+                                   f"{self.response_store_mib}")
         if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
             raise ServeConfigError(f"max_tokens_limit: must be at least 1, got "
                                    f"{self.max_tokens_limit}")

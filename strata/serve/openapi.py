@@ -127,6 +127,7 @@ def _responses_body(models: list[str]) -> dict:
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
         "stream": {"type": "boolean"}, "store": {"type": "boolean"},
+        "previous_response_id": _STR,
         "text": {"type": "object", "properties": {"format": fmt}},
         "tools": {"type": "array", "items": {"type": "object", "required": ["type", "name"],
                                              "properties": {
@@ -160,6 +161,17 @@ def _get(summary: str) -> dict:
     return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
 
 
+def _stored() -> dict:
+    """`GET` and `DELETE /v1/responses/{response_id}`."""
+    param = [{"name": "response_id", "in": "path", "required": True, "schema": _STR}]
+    gone = {"404": {"description": "no stored response of that id"}}
+    return {
+        "get": {"summary": "a stored response (Responses API)", "parameters": param,
+                "responses": {"200": {"description": "the response object"}, **gone}},
+        "delete": {"summary": "forget a stored response", "parameters": param,
+                   "responses": {"200": {"description": "response.deleted"}, **gone}}}
+
+
 def build_schema(title: str, models: tuple[str, ...]) -> dict:
     """The OpenAPI document for a server serving `models` (the name and its aliases)."""
     names = list(models)
@@ -171,6 +183,7 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/chat/completions": _post("OpenAI chat completion", _chat_body(names)),
             "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
             "/v1/responses": _post("OpenAI response (Responses API)", _responses_body(names)),
+            "/v1/responses/{response_id}": _stored(),
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),

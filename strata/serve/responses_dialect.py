@@ -68,8 +68,8 @@ class Shell:
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "error": None if error is None else {"code": "server_error", "message": error},
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "model": self.model, "output": output, "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": False,
+            "model": self.model, "output": output,
+            "reasoning": {"effort": None, "summary": None},
             "truncation": "disabled", "user": None, **self.req.echo,
             "usage": None if finish is None else usage(finish),
         }
@@ -103,7 +103,7 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
     shell = Shell(req, state.model.name)
     entries = _Entries(gen, state.model)
     if req.stream:
-        return event_stream(_events(gen, shell, entries), gen.cancel, prepared.headers)
+        return event_stream(_events(gen, shell, entries, state), gen.cancel, prepared.headers)
     output: list[dict] = []
 
     async def collect() -> None:
@@ -121,8 +121,28 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
-    return JSONResponse(shell.body(output, status=status_of(gen.finish), finish=gen.finish),
-                        headers=prepared.headers)
+    body = shell.body(output, status=status_of(gen.finish), finish=gen.finish)
+    _keep(state, req, body)
+    return JSONResponse(body, headers=prepared.headers)
+
+
+def _keep(state: ServerState, req: ResponsesRequest, body: dict) -> None:
+    """A finished response into the store, unless the request said `store: false`."""
+    if req.echo["store"]:
+        state.responses.put(body, req.input_items, req.echo["previous_response_id"])
+
+
+async def retrieve(request: Request, state: ServerState) -> Response:
+    """`GET /v1/responses/{response_id}`: a stored response as it was returned."""
+    return JSONResponse(state.responses.get(request.path_params["response_id"]).body)
+
+
+async def delete(request: Request, state: ServerState) -> Response:
+    """`DELETE /v1/responses/{response_id}`: a stored response forgotten (a response that
+    continued it can no longer be continued)."""
+    response_id = request.path_params["response_id"]
+    state.responses.delete(response_id)
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 class _Entries:
@@ -150,7 +170,8 @@ class _Events:
         return sse(body, kind)
 
 
-async def _events(gen: Generation, shell: Shell, entries: _Entries) -> AsyncIterator[bytes]:
+async def _events(gen: Generation, shell: Shell, entries: _Entries,
+                  state: ServerState) -> AsyncIterator[bytes]:
     ev = _Events()
     yield ev("response.created", response=shell.body([], status="in_progress"))
     yield ev("response.in_progress", response=shell.body([], status="in_progress"))
@@ -207,5 +228,6 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries) -> AsyncIter
         for chunk in close_text():
             yield chunk
     status = status_of(gen.finish)
-    yield ev(f"response.{status}", response=shell.body(output, status=status,
-                                                      finish=gen.finish))
+    body = shell.body(output, status=status, finish=gen.finish)
+    _keep(state, shell.req, body)
+    yield ev(f"response.{status}", response=body)

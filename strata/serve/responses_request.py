@@ -13,8 +13,10 @@ say so; `strict: true` given explicitly makes such a schema a 400); `text.format
 Log-probabilities: `include: ["message.output_text.logprobs"]` (or a `top_logprobs` count,
 0..20) gives each output_text part the chat route's per-token entries.
 
-This server keeps no responses: `previous_response_id` and `conversation` are a 400 (send the
-whole conversation in `input`), and `store` is taken but stores nothing. Built-in tools (web
+A stored response (`store`, true by default; `strata.serve.response_store`) is continued by
+`previous_response_id`: its conversation's turns come before this request's `input`, the
+earlier `instructions` not carried over. `conversation` (the Conversations API) is a 400.
+Built-in tools (web
 search, file search, ...), image and file inputs, and other `include` entries are a 400 naming
 the field; `reasoning` is checked and left to the chat template (the model thinks as
 its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
@@ -44,6 +46,7 @@ class ResponsesRequest:
     chat: ChatInput
     stream: bool
     echo: dict  # the request's settings as the response object repeats them
+    input_items: list  # `input` as items, kept with the response where it is stored
 
 
 def _content(m: Fields) -> str:
@@ -51,44 +54,56 @@ def _content(m: Fields) -> str:
                       not_text=_NOT_TEXT)
 
 
-def _messages(f: Fields) -> list[dict]:
+def _input_items(f: Fields) -> list:
+    """`input` as a list of items (a string is one user message)."""
+    value = f.raw("input", required=True)
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise bad_request("input: expected a string or a non-empty array of items", "input")
+    return value
+
+
+def _messages(f: Fields, history: list, items: list) -> list[dict]:
+    """The chat messages: `instructions`, the stored turns before this one (`history`, items
+    as `input` holds them), then this request's `items`."""
     out: list[dict] = []
     instructions = f.str("instructions")
     if instructions:
         out.append({"role": "system", "content": instructions})
-    value = f.raw("input", required=True)
-    if isinstance(value, str):
-        return out + [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise bad_request("input: expected a string or a non-empty array of items", "input")
-    for i, raw in enumerate(value):
-        m = Fields(raw, join("input", i))
-        kind = m.str("type", default="message")
-        if kind == "message":
-            role = m.str("role", required=True, choices=ROLES)
-            msg = {"role": "system" if role == "developer" else role, "content": _content(m)}
-            out.append(msg)
-        elif kind == "function_call":
-            call = {"type": "function", "id": m.str("call_id", required=True, non_empty=True),
-                    "function": {"name": m.str("name", required=True, non_empty=True),
-                                 "arguments": tool_arguments(m.str("arguments", required=True))}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":  # its text, then its calls
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            text = text_parts(m.raw("output", required=True), m.where("output"),
-                              texts=_TEXT, not_text=_NOT_TEXT)
-            out.append({"role": "tool", "content": text,
-                        "tool_call_id": m.str("call_id", required=True, non_empty=True)})
-        else:
-            raise bad_request(f"input[{i}].type: item type {kind!r} is not supported here "
-                              f"(expected 'message', 'function_call' or "
-                              f"'function_call_output')", f"input[{i}].type")
+    for where, turn in (("previous_response_id", history), ("input", items)):
+        for i, raw in enumerate(turn):
+            _item(out, Fields(raw, join(where, i)))
     if not any(msg["role"] != "system" for msg in out):
         raise bad_request("input: needs at least one message besides instructions", "input")
     return out
+
+
+def _item(out: list[dict], m: Fields) -> None:
+    """One input item onto the messages: a message, or a function call (onto the assistant
+    message before it, where it follows one) or its output (a tool message)."""
+    kind = m.str("type", default="message")
+    if kind == "message":
+        role = m.str("role", required=True, choices=ROLES)
+        out.append({"role": "system" if role == "developer" else role, "content": _content(m)})
+    elif kind == "function_call":
+        call = {"type": "function", "id": m.str("call_id", required=True, non_empty=True),
+                "function": {"name": m.str("name", required=True, non_empty=True),
+                             "arguments": tool_arguments(m.str("arguments", required=True))}}
+        last = out[-1] if out else None
+        if last is not None and last["role"] == "assistant":  # its text, then its calls
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        text = text_parts(m.raw("output", required=True), m.where("output"),
+                          texts=_TEXT, not_text=_NOT_TEXT)
+        out.append({"role": "tool", "content": text,
+                    "tool_call_id": m.str("call_id", required=True, non_empty=True)})
+    else:
+        raise bad_request(f"{m.where('type')}: item type {kind!r} is not supported here "
+                          f"(expected 'message', 'function_call' or 'function_call_output')",
+                          m.where("type"))
 
 
 def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
@@ -140,10 +155,10 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
 
 
 def _refuse_unsupported(f: Fields) -> None:
-    for key in ("previous_response_id", "conversation"):
-        if f.has(key):
-            raise bad_request(f"{key}: this server keeps no responses; send the whole "
-                              f"conversation in input", key)
+    if f.has("conversation"):
+        raise bad_request("conversation: this server has no Conversations API; continue "
+                          "with previous_response_id or send the conversation in input",
+                          "conversation")
     for j, entry in enumerate(f.list("include") or []):
         if entry != LOGPROBS:
             raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
@@ -155,7 +170,6 @@ def _refuse_unsupported(f: Fields) -> None:
         reasoning.str("effort")
         reasoning.str("summary")
     f.str("truncation", choices=("auto", "disabled"))  # checked: none changes the output
-    f.bool("store")
     f.str("user")
     f.str("service_tier")
 
@@ -163,7 +177,11 @@ def _refuse_unsupported(f: Fields) -> None:
 def parse_responses(f: Fields, state) -> ResponsesRequest:
     state.check_model(f.str("model", required=True))
     _refuse_unsupported(f)
-    messages = _messages(f)
+    previous = f.str("previous_response_id", non_empty=True)
+    store = f.bool("store", default=True)
+    history = state.responses.history(previous) if previous is not None else []
+    items = _input_items(f)
+    messages = _messages(f, history, items)
     tools, choice, schemas, tools_echo = _tools(f)
     json_object, json_schema, fmt = _format(f)
     if json_object and tools and choice != "none":
@@ -188,5 +206,6 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "tools": tools_echo, "text": {"format": fmt},
             "metadata": metadata.obj if metadata is not None else {},
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
-            "top_logprobs": top or 0}
-    return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo)
+            "top_logprobs": top or 0, "previous_response_id": previous, "store": store}
+    return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,
+                            input_items=items)

@@ -25,6 +25,7 @@ from strata.serve.devices import cpu_report, plan_reports
 from strata.serve.engines import build_engine
 from strata.serve.metrics import DeviceReport, Metrics
 from strata.serve.model import ServedModel
+from strata.serve.response_store import ResponseStore
 from strata.serve.state import ServerState
 from strata.serve.worker import Worker
 
@@ -99,7 +100,8 @@ def load(config: ServeConfig) -> Loaded:
                "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
-                        plan_summary=summary)
+                        plan_summary=summary,
+                        responses=ResponseStore(config.response_store_mib << 20))
     return Loaded(config, state, worker, _plan_lines(config, model_file, summary, devices()),
                   plan)
 

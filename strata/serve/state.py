@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from strata.serve.errors import not_found
 from strata.serve.metrics import DeviceReport, Metrics
+from strata.serve.response_store import DEFAULT_MIB, ResponseStore
 
 
 @dataclass(slots=True)
@@ -22,6 +23,9 @@ class ServerState:
     devices: Callable[[], list[DeviceReport]] = list
     plan_summary: dict = field(default_factory=dict)
     created: int = field(default_factory=lambda: int(time.time()))
+    # the Responses API's stored responses (previous_response_id, GET/DELETE by id)
+    responses: ResponseStore = field(
+        default_factory=lambda: ResponseStore(DEFAULT_MIB << 20))
 
     def check_model(self, name: str) -> None:
         """A 404 naming the served model(s) when a request asks for another."""

@@ -315,15 +315,24 @@ def test_openai_responses_through_the_sdk(oai):
                              tool_choice={"type": "function", "name": "get_weather"})
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert call.name == "get_weather" and jsonschema_rs.is_valid(params, json.loads(call.arguments))
+    output = [o.model_dump(exclude_none=True) for o in r.output]
+    done = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}
     follow = oai.responses.create(
-        model=MODEL_NAME, max_output_tokens=3, tools=tools,
-        input=[{"role": "user", "content": "What is the weather in Paris?"},
-               {"type": "function_call", "call_id": call.call_id, "name": call.name,
-                "arguments": call.arguments},
-               {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"}])
+        model=MODEL_NAME, max_output_tokens=3, temperature=0, tools=tools,
+        input=[{"role": "user", "content": "What is the weather in Paris?"}, *output, done])
     assert follow.usage.input_tokens > r.usage.input_tokens  # the call and its output rendered
-    with pytest.raises(openai.BadRequestError) as e:
-        oai.responses.create(model=MODEL_NAME, input="x", previous_response_id="resp_x")
+    # the same conversation continued from the store: the same prompt, the same answer
+    cont = oai.responses.create(model=MODEL_NAME, max_output_tokens=3, temperature=0,
+                                tools=tools, previous_response_id=r.id, input=[done])
+    assert cont.previous_response_id == r.id
+    assert cont.usage.input_tokens == follow.usage.input_tokens
+    assert cont.output_text == follow.output_text
+    assert oai.responses.retrieve(r.id).output_text == r.output_text
+    oai.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        oai.responses.create(model=MODEL_NAME, input="x", previous_response_id=r.id)
     assert e.value.body["param"] == "previous_response_id"
 
 

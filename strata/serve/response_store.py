@@ -1,0 +1,101 @@
+"""`ResponseStore`: the Responses API's stored responses, in memory, for `previous_response_id`
+and `GET` / `DELETE /v1/responses/{id}`.
+
+Each response keeps its own turn only: the input items its request sent (a string input as one
+user message item) and its output items, with the id of the response it followed. A request
+naming `previous_response_id` gets the chain's turns, oldest first, before its own input, as the
+official API has it (the earlier requests' `instructions` are not carried over). The store is
+bounded by bytes (each response's JSON size): the least recently used responses leave first, so
+the turns of a conversation still being continued stay while abandoned ones go; a chain whose
+older turn has left is a 404 naming it. Nothing is written to disk: a restart forgets all.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from strata.serve.errors import ApiError, not_found
+
+DEFAULT_MIB = 64  # `strata serve --response-store-mib`
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    body: dict  # the response object as it was returned
+    items: tuple  # its turn: the request's input items, then its output items
+    previous: str | None  # the response it continued
+    n_bytes: int
+
+
+class ResponseStore:
+    """Up to `max_bytes` of responses (0: none is kept, and every lookup is a 404)."""
+
+    def __init__(self, max_bytes: int):
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be 0 or more, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.n_bytes = 0
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._lock = threading.Lock()  # handlers run on the event loop; tests call from threads
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, body: dict, input_items: list, previous: str | None) -> bool:
+        """Keep a finished response (`body["output"]` its output items); False where it is
+        larger than the whole store (it is not kept)."""
+        items = tuple(input_items) + tuple(body["output"])
+        n_bytes = len(json.dumps(body)) + len(json.dumps(items))
+        if n_bytes > self.max_bytes:
+            return False
+        with self._lock:
+            old = self._items.pop(body["id"], None)
+            if old is not None:
+                self.n_bytes -= old.n_bytes
+            self._items[body["id"]] = StoredResponse(body, items, previous, n_bytes)
+            self.n_bytes += n_bytes
+            while self.n_bytes > self.max_bytes:
+                _, gone = self._items.popitem(last=False)
+                self.n_bytes -= gone.n_bytes
+        return True
+
+    def get(self, response_id: str, param: str = "response_id") -> StoredResponse:
+        """The stored response (now the most recently used), or a 404 naming the id."""
+        with self._lock:
+            found = self._items.get(response_id)
+            if found is not None:
+                self._items.move_to_end(response_id)
+        if found is None:
+            raise not_found(f"no stored response {response_id!r}: it was never stored "
+                            f"(store: false), was deleted, or left the store "
+                            f"(--response-store-mib)", param)
+        return found
+
+    def delete(self, response_id: str) -> None:
+        with self._lock:
+            gone = self._items.pop(response_id, None)
+            if gone is not None:
+                self.n_bytes -= gone.n_bytes
+        if gone is None:
+            raise not_found(f"no stored response {response_id!r}", "response_id")
+
+    def history(self, response_id: str) -> list:
+        """The items of the chain that ends at `response_id`, oldest turn first (each turn used
+        now); a 404 naming `previous_response_id` where a turn is missing."""
+        turns, at = [], response_id
+        while at is not None:
+            try:
+                found = self.get(at, "previous_response_id")
+            except ApiError as e:
+                if at == response_id:
+                    raise
+                raise not_found(f"previous_response_id: the conversation before "
+                                f"{response_id!r} is incomplete: its earlier response {at!r} "
+                                f"left the store (--response-store-mib)",
+                                "previous_response_id") from e
+            turns.append(found.items)
+            at = found.previous
+        return [item for turn in reversed(turns) for item in turn]
