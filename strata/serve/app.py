@@ -117,6 +117,8 @@ class Server:
         e = self._endpoint
         return [
             Route("/v1/models", e(openai_dialect.list_models, body=False), methods=["GET"]),
+            Route("/v1/models/{model:path}", e(openai_dialect.retrieve_model, body=False),
+                  methods=["GET"]),
             Route("/v1/chat/completions", e(openai_dialect.chat_completions, body=True),
                   methods=["POST"]),
             Route("/v1/completions", e(openai_dialect.completions, body=True), methods=["POST"]),

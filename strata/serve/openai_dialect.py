@@ -65,11 +65,20 @@ def _stream_error(failed: FinishEvent) -> bytes:
     return sse(error_body(ApiError(500, f"generation failed: {failed.error}")))
 
 
+def _model(name: str, state: ServerState) -> dict:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "strata"}
+
+
 async def list_models(request: Request, state: ServerState) -> Response:
     names = (state.model.name, *state.model.aliases)
-    data = [{"id": n, "object": "model", "created": state.created, "owned_by": "strata"}
-            for n in names]
-    return JSONResponse({"object": "list", "data": data})
+    return JSONResponse({"object": "list", "data": [_model(n, state) for n in names]})
+
+
+async def retrieve_model(request: Request, state: ServerState) -> Response:
+    """`GET /v1/models/{model}`: the served model (or an alias of it), else a 404 naming them."""
+    name = request.path_params["model"]
+    state.check_model(name)
+    return JSONResponse(_model(name, state))
 
 
 def _entries(gen: Generation) -> list | None:

@@ -180,6 +180,11 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
         "info": {"title": f"strata serve: {title}", "version": __version__},
         "paths": {
             "/v1/models": _get("the served model"),
+            "/v1/models/{model}": {"get": {
+                "summary": "the served model by id (its name or an alias)",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": _STR}],
+                "responses": {"200": {"description": "the model object"},
+                              "404": {"description": "not a model served here"}}}},
             "/v1/chat/completions": _post("OpenAI chat completion", _chat_body(names)),
             "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
             "/v1/responses": _post("OpenAI response (Responses API)", _responses_body(names)),

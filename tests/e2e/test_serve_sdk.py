@@ -41,6 +41,7 @@ def test_start_up_printed_the_plan_before_ready(server):
 
 def test_openai_models_and_chat(oai):
     assert [m.id for m in oai.models.list().data] == [MODEL_NAME, "tiny-alias"]
+    assert oai.models.retrieve("tiny-alias").id == "tiny-alias"
     r = oai.chat.completions.create(model=MODEL_NAME, max_tokens=5, temperature=0,
                                     messages=[{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "Hello"}])

@@ -79,6 +79,11 @@ def test_models_lists_name_and_aliases(h):
     r = h.client.get("/v1/models")
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == ["fake", "fake-alias"]
+    for name in ("fake", "fake-alias"):  # each by its id, as the SDK's models.retrieve reads it
+        assert h.client.get(f"/v1/models/{name}").json() == next(
+            m for m in r.json()["data"] if m["id"] == name)
+    other = h.client.get("/v1/models/org/other")
+    assert other.status_code == 404 and "'fake'" in other.json()["error"]["message"]
 
 
 def test_chat_completion_shape_and_usage(h):
