@@ -10,6 +10,7 @@ event sequence of the official API: `message_start`, `ping`, then per block
 from __future__ import annotations
 
 import secrets
+import time
 from typing import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
@@ -29,6 +30,19 @@ from strata.serve.tools import ToolCall
 
 def error_body(err: ApiError) -> dict:
     return {"type": "error", "error": {"type": error_types(err.status)[1], "message": err.message}}
+
+
+def model_object(name: str, state: ServerState) -> dict:
+    """A model in the Models API's shape (context sizes in tokens: the served context)."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state.created))
+    ctx = state.model.max_context
+    return {"type": "model", "id": name, "display_name": name, "created_at": created,
+            "max_input_tokens": ctx, "max_tokens": ctx}
+
+
+def models_list(state: ServerState) -> dict:
+    data = [model_object(n, state) for n in (state.model.name, *state.model.aliases)]
+    return {"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]}
 
 
 def stop_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:

@@ -33,13 +33,20 @@ STATIC_DIR = Path(__file__).parent / "static"
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def _dialect_of(path: str) -> str:
-    return "anthropic" if path.startswith("/v1/messages") else "openai"
+def _dialect_of(request: Request) -> str:
+    """The Anthropic routes, and the models routes where an Anthropic client asks (its SDK
+    sends `anthropic-version`); else OpenAI."""
+    path = request.url.path
+    if path.startswith("/v1/messages"):
+        return "anthropic"
+    if path.startswith("/v1/models") and "anthropic-version" in request.headers:
+        return "anthropic"
+    return "openai"
 
 
-def error_response(path: str, err: ApiError) -> JSONResponse:
+def error_response(request: Request, err: ApiError) -> JSONResponse:
     """The error in the shape the route's clients parse."""
-    render = (anthropic_dialect.error_body if _dialect_of(path) == "anthropic"
+    render = (anthropic_dialect.error_body if _dialect_of(request) == "anthropic"
               else openai_dialect.error_body)
     headers = dict(err.headers)
     if err.status == 401:
@@ -102,12 +109,12 @@ class Server:
                 else:
                     response = await handler(request, self.state)
             except ApiError as e:
-                response = error_response(path, e)
+                response = error_response(request, e)
             except ClientGone:
                 response = Response(status_code=499)  # nobody is left to read it
             except Exception as e:
                 log.exception("unhandled error on %s %s", request.method, path)
-                response = error_response(path, ApiError(
+                response = error_response(request, ApiError(
                     500, f"internal server error ({type(e).__name__}: {e}); see the server log"))
             self.state.metrics.record_request(path, response.status_code)
             return response
@@ -116,9 +123,8 @@ class Server:
     def routes(self) -> list:
         e = self._endpoint
         return [
-            Route("/v1/models", e(openai_dialect.list_models, body=False), methods=["GET"]),
-            Route("/v1/models/{model:path}", e(openai_dialect.retrieve_model, body=False),
-                  methods=["GET"]),
+            Route("/v1/models", e(list_models, body=False), methods=["GET"]),
+            Route("/v1/models/{model:path}", e(retrieve_model, body=False), methods=["GET"]),
             Route("/v1/chat/completions", e(openai_dialect.chat_completions, body=True),
                   methods=["POST"]),
             Route("/v1/completions", e(openai_dialect.completions, body=True), methods=["POST"]),
@@ -147,11 +153,25 @@ class Server:
                 msg = f"{request.method} is not allowed on {path}"
             else:
                 msg = str(exc.detail)
-            response = error_response(path, ApiError(exc.status_code, msg))
+            response = error_response(request, ApiError(exc.status_code, msg))
             self.state.metrics.record_request("(unrouted)", response.status_code)
             return response
 
         return Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error})
+
+
+async def list_models(request: Request, state: ServerState) -> Response:
+    """The served model and its aliases, in the shape of the SDK asking (`_dialect_of`)."""
+    dialect = anthropic_dialect if _dialect_of(request) == "anthropic" else openai_dialect
+    return JSONResponse(dialect.models_list(state))
+
+
+async def retrieve_model(request: Request, state: ServerState) -> Response:
+    """`GET /v1/models/{model}`: the served model (or an alias of it), else a 404 naming them."""
+    name = request.path_params["model"]
+    state.check_model(name)
+    dialect = anthropic_dialect if _dialect_of(request) == "anthropic" else openai_dialect
+    return JSONResponse(dialect.model_object(name, state))
 
 
 async def index(request: Request) -> Response:

@@ -65,20 +65,13 @@ def _stream_error(failed: FinishEvent) -> bytes:
     return sse(error_body(ApiError(500, f"generation failed: {failed.error}")))
 
 
-def _model(name: str, state: ServerState) -> dict:
+def model_object(name: str, state: ServerState) -> dict:
     return {"id": name, "object": "model", "created": state.created, "owned_by": "strata"}
 
 
-async def list_models(request: Request, state: ServerState) -> Response:
+def models_list(state: ServerState) -> dict:
     names = (state.model.name, *state.model.aliases)
-    return JSONResponse({"object": "list", "data": [_model(n, state) for n in names]})
-
-
-async def retrieve_model(request: Request, state: ServerState) -> Response:
-    """`GET /v1/models/{model}`: the served model (or an alias of it), else a 404 naming them."""
-    name = request.path_params["model"]
-    state.check_model(name)
-    return JSONResponse(_model(name, state))
+    return {"object": "list", "data": [model_object(n, state) for n in names]}
 
 
 def _entries(gen: Generation) -> list | None:

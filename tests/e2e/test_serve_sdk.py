@@ -403,6 +403,13 @@ def test_anthropic_tool_round_trip(claude):
     assert counted.input_tokens == r2.usage.input_tokens + r2.usage.cache_read_input_tokens
 
 
+def test_anthropic_models_through_the_sdk(claude):
+    assert [m.id for m in claude.models.list().data] == [MODEL_NAME, "tiny-alias"]
+    assert claude.models.retrieve("tiny-alias").id == "tiny-alias"
+    with pytest.raises(anthropic.NotFoundError):
+        claude.models.retrieve("claude-nope")
+
+
 def test_anthropic_errors_are_sdk_exceptions(server, claude):
     with pytest.raises(anthropic.NotFoundError):
         claude.messages.create(model="claude-nope", max_tokens=2,

@@ -86,6 +86,20 @@ def test_models_lists_name_and_aliases(h):
     assert other.status_code == 404 and "'fake'" in other.json()["error"]["message"]
 
 
+def test_models_in_the_anthropic_shape_where_an_anthropic_client_asks(h):
+    """The Anthropic SDK sends `anthropic-version`: its Models API shape, and its error shape."""
+    head = {"anthropic-version": "2023-06-01"}
+    r = h.client.get("/v1/models", headers=head).json()
+    assert [m["id"] for m in r["data"]] == ["fake", "fake-alias"]
+    assert r["has_more"] is False and (r["first_id"], r["last_id"]) == ("fake", "fake-alias")
+    one = h.client.get("/v1/models/fake-alias", headers=head).json()
+    assert one == r["data"][1] and one["type"] == "model" and one["max_input_tokens"] == 4096
+    assert one["created_at"].endswith("Z") and one["display_name"] == "fake-alias"
+    other = h.client.get("/v1/models/other", headers=head)
+    assert other.status_code == 404 and other.json()["type"] == "error"
+    assert other.json()["error"]["type"] == "not_found_error"
+
+
 def test_chat_completion_shape_and_usage(h):
     r = h.client.post("/v1/chat/completions", json=chat(max_tokens=100))
     assert r.status_code == 200, r.text
