@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from strata.serve import anthropic_dialect, openai_dialect, responses_dialect
+from strata.serve import anthropic_dialect, openai_dialect, responses_dialect, tokens_api
 from strata.serve.errors import ApiError
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
@@ -136,6 +136,8 @@ class Server:
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
                   methods=["POST"]),
+            Route("/tokenize", e(tokens_api.tokenize, body=True), methods=["POST"]),
+            Route("/detokenize", e(tokens_api.detokenize, body=True), methods=["POST"]),
             Route("/health", e(health, body=False, auth=False), methods=["GET"]),
             Route("/metrics", e(metrics, body=False), methods=["GET"]),
             Route("/monitor.json", e(monitor, body=False), methods=["GET"]),

@@ -70,12 +70,12 @@ class ServedModel:
         """A rendered chat prompt's tokens."""
         return self.tokenizer.encode(text, add_bos=False, parse_special=True)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A raw completion prompt's tokens (BOS as the file says)."""
-        return self.tokenizer.encode(text)
+    def encode_prompt(self, text: str, *, special: bool = True) -> list[int]:
+        """A raw completion prompt's tokens (BOS as the file says; `special` False: none)."""
+        return self.tokenizer.encode(text, add_bos=None if special else False)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special=True)
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special=skip_special)
 
     @functools.cached_property
     def json_vocab(self) -> TokenBytes:

@@ -159,7 +159,7 @@ def _tool_calls(f: Fields) -> list[dict]:
     return calls
 
 
-def _message(raw: Any, path: str) -> dict:
+def chat_message(raw: Any, path: str) -> dict:
     m = Fields(raw, path)
     role = m.str("role", required=True, choices=ROLES)
     if role == "assistant":
@@ -176,7 +176,7 @@ def _message(raw: Any, path: str) -> dict:
     return {"role": "system" if role == "developer" else role, "content": content}
 
 
-def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
+def parse_tools(f: Fields) -> tuple[list[dict], str, tuple]:
     """The tools (as the chat template reads them), the tool choice, and (name, the parameters'
     compiled schema where the function is `strict`, else None) per tool: a strict tool's calls
     are held to its schema, and a schema keyword they could not be held to is a 400."""
@@ -246,7 +246,7 @@ def _json_format(f: Fields) -> tuple[bool, Node | None]:
 def parse_chat(f: Fields, state) -> ChatRequest:
     state.check_model(f.str("model", required=True))
     raw_messages = f.list("messages", required=True, non_empty=True)
-    messages = tuple(_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
+    messages = tuple(chat_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
     n = _n_choices(f)
     top = f.int("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top is not None and not f.bool("logprobs"):
@@ -256,7 +256,7 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     max_tokens = f.int("max_completion_tokens", minimum=1)
     if max_tokens is None:
         max_tokens = f.int("max_tokens", minimum=1)
-    tools, choice, tool_schemas = _tools(f)
+    tools, choice, tool_schemas = parse_tools(f)
     if json_object and tools and choice != "none":
         raise bad_request("response_format: a JSON format cannot be combined with tools (a "
                           "tool call is not the JSON object); send tool_choice 'none' or no "

@@ -192,6 +192,17 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),
+            "/tokenize": _post("the served model's tokens of a prompt or a chat", {
+                "type": "object", "properties": {
+                    "model": {"type": "string", "enum": names}, "prompt": _STR, "content": _STR,
+                    "messages": {"type": "array", "items": {"type": "object"}},
+                    "tools": {"type": "array", "items": {"type": "object"}},
+                    "add_special_tokens": {"type": "boolean"}, "add_special": {"type": "boolean"},
+                    "with_pieces": {"type": "boolean"}}}),
+            "/detokenize": _post("the text of token ids", {
+                "type": "object", "required": ["tokens"], "properties": {
+                    "model": {"type": "string", "enum": names},
+                    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}),
             "/health": _get("liveness and load"),
             "/metrics": _get("Prometheus metrics"),
             "/monitor.json": _get("the monitor page's data"),

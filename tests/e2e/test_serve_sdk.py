@@ -426,3 +426,28 @@ def test_anthropic_errors_are_sdk_exceptions(server, claude):
     with pytest.raises(anthropic.AuthenticationError):
         bad_key.messages.create(model=MODEL_NAME, max_tokens=2,
                                 messages=[{"role": "user", "content": "x"}])
+
+
+def test_tokenize_gives_the_tokens_the_generation_routes_feed(server, oai):
+    """`/tokenize` with the real tokenizer: a prompt's count is `/v1/completions`' prompt
+    tokens, a chat's is the chat route's, and `/detokenize` gives the prompt's text back."""
+    import httpx
+
+    head = {"authorization": f"Bearer {API_KEY}"}
+
+    def post(path, **body):
+        r = httpx.post(server.url + path, json=body, headers=head, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    text = "The quick brown fox, 42 times."
+    tok = post("/tokenize", prompt=text)
+    done = oai.completions.create(model=MODEL_NAME, prompt=text, max_tokens=1, temperature=0)
+    assert tok["count"] == len(tok["tokens"]) == done.usage.prompt_tokens
+    assert tok["max_model_len"] == 1024
+    assert post("/detokenize", tokens=tok["tokens"])["content"].endswith(text)
+    pieces = post("/tokenize", content=text, with_pieces=True, add_special=False)["tokens"]
+    assert "".join(p["piece"] for p in pieces) == text
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    chat = oai.chat.completions.create(model=MODEL_NAME, max_tokens=1, messages=messages)
+    assert post("/tokenize", messages=messages)["count"] == chat.usage.prompt_tokens

@@ -70,10 +70,12 @@ class FakeModel:
     def encode(self, text: str) -> list[int]:
         return encode(text)
 
-    encode_prompt = encode
+    def encode_prompt(self, text: str, *, special: bool = True) -> list[int]:
+        return encode(text)  # the character vocabulary has no BOS
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids if i != EOT)
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        return "".join("<eot>" if i == EOT else chr(i) for i in ids
+                       if i != EOT or not skip_special)
 
     def sampler(self, sampling: Sampling) -> Callable[[np.ndarray], int]:
         constraint = make_constraint(sampling, lambda: (TOKEN_BYTES, frozenset({EOT})))
