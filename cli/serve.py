@@ -26,6 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the model id clients send (default: the file name without .gguf)")
     p.add_argument("--alias", dest="aliases", action="append", metavar="NAME",
                    help="another model id accepted for this model (repeatable)")
+    p.add_argument("--cors-origin", dest="cors_origins", action="append", metavar="ORIGIN",
+                   help="a browser origin (https://app.example:3000) allowed to call the server "
+                        "besides this machine's own (localhost, 127.0.0.1, [::1], any port, "
+                        "always allowed); repeatable; * allows any web page")
     p.add_argument("--no-prefix-cache", dest="no_prefix_cache", action="store_true",
                    default=None,
                    help="compute every prompt whole (by default a prompt that starts as a "

@@ -16,6 +16,8 @@ from typing import Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
@@ -31,6 +33,9 @@ from strata.serve.state import ServerState
 log = logging.getLogger("strata.serve")
 STATIC_DIR = Path(__file__).parent / "static"
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# pages served from this machine (any port) may call the server from a browser; others only
+# where named (`--cors-origin`): a web page elsewhere must not reach a local model unasked
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def _dialect_of(request: Request) -> str:
@@ -90,12 +95,14 @@ Handler = Callable[..., Awaitable[Response]]
 class Server:
     """Builds the Starlette app around a `ServerState`."""
 
-    def __init__(self, state: ServerState, *, api_key: str | None, max_body_bytes: int):
+    def __init__(self, state: ServerState, *, api_key: str | None, max_body_bytes: int,
+                 cors_origins: tuple[str, ...] = ()):
         if max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, got {max_body_bytes}")
         self.state = state
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.cors_origins = tuple(cors_origins)
 
     def _endpoint(self, handler: Handler, *, body: bool, auth: bool = True):
         async def endpoint(request: Request) -> Response:
@@ -159,7 +166,13 @@ class Server:
             self.state.metrics.record_request("(unrouted)", response.status_code)
             return response
 
-        return Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error})
+        # browsers ask before a cross-origin POST (an OPTIONS preflight): answered here,
+        # before auth, as the API key travels only with the real request
+        cors = Middleware(CORSMiddleware, allow_origins=list(self.cors_origins),
+                          allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST", "DELETE"],
+                          allow_headers=["*"], max_age=600)
+        return Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error},
+                         middleware=[cors])
 
 
 async def list_models(request: Request, state: ServerState) -> Response:

@@ -40,6 +40,8 @@ class ServeConfig:
     api_key: str | None = None
     model_name: str | None = None
     aliases: tuple[str, ...] = ()
+    # browser origins allowed to call the server besides this machine's (`*`: any)
+    cors_origins: tuple[str, ...] = ()
     batch: int = 1
     max_context: int | None = None
     max_queue: int = 256
@@ -106,6 +108,11 @@ class ServeConfig:
                                    f"{self.prompt_steps}")
         if self.api_key is not None and not self.api_key:
             raise ServeConfigError("api_key: must not be empty (leave it out to disable auth)")
+        for origin in self.cors_origins:
+            if origin != "*" and not (origin.startswith(("http://", "https://"))
+                                      and "/" not in origin.split("://", 1)[1]):
+                raise ServeConfigError(f"cors_origins: {origin!r} is not an origin (scheme://"
+                                       f"host[:port], no path; or * for any)")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ServeConfigError(f"log_level: {self.log_level!r} is not one of critical, "
                                    f"error, warning, info, debug")
@@ -206,4 +213,5 @@ def as_dict(config: ServeConfig) -> dict[str, Any]:
     if d["api_key"] is not None:
         d["api_key"] = "***"
     d["aliases"] = list(d["aliases"])
+    d["cors_origins"] = list(d["cors_origins"])
     return d

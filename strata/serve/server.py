@@ -138,8 +138,9 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
 
 def _http_line(config: ServeConfig, url: str) -> str:
     auth = "API key required" if config.api_key else "no API key"
+    cors = ", ".join(("localhost", *config.cors_origins))
     return (f"http     {url}, {auth}, bodies up to {_mib(config.max_body_bytes)}, "
-            f"queue {config.max_queue}")
+            f"queue {config.max_queue}, browser origins: {cors}")
 
 
 def warm_up(loaded: Loaded) -> float:
@@ -175,7 +176,8 @@ def bind(host: str, port: int) -> socket.socket:
 def build_app(loaded: Loaded, ready: Callable[[], None]) -> Starlette:
     """The app, with a lifespan that starts the worker and announces READY."""
     cfg = loaded.config
-    app = Server(loaded.state, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes).app()
+    app = Server(loaded.state, api_key=cfg.api_key, max_body_bytes=cfg.max_body_bytes,
+                 cors_origins=cfg.cors_origins).app()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

@@ -31,13 +31,14 @@ def script(prompt: str) -> str:
 
 class Harness:
     def __init__(self, *, max_context=4096, api_key=KEY, max_body_bytes=64 << 10,
-                 engine_class=None):
+                 engine_class=None, cors_origins=()):
         self.model = FakeModel(max_context=max_context)
         self.engine = (engine_class or ScriptedEngine)(script, n_slots=2, max_context=max_context)
         self.metrics = Metrics()
         self.worker = Worker(self.engine, self.model, self.metrics)
         state = ServerState(model=self.model, worker=self.worker, metrics=self.metrics)
-        self.app = Server(state, api_key=api_key, max_body_bytes=max_body_bytes).app()
+        self.app = Server(state, api_key=api_key, max_body_bytes=max_body_bytes,
+                          cors_origins=cors_origins).app()
 
     def __enter__(self):
         self.worker.start()
@@ -478,3 +479,46 @@ def test_a_next_turn_reports_its_cached_prompt_tokens_in_both_dialects():
         assert delta["usage"]["cache_read_input_tokens"] == n_prompt - 1
         assert delta["usage"]["input_tokens"] + delta["usage"]["cache_read_input_tokens"] == \
             n_prompt
+
+
+def _preflight(client, origin):
+    return client.options("/v1/chat/completions", headers={
+        "origin": origin, "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type"})
+
+
+@pytest.mark.parametrize("extra, origin, allowed", [
+    ((), "http://localhost:3000", True),
+    ((), "http://127.0.0.1:5173", True),
+    ((), "http://[::1]", True),
+    ((), "https://evil.example", False),
+    ((), "http://localhost.evil.example", False),
+    (("https://app.example:8443",), "https://app.example:8443", True),
+    (("https://app.example:8443",), "https://app.example", False),
+    (("*",), "https://anything.example", True),
+])
+def test_browser_origins_are_this_machines_and_those_named(extra, origin, allowed):
+    """A page on this machine (any port) may call the server from a browser, others only where
+    `--cors-origin` names them: the preflight (answered before auth) and the real request's
+    header say so; a refused origin gets no allow header (the browser then blocks the read)."""
+    with Harness(cors_origins=extra) as h:
+        pre = _preflight(h.client, origin)
+        got = h.client.get("/v1/models", headers={"origin": origin})
+        assert got.status_code == 200
+        if allowed:
+            assert pre.status_code == 200
+            assert pre.headers["access-control-allow-origin"] in (origin, "*")
+            assert "POST" in pre.headers["access-control-allow-methods"]
+            assert got.headers["access-control-allow-origin"] in (origin, "*")
+        else:
+            assert pre.status_code == 400
+            assert "access-control-allow-origin" not in got.headers
+
+
+def test_cors_origins_are_checked():
+    from strata.serve.config import ServeConfig, ServeConfigError
+
+    assert ServeConfig(model="m", cors_origins=("https://a.example:1", "*")).cors_origins
+    for bad in ("a.example", "https://a.example/path", "ftp://a.example"):
+        with pytest.raises(ServeConfigError, match="cors_origins"):
+            ServeConfig(model="m", cors_origins=(bad,))
