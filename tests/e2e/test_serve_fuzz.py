@@ -1,4 +1,4 @@
-"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,250 generated requests,
+"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,550 generated requests,
 valid and invalid, against a real server process; none may get a 5xx."""
 
 from __future__ import annotations
@@ -12,14 +12,19 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402 - after the im
 from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
-# (path, method, mode, examples): 5 operations with bodies x 2 modes x 126 -> 1,260 bodies,
-# plus the GETs (a GET without parameters has no invalid form)
+# (path, method, mode, examples): 5 operations with bodies x 2 modes x 126 -> 1,260 bodies, the
+# tokenizer's two x 2 modes x 60, plus the GETs and DELETEs (a GET without parameters has no
+# invalid form; an id in the path is generated)
 _BODIES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
            "/v1/messages/count_tokens")
-OPERATIONS = [(path, "POST", mode, 126) for path in _BODIES
-              for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)] + [
-    (path, "GET", GenerationMode.POSITIVE, 3) for path in ("/v1/models", "/health", "/metrics")]
-MIN_CASES = 1250
+_MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+OPERATIONS = [(path, "POST", mode, 126) for path in _BODIES for mode in _MODES] + [
+    (path, "POST", mode, 60) for path in ("/tokenize", "/detokenize") for mode in _MODES] + [
+    (path, "GET", GenerationMode.POSITIVE, 3) for path in ("/v1/models", "/health", "/metrics")] + [
+    (path, method, GenerationMode.POSITIVE, 20) for path, method in (
+        ("/v1/models/{model}", "GET"), ("/v1/responses/{response_id}", "GET"),
+        ("/v1/responses/{response_id}", "DELETE"))]
+MIN_CASES = 1550
 calls: list[tuple[str, int]] = []
 
 
