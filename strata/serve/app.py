@@ -23,7 +23,8 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from strata.serve import anthropic_dialect, openai_dialect, responses_dialect, tokens_api
+from strata.serve import (anthropic_dialect, ollama_dialect, openai_dialect, responses_dialect,
+                          tokens_api)
 from strata.serve.errors import ApiError
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
@@ -44,6 +45,8 @@ def _dialect_of(request: Request) -> str:
     path = request.url.path
     if path.startswith("/v1/messages"):
         return "anthropic"
+    if path.startswith("/api/"):
+        return "ollama"
     if path.startswith("/v1/models") and "anthropic-version" in request.headers:
         return "anthropic"
     return "openai"
@@ -51,8 +54,8 @@ def _dialect_of(request: Request) -> str:
 
 def error_response(request: Request, err: ApiError) -> JSONResponse:
     """The error in the shape the route's clients parse."""
-    render = (anthropic_dialect.error_body if _dialect_of(request) == "anthropic"
-              else openai_dialect.error_body)
+    render = {"anthropic": anthropic_dialect.error_body, "ollama": ollama_dialect.error_body,
+              "openai": openai_dialect.error_body}[_dialect_of(request)]
     headers = dict(err.headers)
     if err.status == 401:
         headers.setdefault("www-authenticate", "Bearer")
@@ -143,6 +146,13 @@ class Server:
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
                   methods=["POST"]),
+            Route("/api/chat", e(ollama_dialect.chat, body=True), methods=["POST"]),
+            Route("/api/generate", e(ollama_dialect.generate, body=True), methods=["POST"]),
+            Route("/api/show", e(ollama_dialect.show, body=True), methods=["POST"]),
+            Route("/api/tags", e(ollama_dialect.tags, body=False), methods=["GET"]),
+            Route("/api/ps", e(ollama_dialect.ps, body=False), methods=["GET"]),
+            Route("/api/version", e(ollama_dialect.version, body=False, auth=False),
+                  methods=["GET"]),
             Route("/tokenize", e(tokens_api.tokenize, body=True), methods=["POST"]),
             Route("/detokenize", e(tokens_api.detokenize, body=True), methods=["POST"]),
             Route("/health", e(health, body=False, auth=False), methods=["GET"]),

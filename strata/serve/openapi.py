@@ -161,6 +161,30 @@ def _get(summary: str) -> dict:
     return {"get": {"summary": summary, "responses": {"200": {"description": "OK"}}}}
 
 
+def _ollama_body(models: list[str], *, chat: bool) -> dict:
+    """`/api/chat` (chat) or `/api/generate`."""
+    opts = {"type": "object", "properties": {
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer", "minimum": 0}, "seed": {"type": "integer"},
+        "num_predict": {"type": "integer", "minimum": -2},
+        "repeat_penalty": {"type": "number", "minimum": 0, "maximum": 10},
+        "stop": {"type": "array", "items": _STR}, "num_ctx": {"type": "integer"}}}
+    props = {"model": {"type": "string", "enum": models}, "stream": {"type": "boolean"},
+             "options": opts, "format": {"oneOf": [{"type": "string", "enum": ["json"]},
+                                                   {"type": "object"}]},
+             "keep_alive": {"oneOf": [_STR, {"type": "number"}]}}
+    if chat:
+        message = {"type": "object", "required": ["role"], "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
+            "content": _STR, "tool_name": _STR}}
+        props.update(messages={"type": "array", "items": message},
+                     tools={"type": "array", "items": {"type": "object"}})
+    else:
+        props.update(prompt=_STR, system=_STR, raw={"type": "boolean"})
+    return {"type": "object", "required": ["model"], "properties": props}
+
+
 def _stored() -> dict:
     """`GET` and `DELETE /v1/responses/{response_id}`."""
     param = [{"name": "response_id", "in": "path", "required": True, "schema": _STR}]
@@ -192,6 +216,14 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),
+            "/api/chat": _post("Ollama chat (NDJSON stream unless stream is false)",
+                               _ollama_body(names, chat=True)),
+            "/api/generate": _post("Ollama generate", _ollama_body(names, chat=False)),
+            "/api/show": _post("Ollama model details", {
+                "type": "object", "properties": {"model": {"type": "string", "enum": names}}}),
+            "/api/tags": _get("Ollama: the served model"),
+            "/api/ps": _get("Ollama: the loaded model"),
+            "/api/version": _get("Ollama: the server's version"),
             "/tokenize": _post("the served model's tokens of a prompt or a chat", {
                 "type": "object", "properties": {
                     "model": {"type": "string", "enum": names}, "prompt": _STR, "content": _STR,

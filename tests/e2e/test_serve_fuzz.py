@@ -1,4 +1,4 @@
-"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,550 generated requests,
+"""Fuzz `strata serve` from its own OpenAPI schema (schemathesis): over 1,900 generated requests,
 valid and invalid, against a real server process; none may get a 5xx."""
 
 from __future__ import annotations
@@ -13,18 +13,20 @@ from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
 # (path, method, mode, examples): 5 operations with bodies x 2 modes x 126 -> 1,260 bodies, the
-# tokenizer's two x 2 modes x 60, plus the GETs and DELETEs (a GET without parameters has no
+# tokenizer's two and Ollama's three x 2 modes x 60, plus the GETs and DELETEs (a GET without parameters has no
 # invalid form; an id in the path is generated)
 _BODIES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
            "/v1/messages/count_tokens")
 _MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 OPERATIONS = [(path, "POST", mode, 126) for path in _BODIES for mode in _MODES] + [
-    (path, "POST", mode, 60) for path in ("/tokenize", "/detokenize") for mode in _MODES] + [
-    (path, "GET", GenerationMode.POSITIVE, 3) for path in ("/v1/models", "/health", "/metrics")] + [
+    (path, "POST", mode, 60) for path in ("/tokenize", "/detokenize", "/api/chat",
+                                          "/api/generate", "/api/show") for mode in _MODES] + [
+    (path, "GET", GenerationMode.POSITIVE, 3) for path in (
+        "/v1/models", "/health", "/metrics", "/api/tags", "/api/ps", "/api/version")] + [
     (path, method, GenerationMode.POSITIVE, 20) for path, method in (
         ("/v1/models/{model}", "GET"), ("/v1/responses/{response_id}", "GET"),
         ("/v1/responses/{response_id}", "DELETE"))]
-MIN_CASES = 1550
+MIN_CASES = 1900
 calls: list[tuple[str, int]] = []
 
 
@@ -55,7 +57,7 @@ def fuzz(operation, mode: GenerationMode, n: int) -> None:
             f"{response.text[:500]}")
         content_type = (response.headers.get("content-type") or [""])[0]
         assert content_type.split(";")[0] in (
-            "application/json", "text/event-stream", "text/plain")
+            "application/json", "text/event-stream", "text/plain", "application/x-ndjson")
 
     run()
 

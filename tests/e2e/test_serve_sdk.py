@@ -451,3 +451,32 @@ def test_tokenize_gives_the_tokens_the_generation_routes_feed(server, oai):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
     chat = oai.chat.completions.create(model=MODEL_NAME, max_tokens=1, messages=messages)
     assert post("/tokenize", messages=messages)["count"] == chat.usage.prompt_tokens
+
+
+def test_the_ollama_client(server, oai):
+    """The official `ollama` client against the /api routes: a greedy chat (Ollama's repeat
+    penalty set off) answers as the OpenAI chat route does, whole and streamed; a raw generate
+    as /v1/completions; the model listing and details."""
+    ollama = pytest.importorskip("ollama")
+    client = ollama.Client(host=server.url, headers={"authorization": f"Bearer {API_KEY}"})
+    ask = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    opts = {"temperature": 0, "num_predict": 6, "repeat_penalty": 1.0}
+    chat = oai.chat.completions.create(model=MODEL_NAME, max_tokens=6, temperature=0,
+                                       messages=ask)
+    r = client.chat(model=MODEL_NAME, messages=ask, options=opts)
+    assert r.message.content == chat.choices[0].message.content and r.done
+    assert r.prompt_eval_count == chat.usage.prompt_tokens
+    assert r.eval_count == chat.usage.completion_tokens
+    parts = list(client.chat(model=MODEL_NAME, messages=ask, options=opts, stream=True))
+    assert "".join(p.message.content for p in parts) == r.message.content and parts[-1].done
+    done = oai.completions.create(model=MODEL_NAME, prompt="Once upon", max_tokens=5,
+                                  temperature=0)
+    g = client.generate(model=MODEL_NAME, prompt="Once upon", raw=True,
+                        options={"temperature": 0, "num_predict": 5, "repeat_penalty": 1.0})
+    assert g.response == done.choices[0].text
+    assert [m.model for m in client.list().models] == [MODEL_NAME, "tiny-alias"]
+    assert client.show(MODEL_NAME).modelinfo
+    assert client.ps().models[0].model == MODEL_NAME
+    with pytest.raises(ollama.ResponseError) as e:
+        client.chat(model="nope", messages=ask)
+    assert e.value.status_code == 404 and "nope" in e.value.error

@@ -1,0 +1,209 @@
+"""The Ollama API, for the tools and UIs written against a local Ollama: `POST /api/chat`,
+`POST /api/generate`, `GET /api/tags`, `POST /api/show`, `GET /api/ps`, `GET /api/version`
+(`strata.serve.ollama_request` reads the bodies).
+
+Streaming is on unless the body says `"stream": false`, as in Ollama: one JSON object per line
+(`application/x-ndjson`), each with `model`, `created_at` and `done`; chat lines carry a
+`message` (`content` pieces; a tool call as `tool_calls` with its arguments as an object),
+generate lines a `response` piece. The last line is `done: true` with `done_reason` (`stop`, or
+`length` where `num_predict` or the context ran out) and the counts and nanosecond durations
+Ollama reports (`prompt_eval_count` the prompt's tokens; `load_duration` 0: the model is
+loaded at start-up). A request without messages (or an empty generate prompt) is Ollama's
+load request: one `done_reason: "load"` object. A failure mid-stream is an `{"error": ...}`
+line; errors before it are `{"error": ...}` bodies with the HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import AsyncIterator
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from strata import __version__
+from strata.serve.chat import prepare_chat
+from strata.serve.errors import ApiError
+from strata.serve.fields import Fields
+from strata.serve.generation import Generation, Prepared, fit_max_tokens
+from strata.serve.job import FinishEvent, PromptEvent, Sampling
+from strata.serve.ollama_request import OllamaRequest, check_model, parse_chat, parse_generate
+from strata.serve.sse import SSE_HEADERS, unless_disconnected
+from strata.serve.state import ServerState
+from strata.serve.tools import ToolCall
+
+NDJSON = "application/x-ndjson"
+
+
+def error_body(err: ApiError) -> dict:
+    return {"error": err.message}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def _rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class _Clock:
+    """The request's start, its prompt's end and its last token: Ollama's durations."""
+
+    def __init__(self):
+        self.start = self.prompt = time.perf_counter_ns()
+
+    def stats(self, finish: FinishEvent) -> dict:
+        end = time.perf_counter_ns()
+        return {"done_reason": "length" if finish.reason == "length" else "stop",
+                "total_duration": end - self.start, "load_duration": 0,
+                "prompt_eval_count": finish.n_prompt,
+                "prompt_eval_duration": self.prompt - self.start,
+                "eval_count": finish.n_completion, "eval_duration": end - self.prompt}
+
+
+def _call(call: ToolCall) -> dict:
+    return {"function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _piece(chat: bool, item: str | ToolCall) -> dict:
+    """One line's payload: a chat message (text or a tool call) or a generate response."""
+    if not chat:
+        return {"response": item}
+    if isinstance(item, ToolCall):
+        return {"message": {"role": "assistant", "content": "", "tool_calls": [_call(item)]}}
+    return {"message": {"role": "assistant", "content": item}}
+
+
+def _loaded(req: OllamaRequest, chat: bool) -> JSONResponse:
+    body = {"model": req.model, "created_at": _now(), "done": True, "done_reason": "load"}
+    body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    return JSONResponse(body)
+
+
+def _prepared(state: ServerState, req: OllamaRequest) -> Prepared:
+    """The chat through the template, or a raw prompt as given (tokenizing runs off the loop)."""
+    if req.chat is not None:
+        return prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+    prompt = state.model.encode_prompt(req.raw_prompt)
+    n = fit_max_tokens(len(prompt), req.max_tokens, max_context=state.model.max_context,
+                       limit=state.max_tokens_limit, param="prompt")
+    return Prepared(prompt=tuple(prompt), sampling=Sampling(max_tokens=n, **req.sampling),
+                    requested_max_tokens=req.max_tokens)
+
+
+async def _run(request: Request, state: ServerState, req: OllamaRequest,
+               chat: bool) -> Response:
+    prepared = await run_in_threadpool(_prepared, state, req)
+    gen = Generation(state.worker, prepared, id_prefix="call_")
+    clock = _Clock()
+
+    def line(**fields) -> dict:
+        return {"model": req.model, "created_at": _now(), **fields}
+
+    async def items() -> AsyncIterator[str | ToolCall]:
+        async for item in gen.items(prompt=True):
+            if isinstance(item, PromptEvent):
+                clock.prompt = time.perf_counter_ns()
+            elif item != "":
+                yield item
+
+    if req.stream:
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                async for item in items():
+                    yield _ndjson(line(**_piece(chat, item), done=False))
+                if gen.finish.reason == "error":
+                    yield _ndjson({"error": f"generation failed: {gen.finish.error}"})
+                    return
+                last = line(**_piece(chat, ""), done=True, **clock.stats(gen.finish))
+                yield _ndjson(last)
+            finally:
+                gen.cancel()
+
+        return StreamingResponse(lines(), media_type=NDJSON,
+                                 headers={**SSE_HEADERS, **prepared.headers})
+
+    async def collect() -> tuple[str, list[ToolCall]]:
+        text, calls = [], []
+        async for item in items():
+            (calls if isinstance(item, ToolCall) else text).append(item)
+        return "".join(text), calls
+
+    text, calls = await unless_disconnected(request, collect(), gen.cancel)
+    if gen.finish.reason == "error":
+        raise ApiError(500, f"generation failed: {gen.finish.error}")
+    if chat:
+        message = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [_call(c) for c in calls]
+        payload = {"message": message}
+    else:
+        payload = {"response": text}
+    return JSONResponse(line(**payload, done=True, **clock.stats(gen.finish)),
+                        headers=prepared.headers)
+
+
+def _ndjson(body: dict) -> bytes:
+    return (json.dumps(body, ensure_ascii=False) + "\n").encode()
+
+
+async def chat(request: Request, state: ServerState, body: dict) -> Response:
+    req = parse_chat(Fields(body), state)
+    if req.chat is None:
+        return _loaded(req, chat=True)
+    return await _run(request, state, req, chat=True)
+
+
+async def generate(request: Request, state: ServerState, body: dict) -> Response:
+    req = parse_generate(Fields(body), state)
+    if req.chat is None and req.raw_prompt is None:
+        return _loaded(req, chat=False)
+    return await _run(request, state, req, chat=False)
+
+
+def _details(state: ServerState) -> dict:
+    return {"parent_model": "", "format": "gguf",
+            "family": state.plan_summary.get("arch", ""),
+            "families": [state.plan_summary.get("arch", "")],
+            "parameter_size": "", "quantization_level": ""}
+
+
+def _model_entry(name: str, state: ServerState) -> dict:
+    return {"name": name, "model": name, "modified_at": _rfc3339(state.created),
+            "size": state.plan_summary.get("weights_bytes", 0), "digest": "",
+            "details": _details(state)}
+
+
+async def tags(request: Request, state: ServerState) -> Response:
+    """`GET /api/tags`: the served model and its aliases."""
+    names = (state.model.name, *state.model.aliases)
+    return JSONResponse({"models": [_model_entry(n, state) for n in names]})
+
+
+async def ps(request: Request, state: ServerState) -> Response:
+    """`GET /api/ps`: the loaded model (always: it stays loaded while the server runs)."""
+    entry = {**_model_entry(state.model.name, state), "expires_at": "0001-01-01T00:00:00Z",
+             "size_vram": sum(r.n_bytes for d in await run_in_threadpool(state.devices)
+                              if d.device.startswith("cuda") for r in d.regions)}
+    return JSONResponse({"models": [entry]})
+
+
+async def show(request: Request, state: ServerState, body: dict) -> Response:
+    """`POST /api/show`: the model's template, details and context length."""
+    check_model(Fields(body), state)
+    arch = state.plan_summary.get("arch", "")
+    template = getattr(getattr(state.model, "template", None), "source", "")
+    capabilities = ["completion"] + (["tools"] if state.model.tool_calls_parsed else [])
+    return JSONResponse({
+        "modelfile": "", "parameters": "", "template": template, "details": _details(state),
+        "model_info": {"general.architecture": arch,
+                       f"{arch}.context_length": state.model.max_context},
+        "capabilities": capabilities, "modified_at": _rfc3339(state.created)})
+
+
+async def version(request: Request, state: ServerState) -> Response:
+    return JSONResponse({"version": __version__})

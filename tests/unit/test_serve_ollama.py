@@ -1,0 +1,168 @@
+"""The Ollama API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`,
+`/api/version`) in process over the scripted engine: whole and NDJSON-streamed answers with
+Ollama's counts and durations, tool calls and their results, raw and templated generate, a
+budget cut, JSON formats, load requests, Ollama's sampling defaults, and `{"error": ...}`
+refusals. The official `ollama` client against a real server: tests/e2e/test_serve_sdk.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_serve_app import Harness
+
+from strata.serve.fields import Fields
+from strata.serve.ollama_request import DEFAULTS, parse_chat
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture
+def h():
+    with Harness() as harness:
+        yield harness
+
+
+def _post(h, path, **body):
+    r = h.client.post(path, json={"model": "fake", **body})
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _lines(r) -> list[dict]:
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in r.text.splitlines() if line]
+
+
+def test_a_whole_chat_answer_with_ollamas_counts(h):
+    r = _post(h, "/api/chat", messages=HELLO, stream=False, model="fake:latest").json()
+    assert r["model"] == "fake:latest" and r["created_at"].endswith("Z")
+    assert r["message"] == {"role": "assistant", "content": "Hi there!"}
+    assert r["done"] is True and r["done_reason"] == "stop"
+    assert r["prompt_eval_count"] == len(h.model.rendered[-1]) and r["eval_count"] == 10
+    assert r["total_duration"] >= r["eval_duration"] >= 0 and r["load_duration"] == 0
+    assert r["total_duration"] >= r["prompt_eval_duration"] >= 0
+
+
+def test_a_chat_streams_ndjson_by_default(h):
+    lines = _lines(_post(h, "/api/chat", messages=HELLO))
+    assert all(not x["done"] for x in lines[:-1]) and lines[-1]["done"] is True
+    assert "".join(x["message"]["content"] for x in lines) == "Hi there!"
+    assert lines[-1]["message"]["content"] == "" and lines[-1]["eval_count"] == 10
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_calls_and_their_results(h, stream):
+    ask = [{"role": "user", "content": "weather?"}]
+    r = _post(h, "/api/chat", messages=ask, tools=TOOLS, stream=stream)
+    if stream:
+        lines = _lines(r)
+        calls = [c for x in lines for c in x["message"].get("tool_calls", [])]
+        text = "".join(x["message"]["content"] for x in lines)
+    else:
+        message = r.json()["message"]
+        calls, text = message["tool_calls"], message["content"]
+    assert text == "Checking."
+    assert calls == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    follow = ask + [{"role": "assistant", "content": "Checking.", "tool_calls": calls},
+                    {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    r = _post(h, "/api/chat", messages=follow, tools=TOOLS, stream=False).json()
+    assert r["message"]["content"] == "Hi there!"
+    assert "<assistant>Checking.<tool_call>get_weather</tool_call><tool>sunny" in h.model.rendered[-1]
+
+
+def test_generate_through_the_template_or_raw(h):
+    r = _post(h, "/api/generate", prompt="hello", system="be brief", stream=False).json()
+    assert r["response"] == "Hi there!" and r["done_reason"] == "stop"
+    assert h.model.rendered[-1] == "<system>be brief<user>hello<assistant>"
+    lines = _lines(_post(h, "/api/generate", prompt="raw text", raw=True))
+    assert "".join(x["response"] for x in lines) == "Hi there!"
+    assert h.engine.prefills[-1] == "raw text"  # fed as given: no template
+
+
+def test_num_predict_cuts_with_done_reason_length(h):
+    r = _post(h, "/api/chat", messages=HELLO, stream=False, options={"num_predict": 3}).json()
+    assert r["message"]["content"] == "Hi " and r["done_reason"] == "length"
+    assert r["eval_count"] == 3
+
+
+def test_json_formats_hold_the_answer(h):
+    h.engine.script = lambda prompt: '{"a": [1], "z": 2} and prose'
+    r = _post(h, "/api/chat", messages=HELLO, stream=False, format="json").json()
+    assert json.loads(r["message"]["content"]) == {"a": [1], "z": 2}
+    schema = {"type": "object", "properties": {"a": {"type": "array"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = _post(h, "/api/generate", prompt="x", stream=False, format=schema).json()
+    assert json.loads(r["response"]) == {"a": [1]}
+
+
+def test_load_requests_answer_at_once(h):
+    r = _post(h, "/api/chat", messages=[]).json()
+    assert r["done"] is True and r["done_reason"] == "load" and r["message"]["content"] == ""
+    r = _post(h, "/api/generate").json()
+    assert r["done_reason"] == "load" and r["response"] == ""
+    assert h.engine.prefills == []
+
+
+def test_the_model_routes(h):
+    tags = h.client.get("/api/tags").json()["models"]
+    assert [m["name"] for m in tags] == ["fake", "fake-alias"]
+    assert tags[0]["details"]["format"] == "gguf"
+    shown = _post(h, "/api/show").json()
+    assert shown["capabilities"] == ["completion", "tools"]
+    assert any(k.endswith(".context_length") and v == 4096 for k, v in shown["model_info"].items())
+    assert _post(h, "/api/show", model=None, name="fake-alias").status_code == 200
+    assert h.client.get("/api/ps").json()["models"][0]["name"] == "fake"
+    from starlette.testclient import TestClient
+    assert TestClient(h.app).get("/api/version").json()["version"]  # no key needed, as Ollama
+
+
+class _State:
+    class model:
+        n_vocab = 257
+        name, aliases = "fake", ()
+
+    @staticmethod
+    def check_model(name):
+        assert name == "fake"
+
+
+def test_ollamas_sampling_defaults_and_options():
+    req = parse_chat(Fields({"model": "fake", "messages": HELLO}), _State)
+    c = req.chat
+    assert (c.temperature, c.top_k, c.top_p, c.repeat_penalty, c.repeat_last_n) == (
+        DEFAULTS["temperature"], DEFAULTS["top_k"], DEFAULTS["top_p"],
+        DEFAULTS["repeat_penalty"], DEFAULTS["repeat_last_n"])
+    assert c.max_tokens is None and req.stream is True
+    opts = {"temperature": 0, "top_k": 5, "seed": 7, "stop": ["x"], "num_predict": 9,
+            "repeat_last_n": -1, "num_ctx": 8192, "num_gpu": 99, "use_mmap": True}
+    c = parse_chat(Fields({"model": "fake", "messages": HELLO, "options": opts}), _State).chat
+    assert (c.temperature, c.top_k, c.seed, c.stop, c.max_tokens) == (0, 5, 7, ("x",), 9)
+    assert c.repeat_last_n >= 1 << 20  # -1: all of it
+    c = parse_chat(Fields({"model": "fake", "messages": HELLO,
+                           "options": {"num_predict": -1}}), _State).chat
+    assert c.max_tokens is None
+
+
+@pytest.mark.parametrize("path, body, needle", [
+    ("/api/chat", {"model": "other", "messages": HELLO}, "other"),
+    ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+     "messages[0].images"),
+    ("/api/chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("/api/chat", {"messages": HELLO, "options": {"mirostat": 2}}, "options.mirostat"),
+    ("/api/chat", {"messages": HELLO, "options": {"num_predict": 0}}, "options.num_predict"),
+    ("/api/chat", {"messages": HELLO, "options": {"temperature": "hot"}}, "options.temperature"),
+    ("/api/chat", {"messages": HELLO, "format": "yaml"}, "format"),
+    ("/api/chat", {"messages": HELLO, "format": "json", "tools": TOOLS}, "format"),
+    ("/api/generate", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("/api/generate", {"prompt": "x", "context": [1, 2]}, "context"),
+    ("/api/generate", {"prompt": "x", "raw": True, "format": "json"}, "format"),
+    ("/api/show", {"model": "other"}, "other"),
+])
+def test_refusals_are_ollamas_error_objects(h, path, body, needle):
+    r = h.client.post(path, json={"model": "fake", **body})
+    assert r.status_code in (400, 404), r.text
+    assert list(r.json()) == ["error"] and needle in r.json()["error"]
