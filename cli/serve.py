@@ -46,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="upper bound on any request's max_tokens (default: the context left)")
     p.add_argument("--chat-template", dest="chat_template", metavar="FILE",
                    help="a Jinja chat template to use instead of the model file's")
+    p.add_argument("--reasoning", choices=("auto", "none"),
+                   help="a thinking model's <think> block: auto (the default) returns it apart "
+                        "(reasoning_content, Anthropic thinking blocks, Responses reasoning "
+                        "items, Ollama thinking); none leaves it in the answer's text")
     p.add_argument("--log-level", dest="log_level",
                    choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--gpu-mem", dest="gpu_mem", metavar="SIZE",

@@ -23,6 +23,7 @@ from strata.serve.errors import ApiError, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent, PromptEvent
+from strata.serve.reasoning import Thinking
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -79,10 +80,12 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
         async for item in gen.items():
             if isinstance(item, ToolCall):
                 content.append(_tool_use(item))
-            elif content and content[-1]["type"] == "text":
-                content[-1]["text"] += item
+                continue
+            kind, key, text = _block_of(item)
+            if content and content[-1]["type"] == kind:
+                content[-1][key] += text
             else:
-                content.append({"type": "text", "text": item})
+                content.append({**_empty_block(kind), key: text})
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
@@ -91,6 +94,19 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
         "content": content, "stop_reason": stop_reason(gen.finish, gen.tool_calls),
         "stop_sequence": gen.finish.stop_sequence, "usage": usage(gen.finish),
     }, headers=prepared.headers)
+
+
+def _block_of(item: str | Thinking) -> tuple[str, str, str]:
+    """(block type, its text field, the text) of a text or reasoning piece."""
+    if isinstance(item, Thinking):
+        return "thinking", "thinking", item.text
+    return "text", "text", item
+
+
+def _empty_block(kind: str) -> dict:
+    # a thinking block's signature proves it came from Anthropic's API; none is made here
+    return {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
+        "type": "text", "text": ""}
 
 
 def _start(mid: str, model: str, n_prompt: int, n_cached: int) -> bytes:
@@ -107,7 +123,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
     # counts do (the tokens a finished request's KV held are known only then); the response's
     # headers went out at once. A job that ends before its prompt runs starts with the whole.
     started = False
-    index, open_text = -1, False
+    index, open_kind = -1, None  # the text or thinking block open, if one is
     async for item in gen.items(prompt=True):
         if not started:
             n_cached = item.n_cached if isinstance(item, PromptEvent) else 0
@@ -116,9 +132,9 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
         if isinstance(item, PromptEvent):
             continue
         if isinstance(item, ToolCall):
-            if open_text:
+            if open_kind is not None:
                 yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-                open_text = False
+                open_kind = None
             index += 1
             start = {**_tool_use(item), "input": {}}
             yield sse({"type": "content_block_start", "index": index, "content_block": start},
@@ -128,19 +144,22 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
                       "content_block_delta")
             yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
             continue
-        if not open_text:
+        kind, key, text = _block_of(item)
+        if open_kind != kind:
+            if open_kind is not None:
+                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
             index += 1
-            open_text = True
+            open_kind = kind
             yield sse({"type": "content_block_start", "index": index,
-                       "content_block": {"type": "text", "text": ""}}, "content_block_start")
+                       "content_block": _empty_block(kind)}, "content_block_start")
         yield sse({"type": "content_block_delta", "index": index,
-                   "delta": {"type": "text_delta", "text": item}}, "content_block_delta")
+                   "delta": {"type": f"{key}_delta", key: text}}, "content_block_delta")
     if not started:
         yield _start(mid, model, len(gen.prepared.prompt), 0)
     if gen.finish.reason == "error":
         yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")), "error")
         return
-    if open_text:
+    if open_kind is not None:
         yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
     yield sse({"type": "message_delta",
                "delta": {"stop_reason": stop_reason(gen.finish, gen.tool_calls),

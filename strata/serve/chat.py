@@ -17,6 +17,7 @@ from strata.engine.json_schema import Node, SchemaError, compile_schema
 from strata.serve.errors import bad_request
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
+from strata.serve.reasoning import opens_thinking
 from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -34,6 +35,7 @@ def schema_node(schema: dict, where: str) -> Node:
 class ChatModel(Protocol):
     max_context: int
     tool_calls_parsed: bool  # the template's tool-call format is one we parse back
+    splits_thinking: bool  # a <think> block in the answer is returned apart
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str: ...
 
@@ -104,9 +106,11 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
                                 limit=limit)
     strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix))
               if use_tools and model.tool_calls_parsed else None)
+    split = model.splits_thinking and not prefix  # a forced call starts the answer
     return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens, strict),
                     requested_max_tokens=chat.max_tokens,
-                    parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix)
+                    parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix,
+                    split_thinking=split, thinking_open=split and opens_thinking(text))
 
 
 def tool_arguments(value: Any) -> Any:

@@ -52,6 +52,9 @@ class ServeConfig:
     response_store_mib: int = DEFAULT_MIB
     max_tokens_limit: int | None = None
     chat_template: str | None = None
+    # a thinking model's <think> block: "auto" returns it apart (reasoning_content, thinking
+    # blocks, reasoning items); "none" leaves it in the answer's text
+    reasoning: str = "auto"
     log_level: str = "info"
     gpu_mem: str | None = None
     no_graph: bool = False
@@ -113,6 +116,8 @@ class ServeConfig:
                                       and "/" not in origin.split("://", 1)[1]):
                 raise ServeConfigError(f"cors_origins: {origin!r} is not an origin (scheme://"
                                        f"host[:port], no path; or * for any)")
+        if self.reasoning not in ("auto", "none"):
+            raise ServeConfigError(f"reasoning: {self.reasoning!r} is not one of auto, none")
         if self.log_level not in ("critical", "error", "warning", "info", "debug"):
             raise ServeConfigError(f"log_level: {self.log_level!r} is not one of critical, "
                                    f"error, warning, info, debug")

@@ -16,6 +16,7 @@ from typing import AsyncIterator, Protocol
 
 from strata.serve.errors import bad_request
 from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob
+from strata.serve.reasoning import Thinking, ThinkSplitter
 from strata.serve.tools import ToolCall, ToolCallParser
 
 
@@ -32,6 +33,8 @@ class Prepared:
     requested_max_tokens: int | None  # what the client asked for (None: as much as fits)
     parse_tools: bool = False  # split <tool_call> blocks out of the text
     forced_prefix: str = ""  # text the prompt already ends with, fed to the tool parser first
+    split_thinking: bool = False  # a thinking model's <think> block is returned apart
+    thinking_open: bool = False  # the prompt itself opened the block: the answer starts in it
 
     @property
     def clamped(self) -> bool:
@@ -70,6 +73,9 @@ class Generation:
         self._events: asyncio.Queue = asyncio.Queue()
         self.job = Job(prepared.prompt, prepared.sampling, self._sink)
         self._parser = ToolCallParser(id_prefix) if prepared.parse_tools else None
+        self._splitter = (ThinkSplitter(inside=prepared.thinking_open)
+                          if prepared.split_thinking else None)
+        self.thinking: list[str] = []  # the reasoning pieces received (`Thinking` items)
         self.finish: FinishEvent | None = None
         self.tool_calls: list[ToolCall] = []
         self.logprobs: list[TokenLogprob] = []  # every entry received, in token order
@@ -97,11 +103,28 @@ class Generation:
                 self.tool_calls.append(p)
         return [p for p in pieces if not (isinstance(p, str) and not p)]
 
+    def _split(self, pieces: list) -> list[str | ToolCall | Thinking]:
+        """Reasoning apart (kept in `thinking`), the content through the tool-call parser."""
+        out: list[str | ToolCall | Thinking] = []
+        for p in pieces:
+            if isinstance(p, Thinking):
+                self.thinking.append(p.text)
+                out.append(p)
+            else:
+                out += self._parsed([p] if self._parser is None else self._parser.feed(p))
+        return out
+
+    def _text(self, text: str) -> list[str | ToolCall | Thinking]:
+        if self._splitter is not None:
+            return self._split(self._splitter.feed(text))
+        return self._parsed([text] if self._parser is None else self._parser.feed(text))
+
     async def items(self, *, prompt: bool = False
-                    ) -> AsyncIterator[str | ToolCall | PromptEvent]:
-        """Text pieces and tool calls until the job ends; `finish` is set afterwards. `prompt`:
-        also the `PromptEvent` that says the prompt has run (and how much of it was reused),
-        before any text (none where the job ended first)."""
+                    ) -> AsyncIterator[str | ToolCall | Thinking | PromptEvent]:
+        """Text pieces, tool calls and (a thinking model's, where split) `Thinking` pieces until
+        the job ends; `finish` is set afterwards. `prompt`: also the `PromptEvent` that says
+        the prompt has run (and how much of it was reused), before any text (none where the job
+        ended first)."""
         if self._parser is not None and self.prepared.forced_prefix:
             for item in self._parsed(self._parser.feed(self.prepared.forced_prefix)):
                 yield item
@@ -113,20 +136,28 @@ class Generation:
                 continue
             if isinstance(event, TextEvent):
                 self.logprobs.extend(event.logprobs)
-                pieces = [event.text] if self._parser is None else self._parser.feed(event.text)
-                for item in self._parsed(pieces):
+                for item in self._text(event.text):
                     yield item
                 continue
             self.finish = event
+            if self._splitter is not None:
+                for item in self._split(self._splitter.finish()):
+                    yield item
             if self._parser is not None:
                 for item in self._parsed(self._parser.finish()):
                     yield item
             return
 
     async def collect(self) -> tuple[str, list[ToolCall]]:
-        """All text (joined) and all tool calls, for a non-streaming response."""
+        """All text (joined) and all tool calls, for a non-streaming response (the reasoning,
+        where split, is `reasoning` after)."""
         text = []
         async for item in self.items():
             if isinstance(item, str):
                 text.append(item)
         return "".join(text), list(self.tool_calls)
+
+    @property
+    def reasoning(self) -> str | None:
+        """The reasoning received, joined; None where the answer had none (or it is not split)."""
+        return "".join(self.thinking) if self.thinking else None

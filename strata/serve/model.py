@@ -18,6 +18,7 @@ from strata.engine.json_trigger import TriggeredJson
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
+from strata.serve.reasoning import thinks
 from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 
@@ -47,7 +48,7 @@ class ServedModel:
     accepts_images = False
 
     def __init__(self, *, name: str, aliases: Sequence[str], tokenizer: Tokenizer,
-                 template: ChatTemplate, max_context: int):
+                 template: ChatTemplate, max_context: int, split_thinking: bool = True):
         if max_context < 2:
             raise ValueError(f"max_context must be at least 2, got {max_context}")
         self.name = name
@@ -58,6 +59,9 @@ class ServedModel:
         self.n_vocab = tokenizer.n_vocab
         self.stop_token_ids = tokenizer.eot_ids
         self.tool_calls_parsed = template_uses_hermes_calls(template.source)
+        # a thinking model's <think> block returned apart from the answer (`--reasoning none`:
+        # left in the text)
+        self.splits_thinking = split_thinking and thinks(template.source)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
         """The prompt text; a template that rejects the conversation is the client's 400."""

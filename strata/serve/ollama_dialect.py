@@ -31,6 +31,7 @@ from strata.serve.fields import Fields
 from strata.serve.generation import Generation, Prepared, fit_max_tokens
 from strata.serve.job import FinishEvent, PromptEvent, Sampling
 from strata.serve.ollama_request import OllamaRequest, check_model, parse_chat, parse_generate
+from strata.serve.reasoning import Thinking
 from strata.serve.sse import SSE_HEADERS, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -69,8 +70,13 @@ def _call(call: ToolCall) -> dict:
     return {"function": {"name": call.name, "arguments": call.arguments}}
 
 
-def _piece(chat: bool, item: str | ToolCall) -> dict:
-    """One line's payload: a chat message (text or a tool call) or a generate response."""
+def _piece(chat: bool, item: str | ToolCall | Thinking) -> dict:
+    """One line's payload: a chat message (text, reasoning or a tool call) or a generate
+    response (text or reasoning)."""
+    if isinstance(item, Thinking):
+        if not chat:
+            return {"response": "", "thinking": item.text}
+        return {"message": {"role": "assistant", "content": "", "thinking": item.text}}
     if not chat:
         return {"response": item}
     if isinstance(item, ToolCall):
@@ -104,7 +110,7 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
     def line(**fields) -> dict:
         return {"model": req.model, "created_at": _now(), **fields}
 
-    async def items() -> AsyncIterator[str | ToolCall]:
+    async def items() -> AsyncIterator[str | ToolCall | Thinking]:
         async for item in gen.items(prompt=True):
             if isinstance(item, PromptEvent):
                 clock.prompt = time.perf_counter_ns()
@@ -130,7 +136,10 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
     async def collect() -> tuple[str, list[ToolCall]]:
         text, calls = [], []
         async for item in items():
-            (calls if isinstance(item, ToolCall) else text).append(item)
+            if isinstance(item, ToolCall):
+                calls.append(item)
+            elif not isinstance(item, Thinking):  # kept by the generation: `reasoning`
+                text.append(item)
         return "".join(text), calls
 
     text, calls = await unless_disconnected(request, collect(), gen.cancel)
@@ -138,11 +147,15 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
         raise ApiError(500, f"generation failed: {gen.finish.error}")
     if chat:
         message = {"role": "assistant", "content": text}
+        if gen.reasoning is not None:
+            message["thinking"] = gen.reasoning
         if calls:
             message["tool_calls"] = [_call(c) for c in calls]
         payload = {"message": message}
     else:
         payload = {"response": text}
+        if gen.reasoning is not None:
+            payload["thinking"] = gen.reasoning
     return JSONResponse(line(**payload, done=True, **clock.stats(gen.finish)),
                         headers=prepared.headers)
 

@@ -28,6 +28,7 @@ from strata.serve.generation import Generation, Prepared, fit_max_tokens
 from strata.serve.job import FinishEvent
 from strata.serve.logprobs import CompletionLogprobs, chat_logprobs
 from strata.serve.openai_request import parse_chat, parse_completion
+from strata.serve.reasoning import Thinking
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -95,6 +96,8 @@ async def chat_completions(request: Request, state: ServerState, body: dict) -> 
     for i, ((text, calls), gen) in enumerate(zip(results, choices.gens)):
         message: dict[str, Any] = {"role": "assistant",
                                    "content": text or (None if calls else ""), "refusal": None}
+        if gen.reasoning is not None:  # a thinking model's <think> block, apart
+            message["reasoning_content"] = gen.reasoning
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
         out.append({"index": i, "message": message,
@@ -136,6 +139,8 @@ async def _chat_chunks(choices: Choices, rid: str, created: int, served,
         elif isinstance(item, ToolCall):
             yield chunk(i, {"tool_calls": [_tool_call_json(item, n_calls[i])]}, None, entries)
             n_calls[i] += 1
+        elif isinstance(item, Thinking):
+            yield chunk(i, {"reasoning_content": item.text}, None, entries)
         else:
             yield chunk(i, {"content": item}, None, entries)
     if include_usage:

@@ -36,6 +36,7 @@ from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent
 from strata.serve.logprobs import chat_content
+from strata.serve.reasoning import Thinking
 from strata.serve.responses_request import ResponsesRequest, parse_responses
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
@@ -84,6 +85,13 @@ def message_item(mid: str, text: str, status: str = "completed") -> dict:
             "content": [] if status == "in_progress" else [_text_part(text)]}
 
 
+def reasoning_item(rid: str, text: str, status: str = "completed") -> dict:
+    """A thinking model's reasoning, as its text (no summary is written)."""
+    return {"type": "reasoning", "id": rid, "status": status, "summary": [],
+            "content": [] if status == "in_progress" else [
+                {"type": "reasoning_text", "text": text}]}
+
+
 def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -111,6 +119,11 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
             taken = entries.take()
             if isinstance(item, ToolCall):
                 output.append(call_item(_id("fc"), item))
+                continue
+            if isinstance(item, Thinking):
+                if not output or output[-1]["type"] != "reasoning":
+                    output.append(reasoning_item(_id("rs"), ""))
+                output[-1]["content"][0]["text"] += item.text
                 continue
             if not output or output[-1]["type"] != "message":
                 output.append(message_item(_id("msg"), ""))
@@ -176,26 +189,32 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
     yield ev("response.created", response=shell.body([], status="in_progress"))
     yield ev("response.in_progress", response=shell.body([], status="in_progress"))
     output: list[dict] = []
-    text_at: int | None = None  # the output index of the message item open, if one is
+    open_at: int | None = None  # the output index of the message or reasoning item open
 
-    def close_text() -> list[bytes]:
-        item = output[text_at]
+    def close() -> list[bytes]:
+        item = output[open_at]
         part = item["content"][0]
-        out = [ev("response.output_text.done", item_id=item["id"], output_index=text_at,
-                  content_index=0, text=part["text"], logprobs=part["logprobs"]),
-               ev("response.content_part.done", item_id=item["id"], output_index=text_at,
-                  content_index=0, part=part)]
+        if item["type"] == "reasoning":
+            out = [ev("response.reasoning_text.done", item_id=item["id"], output_index=open_at,
+                      content_index=0, text=part["text"])]
+        else:
+            out = [ev("response.output_text.done", item_id=item["id"], output_index=open_at,
+                      content_index=0, text=part["text"], logprobs=part["logprobs"]),
+                   ev("response.content_part.done", item_id=item["id"], output_index=open_at,
+                      content_index=0, part=part)]
         item["status"] = "completed"
-        out.append(ev("response.output_item.done", output_index=text_at, item=item))
+        out.append(ev("response.output_item.done", output_index=open_at, item=item))
         return out
 
     async for item in gen.items():
         taken = entries.take()
-        if isinstance(item, ToolCall):
-            if text_at is not None:
-                for chunk in close_text():
-                    yield chunk
-                text_at = None
+        kind = ("function_call" if isinstance(item, ToolCall) else
+                "reasoning" if isinstance(item, Thinking) else "message")
+        if open_at is not None and output[open_at]["type"] != kind:
+            for chunk in close():
+                yield chunk
+            open_at = None
+        if kind == "function_call":
             iid, at = _id("fc"), len(output)
             yield ev("response.output_item.added", output_index=at,
                      item=call_item(iid, item, "in_progress"))
@@ -206,26 +225,38 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
             output.append(call_item(iid, item))
             yield ev("response.output_item.done", output_index=at, item=output[-1])
             continue
-        if text_at is None:
-            text_at = len(output)
-            mid = _id("msg")
-            yield ev("response.output_item.added", output_index=text_at,
-                     item=message_item(mid, "", "in_progress"))
-            yield ev("response.content_part.added", item_id=mid, output_index=text_at,
-                     content_index=0, part=_text_part(""))
-            output.append({**message_item(mid, ""), "status": "in_progress"})
-        part = output[text_at]["content"][0]
+        if open_at is None:
+            open_at = len(output)
+            if kind == "reasoning":
+                iid = _id("rs")
+                yield ev("response.output_item.added", output_index=open_at,
+                         item=reasoning_item(iid, "", "in_progress"))
+                output.append({**reasoning_item(iid, ""), "status": "in_progress"})
+            else:
+                iid = _id("msg")
+                yield ev("response.output_item.added", output_index=open_at,
+                         item=message_item(iid, "", "in_progress"))
+                yield ev("response.content_part.added", item_id=iid, output_index=open_at,
+                         content_index=0, part=_text_part(""))
+                output.append({**message_item(iid, ""), "status": "in_progress"})
+        part = output[open_at]["content"][0]
+        iid = output[open_at]["id"]
+        if kind == "reasoning":  # the API gives reasoning text no log-probabilities
+            part["text"] += item.text
+            yield ev("response.reasoning_text.delta", item_id=iid, output_index=open_at,
+                     content_index=0, delta=item.text)
+            continue
         part["text"] += item
         part["logprobs"] += taken
-        yield ev("response.output_text.delta", item_id=output[text_at]["id"],
-                 output_index=text_at, content_index=0, delta=item, logprobs=taken)
+        yield ev("response.output_text.delta", item_id=iid, output_index=open_at,
+                 content_index=0, delta=item, logprobs=taken)
     if gen.finish.reason == "error":
         message = f"generation failed: {gen.finish.error}"
         yield ev("response.failed", response=shell.body(output, status="failed",
                                                        finish=gen.finish, error=message))
         return
-    if text_at is not None:
-        for chunk in close_text():
+    if open_at is not None:
+        for chunk in close():
             yield chunk
     status = status_of(gen.finish)
     body = shell.body(output, status=status, finish=gen.finish)

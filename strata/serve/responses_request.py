@@ -95,6 +95,8 @@ def _item(out: list[dict], m: Fields) -> None:
             last.setdefault("tool_calls", []).append(call)
         else:
             out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "reasoning":  # an earlier answer's reasoning, sent back: templates drop it
+        m.list("content")
     elif kind == "function_call_output":
         text = text_parts(m.raw("output", required=True), m.where("output"),
                           texts=_TEXT, not_text=_NOT_TEXT)
@@ -102,7 +104,8 @@ def _item(out: list[dict], m: Fields) -> None:
                     "tool_call_id": m.str("call_id", required=True, non_empty=True)})
     else:
         raise bad_request(f"{m.where('type')}: item type {kind!r} is not supported here "
-                          f"(expected 'message', 'function_call' or 'function_call_output')",
+                          f"(expected 'message', 'reasoning', 'function_call' or "
+                          f"'function_call_output')",
                           m.where("type"))
 
 

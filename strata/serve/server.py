@@ -88,7 +88,8 @@ def load(config: ServeConfig) -> Loaded:
     built = build_engine(config, model_file)
     backend, engine, plan = built.backend, built.engine, built.plan
     name = config.model_name or Path(config.model).stem
-    served = ServedModel(name=name, aliases=config.aliases, tokenizer=tokenizer,
+    served = ServedModel(split_thinking=config.reasoning != "none",
+                         name=name, aliases=config.aliases, tokenizer=tokenizer,
                          template=template, max_context=engine.max_context)
     metrics = Metrics()
     worker = Worker(engine, served, metrics, max_queue=config.max_queue,

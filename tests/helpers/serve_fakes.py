@@ -57,6 +57,7 @@ class FakeModel:
         self.max_context = max_context
         self.n_vocab = N_VOCAB
         self.tool_calls_parsed = tool_calls
+        self.splits_thinking = False  # a test of the reasoning split sets it
         self.stop_token_ids = frozenset({EOT})
         self.rendered: list[str] = []
 

@@ -1,0 +1,147 @@
+"""A thinking model's `<think>` block returned apart from its answer (`strata.serve.reasoning`):
+the splitter at every way an answer can arrive in pieces, then each dialect's field for it
+(OpenAI `reasoning_content`, Anthropic `thinking` blocks, Responses `reasoning` items, Ollama
+`thinking`), whole and streamed, and `--reasoning none` leaving the block in the text."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from test_serve_app import Harness, sse_events
+
+from strata.serve.reasoning import Thinking, ThinkSplitter, opens_thinking, thinks
+
+ANSWER = "<think>\nLet me see.\n</think>\n\nHi there!"
+
+
+def _split(text: str, cuts: tuple[int, ...], inside: bool = False) -> tuple[str, str]:
+    s = ThinkSplitter(inside=inside)
+    pieces = []
+    bounds = (0, *cuts, len(text))
+    for a, b in zip(bounds, bounds[1:]):
+        pieces += s.feed(text[a:b])
+    pieces += s.finish()
+    thinking = "".join(p.text for p in pieces if isinstance(p, Thinking))
+    content = "".join(p for p in pieces if isinstance(p, str))
+    assert all(p.text if isinstance(p, Thinking) else p for p in pieces)  # nothing empty
+    return thinking, content
+
+
+@pytest.mark.parametrize("text, inside, want", [
+    (ANSWER, False, ("Let me see.", "Hi there!")),
+    ("  \n<think>a  b</think>c <think>d</think>", False, ("a  b", "c <think>d</think>")),
+    ("plain answer", False, ("", "plain answer")),
+    ("a <think> later", False, ("", "a <think> later")),
+    ("<thi", False, ("", "<thi")),
+    ("\nplan</think>\n\nok", True, ("plan", "ok")),
+    ("<think>never closed  ", False, ("never closed", "")),
+    ("<think></think>\n\n", False, ("", "")),
+    ("<think>x</thinker>y", False, ("x</thinker>y", "")),
+])
+def test_the_splitter_at_every_cut(text, inside, want):
+    """Every way of cutting the answer into one, two or three pieces gives the same split."""
+    n = len(text)
+    for k in (0, 1, 2):
+        for cuts in itertools.combinations(range(1, n), k):
+            assert _split(text, cuts, inside) == want, cuts
+
+
+def test_which_templates_and_prompts_think():
+    assert thinks("{% if m.reasoning_content %}<think>{{ r }}</think>{% endif %}")
+    assert not thinks("{{ messages }}")
+    assert opens_thinking("<|im_start|>assistant\n<think>\n")
+    assert not opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.fixture
+def h():
+    with Harness() as harness:
+        harness.model.splits_thinking = True
+        harness.engine.script = lambda prompt: ANSWER
+        yield harness
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def test_openai_chat_reasoning_content(h):
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO})
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == "Hi there!" and message["reasoning_content"] == "Let me see."
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO,
+                                                    "stream": True})
+    deltas = [json.loads(d)["choices"][0]["delta"] for _, d in sse_events(r.text)[:-1]
+              if json.loads(d)["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Let me see."
+    assert "".join(d.get("content", "") for d in deltas) == "Hi there!"
+
+
+def test_anthropic_thinking_blocks(h):
+    body = {"model": "fake", "max_tokens": 100, "messages": HELLO}
+    content = h.client.post("/v1/messages", json=body).json()["content"]
+    assert content == [{"type": "thinking", "thinking": "Let me see.", "signature": ""},
+                       {"type": "text", "text": "Hi there!"}]
+    r = h.client.post("/v1/messages", json={**body, "stream": True})
+    events = [json.loads(d) for _, d in sse_events(r.text)]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == "Let me see."
+    assert "".join(d.get("text", "") for d in deltas) == "Hi there!"
+    # the thinking block sent back with the next turn is taken (the template drops it)
+    follow = HELLO + [{"role": "assistant", "content": content},
+                      {"role": "user", "content": "more"}]
+    assert h.client.post("/v1/messages", json={**body, "messages": follow}).status_code == 200
+
+
+def test_responses_reasoning_items(h):
+    r = h.client.post("/v1/responses", json={"model": "fake", "input": "hello"}).json()
+    reasoning, message = r["output"]
+    assert reasoning["type"] == "reasoning" and reasoning["id"].startswith("rs_")
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "Let me see."}]
+    assert message["content"][0]["text"] == "Hi there!"
+    s = h.client.post("/v1/responses", json={"model": "fake", "input": "hello", "stream": True})
+    events = [json.loads(d) for _, d in sse_events(s.text)]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.content_part.added")
+    assert "".join(e["delta"] for e in events
+                   if e["type"] == "response.reasoning_text.delta") == "Let me see."
+    last = events[-1]["response"]
+    assert [i["type"] for i in last["output"]] == ["reasoning", "message"]
+    assert last["output"][0]["content"] == reasoning["content"]
+    # the items sent back as input (as agent clients do), and continued from the store
+    follow = [{"role": "user", "content": "hello"}, *r["output"],
+              {"role": "user", "content": "more"}]
+    assert h.client.post("/v1/responses", json={"model": "fake", "input": follow}).status_code == 200
+    more = h.client.post("/v1/responses", json={"model": "fake", "input": "more",
+                                                "previous_response_id": r["id"]})
+    assert more.status_code == 200, more.text
+
+
+def test_ollama_thinking(h):
+    r = h.client.post("/api/chat", json={"model": "fake", "messages": HELLO, "stream": False})
+    assert r.json()["message"] == {"role": "assistant", "content": "Hi there!",
+                                   "thinking": "Let me see."}
+    lines = [json.loads(x) for x in h.client.post("/api/generate", json={
+        "model": "fake", "prompt": "hello"}).text.splitlines()]
+    assert "".join(x.get("thinking", "") for x in lines) == "Let me see."
+    assert "".join(x["response"] for x in lines) == "Hi there!"
+
+
+def test_reasoning_none_leaves_the_block_in_the_text(h):
+    h.model.splits_thinking = False
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO})
+    message = r.json()["choices"][0]["message"]
+    assert message["content"] == ANSWER and "reasoning_content" not in message
+
+
+def test_the_knob_is_checked():
+    from strata.serve.config import ServeConfig, ServeConfigError
+
+    assert ServeConfig(model="m").reasoning == "auto"
+    with pytest.raises(ServeConfigError, match="reasoning"):
+        ServeConfig(model="m", reasoning="deepseek")
