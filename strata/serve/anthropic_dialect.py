@@ -174,6 +174,8 @@ async def count_tokens(request: Request, state: ServerState, body: dict) -> Resp
 
     def count() -> int:
         tools = list(req.chat.tools) if req.chat.tools else None
-        return len(state.model.encode(state.model.render_chat(list(req.chat.messages), tools)))
+        text = state.model.render_chat(list(req.chat.messages), tools,
+                                       dict(req.chat.template_vars))
+        return len(state.model.encode(text))
 
     return JSONResponse({"input_tokens": await run_in_threadpool(count)})

@@ -10,6 +10,9 @@ Structured outputs as Anthropic's API has them: `output_config.format` (or the e
 document the schema allows, and a tool with `"strict": true` has its calls held to its
 `input_schema` (`strata.engine.json_schema`; a keyword the output could not be held to is a 400
 naming where it is, never ignored).
+
+`thinking` `{"type": "enabled"}` or `{"type": "disabled"}` reaches the chat template as
+`enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced.
 """
 
 from __future__ import annotations
@@ -199,8 +202,11 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         role = m.str("role", required=True, choices=("user", "assistant"))
         (_user if role == "user" else _assistant)(m, messages)
     thinking = f.obj_at("thinking")
-    if thinking is not None:  # a budget hint: the model thinks as its template lets it
-        thinking.str("type", required=True)
+    switch: tuple = ()
+    if thinking is not None:  # on or off reaches a template that reads `enable_thinking`
+        kind = thinking.str("type", required=True, choices=("enabled", "disabled", "adaptive"))
+        if kind != "adaptive":
+            switch = (("enable_thinking", kind == "enabled"),)
     tools, choice, tool_schemas = _tools(f)
     json_object, json_schema = _output_format(f)
     if json_object and tools and choice != "none":
@@ -213,5 +219,6 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         max_tokens=max_tokens,
         temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
         top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
-        top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f))
+        top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f),
+        template_vars=switch)
     return MessagesRequest(chat=chat, stream=f.bool("stream"))

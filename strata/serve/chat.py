@@ -37,7 +37,8 @@ class ChatModel(Protocol):
     tool_calls_parsed: bool  # the template's tool-call format is one we parse back
     splits_thinking: bool  # a <think> block in the answer is returned apart
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str: ...
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    extra: dict | None = None) -> str: ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -67,6 +68,8 @@ class ChatInput:
     json_schema: Node | None = None  # response_format json_schema: the schema it follows
     # (tool name, its parameters' schema where it is strict, else None), one per tool
     tool_schemas: tuple[tuple[str, Node | None], ...] = ()
+    # (name, JSON value) variables for the chat template (`enable_thinking`, ...)
+    template_vars: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -99,7 +102,8 @@ def forced_prefix(tool_choice: str) -> str:
 def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Prepared:
     """Render, tokenize, clamp max_tokens to the room left: the request as the worker runs it."""
     use_tools = bool(chat.tools) and chat.tool_choice != "none"
-    text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None)
+    text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None,
+                             dict(chat.template_vars))
     prefix = forced_prefix(chat.tool_choice) if use_tools and model.tool_calls_parsed else ""
     prompt = model.encode(text + prefix)
     max_tokens = fit_max_tokens(len(prompt), chat.max_tokens, max_context=model.max_context,
@@ -111,6 +115,24 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
                     requested_max_tokens=chat.max_tokens,
                     parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix,
                     split_thinking=split, thinking_open=split and opens_thinking(text))
+
+
+RESERVED_VARS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                 "unk_token", "pad_token")
+
+
+def template_vars(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    """`chat_template_kwargs`: an object of variables for the chat template, each name an
+    identifier the renderer does not set itself."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise bad_request(f"{where}: expected an object of template variables", where)
+    for name in value:
+        if not name.isidentifier() or name in RESERVED_VARS:
+            raise bad_request(f"{where}.{name}: not a template variable a request may set",
+                              f"{where}.{name}")
+    return tuple(sorted(value.items()))
 
 
 def tool_arguments(value: Any) -> Any:

@@ -63,10 +63,13 @@ class ServedModel:
         # left in the text)
         self.splits_thinking = split_thinking and thinks(template.source)
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """The prompt text; a template that rejects the conversation is the client's 400."""
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    extra: dict | None = None) -> str:
+        """The prompt text (`extra`: more variables for the template, e.g. Qwen3's
+        `enable_thinking`); a template that rejects the conversation is the client's 400."""
         try:
-            return self.template.render(messages, add_generation_prompt=True, tools=tools)
+            return self.template.render(messages, add_generation_prompt=True, tools=tools,
+                                        **(extra or {}))
         except ChatTemplateError as e:
             raise bad_request(f"messages: {e}", "messages") from e
 

@@ -10,8 +10,9 @@ what it would get there; `num_predict` is max_tokens (-1 or -2: as much as the c
 Options that set up the runner (`num_ctx`, `num_gpu`, `num_thread`, `num_batch`, ...) are
 checked and ignored: the plan made at start-up decides those. `mirostat` and `typical_p` at
 anything but off are a 400, as are images and a generate `suffix` or `template`.
-`format` is "json" (one JSON object) or a JSON schema. `think` and `keep_alive` are checked and
-ignored: the model thinks as its template lets it, and stays loaded while the server runs.
+`format` is "json" (one JSON object) or a JSON schema. `think` reaches the chat template as
+`enable_thinking` (Qwen3's switch; false: no reasoning); `keep_alive` is checked and ignored:
+the model stays loaded while the server runs.
 """
 
 from __future__ import annotations
@@ -113,7 +114,9 @@ def _format(f: Fields) -> tuple[bool, Node | None]:
     raise bad_request("format: expected \"json\" or a JSON schema object", "format")
 
 
-def _common(f: Fields) -> None:
+def _common(f: Fields) -> tuple:
+    """Checks both routes share; the template variables `think` sets (`enable_thinking`:
+    true, or an effort level, thinks; false does not; left out, the template decides)."""
     for key in ("images",):
         if f.list(key):
             raise bad_request(f"{key}: this model takes text only", key)
@@ -123,6 +126,7 @@ def _common(f: Fields) -> None:
     keep = f.raw("keep_alive")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (str, int, float))):
         raise bad_request("keep_alive: expected a duration string or a number", "keep_alive")
+    return () if think is None else (("enable_thinking", think is not False),)
 
 
 def _tool_calls(m: Fields) -> list[dict]:
@@ -161,7 +165,7 @@ def _message(raw: Any, path: str) -> dict:
 def parse_chat(f: Fields, state) -> OllamaRequest:
     """`/api/chat`; no messages at all is a load request (chat None, nothing to run)."""
     name = check_model(f, state)
-    _common(f)
+    switch = _common(f)
     raw = f.list("messages") or []
     messages = tuple(_message(m, join("messages", i)) for i, m in enumerate(raw))
     sampling, max_tokens = _options(f)
@@ -172,7 +176,7 @@ def parse_chat(f: Fields, state) -> OllamaRequest:
                           "not the JSON document); leave one out", "format")
     chat = (ChatInput(messages=messages, tools=tuple(tools), tool_schemas=schemas,
                       max_tokens=max_tokens, json_object=json_object, json_schema=json_schema,
-                      **sampling) if messages else None)
+                      template_vars=switch, **sampling) if messages else None)
     return OllamaRequest(model=name, chat=chat, raw_prompt=None,
                          stream=f.bool("stream", default=True), sampling=sampling,
                          max_tokens=max_tokens)
@@ -182,7 +186,7 @@ def parse_generate(f: Fields, state) -> OllamaRequest:
     """`/api/generate`: the prompt as one user turn (after `system`) through the chat template,
     or, `raw`, fed as given; an empty prompt is a load request."""
     name = check_model(f, state)
-    _common(f)
+    switch = _common(f)
     for key in ("suffix", "template"):
         if f.str(key):
             raise bad_request(f"{key}: not supported here (the model file's chat template is "
@@ -206,5 +210,5 @@ def parse_generate(f: Fields, state) -> OllamaRequest:
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     chat = ChatInput(messages=tuple(messages), max_tokens=max_tokens, json_object=json_object,
-                     json_schema=json_schema, **sampling)
+                     json_schema=json_schema, template_vars=switch, **sampling)
     return OllamaRequest(name, chat, None, stream, sampling, max_tokens)

@@ -23,7 +23,7 @@ from typing import Any
 
 from strata.engine.json_schema import Node
 from strata.plan.pick import PICK_MAX_BIAS
-from strata.serve.chat import ChatInput, schema_node, tool_arguments
+from strata.serve.chat import ChatInput, schema_node, template_vars, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
@@ -264,6 +264,8 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
                      tool_schemas=tool_schemas,
+                     template_vars=template_vars(f.raw("chat_template_kwargs"),
+                                                 "chat_template_kwargs"),
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
                      json_schema=json_schema,
                      **sampling_args(f, state.model.n_vocab))

@@ -67,6 +67,7 @@ def _chat_body(models: list[str]) -> dict:
                                                             "function": _FUNCTION}}},
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
                                   {"type": "object"}]},
+        "chat_template_kwargs": {"type": "object"},
     }}
 
 
@@ -173,7 +174,8 @@ def _ollama_body(models: list[str], *, chat: bool) -> dict:
     props = {"model": {"type": "string", "enum": models}, "stream": {"type": "boolean"},
              "options": opts, "format": {"oneOf": [{"type": "string", "enum": ["json"]},
                                                    {"type": "object"}]},
-             "keep_alive": {"oneOf": [_STR, {"type": "number"}]}}
+             "keep_alive": {"oneOf": [_STR, {"type": "number"}]},
+             "think": {"oneOf": [{"type": "boolean"}, _STR]}}
     if chat:
         message = {"type": "object", "required": ["role"], "properties": {
             "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},

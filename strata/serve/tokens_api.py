@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from strata.serve.chat import template_vars
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
 from strata.serve.openai_request import chat_message, parse_tools
@@ -57,9 +58,10 @@ async def tokenize(request: Request, state: ServerState, body: dict) -> Response
         raw = f.list("messages", required=True, non_empty=True)
         messages = [chat_message(m, join("messages", i)) for i, m in enumerate(raw)]
         tools = parse_tools(f)[0] or None
+        extra = dict(template_vars(f.raw("chat_template_kwargs"), "chat_template_kwargs"))
 
         def encode() -> list[int]:
-            return model.encode(model.render_chat(messages, tools))
+            return model.encode(model.render_chat(messages, tools, extra))
     else:
         text = f.str(key, required=True)
         special = _flag(f, ("add_special_tokens", "add_special"), True)

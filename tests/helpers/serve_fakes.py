@@ -7,6 +7,8 @@ end-of-turn token. The engine records every call so tests can check batching and
 
 from __future__ import annotations
 
+import json
+
 import threading
 from typing import Callable, Sequence
 
@@ -61,10 +63,13 @@ class FakeModel:
         self.stop_token_ids = frozenset({EOT})
         self.rendered: list[str] = []
 
-    def render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
+    def render_chat(self, messages: list[dict], tools: list[dict] | None,
+                    extra: dict | None = None) -> str:
         if messages[-1]["role"] == "assistant":
             raise bad_request("the conversation must not end with an assistant turn", "messages")
         text = render(messages, tools)
+        if extra:  # the variables a request set, where a test can see them
+            text += "".join(f"<{k}={json.dumps(v)}>" for k, v in sorted(extra.items()))
         self.rendered.append(text)
         return text
 

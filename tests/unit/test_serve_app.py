@@ -405,7 +405,7 @@ def test_unknown_route_and_method_are_json(h):
 
 
 def test_internal_failure_is_a_logged_500_and_the_server_lives(h, caplog):
-    def boom(messages, tools):
+    def boom(messages, tools, extra=None):
         raise RuntimeError("template exploded")
     h.model.render_chat = boom
     r = h.client.post("/v1/messages", json=msgs())

@@ -145,3 +145,35 @@ def test_the_knob_is_checked():
     assert ServeConfig(model="m").reasoning == "auto"
     with pytest.raises(ServeConfigError, match="reasoning"):
         ServeConfig(model="m", reasoning="deepseek")
+
+
+@pytest.mark.parametrize("path, body, want", [
+    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": False}}, "false"),
+    ("/v1/messages", {"max_tokens": 9, "thinking": {"type": "enabled", "budget_tokens": 99}},
+     "true"),
+    ("/v1/messages", {"max_tokens": 9, "thinking": {"type": "disabled"}}, "false"),
+    ("/api/chat", {"think": False, "stream": False}, "false"),
+    ("/api/chat", {"think": "high", "stream": False}, "true"),
+    ("/tokenize", {"chat_template_kwargs": {"enable_thinking": True}}, "true"),
+])
+def test_thinking_on_or_off_reaches_the_template(h, path, body, want):
+    """Each dialect's switch becomes the template's `enable_thinking` (Qwen3's); left out,
+    the template decides (no variable set)."""
+    r = h.client.post(path, json={"model": "fake", "messages": HELLO, **body})
+    assert r.status_code == 200, r.text
+    rendered = "".join(chr(t) for t in r.json()["tokens"]) if path == "/tokenize" else (
+        h.model.rendered[-1])
+    assert rendered.endswith(f"<enable_thinking={want}>")
+    h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO})
+    assert "enable_thinking" not in h.model.rendered[-1]
+
+
+@pytest.mark.parametrize("value, param", [
+    ([1], "chat_template_kwargs"),
+    ({"messages": []}, "chat_template_kwargs.messages"),
+    ({"not a name": 1}, "chat_template_kwargs.not a name"),
+])
+def test_template_variables_are_checked(h, value, param):
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO,
+                                                    "chat_template_kwargs": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
