@@ -98,7 +98,8 @@ def load(config: ServeConfig) -> Loaded:
     devices = _devices_reader(engine, weights_bytes, plan)
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
                "weights_bytes": weights_bytes, "arch": model_file.arch,
-               "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache}
+               "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache,
+               "splits_thinking": served.splits_thinking}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
                         plan_summary=summary,
@@ -117,6 +118,9 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "
              f"{summary['max_context']:,} tokens of context each",
              f"tools    {tools}"]
+    if summary["splits_thinking"]:
+        lines.append("thinking <think> blocks returned apart from the answer (--reasoning none: "
+                     "kept in the text)")
     # whether the worker hands finished sequences' KV to the next prompts (the engine can and
     # --no-prefix-cache is not set)
     reuse = ("on (a finished request's KV, its slot's; a running one's prompt, copied)"

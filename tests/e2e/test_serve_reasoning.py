@@ -25,6 +25,9 @@ def thinking_server(tmp_models):
 
 
 def test_every_route_returns_the_reasoning_apart(thinking_server):
+    ready = next(i for i, line in enumerate(thinking_server.lines) if line.startswith("READY "))
+    assert any(line.startswith("thinking <think> blocks returned apart")
+               for line in thinking_server.lines[:ready])
     head = {"authorization": f"Bearer {API_KEY}"}
 
     def post(path, **body):

@@ -36,6 +36,7 @@ def test_start_up_printed_the_plan_before_ready(server):
     assert "backend  cpu: 4 slot(s)" in before and "1,024 tokens of context" in before
     assert "memory   cpu" in before and "kv (4 slots)" in before
     assert "<tool_call> blocks parsed" in before
+    assert "thinking <think>" not in before  # the tests' template is not a thinking one
     assert server.url.startswith("http://127.0.0.1:") and not server.url.endswith(":1")
 
 
