@@ -148,10 +148,12 @@ def _message(raw: Any, path: str) -> dict:
     role = m.str("role", required=True, choices=ROLES)
     if m.list("images"):
         raise bad_request(f"{m.where('images')}: this model takes text only", m.where("images"))
-    m.str("thinking")  # an earlier turn's reasoning: the template drops it, as Ollama's does
+    thinking = m.str("thinking")  # an earlier turn's reasoning, for a thinking template
     content = m.str("content", default="")
     if role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": content}
+        if thinking:
+            out["reasoning_content"] = thinking
         calls = _tool_calls(m)
         if calls:
             out["tool_calls"] = calls

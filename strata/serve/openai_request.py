@@ -168,6 +168,9 @@ def chat_message(raw: Any, path: str) -> dict:
                                "content": _content(m, "content", required=not calls) or ""}
         if calls:
             out["tool_calls"] = calls
+        reasoning = m.str("reasoning_content")  # a thinking model's, for its template
+        if reasoning:
+            out["reasoning_content"] = reasoning
         return out
     content = _content(m, "content", required=True)
     if role == "tool":

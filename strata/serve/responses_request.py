@@ -16,7 +16,8 @@ Log-probabilities: `include: ["message.output_text.logprobs"]` (or a `top_logpro
 A stored response (`store`, true by default; `strata.serve.response_store`) is continued by
 `previous_response_id`: its conversation's turns come before this request's `input`, the
 earlier `instructions` not carried over. `conversation` (the Conversations API) is a 400.
-Built-in tools (web
+A `reasoning` item (a thinking model's, sent back) becomes the next assistant message's
+`reasoning_content`, which a thinking template shows where it wants it. Built-in tools (web
 search, file search, ...), image and file inputs, and other `include` entries are a 400 naming
 the field; `reasoning` is checked and left to the chat template (the model thinks as
 its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
@@ -74,6 +75,7 @@ def _messages(f: Fields, history: list, items: list) -> list[dict]:
     for where, turn in (("previous_response_id", history), ("input", items)):
         for i, raw in enumerate(turn):
             _item(out, Fields(raw, join(where, i)))
+    out = [m for m in out if not _bare_reasoning(m)]  # reasoning that no answer followed
     if not any(msg["role"] != "system" for msg in out):
         raise bad_request("input: needs at least one message besides instructions", "input")
     return out
@@ -83,20 +85,25 @@ def _item(out: list[dict], m: Fields) -> None:
     """One input item onto the messages: a message, or a function call (onto the assistant
     message before it, where it follows one) or its output (a tool message)."""
     kind = m.str("type", default="message")
+    last = out[-1] if out else None
     if kind == "message":
         role = m.str("role", required=True, choices=ROLES)
+        if role == "assistant" and last is not None and _bare_reasoning(last):
+            last["content"] = _content(m)  # the answer its reasoning came before
+            return
         out.append({"role": "system" if role == "developer" else role, "content": _content(m)})
     elif kind == "function_call":
         call = {"type": "function", "id": m.str("call_id", required=True, non_empty=True),
                 "function": {"name": m.str("name", required=True, non_empty=True),
                              "arguments": tool_arguments(m.str("arguments", required=True))}}
-        last = out[-1] if out else None
         if last is not None and last["role"] == "assistant":  # its text, then its calls
             last.setdefault("tool_calls", []).append(call)
         else:
             out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-    elif kind == "reasoning":  # an earlier answer's reasoning, sent back: templates drop it
-        m.list("content")
+    elif kind == "reasoning":  # held for the assistant message that follows it
+        text = "".join(Fields(p, join(m.where("content"), j)).str("text", default="")
+                       for j, p in enumerate(m.list("content") or []))
+        out.append({"role": "assistant", "content": "", "reasoning_content": text})
     elif kind == "function_call_output":
         text = text_parts(m.raw("output", required=True), m.where("output"),
                           texts=_TEXT, not_text=_NOT_TEXT)
@@ -107,6 +114,12 @@ def _item(out: list[dict], m: Fields) -> None:
                           f"(expected 'message', 'reasoning', 'function_call' or "
                           f"'function_call_output')",
                           m.where("type"))
+
+
+def _bare_reasoning(msg: dict) -> bool:
+    """An assistant message made of a `reasoning` item alone, so far."""
+    return ("reasoning_content" in msg and not msg["content"]
+            and not msg.get("tool_calls"))
 
 
 def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:

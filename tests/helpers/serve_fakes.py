@@ -38,7 +38,8 @@ def render(messages: list[dict], tools: list[dict] | None) -> str:
     for m in messages:
         calls = "".join(f"<tool_call>{c['function']['name']}</tool_call>"
                         for c in m.get("tool_calls", []))
-        out.append(f"<{m['role']}>{m['content']}{calls}")
+        thought = f"[{m['reasoning_content']}]" if m.get("reasoning_content") else ""
+        out.append(f"<{m['role']}>{thought}{m['content']}{calls}")
     return "".join(out) + "<assistant>"
 
 

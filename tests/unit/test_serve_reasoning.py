@@ -177,3 +177,40 @@ def test_template_variables_are_checked(h, value, param):
     r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO,
                                                     "chat_template_kwargs": value})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_earlier_reasoning_sent_back_reaches_the_template(h):
+    """An earlier answer's reasoning, sent back in each dialect's shape, is the assistant
+    message's `reasoning_content` (the fake template shows it in brackets); a Responses
+    reasoning item that no answer followed is dropped."""
+    think = {"type": "reasoning", "id": "rs_1", "summary": [],
+             "content": [{"type": "reasoning_text", "text": "plan"}]}
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    cases = [
+        ("/v1/responses", {"input": [
+            {"role": "user", "content": "q"}, think,
+            {"type": "message", "role": "assistant", "content": "a"},
+            {"role": "user", "content": "q2"}, think, call,
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+            think, {"role": "user", "content": "q3"}]},
+         "<user>q<assistant>[plan]a<user>q2<assistant>[plan]<tool_call>f</tool_call><tool>r"
+         "<user>q3<assistant>"),
+        ("/v1/chat/completions", {"messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning_content": "plan"},
+            {"role": "user", "content": "q2"}]}, "<user>q<assistant>[plan]a<user>q2"),
+        ("/api/chat", {"stream": False, "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "thinking": "plan"},
+            {"role": "user", "content": "q2"}]}, "<user>q<assistant>[plan]a<user>q2"),
+        ("/v1/messages", {"max_tokens": 5, "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": ""},
+                {"type": "text", "text": "a"}]},
+            {"role": "user", "content": "q2"}]}, "<user>q<assistant>[plan]a<user>q2"),
+    ]
+    for path, body, want in cases:
+        r = h.client.post(path, json={"model": "fake", **body})
+        assert r.status_code == 200, r.text
+        assert want in h.model.rendered[-1], (path, h.model.rendered[-1])
