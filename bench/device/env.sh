@@ -12,6 +12,7 @@ export PYTHONUNBUFFERED=1 STRATA_TEST_GPU=1 NUMBA_CACHE_DIR=/tmp/numba_cache
 # never NVLink multicast on these hosts (the device tool's KINDS.md)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 R=$PWD/build/clean
+export STRATA_COMMIT=$(cat "$R/COMMIT")  # the benches record it: the installed copy has no git
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || return 1
 rm -rf /tmp/strata && mkdir -p /tmp/strata
