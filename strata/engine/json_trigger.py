@@ -7,6 +7,10 @@ Free text allows every token (an end token too); a token may carry the trigger's
 the document's first. Inside the document and its suffix an end token is refused: a call the
 model opens is a call it finishes. Like `JsonConstraint`, it is a pure function of bytes, so a
 candidate is tried without undoing anything.
+
+A thinking model's reasoning is free text the trigger does not open a call in (`think`): where
+the answer opens with `<think>` (after blank space), or starts inside the block the prompt
+opened, the trigger counts only after `</think>`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,11 @@ from strata.engine.json_schema import Node
 # a state: ("free", the text's last bytes, as many as the trigger is long but one)
 #          ("gap", None): the trigger is whole; an optional newline, then the document
 #          ("json", States)  ("suffix", the suffix's bytes still due)
+#          ("lead", bytes): the answer's first bytes (blank space dropped), while they may
+#                  open a <think> block   ("think", the block's last bytes): inside it
 State = tuple
+THINK_OPEN, THINK_CLOSE = b"<think>", b"</think>"
+_FREE = ("free", "lead", "think")  # states where any token may come (an end one too)
 
 
 class TriggeredJson:
@@ -30,14 +38,18 @@ class TriggeredJson:
     (a forced call): (its root, its suffix), which after the suffix leaves free text."""
 
     def __init__(self, vocab: TokenBytes, stop_ids: Sequence[int], *, trigger: bytes,
-                 root: Node, suffix: bytes, inside: tuple[Node, bytes] | None = None):
+                 root: Node, suffix: bytes, inside: tuple[Node, bytes] | None = None,
+                 think: str | None = None):
         if not trigger or not suffix:
             raise ValueError("a trigger and a suffix are both needed")
         self.vocab, self.trigger, self.root, self.suffix = vocab, trigger, root, suffix
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self._inside_suffix = None
+        if think not in (None, "start", "open"):
+            raise ValueError(f"think must be None, 'start' or 'open', got {think!r}")
         if inside is None:
-            self.state: State = ("free", b"")
+            self.state: State = {None: ("free", b""), "start": ("lead", b""),
+                                 "open": ("think", b"")}[think]
         else:
             self.state = ("json", start(inside[0]))
             self._inside_suffix = inside[1]
@@ -45,6 +57,23 @@ class TriggeredJson:
     def _step(self, state: State, suffix_due: bytes | None, c: int
               ) -> tuple[State, bytes | None] | None:
         kind, aux = state
+        if kind == "lead":
+            if not aux and c in b" \t\r\n":
+                return state, None
+            lead = aux + bytes([c])
+            if lead == THINK_OPEN:
+                return ("think", b""), None
+            if THINK_OPEN.startswith(lead):
+                return ("lead", lead), None
+            out: tuple[State, bytes | None] = (("free", b""), None)
+            for b in lead:  # no block: the bytes are the answer's free text
+                out = self._step(out[0], None, b)
+            return out
+        if kind == "think":
+            tail = (aux + bytes([c]))[-len(THINK_CLOSE):]
+            if tail == THINK_CLOSE:
+                return ("free", b""), None
+            return ("think", tail[1 - len(THINK_CLOSE):]), None
         if kind == "free":
             tail = (aux + bytes([c]))[-len(self.trigger):]
             if tail == self.trigger:
@@ -69,10 +98,10 @@ class TriggeredJson:
     def _next(self, token: int) -> tuple[State, bytes | None] | None:
         state, due = self.state, self._inside_suffix
         if token in self.stop_ids:  # only where no call is open
-            return (state, due) if state[0] == "free" else None
+            return (state, due) if state[0] in _FREE else None
         data = self.vocab.pieces[token] if 0 <= token < len(self.vocab.pieces) else None
         if not data:
-            return None if state[0] != "free" else (state, due)  # control text: free only
+            return None if state[0] not in _FREE else (state, due)  # control text: free only
         for c in data:
             out = self._step(state, due, c)
             if out is None:
@@ -92,11 +121,11 @@ class TriggeredJson:
     def candidates(self) -> np.ndarray:
         """Every token (free text takes any); inside a call, those whose first byte fits."""
         kind, aux = self.state
-        if kind == "free":
+        if kind in _FREE:
             return np.arange(len(self.vocab.pieces), dtype=np.int64)
         return self.vocab.with_first(
             lambda b: self._step(self.state, self._inside_suffix, b) is not None)
 
     @property
     def in_call(self) -> bool:
-        return self.state[0] != "free"
+        return self.state[0] not in _FREE

@@ -108,13 +108,16 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     prompt = model.encode(text + prefix)
     max_tokens = fit_max_tokens(len(prompt), chat.max_tokens, max_context=model.max_context,
                                 limit=limit)
-    strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix))
-              if use_tools and model.tool_calls_parsed else None)
     split = model.splits_thinking and not prefix  # a forced call starts the answer
+    opened = split and opens_thinking(text)
+    think = ("open" if opened else "start") if split else None  # no call inside <think>
+    strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
+                           think=think)
+              if use_tools and model.tool_calls_parsed else None)
     return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens, strict),
                     requested_max_tokens=chat.max_tokens,
                     parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix,
-                    split_thinking=split, thinking_open=split and opens_thinking(text))
+                    split_thinking=split, thinking_open=opened)
 
 
 RESERVED_VARS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",

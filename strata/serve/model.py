@@ -38,7 +38,7 @@ def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, fr
         return JsonConstraint(vocab, stops, sampling.json_schema)
     calls = sampling.strict_calls
     return TriggeredJson(vocab, stops, trigger=OPEN_TAG.encode(), root=calls.root,
-                         suffix=CALL_SUFFIX, inside=calls.inside)
+                         suffix=CALL_SUFFIX, inside=calls.inside, think=calls.think)
 
 
 class ServedModel:

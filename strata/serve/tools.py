@@ -35,10 +35,13 @@ class StrictCalls:
 
     root: Node
     inside: tuple[Node, bytes] | None = None
+    # a thinking model's answer: "start" (it may open a <think> block) or "open" (the prompt
+    # opened one); no call is opened inside the block (`TriggeredJson`'s `think`)
+    think: str | None = None
 
 
 def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
-                 forced: bool) -> StrictCalls | None:
+                 forced: bool, think: str | None = None) -> StrictCalls | None:
     """The constraint for tools `schemas` ((name, its parameters' node where `strict`, else
     None)) under `tool_choice` `choice`, `forced` where the prompt ends with the opening of the
     forced call; None where no tool is strict (the calls stay free, as before)."""
@@ -51,7 +54,7 @@ def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
     elif forced:  # ... and '{"name": "X", "arguments": ': the arguments' object, then "}"
         node = dict(schemas)[choice]
         inside = (node if node is not None else object_node(), b"}" + CALL_SUFFIX)
-    return StrictCalls(root=root, inside=inside)
+    return StrictCalls(root=root, inside=inside, think=None if forced else think)
 
 
 @dataclass(frozen=True, slots=True)

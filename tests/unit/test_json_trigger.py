@@ -19,7 +19,7 @@ ARGS = compile_schema({"type": "object", "properties": {"n": {"type": "integer"}
 ROOT = any_of_node([call_node("f", ARGS)])
 PIECES = [b"<call>", b"<ca", b"ll>", b"ll>\n{", b"hello ", b'"name"', b":", b'"f"', b",",
           b'"arguments"', b"{", b"}", b'"n"', b"7", b"\n</call>", b"\n", b"x", b"1.5", b" ",
-          b"</call>"]
+          b"</call>", b"<think>", b"<thi", b"nk>", b"</think>", b"</th", b"ink>\n\n"]
 EOT = len(PIECES)
 ID = {p: i for i, p in enumerate(PIECES)}
 
@@ -97,3 +97,28 @@ def test_random_generation_writes_only_valid_calls():
                 assert doc["name"] == "f" and isinstance(doc["arguments"]["n"], int)
                 assert set(doc) == {"name", "arguments"} and set(doc["arguments"]) == {"n"}
     assert n_calls >= 10
+
+
+@pytest.mark.parametrize("think, opening", [
+    ("start", (b"\n", b"<think>")), ("start", (b"<thi", b"nk>")), ("open", ())])
+def test_no_call_opens_inside_a_think_block(think, opening):
+    """A thinking model's reasoning may name the trigger without opening a call; after
+    `</think>` (whole or split) the trigger opens one as usual."""
+    c = _make(think=think)
+    _feed(c, *opening, b"hello ", b"<call>", b"x", b"1.5")  # inside the block: free text
+    assert not c.in_call and c.allows(EOT) and c.allows(ID[b"x"])
+    _feed(c, b"</th", b"ink>\n\n", b"<call>")
+    assert c.in_call and not c.allows(ID[b"x"]) and not c.allows(EOT)
+    _feed(c, *CALL, b"\n</call>")
+    assert not c.in_call
+
+
+def test_an_answer_without_a_block_is_held_from_its_first_token():
+    c = _make(think="start")
+    _feed(c, b"<call>")  # not a <think>: the trigger counts at once
+    assert c.in_call
+    c = _make(think="start")
+    _feed(c, b"x", b"<think>", b"<call>")  # a block opened later is not reasoning
+    assert c.in_call
+    with pytest.raises(ValueError, match="think"):
+        _make(think="maybe")

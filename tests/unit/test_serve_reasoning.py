@@ -214,3 +214,21 @@ def test_earlier_reasoning_sent_back_reaches_the_template(h):
         r = h.client.post(path, json={"model": "fake", **body})
         assert r.status_code == 200, r.text
         assert want in h.model.rendered[-1], (path, h.model.rendered[-1])
+
+
+def test_a_strict_tool_is_not_called_inside_the_reasoning(h):
+    """Strict tools (the Responses API's default) hold calls to their schemas, but a
+    `<tool_call>` the reasoning mentions opens none: the block stays free text, and the call
+    after it is held and parsed."""
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    h.engine.script = lambda prompt: ("<think>I could write <tool_call> here.</think>\n\n"
+                                      + call)
+    tools = [{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}}]
+    r = h.client.post("/v1/responses", json={"model": "fake", "input": "weather?",
+                                             "tools": tools}).json()
+    assert r["tools"][0]["strict"] is True
+    reasoning, fc = r["output"]
+    assert reasoning["content"][0]["text"] == "I could write <tool_call> here."
+    assert fc["type"] == "function_call" and json.loads(fc["arguments"]) == {"city": "Paris"}
