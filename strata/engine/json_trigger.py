@@ -65,9 +65,11 @@ class TriggeredJson:
                 return ("think", b""), None
             if THINK_OPEN.startswith(lead):
                 return ("lead", lead), None
-            out: tuple[State, bytes | None] = (("free", b""), None)
+            out: tuple[State, bytes | None] | None = (("free", b""), None)
             for b in lead:  # no block: the bytes are the answer's free text
                 out = self._step(out[0], None, b)
+                if out is None:  # (a short trigger among them, then no document)
+                    return None
             return out
         if kind == "think":
             tail = (aux + bytes([c]))[-len(THINK_CLOSE):]
