@@ -40,8 +40,8 @@ LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def _dialect_of(request: Request) -> str:
-    """The Anthropic routes, and the models routes where an Anthropic client asks (its SDK
-    sends `anthropic-version`); else OpenAI."""
+    """The Anthropic routes, the Ollama ones (`/api/`), and the models routes where an
+    Anthropic client asks (its SDK sends `anthropic-version`); else OpenAI."""
     path = request.url.path
     if path.startswith("/v1/messages"):
         return "anthropic"
@@ -107,7 +107,8 @@ class Server:
         self.max_body_bytes = max_body_bytes
         self.cors_origins = tuple(cors_origins)
 
-    def _endpoint(self, handler: Handler, *, body: bool, auth: bool = True):
+    def _endpoint(self, handler: Handler, *, body: bool, auth: bool = True,
+                  route: str | None = None):
         async def endpoint(request: Request) -> Response:
             path = request.url.path
             try:
@@ -126,7 +127,8 @@ class Server:
                 log.exception("unhandled error on %s %s", request.method, path)
                 response = error_response(request, ApiError(
                     500, f"internal server error ({type(e).__name__}: {e}); see the server log"))
-            self.state.metrics.record_request(path, response.status_code)
+            # counted by route, not path: an id in the path would make a series per request
+            self.state.metrics.record_request(route or path, response.status_code)
             return response
         return endpoint
 
@@ -134,14 +136,17 @@ class Server:
         e = self._endpoint
         return [
             Route("/v1/models", e(list_models, body=False), methods=["GET"]),
-            Route("/v1/models/{model:path}", e(retrieve_model, body=False), methods=["GET"]),
+            Route("/v1/models/{model:path}",
+                  e(retrieve_model, body=False, route="/v1/models/{model}"), methods=["GET"]),
             Route("/v1/chat/completions", e(openai_dialect.chat_completions, body=True),
                   methods=["POST"]),
             Route("/v1/completions", e(openai_dialect.completions, body=True), methods=["POST"]),
             Route("/v1/responses", e(responses_dialect.responses, body=True), methods=["POST"]),
-            Route("/v1/responses/{response_id}", e(responses_dialect.retrieve, body=False),
+            Route("/v1/responses/{response_id}", e(responses_dialect.retrieve, body=False,
+                                                   route="/v1/responses/{response_id}"),
                   methods=["GET"]),
-            Route("/v1/responses/{response_id}", e(responses_dialect.delete, body=False),
+            Route("/v1/responses/{response_id}", e(responses_dialect.delete, body=False,
+                                                   route="/v1/responses/{response_id}"),
                   methods=["DELETE"]),
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),

@@ -130,3 +130,16 @@ def test_the_store_size_is_a_checked_knob():
     assert ServeConfig(model="m.gguf", response_store_mib=0).response_store_mib == 0
     with pytest.raises(ServeConfigError, match="response_store_mib"):
         ServeConfig(model="m.gguf", response_store_mib=-1)
+
+
+def test_metrics_count_the_route_not_each_id(h):
+    """A stored response's id in the path would make a metrics series per request."""
+    for _ in range(3):
+        rid = _post(h, input="hello")["id"]
+        h.client.get(f"/v1/responses/{rid}")
+        h.client.delete(f"/v1/responses/{rid}")
+    h.client.get("/v1/models/fake")
+    routes = {route for route, _ in h.metrics.requests}
+    assert {"/v1/responses/{response_id}", "/v1/models/{model}"} <= routes
+    assert not any(r.startswith("/v1/responses/resp_") or r == "/v1/models/fake" for r in routes)
+    assert h.metrics.requests[("/v1/responses/{response_id}", 200)] == 6
