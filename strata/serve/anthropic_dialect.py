@@ -81,11 +81,11 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
             if isinstance(item, ToolCall):
                 content.append(_tool_use(item))
                 continue
-            kind, key, text = _block_of(item)
+            kind, text = _block_of(item)
             if content and content[-1]["type"] == kind:
-                content[-1][key] += text
+                content[-1][kind] += text
             else:
-                content.append({**_empty_block(kind), key: text})
+                content.append({**_empty_block(kind), kind: text})
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
@@ -96,11 +96,12 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
     }, headers=prepared.headers)
 
 
-def _block_of(item: str | Thinking) -> tuple[str, str, str]:
-    """(block type, its text field, the text) of a text or reasoning piece."""
+def _block_of(item: str | Thinking) -> tuple[str, str]:
+    """(block type, the text) of a text or reasoning piece; the block's text field is named as
+    its type (`text`, `thinking`)."""
     if isinstance(item, Thinking):
-        return "thinking", "thinking", item.text
-    return "text", "text", item
+        return "thinking", item.text
+    return "text", item
 
 
 def _empty_block(kind: str) -> dict:
@@ -144,7 +145,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
                       "content_block_delta")
             yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
             continue
-        kind, key, text = _block_of(item)
+        kind, text = _block_of(item)
         if open_kind != kind:
             if open_kind is not None:
                 yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
@@ -153,7 +154,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
             yield sse({"type": "content_block_start", "index": index,
                        "content_block": _empty_block(kind)}, "content_block_start")
         yield sse({"type": "content_block_delta", "index": index,
-                   "delta": {"type": f"{key}_delta", key: text}}, "content_block_delta")
+                   "delta": {"type": f"{kind}_delta", kind: text}}, "content_block_delta")
     if not started:
         yield _start(mid, model, len(gen.prepared.prompt), 0)
     if gen.finish.reason == "error":

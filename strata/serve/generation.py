@@ -111,13 +111,17 @@ class Generation:
                 self.thinking.append(p.text)
                 out.append(p)
             else:
-                out += self._parsed([p] if self._parser is None else self._parser.feed(p))
+                out += self._content(p)
         return out
+
+    def _content(self, text: str) -> list[str | ToolCall]:
+        """Answer text through the tool-call parser, where calls are parsed."""
+        return self._parsed([text] if self._parser is None else self._parser.feed(text))
 
     def _text(self, text: str) -> list[str | ToolCall | Thinking]:
         if self._splitter is not None:
             return self._split(self._splitter.feed(text))
-        return self._parsed([text] if self._parser is None else self._parser.feed(text))
+        return self._content(text)
 
     async def items(self, *, prompt: bool = False
                     ) -> AsyncIterator[str | ToolCall | Thinking | PromptEvent]:

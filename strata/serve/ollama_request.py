@@ -117,9 +117,8 @@ def _format(f: Fields) -> tuple[bool, Node | None]:
 def _common(f: Fields) -> tuple:
     """Checks both routes share; the template variables `think` sets (`enable_thinking`:
     true, or an effort level, thinks; false does not; left out, the template decides)."""
-    for key in ("images",):
-        if f.list(key):
-            raise bad_request(f"{key}: this model takes text only", key)
+    if f.list("images"):
+        raise bad_request("images: this model takes text only", "images")
     think = f.raw("think")
     if think is not None and not isinstance(think, (bool, str)):
         raise bad_request("think: expected a boolean or an effort string", "think")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<think>", "</think>"
+from strata.engine.json_trigger import THINK_CLOSE, THINK_OPEN
+
+OPEN, CLOSE = THINK_OPEN.decode(), THINK_CLOSE.decode()
 
 
 @dataclass(frozen=True, slots=True)
