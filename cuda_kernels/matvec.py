@@ -44,6 +44,9 @@ MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (13
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
 # against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
+# Units (steps) a rounds kernel's loads run ahead of its dots: 1, or 2 (more registers). Read
+# when a kernel is made.
+ROUNDS_AHEAD = 1
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
@@ -177,6 +180,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     stage, stage_normed = stager(lf)
     n_tab, has_tab = lf.table.size, lf.has_table
+    ahead = ROUNDS_AHEAD if rounds else 1
 
     @cuda.jit(device=True, inline="always")
     def body(blk, n_blk, xn_blk, w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3,
@@ -213,6 +217,60 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
             return
         n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
         stride = n_blk * per_block  # pairs a round of the blocks takes
+        if ahead == 2:
+            # loads two units ahead: a load cursor (lp, lj: pair and unit; lm, la, lb: where
+            # it reads) runs two units before the dot's (pair, j)
+            r_first = blk * per_block
+            spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
+            n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
+            lp, lj, lm, la, lb = pair, 0, m, off_a, off_b
+            lj += 1
+            if lj == spp:
+                lj = 0
+                lp += stride
+                if lp < n_pairs:
+                    m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
+                    lm = m1
+                    la = min(r1, h1 - 1) * row_bytes
+                    lb = min(r1 + 1, h1 - 1) * row_bytes
+            nxt = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
+                            s_first + lj * s_stride)
+            acc_a = F0
+            acc_b = F0
+            j = 0
+            for _ in range(n_units):
+                lj += 1
+                if lj == spp:
+                    lj = 0
+                    lp += stride
+                    if lp < n_pairs:  # else the last real pair's first step again (cached)
+                        m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
+                        lm = m1
+                        la = min(r1, h1 - 1) * row_bytes
+                        lb = min(r1 + 1, h1 - 1) * row_bytes
+                nxt2 = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
+                                 s_first + lj * s_stride)
+                da, db = dot_pair(cur, n_sb, s_first + j * s_stride, xs, sums_off, tab_s)
+                acc_a += da
+                acc_b += db
+                j += 1
+                if j == spp:  # the same in the whole block
+                    acc_a = warp_sum(acc_a)
+                    acc_b = warp_sum(acc_b)
+                    if log > 0:
+                        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+                        cuda.syncthreads()  # s_part read before the next pair writes it
+                    if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+                        _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a,
+                                  acc_b, accumulate)
+                    acc_a = F0
+                    acc_b = F0
+                    j = 0
+                    pair += stride
+                    m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
+                cur = nxt
+                nxt = nxt2
+            return
         # units (steps) of a pair: the same for every warp of a block, one unit past the row
         # for some where the steps do not split evenly (dotted as zero)
         spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
@@ -304,7 +362,8 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0):
-    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (("rounds", min_blocks) if rounds else ())
+    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
+        ("rounds", min_blocks, ROUNDS_AHEAD) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks)
