@@ -44,9 +44,6 @@ MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (13
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
 # against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
 LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
-# Units (steps) a rounds kernel's loads run ahead of its dots: 1, or 2 (more registers). Read
-# when a kernel is made.
-ROUNDS_AHEAD = 1
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
@@ -112,14 +109,31 @@ def lane_jit_options(lf: LaneFormat) -> dict:
 # against 8.95 us: the spill), and IQ4_XS at three lost everywhere (its head 77.2 against 72.2)
 # (`2026-12-04_kernels_matvec_wide_rounds.json`). Q4_K on float32 x stays out: 292 bytes of
 # spill at 80 registers.
-WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", True): 3, ("Q6_K", False): 3,
-                                            ("Q4_K", True): 3, ("Q8_0", False): 3}
+# Q6_K on 8-bit x left this list for ROUNDS_AHEAD.
+WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", False): 3, ("Q4_K", True): 3,
+                                            ("Q8_0", False): 3}
+# (format, 8-bit x) whose rounds kernels issue each unit's loads two units (steps) before its
+# dots instead of one, at two blocks an SM (launch bounds: 128 registers; unbounded 139). On the
+# H100 (2026-12-05, one process each way, `2026-12-05_rounds_ahead_h100.json`): Q6_K 8192x8192
+# 28.24 against 31.21 us, the head 98.4 against 108.5 (its wide kernel at three blocks), 2048 ->
+# 4096 6.27 against 6.66; Q4_K 1-2% faster (not taken); IQ4_XS and IQ3_S 4-11% slower. ncu
+# there: every rounds kernel's warps wait on their loads (long scoreboard, 59-62% of the cycles
+# between two instructions for Q6_K and Q4_K at 8192x8192).
+ROUNDS_AHEAD: dict[tuple[str, bool], int] = {("Q6_K", True): 2}
 
 
-def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0) -> dict:
+def rounds_ahead(lf: LaneFormat, rounds: bool = True, min_blocks: int = 0) -> int:
+    """Units lf's rounds kernel loads ahead of its dots (read when a kernel is made): 1 for the
+    one-pair and the wide kernels."""
+    return ROUNDS_AHEAD.get((lf.name, lf.x8), 1) if rounds and not min_blocks else 1
+
+
+def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0, ahead: int = 1) -> dict:
     """Compile options of a format's one-token lane matvec kernels (min_blocks: a wide rounds
-    kernel's blocks an SM)."""
-    return {"launch_bounds": (LANE_THREADS, min_blocks)} if min_blocks else lane_jit_options(lf)
+    kernel's blocks an SM; ahead: a rounds kernel's units of loads ahead)."""
+    if min_blocks or ahead > 1:
+        return {"launch_bounds": (LANE_THREADS, min_blocks or 2)}
+    return lane_jit_options(lf)
 
 
 def rounds_launch(lf: LaneFormat, grid: int) -> tuple[int, int]:
@@ -166,9 +180,9 @@ def _put_pair(out, row0, n_here, acc_a, acc_b, accumulate):
         out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
 
 
-def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
+def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
-    kernel of `matvec_mixed` runs one per format):
+    kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
@@ -180,7 +194,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     stage, stage_normed = stager(lf)
     n_tab, has_tab = lf.table.size, lf.has_table
-    ahead = ROUNDS_AHEAD if rounds else 1
+    if ahead not in (1, 2):
+        raise ValueError(f"a rounds kernel's loads run 1 or 2 units ahead, not {ahead}")
 
     @cuda.jit(device=True, inline="always")
     def body(blk, n_blk, xn_blk, w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3,
@@ -217,7 +232,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
             return
         n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
         stride = n_blk * per_block  # pairs a round of the blocks takes
-        if ahead == 2:
+        if ahead == 2:  # compile time
             # loads two units ahead: a load cursor (lp, lj: pair and unit; lm, la, lb: where
             # it reads) runs two units before the dot's (pair, j)
             r_first = blk * per_block
@@ -322,7 +337,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False):
 
 def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0):
-    body = lane_body(lf, normed, rounds)
+    ahead = rounds_ahead(lf, rounds, min_blocks)
+    body = lane_body(lf, normed, rounds, ahead)
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size, lf.table.dtype.type
 
@@ -351,7 +367,8 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
     if min_blocks:  # its own name: the binary's kernel key (name and code) sees no launch bounds
         matvec_lanes.__name__ += f"_wide{min_blocks}"
         matvec_lanes.__qualname__ += f"_wide{min_blocks}"
-    return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks)))(matvec_lanes)
+    return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks, ahead)))(
+        matvec_lanes)
 
 
 def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
@@ -363,7 +380,7 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
-        ("rounds", min_blocks, ROUNDS_AHEAD) if rounds else ())
+        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks)) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks)
@@ -496,10 +513,11 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0):
 for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
     _x8 = "x8_" if _lf.x8 else ""
     for _r, _tag in ((False, ""), (True, "_rounds"))[:2 if has_rounds(_lf) else 1]:
+        _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r))
         register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, rounds=_r), options=matvec_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float32, rounds=_r), options=_opts)
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, _r), options=matvec_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float32, True, _r), options=_opts)
     if (_lf.name, _lf.x8) in WIDE_ROUNDS:
         _n = WIDE_ROUNDS[_lf.name, _lf.x8]
         _opts = matvec_jit_options(_lf, _n)
@@ -510,7 +528,8 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
 for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].ggml_type]):
     for _r, _tag in ((False, ""), (True, "_rounds")):
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
-                     _ptx_lanes(_lf, types.float16, rounds=_r), options=matvec_jit_options(_lf))
+                     _ptx_lanes(_lf, types.float16, rounds=_r),
+                     options=matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r)))
     if ("Q4_K", _lf.x8) in WIDE_ROUNDS:
         _n = WIDE_ROUNDS["Q4_K", _lf.x8]
         register_ptx("matvec", f"matvec_lanes_rounds_wide_{'x8_' if _lf.x8 else ''}Q4_K_f16",

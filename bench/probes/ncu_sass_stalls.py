@@ -35,7 +35,13 @@ def main() -> int:
     a = ap.parse_args()
     with open(a.csv, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]  # ncu prefixes notes without quotes
-    rows = list(csv.DictReader(lines))
+    # the page opens with the kernel's name ("Kernel Name","..."); the table's header is the
+    # first line naming the Source column
+    head = next((i for i, ln in enumerate(lines) if '"Source"' in ln), None)
+    if head is None:
+        print("no Source column in the export", file=sys.stderr)
+        return 1
+    rows = list(csv.DictReader(lines[head:]))
     if not rows:
         print("no rows", file=sys.stderr)
         return 1

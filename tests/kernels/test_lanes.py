@@ -248,14 +248,59 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     monkeypatch.setattr(mv, "_lanes_kernel", recording)
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
-    # at a cap of 2 the formats of WIDE_ROUNDS run their wide kernel (three blocks an SM)
-    assert launched == [(True, 3 if cap == 2 and name in ("Q6_K", "Q4_K", "Q8_0") else 0)]
+    # at a cap of 2 the formats of WIDE_ROUNDS run their wide kernel (three blocks an SM); Q6_K
+    # on 8-bit x (every 8-bit decoder runs here: conftest) loads two units ahead instead
+    assert launched == [(True, 3 if cap == 2 and name in ("Q4_K", "Q8_0") else 0)]
     assert np.array_equal(y, y_one)
     assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
     base = rng.standard_normal(n_rows).astype(np.float32)
     acc = base.copy()
     mv.matvec(rows, name, x, acc, accumulate=True)
     assert np.array_equal(acc, base + y_one)
+
+
+AHEAD = [("Q6_K", 41, 1024, 1), ("Q6_K", 9, 3072, 2), ("Q4_K", 35, 2048, 2),
+         ("IQ3_S", 21, 4096, 1), ("Q8_0", 67, 256, 2)]
+
+
+@pytest.mark.parametrize("name,n_rows,n_cols,cap", AHEAD)
+def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols, cap,
+                                                           monkeypatch):
+    """A rounds kernel whose loads run two units ahead (ROUNDS_AHEAD; by default Q6_K on 8-bit
+    x, which every 8-bit format takes here: conftest) dots the same
+    units in the same order: bit for bit the sums of loads one unit ahead, through pair changes
+    at every unit (one step a pair), split pairs and the last pairs past the rows."""
+    rng = np.random.default_rng(n_rows * n_cols)
+    rows = random_rows(name, n_rows, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
+    monkeypatch.setattr(mv, "WIDE_ROUNDS", {})  # a wide kernel loads one unit ahead
+    lf = mv.launch_decoding(LANE_FORMATS[next(t for t, f in LANE_FORMATS.items()
+                                              if f.name == name)], None, n_cols,
+                            ((rows, None, n_rows),))
+    got = {}
+    for ahead in (1, 2):
+        monkeypatch.setattr(mv, "ROUNDS_AHEAD", {(name, lf.x8): ahead})
+        assert mv.rounds_ahead(lf) == ahead
+        y = np.full(n_rows, np.nan, np.float32)
+        mv.matvec(rows, name, x, y)
+        got[ahead] = y
+        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead) in mv._CACHE
+    assert np.array_equal(got[1], got[2])
+    assert _rel(got[2], reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) \
+        < 1e-5
+
+
+def test_rounds_ahead_default_and_bounds():
+    """Q6_K on 8-bit x loads two units ahead at two blocks an SM (128 registers), no longer in a
+    wide kernel; the others one unit; a third unit is refused."""
+    q6_x8 = x8_format(next(t for t, f in LANE_FORMATS.items() if f.name == "Q6_K"))
+    assert mv.rounds_ahead(q6_x8) == 2 and ("Q6_K", True) not in mv.WIDE_ROUNDS
+    assert mv.rounds_launch(q6_x8, 9496) == (250, 0)
+    assert mv.matvec_jit_options(q6_x8, 0, 2) == {"launch_bounds": (mv.LANE_THREADS, 2)}
+    assert all(mv.rounds_ahead(f) == 1 for f in LANE_FORMATS.values())
+    with pytest.raises(ValueError, match="1 or 2 units ahead"):
+        mv.lane_body(q6_x8, rounds=True, ahead=3)
 
 
 def test_rounds_launch_balances_the_rounds_and_widens_past_two_blocks_an_sm():
