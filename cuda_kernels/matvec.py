@@ -5,8 +5,9 @@ One token, formats with a lane decoding (`lanes`: Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS
 warp takes two rows; per step its lanes cover 32 // lanes consecutive super-blocks of both rows,
 each lane loading its fixed slice with wide loads (the warp's loads cover whole contiguous
 super-blocks) and dotting it with x staged once per block in shared memory (padded per format:
-conflict-free). The loads of the next step are issued before the current one is computed, and
-the first step's before x is staged, so each warp keeps several 16-byte loads per lane in flight.
+conflict-free). The loads of the next step are issued before the current one is computed (two
+steps ahead in Q6_K's rounds on 8-bit x: ROUNDS_AHEAD), and the first step's before x is staged,
+so each warp keeps several 16-byte loads per lane in flight.
 Formats with an 8-bit decoding (`lanes_x8`: Q4_K) stage x quantized per 32 values, as the CPU
 engine does, and dot it four values an instruction.
 
