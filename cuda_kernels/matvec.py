@@ -155,7 +155,7 @@ def lane_jit(lf: LaneFormat) -> dict:
     return {} if SIMULATED else lane_jit_options(lf)
 
 
-# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks])
+# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks, ahead])
 _CACHE: dict[tuple, object] = {}
 
 
@@ -179,6 +179,37 @@ def _put_pair(out, row0, n_here, acc_a, acc_b, accumulate):
         out[row0] = out[row0] + acc_a if accumulate else acc_a
     if row0 + 1 < n_here:
         out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
+
+
+@cuda.jit(device=True, inline="always")
+def _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here, accumulate):
+    """A rounds kernel's end of a row pair: the warps' partial dots summed, written by the
+    pair's first lane (the whole block calls this at once)."""
+    acc_a = warp_sum(acc_a)
+    acc_b = warp_sum(acc_b)
+    if log > 0:
+        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+        cuda.syncthreads()  # s_part read before the next pair writes it
+    if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+        _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
+                  accumulate)
+
+
+@cuda.jit(device=True, inline="always")
+def _next_unit(lp, lj, lm, la, lb, spp, stride, n_pairs, row_bytes, n_rows, n_first, b3, n1,
+               n3, normed):
+    """The unit after (pair lp, unit lj) of a warp's stream and where it loads (matrix lm, row
+    offsets la, lb): past the last pair, that pair's rows again (cached, never written)."""
+    lj += 1
+    if lj == spp:
+        lj = 0
+        lp += stride
+        if lp < n_pairs:
+            m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
+            lm = m1
+            la = min(r1, h1 - 1) * row_bytes
+            lb = min(r1 + 1, h1 - 1) * row_bytes
+    return lp, lj, lm, la, lb
 
 
 def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1):
@@ -239,31 +270,16 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
             r_first = blk * per_block
             spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
             n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
-            lp, lj, lm, la, lb = pair, 0, m, off_a, off_b
-            lj += 1
-            if lj == spp:
-                lj = 0
-                lp += stride
-                if lp < n_pairs:
-                    m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
-                    lm = m1
-                    la = min(r1, h1 - 1) * row_bytes
-                    lb = min(r1 + 1, h1 - 1) * row_bytes
+            lp, lj, lm, la, lb = _next_unit(pair, 0, m, off_a, off_b, spp, stride, n_pairs,
+                                            row_bytes, n_rows, n_first, b3, n1, n3, normed)
             nxt = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
                             s_first + lj * s_stride)
             acc_a = F0
             acc_b = F0
             j = 0
             for _ in range(n_units):
-                lj += 1
-                if lj == spp:
-                    lj = 0
-                    lp += stride
-                    if lp < n_pairs:  # else the last real pair's first step again (cached)
-                        m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
-                        lm = m1
-                        la = min(r1, h1 - 1) * row_bytes
-                        lb = min(r1 + 1, h1 - 1) * row_bytes
+                lp, lj, lm, la, lb = _next_unit(lp, lj, lm, la, lb, spp, stride, n_pairs,
+                                                row_bytes, n_rows, n_first, b3, n1, n3, normed)
                 nxt2 = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
                                  s_first + lj * s_stride)
                 da, db = dot_pair(cur, n_sb, s_first + j * s_stride, xs, sums_off, tab_s)
@@ -271,14 +287,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                 acc_b += db
                 j += 1
                 if j == spp:  # the same in the whole block
-                    acc_a = warp_sum(acc_a)
-                    acc_b = warp_sum(acc_b)
-                    if log > 0:
-                        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
-                        cuda.syncthreads()  # s_part read before the next pair writes it
-                    if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-                        _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a,
-                                  acc_b, accumulate)
+                    _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
+                                 accumulate)
                     acc_a = F0
                     acc_b = F0
                     j = 0
@@ -318,14 +328,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
             acc_b += db
             j += 1
             if last:
-                acc_a = warp_sum(acc_a)
-                acc_b = warp_sum(acc_b)
-                if log > 0:
-                    acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
-                    cuda.syncthreads()  # s_part read before the next pair writes it
-                if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-                    _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a,
-                              acc_b, accumulate)
+                _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
+                             accumulate)
                 acc_a = F0
                 acc_b = F0
                 j = 0
