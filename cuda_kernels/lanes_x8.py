@@ -219,7 +219,9 @@ def _q6_chunk(q0, q1, q2, q3, xs, p):
     """Integer dot of one 16-value chunk, codes q0..q3 (0..63 a byte), minus 32 times the sum of
     x, with x words p .. p + 3. The bias is its own chain, started from zero and fed into the
     codes' chain: it depends on x alone, so the two rows of a pair (`lanes.pair_step`, both
-    inlined) share it once ptxas sees the same chain twice (12 dp4a fewer a step, 60 -> 48)."""
+    inlined) share it once ptxas sees the same chain twice (12 dp4a fewer a rounds step, 60 ->
+    48; integer sums, so the same result; no change in time on the H100,
+    `2026-12-05_q6k_bias_chain_ab_h100.json`: these loops wait on loads, not on issue)."""
     x0, x1, x2, x3 = ld_w4(xs, p)
     b = dp4a(NEG32, x3, dp4a(NEG32, x2, dp4a(NEG32, x1, dp4a(NEG32, x0, 0))))
     return dp4a(q3, x3, dp4a(q2, x2, dp4a(q1, x1, dp4a(q0, x0, b))))
