@@ -267,17 +267,15 @@ AHEAD = [("Q6_K", 41, 1024, 1), ("Q6_K", 9, 3072, 2), ("Q4_K", 35, 2048, 2),
 def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols, cap,
                                                            monkeypatch):
     """A rounds kernel whose loads run two units ahead (ROUNDS_AHEAD; by default Q6_K on 8-bit
-    x, which every 8-bit format takes here: conftest) dots the same
-    units in the same order: bit for bit the sums of loads one unit ahead, through pair changes
-    at every unit (one step a pair), split pairs and the last pairs past the rows."""
+    x, which every 8-bit format takes here: conftest) dots the same units in the same order:
+    bit for bit the sums of loads one unit ahead, through pair changes at every unit (one step
+    a pair), split pairs and the last pairs past the rows."""
     rng = np.random.default_rng(n_rows * n_cols)
     rows = random_rows(name, n_rows, n_cols, rng)
     x = rng.standard_normal(n_cols).astype(np.float32)
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
     monkeypatch.setattr(mv, "WIDE_ROUNDS", {})  # a wide kernel loads one unit ahead
-    lf = mv.launch_decoding(LANE_FORMATS[next(t for t, f in LANE_FORMATS.items()
-                                              if f.name == name)], None, n_cols,
-                            ((rows, None, n_rows),))
+    lf = mv.launch_decoding(BY_LANE_NAME[name], None, n_cols, ((rows, None, n_rows),))
     got = {}
     for ahead in (1, 2):
         monkeypatch.setattr(mv, "ROUNDS_AHEAD", {(name, lf.x8): ahead})
@@ -294,7 +292,7 @@ def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols,
 def test_rounds_ahead_default_and_bounds():
     """Q6_K on 8-bit x loads two units ahead at two blocks an SM (128 registers), no longer in a
     wide kernel; the others one unit; a third unit is refused."""
-    q6_x8 = x8_format(next(t for t, f in LANE_FORMATS.items() if f.name == "Q6_K"))
+    q6_x8 = x8_format(BY_LANE_NAME["Q6_K"].ggml_type)
     assert mv.rounds_ahead(q6_x8) == 2 and ("Q6_K", True) not in mv.WIDE_ROUNDS
     assert mv.rounds_launch(q6_x8, 9496) == (250, 0)
     assert mv.matvec_jit_options(q6_x8, 0, 2) == {"launch_bounds": (mv.LANE_THREADS, 2)}
