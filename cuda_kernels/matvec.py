@@ -264,12 +264,14 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
             return
         n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
         stride = n_blk * per_block  # pairs a round of the blocks takes
+        # units (steps) of a pair: the same for every warp of a block, one unit past the row
+        # for some where the steps do not split evenly (dotted as zero)
+        spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
+        r_first = blk * per_block
+        n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
         if ahead == 2:  # compile time
             # loads two units ahead: a load cursor (lp, lj: pair and unit; lm, la, lb: where
             # it reads) runs two units before the dot's (pair, j)
-            r_first = blk * per_block
-            spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
-            n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
             lp, lj, lm, la, lb = _next_unit(pair, 0, m, off_a, off_b, spp, stride, n_pairs,
                                             row_bytes, n_rows, n_first, b3, n1, n3, normed)
             nxt = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
@@ -297,11 +299,6 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                 cur = nxt
                 nxt = nxt2
             return
-        # units (steps) of a pair: the same for every warp of a block, one unit past the row
-        # for some where the steps do not split evenly (dotted as zero)
-        spp = (((n_sb + per_step - 1) // per_step) + (1 << log) - 1) >> log
-        r_first = blk * per_block
-        n_units = ((n_pairs - r_first + stride - 1) // stride) * spp
         # (m_ld, off_a, off_b): where the warp loads, its last real pair's rows once it is past
         # n_pairs (a load of a row past the end would cost every warp an L2 round trip);
         # (m, row0, n_here): where it writes, past the rows then (nothing written)
