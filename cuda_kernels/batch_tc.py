@@ -40,6 +40,7 @@ from .intrinsics import h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_any, ld_x4
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .launch import check_rows, check_token_batch, flat, register_ptx
 from .mma import h2_sub, half2_hi, half2_lo, mma_16816, pack_half2, shfl_idx, shfl_xor
+from .planar import q6_k_fields, q6_k_p8_fields
 from .qformats import get_format
 
 MAX_TOKENS = 8
@@ -168,24 +169,28 @@ def _byte_of(ws, i):
     return (ws[i >> 2] >> (8 * (i & 3))) & 0xFF
 
 
-@cuda.jit(device=True, inline="always")
-def _q6_words(w, off, t):
-    """Row words of one lane: ql at 16m + 4t (m < 8), qh at 128 + 16m + 4t (m < 4), the 16
-    int8 scales (4 words) and d."""
-    ql = (ld_u32_any(w, off + 4 * t), ld_u32_any(w, off + 16 + 4 * t),
-          ld_u32_any(w, off + 32 + 4 * t), ld_u32_any(w, off + 48 + 4 * t),
-          ld_u32_any(w, off + 64 + 4 * t), ld_u32_any(w, off + 80 + 4 * t),
-          ld_u32_any(w, off + 96 + 4 * t), ld_u32_any(w, off + 112 + 4 * t))
-    qh = (ld_u32_any(w, off + 128 + 4 * t), ld_u32_any(w, off + 144 + 4 * t),
-          ld_u32_any(w, off + 160 + 4 * t), ld_u32_any(w, off + 176 + 4 * t))
-    sc = (ld_u32_any(w, off + 192), ld_u32_any(w, off + 196), ld_u32_any(w, off + 200),
-          ld_u32_any(w, off + 204))
-    return ql, qh, sc, h2f(ld_u16(w, off + 208))
+def _q6_words_of(fields):
+    """words(w, off, t): the row words of one lane of the super-block at GGUF byte offset off,
+    its fields placed by `fields` (`planar`): ql at 16m + 4t (m < 8), qh at 16m + 4t (m < 4),
+    the 16 int8 scales (4 words) and d."""
+    @cuda.jit(device=True, inline="always")
+    def words(w, off, t):
+        lo, hi, sc, d = fields(off)
+        ql = (ld_u32_any(w, lo + 4 * t), ld_u32_any(w, lo + 16 + 4 * t),
+              ld_u32_any(w, lo + 32 + 4 * t), ld_u32_any(w, lo + 48 + 4 * t),
+              ld_u32_any(w, lo + 64 + 4 * t), ld_u32_any(w, lo + 80 + 4 * t),
+              ld_u32_any(w, lo + 96 + 4 * t), ld_u32_any(w, lo + 112 + 4 * t))
+        qh = (ld_u32_any(w, hi + 4 * t), ld_u32_any(w, hi + 16 + 4 * t),
+              ld_u32_any(w, hi + 32 + 4 * t), ld_u32_any(w, hi + 48 + 4 * t))
+        scs = (ld_u32_any(w, sc), ld_u32_any(w, sc + 4), ld_u32_any(w, sc + 8),
+               ld_u32_any(w, sc + 12))
+        return ql, qh, scs, h2f(ld_u16(w, d))
+    return words
 
 
 @cuda.jit(device=True, inline="always")
 def _q6_chunk(n, s, j, ra, rb, xv, acc0, acc1, acc2, acc3):
-    """Chunk (n, j, s) of rows a, b (their `_q6_words`) against this lane's 4 x values."""
+    """Chunk (n, j, s) of rows a, b (their `_q6_words_of` words) against this lane's 4 x values."""
     qla, qha, sca, da = ra
     qlb, qhb, scb, db = rb
     m = 4 * n + 2 * (j & 1) + s     # the ql word; qh: 2n + s
@@ -213,17 +218,25 @@ def _q6_ns(n, s, ra, rb, x, xi, acc0, acc1, acc2, acc3):
     return _q6_chunk(n, s, 3, ra, rb, x3, acc0, acc1, acc2, acc3)
 
 
-@cuda.jit(device=True, inline="always")
-def sb_q6_k(w, off_a, off_b, x, xb, t, acc0, acc1, acc2, acc3):
-    """Super-block at byte offsets off_a, off_b (rows a, b; 2-byte aligned) against
-    x[xb .. xb + 255]: chunk (n, j, s) reads x at 128n + 32j + 16s + 4t."""
-    ra = _q6_words(w, off_a, t)
-    rb = _q6_words(w, off_b, t)
-    xi = xb + 4 * t
-    acc0, acc1, acc2, acc3 = _q6_ns(0, 0, ra, rb, x, xi, acc0, acc1, acc2, acc3)
-    acc0, acc1, acc2, acc3 = _q6_ns(0, 1, ra, rb, x, xi + 16, acc0, acc1, acc2, acc3)
-    acc0, acc1, acc2, acc3 = _q6_ns(1, 0, ra, rb, x, xi + 128, acc0, acc1, acc2, acc3)
-    return _q6_ns(1, 1, ra, rb, x, xi + 144, acc0, acc1, acc2, acc3)
+def _sb_q6_k_of(fields):
+    words = _q6_words_of(fields)
+
+    @cuda.jit(device=True, inline="always")
+    def sb(w, off_a, off_b, x, xb, t, acc0, acc1, acc2, acc3):
+        """Super-block at GGUF byte offsets off_a, off_b (rows a, b) against
+        x[xb .. xb + 255]: chunk (n, j, s) reads x at 128n + 32j + 16s + 4t."""
+        ra = words(w, off_a, t)
+        rb = words(w, off_b, t)
+        xi = xb + 4 * t
+        acc0, acc1, acc2, acc3 = _q6_ns(0, 0, ra, rb, x, xi, acc0, acc1, acc2, acc3)
+        acc0, acc1, acc2, acc3 = _q6_ns(0, 1, ra, rb, x, xi + 16, acc0, acc1, acc2, acc3)
+        acc0, acc1, acc2, acc3 = _q6_ns(1, 0, ra, rb, x, xi + 128, acc0, acc1, acc2, acc3)
+        return _q6_ns(1, 1, ra, rb, x, xi + 144, acc0, acc1, acc2, acc3)
+    return sb
+
+
+sb_q6_k = _sb_q6_k_of(q6_k_fields)
+sb_q6_k_p8 = _sb_q6_k_of(q6_k_p8_fields)  # planar Q6_K (`strata.quant.planar`)
 
 
 # ---- the kernels' ends: each warp's accumulators meet in shared memory, summed in warp order ----
@@ -250,7 +263,7 @@ def warp_order_sum(red, lane, c, n_warps):
 
 # ---- the kernel ----
 
-SB_FUNCS = {"Q4_K": (sb_q4_k, 144), "Q6_K": (sb_q6_k, 210)}
+SB_FUNCS = {"Q4_K": (sb_q4_k, 144), "Q6_K": (sb_q6_k, 210), "Q6_K_P8": (sb_q6_k_p8, 210)}
 _CACHE: dict[str, object] = {}
 
 

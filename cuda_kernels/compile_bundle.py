@@ -24,7 +24,7 @@ from . import (batch_attention, batch_moe, batch_moe_lanes, batch_moe_tc, batch_
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
 from .matvec_f32 import float_format
-from .qformats import FORMATS
+from .qformats import BY_NAME, FORMATS, is_planar
 
 FAMILY = "bundle"
 
@@ -32,19 +32,25 @@ FAMILY = "bundle"
 def register() -> None:
     compile_prefill.register(FAMILY, full=True)
     moe_fused.register(FAMILY, rest=True)
+    # planar layouts (dense weights only, `strata.quant.planar`): no expert kernels
     for lf in LANE_FORMATS.values():
         for tg in range(1, lanes_batch.MAX_TOKENS + 1):
             lanes_batch.register_dense(FAMILY, lf, tg)
-            batch_moe_lanes.register_gate_up(FAMILY, lf, tg)
-        batch_moe_lanes.register_down(FAMILY, lf)
+            if not is_planar(lf.ggml_type):
+                batch_moe_lanes.register_gate_up(FAMILY, lf, tg)
+        if not is_planar(lf.ggml_type):
+            batch_moe_lanes.register_down(FAMILY, lf)
     for name in batch_tc.SB_FUNCS:
         batch_tc.register_tc(FAMILY, name)
-        batch_moe_tc.register_tc_moe(FAMILY, name)
+        if not is_planar(BY_NAME[name].ggml_type):
+            batch_moe_tc.register_tc_moe(FAMILY, name)
     for f in FORMATS.values():
         # F32/F16 rows with float32 x run `matvec_f32` (registered by its module), never these
         for n_tok in range(2, lanes_batch.MAX_TOKENS + 1) if not float_format(f.ggml_type) else ():
             register_ptx(FAMILY, f"matvec{n_tok}_{f.name}_f32",
                          matvec_generic._ptx(f, n_tok, types.float32))
+        if is_planar(f.ggml_type):
+            continue
         tab = batch_moe._tab_type(f)
         register_ptx(FAMILY, f"batch_gate_up_{f.name}",
                      lambda f=f, t=tab: (batch_moe._gate_up_factory(f).py_func,

@@ -15,7 +15,7 @@ from . import attention, attention_prefill, attention_prefill_gqa, attention_str
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, SMALL_TC_TILE, tc_tile
-from .qformats import BY_NAME, FORMATS
+from .qformats import BY_NAME, FORMATS, is_planar
 
 FAMILY = "prefill"
 _I32, _I64, _F32 = T.int32[::1], T.int64, T.float32
@@ -105,16 +105,18 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     def tc(t):
         return tc_tile(t).jit_options
 
-    some = [BY_NAME[n] for n in ("Q4_K", "Q6_K", "Q8_0", "Q5_K")]
-    for f in FORMATS.values():
+    some = [BY_NAME[n] for n in ("Q4_K", "Q6_K", "Q6_K_P8", "Q8_0", "Q5_K")]
+    experts = [f for f in FORMATS.values() if not is_planar(f.ggml_type)]  # GGUF layouts
+    for f in experts:
         register_ptx(family, f"moe_gate_up_tc_{f.name}",
                      _tc_spec(f.ggml_type, x_half=True, grouped=True, gather=True, swiglu=True,
                               out_half=True), options=tc(f.ggml_type))
     for f in (FORMATS.values() if full else some):
         t = f.ggml_type
-        register_ptx(family, f"moe_down_tc_{f.name}",
-                     _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
-                              out_half=False), options=tc(t))
+        if not is_planar(t):
+            register_ptx(family, f"moe_down_tc_{f.name}",
+                         _tc_spec(t, x_half=True, grouped=True, gather=False, swiglu=False,
+                                  out_half=False), options=tc(t))
         for x_half in (True, False):
             register_ptx(family, f"dense_tc_{'f16' if x_half else 'f32'}in_{f.name}",
                          _tc_spec(t, x_half=x_half, grouped=False, gather=False, swiglu=False,
@@ -122,7 +124,7 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
     # the short-prompt tile (CudaOptions.prefill_small_tiles): gate/up (fused, and the down
     # kernel the unfused mixes run twice) and down; the check compiles Q4_K's
     small = SMALL_TC_TILE
-    for f in (FORMATS.values() if full else [BY_NAME["Q4_K"]]):
+    for f in (experts if full else [BY_NAME["Q4_K"]]):
         t = f.ggml_type
         register_ptx(family, f"moe_gate_up_tc_small_{f.name}",
                      _tc_spec(t, x_half=True, grouped=True, gather=True, swiglu=True,

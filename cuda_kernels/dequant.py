@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
+from strata.quant.planar import stored_bytes
+
 from .launch import check_array, flat, n_blocks, register_ptx
 from .qformats import FORMATS, get_format, specialize
 
@@ -39,9 +41,9 @@ def dequantize(src, ggml_type, out, *, stream=0) -> None:
     n_rows, n_cols = out.shape
     row_bytes = fmt.row_bytes(n_cols)
     check_array("src", src, np.uint8)
-    if src.size < n_rows * row_bytes:
-        raise ValueError(f"src: {src.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
-                         f"{n_rows * row_bytes}")
+    need = stored_bytes(fmt.name, n_rows * row_bytes)  # a planar format's whole groups
+    if src.size < need:
+        raise ValueError(f"src: {src.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs {need}")
     n_total = n_rows * (n_cols // 32)
     kernel_for(fmt.ggml_type)[n_blocks(n_total, THREADS), THREADS, stream](
         flat(src), row_bytes, n_cols // 32, n_total, flat(out))

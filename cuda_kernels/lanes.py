@@ -16,18 +16,20 @@ Formats without one here use the generic kernels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
+from strata.quant.planar import Q6_K_P8
+
 from . import qtables as Q
 from .intrinsics import warp_sum
 from .lanes_iq import dot_iq3_s, dot_iq4_xs, load_iq3_s, load_iq4_xs
 from .lanes_k import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, load_q4_k, load_q5_k, load_q6_k,
-                      load_q8_0)
+                      load_q6_k_p8, load_q8_0)
 from .xstage import X8_SPAN, padded_bytes, padded_len, x8_len
 
 NO_PAD_B = (31, 0)  # (B, PB) of a padding with a single period
@@ -122,6 +124,9 @@ LANE_FORMATS: dict[int, LaneFormat] = dict([
         Q.TABLE_IQ4NL),
     _lf(T.IQ3_S, 256, 110, 4, (5, 4, 8, 4), False, load_iq3_s, dot_iq3_s, Q.TABLE_IQ3_S),
 ])
+# The planar layout of dense Q6_K (`strata.quant.planar`): Q6_K's lanes, loaded in place
+LANE_FORMATS[Q6_K_P8.ggml_type] = replace(LANE_FORMATS[int(T.Q6_K)], ggml_type=Q6_K_P8.ggml_type,
+                                          name=Q6_K_P8.name, load=load_q6_k_p8)
 
 
 def lane_format(ggml_type: int) -> LaneFormat | None:

@@ -237,8 +237,9 @@ def register_dense(family: str, lf: LaneFormat, tg: int) -> None:
 
 
 # The specializations the batch engine launches on the Q4_K_M mix for 2..8 sequences: rows of
-# 2048 values (q, k, v, head: Q4_K 2..5 tokens a block, Q6_K 2..4) and 4096 (the output
-# projection: 2 a block). Other formats and mixes compile on first use.
-for _name, _tgs in (("Q4_K", (2, 3, 4, 5)), ("Q6_K", (2, 3, 4))):
+# 2048 values (q, k, v, head: Q4_K 2..5 tokens a block, Q6_K 2..4, in the engine's planar
+# layout) and 4096 (the output projection: 2 a block). Other formats and mixes compile on first
+# use.
+for _name, _tgs in (("Q4_K", (2, 3, 4, 5)), ("Q6_K", (2, 3, 4)), ("Q6_K_P8", (2, 3, 4))):
     for _tg in _tgs:
         register_dense("batch", lane_format(BY_NAME[_name].ggml_type), _tg)

@@ -22,6 +22,7 @@ from numba import cuda
 
 from .intrinsics import (F_2P23, MAGIC_2P23, byte_to_f32, h2f, ld_f32_at, ld_nc_u32x4, ld_u16,
                          ld_u8, ld_x4, prmt, u2f)
+from .planar import q6_k_fields, q6_k_p8_fields
 from .spans import span4, span8
 
 F0 = np.float32(0.0)
@@ -178,13 +179,23 @@ def dot_q5_k(v, part, xs, xo, so, tab):
 
 # ---- Q6_K ----
 
-@cuda.jit(device=True, inline="always")
-def load_q6_k(w, off, part):
-    n = part >> 2
-    l0, l1, l2, l3 = span4(w, off + 16 * part)
-    m0, m1, m2, m3 = span4(w, off + 128 + 32 * n + 16 * (part & 1))
-    so = off + 192 + 8 * n + (part & 3)            # int8 scale of the low sub-block's 16 values
-    return (l0, l1, l2, l3, m0, m1, m2, m3, ld_u8(w, so), ld_u8(w, so + 4), ld_u16(w, off + 208))
+def q6_k_loader(fields, ld16):
+    """load(w, off, part) of Q6_K super-blocks whose fields `fields` places (`planar`), their
+    16-byte slices read by ld16: `span4` at GGUF's even offsets, one vector load in the planar
+    layout's aligned ones."""
+    @cuda.jit(device=True, inline="always")
+    def load(w, off, part):
+        ql, qh, sc, d = fields(off)
+        n = part >> 2
+        l0, l1, l2, l3 = ld16(w, ql + 16 * part)
+        m0, m1, m2, m3 = ld16(w, qh + 32 * n + 16 * (part & 1))
+        so = sc + 8 * n + (part & 3)               # int8 scale of the low sub-block's 16 values
+        return (l0, l1, l2, l3, m0, m1, m2, m3, ld_u8(w, so), ld_u8(w, so + 4), ld_u16(w, d))
+    return load
+
+
+load_q6_k = q6_k_loader(q6_k_fields, span4)
+load_q6_k_p8 = q6_k_loader(q6_k_p8_fields, ld_nc_u32x4)
 
 
 @cuda.jit(device=True, inline="always")

@@ -37,11 +37,15 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
-from .intrinsics import dp4a, h2f, ld_nc_u32x2, ld_u16, ld_u32_at, ld_w4, prmt, u2f
+from strata.quant.planar import Q6_K_P8
+
+from .intrinsics import (dp4a, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u16, ld_u32_at, ld_w4, prmt,
+                         u2f)
 from .lanes import LaneFormat, lane_format
 from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .levels import IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3, iq4_levels_of, iq4_xs_scale
+from .planar import q6_k_fields, q6_k_p8_fields
 from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
@@ -201,17 +205,26 @@ HB = 0x30303030      # a code's two high bits, in place
 NEG32 = 0xE0E0E0E0   # int8 -32 in every byte: dp4a(NEG32, x) = -32 * (sum of x's 4 values)
 
 
-@cuda.jit(device=True, inline="always")
-def load_q6_k_x8(w, off, part):
-    n = part >> 1
-    h = part & 1
-    a0, a1, a2, a3 = span4(w, off + 64 * n + 16 * h)
-    b0, b1, b2, b3 = span4(w, off + 64 * n + 32 + 16 * h)
-    c0, c1, c2, c3 = span4(w, off + 128 + 32 * n + 16 * h)
-    s0, s1 = span2(w, off + 192 + 8 * n)           # sc[8n .. 8n + 7]; shifted to put sc[8n + h]
-    sh = 8 * h                                     # and sc[8n + h + 4] in bytes 0 (chunks 0, 2)
-    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,   # and 2 (chunks 1, 3)
-            s0 >> sh, s1 >> sh, ld_u16(w, off + 208))
+def q6_k_x8_loader(fields, ld16, ld8):
+    """load(w, off, part) of the 4-lane slices (`planar`: `span4`/`span2` at GGUF's even
+    offsets, vector loads at the planar layout's aligned ones)."""
+    @cuda.jit(device=True, inline="always")
+    def load(w, off, part):
+        ql, qh, sc, d = fields(off)
+        n = part >> 1
+        h = part & 1
+        a0, a1, a2, a3 = ld16(w, ql + 64 * n + 16 * h)
+        b0, b1, b2, b3 = ld16(w, ql + 64 * n + 32 + 16 * h)
+        c0, c1, c2, c3 = ld16(w, qh + 32 * n + 16 * h)
+        s0, s1 = ld8(w, sc + 8 * n)                # sc[8n .. 8n + 7]; shifted to put sc[8n + h]
+        sh = 8 * h                                 # and sc[8n + h + 4] in bytes 0 (chunks 0, 2)
+        return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3,   # and 2 (chunks 1, 3)
+                s0 >> sh, s1 >> sh, ld_u16(w, d))
+    return load
+
+
+load_q6_k_x8 = q6_k_x8_loader(q6_k_fields, span4, span2)
+load_q6_k_x8_p8 = q6_k_x8_loader(q6_k_p8_fields, ld_nc_u32x4, ld_nc_u32x2)
 
 
 @cuda.jit(device=True, inline="always")
@@ -251,7 +264,7 @@ def dot_q6_k_x8(v, part, xs, xo, so, tab):
                          + i8_f32((sb >> 16) & 0xFF) * u2f(d3) * np.float32(s3))
 
 
-def _x8(t: T, dot, **slice_) -> tuple[int, LaneFormat]:
+def _x8(t: int, dot, **slice_) -> tuple[int, LaneFormat]:
     return int(t), replace(lane_format(t), dot=dot, x8=True, **slice_)
 
 
@@ -262,6 +275,7 @@ X8_FORMATS: dict[int, LaneFormat] = dict([
     _x8(T.IQ4_XS, dot_iq4_xs_x8, lanes=4, load=load_iq4_xs_x8),
     _x8(T.IQ3_S, dot_iq3_s_x8),
     _x8(T.Q6_K, dot_q6_k_x8, lanes=4, load=load_q6_k_x8),
+    _x8(Q6_K_P8.ggml_type, dot_q6_k_x8, lanes=4, load=load_q6_k_x8_p8),  # `strata.quant.planar`
 ])
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from numba import cuda
 
 from strata.aot.runtime import attach as _attach_kernel_bundle
+from strata.quant.planar import stored_bytes
 
 from .direct_launch import apply as _direct_launches
 from .direct_launch import current_context_handle
@@ -91,12 +92,14 @@ def check_token_batch(x: Any, y: Any, max_tokens: int, what: str) -> tuple[int, 
     return n_tok, n_cols, y.shape[1]
 
 
-def check_rows(w: Any, fmt_name: str, n_rows: int, n_cols: int, row_bytes: int) -> None:
-    """Refuse `w` unless it is a uint8 device array holding n_rows rows of row_bytes."""
-    check_array("w", w, np.uint8)
-    if w.size < n_rows * row_bytes:
-        raise ValueError(f"w: {w.size} bytes, {fmt_name} [{n_rows}, {n_cols}] needs "
-                         f"{n_rows * row_bytes}")
+def check_rows(w: Any, fmt_name: str, n_rows: int, n_cols: int, row_bytes: int,
+               name: str = "w") -> None:
+    """Refuse `w` unless it is a uint8 device array holding n_rows rows of row_bytes (a planar
+    format's whole groups of them: `strata.quant.planar`)."""
+    check_array(name, w, np.uint8)
+    need = stored_bytes(fmt_name, n_rows * row_bytes)
+    if w.size < need:
+        raise ValueError(f"{name}: {w.size} bytes, {fmt_name} [{n_rows}, {n_cols}] needs {need}")
 
 
 def _c_contiguous(a: Any) -> bool:

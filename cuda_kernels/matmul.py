@@ -24,11 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.quant.planar import stored_bytes
+
 from .launch import as_u32
 from .matmul_fma import fma_kernel
 from .matmul_tiles import FMA_TILE, K_STEP, FmaTile, TcTile, n_col_blocks, tc_kernel, tc_tile
 from .matmul_loads import split_loader
-from .qformats import get_format
+from .qformats import get_format, is_planar
 from .route import Routing
 from .tables import dummy_i32
 
@@ -38,7 +40,9 @@ class QuantWeights:
     """Matrices of `n_rows` x `n_cols` in a GGML format, one per group, inside one byte buffer.
 
     buf: uint8 [n_bytes] device array; base: int64 [n_groups] device array, the byte offset of
-    each group's row 0 (rows are `row_bytes` apart). A dense matrix is one group.
+    each group's row 0 (rows are `row_bytes` apart). A dense matrix is one group. A planar format
+    (`strata.quant.planar`: dense only) reads its super-blocks by their GGUF offsets from the
+    tensor's first byte: its matrix is one group at base 0 of a buffer holding the whole tensor.
     """
 
     buf: object
@@ -54,6 +58,13 @@ class QuantWeights:
         fmt.row_bytes(self.n_cols)  # raises for a row that is not whole blocks / 32-value groups
         _check("QuantWeights.buf", self.buf, np.uint8, 1)
         _check("QuantWeights.base", self.base, np.int64, 1)
+        if is_planar(self.ggml_type) and self.base.shape[0] != 1:
+            raise ValueError(f"QuantWeights: {fmt.name} is a dense layout, one matrix at base 0 "
+                             f"(got {self.base.shape[0]} groups)")
+        need = stored_bytes(fmt.name, self.n_rows * fmt.row_bytes(self.n_cols))
+        if is_planar(self.ggml_type) and self.buf.shape[0] < need:
+            raise ValueError(f"QuantWeights.buf: {self.buf.shape[0]} bytes, {fmt.name} "
+                             f"[{self.n_rows}, {self.n_cols}] needs {need}")
 
     @property
     def row_bytes(self) -> int:

@@ -1,7 +1,8 @@
 """Split weight-row loaders for the tensor-core GEMM: `fetch` issues a k step's global loads into
 registers, `decode` later turns them into the step's 16 f16-pair words in shared memory.
 
-Formats with a split loader: Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS (the others decode through dq32).
+Formats with a split loader: Q4_K, Q5_K, Q6_K (and its planar layout), Q8_0, IQ4_XS (the others
+decode through dq32).
 
 The tile loop fetches step k+1 before it issues step k's MMAs and decodes after them, so the
 loads' latency hides behind tensor-core work (the generic path, a format's `dq32`, loads and
@@ -29,9 +30,12 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, float32
 
+from strata.quant.planar import Q6_K_P8
+
 from .intrinsics import funnel_r, h2f, ld_nc_u32x2, ld_nc_u32x4, ld_u32, prmt, st_x4
 from .levels import iq4_levels, iq4_xs_scale
 from .mma import h2_sub_fma, pack_half2
+from .planar import q6_k_fields, q6_k_p8_fields
 
 MAGIC2 = np.uint32(0x64006400)  # two halves of 1024.0
 MAGIC4 = np.uint32(0x64646464)  # prmt source of the 0x64 high bytes
@@ -179,12 +183,14 @@ def q8_0_loader(parts: int):
     return fetch, decode, 3 + NQ
 
 
-def q6k_loader(parts: int):
+def q6k_loader(parts: int, planar: bool = False):
     """Q6_K (fetch, decode, raw words) for `parts` threads per weight row. Super-blocks (210
     bytes) sit at 2-byte alignment: the part's low-nibble (ql) and high-bit (qh) bytes are read as
     whole words and realigned by funnel shifts (the extra word stays inside the super-block), the
     step's scale bytes and d from the words holding them. A 6-bit q becomes the half 1024 + q,
-    1056 is subtracted exactly (q - 32), and fma.rn.f16x2 scales by d * scale rounded to f16."""
+    1056 is subtracted exactly (q - 32), and fma.rn.f16x2 scales by d * scale rounded to f16.
+    `planar`: the planar layout (`strata.quant.planar`): ql, qh and scales word-aligned (shift 0,
+    the extra word inside the group), d's word shifted in `fetch`."""
     NQ = 8 // parts  # quant words per thread
     HALVES = 2 // parts  # 16-value halves (each with its own scale) per thread
 
@@ -192,11 +198,17 @@ def q6k_loader(parts: int):
     def fetch(wbuf, boff, kt, raw, part):
         o = boff + (kt >> 3) * 210
         jb = kt & 7
-        lo = o + 64 * (jb >> 2) + 32 * (jb & 1) + 4 * NQ * part  # this part's ql bytes
-        hi = o + 128 + 32 * (jb >> 2) + 4 * NQ * part  # and its qh bytes
-        raw[0] = ld_u32(wbuf, (o + 208) & ~3)  # holds d
-        raw[1] = ld_u32(wbuf, (o + 192 + 2 * jb) & ~3)  # holds the step's two scale bytes
-        raw[2] = o & 3
+        if planar:
+            ql, qh, sc, d = q6_k_p8_fields(o)
+            raw[0] = ld_u32(wbuf, d & ~3) >> (8 * (d & 3))  # d in the low half
+            raw[2] = 0
+        else:
+            ql, qh, sc, d = q6_k_fields(o)
+            raw[0] = ld_u32(wbuf, d & ~3)  # holds d
+            raw[2] = o & 3
+        lo = ql + 64 * (jb >> 2) + 32 * (jb & 1) + 4 * NQ * part  # this part's ql bytes
+        hi = qh + 32 * (jb >> 2) + 4 * NQ * part  # and its qh bytes
+        raw[1] = ld_u32(wbuf, (sc + 2 * jb) & ~3)  # holds the step's two scale bytes
         for i in range(NQ + 1):
             raw[3 + i] = ld_u32(wbuf, (lo & ~3) + 4 * i)
             raw[4 + NQ + i] = ld_u32(wbuf, (hi & ~3) + 4 * i)
@@ -278,8 +290,14 @@ def iq4_xs_loader(parts: int):
     return fetch, decode, 6
 
 
+def q6k_p8_loader(parts: int):
+    """`q6k_loader` of the planar layout."""
+    return q6k_loader(parts, planar=True)
+
+
 LOADERS = {int(T.Q4_K): q4k_loader, int(T.Q5_K): q5k_loader, int(T.Q6_K): q6k_loader,
-           int(T.Q8_0): q8_0_loader, int(T.IQ4_XS): iq4_xs_loader}
+           Q6_K_P8.ggml_type: q6k_p8_loader, int(T.Q8_0): q8_0_loader,
+           int(T.IQ4_XS): iq4_xs_loader}
 
 
 def split_loader(ggml_type: int):
@@ -288,5 +306,5 @@ def split_loader(ggml_type: int):
     return LOADERS.get(int(ggml_type))
 
 
-__all__ = ["split_loader", "q4k_loader", "q5k_loader", "q6k_loader", "q8_0_loader",
-           "iq4_xs_loader"]
+__all__ = ["split_loader", "q4k_loader", "q5k_loader", "q6k_loader", "q6k_p8_loader",
+           "q8_0_loader", "iq4_xs_loader"]

@@ -26,7 +26,8 @@ from .intrinsics import SIMULATED, block_sum, warp_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
 from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
-from .launch import MAX_SHARED_BYTES, check_array, device_table, flat, n_blocks, register_ptx
+from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_table, flat, n_blocks,
+                     register_ptx)
 from .matvec_f32 import float_format, matvec_float
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
                              stage_table)
@@ -57,7 +58,8 @@ LANE_X8 = True
 # (`2026-12-03_engine_cuda_d1_v23_q6k_x8.json`). Not profiled; one difference at 2,048 columns:
 # its four lanes a super-block take a row in one step, the float32 decoder's eight in two, which
 # split a row pair between two warps.
-X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20}
+# Planar Q6_K (`strata.quant.planar`) takes Q6_K's settings here and below.
+X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20, int(BY_NAME["Q6_K_P8"].ggml_type): 8 << 20}
 
 
 def x8_pays(lf: LaneFormat, n_bytes: int) -> bool:
@@ -111,8 +113,8 @@ def lane_jit_options(lf: LaneFormat) -> dict:
 # (`2026-12-04_kernels_matvec_wide_rounds.json`). Q4_K on float32 x stays out: 292 bytes of
 # spill at 80 registers.
 # Q6_K on 8-bit x left this list for ROUNDS_AHEAD.
-WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", False): 3, ("Q4_K", True): 3,
-                                            ("Q8_0", False): 3}
+WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", False): 3, ("Q6_K_P8", False): 3,
+                                            ("Q4_K", True): 3, ("Q8_0", False): 3}
 # (format, 8-bit x) whose rounds kernels issue each unit's loads two units (steps) before its
 # dots instead of one, at two blocks an SM (launch bounds: 128 registers; unbounded 139). On the
 # H100 (2026-12-05, one process each way, `2026-12-05_rounds_ahead_h100.json`): Q6_K 8192x8192
@@ -120,7 +122,7 @@ WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", False): 3, ("Q4_K", True): 
 # 4096 6.27 against 6.66; Q4_K 1-2% faster (not taken); IQ4_XS and IQ3_S 4-11% slower. ncu
 # there: every rounds kernel's warps wait on their loads (long scoreboard, 59-62% of the cycles
 # between two instructions for Q6_K and Q4_K at 8192x8192).
-ROUNDS_AHEAD: dict[tuple[str, bool], int] = {("Q6_K", True): 2}
+ROUNDS_AHEAD: dict[tuple[str, bool], int] = {("Q6_K", True): 2, ("Q6_K_P8", True): 2}
 
 
 def rounds_ahead(lf: LaneFormat, rounds: bool = True, min_blocks: int = 0) -> int:
@@ -459,10 +461,7 @@ def matvec(w, ggml_type, x, y, *, accumulate: bool = False, x8: bool | None = No
     if len(y.shape) != len(x.shape) or (n_tok > 1 and y.shape[0] != n_tok):
         raise ValueError(f"y: shape {tuple(y.shape)} does not match x {tuple(x.shape)}")
     n_rows = tuple(y.shape)[-1]
-    check_array("w", w, np.uint8)
-    if w.size < n_rows * row_bytes:
-        raise ValueError(f"w: {w.size} bytes, {fmt.name} [{n_rows}, {n_cols}] needs "
-                         f"{n_rows * row_bytes}")
+    check_rows(w, fmt.name, n_rows, n_cols, row_bytes)
     if n_rows == 0:
         return
     lf = lane_format(fmt.ggml_type)
@@ -495,10 +494,7 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
         return
     row_bytes = fmt.row_bytes(n_cols)
     for name, a, n in (("w", w, n_rows), ("w2", w2, n2)):
-        check_array(name, a, np.uint8)
-        if a.size < n * row_bytes:
-            raise ValueError(f"{name}: {a.size} bytes, {fmt.name} [{n}, {n_cols}] needs "
-                             f"{n * row_bytes}")
+        check_rows(a, fmt.name, n, n_cols, row_bytes, name)
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 

@@ -25,6 +25,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, from_dtype, types
 
+from strata.quant.planar import Q6_K_P8
+
 from . import matvec as mv
 from .intrinsics import SIMULATED
 from .lanes import LaneFormat, lane_format
@@ -33,10 +35,12 @@ from .launch import device_table, flat, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, PART_SLOTS, has_rounds, lane_body,
                      lane_jit_options, lane_split, lanes_fit)
 
-# (format A, format B) of the mixed kernels: Q4_K_M's and Q5_K_M's q, k | v (Q6_K). The launcher
+# (format A, format B) of the mixed kernels: Q4_K_M's and Q5_K_M's q, k | v (Q6_K; in the engine
+# its planar layout, `strata.quant.planar`). The launcher
 # takes table-free formats with a rounds kernel only (K-quants, Q8_0), each pair registered for
 # the compile check and the AOT bundle.
-MIXED_PAIRS = frozenset({(int(T.Q4_K), int(T.Q6_K)), (int(T.Q5_K), int(T.Q6_K))})
+MIXED_PAIRS = frozenset({(int(T.Q4_K), int(T.Q6_K)), (int(T.Q5_K), int(T.Q6_K)),
+                         (int(T.Q4_K), Q6_K_P8.ggml_type), (int(T.Q5_K), Q6_K_P8.ggml_type)})
 MAX_PART_MATRICES = 2  # per format: the row space of `lane_body` without its third matrix
 
 _CACHE: dict[tuple, object] = {}
@@ -140,9 +144,9 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
     a pair without a mixed kernel (`MIXED_PAIRS`, in either order) or shapes it cannot take."""
     pair = mixed_pair(lf_a.ggml_type, lf_b.ggml_type)
     if pair is None or lf_a.ggml_type == lf_b.ggml_type:
-        raise ValueError(f"no mixed lane kernel for {lf_a.name} + {lf_b.name} (pairs: "
-                         f"{sorted((T(a).name, T(b).name) for a, b in MIXED_PAIRS)}): launch "
-                         f"each format apart")
+        pairs = sorted((lane_format(a).name, lane_format(b).name) for a, b in MIXED_PAIRS)
+        raise ValueError(f"no mixed lane kernel for {lf_a.name} + {lf_b.name} (pairs: {pairs}):"
+                         f" launch each format apart")
     if pair[0] != lf_a.ggml_type:
         lf_a, lf_b, mats_a, mats_b = lf_b, lf_a, mats_b, mats_a
     counts = (len(mats_a), len(mats_b))

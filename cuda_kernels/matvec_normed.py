@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .lanes import LaneFormat, lane_format
-from .launch import check_array
+from .launch import check_array, check_rows
 from .matvec import launch_lane_matvec, lanes_fit
 from .matvec_mixed import launch_mixed_normed, mixed_pair
 from .qformats import get_format
@@ -102,10 +102,7 @@ def matvec_normed(x, norm_w, eps: float, mats: Sequence[tuple], *, normed_out=No
         n_rows = y.shape[0]
         if n_rows == 0:
             raise ValueError(f"mats[{i}] y: no rows")
-        check_array(f"mats[{i}] w", w, np.uint8)
-        if w.size < n_rows * row_bytes:
-            raise ValueError(f"mats[{i}] w: {w.size} bytes, {lf.name} [{n_rows}, {n_cols}] "
-                             f"needs {n_rows * row_bytes}")
+        check_rows(w, lf.name, n_rows, n_cols, row_bytes, f"mats[{i}] w")
         parts.setdefault(lf.ggml_type, []).append((w, y, n_rows))
     xn = x[:0] if normed_out is None else normed_out
     norm = (norm_w, eps, xn)

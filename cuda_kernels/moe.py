@@ -53,7 +53,7 @@ from .lanes_x8 import X8_FORMATS, lanes_for
 from . import moe_fused
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
-from .qformats import FORMATS, get_format
+from .qformats import FORMATS, get_format, is_planar
 from .router import MAX_EXPERTS, route
 from .xstage import XPAD, padded_bytes, padded_len, stage_x, staged_bytes
 
@@ -390,6 +390,8 @@ _DNL_SIG = _DN_SIG[:14] + (types.float32, types.int64, types.boolean, types.int6
                           types.int64, _F32)
 
 for _l in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
+    if is_planar(_l.ggml_type):
+        continue
     _x8 = "x8_" if _l.x8 else ""
     register_ptx("moe", f"moe_gate_up_lanes_{_x8}{_l.name}",
                  lambda f=_l: (_gate_up_lanes(f).py_func,
@@ -404,7 +406,7 @@ for _l in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
     register_ptx("moe", f"moe_down_lanes_{_l.name}",
                  lambda f=_l: (_down_lanes(f).py_func, _DNL_SIG + (_tab_type(f),)),
                  options=lane_jit_options(_l))
-for _f in FORMATS.values():
+for _f in (f for f in FORMATS.values() if not is_planar(f.ggml_type)):
     register_ptx("moe", f"moe_gate_up_{_f.name}",
                  lambda f=_f: (_gate_up_factory(f).py_func, _GU_SIG + (_tab_type(f),)))
     register_ptx("moe", f"moe_down_{_f.name}",

@@ -31,6 +31,7 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
+from .qformats import is_planar
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
@@ -270,9 +271,11 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
     binary's kernel bundle holds both)."""
     from .moe import _GUL_SIG, _ROUTE_SIG, _tab_type  # the two launches' argument types
 
-    ups = list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
+    ups = [g for g in list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
+           if not is_planar(g.ggml_type)]
     pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
-             if fuses(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest]
+             if fuses(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest
+             and not is_planar(d.ggml_type)]
     down_sig = (types.int64, types.int64, types.int64, types.float32, types.int64,
                 types.boolean, types.int64, types.int64, types.int64, types.float32[::1])
     for g, d in pairs:

@@ -38,6 +38,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda
 
+from strata.quant.planar import BY_TYPE as PLANAR_TYPES
+from strata.quant.planar import Q6_K_P8, PlanarFormat
+
 from . import qtables as Q
 from .qformats_iq import (dot32_iq2_s, dot32_iq2_xs, dot32_iq2_xxs, dot32_iq3_s, dot32_iq3_xxs,
                           dot32t_iq2_s, dot32t_iq2_xs, dot32t_iq2_xxs, dot32t_iq3_s,
@@ -45,8 +48,8 @@ from .qformats_iq import (dot32_iq2_s, dot32_iq2_xs, dot32_iq2_xxs, dot32_iq3_s,
                           dq32_iq3_xxs, dq32t_iq2_s, dq32t_iq2_xs, dq32t_iq2_xxs, dq32t_iq3_s,
                           dq32t_iq3_xxs)
 from .qformats_k import (dot32_iq4_xs, dot32_q2_k, dot32_q3_k, dot32_q4_k, dot32_q5_k,
-                         dot32_q6_k, dot32t_iq4_xs, dq32_iq4_xs, dq32_q2_k, dq32_q3_k, dq32_q4_k,
-                         dq32_q5_k, dq32_q6_k, dq32t_iq4_xs)
+                         dot32_q6_k, dot32_q6_k_p8, dot32t_iq4_xs, dq32_iq4_xs, dq32_q2_k,
+                         dq32_q3_k, dq32_q4_k, dq32_q5_k, dq32_q6_k, dq32_q6_k_p8, dq32t_iq4_xs)
 from .qformats_simple import (dot32_bf16, dot32_f16, dot32_f32, dot32_iq4_nl, dot32_mxfp4,
                               dot32_q4_0, dot32_q4_1, dot32_q5_0, dot32_q5_1, dot32_q8_0,
                               dq32_bf16, dq32_f16, dq32_f32, dq32_iq4_nl, dq32_mxfp4, dq32_q4_0,
@@ -91,11 +94,11 @@ def _ignore_table(dq32, dot32):
     return dq32t, dot32t
 
 
-def _fmt(t: T, block_values: int, block_bytes: int, dq32, dot32, tabled=None,
+def _fmt(t: T | PlanarFormat, block_values: int, block_bytes: int, dq32, dot32, tabled=None,
          table=Q.NO_TABLE) -> tuple[int, Format]:
     dq32t, dot32t = tabled if tabled is not None else _ignore_table(dq32, dot32)
-    return int(t), Format(int(t), t.name, block_values, block_bytes, dq32, dot32, dq32t, dot32t,
-                          table)
+    n = int(t.ggml_type) if isinstance(t, PlanarFormat) else int(t)
+    return n, Format(n, t.name, block_values, block_bytes, dq32, dot32, dq32t, dot32t, table)
 
 
 FORMATS: dict[int, Format] = dict([
@@ -112,6 +115,8 @@ FORMATS: dict[int, Format] = dict([
     _fmt(T.Q4_K, 256, 144, dq32_q4_k, dot32_q4_k),
     _fmt(T.Q5_K, 256, 176, dq32_q5_k, dot32_q5_k),
     _fmt(T.Q6_K, 256, 210, dq32_q6_k, dot32_q6_k),
+    # the engine's VRAM layout of dense Q6_K (`strata.quant.planar`): the same bytes a row
+    _fmt(Q6_K_P8, 256, 210, dq32_q6_k_p8, dot32_q6_k_p8),
     _fmt(T.IQ4_NL, 32, 18, dq32_iq4_nl, dot32_iq4_nl, (dq32t_iq4_nl, dot32t_iq4_nl), Q.TABLE_IQ4NL),
     _fmt(T.IQ4_XS, 256, 136, dq32_iq4_xs, dot32_iq4_xs,
           (dq32t_iq4_xs, dot32t_iq4_xs), Q.TABLE_IQ4NL),
@@ -127,6 +132,12 @@ FORMATS: dict[int, Format] = dict([
 ])
 
 BY_NAME: dict[str, Format] = {f.name: f for f in FORMATS.values()}
+
+
+def is_planar(ggml_type: int) -> bool:
+    """Whether a type number is a planar layout (`strata.quant.planar`): dense weights only; the
+    expert kernels never see one (experts keep GGUF's layout), so they are not built for it."""
+    return int(ggml_type) in PLANAR_TYPES
 
 
 def get_format(ggml_type: int | str) -> Format:
@@ -154,5 +165,5 @@ def specialize(factory: Callable[[Format], Any]) -> Callable[[int | str], Any]:
     return get
 
 
-__all__ = ["FORMATS", "BY_NAME", "Format", "get_format", "specialize"] + [
+__all__ = ["FORMATS", "BY_NAME", "Format", "get_format", "is_planar", "specialize"] + [
     f"{kind}32_{f.name.lower()}" for f in FORMATS.values() for kind in ("dq", "dot")]

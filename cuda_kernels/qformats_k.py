@@ -11,6 +11,7 @@ Layouts (byte offsets inside one super-block):
   Q5_K 176: as Q4_K with qh[32] @16 (bit jb of qh[i] is the 5th bit) and qs @48.
   Q6_K 210: ql[128] @0, qh[64] @128, i8 scales[16] @192, d @208. With n = jb//4, r = jb%4:
             q = ((ql[64n+32(r%2)+i] >> 4(r//2)) & 15 | ((qh[32n+i] >> 2r) & 3) << 4) - 32.
+            Q6_K_P8 (`planar`): the same fields, 8 super-blocks' of each together.
   IQ4_XS 136: d @0, u16 scales_h @2, scales_l[4] @4, qs[128] @8; sub-block scale
             ((scales_l[jb//2] >> 4(jb%2)) & 15 | ((scales_h >> 2jb) & 3) << 4) - 32;
             q = nibbles of qs[16jb..16jb+15] (lo: values 0..15, hi: 16..31) through kvalues.
@@ -22,6 +23,7 @@ import numpy as np
 from numba import cuda
 
 from .intrinsics import F_2P23, byte_to_f32, h2f, ld_u16, ld_u32, ld_u32_any, ld_u8, ld_x4
+from .planar import q6_k_fields, q6_k_p8_fields
 from .qformats_simple import sx8
 from .qtables import TABLE_IQ4NL
 
@@ -210,42 +212,52 @@ def dot32_q5_k(src, row_off, j, x, x_off):
 # ---- Q6_K ----
 
 @cuda.jit(device=True, inline="always")
-def _q6_word(src, o, jb, t):
-    """Four 6-bit quants (0..63, unbiased) of group jb, values 4t..4t+3, one per byte."""
+def _q6_word(src, ql, qh, jb, t):
+    """Four 6-bit quants (0..63, unbiased) of group jb, values 4t..4t+3, one per byte, of the
+    super-block whose ql and qh fields start at those bytes."""
     n = jb >> 2
     r = jb & 3
-    lo = (ld_u32_any(src, o + 64 * n + 32 * (r & 1) + 4 * t) >> (4 * (r >> 1))) & 0x0F0F0F0F
-    hi = (ld_u32_any(src, o + 128 + 32 * n + 4 * t) >> (2 * r)) & 0x03030303
+    lo = (ld_u32_any(src, ql + 64 * n + 32 * (r & 1) + 4 * t) >> (4 * (r >> 1))) & 0x0F0F0F0F
+    hi = (ld_u32_any(src, qh + 32 * n + 4 * t) >> (2 * r)) & 0x03030303
     return lo | (hi << 4)
 
 
-@cuda.jit(device=True, inline="always")
-def dq32_q6_k(src, row_off, j, dst, dst_off):
-    o = row_off + (j >> 3) * 210
-    jb = j & 7
-    d = h2f(ld_u16(src, o + 208))
-    for h in range(2):
-        dl = d * np.float32(sx8(ld_u8(src, o + 192 + 2 * jb + h)))
-        for t in range(4):
-            w = _q6_word(src, o, jb, 4 * h + t)
-            for b in range(4):
-                dst[dst_off + 16 * h + 4 * t + b] = dl * np.float32(((w >> (8 * b)) & 0xFF) - 32)
+def q6_k_readers(fields):
+    """(dq32, dot32) of Q6_K super-blocks whose fields `fields` places (`planar`: GGUF's
+    layout or the planar one)."""
+
+    @cuda.jit(device=True, inline="always")
+    def dq32(src, row_off, j, dst, dst_off):
+        ql, qh, sc, do = fields(row_off + (j >> 3) * 210)
+        jb = j & 7
+        d = h2f(ld_u16(src, do))
+        for h in range(2):
+            dl = d * np.float32(sx8(ld_u8(src, sc + 2 * jb + h)))
+            for t in range(4):
+                w = _q6_word(src, ql, qh, jb, 4 * h + t)
+                for b in range(4):
+                    dst[dst_off + 16 * h + 4 * t + b] = dl * np.float32(((w >> (8 * b)) & 0xFF)
+                                                                        - 32)
+
+    @cuda.jit(device=True, inline="always")
+    def dot32(src, row_off, j, x, x_off):
+        ql, qh, sc, do = fields(row_off + (j >> 3) * 210)
+        jb = j & 7
+        acc = F0
+        for h in range(2):
+            a = F0
+            for t in range(4):
+                w = _q6_word(src, ql, qh, jb, 4 * h + t)
+                x0, x1, x2, x3 = ld_x4(x, x_off + 16 * h + 4 * t)
+                a += (byte_to_f32(w, 0, B_Q6) * x0 + byte_to_f32(w, 1, B_Q6) * x1
+                      + byte_to_f32(w, 2, B_Q6) * x2 + byte_to_f32(w, 3, B_Q6) * x3)
+            acc += np.float32(sx8(ld_u8(src, sc + 2 * jb + h))) * a
+        return h2f(ld_u16(src, do)) * acc
+    return dq32, dot32
 
 
-@cuda.jit(device=True, inline="always")
-def dot32_q6_k(src, row_off, j, x, x_off):
-    o = row_off + (j >> 3) * 210
-    jb = j & 7
-    acc = F0
-    for h in range(2):
-        a = F0
-        for t in range(4):
-            w = _q6_word(src, o, jb, 4 * h + t)
-            x0, x1, x2, x3 = ld_x4(x, x_off + 16 * h + 4 * t)
-            a += (byte_to_f32(w, 0, B_Q6) * x0 + byte_to_f32(w, 1, B_Q6) * x1
-                  + byte_to_f32(w, 2, B_Q6) * x2 + byte_to_f32(w, 3, B_Q6) * x3)
-        acc += np.float32(sx8(ld_u8(src, o + 192 + 2 * jb + h))) * a
-    return h2f(ld_u16(src, o + 208)) * acc
+dq32_q6_k, dot32_q6_k = q6_k_readers(q6_k_fields)
+dq32_q6_k_p8, dot32_q6_k_p8 = q6_k_readers(q6_k_p8_fields)
 
 
 # ---- IQ4_XS ----

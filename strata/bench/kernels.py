@@ -191,7 +191,9 @@ def time_same_size_read(ctx: Ctx, views, rounds: int) -> float:
 
 # ---- matvec ----------------------------------------------------------------------------------
 
-MATVEC_FORMATS = ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S")
+# Q6_K_P8: the engine's VRAM layout of dense Q6_K (`strata.quant.planar`), beside GGUF's Q6_K
+# (which expert slots and the kernels' other callers keep)
+MATVEC_FORMATS = ("Q4_K", "Q6_K", "Q6_K_P8", "Q8_0", "IQ4_XS", "IQ3_S")
 MATVEC_SHAPES = (("4096x4096", 4096, 4096), ("8192x8192", 8192, 8192),
                  ("2048->4096", 4096, 2048), ("4096->2048", 2048, 4096),
                  ("2048->151936", 151936, 2048))  # (label, n_rows, n_cols)
@@ -201,11 +203,16 @@ LANE_GRID_AB = (512, 1 << 30)
 
 
 def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.ndarray:
+    """[bytes] u8 of a random tensor as `ggml_type`'s kernels read it (a planar type: its GGUF
+    base's blocks, packed)."""
     from strata.cuda_kernels.qformats import get_format
+    from strata.quant import planar
     from strata.quant.random_blocks import random_blocks
     fmt = get_format(ggml_type)
-    blocks = random_blocks(fmt.name, n_rows * n_cols // fmt.block_values, ctx.rng, scale=0.02)
-    return blocks.reshape(-1)
+    p = planar.BY_TYPE.get(fmt.ggml_type)
+    base = fmt.name if p is None else get_format(p.base_type).name
+    blocks = random_blocks(base, n_rows * n_cols // fmt.block_values, ctx.rng, scale=0.02)
+    return blocks.reshape(-1) if p is None else p.pack(blocks.reshape(-1))
 
 
 @bench("matvec")

@@ -21,7 +21,8 @@ class LayerTensors:
 
     @property
     def dense_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.dense)
+        """VRAM bytes of the dense tensors (a planar layout's where the engine keeps one)."""
+        return sum(t.vram_bytes for t in self.dense)
 
     @property
     def expert_bytes(self) -> int:
@@ -77,7 +78,7 @@ class ModelShape:
         return sum(self.layers[i].dense_bytes for i in range(lo, hi))
 
     def global_bytes(self, name: str) -> int:
-        return self.tensors[name].n_bytes
+        return self.tensors[name].vram_bytes
 
     @property
     def n_gqa(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from strata.quant.planar import dense_vram_bytes
 from strata.quant.types import QuantType, quant_type
 
 
@@ -30,6 +31,12 @@ class TensorInfo:
     @property
     def row_bytes(self) -> int:
         return self.qtype.row_bytes(self.ne[0])
+
+    @property
+    def vram_bytes(self) -> int:
+        """Bytes of this tensor as the CUDA engine stores a dense one: n_bytes, or its planar
+        layout's (`strata.quant.planar`: whole groups of super-blocks)."""
+        return dense_vram_bytes(self.name, self.ggml_type, self.n_bytes)
 
     @property
     def n_rows(self) -> int:

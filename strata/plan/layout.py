@@ -311,7 +311,8 @@ def ring_layout(shape: ModelShape, *, ring_bytes: int) -> Layout:
 # -- dense weights -------------------------------------------------------------------------------
 
 def weights_layout(shape: ModelShape, lo: int, hi: int, *, embd_on_host: bool) -> Layout:
-    """Raw GGUF bytes of the dense tensors of layers [lo, hi), plus the globals this range uses.
+    """The dense tensors of layers [lo, hi), plus the globals this range uses, as the engine
+    stores them (GGUF's bytes, or a planar layout's: `TensorInfo.vram_bytes`).
 
     The first range does the embedding lookup (token_embd on the device unless `embd_on_host`);
     the last range owns output_norm and the head. A tied head (no output.weight) reads
@@ -326,14 +327,14 @@ def weights_layout(shape: ModelShape, lo: int, hi: int, *, embd_on_host: bool) -
         names.append("token_embd.weight")
     b = LayoutBuilder("weights")
     for name in names:
-        b.add(name, np.uint8, (t[name].n_bytes,))
+        b.add(name, np.uint8, (t[name].vram_bytes,))
     for i in range(lo, hi):
         for ti in shape.layers[i].dense:
-            b.add(ti.name, np.uint8, (ti.n_bytes,))
+            b.add(ti.name, np.uint8, (ti.vram_bytes,))
     if hi == shape.n_layer:
         for name in ("output_norm.weight", "output.weight"):
             if name in t:
-                b.add(name, np.uint8, (t[name].n_bytes,))
+                b.add(name, np.uint8, (t[name].vram_bytes,))
     return b.build()
 
 

@@ -263,17 +263,17 @@ def test_decode_picked_is_the_host_choice_mixed_and_flags_nan(setup):
 
 
 @pytest.mark.parametrize("name,n_cols,n_rows", [("Q4_K", 2048, 96), ("Q4_K", 4096, 40),
-                                                ("Q6_K", 2048, 70)])
+                                                ("Q6_K", 2048, 70), ("Q6_K_P8", 2048, 70)])
 def test_batch_matvec_on_the_device_equals_one_token(name, n_cols, n_rows):
     from numba import cuda
 
-    from helpers.kernel_blocks import random_rows, reference
+    from helpers.kernel_blocks import random_rows, reference, stored
     from strata.cuda_kernels.lanes_batch import matvec_batch
     from strata.cuda_kernels.matvec import matvec
 
     rng = np.random.default_rng(n_cols + n_rows)
     rows = random_rows(name, n_rows, n_cols, rng)
-    w = cuda.to_device(rows.reshape(-1))
+    w = cuda.to_device(stored(name, rows))
     ref = reference(name, rows, n_cols)
     for n in (2, 5, 8):   # 2048 columns: 2, 5 and 4 tokens a block; 4096: 2
         x = rng.standard_normal((n, n_cols)).astype(np.float32)
@@ -290,19 +290,20 @@ def test_batch_matvec_on_the_device_equals_one_token(name, n_cols, n_rows):
 
 
 @pytest.mark.parametrize("name,n_cols,n_rows", [("Q4_K", 2048, 4096), ("Q4_K", 4096, 2048),
-                                                ("Q6_K", 2048, 512), ("Q6_K", 2048, 20011)])
+                                                ("Q6_K", 2048, 512), ("Q6_K", 2048, 20011),
+                                                ("Q6_K_P8", 2048, 512), ("Q6_K_P8", 2048, 20011)])
 def test_tc_matvec_on_the_device(name, n_cols, n_rows):
     """`batch_tc` at the 30B shapes: within float32 rounding of gguf-py's dequantization and of
     the one-token kernel, and batch invariant (token 0's row bit for bit at 2 and 8 tokens)."""
     from numba import cuda
 
-    from helpers.kernel_blocks import random_rows, reference
+    from helpers.kernel_blocks import random_rows, reference, stored
     from strata.cuda_kernels.batch_tc import matvec_tc
     from strata.cuda_kernels.matvec import matvec
 
     rng = np.random.default_rng(n_cols + n_rows)
     rows = random_rows(name, n_rows, n_cols, rng)
-    w = cuda.to_device(rows.reshape(-1))
+    w = cuda.to_device(stored(name, rows))
     ref = reference(name, rows, n_cols)
     x = rng.standard_normal((8, n_cols)).astype(np.float32)
     xd = cuda.to_device(x)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_blocks import dots_x8, own_random_rows, random_rows, reference, x_seen
+from helpers.kernel_blocks import (dots_x8, own_random_rows, random_rows, reference, stored,
+                                   x_seen)
 from helpers.sampling_ref import ref_sample
 
 pytestmark = pytest.mark.gpu
@@ -47,7 +48,7 @@ def _check(name, shape, got, want, tol=F32_TOL):
 
 FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
            "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
-           "MXFP4"]
+           "MXFP4", "Q6_K_P8"]  # Q6_K_P8: the engine's layout of dense Q6_K (strata.quant.planar)
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -59,7 +60,7 @@ def test_dequant_and_matvec(name):
     for n_rows, n_cols, gen in ((2048, 4096, random_rows), (512, 768, own_random_rows)):
         rows = gen(name, n_rows, n_cols, rng)
         ref = reference(name, rows, n_cols)
-        w = cuda.to_device(rows)
+        w = cuda.to_device(stored(name, rows))
         out = _poisoned((n_rows, n_cols))
         dequantize(w, name, out)
         _check(f"dequant {name}", (n_rows, n_cols), out.copy_to_host(), ref, 1e-6)
@@ -71,7 +72,7 @@ def test_dequant_and_matvec(name):
         if dots_x8(name, rows.nbytes):
             _check(f"matvec {name} x8 vs f32 x", (n_rows, n_cols), y.copy_to_host(),
                    ref @ x.astype(np.float64), X8_VS_F32_TOL)
-    if name in ("Q4_K", "Q6_K", "Q8_0", "IQ4_XS", "IQ3_S"):
+    if name in ("Q4_K", "Q6_K", "Q6_K_P8", "Q8_0", "IQ4_XS", "IQ3_S"):
         for n_tok in (2, 5, 8):
             x = rng.standard_normal((n_tok, n_cols)).astype(np.float32)
             y = _poisoned((n_tok, n_rows))
@@ -85,7 +86,7 @@ def test_dequant_and_matvec(name):
                ref @ x_seen(xh, dots_x8(name, rows.nbytes)))
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0", "IQ3_S", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q6_K_P8", "Q8_0", "IQ3_S", "IQ4_XS"])
 def test_matvec_in_rounds_full_size(name, monkeypatch):
     """A head-like matrix (24,575 rows: 12,288 row pairs, more than the capped grid's 4,096
     warps) goes through its row pairs in rounds: equal to the reference and to a grid of one
@@ -96,7 +97,7 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     rng = np.random.default_rng()
     n_rows, n_cols = 24575, 2048
     rows = random_rows(name, n_rows, n_cols, rng)
-    w = cuda.to_device(rows)
+    w = cuda.to_device(stored(name, rows))
     x = cuda.to_device(rng.standard_normal(n_cols).astype(np.float32))
     y = _poisoned(n_rows)
     mv.matvec(w, name, x, y)

@@ -1,7 +1,10 @@
 """Random valid quantized rows for kernel tests, and gguf-py's dequantization as their reference.
 
 `random_rows` uses the quant package's `random_blocks`; `own_random_rows` is random bytes with
-every fp16 scale field (and MXFP4's exponent byte) overwritten by a finite value."""
+every fp16 scale field (and MXFP4's exponent byte) overwritten by a finite value.
+
+A planar type (`strata.quant.planar`, e.g. Q6_K_P8) gets its GGUF base's rows here (so gguf-py
+stays the reference); `stored` turns rows into the bytes a kernel of that type reads."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from strata.quant import planar
 from strata.quant.random_blocks import random_blocks
 
 # byte offsets of the fp16 scale fields inside one block
@@ -40,10 +44,28 @@ def _own_random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator) -
     return raw.reshape(n_rows, -1)
 
 
+def _gguf_type(ggml_type) -> T:
+    """The GGUF type of a type name or number (a planar type's base)."""
+    if isinstance(ggml_type, str):
+        p = {f.name: f for f in planar.BY_TYPE.values()}.get(ggml_type.upper())
+        return T(p.base_type) if p is not None else T[ggml_type.upper()]
+    return T(planar.base_type(int(ggml_type)))
+
+
+def stored(ggml_type, rows: np.ndarray) -> np.ndarray:
+    """[n] uint8: rows ([n_rows, row_bytes] GGUF bytes) as a kernel of `ggml_type` reads them:
+    GGUF's bytes, or a planar type's layout of the whole tensor (padded to whole groups)."""
+    n = ggml_type if not isinstance(ggml_type, str) else {
+        f.name: f.ggml_type for f in planar.BY_TYPE.values()}.get(ggml_type.upper(), -1)
+    p = planar.BY_TYPE.get(int(n))
+    flat = np.ascontiguousarray(rows, np.uint8).reshape(-1)
+    return flat.copy() if p is None else p.pack(flat)
+
+
 def random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
     """[n_rows, row_bytes] uint8 rows of `n_cols` values in a valid random encoding (the quant
     package's generator, whose values have a realistic spread)."""
-    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
+    t = _gguf_type(ggml_type)
     block_values = GGML_QUANT_SIZES[t][0]
     blocks = random_blocks(t, n_rows * n_cols // block_values, rng, scale=1.0)
     return blocks.reshape(n_rows, -1)
@@ -52,13 +74,13 @@ def random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -
 def own_random_rows(ggml_type, n_rows: int, n_cols: int, rng: np.random.Generator) -> np.ndarray:
     """Like `random_rows`, with uniformly random bits everywhere but the scale fields (a harsher
     input: every code point of every field is hit)."""
-    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
+    t = _gguf_type(ggml_type)
     return _own_random_rows(t, n_rows, n_cols, rng)
 
 
 def reference(ggml_type, rows: np.ndarray, n_cols: int) -> np.ndarray:
-    """gguf-py's dequantization of [n_rows, row_bytes] rows, float64 [n_rows, n_cols]."""
-    t = T[ggml_type] if isinstance(ggml_type, str) else T(int(ggml_type))
+    """gguf-py's dequantization of [n_rows, row_bytes] (GGUF) rows, float64 [n_rows, n_cols]."""
+    t = _gguf_type(ggml_type)
     out = dequantize(np.ascontiguousarray(rows), t)
     return np.asarray(out, dtype=np.float64).reshape(rows.shape[0], n_cols)
 

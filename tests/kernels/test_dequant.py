@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_blocks import random_rows, reference
+from helpers.kernel_blocks import random_rows, reference, stored
 from strata.cuda_kernels.dequant import dequantize
 from strata.cuda_kernels.qformats import BY_NAME
 
@@ -21,7 +21,7 @@ def _case(name, n_rows, rng):
 def test_dequant_f32_every_format(name):
     fmt, n_cols, rows, ref = _case(name, 3, np.random.default_rng(len(name) * 7919))
     out = np.full((3, n_cols), np.nan, dtype=np.float32)
-    dequantize(rows, fmt.ggml_type, out)
+    dequantize(stored(name, rows), fmt.ggml_type, out)
     np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.kernel_blocks import dots_x8, random_rows, reference, x_seen
+from helpers.kernel_blocks import dots_x8, random_rows, reference, stored, x_seen
 from strata.cuda_kernels.matvec import matvec
 from strata.cuda_kernels.qformats import BY_NAME
 
@@ -29,7 +29,7 @@ def test_matvec_one_token_every_format(name):
     rows, ref, n_cols = _weights(name, rng)
     x = rng.standard_normal(n_cols).astype(np.float32)
     y = np.full(N_ROWS, np.nan, dtype=np.float32)
-    matvec(rows, name, x, y)
+    matvec(stored(name, rows), name, x, y)
     # 8-bit x: exact but for rounding
     assert _rel(y, ref @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from helpers.kernel_blocks import own_random_rows as random_rows, reference
+from helpers.kernel_blocks import own_random_rows as random_rows, reference, stored
 from strata.cuda_kernels.qformats import BY_NAME, FORMATS, get_format, specialize
 
 N_ROWS = 2
@@ -50,7 +50,7 @@ def test_dq32_and_dot32_match_gguf(name):
     rows = random_rows(fmt.ggml_type, N_ROWS, n_cols, rng)
     ref = reference(fmt.ggml_type, rows, n_cols)
     n_groups = n_cols // 32
-    src = rows.reshape(-1).copy()
+    src = stored(name, rows)  # a planar format's layout (`strata.quant.planar`)
 
     out = np.full((N_ROWS, n_cols), np.nan, dtype=np.float32)
     dq_kernel(name)[1, N_ROWS * n_groups](src, rows.shape[1], n_groups, out)
@@ -78,10 +78,14 @@ def test_f16_activations_give_the_same_dot():
 
 def test_table_geometry_matches_gguf():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from strata.quant import planar
     from strata.quant.types import SUPPORTED_NAMES
-    assert sorted(BY_NAME) == sorted(SUPPORTED_NAMES)
+    planars = {p.name for p in planar.BY_TYPE.values()}
+    assert sorted(BY_NAME) == sorted(SUPPORTED_NAMES + tuple(planars))
     for t, f in FORMATS.items():
-        assert GGML_QUANT_SIZES[GGMLQuantizationType(t)] == (f.block_values, f.block_bytes)
+        base = GGMLQuantizationType(planar.base_type(t))
+        assert GGML_QUANT_SIZES[base] == (f.block_values, f.block_bytes)
+        assert (f.name in planars) == (base != t)
     assert get_format("q4_k").row_bytes(4096) == 16 * 144
 
 

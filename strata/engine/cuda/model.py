@@ -32,6 +32,7 @@ from strata.memory.arena import Arena, live_device_info
 from strata.plan import plan as make_plan
 from strata.plan.devices import DeviceInfo, fmt_bytes
 from strata.plan.knobs import load_profile
+from strata.quant.planar import planar_tensor, vram_type
 
 F32_TYPE = 0
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp")
@@ -65,6 +66,14 @@ class SlotWriter:
         blob = self.store.blob(layer, expert)
         off = int(self.slot_offset[slot])
         self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
+
+
+def _vram_bytes(model: ModelFile, name: str) -> np.ndarray:
+    """A dense tensor's bytes as the arena holds them: GGUF's, or its planar layout's
+    (`strata.quant.planar`; `Matrix.ggml_type` then names the planar type)."""
+    raw = model.raw(name)
+    p = planar_tensor(name, model.tensors[name].ggml_type)
+    return raw if p is None else p.pack(raw)
 
 
 def check_kernel_shape(shape, kv_type: str) -> None:
@@ -220,7 +229,8 @@ class CudaModel:
     def _load_weights(self, model: ModelFile) -> None:
         s = self.shape
         layout = self.arena.device_plan.arena.region("weights").sub
-        pieces = [(self.arena.view("weights", r.name), model.raw(r.name)) for r in layout.regions]
+        pieces = [(self.arena.view("weights", r.name), _vram_bytes(model, r.name))
+                  for r in layout.regions]
         n, secs = upload(pieces, self.stream, progress=self.options.progress)
         self.report.update(weights_bytes=n, weights_seconds=secs,
                            weights_gb_per_s=n / max(secs, 1e-9) / 1e9)
@@ -246,7 +256,8 @@ class CudaModel:
 
     def _matrix(self, model: ModelFile, name: str) -> Matrix:
         t = model.tensors[name]
-        return Matrix(self.arena.view("weights", name), t.ggml_type, t.ne[1], t.ne[0])
+        return Matrix(self.arena.view("weights", name), vram_type(name, t.ggml_type), t.ne[1],
+                      t.ne[0])
 
     # -- experts -------------------------------------------------------------------------------
 

@@ -54,10 +54,11 @@ def stage_weight_names(shape: ModelShape, lo: int, hi: int, *, embd_on_host: boo
 
 def stage_weights_layout(shape: ModelShape, lo: int, hi: int, *, embd_on_host: bool,
                          carve: bool = True) -> Layout:
-    """Raw GGUF bytes of the tensors `stage_weight_names` names, one uint8 region each."""
+    """The tensors `stage_weight_names` names as the engine stores them (`TensorInfo.vram_bytes`),
+    one uint8 region each."""
     b = LayoutBuilder("weights")
     for name in stage_weight_names(shape, lo, hi, embd_on_host=embd_on_host, carve=carve):
-        b.add(name, np.uint8, (shape.tensors[name].n_bytes,))
+        b.add(name, np.uint8, (shape.tensors[name].vram_bytes,))
     return b.build()
 
 
@@ -72,14 +73,14 @@ class WeightCarve:
     _prefix: np.ndarray = field(init=False, repr=False)  # [n_layer + 1] int64
 
     def __post_init__(self) -> None:
-        per_layer = [sum(align_up(t.n_bytes) for t in layer.dense) for layer in self.shape.layers]
+        per_layer = [sum(align_up(t.vram_bytes) for t in layer.dense) for layer in self.shape.layers]
         prefix = np.zeros(self.shape.n_layer + 1, np.int64)
         np.cumsum(per_layer, out=prefix[1:])
         object.__setattr__(self, "_prefix", prefix)
 
     def _globals(self, lo: int, hi: int) -> int:
         before, after = global_names(self.shape, lo, hi, embd_on_host=self.embd_on_host)
-        return sum(align_up(self.shape.tensors[n].n_bytes) for n in before + after)
+        return sum(align_up(self.shape.tensors[n].vram_bytes) for n in before + after)
 
     def bytes(self, lo: int, hi: int) -> int:
         """`stage_weights_layout(lo, hi).total_bytes`, without building it."""

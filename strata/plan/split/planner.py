@@ -117,8 +117,8 @@ def stage_tables(shape: ModelShape, profile: RoutingProfile, devices: list[Devic
     kv_by_n = np.zeros(n_l + 1, np.int64)
     walks = Walks.build(shape, profile)
     cost = CostInputs.of(shape, b, split.host_bytes_per_s)
-    head = sum(shape.tensors[n].n_bytes for n in ("output.weight", "output_norm.weight")
-               if n in shape.tensors) or shape.tensors["token_embd.weight"].n_bytes
+    head = sum(shape.tensors[n].vram_bytes for n in ("output.weight", "output_norm.weight")
+               if n in shape.tensors) or shape.tensors["token_embd.weight"].vram_bytes
     tables = []
     for g, dev in enumerate(devices):
         s, _, _ = resolve(shape, dev, options)
