@@ -58,8 +58,12 @@ LANE_X8 = True
 # (`2026-12-03_engine_cuda_d1_v23_q6k_x8.json`). Not profiled; one difference at 2,048 columns:
 # its four lanes a super-block take a row in one step, the float32 decoder's eight in two, which
 # split a row pair between two warps.
-# Planar Q6_K (`strata.quant.planar`) takes Q6_K's settings here and below.
-X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20, int(BY_NAME["Q6_K_P8"].ggml_type): 8 << 20}
+# Planar Q6_K (`strata.quant.planar`, the engine's dense Q6_K) from 4 MiB: with its aligned loads
+# the 30B's 6.9 MB shapes gain from 8-bit x, 2048->4096 5.89-5.90 against 6.11-6.15 us and
+# 4096->2048 6.58-6.60 against 6.88-6.91, the others unchanged (H100, two runs alternating,
+# `2026-12-05_q6k_planar_settings_h100.json`); v's 0.9 MB stays on float32 x, as measured above.
+X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20,
+                int(BY_NAME["Q6_K_P8"].ggml_type): 4 << 20}
 
 
 def x8_pays(lf: LaneFormat, n_bytes: int) -> bool:
@@ -122,6 +126,8 @@ WIDE_ROUNDS: dict[tuple[str, bool], int] = {("Q6_K", False): 3, ("Q6_K_P8", Fals
 # 4096 6.27 against 6.66; Q4_K 1-2% faster (not taken); IQ4_XS and IQ3_S 4-11% slower. ncu
 # there: every rounds kernel's warps wait on their loads (long scoreboard, 59-62% of the cycles
 # between two instructions for Q6_K and Q4_K at 8192x8192).
+# Planar Q6_K two ahead too: its head 91.2-91.3 us against 91.9 one ahead, 8192x8192 25.8 against
+# 25.4 (H100, `2026-12-05_q6k_planar_settings_h100.json`); the head is the engine's.
 ROUNDS_AHEAD: dict[tuple[str, bool], int] = {("Q6_K", True): 2, ("Q6_K_P8", True): 2}
 
 

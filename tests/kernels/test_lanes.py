@@ -97,6 +97,7 @@ _READS = {
     "IQ4_XS": lambda p: (32 * p, 32 * p + 16),
     "IQ3_S": lambda p: (64 * p, 64 * p + 32),
 }
+_READS["Q6_K_P8"] = _READS["Q6_K"]  # the planar layout's lanes read x as Q6_K's
 
 
 @pytest.mark.parametrize("name", sorted(BY_LANE_NAME))
@@ -162,7 +163,8 @@ def test_x8_floor(monkeypatch):
     """A format under its X8_MIN_BYTES dots float32 x (Q6_K: 8 MiB a launch, the product's
     default, lifted for the other kernel tests), from it 8-bit x; in the mixed q/k/v launch
     each format decides on its own matrices' bytes, with the bits of its own launch."""
-    assert _X8_FLOOR == {BY_LANE_NAME["Q6_K"].ggml_type: 8 << 20}
+    assert _X8_FLOOR == {BY_LANE_NAME["Q6_K"].ggml_type: 8 << 20,
+                         BY_LANE_NAME["Q6_K_P8"].ggml_type: 4 << 20}
     rng = np.random.default_rng(23)
     t6, t4 = BY_LANE_NAME["Q6_K"].ggml_type, BY_LANE_NAME["Q4_K"].ggml_type
     rows = random_rows("Q6_K", 5, 768, rng)
