@@ -1,12 +1,16 @@
-"""Probe (not part of the engine): does a 16-byte-aligned Q6_K layout pay in the one-token lane
-matvec? GGUF's Q6_K super-block is 210 bytes, so a lane's slice starts at an even offset and
+"""Probe (not part of the engine): does a 16-byte-aligned Q6_K (or, with --format IQ4_XS, IQ4_XS)
+layout pay in the one-token lane matvec? GGUF's Q6_K super-block is 210 bytes, so a lane's slice starts at an even offset and
 `spans.span4` reads it with three 8-byte loads, five selects and four funnel shifts; ptxas counts
 the rounds kernel's loop at 837 SASS instructions a step against 652 with aligned vector loads
 (`sass_loops.py`). Here the same blocks, each padded to 224 bytes, go through the same 8-bit
 kernel with `ld.global.nc.v4` loads (6.7% more bytes read); both arms launch exactly as
 `matvec.launch_lane_matvec` does (rounds, wide rounds) and must give the same y.
 
-    python bench/probes/q6k_aligned.py [--json PATH]
+IQ4_XS (136 bytes: an 8-byte head, then qs at 8-aligned offsets, read as 8-byte pairs): each
+block padded to 144 with the head's 8 bytes followed by 8 zero bytes, so qs sits at +16 and a
+lane's 32 quant bytes come in two 16-byte loads instead of four 8-byte ones (5.9% more bytes).
+
+    python bench/probes/q6k_aligned.py [--format Q6_K|IQ4_XS] [--json PATH]
 
 Prints, per shape: us of each arm, GB/s of the GGUF bytes, the ratio; writes --json.
 """
@@ -43,6 +47,33 @@ def load_q6_k_x8_a16(w, off, part):
             ld_u16(w, off + 208))
 
 
+@cuda.jit(device=True, inline="always")
+def load_iq4_xs_x8_a16(w, off, part):
+    """lanes_x8.load_iq4_xs_x8 for 144-byte blocks: head at +0, qs at +16 (16-aligned)."""
+    h0, h1 = ld_nc_u32x2(w, off)
+    q0, q1, q2, q3 = ld_nc_u32x4(w, off + 16 + 32 * part)
+    q4, q5, q6, q7 = ld_nc_u32x4(w, off + 32 + 32 * part)
+    return (h0, h1, q0, q1, q2, q3, q4, q5, q6, q7)
+
+
+def _pad_q6_k(host):
+    padded = np.zeros((host.shape[0], 224), np.uint8)  # [n_blocks, 224]
+    padded[:, :210] = host
+    return padded
+
+
+def _pad_iq4_xs(host):
+    padded = np.zeros((host.shape[0], 144), np.uint8)  # [n_blocks, 144]
+    padded[:, :8] = host[:, :8]
+    padded[:, 16:] = host[:, 8:]
+    return padded
+
+
+# format: (GGML type, GGUF block bytes, padded block bytes, padding, aligned loader)
+ARMS = {"Q6_K": (14, 210, PAD, _pad_q6_k, load_q6_k_x8_a16),
+        "IQ4_XS": (23, 136, 144, _pad_iq4_xs, load_iq4_xs_x8_a16)}
+
+
 def launcher(lf, n_rows, n_cols):
     """(kernel, grid, args but w, x, y) as launch_lane_matvec makes them for one matrix."""
     n_sb = n_cols // lf.sb_values
@@ -68,19 +99,20 @@ def launcher(lf, n_rows, n_cols):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default="")
+    ap.add_argument("--format", default="Q6_K", choices=sorted(ARMS))
     a = ap.parse_args()
     ctx = Ctx(seed=3)
-    base = x8_format(14)  # GGMLQuantizationType.Q6_K
-    aligned = replace(base, sb_bytes=PAD, load=load_q6_k_x8_a16)
+    t, gguf_bytes, pad_bytes, pad, loader = ARMS[a.format]
+    base = x8_format(t)  # the rounds kernels take their own decoding (`lane_body`)
+    aligned = replace(base, sb_bytes=pad_bytes, load=loader)
     rows = []
     for label, n_rows, n_cols in MATVEC_SHAPES:
-        host = random_weights(ctx, "Q6_K", n_rows, n_cols).reshape(-1, 210)  # [n_blocks, 210]
-        padded = np.zeros((host.shape[0], PAD), np.uint8)                    # [n_blocks, 224]
-        padded[:, :210] = host
+        host = random_weights(ctx, a.format, n_rows, n_cols).reshape(-1, gguf_bytes)
+        padded = pad(host)                                  # [n_blocks, pad_bytes] u8
         x = ctx.upload(ctx.rng.standard_normal(n_cols).astype(np.float32))
         row = {"shape": label, "gguf_bytes": host.size}
         ys = {}
-        for arm, lf, blocks in (("gguf210", base, host), ("aligned224", aligned, padded)):
+        for arm, lf, blocks in (("gguf", base, host), ("aligned", aligned, padded)):
             flat = blocks.reshape(-1)
             n_copies = n_rotation(flat.size)
             dev = ctx.replicate(flat, n_copies)
@@ -99,13 +131,15 @@ def main() -> int:
             ys[arm] = y.copy_to_host()
             row["rounds"], row["min_blocks"] = rounds, min_blocks
             del dev, views
-        diff = np.abs(ys["aligned224"] - ys["gguf210"]).max() / np.abs(ys["gguf210"]).max()
+        diff = np.abs(ys["aligned"] - ys["gguf"]).max() / np.abs(ys["gguf"]).max()
         row["max_rel_diff"] = float(diff)
         rows.append(row)
         print(row, flush=True)
-    print(f"{'shape':14} {'210 us':>8} {'224 us':>8} {'210 GB/s':>9} {'224 GB/s':>9} {'gain':>6}")
+    g, p_ = gguf_bytes, pad_bytes
+    print(f"{a.format}: {'shape':14} {f'{g} us':>8} {f'{p_} us':>8} {f'{g} GB/s':>9} "
+          f"{f'{p_} GB/s':>9} {'gain':>6}")
     for r in rows:
-        a_, b_ = r["us_gguf210"], r["us_aligned224"]
+        a_, b_ = r["us_gguf"], r["us_aligned"]
         print(f"{r['shape']:14} {a_:8.2f} {b_:8.2f} {r['gguf_bytes'] / a_ / 1e3:9.0f} "
               f"{r['gguf_bytes'] / b_ / 1e3:9.0f} {a_ / b_ - 1:6.1%}")
     bad = [r["shape"] for r in rows if not r["max_rel_diff"] < 1e-5]
@@ -113,7 +147,8 @@ def main() -> int:
         doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": os.environ.get("STRATA_COMMIT", ""),
                "device": str(cuda.get_current_device().name),
-               "command": "python bench/probes/q6k_aligned.py", "rows": rows}
+               "command": f"python bench/probes/q6k_aligned.py --format {a.format}",
+               "rows": rows}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
     if bad:
