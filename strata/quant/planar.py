@@ -68,17 +68,22 @@ class PlanarFormat:
         return n_blocks
 
     def pack(self, raw: np.ndarray) -> np.ndarray:
-        """GGUF bytes [n_bytes] u8 -> planar bytes [vram_bytes(n_bytes)] u8 (padding zero)."""
+        """GGUF bytes [n_bytes] u8 -> planar bytes [vram_bytes(n_bytes)] u8 (padding zero).
+        One strided copy a field (the engine packs the 30B head's 255 MB at load)."""
         raw = np.ascontiguousarray(raw, np.uint8).reshape(-1)
         n_blocks = self._blocks(raw.size)
         n_groups = -(-n_blocks // self.group)
-        blocks = np.zeros((n_groups * self.group, self.block_bytes), np.uint8)
-        blocks[:n_blocks] = raw.reshape(n_blocks, self.block_bytes)
-        blocks = blocks.reshape(n_groups, self.group, self.block_bytes)  # [group, k, byte]
-        out = np.empty((n_groups, self.group_bytes), np.uint8)
-        for i, (start, n) in enumerate(self.fields):
-            at = self.field_offset(i)
-            out[:, at:at + self.group * n] = blocks[:, :, start:start + n].reshape(n_groups, -1)
+        out = np.empty((n_groups, self.group_bytes), np.uint8)  # [group, its fields' runs]
+        full, rest = divmod(n_blocks, self.group)
+        out[full:] = 0  # a part-filled last group's unused places
+        blocks = raw[:full * self.group_bytes].reshape(full, self.group, self.block_bytes)
+        for k, (start, n) in enumerate(self.fields):
+            at = self.field_offset(k)
+            dst = out[:, at:at + self.group * n].reshape(n_groups, self.group, n)  # a view
+            dst[:full] = blocks[:, :, start:start + n]
+            if rest:  # the last group's blocks: the others stay zero
+                tail = raw[full * self.group_bytes:].reshape(rest, self.block_bytes)
+                dst[full, :rest] = tail[:, start:start + n]
         return out.reshape(-1)
 
     def unpack(self, planar: np.ndarray, n_bytes: int) -> np.ndarray:
@@ -91,8 +96,8 @@ class PlanarFormat:
                              f"{n_blocks} blocks of {n_bytes} GGUF bytes")
         g = planar[:n_groups * self.group_bytes].reshape(n_groups, self.group_bytes)
         blocks = np.empty((n_groups, self.group, self.block_bytes), np.uint8)
-        for i, (start, n) in enumerate(self.fields):
-            at = self.field_offset(i)
+        for k, (start, n) in enumerate(self.fields):
+            at = self.field_offset(k)
             blocks[:, :, start:start + n] = g[:, at:at + self.group * n].reshape(
                 n_groups, self.group, n)
         return blocks.reshape(-1)[:n_bytes].copy()

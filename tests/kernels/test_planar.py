@@ -43,6 +43,12 @@ def test_pack_places_every_field_and_unpack_inverts_it(n_blocks):
             o = at + field + n * k
             assert np.array_equal(packed[o:o + n], blocks[b, start:start + n]), (b, start)
     assert np.array_equal(Q6_K_P8.unpack(packed, raw.size), raw)
+    used = np.zeros(packed.size, bool)  # the last group's unused places are zero
+    for b in range(n_blocks):
+        g, k = divmod(b, 8)
+        for n, field in ((128, 0), (64, 1024), (16, 1536), (2, 1664)):
+            used[1680 * g + field + n * k:1680 * g + field + n * (k + 1)] = True
+    assert used.sum() == raw.size and not packed[~used].any()
 
 
 def test_pack_and_unpack_refuse_partial_blocks():
