@@ -22,10 +22,11 @@ import math
 import numpy as np
 from numba import cuda, from_dtype, types
 
-from .intrinsics import SIMULATED, block_sum, warp_sum
+from .intrinsics import SIMULATED, block_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
 from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
+from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_table, flat, n_blocks,
                      register_ptx)
 from .matvec_f32 import float_format, matvec_float
@@ -167,59 +168,6 @@ def lane_jit(lf: LaneFormat) -> dict:
 _CACHE: dict[tuple, object] = {}
 
 
-@cuda.jit(device=True, inline="always")
-def _pair_at(row0, n_rows, n_first, b3, n1, n3, normed):
-    """(which matrix 0/1/2, its first row of the pair at row space row0, its row count) of the
-    lane kernels' row space (see matvec_lanes); rows past the end land on the last matrix, past
-    its rows (read clamped, never written)."""
-    third = normed and row0 >= b3 and n3 > 0
-    if third:
-        return 2, row0 - b3, n3
-    if row0 >= n_first and n_first < n_rows:
-        return 1, row0 - n_first, n_rows - n_first
-    return 0, row0, (n1 if normed else n_first)
-
-
-@cuda.jit(device=True, inline="always")
-def _put_pair(out, row0, n_here, acc_a, acc_b, accumulate):
-    """A row pair's sums into out (rows past n_here left out)."""
-    if row0 < n_here:
-        out[row0] = out[row0] + acc_a if accumulate else acc_a
-    if row0 + 1 < n_here:
-        out[row0 + 1] = out[row0 + 1] + acc_b if accumulate else acc_b
-
-
-@cuda.jit(device=True, inline="always")
-def _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here, accumulate):
-    """A rounds kernel's end of a row pair: the warps' partial dots summed, written by the
-    pair's first lane (the whole block calls this at once)."""
-    acc_a = warp_sum(acc_a)
-    acc_b = warp_sum(acc_b)
-    if log > 0:
-        acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
-        cuda.syncthreads()  # s_part read before the next pair writes it
-    if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-        _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
-                  accumulate)
-
-
-@cuda.jit(device=True, inline="always")
-def _next_unit(lp, lj, lm, la, lb, spp, stride, n_pairs, row_bytes, n_rows, n_first, b3, n1,
-               n3, normed):
-    """The unit after (pair lp, unit lj) of a warp's stream and where it loads (matrix lm, row
-    offsets la, lb): past the last pair, that pair's rows again (cached, never written)."""
-    lj += 1
-    if lj == spp:
-        lj = 0
-        lp += stride
-        if lp < n_pairs:
-            m1, r1, h1 = _pair_at(2 * lp, n_rows, n_first, b3, n1, n3, normed)
-            lm = m1
-            la = min(r1, h1 - 1) * row_bytes
-            lb = min(r1 + 1, h1 - 1) * row_bytes
-    return lp, lj, lm, la, lb
-
-
 def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
     kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
@@ -246,7 +194,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         s_first = sub * per_step
         s_stride = per_step << log
         pair = blk * per_block + (warp >> log)
-        m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
+        m, row0, n_here = pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
         cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
@@ -267,7 +215,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                                xs, sums_off, tab_s, s_first, s_stride)
             acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
             if (cuda.threadIdx.x & 31) == 0 and sub == 0:
-                _put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
+                put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
                           accumulate)
             return
         n_pairs = ((b3 + n3 if n3 > 0 else n_rows) + 1) // 2
@@ -280,16 +228,16 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         if ahead == 2:  # compile time
             # loads two units ahead: a load cursor (lp, lj: pair and unit; lm, la, lb: where
             # it reads) runs two units before the dot's (pair, j)
-            lp, lj, lm, la, lb = _next_unit(pair, 0, m, off_a, off_b, spp, stride, n_pairs,
-                                            row_bytes, n_rows, n_first, b3, n1, n3, normed)
+            lp, lj, lm, la, lb = next_unit(pair, 0, m, off_a, off_b, spp, stride, n_pairs,
+                                           row_bytes, n_rows, n_first, b3, n1, n3, normed)
             nxt = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
                             s_first + lj * s_stride)
             acc_a = F0
             acc_b = F0
             j = 0
             for _ in range(n_units):
-                lp, lj, lm, la, lb = _next_unit(lp, lj, lm, la, lb, spp, stride, n_pairs,
-                                                row_bytes, n_rows, n_first, b3, n1, n3, normed)
+                lp, lj, lm, la, lb = next_unit(lp, lj, lm, la, lb, spp, stride, n_pairs,
+                                               row_bytes, n_rows, n_first, b3, n1, n3, normed)
                 nxt2 = load_pair(w3 if lm == 2 else (w2 if lm == 1 else w), la, lb, n_sb,
                                  s_first + lj * s_stride)
                 da, db = dot_pair(cur, n_sb, s_first + j * s_stride, xs, sums_off, tab_s)
@@ -297,13 +245,13 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                 acc_b += db
                 j += 1
                 if j == spp:  # the same in the whole block
-                    _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
-                                 accumulate)
+                    finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
+                                accumulate)
                     acc_a = F0
                     acc_b = F0
                     j = 0
                     pair += stride
-                    m, row0, n_here = _pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
+                    m, row0, n_here = pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
                 cur = nxt
                 nxt = nxt2
             return
@@ -320,8 +268,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
             m_ld1, off_a1, off_b1, s1 = m_ld, off_a, off_b, s0 + s_stride
             if last:
                 s1 = s_first
-                m1, row1, n_here1 = _pair_at(2 * (pair + stride), n_rows, n_first, b3, n1, n3,
-                                             normed)
+                m1, row1, n_here1 = pair_at(2 * (pair + stride), n_rows, n_first, b3, n1, n3,
+                                            normed)
                 if pair + stride < n_pairs:  # else this pair's first step again (cached)
                     m_ld1 = m1
                     off_a1 = min(row1, n_here1 - 1) * row_bytes
@@ -333,8 +281,8 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
             acc_b += db
             j += 1
             if last:
-                _finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
-                             accumulate)
+                finish_pair(acc_a, acc_b, s_part, log, sub, y, y2, y3, m, row0, n_here,
+                            accumulate)
                 acc_a = F0
                 acc_b = F0
                 j = 0
