@@ -58,13 +58,14 @@ class QuantWeights:
         fmt.row_bytes(self.n_cols)  # raises for a row that is not whole blocks / 32-value groups
         _check("QuantWeights.buf", self.buf, np.uint8, 1)
         _check("QuantWeights.base", self.base, np.int64, 1)
-        if is_planar(self.ggml_type) and self.base.shape[0] != 1:
-            raise ValueError(f"QuantWeights: {fmt.name} is a dense layout, one matrix at base 0 "
-                             f"(got {self.base.shape[0]} groups)")
-        need = stored_bytes(fmt.name, self.n_rows * fmt.row_bytes(self.n_cols))
-        if is_planar(self.ggml_type) and self.buf.shape[0] < need:
-            raise ValueError(f"QuantWeights.buf: {self.buf.shape[0]} bytes, {fmt.name} "
-                             f"[{self.n_rows}, {self.n_cols}] needs {need}")
+        if is_planar(self.ggml_type):
+            if self.base.shape[0] != 1:
+                raise ValueError(f"QuantWeights: {fmt.name} is a dense layout, one matrix at "
+                                 f"base 0 (got {self.base.shape[0]} groups)")
+            need = stored_bytes(fmt.name, self.n_rows * fmt.row_bytes(self.n_cols))
+            if self.buf.shape[0] < need:
+                raise ValueError(f"QuantWeights.buf: {self.buf.shape[0]} bytes, {fmt.name} "
+                                 f"[{self.n_rows}, {self.n_cols}] needs {need}")
 
     @property
     def row_bytes(self) -> int:

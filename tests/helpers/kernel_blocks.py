@@ -47,7 +47,7 @@ def _own_random_rows(t: T, n_rows: int, n_cols: int, rng: np.random.Generator) -
 def _gguf_type(ggml_type) -> T:
     """The GGUF type of a type name or number (a planar type's base)."""
     if isinstance(ggml_type, str):
-        p = {f.name: f for f in planar.BY_TYPE.values()}.get(ggml_type.upper())
+        p = planar.BY_NAME.get(ggml_type.upper())
         return T(p.base_type) if p is not None else T[ggml_type.upper()]
     return T(planar.base_type(int(ggml_type)))
 
@@ -55,9 +55,8 @@ def _gguf_type(ggml_type) -> T:
 def stored(ggml_type, rows: np.ndarray) -> np.ndarray:
     """[n] uint8: rows ([n_rows, row_bytes] GGUF bytes) as a kernel of `ggml_type` reads them:
     GGUF's bytes, or a planar type's layout of the whole tensor (padded to whole groups)."""
-    n = ggml_type if not isinstance(ggml_type, str) else {
-        f.name: f.ggml_type for f in planar.BY_TYPE.values()}.get(ggml_type.upper(), -1)
-    p = planar.BY_TYPE.get(int(n))
+    p = (planar.BY_NAME.get(ggml_type.upper()) if isinstance(ggml_type, str)
+         else planar.BY_TYPE.get(int(ggml_type)))
     flat = np.ascontiguousarray(rows, np.uint8).reshape(-1)
     return flat.copy() if p is None else p.pack(flat)
 

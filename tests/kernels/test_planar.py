@@ -10,6 +10,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda
 
 from helpers.kernel_blocks import random_rows, reference, stored, x_seen
+from helpers.moe_problem import rel_err
 from helpers.moe_shapes import qwen3moe
 from strata.cuda_kernels import batch_tc as tc
 from strata.cuda_kernels import lanes_batch as lb
@@ -157,10 +158,6 @@ def test_dense_matmul_reads_planar_rows(tensor_cores, tile):
     r16 = (lambda a: a.astype(np.float16).astype(np.float64)) if tensor_cores else np.asarray
     ref = r16(x.astype(np.float64)) @ r16(reference("Q6_K", rows, n_in)).T
     assert rel_err(outs[P8], ref) < (1e-3 if tensor_cores else 1e-5)
-
-
-def rel_err(got, want):
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def test_planar_buffers_must_hold_whole_groups():

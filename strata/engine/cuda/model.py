@@ -68,7 +68,7 @@ class SlotWriter:
         self.cache[off:off + blob.size].copy_to_device(blob, stream=self.stream)
 
 
-def _vram_bytes(model: ModelFile, name: str) -> np.ndarray:
+def _stored(model: ModelFile, name: str) -> np.ndarray:
     """A dense tensor's bytes as the arena holds them: GGUF's, or its planar layout's
     (`strata.quant.planar`; `Matrix.ggml_type` then names the planar type)."""
     raw = model.raw(name)
@@ -229,7 +229,7 @@ class CudaModel:
     def _load_weights(self, model: ModelFile) -> None:
         s = self.shape
         layout = self.arena.device_plan.arena.region("weights").sub
-        pieces = [(self.arena.view("weights", r.name), _vram_bytes(model, r.name))
+        pieces = [(self.arena.view("weights", r.name), _stored(model, r.name))
                   for r in layout.regions]
         n, secs = upload(pieces, self.stream, progress=self.options.progress)
         self.report.update(weights_bytes=n, weights_seconds=secs,
