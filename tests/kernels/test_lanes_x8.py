@@ -168,3 +168,52 @@ def test_rounds_decoding_swaps_only_iq4_xs_on_8_bit_x():
     for name in ("Q4_K", "Q6_K", "IQ3_S"):
         lf = x8_format(BY_NAME[name].ggml_type)
         assert rounds_decoding(lf) is lf
+
+
+def test_signed_iq3_s_table_is_the_grid_with_each_sign_nibble():
+    """Row n * 512 + i of the one-token matvecs' IQ3_S table is gguf-py's grid row i with byte j
+    negated where bit j of the sign nibble n is set, as int8 (the dp4a operand)."""
+    from gguf import quants
+
+    from strata.cuda_kernels.qtables import TABLE_IQ3_S_SIGNED
+    quants.IQ3_S.init_grid()
+    grid = np.asarray(quants.IQ3_S.grid, np.float64).reshape(512, 4)
+    got = TABLE_IQ3_S_SIGNED.view(np.int8).reshape(16, 512, 4).astype(np.float64)
+    for n in range(16):
+        sign = np.array([-1.0 if n >> j & 1 else 1.0 for j in range(4)])
+        assert np.array_equal(got[n], grid * sign), n
+    assert TABLE_IQ3_S_SIGNED.nbytes == 32 * 1024
+
+
+def test_matvec_takes_the_signed_iq3_s_decoding_only_where_it_fits(monkeypatch):
+    """One-token IQ3_S matvecs on 8-bit x dot through the signed table where x and its 32 KiB fit
+    a block's shared memory, else through X8_FORMATS' grid decoder; both equal gguf-py's rows
+    times the quantized x, and the MoE's 8-bit IQ3_S keeps the grid decoder."""
+    from helpers.kernel_blocks import random_rows, reference, x_seen
+    from strata.cuda_kernels import matvec as mv
+    from strata.cuda_kernels.lanes_x8 import MATVEC_X8, dot_iq3_s_x8, dot_iq3_s_x8_signed
+    t = BY_NAME["IQ3_S"].ggml_type
+    plain, signed = x8_format(t), MATVEC_X8[t]
+    assert plain.dot is dot_iq3_s_x8 and plain.table_name == "" and plain.table_key == t
+    assert signed.dot is dot_iq3_s_x8_signed and signed.table_key == (t, "signed")
+    assert mv.matvec_decoding(plain, 8192) is signed
+    assert mv.matvec_decoding(plain, 16384) is plain          # 24 KiB of staged x: no room
+    assert mv.matvec_decoding(mv.lane_format(t), 2048).x8 is False   # float32 x: unchanged
+    rng = np.random.default_rng(31)
+    rows = random_rows("IQ3_S", 5, 768, rng)
+    x = rng.standard_normal(768).astype(np.float32)
+    want = reference("IQ3_S", rows, 768) @ x_seen(x, True)
+    ys = {}
+    # room for the float32 and grid decodings' x and tables, not the signed table's
+    small = max(f.stage_bytes(768) + f.table.nbytes for f in (mv.lane_format(t), plain))
+    assert small < signed.stage_bytes(768) + signed.table.nbytes
+    for room, name in ((mv.MAX_SHARED_BYTES, "signed"), (small, "")):
+        monkeypatch.setattr(mv, "MAX_SHARED_BYTES", room)
+        mv._CACHE.clear()
+        y = np.full(5, np.nan, np.float32)
+        mv.matvec(rows, "IQ3_S", x, y)
+        assert list(mv._CACHE) == [(t, 0, True, name)]
+        assert np.linalg.norm(y - want) / np.linalg.norm(want) < 1e-5
+        ys[name] = y
+    # the same integer dots, scaled alike: the two decodings agree to float32 rounding
+    np.testing.assert_allclose(ys["signed"], ys[""], rtol=1e-6, atol=1e-6 * np.abs(want).max())
