@@ -51,7 +51,6 @@ class LaneFormat:
     dot: Callable[..., Any]
     table: np.ndarray   # the table dot indexes (qtables.NO_TABLE where none)
     x8: bool = False    # x staged as 8-bit integers (`lanes_x8`), not padded float32
-    table_name: str = ""  # "": the format's own table; else its name in qtables.EXTRA_TABLES
 
     def __post_init__(self):
         a, pa, b, pb = self.pad
@@ -78,11 +77,6 @@ class LaneFormat:
     @property
     def sbs_per_step(self) -> int:
         return 32 // self.lanes
-
-    @property
-    def table_key(self):
-        """The key `launch.device_table` keeps this decoding's table under."""
-        return (self.ggml_type, self.table_name) if self.table_name else self.ggml_type
 
     @property
     def padded_sb(self) -> int:

@@ -46,7 +46,7 @@ from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .levels import IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3, iq4_levels_of, iq4_xs_scale
 from .planar import q6_k_fields, q6_k_p8_fields
-from .qtables import EXTRA_TABLES, GRID_IQ3_S, IQ4NL_WORDS_OFF, SIGNED
+from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
@@ -199,52 +199,6 @@ def dot_iq3_s_x8(v, part, xs, xo, so, tab):
                         + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
 
 
-# The one-token matvecs' decoder (`matvec.matvec_decoding`): each grid entry looked up with its
-# 4 signs applied, in TABLE_IQ3_S_SIGNED (row = 9-bit index + 512 * sign nibble): a permute, an
-# address, a load and one dp4a an entry, where `_iq3_e` adds a shift, mask, multiply, permute,
-# xor and a second dp4a. A sub-block's 8 sign nibbles go to the bytes above the index bytes'
-# ninth bits four at a time (a permute, a shift and a mask), so ROW_SEL's one permute per entry
-# makes the whole 13-bit row. The table is 32 KiB of shared memory a block.
-NIB_BYTES = 0x0F0F0F0F
-
-
-@cuda.jit(device=True, inline="always")
-def _iq3_high(signs, sel, qh):
-    """Bytes j of four entries' high index bits: ninth bit j of qh (bit 0) and the entry's sign
-    nibble (bits 1..4), the nibbles those of the two sign bytes prmt(signs, 0, sel) picks."""
-    p = prmt(signs, 0, sel)                       # [byte a, 0, byte b, 0]
-    return (((p | (p << 4)) & NIB_BYTES) << 1) + ninth_bits(qh)
-
-
-@cuda.jit(device=True, inline="always")
-def _iq3_sub_signed(qa, qb, qh, signs, tab, xs, p):
-    """Integer dot of one 32-value sub-block (as `_iq3_sub`) through the signed table."""
-    a0, a1, a2, a3 = ld_w4(xs, p)
-    b0, b1, b2, b3 = ld_w4(xs, p + 4)
-    ha = _iq3_high(signs, 0x4140, qh)
-    hb = _iq3_high(signs, 0x4342, qh >> 4)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qa, ha, ROW_SEL[0])), a0, 0)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qa, ha, ROW_SEL[1])), a1, s)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qa, ha, ROW_SEL[2])), a2, s)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qa, ha, ROW_SEL[3])), a3, s)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qb, hb, ROW_SEL[0])), b0, s)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qb, hb, ROW_SEL[1])), b1, s)
-    s = dp4a(ld_u32_at(tab, 4 * prmt(qb, hb, ROW_SEL[2])), b2, s)
-    return dp4a(ld_u32_at(tab, 4 * prmt(qb, hb, ROW_SEL[3])), b3, s)
-
-
-@cuda.jit(device=True, inline="always")
-def dot_iq3_s_x8_signed(v, part, xs, xo, so, tab):
-    p = xo + 20 * part
-    qh = v[6]
-    sc = v[7]
-    sa = _iq3_sub_signed(v[0], v[1], qh & 0xFF, v[4], tab, xs, p)
-    sb = _iq3_sub_signed(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8)
-    d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
-    return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * u2f(d_a) * np.float32(sa)
-                        + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
-
-
 # ---- Q6_K ----
 
 HB = 0x30303030      # a code's two high bits, in place
@@ -315,7 +269,7 @@ def _x8(t: int, dot, **slice_) -> tuple[int, LaneFormat]:
 
 
 # The formats with an 8-bit decoding: the float32 one's loads and slices unless given here.
-# Their tables stay the float32 format's (MATVEC_X8's IQ3_S has one of its own).
+# Their tables stay the float32 format's: `launch.device_table` keeps one per format.
 X8_FORMATS: dict[int, LaneFormat] = dict([
     _x8(T.Q4_K, dot_q4_k_x8),
     _x8(T.IQ4_XS, dot_iq4_xs_x8, lanes=4, load=load_iq4_xs_x8),
@@ -339,13 +293,6 @@ def rounds_decoding(lf: LaneFormat) -> LaneFormat:
     """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only)."""
     dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
     return lf if dot is None else replace(lf, dot=dot)
-
-
-# 8-bit decodings the one-token matvecs take instead of X8_FORMATS' (the MoE and batch kernels
-# keep those): IQ3_S through its signed table (`dot_iq3_s_x8_signed`), where it fits
-# (`matvec.matvec_decoding`).
-MATVEC_X8 = {int(T.IQ3_S): replace(X8_FORMATS[int(T.IQ3_S)], dot=dot_iq3_s_x8_signed,
-                                   table=EXTRA_TABLES[int(T.IQ3_S), SIGNED], table_name=SIGNED)}
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

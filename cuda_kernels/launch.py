@@ -135,7 +135,7 @@ def cached_view(a: Any, what: str, make: Callable[[Any], Any]) -> Any:
     return v
 
 
-_TABLES: dict[tuple[int, Any], Any] = {}  # (context handle, table key) -> device table
+_TABLES: dict[tuple[int, int], Any] = {}  # (context handle, ggml type) -> device table
 
 
 def device_table(fmt) -> Any:
@@ -145,10 +145,10 @@ def device_table(fmt) -> Any:
     the link, or not at all where the GPUs have no peer access."""
     if SIMULATED:
         return fmt.table
-    return context_table(getattr(fmt, "table_key", fmt.ggml_type), lambda: fmt.table)
+    return context_table(fmt.ggml_type, lambda: fmt.table)
 
 
-def context_table(key: Any, host: Callable[[], np.ndarray]) -> Any:
+def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:
     """The current context's device copy of `host()`, made on first use under `key`. The
     lookup reads the current context from the driver (`current_context_handle`): the dense
     GEMMs ask for their unused schedule's array at every launch."""

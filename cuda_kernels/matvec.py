@@ -25,7 +25,7 @@ from numba import cuda, from_dtype, types
 from .intrinsics import SIMULATED, block_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
-from .lanes_x8 import MATVEC_X8, X8_FORMATS, lanes_for, rounds_decoding, stager
+from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_table, flat, n_blocks,
                      register_ptx)
@@ -164,7 +164,7 @@ def lane_jit(lf: LaneFormat) -> dict:
     return {} if SIMULATED else lane_jit_options(lf)
 
 
-# the lane kernels, by (format, -1 normed | 0, x8, table name[, "rounds", min_blocks, ahead])
+# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks, ahead])
 _CACHE: dict[tuple, object] = {}
 
 
@@ -337,19 +337,12 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0):
-    key = (lf.ggml_type, -1 if normed else 0, lf.x8, lf.table_name) + (
+    key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
         ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks)) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks)
     return k
-
-
-def matvec_decoding(lf: LaneFormat, n_cols: int) -> LaneFormat:
-    """lf, or where lf is an 8-bit decoding, the one-token matvecs' own of its format
-    (`lanes_x8.MATVEC_X8`: IQ3_S's signed table) if n_cols staged values fit beside its table."""
-    own = MATVEC_X8.get(lf.ggml_type) if lf.x8 else None
-    return own if own is not None and lanes_fit(own, n_cols) else lf
 
 
 def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
@@ -366,7 +359,7 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     x is the raw f32 residual and the kernel stages rmsnorm(x) * norm_w instead (xn: where
     block 0 writes that vector, or an empty array). x8 (default LANE_X8): dot 8-bit x where
     the format has that decoding (`lanes_x8`) and the matrices hold enough bytes (`x8_pays`)."""
-    lf = matvec_decoding(launch_decoding(lf, x8, n_cols, mats), n_cols)
+    lf = launch_decoding(lf, x8, n_cols, mats)
     n_sb = n_cols // lf.sb_values
     x = flat(x)
     w, y, n1 = mats[0]
@@ -469,8 +462,8 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0):
     return build
 
 
-for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()) + list(MATVEC_X8.values()):
-    _x8 = ("x8_" if _lf.x8 else "") + (f"{_lf.table_name}_" if _lf.table_name else "")
+for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
+    _x8 = "x8_" if _lf.x8 else ""
     for _r, _tag in ((False, ""), (True, "_rounds"))[:2 if has_rounds(_lf) else 1]:
         _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r))
         register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",

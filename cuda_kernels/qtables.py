@@ -9,7 +9,7 @@ Grid rows are packed little-endian: a 4-value IQ3 row is one u32, an 8-value IQ2
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType, quants
+from gguf import quants
 
 
 def _packed_grid(cls) -> np.ndarray:
@@ -60,22 +60,3 @@ KS_OFF_IQ3_XXS = GRID_IQ3_XXS.size
 KS_OFF_IQ2_XXS = GRID_IQ2_XXS.size
 KS_OFF_IQ2_XS = GRID_IQ2_XS.size
 NO_TABLE = np.zeros(1, dtype=np.uint32)            # stands in where a format has none
-
-
-def _signed_iq3_s() -> np.ndarray:
-    """[8192] u32: row i = the IQ3_S grid row i & 511 as four int8 bytes, byte j negated where
-    bit j of i >> 9 is set (a grid entry's 9-bit index and its 4 sign bits in one index)."""
-    mags = GRID_IQ3_S.view(np.uint8).reshape(512, 4).astype(np.int16)
-    signs = (np.arange(16)[:, None] >> np.arange(4)[None, :]) & 1     # [16 nibbles, 4 bytes]
-    rows = np.where(signs[:, None, :] == 1, -mags[None], mags[None])  # [16, 512, 4]
-    return rows.astype(np.int8).reshape(-1).view(np.uint32).copy()
-
-
-# The one-token IQ3_S matvecs on 8-bit x (`lanes_x8.dot_iq3_s_x8_signed`) look a grid entry up
-# with its signs applied: 32 KiB of shared memory a block for 4 of ~10 instructions an entry.
-TABLE_IQ3_S_SIGNED = _signed_iq3_s()               # [16 * 512] u32
-# Tables kernels take besides their format's (`FORMATS`' `table`), by the key
-# `launch.device_table` files them under: (ggml type, name).
-SIGNED = "signed"
-EXTRA_TABLES: dict[tuple[int, str], np.ndarray] = {
-    (int(GGMLQuantizationType.IQ3_S), SIGNED): TABLE_IQ3_S_SIGNED}

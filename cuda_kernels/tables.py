@@ -13,7 +13,6 @@ import numpy as np
 
 from .launch import _TABLES, SIMULATED, context_table
 from .qformats import FORMATS
-from .qtables import EXTRA_TABLES
 
 ALIGN = 256
 DUMMY_KEY = "dummy_i32"
@@ -22,7 +21,6 @@ DUMMY_KEY = "dummy_i32"
 def _slots() -> list[tuple[object, np.ndarray]]:
     """(key, host array) of everything installed: each format's table, then the dummy."""
     out: list[tuple[object, np.ndarray]] = [(f.ggml_type, f.table) for f in FORMATS.values()]
-    out += list(EXTRA_TABLES.items())
     out.append((DUMMY_KEY, np.zeros(1, np.int32)))
     return out
 

@@ -20,7 +20,7 @@ from strata.plan.pick import (PICK_FPARAMS, PICK_IPARAMS, PICK_KMAX, PICK_MAX_BI
 
 # Bytes the kernels' constant tables take on a device, every format's at 256-byte alignment
 # (strata.cuda_kernels.tables lays them out; a test holds the two together).
-FORMAT_TABLES_BYTES = 56 * 1024
+FORMAT_TABLES_BYTES = 24 * 1024
 
 ALIGN = 256  # bytes: every region's offset (coalesced loads, 16-byte vector access, cp.async)
 ROUTE_TILE_ROWS = 64  # the grouped GEMMs' smallest row tile (cuda_kernels.matmul_tiles)

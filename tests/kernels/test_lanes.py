@@ -138,13 +138,6 @@ def _rel(got, want):
     return np.linalg.norm(got - want) / np.linalg.norm(want)
 
 
-def _table(name, x8, n_cols):
-    """The table name of the decoding a one-token matvec of format name takes
-    (`matvec.matvec_decoding`): IQ3_S's signed table on 8-bit x where it fits."""
-    own = mv.MATVEC_X8.get(BY_LANE_NAME[name].ggml_type)
-    return own.table_name if x8 and own is not None and mv.lanes_fit(own, n_cols) else ""
-
-
 # (format, n_rows, n_cols): tails of the last step, 2 and 4 warps per row pair, rows at 2-byte
 # boundaries (Q6_K 768: 630-byte rows, Q8_0 96: 102-byte rows, IQ3_S 768: 330-byte rows)
 CASES = [("Q4_K", 5, 768), ("Q4_K", 3, 2048), ("Q5_K", 5, 1280), ("Q6_K", 5, 768),
@@ -163,8 +156,7 @@ def test_lane_matvec(name, n_rows, n_cols):
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
         assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
-    x8 = dots_x8(name, rows.nbytes)
-    assert (lf.ggml_type, 0, x8, _table(name, x8, n_cols)) in mv._CACHE  # the lane kernel ran
+    assert (lf.ggml_type, 0, dots_x8(name, rows.nbytes)) in mv._CACHE  # the lane kernel ran
 
 
 def test_x8_floor(monkeypatch):
@@ -183,7 +175,7 @@ def test_x8_floor(monkeypatch):
         mv._CACHE.clear()
         y = np.full(5, np.nan, np.float32)
         mv.matvec(rows, "Q6_K", x, y)
-        assert list(mv._CACHE) == [(t6, 0, x8, "")]
+        assert list(mv._CACHE) == [(t6, 0, x8)]
         assert _rel(y, ref @ x_seen(x, x8)) < 1e-5
         assert dots_x8("Q6_K", rows.nbytes) == x8
     # q, k Q4_K and v Q6_K with the norm: v under the floor keeps float32 x, q and k take 8-bit
@@ -293,8 +285,7 @@ def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols,
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
         got[ahead] = y
-        assert (lf.ggml_type, 0, lf.x8, _table(name, lf.x8, n_cols), "rounds", 0,
-                ahead) in mv._CACHE
+        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead) in mv._CACHE
     assert np.array_equal(got[1], got[2])
     assert _rel(got[2], reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) \
         < 1e-5

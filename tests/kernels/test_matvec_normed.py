@@ -98,7 +98,7 @@ def test_normed_out_is_optional_and_plain_kernels_still_run():
     y = np.full(3, np.nan, np.float32)
     matvec_normed(x, nw, 1e-5, [(w, name, y)])
     assert _rel(y, ref @ _rmsnorm64(x, nw, 1e-5)) < 1e-5
-    assert (BY_NAME[name].ggml_type, -1, False, "") in mv._CACHE  # the normed lane kernel ran
+    assert (BY_NAME[name].ggml_type, -1, False) in mv._CACHE  # the normed lane kernel ran
     y_plain = np.full(3, np.nan, np.float32)
     mv.matvec(w, name, x, y_plain)  # the plain lane kernel: raw x
     assert _rel(y_plain, ref @ x.astype(np.float64)) < 1e-5

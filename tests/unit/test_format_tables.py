@@ -9,15 +9,13 @@ import pytest
 
 from strata.cuda_kernels import tables
 from strata.cuda_kernels.qformats import FORMATS
-from strata.cuda_kernels.qtables import EXTRA_TABLES
 from strata.plan.layout import FORMAT_TABLES_BYTES
 
 
 def test_the_plans_region_holds_every_table():
     need = tables.tables_bytes()
     assert need <= FORMAT_TABLES_BYTES
-    every = [f.table for f in FORMATS.values()] + list(EXTRA_TABLES.values())
-    assert need >= sum(a.nbytes for a in every)  # every table is counted
+    assert need >= sum(f.table.nbytes for f in FORMATS.values())  # every table is counted
     assert FORMAT_TABLES_BYTES - need < 16 * 1024  # and the region is not grossly oversized
 
 
@@ -38,8 +36,8 @@ def test_install_lays_every_table_at_its_aligned_offset():
     region = cuda.to_device(np.full(FORMAT_TABLES_BYTES, 0xAB, np.uint8))  # poisoned
     tables.install(region)
     got, off = region.copy_to_host(), 0
-    for a in [f.table for f in FORMATS.values()] + list(EXTRA_TABLES.values()):
-        a = np.ascontiguousarray(a)
+    for f in FORMATS.values():
+        a = np.ascontiguousarray(f.table)
         np.testing.assert_array_equal(got[off:off + a.nbytes].view(a.dtype), a)
         off += -(-a.nbytes // tables.ALIGN) * tables.ALIGN
     assert got[off:off + 4].view(np.int32)[0] == 0  # the dummy
