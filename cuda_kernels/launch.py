@@ -162,6 +162,24 @@ def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:
     return t
 
 
+# SMs the simulator stands for (kernel tests see the grids of a 128-SM card: 256 lane blocks)
+SIM_SMS = 128
+_SMS: dict[int, int] = {}  # context handle -> its device's SMs
+
+
+def device_sms() -> int:
+    """Streaming multiprocessors of the current context's device (asked once a context: grids
+    sized to the card are read at every launch); SIM_SMS under the simulator."""
+    if SIMULATED:
+        return SIM_SMS
+    handle = current_context_handle()
+    n = _SMS.get(handle) if handle else None
+    if n is None:  # no context yet (numba makes one) or a first use in this one
+        ctx = cuda.current_context()
+        n = _SMS[int(ctx.handle)] = int(ctx.device.MULTIPROCESSOR_COUNT)
+    return n
+
+
 def n_blocks(n_items: int, per_block: int) -> int:
     return max(1, -(-int(n_items) // per_block))
 

@@ -27,8 +27,8 @@ from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_s
                     row_pair_steps, split_log)
 from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
-from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_table, flat, n_blocks,
-                     register_ptx)
+from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
+                     n_blocks, register_ptx)
 from .matvec_f32 import float_format, matvec_float
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
                              stage_table)
@@ -40,13 +40,23 @@ F1 = np.float32(1.0)
 LANE_WARPS = 8     # warps per block of the lane kernels, 2 rows each
 LANE_THREADS = 32 * LANE_WARPS
 PART_SLOTS = 2 * LANE_WARPS  # shared partial sums of the lane kernels: 2 per warp
-MIN_LANE_BLOCKS = 256  # blocks a lane launch aims at: two per SM of an H200 (132 SMs)
+# blocks a lane launch aims at when it splits row pairs between warps (`lane_split`), and the
+# MoE's grids (`moe`, `moe_fused`): about two an SM of an H100 or H200 (132 SMs); the rounds'
+# cap is the device's own (`lane_grid_blocks`)
+MIN_LANE_BLOCKS = 256
 # The most blocks a lane matvec launches: more row pairs than they hold go in rounds (the
 # `rounds` kernel), so a 151,936-row head stages x 256 times instead of 9,496. On the H200 the
 # head took as long at a cap of 256 as at 512, within 1% (`2026-12-01_kernels_matvec_rounds.json`).
 # Smaller grids keep the kernel of a warp a pair, which takes fewer registers (Q6_K 80
-# against 128, IQ4_XS 64 against 80). Read at launch, so a benchmark can compare settings.
-LANE_GRID_BLOCKS = MIN_LANE_BLOCKS
+# against 128, IQ4_XS 64 against 80). None: two blocks an SM of the device launched on
+# (`lane_grid_blocks`), which the rounds kernels' registers hold at once. A fixed 256 left 14 of
+# an H100's or H200's 132 SMs one block of the head's 250 (38 rounds; 36 at 264): on the H100,
+# two runs each way, the IQ4_XS head 67.5-67.9 us against 70.9-71.0 and IQ3_S's 80.9-81.0
+# against 85.0-85.1, the heads already near the read (Q4_K, Q6_K_P8, Q8_0 at 89-92% of one)
+# and the other shapes unchanged (`2026-12-05_lane_grid_sms_h100.json`). On a card of 82 SMs
+# 256 blocks would have been a wave and a half. Read at launch, so a benchmark can compare
+# settings.
+LANE_GRID_BLOCKS: int | None = None
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
@@ -65,6 +75,11 @@ LANE_X8 = True
 # `2026-12-05_q6k_planar_settings_h100.json`); v's 0.9 MB stays on float32 x, as measured above.
 X8_MIN_BYTES = {int(BY_NAME["Q6_K"].ggml_type): 8 << 20,
                 int(BY_NAME["Q6_K_P8"].ggml_type): 4 << 20}
+
+
+def lane_grid_blocks() -> int:
+    """LANE_GRID_BLOCKS, or where it is None two blocks an SM of the current device."""
+    return 2 * device_sms() if LANE_GRID_BLOCKS is None else LANE_GRID_BLOCKS
 
 
 def x8_pays(lf: LaneFormat, n_bytes: int) -> bool:
@@ -108,7 +123,7 @@ def lane_jit_options(lf: LaneFormat) -> dict:
 
 # (format, 8-bit x) whose rounds kernels (one-token lane matvecs only) also come compiled for
 # this many blocks an SM (launch bounds: 80 registers), taken where the balanced rounds grid
-# (`rounds_launch`) passes LANE_GRID_BLOCKS. Why: Q6_K's head matvec on the H200 (96 registers
+# (`rounds_launch`) passes `lane_grid_blocks`. Why: Q6_K's head matvec on the H200 (96 registers
 # unbounded: two blocks, 16 warps an SM) waits on its loads (ncu: long-scoreboard stalls first,
 # issue slots 48% busy, DRAM 49%). At three blocks (the 8-bit kernels spill 28-146 bytes) the
 # heads took Q6_K 97.3 us against 109.3, Q4_K 53.3-54.0 against 63.2-63.3 (capped at two blocks
@@ -148,15 +163,16 @@ def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0, ahead: int = 1) -> d
 
 def rounds_launch(lf: LaneFormat, grid: int) -> tuple[int, int]:
     """(blocks, min_blocks) of a rounds launch for `grid` blocks of row pairs: the fewest blocks
-    that take as few rounds as the widest grid lf's kernels allow (LANE_GRID_BLOCKS, or
+    that take as few rounds as the widest grid lf's kernels allow (`lane_grid_blocks`, or
     WIDE_ROUNDS' blocks an SM: 1.5 times it at three), so no warp takes a round more than
-    another; min_blocks: the wide kernel's blocks an SM where they pass LANE_GRID_BLOCKS,
+    another; min_blocks: the wide kernel's blocks an SM where they pass `lane_grid_blocks`,
     else 0 (read at launch)."""
     wide = WIDE_ROUNDS.get((lf.name, lf.x8), 0)
-    cap = LANE_GRID_BLOCKS * max(wide, 2) // 2
+    two = lane_grid_blocks()
+    cap = two * max(wide, 2) // 2
     n_rounds = -(-grid // cap)
     blocks = -(-grid // n_rounds)
-    return blocks, (wide if blocks > LANE_GRID_BLOCKS else 0)
+    return blocks, (wide if blocks > two else 0)
 
 
 def lane_jit(lf: LaneFormat) -> dict:
@@ -376,7 +392,7 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     nw, eps, xn = (y[:0], 0.0, y[:0]) if norm is None else norm
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
-    rounds = grid > LANE_GRID_BLOCKS and has_rounds(lf)
+    rounds = grid > lane_grid_blocks() and has_rounds(lf)
     min_blocks = 0
     if rounds:
         grid, min_blocks = rounds_launch(lf, grid)

@@ -162,7 +162,7 @@ def launch_mixed_normed(lf_a: LaneFormat, lf_b: LaneFormat, x, mats_a: Sequence[
     # each format's decoding as its own launch would pick it
     a = _part(mv.launch_decoding(lf_a, x8, n_cols, mats_a), mats_a, n_cols)
     b = _part(mv.launch_decoding(lf_b, x8, n_cols, mats_b), mats_b, n_cols)
-    blocks_a, blocks_b, rounds = split_blocks(a["grid"], b["grid"], mv.LANE_GRID_BLOCKS)
+    blocks_a, blocks_b, rounds = split_blocks(a["grid"], b["grid"], mv.lane_grid_blocks())
     nw, eps, xn = norm
     la, lb = a["lf"], b["lf"]
     smem = max(la.stage_bytes(n_cols), lb.stage_bytes(n_cols))

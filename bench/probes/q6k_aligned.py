@@ -80,7 +80,7 @@ def launcher(lf, n_rows, n_cols):
     n_pairs = (n_rows + 1) // 2
     log = mv.lane_split(lf, 2 * n_pairs, n_sb)
     grid = n_blocks(n_pairs, mv.LANE_WARPS >> log)
-    rounds = grid > mv.LANE_GRID_BLOCKS and mv.has_rounds(lf)
+    rounds = grid > mv.lane_grid_blocks() and mv.has_rounds(lf)
     min_blocks = 0
     if rounds:
         grid, min_blocks = mv.rounds_launch(lf, grid)

@@ -246,6 +246,7 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                 # the lane kernel's grid settings: the default cap against others (rounds of
                 # row pairs against a warp a pair)
                 default = mv.LANE_GRID_BLOCKS
+                extra["grid cap"] = mv.lane_grid_blocks()  # the default's, on this device
                 for cap in LANE_GRID_AB:
                     mv.LANE_GRID_BLOCKS = cap
                     try:

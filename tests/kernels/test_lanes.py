@@ -305,10 +305,11 @@ def test_rounds_ahead_default_and_bounds():
 
 def test_rounds_launch_balances_the_rounds_and_widens_past_two_blocks_an_sm():
     """The fewest blocks that take as few rounds as the widest grid allows; the wide kernel only
-    where the blocks pass LANE_GRID_BLOCKS (the 30B shapes at the H200's cap of 256)."""
+    where the blocks pass two an SM (the 30B shapes on the simulator's 128 SMs)."""
     q6, iq3 = BY_LANE_NAME["Q6_K"], BY_LANE_NAME["IQ3_S"]
     q4_x8 = x8_format(BY_LANE_NAME["Q4_K"].ggml_type)
-    assert mv.LANE_GRID_BLOCKS == 256 and mv.WIDE_ROUNDS[("Q6_K", False)] == 3
+    assert mv.LANE_GRID_BLOCKS is None and mv.lane_grid_blocks() == 256  # the simulator: 128 SMs
+    assert mv.WIDE_ROUNDS[("Q6_K", False)] == 3
     assert mv.rounds_launch(q6, 9496) == (380, 3)   # the 151,936-row head: 25 rounds
     assert mv.rounds_launch(q4_x8, 9496) == (380, 3)
     assert mv.rounds_launch(q6, 512) == (256, 0)    # 8192 x 8192: two rounds either way
@@ -316,6 +317,21 @@ def test_rounds_launch_balances_the_rounds_and_widens_past_two_blocks_an_sm():
     assert mv.rounds_launch(iq3, 9496) == (250, 0)  # not wide: 38 rounds at most 256 blocks
     assert mv.rounds_launch(iq3, 257) == (129, 0)
     assert mv.rounds_launch(BY_LANE_NAME["Q4_K"], 9496) == (250, 0)  # float32 x: not wide
+
+
+def test_rounds_grid_follows_the_devices_sms(monkeypatch):
+    """Unless LANE_GRID_BLOCKS is set, the rounds' cap is two blocks an SM of the device: the
+    head's 9,496 blocks of row pairs in 36 rounds of 264 on 132 SMs (not 38 of 250 with 14 SMs
+    holding one block), 58 of 164 on 82; a set cap wins."""
+    iq3, q6 = BY_LANE_NAME["IQ3_S"], BY_LANE_NAME["Q6_K"]
+    for n_sm, want in ((132, (264, 0)), (82, (164, 0)), (128, (250, 0))):
+        monkeypatch.setattr(mv, "device_sms", lambda n_sm=n_sm: n_sm)
+        assert mv.lane_grid_blocks() == 2 * n_sm
+        assert mv.rounds_launch(iq3, 9496) == want
+    monkeypatch.setattr(mv, "device_sms", lambda: 132)
+    assert mv.rounds_launch(q6, 9496) == (396, 3)    # three blocks an SM: 24 rounds
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 256)
+    assert mv.lane_grid_blocks() == 256 and mv.rounds_launch(iq3, 9496) == (250, 0)
 
 
 def test_wide_rounds_kernel_has_its_own_name():
