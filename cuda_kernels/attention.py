@@ -37,8 +37,11 @@ THREADS = 32 * WARPS
 UNROLL = 4
 SPLIT_LEN = attn_split.SPLIT_K_TOKENS  # the longest split (the shared score buffer's length)
 # Whether the engine's decode steps pass their sync words, so the tensor-core pass 1 merges its
-# splits (`attention_merge`) instead of a `_combine` launch after it. Read at launch.
-MERGE_SPLITS = True
+# splits (`attention_merge`) instead of a `_combine` launch after it. Off until it has run on a
+# GPU: built and simulator-tested on 2026-12-05, when no device was lent for its GPU test
+# (tests/gpu/test_decode_attention_gpu.py, `test_decode_attention_merged_in_pass_1`) and its
+# bench rows (`strata.bench.kernels_prefill -k _merged,_combine`). Read at launch.
+MERGE_SPLITS = False
 NEG_INF = float32(-np.inf)
 _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
@@ -354,10 +357,11 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     min_split: the shortest split where max_split allows it (a multiple of 16; None: the
     kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
     (`allocate_partials` with the same or a smaller one, e.g. its default).
-    sync: where the tensor-core kernel runs, an int32 device array of at least 2 words a pass-1
-    column (`merge_words`), zero before its first launch and kept by the kernel after: pass 1
-    then merges the splits itself (`attention_merge`) and no `_combine` launch follows. None:
-    the two launches.
+    sync: where the tensor-core kernel runs on a KV format of `attention_merge.FORMATS` (f16),
+    an int32 device array of at least 2 words a pass-1 column (`merge_words`), zero before its
+    first launch and kept by the kernel after: pass 1 then merges the splits itself
+    (`attention_merge`) and no `_combine` launch follows. None, or another case: the two
+    launches.
     """
     lay = k.layout
     _check_pair(k, v)
@@ -387,7 +391,8 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     n_x = lay.n_kv_head * kv_blocks(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
     args = (q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
             part_o, part_ml)
-    if sync is not None and _tensor_cores(lay.fmt, v.layout.fmt, hd, group, max_split, wide):
+    if (sync is not None and lay.fmt in attention_merge.FORMATS
+            and _tensor_cores(lay.fmt, v.layout.fmt, hd, group, max_split, wide)):
         if sync.dtype != np.int32 or sync.ndim != 1 or sync.size < 2 * n_x:
             raise ValueError(f"sync must be an int32 [>= {2 * n_x}] device array (2 words a "
                              f"pass-1 column), got {sync.dtype} {tuple(sync.shape)}")

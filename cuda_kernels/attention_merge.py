@@ -11,15 +11,24 @@ memory (`gridsync`'s two words and orders: the arrival an acq_rel add that publi
 writes; the last arrival sets the count back to zero and bumps the generation with a release
 store, so the same words serve every later launch and graph replay with no reset). The last
 `n_merge` blocks to arrive merge: the last at once, the others once they see the generation
-move, each taking the column's query heads c, c + n, ... A waiting block waits only for blocks
-that already hold a slot or get one as finished blocks leave, so no wait can block forever when
-the grid fits the device at once; where it does not (or in the simulator, whose blocks run one
-after another) the launcher passes n_merge = 1 and the last block merges alone, without waiting.
+move, each taking the column's query heads c, c + n, ...; every other block leaves at once, and
+splits past the length never arrive. A waiting block waits for blocks that hold a slot or get
+one as finished blocks leave: it cannot wait forever while the device holds more blocks than
+can be waiting at once ((n_merge - 1) a column; `n_merge` checks); where it does not, and in
+the simulator (whose blocks run one after another), n_merge is 1: the last block merges alone.
+
+Two earlier forms lost to the combine launch (README, "Tried and dropped: decode attention in
+one launch"): the last block of a KV head merging all its heads alone, walking the splits (61.0
+against 31.1 us at 32K), and every block merging after a barrier across the grid, where all
+blocks, those without keys too, arrive at one counter (30.5 against 25.6). Here the counters
+are a column's, the merge is spread over up to 8 blocks (one query head each, 32 KiB of
+partials at 32K), and a warp loads several splits' outputs at once (BATCH).
 
 The merge of one query head over the n used splits (s): M = max m_s, den = sum l_s e^(m_s - M),
 out[d] = sum o_s[d] e^(m_s - M) / den; the statistics by the block's threads, the outputs by
-its warps over the splits (warp w: splits w, w + WARPS, ...; lane: dims lane + 32 j), summed in
-warp order. The result is `_combine`'s up to float32 rounding (the sums in another order).
+its warps over the splits (warp w: splits w, w + WARPS, ..., a batch at a time, the first
+loaded before the statistics; lane: dims lane + 32 j), summed in warp order. The result is
+`_combine`'s up to float32 rounding (the sums in another order).
 """
 
 from __future__ import annotations
@@ -36,7 +45,11 @@ from .mma import shfl_xor
 from .ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
 
 NEG_INF = float32(-np.inf)
-EARLY = 4  # a warp's first splits whose outputs a lane loads before the statistics are reduced
+# KV formats whose pass 1 merges: f16 (96 registers, no spill). int8's pass 1 holds 128
+# registers already; with the merge ptxas 13.0 spilled 80-96 bytes, 12 local loads inside its
+# tile loop (`bench/probes/sass_loops.py`), with a batch of 8 or of 4 alike.
+FORMATS = ("f16",)
+BATCH = 8  # splits a warp loads at once (a lane: BATCH * head_dim / 32 outputs in registers)
 MERGE_BLOCKS = 8  # blocks merging a column at most: one a query head of a full block
 _N_MERGE: dict[tuple, int] = {}  # (kernel, context, columns) -> the launches' n_merge
 
@@ -62,7 +75,7 @@ def n_merge(kern, args, n_cols: int, threads: int) -> int:
     return n
 
 
-def merger(head_dim: int, warps: int):
+def merger(head_dim: int, warps: int, batch: int = BATCH):
     """merge(part_o, part_ml, sync, out, col, q_first, n_heads, n_used, n_merge), called by a
     whole block of `warps` warps after it wrote its split's partials; returns once the block's
     part is done (see the module doc). sync: int32 [2 * columns], zero before the first launch;
@@ -72,7 +85,7 @@ def merger(head_dim: int, warps: int):
     DPL = head_dim // 32      # dims a lane: lane + 32 j
     THREADS = 32 * warps
     N_RED, N_ACC = 2 * warps, warps * head_dim  # array sizes: constants for numba
-    N_EARLY = EARLY * DPL
+    N_O = batch * DPL
 
     @cuda.jit(device=True, inline="always")
     def block_stats(m, l, s_red, warp, lane):
@@ -98,37 +111,44 @@ def merger(head_dim: int, warps: int):
         return big, den
 
     @cuda.jit(device=True, inline="always")
-    def merge_head(part_o, part_ml, out, h, n_used, s_red, s_acc, tid, warp, lane):
-        early = cuda.local.array(N_EARLY, float32)
-        for i in range(EARLY):  # in flight while the statistics are reduced
-            s = warp + warps * i
+    def load_batch(part_o, part_ml, h, s0, n_used, lane, o, ms):
+        # the outputs (o) and maxima (ms) of splits s0 + warps * i, i < batch, all loads issued
+        # before any is used (one memory latency a batch, not one a split); past n_used: 0, -inf
+        for i in range(batch):
+            s = s0 + warps * i
+            ok = s < n_used
+            ms[i] = part_ml[s, h, 0] if ok else NEG_INF
             for j in range(DPL):
-                early[i * DPL + j] = part_o[s, h, lane + 32 * j] if s < n_used else float32(0.0)
+                o[i * DPL + j] = part_o[s, h, lane + 32 * j] if ok else float32(0.0)
+
+    @cuda.jit(device=True, inline="always")
+    def merge_head(part_o, part_ml, out, h, n_used, s_red, s_acc, tid, warp, lane):
+        o = cuda.local.array(N_O, float32)
+        ms = cuda.local.array(batch, float32)
+        load_batch(part_o, part_ml, h, warp, n_used, lane, o, ms)  # in flight: the statistics
         m = NEG_INF
         l = float32(0.0)
         s = tid
         while s < n_used:
-            ms = part_ml[s, h, 0]
-            big = max(m, ms)
-            l = l * math.exp(m - big) + part_ml[s, h, 1] * math.exp(ms - big)
+            m_s = part_ml[s, h, 0]
+            big = max(m, m_s)
+            l = l * math.exp(m - big) + part_ml[s, h, 1] * math.exp(m_s - big)
             m = big
             s += THREADS
         big, den = block_stats(m, l, s_red, warp, lane)
         acc = cuda.local.array(DPL, float32)
         for j in range(DPL):
             acc[j] = float32(0.0)
-        for i in range(EARLY):
-            s = warp + warps * i
-            if s < n_used:
-                wt = math.exp(part_ml[s, h, 0] - big)
+        s0 = warp
+        while True:
+            for i in range(batch):
+                wt = math.exp(ms[i] - big)  # 0 past the used splits
                 for j in range(DPL):
-                    acc[j] += wt * early[i * DPL + j]
-        s = warp + warps * EARLY
-        while s < n_used:
-            wt = math.exp(part_ml[s, h, 0] - big)
-            for j in range(DPL):
-                acc[j] += wt * part_o[s, h, lane + 32 * j]
-            s += warps
+                    acc[j] += wt * o[i * DPL + j]
+            s0 += warps * batch
+            if s0 >= n_used:
+                break
+            load_batch(part_o, part_ml, h, s0, n_used, lane, o, ms)
         for j in range(DPL):
             s_acc[warp * head_dim + lane + 32 * j] = acc[j]
         cuda.syncthreads()

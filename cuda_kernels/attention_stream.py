@@ -51,6 +51,7 @@ from numba import cuda, float32, int32, uint32, uint64
 from strata.plan import attn_split
 
 from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
+from .attention_merge import FORMATS as MERGE_FORMATS
 from .attention_merge import merger
 from .attention_merge import shared_bytes as merge_shared_bytes
 from .launch import MAX_SHARED_BYTES, factory_cache
@@ -480,6 +481,9 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
         def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
             pass1(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml)
         return kernel
+    if fmt not in MERGE_FORMATS:
+        raise ValueError(f"pass 1 merges its splits for {' or '.join(MERGE_FORMATS)} KV, not "
+                         f"{fmt} (`attention_merge.FORMATS`)")
     merge = merger(head_dim, WARPS)
 
     @cuda.jit(**opts)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from numba import types as T
 
-from . import attention, attention_prefill, attention_prefill_gqa, attention_stream, kvcache, route
+from . import (attention, attention_merge, attention_prefill, attention_prefill_gqa,
+               attention_stream, kvcache, route)
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, SMALL_TC_TILE, tc_tile
@@ -159,7 +160,8 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
                 continue
             longest = attention.longest_split(fmt, fmt, hd, group)
             for merged, tag, sig in ((False, "", _DECODE_ATTN_SIG),
-                                     (True, "_merged", _DECODE_ATTN_SIG + _MERGE_SIG)):
+                                     (True, "_merged", _DECODE_ATTN_SIG + _MERGE_SIG))[
+                                         :2 if fmt in attention_merge.FORMATS else 1]:
                 register_ptx(family, f"decode_attn_{fmt}_stream{tag}_hd{hd}_g{group}",
                              _fixed(attention_stream.stream_kernel(fmt, hd, group, longest,
                                                                    merged=merged), sig),

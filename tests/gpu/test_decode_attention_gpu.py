@@ -124,7 +124,7 @@ def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx):
 
 
 @pytest.mark.parametrize("fmt,group,n_ctx", [("f16", 8, 4096), ("f16", 16, 4096),
-                                             ("int8", 8, 4096), ("f16", 4, 32768)])
+                                             ("f16", 3, 4096), ("f16", 4, 32768)])
 def test_decode_attention_merged_in_pass_1(fmt, group, n_ctx):
     """Pass 1 merging its own splits (the engine's decode steps, `attention_merge`: the last
     blocks of each column merge, all but the last waiting for it on the device) at every length,

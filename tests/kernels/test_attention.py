@@ -9,7 +9,8 @@ from numba import cuda
 
 from helpers.kv_problem import attention_reference, decode_rows, encode_rows, filled_side
 from helpers.moe_problem import rel_err
-from strata.cuda_kernels import attention, attention_prefill, attention_stream, kvcache
+from strata.cuda_kernels import (attention, attention_merge, attention_prefill, attention_stream,
+                                 kvcache)
 
 FORMATS = ("f16", "int8", "q4_0")
 HD = 64
@@ -328,11 +329,12 @@ def test_launcher_default_split_is_the_kernels_longest():
 @pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32),
                                                  (64, 2, 16, 16), (64, 1, 12, 32)])
 def test_decode_attention_merged_in_pass_1(hd, n_kv, group, split, fmt):
-    """With a sync array the tensor-core kernel merges its splits itself (`attention_merge`): the
-    float64 reference and the two launches' result at every length (1 to 4 splits used of a
-    grid of 4; a group of 16 or 12: two columns a KV head), the sync words back to zero
+    """With a sync array the f16 tensor-core kernel merges its splits itself (`attention_merge`):
+    the float64 reference and the two launches' result at every length (1 to 4 splits used of
+    a grid of 4; a group of 16 or 12: two columns a KV head), the sync words back to zero
     arrivals with one generation more per launch for every column, the same words reused from
-    launch to launch as a graph replays them; `out` written where the two launches write it."""
+    launch to launch as a graph replays them. int8 KV keeps the two launches (its pass 1 would
+    spill): the same results, the words untouched."""
     rng = np.random.default_rng(7)
     lay = kvcache.KvLayout(fmt, n_ctx=4 * split, n_kv_head=n_kv, head_dim=hd)
     k, kref = filled_side(lay, rng.standard_normal((lay.n_ctx, n_kv, hd)), rng)
@@ -355,9 +357,15 @@ def test_decode_attention_merged_in_pass_1(hd, n_kv, group, split, fmt):
         assert rel_err(got[0], ref) < 1e-5, length
         np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)
         words = sync.copy_to_host().reshape(-1, 2)
+        merges = fmt in attention_merge.FORMATS
         assert np.array_equal(words[:n_cols, 0], np.zeros(n_cols)), words
-        assert np.array_equal(words[:n_cols, 1], np.full(n_cols, n_launch)), words
+        assert np.array_equal(words[:n_cols, 1], np.full(n_cols, n_launch if merges else 0))
         assert not words[n_cols:].any()  # the words past the columns are never touched
+
+
+def test_merged_kernel_only_for_its_formats():
+    with pytest.raises(ValueError, match="merges its splits for f16 KV, not int8"):
+        attention_stream.stream_kernel("int8", 128, 8, 256, 64, merged=True)
 
 
 def test_decode_attention_merged_refuses_a_short_sync_and_keeps_the_generic_kernel_apart():
