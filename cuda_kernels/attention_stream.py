@@ -50,10 +50,10 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from strata.plan import attn_split
 
-from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
 from .attention_merge import FORMATS as MERGE_FORMATS
 from .attention_merge import merger
 from .attention_merge import shared_bytes as merge_shared_bytes
+from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
                   h2_sub, half2_hi, half2_lo, ldsm_x4_at, ldsm_x4_trans_at, mma_16816, pack_half2,
