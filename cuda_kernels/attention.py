@@ -36,6 +36,7 @@ WARPS = 4
 THREADS = 32 * WARPS
 UNROLL = 4
 SPLIT_LEN = attn_split.SPLIT_K_TOKENS  # the longest split (the shared score buffer's length)
+merge_words = attn_split.merge_words  # the words a `decode_attention` sync array needs
 # Whether the engine's decode steps pass their sync words, so the tensor-core pass 1 merges its
 # splits (`attention_merge`) instead of a `_combine` launch after it. Off until it has run on a
 # GPU: built and simulator-tested on 2026-12-05, when no device was lent for its GPU test
@@ -407,12 +408,6 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     kernel[(n_x, n_split), THREADS, stream](*args)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
-
-
-def merge_words(n_head: int) -> int:
-    """int32 words a `decode_attention` sync array needs for n_head query heads, any KV layout
-    (2 a pass-1 column; columns are at most n_head)."""
-    return 2 * n_head
 
 
 def _check_partials(partials, n_split: int, n_head: int, hd: int) -> None:

@@ -92,13 +92,12 @@ def ring_words(head_dim: int) -> int:
     return WARPS * 2 * TILE * 2 * head_dim // 4
 
 
-def shared_bytes(head_dim: int, merged: bool = True) -> int:
-    """Static shared memory of the kernel: the slots, Q^T's fragments [head_dim / 16, 32, 4],
-    the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes each;
-    merged: and the split merge's (`attention_merge`)."""
+def shared_bytes(head_dim: int) -> int:
+    """Static shared memory of the kernel at most: the slots, Q^T's fragments [head_dim / 16,
+    32, 4], the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes
+    each, and the split merge's where pass 1 merges (`attention_merge`)."""
     return (4 * (ring_words(head_dim) + head_dim * 8 + WARPS * TILE_HEADS * PS
-                 + WARPS * TILE_HEADS * 2)
-            + (merge_shared_bytes(head_dim, WARPS) if merged else 0))
+                 + WARPS * TILE_HEADS * 2) + merge_shared_bytes(head_dim, WARPS))
 
 
 def n_sub(group: int) -> int:

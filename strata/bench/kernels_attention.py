@@ -193,8 +193,8 @@ ENTRIES = {
         _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
         tag=f"_32k{tag}")
        for tag, target in (("", None), ("_t96", 96))},
-    # pass 1 merging its own splits (the engine's default) against the combine launch after it,
-    # at the D1 shape, a full 4K cache and 32K, in one run
+    # pass 1 merging its own splits (`attention.MERGE_SPLITS`, off until timed here) against the
+    # combine launch after it, at the D1 shape, a full 4K cache and 32K, in one run
     **{f"decode_attn_f16_{name}_{how}": functools.partial(
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length),
         merged=how == "merged", tag=f"_{name}_{how}")
