@@ -27,7 +27,7 @@ from numba import cuda, float32, int32
 
 from strata.plan import attn_split
 
-from . import attention_merge, attention_stream
+from . import attention_stream
 from .kvcache import KvSide, make_reader
 from .launch import factory_cache
 from .mma import shfl_xor
@@ -36,13 +36,6 @@ WARPS = 4
 THREADS = 32 * WARPS
 UNROLL = 4
 SPLIT_LEN = attn_split.SPLIT_K_TOKENS  # the longest split (the shared score buffer's length)
-merge_words = attn_split.merge_words  # the words a `decode_attention` sync array needs
-# Whether the engine's decode steps pass their sync words, so the tensor-core pass 1 merges its
-# splits (`attention_merge`) instead of a `_combine` launch after it. Off until it has run on a
-# GPU: built and simulator-tested on 2026-12-05, when no device was lent for its GPU test
-# (tests/gpu/test_decode_attention_gpu.py, `test_decode_attention_merged_in_pass_1`) and its
-# bench rows (`strata.bench.kernels_prefill -k _merged,_combine`). Read at launch.
-MERGE_SPLITS = False
 NEG_INF = float32(-np.inf)
 _split_len = cuda.jit(device=True, inline="always")(attn_split.split_len)
 
@@ -342,7 +335,7 @@ def allocate_partials(n_head: int, head_dim: int, n_ctx: int, *, n_kv_head: int,
 
 def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: int = 1,
                      max_split: int | None = None, n_target: int | None = None, stream=0,
-                     wide: bool | None = None, min_split: int | None = None, sync=None):
+                     wide: bool | None = None, min_split: int | None = None):
     """out[h] = softmax(q[h] . K[0:L, h // G] / sqrt(head_dim)) @ V[0:L, h // G].
 
     q: [n_head, head_dim] f32 (the last new token's queries, RoPE applied); k, v: the layer's
@@ -358,11 +351,6 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     min_split: the shortest split where max_split allows it (a multiple of 16; None: the
     kernel's, `min_split_for`); the partials must hold the splits the rule makes with it
     (`allocate_partials` with the same or a smaller one, e.g. its default).
-    sync: where the tensor-core kernel runs on a KV format of `attention_merge.FORMATS` (f16),
-    an int32 device array of at least 2 words a pass-1 column (`merge_words`), zero before its
-    first launch and kept by the kernel after: pass 1 then merges the splits itself
-    (`attention_merge`) and no `_combine` launch follows. None, or another case: the two
-    launches.
     """
     lay = k.layout
     _check_pair(k, v)
@@ -387,25 +375,14 @@ def decode_attention(q, k: KvSide, v: KvSide, seq_len, out, partials, *, n_new: 
     _check_partials(partials, n_split, n_head, hd)
     if seq_len.dtype != np.int32 or tuple(seq_len.shape) != (1,):
         raise ValueError("seq_len must be an int32 [1] device array")
+    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide,
+                           min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     part_o, part_ml = partials
     n_x = lay.n_kv_head * kv_blocks(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide)
-    args = (q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
-            part_o, part_ml)
-    if (sync is not None and lay.fmt in attention_merge.FORMATS
-            and _tensor_cores(lay.fmt, v.layout.fmt, hd, group, max_split, wide)):
-        if sync.dtype != np.int32 or sync.ndim != 1 or sync.size < 2 * n_x:
-            raise ValueError(f"sync must be an int32 [>= {2 * n_x}] device array (2 words a "
-                             f"pass-1 column), got {sync.dtype} {tuple(sync.shape)}")
-        kernel = attention_stream.stream_kernel(lay.fmt, hd, group, max_split, min_split,
-                                                merged=True)
-        args += (sync, out)
-        args += (attention_merge.n_merge(kernel, args + (1,), n_x, attention_stream.THREADS),)
-        kernel[(n_x, n_split), attention_stream.THREADS, stream](*args)
-        return
-    kernel = decode_kernel(lay.fmt, v.layout.fmt, hd, group, max_split, wide=wide,
-                           min_split=min_split)
-    kernel[(n_x, n_split), THREADS, stream](*args)
+    kernel[(n_x, n_split), THREADS, stream](
+        q, k.data, k.scale, v.data, v.scale, seq_len, n_new, lay.n_ctx, n_target, scale,
+        part_o, part_ml)
     _combine[(n_head, hd // 32), COMBINE_THREADS, stream](
         part_o, part_ml, seq_len, n_new, lay.n_ctx, n_target, max_split, min_split, out)
 

@@ -50,9 +50,6 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from strata.plan import attn_split
 
-from .attention_merge import FORMATS as MERGE_FORMATS
-from .attention_merge import merger
-from .attention_merge import shared_bytes as merge_shared_bytes
 from .intrinsics import SIMULATED, f2u, ld_w4, prmt, st_x4, u2f
 from .launch import MAX_SHARED_BYTES, factory_cache
 from .mma import (cp_async16_at, cp_async_commit, cp_async_wait, cp_async_wait_group1, gaddr1,
@@ -93,11 +90,10 @@ def ring_words(head_dim: int) -> int:
 
 
 def shared_bytes(head_dim: int) -> int:
-    """Static shared memory of the kernel at most: the slots, Q^T's fragments [head_dim / 16,
-    32, 4], the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes
-    each, and the split merge's where pass 1 merges (`attention_merge`)."""
-    return (4 * (ring_words(head_dim) + head_dim * 8 + WARPS * TILE_HEADS * PS
-                 + WARPS * TILE_HEADS * 2) + merge_shared_bytes(head_dim, WARPS))
+    """Static shared memory of the kernel: the slots, Q^T's fragments [head_dim / 16, 32, 4],
+    the P transposes [WARPS, 8, PS] and the merge's statistics [WARPS, 8, 2], 4 bytes each."""
+    return 4 * (ring_words(head_dim) + head_dim * 8 + WARPS * TILE_HEADS * PS
+                + WARPS * TILE_HEADS * 2)
 
 
 def n_sub(group: int) -> int:
@@ -142,8 +138,7 @@ def _sum_over_g(v):
 
 @factory_cache
 def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
-                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None,
-                  merged: bool = False):
+                  min_split: int = attn_split.SPLIT_K_MIN, min_blocks: int | None = None):
     """Pass-1 kernel (grid (n_kv_head * n_sub(group), n_split), THREADS threads) for f16 or int8
     K/V (`fmt`); splits of at least min(min_split, max_split) and at most max_split keys, as the
     launcher's rule makes them (any length: there is no shared score buffer).
@@ -152,10 +147,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
     lane widens the bytes it copied to f16 (exact: a byte over f16's 1024, less 1152) into the
     swizzled f16 layout; the per-row scales are applied in f32, a key's K scale to its scores and
     its V scale to its probabilities in P V (not to their sum), so the results are the f16 path's
-    up to f32 rounding.
-
-    merged: the kernel also merges the splits (`attention_merge`; arguments sync, out and
-    n_merge after part_ml), so no `_combine` launch follows."""
+    up to f32 rounding."""
     if not supports(fmt, fmt, head_dim, group, max_split):
         raise ValueError(f"streaming decode attention: {fmt} KV, head_dim {head_dim}, group "
                          f"{group}, longest split {max_split} not supported")
@@ -252,9 +244,8 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
             return hk, cuda.blockIdx.x * TILE_HEADS, TILE_HEADS
         return hk, hk * group + h_first, min(TILE_HEADS, group - h_first)
 
-    @cuda.jit(device=True, inline="always")
-    def pass1(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
-        # the block's split: its partials written; False for a split past the length (none)
+    @cuda.jit(**({} if SIMULATED else jit_options(min_blocks)))
+    def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
         split = cuda.blockIdx.y
         hk, q_first, n_heads = block_heads()
         tid = cuda.threadIdx.x
@@ -266,7 +257,7 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
         k0 = int32(split * split_len)
         n_keys = int32(min(split_len, length - k0))
         if n_keys <= 0:
-            return False
+            return
         ring = cuda.shared.array(N_RING, uint32)    # [WARPS, K|V, TILE, ROW] f16, swizzled
         s_p = cuda.shared.array(N_P, float32)       # [WARPS, 8 heads, PS] P of a tile
         s_ml = cuda.shared.array(N_ML, float32)     # [WARPS, 8 heads, max | sum]
@@ -472,28 +463,5 @@ def stream_kernel(fmt: str, head_dim: int, group: int, max_split: int,
                 v += u2f(ring[w * N_ACC * RED_ROW + at])
             part_o[split, q_first + h, d] = v
             o += THREADS
-        return True
 
-    opts = {} if SIMULATED else jit_options(min_blocks)
-    if not merged:
-        @cuda.jit(**opts)
-        def kernel(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml):
-            pass1(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o, part_ml)
-        return kernel
-    if fmt not in MERGE_FORMATS:
-        raise ValueError(f"pass 1 merges its splits for {' or '.join(MERGE_FORMATS)} KV, not "
-                         f"{fmt} (`attention_merge.FORMATS`)")
-    merge = merger(head_dim, WARPS)
-
-    @cuda.jit(**opts)
-    def kernel_merged(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o,
-                      part_ml, sync, out, n_merge):
-        # sync: int32 [2 * grid x] (arrivals, generation) a column; out: [n_head, head_dim] f32
-        if pass1(q, kd, ks, vd, vs, seq_len, n_new, n_ctx, n_target, qk_scale, part_o,
-                 part_ml):
-            length = min(seq_len[0] + n_new, n_ctx)
-            split_len = _split_len(length, n_target, MAX_SPLIT, MIN_SPLIT)
-            _, q_first, n_heads = block_heads()
-            merge(part_o, part_ml, sync, out, cuda.blockIdx.x, q_first, n_heads,
-                  (length + split_len - 1) // split_len, n_merge)
-    return kernel_merged
+    return kernel

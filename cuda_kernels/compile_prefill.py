@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from numba import types as T
 
-from . import (attention, attention_merge, attention_prefill, attention_prefill_gqa,
-               attention_stream, kvcache, route)
+from . import attention, attention_prefill, attention_prefill_gqa, attention_stream, kvcache, route
 from .launch import register_ptx
 from .matmul import _fma, _tc
 from .matmul_tiles import FMA_TILE, SMALL_TC_TILE, tc_tile
@@ -51,8 +50,6 @@ def _fixed(kernel, sig):
 # qk_scale, part_o, part_ml
 _DECODE_ATTN_SIG = (T.float32[:, ::1], _U8, _F16, _U8, _F16, _I32, _I64, _I64, _I64, _F32,
                     T.float32[:, :, ::1], T.float32[:, :, ::1])
-# the tensor-core kernel that merges its splits (`attention_merge`): then sync, out, n_merge
-_MERGE_SIG = (_I32, T.float32[:, ::1], _I64)
 
 
 # Attention shapes the binary's bundle carries: head sizes and query heads per KV head of the
@@ -158,15 +155,11 @@ def register(family: str = FAMILY, *, full: bool = False) -> None:
         for fmt in attention_stream.FORMATS:
             if not attention_stream.supports(fmt, fmt, hd, group, attention.SPLIT_LEN):
                 continue
-            longest = attention.longest_split(fmt, fmt, hd, group)
-            for merged, tag, sig in ((False, "", _DECODE_ATTN_SIG),
-                                     (True, "_merged", _DECODE_ATTN_SIG + _MERGE_SIG))[
-                                         :2 if fmt in attention_merge.FORMATS else 1]:
-                register_ptx(family, f"decode_attn_{fmt}_stream{tag}_hd{hd}_g{group}",
-                             _fixed(attention_stream.stream_kernel(fmt, hd, group, longest,
-                                                                   merged=merged), sig),
-                             options=attention_stream.jit_options(
-                                 attention_stream.MIN_BLOCKS[fmt]))
+            register_ptx(family, f"decode_attn_{fmt}_stream_hd{hd}_g{group}",
+                         _fixed(attention_stream.stream_kernel(
+                                    fmt, hd, group, attention.longest_split(fmt, fmt, hd, group)),
+                                _DECODE_ATTN_SIG),
+                         options=attention_stream.jit_options(attention_stream.MIN_BLOCKS[fmt]))
     for fmt in kvcache.KV_FORMATS:
         # the generic kernel where the tensor-core one does not apply (q4_0 KV)
         fmt_shapes = shapes if full or fmt == "f16" else [(128, 8), (128, 16)]

@@ -29,7 +29,7 @@ def _kv_sides(fmt, n_ctx, n_kv, hd, length, rng):
 def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_kv=4, hd=128,
                            max_split=None, n_target=None, variant="auto", n_layer=2,
                            min_split=None, quick=False, tag="", min_blocks=None,
-                           combine=True, merged=None) -> dict:
+                           combine=True) -> dict:
     """Decode attention over `n_layer` layers' caches in turn (so the working set is past the
     L2), GB/s of K+V read per layer at `length` live keys (default: the whole cache of n_ctx
     positions; the grid is the cache's, as a captured decode graph's). variant: "auto" (what
@@ -38,10 +38,7 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     gives the fixed split of max_split keys the kernels used before the split followed the
     length); min_split: the shortest split (default: the launcher's); min_blocks: the
     tensor-core kernel's launch bounds (default its own); combine=False: pass 1 alone (the
-    tensor-core kernel launched directly), to see what the combine launch costs. merged: the
-    launcher's pass 1 merging its own splits (`attention_merge`) instead of the combine launch
-    (None: as the engine's decode step does, `attention.MERGE_SPLITS`; the tensor-core kernel
-    through the launcher only)."""
+    tensor-core kernel launched directly), to see what the combine launch costs."""
     from strata.cuda_kernels import attention, attention_stream
     from strata.plan import attn_split
     cuda = cuda_module()
@@ -72,11 +69,6 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
                                        min_split=min_split)
     scale = np.float32(1.0 / math.sqrt(hd))
     n_split = attention.n_splits(n_ctx, n_target, max_split, min_split)
-    merged = attention.MERGE_SPLITS if merged is None else merged
-    sync = None
-    if merged and not direct and variant != "generic":
-        # one column's words each layer's launch: a replay reuses them with no reset
-        sync = cuda.to_device(np.zeros(attention.merge_words(n_head), np.int32))
 
     def step(s):  # the launcher's launches, with the chosen pass-1 kernel
         for _, (k, v) in layers:
@@ -91,15 +83,14 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
                 attention.decode_attention(q, k, v, seq, out, parts, n_new=1,
                                            max_split=max_split, n_target=n_target, stream=s,
                                            wide=False if variant == "generic" else None,
-                                           min_split=min_split, sync=sync)
+                                           min_split=min_split)
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
     return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
-            "n_used": attn_split.n_used(length, n_target, max_split, min_split),
-            "merged": sync is not None, "ms": ms,
+            "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
             "timing": how, "kernel": resources(kern),
             "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
 
@@ -193,13 +184,6 @@ ENTRIES = {
         _decode_attn_4k, length=32768, n_ctx=32768, max_split=512, n_target=target,
         tag=f"_32k{tag}")
        for tag, target in (("", None), ("_t96", 96))},
-    # pass 1 merging its own splits (`attention.MERGE_SPLITS`, off until timed here) against the
-    # combine launch after it, at the D1 shape, a full 4K cache and 32K, in one run
-    **{f"decode_attn_f16_{name}_{how}": functools.partial(
-        _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length),
-        merged=how == "merged", tag=f"_{name}_{how}")
-       for name, length in (("600", 600), ("4k", 4096), ("32k", 32768))
-       for how in ("merged", "combine")},
     # pass 1 alone (no combine launch) at 32K and a full 4K cache: what the combine costs
     **{f"decode_attn_f16_{name}_pass1": functools.partial(
         _decode_attn_4k, length=length, n_target=None, n_ctx=max(4096, length), combine=False,

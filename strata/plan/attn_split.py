@@ -36,13 +36,6 @@ SPLIT_K_GRAIN = 16    # what split bounds are multiples of; the generic kernel's
 SPLIT_K_BLOCKS = 256  # pass-1 blocks aimed at: about two per SM on a 132-SM H200
 
 
-def merge_words(n_head: int) -> int:
-    """int32 words of pass 1's split merge (`cuda_kernels.attention_merge`) for n_head query
-    heads, any KV layout: (arrivals, generation) a pass-1 column, and columns (KV heads times
-    blocks of up to 8 query heads) are at most n_head."""
-    return 2 * n_head
-
-
 def split_target(n_kv_head: int) -> int:
     """Splits per KV head aimed at: SPLIT_K_BLOCKS blocks over the KV heads, at least one."""
     if n_kv_head < 1:

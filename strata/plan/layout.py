@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from strata.gguf.shape import ModelShape
-from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, merge_words, split_target
+from strata.plan.attn_split import SPLIT_K_TOKENS, max_splits, split_target
 from strata.plan.pick import (PICK_FPARAMS, PICK_IPARAMS, PICK_KMAX, PICK_MAX_BIAS, pick_blocks,
                                pick_cand_len)
 
@@ -202,9 +202,6 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     b.add("attn_out", np.float32, (n_b, qd))
     b.add("attn_part_o", np.float32, (n_b, n_split, s.n_head, s.head_dim))  # per split: P V
     b.add("attn_part_ml", np.float32, (n_b, n_split, s.n_head, 2))  # per split: max, sum
-    # pass 1's split merge, (arrivals, generation) a column (strata.cuda_kernels.attention_merge):
-    # zero at load, kept by the kernel after
-    b.add("attn_sync", np.int32, (n_b, merge_words(s.n_head)))  # [batch, 2 * n_head] int32
     b.add("router_logits", np.float32, (n_b, s.n_expert))  # [batch, n_expert] f32
     b.add("topk_ids", np.int32, (n_b, k))  # [batch, k] int32
     b.add("topk_weights", np.float32, (n_b, k))

@@ -33,8 +33,7 @@ def table():
 class _Problem:
     """q, a cache of n_ctx positions all holding keys, the launch's device arguments."""
 
-    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split=None,
-                 merged: bool = False):
+    def __init__(self, fmt: str, group: int, n_ctx: int, seed: int, min_split=None):
         from numba import cuda
 
         from strata.cuda_kernels import attention, kvcache
@@ -50,20 +49,11 @@ class _Problem:
         self.parts = tuple(cuda.to_device(np.full(p.shape, np.nan, np.float32)) for p in
                            attention.allocate_partials(N_HEAD, HD, n_ctx, n_kv_head=self.n_kv))
         self.min_split = min_split
-        # pass 1 merging its splits (`attention_merge`): its (arrivals, generation) words
-        self.sync = (cuda.to_device(np.zeros(attention.merge_words(N_HEAD), np.int32))
-                     if merged else None)
 
     def launch(self, stream, wide):
         from strata.cuda_kernels import attention
         attention.decode_attention(self.qd, self.k, self.v, self.seq, self.out, self.parts,
-                                   stream=stream, wide=wide, min_split=self.min_split,
-                                   sync=self.sync)
-
-    def check_sync(self) -> None:
-        """Every column's arrival count back to zero after its launches."""
-        words = self.sync.copy_to_host().reshape(-1, 2)
-        assert not words[:, 0].any(), f"arrival counts left behind: {words[:, 0]}"
+                                   stream=stream, wide=wide, min_split=self.min_split)
 
     def set_length(self, length: int, stream) -> None:
         self.seq.copy_to_device(np.array([length - 1], np.int32), stream=stream)
@@ -121,34 +111,3 @@ def test_decode_attention_graph_replays_at_every_length(fmt, wide, n_ctx):
         p.set_length(length, stream)
         graph.replay(stream)
         p.check(f"graph replay {fmt}", length, stream)
-
-
-@pytest.mark.parametrize("fmt,group,n_ctx", [("f16", 8, 4096), ("f16", 16, 4096),
-                                             ("f16", 3, 4096), ("f16", 4, 32768)])
-def test_decode_attention_merged_in_pass_1(fmt, group, n_ctx):
-    """Pass 1 merging its own splits (the engine's decode steps, `attention_merge`: the last
-    blocks of each column merge, all but the last waiting for it on the device) at every length,
-    then a graph captured once and replayed 50 times at changing lengths (the sync words reused
-    with no reset): every output against the float64 reference, the counts back to zero."""
-    from numba import cuda
-
-    from strata.cuda_kernels.graph import capture
-    p = _Problem(fmt, group, n_ctx, seed=11 + group, merged=True)
-    stream = cuda.stream()
-    name = f"merged {fmt} g{group}"
-    lengths = LENGTHS + ((16384, 32768) if n_ctx > 4096 else ())
-    for length in lengths:
-        p.set_length(length, stream)
-        p.launch(stream, None)
-        p.check(name, length, stream)
-    p.check_sync()
-    graph = capture(lambda s: p.launch(s, None), stream)
-    rng = np.random.default_rng(group)
-    for i in range(50):
-        length = int(rng.integers(1, n_ctx + 1)) if i % 10 else n_ctx
-        p.set_length(length, stream)
-        graph.replay(stream)
-        if i % 10 == 0 or i == 49:
-            p.check(f"{name} graph", length, stream)
-    stream.synchronize()
-    p.check_sync()

@@ -9,8 +9,7 @@ from numba import cuda
 
 from helpers.kv_problem import attention_reference, decode_rows, encode_rows, filled_side
 from helpers.moe_problem import rel_err
-from strata.cuda_kernels import (attention, attention_merge, attention_prefill, attention_stream,
-                                 kvcache)
+from strata.cuda_kernels import attention, attention_prefill, attention_stream, kvcache
 
 FORMATS = ("f16", "int8", "q4_0")
 HD = 64
@@ -323,70 +322,3 @@ def test_launcher_default_split_is_the_kernels_longest():
     assert np.isfinite(ml[:3]).all() and np.isnan(ml[3:]).all()  # splits of 512: 3 used
     ref = attention_reference(q[None], kref, vref, length - 1)[0]
     assert rel_err(out.copy_to_host(), ref) < 1e-5
-
-
-@pytest.mark.parametrize("fmt", ["f16", "int8"])
-@pytest.mark.parametrize("hd,n_kv,group,split", [(64, 2, 3, 16), (128, 1, 8, 32),
-                                                 (64, 2, 16, 16), (64, 1, 12, 32)])
-def test_decode_attention_merged_in_pass_1(hd, n_kv, group, split, fmt):
-    """With a sync array the f16 tensor-core kernel merges its splits itself (`attention_merge`):
-    the float64 reference and the two launches' result at every length (1 to 4 splits used of
-    a grid of 4; a group of 16 or 12: two columns a KV head), the sync words back to zero
-    arrivals with one generation more per launch for every column, the same words reused from
-    launch to launch as a graph replays them. int8 KV keeps the two launches (its pass 1 would
-    spill): the same results, the words untouched."""
-    rng = np.random.default_rng(7)
-    lay = kvcache.KvLayout(fmt, n_ctx=4 * split, n_kv_head=n_kv, head_dim=hd)
-    k, kref = filled_side(lay, rng.standard_normal((lay.n_ctx, n_kv, hd)), rng)
-    v, vref = filled_side(lay, rng.standard_normal((lay.n_ctx, n_kv, hd))
-                          * (1e-3 if fmt == "int8" else 1.0), rng)
-    n_head = n_kv * group
-    n_cols = n_kv * attention_stream.n_sub(group)
-    sync = cuda.to_device(np.zeros(attention.merge_words(n_head), np.int32))
-    kw = dict(max_split=split, n_target=lay.n_ctx // split, min_split=16)
-    for n_launch, length in enumerate((3, split + 1, 3 * split, 4 * split), start=1):
-        q = rng.standard_normal((n_head, hd)).astype(np.float32)
-        seq = cuda.to_device(np.array([length - 1], np.int32))
-        ref = attention_reference(q[None], kref, vref, length - 1)[0]
-        got = []
-        for s in (sync, None):
-            out = cuda.to_device(np.full(q.shape, np.nan, np.float32))
-            parts = attention.allocate_partials(n_head, hd, lay.n_ctx, n_kv_head=n_kv, **kw)
-            attention.decode_attention(cuda.to_device(q), k, v, seq, out, parts, sync=s, **kw)
-            got.append(out.copy_to_host())
-        assert rel_err(got[0], ref) < 1e-5, length
-        np.testing.assert_allclose(got[0], got[1], rtol=1e-5, atol=1e-6)
-        words = sync.copy_to_host().reshape(-1, 2)
-        merges = fmt in attention_merge.FORMATS
-        assert np.array_equal(words[:n_cols, 0], np.zeros(n_cols)), words
-        assert np.array_equal(words[:n_cols, 1], np.full(n_cols, n_launch if merges else 0))
-        assert not words[n_cols:].any()  # the words past the columns are never touched
-
-
-def test_merged_kernel_only_for_its_formats():
-    with pytest.raises(ValueError, match="merges its splits for f16 KV, not int8"):
-        attention_stream.stream_kernel("int8", 128, 8, 256, 64, merged=True)
-
-
-def test_decode_attention_merged_refuses_a_short_sync_and_keeps_the_generic_kernel_apart():
-    """A sync array short of 2 words a column is refused with the size it needs; q4_0 K/V
-    (the generic kernel) ignore it and launch the combine as before."""
-    rng = np.random.default_rng(8)
-    lay = kvcache.KvLayout("f16", n_ctx=64, n_kv_head=2, head_dim=HD)
-    k, kref = filled_side(lay, rng.standard_normal((64, 2, HD)), rng)
-    q = rng.standard_normal((16, HD)).astype(np.float32)
-    seq = cuda.to_device(np.array([40], np.int32))
-    out = cuda.to_device(np.zeros(q.shape, np.float32))
-    parts = attention.allocate_partials(16, HD, 64, n_kv_head=2)
-    with pytest.raises(ValueError, match=r"sync must be an int32 \[>= 4\]"):
-        attention.decode_attention(cuda.to_device(q), k, k, seq, out, parts,
-                                   sync=cuda.to_device(np.zeros(3, np.int32)))
-    with pytest.raises(ValueError, match="sync must be an int32"):
-        attention.decode_attention(cuda.to_device(q), k, k, seq, out, parts,
-                                   sync=cuda.to_device(np.zeros(8, np.float32)))
-    lay4 = kvcache.KvLayout("q4_0", n_ctx=64, n_kv_head=2, head_dim=HD)
-    k4, k4ref = filled_side(lay4, rng.standard_normal((64, 2, HD)), rng)
-    sync = cuda.to_device(np.zeros(32, np.int32))
-    attention.decode_attention(cuda.to_device(q), k4, k4, seq, out, parts, sync=sync)
-    assert rel_err(out.copy_to_host(), attention_reference(q[None], k4ref, k4ref, 40)[0]) < 1e-5
-    assert not sync.copy_to_host().any()

@@ -119,8 +119,6 @@ def test_session_layout_scales_with_batch_and_context():
     assert four.region("router_done").shape == (4,) and four.region("router_done").dtype == "int32"
     # the one-launch MoE's grid barrier (arrivals, generation): one pair per sequence, int32
     assert four.region("moe_sync").shape == (4, 2) and four.region("moe_sync").dtype == "int32"
-    # decode attention's split merge (arrivals, generation) a pass-1 column: at most n_head
-    assert four.region("attn_sync").shape == (4, 64) and four.region("attn_sync").dtype == "int32"
     # the token choice: (best key, blocks done) u64 (64-bit atomics), and every sampler block's
     # 256 candidates: 38 blocks of 4,096 of the 30B's 151,936 logits
     assert four.region("pick_state").shape == (4, 3) and four.region("pick_state").dtype == "uint64"

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from strata.cuda_kernels import attention, batch_attention
+from strata.cuda_kernels import batch_attention
 from strata.cuda_kernels.attention import decode_attention, n_splits
 from strata.cuda_kernels.batch_attention import attention_rows, kv_write_rows
 from strata.cuda_kernels.batch_moe import batch_moe_decode, batch_moe_fits
@@ -72,7 +72,6 @@ class BatchStep:
         # (`decode_attention`) uses its first splits, as many as its live length calls for
         self.partials = [(a["attn_part_o"][r][:ns], a["attn_part_ml"][r][:ns])
                          for r in range(self.n_rows)]
-        self.attn_sync = [a["attn_sync"][r] for r in range(self.n_rows)]  # [2 * n_head] i32
         self.row_ctx = n_ctx
         self.regions = self._regions() if batch_attention.supports(
             m.kv_layout.fmt, m.shape.head_dim, m.shape.n_head // m.shape.n_head_kv) else None
@@ -184,8 +183,7 @@ class BatchStep:
                      stream=stream)
             decode_attention(a["q"][r].reshape(s.n_head, s.head_dim), k_side, v_side, pos,
                              a["attn_out"][r].reshape(s.n_head, s.head_dim), self.partials[r],
-                             n_new=1, stream=stream,
-                             sync=self.attn_sync[r] if attention.MERGE_SPLITS else None)
+                             n_new=1, stream=stream)
 
     def _moe(self, il: int, n: int, stream) -> None:
         """Layer il's experts of every row added into its residual: one row, or gate and up in

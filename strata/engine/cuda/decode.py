@@ -26,7 +26,6 @@ second MoE launch while the pool computes (`strata.engine.cuda.miss_split`).
 
 from __future__ import annotations
 
-from strata.cuda_kernels import attention
 from strata.cuda_kernels.attention import decode_attention
 from strata.cuda_kernels.elementwise import embed
 from strata.cuda_kernels.intrinsics import SIMULATED
@@ -81,7 +80,6 @@ class DecodeStep:
         self.k3 = a["k"].reshape(1, s.n_head_kv, s.head_dim)
         self.v3 = a["v"].reshape(1, s.n_head_kv, s.head_dim)
         self.partials = (a["attn_part_o"][0], a["attn_part_ml"][0])
-        self.attn_sync = a["attn_sync"][0]  # [2 * n_head] i32: pass 1 merges its splits
         self.logits = a["logits"][0]  # [n_vocab] f32
         self.history = a["history"][0]  # [max_context] i32
         self.n_tokens = a["n_tokens"]  # [1] i32
@@ -163,8 +161,7 @@ class DecodeStep:
             kv_write(self.k3, k_side, self.seq_len, stream=stream)
             kv_write(self.v3, v_side, self.seq_len, stream=stream)
         decode_attention(self.q2, k_side, v_side, self.seq_len, self.attn2, self.partials,
-                         n_new=1, stream=stream,  # the kernel's longest split: partials fit
-                         sync=self.attn_sync if attention.MERGE_SPLITS else None)
+                         n_new=1, stream=stream)  # the kernel's longest split: partials fit
         w = m.matrices[b + "attn_output"]  # added into the residual by the matvec itself
         matvec(w.data, w.ggml_type, self.attn1, self.x1, accumulate=True, stream=stream)
         self._route(il, stream)

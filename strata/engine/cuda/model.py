@@ -156,7 +156,7 @@ class CudaModel:
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
         # block counters of fused kernels and the token choice's state: from zero
-        for name in ("router_done", "moe_sync", "attn_sync", "pick_state"):
+        for name in ("router_done", "moe_sync", "pick_state"):
             counter = self.acts[name]
             counter.copy_to_device(np.zeros(counter.shape, counter.dtype), stream=self.stream)
         self._carve_kv()

@@ -8,8 +8,7 @@ from typing import Any
 from strata.engine.cuda.model import CudaModel
 
 ROW_ENTRIES = ("hidden", "residual", "normed", "q", "k", "v", "attn_out", "router_logits",
-               "topk_ids", "topk_weights", "router_done", "moe_sync", "attn_sync", "moe_h",
-               "miss_list",
+               "topk_ids", "topk_weights", "router_done", "moe_sync", "moe_h", "miss_list",
                "moe_out", "logits", "seq_len", "history", "step_tokens", "n_tokens",
                "sample_fparams", "sample_iparams", "sample_bias_ids", "sample_bias_vals")
 
