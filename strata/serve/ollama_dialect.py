@@ -1,6 +1,7 @@
 """The Ollama API, for the tools and UIs written against a local Ollama: `POST /api/chat`,
 `POST /api/generate`, `GET /api/tags`, `POST /api/show`, `GET /api/ps`, `GET /api/version`
-(`strata.serve.ollama_request` reads the bodies).
+(`strata.serve.ollama_request` reads the bodies), and `POST /api/pull` of the served model; the
+model store's other verbs are a 400 saying why.
 
 Streaming is on unless the body says `"stream": false`, as in Ollama: one JSON object per line
 (`application/x-ndjson`), each with `model`, `created_at` and `done`; chat lines carry a
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from strata import __version__
 from strata.serve.chat import prepare_chat
-from strata.serve.errors import ApiError
+from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation, Prepared, fit_max_tokens
 from strata.serve.job import FinishEvent, PromptEvent, Sampling
@@ -220,3 +221,34 @@ async def show(request: Request, state: ServerState, body: dict) -> Response:
 
 async def version(request: Request, state: ServerState) -> Response:
     return JSONResponse({"version": __version__})
+
+
+def _one_file(state: ServerState, what: str) -> ApiError:
+    served = ", ".join(repr(n) for n in (state.model.name, *state.model.aliases))
+    return bad_request(f"strata serves the one model file it was started with ({served}) and "
+                       f"does not {what}: fetch the GGUF yourself and start `strata serve -m "
+                       f"FILE` (--model-name and --alias name it)", "model")
+
+
+async def pull(request: Request, state: ServerState, body: dict) -> Response:
+    """`POST /api/pull`: the served model is here already (Ollama's `success`, one line or
+    one object); any other is a 400: models are not downloaded."""
+    f = Fields(body)
+    f.bool("insecure")
+    stream = f.bool("stream", default=True)
+    try:
+        check_model(f, state)
+    except ApiError:
+        raise _one_file(state, "download models") from None
+    if stream:
+        return Response(_ndjson({"status": "success"}), media_type=NDJSON)
+    return JSONResponse({"status": "success"})
+
+
+async def manage(request: Request, state: ServerState) -> Response:
+    """`/api/push`, `/api/create`, `/api/copy`, `/api/delete` and `/api/blobs/{digest}`:
+    Ollama's model store, which this server does not have: a 400 saying so."""
+    what = {"push": "upload models", "create": "create models",
+            "copy": "copy models (--alias gives the served model more names)",
+            "delete": "delete model files", "blobs": "store blobs"}
+    raise _one_file(state, what[request.url.path.split("/")[2]])

@@ -198,6 +198,22 @@ def _stored() -> dict:
                    "responses": {"200": {"description": "response.deleted"}, **gone}}}
 
 
+def _input_items() -> dict:
+    """`GET /v1/responses/{response_id}/input_items`."""
+    params = [{"name": "response_id", "in": "path", "required": True, "schema": _STR},
+              {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                         "maximum": 100, "default": 20}},
+              {"name": "order", "in": "query", "schema": {"type": "string", "enum": [
+                  "asc", "desc"], "default": "desc"}},
+              {"name": "after", "in": "query", "schema": _STR},
+              {"name": "before", "in": "query", "schema": _STR}]
+    return {"get": {"summary": "a stored response's input items, a page at a time",
+                    "parameters": params,
+                    "responses": {"200": {"description": "a list of items"},
+                                  "400": {"description": "a bad limit, order or cursor"},
+                                  "404": {"description": "no stored response of that id"}}}}
+
+
 def build_schema(title: str, models: tuple[str, ...]) -> dict:
     """The OpenAPI document for a server serving `models` (the name and its aliases)."""
     names = list(models)
@@ -215,6 +231,7 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
             "/v1/responses": _post("OpenAI response (Responses API)", _responses_body(names)),
             "/v1/responses/{response_id}": _stored(),
+            "/v1/responses/{response_id}/input_items": _input_items(),
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),
@@ -226,6 +243,11 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/api/tags": _get("Ollama: the served model"),
             "/api/ps": _get("Ollama: the loaded model"),
             "/api/version": _get("Ollama: the server's version"),
+            "/api/pull": _post("Ollama pull: success for the served model (nothing is "
+                               "downloaded); another is a 400", {
+                "type": "object", "properties": {"model": {"type": "string", "enum": names},
+                                                 "stream": {"type": "boolean"},
+                                                 "insecure": {"type": "boolean"}}}),
             "/tokenize": _post("the served model's tokens of a prompt or a chat", {
                 "type": "object", "properties": {
                     "model": {"type": "string", "enum": names}, "prompt": _STR, "content": _STR,

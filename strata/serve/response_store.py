@@ -13,6 +13,7 @@ older turn has left is a 404 naming it. Nothing is written to disk: a restart fo
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ class StoredResponse:
     items: tuple  # its turn: the request's input items, then its output items
     previous: str | None  # the response it continued
     n_bytes: int
+    inputs: tuple = ()  # the request's input items as `input_items` lists them (`listed`)
 
 
 class ResponseStore:
@@ -48,14 +50,15 @@ class ResponseStore:
         """Keep a finished response (`body["output"]` its output items); False where it is
         larger than the whole store (it is not kept)."""
         items = tuple(input_items) + tuple(body["output"])
-        n_bytes = len(json.dumps(body)) + len(json.dumps(items))
+        inputs = tuple(listed(item) for item in input_items)
+        n_bytes = len(json.dumps(body)) + len(json.dumps(items)) + len(json.dumps(inputs))
         if n_bytes > self.max_bytes:
             return False
         with self._lock:
             old = self._items.pop(body["id"], None)
             if old is not None:
                 self.n_bytes -= old.n_bytes
-            self._items[body["id"]] = StoredResponse(body, items, previous, n_bytes)
+            self._items[body["id"]] = StoredResponse(body, items, previous, n_bytes, inputs)
             self.n_bytes += n_bytes
             while self.n_bytes > self.max_bytes:
                 _, gone = self._items.popitem(last=False)
@@ -99,3 +102,25 @@ class ResponseStore:
             turns.append(found.items)
             at = found.previous
         return [item for turn in reversed(turns) for item in turn]
+
+
+# id prefixes of input items that came without one, by type, as the official API names them
+_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+           "reasoning": "rs"}
+
+
+def listed(item) -> dict:
+    """An input item as `GET /v1/responses/{id}/input_items` lists it: with an id (its own, or
+    one made when it is stored), a message's string content as one text part (`input_text`;
+    `output_text` in an assistant's message) and its status."""
+    out = dict(item) if isinstance(item, dict) else {"type": "message", "role": "user",
+                                                     "content": str(item)}
+    kind = out["type"] = out.get("type") or "message"  # a bare {role, content} is a message
+    if not isinstance(out.get("id"), str) or not out["id"]:
+        out["id"] = f"{_PREFIX.get(kind, 'item')}_{secrets.token_hex(12)}"
+    if kind == "message":
+        if isinstance(out.get("content"), str):
+            part = "output_text" if out.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": out["content"]}]
+        out.setdefault("status", "completed")
+    return out

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strata.serve.chat import prepare_chat
-from strata.serve.errors import ApiError
+from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent
@@ -148,6 +148,36 @@ def _keep(state: ServerState, req: ResponsesRequest, body: dict) -> None:
 async def retrieve(request: Request, state: ServerState) -> Response:
     """`GET /v1/responses/{response_id}`: a stored response as it was returned."""
     return JSONResponse(state.responses.get(request.path_params["response_id"]).body)
+
+
+async def input_items(request: Request, state: ServerState) -> Response:
+    """`GET /v1/responses/{response_id}/input_items`: a stored response's input items (its own
+    request's, not the turns it continued), a page at a time: `limit` (1-100, default 20),
+    `order` (`desc`, the default: the last item first; or `asc`), and `after` / `before` an
+    item id of the list in that order."""
+    stored = state.responses.get(request.path_params["response_id"])
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order: expected 'asc' or 'desc', got {order!r}", "order")
+    items = list(stored.inputs if order == "asc" else reversed(stored.inputs))
+    raw = q.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise bad_request(f"limit: expected an integer from 1 to 100, got {raw!r}", "limit")
+    ids = [item["id"] for item in items]
+    start, end = 0, len(items)
+    for key in ("after", "before"):
+        if key in q:
+            if q[key] not in ids:
+                raise bad_request(f"{key}: {q[key]!r} is not an input item of this response",
+                                  key)
+            at = ids.index(q[key])
+            start, end = (at + 1, end) if key == "after" else (start, at)
+    page = items[start:min(end, start + int(raw))]
+    return JSONResponse({"object": "list", "data": page,
+                         "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None,
+                         "has_more": start + len(page) < end})
 
 
 async def delete(request: Request, state: ServerState) -> Response:

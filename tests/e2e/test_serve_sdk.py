@@ -330,6 +330,10 @@ def test_openai_responses_through_the_sdk(oai):
     assert cont.usage.input_tokens == follow.usage.input_tokens
     assert cont.output_text == follow.output_text
     assert oai.responses.retrieve(r.id).output_text == r.output_text
+    # the continued response's own input through the SDK's pager (one item a page)
+    listed = list(oai.responses.input_items.list(cont.id, limit=1, order="asc"))
+    assert [(i.type, i.call_id, i.output) for i in listed] == [
+        ("function_call_output", call.call_id, "Sunny")]
     oai.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(r.id)
@@ -481,3 +485,11 @@ def test_the_ollama_client(server, oai):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model="nope", messages=ask)
     assert e.value.status_code == 404 and "nope" in e.value.error
+    # the served model pulls as present; another pull, and the model store's verbs, say why not
+    assert client.pull(MODEL_NAME).status == "success"
+    assert [p.status for p in client.pull(MODEL_NAME, stream=True)] == ["success"]
+    for call in (lambda: client.pull("llama3"), lambda: client.delete(MODEL_NAME),
+                 lambda: client.copy(MODEL_NAME, "other")):
+        with pytest.raises(ollama.ResponseError) as e:
+            call()
+        assert e.value.status_code == 400 and "one model file" in e.value.error

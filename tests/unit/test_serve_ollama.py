@@ -166,3 +166,25 @@ def test_refusals_are_ollamas_error_objects(h, path, body, needle):
     r = h.client.post(path, json={"model": "fake", **body})
     assert r.status_code in (400, 404), r.text
     assert list(r.json()) == ["error"] and needle in r.json()["error"]
+
+
+def test_pull_of_the_served_model_succeeds_and_nothing_else_is_managed(h):
+    # the served model (any of its names, ':latest' too) is here: Ollama's success, streamed or not
+    assert _lines(_post(h, "/api/pull")) == [{"status": "success"}]
+    assert _post(h, "/api/pull", model="fake-alias:latest", stream=False).json() == {
+        "status": "success"}
+    r = h.client.post("/api/pull", json={"model": "llama3"})
+    assert r.status_code == 400 and "does not download models" in r.json()["error"]
+    assert "'fake'" in r.json()["error"] and "strata serve -m FILE" in r.json()["error"]
+    r = h.client.post("/api/pull", json={"model": "fake", "stream": "yes"})
+    assert r.status_code == 400 and "stream" in r.json()["error"]
+    for method, path, needle in (("POST", "/api/push", "upload"),
+                                 ("POST", "/api/create", "create"),
+                                 ("POST", "/api/copy", "--alias"),
+                                 ("DELETE", "/api/delete", "delete model files"),
+                                 ("POST", "/api/blobs/sha256:00", "store blobs")):
+        r = h.client.request(method, path, json={"model": "fake", "source": "fake"})
+        assert r.status_code == 400 and list(r.json()) == ["error"], (path, r.text)
+        assert needle in r.json()["error"] and "one model file" in r.json()["error"]
+    assert h.client.head("/api/blobs/sha256:00").status_code == 400
+    assert h.engine.prefills == []  # nothing ran

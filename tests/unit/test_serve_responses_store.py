@@ -12,7 +12,7 @@ import pytest
 from test_serve_app import Harness, sse_events
 from test_serve_responses import ASK, TOOLS, _post, body
 
-from strata.serve.response_store import ResponseStore
+from strata.serve.response_store import ResponseStore, listed
 
 
 @pytest.fixture
@@ -91,8 +91,10 @@ def _user(text: str) -> dict:
 
 
 def test_the_store_keeps_a_bounded_number_of_bytes_least_recently_used_first_out():
+    # the response, its turn's items and its input as listed (an id of a fixed length made)
     one = len(json.dumps(_response("r1", "x" * 100))) + len(json.dumps(
-        (_user("q"), *_response("r1", "x" * 100)["output"])))
+        (_user("q"), *_response("r1", "x" * 100)["output"]))) + len(json.dumps(
+            [listed(_user("q"))]))
     store = ResponseStore(max_bytes=3 * one + 10)
     for rid in ("r1", "r2", "r3"):
         assert store.put(_response(rid, "x" * 100), [_user("q")], None)
@@ -143,3 +145,47 @@ def test_metrics_count_the_route_not_each_id(h):
     assert {"/v1/responses/{response_id}", "/v1/models/{model}"} <= routes
     assert not any(r.startswith("/v1/responses/resp_") or r == "/v1/models/fake" for r in routes)
     assert h.metrics.requests[("/v1/responses/{response_id}", 200)] == 6
+
+
+def test_input_items_list_a_stored_responses_own_input_a_page_at_a_time(h):
+    first = _post(h, input="hello")
+    items = h.client.get(f"/v1/responses/{first['id']}/input_items").json()
+    assert items["object"] == "list" and items["has_more"] is False
+    [msg] = items["data"]
+    assert msg["type"] == "message" and msg["role"] == "user" and msg["status"] == "completed"
+    assert msg["content"] == [{"type": "input_text", "text": "hello"}]
+    assert msg["id"].startswith("msg_") and items["first_id"] == items["last_id"] == msg["id"]
+    # the same ids on every read
+    assert h.client.get(f"/v1/responses/{first['id']}/input_items").json() == items
+    sent = [{"role": "system", "content": "a"}, {"role": "user", "content": "b"},
+            {"type": "message", "role": "assistant", "content": "c", "id": "msg_mine"},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "d"}]}]
+    second = _post(h, previous_response_id=first["id"], input=sent)
+    url = f"/v1/responses/{second['id']}/input_items"
+    listed = h.client.get(url, params={"order": "asc"}).json()["data"]
+    # its own input only (not the turn it continued), in order, ids kept or made
+    assert [m["content"][0]["text"] for m in listed] == ["a", "b", "c", "d"]
+    assert listed[2]["id"] == "msg_mine" and listed[2]["content"][0]["type"] == "output_text"
+    assert len({m["id"] for m in listed}) == 4
+    # the default order is the last first; pages by after / before in the order asked
+    newest = h.client.get(url).json()
+    assert [m["id"] for m in newest["data"]] == [m["id"] for m in reversed(listed)]
+    page = h.client.get(url, params={"order": "asc", "limit": 2}).json()
+    assert [m["id"] for m in page["data"]] == [listed[0]["id"], listed[1]["id"]]
+    assert page["has_more"] is True and page["last_id"] == listed[1]["id"]
+    rest = h.client.get(url, params={"order": "asc", "limit": 2, "after": page["last_id"]}).json()
+    assert [m["id"] for m in rest["data"]] == [listed[2]["id"], listed[3]["id"]]
+    assert rest["has_more"] is False
+    before = h.client.get(url, params={"order": "asc", "before": listed[2]["id"]}).json()
+    assert [m["id"] for m in before["data"]] == [listed[0]["id"], listed[1]["id"]]
+    for params, field in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
+                          ({"limit": "x"}, "limit"), ({"order": "up"}, "order"),
+                          ({"after": "msg_nope"}, "after"), ({"before": "msg_nope"}, "before")):
+        r = h.client.get(url, params=params)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (params, r.text)
+    r = h.client.get("/v1/responses/resp_nope/input_items")
+    assert r.status_code == 404 and "resp_nope" in r.json()["error"]["message"]
+    # the listing counts toward the store's bound, and goes with its response
+    h.client.delete(f"/v1/responses/{second['id']}")
+    assert h.client.get(url).status_code == 404
