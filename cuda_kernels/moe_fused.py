@@ -59,7 +59,8 @@ SPLIT_ARRIVE = True
 # both in one process. At two (127 registers, no spill) the 30B's 6,144 gate/up items give each
 # warp three; at three (80 registers, a 152-byte spill with ptxas 13.0; a grid of 384) two. The
 # one-token matvecs' heads gained 10-15% from a third block (`matvec.WIDE_ROUNDS`): their loads
-# are what they wait on. Not yet timed here on the H200 (the kernel bench's "3 blocks an SM" row).
+# are what they wait on; here a third was slower on the H200 for every pair (Q4_K/Q4_K 21.57
+# against 15.46 us; `bench/results/2026-12-05_kernels_moe_blocks_an_sm.json`).
 BLOCKS_AN_SM = 2
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
