@@ -37,7 +37,7 @@ from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent
 from strata.serve.logprobs import chat_content
 from strata.serve.reasoning import Thinking
-from strata.serve.responses_request import ResponsesRequest, parse_responses
+from strata.serve.responses_request import ResponsesRequest, parse_responses, seal
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -134,9 +134,18 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
+    for item in output:
+        _sealed(req, item)
     body = shell.body(output, status=status_of(gen.finish), finish=gen.finish)
     _keep(state, req, body)
     return JSONResponse(body, headers=prepared.headers)
+
+
+def _sealed(req: ResponsesRequest, item: dict) -> None:
+    """A finished reasoning item's text sealed into its `encrypted_content`, where the request
+    included `reasoning.encrypted_content`."""
+    if req.seal_reasoning and item["type"] == "reasoning":
+        item["encrypted_content"] = seal(item["content"][0]["text"])
 
 
 def _keep(state: ServerState, req: ResponsesRequest, body: dict) -> None:
@@ -233,6 +242,7 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
                    ev("response.content_part.done", item_id=item["id"], output_index=open_at,
                       content_index=0, part=part)]
         item["status"] = "completed"
+        _sealed(shell.req, item)
         out.append(ev("response.output_item.done", output_index=open_at, item=item))
         return out
 

@@ -18,14 +18,19 @@ A stored response (`store`, true by default; `strata.serve.response_store`) is c
 earlier `instructions` not carried over. `conversation` (the Conversations API) is a 400.
 A `reasoning` item (a thinking model's, sent back) becomes the next assistant message's
 `reasoning_content`, which a thinking template shows where it wants it. Built-in tools (web
-search, file search, ...), image and file inputs, and other `include` entries are a 400 naming
-the field; `reasoning` is checked and left to the chat template (the model thinks as
+search, file search, ...), image and file inputs, and `include` entries other than
+`message.output_text.logprobs` and `reasoning.encrypted_content` are a 400 naming the field.
+With `reasoning.encrypted_content`, each reasoning item also carries its text sealed (`seal`),
+so a client that keeps no state here (`store: false`, as Codex sends) can send the item back
+without its `content` and the template still sees the reasoning; another provider's encrypted
+reasoning cannot be read here and is dropped; `reasoning` is checked and left to the chat template (the model thinks as
 its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
 `service_tier` cannot change the output and are checked and ignored.
 """
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +42,12 @@ from strata.serve.job import MAX_TOP_LOGPROBS
 from strata.serve.openai_request import parse_tool_choice
 
 ROLES = ("user", "system", "developer", "assistant")
-LOGPROBS = "message.output_text.logprobs"  # the one `include` entry this server has
+LOGPROBS = "message.output_text.logprobs"
+# reasoning items carry their text sealed, for a client that keeps no server state (store:
+# false, as Codex sends) to send back; the two `include` entries this server has
+SEALED = "reasoning.encrypted_content"
+INCLUDES = (LOGPROBS, SEALED)
+_SEAL = "strata-reasoning-v1:"
 _TEXT = ("input_text", "output_text", "text")
 _NOT_TEXT = ("input_image", "input_file", "input_audio")
 
@@ -48,6 +58,24 @@ class ResponsesRequest:
     stream: bool
     echo: dict  # the request's settings as the response object repeats them
     input_items: list  # `input` as items, kept with the response where it is stored
+    seal_reasoning: bool = False  # `include` has SEALED: reasoning items get encrypted_content
+
+
+def seal(text: str) -> str:
+    """A reasoning item's `encrypted_content`: its text, base64 behind a tag. Not a secret
+    (the item's `content` holds the same text); opaque to clients, read back by `unseal`."""
+    return _SEAL + base64.b64encode(text.encode()).decode("ascii")
+
+
+def unseal(value: str) -> str | None:
+    """The text `seal` made, or None for content this server did not seal (another
+    provider's encrypted reasoning, which it cannot read)."""
+    if not value.startswith(_SEAL):
+        return None
+    try:
+        return base64.b64decode(value[len(_SEAL):], validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def _content(m: Fields) -> str:
@@ -103,6 +131,9 @@ def _item(out: list[dict], m: Fields) -> None:
     elif kind == "reasoning":  # held for the assistant message that follows it
         text = "".join(Fields(p, join(m.where("content"), j)).str("text", default="")
                        for j, p in enumerate(m.list("content") or []))
+        sealed = m.str("encrypted_content")
+        if not text and sealed is not None:  # sent back without its text: ours, or unread
+            text = unseal(sealed) or ""
         out.append({"role": "assistant", "content": "", "reasoning_content": text})
     elif kind == "function_call_output":
         text = text_parts(m.raw("output", required=True), m.where("output"),
@@ -176,9 +207,9 @@ def _refuse_unsupported(f: Fields) -> None:
                           "with previous_response_id or send the conversation in input",
                           "conversation")
     for j, entry in enumerate(f.list("include") or []):
-        if entry != LOGPROBS:
+        if entry not in INCLUDES:
             raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
-                              f"{LOGPROBS!r})", f"include[{j}]")
+                              f"{' and '.join(map(repr, INCLUDES))})", f"include[{j}]")
     if f.bool("background"):
         raise bad_request("background: responses run in the request here", "background")
     reasoning = f.obj_at("reasoning")
@@ -224,4 +255,4 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
             "top_logprobs": top or 0, "previous_response_id": previous, "store": store}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,
-                            input_items=items)
+                            input_items=items, seal_reasoning=SEALED in (f.list("include") or []))

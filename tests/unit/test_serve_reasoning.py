@@ -122,6 +122,44 @@ def test_responses_reasoning_items(h):
     assert more.status_code == 200, more.text
 
 
+def test_responses_sealed_reasoning_for_a_stateless_client(h):
+    """A client keeping no state here (Codex: `store: false`, `include:
+    ["reasoning.encrypted_content"]`, a cache key and verbosity it sends along) gets each
+    reasoning item's text sealed, whole and streamed; the item sent back with only its seal
+    (no `content`) reaches the template as the text; another provider's seal is dropped."""
+    codex = {"model": "fake", "store": False, "include": ["reasoning.encrypted_content"],
+             "reasoning": {"effort": "medium", "summary": "auto"}, "prompt_cache_key": "k1",
+             "text": {"verbosity": "low"}, "parallel_tool_calls": False,
+             "instructions": "be brief"}
+    r = h.client.post("/v1/responses", json={**codex, "input": "hello"})
+    assert r.status_code == 200, r.text
+    reasoning, message = r.json()["output"]
+    sealed = reasoning["encrypted_content"]
+    assert isinstance(sealed, str) and "Let me see." not in sealed
+    assert reasoning["content"][0]["text"] == "Let me see."
+    assert h.client.get(f"/v1/responses/{r.json()['id']}").status_code == 404  # not stored
+    s = h.client.post("/v1/responses", json={**codex, "input": "hello", "stream": True})
+    events = [json.loads(d) for _, d in sse_events(s.text)]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done[0]["type"] == "reasoning" and done[0]["encrypted_content"] == sealed
+    assert events[-1]["response"]["output"][0]["encrypted_content"] == sealed
+    # without the include entry, no seal
+    plain = h.client.post("/v1/responses", json={"model": "fake", "input": "hello"}).json()
+    assert "encrypted_content" not in plain["output"][0]
+    back = {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": sealed}
+    for seal, want in ((sealed, "<assistant>[Let me see.]Hi there!"),
+                       ("gAAAAABforeign==", "<assistant>Hi there!")):
+        follow = [{"role": "user", "content": "hello"}, {**back, "encrypted_content": seal},
+                  message, {"role": "user", "content": "more"}]
+        r = h.client.post("/v1/responses", json={**codex, "input": follow})
+        assert r.status_code == 200, r.text
+        assert want in h.model.rendered[-1] and "<user>more" in h.model.rendered[-1]
+    bad = h.client.post("/v1/responses", json={**codex, "input": "x",
+                                               "include": ["file_search_call.results"]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "include[0]"
+    assert "reasoning.encrypted_content" in bad.json()["error"]["message"]
+
+
 def test_ollama_thinking(h):
     r = h.client.post("/api/chat", json={"model": "fake", "messages": HELLO, "stream": False})
     assert r.json()["message"] == {"role": "assistant", "content": "Hi there!",
