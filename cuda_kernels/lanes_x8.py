@@ -157,46 +157,58 @@ if _MAGS.max() > 127:
 SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
 
 
-@cuda.jit(device=True, inline="always")
-def _iq3_e(q, nb, sel, nib, tab, xw, acc, neg):
-    """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
-    signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as its
-    complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the 0x00/0xFF
-    mask), so acc - neg is the signed dot."""
-    grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
-    mask = prmt(nib * SPREAD, 0, 0xBA98)                    # each byte's sign, replicated
-    return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
+def _iq3_s_x8_dot(copies: int):
+    """IQ3_S's 8-bit dot for a staged grid of `copies` interleaved copies (1: the grid as it is;
+    else entry e of copy c at e * copies + c, lane l reading copy l % copies: see
+    GRID_COPIES)."""
+    stride = 4 * copies  # bytes from one entry to the next in a lane's copy
+
+    @cuda.jit(device=True, inline="always")
+    def entry(q, nb, sel, nib, tab, xw, acc, neg, at):
+        """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
+        signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as
+        its complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the
+        0x00/0xFF mask), so acc - neg is the signed dot. at: the lane's copy's byte offset."""
+        if copies == 1:  # compile time
+            grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
+        else:
+            grid = ld_u32_at(tab, stride * prmt(q, nb, sel) + at)
+        mask = prmt(nib * SPREAD, 0, 0xBA98)                    # each byte's sign, replicated
+        return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
+
+    @cuda.jit(device=True, inline="always")
+    def sub(qa, qb, qh, signs, tab, xs, p, at):
+        """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb
+        (4..7), their ninth bits in qh's bits 0..7."""
+        a0, a1, a2, a3 = ld_w4(xs, p)
+        b0, b1, b2, b3 = ld_w4(xs, p + 4)
+        na = ninth_bits(qh)
+        nb = ninth_bits(qh >> 4)
+        s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
+        s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
+        s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
+        s, n = entry(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n, at)
+        return np.int32(s - n)  # numba widens int32 arithmetic to int64: this keeps it 32-bit
+
+    @cuda.jit(device=True, inline="always")
+    def dot(v, part, xs, xo, so, tab):
+        p = xo + 20 * part
+        qh = v[6]
+        sc = v[7]
+        at = 4 * (cuda.threadIdx.x & (copies - 1))
+        sa = sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
+        sb = sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
+        d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
+        return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * u2f(d_a) * np.float32(sa)
+                            + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
+    return dot
 
 
-@cuda.jit(device=True, inline="always")
-def _iq3_sub(qa, qb, qh, signs, tab, xs, p):
-    """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb (4..7),
-    their ninth bits in qh's bits 0..7."""
-    a0, a1, a2, a3 = ld_w4(xs, p)
-    b0, b1, b2, b3 = ld_w4(xs, p + 4)
-    na = ninth_bits(qh)
-    nb = ninth_bits(qh >> 4)
-    s, n = _iq3_e(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0)
-    s, n = _iq3_e(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n)
-    s, n = _iq3_e(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n)
-    s, n = _iq3_e(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n)
-    s, n = _iq3_e(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n)
-    s, n = _iq3_e(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n)
-    s, n = _iq3_e(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n)
-    s, n = _iq3_e(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n)
-    return np.int32(s - n)      # numba widens int32 arithmetic to int64: this keeps it 32-bit
-
-
-@cuda.jit(device=True, inline="always")
-def dot_iq3_s_x8(v, part, xs, xo, so, tab):
-    p = xo + 20 * part
-    qh = v[6]
-    sc = v[7]
-    sa = _iq3_sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p)
-    sb = _iq3_sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8)
-    d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
-    return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * u2f(d_a) * np.float32(sa)
-                        + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
+dot_iq3_s_x8 = _iq3_s_x8_dot(1)
 
 
 # ---- Q6_K ----
@@ -289,10 +301,52 @@ X8_FORMATS: dict[int, LaneFormat] = dict([
 ROUNDS_DOTS = {int(T.IQ4_XS): dot_iq4_xs_x8_loaded}
 
 
-def rounds_decoding(lf: LaneFormat) -> LaneFormat:
-    """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only)."""
+def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
+    """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only);
+    copies > 1: the one reading its table staged in that many copies (GRID_COPIES)."""
+    if copies > 1:
+        if lf.ggml_type not in GRID_COPIES or not lf.x8:
+            raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
+        return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies))
     dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
     return lf if dot is None else replace(lf, dot=dot)
+
+
+# IQ3_S's grid (512 words) in a rounds matvec's shared memory as 16 copies, entry e of copy c
+# at word 16e + c, lane l reading copy l % 16: a lookup's bank is 16 (e & 1) + l % 16, so only
+# lanes l and l + 16 can meet in a bank (two wavefronts a warp's lookup at most), where one copy
+# takes 3-4 for 32 random entries. Why: its rounds loops wait on these lookups, not on their
+# instruction count (a signed 32 KiB table took 145 of 543 instructions out and was no faster,
+# 2026-12-05). 32 copies (none meet) would take 64 KiB, past a block's 48 KiB. Rounds matvecs
+# on 8-bit x only (the MoE and the one-pair kernels keep the 2 KiB grid), where the copies and
+# x fit (`grid_copies`). Read at launch, so a benchmark can compare both.
+GRID_COPIES = {int(T.IQ3_S): 16}
+_COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
+COPY_GRIDS = True
+
+
+def grid_copies(lf: LaneFormat, n_cols: int, room: int) -> int:
+    """Copies of lf's table its rounds matvec stages for rows of n_cols (1: the table once),
+    given `room` bytes of shared memory a block for x and the tables."""
+    copies = GRID_COPIES.get(lf.ggml_type, 1) if (COPY_GRIDS and lf.x8) else 1
+    if copies > 1 and lf.stage_bytes(n_cols) + copies * lf.table.nbytes > room:
+        return 1
+    return copies
+
+
+@cuda.jit(device=True, inline="always")
+def stage_table_copies(tab, tab_s, n, copies):
+    """The block stages tab[:n] in shared memory `copies` times, interleaved (entry e of copy
+    c at tab_s[e * copies + c]). Each thread writes its entries' copies in an order rotated by
+    its lane, so a warp's 32 stores fall in 32 banks (for 16 copies and consecutive entries)."""
+    lane = cuda.threadIdx.x & 31
+    rot = lane + (lane >> 4)
+    e = cuda.threadIdx.x
+    while e < n:
+        v = tab[e]
+        for j in range(copies):
+            tab_s[e * copies + ((j + rot) & (copies - 1))] = v
+        e += cuda.blockDim.x
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

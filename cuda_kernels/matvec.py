@@ -25,7 +25,8 @@ from numba import cuda, from_dtype, types
 from .intrinsics import SIMULATED, block_sum
 from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
                     row_pair_steps, split_log)
-from .lanes_x8 import X8_FORMATS, lanes_for, rounds_decoding, stager
+from .lanes_x8 import (GRID_COPIES, X8_FORMATS, grid_copies, lanes_for, rounds_decoding,
+                       stage_table_copies, stager)
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
                      n_blocks, register_ptx)
@@ -184,15 +185,19 @@ def lane_jit(lf: LaneFormat) -> dict:
 _CACHE: dict[tuple, object] = {}
 
 
-def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1):
+def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1,
+              copies: int = 1):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
     kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
-    (the format's table, the partial sums, the staged x of lf's `xs_type`)."""
+    (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
+    sums, the staged x of lf's `xs_type`)."""
+    if copies > 1 and not rounds:
+        raise ValueError("a table in copies is for the rounds kernels")
     if rounds:
-        lf = rounds_decoding(lf)
+        lf = rounds_decoding(lf, copies)
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
@@ -216,7 +221,10 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
                         s_first)  # in flight while x is staged
         if has_tab:
-            stage_table(tab, tab_s, n_tab)
+            if copies > 1:  # compile time
+                stage_table_copies(tab, tab_s, n_tab, copies)
+            else:
+                stage_table(tab, tab_s, n_tab)
         n_vals = n_sb * n_values
         if normed:
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
@@ -310,11 +318,11 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
 
 
 def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0):
+                  min_blocks: int = 0, copies: int = 1):
     ahead = rounds_ahead(lf, rounds, min_blocks)
-    body = lane_body(lf, normed, rounds, ahead)
+    body = lane_body(lf, normed, rounds, ahead, copies)
     xs_type = lf.xs_type
-    n_tab, tab_type = lf.table.size, lf.table.dtype.type
+    n_tab, tab_type = lf.table.size * copies, lf.table.dtype.type
 
     def matvec_lanes(w, w2, w3, row_bytes, n_sb, n_rows, n_first, b3, n1, n3, sums_off, log, x,
                      nw, eps, xn, y, y2, y3, accumulate, tab):
@@ -341,6 +349,9 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
     if min_blocks:  # its own name: the binary's kernel key (name and code) sees no launch bounds
         matvec_lanes.__name__ += f"_wide{min_blocks}"
         matvec_lanes.__qualname__ += f"_wide{min_blocks}"
+    if copies > 1:
+        matvec_lanes.__name__ += f"_copies{copies}"
+        matvec_lanes.__qualname__ += f"_copies{copies}"
     return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks, ahead)))(
         matvec_lanes)
 
@@ -352,12 +363,12 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0):
+                  min_blocks: int = 0, copies: int = 1):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
-        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks)) if rounds else ())
+        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies)
     return k
 
 
@@ -393,10 +404,11 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
     rounds = grid > lane_grid_blocks() and has_rounds(lf)
-    min_blocks = 0
-    if rounds:
+    min_blocks, copies = 0, 1
+    if rounds:  # the block's shared memory: x, the table (copies of it), the partial sums
         grid, min_blocks = rounds_launch(lf, grid)
-    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks)
+        copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS)
+    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies)
     kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
@@ -468,11 +480,11 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
-def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0):
+def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed, rounds, min_blocks).py_func, (
+        return _lanes_single(lf, normed, rounds, min_blocks, copies).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build
@@ -486,6 +498,13 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=_opts)
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=_opts)
+    if _lf.x8 and _lf.ggml_type in GRID_COPIES:
+        _c = GRID_COPIES[_lf.ggml_type]
+        _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf))
+        register_ptx("matvec", f"matvec_lanes_rounds_copies_x8_{_lf.name}_f32",
+                     _ptx_lanes(_lf, types.float32, rounds=True, copies=_c), options=_opts)
+        register_ptx("matvec", f"matvec_lanes_rounds_copies_normed_x8_{_lf.name}",
+                     _ptx_lanes(_lf, types.float32, True, True, copies=_c), options=_opts)
     if (_lf.name, _lf.x8) in WIDE_ROUNDS:
         _n = WIDE_ROUNDS[_lf.name, _lf.x8]
         _opts = matvec_jit_options(_lf, _n)

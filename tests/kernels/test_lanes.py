@@ -241,18 +241,20 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     y_one = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y_one)
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
-    launched = []  # (rounds, min_blocks) of each lane launch
+    launched = []  # (rounds, min_blocks, copies) of each lane launch
     kernel = mv._lanes_kernel
 
-    def recording(lf, normed=False, rounds=False, min_blocks=0):
-        launched.append((rounds, min_blocks))
-        return kernel(lf, normed, rounds, min_blocks)
+    def recording(lf, normed=False, rounds=False, min_blocks=0, copies=1):
+        launched.append((rounds, min_blocks, copies))
+        return kernel(lf, normed, rounds, min_blocks, copies)
     monkeypatch.setattr(mv, "_lanes_kernel", recording)
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
     # at a cap of 2 the formats of WIDE_ROUNDS run their wide kernel (three blocks an SM); Q6_K
-    # on 8-bit x (every 8-bit decoder runs here: conftest) loads two units ahead instead
-    assert launched == [(True, 3 if cap == 2 and name in ("Q4_K", "Q8_0") else 0)]
+    # on 8-bit x (every 8-bit decoder runs here: conftest) loads two units ahead instead;
+    # IQ3_S's rounds read its grid in 16 copies (`lanes_x8.GRID_COPIES`)
+    assert launched == [(True, 3 if cap == 2 and name in ("Q4_K", "Q8_0") else 0,
+                         16 if name == "IQ3_S" else 1)]
     assert np.array_equal(y, y_one)
     assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
     base = rng.standard_normal(n_rows).astype(np.float32)
@@ -285,10 +287,72 @@ def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols,
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
         got[ahead] = y
-        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead) in mv._CACHE
+        copies = 16 if name == "IQ3_S" else 1
+        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead, copies) in mv._CACHE
     assert np.array_equal(got[1], got[2])
     assert _rel(got[2], reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) \
         < 1e-5
+
+
+@pytest.mark.parametrize("n_rows,n_cols,cap,normed", [(21, 4096, 1, False), (41, 768, 2, True),
+                                                     (5, 256, 1, False)])
+def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, normed,
+                                                         monkeypatch):
+    """IQ3_S's rounds matvec reading its grid staged in 16 interleaved copies, each lane its
+    own (`lanes_x8.GRID_COPIES`), gives bit for bit the sums of the grid staged once, plain and
+    with the fused RMSNorm, at pairs of several steps and one; where the copies and x would not
+    fit a block's shared memory, the grid is staged once."""
+    from strata.cuda_kernels import lanes_x8
+    rng = np.random.default_rng(n_rows + 7 * n_cols)
+    rows = random_rows("IQ3_S", n_rows, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    nw = rng.standard_normal(n_cols).astype(np.float32)
+    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
+    lf = mv.launch_decoding(BY_LANE_NAME["IQ3_S"], None, n_cols, ((rows, None, n_rows),))
+    assert lf.x8  # conftest: every 8-bit decoder runs
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(lanes_x8, "COPY_GRIDS", on)
+        y = np.full(n_rows, np.nan, np.float32)
+        if normed:
+            xn = np.full(n_cols, np.nan, np.float32)
+            mv.launch_lane_matvec(lf, x, ((rows, y, n_rows),), n_cols, rows.shape[1], 0,
+                                  norm=(nw, 1e-6, xn))
+        else:
+            mv.matvec(rows, "IQ3_S", x, y)
+        got[on] = y
+        assert (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
+                16 if on else 1) in mv._CACHE
+    assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
+    if not normed:
+        assert _rel(got[True], reference("IQ3_S", rows, n_cols)
+                    @ x_seen(x, dots_x8("IQ3_S", rows.nbytes))) < 1e-5
+    # the fit: 32 KiB of copies beside x
+    monkeypatch.setattr(lanes_x8, "COPY_GRIDS", True)
+    assert lanes_x8.grid_copies(lf, 8192, 48 * 1024 - 64) == 16
+    assert lanes_x8.grid_copies(lf, 16384, 48 * 1024 - 64) == 1
+    assert lanes_x8.grid_copies(BY_LANE_NAME["IQ3_S"], 4096, 48 * 1024) == 1  # float32 x
+    with pytest.raises(ValueError, match="copies"):
+        mv.lane_body(lf, rounds=False, copies=16)
+
+
+def test_table_copies_are_staged_interleaved():
+    """Entry e of copy c at e * copies + c, every copy whole."""
+    from strata.cuda_kernels.lanes_x8 import stage_table_copies
+    tab = np.arange(1, 41, dtype=np.uint32) * 7919
+
+    @cuda.jit
+    def k(tab, out):
+        s = cuda.shared.array(640, np.uint32)
+        stage_table_copies(tab, s, 40, 16)
+        cuda.syncthreads()
+        i = cuda.threadIdx.x
+        while i < 640:
+            out[i] = s[i]
+            i += cuda.blockDim.x
+    out = np.zeros(640, np.uint32)
+    k[1, 64](tab, out)
+    assert np.array_equal(out, np.repeat(tab, 16))
 
 
 def test_rounds_ahead_default_and_bounds():
