@@ -217,6 +217,7 @@ def random_weights(ctx: Ctx, ggml_type: str, n_rows: int, n_cols: int) -> np.nda
 
 @bench("matvec")
 def matvec_group(ctx: Ctx) -> list[Result]:
+    from strata.cuda_kernels import lanes_x8
     from strata.cuda_kernels import matvec as mv
     from strata.cuda_kernels.lanes import lane_format
     from strata.cuda_kernels.lanes_x8 import x8_format
@@ -254,6 +255,14 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                             ctx.time_graph(record, rounds * n_copies), 2)
                     finally:
                         mv.LANE_GRID_BLOCKS = default
+            if get_format(name).ggml_type in lanes_x8.GRID_COPIES:
+                # the rounds' grid in copies, one a lane (the default), against the grid once
+                saved, lanes_x8.COPY_GRIDS = lanes_x8.COPY_GRIDS, False
+                try:
+                    extra["us with the grid once"] = round(
+                        ctx.time_graph(record, rounds * n_copies), 2)
+                finally:
+                    lanes_x8.COPY_GRIDS = saved
             if x8_format(get_format(name).ggml_type) is not None:
                 saved, mv.LANE_X8 = mv.LANE_X8, False  # the 8-bit decoding against float32 x
                 try:
