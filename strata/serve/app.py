@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from strata.serve import (anthropic_dialect, ollama_dialect, openai_dialect, responses_dialect,
                           tokens_api)
-from strata.serve.errors import ApiError
+from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
 from strata.serve.sse import ClientGone
@@ -151,6 +151,8 @@ class Server:
             Route("/v1/responses/{response_id}", e(responses_dialect.delete, body=False,
                                                    route="/v1/responses/{response_id}"),
                   methods=["DELETE"]),
+            *(Route(path, e(embeddings, body=False), methods=["POST"])
+              for path in ("/v1/embeddings", "/api/embed", "/api/embeddings")),
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
                   methods=["POST"]),
@@ -212,6 +214,14 @@ async def retrieve_model(request: Request, state: ServerState) -> Response:
     state.check_model(name)
     dialect = anthropic_dialect if _dialect_of(request) == "anthropic" else openai_dialect
     return JSONResponse(dialect.model_object(name, state))
+
+
+async def embeddings(request: Request, state: ServerState) -> Response:
+    """`/v1/embeddings`, Ollama's `/api/embed` and `/api/embeddings`: a 400 saying why (a
+    generative model's hidden states are not an embedding model's), rather than a bare 404."""
+    raise bad_request(f"embeddings are not available: {state.model.name!r} is a generative "
+                      f"model and strata serves no embedding model; point the client's "
+                      f"embedding setting at an embedding model's server", "model")
 
 
 async def index(request: Request) -> Response:

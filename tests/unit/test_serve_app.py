@@ -404,6 +404,18 @@ def test_unknown_route_and_method_are_json(h):
     assert r.status_code == 405 and r.json()["type"] == "error"
 
 
+def test_embedding_routes_say_why_in_each_dialect(h):
+    """An embeddings call (a RAG client pointed at this server) is a 400 saying there is no
+    embedding model here, in the dialect's shape, and runs nothing."""
+    r = h.client.post("/v1/embeddings", json={"model": "fake", "input": "hi"})
+    assert r.status_code == 400 and "embeddings are not available" in r.json()["error"]["message"]
+    for path in ("/api/embed", "/api/embeddings"):
+        r = h.client.post(path, json={"model": "fake", "input": "hi"})
+        assert r.status_code == 400 and list(r.json()) == ["error"], path
+        assert "'fake' is a generative model" in r.json()["error"]
+    assert h.engine.prefills == []
+
+
 def test_internal_failure_is_a_logged_500_and_the_server_lives(h, caplog):
     def boom(messages, tools, extra=None):
         raise RuntimeError("template exploded")
