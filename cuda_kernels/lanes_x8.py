@@ -326,6 +326,9 @@ def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
 GRID_COPIES = {int(T.IQ3_S): 16}
 _COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
 COPY_GRIDS = True
+# a lane finds its copy by a mask and the stager rotates by one: powers of two up to a warp
+if any(c & (c - 1) or not 1 < c <= 32 for c in GRID_COPIES.values()):
+    raise ValueError(f"GRID_COPIES: copies must be powers of two from 2 to 32, got {GRID_COPIES}")
 
 
 def grid_copies(lf: LaneFormat, n_cols: int, room: int) -> int:
