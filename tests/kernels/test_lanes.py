@@ -355,6 +355,24 @@ def test_table_copies_are_staged_interleaved():
     assert np.array_equal(out, np.repeat(tab, 16))
 
 
+def test_table_copies_banks():
+    """The bank arithmetic GRID_COPIES' layout claims, for 16 copies of 512 entries: each of a
+    warp's stores (a thread's j-th, entries 32w + lane) falls in its own bank, and a lane's
+    lookups of any entry fall in one of two banks, shared with one other lane only."""
+    copies, lanes = 16, np.arange(32)
+    rot = lanes + (lanes >> 4)
+    for w in range(16):
+        e = 32 * w + lanes
+        for j in range(copies):
+            banks = (e * copies + ((j + rot) & (copies - 1))) % 32
+            assert len(set(banks.tolist())) == 32, (w, j)
+    for entry in range(512):
+        banks = (entry * copies + (lanes & (copies - 1))) % 32
+        for lane in range(32):
+            assert banks[lane] in (lane % 16, lane % 16 + 16)
+        assert len(set(banks.tolist())) == 16  # lane l and l + 16 share a bank, no others
+
+
 def test_rounds_ahead_default_and_bounds():
     """Q6_K on 8-bit x loads two units ahead at two blocks an SM (128 registers), no longer in a
     wide kernel; the others one unit; a third unit is refused."""
