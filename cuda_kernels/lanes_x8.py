@@ -317,12 +317,13 @@ def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
 # lanes l and l + 16 can meet in a bank (two wavefronts a warp's lookup at most), where one copy
 # takes 3-4 for 32 random entries. Tried because its rounds loops did not wait on their
 # instruction count (a signed 32 KiB table took 145 of 543 instructions out and was no faster,
-# 2026-12-05), so the lookups looked like the bound. 32 copies (none meet) would take 64 KiB, past a block's 48 KiB. Rounds matvecs
-# on 8-bit x only (the MoE and the one-pair kernels keep the 2 KiB grid), where the copies and
-# x fit (`grid_copies`). On an H100 the head's shared-memory wavefronts fell 34% (9.64 M ->
-# 6.38 M) and its time 2% (79.3 against 81.0 us; 8192x8192 20.8 against 21.2; the rest equal;
-# `2026-12-05_iq3s_grid_copies_h100.json`): the lookups' conflicts are not what bounds it either.
-# Read at launch, so a benchmark can compare both.
+# 2026-12-05), so the lookups looked like the bound. 32 copies (none meet) would take 64 KiB,
+# past a block's 48 KiB. Rounds matvecs on 8-bit x only (the MoE and the one-pair kernels keep
+# the 2 KiB grid), where the copies and x fit (`grid_copies`). On an H100 the head's
+# shared-memory wavefronts fell 34% (9.64 M -> 6.38 M) and its time 2% (79.3 against 81.0 us;
+# 8192x8192 20.8 against 21.2; the rest equal; `2026-12-05_iq3s_grid_copies_h100.json`): the
+# lookups' conflicts are not what bounds it either. Read at launch, so a benchmark can compare
+# both.
 GRID_COPIES = {int(T.IQ3_S): 16}
 _COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
 COPY_GRIDS = True

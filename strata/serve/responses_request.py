@@ -23,9 +23,10 @@ search, file search, ...), image and file inputs, and `include` entries other th
 With `reasoning.encrypted_content`, each reasoning item also carries its text sealed (`seal`),
 so a client that keeps no state here (`store: false`, as Codex sends) can send the item back
 without its `content` and the template still sees the reasoning; another provider's encrypted
-reasoning cannot be read here and is dropped; `reasoning` is checked and left to the chat template (the model thinks as
-its template lets it); `metadata`, `user`, `parallel_tool_calls`, `truncation` and
-`service_tier` cannot change the output and are checked and ignored.
+reasoning cannot be read here and is dropped. `reasoning` is checked and left to the chat
+template (the model thinks as its template lets it); `metadata`, `user`,
+`parallel_tool_calls`, `truncation` and `service_tier` cannot change the output and are checked
+and ignored.
 """
 
 from __future__ import annotations
