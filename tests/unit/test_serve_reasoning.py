@@ -270,3 +270,16 @@ def test_a_strict_tool_is_not_called_inside_the_reasoning(h):
     reasoning, fc = r["output"]
     assert reasoning["content"][0]["text"] == "I could write <tool_call> here."
     assert fc["type"] == "function_call" and json.loads(fc["arguments"]) == {"city": "Paris"}
+
+
+def test_seal_round_trips_and_refuses_what_it_did_not_make():
+    import base64
+
+    from strata.serve.responses_request import seal, unseal
+    for text in ("", "Let me see.", "ünïcode 思考 \n\t<think>"):
+        assert unseal(seal(text)) == text
+        assert not text or text not in seal(text)  # opaque: the text itself is not in it
+    tag = seal("x")[:-len(base64.b64encode(b"x").decode())]
+    assert unseal(tag + "!!not base64!!") is None
+    assert unseal(tag + base64.b64encode(b"\xff\xfe").decode()) is None  # not UTF-8
+    assert unseal("gAAAAABforeign==") is None and unseal("") is None
