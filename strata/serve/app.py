@@ -164,12 +164,10 @@ class Server:
             Route("/api/version", e(ollama_dialect.version, body=False, auth=False),
                   methods=["GET"]),
             Route("/api/pull", e(ollama_dialect.pull, body=True), methods=["POST"]),
-            *(Route(f"/api/{verb}", e(ollama_dialect.manage, body=False), methods=[method])
-              for verb, method in (("push", "POST"), ("create", "POST"), ("copy", "POST"),
-                                   ("delete", "DELETE"))),
-            Route("/api/blobs/{digest}", e(ollama_dialect.manage, body=False,
-                                           route="/api/blobs/{digest}"),
-                  methods=["HEAD", "POST"]),
+            *(Route(path, e(ollama_dialect.refuse(what), body=False, route=path),
+                    methods={"/api/delete": ["DELETE"],
+                             "/api/blobs/{digest}": ["HEAD", "POST"]}.get(path, ["POST"]))
+              for path, what in ollama_dialect.STORE_VERBS.items()),
             Route("/tokenize", e(tokens_api.tokenize, body=True), methods=["POST"]),
             Route("/detokenize", e(tokens_api.detokenize, body=True), methods=["POST"]),
             Route("/health", e(health, body=False, auth=False), methods=["GET"]),

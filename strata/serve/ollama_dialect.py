@@ -245,10 +245,14 @@ async def pull(request: Request, state: ServerState, body: dict) -> Response:
     return JSONResponse({"status": "success"})
 
 
-async def manage(request: Request, state: ServerState) -> Response:
-    """`/api/push`, `/api/create`, `/api/copy`, `/api/delete` and `/api/blobs/{digest}`:
-    Ollama's model store, which this server does not have: a 400 saying so."""
-    what = {"push": "upload models", "create": "create models",
-            "copy": "copy models (--alias gives the served model more names)",
-            "delete": "delete model files", "blobs": "store blobs"}
-    raise _one_file(state, what[request.url.path.split("/")[2]])
+# Ollama's model store, which this server does not have: route -> what a 400 says it does not do
+STORE_VERBS = {"/api/push": "upload models", "/api/create": "create models",
+               "/api/copy": "copy models (--alias gives the served model more names)",
+               "/api/delete": "delete model files", "/api/blobs/{digest}": "store blobs"}
+
+
+def refuse(what: str):
+    """The handler of one of STORE_VERBS' routes: a 400 saying this server does not `what`."""
+    async def handler(request: Request, state: ServerState) -> Response:
+        raise _one_file(state, what)
+    return handler

@@ -241,7 +241,8 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
     top_p = f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0)
     # log-probabilities: asked for by the include entry, or by a top_logprobs count
     top = f.int("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
-    logprobs = (top or 0) if LOGPROBS in (f.list("include") or []) or top else None
+    include = f.list("include") or []  # each entry one of INCLUDES (`_refuse_unsupported`)
+    logprobs = (top or 0) if LOGPROBS in include or top else None
     chat = ChatInput(messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
                      tool_schemas=schemas, max_tokens=max_tokens, temperature=temperature,
                      top_p=top_p, json_object=json_object, json_schema=json_schema,
@@ -256,4 +257,4 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
             "top_logprobs": top or 0, "previous_response_id": previous, "store": store}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,
-                            input_items=items, seal_reasoning=SEALED in (f.list("include") or []))
+                            input_items=items, seal_reasoning=SEALED in include)
