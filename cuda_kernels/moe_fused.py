@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
 from .gridsync import grid_arrive, grid_sync, grid_wait
+from .htag import launch_tag, stage_h, stage_h6, stage_h_polled
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -31,8 +32,9 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
+from .ordered import add_relaxed, ld_acquire, st_relaxed
 from .qformats import is_planar
-from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
+from .xstage import padded_bytes, padded_len
 
 F0 = np.float32(0.0)
 # Read at launch, so a benchmark can compare one launch with two in one process.
@@ -47,6 +49,11 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
+# Read when a kernel is made: no barrier across the grid. Gate/up writes each h entry with a tag
+# that alternates from launch to launch (`htag`), and down's staging polls the entries until
+# each carries this launch's: a block waits for the entries it reads, not for every block's
+# arrival and then the barrier's release. False: the barrier (H_SIX and SPLIT_ARRIVE apply).
+TAGGED_H = True
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
@@ -102,8 +109,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     dn_sums = dn.sums
     n_tg, tg_type, has_tg = gu.table.size, gu.table.dtype.type, gu.has_table
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
-    stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
+    stage_h_bar = stage_h6 if H_SIX else stage_h
     split = SPLIT_ARRIVE
+    tagged = TAGGED_H
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -113,7 +121,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                         n_row_blocks, out, tab_dn, bar, phase):
         # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
         # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
-        # bar: int32 [2], the barrier's state. Gate/up: items (h entry, expert) over every warp
+        # bar: int32 [2], the kernel's state: with TAGGED_H (arrivals, launches) (`htag`), else
+        # the barrier's (arrivals, generation). Gate/up: items (h entry, expert) over every warp
         # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
         # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
         # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
@@ -124,15 +133,22 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         s_dkk = cuda.shared.array(MAX_K, np.int32)
         s_dwt = cuda.shared.array(MAX_K, np.float32)
         s_dn = cuda.shared.array(1, np.int32)
+        s_w = cuda.shared.array(MAX_K, np.float32)     # the weights by top-k position
+        s_count = cuda.shared.array(1, np.int32)       # launches before this one (TAGGED_H)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_g = cuda.shared.array(n_tg, tg_type)
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
         t = cuda.threadIdx.x
+        if tagged and t == 0:  # read before this block arrives: the last arrival bumps it
+            s_count[0] = ld_acquire(bar, 1)
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1,
+                      s_w, tagged)
         cuda.syncthreads()
+        count = s_count[0] if tagged else 0
+        tag = launch_tag(count) if tagged else 0
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
             for j in range(t):
@@ -157,7 +173,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
             cuda.syncthreads()
             gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
-                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
+                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, tag)
         else:
             cuda.syncthreads()  # down's list
         if phase != 0:
@@ -167,24 +183,37 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
             last_u = max(n_units - 1, 0)
             gen = 0
-            if split and phase == 2:
+            arrived = -1
+            if tagged:
+                # no barrier: this block's gate/up is done with xs (h's staging overwrites it),
+                # it is counted, and it polls the h entries it stages until each carries this
+                # launch's tag
+                cuda.syncthreads()
+                if t == 0:
+                    arrived = add_relaxed(bar, 0, 1)  # read at the end: its latency hidden
+            elif split and phase == 2:
                 gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
-            if phase == 2:
-                if split:
-                    grid_wait(bar, gen)
+            if not tagged:
+                if phase == 2:
+                    if split:
+                        grid_wait(bar, gen)
+                    else:
+                        grid_sync(bar)  # every block's h written (and block 0's weights)
                 else:
-                    grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
-            else:
-                cuda.syncthreads()
+                    cuda.syncthreads()
             if has_td:
                 stage_table(tab_dn, tab_d, n_td)
-            stage_h(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                    dn_sums_off)
+            if tagged:  # every entry written in this launch where gate/up took every row
+                stage_h_polled(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                               dn_sums_off, tag, n_items == k * n_ff)
+            else:
+                stage_h_bar(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                            dn_sums_off)
             if t < s_dn[0]:
-                s_dwt[t] = weights[s_dkk[t]]
+                s_dwt[t] = s_w[s_dkk[t]] if tagged else weights[s_dkk[t]]
             cuda.syncthreads()
             while rb < n_row_blocks:  # the same in the whole block
                 acc_a = F0
@@ -201,6 +230,10 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                                                    u_first + grp, last_u, dn_n_sb, inv_n_sb,
                                                    off_a, off_b, part)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
+            if arrived == cuda.gridDim.x - 1:  # the last block to arrive (thread 0): every
+                # block has read the count; the next launch (stream order) sees both stores
+                st_relaxed(bar, 0, 0)
+                st_relaxed(bar, 1, count + 1)
     return moe_fused_lanes
 
 

@@ -1,5 +1,7 @@
 """Global-memory operations on int32 words with a memory order at GPU scope, for the barrier
-across the grid (`gridsync`): an acquire load, release and relaxed stores, an acq_rel add.
+across the grid (`gridsync`): an acquire load, release and relaxed stores, an acq_rel add; and
+for words other blocks of the same launch poll (`moe_fused`'s tagged h): a relaxed add, a
+relaxed store of a float32 word's bits and a relaxed load of four words.
 
 numba offers atomics (relaxed) and `threadfence` (`membar.gl`, a sequentially consistent fence
 that every block pays in full); these say in the instruction itself what must be seen before
@@ -12,9 +14,12 @@ simulator (one thread at a time, every write seen at once) each is the plain acc
 
 from __future__ import annotations
 
+import numpy as np
+
 from .intrinsics import SIMULATED
 
-__all__ = ["add_acq_rel", "ld_acquire", "st_relaxed", "st_release"]
+__all__ = ["add_acq_rel", "add_relaxed", "ld_acquire", "ld_relaxed_u32x4", "st_relaxed",
+           "st_relaxed_bits", "st_release"]
 
 if SIMULATED:
     def ld_acquire(a, i):
@@ -34,6 +39,17 @@ if SIMULATED:
         old = int(a[i])
         a[i] = old + v
         return old
+
+    add_relaxed = add_acq_rel
+
+    def st_relaxed_bits(a, i, bits):
+        """a[i] = the float32 whose bit pattern is bits (a: float32)."""
+        a[i] = np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
+
+    def ld_relaxed_u32x4(a, i):
+        """The bit patterns of a[i:i+4] (a: float32 or int32) as four ints."""
+        w = np.ascontiguousarray(a[i:i + 4]).view(np.uint32)
+        return int(w[0]), int(w[1]), int(w[2]), int(w[3])
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -102,3 +118,56 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
                          "atom.acq_rel.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
         return types.int32(a, i, v), codegen
+
+    @intrinsic
+    def add_relaxed(typingctx, a, i, v):
+        """a[i] += v by `atom.relaxed.gpu`; the old value. No order: a count nothing is
+        published by (a block's arrival whose data carries its own tags)."""
+        if not (_is_word(a, i) and isinstance(v, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            val = context.cast(builder, args[2], sig.args[2], types.int32)
+            return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                         "atom.relaxed.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
+        return types.int32(a, i, v), codegen
+
+    def _is_float_word(a, i):
+        return (isinstance(a, types.Array) and a.dtype == types.float32
+                and isinstance(i, types.Integer))
+
+    @intrinsic
+    def st_relaxed_bits(typingctx, a, i, bits):
+        """a[i] = the float32 of bit pattern `bits` by `st.relaxed.gpu` (a: float32): a word
+        another block polls with relaxed loads sees it whole."""
+        if not (_is_float_word(a, i) and isinstance(bits, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            val = context.cast(builder, args[2], sig.args[2], types.uint32)
+            _call(builder, ir.VoidType(), [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $0; "
+                  "st.relaxed.gpu.global.b32 [g], $1; }", "l,r")
+            return context.get_dummy_value()
+        return types.void(a, i, bits), codegen
+
+    @intrinsic
+    def ld_relaxed_u32x4(typingctx, a, i):
+        """The bit patterns of a[i:i+4] (a: float32 or int32, i a multiple of 4, the array
+        16-byte aligned) by one `ld.relaxed.gpu` of four words, as four uint32: read at the L2
+        each time (a polling loop never sees a stale L1 line), each word whole."""
+        if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.int32)
+                and isinstance(i, types.Integer)):
+            return None
+        ret = types.UniTuple(types.uint32, 4)
+
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            sty = ir.LiteralStructType([_I32] * 4)
+            res = _call(builder, sty, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
+                        "ld.relaxed.gpu.global.v4.b32 {$0, $1, $2, $3}, [g]; }",
+                        "=r,=r,=r,=r,l")
+            vals = [builder.extract_value(res, j) for j in range(4)]
+            return context.make_tuple(builder, ret, vals)
+        return ret(a, i), codegen
