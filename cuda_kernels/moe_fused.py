@@ -1,17 +1,26 @@
-"""One token's MoE in one launch: gate/up, a barrier across the grid (`gridsync`), then down.
+"""One token's MoE in one launch: gate/up, then down once the h entries it reads are written.
 For lane formats whose gate/up rows take one step of a warp and whose k h vectors fit one
 block's shared memory: the 30B models' Q4_K/Q6_K (2048 columns, 8 x 768 values of h).
 
 Why one launch: down, as a launch of its own, began only once gate/up had drained, and then
 resolved the experts' slots again (ids, slot table, slot offsets: three dependent reads) before
 it could issue a weight load. Here the slots are resolved once, and each warp issues its first
-down loads as soon as its gate/up items are done, so they are in flight across the barrier.
+down loads as soon as its gate/up items are done, so they are in flight while h is gathered.
 
-The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
-the barrier between. The GPU runs 2. The simulator runs blocks one after another, so a barrier
-across blocks would never open there: it runs 0, then 1, the same code but for the barrier.
-`moe.moe_decode` launches this where `fuses` holds and it is given the barrier's state (`sync`);
-the results are bit for bit those of the two launches (the same dots in the same order).
+How down knows h is written (TAGGED_H): gate/up writes each entry with a 2-bit tag in its lowest
+mantissa bits that alternates from one launch to the next (`htag`), and each block's staging of
+h re-reads an entry until it carries this launch's tag: a block waits for the entries themselves,
+from the moment its own gate/up is done. Before, a barrier across the grid (`gridsync`) took
+~1.4 us from the last block's arrival to its release, and h's staging began only after it. The
+state is two int32 per sequence (arrivals, launches): the last block to arrive counts the launch.
+Every block must be resident at once (a block polls entries other blocks write), so the launch
+is cooperative, as the barrier's was.
+
+The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both. The
+GPU runs 2. The simulator runs blocks one after another, so a block polling another's writes
+would never see them there: it runs 0, then 1, the same code. `moe.moe_decode` launches this
+where `fuses` holds and it is given the state (`sync`, paired with its h); the results are bit
+for bit those of the two launches (the same dots in the same order), h but for its tags.
 """
 
 from __future__ import annotations
