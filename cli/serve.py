@@ -40,7 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest request body accepted (default 8 MiB)")
     p.add_argument("--response-store-mib", dest="response_store_mib", type=int, metavar="MIB",
                    help="memory for the Responses API's stored responses (previous_response_id, "
-                        "GET /v1/responses/ID; least recently used leave first; 0 keeps none; "
+                        "GET /v1/responses/ID) and, as much again, for its conversations "
+                        "(/v1/conversations); least recently used leave first; 0 keeps none; "
                         "default 64)")
     p.add_argument("--max-tokens-limit", dest="max_tokens_limit", type=int,
                    help="upper bound on any request's max_tokens (default: the context left)")

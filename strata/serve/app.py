@@ -23,8 +23,8 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from strata.serve import (anthropic_dialect, ollama_dialect, openai_dialect, responses_dialect,
-                          tokens_api)
+from strata.serve import (anthropic_dialect, conversations_dialect, ollama_dialect,
+                          openai_dialect, responses_dialect, tokens_api)
 from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
@@ -32,6 +32,17 @@ from strata.serve.sse import ClientGone
 from strata.serve.state import ServerState
 
 log = logging.getLogger("strata.serve")
+_C, _CI = "/v1/conversations/{conversation_id}", "/v1/conversations/{conversation_id}/items"
+_CONVERSATION_ROUTES = (  # path, method, handler, whether it reads a JSON body
+    ("/v1/conversations", "POST", conversations_dialect.create, "optional"),
+    (_C, "GET", conversations_dialect.retrieve, False),
+    (_C, "POST", conversations_dialect.update, True),
+    (_C, "DELETE", conversations_dialect.delete, False),
+    (_CI, "GET", conversations_dialect.list_items, False),
+    (_CI, "POST", conversations_dialect.add_items, True),
+    (_CI + "/{item_id}", "GET", conversations_dialect.get_item, False),
+    (_CI + "/{item_id}", "DELETE", conversations_dialect.delete_item, False),
+)
 STATIC_DIR = Path(__file__).parent / "static"
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # pages served from this machine (any port) may call the server from a browser; others only
@@ -107,15 +118,16 @@ class Server:
         self.max_body_bytes = max_body_bytes
         self.cors_origins = tuple(cors_origins)
 
-    def _endpoint(self, handler: Handler, *, body: bool, auth: bool = True,
+    def _endpoint(self, handler: Handler, *, body: bool | str, auth: bool = True,
                   route: str | None = None):
         async def endpoint(request: Request) -> Response:
             path = request.url.path
             try:
                 if auth:
                     check_auth(request, self.api_key)
-                if body:
-                    data = parse_json(await read_body(request, self.max_body_bytes))
+                if body:  # "optional": an empty body is {}
+                    raw = await read_body(request, self.max_body_bytes)
+                    data = {} if body == "optional" and not raw.strip() else parse_json(raw)
                     response = await handler(request, self.state, data)
                 else:
                     response = await handler(request, self.state)
@@ -151,6 +163,8 @@ class Server:
             Route("/v1/responses/{response_id}", e(responses_dialect.delete, body=False,
                                                    route="/v1/responses/{response_id}"),
                   methods=["DELETE"]),
+            *(Route(path, e(handler, body=body, route=path), methods=[method])
+              for path, method, handler, body in _CONVERSATION_ROUTES),
             *(Route(path, e(embeddings, body=False), methods=["POST"])
               for path in ("/v1/embeddings", "/api/embed", "/api/embeddings")),
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),

@@ -48,7 +48,8 @@ class ServeConfig:
     # a finished request's KV is kept for the next prompt that starts the same (its slot's)
     no_prefix_cache: bool = False
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # the Responses API's stored responses, in memory (least recently used leave first; 0: none)
+    # the Responses API's stored responses and the conversations, in memory, each store up to
+    # this (least recently used leave first; 0: none)
     response_store_mib: int = DEFAULT_MIB
     max_tokens_limit: int | None = None
     chat_template: str | None = None

@@ -189,7 +189,7 @@ def _ollama_body(models: list[str], *, chat: bool) -> dict:
 
 def _stored() -> dict:
     """`GET` and `DELETE /v1/responses/{response_id}`."""
-    param = [{"name": "response_id", "in": "path", "required": True, "schema": _STR}]
+    param = _path("response_id")
     gone = {"404": {"description": "no stored response of that id"}}
     return {
         "get": {"summary": "a stored response (Responses API)", "parameters": param,
@@ -198,20 +198,63 @@ def _stored() -> dict:
                    "responses": {"200": {"description": "response.deleted"}, **gone}}}
 
 
-def _input_items() -> dict:
-    """`GET /v1/responses/{response_id}/input_items`."""
-    params = [{"name": "response_id", "in": "path", "required": True, "schema": _STR},
-              {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
-                                                         "maximum": 100, "default": 20}},
-              {"name": "order", "in": "query", "schema": {"type": "string", "enum": [
-                  "asc", "desc"], "default": "desc"}},
-              {"name": "after", "in": "query", "schema": _STR},
-              {"name": "before", "in": "query", "schema": _STR}]
-    return {"get": {"summary": "a stored response's input items, a page at a time",
-                    "parameters": params,
-                    "responses": {"200": {"description": "a list of items"},
-                                  "400": {"description": "a bad limit, order or cursor"},
-                                  "404": {"description": "no stored response of that id"}}}}
+def _path(*names: str) -> list[dict]:
+    return [{"name": n, "in": "path", "required": True, "schema": _STR} for n in names]
+
+
+def _page(summary: str, id_name: str, missing: str) -> dict:
+    """A `GET` of a list of items a page at a time (`response_store.page`)."""
+    params = _path(id_name) + [
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1,
+                                                   "maximum": 100, "default": 20}},
+        {"name": "order", "in": "query", "schema": {"type": "string", "enum": [
+            "asc", "desc"], "default": "desc"}},
+        {"name": "after", "in": "query", "schema": _STR},
+        {"name": "before", "in": "query", "schema": _STR}]
+    return {"summary": summary, "parameters": params,
+            "responses": {"200": {"description": "a list of items"},
+                          "400": {"description": "a bad limit, order or cursor"},
+                          "404": {"description": missing}}}
+
+
+def _conversations() -> dict:
+    """The Conversations API's paths (`conversations_dialect`)."""
+    items = {"type": "array", "maxItems": 20, "items": {"type": "object"}}
+    meta = {"type": "object", "maxProperties": 16, "additionalProperties": _STR}
+    gone = {"404": {"description": "no conversation of that id"}}
+
+    def op(summary: str, names: tuple, body: dict | None = None, **codes: str) -> dict:
+        out = {"summary": summary, "parameters": _path(*names),
+               "responses": {"200": {"description": "OK"}, **gone,
+                             **{c.lstrip("_"): {"description": d} for c, d in codes.items()}}}
+        if body is not None:
+            out["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": body}}}
+        return out
+    c, ci = ("conversation_id",), ("conversation_id", "item_id")
+    return {
+        "/v1/conversations": {"post": {
+            "summary": "a new conversation (Conversations API)",
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "properties": {"items": items, "metadata": meta}}}}},
+            "responses": {"200": {"description": "the conversation"},
+                          "400": {"description": "a bad item or metadata; the body names it"}}}},
+        "/v1/conversations/{conversation_id}": {
+            "get": op("a conversation", c),
+            "post": op("a conversation's metadata replaced", c, {
+                "type": "object", "required": ["metadata"], "properties": {"metadata": meta}},
+                _400="bad metadata"),
+            "delete": op("forget a conversation", c)},
+        "/v1/conversations/{conversation_id}/items": {
+            "get": _page("a conversation's items, a page at a time", "conversation_id",
+                         "no conversation of that id"),
+            "post": op("items added to a conversation", c, {
+                "type": "object", "required": ["items"],
+                "properties": {"items": {**items, "minItems": 1}}}, _400="a bad item")},
+        "/v1/conversations/{conversation_id}/items/{item_id}": {
+            "get": op("one item of a conversation", ci),
+            "delete": op("an item removed from a conversation", ci)},
+    }
 
 
 def build_schema(title: str, models: tuple[str, ...]) -> dict:
@@ -231,7 +274,10 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
             "/v1/completions": _post("OpenAI text completion", _completion_body(names)),
             "/v1/responses": _post("OpenAI response (Responses API)", _responses_body(names)),
             "/v1/responses/{response_id}": _stored(),
-            "/v1/responses/{response_id}/input_items": _input_items(),
+            "/v1/responses/{response_id}/input_items": {"get": _page(
+                "a stored response's input items, a page at a time", "response_id",
+                "no stored response of that id")},
+            **_conversations(),
             "/v1/messages": _post("Anthropic message", _messages_body(names, counting=False)),
             "/v1/messages/count_tokens": _post("Anthropic token count",
                                                _messages_body(names, counting=True)),

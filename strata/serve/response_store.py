@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from strata.serve.errors import ApiError, not_found
+from strata.serve.errors import ApiError, bad_request, not_found
 
 DEFAULT_MIB = 64  # `strata serve --response-store-mib`
 
@@ -124,3 +124,27 @@ def listed(item) -> dict:
             out["content"] = [{"type": part, "text": out["content"]}]
         out.setdefault("status", "completed")
     return out
+
+
+def page(items, q, what: str) -> dict:
+    """A list page of `items` (each with an id, oldest first) by the query q: `limit` (1-100,
+    default 20), `order` (`desc`, the default: the last item first; or `asc`), and `after` /
+    `before` an item id of the list in that order (`what` names the items in a 400)."""
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order: expected 'asc' or 'desc', got {order!r}", "order")
+    items = list(items if order == "asc" else reversed(items))
+    raw = q.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise bad_request(f"limit: expected an integer from 1 to 100, got {raw!r}", "limit")
+    ids = [item["id"] for item in items]
+    start, end = 0, len(items)
+    for key in ("after", "before"):
+        if key in q:
+            if q[key] not in ids:
+                raise bad_request(f"{key}: {q[key]!r} is not an {what}", key)
+            at = ids.index(q[key])
+            start, end = (at + 1, end) if key == "after" else (start, at)
+    got = items[start:min(end, start + int(raw))]
+    return {"object": "list", "data": got, "first_id": got[0]["id"] if got else None,
+            "last_id": got[-1]["id"] if got else None, "has_more": start + len(got) < end}

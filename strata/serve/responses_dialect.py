@@ -22,6 +22,7 @@ top_logprobs). Errors outside a stream have the OpenAI shape.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from typing import Any, AsyncIterator
@@ -31,16 +32,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strata.serve.chat import prepare_chat
-from strata.serve.errors import ApiError, bad_request
+from strata.serve.errors import ApiError
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent
 from strata.serve.logprobs import chat_content
 from strata.serve.reasoning import Thinking
+from strata.serve.response_store import page
 from strata.serve.responses_request import ResponsesRequest, parse_responses, seal
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
+
+log = logging.getLogger("strata.serve")
 
 
 def _id(prefix: str) -> str:
@@ -149,9 +153,18 @@ def _sealed(req: ResponsesRequest, item: dict) -> None:
 
 
 def _keep(state: ServerState, req: ResponsesRequest, body: dict) -> None:
-    """A finished response into the store, unless the request said `store: false`."""
+    """A finished response into the store, unless the request said `store: false`; its input
+    and output items added to the conversation it continued, if any (a conversation deleted
+    meanwhile, or grown past the store, keeps nothing more: the response still goes out)."""
     if req.echo["store"]:
         state.responses.put(body, req.input_items, req.echo["previous_response_id"])
+    conv = req.echo["conversation"]
+    if conv is not None:
+        try:
+            state.conversations.add(conv["id"], req.input_items + body["output"],
+                                    "conversation")
+        except ApiError as e:
+            log.warning("response %s: not added to its conversation: %s", body["id"], e)
 
 
 async def retrieve(request: Request, state: ServerState) -> Response:
@@ -165,28 +178,7 @@ async def input_items(request: Request, state: ServerState) -> Response:
     `order` (`desc`, the default: the last item first; or `asc`), and `after` / `before` an
     item id of the list in that order."""
     stored = state.responses.get(request.path_params["response_id"])
-    q = request.query_params
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad_request(f"order: expected 'asc' or 'desc', got {order!r}", "order")
-    items = list(stored.inputs if order == "asc" else reversed(stored.inputs))
-    raw = q.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 100:
-        raise bad_request(f"limit: expected an integer from 1 to 100, got {raw!r}", "limit")
-    ids = [item["id"] for item in items]
-    start, end = 0, len(items)
-    for key in ("after", "before"):
-        if key in q:
-            if q[key] not in ids:
-                raise bad_request(f"{key}: {q[key]!r} is not an input item of this response",
-                                  key)
-            at = ids.index(q[key])
-            start, end = (at + 1, end) if key == "after" else (start, at)
-    page = items[start:min(end, start + int(raw))]
-    return JSONResponse({"object": "list", "data": page,
-                         "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None,
-                         "has_more": start + len(page) < end})
+    return JSONResponse(page(stored.inputs, request.query_params, "input item of this response"))
 
 
 async def delete(request: Request, state: ServerState) -> Response:

@@ -15,7 +15,9 @@ Log-probabilities: `include: ["message.output_text.logprobs"]` (or a `top_logpro
 
 A stored response (`store`, true by default; `strata.serve.response_store`) is continued by
 `previous_response_id`: its conversation's turns come before this request's `input`, the
-earlier `instructions` not carried over. `conversation` (the Conversations API) is a 400.
+earlier `instructions` not carried over. Or by `conversation` (an id, or `{"id": ...}`: the
+Conversations API, `strata.serve.conversation_store`): its items come before `input`, and the
+response's input and output items are added to it; the two cannot be given together.
 A `reasoning` item (a thinking model's, sent back) becomes the next assistant message's
 `reasoning_content`, which a thinking template shows where it wants it. Built-in tools (web
 search, file search, ...), image and file inputs, and `include` entries other than
@@ -94,14 +96,34 @@ def _input_items(f: Fields) -> list:
     return value
 
 
-def _messages(f: Fields, history: list, items: list) -> list[dict]:
-    """The chat messages: `instructions`, the stored turns before this one (`history`, items
-    as `input` holds them), then this request's `items`."""
+def _conversation(f: Fields) -> str | None:
+    """`conversation`: the id of the conversation this response continues, or None."""
+    if not f.has("conversation"):
+        return None
+    raw = f.raw("conversation")
+    conv = Fields(raw, "conversation").str("id", required=True, non_empty=True) \
+        if isinstance(raw, dict) else f.str("conversation", non_empty=True)
+    if f.has("previous_response_id"):
+        raise bad_request("conversation: cannot be given with previous_response_id (each names "
+                          "the turns before this one)", "conversation")
+    return conv
+
+
+def check_items(items: list, where: str) -> None:
+    """Items as `input` holds them, each checked (a 400 names the first wrong field)."""
+    out: list[dict] = []
+    for i, raw in enumerate(items):
+        _item(out, Fields(raw, join(where, i)))
+
+
+def _messages(f: Fields, history: list, items: list, history_from: str) -> list[dict]:
+    """The chat messages: `instructions`, the turns before this one (`history`, items as
+    `input` holds them, from `history_from`), then this request's `items`."""
     out: list[dict] = []
     instructions = f.str("instructions")
     if instructions:
         out.append({"role": "system", "content": instructions})
-    for where, turn in (("previous_response_id", history), ("input", items)):
+    for where, turn in ((history_from, history), ("input", items)):
         for i, raw in enumerate(turn):
             _item(out, Fields(raw, join(where, i)))
     out = [m for m in out if not _bare_reasoning(m)]  # reasoning that no answer followed
@@ -203,10 +225,6 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
 
 
 def _refuse_unsupported(f: Fields) -> None:
-    if f.has("conversation"):
-        raise bad_request("conversation: this server has no Conversations API; continue "
-                          "with previous_response_id or send the conversation in input",
-                          "conversation")
     for j, entry in enumerate(f.list("include") or []):
         if entry not in INCLUDES:
             raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
@@ -226,10 +244,13 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
     state.check_model(f.str("model", required=True))
     _refuse_unsupported(f)
     previous = f.str("previous_response_id", non_empty=True)
+    conv = _conversation(f)
     store = f.bool("store", default=True)
-    history = state.responses.history(previous) if previous is not None else []
+    history = (state.responses.history(previous) if previous is not None else
+               state.conversations.history(conv) if conv is not None else [])
     items = _input_items(f)
-    messages = _messages(f, history, items)
+    messages = _messages(f, history, items,
+                         "conversation" if conv is not None else "previous_response_id")
     tools, choice, schemas, tools_echo = _tools(f)
     json_object, json_schema, fmt = _format(f)
     if json_object and tools and choice != "none":
@@ -255,6 +276,7 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "tools": tools_echo, "text": {"format": fmt},
             "metadata": metadata.obj if metadata is not None else {},
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
-            "top_logprobs": top or 0, "previous_response_id": previous, "store": store}
+            "top_logprobs": top or 0, "previous_response_id": previous, "store": store,
+            "conversation": None if conv is None else {"id": conv}}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,
                             input_items=items, seal_reasoning=SEALED in include)

@@ -25,6 +25,7 @@ from strata.serve.devices import cpu_report, plan_reports
 from strata.serve.engines import build_engine
 from strata.serve.metrics import DeviceReport, Metrics
 from strata.serve.model import ServedModel
+from strata.serve.conversation_store import ConversationStore
 from strata.serve.response_store import ResponseStore
 from strata.serve.state import ServerState
 from strata.serve.worker import Worker
@@ -103,7 +104,8 @@ def load(config: ServeConfig) -> Loaded:
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
                         plan_summary=summary,
-                        responses=ResponseStore(config.response_store_mib << 20))
+                        responses=ResponseStore(config.response_store_mib << 20),
+                        conversations=ConversationStore(config.response_store_mib << 20))
     return Loaded(config, state, worker, _plan_lines(config, model_file, summary, devices()),
                   plan)
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from strata.serve.conversation_store import ConversationStore
 from strata.serve.errors import not_found
 from strata.serve.metrics import DeviceReport, Metrics
 from strata.serve.response_store import DEFAULT_MIB, ResponseStore
@@ -26,6 +27,9 @@ class ServerState:
     # the Responses API's stored responses (previous_response_id, GET/DELETE by id)
     responses: ResponseStore = field(
         default_factory=lambda: ResponseStore(DEFAULT_MIB << 20))
+    # the Conversations API's conversations (/v1/conversations, a response's `conversation`)
+    conversations: ConversationStore = field(
+        default_factory=lambda: ConversationStore(DEFAULT_MIB << 20))
 
     def check_model(self, name: str) -> None:
         """A 404 naming the served model(s) when a request asks for another."""

@@ -13,19 +13,22 @@ from hypothesis import strategies as st  # noqa: E402
 from schemathesis.generation import GenerationMode  # noqa: E402
 
 # (path, method, mode, examples): 5 operations with bodies x 2 modes x 126 -> 1,260 bodies, the
-# tokenizer's two and Ollama's three x 2 modes x 60, plus the GETs and DELETEs (a GET without parameters has no
-# invalid form; an id in the path is generated)
+# tokenizer's two, Ollama's three and a new conversation's x 2 modes x 60, plus the GETs, DELETEs
+# and item adds (a GET without parameters has no invalid form; an id in the path is generated)
 _BODIES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
            "/v1/messages/count_tokens")
 _MODES = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 OPERATIONS = [(path, "POST", mode, 126) for path in _BODIES for mode in _MODES] + [
     (path, "POST", mode, 60) for path in ("/tokenize", "/detokenize", "/api/chat",
-                                          "/api/generate", "/api/show") for mode in _MODES] + [
+                                          "/api/generate", "/api/show", "/v1/conversations")
+    for mode in _MODES] + [
     (path, "GET", GenerationMode.POSITIVE, 3) for path in (
         "/v1/models", "/health", "/metrics", "/api/tags", "/api/ps", "/api/version")] + [
     (path, method, GenerationMode.POSITIVE, 20) for path, method in (
         ("/v1/models/{model}", "GET"), ("/v1/responses/{response_id}", "GET"),
-        ("/v1/responses/{response_id}", "DELETE"))]
+        ("/v1/responses/{response_id}", "DELETE"), ("/v1/conversations/{conversation_id}", "GET"),
+        ("/v1/conversations/{conversation_id}/items", "POST"),
+        ("/v1/conversations/{conversation_id}/items/{item_id}", "DELETE"))]
 MIN_CASES = 1900
 calls: list[tuple[str, int]] = []
 

@@ -342,6 +342,36 @@ def test_openai_responses_through_the_sdk(oai):
     assert e.value.body["param"] == "previous_response_id"
 
 
+def test_openai_conversations_through_the_sdk(oai):
+    """The Conversations API through the SDK: a conversation made with an item, a response in
+    it seeing that item (the same prompt as the items sent as input), its items listed by the
+    SDK's pager (the turn's input and answer added), an item added, read and deleted, the
+    metadata updated, and the conversation deleted (then a 404 the SDK raises)."""
+    conv = oai.conversations.create(metadata={"topic": "sdk"}, items=[
+        {"type": "message", "role": "user", "content": "My name is Ada."}])
+    assert conv.id.startswith("conv_") and conv.metadata == {"topic": "sdk"}
+    r = oai.responses.create(model=MODEL_NAME, conversation=conv.id, input="Hello",
+                             max_output_tokens=4, temperature=0)
+    sent = oai.responses.create(model=MODEL_NAME, max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "user", "content": "Hello"}])
+    assert r.conversation.id == conv.id and r.output_text == sent.output_text
+    assert r.usage.input_tokens == sent.usage.input_tokens
+    items = list(oai.conversations.items.list(conv.id, order="asc", limit=1))
+    assert [i.type for i in items] == ["message"] * 3
+    assert items[1].content[0].text == "Hello" and items[2].id == r.output[0].id
+    added = oai.conversations.items.create(conv.id, items=[
+        {"type": "message", "role": "user", "content": "Bye."}])
+    (item,) = added.data
+    assert oai.conversations.items.retrieve(item.id, conversation_id=conv.id).id == item.id
+    oai.conversations.items.delete(item.id, conversation_id=conv.id)
+    assert len(list(oai.conversations.items.list(conv.id))) == 3
+    assert oai.conversations.update(conv.id, metadata={"topic": "done"}).metadata == {
+        "topic": "done"}
+    assert oai.conversations.delete(conv.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        oai.conversations.retrieve(conv.id)
+
+
 def test_openai_errors_are_sdk_exceptions(server, oai):
     with pytest.raises(openai.NotFoundError) as e:
         oai.chat.completions.create(model="gpt-nope", messages=[{"role": "user", "content": "x"}])
