@@ -104,34 +104,27 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     st_release = _store("release")  # a[i] = v after every earlier write of this thread
     st_relaxed = _store("relaxed")  # a[i] = v, a strong store with no order of its own
 
-    @intrinsic
-    def add_acq_rel(typingctx, a, i, v):
-        """a[i] += v by `atom.acq_rel.gpu`; the old value. Release: this thread's earlier
-        writes (and those it saw, e.g. its block's before a barrier) are seen by an acquire of
-        the word; acquire: the releases before it are seen by this thread."""
-        if not (_is_word(a, i) and isinstance(v, types.Integer)):
-            return None
+    def _add(order):
+        @intrinsic
+        def add(typingctx, a, i, v):
+            if not (_is_word(a, i) and isinstance(v, types.Integer)):
+                return None
 
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            val = context.cast(builder, args[2], sig.args[2], types.int32)
-            return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                         "atom.acq_rel.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
-        return types.int32(a, i, v), codegen
+            def codegen(context, builder, sig, args):
+                addr = _addr(context, builder, sig.args[0], args[0], args[1])
+                val = context.cast(builder, args[2], sig.args[2], types.int32)
+                return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 "
+                             f"g, $1; atom.{order}.gpu.global.add.u32 $0, [g], $2; }}",
+                             "=r,l,r")
+            return types.int32(a, i, v), codegen
+        return add
 
-    @intrinsic
-    def add_relaxed(typingctx, a, i, v):
-        """a[i] += v by `atom.relaxed.gpu`; the old value. No order: a count nothing is
-        published by (a block's arrival whose data carries its own tags)."""
-        if not (_is_word(a, i) and isinstance(v, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            val = context.cast(builder, args[2], sig.args[2], types.int32)
-            return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                         "atom.relaxed.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
-        return types.int32(a, i, v), codegen
+    # a[i] += v, the old value. acq_rel: this thread's earlier writes (and those it saw, e.g.
+    # its block's before a barrier) are seen by an acquire of the word, and the releases before
+    # it are seen by this thread. relaxed: no order (a count that publishes nothing: a block's
+    # arrival whose data carries its own tags)
+    add_acq_rel = _add("acq_rel")
+    add_relaxed = _add("relaxed")
 
     def _is_float_word(a, i):
         return (isinstance(a, types.Array) and a.dtype == types.float32
