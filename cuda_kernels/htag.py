@@ -44,23 +44,25 @@ def launch_tag(count):
 
 
 @cuda.jit(device=True, inline="always")
-def _settled(h, i, w0, w1, w2, w3, tag, check):
-    """The quad h[i:i+4] (first read: w0..w3) as float32 values, re-read until each word carries
-    `tag` where `check`."""
-    while check and ((w0 & TAG) != tag or (w1 & TAG) != tag or (w2 & TAG) != tag
-                     or (w3 & TAG) != tag):
-        if not SIMULATED:  # the simulator runs a launch's phases in turn: never polls
-            cuda.nanosleep(POLL_NS)
-        w0, w1, w2, w3 = ld_relaxed_u32x4(h, i)
+def _ok(w0, w1, w2, w3, tag):
+    """Whether the four words carry `tag`."""
+    return ((w0 & TAG) == tag and (w1 & TAG) == tag and (w2 & TAG) == tag
+            and (w3 & TAG) == tag)
+
+
+@cuda.jit(device=True, inline="always")
+def _values(w0, w1, w2, w3):
     return u2f(w0 & KEEP), u2f(w1 & KEEP), u2f(w2 & KEEP), u2f(w3 & KEEP)
 
 
 @cuda.jit(device=True, inline="always")
 def stage_h_polled(h, n_vals, xs, a, pa, b, pb, sums, sums_off, tag, check):
     """`xstage.stage_padded_wide6` of h[:n_vals] with the tags cleared: each thread's six quads
-    read at once (relaxed loads: at the L2, never a stale L1 line), then each re-read until its
-    four entries carry `tag` (where `check`: every entry is written in this launch). The whole
-    block calls this; the same values and sums, in the same order, as `stage_h`."""
+    read at once (relaxed loads: at the L2, never a stale L1 line), then, where `check` (every
+    entry is written in this launch), those not yet carrying `tag` read again, all at once, until
+    each does: a round trip a round, however many quads are late (one quad after another took
+    up to six in a row once the last entries landed). The whole block calls this; the same
+    values and sums, in the same order, as `stage_h`."""
     n_quads = n_vals >> 2
     last = n_quads - 1
     bd = cuda.blockDim.x
@@ -79,17 +81,44 @@ def stage_h_polled(h, n_vals, xs, a, pa, b, pb, sums, sums_off, tag, check):
         d0, d1, d2, d3 = ld_relaxed_u32x4(h, i3)
         e0, e1, e2, e3 = ld_relaxed_u32x4(h, i4)
         f0, f1, f2, f3 = ld_relaxed_u32x4(h, i5)
-        v0, v1, v2, v3 = _settled(h, i0, a0, a1, a2, a3, tag, check)
+        ok_a = not check or _ok(a0, a1, a2, a3, tag)
+        ok_b = not check or _ok(b0, b1, b2, b3, tag)
+        ok_c = not check or _ok(c0, c1, c2, c3, tag)
+        ok_d = not check or _ok(d0, d1, d2, d3, tag)
+        ok_e = not check or _ok(e0, e1, e2, e3, tag)
+        ok_f = not check or _ok(f0, f1, f2, f3, tag)
+        while not (ok_a and ok_b and ok_c and ok_d and ok_e and ok_f):
+            if not SIMULATED:  # the simulator runs a launch's phases in turn: never polls
+                cuda.nanosleep(POLL_NS)
+            if not ok_a:
+                a0, a1, a2, a3 = ld_relaxed_u32x4(h, i0)
+            if not ok_b:
+                b0, b1, b2, b3 = ld_relaxed_u32x4(h, i1)
+            if not ok_c:
+                c0, c1, c2, c3 = ld_relaxed_u32x4(h, i2)
+            if not ok_d:
+                d0, d1, d2, d3 = ld_relaxed_u32x4(h, i3)
+            if not ok_e:
+                e0, e1, e2, e3 = ld_relaxed_u32x4(h, i4)
+            if not ok_f:
+                f0, f1, f2, f3 = ld_relaxed_u32x4(h, i5)
+            ok_a = _ok(a0, a1, a2, a3, tag)
+            ok_b = _ok(b0, b1, b2, b3, tag)
+            ok_c = _ok(c0, c1, c2, c3, tag)
+            ok_d = _ok(d0, d1, d2, d3, tag)
+            ok_e = _ok(e0, e1, e2, e3, tag)
+            ok_f = _ok(f0, f1, f2, f3, tag)
+        v0, v1, v2, v3 = _values(a0, a1, a2, a3)
         put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
-        v0, v1, v2, v3 = _settled(h, i1, b0, b1, b2, b3, tag, check)
+        v0, v1, v2, v3 = _values(b0, b1, b2, b3)
         put_quad(xs, q + bd, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
-        v0, v1, v2, v3 = _settled(h, i2, c0, c1, c2, c3, tag, check)
+        v0, v1, v2, v3 = _values(c0, c1, c2, c3)
         put_quad(xs, q + 2 * bd, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
-        v0, v1, v2, v3 = _settled(h, i3, d0, d1, d2, d3, tag, check)
+        v0, v1, v2, v3 = _values(d0, d1, d2, d3)
         put_quad(xs, q + 3 * bd, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
-        v0, v1, v2, v3 = _settled(h, i4, e0, e1, e2, e3, tag, check)
+        v0, v1, v2, v3 = _values(e0, e1, e2, e3)
         put_quad(xs, q + 4 * bd, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
-        v0, v1, v2, v3 = _settled(h, i5, f0, f1, f2, f3, tag, check)
+        v0, v1, v2, v3 = _values(f0, f1, f2, f3)
         put_quad(xs, q + 5 * bd, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off)
         q += 6 * bd
 

@@ -1,26 +1,25 @@
-"""One token's MoE in one launch: gate/up, then down once the h entries it reads are written.
+"""One token's MoE in one launch: gate/up, a barrier across the grid (`gridsync`), then down.
 For lane formats whose gate/up rows take one step of a warp and whose k h vectors fit one
 block's shared memory: the 30B models' Q4_K/Q6_K (2048 columns, 8 x 768 values of h).
 
 Why one launch: down, as a launch of its own, began only once gate/up had drained, and then
 resolved the experts' slots again (ids, slot table, slot offsets: three dependent reads) before
 it could issue a weight load. Here the slots are resolved once, and each warp issues its first
-down loads as soon as its gate/up items are done, so they are in flight while h is gathered.
+down loads as soon as its gate/up items are done, so they are in flight across the barrier.
 
-How down knows h is written (TAGGED_H): gate/up writes each entry with a 2-bit tag in its lowest
+Every block must be resident at once (blocks wait for each other), so the launch is
+cooperative. The state is two int32 per sequence: the barrier's (arrivals, generation). With
+TAGGED_H there is no barrier: gate/up writes each h entry with a 2-bit tag in its lowest
 mantissa bits that alternates from one launch to the next (`htag`), and each block's staging of
-h re-reads an entry until it carries this launch's tag: a block waits for the entries themselves,
-from the moment its own gate/up is done. Before, a barrier across the grid (`gridsync`) took
-~1.4 us from the last block's arrival to its release, and h's staging began only after it. The
-state is two int32 per sequence (arrivals, launches): the last block to arrive counts the launch.
-Every block must be resident at once (a block polls entries other blocks write), so the launch
-is cooperative, as the barrier's was.
+h re-reads an entry until it carries this launch's tag; the state is then (arrivals, launches),
+the last block to arrive counting the launch. h and the state go together (`moe.moe_decode`).
 
-The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both. The
-GPU runs 2. The simulator runs blocks one after another, so a block polling another's writes
-would never see them there: it runs 0, then 1, the same code. `moe.moe_decode` launches this
-where `fuses` holds and it is given the state (`sync`, paired with its h); the results are bit
-for bit those of the two launches (the same dots in the same order), h but for its tags.
+The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
+the barrier (or the polling) between. The GPU runs 2. The simulator runs blocks one after
+another, so a block waiting on another would never see it there: it runs 0, then 1, the same
+code. `moe.moe_decode` launches this where `fuses` holds and it is given the state (`sync`); the
+results are bit for bit those of the two launches (the same dots in the same order), h but for
+its tags.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
-from .ordered import add_relaxed, ld_acquire, st_relaxed
+from .ordered import add_relaxed, ld_relaxed, st_relaxed
 from .qformats import is_planar
 from .xstage import padded_bytes, padded_len
 
@@ -58,11 +57,17 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
-# Read when a kernel is made: no barrier across the grid. Gate/up writes each h entry with a tag
-# that alternates from launch to launch (`htag`), and down's staging polls the entries until
-# each carries this launch's: a block waits for the entries it reads, not for every block's
-# arrival and then the barrier's release. False: the barrier (H_SIX and SPLIT_ARRIVE apply).
-TAGGED_H = True
+# Read when a kernel is made (and part of its cache key): no barrier across the grid. Gate/up
+# writes each h entry with a tag that alternates from launch to launch (`htag`), and down's
+# staging polls the entries until each carries this launch's: a block waits for the entries it
+# reads, not for every block's arrival and then the barrier's release. False (the default): the
+# barrier (H_SIX and SPLIT_ARRIVE apply). As first written (each stale quad re-read on its own,
+# the launch count read before the routing) it was slower on the H200 at every pair: Q4_K/Q4_K
+# 17.74 against 15.50 us a layer, Q4_K/Q6_K 18.63 against 17.19, Q6_K/Q6_K 26.16 against 21.79,
+# and slower still polling less often (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`);
+# the form here re-reads all late quads at once and hides the count's read behind the routing,
+# not yet timed. Bit for bit the barrier's outputs either way (the GPU tests run both).
+TAGGED_H = False
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
@@ -150,11 +155,14 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
         t = cuda.threadIdx.x
-        if tagged and t == 0:  # read before this block arrives: the last arrival bumps it
-            s_count[0] = ld_acquire(bar, 1)
+        n_before = 0
+        if tagged and t == 0:  # read before this block arrives (the last arrival bumps it);
+            n_before = ld_relaxed(bar, 1)  # waited for only below: the routing hides it
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
                       host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1,
                       s_w, tagged)
+        if tagged and t == 0:
+            s_count[0] = n_before
         cuda.syncthreads()
         count = s_count[0] if tagged else 0
         tag = launch_tag(count) if tagged else 0
@@ -247,7 +255,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, TAGGED_H)
     if key not in _CACHE:
         _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
     return _CACHE[key]

@@ -18,13 +18,15 @@ import numpy as np
 
 from .intrinsics import SIMULATED
 
-__all__ = ["add_acq_rel", "add_relaxed", "ld_acquire", "ld_relaxed_u32x4", "st_relaxed",
-           "st_relaxed_bits", "st_release"]
+__all__ = ["add_acq_rel", "add_relaxed", "ld_acquire", "ld_relaxed", "ld_relaxed_u32x4",
+           "st_relaxed", "st_relaxed_bits", "st_release"]
 
 if SIMULATED:
     def ld_acquire(a, i):
         """a[i]."""
         return int(a[i])
+
+    ld_relaxed = ld_acquire
 
     def st_release(a, i, v):
         """a[i] = v."""
@@ -73,18 +75,23 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
                           constraint + ",~{memory}", side_effect=True)
         return builder.call(fn, args)
 
-    @intrinsic
-    def ld_acquire(typingctx, a, i):
-        """a[i] by `ld.acquire.gpu`: what was written before a release of this word is seen
-        after it."""
-        if not _is_word(a, i):
-            return None
+    def _load(order):
+        @intrinsic
+        def load(typingctx, a, i):
+            if not _is_word(a, i):
+                return None
 
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            return _call(builder, _I32, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                         "ld.acquire.gpu.global.b32 $0, [g]; }", "=r,l")
-        return types.int32(a, i), codegen
+            def codegen(context, builder, sig, args):
+                addr = _addr(context, builder, sig.args[0], args[0], args[1])
+                return _call(builder, _I32, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, "
+                             f"$1; ld.{order}.gpu.global.b32 $0, [g]; }}", "=r,l")
+            return types.int32(a, i), codegen
+        return load
+
+    # a[i]. acquire: what was written before a release of this word is seen after it. relaxed:
+    # no order (a word a kernel before this one wrote: the launch boundary orders it)
+    ld_acquire = _load("acquire")
+    ld_relaxed = _load("relaxed")
 
     def _store(order):
         @intrinsic

@@ -8,6 +8,8 @@ variant names the ones it changes from the defaults):
   H_SIX                h staged six quads a thread at a time (one round of loads, not two)
   SPLIT_ARRIVE         a block arrives at the barrier before it issues its first down loads
                        (both made defaults on 2026-12-04)
+  TAGGED_H             no barrier: down's staging polls h's per-launch tags (`htag`); slower
+                       as first written (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`)
 Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
 112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
 read whole beside the ids, each warp's first two down units' loads issued before the barrier.
@@ -34,9 +36,10 @@ from strata.cuda_kernels import moe_fused  # noqa: E402
 
 VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
-            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False}}
+            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
+            "tagged h": {"TAGGED_H": True}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "TAGGED_H")}
 
 
 def run(ctx, gu, dn, settings):

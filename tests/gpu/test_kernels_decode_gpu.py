@@ -185,14 +185,16 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]
 
 
-def test_moe_fused_graph_replays_bit_for_bit():
-    """The fused MoE launch (gate/up, then down polling h's tags) captured in a CUDA graph of 12
-    layers' launches sharing one state and one h (as the engine's decode step), replayed 50
-    times: every replay's outputs bit for bit those of the two launches, h too but for its tags
-    (the last launch's), and the state (arrivals, launches) at (0, launches so far). Half the
-    experts miss (read through the miss path), as with a cache smaller than the model's
-    experts."""
+@pytest.mark.parametrize("tagged", [False, True], ids=["barrier", "tagged"])
+def test_moe_fused_graph_replays_bit_for_bit(tagged, monkeypatch):
+    """The fused MoE launch (gate/up, a barrier across the grid or down polling h's tags, down)
+    captured in a CUDA graph of 12 layers' launches sharing one state and one h (as the
+    engine's decode step), replayed 50 times: every replay's outputs bit for bit those of the
+    two launches, h too but for its tags (the last launch's where tagged), and the state at (0,
+    launches so far). Half the experts miss (read through the miss path), as with a cache
+    smaller than the model's experts."""
     import strata.cuda_kernels.moe_fused as fused_mod
+    monkeypatch.setattr(fused_mod, "TAGGED_H", tagged)
     from strata.bench.kernels import Ctx, moe_setup
     from strata.cuda_kernels.graph import capture
     from strata.cuda_kernels.moe import moe_decode
@@ -244,7 +246,7 @@ def test_moe_fused_graph_replays_bit_for_bit():
     for i, (h1, out1) in enumerate(runs[True]):
         np.testing.assert_array_equal(h1.view(np.uint32) & keep, h2.view(np.uint32) & keep)
         last = (i + 2) * n_layer - 1  # the launch that wrote h last (the first run, then replays)
-        assert ((h1.view(np.uint32) & 3) == 1 + (last & 1)).all()
+        assert ((h1.view(np.uint32) & 3) == (1 + (last & 1) if tagged else 0)).all()
         np.testing.assert_array_equal(out1, out2)
     ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
 
