@@ -5,10 +5,12 @@ across the grid: it polls the entries themselves (each word written and read who
 
 Every writer of h writes the tag: 0 outside the one-launch kernel, and that kernel alternates 1
 and 2 from one launch to the next (`launch_tag`, from the launch count it keeps in its state), so
-what an earlier launch left never carries this launch's tag. Every reader clears the two bits, so
-the one launch and the two launches it replaces read the same values (the bits are worth 2^-22 of
-an entry at most; the 8-bit x of gate/up rounds far more). The buffer must hold no tag 1 or 2
-before the first one-launch use: zero, or written by any MoE launch.
+what an earlier launch left never carries this launch's tag. The lane down kernels' stagings
+clear the two bits (the others read only what writers of tag 0 wrote), so the one launch and the
+two launches it replaces read the same values (the bits are worth 2^-22 of an entry at most; the
+8-bit x of gate/up rounds far more). The buffer must hold no tag 1 or 2 before the first
+one-launch use: zero, or written by any MoE launch. The one launch uses it only where
+`moe_fused.TAGGED_H` is set (off by default: slower on the H200 as first written).
 """
 
 from __future__ import annotations
