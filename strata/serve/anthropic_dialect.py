@@ -23,7 +23,7 @@ from strata.serve.errors import ApiError, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent, PromptEvent
-from strata.serve.reasoning import Thinking
+from strata.serve.reasoning import Thinking, signature
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -89,6 +89,9 @@ async def messages(request: Request, state: ServerState, body: dict) -> Response
     await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
+    for block in content:
+        if block["type"] == "thinking":
+            block["signature"] = signature(block["thinking"])
     return JSONResponse({
         "id": mid, "type": "message", "role": "assistant", "model": state.model.name,
         "content": content, "stop_reason": stop_reason(gen.finish, gen.tool_calls),
@@ -105,7 +108,7 @@ def _block_of(item: str | Thinking) -> tuple[str, str]:
 
 
 def _empty_block(kind: str) -> dict:
-    # a thinking block's signature proves it came from Anthropic's API; none is made here
+    # a thinking block's signature is set once its text is whole (`reasoning.signature`)
     return {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
         "type": "text", "text": ""}
 
@@ -125,6 +128,18 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
     # headers went out at once. A job that ends before its prompt runs starts with the whole.
     started = False
     index, open_kind = -1, None  # the text or thinking block open, if one is
+    thought = []  # the open thinking block's text so far (its signature ends it)
+
+    def stop() -> bytes:
+        """The open block's end: a thinking block's signature_delta first, as Anthropic's."""
+        out = b""
+        if open_kind == "thinking":
+            out = sse({"type": "content_block_delta", "index": index, "delta": {
+                "type": "signature_delta", "signature": signature("".join(thought))}},
+                "content_block_delta")
+            thought.clear()
+        return out + sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+
     async for item in gen.items(prompt=True):
         if not started:
             n_cached = item.n_cached if isinstance(item, PromptEvent) else 0
@@ -134,7 +149,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
             continue
         if isinstance(item, ToolCall):
             if open_kind is not None:
-                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                yield stop()
                 open_kind = None
             index += 1
             start = {**_tool_use(item), "input": {}}
@@ -148,11 +163,13 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
         kind, text = _block_of(item)
         if open_kind != kind:
             if open_kind is not None:
-                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                yield stop()
             index += 1
             open_kind = kind
             yield sse({"type": "content_block_start", "index": index,
                        "content_block": _empty_block(kind)}, "content_block_start")
+        if kind == "thinking":
+            thought.append(text)
         yield sse({"type": "content_block_delta", "index": index,
                    "delta": {"type": f"{kind}_delta", kind: text}}, "content_block_delta")
     if not started:
@@ -161,7 +178,7 @@ async def _events(gen: Generation, mid: str, model: str) -> AsyncIterator[bytes]
         yield sse(error_body(ApiError(500, f"generation failed: {gen.finish.error}")), "error")
         return
     if open_kind is not None:
-        yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+        yield stop()
     yield sse({"type": "message_delta",
                "delta": {"stop_reason": stop_reason(gen.finish, gen.tool_calls),
                          "stop_sequence": gen.finish.stop_sequence},

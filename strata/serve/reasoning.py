@@ -12,6 +12,7 @@ content; one that never closes it is all reasoning.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from strata.engine.json_trigger import THINK_CLOSE, THINK_OPEN
@@ -24,6 +25,13 @@ class Thinking:
     """A piece of the model's reasoning (not part of its answer)."""
 
     text: str
+
+
+def signature(text: str) -> str:
+    """An Anthropic `thinking` block's `signature`: a digest of its text. Anthropic's proves the
+    block came from its API; this proves nothing (nothing checks it here), but a client that
+    keeps or replays only signed thinking blocks gets one, the same for the same text."""
+    return "strata-sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def thinks(template_source: str) -> bool:

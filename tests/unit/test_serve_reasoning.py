@@ -12,7 +12,7 @@ import pytest
 
 from test_serve_app import Harness, sse_events
 
-from strata.serve.reasoning import Thinking, ThinkSplitter, opens_thinking, thinks
+from strata.serve.reasoning import Thinking, ThinkSplitter, opens_thinking, signature, thinks
 
 ANSWER = "<think>\nLet me see.\n</think>\n\nHi there!"
 
@@ -82,8 +82,10 @@ def test_openai_chat_reasoning_content(h):
 def test_anthropic_thinking_blocks(h):
     body = {"model": "fake", "max_tokens": 100, "messages": HELLO}
     content = h.client.post("/v1/messages", json=body).json()["content"]
-    assert content == [{"type": "thinking", "thinking": "Let me see.", "signature": ""},
+    sig = signature("Let me see.")
+    assert content == [{"type": "thinking", "thinking": "Let me see.", "signature": sig},
                        {"type": "text", "text": "Hi there!"}]
+    assert sig.startswith("strata-sha256:") and sig != signature("Let me see")
     r = h.client.post("/v1/messages", json={**body, "stream": True})
     events = [json.loads(d) for _, d in sse_events(r.text)]
     starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
@@ -91,6 +93,12 @@ def test_anthropic_thinking_blocks(h):
     deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
     assert "".join(d.get("thinking", "") for d in deltas) == "Let me see."
     assert "".join(d.get("text", "") for d in deltas) == "Hi there!"
+    # the thinking block's signature last, before its stop, as Anthropic streams it
+    kinds = [(e["type"], e.get("delta", {}).get("type")) for e in events]
+    at = kinds.index(("content_block_delta", "signature_delta"))
+    assert kinds[at - 1] == ("content_block_delta", "thinking_delta")
+    assert kinds[at + 1] == ("content_block_stop", None)
+    assert events[at]["delta"]["signature"] == sig and events[at]["index"] == 0
     # the thinking block sent back with the next turn is taken (the template drops it)
     follow = HELLO + [{"role": "assistant", "content": content},
                       {"role": "user", "content": "more"}]
