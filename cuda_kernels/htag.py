@@ -59,7 +59,7 @@ def _values(w0, w1, w2, w3):
 
 @cuda.jit(device=True, inline="always")
 def stage_h_polled(h, n_vals, xs, a, pa, b, pb, sums, sums_off, tag, check):
-    """`xstage.stage_padded_wide6` of h[:n_vals] with the tags cleared: each thread's six quads
+    """`stage_h6` (`xstage.wide_stager`'s six at a time) of h[:n_vals] with the tags cleared: each thread's six quads
     read at once (relaxed loads: at the L2, never a stale L1 line), then, where `check` (every
     entry is written in this launch), those not yet carrying `tag` read again, all at once, until
     each does: a round trip a round, however many quads are late (one quad after another took
@@ -131,7 +131,7 @@ def _plain4(x, i):
     return h_plain(v0), h_plain(v1), h_plain(v2), h_plain(v3)
 
 
-# the down launch's staging of what gate/up wrote, four quads a thread at a time
-# (`xstage.stage_padded_wide`), and six (the one-launch kernel without its tag polling)
+# the down launch's staging of what gate/up wrote, four quads a thread at a time, and six (the
+# one-launch kernel with its barrier: 8 x 768 values in one round of 256 threads)
 stage_h = wide_stager(4, _plain4)
 stage_h6 = wide_stager(6, _plain4)

@@ -116,8 +116,8 @@ def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer
     router logits ranked by this block (`route_shared`, block 0 writing ids and weights), else
     ids as given; then those k experts resolved into s_where/s_base (`resolve_shared`; read
     them after a barrier). own_w: s_w f32 [MAX_K] gets the k weights in every block (this
-    block's routing's, else weights as given). The whole block calls this (it synchronises); the routing scratch is
-    declared here, in the shared memory of the kernel that inlines it. (Reading the layer's
+    block's routing's, else weights as given). The whole block calls this (it synchronises);
+    the routing scratch is declared here, in the shared memory of the kernel that inlines it. (Reading the layer's
     whole slot-table row beside the ids, two dependent reads instead of three, made the fused
     MoE slower on the H200: `bench/results/2026-12-04_kernels_moe_fused_variants_2.json`.)"""
     s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)

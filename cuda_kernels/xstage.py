@@ -93,8 +93,9 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
 
 
 def wide_stager(n_at_once: int, load4=ld_x4):
-    """`stage_padded_wide` loading n_at_once (4 or 6) quads a thread at a time, each by
-    load4(x, i) -> four float32 (default `ld_x4`; `htag` clears h's tags on the way)."""
+    """`stage_padded` of x[:n_vals] (x_base 0) loading n_at_once (4 or 6) quads a thread at a
+    time, each by load4(x, i) -> four float32 (`ld_x4`; `htag`'s stagings of h, the MoE down
+    kernels', clear h's tags on the way); six: 8 x 768 values in one round of 256 threads."""
     six = n_at_once == 6
     if n_at_once not in (4, 6):
         raise ValueError(f"a wide staging loads 4 or 6 quads at a time, not {n_at_once}")
@@ -133,9 +134,6 @@ def wide_stager(n_at_once: int, load4=ld_x4):
     return stage_padded_wide
 
 
-stage_padded_wide = wide_stager(4)
-# six at a time: the fused MoE's 8 x 768 values of h in one round of 256 threads, not two
-stage_padded_wide6 = wide_stager(6)
 
 
 @cuda.jit(device=True, inline="always")
