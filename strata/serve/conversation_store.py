@@ -149,14 +149,16 @@ class ConversationStore:
         conv.n_bytes = n
 
     def _grow(self, conv: Conversation, new: list, param: str) -> None:
-        n = conv.n_bytes + len(json.dumps(new)) + (0 if conv.n_bytes else
-                                                   self._size([], conv.metadata))
+        """`new` appended, counted by its own bytes (not the whole conversation again: a
+        response adds a turn to a conversation that may be long)."""
+        n = (conv.n_bytes or self._size([], conv.metadata)) + len(json.dumps(new))
         if n > self.max_bytes:
             raise bad_request(f"{param}: conversation {conv.id!r} would hold {n} bytes, more "
                               f"than the whole store ({self.max_bytes}, --response-store-mib)",
                               param)
         conv.items.extend(new)
-        self._resize(conv, conv.items, conv.metadata)
+        self.n_bytes += n - conv.n_bytes
+        conv.n_bytes = n
 
     def _fit(self, keep: str) -> None:
         """The least recently used conversations out until the store fits (never `keep`)."""

@@ -174,9 +174,7 @@ async def retrieve(request: Request, state: ServerState) -> Response:
 
 async def input_items(request: Request, state: ServerState) -> Response:
     """`GET /v1/responses/{response_id}/input_items`: a stored response's input items (its own
-    request's, not the turns it continued), a page at a time: `limit` (1-100, default 20),
-    `order` (`desc`, the default: the last item first; or `asc`), and `after` / `before` an
-    item id of the list in that order."""
+    request's, not the turns it continued), a page at a time (`response_store.page`)."""
     stored = state.responses.get(request.path_params["response_id"])
     return JSONResponse(page(stored.inputs, request.query_params, "input item of this response"))
 
