@@ -1,32 +1,40 @@
-# The one-launch MoE with h's tags polled (moe_fused.TAGGED_H) against the barrier, on the device
-# machine (the `device` tool; pack first: bench/device/pack.sh). Two calls, each under the
-# tool's 10 minutes:
-#   bash build/clean/bench/device/moe_tagged_ab.sh kernels   # GPU tests both ways, the probe
-#   bash build/clean/bench/device/moe_tagged_ab.sh d1        # D1 (30B-A3B Q4_K_M) both ways
+# The one-launch MoE's variants on the device machine (the `device` tool; pack first:
+# bench/device/pack.sh): h's tags polled instead of the barrier (moe_fused.TAGGED_H) and down's
+# rows staged in shared memory (moe_fused.DOWN_STAGE), against the defaults. Calls, each under
+# the tool's 10 minutes:
+#   bash build/clean/bench/device/moe_tagged_ab.sh probe     # the variants, 12 layers a graph
+#   bash build/clean/bench/device/moe_tagged_ab.sh tests     # the fused MoE's GPU tests
+#   bash build/clean/bench/device/moe_tagged_ab.sh d1 ARM..  # D1 (30B-A3B Q4_K_M) per arm:
+#        strata (the defaults), tagged, staged1, staged2
 # Writes $OUT/run.log (the table) and the JSONs beside it.
 source build/clean/bench/device/env.sh || exit 1
 L=$OUT/run.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $L
-case "$1" in
-  kernels)
-    # the fused MoE against float64 and 50 graph replays, with the barrier and tagged
-    timeout 200 $PT -s "$R/tests/gpu/test_kernels_decode_gpu.py" -k "moe" > $OUT/gpu.log 2>&1
-    grep -E "moe fused graph|passed|failed|Error" $OUT/gpu.log | tail -6 | tee -a $L
-    # 12 layers in a graph a pair, the same inputs, outputs compared bit for bit
-    (cd "$R/bench/probes" && timeout 300 python3 moe_fused_variants.py \
-      --only "defaults,tagged h" --json $OUT/variants.json 2>&1 | grep -v Warn | tail -8) \
-      | tee -a $L
+mode=$1; shift
+case "$mode" in
+  probe)
+    # 12 layers in a graph a variant, the same inputs, outputs compared bit for bit
+    (cd "$R/bench/probes" && timeout 520 python3 moe_fused_variants.py \
+      --only "${VARIANTS:-defaults,tagged h,down staged at arrival,down staged early}" \
+      --json $OUT/variants.json 2>&1 | grep -v Warn | tail -16) | tee -a $L
+    ;;
+  tests)
+    # the fused MoE against float64 and 50 graph replays: barrier, tagged, staged
+    timeout 520 $PT -s "$R/tests/gpu/test_kernels_decode_gpu.py" -k "moe" > $OUT/gpu.log 2>&1
+    grep -E "moe|passed|failed|Error" $OUT/gpu.log | tail -14 | tee -a $L
     ;;
   d1)
     ab_copy tagged && printf '\nTAGGED_H = True\n' >> /tmp/tagged/strata/cuda_kernels/moe_fused.py
+    ab_copy staged1 && printf '\nDOWN_STAGE = 1\n' >> /tmp/staged1/strata/cuda_kernels/moe_fused.py
+    ab_copy staged2 && printf '\nDOWN_STAGE = 2\n' >> /tmp/staged2/strata/cuda_kernels/moe_fused.py
     timeout 90 python3 -m strata.cli.main synth qwen3-30b-a3b --quant Q4_K_M --skew 3 \
       -o /tmp/m.gguf --quiet 2>&1 | tail -1 | tee -a $L
-    for arm in strata tagged; do
+    for arm in "${@:-strata}"; do
       echo "== D1 $arm" | tee -a $L
-      timeout 200 env PYTHONPATH=/tmp/site:/tmp/$arm python3 -m strata.cli.main bench \
+      timeout 240 env PYTHONPATH=/tmp/site:/tmp/$arm python3 -m strata.cli.main bench \
         --backend cuda -m /tmp/m.gguf --prompt-tokens 512 --gen 128 --max-context 4096 \
         --json-out $OUT/d1_$arm.json 2>&1 | grep -v Warn | tail -4 | tee -a $L
     done
     ;;
-  *) echo "usage: moe_tagged_ab.sh kernels|d1" >&2; exit 2 ;;
+  *) echo "usage: moe_tagged_ab.sh probe|tests|d1 [ARM...]" >&2; exit 2 ;;
 esac
