@@ -26,7 +26,7 @@ __all__ = [
     "ld_x4", "ld_i64x2", "h2f", "u2f", "f2u",
     "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum", "block_sum",
     "block_max", "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "quad_sum", "st_x4",
-    "ld_w4", "quad_max", "rint_i32", "ld_u32x4", "ld_u32x2",
+    "ld_w4", "quad_max", "rint_i32",
 ]
 
 
@@ -34,7 +34,7 @@ if SIMULATED:
     from .intrinsics_sim import (  # noqa: F401 (re-exported)
         ld_u8, ld_u16, ld_u32, ld_u32_any, ld_nc_u32x4, ld_x4, ld_i64x2, prmt, h2f, u2f, f2u,
         dp4a, warp_sum, warp_max, warp_bcast, warp_argmax, warp_suffix_sum, ld_nc_u32x2, funnel_r,
-        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32, ld_u32x4, ld_u32x2)
+        ld_f32_at, ld_u32_at, st_x4, quad_sum, quad_max, ld_w4, rint_i32)
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -140,29 +140,6 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
 
     ld_i64x2 = _vector_load(types.int64, _I64, 2)
     ld_w4 = _vector_load(types.uint32, _I32, 4)
-
-    def _byte_vector_load(n):
-        """An intrinsic (a, off) -> n u32 at byte `off` (a multiple of 4 * n) of any array, one
-        plain vector load: no state space named, so it reads shared memory (a staging of
-        global bytes) as well as global (`ld_nc_u32x4` is for read-only global buffers)."""
-        ret = types.UniTuple(types.uint32, n)
-
-        @intrinsic
-        def load(typingctx, a, off):
-            if not (isinstance(a, types.Array) and isinstance(off, types.Integer)):
-                return None
-
-            def codegen(context, builder, sig, args):
-                ptr = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-                vty = ir.VectorType(_I32, n)
-                vec = builder.load(builder.bitcast(ptr, vty.as_pointer()), align=4 * n)
-                vals = [builder.extract_element(vec, ir.Constant(_I32, k)) for k in range(n)]
-                return context.make_tuple(builder, ret, vals)
-            return ret(a, off), codegen
-        return load
-
-    ld_u32x4 = _byte_vector_load(4)
-    ld_u32x2 = _byte_vector_load(2)
 
     @intrinsic
     def _prmt(typingctx, a, b, sel):

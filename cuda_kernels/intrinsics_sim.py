@@ -15,7 +15,7 @@ __all__ = [
     "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "ld_i64x2", "prmt", "h2f",
     "u2f", "f2u", "dp4a", "warp_sum", "warp_max", "warp_bcast", "warp_argmax", "warp_suffix_sum",
     "ld_nc_u32x2", "funnel_r", "ld_f32_at", "ld_u32_at", "st_x4", "quad_sum", "quad_max", "ld_w4",
-    "rint_i32", "ld_u32x4", "ld_u32x2",
+    "rint_i32",
 ]
 
 
@@ -66,18 +66,6 @@ def ld_nc_u32x4(a, off):
     """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
     _aligned(off, 16)
     return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
-
-
-def ld_u32x4(a, off):
-    """Four little-endian u32 at a 16-aligned byte offset of any byte array (shared too)."""
-    _aligned(off, 16)
-    return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
-
-
-def ld_u32x2(a, off):
-    """Two little-endian u32 at an 8-aligned byte offset of any byte array (shared too)."""
-    _aligned(off, 8)
-    return (ld_u32(a, off), ld_u32(a, off + 4))
 
 
 def ld_x4(x, i):

@@ -28,9 +28,8 @@ from strata.quant.planar import Q6_K_P8
 from . import qtables as Q
 from .intrinsics import warp_sum
 from .lanes_iq import dot_iq3_s, dot_iq4_xs, load_iq3_s, load_iq4_xs
-from .lanes_k import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, load_q4_k, load_q4_k_any,
-                      load_q5_k, load_q5_k_any, load_q6_k, load_q6_k_any, load_q6_k_p8,
-                      load_q8_0, load_q8_0_any)
+from .lanes_k import (dot_q4_k, dot_q5_k, dot_q6_k, dot_q8_0, load_q4_k, load_q5_k, load_q6_k,
+                      load_q6_k_p8, load_q8_0)
 from .xstage import X8_SPAN, padded_bytes, padded_len, x8_len
 
 NO_PAD_B = (31, 0)  # (B, PB) of a padding with a single period
@@ -52,9 +51,6 @@ class LaneFormat:
     dot: Callable[..., Any]
     table: np.ndarray   # the table dot indexes (qtables.NO_TABLE where none)
     x8: bool = False    # x staged as 8-bit integers (`lanes_x8`), not padded float32
-    # load of the same slices from any array, a shared staging of the rows included (the fused
-    # MoE's down, `moe_fused.DOWN_STAGE`); None where the format has none
-    load_any: Callable[..., Any] | None = None
 
     def __post_init__(self):
         a, pa, b, pb = self.pad
@@ -114,26 +110,23 @@ class LaneFormat:
 
 
 def _lf(t: T, sb_values: int, sb_bytes: int, lanes: int, pad, sums: bool, load, dot,
-        table=Q.NO_TABLE, load_any=None) -> tuple[int, LaneFormat]:
+        table=Q.NO_TABLE) -> tuple[int, LaneFormat]:
     return int(t), LaneFormat(int(t), t.name, sb_values, sb_bytes, lanes, pad, sums, load, dot,
-                              table, load_any=load_any)
+                              table)
 
 
 LANE_FORMATS: dict[int, LaneFormat] = dict([
-    _lf(T.Q4_K, 256, 144, 4, (6, 4) + NO_PAD_B, True, load_q4_k, dot_q4_k,
-        load_any=load_q4_k_any),
-    _lf(T.Q5_K, 256, 176, 8, (6, 4) + NO_PAD_B, True, load_q5_k, dot_q5_k,
-        load_any=load_q5_k_any),
-    _lf(T.Q6_K, 256, 210, 8, (5, 4, 7, 8), True, load_q6_k, dot_q6_k, load_any=load_q6_k_any),
-    _lf(T.Q8_0, 32, 34, 1, (5, 4) + NO_PAD_B, False, load_q8_0, dot_q8_0,
-        load_any=load_q8_0_any),
+    _lf(T.Q4_K, 256, 144, 4, (6, 4) + NO_PAD_B, True, load_q4_k, dot_q4_k),
+    _lf(T.Q5_K, 256, 176, 8, (6, 4) + NO_PAD_B, True, load_q5_k, dot_q5_k),
+    _lf(T.Q6_K, 256, 210, 8, (5, 4, 7, 8), True, load_q6_k, dot_q6_k),
+    _lf(T.Q8_0, 32, 34, 1, (5, 4) + NO_PAD_B, False, load_q8_0, dot_q8_0),
     _lf(T.IQ4_XS, 256, 136, 8, (5, 4) + NO_PAD_B, False, load_iq4_xs, dot_iq4_xs,
         Q.TABLE_IQ4NL),
     _lf(T.IQ3_S, 256, 110, 4, (5, 4, 8, 4), False, load_iq3_s, dot_iq3_s, Q.TABLE_IQ3_S),
 ])
 # The planar layout of dense Q6_K (`strata.quant.planar`): Q6_K's lanes, loaded in place
 LANE_FORMATS[Q6_K_P8.ggml_type] = replace(LANE_FORMATS[int(T.Q6_K)], ggml_type=Q6_K_P8.ggml_type,
-                                          name=Q6_K_P8.name, load=load_q6_k_p8, load_any=None)
+                                          name=Q6_K_P8.name, load=load_q6_k_p8)
 
 
 def lane_format(ggml_type: int) -> LaneFormat | None:

@@ -21,9 +21,9 @@ import numpy as np
 from numba import cuda
 
 from .intrinsics import (F_2P23, MAGIC_2P23, byte_to_f32, h2f, ld_f32_at, ld_nc_u32x4, ld_u16,
-                         ld_u32x4, ld_u8, ld_x4, prmt, u2f)
+                         ld_u8, ld_x4, prmt, u2f)
 from .planar import q6_k_fields, q6_k_p8_fields
-from .spans import span4, span4_any, span8, span8_any
+from .spans import span4, span8
 
 F0 = np.float32(0.0)
 F16 = np.float32(16.0)
@@ -97,20 +97,12 @@ def _sum16(xs, s):
     return ld_f32_at(xs, 4 * s)
 
 
-def q4_k_loader(ld16):
-    """load(w, off, part) of Q4_K over the 16-byte loads ld16: `ld_nc_u32x4` for read-only
-    global buffers, `ld_u32x4` for any (a shared staging: the `*_any` loaders)."""
-    @cuda.jit(device=True, inline="always")
-    def load(w, off, part):
-        h0, h1, h2, h3 = ld16(w, off)
-        q0, q1, q2, q3 = ld16(w, off + 16 + 32 * part)
-        q4, q5, q6, q7 = ld16(w, off + 32 + 32 * part)
-        return (h0, h1, h2, h3, q0, q1, q2, q3, q4, q5, q6, q7)
-    return load
-
-
-load_q4_k = q4_k_loader(ld_nc_u32x4)
-load_q4_k_any = q4_k_loader(ld_u32x4)
+@cuda.jit(device=True, inline="always")
+def load_q4_k(w, off, part):
+    h0, h1, h2, h3 = ld_nc_u32x4(w, off)
+    q0, q1, q2, q3 = ld_nc_u32x4(w, off + 16 + 32 * part)
+    q4, q5, q6, q7 = ld_nc_u32x4(w, off + 32 + 32 * part)
+    return (h0, h1, h2, h3, q0, q1, q2, q3, q4, q5, q6, q7)
 
 
 @cuda.jit(device=True, inline="always")
@@ -158,19 +150,12 @@ def dot_q4_k(v, part, xs, xo, so, tab):
                       s_lo, s_hi)
 
 
-def q5_k_loader(ld16):
-    """load(w, off, part) of Q5_K over the 16-byte loads ld16 (see q4_k_loader)."""
-    @cuda.jit(device=True, inline="always")
-    def load(w, off, part):
-        h0, h1, h2, h3 = ld16(w, off)
-        m0, m1, m2, m3 = ld16(w, off + 16 + 16 * (part & 1))
-        q0, q1, q2, q3 = ld16(w, off + 48 + 16 * part)
-        return (h0, h1, h2, h3, q0, q1, q2, q3, m0, m1, m2, m3)
-    return load
-
-
-load_q5_k = q5_k_loader(ld_nc_u32x4)
-load_q5_k_any = q5_k_loader(ld_u32x4)
+@cuda.jit(device=True, inline="always")
+def load_q5_k(w, off, part):
+    h0, h1, h2, h3 = ld_nc_u32x4(w, off)
+    m0, m1, m2, m3 = ld_nc_u32x4(w, off + 16 + 16 * (part & 1))
+    q0, q1, q2, q3 = ld_nc_u32x4(w, off + 48 + 16 * part)
+    return (h0, h1, h2, h3, q0, q1, q2, q3, m0, m1, m2, m3)
 
 
 @cuda.jit(device=True, inline="always")
@@ -210,7 +195,6 @@ def q6_k_loader(fields, ld16):
 
 
 load_q6_k = q6_k_loader(q6_k_fields, span4)
-load_q6_k_any = q6_k_loader(q6_k_fields, span4_any)
 load_q6_k_p8 = q6_k_loader(q6_k_p8_fields, ld_nc_u32x4)
 
 
@@ -243,17 +227,10 @@ def dot_q6_k(v, part, xs, xo, so, tab):
 
 # ---- Q8_0 ----
 
-def q8_0_loader(span):
-    """load(w, off, part) of Q8_0 over the 32-byte loads span (span8 or span8_any)."""
-    @cuda.jit(device=True, inline="always")
-    def load(w, off, part):
-        q0, q1, q2, q3, q4, q5, q6, q7 = span(w, off + 2)
-        return (q0, q1, q2, q3, q4, q5, q6, q7, ld_u16(w, off))
-    return load
-
-
-load_q8_0 = q8_0_loader(span8)
-load_q8_0_any = q8_0_loader(span8_any)
+@cuda.jit(device=True, inline="always")
+def load_q8_0(w, off, part):
+    q0, q1, q2, q3, q4, q5, q6, q7 = span8(w, off + 2)
+    return (q0, q1, q2, q3, q4, q5, q6, q7, ld_u16(w, off))
 
 
 @cuda.jit(device=True, inline="always")

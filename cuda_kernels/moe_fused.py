@@ -14,9 +14,6 @@ mantissa bits that alternates from one launch to the next (`htag`), and each blo
 h re-reads an entry until it carries this launch's tag; the state is then (arrivals, launches),
 the last block to arrive counting the launch. h and the state go together (`moe.moe_decode`).
 
-With DOWN_STAGE, each block copies its down rows of every cached expert into shared memory
-(cp.async, issued before it waits at the barrier), and down's units read them there.
-
 The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
 the barrier (or the polling) between. The GPU runs 2. The simulator runs blocks one after
 another, so a block waiting on another would never see it there: it runs 0, then 1, the same
@@ -39,7 +36,6 @@ from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
-from .mma import cp_async16_at, cp_async_wait, gaddr1, smem_u32
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
@@ -70,24 +66,20 @@ SPLIT_ARRIVE = True
 # 17.74 against 15.50 us a layer, Q4_K/Q6_K 18.63 against 17.19, Q6_K/Q6_K 26.16 against 21.79,
 # and slower still polling less often (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`);
 # the form here re-reads all late quads at once and hides the count's read behind the routing,
-# not yet timed. Bit for bit the barrier's outputs either way (the GPU tests run both).
+# and was slower too (an H100, 2026-12-06: 18.74 against 16.69 us, 19.92 against 18.40, 26.29
+# against 23.06; `bench/results/2026-12-06_moe_down_staged_tried_h100.json`). Bit for bit the
+# barrier's outputs either way (the GPU tests run both).
 TAGGED_H = False
-# Read when a kernel is made (and part of its cache key): the block's down rows of every cached
-# expert copied into shared memory (cp.async) while the grid is still on gate/up, so down's
-# units read shared memory after the barrier instead of waiting on global loads there (they
-# were the last 2.7 us of a 15.5 us layer, Q4_K/Q4_K on the H200). 0: off; 1: copies issued at
-# the block's barrier arrival (its gate/up done: no competition with its own loads); 2: issued
-# right after the routing, beside gate/up's first loads. Only for down formats with a loader of
-# any array (`LaneFormat.load_any`), a grid of one row block a block and the shared memory the
-# card allows (above 48 KiB by the kernel's opt-in); else the kernel reads global memory as
-# before. Misses (mapped host memory) are read in place. Not yet timed.
-DOWN_STAGE = 0
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
 # whole beside the ids (17.42), each warp's first two down units' loads issued before the
 # barrier and later ones two ahead (Q4_K/Q4_K 16.88 against 15.50)
-# (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`).
+# (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`). And on an H100 (2026-12-06,
+# code in commit 09a4378): each block's down rows of every cached expert copied into shared
+# memory by cp.async, at its barrier arrival or beside gate/up's first loads, then read there:
+# Q4_K/Q4_K 18.76 / 18.73 against 16.69 us, Q4_K/Q6_K 22.05 / 21.60 against 18.40
+# (`bench/results/2026-12-06_moe_down_staged_tried_h100.json`).
 
 # Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap
 # (MIN_LANE_BLOCKS at two): read when a kernel is made and at launch, so a benchmark can time
@@ -105,8 +97,6 @@ SIM_RESIDENT = 1 << 30
 _CACHE: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
 _REFUSED: dict[tuple, str] = {}   # (kernel, dynamic shared bytes) -> why the driver refused it
-_OPTED: dict[tuple, bool] = {}    # (kernel, dynamic shared bytes) -> whether the card allows it
-LAST_STAGED = False  # whether the last fused launch staged down's rows (tests and probes read it)
 
 
 def fuses(gu: LaneFormat, dn: LaneFormat) -> bool:
@@ -130,45 +120,9 @@ def _jit(blocks_an_sm: int) -> dict:
     return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, blocks_an_sm)}
 
 
-@cuda.jit(device=True, inline="always")
-def stage_rows(cache, s_dwhere, s_dbase, n_dn, row_lo, n_rows, row_bytes, ws32, wsb, stage_off,
-               span, s_soff):
-    """Rows row_lo .. row_lo + n_rows - 1 (bytes from s_dbase[c] + row_lo * row_bytes) of each
-    cached expert c < n_dn of down's list copied to shared stage_off + c * span, in 16-byte
-    chunks from the 16-aligned byte at or before the first, so each byte keeps its address mod
-    16 (the loaders' alignment); s_soff[c]: the base that takes the place of s_dbase[c] in a
-    unit's offset (base + sb * sb_bytes + row * row_bytes): its staged one, or for a host miss
-    s_dbase[c] itself (read in place). Complete after cp_async_wait and a block barrier."""
-    t = cuda.threadIdx.x
-    base = smem_u32(ws32)
-    n_src = cache.shape[0]
-    for c in range(n_dn):
-        g0 = s_dbase[c] + row_lo * row_bytes
-        dst = stage_off + c * span
-        if s_dwhere[c] == 0:  # the same in the whole block
-            start = g0 - (g0 & 15)
-            n16 = ((g0 & 15) + n_rows * row_bytes + 15) >> 4
-            for j in range(t, n16, LANE_THREADS):
-                src = start + 16 * j
-                if src + 16 <= n_src:
-                    cp_async16_at(ws32, base + dst + 16 * j, cache, gaddr1(cache, src), True)
-                else:  # a buffer ending mid-chunk: its last bytes one at a time
-                    for b in range(16):
-                        if src + b < n_src:
-                            wsb[dst + 16 * j + b] = cache[src + b]
-        if t == c:
-            s_soff[c] = dst + (g0 & 15) - row_lo * row_bytes if s_dwhere[c] == 0 else s_dbase[c]
-    if t == 0 and n_dn == 0:  # no unit: the first loads read the staging unused
-        s_soff[0] = stage_off - row_lo * row_bytes
-
-
-def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
+def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
-    stage_mode = down_stage if dn.load_any is not None else 0
-    # (without staging these are never called: `staged` is False)
-    _, _, dn_first_s, dn_run_s, _ = down_units(dn, staged=True) if stage_mode else (
-        None, None, dn_first, dn_run, None)
     gu_values, dn_values = gu.sb_values, dn.sb_values
     stage_x, xs_type = stager(gu)[0], gu.xs_type
     pa_a, pa_pa, pa_b, pa_pb = dn.pad
@@ -184,16 +138,14 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
                         host_off, cpu_misses, miss_list, counters, gu_row_bytes, gu_n_sb, n_ff,
                         up_off, gu_sums_off, h, tab_gu, logits, n_route, norm_topk, down_off,
                         dn_row_bytes, dn_n_sb, inv_n_sb, n_embd, accumulate, dn_sums_off, log,
-                        n_row_blocks, out, tab_dn, bar, stage, stage_off, stage_span, phase):
+                        n_row_blocks, out, tab_dn, bar, phase):
         # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
         # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
         # bar: int32 [2], the kernel's state: with TAGGED_H (arrivals, launches) (`htag`), else
         # the barrier's (arrivals, generation). Gate/up: items (h entry, expert) over every warp
         # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
         # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
-        # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums;
-        # with stage (DOWN_STAGE; the launcher's check), from byte stage_off the block's down
-        # rows of each cached expert, stage_span bytes an expert (`stage_rows`)
+        # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
         s_where = cuda.shared.array(MAX_K, np.int32)   # by top-k position
         s_base = cuda.shared.array(MAX_K, np.int64)
         s_dwhere = cuda.shared.array(MAX_K, np.int32)  # down's list: experts not left to the CPU
@@ -203,19 +155,12 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
         s_dn = cuda.shared.array(1, np.int32)
         s_w = cuda.shared.array(MAX_K, np.float32)     # the weights by top-k position
         s_count = cuda.shared.array(1, np.int32)       # launches before this one (TAGGED_H)
-        s_soff = cuda.shared.array(MAX_K, np.int64)    # down's bases in the staging (stage)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_g = cuda.shared.array(n_tg, tg_type)
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
-        wsb = cuda.shared.array(0, types.uint8)        # the same bytes: the down staging's
-        ws32 = cuda.shared.array(0, types.uint32)      # (cp.async's destination)
         t = cuda.threadIdx.x
-        staged = stage and stage_mode != 0
-        rows_a_block = 2 * (LANE_WARPS >> log)
-        row_lo = cuda.blockIdx.x * rows_a_block
-        n_rows = min(rows_a_block, n_embd - row_lo)
         n_before = 0
         if tagged and t == 0:  # read before this block arrives (the last arrival bumps it);
             n_before = ld_relaxed(bar, 1)  # waited for only below: the routing hides it
@@ -250,9 +195,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
                 stage_table(tab_gu, tab_g, n_tg)
             stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
             cuda.syncthreads()
-            if stage_mode == 2 and staged and phase == 2 and cuda.blockIdx.x < n_row_blocks:
-                stage_rows(cache, s_dwhere, s_dbase, s_dn[0], row_lo, n_rows, dn_row_bytes, ws32,
-                           wsb, stage_off, stage_span, s_soff)  # beside gate/up's loads
             gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
                    up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, tag)
         else:
@@ -274,13 +216,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
                     arrived = add_relaxed(bar, 0, 1)  # read at the end: its latency hidden
             elif split and phase == 2:
                 gen = grid_arrive(bar)  # this block's h written
-            if staged:  # a grid of one row block a block (the launcher's check)
-                if (stage_mode == 1 or phase != 2) and rb < n_row_blocks:
-                    stage_rows(cache, s_dwhere, s_dbase, s_dn[0], row_lo, n_rows, dn_row_bytes,
-                               ws32, wsb, stage_off, stage_span, s_soff)
-            else:  # the first units' loads, in flight across the barrier (they do not read h)
-                c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
-                                               last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            # the first units' loads, in flight across the barrier (they do not read h)
+            c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
+                                           last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
             if not tagged:
                 if phase == 2:
                     if split:
@@ -299,26 +237,14 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
                             dn_sums_off)
             if t < s_dn[0]:
                 s_dwt[t] = s_w[s_dkk[t]] if tagged else weights[s_dkk[t]]
-            if staged:
-                cp_async_wait()  # this thread's copies; the barrier below publishes them all
             cuda.syncthreads()
-            if staged:
-                c, sb, cur_a, cur_b = dn_first_s(wsb, host, s_dwhere, s_soff, u_first + grp,
-                                                 last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
             while rb < n_row_blocks:  # the same in the whole block
                 acc_a = F0
                 acc_b = F0
                 if n_units > 0:
-                    if staged:
-                        acc_a, acc_b = dn_run_s(c, sb, cur_a, cur_b, n_units, u_first, u_stride,
-                                                grp, wsb, host, s_dwhere, s_soff, s_dkk, s_dwt,
-                                                dn_n_sb, inv_n_sb, off_a, off_b, part, hs,
-                                                dn_sums_off, tab_d)
-                    else:
-                        acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride,
-                                              grp, cache, host, s_dwhere, s_dbase, s_dkk, s_dwt,
-                                              dn_n_sb, inv_n_sb, off_a, off_b, part, hs,
-                                              dn_sums_off, tab_d)
+                    acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
+                                          cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
+                                          inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
                 dn_finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)
                 rb += cuda.gridDim.x
                 if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
@@ -335,9 +261,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, down_stage: int):
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, TAGGED_H, DOWN_STAGE)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, TAGGED_H)
     if key not in _CACHE:
-        _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM, DOWN_STAGE)
+        _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
     return _CACHE[key]
 
 
@@ -350,32 +276,6 @@ def _resident(kern, args, shmem: int) -> tuple[int, object]:
     if key not in _RESIDENT:
         _RESIDENT[key] = compiled.max_cooperative_grid_blocks(LANE_THREADS, shmem)
     return _RESIDENT[key], compiled
-
-
-def _opt_in(compiled, shmem: int) -> bool:
-    """Whether a block of `compiled` may have shmem bytes of dynamic shared memory, raising the
-    kernel's limit above the default 48 KiB (less its static bytes) where the card allows."""
-    key = (id(compiled), shmem)
-    if key not in _OPTED:
-        from cuda.bindings import driver as cu
-        cufunc = compiled._codelibrary.get_cufunc()
-        dev = cuda.get_current_device()
-        try:
-            limit = int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        except AttributeError:  # a numba without the attribute's name: the default only
-            limit = MAX_SHARED_BYTES
-        ok = shmem + int(cufunc.attrs.shared) <= limit
-        if ok and shmem + int(cufunc.attrs.shared) > MAX_SHARED_BYTES:
-            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            err = cu.cuKernelSetAttribute(attr, shmem, cufunc.handle, dev.id)[0]
-            ok = err == cu.CUresult.CUDA_SUCCESS
-        _OPTED[key] = ok
-    return _OPTED[key]
-
-
-def _aligned16(a) -> bool:
-    """Whether device array a starts at a 16-byte aligned address (cp.async's sources)."""
-    return a.__cuda_array_interface__["data"][0] % 16 == 0
 
 
 def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, gu, dn, h1,
@@ -397,35 +297,19 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             np.float32(1.0 / dn_n_sb), n_embd, bool(accumulate), padded_len(k * n_ff, dn.pad),
             log, n_row_blocks, out, device_table(dn), sync)
     grid = max(n_gu_blocks, n_row_blocks)
-    # DOWN_STAGE: the block's down rows of each expert in shared memory after x / h
-    stage_off = -(-shmem // 16) * 16
-    stage_span = -(-(2 * (LANE_WARPS >> log) * layout.down_row_bytes + 15) // 16) * 16
-    shmem_staged = stage_off + k * stage_span
-    plain = (False, 0, 0)
-    staged = (True, stage_off, stage_span)
-    may_stage = bool(DOWN_STAGE) and dn.load_any is not None
-    global LAST_STAGED
     if SIMULATED:
-        on = LAST_STAGED = may_stage and min(grid, SIM_RESIDENT) >= n_row_blocks
         for phase in (0, 1):
-            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem_staged if on else shmem](
-                *args, *(staged if on else plain), phase)
+            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
-    resident, compiled = _resident(kern, args + plain + (2,), shmem)
-    stage = plain
-    if may_stage and _aligned16(where[2]) and _opt_in(compiled, shmem_staged):
-        resident_s = _resident(kern, args + staged + (2,), shmem_staged)[0]
-        if min(grid, resident_s) >= n_row_blocks:  # one row block a block: staged
-            resident, shmem, stage = resident_s, shmem_staged, staged
+    resident, compiled = _resident(kern, args + (2,), shmem)
     key = (id(compiled), shmem)
     if resident < 1 or key in _REFUSED:
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
-    LAST_STAGED = stage[0]
     try:
-        compiled.launch(args + stage + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1),
-                        stream, shmem)
+        compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
+                        shmem)
     except Exception as e:  # noqa: BLE001 - a driver without cooperative launches (some MPS
         # set-ups): a plain run comes before any graph capture, so the capture sees two launches
         _REFUSED[key] = f"{type(e).__name__}: {e}"
@@ -451,16 +335,10 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
              and not is_planar(d.ggml_type)]
     down_sig = (types.int64, types.int64, types.int64, types.float32, types.int64,
                 types.boolean, types.int64, types.int64, types.int64, types.float32[::1])
-    stages = (0, 1) if not rest else (0,)  # the staged kernel: for the compile check
-    for (g, d), stage in ((p, s) for p in pairs for s in stages):
+    for g, d in pairs:
         sig = ((types.float32[::1], types.int32[::1], types.float32[::1]) + _GUL_SIG[2:]
                + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
-               + (_tab_type(d), types.int32[::1], types.boolean, types.int64, types.int64,
-                  types.int64))
-        if stage and d.load_any is None:
-            continue
-        name = f"moe_fused_lanes_{'staged_' if stage else ''}{'x8_' if g.x8 else ''}{g.name}_{d.name}"
-        register_ptx(family, name,
-                     lambda g=g, d=d, sig=sig, stage=stage: (
-                         _fused(g, d, BLOCKS_AN_SM, stage).py_func, sig),
+               + (_tab_type(d), types.int32[::1], types.int64))
+        register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
+                     lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM).py_func, sig),
                      options=_jit(BLOCKS_AN_SM))

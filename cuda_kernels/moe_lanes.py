@@ -191,10 +191,9 @@ def _unit(u, n_sb, inv_n_sb):
     return c, sb
 
 
-def down_units(lf: LaneFormat, staged: bool = False):
+def down_units(lf: LaneFormat):
     """Device functions of the down kernel's unit loop (see moe_down_lanes), shared with the
-    fused kernel (`moe_fused`); `staged`: the weights read with the format's `load_any` (the
-    fused kernel's rows staged in shared memory, passed as cache and host):
+    fused kernel (`moe_fused`):
       geometry(log) -> (sub, u_first, u_stride, part, grp)   this thread's place in its row pair
       rows(rb, log, n_embd, row_bytes) -> (row0, off_a, off_b)   row block rb's pair (clamped)
       first(cache, host, s_where, s_base, u, last_u, n_sb, inv_n_sb, off_a, off_b, part)
@@ -205,9 +204,7 @@ def down_units(lf: LaneFormat, staged: bool = False):
       finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)   the pair's sums
                                        over its lanes and warps, into out (= or +=); the whole
                                        block calls it (it synchronises)"""
-    load, dot = (lf.load_any if staged else lf.load), lf.dot
-    if load is None:
-        raise ValueError(f"{lf.name} has no loader for staged rows")
+    load, dot = lf.load, lf.dot
     lanes, per_step = lf.lanes, lf.sbs_per_step
     sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
 

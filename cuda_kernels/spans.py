@@ -5,16 +5,14 @@ at 2-byte boundaries, so a lane's slice of one cannot be read with a single alig
 Each loader reads the 8-byte-aligned words covering the span with `ld.global.nc.v2.u32` (never a
 word holding none of the span's bytes, so never past a buffer's end), then moves the span down to
 word 0: one select per word for the 4-byte half and a funnel shift for the 2-byte remainder, both
-on lane-varying amounts, so no register array is indexed at run time. `span4_any` / `span8_any`
-read the same words with plain loads, from any array: a shared-memory staging of global rows
-that keeps each byte's address mod 16 (`moe_fused.stage_rows`).
+on lane-varying amounts, so no register array is indexed at run time.
 """
 
 from __future__ import annotations
 
 from numba import cuda
 
-from .intrinsics import funnel_r, ld_nc_u32x2, ld_u32x2
+from .intrinsics import funnel_r, ld_nc_u32x2
 
 
 @cuda.jit(device=True, inline="always")
@@ -35,57 +33,44 @@ def span2(w, off):
     return funnel_r(v0, v1, sh), funnel_r(v1, v2, sh)
 
 
-def span4_of(ld2):
-    """span4 over the 8-byte loads ld2 (`ld_nc_u32x2`, or `ld_u32x2` for shared memory)."""
-    @cuda.jit(device=True, inline="always")
-    def span4(w, off):
-        """The 16 bytes at `off` (even) of `w` as 4 u32."""
-        b = _base8(off)
-        a0, a1 = ld2(w, b)
-        a2, a3 = ld2(w, b + 8)
-        a4, a5 = ld2(w, _base8(off + 15))
-        hi = (off & 4) != 0
-        sh = (off & 3) * 8
-        v0 = a1 if hi else a0
-        v1 = a2 if hi else a1
-        v2 = a3 if hi else a2
-        v3 = a4 if hi else a3
-        v4 = a5 if hi else a4
-        return (funnel_r(v0, v1, sh), funnel_r(v1, v2, sh), funnel_r(v2, v3, sh),
-                funnel_r(v3, v4, sh))
-    return span4
+@cuda.jit(device=True, inline="always")
+def span4(w, off):
+    """The 16 bytes at `off` (even) of `w` as 4 u32."""
+    b = _base8(off)
+    a0, a1 = ld_nc_u32x2(w, b)
+    a2, a3 = ld_nc_u32x2(w, b + 8)
+    a4, a5 = ld_nc_u32x2(w, _base8(off + 15))
+    hi = (off & 4) != 0
+    sh = (off & 3) * 8
+    v0 = a1 if hi else a0
+    v1 = a2 if hi else a1
+    v2 = a3 if hi else a2
+    v3 = a4 if hi else a3
+    v4 = a5 if hi else a4
+    return (funnel_r(v0, v1, sh), funnel_r(v1, v2, sh), funnel_r(v2, v3, sh),
+            funnel_r(v3, v4, sh))
 
 
-def span8_of(ld2):
-    """span8 over the 8-byte loads ld2 (see span4_of)."""
-    @cuda.jit(device=True, inline="always")
-    def span8(w, off):
-        """The 32 bytes at `off` (even) of `w` as 8 u32."""
-        b = _base8(off)
-        a0, a1 = ld2(w, b)
-        a2, a3 = ld2(w, b + 8)
-        a4, a5 = ld2(w, b + 16)
-        a6, a7 = ld2(w, b + 24)
-        a8, a9 = ld2(w, _base8(off + 31))
-        hi = (off & 4) != 0
-        sh = (off & 3) * 8
-        v0 = a1 if hi else a0
-        v1 = a2 if hi else a1
-        v2 = a3 if hi else a2
-        v3 = a4 if hi else a3
-        v4 = a5 if hi else a4
-        v5 = a6 if hi else a5
-        v6 = a7 if hi else a6
-        v7 = a8 if hi else a7
-        v8 = a9 if hi else a8
-        return (funnel_r(v0, v1, sh), funnel_r(v1, v2, sh), funnel_r(v2, v3, sh),
-                funnel_r(v3, v4, sh), funnel_r(v4, v5, sh), funnel_r(v5, v6, sh),
-                funnel_r(v6, v7, sh), funnel_r(v7, v8, sh))
-    return span8
-
-
-span4 = span4_of(ld_nc_u32x2)
-span8 = span8_of(ld_nc_u32x2)
-# the same over any array: a shared staging of global bytes (`moe_fused`'s down rows)
-span4_any = span4_of(ld_u32x2)
-span8_any = span8_of(ld_u32x2)
+@cuda.jit(device=True, inline="always")
+def span8(w, off):
+    """The 32 bytes at `off` (even) of `w` as 8 u32."""
+    b = _base8(off)
+    a0, a1 = ld_nc_u32x2(w, b)
+    a2, a3 = ld_nc_u32x2(w, b + 8)
+    a4, a5 = ld_nc_u32x2(w, b + 16)
+    a6, a7 = ld_nc_u32x2(w, b + 24)
+    a8, a9 = ld_nc_u32x2(w, _base8(off + 31))
+    hi = (off & 4) != 0
+    sh = (off & 3) * 8
+    v0 = a1 if hi else a0
+    v1 = a2 if hi else a1
+    v2 = a3 if hi else a2
+    v3 = a4 if hi else a3
+    v4 = a5 if hi else a4
+    v5 = a6 if hi else a5
+    v6 = a7 if hi else a6
+    v7 = a8 if hi else a7
+    v8 = a9 if hi else a8
+    return (funnel_r(v0, v1, sh), funnel_r(v1, v2, sh), funnel_r(v2, v3, sh),
+            funnel_r(v3, v4, sh), funnel_r(v4, v5, sh), funnel_r(v5, v6, sh),
+            funnel_r(v6, v7, sh), funnel_r(v7, v8, sh))

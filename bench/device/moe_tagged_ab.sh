@@ -1,11 +1,10 @@
 # The one-launch MoE's variants on the device machine (the `device` tool; pack first:
-# bench/device/pack.sh): h's tags polled instead of the barrier (moe_fused.TAGGED_H) and down's
-# rows staged in shared memory (moe_fused.DOWN_STAGE), against the defaults. Calls, each under
-# the tool's 10 minutes:
+# bench/device/pack.sh): h's tags polled instead of the barrier (moe_fused.TAGGED_H) against
+# the defaults. Calls, each under the tool's 10 minutes:
 #   bash build/clean/bench/device/moe_tagged_ab.sh probe     # the variants, 12 layers a graph
 #   bash build/clean/bench/device/moe_tagged_ab.sh tests     # the fused MoE's GPU tests
 #   bash build/clean/bench/device/moe_tagged_ab.sh d1 ARM..  # D1 (30B-A3B Q4_K_M) per arm:
-#        strata (the defaults), tagged, staged1, staged2
+#        strata (the defaults), tagged
 # Writes $OUT/run.log (the table) and the JSONs beside it.
 source build/clean/bench/device/env.sh || exit 1
 L=$OUT/run.log
@@ -15,18 +14,17 @@ case "$mode" in
   probe)
     # 12 layers in a graph a variant, the same inputs, outputs compared bit for bit
     (cd "$R/bench/probes" && timeout 520 python3 moe_fused_variants.py \
-      --only "${VARIANTS:-defaults,tagged h,down staged at arrival,down staged early}" \
+      --only "${VARIANTS:-defaults,tagged h}" \
       --json $OUT/variants.json 2>&1 | grep -v Warn | tail -16) | tee -a $L
     ;;
   tests)
-    # the fused MoE against float64 and 50 graph replays: barrier, tagged, staged
+    # the fused MoE against float64 and 50 graph replays: barrier, tagged
     timeout 520 $PT -s "$R/tests/gpu/test_kernels_decode_gpu.py" -k "moe" > $OUT/gpu.log 2>&1
     grep -E "moe|passed|failed|Error" $OUT/gpu.log | tail -14 | tee -a $L
     ;;
   d1)
+    cd /tmp  # not the tree's root: its strata/ (no cli/) would shadow the installed copy
     ab_copy tagged && printf '\nTAGGED_H = True\n' >> /tmp/tagged/strata/cuda_kernels/moe_fused.py
-    ab_copy staged1 && printf '\nDOWN_STAGE = 1\n' >> /tmp/staged1/strata/cuda_kernels/moe_fused.py
-    ab_copy staged2 && printf '\nDOWN_STAGE = 2\n' >> /tmp/staged2/strata/cuda_kernels/moe_fused.py
     timeout 90 python3 -m strata.cli.main synth qwen3-30b-a3b --quant Q4_K_M --skew 3 \
       -o /tmp/m.gguf --quiet 2>&1 | tail -1 | tee -a $L
     for arm in "${@:-strata}"; do

@@ -10,12 +10,13 @@ variant names the ones it changes from the defaults):
                        (both made defaults on 2026-12-04)
   TAGGED_H             no barrier: down's staging polls h's per-launch tags (`htag`); slower
                        as first written (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`)
-  DOWN_STAGE           down's rows of the block copied into shared memory (cp.async) at its
-                       barrier arrival (1) or beside gate/up's first loads (2); each row says
-                       whether the launch took it (`staged`)
+                       and as now written (`2026-12-06_moe_down_staged_tried_h100.json`)
 Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
 112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
-read whole beside the ids, each warp's first two down units' loads issued before the barrier.
+read whole beside the ids, each warp's first two down units' loads issued before the barrier;
+and (2026-12-06, an H100, code in 09a4378) the block's down rows copied into shared memory by
+cp.async at its barrier arrival or beside gate/up's first loads
+(`bench/results/2026-12-06_moe_down_staged_tried_h100.json`).
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
 same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
 resolve, during gate/up, made every pair slower
@@ -40,11 +41,9 @@ from strata.cuda_kernels import moe_fused  # noqa: E402
 VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
             "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
-            "tagged h": {"TAGGED_H": True},
-            "down staged at arrival": {"DOWN_STAGE": 1},
-            "down staged early": {"DOWN_STAGE": 2}}
+            "tagged h": {"TAGGED_H": True}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "TAGGED_H", "DOWN_STAGE")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "TAGGED_H")}
 
 
 def run(ctx, gu, dn, settings):
@@ -54,10 +53,9 @@ def run(ctx, gu, dn, settings):
     ctx.rng = np.random.default_rng(7)  # the same weights, x and experts for every variant
     record = moe_case(ctx, gu, dn, 12, fused=True)
     us = ctx.time_graph(record, 12)
-    staged = moe_fused.LAST_STAGED  # the launcher's choice (a card or layout may refuse it)
     out = record.out.copy_to_host()
     del record
-    return us, out, staged
+    return us, out
 
 
 def main() -> int:
@@ -73,16 +71,15 @@ def main() -> int:
     for gu, dn in pairs:
         base = None
         for name in names:
-            us, out, staged = run(ctx, gu, dn, VARIANTS[name])
+            us, out = run(ctx, gu, dn, VARIANTS[name])
             if base is None:
                 base = out
             elif not np.array_equal(out, base):
                 raise RuntimeError(f"{gu}/{dn} {name}: output differs from the first variant's")
             total[name] += us
             rows.append({"pair": f"{gu}/{dn}", "variant": name, **DEFAULTS, **VARIANTS[name],
-                         "us": us, "staged": staged})
-            print(f"{gu}/{dn:5s} {name:28s}: {us:7.2f} us a layer"
-                  f"{' (staged)' if staged else ''}", flush=True)
+                         "us": us})
+            print(f"{gu}/{dn:5s} {name:28s}: {us:7.2f} us a layer", flush=True)
     best = min(names, key=lambda n: total[n])
     if a.json:
         with open(a.json, "w") as f:

@@ -5,11 +5,8 @@ open); tests/gpu/test_kernels_decode_gpu.py runs the barrier itself."""
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
-from numba import cuda, types
 
 from helpers.kernel_blocks import x_seen
 from strata.cuda_kernels import moe_fused
@@ -23,7 +20,6 @@ K = 3
 IDS = np.array([4, 2, 0], np.int32)                # expert 2 misses (not in a cache slot)
 WEIGHTS = np.array([0.5, 0.3, 0.2], np.float32)
 LOGITS = np.array([0.3, -1.0, 1.7, 0.3, 2.5, 0.3], np.float32)  # routes to 4, 2, 0
-STAGED: list = []  # blocks that ran moe_fused.stage_rows (the `tagged` fixture counts them)
 
 
 def _run(layout, store, x, h0, out0, *, sync, cpu_misses, routed, max_row_blocks):
@@ -56,27 +52,11 @@ def _assert_same(fused, two, *, n_tagged, tag):
     np.testing.assert_array_equal(hf[:, n_tagged:], ht[:, n_tagged:])  # never written
 
 
-@pytest.fixture(params=[(False, 0), (True, 0), (False, 1), (True, 2)],
-                ids=["barrier", "tagged", "barrier-staged", "tagged-staged-early"])
+@pytest.fixture(params=[False, True], ids=["barrier", "tagged"])
 def tagged(request, monkeypatch):
-    """Each fused test with the barrier and with h's tags polled (`moe_fused.TAGGED_H`), each
-    also with down's rows staged in shared memory (`moe_fused.DOWN_STAGE`)."""
-    monkeypatch.setattr(moe_fused, "TAGGED_H", request.param[0])
-    monkeypatch.setattr(moe_fused, "DOWN_STAGE", request.param[1])
-    calls = STAGED[:0]
-    real = moe_fused.stage_rows
-
-    def counted(*args):  # the simulator calls the kernel's globals as Python functions
-        calls.append(1)  # once a thread
-        real(*args)
-    monkeypatch.setattr(moe_fused, "stage_rows", counted)
-    monkeypatch.setattr(sys.modules[__name__], "STAGED", calls)
-    return request.param[0]
-
-
-def _staged(expected: bool) -> None:
-    """Whether down's rows were staged this test (where DOWN_STAGE is on)."""
-    assert bool(STAGED) == (expected and moe_fused.DOWN_STAGE != 0), STAGED
+    """Each fused test with the barrier and with h's tags polled (`moe_fused.TAGGED_H`)."""
+    monkeypatch.setattr(moe_fused, "TAGGED_H", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("gu,dn,n_ff,cpu_misses,routed,x8", [
@@ -107,7 +87,6 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
     fused = _run(layout, store, x, h0, out0, sync=sync, **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
     _assert_same(fused, two, n_tagged=LANE_WARPS, tag=1 if tagged else 0)
-    _staged(True)
     # tagged: one launch counted; the barrier's phases never reach it: no block left arrived
     assert sync.tolist() == ([0, 1] if tagged else [0, 0])
     assert fused["counters"].tolist() == [[0, 0], [2, 1]]  # counted once, not per phase
@@ -148,7 +127,6 @@ def test_fused_grid_smaller_than_the_row_blocks(monkeypatch, tagged):
     fused = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
     _assert_same(fused, two, n_tagged=2 * LANE_WARPS, tag=1 if tagged else 0)
-    _staged(False)  # blocks taking two row blocks each read global memory
     n_out = 2 * 2 * (LANE_WARPS >> lane_split(lane_format(get_format("Q6_K").ggml_type), 256,
                                               K * 1))
     assert not np.array_equal(fused["out"][:n_out], out0[:n_out])   # both row blocks written
@@ -168,7 +146,6 @@ def test_fused_with_every_expert_left_to_the_cpu(tagged):
                 miss_list=miss_list, counters=counters, cpu_misses=True, accumulate=True,
                 stream=0, sync=np.zeros(2, np.int32), max_row_blocks=1)
     np.testing.assert_array_equal(out, out0)
-    _staged(True)  # nothing to copy: the staging's first loads go unused
     np.testing.assert_array_equal(h[:, :LANE_WARPS].view(np.uint32), int(tagged))  # zero, tag
     assert miss_list.tolist() == [3, 1] and counters.tolist() == [[0, 0], [0, 2]]
 
@@ -225,50 +202,3 @@ def test_a_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch):
     for key in two:
         np.testing.assert_array_equal(refused[key], two[key], err_msg=key)
         np.testing.assert_array_equal(again[key], two[key], err_msg=key)
-
-
-def test_stage_rows_keeps_each_byte_and_its_alignment():
-    """`stage_rows` (DOWN_STAGE): each cached expert's rows land where s_soff says, at the same
-    address mod 16 as in the cache (the loaders' alignment), a row range ending at the cache's
-    last byte (mid-chunk: copied byte by byte) included; a host miss keeps its global base."""
-    from strata.cuda_kernels.matvec import LANE_THREADS
-    row_bytes, n_rows, row_lo = 210, 3, 2
-    span = -(-(n_rows * row_bytes + 15) // 16) * 16
-    stage_off = 48
-    cache = np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8)
-    # expert 0 at an odd-even offset, 1 a host miss, 2 ending at the cache's last byte
-    bases = np.array([14, 700, len(cache) - (row_lo + n_rows) * row_bytes], np.int64)
-    where = np.array([0, 1, 0], np.int32)
-    got = np.zeros(stage_off + 3 * span, np.uint8)
-    soff = np.zeros(3, np.int64)
-
-    @cuda.jit
-    def kern(cache, where, bases, got, soff):
-        s_where = cuda.shared.array(3, np.int32)
-        s_base = cuda.shared.array(3, np.int64)
-        s_soff = cuda.shared.array(16, np.int64)
-        wsb = cuda.shared.array(0, types.uint8)
-        ws32 = cuda.shared.array(0, types.uint32)
-        t = cuda.threadIdx.x
-        if t < 3:
-            s_where[t] = where[t]
-            s_base[t] = bases[t]
-        cuda.syncthreads()
-        moe_fused.stage_rows(cache, s_where, s_base, 3, row_lo, n_rows, row_bytes, ws32, wsb,
-                             stage_off, span, s_soff)
-        moe_fused.cp_async_wait()
-        cuda.syncthreads()
-        for i in range(t, got.shape[0], cuda.blockDim.x):
-            got[i] = wsb[i]
-        if t < 3:
-            soff[t] = s_soff[t]
-
-    kern[1, LANE_THREADS, 0, got.nbytes](cache, where, bases, got, soff)
-    assert soff[1] == bases[1]
-    for c in (0, 2):
-        for r in range(row_lo, row_lo + n_rows):
-            g = bases[c] + r * row_bytes
-            s = soff[c] + r * row_bytes
-            assert s % 16 == g % 16
-            np.testing.assert_array_equal(got[s:s + row_bytes], cache[g:g + row_bytes])
-    assert stage_off + span * 2 <= soff[2] + row_lo * row_bytes < stage_off + span * 3
