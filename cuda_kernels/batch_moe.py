@@ -27,7 +27,6 @@ from numba import cuda, from_dtype, types
 from .batch_moe_lanes import _where, launch_lanes, lanes_plan
 from .batch_moe_tc import launch_tc, tc_moe_fits
 from .elementwise import silu
-from .htag import h_plain
 from .intrinsics import warp_sum
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
 from .matvec import stage_table
@@ -78,7 +77,7 @@ def _gate_up_factory(fmt):
         g = warp_sum(g)
         u = warp_sum(u)
         if lane == 0 and row < n_ff:
-            h[entry * n_ff + row] = h_plain(silu(g) * u)
+            h[entry * n_ff + row] = silu(g) * u
     return batch_gate_up
 
 

@@ -27,7 +27,6 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .elementwise import silu
-from .htag import h_plain
 from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, lane_format
 from .lanes_batch import (BATCH_JIT_OPTIONS, batch_jit, stage_token, token_floats, token_steps,
@@ -144,7 +143,7 @@ def _grouped_gate_up(lf: LaneFormat, tg: int):
                     g = warp_sum(acc_g[j])
                     u = warp_sum(acc_u[j])
                     if (tid & 31) == 0 and row < n_ff and c0 + j < n_e:
-                        h[s_ent[c0 + j] * n_ff + row] = h_plain(silu(g) * u)
+                        h[s_ent[c0 + j] * n_ff + row] = silu(g) * u
             cuda.syncthreads()  # the next group restages xs
     return batch_gate_up_lanes
 

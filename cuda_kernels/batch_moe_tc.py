@@ -35,7 +35,6 @@ from numba import cuda, types
 from .batch_moe_lanes import _where, claim_expert
 from .batch_tc import SB_FUNCS, SB_VALUES, TILE_ROWS, store_partials, warp_order_sum
 from .elementwise import silu
-from .htag import h_plain
 from .launch import n_blocks, register_ptx
 from .moe import ExpertLayout
 from .moe_slots import MAX_K
@@ -126,7 +125,7 @@ def _gate_up(name: str):
                 col = 2 * t + (c & 1)    # accumulators: (row a, 2t), (a, 2t+1), (b, 2t), (b, 2t+1)
                 row = row_a if c < 2 else row_b
                 if col < n_e and row < n_ff:
-                    h[s_ent[col] * n_ff + row] = h_plain(silu(sg) * su)
+                    h[s_ent[col] * n_ff + row] = silu(sg) * su
     return batch_gate_up_tc
 
 

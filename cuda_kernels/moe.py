@@ -44,7 +44,6 @@ import numpy as np
 from numba import cuda, from_dtype, types
 
 from .elementwise import silu
-from .htag import h_plain
 from .intrinsics import warp_sum
 from .lanes import LANE_FORMATS, lane_format
 from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, register_ptx
@@ -142,7 +141,7 @@ def _gate_up_factory(fmt):
         g = warp_sum(g)
         u = warp_sum(u)
         if lane == 0 and row < n_ff:
-            h[kk * n_ff + row] = h_plain(silu(g) * u) if where >= 0 else F0
+            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
     return moe_gate_up
 
 
@@ -205,8 +204,7 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
                accumulate: bool = False, route_logits=None, norm_topk: bool = True,
                x8: bool | None = None, sync=None, stream=0) -> None:
     """One token's MoE FFN of layer `layer` (see the module doc). x: float32 [n_embd]; ids int32
-    and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff]
-    (each entry's two lowest bits its tag, `htag`; with sync: zero before its first use);
+    and weights float32 [k] (the router's output, in device memory); h: float32 scratch [k, n_ff];
     out: float32 [n_embd] (overwritten, or added to with `accumulate`); miss_list: int32 [k].
 
     route_logits: float32 [n_expert], the router's logits: the MoE routes them itself (softmax
@@ -218,9 +216,8 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     kernels dot float32 x, so a row of a batch run alone passes False to get the same bits.
 
     sync: int32 [2] in device memory, zero before its first use (then kept by the kernels): the
-    state that lets gate/up and down run as one launch (`moe_fused`, where the formats and
-    shapes allow). It pairs with h: every launch given this sync is given this h (whose tags
-    alternate with its launches). Launches in flight at once need their own pair."""
+    state of the barrier that lets gate/up and down run as one launch (`moe_fused`, where the
+    formats and shapes allow). Launches in flight at once need their own."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,

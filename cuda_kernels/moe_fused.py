@@ -7,19 +7,11 @@ resolved the experts' slots again (ids, slot table, slot offsets: three dependen
 it could issue a weight load. Here the slots are resolved once, and each warp issues its first
 down loads as soon as its gate/up items are done, so they are in flight across the barrier.
 
-Every block must be resident at once (blocks wait for each other), so the launch is
-cooperative. The state is two int32 per sequence: the barrier's (arrivals, generation). With
-TAGGED_H there is no barrier: gate/up writes each h entry with a 2-bit tag in its lowest
-mantissa bits that alternates from one launch to the next (`htag`), and each block's staging of
-h re-reads an entry until it carries this launch's tag; the state is then (arrivals, launches),
-the last block to arrive counting the launch. h and the state go together (`moe.moe_decode`).
-
 The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
-the barrier (or the polling) between. The GPU runs 2. The simulator runs blocks one after
-another, so a block waiting on another would never see it there: it runs 0, then 1, the same
-code. `moe.moe_decode` launches this where `fuses` holds and it is given the state (`sync`); the
-results are bit for bit those of the two launches (the same dots in the same order), h but for
-its tags.
+the barrier between. The GPU runs 2. The simulator runs blocks one after another, so a barrier
+across blocks would never open there: it runs 0, then 1, the same code but for the barrier.
+`moe.moe_decode` launches this where `fuses` holds and it is given the barrier's state (`sync`);
+the results are bit for bit those of the two launches (the same dots in the same order).
 """
 
 from __future__ import annotations
@@ -31,7 +23,6 @@ from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
 from .gridsync import grid_arrive, grid_sync, grid_wait
-from .htag import launch_tag, stage_h, stage_h6, stage_h_polled
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -40,9 +31,8 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
                      stage_table)
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
-from .ordered import add_relaxed, ld_relaxed, st_relaxed
 from .qformats import is_planar
-from .xstage import padded_bytes, padded_len
+from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
 # Read at launch, so a benchmark can compare one launch with two in one process.
@@ -57,28 +47,18 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
-# Read when a kernel is made (and part of its cache key): no barrier across the grid. Gate/up
-# writes each h entry with a tag that alternates from launch to launch (`htag`), and down's
-# staging polls the entries until each carries this launch's: a block waits for the entries it
-# reads, not for every block's arrival and then the barrier's release. False (the default): the
-# barrier (H_SIX and SPLIT_ARRIVE apply). As first written (each stale quad re-read on its own,
-# the launch count read before the routing) it was slower on the H200 at every pair: Q4_K/Q4_K
-# 17.74 against 15.50 us a layer, Q4_K/Q6_K 18.63 against 17.19, Q6_K/Q6_K 26.16 against 21.79,
-# and slower still polling less often (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`);
-# the form here re-reads all late quads at once and hides the count's read behind the routing,
-# and was slower too (an H100, 2026-12-06: 18.74 against 16.69 us, 19.92 against 18.40, 26.29
-# against 23.06; `bench/results/2026-12-06_moe_down_staged_tried_h100.json`). Bit for bit the
-# barrier's outputs either way (the GPU tests run both).
-TAGGED_H = False
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
 # whole beside the ids (17.42), each warp's first two down units' loads issued before the
 # barrier and later ones two ahead (Q4_K/Q4_K 16.88 against 15.50)
-# (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`). And on an H100 (2026-12-06,
-# code in commit 09a4378): each block's down rows of every cached expert copied into shared
-# memory by cp.async, at its barrier arrival or beside gate/up's first loads, then read there:
-# Q4_K/Q4_K 18.76 / 18.73 against 16.69 us, Q4_K/Q6_K 22.05 / 21.60 against 18.40
+# (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`). Then no barrier at all: h
+# written with a 2-bit tag alternating per launch and down's staging polling the entries it
+# reads (code in commit 2c0961c): slower in both forms, on the H200 (Q4_K/Q4_K 17.74 against
+# 15.50, `2026-12-06_moe_tagged_h_tried_h200.json`) and an H100 (18.74 against 16.69); and the
+# block's down rows copied into shared memory by cp.async, at its barrier arrival or beside
+# gate/up's first loads, read there after the barrier (code in commit 09a4378): on an H100
+# 18.76 / 18.73 against 16.69, Q4_K/Q6_K 22.05 / 21.60 against 18.40
 # (`bench/results/2026-12-06_moe_down_staged_tried_h100.json`).
 
 # Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap
@@ -129,9 +109,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     dn_sums = dn.sums
     n_tg, tg_type, has_tg = gu.table.size, gu.table.dtype.type, gu.has_table
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
-    stage_h_bar = stage_h6 if H_SIX else stage_h
+    stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
-    tagged = TAGGED_H
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -141,8 +120,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                         n_row_blocks, out, tab_dn, bar, phase):
         # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
         # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
-        # bar: int32 [2], the kernel's state: with TAGGED_H (arrivals, launches) (`htag`), else
-        # the barrier's (arrivals, generation). Gate/up: items (h entry, expert) over every warp
+        # bar: int32 [2], the barrier's state. Gate/up: items (h entry, expert) over every warp
         # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
         # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
         # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
@@ -153,25 +131,15 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         s_dkk = cuda.shared.array(MAX_K, np.int32)
         s_dwt = cuda.shared.array(MAX_K, np.float32)
         s_dn = cuda.shared.array(1, np.int32)
-        s_w = cuda.shared.array(MAX_K, np.float32)     # the weights by top-k position
-        s_count = cuda.shared.array(1, np.int32)       # launches before this one (TAGGED_H)
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_g = cuda.shared.array(n_tg, tg_type)
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
         t = cuda.threadIdx.x
-        n_before = 0
-        if tagged and t == 0:  # read before this block arrives (the last arrival bumps it);
-            n_before = ld_relaxed(bar, 1)  # waited for only below: the routing hides it
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1,
-                      s_w, tagged)
-        if tagged and t == 0:
-            s_count[0] = n_before
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
-        count = s_count[0] if tagged else 0
-        tag = launch_tag(count) if tagged else 0
         if t < k:  # down's list, in top-k order (as moe_slots.resolve_compact makes it)
             n = 0
             for j in range(t):
@@ -196,7 +164,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
             cuda.syncthreads()
             gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
-                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, tag)
+                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
         else:
             cuda.syncthreads()  # down's list
         if phase != 0:
@@ -206,37 +174,24 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
             last_u = max(n_units - 1, 0)
             gen = 0
-            arrived = -1
-            if tagged:
-                # no barrier: this block's gate/up is done with xs (h's staging overwrites it),
-                # it is counted, and it polls the h entries it stages until each carries this
-                # launch's tag
-                cuda.syncthreads()
-                if t == 0:
-                    arrived = add_relaxed(bar, 0, 1)  # read at the end: its latency hidden
-            elif split and phase == 2:
+            if split and phase == 2:
                 gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
-            if not tagged:
-                if phase == 2:
-                    if split:
-                        grid_wait(bar, gen)
-                    else:
-                        grid_sync(bar)  # every block's h written (and block 0's weights)
+            if phase == 2:
+                if split:
+                    grid_wait(bar, gen)
                 else:
-                    cuda.syncthreads()
+                    grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
+            else:
+                cuda.syncthreads()
             if has_td:
                 stage_table(tab_dn, tab_d, n_td)
-            if tagged:  # every entry written in this launch where gate/up took every row
-                stage_h_polled(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                               dn_sums_off, tag, n_items == k * n_ff)
-            else:
-                stage_h_bar(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                            dn_sums_off)
+            stage_h(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                    dn_sums_off)
             if t < s_dn[0]:
-                s_dwt[t] = s_w[s_dkk[t]] if tagged else weights[s_dkk[t]]
+                s_dwt[t] = weights[s_dkk[t]]
             cuda.syncthreads()
             while rb < n_row_blocks:  # the same in the whole block
                 acc_a = F0
@@ -253,15 +208,11 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                                                    u_first + grp, last_u, dn_n_sb, inv_n_sb,
                                                    off_a, off_b, part)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
-            if arrived == cuda.gridDim.x - 1:  # the last block to arrive (thread 0): every
-                # block has read the count; the next launch (stream order) sees both stores
-                st_relaxed(bar, 0, 0)
-                st_relaxed(bar, 1, count + 1)
     return moe_fused_lanes
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, TAGGED_H)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM)
     if key not in _CACHE:
         _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
     return _CACHE[key]

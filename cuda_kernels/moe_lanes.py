@@ -14,8 +14,7 @@ from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import MAX_K, resolve_compact, route_resolve
 from .lanes_x8 import stager
-from .htag import h_bits, h_plain, stage_h
-from .ordered import st_relaxed_bits
+from .xstage import stage_padded_wide
 
 F0 = np.float32(0.0)
 
@@ -26,9 +25,8 @@ def gate_up_items(lf: LaneFormat):
       first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb)
           -> (it, row, kk, cur)        this warp's first item and its loads (issue them early)
       run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-          xs, sums_off, tab_s, h, n_ff, tag)   the warp's items, each next one loaded before
-                                        the current one is dotted; h entries written by lane 0
-                                        with `tag` (`htag`: 0 but in the one-launch kernel)"""
+          xs, sums_off, tab_s, h, n_ff)   the warp's items, each next one loaded before the
+                                        current one is dotted; h entries written by lane 0"""
     load_pair, dot_pair = pair_step(lf)
 
     @cuda.jit(device=True, inline="always")
@@ -48,7 +46,7 @@ def gate_up_items(lf: LaneFormat):
 
     @cuda.jit(device=True, inline="always")
     def run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-            xs, sums_off, tab_s, h, n_ff, tag):
+            xs, sums_off, tab_s, h, n_ff):
         n_warps = cuda.gridDim.x * LANE_WARPS
         # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) with one
         # carry: a 64-bit division by k per item was a tenth of the kernel's instructions
@@ -75,9 +73,8 @@ def gate_up_items(lf: LaneFormat):
                 g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
             g = warp_sum(g)
             u = warp_sum(u)
-            if (cuda.threadIdx.x & 31) == 0:  # a word another block may poll (`htag`)
-                st_relaxed_bits(h, kk * n_ff + row, h_bits(silu(g) * u if where >= 0 else F0,
-                                                           tag))
+            if (cuda.threadIdx.x & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
             cur = nxt
             it = it1
             row = row1
@@ -107,12 +104,10 @@ def _gate_up_lanes(lf: LaneFormat):
         # shared: x as lf stages it (`lanes_x8.stager`), its sums or scales from sums_off
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
-        s_w = cuda.shared.array(MAX_K, np.float32)  # route_resolve's, unused: ids are down's
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, xs_type)
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True, s_w,
-                      False)
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True)
         cuda.syncthreads()
         it, row, kk, cur = first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off,
                                  n_sb)  # in flight while x is staged
@@ -121,7 +116,7 @@ def _gate_up_lanes(lf: LaneFormat):
         stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
         run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-            xs, sums_off, tab_s, h, n_ff, 0)
+            xs, sums_off, tab_s, h, n_ff)
     return moe_gate_up_lanes
 
 
@@ -145,13 +140,11 @@ def _gate_up_lanes_rows(lf: LaneFormat):
         # stages it (`lanes_x8.stager`), its sums or scales from sums_off
         s_where = cuda.shared.array(MAX_K, np.int32)
         s_base = cuda.shared.array(MAX_K, np.int64)
-        s_w = cuda.shared.array(MAX_K, np.float32)  # route_resolve's, unused: ids are down's
         tab_s = cuda.shared.array(n_tab, tab_type)
         xs = cuda.shared.array(0, xs_type)
         t = cuda.threadIdx.x
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True, s_w,
-                      False)
+                      host_off, cpu_misses, miss_list, counters, s_where, s_base, True)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
@@ -170,7 +163,7 @@ def _gate_up_lanes_rows(lf: LaneFormat):
                 g, u = run(src, off_g, off_g + up_off, n_sb, cur, xs, sums_off, tab_s, 0,
                            per_step)
             if (t & 31) == 0:
-                h[kk * n_ff + row] = h_plain(silu(g) * u) if where >= 0 else F0
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
     return moe_gate_up_lanes_rows
 
 
@@ -295,7 +288,7 @@ def _down_lanes(lf: LaneFormat):
         # (phase_stamps.py)
         if has_tab:
             stage_table(tab, tab_s, n_tab)
-        stage_h(h, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
+        stage_padded_wide(h, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
                         down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
         n_units = s_n[0] * n_sb

@@ -91,33 +91,26 @@ def resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_
 
 @cuda.jit(device=True, inline="always")
 def route_shared(logits, n_expert, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id, s_top,
-                 scratch, s_w, own_w):
+                 scratch):
     """The token's top k of its router logits [1, n_expert] (n_expert <= ROUTE_MAX_EXPERTS) into
     s_id (readable on return), by every block alike; block 0 also writes ids [k] and weights [k]
     (`router.topk_weights`) for the launches after this one. The whole block calls this (it
     synchronises). Every block ranks the same logits with the same code, so each one's s_id is
-    the ids block 0 writes. With own_w, every block also keeps the weights in s_w f32 [MAX_K]
-    (the same code on the same logits: block 0's bits), for a kernel whose blocks read them
-    with no barrier after block 0's writes. Shared: s_val f32 / s_key i64 [ROUTE_MAX_EXPERTS],
-    s_cand i64 [ROUTE_MAX_CAND], s_id i32 / s_top f32 [MAX_K], scratch f32 [32]."""
+    the ids block 0 writes. Shared: s_val f32 / s_key i64 [ROUTE_MAX_EXPERTS], s_cand i64
+    [ROUTE_MAX_CAND], s_id i32 / s_top f32 [MAX_K], scratch f32 [32]."""
     rank_topk(logits, 0, n_expert, k, s_val, s_key, s_cand, s_id, s_top)
     if cuda.blockIdx.x == 0:  # uniform over the block: topk_weights may synchronise
         topk_weights(n_expert, k, norm_topk, ids, weights, s_val, s_id, s_top, scratch)
-        if own_w and cuda.threadIdx.x < k:
-            s_w[cuda.threadIdx.x] = weights[cuda.threadIdx.x]  # this thread's own write
-    elif own_w:  # ids: s_id again (topk_weights writes each rank's id over itself)
-        topk_weights(n_expert, k, norm_topk, s_id, s_w, s_val, s_id, s_top, scratch)
 
 
 @cuda.jit(device=True, inline="always")
 def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
-                  host_off, cpu_misses, miss_list, counters, s_where, s_base, count, s_w, own_w):
+                  host_off, cpu_misses, miss_list, counters, s_where, s_base, count):
     """The prologue of the lane gate/up kernels: with n_route > 0 the token's top k of its
     router logits ranked by this block (`route_shared`, block 0 writing ids and weights), else
     ids as given; then those k experts resolved into s_where/s_base (`resolve_shared`; read
-    them after a barrier). own_w: s_w f32 [MAX_K] gets the k weights in every block (this
-    block's routing's, else weights as given). The whole block calls this (it synchronises);
-    the routing scratch is declared here, in the shared memory of the kernel that inlines it. (Reading the layer's
+    them after a barrier). The whole block calls this (it synchronises); the routing scratch is
+    declared here, in the shared memory of the kernel that inlines it. (Reading the layer's
     whole slot-table row beside the ids, two dependent reads instead of three, made the fused
     MoE slower on the H200: `bench/results/2026-12-04_kernels_moe_fused_variants_2.json`.)"""
     s_val = cuda.shared.array(ROUTE_MAX_EXPERTS, types.float32)
@@ -128,8 +121,6 @@ def route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer
     scratch = cuda.shared.array(32, types.float32)
     if n_route > 0:  # the same in every block: the router wrote logits, not ids
         route_shared(logits, n_route, k, norm_topk, ids, weights, s_val, s_key, s_cand, s_id,
-                     s_top, scratch, s_w, own_w)
-    elif own_w and cuda.threadIdx.x < k:
-        s_w[cuda.threadIdx.x] = weights[cuda.threadIdx.x]
+                     s_top, scratch)
     resolve_shared(s_id if n_route > 0 else ids, k, slot_table, layer, slot_off, host_off,
                    cpu_misses, miss_list, counters, s_where, s_base, count)

@@ -1,7 +1,5 @@
 """Global-memory operations on int32 words with a memory order at GPU scope, for the barrier
-across the grid (`gridsync`): an acquire load, release and relaxed stores, an acq_rel add; and
-for words other blocks of the same launch poll (`moe_fused`'s tagged h): a relaxed add, a
-relaxed store of a float32 word's bits and a relaxed load of four words.
+across the grid (`gridsync`): an acquire load, release and relaxed stores, an acq_rel add.
 
 numba offers atomics (relaxed) and `threadfence` (`membar.gl`, a sequentially consistent fence
 that every block pays in full); these say in the instruction itself what must be seen before
@@ -14,19 +12,14 @@ simulator (one thread at a time, every write seen at once) each is the plain acc
 
 from __future__ import annotations
 
-import numpy as np
-
 from .intrinsics import SIMULATED
 
-__all__ = ["add_acq_rel", "add_relaxed", "ld_acquire", "ld_relaxed", "ld_relaxed_u32x4",
-           "st_relaxed", "st_relaxed_bits", "st_release"]
+__all__ = ["add_acq_rel", "ld_acquire", "st_relaxed", "st_release"]
 
 if SIMULATED:
     def ld_acquire(a, i):
         """a[i]."""
         return int(a[i])
-
-    ld_relaxed = ld_acquire
 
     def st_release(a, i, v):
         """a[i] = v."""
@@ -41,17 +34,6 @@ if SIMULATED:
         old = int(a[i])
         a[i] = old + v
         return old
-
-    add_relaxed = add_acq_rel
-
-    def st_relaxed_bits(a, i, bits):
-        """a[i] = the float32 whose bit pattern is bits (a: float32)."""
-        a[i] = np.uint32(int(bits) & 0xFFFFFFFF).view(np.float32)
-
-    def ld_relaxed_u32x4(a, i):
-        """The bit patterns of a[i:i+4] (a: float32 or int32) as four ints."""
-        w = np.ascontiguousarray(a[i:i + 4]).view(np.uint32)
-        return int(w[0]), int(w[1]), int(w[2]), int(w[3])
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -75,23 +57,18 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
                           constraint + ",~{memory}", side_effect=True)
         return builder.call(fn, args)
 
-    def _load(order):
-        @intrinsic
-        def load(typingctx, a, i):
-            if not _is_word(a, i):
-                return None
+    @intrinsic
+    def ld_acquire(typingctx, a, i):
+        """a[i] by `ld.acquire.gpu`: what was written before a release of this word is seen
+        after it."""
+        if not _is_word(a, i):
+            return None
 
-            def codegen(context, builder, sig, args):
-                addr = _addr(context, builder, sig.args[0], args[0], args[1])
-                return _call(builder, _I32, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, "
-                             f"$1; ld.{order}.gpu.global.b32 $0, [g]; }}", "=r,l")
-            return types.int32(a, i), codegen
-        return load
-
-    # a[i]. acquire: what was written before a release of this word is seen after it. relaxed:
-    # no order (a word a kernel before this one wrote: the launch boundary orders it)
-    ld_acquire = _load("acquire")
-    ld_relaxed = _load("relaxed")
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            return _call(builder, _I32, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                         "ld.acquire.gpu.global.b32 $0, [g]; }", "=r,l")
+        return types.int32(a, i), codegen
 
     def _store(order):
         @intrinsic
@@ -111,63 +88,17 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     st_release = _store("release")  # a[i] = v after every earlier write of this thread
     st_relaxed = _store("relaxed")  # a[i] = v, a strong store with no order of its own
 
-    def _add(order):
-        @intrinsic
-        def add(typingctx, a, i, v):
-            if not (_is_word(a, i) and isinstance(v, types.Integer)):
-                return None
-
-            def codegen(context, builder, sig, args):
-                addr = _addr(context, builder, sig.args[0], args[0], args[1])
-                val = context.cast(builder, args[2], sig.args[2], types.int32)
-                return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 "
-                             f"g, $1; atom.{order}.gpu.global.add.u32 $0, [g], $2; }}",
-                             "=r,l,r")
-            return types.int32(a, i, v), codegen
-        return add
-
-    # a[i] += v, the old value. acq_rel: this thread's earlier writes (and those it saw, e.g.
-    # its block's before a barrier) are seen by an acquire of the word, and the releases before
-    # it are seen by this thread. relaxed: no order (a count that publishes nothing: a block's
-    # arrival whose data carries its own tags)
-    add_acq_rel = _add("acq_rel")
-    add_relaxed = _add("relaxed")
-
-    def _is_float_word(a, i):
-        return (isinstance(a, types.Array) and a.dtype == types.float32
-                and isinstance(i, types.Integer))
-
     @intrinsic
-    def st_relaxed_bits(typingctx, a, i, bits):
-        """a[i] = the float32 of bit pattern `bits` by `st.relaxed.gpu` (a: float32): a word
-        another block polls with relaxed loads sees it whole."""
-        if not (_is_float_word(a, i) and isinstance(bits, types.Integer)):
+    def add_acq_rel(typingctx, a, i, v):
+        """a[i] += v by `atom.acq_rel.gpu`; the old value. Release: this thread's earlier
+        writes (and those it saw, e.g. its block's before a barrier) are seen by an acquire of
+        the word; acquire: the releases before it are seen by this thread."""
+        if not (_is_word(a, i) and isinstance(v, types.Integer)):
             return None
 
         def codegen(context, builder, sig, args):
             addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            val = context.cast(builder, args[2], sig.args[2], types.uint32)
-            _call(builder, ir.VoidType(), [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $0; "
-                  "st.relaxed.gpu.global.b32 [g], $1; }", "l,r")
-            return context.get_dummy_value()
-        return types.void(a, i, bits), codegen
-
-    @intrinsic
-    def ld_relaxed_u32x4(typingctx, a, i):
-        """The bit patterns of a[i:i+4] (a: float32 or int32, i a multiple of 4, the array
-        16-byte aligned) by one `ld.relaxed.gpu` of four words, as four uint32: read at the L2
-        each time (a polling loop never sees a stale L1 line), each word whole."""
-        if not (isinstance(a, types.Array) and a.dtype in (types.float32, types.int32)
-                and isinstance(i, types.Integer)):
-            return None
-        ret = types.UniTuple(types.uint32, 4)
-
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            sty = ir.LiteralStructType([_I32] * 4)
-            res = _call(builder, sty, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $4; "
-                        "ld.relaxed.gpu.global.v4.b32 {$0, $1, $2, $3}, [g]; }",
-                        "=r,=r,=r,=r,l")
-            vals = [builder.extract_value(res, j) for j in range(4)]
-            return context.make_tuple(builder, ret, vals)
-        return ret(a, i), codegen
+            val = context.cast(builder, args[2], sig.args[2], types.int32)
+            return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                         "atom.acq_rel.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
+        return types.int32(a, i, v), codegen

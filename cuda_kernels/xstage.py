@@ -62,7 +62,7 @@ def padded_bytes(n_vals: int, pad: tuple[int, int, int, int], sums: bool) -> int
 
 
 @cuda.jit(device=True, inline="always")
-def put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
+def _put_quad(xs, q, n_quads, v0, v1, v2, v3, a, pa, b, pb, sums, sums_off):
     """Quad q stored at its padded position and (sums) added into its 16-value sum; every
     thread calls this the same number of times (the sums use 4-lane shuffles)."""
     s = np.float32(0.0)
@@ -88,14 +88,11 @@ def stage_padded(x, x_base, n_vals, xs, a, pa, b, pb, sums, sums_off):
         x0 = x1 = x2 = x3 = np.float32(0.0)
         if q < n_quads:
             x0, x1, x2, x3 = ld_x4(x, x_base + 4 * q)
-        put_quad(xs, q, n_quads, x0, x1, x2, x3, a, pa, b, pb, sums, sums_off)
+        _put_quad(xs, q, n_quads, x0, x1, x2, x3, a, pa, b, pb, sums, sums_off)
         q0 += cuda.blockDim.x
 
 
-def wide_stager(n_at_once: int, load4=ld_x4):
-    """`stage_padded` of x[:n_vals] (x_base 0) loading n_at_once (4 or 6) quads a thread at a
-    time, each by load4(x, i) -> four float32 (`ld_x4`; `htag`'s stagings of h, the MoE down
-    kernels', clear h's tags on the way); six: 8 x 768 values in one round of 256 threads."""
+def _wide_stager(n_at_once: int):
     six = n_at_once == 6
     if n_at_once not in (4, 6):
         raise ValueError(f"a wide staging loads 4 or 6 quads at a time, not {n_at_once}")
@@ -116,24 +113,27 @@ def wide_stager(n_at_once: int, load4=ld_x4):
         e0 = e1 = e2 = e3 = f0 = f1 = f2 = f3 = np.float32(0.0)
         while q < n_quads + cuda.threadIdx.x:
             # a quad past the end loads the last one again (in bounds) and is never stored
-            a0, a1, a2, a3 = load4(x, 4 * min(q, last))
-            b0, b1, b2, b3 = load4(x, 4 * min(q + bd, last))
-            c0, c1, c2, c3 = load4(x, 4 * min(q + 2 * bd, last))
-            d0, d1, d2, d3 = load4(x, 4 * min(q + 3 * bd, last))
+            a0, a1, a2, a3 = ld_x4(x, 4 * min(q, last))
+            b0, b1, b2, b3 = ld_x4(x, 4 * min(q + bd, last))
+            c0, c1, c2, c3 = ld_x4(x, 4 * min(q + 2 * bd, last))
+            d0, d1, d2, d3 = ld_x4(x, 4 * min(q + 3 * bd, last))
             if six:
-                e0, e1, e2, e3 = load4(x, 4 * min(q + 4 * bd, last))
-                f0, f1, f2, f3 = load4(x, 4 * min(q + 5 * bd, last))
-            put_quad(xs, q, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
-            put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
-            put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
-            put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
+                e0, e1, e2, e3 = ld_x4(x, 4 * min(q + 4 * bd, last))
+                f0, f1, f2, f3 = ld_x4(x, 4 * min(q + 5 * bd, last))
+            _put_quad(xs, q, n_quads, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + bd, n_quads, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + 2 * bd, n_quads, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
+            _put_quad(xs, q + 3 * bd, n_quads, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
             if six:
-                put_quad(xs, q + 4 * bd, n_quads, e0, e1, e2, e3, a, pa, b, pb, sums, sums_off)
-                put_quad(xs, q + 5 * bd, n_quads, f0, f1, f2, f3, a, pa, b, pb, sums, sums_off)
+                _put_quad(xs, q + 4 * bd, n_quads, e0, e1, e2, e3, a, pa, b, pb, sums, sums_off)
+                _put_quad(xs, q + 5 * bd, n_quads, f0, f1, f2, f3, a, pa, b, pb, sums, sums_off)
             q += n_at_once * bd
     return stage_padded_wide
 
 
+stage_padded_wide = _wide_stager(4)
+# six at a time: the fused MoE's 8 x 768 values of h in one round of 256 threads, not two
+stage_padded_wide6 = _wide_stager(6)
 
 
 @cuda.jit(device=True, inline="always")

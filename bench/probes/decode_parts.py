@@ -108,7 +108,7 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
         ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
     ids, wts = moe_routing(ctx, n_layer, n_expert, k)
     x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
-    h = ctx.upload(np.zeros((k, lay.n_ff), np.float32))  # zero: the fused MoE polls its tags
+    h = ctx.upload(ctx.rng.standard_normal((k, lay.n_ff)).astype(np.float32))
     y = ctx.cuda.device_array(lay.n_embd, np.float32)
     miss = ctx.cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))

@@ -26,21 +26,17 @@ from phase_stamps import report, stamped  # noqa: E402
 from strata.bench.kernels import Ctx  # noqa: E402
 from strata.cuda_kernels import moe_fused  # noqa: E402
 
-# the barrier's path (moe_fused.TAGGED_H False, SPLIT_ARRIVE True: a block arrives, issues its
-# first down loads, then waits)
-MARKS = [("s_w, tagged)", "after", 8),
-         ("up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, tag)", "after", 12),
+MARKS = [("s_where, s_base, phase != 1)", "after", 8),
+         ("up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)", "after", 12),
          ("last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)", "after", 12),
-         ("grid_wait(bar, gen)", "after", 24),
+         ("grid_sync(bar)  # every block's h written", "after", 16),
          ("cuda.syncthreads()  # h staged", "after", 12),
          ("dn_finish(acc_a, acc_b, s_part", "after", 16)]
 NAMES = ["start", "experts resolved", "gate/up items done", "first down loads issued",
          "barrier passed", "h staged", "its row blocks' units done", "end"]
 # the barrier after h's staging, marked (the kernel's own line has no text of its own)
-H_STAGED = (("s_dwt[t] = s_w[s_dkk[t]] if tagged else weights[s_dkk[t]]\n"
-             "            cuda.syncthreads()",
-             "s_dwt[t] = s_w[s_dkk[t]] if tagged else weights[s_dkk[t]]\n"
-             "            cuda.syncthreads()  # h staged"),)
+H_STAGED = (("s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()",
+             "s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()  # h staged"),)
 MAX_BLOCKS = 1024  # stamp rows a launch (the fused grid: at most what the GPU holds at once)
 
 

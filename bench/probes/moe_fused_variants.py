@@ -8,15 +8,12 @@ variant names the ones it changes from the defaults):
   H_SIX                h staged six quads a thread at a time (one round of loads, not two)
   SPLIT_ARRIVE         a block arrives at the barrier before it issues its first down loads
                        (both made defaults on 2026-12-04)
-  TAGGED_H             no barrier: down's staging polls h's per-launch tags (`htag`); slower
-                       as first written (`bench/results/2026-12-06_moe_tagged_h_tried_h200.json`)
-                       and as now written (`2026-12-06_moe_down_staged_tried_h100.json`)
 Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
 112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
-read whole beside the ids, each warp's first two down units' loads issued before the barrier;
-and (2026-12-06, an H100, code in 09a4378) the block's down rows copied into shared memory by
-cp.async at its barrier arrival or beside gate/up's first loads
-(`bench/results/2026-12-06_moe_down_staged_tried_h100.json`).
+read whole beside the ids, each warp's first two down units' loads issued before the barrier.
+Then (2026-12-06) no barrier, down polling h's per-launch tags (code in 2c0961c), and the
+block's down rows staged in shared memory by cp.async (code in 09a4378): each slower at every
+pair (`2026-12-06_moe_tagged_h_tried_h200.json`, `2026-12-06_moe_down_staged_tried_h100.json`).
 12 layers in a CUDA graph; each variant's output compared with the first's (bit for bit: the
 same dots in the same order). L2 prefetches of the down and gate/up rows issued right after the
 resolve, during gate/up, made every pair slower
@@ -40,10 +37,9 @@ from strata.cuda_kernels import moe_fused  # noqa: E402
 
 VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
-            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
-            "tagged h": {"TAGGED_H": True}}
+            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "TAGGED_H")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE")}
 
 
 def run(ctx, gu, dn, settings):

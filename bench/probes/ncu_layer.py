@@ -39,7 +39,7 @@ def main() -> int:
     logits = ctx.upload((ctx.rng.standard_normal(n_expert) * 2).astype(np.float32))
     ids = cuda.device_array(k, np.int32)                                     # routed: outputs
     wts = cuda.device_array(k, np.float32)
-    h = cuda.to_device(np.zeros((k, lay.n_ff), np.float32))  # [k, n_ff] f32, zero (htag)
+    h = cuda.device_array((k, lay.n_ff), np.float32)                         # [k, n_ff] f32
     out = cuda.device_array(lay.n_embd, np.float32)
     miss = cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((1, 2), np.int64))

@@ -333,8 +333,7 @@ def moe_group(ctx: Ctx) -> list[Result]:
             ctx, gu, dn, n_layer=n_layer, n_expert=n_expert)
         ids, wts = moe_routing(ctx, n_layer, n_expert, k)
         x = ctx.upload(ctx.rng.standard_normal(lay.n_embd).astype(np.float32))
-        # [k, n_ff] f32, zero: the fused launch polls its entries' tags (cuda_kernels.htag)
-        h = ctx.upload(np.zeros((k, lay.n_ff), np.float32))
+        h = ctx.cuda.device_array((k, lay.n_ff), np.float32, stream=ctx.stream)
         y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
         miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
         counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
@@ -398,7 +397,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     ids = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
     wts = ctx.cuda.device_array(k, np.float32, stream=ctx.stream)
     done = ctx.upload(np.zeros(1, np.int32))
-    h = ctx.upload(np.zeros((k, lay.n_ff), np.float32))  # [k, n_ff] f32, zero: see above
+    h = ctx.cuda.device_array((k, lay.n_ff), np.float32, stream=ctx.stream)
     y = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
     miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))

@@ -208,8 +208,8 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused router's count of finished blocks (strata.cuda_kernels.router_normed): zero at
     # load, and the kernel's last block sets it back to zero
     b.add("router_done", np.int32, (n_b,))  # [batch] int32
-    # the one-launch MoE's state, (arrivals, launches) (strata.cuda_kernels.moe_fused): zero
-    # at load, kept by the kernel after
+    # the fused MoE launch's grid barrier, (arrivals, generation) (strata.cuda_kernels.gridsync):
+    # zero at load, kept by the kernel after
     b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
     # the token choice's (best key, finished blocks, NaN seen) (strata.cuda_kernels.sampling):
     # zero at load, the first two set back to zero by the launch's last block, the flag by the
@@ -219,8 +219,7 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # [batch, blocks * 256 + blocks * 2] f32: candidates, then each block's (max, mass)
     b.add("pick_cand_v", np.float32, (n_b, pick_cand_len(s.n_vocab)))
     b.add("pick_cand_i", np.int32, (n_b, n_cand))  # [batch, blocks * 256] int32 token ids
-    # [batch, k, n_ff] silu(g) * u, each with its tag (strata.cuda_kernels.htag): zero at load
-    b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))
+    b.add("moe_h", np.float32, (n_b, k, s.n_ff_expert))  # [batch, k, n_ff] silu(g) * u
     b.add("miss_list", np.int32, (n_b, k))  # experts left to the CPU pool
     b.add("moe_out", np.float32, (n_b, e))
     b.add("logits", np.float32, (n_b, s.n_vocab))  # [batch, n_vocab] f32

@@ -34,31 +34,6 @@ def _run(layout, store, x, h0, out0, *, sync, cpu_misses, routed, max_row_blocks
     return dict(ids=ids, weights=weights, h=h, out=out, miss_list=miss_list, counters=counters)
 
 
-def _tags(h):
-    return h.view(np.uint32) & 3
-
-
-def _assert_same(fused, two, *, n_tagged, tag):
-    """Everything bit for bit but h's tags (`htag`): the one launch writes its first n_tagged
-    entries of each expert with `tag`, the two launches with 0, each the same value."""
-    for key in fused:
-        if key != "h":
-            np.testing.assert_array_equal(fused[key], two[key], err_msg=key)
-    hf, ht = fused["h"], two["h"]
-    np.testing.assert_array_equal(hf.view(np.uint32) & ~np.uint32(3),
-                                  ht.view(np.uint32) & ~np.uint32(3))
-    np.testing.assert_array_equal(_tags(hf[:, :n_tagged]), tag)
-    np.testing.assert_array_equal(_tags(ht[:, :n_tagged]), 0)
-    np.testing.assert_array_equal(hf[:, n_tagged:], ht[:, n_tagged:])  # never written
-
-
-@pytest.fixture(params=[False, True], ids=["barrier", "tagged"])
-def tagged(request, monkeypatch):
-    """Each fused test with the barrier and with h's tags polled (`moe_fused.TAGGED_H`)."""
-    monkeypatch.setattr(moe_fused, "TAGGED_H", request.param)
-    return request.param
-
-
 @pytest.mark.parametrize("gu,dn,n_ff,cpu_misses,routed,x8", [
     ("Q4_K", "Q6_K", 512, False, True, True),    # the 30B mix: routed, 8-bit x, all in shared
     ("Q4_K", "Q6_K", 512, True, False, True),    # the missed expert left out of down's units
@@ -67,7 +42,7 @@ def tagged(request, monkeypatch):
     ("IQ4_XS", "Q6_K", 256, False, False, False),  # tables (IQ4_XS's codebook) in shared
 ])
 def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed, x8,
-                                                 monkeypatch, tagged):
+                                                 monkeypatch):
     """The first row block of each phase (whole grids take minutes in the simulator): h and
     out bit for bit those of the gate/up and down launches, the rows against float64, routing
     and the hit/miss bookkeeping done once."""
@@ -86,9 +61,9 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
     run = dict(cpu_misses=cpu_misses, routed=routed, max_row_blocks=1)
     fused = _run(layout, store, x, h0, out0, sync=sync, **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
-    _assert_same(fused, two, n_tagged=LANE_WARPS, tag=1 if tagged else 0)
-    # tagged: one launch counted; the barrier's phases never reach it: no block left arrived
-    assert sync.tolist() == ([0, 1] if tagged else [0, 0])
+    for key in fused:
+        np.testing.assert_array_equal(fused[key], two[key], err_msg=key)
+    assert sync.tolist() == [0, 0]  # the simulator's phases never reach the barrier
     assert fused["counters"].tolist() == [[0, 0], [2, 1]]  # counted once, not per phase
     assert fused["miss_list"].tolist() == ([-1, 2, -1] if cpu_misses else [-1, -1, -1])
     np.testing.assert_array_equal(fused["ids"], IDS)
@@ -104,15 +79,14 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
         if not missed:
             want_h = gx / (1 + np.exp(-gx)) * ux
             assert np.linalg.norm(h[kk, :n_h] - want_h) / np.linalg.norm(want_h) < 1e-5
-            seen = (h[kk].view(np.uint32) & ~np.uint32(3)).view(np.float32)  # tags cleared
-            want += w * (d[:n_out] @ seen.astype(np.float64))
+            want += w * (d[:n_out] @ h[kk].astype(np.float64))
         np.testing.assert_array_equal(h[kk, n_h:], h0[kk, n_h:])
     got = fused["out"]
     assert np.linalg.norm(got[:n_out] - want) / np.linalg.norm(want - out0[:n_out]) < 1e-5
     np.testing.assert_array_equal(got[n_out:], out0[n_out:])
 
 
-def test_fused_grid_smaller_than_the_row_blocks(monkeypatch, tagged):
+def test_fused_grid_smaller_than_the_row_blocks(monkeypatch):
     """A GPU that holds fewer blocks than down has row blocks (a small card): each block takes
     its row blocks in turn, its gate/up items likewise; the same bits as the two launches,
     which give every row block its own block."""
@@ -126,14 +100,15 @@ def test_fused_grid_smaller_than_the_row_blocks(monkeypatch, tagged):
     run = dict(cpu_misses=True, routed=False, max_row_blocks=2)
     fused = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
-    _assert_same(fused, two, n_tagged=2 * LANE_WARPS, tag=1 if tagged else 0)
+    for key in fused:
+        np.testing.assert_array_equal(fused[key], two[key], err_msg=key)
     n_out = 2 * 2 * (LANE_WARPS >> lane_split(lane_format(get_format("Q6_K").ggml_type), 256,
                                               K * 1))
     assert not np.array_equal(fused["out"][:n_out], out0[:n_out])   # both row blocks written
     np.testing.assert_array_equal(fused["out"][n_out:], out0[n_out:])
 
 
-def test_fused_with_every_expert_left_to_the_cpu(tagged):
+def test_fused_with_every_expert_left_to_the_cpu():
     """No unit for down: its first loads read one expert's bytes unused, nothing is added."""
     rng = np.random.default_rng(9)
     layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
@@ -146,7 +121,7 @@ def test_fused_with_every_expert_left_to_the_cpu(tagged):
                 miss_list=miss_list, counters=counters, cpu_misses=True, accumulate=True,
                 stream=0, sync=np.zeros(2, np.int32), max_row_blocks=1)
     np.testing.assert_array_equal(out, out0)
-    np.testing.assert_array_equal(h[:, :LANE_WARPS].view(np.uint32), int(tagged))  # zero, tag
+    np.testing.assert_array_equal(h[:, :LANE_WARPS], 0.0)
     assert miss_list.tolist() == [3, 1] and counters.tolist() == [[0, 0], [0, 2]]
 
 

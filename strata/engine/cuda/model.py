@@ -155,9 +155,8 @@ class CudaModel:
         self._prompt_rows = None  # pinned host rows of the prompt path (prompt_host_rows)
         self.acts = self.arena.views("activations")
         install_tables(self.acts["format_tables"], stream=self.stream)  # before any launch
-        # block counters of fused kernels and the token choice's state: from zero; h too, whose
-        # tags the one-launch MoE polls (cuda_kernels.htag)
-        for name in ("router_done", "moe_sync", "moe_h", "pick_state"):
+        # block counters of fused kernels and the token choice's state: from zero
+        for name in ("router_done", "moe_sync", "pick_state"):
             counter = self.acts[name]
             counter.copy_to_device(np.zeros(counter.shape, counter.dtype), stream=self.stream)
         self._carve_kv()
