@@ -6,7 +6,9 @@
 # exports PYTHONPATH, so every later command imports exactly the commit in build/clean/COMMIT.
 # Helpers: $R (the clean tree, for its tests and probes), $PT (pytest, GPU tests on),
 # ab_copy NAME (a second copy at /tmp/NAME, to sed a setting into and run with
-# `env PYTHONPATH=/tmp/site:/tmp/NAME`), ngpu (the GPUs present).
+# `env PYTHONPATH=/tmp/site:/tmp/NAME`), ngpu (the GPUs present). Run `python3 -m strata...`
+# and pytest from outside the tree (cd /tmp; pytest also --rootdir /tmp): the tree's root holds
+# strata/ without cli/ and cuda_kernels/, which shadows the installed copy.
 set -o pipefail
 export PYTHONUNBUFFERED=1 STRATA_TEST_GPU=1 NUMBA_CACHE_DIR=/tmp/numba_cache
 # never NVLink multicast on these hosts (the device tool's KINDS.md)
