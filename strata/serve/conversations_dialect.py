@@ -12,7 +12,8 @@
 
 Items are those a Responses request's `input` takes (messages, reasoning, function calls and
 their outputs), checked as it checks them, at most 20 a call; a response made with
-`conversation` adds its own (`responses_dialect`).
+`conversation` adds its own (`responses_dialect`). Reading them takes `include`
+(`responses_request.with_includes`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from strata.serve.conversation_store import MAX_ITEMS_A_CALL, check_metadata
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields
 from strata.serve.response_store import page
-from strata.serve.responses_request import check_items
+from strata.serve.responses_request import check_items, with_includes
 from strata.serve.state import ServerState
 
 
@@ -65,7 +66,9 @@ async def delete(request: Request, state: ServerState) -> Response:
 
 async def list_items(request: Request, state: ServerState) -> Response:
     conv = state.conversations.get(request.path_params["conversation_id"])
-    return JSONResponse(page(conv.items, request.query_params, "item of this conversation"))
+    body = page(conv.items, request.query_params, "item of this conversation")
+    body["data"] = with_includes(body["data"], request.query_params)
+    return JSONResponse(body)
 
 
 async def add_items(request: Request, state: ServerState, body: dict) -> Response:
@@ -77,7 +80,8 @@ async def add_items(request: Request, state: ServerState, body: dict) -> Respons
 
 async def get_item(request: Request, state: ServerState) -> Response:
     p = request.path_params
-    return JSONResponse(state.conversations.item(p["conversation_id"], p["item_id"]))
+    item = state.conversations.item(p["conversation_id"], p["item_id"])
+    return JSONResponse(with_includes([item], request.query_params)[0])
 
 
 async def delete_item(request: Request, state: ServerState) -> Response:

@@ -4,6 +4,7 @@ bodies they accept, used by clients that read schemas and by the schema fuzz tes
 from __future__ import annotations
 
 from strata import __version__
+from strata.serve.responses_request import INCLUDES
 
 _STR = {"type": "string"}
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
@@ -202,6 +203,11 @@ def _path(*names: str) -> list[dict]:
     return [{"name": n, "in": "path", "required": True, "schema": _STR} for n in names]
 
 
+# the item reads' `include` (`responses_request.with_includes`; `include[]` is read too)
+_INCLUDE = {"name": "include", "in": "query", "style": "form", "explode": True,
+            "schema": {"type": "array", "items": {"type": "string", "enum": list(INCLUDES)}}}
+
+
 def _page(summary: str, id_name: str, missing: str) -> dict:
     """A `GET` of a list of items a page at a time (`response_store.page`)."""
     params = _path(id_name) + [
@@ -210,10 +216,10 @@ def _page(summary: str, id_name: str, missing: str) -> dict:
         {"name": "order", "in": "query", "schema": {"type": "string", "enum": [
             "asc", "desc"], "default": "desc"}},
         {"name": "after", "in": "query", "schema": _STR},
-        {"name": "before", "in": "query", "schema": _STR}]
+        {"name": "before", "in": "query", "schema": _STR}, _INCLUDE]
     return {"summary": summary, "parameters": params,
             "responses": {"200": {"description": "a list of items"},
-                          "400": {"description": "a bad limit, order or cursor"},
+                          "400": {"description": "a bad limit, order, cursor or include"},
                           "404": {"description": missing}}}
 
 
@@ -252,7 +258,8 @@ def _conversations() -> dict:
                 "type": "object", "required": ["items"],
                 "properties": {"items": {**items, "minItems": 1}}}, _400="a bad item")},
         "/v1/conversations/{conversation_id}/items/{item_id}": {
-            "get": op("one item of a conversation", ci),
+            "get": {**op("one item of a conversation", ci),
+                    "parameters": _path(*ci) + [_INCLUDE]},
             "delete": op("an item removed from a conversation", ci)},
     }
 

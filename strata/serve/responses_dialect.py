@@ -39,7 +39,8 @@ from strata.serve.job import FinishEvent
 from strata.serve.logprobs import chat_content
 from strata.serve.reasoning import Thinking
 from strata.serve.response_store import page
-from strata.serve.responses_request import ResponsesRequest, parse_responses, seal
+from strata.serve.responses_request import (ResponsesRequest, parse_responses, seal,
+                                            with_includes)
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
 from strata.serve.tools import ToolCall
@@ -174,9 +175,12 @@ async def retrieve(request: Request, state: ServerState) -> Response:
 
 async def input_items(request: Request, state: ServerState) -> Response:
     """`GET /v1/responses/{response_id}/input_items`: a stored response's input items (its own
-    request's, not the turns it continued), a page at a time (`response_store.page`)."""
+    request's, not the turns it continued), a page at a time (`response_store.page`), with
+    the query's `include` (`responses_request.with_includes`)."""
     stored = state.responses.get(request.path_params["response_id"])
-    return JSONResponse(page(stored.inputs, request.query_params, "input item of this response"))
+    body = page(stored.inputs, request.query_params, "input item of this response")
+    body["data"] = with_includes(body["data"], request.query_params)
+    return JSONResponse(body)
 
 
 async def delete(request: Request, state: ServerState) -> Response:

@@ -70,6 +70,29 @@ def seal(text: str) -> str:
     return _SEAL + base64.b64encode(text.encode()).decode("ascii")
 
 
+def with_includes(items: list, query) -> list:
+    """Listed items (a response's input items, a conversation's) as the query's `include`
+    asks (`include` or `include[]`, repeated): each entry one of INCLUDES, else a 400 naming
+    `include[j]`. With `reasoning.encrypted_content`, a reasoning item stored without it gets
+    its text sealed, as a response made with that include carries it; logprobs are as the
+    response that made an item asked for them (kept with it, never computed again)."""
+    entries = list(query.getlist("include")) + list(query.getlist("include[]"))
+    for j, entry in enumerate(entries):
+        if entry not in INCLUDES:
+            raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
+                              f"{' and '.join(map(repr, INCLUDES))})", f"include[{j}]")
+    if SEALED not in entries:
+        return items
+    out = []
+    for item in items:
+        first = (item.get("content") or [None])[0] if item.get("type") == "reasoning" else None
+        if (isinstance(first, dict) and isinstance(first.get("text"), str)
+                and "encrypted_content" not in item):  # sealed as `_sealed` seals an output's
+            item = {**item, "encrypted_content": seal(first["text"])}
+        out.append(item)
+    return out
+
+
 def unseal(value: str) -> str | None:
     """The text `seal` made, or None for content this server did not seal (another
     provider's encrypted reasoning, which it cannot read)."""

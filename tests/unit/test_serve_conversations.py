@@ -113,6 +113,30 @@ def test_a_response_in_a_conversation_sees_its_items_and_adds_its_own(h):
     assert len(_items(h, conv["id"], limit=100)["data"]) == n + 2
 
 
+def test_items_are_read_with_their_includes(h):
+    """`include` on the item reads: reasoning.encrypted_content seals a reasoning item stored
+    without it (what a response made with that include would have carried, and what a later
+    request's input unseals), in the list and one at a time, on both include spellings; logprobs
+    are as stored; nothing is changed in the store."""
+    from strata.serve.responses_request import seal, unseal
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "think first"}]}
+    conv = _new(h, items=[{"role": "user", "content": "q"}, reasoning])
+    plain = _items(h, conv["id"], order="asc")["data"]
+    assert "encrypted_content" not in plain[1]
+    for key in ("include", "include[]"):
+        sealed = _items(h, conv["id"], order="asc",
+                        **{key: ["reasoning.encrypted_content",
+                                 "message.output_text.logprobs"]})["data"]
+        assert sealed[0] == plain[0]
+        assert sealed[1] == {**plain[1], "encrypted_content": seal("think first")}
+        assert unseal(sealed[1]["encrypted_content"]) == "think first"
+    one = h.client.get(f"/v1/conversations/{conv['id']}/items/rs_1",
+                       params={"include": "reasoning.encrypted_content"}).json()
+    assert one["encrypted_content"] == seal("think first")
+    assert "encrypted_content" not in _items(h, conv["id"], order="asc")["data"][1]
+
+
 @pytest.mark.parametrize("method, path, payload, status, param", [
     ("post", "/v1/conversations", {"items": "hello"}, 400, "items"),
     ("post", "/v1/conversations", {"items": [{"type": "web_search_call"}]}, 400,
@@ -130,6 +154,10 @@ def test_a_response_in_a_conversation_sees_its_items_and_adds_its_own(h):
     ("get", "/v1/conversations/{id}/items?limit=0", None, 400, "limit"),
     ("get", "/v1/conversations/{id}/items?order=up", None, 400, "order"),
     ("get", "/v1/conversations/{id}/items?after=msg_x", None, 400, "after"),
+    ("get", "/v1/conversations/{id}/items?include=file_search_call.results", None, 400,
+     "include[0]"),
+    ("get", "/v1/conversations/{id}/items?include[]=reasoning.encrypted_content"
+     "&include[]=x", None, 400, "include[1]"),
     ("get", "/v1/conversations/conv_nope", None, 404, "conversation_id"),
     ("post", "/v1/responses", body(conversation="conv_nope"), 404, "conversation"),
     ("post", "/v1/responses", body(conversation={"id": ""}), 400, "conversation.id"),

@@ -181,9 +181,20 @@ def test_input_items_list_a_stored_responses_own_input_a_page_at_a_time(h):
     assert [m["id"] for m in before["data"]] == [listed[0]["id"], listed[1]["id"]]
     for params, field in (({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
                           ({"limit": "x"}, "limit"), ({"order": "up"}, "order"),
-                          ({"after": "msg_nope"}, "after"), ({"before": "msg_nope"}, "before")):
+                          ({"after": "msg_nope"}, "after"), ({"before": "msg_nope"}, "before"),
+                          ({"include": "file_search_call.results"}, "include[0]")):
         r = h.client.get(url, params=params)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (params, r.text)
+    # include: a reasoning item of the input listed with its text sealed
+    from strata.serve.responses_request import seal
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "hm"}]}
+    third = _post(h, input=[thought, {"role": "user", "content": "e"}])
+    url3 = f"/v1/responses/{third['id']}/input_items"
+    got = h.client.get(url3, params={"order": "asc",
+                                     "include": "reasoning.encrypted_content"}).json()["data"]
+    assert got[0]["encrypted_content"] == seal("hm") and "encrypted_content" not in got[1]
+    assert "encrypted_content" not in h.client.get(url3).json()["data"][-1]
     r = h.client.get("/v1/responses/resp_nope/input_items")
     assert r.status_code == 404 and "resp_nope" in r.json()["error"]["message"]
     # the listing counts toward the store's bound, and goes with its response
