@@ -193,8 +193,9 @@ def _stored() -> dict:
     param = _path("response_id")
     gone = {"404": {"description": "no stored response of that id"}}
     return {
-        "get": {"summary": "a stored response (Responses API)", "parameters": param,
-                "responses": {"200": {"description": "the response object"}, **gone}},
+        "get": {"summary": "a stored response (Responses API)", "parameters": param + [_INCLUDE],
+                "responses": {"200": {"description": "the response object"},
+                              "400": {"description": "a bad include"}, **gone}},
         "delete": {"summary": "forget a stored response", "parameters": param,
                    "responses": {"200": {"description": "response.deleted"}, **gone}}}
 

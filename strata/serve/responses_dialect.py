@@ -169,8 +169,11 @@ def _keep(state: ServerState, req: ResponsesRequest, body: dict) -> None:
 
 
 async def retrieve(request: Request, state: ServerState) -> Response:
-    """`GET /v1/responses/{response_id}`: a stored response as it was returned."""
-    return JSONResponse(state.responses.get(request.path_params["response_id"]).body)
+    """`GET /v1/responses/{response_id}`: a stored response as it was returned, its output
+    items with the query's `include` (`responses_request.with_includes`)."""
+    body = state.responses.get(request.path_params["response_id"]).body
+    output = with_includes(body["output"], request.query_params)
+    return JSONResponse(body if output is body["output"] else {**body, "output": output})
 
 
 async def input_items(request: Request, state: ServerState) -> Response:

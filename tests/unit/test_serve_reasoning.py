@@ -151,9 +151,16 @@ def test_responses_sealed_reasoning_for_a_stateless_client(h):
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done[0]["type"] == "reasoning" and done[0]["encrypted_content"] == sealed
     assert events[-1]["response"]["output"][0]["encrypted_content"] == sealed
-    # without the include entry, no seal
+    # without the include entry, no seal; a stored response read with it, sealed then
     plain = h.client.post("/v1/responses", json={"model": "fake", "input": "hello"}).json()
     assert "encrypted_content" not in plain["output"][0]
+    url = f"/v1/responses/{plain['id']}"
+    assert h.client.get(url).json() == plain
+    read = h.client.get(url, params={"include": "reasoning.encrypted_content"}).json()
+    assert read["output"][0]["encrypted_content"] == sealed
+    assert read == {**plain, "output": [{**plain["output"][0], "encrypted_content": sealed},
+                                        *plain["output"][1:]]}
+    assert h.client.get(url, params={"include": "x"}).json()["error"]["param"] == "include[0]"
     back = {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": sealed}
     for seal, want in ((sealed, "<assistant>[Let me see.]Hi there!"),
                        ("gAAAAABforeign==", "<assistant>Hi there!")):
