@@ -71,7 +71,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     logits = vec(N_VOCAB)
     ids = cuda.to_device(np.zeros((1, K), np.int32))
     wts = cuda.to_device(np.zeros((1, K), f32))
-    h = cuda.to_device(np.zeros((K, lay.n_ff), f32))  # zero: the fused MoE polls its tags
+    h = cuda.device_array((K, lay.n_ff), f32)
     miss = cuda.device_array(K, np.int32)
     counters = cuda.to_device(np.zeros((N_LAYER, 2), np.int64))
     sync = cuda.to_device(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier

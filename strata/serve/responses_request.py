@@ -70,17 +70,22 @@ def seal(text: str) -> str:
     return _SEAL + base64.b64encode(text.encode()).decode("ascii")
 
 
+def check_includes(entries: list) -> list:
+    """`include`'s entries, each one of INCLUDES, else a 400 naming `include[j]`."""
+    for j, entry in enumerate(entries):
+        if entry not in INCLUDES:
+            raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
+                              f"{' and '.join(map(repr, INCLUDES))})", f"include[{j}]")
+    return entries
+
+
 def with_includes(items: list, query) -> list:
     """Listed items (a response's input items, a conversation's) as the query's `include`
     asks (`include` or `include[]`, repeated): each entry one of INCLUDES, else a 400 naming
     `include[j]`. With `reasoning.encrypted_content`, a reasoning item stored without it gets
     its text sealed, as a response made with that include carries it; logprobs are as the
     response that made an item asked for them (kept with it, never computed again)."""
-    entries = list(query.getlist("include")) + list(query.getlist("include[]"))
-    for j, entry in enumerate(entries):
-        if entry not in INCLUDES:
-            raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
-                              f"{' and '.join(map(repr, INCLUDES))})", f"include[{j}]")
+    entries = check_includes(list(query.getlist("include")) + list(query.getlist("include[]")))
     if SEALED not in entries:
         return items
     out = []
@@ -248,10 +253,7 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
 
 
 def _refuse_unsupported(f: Fields) -> None:
-    for j, entry in enumerate(f.list("include") or []):
-        if entry not in INCLUDES:
-            raise bad_request(f"include[{j}]: {entry!r} is not available here (only "
-                              f"{' and '.join(map(repr, INCLUDES))})", f"include[{j}]")
+    check_includes(f.list("include") or [])
     if f.bool("background"):
         raise bad_request("background: responses run in the request here", "background")
     reasoning = f.obj_at("reasoning")
