@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan this one GPU alone when reading them through NVML (default: "
                         "every GPU, or --gpus; several GPUs split the layers)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    add_engine_knobs(p)
+    add_engine_knobs(p, draft=True)
     from strata.plan.split.knobs import add_split_knobs
     add_split_knobs(p)
 

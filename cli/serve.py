@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(gpus=None, layer_split=None, cover_b=None, no_helper_tiers=None,
                    no_carve=None, stage_cache=None, gpu_bandwidth=None, handoff=None)
     p.set_defaults(max_context=None, kv=None, kv_resident=None, prefill=None, expert_cache=None,
-                   vram_reserve_mib=None, ring_mib=None, spec=None, batch=None,
+                   vram_reserve_mib=None, ring_mib=None, batch=None,
                    no_prefill_borrow=None, embd_on_gpu=None, lend_pct=None,
                    lend_floor_slots=None, profile=None)
 
@@ -88,10 +88,6 @@ def run(args: argparse.Namespace) -> int:
     from strata.serve.config import build_config
     from strata.serve.server import run_server
 
-    from strata.serve.config import ServeConfigError
-
-    if args.spec:
-        raise ServeConfigError("--spec: strata serve has no draft decoding")
     cli = {k: v for k, v in vars(args).items()
            if not k.startswith("_") and k not in ("config", "spec")}
     def default_model() -> str:

@@ -23,8 +23,26 @@ from strata.plan.profile import EXPERT_RANK_KEY, EXPERT_SHARE_KEY, RoutingProfil
 RING_ENV = "STRATA_RING_MIB"
 
 
-def add_engine_knobs(p: argparse.ArgumentParser) -> None:
-    """The flags `PlanOptions` is built from."""
+# No subcommand drafts tokens: `--spec` sizes a draft head's room in `strata plan` only (a what-if
+# for a card's budget). The engine's subcommands refuse a nonzero N by name rather than reserve
+# VRAM that nothing would use.
+NO_DRAFT = "no subcommand decodes with a draft yet; --spec only sizes `strata plan`'s draft region"
+
+
+def _no_spec(text: str) -> int:
+    """--spec's value where nothing drafts: 0 alone."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n != 0:
+        raise argparse.ArgumentTypeError(f"{n}: {NO_DRAFT}")
+    return 0
+
+
+def add_engine_knobs(p: argparse.ArgumentParser, draft: bool = False) -> None:
+    """The flags `PlanOptions` is built from. draft: `--spec N` plans a draft region (`strata
+    plan`); else `--spec` is hidden and refuses any N but 0 (see NO_DRAFT)."""
     g = p.add_argument_group("VRAM knobs")
     g.add_argument("--max-context", type=int, metavar="TOKENS",
                    help="longest sequence (default: the model's training context, at most 32768)")
@@ -40,8 +58,12 @@ def add_engine_knobs(p: argparse.ArgumentParser) -> None:
                    help="VRAM left free (default 512; under WDDM max(1024, 5%% of the card))")
     g.add_argument("--ring-mib", type=int, metavar="MIB",
                    help=f"prefill ring budget (default 1024, or ${RING_ENV})")
-    g.add_argument("--spec", type=int, default=0, metavar="N",
-                   help="draft tokens per step: room for a draft head (default 0: none)")
+    if draft:
+        g.add_argument("--spec", type=int, default=0, metavar="N",
+                       help="draft tokens per step: room for a draft head and its verify "
+                            "buffers (planning only: nothing drafts yet; default 0: none)")
+    else:
+        g.add_argument("--spec", type=_no_spec, default=0, metavar="N", help=argparse.SUPPRESS)
     g.add_argument("--batch", type=int, default=1, metavar="N", help="decode sequences")
     g.add_argument("--no-prefill-borrow", action="store_true",
                    help="the prompt path never borrows expert-cache slots")
@@ -60,7 +82,7 @@ def knob_flags(args: argparse.Namespace) -> list[str]:
     """The engine knobs of `args` that differ from their defaults, as command-line flags (a
     benchmark records the command it ran)."""
     p = argparse.ArgumentParser(add_help=False)
-    add_engine_knobs(p)
+    add_engine_knobs(p, draft=True)
     flags = []
     for a in p._actions:  # the one parser whose actions these are: built just above
         value = getattr(args, a.dest, a.default)

@@ -122,10 +122,30 @@ def test_bad_plan_knobs_are_named(tmp_path):
         plan_options(ServeConfig(model="m", kv="f8"))
 
 
-def test_spec_is_refused_by_serve():
+@pytest.mark.parametrize("command", ["serve", "generate", "bench"])
+def test_spec_is_refused_where_nothing_drafts(command, capsys):
+    """--spec N would reserve VRAM for a draft nothing uses: the engine's subcommands refuse it
+    by name; 0 is accepted, and `strata plan` still sizes the draft region."""
     import argparse
     import importlib
 
-    serve = importlib.import_module("strata.cli.serve")
-    with pytest.raises(ServeConfigError, match="--spec"):
-        serve.run(argparse.Namespace(**_parse(["-m", "/m.gguf"]), config=None, spec=2))
+    from strata.plan.knobs import NO_DRAFT
+
+    def parser():
+        p = argparse.ArgumentParser(prog=f"strata {command}")
+        importlib.import_module(f"strata.cli.{command}").add_arguments(p)
+        return p
+
+    base = ["-m", "/m.gguf"] + (["--prompt", "Hi"] if command == "generate" else [])
+    with pytest.raises(SystemExit) as e:
+        parser().parse_args(base + ["--spec", "2"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--spec" in err and NO_DRAFT in err, err
+    assert "--spec" not in parser().format_help()  # not offered where it cannot run
+    assert parser().parse_args(base + ["--spec", "0"]).spec == 0
+
+    plan = argparse.ArgumentParser()
+    importlib.import_module("strata.cli.plan").add_arguments(plan)
+    assert plan.parse_args(["-m", "/m.gguf", "--spec", "2"]).spec == 2
+    assert "--spec" in plan.format_help()
