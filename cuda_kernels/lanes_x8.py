@@ -48,8 +48,7 @@ from .levels import IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3, iq4_levels_of, iq4_xs_scale
 from .planar import q6_k_fields, q6_k_p8_fields
 from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
-from .xstage import (stage_padded, stage_padded_normed, stage_x8, stage_x8_normed,
-                     stage_x8_normed_two, stage_x8_two)
+from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
 NIB = 0x0F0F0F0F
 
@@ -362,15 +361,21 @@ def x8_format(ggml_type: int) -> LaneFormat | None:
     return X8_FORMATS.get(int(ggml_type))
 
 
-def stager(lf: LaneFormat, two: bool = False):
+def stager(lf: LaneFormat):
     """Device functions (stage, stage_normed) with which the whole block stages x as lf's dot
-    reads it (xs uint32 for an 8-bit format, else float32; two: an 8-bit format's loads two
-    octets a thread at a time, `xstage.stage_x8_two`):
+    reads it (xs uint32 for an 8-bit format, else float32):
       stage(x, n_vals, xs, sums_off)                           x[:n_vals], float32 or float16
       stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn)   x * scale * nw, and
                                                                with write_xn that to xn too"""
     if lf.x8:
-        return (stage_x8_two, stage_x8_normed_two) if two else (stage_x8, stage_x8_normed)
+        @cuda.jit(device=True, inline="always")
+        def stage(x, n_vals, xs, sums_off):
+            stage_x8(x, n_vals, xs, sums_off)
+
+        @cuda.jit(device=True, inline="always")
+        def stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
+            stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn)
+        return stage, stage_normed
     pa_a, pa_pa, pa_b, pa_pb = lf.pad
     sums = lf.sums
 

@@ -181,34 +181,19 @@ def lane_jit(lf: LaneFormat) -> dict:
     return {} if SIMULATED else lane_jit_options(lf)
 
 
-# Kinds of one-token lane kernel ("pair": a warp a row pair; "rounds") whose 8-bit x staging
-# loads two octets a thread a round (`xstage.stage_x8_two`): x of 4,096 values in one round
-# of loads behind the weight loads instead of two. Read when a kernel is made (a benchmark
-# compares both in one process). Not yet timed on a GPU.
-X8_TWO_OCTETS = frozenset({"pair"})
-
-
-def two_octets(rounds: bool) -> bool:
-    """Whether a one-token lane kernel (rounds or a warp a pair) stages 8-bit x two octets a
-    thread at a time (X8_TWO_OCTETS)."""
-    return ("rounds" if rounds else "pair") in X8_TWO_OCTETS
-
-
-# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks, ahead, copies][,
-# "two": 8-bit x staged two octets a thread a round])
+# the lane kernels, by (format, -1 normed | 0, x8[, "rounds", min_blocks, ahead])
 _CACHE: dict[tuple, object] = {}
 
 
 def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1,
-              copies: int = 1, two: bool = False):
+              copies: int = 1):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
     kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
     (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
-    sums, the staged x of lf's `xs_type`; two: 8-bit x staged two octets a thread a round,
-    `lanes_x8.stager`)."""
+    sums, the staged x of lf's `xs_type`)."""
     if copies > 1 and not rounds:
         raise ValueError("a table in copies is for the rounds kernels")
     if rounds:
@@ -216,7 +201,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
-    stage, stage_normed = stager(lf, two)
+    stage, stage_normed = stager(lf)
     n_tab, has_tab = lf.table.size, lf.has_table
     if ahead not in (1, 2):
         raise ValueError(f"a rounds kernel's loads run 1 or 2 units ahead, not {ahead}")
@@ -333,9 +318,9 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
 
 
 def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0, copies: int = 1, two: bool = False):
+                  min_blocks: int = 0, copies: int = 1):
     ahead = rounds_ahead(lf, rounds, min_blocks)
-    body = lane_body(lf, normed, rounds, ahead, copies, two)
+    body = lane_body(lf, normed, rounds, ahead, copies)
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size * copies, lf.table.dtype.type
 
@@ -379,13 +364,11 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0, copies: int = 1):
-    two = lf.x8 and two_octets(rounds)
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
-        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else ()) + (
-        ("two",) if two else ())
+        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies, two)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies)
     return k
 
 
@@ -501,8 +484,7 @@ def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        two = lf.x8 and two_octets(rounds)
-        return _lanes_single(lf, normed, rounds, min_blocks, copies, two).py_func, (
+        return _lanes_single(lf, normed, rounds, min_blocks, copies).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build

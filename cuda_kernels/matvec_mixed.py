@@ -33,7 +33,7 @@ from .lanes import LaneFormat, lane_format
 from .lanes_x8 import lanes_for
 from .launch import device_table, flat, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, PART_SLOTS, has_rounds, lane_body,
-                     lane_jit_options, lane_split, lanes_fit, two_octets)
+                     lane_jit_options, lane_split, lanes_fit)
 
 # (format A, format B) of the mixed kernels: Q4_K_M's and Q5_K_M's q, k | v (Q6_K; in the engine
 # its planar layout, `strata.quant.planar`). The launcher
@@ -63,9 +63,7 @@ def mixed_jit_options(lf_a: LaneFormat, lf_b: LaneFormat) -> dict:
 
 
 def _mixed_kernel_fn(lf_a: LaneFormat, lf_b: LaneFormat, rounds: bool):
-    two_a, two_b = lf_a.x8 and two_octets(rounds), lf_b.x8 and two_octets(rounds)
-    body_a = lane_body(lf_a, True, rounds, two=two_a)
-    body_b = lane_body(lf_b, True, rounds, two=two_b)
+    body_a, body_b = lane_body(lf_a, True, rounds), lane_body(lf_b, True, rounds)
     xs_a_type, xs_b_type = lf_a.xs_type, lf_b.xs_type
     n_tab_a, tab_a_type = lf_a.table.size, lf_a.table.dtype.type
     n_tab_b, tab_b_type = lf_b.table.size, lf_b.table.dtype.type
@@ -100,8 +98,7 @@ def _mixed_kernel_fn(lf_a: LaneFormat, lf_b: LaneFormat, rounds: bool):
 
 
 def _mixed_kernel(lf_a: LaneFormat, lf_b: LaneFormat, rounds: bool):
-    two = (lf_a.x8 or lf_b.x8) and two_octets(rounds)
-    key = (lf_a.ggml_type, lf_a.x8, lf_b.ggml_type, lf_b.x8, rounds) + (("two",) if two else ())
+    key = (lf_a.ggml_type, lf_a.x8, lf_b.ggml_type, lf_b.x8, rounds)
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _mixed_kernel_fn(lf_a, lf_b, rounds)

@@ -229,93 +229,46 @@ def _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @cuda.jit(device=True, inline="always")
-def _oct(x, o, last):
-    """Values 8o .. 8o + 7 of x (o past the end: the last octet again, in bounds)."""
-    i = 8 * min(o, last)
-    a0, a1, a2, a3 = ld_x4(x, i)
-    b0, b1, b2, b3 = ld_x4(x, i + 4)
-    return a0, a1, a2, a3, b0, b1, b2, b3
+def stage_x8(x, n_vals, xs, sums_off):
+    """xs (uint32) = x[:n_vals] (float32 or float16, n_vals a multiple of 64) quantized and
+    packed as the section above says. Each thread takes 8 consecutive values, so an aligned
+    lane quad holds one 32-value group (its max and sum by 4-lane shuffles). The whole block
+    calls this."""
+    n_oct = n_vals >> 3
+    last = n_oct - 1
+    o0 = 0
+    while o0 < n_oct:
+        o = o0 + cuda.threadIdx.x
+        a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
+        b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
+        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+        o0 += cuda.blockDim.x
 
 
 @cuda.jit(device=True, inline="always")
-def _oct_normed(x, nw, scale, o, last, xn, write_xn, n_oct):
-    """`_oct` of x * scale * nw, written to xn where write_xn (and o is in range)."""
-    i = 8 * min(o, last)
-    a0, a1, a2, a3 = ld_x4(x, i)
-    b0, b1, b2, b3 = ld_x4(x, i + 4)
-    w0, w1, w2, w3 = ld_x4(nw, i)
-    a0 = a0 * scale * w0
-    a1 = a1 * scale * w1
-    a2 = a2 * scale * w2
-    a3 = a3 * scale * w3
-    w0, w1, w2, w3 = ld_x4(nw, i + 4)
-    b0 = b0 * scale * w0
-    b1 = b1 * scale * w1
-    b2 = b2 * scale * w2
-    b3 = b3 * scale * w3
-    if write_xn and o < n_oct:
-        st_x4(xn, i, a0, a1, a2, a3)
-        st_x4(xn, i + 4, b0, b1, b2, b3)
-    return a0, a1, a2, a3, b0, b1, b2, b3
-
-
-@cuda.jit(device=True, inline="always")
-def _put_oct(o, n_oct, xs, sums_off, v):
-    _put_x8(o, n_oct, xs, sums_off, v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])
-
-
-def _x8_stagers(two: bool):
-    """(stage, stage_normed) of x quantized to 8 bits, each thread taking 8 consecutive values
-    (an octet) a round, so an aligned lane quad holds one 32-value group (its max and sum by
-    4-lane shuffles). two: while two rounds' octets remain, a thread loads both before it
-    stores either. A shared store may alias a later global load for the compiler (numba's
-    arrays are generic pointers), so each round waits a memory latency, behind the weight
-    loads issued before it (loads return in issue order): 4,096 values (256 threads) take one
-    round of loads instead of two. The same bits either way."""
-
-    @cuda.jit(device=True, inline="always")
-    def stage(x, n_vals, xs, sums_off):
-        n_oct = n_vals >> 3
-        last = n_oct - 1
-        nt = cuda.blockDim.x
-        o0 = 0
-        while o0 < n_oct:
-            o = o0 + cuda.threadIdx.x
-            if two and o0 + nt < n_oct:  # the same in the whole block
-                v = _oct(x, o, last)
-                u = _oct(x, o + nt, last)
-                _put_oct(o, n_oct, xs, sums_off, v)
-                _put_oct(o + nt, n_oct, xs, sums_off, u)
-                o0 += 2 * nt
-            else:
-                _put_oct(o, n_oct, xs, sums_off, _oct(x, o, last))
-                o0 += nt
-
-    @cuda.jit(device=True, inline="always")
-    def stage_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
-        n_oct = n_vals >> 3
-        last = n_oct - 1
-        nt = cuda.blockDim.x
-        o0 = 0
-        while o0 < n_oct:
-            o = o0 + cuda.threadIdx.x
-            if two and o0 + nt < n_oct:
-                v = _oct_normed(x, nw, scale, o, last, xn, write_xn, n_oct)
-                u = _oct_normed(x, nw, scale, o + nt, last, xn, write_xn, n_oct)
-                _put_oct(o, n_oct, xs, sums_off, v)
-                _put_oct(o + nt, n_oct, xs, sums_off, u)
-                o0 += 2 * nt
-            else:
-                _put_oct(o, n_oct, xs, sums_off,
-                         _oct_normed(x, nw, scale, o, last, xn, write_xn, n_oct))
-                o0 += nt
-    return stage, stage_normed
-
-
-# stage_x8(x, n_vals, xs, sums_off): xs (uint32) = x[:n_vals] (float32 or float16, n_vals a
-# multiple of 64) quantized and packed as the section above says (the whole block calls it);
-# stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn): that of v[i] = x[i] *
-# scale * nw[i] (as `stage_padded_normed`; x, nw float32), and with write_xn xn[i] = v[i].
-stage_x8, stage_x8_normed = _x8_stagers(False)
-# the same, two octets a thread a round where two rounds remain (`matvec.X8_TWO_OCTETS`)
-stage_x8_two, stage_x8_normed_two = _x8_stagers(True)
+def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
+    """`stage_x8` of v[i] = x[i] * scale * nw[i] (as `stage_padded_normed`; x, nw float32), and
+    with `write_xn` xn[i] = v[i]."""
+    n_oct = n_vals >> 3
+    last = n_oct - 1
+    o0 = 0
+    while o0 < n_oct:
+        o = o0 + cuda.threadIdx.x
+        i = 8 * min(o, last)
+        a0, a1, a2, a3 = ld_x4(x, i)
+        b0, b1, b2, b3 = ld_x4(x, i + 4)
+        w0, w1, w2, w3 = ld_x4(nw, i)
+        a0 = a0 * scale * w0
+        a1 = a1 * scale * w1
+        a2 = a2 * scale * w2
+        a3 = a3 * scale * w3
+        w0, w1, w2, w3 = ld_x4(nw, i + 4)
+        b0 = b0 * scale * w0
+        b1 = b1 * scale * w1
+        b2 = b2 * scale * w2
+        b3 = b3 * scale * w3
+        if write_xn and o < n_oct:
+            st_x4(xn, i, a0, a1, a2, a3)
+            st_x4(xn, i + 4, b0, b1, b2, b3)
+        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+        o0 += cuda.blockDim.x

@@ -94,13 +94,6 @@ def dots_x8(name, n_bytes: int) -> bool:
     return bool(mv.LANE_X8) and lf is not None and mv.x8_pays(lf, n_bytes)
 
 
-def two_key(x8: bool, rounds: bool = False) -> tuple:
-    """The end of a lane kernel's cache key (`matvec._CACHE`, `matvec_mixed._CACHE`) where its
-    8-bit x is staged two octets a thread a round (`matvec.X8_TWO_OCTETS`), else ()."""
-    from strata.cuda_kernels import matvec as mv
-    return ("two",) if x8 and mv.two_octets(rounds) else ()
-
-
 def x_seen(x, x8: bool) -> np.ndarray:
     """float64 of the x a kernel multiplies: with x8, x quantized per 32 values as the CPU
     engine quantizes it (`strata.engine.cpu.idot.x8_arrays`: an independent implementation of

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from numba import cuda, types
 
-from helpers.kernel_blocks import (dots_x8, own_random_rows, random_rows, reference, two_key,
-                                   x_seen)
+from helpers.kernel_blocks import dots_x8, own_random_rows, random_rows, reference, x_seen
 from strata.cuda_kernels import matvec as mv
 from strata.cuda_kernels.lanes import LANE_FORMATS, LaneFormat, split_log
 from strata.cuda_kernels.lanes_x8 import x8_format
@@ -157,29 +156,7 @@ def test_lane_matvec(name, n_rows, n_cols):
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
         assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
-    x8 = dots_x8(name, rows.nbytes)
-    assert (lf.ggml_type, 0, x8) + two_key(x8) in mv._CACHE  # the lane kernel ran
-
-
-@pytest.mark.parametrize("name,n_cols", [("Q4_K", 4096), ("IQ4_XS", 2560)])
-def test_x8_staged_two_octets_a_round_gives_the_same_bits(name, n_cols, monkeypatch):
-    """A warp-a-pair kernel staging 8-bit x two octets a thread a round (more than 2,048
-    values: 256 threads' octets) gives the bits of the one-octet staging, for x past two whole
-    rounds (4,096) and a partial second octet (2,560)."""
-    rng = np.random.default_rng(n_cols)
-    rows = random_rows(name, 6, n_cols, rng)
-    x = rng.standard_normal(n_cols).astype(np.float32)
-    lf = BY_LANE_NAME[name]
-    assert dots_x8(name, rows.nbytes)
-    got = {}
-    for kinds in (frozenset(), frozenset({"pair"})):
-        monkeypatch.setattr(mv, "X8_TWO_OCTETS", kinds)
-        y = np.full(6, np.nan, np.float32)
-        mv.matvec(rows, name, x, y)
-        got[bool(kinds)] = y
-        assert (lf.ggml_type, 0, True) + (("two",) if kinds else ()) in mv._CACHE
-    assert np.array_equal(got[True], got[False])
-    assert _rel(got[True], reference(name, rows, n_cols) @ x_seen(x, True)) < 1e-5
+    assert (lf.ggml_type, 0, dots_x8(name, rows.nbytes)) in mv._CACHE  # the lane kernel ran
 
 
 def test_x8_floor(monkeypatch):
@@ -198,7 +175,7 @@ def test_x8_floor(monkeypatch):
         mv._CACHE.clear()
         y = np.full(5, np.nan, np.float32)
         mv.matvec(rows, "Q6_K", x, y)
-        assert list(mv._CACHE) == [(t6, 0, x8) + two_key(x8)]
+        assert list(mv._CACHE) == [(t6, 0, x8)]
         assert _rel(y, ref @ x_seen(x, x8)) < 1e-5
         assert dots_x8("Q6_K", rows.nbytes) == x8
     # q, k Q4_K and v Q6_K with the norm: v under the floor keeps float32 x, q and k take 8-bit
@@ -311,8 +288,7 @@ def test_rounds_with_loads_two_units_ahead_equal_one_ahead(name, n_rows, n_cols,
         mv.matvec(rows, name, x, y)
         got[ahead] = y
         copies = 16 if name == "IQ3_S" else 1
-        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead, copies) + two_key(lf.x8, True) \
-            in mv._CACHE
+        assert (lf.ggml_type, 0, lf.x8, "rounds", 0, ahead, copies) in mv._CACHE
     assert np.array_equal(got[1], got[2])
     assert _rel(got[2], reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) \
         < 1e-5
@@ -346,7 +322,7 @@ def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, no
             mv.matvec(rows, "IQ3_S", x, y)
         got[on] = y
         assert (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
-                16 if on else 1) + two_key(True, True) in mv._CACHE
+                16 if on else 1) in mv._CACHE
     assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
     if not normed:
         assert _rel(got[True], reference("IQ3_S", rows, n_cols)

@@ -1,5 +1,4 @@
-"""The 8-bit staging of x (`xstage.stage_x8`, and `stage_x8_two`: two octets a thread a round)
-against the CPU engine's `quantize_x8`, bit for bit,
+"""The 8-bit staging of x (`xstage.stage_x8`) against the CPU engine's `quantize_x8`, bit for bit,
 and the layout the 8-bit decoders (`lanes_x8`) read: bank spread and geometry checks. The dots
 themselves are checked through the kernels that use them (test_lanes, test_moe)."""
 
@@ -13,8 +12,7 @@ from strata.cuda_kernels.lanes import LaneFormat
 from strata.cuda_kernels.lanes_x8 import x8_format
 from strata.cuda_kernels.qformats import BY_NAME
 from strata.cuda_kernels.qtables import NO_TABLE
-from strata.cuda_kernels.xstage import (X8_SPAN, stage_x8, stage_x8_normed, stage_x8_normed_two,
-                                        stage_x8_two, x8_len)
+from strata.cuda_kernels.xstage import X8_SPAN, stage_x8, stage_x8_normed, x8_len
 from strata.engine.cpu.idot import quantize_x8
 
 
@@ -22,17 +20,14 @@ def _x8_word(v):
     return v // 4 + 4 * (v // 64)
 
 
-def _stage_kernel(normed: bool, two: bool = False):
-    stage = stage_x8_two if two else stage_x8
-    stage_normed = stage_x8_normed_two if two else stage_x8_normed
-
+def _stage_kernel(normed: bool):
     @cuda.jit
     def k(x, nw, scale, n, off, xn, out):
         xs = cuda.shared.array(0, types.uint32)
         if normed:
-            stage_normed(x, nw, scale, n, xs, off, xn, True)
+            stage_x8_normed(x, nw, scale, n, xs, off, xn, True)
         else:
-            stage(x, n, xs, off)
+            stage_x8(x, n, xs, off)
         cuda.syncthreads()
         for i in range(cuda.threadIdx.x, out.shape[0], cuda.blockDim.x):
             out[i] = xs[i]
@@ -56,23 +51,19 @@ def _want(x32):
     return qx[0], dx[0], dx[0] * s
 
 
-@pytest.mark.parametrize("two", [False, True])
-@pytest.mark.parametrize("dtype,n", [(np.float32, 640), (np.float16, 640), (np.float32, 1024),
-                                     (np.float32, 1280)])
-def test_stage_x8_equals_the_cpu_engines_quantization(dtype, n, two):
-    """n values over 64 threads (512 a round of one octet each): 640 takes a whole round and a
-    partial one (with two: one round of two octets, the second partial), 1,024 two whole rounds
-    (with two: one), 1,280 two and a half (with two: a round of two, then a partial round of
-    one). The int8 values, the group scales and dx * sum(q), bit for bit; ties round to even
-    as np.rint does (x = k + 0.5 with dx = 1: a group whose max is 127), zeros give dx = 0
-    and q = 0."""
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_stage_x8_equals_the_cpu_engines_quantization(dtype):
+    """640 values over 64 threads (two passes, the second partial): the int8 values, the group
+    scales and dx * sum(q), bit for bit; ties round to even as np.rint does (x = k + 0.5 with
+    dx = 1: a group whose max is 127), zeros give dx = 0 and q = 0."""
+    n = 640
     rng = np.random.default_rng(3)
     x = (rng.standard_normal(n) * rng.uniform(0.01, 10, n // 32).repeat(32)).astype(dtype)
     x[:32] = np.array([127.0, 2.5, 3.5, -2.5, -0.5, 0.5, 126.5] + [1.5] * 25, dtype)
     x[32:64] = 0
     out = np.zeros(x8_len(n) + n // 16, np.uint32)
-    _stage_kernel(False, two)[1, 64, 0, 4 * out.size](
-        x, x[:0].astype(np.float32), np.float32(1), n, x8_len(n), x[:0].astype(np.float32), out)
+    _stage_kernel(False)[1, 64, 0, 4 * out.size](x, x[:0].astype(np.float32), np.float32(1), n,
+                                                 x8_len(n), x[:0].astype(np.float32), out)
     q, dx, s = _unpack(out, n)
     want_q, want_dx, want_s = _want(x.astype(np.float32))
     np.testing.assert_array_equal(q, want_q)
@@ -82,17 +73,15 @@ def test_stage_x8_equals_the_cpu_engines_quantization(dtype, n, two):
     assert dx[1] == 0 and not q[32:64].any()
 
 
-@pytest.mark.parametrize("two,n", [(False, 256), (True, 256), (True, 320)])
-def test_stage_x8_normed_quantizes_the_normed_vector_and_writes_it(two, n):
-    """Over 32 threads (256 values a round): 320 with two takes a round of two octets, the
-    second partial, and writes xn only where an octet is in range."""
+def test_stage_x8_normed_quantizes_the_normed_vector_and_writes_it():
+    n = 256
     rng = np.random.default_rng(8)
     x = rng.standard_normal(n).astype(np.float32)
     nw = rng.uniform(0.5, 1.5, n).astype(np.float32)
     scale = np.float32(0.37)
     xn = np.full(n, np.nan, np.float32)
     out = np.zeros(x8_len(n) + n // 16, np.uint32)
-    _stage_kernel(True, two)[1, 32, 0, 4 * out.size](x, nw, scale, n, x8_len(n), xn, out)
+    _stage_kernel(True)[1, 32, 0, 4 * out.size](x, nw, scale, n, x8_len(n), xn, out)
     v = x * scale * nw  # float32, in the kernel's order
     np.testing.assert_array_equal(xn, v)
     q, dx, s = _unpack(out, n)
