@@ -3,6 +3,9 @@
 #   bash build/clean/bench/device/moe_ab.sh probe     # bench/probes/moe_fused_variants.py
 #                                                     # ($VARIANTS: names, default all)
 #   bash build/clean/bench/device/moe_ab.sh tests     # the decode kernels' MoE GPU tests
+#                                                     # ($K: another -k, e.g. "rounds or moe")
+#   bash build/clean/bench/device/moe_ab.sh script PROBE [ARG..]  # any bench/probes/PROBE.py,
+#                                                     # run from bench/probes, $OUT/PROBE.log
 #   bash build/clean/bench/device/moe_ab.sh d1 [ARM..]  # D1 (30B-A3B Q4_K_M) per arm: strata
 #        (the commit as packed), or NAME:MODULE:CONST=VALUE, a copy with that setting appended
 #        to cuda_kernels/MODULE.py (e.g. three:moe_fused:BLOCKS_AN_SM=3)
@@ -21,9 +24,14 @@ case "$mode" in
   tests)
     # from /tmp, rooted there: the tree's strata/ (no cuda_kernels/) would shadow the installed
     # copy
-    cd /tmp && timeout 520 $PT -s "$R/tests/gpu/test_kernels_decode_gpu.py" -k "moe" \
+    cd /tmp && timeout 520 $PT -s "$R/tests/gpu/test_kernels_decode_gpu.py" -k "${K:-moe}" \
       --rootdir /tmp > $OUT/gpu.log 2>&1
     grep -E "moe|passed|failed|Error" $OUT/gpu.log | tail -14 | tee -a $L
+    ;;
+  script)
+    probe=$1; shift
+    (cd "$R/bench/probes" && timeout 540 python3 "$probe.py" "$@" > $OUT/$probe.log 2>&1)
+    grep -v Warn $OUT/$probe.log | tail -30 | tee -a $L
     ;;
   d1)
     cd /tmp  # not the tree's root: its strata/ (no cli/) would shadow the installed copy
@@ -42,5 +50,5 @@ case "$mode" in
         --json-out $OUT/d1_$name.json 2>&1 | grep -v Warn | tail -4 | tee -a $L
     done
     ;;
-  *) echo "usage: moe_ab.sh probe|tests|d1 [ARM...]" >&2; exit 2 ;;
+  *) echo "usage: moe_ab.sh probe|tests|script PROBE [ARG...]|d1 [ARM...]" >&2; exit 2 ;;
 esac
