@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from strata.gguf.shape import ModelShape
 from strata.plan.cache import fill_cache
-from strata.plan.capability import kv_streams, prompt_may_borrow
+from strata.plan.capability import DRAFT_UNRUN, KV_STREAM_UNRUN, kv_streams, prompt_may_borrow
 from strata.plan.devices import DeviceInfo, default_reserve_bytes
 from strata.plan.layout import (
     Layout, draft_layout, kv_layout, prompt_layout, ring_layout, ring_slot_bytes, session_layout,
@@ -46,9 +46,13 @@ def resolve(shape: ModelShape, device: DeviceInfo, options: PlanOptions
     if options.kv_resident is not None:
         if kv_streams(options, ctx):
             resident = options.kv_resident
+            warnings.append(f"--kv-resident {options.kv_resident} streams the KV past it from "
+                            f"host memory, but {KV_STREAM_UNRUN}")
         else:
             notes.append(f"--kv-resident {options.kv_resident} covers the whole context: "
                          f"all KV stays in VRAM")
+    if options.spec:
+        warnings.append(f"--spec {options.spec} sizes a draft region, but {DRAFT_UNRUN}")
     stage = min(KV_STAGE_TOKENS, ctx - resident)
     reserve = (options.vram_reserve_mib << 20 if options.vram_reserve_mib is not None
                else default_reserve_bytes(device))

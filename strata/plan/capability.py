@@ -24,3 +24,11 @@ def prompt_may_borrow(options: PlanOptions) -> bool:
 def kv_streams(options: PlanOptions, max_context: int) -> bool:
     """Whether part of the KV cache lives in host memory (`--kv-resident` below the context)."""
     return options.kv_resident is not None and options.kv_resident < max_context
+
+
+# What the engines cannot run yet, said where a plan or a refusal offers it: a plan is a pure
+# function of the options, so it prices these, and says so rather than let a user follow a
+# suggestion the engine then refuses.
+KV_STREAM_UNRUN = ("the CUDA engine does not stream KV yet: it keeps the whole KV cache in VRAM "
+                   "and refuses such a plan")
+DRAFT_UNRUN = "nothing decodes with a draft yet"

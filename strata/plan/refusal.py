@@ -14,6 +14,7 @@ from typing import Callable
 
 from strata.gguf.shape import ModelShape
 from strata.plan.budget import fixed_layouts, minimum_bytes, resolve
+from strata.plan.capability import KV_STREAM_UNRUN
 from strata.plan.devices import MiB, DeviceInfo
 from strata.plan.layout import KV_TYPES, Q4_0_BLOCK
 from strata.plan.options import PlanOptions
@@ -49,22 +50,23 @@ class _Pricer:
     def fits(self, **change) -> bool:
         return self.need(**change) <= self.dev.free_bytes
 
-    def knob(self, flag: str, note: str = "", **change) -> Knob | None:
+    def knob(self, flag: str, note: str = "", *, caveat: str = "", **change) -> Knob | None:
+        """caveat: said after the note (or after NOT_ENOUGH where the knob alone falls short)."""
         freed = self.needed - self.need(**change)
         if freed <= 0:
             return None
         if not note and self.needed - freed > self.dev.free_bytes:
             note = NOT_ENOUGH
-        return Knob(flag, freed, note)
+        return Knob(flag, freed, "; ".join(n for n in (note, caveat) if n))
 
-    def on_grid(self, flag: str, field: str, current: int) -> Knob | None:
+    def on_grid(self, flag: str, field: str, current: int, caveat: str = "") -> Knob | None:
         """The largest multiple of KNOB_GRID below `current` that fits, else a quarter of it."""
         top = (current - 1) // KNOB_GRID
         m = _largest(1, top, lambda m: self.fits(**{field: m * KNOB_GRID}))
         value = m * KNOB_GRID if m else max(KNOB_GRID, current // 4 // KNOB_GRID * KNOB_GRID)
         if value >= current:
             return None
-        return self.knob(f"{flag} {value}", **{field: value})
+        return self.knob(f"{flag} {value}", caveat=caveat, **{field: value})
 
 
 def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
@@ -75,7 +77,7 @@ def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     found = [
         p.on_grid("--max-context", "max_context", s.max_context),
         *_kv_type_knobs(p, shape, options),
-        p.on_grid("--kv-resident", "kv_resident", s.resident_tokens),
+        p.on_grid("--kv-resident", "kv_resident", s.resident_tokens, KV_STREAM_UNRUN),
         _reserve_knob(p, dev, s.reserve_bytes),
         p.knob("--spec 0 (no draft head)", spec=0) if options.spec else None,
         p.knob("--batch 1", batch=1) if options.batch > 1 else None,

@@ -104,6 +104,25 @@ def test_8gb_64k_refused_with_knobs_that_work():
     assert d["knobs"][0].startswith(r.knobs[0].flag) and "frees" in d["knobs"][0]
 
 
+def test_what_no_engine_runs_is_said_where_the_plan_offers_it():
+    """Streamed KV and a draft region are priced, but no engine runs them: an accepted plan
+    warns, and a refusal's --kv-resident knob says so in its note (alone or beside 'not
+    enough'); plans without them carry neither."""
+    from strata.plan.capability import DRAFT_UNRUN, KV_STREAM_UNRUN
+    streamed = plan(S30, gpu("16GiB"), PlanOptions(max_context=65536, kv_resident=16384))
+    check_invariants(streamed)
+    assert any(KV_STREAM_UNRUN in w and "--kv-resident 16384" in w for w in streamed.warnings)
+    drafted = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096, spec=2))
+    assert any(DRAFT_UNRUN in w and "--spec 2" in w for w in drafted.warnings)
+    whole = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096, kv_resident=4096))
+    assert not any(KV_STREAM_UNRUN in w or DRAFT_UNRUN in w for w in whole.warnings)
+    refused = plan(S30, gpu("8GiB"), PlanOptions(max_context=65536))
+    kv = [k for k in refused.refusal.knobs if k.flag.startswith("--kv-resident ")]
+    assert len(kv) == 1 and kv[0].note.endswith(KV_STREAM_UNRUN), kv
+    assert KV_STREAM_UNRUN in refused.refusal.message()
+    assert all(KV_STREAM_UNRUN not in k.note for k in refused.refusal.knobs if k is not kv[0])
+
+
 def _apply(opts, flag):
     name, _, value = flag.partition(" ")
     if name == "--max-context":
