@@ -10,6 +10,9 @@ from strata.errors import StrataError
 
 DEFAULT_N_PREDICT = 128
 
+# compiling below this (a few functions the cache missed) is not worth a line of its own
+COMPILE_NOTE_S = 0.5
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", metavar="FILE",
@@ -246,10 +249,13 @@ def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> i
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    gen = generate(engine, prompt, n_predict=args.n_predict,
-                   sampler=Sampler(sampling, constraint),
-                   stop_ids=tokenizer.eot_ids, text=tokenizer.stream_decoder(after=prompt[-1]),
-                   on_text=None if args.json else show, keep_logits=bool(args.logits_out))
+    from strata.telemetry.compile_clock import compile_clock
+
+    with compile_clock() as compiled:  # a first run compiles inside its prompt: said apart
+        gen = generate(engine, prompt, n_predict=args.n_predict,
+                       sampler=Sampler(sampling, constraint),
+                       stop_ids=tokenizer.eot_ids, text=tokenizer.stream_decoder(after=prompt[-1]),
+                       on_text=None if args.json else show, keep_logits=bool(args.logits_out))
     if args.logits_out:
         import numpy as np
 
@@ -260,7 +266,7 @@ def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> i
         "decode_tokens_per_s": round(gen.decode_tokens_per_s, 3), "backend": backend,
         "stop_reason": gen.stop_reason, "prefill_s": round(gen.prefill_s, 6),
         "decode_s": round(gen.decode_s, 6), "max_context": engine.max_context,
-        "model": model.path,
+        "model": model.path, "compile_s": round(compiled.seconds, 3),
     }
     if args.json:
         print(json.dumps({"tokens": gen.tokens, "text": gen.text, "stats": stats}))
@@ -269,6 +275,10 @@ def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> i
         print(f"[{backend}] prompt {gen.prompt_tokens} tokens at "
               f"{gen.prefill_tokens_per_s:.1f} tok/s, generated {len(gen.tokens)} at "
               f"{gen.decode_tokens_per_s:.1f} tok/s", file=sys.stderr)
+        if compiled.seconds >= COMPILE_NOTE_S:
+            print(f"[{backend}] those times include {compiled.seconds:.1f} s of compiling "
+                  f"kernels, once for this version of strata: later runs load them from the "
+                  f"cache", file=sys.stderr)
     if gen.stop_reason == "context":
         print(f"stopped: the context of {engine.max_context} tokens is full "
               f"(raise --max-context)", file=sys.stderr)

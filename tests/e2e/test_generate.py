@@ -51,6 +51,30 @@ def test_json_greedy_tokens_are_the_reference_and_text_their_decoding(capsys, mo
     assert st["stop_reason"] == "length"
 
 
+def test_compile_time_is_said_apart_from_the_rates(capsys, model, monkeypatch):
+    """A run that compiled kernels (a first run of a version) says how long that took beside
+    the rates, which include it; a run that compiled nothing says nothing of it, and --json
+    always carries compile_s."""
+    from contextlib import contextmanager
+
+    from strata.telemetry import compile_clock as cc
+
+    _run(capsys, "-m", model, "--prompt", "Hi", "-n", "2")  # whatever compiles, compiled here
+    code, _, err = _run(capsys, "-m", model, "--prompt", "Hi", "-n", "2")
+    assert code == 0 and "compiling" not in err
+    assert _json(capsys, "-m", model, "--prompt", "Hi", "-n", "2")["stats"]["compile_s"] == 0.0
+
+    @contextmanager
+    def slow_first_run():
+        clock = cc.CompileClock()
+        yield clock
+        clock.seconds, clock.count = 12.34, 7
+    monkeypatch.setattr(cc, "compile_clock", slow_first_run)
+    code, _, err = _run(capsys, "-m", model, "--prompt", "Hi", "-n", "2")
+    assert code == 0 and "include 12.3 s of compiling kernels" in err
+    assert _json(capsys, "-m", model, "--prompt", "Hi", "-n", "2")["stats"]["compile_s"] == 12.34
+
+
 def test_text_streams_to_stdout_and_stats_go_to_stderr(capsys, model):
     res = _json(capsys, "-m", model, "--prompt", "The cat sat", "-n", "5", *GREEDY)
     code, out, err = _run(capsys, "-m", model, "--prompt", "The cat sat", "-n", "5", *GREEDY)
