@@ -23,6 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt-tokens", metavar="IDS", help="prompt as token ids: 1,2,3")
     src.add_argument("--chat", metavar="TEXT",
                      help="a user message, wrapped in the model's chat template")
+    src.add_argument("-i", "--interactive", action="store_true",
+                     help="chat turn by turn: each line read is a user message (a line ending "
+                          "in \\ goes on); each turn computes only what the conversation "
+                          "adds; /clear starts over, /exit or the end of input ends")
+    p.add_argument("--system", metavar="TEXT",
+                   help="a system message before the user's (--chat, --interactive)")
     p.add_argument("-n", "--n-predict", type=int, default=DEFAULT_N_PREDICT, metavar="N",
                    help=f"tokens to generate at most (default {DEFAULT_N_PREDICT})")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T",
@@ -173,8 +179,9 @@ def _prompt_ids(args, model, tokenizer) -> list[int]:
     if args.chat is not None:
         from strata.tokenizer import ChatTemplate
 
+        system = [{"role": "system", "content": args.system}] if args.system else []
         text = ChatTemplate.from_metadata(model.metadata, tokenizer).render(
-            [{"role": "user", "content": text}], add_generation_prompt=True)
+            system + [{"role": "user", "content": text}], add_generation_prompt=True)
     return tokenizer.encode(text)
 
 
@@ -195,12 +202,26 @@ def run(args) -> int:
     if args.max_context is not None and args.max_context < 1:
         raise StrataError(f"--max-context must be at least 1, got {args.max_context}")
     sampling = _sampling(args)
+    if args.system is not None and (args.prompt is not None or args.prompt_tokens is not None):
+        raise StrataError("--system goes with --chat or --interactive (a chat template's "
+                          "system message), not a raw prompt")
+    if args.interactive:
+        given = [f for f, on in (("--json", args.json), ("--logits-out", args.logits_out),
+                                 ("--json-object", args.json_object),
+                                 ("--json-schema", args.json_schema is not None)) if on]
+        if given:
+            raise StrataError(f"{', '.join(given)}: not with --interactive (each turn streams "
+                              f"its reply as text)")
     root = _json_root(args)
     model = open_model(_model_path(args))
     tokenizer = Tokenizer.from_metadata(model.metadata)
-    prompt = _prompt_ids(args, model, tokenizer)
+    prompt = None if args.interactive else _prompt_ids(args, model, tokenizer)
     backend, engine = _engine(args, model)
     try:
+        if args.interactive:
+            from strata.cli.generate_chat import chat
+
+            return chat(args, model, tokenizer, (backend, engine), sampling)
         return _generate(args, model, tokenizer, prompt, (backend, engine), sampling, root)
     finally:
         close = getattr(engine, "close", None)  # a layer split gives its GPUs back in order

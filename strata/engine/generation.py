@@ -35,6 +35,7 @@ class Generation:
     row i the logits that chose tokens[i]."""
 
     prompt_tokens: int
+    reused_tokens: int = 0  # leading prompt tokens whose KV the engine kept (not computed)
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     stop_reason: str = "length"  # one of STOP_REASONS
@@ -44,7 +45,9 @@ class Generation:
 
     @property
     def prefill_tokens_per_s(self) -> float:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+        """Prompt tokens computed per second (the reused ones were not)."""
+        n = self.prompt_tokens - self.reused_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -57,18 +60,30 @@ class Generation:
 def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: Sampler,
              stop_ids: Iterable[int] = (), text: TextStream | None = None,
              on_text: Callable[[str], None] | None = None,
-             keep_logits: bool = False) -> Generation:
-    """Generate up to `n_predict` tokens after `prompt` on a fresh sequence of `engine`.
+             keep_logits: bool = False, reuse: int = 0) -> Generation:
+    """Generate up to `n_predict` tokens after `prompt` on a fresh sequence of `engine`, or
+    (reuse > 0) on the one it holds, whose first `reuse` positions are `prompt[:reuse]` (a
+    chat's earlier turns: `Engine.rewind` keeps them and only the rest is computed; at most
+    len(prompt) - 1, since the prompt's last token gives the first logits).
 
     Stops at a token in `stop_ids` (reason "stop"), after `n_predict` tokens ("length"), or
     when the context is full ("context"). Text goes through `text` (when given) and each new
     piece to `on_text` as soon as it is complete."""
     if n_predict < 1:
         raise ValueError(f"n_predict must be at least 1, got {n_predict}")
+    if not 0 <= reuse < max(len(prompt), 1):
+        raise ValueError(f"reuse must keep fewer than the prompt's {len(prompt)} tokens, "
+                         f"got {reuse}")
     stops = frozenset(int(t) for t in stop_ids)
-    engine.reset()
+    if reuse:
+        rewind = getattr(engine, "rewind", None)
+        if rewind is None:
+            raise ValueError(f"the {engine.backend} engine cannot keep a sequence's positions")
+        rewind(reuse)  # refuses more than the engine holds
+    else:
+        engine.reset()
     sampler.accept(prompt)
-    out = Generation(prompt_tokens=len(prompt))
+    out = Generation(prompt_tokens=len(prompt), reused_tokens=reuse)
     rows: list[np.ndarray] = []
     pieces: list[str] = []
 
@@ -79,7 +94,7 @@ def generate(engine: Engine, prompt: Sequence[int], *, n_predict: int, sampler: 
                 on_text(piece)
 
     t0 = time.perf_counter()
-    logits = engine.prefill(prompt)
+    logits = engine.prefill(prompt[reuse:])
     out.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     # the device picks and feeds each token itself (`device_tokens`) where it draws as the

@@ -127,12 +127,42 @@ def test_generation_stops_at_the_context_limit_with_a_message(capsys, model):
     (["--prompt-tokens", IDS, "--max-context", "4"],
      "the prompt has 7 tokens but the context holds 4"),
     (["--prompt-tokens", IDS, "--top-p", "0"], "bad sampling option: top_p"),
+    (["--prompt", "Hi", "--system", "Be brief."], "--system goes with --chat or --interactive"),
+    (["-i", "--json"], "--json: not with --interactive"),
+    (["-i", "--json-object", "--logits-out", "x.npy"],
+     "--logits-out, --json-object: not with --interactive"),
 ])
 def test_bad_input_is_a_clear_error(capsys, model, argv, message):
     code, out, err = _run(capsys, "-m", model, *argv)
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err, err
     assert "Traceback" not in err
+
+
+def test_interactive_chat_turns_reuse_the_conversation(capsys, model, monkeypatch):
+    """Lines on stdin are turns: each reply streams to stdout with its figures on stderr, the
+    second turn computing only what it adds (its first turn's KV kept), /clear starting over,
+    a line ending in a backslash going on, /exit ending; the same turns at temperature 0 give
+    the replies of a one-shot --chat of the same conversation."""
+    import io
+
+    lines = "Hello there\nTell me\\\nmore\n/clear\nHello there\n/exit\nnot read\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    code, out, err = _run(capsys, "-m", model, "-i", "-n", "5", *GREEDY, "--system", "Be brief.")
+    assert code == 0, err
+    figures = [ln for ln in err.splitlines() if ln.startswith("[cpu] prompt")]
+    assert len(figures) == 3, err
+    kept = [int(f.split("(")[1].split(" kept")[0]) for f in figures]
+    assert kept[0] == 0 and kept[1] > 0 and kept[2] == 0
+    assert "the conversation starts over" in err
+    replies = out.splitlines()
+    first = _json(capsys, "-m", model, "--chat", "Hello there", "--system", "Be brief.", "-n",
+                  "5", *GREEDY)
+    assert len(replies) == 3 and replies[0] == replies[2] == first["text"]
+    # end of input ends the chat too
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello there\n"))
+    code, out, err = _run(capsys, "-m", model, "-i", "-n", "3", *GREEDY)
+    assert code == 0 and len(out.splitlines()) == 1 and "(0 kept)" in err
 
 
 def test_cuda_without_a_gpu_is_a_clear_error(capsys, model, monkeypatch):

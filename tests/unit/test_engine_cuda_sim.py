@@ -64,8 +64,10 @@ def test_engine_in_the_simulator(tmp_models):
     np.testing.assert_array_equal(eng.hits().counts, [[0, MICRO.n_expert_used]])  # all missed
     # the same step again, the misses split: one computed by the CPU pool beside the GPU, the
     # other read by the GPU's second MoE launch (the CPU-only path is the split's share 1)
-    eng._n_past = len(PROMPT)
-    eng._set_lengths(len(PROMPT), len(PROMPT))
+    with pytest.raises(ValueError, match="cannot keep"):
+        eng.rewind(len(PROMPT) + 2)
+    eng.rewind(len(PROMPT))  # the decoded token forgotten: the same step can run again
+    assert eng.n_past == len(PROMPT)
     eng.set_miss_path("hybrid", miss_share=0.5)
     got3 = eng.decode_step(tok)
     assert rel(got3, got2) < 1e-4 and rel(got3, ref[-1]) < 0.02

@@ -64,6 +64,16 @@ class CudaEngine(Engine):
         self._n_past = 0
         self._set_lengths(0, 0)
 
+    def rewind(self, n_keep: int) -> None:
+        """Keep the sequence's first `n_keep` positions; the next prefill appends after them
+        (the KV cache and the device's token history are positional: what lay past them is
+        overwritten as it is recomputed). A chat's next turn computes only what it adds."""
+        if not 0 <= n_keep <= self._n_past:
+            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
+                             f"sequence")
+        self._n_past = int(n_keep)
+        self._set_lengths(self._n_past, self._n_past)
+
     def _set_lengths(self, seq_len: int, n_tokens: int) -> None:
         a, st = self.m.acts, self.m.stream
         a["seq_len"].copy_to_device(np.array([seq_len], np.int32), stream=st)
