@@ -13,7 +13,10 @@
   (hybrid), give the mapped path's tokens; the adaptive cache swaps slots without changing
   tokens; IQ_MIX and LEGACY_MIX (gate and up in different
   formats) run;
-* a short prompt, and a turn's new tokens, run as decode steps give the prompt path's tokens.
+* a short prompt, and a turn's new tokens, run as decode steps give the prompt path's tokens;
+* a chat's second turn on the engine that ran the first (`rewind`: only the new tokens
+  computed, on the prompt path and as decode steps) gives the tokens of its whole prompt
+  computed afresh.
 """
 
 from __future__ import annotations
@@ -153,6 +156,33 @@ def test_graph_and_no_graph_give_identical_tokens(tmp_models):
         m.close()
     ROWS.append(f"graph {toks[True]}\nplain {toks[False]}")
     assert toks[True] == toks[False]
+
+
+@pytest.mark.parametrize("steps", (0, 64))
+def test_a_chat_turn_reusing_the_last_gives_its_tokens_afresh(tmp_models, steps):
+    """Turn 1 = PROMPT and 8 greedy tokens; turn 2 keeps all but the last of them and adds 11
+    tokens, on the prompt path (steps 0) or as decode steps (64): its greedy tokens equal a
+    fresh engine's on the whole prompt, its first logits within LOGIT_TOL (turn 1's tokens
+    were fed by decode steps, whose 8-bit activations round otherwise than the prompt path's
+    f16 ones)."""
+    from strata.engine import Sampler, SamplingParams, generate
+
+    path = model_path(tmp_models, "Q4_K_M")
+    m, eng = load(path, expert_cache=8, prompt_steps=steps)
+    greedy_ = SamplingParams(temperature=0.0)
+    g1 = generate(eng, PROMPT, n_predict=N_GEN, sampler=Sampler(greedy_))
+    kept = list(PROMPT) + g1.tokens[:-1]
+    assert eng.n_past == len(kept)
+    turn2 = kept + [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46]
+    g2 = generate(eng, turn2, n_predict=N_GEN, sampler=Sampler(greedy_), keep_logits=True,
+                  reuse=len(kept))
+    m.close()
+    m, fresh = load(path, expert_cache=8, prompt_steps=steps)
+    want = generate(fresh, turn2, n_predict=N_GEN, sampler=Sampler(greedy_), keep_logits=True)
+    m.close()
+    ROWS.append(f"chat turn (steps {steps}): reused {g2.tokens} fresh {want.tokens}")
+    assert g2.reused_tokens == len(kept) and g2.tokens == want.tokens
+    assert _rel(g2.logits[0], want.logits[0]) < LOGIT_TOL
 
 
 def test_ring_waves_and_prefetch_match_resident(tmp_models):
