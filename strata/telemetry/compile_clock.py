@@ -7,7 +7,9 @@ prompt. A tokens-per-second figure that hides it reads as an engine 100x slower 
 
 numba triggers a `numba:compile` event around each function it compiles (never for one loaded
 from its cache); a caller's compile triggers its callees' inside its own, so only the outermost
-event of a nest is counted.
+event of a nest is counted. numba-cuda (0.30) triggers no event when it compiles a kernel, so a
+developer install's first CUDA run (the binary loads its kernels from its bundle) is not said
+apart: its prompt figure includes the GPU kernels' compile.
 """
 
 from __future__ import annotations
