@@ -32,6 +32,7 @@ def read_message(tty: bool) -> str | None:
 
 
 def chat(args, model, tokenizer, loaded, sampling) -> int:
+    from strata.cli.generate import COMPILE_NOTE_S
     from strata.engine import Sampler, generate
     from strata.engine.conversation import Conversation
     from strata.errors import StrataError
@@ -93,7 +94,7 @@ def chat(args, model, tokenizer, loaded, sampling) -> int:
         line = (f"[{backend}] prompt {len(prompt) - reuse} new tokens ({reuse} kept) at "
                 f"{gen.prefill_tokens_per_s:.1f} tok/s, generated {len(gen.tokens)} at "
                 f"{gen.decode_tokens_per_s:.1f} tok/s")
-        if compiled.seconds >= 0.5:
+        if compiled.seconds >= COMPILE_NOTE_S:
             line += f"; {compiled.seconds:.1f} s of it compiling kernels (once a version)"
         print(line, file=sys.stderr)
         if gen.stop_reason == "context":
