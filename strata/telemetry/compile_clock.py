@@ -35,8 +35,11 @@ class CompileClock:
         self._depth.n = depth + 1
 
     def _ended(self) -> None:
-        self._depth.n -= 1
-        if self._depth.n == 0:
+        depth = getattr(self._depth, "n", 0)
+        if depth == 0:  # a compile begun before the clock was installed: not timed
+            return
+        self._depth.n = depth - 1
+        if depth == 1:
             self.seconds += time.perf_counter() - self._depth.t0
             self.count += 1
 
