@@ -44,6 +44,10 @@ def chat(args, model, tokenizer, loaded, sampling) -> int:
                         system=args.system, can_rewind=hasattr(engine, "rewind"))
     tty = sys.stdin.isatty()
     if tty:
+        try:  # line editing and the turns' history at the prompt (absent on Windows: plain)
+            import readline  # noqa: F401
+        except ImportError:
+            pass
         print(f"chatting on {backend} (context {engine.max_context} tokens): /clear starts "
               f"over, /exit or Ctrl-D ends", file=sys.stderr)
 
