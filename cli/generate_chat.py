@@ -65,8 +65,7 @@ def chat(args, model, tokenizer, loaded, sampling) -> int:
         if user is None or user.strip() in EXIT:
             return 0
         if user.strip() == "/clear":
-            conv.clear()
-            engine.reset()
+            conv.clear()  # nothing kept: the next turn starts the engine afresh
             print("(the conversation starts over)", file=sys.stderr)
             continue
         if not user.strip():
@@ -86,9 +85,9 @@ def chat(args, model, tokenizer, loaded, sampling) -> int:
                                text=tokenizer.stream_decoder(after=prompt[-1]), on_text=show,
                                reuse=reuse)
         except (KeyboardInterrupt, StrataError, ValueError) as e:
-            # the engine's sequence may be cut anywhere: nothing of it is reused
+            # the engine's sequence may be cut anywhere: nothing of it is reused (the next
+            # turn resets the engine)
             conv.kept = []
-            engine.reset()
             why = "interrupted" if isinstance(e, KeyboardInterrupt) else f"error: {e}"
             print(f"\n({why}: the turn is forgotten)", file=sys.stderr)
             continue

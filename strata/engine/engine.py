@@ -38,6 +38,14 @@ def common_prefix(kept: Sequence[int] | None, tokens: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
+def kept_positions(n_keep: int, n_past: int) -> int:
+    """`n_keep` as an engine's `rewind` keeps it (at most the `n_past` positions it holds), or a
+    ValueError naming both."""
+    if not 0 <= n_keep <= n_past:
+        raise ValueError(f"cannot keep {n_keep} positions of a {n_past}-position sequence")
+    return int(n_keep)
+
+
 @dataclass(frozen=True, slots=True)
 class PromptRecord:
     """A sequence's prompt ([n] i64) and the logits its prefill returned ([n_vocab] f32), kept

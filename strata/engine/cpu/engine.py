@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from strata.engine.cpu.layers import CpuLayers, CpuModel
-from strata.engine.engine import Callback, Engine
+from strata.engine.engine import Callback, Engine, kept_positions
 from strata.engine.qwen3moe import forward
 from strata.gguf import ModelFile
 from strata.kv import HostKVCache
@@ -49,10 +49,7 @@ class CpuEngine(Engine):
     def rewind(self, n_keep: int) -> None:
         """Keep the sequence's first `n_keep` positions; the next prefill appends after them
         (the KV cache is positional: what lay past them is overwritten as it is recomputed)."""
-        if not 0 <= n_keep <= self._n_past:
-            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
-                             f"sequence")
-        self._n_past = int(n_keep)
+        self._n_past = kept_positions(n_keep, self._n_past)
 
     def copy_prefix(self, other: "CpuEngine", n: int) -> None:
         """Start this sequence as `other`'s first `n` positions (their K/V copied): a prompt

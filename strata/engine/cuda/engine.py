@@ -20,7 +20,7 @@ from strata.engine.cuda.model import CudaModel
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
                                           put_params, run_ahead, step_mode)
-from strata.engine.engine import ContextFullError, Engine
+from strata.engine.engine import ContextFullError, Engine, kept_positions
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
 from strata.plan import check_runtime_use, runtime_use
@@ -68,10 +68,7 @@ class CudaEngine(Engine):
         """Keep the sequence's first `n_keep` positions; the next prefill appends after them
         (the KV cache and the device's token history are positional: what lay past them is
         overwritten as it is recomputed). A chat's next turn computes only what it adds."""
-        if not 0 <= n_keep <= self._n_past:
-            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
-                             f"sequence")
-        self._n_past = int(n_keep)
+        self._n_past = kept_positions(n_keep, self._n_past)
         self._set_lengths(self._n_past, self._n_past)
 
     def _set_lengths(self, seq_len: int, n_tokens: int) -> None:

@@ -22,7 +22,7 @@ from strata.engine.cuda.decode import DecodeStep
 from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
                                           put_params, run_ahead, step_mode)
-from strata.engine.engine import ContextFullError, Engine
+from strata.engine.engine import ContextFullError, Engine, kept_positions
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
 from strata.engine.sampler import SamplingParams
@@ -82,10 +82,7 @@ class SplitEngine(Engine):
         after them (each stage's KV is positional: what lay past them is overwritten as it is
         recomputed). What lets serve's slot keep a finished turn's KV for the next
         (`PerSlotEngines`)."""
-        if not 0 <= n_keep <= self._n_past:
-            raise ValueError(f"cannot keep {n_keep} positions of a {self._n_past}-position "
-                             f"sequence")
-        self._n_past = int(n_keep)
+        self._n_past = kept_positions(n_keep, self._n_past)
         self._set_lengths(self._n_past, self._n_past)
 
     def _set_lengths(self, seq_len: int, n_tokens: int, *, seq: bool = True) -> None:
