@@ -164,6 +164,23 @@ def pytest_sessionfinish(session, exitstatus):
     _EXIT_STATUS.append(int(exitstatus))
 
 
+def pytest_terminal_summary(terminalreporter):
+    """With $STRATA_KERNEL_BUNDLE on the GPU, what the bundle served this process: its images
+    loaded, and the kernels it lacked (compiled instead), so a run checks the bundle too."""
+    if not USE_REAL_GPU or "strata.aot.runtime" not in sys.modules:
+        return
+    from strata.aot import runtime
+    if runtime.attached() is None:
+        return
+    st = runtime.stats()
+    loaded = ", ".join(f"{k} {v}" for k, v in sorted(st.loaded.items())) or "none"
+    missed = sorted(set(st.missed))
+    terminalreporter.write_line(f"kernel bundle {runtime.bundle_path()}: loaded {loaded}; "
+                                f"not in it (compiled): {len(missed)}")
+    for name in missed:
+        terminalreporter.write_line(f"  not bundled: {name}")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     """On the GPU the test process ends the way a `strata` command does (strata.shutdown):

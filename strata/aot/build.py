@@ -1,12 +1,14 @@
 """Compile every registered CUDA kernel specialization ahead of time into a kernel bundle.
 
     python -m strata.aot.build OUT.zip [--jobs N] [--family F] [-k PATTERN] [--reuse OLD.zip]
+                                       [--arch sm_90,compute_90]
 
 No GPU is needed: each kernel is typed and lowered to LLVM IR once (for the lowest architecture,
 so the IR uses nothing a newer one lacks), NVVM turns that IR into PTX per architecture, and
 cuda.core's Linker (nvJitLink) turns each PTX into a cubin. The specializations are the ones the
 kernel modules register for the compile check (`cuda_kernels.launch.PTX_CHECKS`), the engine's
-kernel modules included (`registry`). Exits non-zero
+kernel modules included (`registry`). `--arch` narrows the images to some of the default
+architectures (a build for one's own GPU compiles a sixth of the images). Exits non-zero
 if any kernel fails; prints one line per kernel and a summary.
 """
 
@@ -58,15 +60,40 @@ def _checks(family: str | None, pattern: str | None):
     return registry(family, pattern)
 
 
-def compile_one(py_func, sig, options: dict | None = None) -> tuple[dict, dict[str, bytes]]:
-    """(entry fields, {tag: image}) of one kernel specialization: cubins for CUBIN_ARCHS and the
-    PTX of PTX_ARCH. `options`: the registry's compile options (e.g. launch bounds), the same
+def parse_archs(text: str | None) -> tuple[tuple[tuple[int, int], ...], tuple[int, int] | None]:
+    """(cubin archs, PTX arch or None) of an `--arch` list such as "sm_90,compute_90"; None or
+    "all": the defaults (CUBIN_ARCHS and PTX_ARCH). Only the default architectures are accepted:
+    the loader's choice of image and the kernels' tuning assume them."""
+    if text is None or text.strip() in ("", "all"):
+        return CUBIN_ARCHS, PTX_ARCH
+    known = {cubin_tag(cc): cc for cc in CUBIN_ARCHS}
+    cubins, ptx = [], None
+    for tag in (t.strip() for t in text.split(",") if t.strip()):
+        if tag in known:
+            cubins.append(known[tag])
+        elif tag == ptx_tag(PTX_ARCH):
+            ptx = PTX_ARCH
+        else:
+            raise ValueError(f"--arch {tag!r}: expected some of "
+                             f"{', '.join(list(known) + [ptx_tag(PTX_ARCH)])} or all")
+    if not cubins and ptx is None:
+        raise ValueError("--arch: no architecture given")
+    return tuple(sorted(set(cubins))), ptx
+
+
+def compile_one(py_func, sig, options: dict | None = None, *,
+                archs: tuple = (CUBIN_ARCHS, PTX_ARCH)) -> tuple[dict, dict[str, bytes]]:
+    """(entry fields, {tag: image}) of one kernel specialization: cubins for `archs`' cubin
+    architectures (default CUBIN_ARCHS) and the PTX of its PTX architecture (default PTX_ARCH;
+    None: no PTX). `options`: the registry's compile options (e.g. launch bounds), the same
     the kernel's dispatcher compiles with."""
     from cuda.core import Linker, LinkerOptions, ObjectCode
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     options = dict(options or {})
-    lowest = min(CUBIN_ARCHS + (PTX_ARCH,))
+    cubin_archs, ptx_arch = archs
+    every = tuple(cubin_archs) + ((ptx_arch,) if ptx_arch else ())
+    lowest = min(every)
     lib, _ = _compile_pyfunc_with_fixup(py_func, sig, device=False, cc=lowest, abi="numba",
                                         **options)
     if lib._linking_files or lib.needs_cudadevrt:
@@ -74,17 +101,17 @@ def compile_one(py_func, sig, options: dict | None = None) -> tuple[dict, dict[s
                            "carry")
     images: dict[str, bytes] = {}
     symbol = None
-    for cc in sorted(set(CUBIN_ARCHS + (PTX_ARCH,))):
+    for cc in sorted(set(every)):
         (ptx,) = lib.get_asm_strs(cc=cc)
         found = _ENTRY.findall(ptx)
         if len(found) != 1:
             raise RuntimeError(f"expected one .entry in the PTX, found {len(found)}")
         symbol = found[0]
-        if cc in CUBIN_ARCHS:
+        if cc in cubin_archs:
             opts = LinkerOptions(arch=cubin_tag(cc))
             images[cubin_tag(cc)] = bytes(
                 Linker(ObjectCode.from_ptx(ptx.encode()), options=opts).link("cubin").code)
-        if cc == PTX_ARCH:
+        if cc == ptx_arch:
             images[ptx_tag(cc)] = ptx.encode() + b"\0"  # the driver reads it as a C string
     argtypes = tuple(sig.args) if hasattr(sig, "args") else tuple(sig)
     fields = {"kernel": kernel_key(py_func), "signature": signature_key(argtypes), "name": "",
@@ -93,8 +120,8 @@ def compile_one(py_func, sig, options: dict | None = None) -> tuple[dict, dict[s
     return fields, images
 
 
-def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple]:
-    family, pattern, indices = args
+def _compile_range(args: tuple[str | None, str | None, list[int], tuple]) -> list[tuple]:
+    family, pattern, indices, archs = args
     checks = _checks(family, pattern)
     out = []
     for i in indices:
@@ -102,7 +129,7 @@ def _compile_range(args: tuple[str | None, str | None, list[int]]) -> list[tuple
         t0 = time.perf_counter()
         try:
             fn, sig = c.build()
-            fields, images = compile_one(fn, sig, getattr(c, "options", None))
+            fields, images = compile_one(fn, sig, getattr(c, "options", None), archs=archs)
             fields["name"] = f"{c.family}/{c.name}"
             out.append((i, fields, images, time.perf_counter() - t0, ""))
         except Exception as e:  # noqa: BLE001 - reported per kernel; any failure fails the build
@@ -124,7 +151,7 @@ def toolchain() -> dict:
     return out
 
 
-def _reused(checks: list, old_path: str | None) -> dict[int, tuple]:
+def _reused(checks: list, old_path: str | None, archs: list[str]) -> dict[int, tuple]:
     """Rows for the specializations an earlier bundle already holds under the same keys (same
     source text, same captured values, same signature), read from it instead of compiled."""
     if not old_path:
@@ -133,7 +160,7 @@ def _reused(checks: list, old_path: str | None) -> dict[int, tuple]:
     from strata.aot.identity import UnstableKeyError
 
     old = KernelBundle(old_path)
-    if sorted(old.archs) != sorted(_archs()):
+    if sorted(old.archs) != sorted(archs):
         return {}
     rows = {}
     for i, c in enumerate(checks):
@@ -152,23 +179,27 @@ def _reused(checks: list, old_path: str | None) -> dict[int, tuple]:
     return rows
 
 
-def _archs() -> list[str]:
-    return [cubin_tag(cc) for cc in CUBIN_ARCHS] + [ptx_tag(PTX_ARCH)]
+def _archs(archs: tuple = (CUBIN_ARCHS, PTX_ARCH)) -> list[str]:
+    cubins, ptx = archs
+    return [cubin_tag(cc) for cc in cubins] + ([ptx_tag(ptx)] if ptx else [])
 
 
 def build(out_path: str, *, family: str | None = None, pattern: str | None = None,
-          jobs: int = 1, reuse: str | None = None, log=print) -> int:
+          jobs: int = 1, reuse: str | None = None, arch: str | None = None, log=print) -> int:
     """Compile the matching specializations into `out_path` (taking those `reuse`, an earlier
-    bundle, already holds); returns the number of failures."""
+    bundle, already holds) for the architectures of `arch` (`parse_archs`; default all);
+    returns the number of failures."""
+    archs = parse_archs(arch)
+    tags = _archs(archs)
     checks = _checks(family, pattern)
     if not checks:
         log("aot build: no kernel matches")
         return 1
     t0 = time.perf_counter()
-    reused = _reused(checks, reuse)
+    reused = _reused(checks, reuse, tags)
     todo = [i for i in range(len(checks)) if i not in reused]
     jobs = max(1, min(jobs, len(todo) or 1))
-    parts = [(family, pattern, todo[k::jobs]) for k in range(jobs)]
+    parts = [(family, pattern, todo[k::jobs], archs) for k in range(jobs)]
     if jobs == 1:
         rows = _compile_range(parts[0])
     else:
@@ -188,12 +219,11 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
             continue
         seen[k] = fields["name"]
         entries.append((fields, images))
-    archs = _archs()
     if not failures:
-        write_bundle(out_path, entries, toolchain=toolchain(), archs=archs)
+        write_bundle(out_path, entries, toolchain=toolchain(), archs=tags)
     size_mib = os.path.getsize(out_path) / 2**20 if not failures else 0.0
     log(f"aot build: {len(rows)} specializations ({len(entries)} distinct, {len(reused)} "
-        f"reused), {len(failures)} failed, {' '.join(archs)}, {size_mib:.1f} MiB, "
+        f"reused), {len(failures)} failed, {' '.join(tags)}, {size_mib:.1f} MiB, "
         f"{time.perf_counter() - t0:.0f} s, {jobs} jobs")
     return len(failures)
 
@@ -206,13 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--reuse", metavar="OLD.zip",
                    help="take the kernels an earlier bundle holds under the same keys")
+    p.add_argument("--arch", metavar="TAGS",
+                   help="comma-separated images to build, e.g. sm_90,compute_90 (default: all: "
+                        + ", ".join(_archs()) + ")")
     a = p.parse_args(argv)
+    try:
+        parse_archs(a.arch)
+    except ValueError as e:
+        print(f"aot build: {e}", file=sys.stderr)
+        return 2
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("aot build: unset NUMBA_ENABLE_CUDASIM (the simulator cannot compile)",
               file=sys.stderr)
         return 2
     return 1 if build(a.out, family=a.family, pattern=a.pattern, jobs=a.jobs,
-                      reuse=a.reuse) else 0
+                      reuse=a.reuse, arch=a.arch) else 0
 
 
 if __name__ == "__main__":

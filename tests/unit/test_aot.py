@@ -341,3 +341,47 @@ def test_options_key_keeps_only_code_changing_non_defaults():
                           "link": ()}) == {}
     assert B.options_key({"launch_bounds": (128, 4), "fastmath": True}) == \
         {"launch_bounds": [128, 4], "fastmath": True}
+
+
+def test_arch_list_narrows_the_images_and_refuses_unknown_ones():
+    from strata.aot import build as aot_build
+
+    assert aot_build.parse_archs(None) == (B.CUBIN_ARCHS, B.PTX_ARCH)
+    assert aot_build.parse_archs("all") == (B.CUBIN_ARCHS, B.PTX_ARCH)
+    assert aot_build.parse_archs("sm_90") == (((9, 0),), None)
+    assert aot_build.parse_archs(" compute_90 , sm_86,sm_90,sm_86") == (((8, 6), (9, 0)), (9, 0))
+    assert aot_build._archs(aot_build.parse_archs("sm_90,compute_90")) == ["sm_90", "compute_90"]
+    for bad in ("sm_91", "compute_80", "sm90", ","):
+        with pytest.raises(ValueError, match="--arch"):
+            aot_build.parse_archs(bad)
+    assert aot_build.main(["out.zip", "--arch", "sm_75"]) == 2
+
+
+def test_build_for_one_arch_reuses_only_a_bundle_of_the_same_archs(tmp_path):
+    """A narrowed build reuses an earlier bundle of exactly its images and writes only those."""
+    from strata.aot import build as aot_build
+
+    def bundle_of(path, tags):
+        entries = []
+        for c in aot_build.registry("sampling"):
+            fn, sig = c.build()
+            fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
+                      "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
+                      "options": B.options_key(c.options)}
+            entries.append((fields, {t: f"{c.name}/{t}".encode() for t in tags}))
+        B.write_bundle(path, entries, toolchain={}, archs=tags)
+
+    bundle_of(tmp_path / "sm90.zip", ["sm_90"])
+    lines = []
+    assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", arch="sm_90",
+                           reuse=str(tmp_path / "sm90.zip"), log=lines.append) == 0
+    assert "2 reused" in lines[-1] and "sm_90," in lines[-1], lines
+    new = B.KernelBundle(tmp_path / "new.zip")
+    assert new.archs == ["sm_90"]
+    e = next(x for x in new.entries.values() if x.name == "sampling/argmax")
+    assert list(e.images) == ["sm_90"] and new.image(e, (9, 0)) == ("sm_90", b"argmax/sm_90")
+    with pytest.raises(B.BundleError, match="compute capability 8.6"):
+        new.image(e, (8, 6))
+    # the full default set does not reuse a one-arch bundle (it would lack the other images)
+    assert aot_build._reused(aot_build.registry("sampling"), str(tmp_path / "sm90.zip"),
+                             aot_build._archs()) == {}
