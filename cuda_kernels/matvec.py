@@ -34,7 +34,7 @@ from .matvec_f32 import float_format, matvec_float
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
                              stage_table)
 from .qformats import BY_NAME, get_format
-from .xstage import stage_x8_early, staged_bytes, sum_squares, x8_octet
+from .xstage import staged_bytes, sum_squares
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
@@ -61,10 +61,6 @@ LANE_GRID_BLOCKS: int | None = None
 # One-token lane matvecs dot 8-bit x (`lanes_x8`) in the formats that have it, as the CPU engine
 # does. Read at launch, so a benchmark can compare both in one process.
 LANE_X8 = True
-# Octets of x a thread of an 8-bit one-pair lane kernel (not normed) asks for before the weight
-# loads (0, 1 or 2; a round of the block's staging each): a load's data returns in issue order,
-# so x staged after them waits behind every weight load. Read at kernel construction.
-X_FIRST = 0
 # Formats whose 8-bit decoding pays only from this many weight bytes a launch (of that format):
 # below it they dot float32 x. Q6_K on the H200, both ways in one run
 # (`2026-12-03_kernels_matvec_q6k_x8.json`): 4096x4096 (13.8 MB) 8.97 against 10.07 us,
@@ -206,7 +202,6 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
     stage, stage_normed = stager(lf)
-    early = X_FIRST if lf.x8 and not normed and not rounds else 0
     n_tab, has_tab = lf.table.size, lf.has_table
     if ahead not in (1, 2):
         raise ValueError(f"a rounds kernel's loads run 1 or 2 units ahead, not {ahead}")
@@ -223,10 +218,6 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         m, row0, n_here = pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
-        n_vals = n_sb * n_values
-        if early > 0:  # compile time: x's first octets asked for before the weights
-            e0 = x8_octet(x, n_vals, 0)
-            e1 = x8_octet(x, n_vals, 1) if early > 1 else e0
         cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
                         s_first)  # in flight while x is staged
         if has_tab:
@@ -234,13 +225,12 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                 stage_table_copies(tab, tab_s, n_tab, copies)
             else:
                 stage_table(tab, tab_s, n_tab)
+        n_vals = n_sb * n_values
         if normed:
             total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
             scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)
             stage_normed(x, nw, scale, n_vals, xs, sums_off, xn,
                          blk == xn_blk and xn.shape[0] > 0)
-        elif early > 0:
-            stage_x8_early(x, n_vals, xs, sums_off, e0, e1, early)
         else:
             stage(x, n_vals, xs, sums_off)
         cuda.syncthreads()

@@ -246,36 +246,6 @@ def stage_x8(x, n_vals, xs, sums_off):
 
 
 @cuda.jit(device=True, inline="always")
-def x8_octet(x, n_vals, k):
-    """The calling thread's octet of x in `stage_x8`'s round k, its loads issued now (before a
-    kernel's weight loads, so its data returns before theirs: `stage_x8_early`)."""
-    i = 8 * min(k * cuda.blockDim.x + cuda.threadIdx.x, (n_vals >> 3) - 1)
-    a0, a1, a2, a3 = ld_x4(x, i)
-    b0, b1, b2, b3 = ld_x4(x, i + 4)
-    return a0, a1, a2, a3, b0, b1, b2, b3
-
-
-@cuda.jit(device=True, inline="always")
-def stage_x8_early(x, n_vals, xs, sums_off, e0, e1, n_early):
-    """`stage_x8` with its first n_early rounds' octets (n_early 1 or 2) read already: e0, e1
-    (`x8_octet`, rounds 0 and 1; e1 unused where n_early is 1)."""
-    n_oct = n_vals >> 3
-    o0 = 0
-    k = 0
-    while o0 < n_oct:
-        if k == 0:
-            v = e0
-        elif k == 1 and n_early > 1:
-            v = e1
-        else:
-            v = x8_octet(x, n_vals, k)
-        _put_x8(o0 + cuda.threadIdx.x, n_oct, xs, sums_off, v[0], v[1], v[2], v[3], v[4], v[5],
-                v[6], v[7])
-        o0 += cuda.blockDim.x
-        k += 1
-
-
-@cuda.jit(device=True, inline="always")
 def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
     """`stage_x8` of v[i] = x[i] * scale * nw[i] (as `stage_padded_normed`; x, nw float32), and
     with `write_xn` xn[i] = v[i]."""
