@@ -18,15 +18,19 @@ from helpers.kernel_record import record_launches, registered, registered_option
 from strata.synth import PRESETS, write_model
 
 
-def _one_layer(name: str, n_head: int, n_head_kv: int):
+def _one_layer(name: str, n_head: int, n_head_kv: int, **more):
     return dataclasses.replace(PRESETS["tiny"], name=name, n_layer=1, n_head=n_head,
-                               n_head_kv=n_head_kv, n_vocab=512)
+                               n_head_kv=n_head_kv, n_vocab=512, **more)
 
 
 SHAPES = {
     "tiny-Q8_0": (PRESETS["tiny"], "Q8_0"),  # the default model, as `strata generate` writes it
     "g8-Q4_K_M": (_one_layer("cov8", 16, 2), "Q4_K_M"),
     "g16-Q4_K_M": (_one_layer("cov16", 16, 1), "Q4_K_M"),
+    # gate and up in different formats: the mixed-format MoE kernels (strata.engine.cuda.mixed;
+    # their prompt path needs n_embd >= 2 * n_ff)
+    "g8-IQ_MIX": (_one_layer("cov8i", 16, 2, n_ff_expert=128), "IQ_MIX"),
+    "g8-LEGACY_MIX": (_one_layer("cov8l", 16, 2, n_ff_expert=128), "LEGACY_MIX"),
 }
 
 
@@ -129,7 +133,9 @@ def _model(tmp_models, shape):
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
-    _check(_model(tmp_models, shape), _run)
+    names = _check(_model(tmp_models, shape), _run)
+    if "MIX" in shape:  # gate and up differ: decode ran the mixed kernels
+        assert {"proj_mixed", "down_mixed"} <= {n.rsplit(".", 1)[-1] for n in names}, names
 
 
 @pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])

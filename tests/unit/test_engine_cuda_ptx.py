@@ -1,5 +1,6 @@
-"""The CUDA engine's own kernels (strata.engine.cuda.kernels) compile to PTX for sm_90, in a
-child process with the simulator off (the test process runs the simulator, which emits none)."""
+"""The CUDA engine's own kernels (strata.engine.cuda.kernels, .mixed) compile to PTX for sm_90,
+in a child process with the simulator off (the test process runs the simulator, which emits
+none), the mixed-format MoE kernels for every one of the 21 expert formats."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_engine_kernels_compile_for_sm90():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "compiled 5" in proc.stdout
-    for name in ("rms_norm_f16", "fill_positions", "mask_ids", "gather_rows", "swiglu_part"):
+    assert "compiled 47" in proc.stdout  # 5 + gate/up and down for 21 formats
+    for name in ("rms_norm_f16", "fill_positions", "mask_ids", "gather_rows", "swiglu_part",
+                 "proj_mixed_IQ3_S", "down_mixed_IQ4_NL", "proj_mixed_Q4_0"):
         assert name in proc.stdout

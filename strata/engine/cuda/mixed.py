@@ -2,10 +2,12 @@
 files: e.g. gate IQ3_S, up IQ4_XS), which the fused gate/up kernels of `strata.cuda_kernels`
 cannot read (one decoder for both).
 
-Decode: `moe_decode_mixed` — a gate/up kernel with one decoder per matrix (one warp per h entry,
-the gate and up rows of it; x staged once in shared memory) and a down kernel (one warp per
-output row over all (expert, 32-value group) pairs), each expert found like the fused kernels
-find it: cache slot, mapped host memory, or left to the CPU pool; hits and misses counted.
+Decode: `moe_decode_mixed` — a projection kernel of one format run for gate, then for up (one
+warp per h entry; x staged in shared memory; the second pass takes the first's h and applies
+SwiGLU), and a down kernel (one warp per output row over all (expert, 32-value group) pairs),
+each expert found like the fused kernels find it: cache slot, mapped host memory, or left to the
+CPU pool; hits and misses counted. One kernel a format, so the binary's kernel bundle carries
+every one (`register_ptx` below).
 
 Prefill: `gate_up_unfused` — the grouped GEMM run twice as a plain (gather-free) grouped GEMM
 over the chunk's rows copied into expert order: g = x_p @ gate_e^T, h = silu(g); g = x_p @ up_e^T,
@@ -20,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda, from_dtype, types
 
 from strata.cuda_kernels.intrinsics import warp_sum
 from strata.cuda_kernels.launch import (
@@ -33,7 +35,7 @@ from strata.cuda_kernels.launch import (
 from strata.cuda_kernels.matmul import QuantWeights, moe_down
 from strata.cuda_kernels.moe import MAX_STAGED_BYTES, down_group, expert_groups
 from strata.cuda_kernels.moe_slots import resolve
-from strata.cuda_kernels.qformats import FORMATS, get_format
+from strata.cuda_kernels.qformats import FORMATS, get_format, is_planar
 from strata.cuda_kernels.xstage import XPAD, stage_x, staged_bytes
 
 WARPS = 4
@@ -75,23 +77,20 @@ def _stage_tab(tab, tab_s, n):
         tab_s[i] = tab[i]
 
 
-def _gate_up_factory(fg, fu):
-    dot_g, dot_u = fg.dot32t, fu.dot32t
-    n_tg, tg_type, has_tg = fg.table.size, fg.table.dtype.type, fg.has_table
-    n_tu, tu_type, has_tu = fu.table.size, fu.table.dtype.type, fu.has_table
+def _proj_factory(f):
+    dot = f.dot32t
+    n_t, t_type, has_t = f.table.size, f.table.dtype.type, f.has_table
 
     @cuda.jit
-    def gate_up_mixed(x, ids, slot_table, layer, cache, slot_off, host, host_off, cpu_misses,
-                      miss_list, counters, g_row_bytes, u_row_bytes, n_groups, n_ff, up_off, h,
-                      tab_g, tab_u):
-        # x: [n_embd] f32; ids: [k] i32; h: [k * n_ff] f32 = silu(gate x) * (up x) per expert;
-        # dynamic shared: [n_groups * XPAD] f32, the staged x
-        tg = cuda.shared.array(n_tg, tg_type)
-        tu = cuda.shared.array(n_tu, tu_type)
-        if has_tg:
-            _stage_tab(tab_g, tg, n_tg)
-        if has_tu:
-            _stage_tab(tab_u, tu, n_tu)
+    def proj_mixed(x, ids, slot_table, layer, cache, slot_off, host, host_off, cpu_misses,
+                   miss_list, counters, row_bytes, part_off, n_groups, n_ff, second, h, tab):
+        # One of gate/up (format f) for every expert of ids: x: [n_embd] f32; ids: [k] i32;
+        # h: [k * n_ff] f32. First pass: h = gate x (and the expert's miss and count); second
+        # (second = True, up's rows at part_off): h = silu(h) * (up x). A missed expert: 0.
+        # Dynamic shared: [n_groups * XPAD] f32, the staged x.
+        ts = cuda.shared.array(n_t, t_type)
+        if has_t:
+            _stage_tab(tab, ts, n_t)
         xs = cuda.shared.array(0, types.float32)
         stage_x(x, 0, n_groups * 32, xs, 0)
         cuda.syncthreads()
@@ -100,23 +99,26 @@ def _gate_up_factory(fg, fu):
         row = cuda.blockIdx.x * WARPS + (cuda.threadIdx.x >> 5)
         e = ids[kk]
         where, base = resolve(slot_table, layer, e, slot_off, host_off, cpu_misses)
-        if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
+        if not second and cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
             miss_list[kk] = e if where < 0 else -1
             cuda.atomic.add(counters, (layer, 0 if where == 0 else 1), 1)
-        g = F0
-        u = F0
+        v = F0
         if where >= 0 and row < n_ff:
             src = cache if where == 0 else host
-            off_g = base + row * g_row_bytes
-            off_u = base + up_off + row * u_row_bytes
+            off = base + part_off + row * row_bytes
             for j in range(lane, n_groups, 32):
-                g += dot_g(src, off_g, j, xs, j * XPAD, tg)
-                u += dot_u(src, off_u, j, xs, j * XPAD, tu)
-        g = warp_sum(g)
-        u = warp_sum(u)
+                v += dot(src, off, j, xs, j * XPAD, ts)
+        v = warp_sum(v)
         if lane == 0 and row < n_ff:
-            h[kk * n_ff + row] = g / (F1 + math.exp(-g)) * u if where >= 0 else F0
-    return gate_up_mixed
+            i = kk * n_ff + row
+            if where < 0:
+                h[i] = F0
+            elif second:
+                g = h[i]
+                h[i] = g / (F1 + math.exp(-g)) * v
+            else:
+                h[i] = v
+    return proj_mixed
 
 
 def _down_factory(fd):
@@ -158,11 +160,13 @@ def _down_factory(fd):
     return down_mixed
 
 
-def _kernel(kind: str, *types_: int):
-    key = (kind,) + types_
+_FACTORIES = {"proj": _proj_factory, "down": _down_factory}
+
+
+def _kernel(kind: str, ggml_type: int):
+    key = (kind, ggml_type)
     if key not in _CACHE:
-        fmts = [FORMATS[t] for t in types_]
-        _CACHE[key] = _gate_up_factory(*fmts) if kind == "gate_up" else _down_factory(*fmts)
+        _CACHE[key] = _FACTORIES[kind](FORMATS[ggml_type])
     return _CACHE[key]
 
 
@@ -183,10 +187,14 @@ def moe_decode_mixed(x, ids, weights, *, layer: int, layout: MixedLayout, slot_t
     where = (slot_table, layer, cache, slot_off, host, host_off, bool(cpu_misses))
     h1 = h.reshape(h.size)
     n_groups = layout.n_embd // 32
-    _kernel("gate_up", fg.ggml_type, fu.ggml_type)[
-        (n_blocks(layout.n_ff, WARPS), k), THREADS, stream, staged_bytes(n_groups)](
-        x, ids, *where, miss_list, counters, layout.gate_row_bytes, layout.up_row_bytes,
-        n_groups, layout.n_ff, layout.up_off, h1, device_table(fg), device_table(fu))
+    # gate, then up into the same h: one kernel a format, not one a (gate, up) pair, so the
+    # binary's bundle holds every file's (21 formats, not 420 pairs)
+    for f, row_bytes, off, second in ((fg, layout.gate_row_bytes, 0, False),
+                                      (fu, layout.up_row_bytes, layout.up_off, True)):
+        _kernel("proj", f.ggml_type)[
+            (n_blocks(layout.n_ff, WARPS), k), THREADS, stream, staged_bytes(n_groups)](
+            x, ids, *where, miss_list, counters, row_bytes, off, n_groups, layout.n_ff, second,
+            h1, device_table(f))
     n_groups = layout.n_ff // 32
     n_group = down_group(k, layout.n_ff,
                          lambda g: staged_bytes(g * n_groups) <= MAX_STAGED_BYTES)
@@ -257,6 +265,22 @@ def gate_up_unfused(x16, gate: QuantWeights, up: QuantWeights, routing, h, scrat
 
 _U8, _I32, _I64, _F32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
 _F16 = types.float16[::1]
+_I32_2D, _I64_2D, _INT = types.int32[:, ::1], types.int64[:, ::1], types.int64
+# where an expert is: slot_table, layer, cache, slot_off, host, host_off, cpu_misses
+_WHERE = (_I32_2D, _INT, _U8, _I64, _U8, _I64_2D, types.boolean)
+
+
+def _tab(f):
+    return types.Array(from_dtype(f.table.dtype), 1, "C")
+
+
+# every format an expert matrix can hold (planar layouts are dense-only)
+for _f in (f for f in FORMATS.values() if not is_planar(f.ggml_type)):
+    register_ptx("engine", f"proj_mixed_{_f.name}", lambda f=_f: (_proj_factory(f).py_func, (
+        _F32, _I32) + _WHERE + (_I32, _I64_2D, _INT, _INT, _INT, _INT, types.boolean, _F32,
+                                _tab(f))))
+    register_ptx("engine", f"down_mixed_{_f.name}", lambda f=_f: (_down_factory(f).py_func, (
+        _F32, _I32, _F32, _INT) + _WHERE + (_INT, _INT, _INT, _INT, _F32, _tab(f))))
 register_ptx("engine", "gather_rows", lambda: (gather_rows_kernel.py_func, (
     _F16, _I32, types.int64, types.int64, types.int64, _F16)))
 register_ptx("engine", "swiglu_part", lambda: (swiglu_part_kernel.py_func, (
