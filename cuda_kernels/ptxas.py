@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from typing import Callable
 
@@ -23,8 +24,21 @@ _REGS = re.compile(r"Used (\d+) registers")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
+def _wheel_ptxas() -> str | None:
+    """ptxas of an installed nvidia-cuda-nvcc wheel (`pip install "cuda-toolkit[nvcc]"`; the
+    `dev` extra has it): nvidia/cu13/bin (CUDA 13) or nvidia/cuda_nvcc/bin (CUDA 12)."""
+    name = "ptxas.exe" if os.name == "nt" else "ptxas"
+    for root in sys.path:
+        for sub in (("nvidia", "cu13", "bin"), ("nvidia", "cuda_nvcc", "bin")):
+            path = os.path.join(root or ".", *sub, name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+    return None
+
+
 def find() -> str | None:
-    """The ptxas on PATH, else the one under CUDA_HOME / CUDA_PATH, else None."""
+    """The ptxas on PATH, else the one under CUDA_HOME / CUDA_PATH, else an nvidia-cuda-nvcc
+    wheel's, else None."""
     exe = shutil.which("ptxas")
     if exe:
         return exe
@@ -33,7 +47,18 @@ def find() -> str | None:
         path = os.path.join(root, "bin", "ptxas") if root else ""
         if path and os.access(path, os.X_OK):
             return path
-    return None
+    return _wheel_ptxas()
+
+
+def version(exe: str | None = None) -> str | None:
+    """`ptxas --version`'s release line (e.g. "Cuda compilation tools, release 13.5, V13.5.37"),
+    or None without a ptxas."""
+    exe = exe or find()
+    if exe is None:
+        return None
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60).stdout
+    lines = [ln for ln in out.splitlines() if "release" in ln]
+    return lines[-1].strip() if lines else out.strip()[-80:]
 
 
 def parse(stderr: str) -> dict[str, int]:
@@ -81,7 +106,8 @@ def info(ptx: str, *, arch: str = "sm_90", exe: str | None = None,
 
 
 def cubin(ptx: str, *, arch: str = "sm_90", exe: str | None = None) -> bytes:
-    """The cubin ptxas makes of ptx (as `info` assembles it), for a disassembler."""
+    """The cubin ptxas makes of ptx (as `info` assembles it): a whole-program compile, as the
+    driver's JIT makes of numba's PTX (the kernel bundle's cubins, `strata.aot.build`)."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "kernel.cubin")
         _assemble(ptx, arch, exe, lambda e, p, a: _run(e, p, a, out))

@@ -5,7 +5,11 @@
 
 No GPU is needed: each kernel is typed and lowered to LLVM IR once (for the lowest architecture,
 so the IR uses nothing a newer one lacks), NVVM turns that IR into PTX per architecture, and
-cuda.core's Linker (nvJitLink) turns each PTX into a cubin. The specializations are the ones the
+ptxas turns each PTX into a cubin (`cuda_kernels.ptxas.find`: a toolkit's, or the
+nvidia-cuda-nvcc wheel the `dev` extra installs). Without a ptxas, cuda.core's Linker (nvJitLink)
+does, and says so: nvJitLink compiles PTX as relocatable code, which on an H100 made the decode
+step's normed kernels 14-17% slower than the driver's JIT of the same PTX (D1 400-404 tok/s
+against 424-427 on 2026-12-06, `bench/results/2026-12-06_bundle_on_gpu_h100.json`). The specializations are the ones the
 kernel modules register for the compile check (`cuda_kernels.launch.PTX_CHECKS`), the engine's
 kernel modules included (`registry`). `--arch` narrows the images to some of the default
 architectures (a build for one's own GPU compiles a sixth of the images). Exits non-zero
@@ -87,7 +91,6 @@ def compile_one(py_func, sig, options: dict | None = None, *,
     architectures (default CUBIN_ARCHS) and the PTX of its PTX architecture (default PTX_ARCH;
     None: no PTX). `options`: the registry's compile options (e.g. launch bounds), the same
     the kernel's dispatcher compiles with."""
-    from cuda.core import Linker, LinkerOptions, ObjectCode
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     options = dict(options or {})
@@ -108,9 +111,7 @@ def compile_one(py_func, sig, options: dict | None = None, *,
             raise RuntimeError(f"expected one .entry in the PTX, found {len(found)}")
         symbol = found[0]
         if cc in cubin_archs:
-            opts = LinkerOptions(arch=cubin_tag(cc))
-            images[cubin_tag(cc)] = bytes(
-                Linker(ObjectCode.from_ptx(ptx.encode()), options=opts).link("cubin").code)
+            images[cubin_tag(cc)] = _assemble(ptx, cubin_tag(cc))
         if cc == ptx_arch:
             images[ptx_tag(cc)] = ptx.encode() + b"\0"  # the driver reads it as a C string
     argtypes = tuple(sig.args) if hasattr(sig, "args") else tuple(sig)
@@ -118,6 +119,31 @@ def compile_one(py_func, sig, options: dict | None = None, *,
               "symbol": symbol, "cooperative": bool(lib.use_cooperative),
               "options": options_key(options)}
     return fields, images
+
+
+def _ptxas() -> str | None:
+    """The nvidia-cuda-nvcc wheel's ptxas first (the version of the wheels' NVVM, which wrote
+    the PTX), else a toolkit's."""
+    from strata.cuda_kernels import ptxas
+    return ptxas._wheel_ptxas() or ptxas.find()
+
+
+def assembler() -> str:
+    """What turns the bundle's PTX into cubins: "ptxas <its release>" (whole-program, as the
+    driver's JIT), else "nvJitLink" (relocatable code: slower kernels; see the module doc)."""
+    from strata.cuda_kernels import ptxas
+    exe = _ptxas()
+    return f"ptxas {ptxas.version(exe) or exe}" if exe else "nvJitLink"
+
+
+def _assemble(ptx: str, arch: str) -> bytes:
+    from strata.cuda_kernels import ptxas
+    exe = _ptxas()
+    if exe is not None:
+        return ptxas.cubin(ptx, arch=arch, exe=exe)
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+    return bytes(Linker(ObjectCode.from_ptx(ptx.encode()),
+                        options=LinkerOptions(arch=arch)).link("cubin").code)
 
 
 def _compile_range(args: tuple[str | None, str | None, list[int], tuple]) -> list[tuple]:
@@ -142,7 +168,7 @@ def _compile_range(args: tuple[str | None, str | None, list[int], tuple]) -> lis
 def toolchain() -> dict:
     """Versions the bundle was built with (recorded in its index, printed by selfcheck)."""
     from importlib.metadata import PackageNotFoundError, version
-    out = {"python": sys.version.split()[0]}
+    out = {"python": sys.version.split()[0], "assembler": assembler()}
     for dist in ("numba", "numba-cuda", "cuda-core", "cuda-bindings", "nvidia-nvvm"):
         try:
             out[dist] = version(dist)
@@ -160,8 +186,8 @@ def _reused(checks: list, old_path: str | None, archs: list[str]) -> dict[int, t
     from strata.aot.identity import UnstableKeyError
 
     old = KernelBundle(old_path)
-    if sorted(old.archs) != sorted(archs):
-        return {}
+    if sorted(old.archs) != sorted(archs) or old.toolchain.get("assembler") != assembler():
+        return {}  # other images, or cubins another assembler made
     rows = {}
     for i, c in enumerate(checks):
         fn, sig = c.build()
@@ -196,6 +222,10 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
         log("aot build: no kernel matches")
         return 1
     t0 = time.perf_counter()
+    how = assembler()
+    if how == "nvJitLink":
+        log("aot build: no ptxas (pip install \"cuda-toolkit[nvcc]\", or a CUDA toolkit on "
+            "PATH): cubins from nvJitLink, relocatable code, slower kernels")
     reused = _reused(checks, reuse, tags)
     todo = [i for i in range(len(checks)) if i not in reused]
     jobs = max(1, min(jobs, len(todo) or 1))
@@ -224,7 +254,7 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
     size_mib = os.path.getsize(out_path) / 2**20 if not failures else 0.0
     log(f"aot build: {len(rows)} specializations ({len(entries)} distinct, {len(reused)} "
         f"reused), {len(failures)} failed, {' '.join(tags)}, {size_mib:.1f} MiB, "
-        f"{time.perf_counter() - t0:.0f} s, {jobs} jobs")
+        f"{time.perf_counter() - t0:.0f} s, {jobs} jobs, {how}")
     return len(failures)
 
 

@@ -324,7 +324,8 @@ def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
                   "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
                   "options": B.options_key(c.options)}  # the sampler's launch bounds
         entries.append((fields, {t: f"{c.name}/{t}".encode() for t in aot_build._archs()}))
-    B.write_bundle(old, entries, toolchain={}, archs=aot_build._archs())
+    B.write_bundle(old, entries, toolchain={"assembler": aot_build.assembler()},
+                   archs=aot_build._archs())
     lines = []
     assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", reuse=str(old),
                            log=lines.append) == 0
@@ -369,7 +370,8 @@ def test_build_for_one_arch_reuses_only_a_bundle_of_the_same_archs(tmp_path):
                       "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
                       "options": B.options_key(c.options)}
             entries.append((fields, {t: f"{c.name}/{t}".encode() for t in tags}))
-        B.write_bundle(path, entries, toolchain={}, archs=tags)
+        B.write_bundle(path, entries, toolchain={"assembler": aot_build.assembler()},
+                       archs=tags)
 
     bundle_of(tmp_path / "sm90.zip", ["sm_90"])
     lines = []
