@@ -98,7 +98,8 @@ def check_bundle(*, require_complete: bool) -> Check:
     missing = sorted(name for k, name in keys.items() if bundle.lookup(*k) is None)
     secs = time.perf_counter() - t0
     detail = (f"{len(bundle)} kernels, {' '.join(bundle.archs)}, built with "
-              f"numba-cuda {bundle.toolchain.get('numba-cuda')}; {len(keys) - len(missing)}/"
+              f"numba-cuda {bundle.toolchain.get('numba-cuda')}, cubins by "
+              f"{bundle.toolchain.get('assembler', 'nvJitLink')}; {len(keys) - len(missing)}/"
               f"{len(keys)} registered specializations found ({secs:.1f} s)")
     if missing:
         detail += f"; missing e.g. {', '.join(missing[:3])}"
