@@ -24,7 +24,7 @@ _REGS = re.compile(r"Used (\d+) registers")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-def _wheel_ptxas() -> str | None:
+def wheel_ptxas() -> str | None:
     """ptxas of an installed nvidia-cuda-nvcc wheel (`pip install "cuda-toolkit[nvcc]"`; the
     `dev` extra has it): nvidia/cu13/bin (CUDA 13) or nvidia/cuda_nvcc/bin (CUDA 12)."""
     name = "ptxas.exe" if os.name == "nt" else "ptxas"
@@ -47,7 +47,7 @@ def find() -> str | None:
         path = os.path.join(root, "bin", "ptxas") if root else ""
         if path and os.access(path, os.X_OK):
             return path
-    return _wheel_ptxas()
+    return wheel_ptxas()
 
 
 def version(exe: str | None = None) -> str | None:

@@ -5,15 +5,16 @@
 
 No GPU is needed: each kernel is typed and lowered to LLVM IR once (for the lowest architecture,
 so the IR uses nothing a newer one lacks), NVVM turns that IR into PTX per architecture, and
-ptxas turns each PTX into a cubin (`cuda_kernels.ptxas.find`: a toolkit's, or the
-nvidia-cuda-nvcc wheel the `dev` extra installs). Without a ptxas, cuda.core's Linker (nvJitLink)
-does, and says so: nvJitLink compiles PTX as relocatable code, which on an H100 made the decode
-step's normed kernels 14-17% slower than the driver's JIT of the same PTX (D1 400-404 tok/s
-against 424-427 on 2026-12-06, `bench/results/2026-12-06_bundle_on_gpu_h100.json`). The specializations are the ones the
-kernel modules register for the compile check (`cuda_kernels.launch.PTX_CHECKS`), the engine's
-kernel modules included (`registry`). `--arch` narrows the images to some of the default
-architectures (a build for one's own GPU compiles a sixth of the images). Exits non-zero
-if any kernel fails; prints one line per kernel and a summary.
+ptxas turns each PTX into a cubin (the nvidia-cuda-nvcc wheel's, which the `dev` extra installs,
+else a toolkit's: `cuda_kernels.ptxas`). Without a ptxas, cuda.core's Linker (nvJitLink) does,
+and says so: nvJitLink compiles PTX as relocatable code, which on an H100 made the decode step's
+normed kernels 14-17% slower than the driver's JIT of the same PTX (D1 400-404 tok/s against
+424-427 on 2026-12-06, `bench/results/2026-12-06_bundle_on_gpu_h100.json`). The
+specializations are the ones the kernel modules register for the compile check
+(`cuda_kernels.launch.PTX_CHECKS`), the engine's kernel modules included (`registry`).
+`--arch` narrows the images to some of the default architectures (a build for one's own GPU
+writes a sixth of them). Exits non-zero if any kernel fails; prints a line per failure and a
+summary.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def _ptxas() -> str | None:
     """The nvidia-cuda-nvcc wheel's ptxas first (the version of the wheels' NVVM, which wrote
     the PTX), else a toolkit's."""
     from strata.cuda_kernels import ptxas
-    return ptxas._wheel_ptxas() or ptxas.find()
+    return ptxas.wheel_ptxas() or ptxas.find()
 
 
 def assembler() -> str:
