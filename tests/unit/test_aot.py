@@ -387,3 +387,53 @@ def test_build_for_one_arch_reuses_only_a_bundle_of_the_same_archs(tmp_path):
     # the full default set does not reuse a one-arch bundle (it would lack the other images)
     assert aot_build._reused(aot_build.registry("sampling"), str(tmp_path / "sm90.zip"),
                              aot_build._archs()) == {}
+
+
+def test_build_says_when_cubins_would_come_from_nvjitlink_and_reuses_only_the_same_assembler(
+        tmp_path, monkeypatch):
+    """Without a ptxas the build warns (nvJitLink's relocatable cubins are slower) and records
+    it; a bundle another assembler made is not reused (every kernel would compile again: here
+    the simulator cannot, so the refusal shows as `_reused` returning nothing)."""
+    from strata.aot import build as aot_build
+
+    old = tmp_path / "old.zip"
+    entries = []
+    for c in aot_build.registry("sampling"):
+        fn, sig = c.build()
+        fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
+                  "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
+                  "options": B.options_key(c.options)}
+        entries.append((fields, {t: b"x" for t in aot_build._archs()}))
+    B.write_bundle(old, entries, toolchain={"assembler": "ptxas Cuda compilation tools"},
+                   archs=aot_build._archs())
+    monkeypatch.setattr(aot_build, "_ptxas", lambda: None)
+    assert aot_build.assembler() == "nvJitLink"
+    assert aot_build._reused(aot_build.registry("sampling"), str(old), aot_build._archs()) == {}
+    lines = []
+    monkeypatch.setattr(aot_build, "_reused", lambda *a: {
+        i: (i, e[0], e[1], 0.0, "") for i, e in enumerate(entries)})
+    assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", reuse=str(old),
+                           log=lines.append) == 0
+    assert "no ptxas" in lines[0] and lines[-1].endswith("nvJitLink"), lines
+    assert B.KernelBundle(tmp_path / "new.zip").toolchain["assembler"] == "nvJitLink"
+
+
+@pytest.mark.skipif(os.name == "nt", reason="a shell script stands in for ptxas")
+def test_wheel_ptxas_is_found_on_the_path_entries(tmp_path, monkeypatch):
+    """The nvidia-cuda-nvcc wheel's ptxas (nvidia/cu13/bin under a sys.path entry) is found,
+    also by `find` where no toolkit's is, and `version` reads its release line."""
+    from strata.cuda_kernels import ptxas
+
+    exe = tmp_path / "nvidia" / "cu13" / "bin" / "ptxas"
+    exe.parent.mkdir(parents=True)
+    exe.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.9, V13.9.1'\n")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere"), str(tmp_path)])
+    assert ptxas.wheel_ptxas() == str(exe)
+    monkeypatch.setattr(ptxas.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert ptxas.find() == str(exe)
+    assert ptxas.version(str(exe)) == "Cuda compilation tools, release 13.9, V13.9.1"
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere")])
+    assert ptxas.wheel_ptxas() is None
