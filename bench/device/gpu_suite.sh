@@ -11,7 +11,8 @@
 #        (no bundle: kernels compile), or a bundle's name under build/aot (e.g. sm90.zip);
 #        NAME+ profiles that arm's decode step by kernel family (--profile-decode)
 # $LIMIT: the seconds this call may take (default 560), shared out over the files in turn.
-# Writes $OUT/<file>.log per file, $OUT/suite.log (the table) and $OUT/d1.json.
+# Writes $OUT/<file>.log per file, $OUT/suite.log (the table), and $OUT/d1.json (engine) or
+# $OUT/d1_N.json per arm (d1).
 source build/clean/bench/device/env.sh || exit 1
 ROOT=$PWD  # the checkout sent (build/aot under it)
 B=$ROOT/build/aot/sm90.zip
