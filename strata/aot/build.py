@@ -166,10 +166,11 @@ def _compile_range(args: tuple[str | None, str | None, list[int], tuple]) -> lis
     return out
 
 
-def toolchain() -> dict:
-    """Versions the bundle was built with (recorded in its index, printed by selfcheck)."""
+def toolchain(how: str) -> dict:
+    """Versions the bundle was built with, `how` its assembler (recorded in its index, printed
+    by selfcheck)."""
     from importlib.metadata import PackageNotFoundError, version
-    out = {"python": sys.version.split()[0], "assembler": assembler()}
+    out = {"python": sys.version.split()[0], "assembler": how}
     for dist in ("numba", "numba-cuda", "cuda-core", "cuda-bindings", "nvidia-nvvm"):
         try:
             out[dist] = version(dist)
@@ -178,7 +179,7 @@ def toolchain() -> dict:
     return out
 
 
-def _reused(checks: list, old_path: str | None, archs: list[str]) -> dict[int, tuple]:
+def _reused(checks: list, old_path: str | None, archs: list[str], how: str) -> dict[int, tuple]:
     """Rows for the specializations an earlier bundle already holds under the same keys (same
     source text, same captured values, same signature), read from it instead of compiled."""
     if not old_path:
@@ -187,7 +188,7 @@ def _reused(checks: list, old_path: str | None, archs: list[str]) -> dict[int, t
     from strata.aot.identity import UnstableKeyError
 
     old = KernelBundle(old_path)
-    if sorted(old.archs) != sorted(archs) or old.toolchain.get("assembler") != assembler():
+    if sorted(old.archs) != sorted(archs) or old.toolchain.get("assembler") != how:
         return {}  # other images, or cubins another assembler made
     rows = {}
     for i, c in enumerate(checks):
@@ -227,7 +228,7 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
     if how == "nvJitLink":
         log("aot build: no ptxas (pip install \"cuda-toolkit[nvcc]\", or a CUDA toolkit on "
             "PATH): cubins from nvJitLink, relocatable code, slower kernels")
-    reused = _reused(checks, reuse, tags)
+    reused = _reused(checks, reuse, tags, how)
     todo = [i for i in range(len(checks)) if i not in reused]
     jobs = max(1, min(jobs, len(todo) or 1))
     parts = [(family, pattern, todo[k::jobs], archs) for k in range(jobs)]
@@ -251,7 +252,7 @@ def build(out_path: str, *, family: str | None = None, pattern: str | None = Non
         seen[k] = fields["name"]
         entries.append((fields, images))
     if not failures:
-        write_bundle(out_path, entries, toolchain=toolchain(), archs=tags)
+        write_bundle(out_path, entries, toolchain=toolchain(how), archs=tags)
     size_mib = os.path.getsize(out_path) / 2**20 if not failures else 0.0
     log(f"aot build: {len(rows)} specializations ({len(entries)} distinct, {len(reused)} "
         f"reused), {len(failures)} failed, {' '.join(tags)}, {size_mib:.1f} MiB, "

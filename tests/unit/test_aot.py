@@ -311,21 +311,29 @@ def test_windows_driver_model_from_nvml(monkeypatch, model, want):
     assert probe._driver_model(_FakeNvml(model), handle=object()) == "linux"
 
 
-def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
-    """`--reuse`: specializations whose keys an earlier bundle holds are copied, not compiled
-    (here every one is, so nothing is compiled and the simulator may stay on)."""
+def _sampling_bundle(path, tags, assembler):
+    """A bundle of the sampling family's specializations under their real keys, images
+    b"<name>/<tag>" for `tags`, made by `assembler`; returns its entries."""
     from strata.aot import build as aot_build
 
-    old = tmp_path / "old.zip"
     entries = []
     for c in aot_build.registry("sampling"):
         fn, sig = c.build()
         fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
                   "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
                   "options": B.options_key(c.options)}  # the sampler's launch bounds
-        entries.append((fields, {t: f"{c.name}/{t}".encode() for t in aot_build._archs()}))
-    B.write_bundle(old, entries, toolchain={"assembler": aot_build.assembler()},
-                   archs=aot_build._archs())
+        entries.append((fields, {t: f"{c.name}/{t}".encode() for t in tags}))
+    B.write_bundle(path, entries, toolchain={"assembler": assembler}, archs=tags)
+    return entries
+
+
+def test_build_reuses_kernels_an_earlier_bundle_holds(tmp_path):
+    """`--reuse`: specializations whose keys an earlier bundle holds are copied, not compiled
+    (here every one is, so nothing is compiled and the simulator may stay on)."""
+    from strata.aot import build as aot_build
+
+    old = tmp_path / "old.zip"
+    entries = _sampling_bundle(old, aot_build._archs(), aot_build.assembler())
     lines = []
     assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", reuse=str(old),
                            log=lines.append) == 0
@@ -362,18 +370,7 @@ def test_build_for_one_arch_reuses_only_a_bundle_of_the_same_archs(tmp_path):
     """A narrowed build reuses an earlier bundle of exactly its images and writes only those."""
     from strata.aot import build as aot_build
 
-    def bundle_of(path, tags):
-        entries = []
-        for c in aot_build.registry("sampling"):
-            fn, sig = c.build()
-            fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
-                      "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
-                      "options": B.options_key(c.options)}
-            entries.append((fields, {t: f"{c.name}/{t}".encode() for t in tags}))
-        B.write_bundle(path, entries, toolchain={"assembler": aot_build.assembler()},
-                       archs=tags)
-
-    bundle_of(tmp_path / "sm90.zip", ["sm_90"])
+    _sampling_bundle(tmp_path / "sm90.zip", ["sm_90"], aot_build.assembler())
     lines = []
     assert aot_build.build(str(tmp_path / "new.zip"), family="sampling", arch="sm_90",
                            reuse=str(tmp_path / "sm90.zip"), log=lines.append) == 0
@@ -386,7 +383,7 @@ def test_build_for_one_arch_reuses_only_a_bundle_of_the_same_archs(tmp_path):
         new.image(e, (8, 6))
     # the full default set does not reuse a one-arch bundle (it would lack the other images)
     assert aot_build._reused(aot_build.registry("sampling"), str(tmp_path / "sm90.zip"),
-                             aot_build._archs()) == {}
+                             aot_build._archs(), aot_build.assembler()) == {}
 
 
 def test_build_says_when_cubins_would_come_from_nvjitlink_and_reuses_only_the_same_assembler(
@@ -397,18 +394,11 @@ def test_build_says_when_cubins_would_come_from_nvjitlink_and_reuses_only_the_sa
     from strata.aot import build as aot_build
 
     old = tmp_path / "old.zip"
-    entries = []
-    for c in aot_build.registry("sampling"):
-        fn, sig = c.build()
-        fields = {"kernel": kernel_key(fn), "signature": signature_key(tuple(sig)),
-                  "name": "old", "symbol": f"sym_{c.name}", "cooperative": False,
-                  "options": B.options_key(c.options)}
-        entries.append((fields, {t: b"x" for t in aot_build._archs()}))
-    B.write_bundle(old, entries, toolchain={"assembler": "ptxas Cuda compilation tools"},
-                   archs=aot_build._archs())
+    entries = _sampling_bundle(old, aot_build._archs(), "ptxas Cuda compilation tools")
     monkeypatch.setattr(aot_build, "_ptxas", lambda: None)
     assert aot_build.assembler() == "nvJitLink"
-    assert aot_build._reused(aot_build.registry("sampling"), str(old), aot_build._archs()) == {}
+    assert aot_build._reused(aot_build.registry("sampling"), str(old), aot_build._archs(),
+                             aot_build.assembler()) == {}
     lines = []
     monkeypatch.setattr(aot_build, "_reused", lambda *a: {
         i: (i, e[0], e[1], 0.0, "") for i, e in enumerate(entries)})
