@@ -48,7 +48,7 @@ def _zeroed(card):
     return card
 
 
-def _run(path, **options):
+def _run(path, kv_type="f16", **options):
     from strata.engine.cuda.engine import CudaEngine
     from strata.engine.cuda.model import CudaModel
     from strata.engine.cuda.options import CudaOptions
@@ -57,7 +57,8 @@ def _run(path, **options):
     from strata.plan.options import PlanOptions
 
     card = _zeroed(NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30)))
-    opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0, ring_mib=1),
+    opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0, ring_mib=1,
+                                        kv_type=kv_type),
                        graph=False, progress=False, **options)
     eng = CudaEngine(CudaModel(open_model(path), opts, backend=card), use_graph=False)
     tok = int(eng.prefill([5, 77]).argmax())
@@ -136,6 +137,15 @@ def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
     names = _check(_model(tmp_models, shape), _run)
     if "MIX" in shape:  # gate and up differ: decode ran the mixed kernels
         assert {"proj_mixed", "down_mixed"} <= {n.rsplit(".", 1)[-1] for n in names}, names
+
+
+@pytest.mark.parametrize("kv_type", ["int8", "q4_0"])
+@pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M", "g16-Q4_K_M"])
+def test_every_kernel_a_quantized_kv_cache_launches_is_bundled(tmp_models, shape, kv_type):
+    """`--kv int8` (the tensor-core decode attention) and `--kv q4_0` (the generic one)."""
+    names = _check(_model(tmp_models, shape), lambda p: _run(p, kv_type=kv_type))
+    want = "attention_stream" if kv_type == "int8" else "attention._split_kernel"
+    assert any(want in n for n in names), names
 
 
 @pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
