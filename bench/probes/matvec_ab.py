@@ -10,11 +10,17 @@ counters, e.g.
       python bench/probes/matvec_ab.py --ncu Q6_K:2048->151936
 
     python bench/probes/matvec_ab.py [--formats Q6_K,IQ3_S] [--read] [--json PATH]
+        [--flag matvec.X_ASYNC]
+
+--flag MODULE.NAME: a boolean read at launch (strata.cuda_kernels.MODULE.NAME), each shape
+timed off, on, off, on in this process, the outputs of both compared bit for bit.
 """
 import argparse
 import datetime
 import json
 import sys
+
+import importlib
 
 import numpy as np
 
@@ -41,9 +47,16 @@ def main() -> int:
     ap.add_argument("--read", action="store_true", help="also a read of each shape's bytes")
     ap.add_argument("--json", default="")
     ap.add_argument("--ncu", default="", help="FORMAT:SHAPE: launch only that, 5 times")
+    ap.add_argument("--shapes", default="", help="labels, comma-separated (default all)")
+    ap.add_argument("--flag", default="", help="MODULE.NAME: time it off and on")
     a = ap.parse_args()
+    flag = None
+    if a.flag:
+        mod, name = a.flag.rsplit(".", 1)
+        flag = (importlib.import_module(f"strata.cuda_kernels.{mod}"), name)
     ctx = Ctx(seed=1)
-    shapes = {label: (r, c) for label, r, c in MATVEC_SHAPES}
+    shapes = {label: (r, c) for label, r, c in MATVEC_SHAPES
+              if not a.shapes or label in a.shapes.split(",")}
     if a.ncu:
         name, label = a.ncu.split(":", 1)
         n_rows, n_cols = shapes[label]
@@ -67,23 +80,44 @@ def main() -> int:
                 for _ in range(rounds):
                     for v in views:
                         matvec(v, name, x, y, stream=s)
-            us = ctx.time_graph(record, rounds * len(views))
-            row = {"format": name, "shape": label, "us": round(us, 3), "bytes": w_bytes}
+            if flag is None:
+                us = ctx.time_graph(record, rounds * len(views))
+                row = {"format": name, "shape": label, "us": round(us, 3), "bytes": w_bytes}
+            else:
+                times, outs = {False: [], True: []}, {}
+                for on in (False, True, False, True):
+                    setattr(*flag, on)
+                    times[on].append(ctx.time_graph(record, rounds * len(views)))
+                    matvec(views[0], name, x, y, stream=ctx.stream)
+                    ctx.stream.synchronize()
+                    outs[on] = y.copy_to_host()
+                setattr(*flag, False)
+                us = min(times[False])
+                row = {"format": name, "shape": label, "us": round(us, 3), "bytes": w_bytes,
+                       "us_on": round(min(times[True]), 3),
+                       "runs_off": [round(t, 3) for t in times[False]],
+                       "runs_on": [round(t, 3) for t in times[True]],
+                       "same_bits": bool(np.array_equal(outs[False], outs[True]))}
             if a.read:
                 row["us_read"] = round(time_same_size_read(ctx, views, rounds), 3)
             rows.append(row)
             print(row, flush=True)
             del dev, views
         del big
-    print(f"{'format':8} {'shape':14} {'us':>8} {'GB/s':>7} {'of read':>8}")
+    print(f"{'format':8} {'shape':14} {'us':>8} {'GB/s':>7} {'of read':>8}"
+          + (f" {'us on':>8} {'of read':>8} bits" if flag else ""))
     for r in rows:
         of = f"{r['us_read'] / r['us']:.0%}" if "us_read" in r else ""
-        print(f"{r['format']:8} {r['shape']:14} {r['us']:8.2f} {r['bytes'] / r['us'] / 1e3:7.0f} "
-              f"{of:>8}")
+        line = (f"{r['format']:8} {r['shape']:14} {r['us']:8.2f} {r['bytes'] / r['us'] / 1e3:7.0f} "
+                f"{of:>8}")
+        if flag:
+            of_on = f"{r['us_read'] / r['us_on']:.0%}" if "us_read" in r else ""
+            line += f" {r['us_on']:8.2f} {of_on:>8} {'same' if r['same_bits'] else 'DIFFER'}"
+        print(line)
     if a.json:  # what ran where: the copy's path tells the arms of an A/B apart
         doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "device": str(ctx.cuda.get_current_device().name), "strata": strata.__file__,
-               "formats": a.formats, "rows": rows}
+               "formats": a.formats, "flag": a.flag, "rows": rows}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
