@@ -31,7 +31,6 @@ from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
                      n_blocks, register_ptx)
 from .matvec_f32 import float_format, matvec_float
-from .mma import cp_async16_at, cp_async_commit, cp_async_wait, gaddr1, smem_u32
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
                              stage_table)
 from .qformats import BY_NAME, get_format
@@ -96,17 +95,6 @@ def launch_decoding(lf: LaneFormat, x8: bool | None, n_cols: int, mats) -> LaneF
     matrices' bytes reach its floor (`x8_pays`); else float32 x."""
     n_bytes = lf.sb_bytes * (n_cols // lf.sb_values) * sum(m[2] for m in mats)
     return lanes_for(lf, (LANE_X8 if x8 is None else x8) and x8_pays(lf, n_bytes))
-
-
-# One-pair lane matvecs on 8-bit x (not the rounds kernels, whose x is staged once for many
-# rows): x's bytes asked for with cp.async into shared memory before the first weight loads are
-# issued, then quantized from there, instead of loaded into registers after them. Why: a load's
-# data returns in issue order, so x's loads waited behind every weight load of the block (the
-# output projection's x staged at 2.4 us of 4.5, `2026-12-01_phase_stamps_router_matvec.json`),
-# and a plain load issued first held registers for x (`2026-12-06_x_first_tried_h100.json`);
-# cp.async holds none. Needs float32 x, 16-byte aligned, and room beside the staged x (the launch
-# falls back to the plain staging otherwise). Read when a kernel is made and at launch.
-X_ASYNC = False
 
 
 # (format, 8-bit x) whose rounds measured slower than a warp a pair on the H200: IQ4_XS's
@@ -197,33 +185,17 @@ def lane_jit(lf: LaneFormat) -> dict:
 _CACHE: dict[tuple, object] = {}
 
 
-@cuda.jit(device=True, inline="always")
-def async_words(sums_off, n_vals):
-    """Where x copied by cp.async starts in the dynamic shared memory (32-bit words): past the
-    8-bit staged x and its scales (`LaneFormat.stage_bytes`), 16-byte aligned."""
-    return (sums_off + (n_vals >> 4) + 3) & -4
-
-
-def async_bytes(lf: LaneFormat, n_vals: int) -> int:
-    """The dynamic shared memory of a lane launch staging x from a cp.async copy."""
-    return 4 * ((lf.stage_len(n_vals) + n_vals // 16 + 3) & -4) + 4 * n_vals
-
-
 def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1,
-              copies: int = 1, x_async: bool = False):
+              copies: int = 1):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
     kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
     (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
-    sums, the staged x of lf's `xs_type`). x_async (`X_ASYNC`; 8-bit one-pair kernels): x, float32
-    and 16-byte aligned, is copied by cp.async into the dynamic shared memory past the staged x
-    (`async_words`) before the first weight loads, and staged from there."""
+    sums, the staged x of lf's `xs_type`)."""
     if copies > 1 and not rounds:
         raise ValueError("a table in copies is for the rounds kernels")
-    if x_async and (rounds or not lf.x8):
-        raise ValueError("x by cp.async is for the one-pair kernels on 8-bit x")
     if rounds:
         lf = rounds_decoding(lf, copies)
     load_pair, dot_pair = pair_step(lf)
@@ -246,17 +218,6 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         m, row0, n_here = pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
-        n_vals = n_sb * n_values
-        if x_async:  # compile time: x's quads on their way before any weight load
-            xr = cuda.shared.array(0, types.float32)
-            raw = async_words(sums_off, n_vals)
-            s_raw = smem_u32(xr) + np.uint32(4 * raw)
-            g_x = gaddr1(x, 0)
-            q = cuda.threadIdx.x
-            while q < n_vals >> 2:
-                cp_async16_at(xr, s_raw + np.uint32(16 * q), x, g_x + np.uint64(16 * q), True)
-                q += LANE_THREADS
-            cp_async_commit()
         cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
                         s_first)  # in flight while x is staged
         if has_tab:
@@ -264,18 +225,14 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
                 stage_table_copies(tab, tab_s, n_tab, copies)
             else:
                 stage_table(tab, tab_s, n_tab)
-        xv = x
-        if x_async:  # compile time
-            cp_async_wait()
-            cuda.syncthreads()
-            xv = xr[raw:raw + n_vals]
+        n_vals = n_sb * n_values
         if normed:
-            total = block_sum(sum_squares(xv, n_vals), s_part)  # fixed order: every block alike
+            total = block_sum(sum_squares(x, n_vals), s_part)  # fixed order: every block alike
             scale = F1 / math.sqrt(total / np.float32(n_vals) + eps)
-            stage_normed(xv, nw, scale, n_vals, xs, sums_off, xn,
+            stage_normed(x, nw, scale, n_vals, xs, sums_off, xn,
                          blk == xn_blk and xn.shape[0] > 0)
         else:
-            stage(xv, n_vals, xs, sums_off)
+            stage(x, n_vals, xs, sums_off)
         cuda.syncthreads()
         if not rounds:
             acc_a, acc_b = run(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb, cur,
@@ -361,9 +318,9 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
 
 
 def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0, copies: int = 1, x_async: bool = False):
+                  min_blocks: int = 0, copies: int = 1):
     ahead = rounds_ahead(lf, rounds, min_blocks)
-    body = lane_body(lf, normed, rounds, ahead, copies, x_async)
+    body = lane_body(lf, normed, rounds, ahead, copies)
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size * copies, lf.table.dtype.type
 
@@ -395,9 +352,6 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
     if copies > 1:
         matvec_lanes.__name__ += f"_copies{copies}"
         matvec_lanes.__qualname__ += f"_copies{copies}"
-    if x_async:
-        matvec_lanes.__name__ += "_xasync"
-        matvec_lanes.__qualname__ += "_xasync"
     return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks, ahead)))(
         matvec_lanes)
 
@@ -409,23 +363,13 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0, copies: int = 1, x_async: bool = False):
+                  min_blocks: int = 0, copies: int = 1):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
-        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else
-        (("async",) if x_async else ()))
+        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else ())
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies, x_async)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies)
     return k
-
-
-def x_async_fits(lf: LaneFormat, x, n_cols: int) -> bool:
-    """Whether a one-pair launch of lf stages x from a cp.async copy (`X_ASYNC`, read here):
-    8-bit x, x float32 and 16-byte aligned, and both copies and the table in a block's
-    shared memory."""
-    return (X_ASYNC and lf.x8 and x.dtype == np.float32
-            and async_bytes(lf, n_cols) + lf.table.nbytes <= MAX_SHARED_BYTES
-            and (SIMULATED or x.device_ctypes_pointer.value % 16 == 0))
 
 
 def lane_split(lf: LaneFormat, n_rows: int, n_sb: int) -> int:
@@ -464,10 +408,7 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     if rounds:  # the block's shared memory: x, the table (copies of it), the partial sums
         grid, min_blocks = rounds_launch(lf, grid)
         copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS)
-    x_async = not rounds and x_async_fits(lf, x, n_cols)
-    if x_async:
-        smem = async_bytes(lf, n_cols)
-    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies, x_async)
+    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies)
     kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
@@ -539,11 +480,11 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
-def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1, x_async=False):
+def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed, rounds, min_blocks, copies, x_async).py_func, (
+        return _lanes_single(lf, normed, rounds, min_blocks, copies).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build
@@ -557,12 +498,6 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=_opts)
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=_opts)
-    if _lf.x8:  # X_ASYNC's one-pair kernels
-        _opts = matvec_jit_options(_lf)
-        register_ptx("matvec", f"matvec_lanes_xasync_x8_{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, x_async=True), options=_opts)
-        register_ptx("matvec", f"matvec_lanes_xasync_normed_x8_{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, x_async=True), options=_opts)
     if _lf.x8 and _lf.ggml_type in GRID_COPIES:
         _c = GRID_COPIES[_lf.ggml_type]
         _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf))

@@ -180,17 +180,10 @@ def _ldsm_x4_trans_at_sim(arr, addr):
 
 def _cp_async16_at_sim(dst, daddr, src, gaddr, valid):
     i, g = int(daddr) // 4, int(gaddr)
-    if src.ndim == 1 and src.itemsize == 4:  # 1-d words (gaddr1, e.g. float32 x): four of them
-        if g % 16:
-            raise ValueError(f"cp.async of 16 bytes from byte {g}: not 16-byte aligned")
-        for w in range(4):
-            dst[i + w] = src[g // 4 + w] if valid else 0
-        return
     if src.ndim == 1:  # a byte array (gaddr1): four little-endian words from byte g
         b = [int(src[g + k]) if valid else 0 for k in range(16)] if src.itemsize == 1 else None
         if b is None:
-            raise TypeError("the simulator's cp_async16_at reads 1-d arrays of bytes or "
-                            "32-bit words only")
+            raise TypeError("the simulator's cp_async16_at reads 1-d arrays of bytes only")
         for w in range(4):
             dst[i + w] = np.uint32(b[4 * w] | b[4 * w + 1] << 8 | b[4 * w + 2] << 16
                                    | b[4 * w + 3] << 24)

@@ -174,34 +174,3 @@ def test_matvec_normed_in_rounds(monkeypatch):
     for (_, ref), y, y_full in zip(mats, rounds, full):
         assert np.array_equal(y, y_full)
         assert _rel(y, ref @ seen) < 1e-5
-
-
-@pytest.mark.parametrize("name,n_cols,rows_each", [("Q4_K", 512, (6, 2, 3)),
-                                                     ("IQ4_XS", 256, (5, 2)),
-                                                     ("IQ3_S", 1280, (7,))])
-def test_x_by_cp_async_stages_the_same_bits(monkeypatch, name, n_cols, rows_each):
-    """`matvec.X_ASYNC`: x copied into shared memory by cp.async and staged from there gives
-    the plain staging's outputs bit for bit, normed (with the normed vector written) and plain
-    (accumulating); 1,280 columns: the copy's quads loop twice per thread."""
-    rng = np.random.default_rng(11)
-    x, nw = _inputs(rng, n_cols)
-    mats = _mats(name, rows_each, n_cols, rng)
-    y0 = rng.standard_normal(rows_each[0]).astype(np.float32)
-
-    def run():
-        xn = np.full(n_cols, np.nan, np.float32)
-        ys = [np.full(n, np.nan, np.float32) for n in rows_each]
-        matvec_normed(x, nw, EPS, [(w, name, y) for (w, _), y in zip(mats, ys)], normed_out=xn)
-        plain = y0.copy()
-        mv.matvec(mats[0][0], BY_NAME[name].ggml_type, x, plain, accumulate=True)
-        return xn, ys, plain
-    made = set(mv._CACHE)
-    base = run()
-    monkeypatch.setattr(mv, "X_ASYNC", True)
-    got = run()
-    assert {k for k in mv._CACHE if k[-1:] == ("async",)} - made  # the cp.async kernels ran
-    assert np.array_equal(got[0], base[0])
-    for a, b in zip(got[1], base[1]):
-        assert np.array_equal(a, b)
-    assert np.array_equal(got[2], base[2])
-    assert _rel(got[2] - y0, mats[0][1].astype(np.float64) @ x) < 2e-2  # 8-bit x
