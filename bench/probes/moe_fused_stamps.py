@@ -94,7 +94,7 @@ def fused_stamps(ctx, gu: str, dn: str, n_layer: int = 12) -> None:
     def stamped_kernel(gu_lf, dn_lf):
         key = (gu_lf.ggml_type, gu_lf.x8, dn_lf.ggml_type)
         if key not in made:
-            made[key] = _Stamped(factory(gu_lf, dn_lf), st)
+            made[key] = _Stamped(factory(gu_lf, dn_lf, moe_fused.BLOCKS_AN_SM), st)
         return made[key]
     record = moe_case(ctx, gu, dn, n_layer, fused=True)
     moe_fused._kernel = stamped_kernel
