@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .ordered import add_acq_rel, ld_acquire, st_relaxed, st_release
+from .ordered import (add_acq_rel, ld_acquire, ld_acquire64, red_release_add64, st_relaxed,
+                      st_release)
 
 POLL_NS = np.uint32(32)  # a waiting block's pause between reads of the generation
 
@@ -58,3 +59,54 @@ def grid_sync(bar):
     """Wait until every block of the launch has called this; the writes of every block before
     it are visible to every block after it (`grid_arrive`, then `grid_wait`)."""
     grid_wait(bar, grid_arrive(bar))
+
+
+@cuda.jit(device=True, inline="always")
+def grid_generation(bar):
+    """Thread 0: the generation this launch's barrier will end (`grid_arrive_in`), read at any
+    time before the block arrives: no block of this launch can bump it before every block,
+    this one included, has arrived. Other threads: 0."""
+    return ld_acquire(bar, 1) if cuda.threadIdx.x == 0 else 0
+
+
+@cuda.jit(device=True, inline="always")
+def grid_arrive_in(bar, gen):
+    """`grid_arrive` with the generation read earlier (`grid_generation`, thread 0's): the
+    arrival's add is the only round trip left on the way to the wait."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        if add_acq_rel(bar, 0, 1) == n_blocks - 1:
+            st_relaxed(bar, 0, 0)
+            st_release(bar, 1, gen + 1)
+    return gen
+
+
+@cuda.jit(device=True, inline="always")
+def count_target(bar):
+    """Thread 0: the count of arrivals (bar as one 64-bit word, never reset) at which this
+    launch's barrier opens: the next multiple of the grid's blocks above the count read now,
+    before this block arrives (every earlier launch, of the same grid, added a multiple).
+    Other threads: 0."""
+    if cuda.threadIdx.x != 0:
+        return np.uint64(0)
+    n_blocks = np.uint64(cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z)
+    c = ld_acquire64(bar, 0)
+    return (c // n_blocks + np.uint64(1)) * n_blocks
+
+
+@cuda.jit(device=True, inline="always")
+def count_arrive(bar):
+    """This block's arrival: one release add of the 64-bit count, no value waited for."""
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        red_release_add64(bar, 0, np.uint64(1))
+
+
+@cuda.jit(device=True, inline="always")
+def count_wait(bar, target):
+    """Wait until the count reaches `target` (`count_target`, thread 0's)."""
+    if cuda.threadIdx.x == 0:
+        while ld_acquire64(bar, 0) < target:
+            cuda.nanosleep(POLL_NS)
+    cuda.syncthreads()

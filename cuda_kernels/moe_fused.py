@@ -22,7 +22,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from .gridsync import grid_arrive, grid_sync, grid_wait
+from .gridsync import (count_arrive, count_target, count_wait, grid_arrive, grid_arrive_in,
+                       grid_generation, grid_sync, grid_wait)
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -47,6 +48,12 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
+# The barrier's form (with SPLIT_ARRIVE; read when a kernel is made): "generation" (`gridsync`:
+# thread 0 reads the generation, then adds its arrival, two round trips before its first down
+# loads), "early" (the generation read at the kernel's start, one round trip), "count" (the
+# state one 64-bit count of arrivals, never reset: the target read at the start, the arrival a
+# release add with no value back, the wait a poll of the count).
+BARRIER = "generation"
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
@@ -111,6 +118,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
     stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
+    if BARRIER not in ("generation", "early", "count"):
+        raise ValueError(f"moe_fused.BARRIER: {BARRIER!r}")
+    early, count = split and BARRIER == "early", split and BARRIER == "count"
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -136,7 +146,16 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
+        s_bar = cuda.shared.array(1, types.uint64)     # thread 0's: BARRIER's early read
         t = cuda.threadIdx.x
+        if early and phase == 2:  # compile time, then the launch's
+            g = grid_generation(bar)
+            if t == 0:
+                s_bar[0] = np.uint64(g)
+        if count and phase == 2:
+            c = count_target(bar)
+            if t == 0:
+                s_bar[0] = c
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
                       host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
@@ -175,12 +194,19 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             last_u = max(n_units - 1, 0)
             gen = 0
             if split and phase == 2:
-                gen = grid_arrive(bar)  # this block's h written
+                if early:  # compile time
+                    gen = grid_arrive_in(bar, np.int32(s_bar[0]))
+                elif count:
+                    count_arrive(bar)
+                else:
+                    gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
                                            last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
             if phase == 2:
-                if split:
+                if count:  # compile time
+                    count_wait(bar, s_bar[0])
+                elif split:
                     grid_wait(bar, gen)
                 else:
                     grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
@@ -212,7 +238,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, BARRIER)
     if key not in _CACHE:
         _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
     return _CACHE[key]

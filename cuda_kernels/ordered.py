@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from .intrinsics import SIMULATED
 
-__all__ = ["add_acq_rel", "ld_acquire", "st_relaxed", "st_release"]
+__all__ = ["add_acq_rel", "ld_acquire", "ld_acquire64", "red_release_add64", "st_relaxed",
+           "st_release"]
 
 if SIMULATED:
     def ld_acquire(a, i):
@@ -34,6 +35,20 @@ if SIMULATED:
         old = int(a[i])
         a[i] = old + v
         return old
+
+    def _u64(a, i):
+        return (int(a[i]) & 0xFFFFFFFF) | (int(a[i + 1]) & 0xFFFFFFFF) << 32
+
+    def ld_acquire64(a, i):
+        """The unsigned 64-bit word of a[i], a[i + 1] (little-endian; i even)."""
+        return _u64(a, i)
+
+    def red_release_add64(a, i, v):
+        """That 64-bit word += v."""
+        w = (_u64(a, i) + v) & 0xFFFFFFFFFFFFFFFF
+        lo, hi = w & 0xFFFFFFFF, w >> 32
+        a[i] = lo - (1 << 32) if lo >= 1 << 31 else lo
+        a[i + 1] = hi - (1 << 32) if hi >= 1 << 31 else hi
 else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
     from llvmlite import ir
     from numba import types
@@ -102,3 +117,32 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
                          "atom.acq_rel.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
         return types.int32(a, i, v), codegen
+
+
+    @intrinsic
+    def ld_acquire64(typingctx, a, i):
+        """The 64-bit word at a[i] (int32 words a[i], a[i + 1]; 8-byte aligned) by
+        `ld.acquire.gpu`, as uint64."""
+        if not _is_word(a, i):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            return _call(builder, _I64, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                         "ld.acquire.gpu.global.b64 $0, [g]; }", "=l,l")
+        return types.uint64(a, i), codegen
+
+    @intrinsic
+    def red_release_add64(typingctx, a, i, v):
+        """The 64-bit word at a[i] += v by `red.release.gpu` (no value back: the thread goes on
+        once its earlier writes are ordered before it, without a round trip for the sum)."""
+        if not (_is_word(a, i) and isinstance(v, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            addr = _addr(context, builder, sig.args[0], args[0], args[1])
+            val = context.cast(builder, args[2], sig.args[2], types.uint64)
+            _call(builder, ir.VoidType(), [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, "
+                  "$0; red.release.gpu.global.add.u64 [g], $1; }", "l,l")
+            return context.get_dummy_value()
+        return types.void(a, i, v), codegen

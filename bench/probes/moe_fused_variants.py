@@ -37,9 +37,11 @@ from strata.cuda_kernels import moe_fused  # noqa: E402
 
 VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
-            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False}}
+            "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
+            "generation read early": {"BARRIER": "early"},
+            "arrivals counted": {"BARRIER": "count"}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "BARRIER")}
 
 
 def run(ctx, gu, dn, settings):
