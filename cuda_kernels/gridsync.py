@@ -5,9 +5,17 @@ Every block must be resident at once, or the blocks that arrived wait forever fo
 cannot start: such kernels are launched cooperatively (the driver refuses a grid the device
 cannot hold at once) with no more blocks than `max_cooperative_grid_blocks` says fit.
 
-The state is two int32 in device memory, (arrivals, generation), zero before the first launch;
-the last block to arrive sets arrivals back to zero before it bumps the generation, so the same
-two words serve every later launch (and every replay of a graph holding it) with no reset.
+The state is two int32 in device memory (8-byte aligned), zero before the first launch, in one
+of two forms, with no reset between launches (or replays of a graph holding them):
+* a count (`count_target`, `count_arrive`, `count_wait`; the MoE's): the two words one 64-bit
+  count of arrivals. A block reads it at its start and waits for the next multiple of the grid's
+  blocks; its arrival is a release add whose value nobody waits for. Every launch on one state
+  must have the same grid (the launcher zeroes a state whose grid changes).
+* (arrivals, generation) (`grid_arrive`, `grid_wait`, `grid_sync`): the last block to arrive
+  (the add's value says which) sets arrivals back to zero before it bumps the generation.
+The count took 0.6 us a layer less in the MoE on an H100 (Q4_K/Q6_K 17.72 against 18.33 us):
+the generation's arrival waits two round trips (the generation read, then the add's value)
+before the block's first down loads, the last block's a third (its release store).
 """
 
 from __future__ import annotations
@@ -59,27 +67,6 @@ def grid_sync(bar):
     """Wait until every block of the launch has called this; the writes of every block before
     it are visible to every block after it (`grid_arrive`, then `grid_wait`)."""
     grid_wait(bar, grid_arrive(bar))
-
-
-@cuda.jit(device=True, inline="always")
-def grid_generation(bar):
-    """Thread 0: the generation this launch's barrier will end (`grid_arrive_in`), read at any
-    time before the block arrives: no block of this launch can bump it before every block,
-    this one included, has arrived. Other threads: 0."""
-    return ld_acquire(bar, 1) if cuda.threadIdx.x == 0 else 0
-
-
-@cuda.jit(device=True, inline="always")
-def grid_arrive_in(bar, gen):
-    """`grid_arrive` with the generation read earlier (`grid_generation`, thread 0's): the
-    arrival's add is the only round trip left on the way to the wait."""
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        n_blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
-        if add_acq_rel(bar, 0, 1) == n_blocks - 1:
-            st_relaxed(bar, 0, 0)
-            st_release(bar, 1, gen + 1)
-    return gen
 
 
 @cuda.jit(device=True, inline="always")

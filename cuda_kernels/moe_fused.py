@@ -22,8 +22,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from .gridsync import (count_arrive, count_target, count_wait, grid_arrive, grid_arrive_in,
-                       grid_generation, grid_sync, grid_wait)
+from .gridsync import count_arrive, count_target, count_wait, grid_arrive, grid_sync, grid_wait
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -48,12 +47,15 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 # Q6_K/Q6_K 22.94, 22.26 with the arrival alone).
 H_SIX = True
 SPLIT_ARRIVE = True
-# The barrier's form (with SPLIT_ARRIVE; read when a kernel is made): "generation" (`gridsync`:
-# thread 0 reads the generation, then adds its arrival, two round trips before its first down
-# loads), "early" (the generation read at the kernel's start, one round trip), "count" (the
-# state one 64-bit count of arrivals, never reset: the target read at the start, the arrival a
-# release add with no value back, the wait a poll of the count).
-BARRIER = "generation"
+# The barrier's form (with SPLIT_ARRIVE; read when a kernel is made and at launch; `gridsync`):
+# "count", the state one 64-bit count of arrivals, never reset (the target read at the kernel's
+# start, the arrival a release add with no value back, the wait a poll of the count), or
+# "generation" (thread 0 reads the generation, then adds its arrival and waits for the add's
+# value: two round trips before its first down loads). On an H100, the same outputs bit for bit,
+# us a layer count / generation (two runs): Q4_K/Q4_K 16.09 / 16.57-16.74, Q4_K/Q6_K 17.72 /
+# 18.32-18.33, Q6_K/Q6_K 22.54 / 23.33-23.40; the generation read at the kernel's start (one
+# round trip left) 16.39, 18.15, 23.05 (`bench/results/2026-12-06_moe_barrier_count_h100.json`).
+BARRIER = "count"
 # Tried after these and dropped, each slower on the H200 at the 30B pair (2026-12-04, Q4_K/Q6_K
 # 17.12 us a layer with neither): the block's down rows L2-prefetched at its barrier arrival
 # (a line an instruction 18.14, one bulk prefetch a span 17.65), the layer's slot-table row read
@@ -84,6 +86,7 @@ SIM_RESIDENT = 1 << 30
 _CACHE: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
 _REFUSED: dict[tuple, str] = {}   # (kernel, dynamic shared bytes) -> why the driver refused it
+_STATE_GRIDS: dict[int, int] = {}  # a barrier state's address -> its last launch's blocks
 
 
 def fuses(gu: LaneFormat, dn: LaneFormat) -> bool:
@@ -118,9 +121,9 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     n_td, td_type, has_td = dn.table.size, dn.table.dtype.type, dn.has_table
     stage_h = stage_padded_wide6 if H_SIX else stage_padded_wide
     split = SPLIT_ARRIVE
-    if BARRIER not in ("generation", "early", "count"):
+    if BARRIER not in ("generation", "count"):
         raise ValueError(f"moe_fused.BARRIER: {BARRIER!r}")
-    early, count = split and BARRIER == "early", split and BARRIER == "count"
+    count = split and BARRIER == "count"
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -146,16 +149,12 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
-        s_bar = cuda.shared.array(1, types.uint64)     # thread 0's: BARRIER's early read
+        s_bar = cuda.shared.array(1, types.uint64)     # thread 0's: the barrier's target count
         t = cuda.threadIdx.x
-        if early and phase == 2:  # compile time, then the launch's
-            g = grid_generation(bar)
+        if count and phase == 2:  # compile time, then the launch's: read before any arrival
+            tgt = count_target(bar)
             if t == 0:
-                s_bar[0] = np.uint64(g)
-        if count and phase == 2:
-            c = count_target(bar)
-            if t == 0:
-                s_bar[0] = c
+                s_bar[0] = tgt
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
                       host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
@@ -194,10 +193,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             last_u = max(n_units - 1, 0)
             gen = 0
             if split and phase == 2:
-                if early:  # compile time
-                    gen = grid_arrive_in(bar, np.int32(s_bar[0]))
-                elif count:
-                    count_arrive(bar)
+                if count:  # compile time
+                    count_arrive(bar)  # this block's h written
                 else:
                     gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
@@ -275,6 +272,7 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             log, n_row_blocks, out, device_table(dn), sync)
     grid = max(n_gu_blocks, n_row_blocks)
     if SIMULATED:
+        _count_state(sync, min(grid, SIM_RESIDENT), stream)
         for phase in (0, 1):
             kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
@@ -284,6 +282,7 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
+    _count_state(sync, min(grid, resident), stream)
     try:
         compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
                         shmem)
@@ -294,6 +293,29 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
                       f"and down run as two launches", RuntimeWarning, stacklevel=3)
         return False
     return True
+
+
+def _count_state(sync, n_blocks: int, stream) -> None:
+    """The count form of the barrier (BARRIER) waits for the next multiple of the grid's blocks,
+    so every launch on one state must have the grid of the one before: where it changes (never
+    within one model on one GPU; a test's smaller grid), the state is zeroed first, in the
+    stream's order (captured into a graph, the zeroing replays with the launch)."""
+    if BARRIER != "count" or not SPLIT_ARRIVE:
+        return
+    host = isinstance(sync, np.ndarray) or SIMULATED  # the simulator's arrays: no addresses
+    addr = id(sync) if host else sync.device_ctypes_pointer.value
+    if not host and addr % 8:
+        raise ValueError(f"moe: the barrier's state at {addr:#x} is not 8-byte aligned")
+    last = _STATE_GRIDS.get(addr)
+    if last is not None and last != n_blocks:
+        if isinstance(sync, np.ndarray):
+            sync[...] = 0
+        elif SIMULATED:
+            sync.copy_to_device(np.zeros(sync.shape, sync.dtype))
+        else:
+            from numba.cuda.cudadrv.driver import device_memset
+            device_memset(sync, 0, sync.nbytes, stream=stream)
+    _STATE_GRIDS[addr] = n_blocks
 
 
 CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the tiny model's
