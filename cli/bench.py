@@ -104,13 +104,12 @@ def _warm(path: str) -> float:
 
 def _synthetic(preset_name: str, mix: str, n_layer: int, seed: int) -> tuple[str, int]:
     from strata.synth import preset, write_model
-    from strata.synth.cache import cache_dir
+    from strata.synth.cache import ensure_cache_dir
 
     cfg = preset(preset_name)
     if not 1 <= n_layer <= cfg.n_layer:
         raise StrataError(f"--layers must be in 1..{cfg.n_layer} for {preset_name}")
-    folder = cache_dir() / "bench"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = ensure_cache_dir("bench")
     path = folder / f"{preset_name}-L{n_layer}-{mix}-s{seed}.gguf"
     if not path.is_file():
         write_model(path, cfg.with_layers(n_layer), mix=mix, seed=seed, progress=True)
@@ -235,16 +234,47 @@ def _table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _visible_gpus() -> int:
+    """The GPUs numba sees; a machine where the CUDA driver cannot start is the clean error
+    `generate --backend cuda` gives there, not numba's CudaSupportError."""
+    from strata.engine.multi.request import visible_gpus
+
+    try:
+        return visible_gpus()
+    except Exception as e:  # numba's CudaSupportError (no driver), or a broken install
+        from strata.engine.backends import BackendError, select_backend
+
+        select_backend("cuda")  # raises BackendError saying why, and what can run here
+        raise BackendError(f"--backend cuda: numba's CUDA target cannot start ({e})") from None
+
+
+def _refuse_header_only(paths) -> None:
+    """A header-only file (zero weights) is for `strata plan`: refused before the CUDA bench
+    loads it. A missing or unreadable file is left to the bench, which names it."""
+    from strata.gguf import open_model
+
+    for p in paths or ():
+        if os.path.isfile(p):
+            open_model(p).check_weights()
+
+
 def run(args) -> int:
     from strata.engine.multi.request import split_flags_given
     from strata.plan.split.knobs import split_from_args
 
     split_from_args(args)  # a bad split flag is refused on every backend
+    if args.seed < 0:
+        raise StrataError(f"--seed must be >= 0, got {args.seed}")
+    if args.json_out:  # a path that cannot be written is said before the run, not after
+        from strata.cli.output import check_output
+
+        check_output(args.json_out, "--json-out")
     if args.backend == "cuda":
         from strata.bench.engine_cuda import run_cuda
-        from strata.engine.multi.request import gpu_request, visible_gpus
+        from strata.engine.multi.request import gpu_request
 
-        req = gpu_request(args, visible_gpus())
+        req = gpu_request(args, _visible_gpus())
+        _refuse_header_only(args.model)
         if req.is_split:
             from strata.engine.multi.bench import run_split_cli
 
@@ -263,10 +293,22 @@ def run(args) -> int:
     if args.model:
         from strata.gguf import open_model
 
-        files = [(p, open_model(p).shape.n_layer) for p in args.model]
+        files = []
+        for p in args.model:  # every file checked before the first is measured
+            mf = open_model(p)
+            mf.check_weights()  # a header-only file (zero weights) is for `strata plan` alone
+            files.append((p, mf.shape.n_layer))
     else:
-        files = [_synthetic(args.preset, m.strip(), args.layers, args.seed)
-                 for m in args.mix.split(",") if m.strip()]
+        from strata.synth.mixes import check_mix
+        from strata.synth.writer import check_seed
+
+        mixes = [m.strip() for m in args.mix.split(",") if m.strip()]
+        if not mixes:
+            raise StrataError(f"--mix {args.mix!r} names no quant mix (give e.g. Q4_K_M,Q8_0)")
+        for m in mixes:  # every name before the first file is written
+            check_mix(m)
+        check_seed(args.seed, "--seed")  # the synthetic files store it
+        files = [_synthetic(args.preset, m, args.layers, args.seed) for m in mixes]
     res = {"load_average_before": [round(v, 2) for v in os.getloadavg()],
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": _commit(), "command": "strata " + " ".join(sys.argv[1:]),
@@ -288,7 +330,9 @@ def run(args) -> int:
     res["device"] = _device()
     print(_table(res))
     if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(res, f, indent=2)
+        from strata.cli.output import write_atomic
+
+        write_atomic(args.json_out, "--json-out",
+                     lambda f: f.write(json.dumps(res, indent=2).encode()))
         print(f"wrote {args.json_out}", file=sys.stderr)
     return 0

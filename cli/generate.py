@@ -119,8 +119,10 @@ def _engine(args, model) -> tuple[str, object]:
                           "from mapped host memory on each stage's GPU (drop --miss-path, or use "
                           "one GPU)")
     plan = options_from_args(args)
-    if plan.max_context is None:  # generate's default: the model's context, at most 4096
-        plan = dataclasses.replace(plan, max_context=min(model.shape.n_ctx_train or 4096, 4096))
+    if plan.max_context is None:  # generate's default on every backend: the CPU engine's
+        from strata.engine.cpu.engine import default_max_context
+
+        plan = dataclasses.replace(plan, max_context=default_max_context(model.shape))
     extra = {} if args.miss_path is None else {"miss_path": args.miss_path}
     if args.miss_share is not None:
         extra["miss_share"] = args.miss_share
@@ -142,8 +144,12 @@ def _engine(args, model) -> tuple[str, object]:
 
 
 def _sampling(args):
+    import math
+
     from strata.engine import SamplingParams
 
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise StrataError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               min_p=args.min_p, repeat_penalty=args.repeat_penalty,
@@ -213,7 +219,12 @@ def run(args) -> int:
             raise StrataError(f"{', '.join(given)}: not with --interactive (each turn streams "
                               f"its reply as text)")
     root = _json_root(args)
+    if args.logits_out:  # a path that cannot be written is said before the run, not after
+        from strata.cli.output import check_output, npy_path
+
+        check_output(npy_path(args.logits_out), "--logits-out")
     model = open_model(_model_path(args))
+    model.check_weights()  # a header-only file (zero weights) is for `strata plan` alone
     tokenizer = Tokenizer.from_metadata(model.metadata)
     prompt = None if args.interactive else _prompt_ids(args, model, tokenizer)
     backend, engine = _engine(args, model)
@@ -247,6 +258,9 @@ def _json_root(args):
         except OSError as e:
             raise StrataError(f"--json-schema: {args.json_schema!r} is neither inline JSON "
                               f"nor a readable file: {e}") from None
+        except UnicodeDecodeError as e:
+            raise StrataError(f"--json-schema: {args.json_schema}: not UTF-8 text (byte "
+                              f"0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
         return compile_schema(json.loads(text))
     except json.JSONDecodeError as e:
@@ -280,7 +294,10 @@ def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> i
     if args.logits_out:
         import numpy as np
 
-        np.save(args.logits_out, gen.logits)
+        from strata.cli.output import npy_path, write_atomic
+
+        write_atomic(npy_path(args.logits_out), "--logits-out",
+                     lambda f: np.save(f, gen.logits, allow_pickle=False))
     stats = {
         "prompt_tokens": gen.prompt_tokens, "generated_tokens": len(gen.tokens),
         "prefill_tokens_per_s": round(gen.prefill_tokens_per_s, 3),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from strata import __version__
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser, chosen = _parser_for(argv)
     args = parser.parse_args(argv)
     if chosen is None or not hasattr(args, "_run"):
-        parser.print_help()
-        return 0 if chosen is None else 1
+        # no subcommand is a usage error: argparse's status for one, after the help
+        parser.print_help(sys.stderr)
+        return 2 if chosen is None else 1
     try:
         return int(args._run(args) or 0)
     except StrataError as e:
@@ -89,12 +91,87 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+_STDOUT_MARK = "strata_stdout"  # set on an OSError that standard output raised
+
+
+class _MarkedStdout:
+    """sys.stdout with its own write errors marked, so that `entry` tells a reader gone (a
+    closed pipe) or a full disk behind `>` from any other OSError, which stays a bug."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _call(self, name: str, *a):
+        try:
+            return getattr(self._stream, name)(*a)
+        except OSError as e:
+            setattr(e, _STDOUT_MARK, True)
+            raise
+
+    def write(self, text):
+        return self._call("write", text)
+
+    def writelines(self, lines):
+        return self._call("writelines", lines)
+
+    def flush(self):
+        return self._call("flush")
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _stdout_to_devnull(stream) -> None:
+    """Point standard output's descriptor at the null device: what is still buffered then goes
+    nowhere, instead of failing again at interpreter exit (the pattern Python's documentation
+    gives for SIGPIPE, in the signal module's notes)."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):  # no descriptor (a stand-in stream)
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main_writing_stdout() -> int:
+    """main(), with standard output's failures made an exit status: its reader gone (`| head`)
+    ends quietly with status 1, as Python's own EPIPE exit; another write error (`> /dev/full`)
+    is one line on stderr and status 1."""
+    out = sys.stdout
+    sys.stdout = _MarkedStdout(out)
+    try:
+        try:
+            rc = main()
+        except SystemExit as e:  # argparse's --help, --version, usage: their output too
+            rc = e
+        sys.stdout.flush()  # what is still buffered fails here, not at interpreter exit
+        if isinstance(rc, SystemExit):
+            raise rc
+        return rc
+    except OSError as e:
+        if not getattr(e, _STDOUT_MARK, False):
+            raise
+        _stdout_to_devnull(out)
+        if not isinstance(e, BrokenPipeError):
+            try:
+                print(f"error: cannot write to standard output: {e.strerror or e}",
+                      file=sys.stderr)
+            except OSError:  # stderr goes to the same place: the status alone says it
+                pass
+        return 1
+    finally:
+        sys.stdout = out
+
+
 def entry() -> None:
     """The `strata` command: main(), then the process ends with its status (`strata.shutdown`:
     past cuda.core's crash at exit). main() itself returns, for in-process callers (tests)."""
     from strata.shutdown import run_then_finish
 
-    run_then_finish(main)
+    run_then_finish(_main_writing_stdout)
 
 
 if __name__ == "__main__":

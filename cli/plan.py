@@ -48,11 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _devices(args: argparse.Namespace):
     from strata.plan.devices import parse_gpu_mem
     from strata.plan.options import OptionError
-    from strata.plan.split.knobs import pick_gpus
+    from strata.plan.split.knobs import gpu_listing, pick_gpus
 
     if args.gpu_mem is not None:
         model = args.driver_model or ("wddm" if sys.platform.startswith("win") else "linux")
-        return pick_gpus(parse_gpu_mem(args.gpu_mem, driver_model=model), args.gpus), []
+        return pick_gpus(parse_gpu_mem(args.gpu_mem, driver_model=model), args.gpus,
+                         seen="--gpu-mem plans", hint="--gpus picks its sizes by position, "
+                                                      "from 0"), []
     from strata.memory.probe import probe_devices
 
     found = probe_devices()
@@ -60,8 +62,7 @@ def _devices(args: argparse.Namespace):
         return pick_gpus(found, args.gpus), []
     chosen = [d for d in found if d.index == args.device]
     if not chosen:
-        raise OptionError(f"--device {args.device}: NVML sees GPUs "
-                          f"{', '.join(str(d.index) for d in found)}")
+        raise OptionError(f"--device {args.device}: NVML sees {gpu_listing(found)}")
     notes = []
     if len(found) > 1:
         notes.append(f"{len(found)} GPUs present; planning GPU {args.device} alone (--gpus or "
@@ -80,15 +81,13 @@ def run(args: argparse.Namespace) -> int:
     mf = open_model(args.model)  # a wrong path is named before any question about GPUs
     devices, notes = _devices(args)
     shape = mf.shape
-    profile = load_profile(mf.metadata, shape.n_layer, shape.n_expert, args.profile)
+    profile = load_profile(mf.metadata, shape.n_layer, shape.n_expert, args.profile, mf.path)
     if len(devices) > 1:
         from strata.plan.split import plan_split
         result = plan_split(shape, devices, options, split, profile=profile)
     else:
-        if split.cuts:
-            from strata.plan.options import OptionError
-            raise OptionError(f"--layer-split {args.layer_split}: one GPU runs every layer "
-                              f"(give several with --gpu-mem or --gpus)")
+        from strata.plan.split.knobs import refuse_split_flags
+        refuse_split_flags(args, devices[0].index)
         result = plan(shape, devices, options, profile=profile)
     if args.json:
         import json

@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skew", type=float, metavar="B",
                    help="routing skew exponent, 1 (uniform, default) to 64; see below")
     p.add_argument("--seed", type=int, default=0, metavar="S",
-                   help="random seed: the same arguments and seed give the same file")
+                   help="random seed, 0..4294967295: the same arguments and seed give the "
+                        "same file")
     p.add_argument("--header-only", action="store_true",
                    help="write the header and a sparse, full-size data region (no weights): "
                         "instant files of any size for planning")
@@ -64,11 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
     from strata.synth.mixes import check_mix
     from strata.synth.routing import check_skew
-    from strata.synth.writer import write_model
+    from strata.synth.writer import check_seed, write_model
 
     cfg = _config(args)
     check_mix(args.quant)
     check_skew(args.skew)
+    check_seed(args.seed, "--seed")
     report = write_model(args.output, cfg, mix=args.quant, seed=args.seed, skew=args.skew,
                          progress=not args.quiet, header_only=args.header_only)
     what = "header only (sparse)" if report.header_only else f"{report.gb_per_s:.2f} GB/s"

@@ -22,6 +22,11 @@ from strata.gguf.shape import ModelShape
 from strata.gguf.tensors import TensorInfo
 from strata.quant.types import TYPES
 
+# `strata synth --header-only` marks its files so (strata.synth.metadata.KEY_HEADER_ONLY, kept
+# apart: reading a model never imports the synthesizer): a full-size file whose data region is a
+# hole (all zeros). `strata plan` prices them; running one would compute on zeros: junk.
+HEADER_ONLY_KEY = "strata.synth.header_only"
+
 
 def _tensor_table(header: Header) -> dict[str, TensorInfo]:
     path, file_bytes = header.path, header.file_bytes
@@ -64,6 +69,10 @@ class ModelFile:
         self.path = str(path)
         p = Path(self.path)
         if not p.is_file():
+            if p.is_dir():
+                raise ModelFileError(self.path, "is a directory, not a GGUF file")
+            if p.exists():
+                raise ModelFileError(self.path, "not a regular file (a GGUF file is needed)")
             raise ModelFileError(self.path, "no such file")
         header = Header(self.path)
         self.file_bytes = header.file_bytes
@@ -82,6 +91,20 @@ class ModelFile:
     @property
     def arch(self) -> str:
         return self.shape.arch
+
+    @property
+    def header_only(self) -> bool:
+        """Whether the file has a header and no weights (`strata synth --header-only`)."""
+        return bool(self.metadata.get(HEADER_ONLY_KEY, False))
+
+    def check_weights(self) -> None:
+        """Refuse a header-only file where it would run: its weights are all zero, so what it
+        generates is junk. Called by what runs a model (the CPU engine's loader, the commands),
+        not by `raw`: planning reads only the header, and the CUDA fit benchmarks
+        (`strata.bench.engine_cuda_suite`'s OOM matrix) run header-only files on purpose."""
+        if self.header_only:
+            raise ModelFileError(self.path, "header-only: it has no weights; it is for "
+                                            "`strata plan`")
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapping: [n_bytes] uint8."""

@@ -1,5 +1,5 @@
 """KV caches: `HostKVCache` keeps one sequence's keys and values in host memory (CPU engine)."""
 
-from strata.kv.cache import HostKVCache
+from strata.kv.cache import HostKVCache, KVCacheError
 
-__all__ = ["HostKVCache"]
+__all__ = ["HostKVCache", "KVCacheError"]

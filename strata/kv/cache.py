@@ -3,7 +3,36 @@ whole context so a long generation never reallocates (and never runs out half-wa
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+from strata.errors import StrataError
+
+
+class KVCacheError(StrataError):
+    """The KV cache asked for cannot fit this machine's memory; the message gives the bytes."""
+
+
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, where the OS says it simply (POSIX sysconf); else None."""
+    try:
+        n = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):  # no sysconf, or no such name here
+        return None
+    return n if n > 0 else None
+
+
+def _size(n: int) -> str:
+    from strata.plan.devices import TiB, fmt_bytes
+
+    return f"{n / TiB:.2f} TiB" if n >= TiB else fmt_bytes(n)
+
+
+def _too_big(n_ctx: int, need: int, have: int | None) -> KVCacheError:
+    where = f"; this machine has {_size(have)}" if have else ""
+    return KVCacheError(f"a KV cache of {n_ctx:,} positions needs {_size(need)} of host "
+                        f"memory{where} (lower --max-context)")
 
 
 class HostKVCache:
@@ -18,8 +47,18 @@ class HostKVCache:
                 raise ValueError(f"{name} must be at least 1, got {v}")
         self.n_layer, self.n_ctx = n_layer, n_ctx
         self.n_head_kv, self.head_dim = n_head_kv, head_dim
-        self.k = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), np.float32)
-        self.v = np.zeros((n_layer, n_ctx, n_head_kv, head_dim), np.float32)
+        need = 2 * n_layer * n_ctx * n_head_kv * head_dim * np.dtype(np.float32).itemsize
+        have = host_memory_bytes()
+        # The pages are only reserved here, but a cache larger than the machine's memory can
+        # never be filled: refused now, by its size, rather than by numpy or the OOM killer.
+        if have is not None and need > have:
+            raise _too_big(n_ctx, need, have)
+        shape = (n_layer, n_ctx, n_head_kv, head_dim)
+        try:
+            self.k = np.zeros(shape, np.float32)
+            self.v = np.zeros(shape, np.float32)
+        except (MemoryError, ValueError):  # ValueError: past numpy's largest array
+            raise _too_big(n_ctx, need, have) from None
 
     @property
     def n_bytes(self) -> int:

@@ -74,6 +74,8 @@ def parse_size(text: str) -> int:
     if not m or unit not in _UNITS:
         raise SizeError(f"cannot read {text!r} as a size (examples: 16GiB, 16G, 12000MiB, 1.5TiB)")
     scale = _UNITS[unit]
+    if float(m.group(1)) == 0:  # nothing to plan for, whatever the unit (or none)
+        raise SizeError(f"size {text!r} must be positive")
     if scale is None:
         raise SizeError(f"size {text!r} needs a unit (examples: 16GiB, 12000MiB)")
     n = int(float(m.group(1)) * scale)

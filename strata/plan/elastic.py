@@ -54,15 +54,19 @@ class _Chooser:
 
 
 def decide(shape: ModelShape, profile: RoutingProfile, options: PlanOptions,
-           pricing: PromptPricing, *, avail: int, max_context: int,
-           notes: list[str]) -> tuple[CacheLayout, PromptPath] | str:
-    """The cache and the prompt path in `avail` bytes (notes appended), or why they do not fit."""
+           pricing: PromptPricing, *, avail: int, max_context: int, notes: list[str],
+           cache_flag: str = "--expert-cache", pairs: str = "the model has"
+           ) -> tuple[CacheLayout, PromptPath] | str:
+    """The cache and the prompt path in `avail` bytes (notes appended), or why they do not fit.
+    `cache_flag`: the flag an explicit cache size came from, as the reason and notes name it (a
+    layer split's stage pinned by `--stage-cache`); `pairs`: whose (layer, expert) pairs those
+    of `shape` are, as the clamp's note says it ("the model has"; a stage: "layers 0-23 have")."""
     if avail < 0:
         return ("the fixed regions (dense weights, KV cache, activations, draft head, context "
                 "and reserve) do not fit")
     chooser = _Chooser(options, pricing, max_context)
     if options.expert_cache is not None:
-        choice = _explicit(shape, profile, options, chooser, avail)
+        choice = _explicit(shape, profile, options, chooser, avail, cache_flag, pairs)
     else:
         resident = _all_resident(shape, profile, options, chooser, avail)
         if resident is not None and _reaches_target(resident.path, options, max_context):
@@ -77,19 +81,21 @@ def decide(shape: ModelShape, profile: RoutingProfile, options: PlanOptions,
     return choice.cache, choice.path
 
 
-def _explicit(shape, profile, options, chooser: _Chooser, avail: int) -> _Choice | str:
+def _explicit(shape, profile, options, chooser: _Chooser, avail: int, flag: str,
+              pairs: str) -> _Choice | str:
     n = cache_floor_slots(shape, options)
     out: list[str] = []
     if n < options.expert_cache:
-        out.append(f"--expert-cache {options.expert_cache}: the model has only {n} "
+        out.append(f"{flag} {options.expert_cache}: {pairs} only {n} "
                    f"(layer, expert) pairs; clamped to {n}")
     cache = fill_cache(shape, profile, n_slots=n)
     if cache.total_bytes > avail:
-        return (f"--expert-cache {n} needs {fmt_bytes(cache.total_bytes)}, but only "
-                f"{fmt_bytes(avail)} is left beside the fixed regions")
+        clamped = f" (clamped to {n})" if n < options.expert_cache else ""
+        return (f"{flag} {options.expert_cache}{clamped} needs {fmt_bytes(cache.total_bytes)}, "
+                f"but only {fmt_bytes(avail)} is left beside the fixed regions")
     path = chooser.path(chooser.loan(cache), avail - cache.total_bytes,
                         ring=n < n_pairs(shape), notes=out)
-    return _Choice(cache, path, out) if path else f"no prompt path fits beside --expert-cache {n}"
+    return _Choice(cache, path, out) if path else f"no prompt path fits beside {flag} {n}"
 
 
 def _all_resident(shape, profile, options, chooser: _Chooser, avail: int) -> _Choice | None:

@@ -127,9 +127,10 @@ def options_from_args(args: argparse.Namespace, environ=None) -> PlanOptions:
 
 
 def load_profile(metadata: Any, n_layer: int, n_expert: int,
-                 path: str | None = None) -> RoutingProfile:
+                 path: str | None = None, source: str | None = None) -> RoutingProfile:
     """The cache's fill order: `path` (counts .npy) if given, else the file's
-    strata.synth.expert_rank (with expert_share when present), else uniform."""
+    strata.synth.expert_rank (with expert_share when present), else uniform. `source`: the
+    model file's path, which starts the message of a ranking it holds that is refused."""
     try:
         if path:
             try:
@@ -140,7 +141,7 @@ def load_profile(metadata: Any, n_layer: int, n_expert: int,
         rank = metadata.get(EXPERT_RANK_KEY)
         if rank is not None:
             return RoutingProfile.from_rank(rank, n_layer, n_expert,
-                                            metadata.get(EXPERT_SHARE_KEY))
+                                            metadata.get(EXPERT_SHARE_KEY), source=source)
     except ValueError as e:
         if isinstance(e, StrataError):
             raise

@@ -27,12 +27,14 @@ class PrefillRequest:
     tokens: int = 0  # auto: the ceiling (0: AUTO_CEILING_DEFAULT); fixed: the chunk
 
     def __post_init__(self) -> None:
+        what = "auto's ceiling" if self.auto else "chunk"
         if self.tokens < 0 or (not self.auto and self.tokens == 0):
-            raise OptionError(f"--prefill: chunk must be positive, got {self.tokens}")
+            raise OptionError(f"--prefill: {what} must be positive, got {self.tokens}")
         if self.tokens % CHUNK_GRID:
             lo = self.tokens // CHUNK_GRID * CHUNK_GRID
-            raise OptionError(f"--prefill: {self.tokens} is not a multiple of {CHUNK_GRID} "
-                              f"(try {max(lo, CHUNK_GRID)} or {lo + CHUNK_GRID})")
+            near = [n for n in (lo, lo + CHUNK_GRID) if n >= CHUNK_GRID]  # never 0, never twice
+            raise OptionError(f"--prefill: {what} {self.tokens} is not a multiple of "
+                              f"{CHUNK_GRID} (try {' or '.join(map(str, near))})")
 
     @classmethod
     def parse(cls, text: str) -> "PrefillRequest":
@@ -41,7 +43,14 @@ class PrefillRequest:
             if t == "auto":
                 return cls(True, 0)
             if t.startswith("auto:"):
-                return cls(True, int(t[5:]))
+                ceiling = int(t[5:])
+                # tokens=0 stands for the default ceiling: a written auto:0 is no ceiling
+                # the planner could run, so it is refused like auto:-256, not read as auto
+                if ceiling == 0:
+                    raise OptionError(f"--prefill {text!r}: auto's ceiling must be a positive "
+                                      f"multiple of {CHUNK_GRID} (or plain auto: up to "
+                                      f"{AUTO_CEILING_DEFAULT})")
+                return cls(True, ceiling)
             return cls(False, int(t))
         except ValueError as e:
             if isinstance(e, OptionError):

@@ -60,15 +60,33 @@ class RoutingProfile:
 
     @classmethod
     def from_rank(cls, rank: np.ndarray, n_layer: int, n_expert: int,
-                  share_by_rank: np.ndarray | None = None) -> "RoutingProfile":
+                  share_by_rank: np.ndarray | None = None, *,
+                  source: str | None = None) -> "RoutingProfile":
         """A ranking (flat, row-major by (layer, rank), or [n_layer, n_expert]), e.g. a synthetic
         file's metadata; with `share_by_rank` [n_expert] (the share of selections the expert of
-        each rank gets, the same in every layer) the hit rate is exact instead of the curve."""
+        each rank gets, the same in every layer) the hit rate is exact instead of the curve.
+        `source` (the file it came from) starts the message of a ranking refused."""
+        key = f"{source}: {EXPERT_RANK_KEY}" if source else EXPERT_RANK_KEY
         a = np.asarray(rank)
         if a.size != n_layer * n_expert:
-            raise ValueError(f"{EXPERT_RANK_KEY}: {a.size} values, expected n_layer * n_expert "
+            raise ValueError(f"{key}: {a.size} values, expected n_layer * n_expert "
                              f"= {n_layer} * {n_expert} = {n_layer * n_expert}")
+        if a.size and a.dtype.kind not in "iu":
+            raise ValueError(f"{key}: expert ids must be integers, got {a.dtype}")
+        # checked before any use as an index (put_along_axis below), in the file's own type:
+        # a uint32 past int32 would wrap to a negative id that indexes from the end
+        flat = a.reshape(-1)
+        out = np.flatnonzero((flat < 0) | (flat >= n_expert))
+        if out.size:
+            i = int(out[0])
+            raise ValueError(f"{key}: value {int(flat[i])} (layer {i // n_expert}, rank "
+                             f"{i % n_expert}) is not an expert id 0..{n_expert - 1}")
         r = a.reshape(n_layer, n_expert).astype(np.int32)
+        want = np.arange(n_expert)
+        for layer, row in enumerate(r):
+            if not np.array_equal(np.sort(row), want):
+                raise ValueError(f"{key}: layer {layer} is not a permutation of "
+                                 f"0..{n_expert - 1}")
         share = None
         if share_by_rank is not None:
             s = np.asarray(share_by_rank, dtype=np.float64).reshape(-1)

@@ -26,7 +26,7 @@ KNOB_GRID = 1024  # tokens: suggested contexts and resident windows are multiple
 NOT_ENOUGH = "not enough alone"
 
 
-def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+def largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     """The largest integer in [lo, hi] with ok (monotone: true below some point), or None."""
     if hi < lo or not ok(lo):
         return None
@@ -39,30 +39,35 @@ def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
     return lo
 
 
-class _Pricer:
-    def __init__(self, shape, dev, options, profile, needed):
-        self.shape, self.dev, self.options, self.profile = shape, dev, options, profile
-        self.needed = needed
+class Pricer:
+    """Prices a knob as the least VRAM the configuration needs with that one change (`price`:
+    options -> bytes, the same function the refusal's 'needed' came from) against the short
+    device's `free` bytes. The one-GPU refusal prices by `minimum_bytes`; a refused stage of a
+    layer split by its stage's pricing, so both say what a knob really frees."""
+
+    def __init__(self, options: PlanOptions, free: int, needed: int,
+                 price: Callable[[PlanOptions], int]):
+        self.options, self.free, self.needed, self.price = options, free, needed, price
 
     def need(self, **change) -> int:
-        return minimum_bytes(self.shape, self.dev, replace(self.options, **change), self.profile)
+        return self.price(replace(self.options, **change))
 
     def fits(self, **change) -> bool:
-        return self.need(**change) <= self.dev.free_bytes
+        return self.need(**change) <= self.free
 
     def knob(self, flag: str, note: str = "", *, caveat: str = "", **change) -> Knob | None:
         """caveat: said after the note (or after NOT_ENOUGH where the knob alone falls short)."""
         freed = self.needed - self.need(**change)
         if freed <= 0:
             return None
-        if not note and self.needed - freed > self.dev.free_bytes:
+        if not note and self.needed - freed > self.free:
             note = NOT_ENOUGH
         return Knob(flag, freed, "; ".join(n for n in (note, caveat) if n))
 
     def on_grid(self, flag: str, field: str, current: int, caveat: str = "") -> Knob | None:
         """The largest multiple of KNOB_GRID below `current` that fits, else a quarter of it."""
         top = (current - 1) // KNOB_GRID
-        m = _largest(1, top, lambda m: self.fits(**{field: m * KNOB_GRID}))
+        m = largest(1, top, lambda m: self.fits(**{field: m * KNOB_GRID}))
         value = m * KNOB_GRID if m else max(KNOB_GRID, current // 4 // KNOB_GRID * KNOB_GRID)
         if value >= current:
             return None
@@ -72,13 +77,14 @@ class _Pricer:
 def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
                   profile: RoutingProfile, needed: int) -> tuple[Knob, ...]:
     """Every knob that frees bytes, largest effect first; a second GPU (a layer split) last."""
-    p = _Pricer(shape, dev, options, profile, needed)
+    p = Pricer(options, dev.free_bytes, needed,
+               lambda o: minimum_bytes(shape, dev, o, profile))
     s, _, _ = resolve(shape, dev, options)
     found = [
         p.on_grid("--max-context", "max_context", s.max_context),
-        *_kv_type_knobs(p, shape, options),
+        *kv_type_knobs(p, shape, options),
         p.on_grid("--kv-resident", "kv_resident", s.resident_tokens, KV_STREAM_UNRUN),
-        _reserve_knob(p, dev, s.reserve_bytes),
+        reserve_knob(p, s.reserve_bytes, wddm=dev.is_wddm),
         p.knob("--spec 0 (no draft head)", spec=0) if options.spec else None,
         p.knob("--batch 1", batch=1) if options.batch > 1 else None,
         p.knob("drop --embd-on-gpu", embd_on_host=True) if not options.embd_on_host else None,
@@ -89,28 +95,33 @@ def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     return tuple(knobs + ([gpus] if gpus else []))
 
 
-def _kv_type_knobs(p: _Pricer, shape: ModelShape, options: PlanOptions) -> list[Knob | None]:
+def kv_type_knobs(p: Pricer, shape: ModelShape, options: PlanOptions) -> list[Knob | None]:
     lighter = KV_TYPES[KV_TYPES.index(options.kv_type) + 1:]
     if shape.head_dim % Q4_0_BLOCK:
         lighter = tuple(t for t in lighter if t != "q4_0")
     return [p.knob(f"--kv {t}", kv_type=t) for t in lighter]
 
 
-def _reserve_knob(p: _Pricer, dev: DeviceInfo, reserve: int) -> Knob | None:
-    floor = RESERVE_MIN_MIB * MiB
-    if reserve <= floor:
+def reserve_knob(p: Pricer, reserve: int, *, wddm: bool = False) -> Knob | None:
+    """The largest whole-MiB reserve below `reserve` that fits alone, found by pricing each
+    candidate (a value worked out from the shortfall in MiB is off by the shortfall's fraction
+    of a MiB, and rounding it up leaves the plan a few hundred KiB short); the smallest reserve
+    a knob suggests where none does."""
+    if reserve <= RESERVE_MIN_MIB * MiB:
         return None
-    short = p.needed - dev.free_bytes
-    mib = max(RESERVE_MIN_MIB, -(-(reserve - short) // MiB))
-    note = "thin headroom under WDDM: see 'Prefer No Sysmem Fallback'" if dev.is_wddm else ""
-    return p.knob(f"--vram-reserve-mib {mib}", note, vram_reserve_mib=mib)
+    top = -(-reserve // MiB) - 1  # whole MiB strictly below the current reserve
+    mib = largest(RESERVE_MIN_MIB, top, lambda m: p.fits(vram_reserve_mib=m))
+    mib = RESERVE_MIN_MIB if mib is None else mib
+    # a caveat, not the note: a WDDM reserve that falls short still says 'not enough alone'
+    wddm_caveat = "thin headroom under WDDM: see 'Prefer No Sysmem Fallback'" if wddm else ""
+    return p.knob(f"--vram-reserve-mib {mib}", caveat=wddm_caveat, vram_reserve_mib=mib)
 
 
-def _cache_knob(p: _Pricer, options: PlanOptions) -> Knob | None:
+def _cache_knob(p: Pricer, options: PlanOptions) -> Knob | None:
     n = options.expert_cache
     if n is None or n == 0:
         return None
-    k = _largest(0, n - 1, lambda k: p.fits(expert_cache=k))
+    k = largest(0, n - 1, lambda k: p.fits(expert_cache=k))
     if k is None:
         return p.knob("--expert-cache 0", expert_cache=0)
     return p.knob(f"--expert-cache {k}", expert_cache=k)

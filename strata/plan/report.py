@@ -144,7 +144,8 @@ def split_decisions(sp) -> list[str]:
     """A layer split's decisions as sentences."""
     pl, out = sp.placement, []
     ranges = ", ".join(f"{a}-{b - 1}" for a, b in pl.ranges)
-    how = (f"searched {pl.n_placements:,} placements in {pl.search_seconds * 1e3:.0f} ms"
+    places = f"{pl.n_placements:,} placement{'' if pl.n_placements == 1 else 's'}"
+    how = (f"searched {places} in {pl.search_seconds * 1e3:.0f} ms"
            if pl.how == "auto" else "given by --layer-split")
     pred = (f"; predicted {pl.seconds_per_token * 1e3:.2f} ms per token" if pl.feasible else "")
     out.append(f"layer split {','.join(map(str, pl.cuts))} (layers {ranges}): {how}{pred}")

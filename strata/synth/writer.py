@@ -10,8 +10,10 @@ milliseconds, for planner tests).
 
 from __future__ import annotations
 
+import numbers
 import os
 import queue
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +31,15 @@ from strata.synth.mixes import check_mix
 from strata.synth.vocab import build_vocab
 
 ARCH = "qwen3moe"
+MAX_SEED = 0xFFFFFFFF  # the file stores the seed as a uint32 (strata.synth.seed)
+
+
+def check_seed(seed, what: str = "seed") -> None:
+    """Refuse a seed the file cannot store: it would be wrapped into another seed's file."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
+            or not 0 <= seed <= MAX_SEED:
+        raise SynthError(f"{what} must be an integer in 0..{MAX_SEED} (the file stores a 32-bit "
+                         f"seed), got {seed!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +61,36 @@ def _tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.partial")
 
 
-def _open_writer(path: Path, cfg: SynthConfig, specs, mix: str, seed: int,
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
+
+
+def output_target(path: Path) -> Path:
+    """The file `path` names, checked before anything is written: a symlink's target (written
+    through, as a shell's `>` would; the rename then replaces the target, never the link); an
+    existing output must be a regular file, since the rename would replace a device node, FIFO
+    or socket with a regular file."""
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = target.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # not there: its folder is checked below
+        mode = None
+    except OSError as e:
+        raise SynthError(f"cannot write {path}: {e.strerror or e}") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise SynthError(f"cannot write {path}: it is a directory")
+    if mode is not None and not stat.S_ISREG(mode):
+        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+        raise SynthError(f"cannot write {path}: it is {kind}, not a regular file")
+    if not target.parent.is_dir():
+        what = "is not a folder" if target.parent.exists() else "does not exist"
+        raise SynthError(f"cannot write {path}: folder {target.parent} {what}")
+    return target
+
+
+def _open_writer(path: Path, shown: Path, cfg: SynthConfig, specs, mix: str, seed: int,
                  rd: routing.RoutingDesign, header_only: bool) -> gguf.GGUFWriter:
+    """A writer of the temporary file `path`, header written; `shown` is the output errors name."""
     w = gguf.GGUFWriter(str(path), ARCH)
     add_metadata(w, cfg, mix=mix, seed=seed, rd=rd, vocab=build_vocab(cfg.n_vocab),
                  header_only=header_only)
@@ -60,8 +99,9 @@ def _open_writer(path: Path, cfg: SynthConfig, specs, mix: str, seed: int,
         w.add_tensor_info(s.name, s.shape, np.dtype(np.float32), s.n_bytes, raw_dtype=raw)
     try:
         w.write_header_to_file()
-    except OSError as e:
-        raise SynthError(f"cannot write {path.parent}: {e.strerror or e}") from e
+    except OSError as e:  # the temporary file could not be made: its folder refused it
+        raise SynthError(f"cannot write {shown}: {e.strerror or e} (creating a file in "
+                         f"{path.parent})") from e
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     return w
@@ -141,19 +181,19 @@ def write_model(path: str | os.PathLike[str], config: SynthConfig, *, mix: str =
 
     mix: a name from `strata.synth.mixes.MIXES`; seed: all values follow from it; skew: the
     routing exponent B (None = uniform, see `strata.synth.routing`); progress: show a rich
-    progress bar; header_only: write the header and a sparse data region of the full size."""
+    progress bar; header_only: write the header and a sparse data region of the full size.
+    A symlink `path` is written through to its target; an existing `path` that is not a
+    regular file (a directory, device, FIFO, socket) is refused (`output_target`)."""
     check_mix(mix)
+    check_seed(seed)
     path = Path(path)
-    if path.is_dir():
-        raise SynthError(f"cannot write {path}: it is a directory")
-    if not path.parent.is_dir():
-        raise SynthError(f"cannot write {path}: folder {path.parent} does not exist")
+    target = output_target(path)
     rd = routing.design(config, seed, skew)
     specs = layout.tensor_specs(config, mix)
     t0 = time.perf_counter()
-    tmp, w = _tmp_path(path), None
+    tmp, w = _tmp_path(target), None  # beside the target: the rename stays in one filesystem
     try:
-        w = _open_writer(tmp, config, specs, mix, seed, rd, header_only)
+        w = _open_writer(tmp, path, config, specs, mix, seed, rd, header_only)
         fout = w.fout[0]
         w.write_padding(fout, fout.tell())
         data_start = fout.tell()
@@ -168,7 +208,7 @@ def write_model(path: str | os.PathLike[str], config: SynthConfig, *, mix: str =
                 finally:
                     sink.close()
         w.close()
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException as e:
         if w is not None:
             w.close()

@@ -136,7 +136,7 @@ def test_generate_refuses_bad_knobs(tmp_models, capsys):
     assert "invalid choice: 'disk'" in capsys.readouterr().err
     assert main(["generate", "-m", path, "--prompt-tokens", "1", "--backend", "cpu",
                  "--prefill", "300"]) != 0
-    assert "--prefill: 300 is not a multiple of 256" in capsys.readouterr().err
+    assert "--prefill: chunk 300 is not a multiple of 256 (try 256 or 512)" in capsys.readouterr().err
 
 
 def test_decode_profile_times_each_launcher_alone_and_restores_them(monkeypatch):

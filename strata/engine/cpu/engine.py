@@ -11,8 +11,17 @@ from strata.engine.engine import Callback, Engine, kept_positions
 from strata.engine.qwen3moe import forward
 from strata.gguf import ModelFile
 from strata.kv import HostKVCache
+from strata.plan.options import DEFAULT_MAX_CONTEXT
 
 DEFAULT_PREFILL_CHUNK = 256  # tokens per forward call: bounds activation memory on long prompts
+CPU_CONTEXT_CAP = 4096  # the default context at most: the CPU engine's KV is f32 per position
+
+
+def default_max_context(shape) -> int:
+    """The context when none is asked for: the model's training context, at most 4096. A
+    non-positive training context is unknown, as `strata plan` reads it (its default, capped)."""
+    train = shape.n_ctx_train if shape.n_ctx_train > 0 else DEFAULT_MAX_CONTEXT
+    return min(train, CPU_CONTEXT_CAP)
 
 
 class CpuEngine(Engine):
@@ -28,7 +37,7 @@ class CpuEngine(Engine):
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         self.model = model if isinstance(model, CpuModel) else CpuModel(model)
         self.shape = s = self.model.shape
-        self.max_context = min(s.n_ctx_train, 4096) if max_context is None else int(max_context)
+        self.max_context = default_max_context(s) if max_context is None else int(max_context)
         if self.max_context < 1:
             raise ValueError(f"max_context must be at least 1, got {self.max_context}")
         if prefill_chunk < 1:

@@ -29,6 +29,7 @@ class CpuModel:
     def __init__(self, model: ModelFile):
         if model.arch != "qwen3moe":
             raise ValueError(f"{model.path}: the CPU engine runs qwen3moe, not {model.arch}")
+        model.check_weights()  # a header-only file: refused before anything is mapped
         self.file = model
         self.shape = s = model.shape
         names = ["token_embd"] + [f"blk.{il}.{n}" for il in range(s.n_layer) for n in _MATRICES]

@@ -169,7 +169,7 @@ class CudaModel:
 
     def _plan_and_open(self, model: ModelFile, backend) -> None:
         s, o = self.shape, self.options
-        profile = load_profile(model.metadata, s.n_layer, s.n_expert, o.profile_path)
+        profile = load_profile(model.metadata, s.n_layer, s.n_expert, o.profile_path, model.path)
         self.profile = profile
         self.report["profile"] = profile_source(model.metadata, o.profile_path)
         if self._given_plan is not None:

@@ -67,7 +67,8 @@ class SplitModel:
         caps = list(gpu_mem) if gpu_mem is not None else [None] * len(self.devices)
         if not len(self.devices) == len(backends) == len(caps):
             raise CudaEngineError(f"{len(self.devices)} GPUs, {len(caps)} --gpu-mem sizes")
-        self.profile = load_profile(model.metadata, s.n_layer, s.n_expert, options.profile_path)
+        self.profile = load_profile(model.metadata, s.n_layer, s.n_expert, options.profile_path,
+                                    model.path)
         self.report["profile"] = profile_source(model.metadata, options.profile_path)
         self.backends, infos = [], []
         for i, (b, d, c) in enumerate(zip(backends, self.devices, caps)):

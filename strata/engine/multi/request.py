@@ -17,14 +17,8 @@ import argparse
 from dataclasses import dataclass
 
 from strata.plan.options import OptionError
-from strata.plan.split.knobs import split_from_args
-from strata.plan.split.options import SplitOptions, parse_gpus, parse_layer_split
-
-SPLIT_ONLY = (("layer_split", "--layer-split", "auto"), ("cover_b", "--cover-b", None),
-              ("no_helper_tiers", "--no-helper-tiers", False), ("no_carve", "--no-carve", False),
-              ("stage_cache", "--stage-cache", None), ("gpu_bandwidth", "--gpu-bandwidth", None),
-              ("handoff", "--handoff", "auto"))
-
+from strata.plan.split.knobs import SPLIT_ONLY, split_flags_given, split_from_args  # noqa: F401 (re-exported)
+from strata.plan.split.options import SplitOptions, parse_gpus
 
 @dataclass(frozen=True, slots=True)
 class GpuRequest:
@@ -44,18 +38,6 @@ class GpuRequest:
     @property
     def is_split(self) -> bool:
         return len(self.devices) > 1
-
-
-def split_flags_given(args: argparse.Namespace) -> list[str]:
-    """The split-only flags set away from their defaults, as spelled on the command line."""
-    out = []
-    for name, flag, default in SPLIT_ONLY:
-        value = getattr(args, name, default)
-        if name == "layer_split":
-            value = default if parse_layer_split(value or default) is None else value
-        if value != default:
-            out.append(flag)
-    return out
 
 
 def gpu_sizes(text: str | None) -> list[int] | None:

@@ -82,6 +82,12 @@ def build_shape(meta: Metadata, tensors: dict[str, TensorInfo], file_bytes: int)
         "ffn_gate_exps": (n_embd, n_ff, n_expert), "ffn_up_exps": (n_embd, n_ff, n_expert),
         "ffn_down_exps": (n_ff, n_embd, n_expert),
     }
+    for name in tensors:  # a block past block_count would be ignored: the file is inconsistent
+        parts = name.split(".")
+        if parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() \
+                and int(parts[1]) >= n_layer:
+            raise TensorError(p, f"tensor {name!r} is in block {int(parts[1])}, but "
+                                 f"{k}block_count is {n_layer} (blocks 0..{n_layer - 1})")
     layers = []
     for i in range(n_layer):
         dense = tuple(_expect(tensors, p, f"blk.{i}.{n}.weight", dense_ne[n]) for n in DENSE_NAMES)

@@ -17,6 +17,12 @@ from strata.plan.split.options import (
 )
 
 CARVE_ENV = "STRATA_WEIGHT_CARVE"  # 0: every stage loads every layer's dense weights (the A/B)
+# The flags that mean something only to a layer split, with their defaults: given with one GPU
+# they would be silently meaningless, so a plan for one GPU refuses them by name.
+SPLIT_ONLY = (("layer_split", "--layer-split", "auto"), ("cover_b", "--cover-b", None),
+              ("no_helper_tiers", "--no-helper-tiers", False), ("no_carve", "--no-carve", False),
+              ("stage_cache", "--stage-cache", None), ("gpu_bandwidth", "--gpu-bandwidth", None),
+              ("handoff", "--handoff", "auto"))
 
 
 def add_split_knobs(p: argparse.ArgumentParser, *, gpus_help: str | None = None) -> None:
@@ -75,14 +81,46 @@ def split_from_args(args: argparse.Namespace, environ=None) -> SplitOptions:
                         handoff=getattr(args, "handoff", "auto"))
 
 
-def pick_gpus(found: list, gpus: str | None) -> list:
-    """The devices `--gpus` names, in its order (all of `found` without it)."""
+def split_flags_given(args: argparse.Namespace) -> list[str]:
+    """The split-only flags set away from their defaults, as spelled on the command line."""
+    out = []
+    for name, flag, default in SPLIT_ONLY:
+        value = getattr(args, name, default)
+        if name == "layer_split":
+            value = default if parse_layer_split(value or default) is None else value
+        if value != default:
+            out.append(flag)
+    return out
+
+
+def refuse_split_flags(args: argparse.Namespace, gpu: int) -> None:
+    """One GPU runs every layer: a split-only flag given with it is refused by name (as
+    `strata generate` and `strata bench` refuse them), not silently ignored."""
+    given = split_flags_given(args)
+    if given:
+        raise OptionError(f"{', '.join(given)}: a layer split's flag{'s' * (len(given) > 1)}, "
+                          f"and one GPU runs every layer (GPU {gpu}; give several with "
+                          f"--gpu-mem A,B or --gpus I,J,...)")
+
+
+def gpu_listing(found: list) -> str:
+    """'GPU 0 only', 'GPUs 0, 1', 'no GPU': what an error about a missing index lists."""
+    have = [str(d.index) for d in found]
+    if not have:
+        return "no GPU"
+    return f"GPU {have[0]} only" if len(have) == 1 else f"GPUs {', '.join(have)}"
+
+
+def pick_gpus(found: list, gpus: str | None, *, seen: str = "NVML sees",
+              hint: str = "") -> list:
+    """The devices `--gpus` names, in its order (all of `found` without it). `seen`: what
+    found them, as an error says it ("NVML sees", "--gpu-mem plans"); `hint`: said after."""
     if gpus is None:
         return list(found)
     by_index = {d.index: d for d in found}
     ids = parse_gpus(gpus)
     missing = [i for i in ids if i not in by_index]
     if missing:
-        raise OptionError(f"--gpus {gpus}: no GPU {', '.join(map(str, missing))} (there are "
-                          f"{', '.join(str(d.index) for d in found)})")
+        raise OptionError(f"--gpus {gpus}: no GPU {', '.join(map(str, missing))} ({seen} "
+                          f"{gpu_listing(found)}{'; ' + hint if hint else ''})")
     return [by_index[i] for i in ids]

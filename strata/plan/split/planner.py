@@ -108,6 +108,11 @@ def _pinned(split: SplitOptions, options: PlanOptions, n: int) -> tuple[int, ...
     return None
 
 
+def _cache_flag(split: SplitOptions) -> str:
+    """The flag the stage caches' pins came from, as refusals and notes name it."""
+    return "--stage-cache" if split.stage_cache is not None else "--expert-cache"
+
+
 def stage_tables(shape: ModelShape, profile: RoutingProfile, devices: list[DeviceInfo],
                  options: PlanOptions, split: SplitOptions, *, b: float,
                  pinned: tuple[int, ...] | None) -> list[StageTable]:
@@ -156,7 +161,7 @@ def _decide_all(shape, profile, devices, options, split, placement: Placement,
         if pinned is not None:
             opts = replace(opts, expert_cache=pinned[g])
         return decide_stage(shape, profile, devices[g], opts, lo, hi, first=g == 0,
-                            carve=split.carve)
+                            carve=split.carve, cache_flag=_cache_flag(split))
 
     out = [one(g, options) for g in range(len(devices))]
     chunks = [d.path.chunk for d in out if d.path is not None]
@@ -193,10 +198,12 @@ def _assemble(shape, profile, devices, options, split, placement, decisions, b,
     refusal = None
     if not accepted:
         d, dev = decisions[bad], devices[bad]
-        knobs = stage_knobs(shape, profile, dev, options, placement.cuts, bad,
+        knobs = stage_knobs(shape, profile, devices, options, placement.cuts, bad,
                             carve=split.carve, needed=d.needed_bytes,
                             max_context=d.setting.max_context,
-                            reserve_bytes=d.setting.reserve_bytes, searched=searched)
+                            reserve_bytes=d.setting.reserve_bytes,
+                            pinned=_pinned(split, options, len(devices)),
+                            cache_flag=_cache_flag(split), searched=searched)
         refusal = Refusal(f"GPU {dev.index} (stage {bad}, layers {d.lo}-{d.hi - 1}): {d.reason}",
                           dev.index, dev.free_bytes, d.needed_bytes, knobs)
     stage_pairs = [s.device_plan.cache.pairs() for s in stages if s.device_plan.cache.n_slots]

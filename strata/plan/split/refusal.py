@@ -1,36 +1,44 @@
 """The knobs a refused stage offers: each a concrete flag, with the bytes it frees on that card
-computed by the same stage pricing the refusal's 'needed' comes from (`decide_stage`), largest
-effect first. Besides the single-GPU knobs (lighter KV, a shorter context, a smaller reserve, no
-draft head, the carve back on), a split can move a layer off the short card: the `--layer-split`
-that gives one of its edge layers to its neighbour."""
+computed by the same stage pricing the refusal's 'needed' comes from (`decide_stage`, with the
+stage's pinned cache where caches are pinned), largest effect first. Besides the single-GPU knobs
+(lighter KV, a shorter context, a smaller reserve, no draft head, the carve back on), a split can
+move a layer off the short card (the `--layer-split` that gives one of its edge layers to its
+neighbour) and, where the caches are pinned, shrink them (the largest pinned caches that fit)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from strata.gguf.shape import ModelShape
-from strata.plan.devices import DeviceInfo, MiB
-from strata.plan.layout import KV_TYPES, Q4_0_BLOCK
+from strata.plan.devices import DeviceInfo
 from strata.plan.options import CHUNK_GRID, PlanOptions
 from strata.plan.profile import RoutingProfile
+from strata.plan.refusal import NOT_ENOUGH, Pricer, kv_type_knobs, largest, reserve_knob
 from strata.plan.result import Knob
 from strata.plan.split.stage import decide_stage
 
-RESERVE_MIN_MIB = 256
-NOT_ENOUGH = "not enough alone"
 
-
-def stage_knobs(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
+def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[DeviceInfo],
                 options: PlanOptions, cuts: tuple[int, ...], stage: int, *, carve: bool,
                 needed: int, max_context: int, reserve_bytes: int,
+                pinned: tuple[int, ...] | None = None, cache_flag: str = "--expert-cache",
                 searched: tuple[int, ...] | None = None) -> tuple[Knob, ...]:
-    """Every change that frees bytes on the refused stage's card, largest effect first;
-    `searched`: the placement search's cuts when they differ from the refused ones."""
+    """Every change that frees bytes on the refused stage's card, largest effect first.
+    `pinned`: each stage's pinned cache slots (`cache_flag` names the flag they came from:
+    `--stage-cache`, or `--expert-cache` pinning every stage alike), the same slots `needed` was
+    priced with; `searched`: the placement search's cuts when they differ from the refused ones."""
     edges = (0, *cuts, shape.n_layer)
     lo, hi = edges[stage], edges[stage + 1]
+    dev = devices[stage]
+    # every knob is priced with the stage's pinned cache, as `needed` was: priced without it, a
+    # knob 'frees' the pinned cache's bytes as well (a lighter KV freeing more than the KV)
+    mine = options if pinned is None else replace(options, expert_cache=pinned[stage])
 
-    def need(opts: PlanOptions = options, a: int = lo, b: int = hi, c: bool = carve) -> int:
+    def need(opts: PlanOptions = mine, a: int = lo, b: int = hi, c: bool = carve) -> int:
         return decide_stage(shape, profile, dev, opts, a, b, first=a == 0, carve=c).needed_bytes
+
+    p = Pricer(mine, dev.free_bytes, needed, need)
 
     def knob(flag: str, n: int) -> Knob | None:
         freed = needed - n
@@ -38,17 +46,15 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
             return None
         return Knob(flag, freed, NOT_ENOUGH if n > dev.free_bytes else "")
 
-    found = [knob(f"--kv {t}", need(replace(options, kv_type=t)))
-             for t in KV_TYPES[KV_TYPES.index(options.kv_type) + 1:]
-             if t != "q4_0" or shape.head_dim % Q4_0_BLOCK == 0]
+    found = [*kv_type_knobs(p, shape, mine),
+             reserve_knob(p, reserve_bytes, wddm=dev.is_wddm),
+             _cache_knob(p, shape, profile, devices, mine, edges, carve=carve, stage=stage,
+                         pinned=pinned, flag=cache_flag)]
     ctx = max_context // 2 // CHUNK_GRID * CHUNK_GRID
     if ctx >= CHUNK_GRID:
-        found.append(knob(f"--max-context {ctx}", need(replace(options, max_context=ctx))))
-    if reserve_bytes > RESERVE_MIN_MIB * MiB:
-        found.append(knob(f"--vram-reserve-mib {RESERVE_MIN_MIB}",
-                          need(replace(options, vram_reserve_mib=RESERVE_MIN_MIB))))
+        found.append(p.knob(f"--max-context {ctx}", max_context=ctx))
     if options.spec and lo == 0:
-        found.append(knob("--spec 0 (no draft head)", need(replace(options, spec=0))))
+        found.append(p.knob("--spec 0 (no draft head)", spec=0))
     if not carve:
         found.append(knob("the carve on (drop --no-carve)", need(c=True)))
     for a, b, g in ((lo + 1, hi, stage - 1), (lo, hi - 1, stage + 1)):
@@ -62,3 +68,38 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
         found.append(knob(f"--layer-split {','.join(map(str, searched))} (the placement "
                           f"search's choice)", need(a=e[stage], b=e[stage + 1])))
     return tuple(sorted((k for k in found if k is not None), key=lambda k: -k.frees_bytes))
+
+
+def _cache_knob(p: Pricer, shape: ModelShape, profile: RoutingProfile,
+                devices: Sequence[DeviceInfo], options: PlanOptions, edges: tuple[int, ...], *,
+                carve: bool, stage: int, pinned: tuple[int, ...] | None,
+                flag: str) -> Knob | None:
+    """Pinned caches: the largest each stage fits at this placement (`--stage-cache A,B,...`),
+    or, pinned alike by `--expert-cache`, the largest every stage fits. It frees what the
+    refused stage's cache gives up; it is not enough alone where a stage does not fit even with
+    no cache at all."""
+    if pinned is None:
+        return None
+    fit = [_largest_fitting(shape, profile, dev, options, edges[g], edges[g + 1], pinned[g],
+                            carve=carve) for g, dev in enumerate(devices)]
+    slots = [0 if k is None else k for k in fit]
+    if flag == "--stage-cache":
+        value, mine = ",".join(map(str, slots)), slots[stage]
+    else:
+        value = mine = min(slots)
+    note = NOT_ENOUGH if None in fit else ""
+    return p.knob(f"{flag} {value}", note, expert_cache=mine)
+
+
+def _largest_fitting(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
+                     options: PlanOptions, lo: int, hi: int, pin: int, *,
+                     carve: bool) -> int | None:
+    """The largest cache (at most `pin`, clamped to the range's pairs as the planner clamps it)
+    with which the stage over [lo, hi) is planned on `dev`; None if not even an empty one is."""
+    def fits(k: int) -> bool:
+        d = decide_stage(shape, profile, dev, replace(options, expert_cache=k), lo, hi,
+                         first=lo == 0, carve=carve)
+        return d.reason is None
+
+    cap = min(pin, (hi - lo) * shape.n_expert)
+    return cap if fits(cap) else largest(0, cap - 1, fits)

@@ -99,8 +99,9 @@ class StageDecision:
 
 def decide_stage(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
                  options: PlanOptions, lo: int, hi: int, *, first: bool,
-                 carve: bool) -> StageDecision:
-    """The single-GPU policy over layers [lo, hi) on `dev`."""
+                 carve: bool, cache_flag: str = "--expert-cache") -> StageDecision:
+    """The single-GPU policy over layers [lo, hi) on `dev`; `cache_flag`: the flag a pinned
+    cache came from (`--stage-cache` or `--expert-cache`), as the stage's reason names it."""
     s, notes, _ = resolve(shape, dev, options)
     fixed = stage_fixed(shape, s, options, lo, hi, first=first, carve=carve)
     avail = dev.free_bytes - fixed_bytes(fixed, s)
@@ -108,8 +109,9 @@ def decide_stage(shape: ModelShape, profile: RoutingProfile, dev: DeviceInfo,
     # the prompt path is priced on the whole model's shape: its buffers do not depend on the
     # layer count, and its ring slots are the model's largest blob, as the runtime carves them
     pricing = PromptPricing(shape, options.kv_type, s.stage_tokens, options.ring_bytes)
+    held = f"layer {lo} has" if hi - lo == 1 else f"layers {lo}-{hi - 1} have"
     outcome = decide(sub, sub_p, options, pricing, avail=avail, max_context=s.max_context,
-                     notes=notes)
+                     notes=notes, cache_flag=cache_flag, pairs=held)
     # the least VRAM: this stage's fixed part plus the elastic minimum of its range (the
     # sub-shape's minimum less the sub-shape's own fixed part)
     sub_fixed = fixed_bytes(fixed_layouts(sub, s, options), s)
