@@ -249,7 +249,8 @@ def _json_root(args):
         return None
     from pathlib import Path
 
-    from strata.engine.json_schema import SchemaError, compile_schema
+    from strata.engine.json_schema import SchemaError
+    from strata.engine.json_schema_request import compile_request_schema
 
     text = args.json_schema
     if not text.lstrip().startswith("{"):
@@ -262,8 +263,8 @@ def _json_root(args):
             raise StrataError(f"--json-schema: {args.json_schema}: not UTF-8 text (byte "
                               f"0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
-        return compile_schema(json.loads(text))
-    except json.JSONDecodeError as e:
+        return compile_request_schema(json.loads(text))
+    except (json.JSONDecodeError, RecursionError) as e:
         raise StrataError(f"--json-schema: not JSON: {e}") from None
     except SchemaError as e:
         raise StrataError(f"--json-schema: {e}") from None

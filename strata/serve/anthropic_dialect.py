@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strata.serve.anthropic_request import parse_messages
-from strata.serve.chat import prepare_chat
+from strata.serve.chat import chat_text, prepare_chat
 from strata.serve.errors import ApiError, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
@@ -190,10 +190,8 @@ async def count_tokens(request: Request, state: ServerState, body: dict) -> Resp
     """`/v1/messages/count_tokens`: the prompt's length through the chat template."""
     req = parse_messages(Fields(body), state, counting=True)
 
-    def count() -> int:
-        tools = list(req.chat.tools) if req.chat.tools else None
-        text = state.model.render_chat(list(req.chat.messages), tools,
-                                       dict(req.chat.template_vars))
-        return len(state.model.encode(text))
+    def count() -> int:  # the prompt `messages` would run, prefill and forced call included
+        text, prefix = chat_text(state.model, req.chat)
+        return len(state.model.encode(text + prefix))
 
     return JSONResponse({"input_tokens": await run_in_threadpool(count)})

@@ -5,6 +5,10 @@ becomes an assistant tool call, each `tool_result` a `tool` message, `thinking` 
 `reasoning_content`. A block this model cannot take — an image or document, inside a
 `tool_result` or not — is a 400 naming the block's path; nothing is dropped silently.
 
+A final assistant turn is a prefill, as in Anthropic's API: the prompt is the conversation
+before it with the generation prompt, then its text (trailing blank space dropped), which the
+model continues; the response holds only what it writes after it.
+
 Structured outputs as Anthropic's API has them: `output_config.format` (or the earlier top-level
 `output_format`) `{"type": "json_schema", "schema": {...}}` holds the answer's text to one JSON
 document the schema allows, and a tool with `"strict": true` has its calls held to its
@@ -23,7 +27,7 @@ from typing import Any
 from strata.engine.json_schema import Node
 from strata.serve.chat import ChatInput, schema_node
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join
+from strata.serve.fields import Fields, a_or_an, join
 
 MAX_STOPS = 16
 _NOT_TEXT = ("image", "document", "search_result", "container_upload")
@@ -37,7 +41,7 @@ class MessagesRequest:
 
 def _refuse_block(kind: str, path: str) -> None:
     if kind in _NOT_TEXT:
-        raise bad_request(f"{path} is an {kind!r} block, but this model takes text only: "
+        raise bad_request(f"{path} is {a_or_an(kind)} block, but this model takes text only: "
                           f"remove the block or serve a model that accepts it", path)
     raise bad_request(f"{join(path, 'type')}: content block type {kind!r} is not supported here",
                       join(path, "type"))
@@ -126,6 +130,25 @@ def _assistant(m: Fields, out: list[dict]) -> None:
     out.append(msg)
 
 
+def _prefill(messages: list[dict], path: str) -> str:
+    """The final assistant turn, taken out of `messages` as the answer's start: Anthropic's API
+    continues it (a client sends ``{`` to have JSON written) rather than answering after it,
+    its trailing blank space dropped as Anthropic drops it. Text only: a tool call needs its
+    result in a user turn after it, and thinking cannot be continued as the answer."""
+    last = messages.pop()
+    if last.get("tool_calls"):
+        raise bad_request(f"{path}: the final assistant turn is continued as the answer, so it "
+                          f"cannot hold a tool_use block (its tool_result must follow in a user "
+                          f"turn)", path)
+    if last.get("reasoning_content"):
+        raise bad_request(f"{path}: the final assistant turn is continued as the answer's text, "
+                          f"so it cannot hold a thinking block", path)
+    if not any(m["role"] != "system" for m in messages):
+        raise bad_request(f"{path}: the final assistant turn is continued as the answer, so a "
+                          f"user turn must come before it", path)
+    return last["content"].rstrip()
+
+
 def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
     """The tools (as the chat template reads them), the tool choice, and (name, the input
     schema compiled where the tool is `strict`, else None) per tool."""
@@ -197,10 +220,12 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     if f.has("system"):
         messages.append({"role": "system", "content": _text_blocks(f.raw("system"), "system")})
     raw = f.list("messages", required=True, non_empty=True)
+    role = None
     for i, item in enumerate(raw):
         m = Fields(item, join("messages", i))
         role = m.str("role", required=True, choices=("user", "assistant"))
         (_user if role == "user" else _assistant)(m, messages)
+    prefill = _prefill(messages, join("messages", len(raw) - 1)) if role == "assistant" else ""
     thinking = f.obj_at("thinking")
     switch: tuple = ()
     if thinking is not None:  # on or off reaches a template that reads `enable_thinking`
@@ -213,6 +238,15 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         raise bad_request("output_config.format: a JSON format cannot be combined with tools "
                           "(a tool call is not the JSON document); send tool_choice "
                           "{\"type\": \"none\"} or no tools", "output_config.format")
+    if prefill and json_object:
+        where = "output_format" if f.has("output_format") else "output_config.format"
+        raise bad_request(f"{where}: a JSON format cannot follow a prefilled answer (the "
+                          f"document would start after the final assistant turn's text); "
+                          f"send one or the other", where)
+    if prefill and tools and choice not in ("auto", "none"):
+        raise bad_request("tool_choice: a forced tool call starts the answer, so it cannot "
+                          "follow a prefilled one (the final assistant turn); send tool_choice "
+                          "{\"type\": \"auto\"} or no prefill", "tool_choice")
     chat = ChatInput(
         messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
         tool_schemas=tool_schemas, json_object=json_object, json_schema=json_schema,
@@ -220,5 +254,5 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
         top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
         top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f),
-        template_vars=switch)
+        template_vars=switch, prefill=prefill)
     return MessagesRequest(chat=chat, stream=f.bool("stream"))

@@ -13,11 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.engine.json_schema import Node, SchemaError
 from strata.serve.errors import bad_request
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
-from strata.serve.reasoning import opens_thinking
+from strata.serve.reasoning import CLOSE, OPEN, opens_thinking
+from strata.engine.json_schema_request import compile_request_schema
 from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -27,7 +28,7 @@ def schema_node(schema: dict, where: str) -> Node:
     """A request's JSON schema (a response format's, a strict tool's) compiled for the
     constraint; one outside the subset it holds output to is a 400 naming `where`."""
     try:
-        return compile_schema(schema)
+        return compile_request_schema(schema)
     except SchemaError as e:
         raise bad_request(f"{where}: {e}", where) from e
 
@@ -70,6 +71,9 @@ class ChatInput:
     tool_schemas: tuple[tuple[str, Node | None], ...] = ()
     # (name, JSON value) variables for the chat template (`enable_thinking`, ...)
     template_vars: tuple[tuple[str, Any], ...] = ()
+    # the start of the answer, written for the model after the generation prompt (Anthropic's
+    # final assistant turn): the model continues it, and the answer is only what follows
+    prefill: str = ""
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -99,17 +103,38 @@ def forced_prefix(tool_choice: str) -> str:
     return OPEN_TAG + "\n" + '{"name": ' + json.dumps(tool_choice) + ', "arguments": '
 
 
-def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Prepared:
-    """Render, tokenize, clamp max_tokens to the room left: the request as the worker runs it."""
+def chat_text(model: ChatModel, chat: ChatInput) -> tuple[str, str]:
+    """The prompt's text as two pieces: the conversation rendered by the model's template
+    (generation prompt included) followed by the prefill, and the forced call's opening
+    (`forced_prefix`) that ends the prompt after them. Their encoding is the prompt the
+    worker runs, and the one `count_tokens` counts."""
     use_tools = bool(chat.tools) and chat.tool_choice != "none"
     text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None,
                              dict(chat.template_vars))
     prefix = forced_prefix(chat.tool_choice) if use_tools and model.tool_calls_parsed else ""
+    return text + chat.prefill, prefix
+
+
+def _inside_thinking(text: str, prefill: str) -> bool:
+    """Whether the prompt ends inside an open `<think>` block: the generation prompt opened
+    one that the prefill does not close, or the prefill opens one itself."""
+    rendered = text[:len(text) - len(prefill)]
+    if OPEN in prefill:
+        return CLOSE not in prefill[prefill.rindex(OPEN):]
+    return opens_thinking(rendered) and CLOSE not in prefill
+
+
+def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Prepared:
+    """Render, tokenize, clamp max_tokens to the room left: the request as the worker runs it."""
+    use_tools = bool(chat.tools) and chat.tool_choice != "none"
+    text, prefix = chat_text(model, chat)
     prompt = model.encode(text + prefix)
     max_tokens = fit_max_tokens(len(prompt), chat.max_tokens, max_context=model.max_context,
                                 limit=limit)
     split = model.splits_thinking and not prefix  # a forced call starts the answer
-    opened = split and opens_thinking(text)
+    opened = split and _inside_thinking(text, chat.prefill)
+    if chat.prefill and not opened:  # the answer's text has begun: no <think> starts it now
+        split = False
     think = ("open" if opened else "start") if split else None  # no call inside <think>
     strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
                            think=think)
@@ -143,7 +168,7 @@ def tool_arguments(value: Any) -> Any:
     if isinstance(value, str):
         try:
             parsed = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested too deep to be a dict here
             return value
         return parsed if isinstance(parsed, dict) else value
     return value

@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 from typing import AsyncIterator
 
+from strata.serve.errors import bad_request
 from strata.serve.generation import Generation, Prepared, Submitter
 from strata.serve.job import FinishEvent
 from strata.serve.model import SEED_MODULUS
@@ -33,22 +34,24 @@ def choice_prepared(prepared: Prepared, index: int) -> Prepared:
 
 
 class Choices:
-    """`n` generations of `prepared`. Submitting is all or nothing: where the queue refuses
-    one, the ones already queued are cancelled and the error goes to the caller."""
+    """`n` generations of `prepared`, queued together: where the queue has no room for all
+    of them, none is queued and the 503 goes to the caller. An `n` above what the queue holds
+    at all is the client's 400 (naming `n`): its choices could never be queued together, so a
+    retry would never succeed."""
 
     def __init__(self, worker: Submitter, prepared: Prepared, n: int, *,
                  id_prefix: str = "call_"):
         if not 1 <= n <= MAX_CHOICES:
             raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {n}")
+        if n > worker.max_queue:
+            room = worker.max_queue
+            raise bad_request(f"n: {n} choices wait in the request queue together, but it "
+                              f"holds {room} request{'' if room == 1 else 's'} "
+                              f"(--max-queue): ask for at most {room}", "n")
         self.prepared = prepared
-        self.gens: list[Generation] = []
-        try:
-            for i in range(n):
-                self.gens.append(Generation(worker, choice_prepared(prepared, i),
-                                            id_prefix=id_prefix))
-        except BaseException:
-            self.cancel()
-            raise
+        self.gens = [Generation(worker, choice_prepared(prepared, i), id_prefix=id_prefix,
+                                submit=False) for i in range(n)]
+        worker.submit_all([g.job for g in self.gens])
 
     def __len__(self) -> int:
         return len(self.gens)

@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from strata.serve.errors import ApiError, bad_request
+from strata.tokenizer import replace_surrogates
 
 _MISSING = object()
+# Arrays and objects inside each other in a body, the body itself being level 1. No API body
+# nests near this (a schema 64 levels deep, the most a request's schema may nest, is about 130);
+# Python's JSON decoder and encoder recurse per level and give out near 1,000, so a body just
+# under that would still fail where a value of it is echoed or rendered.
+MAX_JSON_DEPTH = 256
+# a surrogate escape, or a surrogate the decoder let through: only then are strings checked
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """A value's JSON type, as error messages name it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -40,15 +50,61 @@ def parse_json(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object; a 400 for anything else (NaN and Infinity included)."""
     if not body:
         raise bad_request("the request body is empty: expected a JSON object")
-    try:
-        value = json.loads(body, parse_constant=_reject_constant)
+    try:  # decoded as json.loads decodes bytes (UTF-16 and -32 are found by their zeros)
+        text = body.decode(json.detect_encoding(body), "surrogatepass")
+        value = json.loads(text, parse_constant=_reject_constant)
     except UnicodeDecodeError as e:
         raise bad_request(f"the request body is not UTF-8 ({e.reason})") from e
+    except RecursionError:
+        raise bad_request(f"the request body is nested too deeply: at most {MAX_JSON_DEPTH} "
+                          f"arrays and objects inside each other") from None
     except (json.JSONDecodeError, ValueError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from e
     if not isinstance(value, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(value)}")
+        raise bad_request(f"the request body must be a JSON object, got {type_name(value)}")
+    # the depth can pass the limit only where the text opens that many arrays and objects
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value):
+        raise bad_request(f"the request body is nested too deeply: at most {MAX_JSON_DEPTH} "
+                          f"arrays and objects inside each other")
+    if _SURROGATE.search(text):  # (the depth is within MAX_JSON_DEPTH by now)
+        value = valid_text(value)
     return value
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests more than MAX_JSON_DEPTH arrays and objects (walked without
+    recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        for child in (v.values() if isinstance(v, dict) else v):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
+
+
+def valid_text(value: Any) -> Any:
+    """`value` with every lone surrogate in its strings (keys too) replaced by U+FFFD.
+
+    JSON may escape a lone surrogate (``"\\ud800"``), which Python decodes into a string no
+    UTF-8 text can hold: the tokenizer takes it as U+FFFD, but a field echoed back (metadata,
+    a stop string, an error naming a key) could not be written out, so every field gets the
+    replacement at once. Recursive: a caller bounds the depth (or catches RecursionError)."""
+    if isinstance(value, str):
+        return replace_surrogates(value)
+    if isinstance(value, list):
+        return [valid_text(v) for v in value]
+    if isinstance(value, dict):
+        return {replace_surrogates(k): valid_text(v) for k, v in value.items()}
+    return value
+
+
+def a_or_an(word: str) -> str:
+    """`word` quoted after its article: ``an 'image'``, ``a 'document'`` (by its first letter,
+    which suits the part and block type names the APIs have)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word!r}"
 
 
 def join(path: str, key: str | int) -> str:
@@ -64,7 +120,7 @@ class Fields:
     def __init__(self, obj: Any, path: str = ""):
         if not isinstance(obj, dict):
             where = path or "the request body"
-            raise bad_request(f"{where}: expected an object, got {_type_name(obj)}", path or None)
+            raise bad_request(f"{where}: expected an object, got {type_name(obj)}", path or None)
         self.obj = obj
         self.path = path
 
@@ -72,7 +128,7 @@ class Fields:
         return join(self.path, key)
 
     def _fail(self, key: str, expected: str, value: Any) -> ApiError:
-        return bad_request(f"{self.where(key)}: expected {expected}, got {_type_name(value)}",
+        return bad_request(f"{self.where(key)}: expected {expected}, got {type_name(value)}",
                            self.where(key))
 
     def _get(self, key: str, required: bool) -> Any:
@@ -180,7 +236,7 @@ def text_parts(value: Any, path: str, *, texts: tuple[str, ...],
         elif kind == "refusal":
             out.append(part.str("refusal", required=True))
         elif kind in not_text:
-            raise bad_request(f"{part.path} is an {kind!r} part, but this model takes text "
+            raise bad_request(f"{part.path} is {a_or_an(kind)} part, but this model takes text "
                               f"only: remove it or serve a model that accepts it", part.path)
         else:
             expected = " or ".join(repr(t) for t in texts)

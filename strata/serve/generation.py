@@ -21,7 +21,11 @@ from strata.serve.tools import ToolCall, ToolCallParser
 
 
 class Submitter(Protocol):
+    max_queue: int  # jobs the queue holds at most
+
     def submit(self, job: Job) -> None: ...
+
+    def submit_all(self, jobs: list[Job]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +60,9 @@ def fit_max_tokens(n_prompt: int, requested: int | None, *, max_context: int,
     (and the server's own limit). A prompt that leaves no room at all is a 400."""
     room = max_context - n_prompt
     if room < 1:
+        over = n_prompt - max_context + 1
         raise bad_request(f"the prompt is {n_prompt} tokens but the context holds {max_context}: "
-                          f"shorten it by at least {n_prompt - max_context + 1} tokens", param)
+                          f"shorten it by at least {over} token{'' if over == 1 else 's'}", param)
     want = room if requested is None else requested
     if limit is not None:
         want = min(want, limit)
@@ -67,7 +72,8 @@ def fit_max_tokens(n_prompt: int, requested: int | None, *, max_context: int,
 class Generation:
     """Submit a prepared request and read its output; `cancel()` when the client goes away."""
 
-    def __init__(self, worker: Submitter, prepared: Prepared, *, id_prefix: str = "call_"):
+    def __init__(self, worker: Submitter, prepared: Prepared, *, id_prefix: str = "call_",
+                 submit: bool = True):
         self.prepared = prepared
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
@@ -80,7 +86,8 @@ class Generation:
         self.tool_calls: list[ToolCall] = []
         self.logprobs: list[TokenLogprob] = []  # every entry received, in token order
         self._n_taken = 0
-        worker.submit(self.job)
+        if submit:  # else the caller submits `job` (with others: `Choices`)
+            worker.submit(self.job)
 
     def _sink(self, event) -> None:
         try:

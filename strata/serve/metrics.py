@@ -7,6 +7,8 @@ sliding wall-clock window, so they fall to zero when the server idles.
 
 from __future__ import annotations
 
+import math
+import numbers
 import threading
 import time
 from collections import Counter, deque
@@ -43,6 +45,21 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def sample_value(value: float) -> str:
+    """A sample's value as the exposition writes it: an integer in full (a token counter passes
+    a million and a byte gauge 1e8, where a fixed count of digits would round them), a float
+    with the fewest digits that read back the same (repr), and Prometheus' own spelling of
+    the infinities and NaN."""
+    if isinstance(value, numbers.Integral):  # numpy's integers too
+        return str(int(value))
+    value = float(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
 class _Writer:
     """Prometheus text exposition, one metric family at a time."""
 
@@ -58,7 +75,8 @@ class _Writer:
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             lab = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            self.lines.append(f"{name}{{{lab}}} {value:g}" if lab else f"{name} {value:g}")
+            text = sample_value(value)
+            self.lines.append(f"{name}{{{lab}}} {text}" if lab else f"{name} {text}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

@@ -26,7 +26,7 @@ from strata.plan.pick import PICK_MAX_BIAS
 from strata.serve.chat import ChatInput, schema_node, template_vars, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join, text_parts
+from strata.serve.fields import Fields, join, text_parts, type_name
 from strata.serve.job import MAX_TOP_LOGPROBS, PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
@@ -141,6 +141,9 @@ def _stream_flags(f: Fields) -> tuple[bool, bool]:
 
 def _content(f: Fields, key: str, *, required: bool) -> str | None:
     value = f.raw(key, required=required)
+    if value is None and required:  # null is absent (`Fields.has`), not text to render
+        raise bad_request(f"{f.where(key)}: expected a string or an array of content parts, "
+                          f"got null", f.where(key))
     if value is None:
         return None
     return text_parts(value, f.where(key), texts=("text",),
@@ -288,6 +291,11 @@ def _prompt_tokens(f: Fields, model) -> tuple[int, ...]:
             raise bad_request(f"prompt: token id {bad[0]} is outside the vocabulary "
                               f"(0..{model.n_vocab - 1})", "prompt")
         tokens = list(value)
+    elif isinstance(value, list) and not any(isinstance(t, (str, list)) for t in value):
+        j, t = next((j, t) for j, t in enumerate(value)  # an array of ids with one that is not
+                    if isinstance(t, bool) or not isinstance(t, int))
+        raise bad_request(f"prompt[{j}]: expected an integer token id (0..{model.n_vocab - 1}), "
+                          f"got {type_name(t)}", f"prompt[{j}]")
     elif isinstance(value, list):
         raise bad_request("prompt: send one prompt per request (a string or one array of token "
                           "ids); batches of several prompts are not supported", "prompt")

@@ -3,7 +3,8 @@
 A response object (`"object": "response"`) whose `output` holds the answer's items in order: a
 `message` item (one `output_text` part) for each run of text, a `function_call` item for each
 tool call. `status` is `completed`, or `incomplete` with `incomplete_details.reason`
-`max_output_tokens` where the budget ended it. Usage counts `input_tokens` (with
+`max_output_tokens` where the budget ended it (and then the message or reasoning item it cut,
+the last, is `incomplete` too). Usage counts `input_tokens` (with
 `input_tokens_details.cached_tokens`, the prompt tokens found in K/V: a finished request's
 or a running one's prompt) and
 `output_tokens`.
@@ -85,6 +86,11 @@ def status_of(finish: FinishEvent) -> str:
     return "incomplete" if finish.reason == "length" else "completed"
 
 
+# the items a budget can end mid-way: the last one of an incomplete response is "incomplete"
+# too, as OpenAI's is (a function call is whole, or it stays text)
+_CUT_KINDS = ("message", "reasoning")
+
+
 def message_item(mid: str, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": mid, "status": status, "role": "assistant",
             "content": [] if status == "in_progress" else [_text_part(text)]}
@@ -141,7 +147,10 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
         raise ApiError(500, f"generation failed: {gen.finish.error}")
     for item in output:
         _sealed(req, item)
-    body = shell.body(output, status=status_of(gen.finish), finish=gen.finish)
+    status = status_of(gen.finish)
+    if status == "incomplete" and output and output[-1]["type"] in _CUT_KINDS:
+        output[-1]["status"] = "incomplete"
+    body = shell.body(output, status=status, finish=gen.finish)
     _keep(state, req, body)
     return JSONResponse(body, headers=prepared.headers)
 
@@ -227,7 +236,7 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
     output: list[dict] = []
     open_at: int | None = None  # the output index of the message or reasoning item open
 
-    def close() -> list[bytes]:
+    def close(status: str = "completed") -> list[bytes]:
         item = output[open_at]
         part = item["content"][0]
         if item["type"] == "reasoning":
@@ -238,7 +247,7 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
                       content_index=0, text=part["text"], logprobs=part["logprobs"]),
                    ev("response.content_part.done", item_id=item["id"], output_index=open_at,
                       content_index=0, part=part)]
-        item["status"] = "completed"
+        item["status"] = status
         _sealed(shell.req, item)
         out.append(ev("response.output_item.done", output_index=open_at, item=item))
         return out
@@ -292,10 +301,10 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
         yield ev("response.failed", response=shell.body(output, status="failed",
                                                        finish=gen.finish, error=message))
         return
-    if open_at is not None:
-        for chunk in close():
-            yield chunk
     status = status_of(gen.finish)
+    if open_at is not None:  # the last item: where the budget ended the answer, it ends there
+        for chunk in close(status):
+            yield chunk
     body = shell.body(output, status=status, finish=gen.finish)
     _keep(state, shell.req, body)
     yield ev(f"response.{status}", response=body)

@@ -37,12 +37,13 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
-from strata.engine.json_schema import Node, SchemaError, compile_schema
+from strata.engine.json_schema import Node, SchemaError
 from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS
 from strata.serve.openai_request import parse_tool_choice
+from strata.engine.json_schema_request import compile_request_schema
 
 ROLES = ("user", "system", "developer", "assistant")
 LOGPROBS = "message.output_text.logprobs"
@@ -223,7 +224,7 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
                 node = schema_node(schema, t.where("parameters"))
         else:  # the API's default is strict; where the schema is outside the subset, the
             try:  # tool is not, and the response's tools say so
-                node = compile_schema(schema)
+                node = compile_request_schema(schema)
             except SchemaError:
                 node = None
         strict = node is not None

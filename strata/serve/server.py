@@ -83,6 +83,7 @@ def load(config: ServeConfig) -> Loaded:
     from strata.tokenizer import ChatTemplate, Tokenizer
 
     model_file = open_model(config.model)
+    model_file.check_weights()  # a header-only file (zero weights) is for `strata plan` alone
     meta = model_file.metadata
     tokenizer = Tokenizer.from_metadata(meta)
     template = ChatTemplate.from_metadata(meta, tokenizer, template=_template_source(config))

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from strata.serve.chat import template_vars
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join
+from strata.serve.fields import Fields, join, type_name
 from strata.serve.openai_request import chat_message, parse_tools
 from strata.serve.state import ServerState
 
@@ -82,8 +82,12 @@ async def detokenize(request: Request, state: ServerState, body: dict) -> Respon
     ids = f.list("tokens", required=True)
     n_vocab = state.model.n_vocab
     for i, t in enumerate(ids):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
-            where = join("tokens", i)
-            raise bad_request(f"{where}: {t!r} is not a token id (0..{n_vocab - 1})", where)
+        where = join("tokens", i)
+        if isinstance(t, bool) or not isinstance(t, int):  # true is no token, though Python's 1
+            raise bad_request(f"{where}: expected an integer token id (0..{n_vocab - 1}), got "
+                              f"{type_name(t)}", where)
+        if not 0 <= t < n_vocab:
+            raise bad_request(f"{where}: token id {t} is outside the vocabulary "
+                              f"(0..{n_vocab - 1})", where)
     text = state.model.decode(ids, skip_special=False)
     return JSONResponse({"prompt": text, "content": text})

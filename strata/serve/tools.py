@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.json_schema import Node, any_of_node, call_node, object_node
+from strata.serve.fields import valid_text
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -84,7 +85,7 @@ def parse_call(body: str, id_prefix: str) -> ToolCall | None:
     """The call in one block's body, or None when it is not a well-formed call."""
     try:
         value = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # a model's text may nest without end
         return None
     if not isinstance(value, dict):
         return None
@@ -93,10 +94,15 @@ def parse_call(body: str, id_prefix: str) -> ToolCall | None:
     if isinstance(args, str):  # some models emit the arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(name, str) or not name or not isinstance(args, dict):
         return None
+    if "\\u" in body:  # an escaped lone surrogate could not be written into the response
+        try:
+            name, args = valid_text(name), valid_text(args)
+        except RecursionError:
+            return None
     return ToolCall(name=name, arguments=args, id=new_call_id(id_prefix))
 
 

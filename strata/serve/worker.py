@@ -36,6 +36,9 @@ from strata.serve.metrics import Metrics
 from strata.serve.stops import StopMatcher
 
 log = logging.getLogger("strata.serve")
+# seconds a client refused by a full queue is told to wait (Retry-After): a guess, since how
+# soon a place frees depends on the answers ahead; clients back off further on their own
+RETRY_AFTER_S = 1
 
 
 class TextStream(Protocol):
@@ -119,17 +122,30 @@ class Worker:
 
     def submit(self, job: Job) -> None:
         """Queue a job; a 503 when the queue is full or the worker is stopping."""
-        need = len(job.prompt) + job.sampling.max_tokens - 1  # the last token is never decoded
-        if need > self.engine.max_context:
-            raise ValueError(f"job {job.id} needs {need} positions but the context holds "
-                             f"{self.engine.max_context}: clamp max_tokens before submitting")
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue jobs together (a request's `n` choices), all or none: a 503 when the queue
+        has no room for all of them or the worker is stopping, and nothing queued then (so
+        nothing is cancelled or counted). More jobs than the queue holds are a ValueError:
+        the caller refuses such a request first (`Choices`), since a retry could never fit."""
+        for job in jobs:
+            need = len(job.prompt) + job.sampling.max_tokens - 1  # the last is never decoded
+            if need > self.engine.max_context:
+                raise ValueError(f"job {job.id} needs {need} positions but the context holds "
+                                 f"{self.engine.max_context}: clamp max_tokens before "
+                                 f"submitting")
+        if len(jobs) > self.max_queue:
+            raise ValueError(f"{len(jobs)} jobs at once, but the queue holds {self.max_queue}")
         with self._cv:
             if self._stopping:
                 raise ApiError(503, "the server is shutting down")
-            if len(self._queue) >= self.max_queue:
-                raise ApiError(503, f"the request queue is full ({self.max_queue} waiting); "
-                                    f"retry later")
-            self._queue.append(job)
+            if len(self._queue) + len(jobs) > self.max_queue:
+                asked = f", {len(jobs)} more asked" if len(jobs) > 1 else ""
+                raise ApiError(503, f"the request queue is full ({len(self._queue)} of "
+                                    f"{self.max_queue} waiting{asked}); retry later",
+                               headers={"retry-after": str(RETRY_AFTER_S)})
+            self._queue.extend(jobs)
             self._publish_load()
             self._cv.notify()
 

@@ -8,10 +8,11 @@ SentencePiece-style "llama"); `ChatTemplate.from_metadata(meta, tokenizer)` rend
 from strata.tokenizer.chat import FALLBACK_TEMPLATE, ChatTemplate
 from strata.tokenizer.errors import ChatTemplateError, TokenizerError, TokenizerWarning
 from strata.tokenizer.stream import StreamDecoder
-from strata.tokenizer.tokenizer import Tokenizer
+from strata.tokenizer.tokenizer import Tokenizer, replace_surrogates
 from strata.tokenizer.vocab import TokenType, Vocab, read_vocab
 
 __all__ = [
     "FALLBACK_TEMPLATE", "ChatTemplate", "ChatTemplateError", "StreamDecoder", "TokenType",
     "Tokenizer", "TokenizerError", "TokenizerWarning", "Vocab", "read_vocab",
+    "replace_surrogates",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,6 +24,22 @@ END_OF_TURN_TEXTS = frozenset({
 """Token texts that end a turn in the chat formats of the common model families."""
 
 _CUT_OUT = (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def replace_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD (a high and low surrogate
+    standing as two code points become the one character they spell).
+
+    A Python string can hold code points no UTF-8 text can: a JSON escape such as ``"\\ud800"``
+    decodes to a lone surrogate, and a command-line argument that is not UTF-8 keeps its bad
+    bytes as surrogates (surrogateescape: byte 0xFF is ``"\\udcff"``). The BPE core refuses
+    such a string (a TypeError from `tokenizers`) and byte tokens are spelled from the text's
+    UTF-8, so a model can only be given what a decoder shows for bytes that are not text:
+    the replacement character."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 class Tokenizer:
@@ -147,10 +164,12 @@ class Tokenizer:
         chat template writing ``bos_token``) gets none added.
         `parse_special`: control tokens written in the text (``<|im_start|>``) become their
         ids; when False they are tokenized as plain text. User-defined tokens are always kept
-        whole, as the model's own tokenizer does.
+        whole, as the model's own tokenizer does. A lone surrogate in `text` (which no UTF-8
+        text holds) is encoded as U+FFFD (`replace_surrogates`).
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() needs a str, got {type(text).__name__}")
+        text = replace_surrogates(text)
         v = self.vocab
         want_bos = v.add_bos if add_bos is None else add_bos
         want_eos = v.add_eos and add_bos is not False

@@ -62,6 +62,13 @@ def test_header_only_files_are_for_planning_only(tmp_path):
         with pytest.raises(ModelFileError) as e:
             load()
         assert str(e.value) == says
+    # `strata serve` refuses it before any engine is built, whichever the backend
+    from strata.serve.config import ServeConfig
+    from strata.serve.server import load as serve_load
+    for backend in ("cpu", "cuda"):
+        with pytest.raises(ModelFileError) as e:
+            serve_load(ServeConfig(model=str(path), backend=backend))
+        assert str(e.value) == says
     # its bytes stay readable: the CUDA fit benchmarks run such files on purpose
     assert not mf.raw("blk.0.attn_q.weight").any()
     from strata.gguf.model_file import HEADER_ONLY_KEY

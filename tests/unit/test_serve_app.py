@@ -31,11 +31,12 @@ def script(prompt: str) -> str:
 
 class Harness:
     def __init__(self, *, max_context=4096, api_key=KEY, max_body_bytes=64 << 10,
-                 engine_class=None, cors_origins=()):
-        self.model = FakeModel(max_context=max_context)
-        self.engine = (engine_class or ScriptedEngine)(script, n_slots=2, max_context=max_context)
+                 engine_class=None, cors_origins=(), model=None, n_slots=2, max_queue=256):
+        self.model = model or FakeModel(max_context=max_context)
+        self.engine = (engine_class or ScriptedEngine)(script, n_slots=n_slots,
+                                                       max_context=max_context)
         self.metrics = Metrics()
-        self.worker = Worker(self.engine, self.model, self.metrics)
+        self.worker = Worker(self.engine, self.model, self.metrics, max_queue=max_queue)
         state = ServerState(model=self.model, worker=self.worker, metrics=self.metrics)
         self.app = Server(state, api_key=api_key, max_body_bytes=max_body_bytes,
                           cors_origins=cors_origins).app()

@@ -10,12 +10,14 @@ from collections import defaultdict
 
 import pytest
 
-from helpers.serve_fakes import FakeModel
+from helpers.serve_fakes import FakeModel, ScriptedEngine
 from strata.serve.choices import MAX_CHOICES, Choices, choice_prepared
 from strata.serve.errors import ApiError
 from strata.serve.generation import Prepared
-from strata.serve.job import Sampling
+from strata.serve.job import Job, Sampling
+from strata.serve.metrics import Metrics
 from strata.serve.model import SEED_MODULUS
+from strata.serve.worker import Worker
 from test_serve_app import Harness, chat, sse_events
 
 ANSWER = "Hi there!"  # the scripted engine's answer to a plain prompt
@@ -107,29 +109,43 @@ def test_choice_seeds_wrap_and_unseeded_stay_unseeded():
     assert choice_prepared(plain, 5).sampling.seed is None
 
 
-class _Refusing:
-    """A worker whose queue takes `room` jobs, then answers 503."""
+def _waiting_worker(max_queue: int, n_waiting: int) -> tuple[Worker, Metrics]:
+    """A worker not started (nothing leaves its queue) with `n_waiting` jobs queued."""
+    metrics = Metrics()
+    worker = Worker(ScriptedEngine(lambda p: "x"), FakeModel(), metrics, max_queue=max_queue)
+    for _ in range(n_waiting):
+        worker.submit(Job((1,), Sampling(max_tokens=2), lambda e: None))
+    return worker, metrics
 
-    def __init__(self, room: int):
-        self.room, self.jobs = room, []
 
-    def submit(self, job):
-        if len(self.jobs) == self.room:
-            raise ApiError(503, "the request queue is full")
-        self.jobs.append(job)
+def _prepared() -> Prepared:
+    return Prepared(prompt=(1, 2), sampling=Sampling(max_tokens=4), requested_max_tokens=None)
 
 
 def test_submission_is_all_or_nothing():
     async def go():
-        worker = _Refusing(room=2)
-        prepared = Prepared(prompt=(1, 2), sampling=Sampling(max_tokens=4),
-                            requested_max_tokens=None)
-        with pytest.raises(ApiError):
-            Choices(worker, prepared, 3)
-        return worker.jobs
+        worker, metrics = _waiting_worker(max_queue=4, n_waiting=2)
+        with pytest.raises(ApiError) as e:
+            Choices(worker, _prepared(), 3)  # room for 2 of the 3: none is queued
+        assert e.value.status == 503 and e.value.headers == {"retry-after": "1"}
+        assert worker.queue_depth == 2
+        assert not metrics.cancelled and not metrics.finished
+        assert len(Choices(worker, _prepared(), 2)) == 2  # the 2 that fit are queued
+        assert worker.queue_depth == 4
 
-    jobs = asyncio.run(go())
-    assert len(jobs) == 2 and all(j.cancelled for j in jobs)
+    asyncio.run(go())
+
+
+def test_more_choices_than_the_queue_holds_are_a_400_naming_n():
+    async def go():
+        worker, metrics = _waiting_worker(max_queue=1, n_waiting=0)  # idle, and it never fits
+        with pytest.raises(ApiError) as e:
+            Choices(worker, _prepared(), 2)
+        assert e.value.status == 400 and e.value.param == "n"
+        assert "holds 1 request (--max-queue)" in e.value.message
+        assert worker.queue_depth == 0 and not metrics.cancelled and not metrics.finished
+
+    asyncio.run(go())
 
 
 def test_choice_counts_out_of_range_are_400s(h):
@@ -143,4 +159,4 @@ def test_choice_counts_out_of_range_are_400s(h):
                                                 "best_of": 2})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
     with pytest.raises(ValueError, match="n must be"):
-        Choices(_Refusing(0), None, MAX_CHOICES + 1)
+        Choices(_waiting_worker(1, 0)[0], None, MAX_CHOICES + 1)

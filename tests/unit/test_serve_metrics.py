@@ -64,6 +64,23 @@ def test_exposition_counts_everything():
     assert (s["strata_queue_depth"], s["strata_active_sequences"], s["strata_slots"]) == (3, 2, 4)
 
 
+def test_values_are_written_in_full():
+    m = Metrics(Clock())
+    m.record_prefill(1_063_281, 0.1 + 0.2)  # past a million: six digits would round it
+    m.record_decode(7, 1 / 3)
+    big = DeviceReport(device="cpu", label="CPU", regions=(Region("kv", 134_217_729),),
+                       expert_hit_rate=float("nan"))
+    text = Metrics.render(m, [big])
+    assert "\nstrata_prompt_tokens_total 1063281\n" in text
+    assert '\nstrata_region_bytes{device="cpu",region="kv"} 134217729\n' in text
+    assert f"\nstrata_prefill_seconds_total {0.1 + 0.2!r}\n" in text  # 0.30000000000000004
+    assert f"\nstrata_decode_seconds_total {1 / 3!r}\n" in text
+    assert '\nstrata_expert_cache_hit_ratio{device="cpu"} NaN\n' in text
+    s = parse(text)
+    assert s["strata_prompt_tokens_total"] == 1_063_281
+    assert s["strata_prefill_seconds_total"] == 0.1 + 0.2
+
+
 def test_rates_cover_the_last_window_only():
     clock = Clock()
     m = Metrics(clock)

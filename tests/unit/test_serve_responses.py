@@ -118,6 +118,23 @@ def test_a_streamed_budget_cut_ends_incomplete(h):
     assert json.loads(last)["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+def test_the_item_a_budget_cut_is_incomplete_stored_and_streamed(h):
+    r = _post(h, max_output_tokens=3)
+    assert [i["status"] for i in r["output"]] == ["incomplete"]  # as OpenAI marks it
+    stored = h.client.get(f"/v1/responses/{r['id']}").json()
+    assert [i["status"] for i in stored["output"]] == ["incomplete"]
+    events = [(e, json.loads(d)) for e, d in sse_events(h.client.post(
+        "/v1/responses", json=body(max_output_tokens=2, stream=True)).text)]
+    (done,) = [d["item"] for e, d in events if e == "response.output_item.done"]
+    assert done["type"] == "message" and done["status"] == "incomplete"
+    final = events[-1][1]["response"]
+    assert [i["status"] for i in final["output"]] == ["incomplete"]
+    assert [i["status"] for i in h.client.get(f"/v1/responses/{final['id']}").json()[
+        "output"]] == ["incomplete"]
+    whole = _post(h, max_output_tokens=50)  # an answer that ended itself stays completed
+    assert [i["status"] for i in whole["output"]] == ["completed"]
+
+
 def test_a_json_schema_format_holds_the_answer(h):
     h.engine.script = lambda prompt: '{"a": [1], "z": 2} and prose'
     fmt = {"type": "json_schema", "name": "t", "strict": True, "schema": {
