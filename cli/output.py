@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 from pathlib import Path
 from typing import Callable, IO
 
 from strata.errors import StrataError
+from strata.outputs import OutputPathError, output_target
 
 
 def npy_path(path: str | os.PathLike[str]) -> str:
     """`path` as numpy's `np.save(path)` names it: `.npy` added where it lacks it."""
     path = os.fspath(path)
     return path if path.endswith(".npy") else path + ".npy"
-
-
-def _target(path: Path) -> Path:
-    # a symlink is written through, as a shell's `>` would: the rename replaces its target
-    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 def _tmp_name(target: Path) -> Path:
@@ -35,21 +30,11 @@ def check_output(path: str | os.PathLike[str], flag: str) -> Path:
     refuses a new file (tried by making and removing one: permission bits do not tell, for
     root or on /proc). Returns the file to write (a symlink's target)."""
     shown = Path(path)
-    target = _target(shown)
     try:
-        mode = target.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):  # not there: its folder is checked below
-        mode = None
-    except OSError as e:
-        raise StrataError(f"{flag} {shown}: {e.strerror or e}") from None
-    if mode is not None and stat.S_ISDIR(mode):
-        raise StrataError(f"{flag} {shown}: it is a directory (give a file name)")
-    if mode is not None and not stat.S_ISREG(mode):
-        raise StrataError(f"{flag} {shown}: it exists and is not a regular file")
+        target = output_target(shown)
+    except OutputPathError as e:
+        raise StrataError(f"{flag} {shown}: {e}") from None
     folder = target.parent
-    if not folder.is_dir():
-        what = "is not a folder" if folder.exists() else "does not exist"
-        raise StrataError(f"{flag} {shown}: folder {folder} {what}")
     probe = _tmp_name(target)
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))

@@ -72,36 +72,55 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
                           constraint + ",~{memory}", side_effect=True)
         return builder.call(fn, args)
 
-    @intrinsic
-    def ld_acquire(typingctx, a, i):
-        """a[i] by `ld.acquire.gpu`: what was written before a release of this word is seen
-        after it."""
-        if not _is_word(a, i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            return _call(builder, _I32, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                         "ld.acquire.gpu.global.b32 $0, [g]; }", "=r,l")
-        return types.int32(a, i), codegen
-
-    def _store(order):
+    def _load_acquire(bits, ret_type, doc):
         @intrinsic
-        def store(typingctx, a, i, v):
+        def load(typingctx, a, i):
+            if not _is_word(a, i):
+                return None
+
+            def codegen(context, builder, sig, args):
+                addr = _addr(context, builder, sig.args[0], args[0], args[1])
+                return _call(builder, ir.IntType(bits), [addr],
+                             "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
+                             f"ld.acquire.gpu.global.b{bits} $0, [g]; }}",
+                             f"={'r' if bits == 32 else 'l'},l")
+            return ret_type(a, i), codegen
+        load.__doc__ = doc
+        return load
+
+    ld_acquire = _load_acquire(32, types.int32, "a[i] by `ld.acquire.gpu`: what was written "
+                               "before a release of this word is seen after it.")
+    ld_acquire64 = _load_acquire(64, types.uint64, "The 64-bit word at a[i] (int32 words a[i], "
+                                 "a[i + 1]; 8-byte aligned) by `ld.acquire.gpu`, as uint64.")
+
+    def _write(op, value_type, doc):
+        """An intrinsic (a, i, v) -> None: one PTX write `op` of v (as value_type) at a[i]."""
+        bits = value_type.bitwidth
+
+        @intrinsic
+        def write(typingctx, a, i, v):
             if not (_is_word(a, i) and isinstance(v, types.Integer)):
                 return None
 
             def codegen(context, builder, sig, args):
                 addr = _addr(context, builder, sig.args[0], args[0], args[1])
-                val = context.cast(builder, args[2], sig.args[2], types.int32)
+                val = context.cast(builder, args[2], sig.args[2], value_type)
                 _call(builder, ir.VoidType(), [addr, val], "{ .reg .u64 g; cvta.to.global.u64 "
-                      f"g, $0; st.{order}.gpu.global.b32 [g], $1; }}", "l,r")
+                      f"g, $0; {op} [g], $1; }}", f"l,{'r' if bits == 32 else 'l'}")
                 return context.get_dummy_value()
             return types.void(a, i, v), codegen
-        return store
+        write.__doc__ = doc
+        return write
 
-    st_release = _store("release")  # a[i] = v after every earlier write of this thread
-    st_relaxed = _store("relaxed")  # a[i] = v, a strong store with no order of its own
+    st_release = _write("st.release.gpu.global.b32", types.int32,
+                        "a[i] = v after every earlier write of this thread.")
+    st_relaxed = _write("st.relaxed.gpu.global.b32", types.int32,
+                        "a[i] = v, a strong store with no order of its own.")
+    red_release_add64 = _write(
+        "red.release.gpu.global.add.u64", types.uint64,
+        "The 64-bit word at a[i] (int32 words a[i], a[i + 1]) += v by `red.release.gpu` (no "
+        "value back: the thread goes on once its earlier writes are ordered before it, without "
+        "a round trip for the sum).")
 
     @intrinsic
     def add_acq_rel(typingctx, a, i, v):
@@ -117,32 +136,3 @@ else:  # pragma: no cover - compiled for the device (PTX check and GPU tests)
             return _call(builder, _I32, [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
                          "atom.acq_rel.gpu.global.add.u32 $0, [g], $2; }", "=r,l,r")
         return types.int32(a, i, v), codegen
-
-
-    @intrinsic
-    def ld_acquire64(typingctx, a, i):
-        """The 64-bit word at a[i] (int32 words a[i], a[i + 1]; 8-byte aligned) by
-        `ld.acquire.gpu`, as uint64."""
-        if not _is_word(a, i):
-            return None
-
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            return _call(builder, _I64, [addr], "{ .reg .u64 g; cvta.to.global.u64 g, $1; "
-                         "ld.acquire.gpu.global.b64 $0, [g]; }", "=l,l")
-        return types.uint64(a, i), codegen
-
-    @intrinsic
-    def red_release_add64(typingctx, a, i, v):
-        """The 64-bit word at a[i] += v by `red.release.gpu` (no value back: the thread goes on
-        once its earlier writes are ordered before it, without a round trip for the sum)."""
-        if not (_is_word(a, i) and isinstance(v, types.Integer)):
-            return None
-
-        def codegen(context, builder, sig, args):
-            addr = _addr(context, builder, sig.args[0], args[0], args[1])
-            val = context.cast(builder, args[2], sig.args[2], types.uint64)
-            _call(builder, ir.VoidType(), [addr, val], "{ .reg .u64 g; cvta.to.global.u64 g, "
-                  "$0; red.release.gpu.global.add.u64 [g], $1; }", "l,l")
-            return context.get_dummy_value()
-        return types.void(a, i, v), codegen

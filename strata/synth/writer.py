@@ -13,7 +13,6 @@ from __future__ import annotations
 import numbers
 import os
 import queue
-import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from strata import outputs
 from strata.synth import layout, routing
 from strata.synth.config import SynthConfig
 from strata.synth.data import TensorData
@@ -61,31 +61,12 @@ def _tmp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.partial")
 
 
-_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
-
-
 def output_target(path: Path) -> Path:
-    """The file `path` names, checked before anything is written: a symlink's target (written
-    through, as a shell's `>` would; the rename then replaces the target, never the link); an
-    existing output must be a regular file, since the rename would replace a device node, FIFO
-    or socket with a regular file."""
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    """`strata.outputs.output_target`, its refusal a SynthError naming the output."""
     try:
-        mode = target.stat().st_mode
-    except (FileNotFoundError, NotADirectoryError):  # not there: its folder is checked below
-        mode = None
-    except OSError as e:
-        raise SynthError(f"cannot write {path}: {e.strerror or e}") from None
-    if mode is not None and stat.S_ISDIR(mode):
-        raise SynthError(f"cannot write {path}: it is a directory")
-    if mode is not None and not stat.S_ISREG(mode):
-        kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
-        raise SynthError(f"cannot write {path}: it is {kind}, not a regular file")
-    if not target.parent.is_dir():
-        what = "is not a folder" if target.parent.exists() else "does not exist"
-        raise SynthError(f"cannot write {path}: folder {target.parent} {what}")
-    return target
+        return outputs.output_target(path)
+    except outputs.OutputPathError as e:
+        raise SynthError(f"cannot write {path}: {e}") from None
 
 
 def _open_writer(path: Path, shown: Path, cfg: SynthConfig, specs, mix: str, seed: int,
