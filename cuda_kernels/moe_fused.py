@@ -48,8 +48,9 @@ DOWN_WITH = (int(T.Q4_K), int(T.Q6_K))
 H_SIX = True
 SPLIT_ARRIVE = True
 # The barrier's form (with SPLIT_ARRIVE; read when a kernel is made and at launch; `gridsync`):
-# "count", the state one 64-bit count of arrivals, never reset (the target read at the kernel's
-# start, the arrival a release add with no value back, the wait a poll of the count), or
+# "count", the state one 64-bit count to which each launch adds 2^32, never reset (the target
+# read at the kernel's start, the arrival a release add with no value back, the wait a poll of
+# the count), or
 # "generation" (thread 0 reads the generation, then adds its arrival and waits for the add's
 # value: two round trips before its first down loads). On an H100, the same outputs bit for bit,
 # us a layer count / generation (two runs): Q4_K/Q4_K 16.09 / 16.57-16.74, Q4_K/Q6_K 17.72 /
@@ -86,7 +87,6 @@ SIM_RESIDENT = 1 << 30
 _CACHE: dict[tuple, object] = {}
 _RESIDENT: dict[tuple, int] = {}  # (kernel, dynamic shared bytes) -> blocks the GPU holds
 _REFUSED: dict[tuple, str] = {}   # (kernel, dynamic shared bytes) -> why the driver refused it
-_STATE_GRIDS: dict[int, int] = {}  # a barrier state's address -> its last launch's blocks
 
 
 def fuses(gu: LaneFormat, dn: LaneFormat) -> bool:
@@ -272,7 +272,6 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             log, n_row_blocks, out, device_table(dn), sync)
     grid = max(n_gu_blocks, n_row_blocks)
     if SIMULATED:
-        _count_state(sync, min(grid, SIM_RESIDENT), stream)
         for phase in (0, 1):
             kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
@@ -282,7 +281,6 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
-    _count_state(sync, min(grid, resident), stream)
     try:
         compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
                         shmem)
@@ -293,29 +291,6 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
                       f"and down run as two launches", RuntimeWarning, stacklevel=3)
         return False
     return True
-
-
-def _count_state(sync, n_blocks: int, stream) -> None:
-    """The count form of the barrier (BARRIER) waits for the next multiple of the grid's blocks,
-    so every launch on one state must have the grid of the one before: where it changes (never
-    within one model on one GPU; a test's smaller grid), the state is zeroed first, in the
-    stream's order (captured into a graph, the zeroing replays with the launch)."""
-    if BARRIER != "count" or not SPLIT_ARRIVE:
-        return
-    host = isinstance(sync, np.ndarray) or SIMULATED  # the simulator's arrays: no addresses
-    addr = id(sync) if host else sync.device_ctypes_pointer.value
-    if not host and addr % 8:
-        raise ValueError(f"moe: the barrier's state at {addr:#x} is not 8-byte aligned")
-    last = _STATE_GRIDS.get(addr)
-    if last is not None and last != n_blocks:
-        if isinstance(sync, np.ndarray):
-            sync[...] = 0
-        elif SIMULATED:
-            sync.copy_to_device(np.zeros(sync.shape, sync.dtype))
-        else:
-            from numba.cuda.cudadrv.driver import device_memset
-            device_memset(sync, 0, sync.nbytes, stream=stream)
-    _STATE_GRIDS[addr] = n_blocks
 
 
 CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the tiny model's

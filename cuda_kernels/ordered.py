@@ -45,7 +45,7 @@ if SIMULATED:
 
     def red_release_add64(a, i, v):
         """That 64-bit word += v."""
-        w = (_u64(a, i) + v) & 0xFFFFFFFFFFFFFFFF
+        w = (_u64(a, i) + int(v)) & 0xFFFFFFFFFFFFFFFF  # Python ints: no numpy overflow
         lo, hi = w & 0xFFFFFFFF, w >> 32
         a[i] = lo - (1 << 32) if lo >= 1 << 31 else lo
         a[i + 1] = hi - (1 << 32) if hi >= 1 << 31 else hi
