@@ -86,11 +86,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_split_knobs(p)  # several GPUs: one stage of layers each (strata.engine.multi)
 
 
+# generate's own flags that only the CUDA engine reads: (dest, flag, default)
+_CUDA_FLAGS = (("gpu_mem", "--gpu-mem", None), ("no_graph", "--no-graph", False),
+               ("miss_path", "--miss-path", None), ("adaptive_cache", "--adaptive-cache", False),
+               ("miss_share", "--miss-share", None), ("prompt_steps", "--prompt-steps", None))
+
+
+def cuda_only_flags(args) -> list[str]:
+    """The flags given that only the CUDA engine reads (generate's own and the plan's VRAM
+    knobs but --max-context), as spelled on the command line: the CPU engine notes them."""
+    from strata.plan.knobs import knob_flags
+
+    own = [flag for dest, flag, default in _CUDA_FLAGS if getattr(args, dest, default) != default]
+    knobs = [f for f in knob_flags(args) if f.startswith("--") and f != "--max-context"]
+    return own + knobs
+
+
 def _engine(args, model) -> tuple[str, object]:
     """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem (a
     layer split's `SplitEngine` over several GPUs); the CPU engine takes only --max-context."""
     from strata.engine.backends import select_backend
-    from strata.engine.multi.request import gpu_request, split_flags_given, visible_gpus
+    from strata.engine.multi.request import (gpu_request, gpu_sizes, split_flags_given,
+                                             visible_gpus)
     from strata.plan.knobs import options_from_args
     from strata.plan.split.knobs import split_from_args
 
@@ -99,11 +116,12 @@ def _engine(args, model) -> tuple[str, object]:
     split_from_args(args)  # and a bad split flag
     name, mod = select_backend(args.backend)
     if name != "cuda":
-        if (args.gpu_mem or args.no_graph or args.miss_path or args.adaptive_cache
-                or args.prompt_steps is not None):
-            print(f"note: --gpu-mem, --no-graph, --miss-path, --adaptive-cache and "
-                  f"--prompt-steps apply to the "
-                  f"CUDA engine; the {name} backend ignores them", file=sys.stderr)
+        gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend too
+        given = cuda_only_flags(args)
+        if given:
+            print(f"note: {', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to "
+                  f"the CUDA engine; the {name} backend ignores "
+                  f"{'them' if len(given) > 1 else 'it'}", file=sys.stderr)
         given = (["--gpus"] if args.gpus else []) + split_flags_given(args)
         if given:
             print(f"note: {', '.join(given)}: the layer split runs on the CUDA engine; the "

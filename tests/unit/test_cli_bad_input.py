@@ -52,6 +52,22 @@ def _refused(capsys, *argv, says: str):
 
 # -- generate ---------------------------------------------------------------------------------
 
+def test_the_cpu_backend_names_every_cuda_flag_it_ignores(capsys, model, tmp_path):
+    """A flag only the CUDA engine reads is named by the CPU backend's note (the plan's VRAM
+    knobs too, but --max-context, which it takes); a bad --gpu-mem is refused there as well."""
+    prof = tmp_path / "p.npy"
+    np.save(prof, np.ones((4, 8)))
+    code, _, err = _run(capsys, "generate", "-m", model, "--backend", "cpu", "--prompt-tokens",
+                        IDS, "-n", "1", "--max-context", "64", "--kv", "int8", "--miss-share",
+                        "0.5", "--profile", str(prof), "--no-graph")
+    assert code == 0, err
+    note = next(line for line in err.splitlines() if line.startswith("note: --"))
+    assert note == ("note: --no-graph, --miss-share, --kv, --profile: apply to the CUDA engine; "
+                    "the cpu backend ignores them"), note
+    _refused(capsys, "generate", "-m", model, "--backend", "cpu", "--prompt-tokens", IDS,
+             "--gpu-mem", "16XB", says="16XB")
+
+
 def test_generate_refuses_a_kv_cache_larger_than_the_machine(capsys, model, monkeypatch):
     from strata.kv import cache as kv_cache
 
