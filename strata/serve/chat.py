@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from strata.engine.json_schema import Node, SchemaError
+from strata.engine.json_schema_request import compile_request_schema
 from strata.serve.errors import bad_request
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.reasoning import CLOSE, OPEN, opens_thinking
-from strata.engine.json_schema_request import compile_request_schema
 from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 
 TOOL_CHOICES = ("auto", "none", "required")

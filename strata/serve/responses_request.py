@@ -38,12 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.json_schema import Node, SchemaError
+from strata.engine.json_schema_request import compile_request_schema
 from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS
 from strata.serve.openai_request import parse_tool_choice
-from strata.engine.json_schema_request import compile_request_schema
 
 ROLES = ("user", "system", "developer", "assistant")
 LOGPROBS = "message.output_text.logprobs"
