@@ -118,7 +118,9 @@ class Engine(ABC):
         if self.n_past + arr.size > self.max_context:
             what = (f"the prompt has {arr.size} tokens" if self.n_past == 0 else
                     f"{arr.size} more tokens after {self.n_past}")
+            trained = (f"; the model was trained for {self.shape.n_ctx_train}"
+                       if self.shape.n_ctx_train > 0 else "")  # 0: the file does not say
             raise ContextFullError(
-                f"{what} but the context holds {self.max_context} (raise --max-context; "
-                f"the model was trained for {self.shape.n_ctx_train})")
+                f"{what} but the context holds {self.max_context} (raise --max-context"
+                f"{trained})")
         return arr.astype(np.int64)

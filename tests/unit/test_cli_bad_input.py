@@ -68,6 +68,17 @@ def test_the_cpu_backend_names_every_cuda_flag_it_ignores(capsys, model, tmp_pat
              "--gpu-mem", "16XB", says="16XB")
 
 
+def test_the_cpu_bench_names_the_cuda_flags_it_ignores(capsys, model):
+    code, _, err = _run(capsys, "bench", "--backend", "cpu", "-m", model, "--kv", "int8",
+                        "--temperature", "0.5", "--no-graph", *BENCH_QUICK)
+    assert code == 0, err
+    note = next(line for line in err.splitlines() if line.startswith("note: --"))
+    assert note == ("note: --temperature, --no-graph, --kv: apply to --backend cuda; the CPU "
+                    "bench ignores them"), note
+    _refused(capsys, "bench", "--backend", "cpu", "-m", model, "--gpu-mem", "16XB",
+             *BENCH_QUICK, says="16XB")
+
+
 def test_generate_refuses_a_kv_cache_larger_than_the_machine(capsys, model, monkeypatch):
     from strata.kv import cache as kv_cache
 

@@ -99,6 +99,10 @@ def test_an_unknown_training_context_defaults_as_plan_reads_it(tmp_path, tmp_mod
     out, err = capsys.readouterr()
     assert code == 0, err
     assert json.loads(out)["stats"]["max_context"] == 4096
+    from strata.engine import ContextFullError
+    with pytest.raises(ContextFullError) as e:  # the file does not say what it was trained for
+        CpuEngine(CpuModel(mf), max_context=2).prefill([1, 2, 3])
+    assert str(e.value).endswith("but the context holds 2 (raise --max-context)"), str(e.value)
 
 
 def test_the_kv_cache_is_refused_by_its_size(monkeypatch):
