@@ -122,8 +122,8 @@ def test_generate_takes_the_vram_knobs_and_notes_them_on_the_cpu(tmp_models, cap
                "--prompt-steps", "8", "--json"])
     assert rc == 0
     err = capsys.readouterr().err
-    assert ("--gpu-mem, --no-graph, --miss-path, --adaptive-cache and --prompt-steps apply to "
-            "the CUDA engine") in err
+    assert ("note: --gpu-mem, --adaptive-cache, --prompt-steps, --expert-cache: apply to the "
+            "CUDA engine; the cpu backend ignores them") in err
 
 
 def test_generate_refuses_bad_knobs(tmp_models, capsys):
