@@ -258,16 +258,6 @@ def _refuse_header_only(paths) -> None:
             open_model(p).check_weights()
 
 
-def _cuda_only_given(args) -> list[str]:
-    """The flags of the CUDA bench's group and the plan's VRAM knobs given away from their
-    defaults, as spelled on the command line: the CPU bench reads none of them."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_arguments(p)
-    return [a.option_strings[0] for g in p._action_groups
-            if g.title in ("--backend cuda", "VRAM knobs") for a in g._group_actions
-            if getattr(args, a.dest, a.default) != a.default]
-
-
 def run(args) -> int:
     from strata.engine.multi.request import split_flags_given
     from strata.plan.split.knobs import split_from_args
@@ -296,7 +286,9 @@ def run(args) -> int:
     from strata.engine.multi.request import gpu_sizes
 
     gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend
-    given = _cuda_only_given(args) + split_flags_given(args) + (["--gpus"] if args.gpus else [])
+    from strata.cli.flags import cuda_only_given
+
+    given = cuda_only_given(add_arguments, args) + split_flags_given(args) + (["--gpus"] if args.gpus else [])
     if given:
         print(f"note: {', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to "
               f"--backend cuda; the CPU bench ignores {'them' if len(given) > 1 else 'it'}",

@@ -50,22 +50,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampling seed (default: random)")
     p.add_argument("--backend", default="auto", choices=("auto", "cuda", "cpu"),
                    help="auto picks CUDA when a GPU and the CUDA engine exist, else the CPU")
-    p.add_argument("--gpu-mem", metavar="SIZE[,SIZE...]",
+    g = p.add_argument_group("--backend cuda")  # the flags only the CUDA engine reads
+    g.add_argument("--gpu-mem", metavar="SIZE[,SIZE...]",
                    help="CUDA: plan for this much VRAM (e.g. 8GiB), a smaller card's budget; "
                         "one size for every GPU or one per GPU of a layer split")
-    p.add_argument("--no-graph", action="store_true",
+    g.add_argument("--no-graph", action="store_true",
                    help="CUDA: launch the decode kernels one by one instead of a CUDA graph")
-    p.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"), default=None,
+    g.add_argument("--miss-path", choices=("mapped", "cpu", "hybrid"), default=None,
                    help="CUDA: where experts missed in VRAM are computed: the GPU reading mapped "
                         "host memory, the CPU pool, or both at once (hybrid) (default: the "
                         "engine's measured choice)")
-    p.add_argument("--adaptive-cache", action="store_true",
+    g.add_argument("--adaptive-cache", action="store_true",
                    help="CUDA: after each prompt, swap expert-cache slots towards the experts "
                         "its routing used most")
-    p.add_argument("--miss-share", type=float, default=None, metavar="F",
+    g.add_argument("--miss-share", type=float, default=None, metavar="F",
                    help="CUDA, --miss-path hybrid: the CPU pool's fraction of the misses "
                         "(default: from the measured rates of both paths)")
-    p.add_argument("--prompt-steps", type=int, default=None, metavar="N",
+    g.add_argument("--prompt-steps", type=int, default=None, metavar="N",
                    help="CUDA: prompts (and a chat turn's new tokens) of up to N tokens run "
                         "as decode steps, one token each (0: never; default: where the plan "
                         "estimates steps beat the prompt path)")
@@ -86,26 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_split_knobs(p)  # several GPUs: one stage of layers each (strata.engine.multi)
 
 
-# generate's own flags that only the CUDA engine reads: (dest, flag, default)
-_CUDA_FLAGS = (("gpu_mem", "--gpu-mem", None), ("no_graph", "--no-graph", False),
-               ("miss_path", "--miss-path", None), ("adaptive_cache", "--adaptive-cache", False),
-               ("miss_share", "--miss-share", None), ("prompt_steps", "--prompt-steps", None))
-
-
-def cuda_only_flags(args) -> list[str]:
-    """The flags given that only the CUDA engine reads (generate's own and the plan's VRAM
-    knobs but --max-context), as spelled on the command line: the CPU engine notes them."""
-    from strata.plan.knobs import knob_flags
-
-    own = [flag for dest, flag, default in _CUDA_FLAGS if getattr(args, dest, default) != default]
-    knobs = [f for f in knob_flags(args) if f.startswith("--") and f != "--max-context"]
-    return own + knobs
-
-
 def _engine(args, model) -> tuple[str, object]:
     """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem (a
     layer split's `SplitEngine` over several GPUs); the CPU engine takes only --max-context."""
     from strata.engine.backends import select_backend
+    from strata.cli.flags import cuda_only_given
     from strata.engine.multi.request import (gpu_request, gpu_sizes, split_flags_given,
                                              visible_gpus)
     from strata.plan.knobs import options_from_args
@@ -117,7 +103,7 @@ def _engine(args, model) -> tuple[str, object]:
     name, mod = select_backend(args.backend)
     if name != "cuda":
         gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend too
-        given = cuda_only_flags(args)
+        given = cuda_only_given(add_arguments, args)
         if given:
             print(f"note: {', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to "
                   f"the CUDA engine; the {name} backend ignores "

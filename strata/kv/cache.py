@@ -23,15 +23,11 @@ def host_memory_bytes() -> int | None:
     return n if n > 0 else None
 
 
-def _size(n: int) -> str:
-    from strata.plan.devices import TiB, fmt_bytes
-
-    return f"{n / TiB:.2f} TiB" if n >= TiB else fmt_bytes(n)
-
-
 def _too_big(n_ctx: int, need: int, have: int | None) -> KVCacheError:
-    where = f"; this machine has {_size(have)}" if have else ""
-    return KVCacheError(f"a KV cache of {n_ctx:,} positions needs {_size(need)} of host "
+    from strata.plan.devices import fmt_bytes
+
+    where = f"; this machine has {fmt_bytes(have)}" if have else ""
+    return KVCacheError(f"a KV cache of {n_ctx:,} positions needs {fmt_bytes(need)} of host "
                         f"memory{where} (lower --max-context)")
 
 

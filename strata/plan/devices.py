@@ -100,8 +100,10 @@ def parse_gpu_mem(text: str, *, driver_model: str = "linux") -> list[DeviceInfo]
 
 
 def fmt_bytes(n: int) -> str:
-    """Human bytes: '1.50 GiB', '312.0 MiB'."""
+    """Human bytes: '3.73 TiB', '1.50 GiB', '312.0 MiB'."""
     sign, n = ("-" if n < 0 else ""), abs(n)
+    if n >= TiB:
+        return f"{sign}{n / TiB:.2f} TiB"
     if n >= GiB:
         return f"{sign}{n / GiB:.2f} GiB"
     if n >= MiB:
