@@ -18,7 +18,9 @@ Pure numpy: the GPU side registers `buffer` (see `strata.engine.cuda.hostmem`).
 
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +33,22 @@ from strata.gguf.shape import ModelShape
 BLOB_ALIGN = 256  # every blob starts on this boundary (the kernels' 16-byte vector loads)
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+# Threads that fill a store (None: the machine's cores, at most 16). A store's pages are new
+# memory: the copy's cost is mostly the kernel faulting them in and zeroing them, not the bytes
+# (REFERENCE.md's 0.3 s for 8 GiB is registering pages already touched). numpy releases the GIL
+# for the copies, so the (layer, tensor) pieces fault in on several cores at once. Read at fill
+# time, so a benchmark can compare counts in one process.
+FILL_THREADS: int | None = None
+
+
+def fill_threads() -> int:
+    """FILL_THREADS, or the machine's cores (at most 16) where it is None."""
+    if FILL_THREADS is not None:
+        if FILL_THREADS < 1:
+            raise ValueError(f"FILL_THREADS must be at least 1, got {FILL_THREADS}")
+        return FILL_THREADS
+    return max(1, min(16, os.cpu_count() or 1))
 
 
 def _align(n: int, a: int = BLOB_ALIGN) -> int:
@@ -130,9 +148,12 @@ class HostStore:
             n_rows, row_bytes)
 
     def fill_from(self, model: ModelFile, *, progress: Progress | None = None) -> float:
-        """Copy every expert (and the embedding) out of the mapped file; returns seconds."""
+        """Copy every expert (and the embedding) out of the mapped file on `fill_threads()`
+        threads, one (layer, tensor) piece a task; returns seconds. The bytes are the same
+        whatever the thread count (each piece has one writer); progress is reported from the
+        calling thread, in bytes of whole pieces."""
         t0 = time.perf_counter()
-        total, done = self.n_bytes, 0
+        tasks: list[tuple[Callable[[], None], int]] = []  # (copy, bytes it writes)
         for il in range(self.shape.n_layer):
             lay, rows = self.layouts[il], self.layer_blobs(il)
             n = self.shape.n_expert
@@ -140,17 +161,38 @@ class HostStore:
                      (lay.down_off, lay.down_bytes))
             for name, (off, size) in zip(EXPERT_NAMES, parts):
                 src = model.raw(f"blk.{il}.{name}.weight").reshape(n, size)
-                rows[:, off:off + size] = src
-            done += self.strides[il] * n
-            if progress is not None:
-                progress(done, total)
+                tasks.append((_copier(rows[:, off:off + size], src), n * size))
         if self.embd_off >= 0:
-            src = model.raw("token_embd.weight")
-            self.buffer[self.embd_off:self.embd_off + src.size] = src
-            if progress is not None:
-                progress(total, total)
+            src = model.raw("token_embd.weight").reshape(-1)
+            tasks.append((_copier(self.buffer[self.embd_off:self.embd_off + src.size], src),
+                          src.size))
+        # progress counts the aligned strides, so it ends at n_bytes exactly
+        total, done, scale = self.n_bytes, 0, self.n_bytes / max(1, sum(b for _, b in tasks))
+        n_threads = fill_threads()
+        if n_threads == 1:
+            for copy, n_bytes in tasks:
+                copy()
+                done += n_bytes
+                if progress is not None:
+                    progress(min(total, round(done * scale)), total)
+        else:
+            with ThreadPoolExecutor(n_threads, thread_name_prefix="store-fill") as pool:
+                futures = [(pool.submit(copy), n_bytes) for copy, n_bytes in tasks]
+                for fut, n_bytes in futures:  # in submission order: a failure is raised here
+                    fut.result()
+                    done += n_bytes
+                    if progress is not None:
+                        progress(min(total, round(done * scale)), total)
+        if progress is not None:
+            progress(total, total)
         self.fill_seconds = time.perf_counter() - t0
         return self.fill_seconds
+
+
+def _copier(dst: np.ndarray, src: np.ndarray) -> Callable[[], None]:
+    def copy() -> None:
+        dst[...] = src
+    return copy
 
 
 def build_store(model: ModelFile, *, with_embd: bool,

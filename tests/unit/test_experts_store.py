@@ -75,3 +75,28 @@ def test_expert_parts_that_break_aligned_loads_are_refused(tmp_models):
     with pytest.raises(ValueError, match="up matrix is .* not a multiple of 16"):
         blob_layout(bad, 0)
     assert CONFIG.n_layer == s.n_layer
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "IQ_MIX"])
+def test_the_fill_is_the_same_on_any_number_of_threads(tmp_models, mix, monkeypatch):
+    from strata.experts import store as store_mod
+    mf = open_model(model_path(tmp_models, mix))
+    bufs, seen = [], []
+    for n in (1, 3):
+        monkeypatch.setattr(store_mod, "FILL_THREADS", n)
+        s = build_store(mf, with_embd=True, progress=lambda d, t: seen.append((d, t)))
+        bufs.append(s.buffer)
+    # every byte written the same, the alignment pads (never written) aside
+    for il in range(mf.shape.n_layer):
+        for e in range(mf.shape.n_expert):
+            off, n_bytes = int(s.host_off[il, e]), s.layouts[il].n_bytes
+            np.testing.assert_array_equal(bufs[0][off:off + n_bytes], bufs[1][off:off + n_bytes])
+    np.testing.assert_array_equal(bufs[0][s.embd_off:], bufs[1][s.embd_off:])
+    assert all(a <= b for a, b in seen) and seen[-1][0] == seen[-1][1] == s.n_bytes
+
+
+def test_a_fill_thread_count_below_one_is_refused(monkeypatch):
+    from strata.experts import store as store_mod
+    monkeypatch.setattr(store_mod, "FILL_THREADS", 0)
+    with pytest.raises(ValueError, match="FILL_THREADS must be at least 1"):
+        store_mod.fill_threads()
