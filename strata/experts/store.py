@@ -29,8 +29,11 @@ import numpy as np
 from strata.gguf import ModelFile
 from strata.gguf.arch.qwen3moe import EXPERT_NAMES
 from strata.gguf.shape import ModelShape
+from strata.plan.host import STORE_ALIGN
 
-BLOB_ALIGN = 256  # every blob starts on this boundary (the kernels' 16-byte vector loads)
+# every blob starts on this boundary (the kernels' 16-byte vector loads); the plan prices the
+# store with the same (`strata.plan.host.store_bytes`)
+BLOB_ALIGN = STORE_ALIGN
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 

@@ -89,7 +89,15 @@ def decisions(plan: Plan) -> list[str]:
     out.append(f"KV {kv.type}: {kv.max_context} tokens, {kv.bytes_per_token} B/token, "
                f"{kv.resident_tokens} resident"
                + (f", {fmt_bytes(kv.host_bytes)} in host memory" if kv.host_bytes else ""))
+    out.append(host_line(plan))
     return out
+
+
+def host_line(plan) -> str:
+    """The host memory a plan's run takes: the expert store (`strata.plan.host`)."""
+    embd = ", token_embd's rows" if plan.token_embd == "host" else ""
+    return (f"host memory: expert store {fmt_bytes(plan.host_store_bytes)} (every expert{embd}; "
+            f"page-locked)")
 
 
 def _split_detail(sp, st, name: str) -> str:
@@ -164,6 +172,7 @@ def split_decisions(sp) -> list[str]:
     if sp.predicted_hit_rate is not None:
         out.append(f"predicted decode hit rate {sp.predicted_hit_rate:.1%} with helper tiers, "
                    f"{sp.predicted_hit_rate_stages:.1%} stage caches alone ({sp.hit_rate_model})")
+    out.append(host_line(sp))
     return out
 
 

@@ -10,6 +10,7 @@ from strata.errors import StrataError
 from strata.gguf.shape import ModelShape
 from strata.plan.cache import CacheLayout
 from strata.plan.devices import DeviceInfo, fmt_bytes
+from strata.plan.host import store_bytes
 from strata.plan.layout import Layout
 from strata.plan.options import PlanOptions, PrefillRequest
 from strata.plan.policy import PromptPath
@@ -155,6 +156,12 @@ class Plan:
     shape: ModelShape | None = field(default=None, repr=False)
     profile: RoutingProfile | None = field(default=None, repr=False)
 
+    @property
+    def host_store_bytes(self) -> int:
+        """Host memory the engine's expert store takes (every expert, and token_embd where it
+        is looked up in host memory; `strata.plan.host.store_bytes`); 0 without a shape."""
+        return 0 if self.shape is None else store_bytes(self.shape, self.token_embd == "host")
+
     def device(self, index: int = 0) -> DevicePlan:
         for d in self.devices:
             if d.device.index == index:
@@ -175,6 +182,7 @@ class Plan:
             "predicted": {"expert_hit_rate": self.predicted_hit_rate,
                           "model": self.hit_rate_model},
             "token_embd": self.token_embd,
+            "host_store_bytes": self.host_store_bytes,
             "notes": list(self.notes), "warnings": list(self.warnings),
             "refusal": None if self.refusal is None else self.refusal.to_dict(),
         }

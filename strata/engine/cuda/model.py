@@ -31,6 +31,7 @@ from strata.memory import open_arena
 from strata.memory.arena import Arena, live_device_info
 from strata.plan import plan as make_plan
 from strata.plan.devices import DeviceInfo, fmt_bytes
+from strata.plan.host import probe_host_memory, store_shortfall
 from strata.plan.knobs import load_profile
 from strata.quant.planar import planar_tensor, vram_type
 
@@ -178,6 +179,10 @@ class CudaModel:
             planned = make_plan(s, [capped_device(backend, o.gpu_mem)], o.plan, profile=profile)
         if not planned.accepted:
             raise CudaEngineError(planned.refusal.message())
+        if self._shared_store is None:  # before any allocation: the store is the big one
+            why = store_shortfall(planned.host_store_bytes, probe_host_memory())
+            if why is not None:
+                raise CudaEngineError(why)
         if planned.kv.host_bytes > 0:
             raise CudaEngineError("--kv-resident below the context (KV streamed from host memory)"
                                   " is not supported by the CUDA engine yet: keep the whole KV "

@@ -24,6 +24,7 @@ from strata.engine.multi.handoff import Link
 from strata.engine.multi.hostmap import PortableHost
 from strata.experts import build_store, profile_source
 from strata.gguf import ModelFile
+from strata.plan.host import probe_host_memory, store_shortfall
 from strata.plan.knobs import load_profile
 from strata.plan.result import Plan
 from strata.plan.split import SplitOptions, SplitPlan, Stage, plan_split
@@ -80,6 +81,9 @@ class SplitModel:
         if not self.plan.accepted:
             raise CudaEngineError(self.plan.refusal.message())
         if store is None:
+            why = store_shortfall(self.plan.host_store_bytes, probe_host_memory())
+            if why is not None:  # before the store, the one large host allocation
+                raise CudaEngineError(why)
             self._load_store(model)
         else:
             self.store, self.portable = store

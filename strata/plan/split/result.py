@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.gguf.shape import ModelShape
+from strata.plan.host import store_bytes
 from strata.plan.options import PlanOptions, PrefillRequest
 from strata.plan.policy import PromptPath
 from strata.plan.profile import RoutingProfile
@@ -82,6 +83,12 @@ class SplitPlan:
     profile: RoutingProfile | None = field(default=None, repr=False)
 
     @property
+    def host_store_bytes(self) -> int:
+        """Host memory the engine's expert store takes (every expert, and token_embd where it
+        is looked up in host memory; `strata.plan.host.store_bytes`); 0 without a shape."""
+        return 0 if self.shape is None else store_bytes(self.shape, self.token_embd == "host")
+
+    @property
     def devices(self) -> tuple[DevicePlan, ...]:
         return tuple(s.device_plan for s in self.stages)
 
@@ -116,6 +123,7 @@ class SplitPlan:
                           "expert_hit_rate_stage_caches": self.predicted_hit_rate_stages,
                           "model": self.hit_rate_model},
             "token_embd": self.token_embd,
+            "host_store_bytes": self.host_store_bytes,
             "notes": list(self.notes), "warnings": list(self.warnings),
             "refusal": None if self.refusal is None else self.refusal.to_dict(),
         }

@@ -1,0 +1,78 @@
+"""Host memory of a GPU run: the expert store's size priced from the shape alone (equal to the
+store the engine fills), the plan's JSON carrying it, the OS's numbers read, and a store past
+what the machine has refused before anything is allocated."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from helpers.engine_models import MIXES, model_path
+from strata.experts import build_store
+from strata.gguf import open_model
+from strata.plan.devices import GiB
+from strata.plan.host import HostMemory, probe_host_memory, store_bytes, store_shortfall
+
+
+@pytest.mark.parametrize("mix", MIXES)
+@pytest.mark.parametrize("embd", [True, False])
+def test_the_priced_store_is_the_filled_one(tmp_models, mix, embd):
+    mf = open_model(model_path(tmp_models, mix))
+    assert store_bytes(mf.shape, embd) == build_store(mf, with_embd=embd).n_bytes
+
+
+def test_the_plan_says_its_store(tmp_models):
+    from strata.plan import plan
+    from strata.plan.devices import DeviceInfo
+    from strata.plan.options import PlanOptions
+    mf = open_model(model_path(tmp_models, "Q4_K_M"))
+    dev = DeviceInfo(0, "test card", 8 * GiB, 8 * GiB)
+    for embd_on_host in (True, False):
+        p = plan(mf.shape, [dev], PlanOptions(max_context=512, embd_on_host=embd_on_host))
+        assert p.accepted and p.token_embd == ("host" if embd_on_host else "device")
+        assert p.to_dict()["host_store_bytes"] == p.host_store_bytes == store_bytes(
+            mf.shape, embd_on_host)
+
+
+def test_shortfall_names_both_sizes():
+    gib = 1 << 30
+    assert store_shortfall(10 * gib, HostMemory(64 * gib, 20 * gib)) is None
+    why = store_shortfall(30 * gib, HostMemory(64 * gib, 20 * gib))
+    assert "30.00 GiB" in why and "20.00 GiB available of 64.00 GiB" in why
+    # where the OS gives no available figure, the total is what it is held to
+    assert store_shortfall(30 * gib, HostMemory(64 * gib, None)) is None
+    assert "in all" in store_shortfall(70 * gib, HostMemory(64 * gib, None))
+    assert store_shortfall(1 << 60, None) is None  # nothing to check against
+
+
+def test_this_machine_reports_its_memory():
+    mem = probe_host_memory()
+    assert mem is not None and mem.total_bytes > 0
+    assert mem.available_bytes is None or 0 <= mem.available_bytes <= mem.total_bytes
+
+
+def test_the_cuda_engine_refuses_a_store_past_host_memory(tmp_models, monkeypatch):
+    from strata.engine.cuda import model as cuda_model
+    from strata.engine.cuda.options import CudaEngineError, CudaOptions
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+    from strata.synth import PRESETS, write_model
+
+    micro = dataclasses.replace(
+        PRESETS["tiny"], name="micro-host", n_layer=1, n_embd=128, n_head=2, n_head_kv=1,
+        head_dim=64, n_expert=4, n_expert_used=2, n_ff_expert=64, n_vocab=512, n_ctx_train=512)
+    path = tmp_models / "micro-host-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, micro, mix="Q8_0", seed=1, progress=False)
+    mf = open_model(path)
+    need = store_bytes(mf.shape, True)
+    monkeypatch.setattr(cuda_model, "probe_host_memory",
+                        lambda: HostMemory(need * 4, need - 1))
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    allocations = []
+    card.allocate = lambda n: allocations.append(n)
+    opts = CudaOptions(plan=PlanOptions(max_context=256), graph=False, progress=False)
+    with pytest.raises(CudaEngineError, match="the expert store needs"):
+        cuda_model.CudaModel(mf, opts, backend=card)
+    assert allocations == []  # refused before the arena
