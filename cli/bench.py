@@ -6,7 +6,8 @@ the CUDA engine's prefill and decode against their bounds (`strata.bench.engine_
 
 With no `-m`, synthetic files of `--preset` with `--layers` blocks are written once per mix to the
 user cache; decode time is scaled to the preset's full depth (the head runs once per token, the
-blocks once per layer).
+blocks once per layer). With `-m` nothing reads `--preset`, `--mix` or `--layers`, so they are
+refused there; a flag of the other backend is named in a note (`strata.cli.flags`).
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from strata.errors import StrataError
+from strata.errors import UsageError
 
 MEMBW_BYTES = 1 << 29  # 512 MiB copied: far past every cache
+# the synthetic files' defaults: their flags default to None, so that one given with -m (which
+# nothing then reads) is refused even where it spells the default
+PRESET, MIXES, LAYERS = "qwen3-30b-a3b", "Q4_K_M,Q8_0", 4
+SYNTHETIC = "synthetic model (without -m)"  # the argument group of those flags
+CPU_BENCH = "--backend cpu"  # the flags only the CPU bench reads
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,14 +36,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine to measure (default: the CPU engine)")
     p.add_argument("-m", "--model", action="append", metavar="FILE",
                    help="GGUF file to measure (repeatable); default: synthetic --preset files")
-    p.add_argument("--preset", default="qwen3-30b-a3b", help="synthetic model shape")
-    p.add_argument("--mix", default="Q4_K_M,Q8_0", help="comma-separated quant mixes")
-    p.add_argument("--layers", type=int, default=4, help="blocks in the synthetic files")
-    p.add_argument("--n-prompt", type=int, default=32, help="prompt tokens to prefill")
-    p.add_argument("--n-decode", type=int, default=16, help="tokens to decode")
-    p.add_argument("--n-pool", type=int, default=64,
+    s = p.add_argument_group(SYNTHETIC)
+    s.add_argument("--preset", help=f"synthetic model shape (default {PRESET})")
+    s.add_argument("--mix", help=f"comma-separated quant mixes (default {MIXES})")
+    s.add_argument("--layers", type=int,
+                   help=f"blocks in the synthetic files (default {LAYERS})")
+    c = p.add_argument_group(CPU_BENCH)
+    c.add_argument("--n-prompt", type=int, default=32, help="prompt tokens to prefill")
+    c.add_argument("--n-decode", type=int, default=16, help="tokens to decode")
+    c.add_argument("--n-pool", type=int, default=64,
                    help="single-token calls of the expert pool with random experts")
-    p.add_argument("--membw-mib", type=int, default=MEMBW_BYTES >> 20,
+    c.add_argument("--membw-mib", type=int, default=MEMBW_BYTES >> 20,
                    help="MiB the bandwidth copy moves (far more than the caches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", metavar="FILE", help="also write the results as JSON")
@@ -106,9 +115,7 @@ def _synthetic(preset_name: str, mix: str, n_layer: int, seed: int) -> tuple[str
     from strata.synth import preset, write_model
     from strata.synth.cache import ensure_cache_dir
 
-    cfg = preset(preset_name)
-    if not 1 <= n_layer <= cfg.n_layer:
-        raise StrataError(f"--layers must be in 1..{cfg.n_layer} for {preset_name}")
+    cfg = preset(preset_name)  # preset and n_layer checked by the caller (`_cpu_files`)
     folder = ensure_cache_dir("bench")
     path = folder / f"{preset_name}-L{n_layer}-{mix}-s{seed}.gguf"
     if not path.is_file():
@@ -258,44 +265,42 @@ def _refuse_header_only(paths) -> None:
             open_model(p).check_weights()
 
 
-def run(args) -> int:
-    from strata.engine.multi.request import split_flags_given
-    from strata.plan.split.knobs import split_from_args
+def _refuse_synthetic_flags(args) -> None:
+    """--preset, --mix and --layers shape the files measured without -m: with -m (which the
+    CUDA bench always needs) nothing reads them, so they are refused rather than ignored."""
+    from strata.cli.flags import given_in_groups
 
-    split_from_args(args)  # a bad split flag is refused on every backend
-    if args.seed < 0:
-        raise StrataError(f"--seed must be >= 0, got {args.seed}")
-    if args.json_out:  # a path that cannot be written is said before the run, not after
-        from strata.cli.output import check_output
-
-        check_output(args.json_out, "--json-out")
-    if args.backend == "cuda":
-        from strata.bench.engine_cuda import run_cuda
-        from strata.engine.multi.request import gpu_request
-
-        req = gpu_request(args, _visible_gpus())
-        _refuse_header_only(args.model)
-        if req.is_split:
-            from strata.engine.multi.bench import run_split_cli
-
-            return run_split_cli(args, req)
-        if req.devices[0] != 0:
-            raise StrataError(f"--gpus {args.gpus}: the one-GPU bench runs on GPU 0 (choose the "
-                              f"card with CUDA_VISIBLE_DEVICES={req.devices[0]})")
-        return run_cuda(args)
-    from strata.engine.multi.request import gpu_sizes
-
-    gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend
-    from strata.cli.flags import cuda_only_given
-
-    given = cuda_only_given(add_arguments, args) + split_flags_given(args) + (["--gpus"] if args.gpus else [])
+    given = given_in_groups(add_arguments, args, (SYNTHETIC,)) if args.model else []
     if given:
-        print(f"note: {', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to "
-              f"--backend cuda; the CPU bench ignores {'them' if len(given) > 1 else 'it'}",
-              file=sys.stderr)
-    for name in ("layers", "n_prompt", "n_decode", "n_pool", "membw_mib"):
-        if getattr(args, name) < 1:
-            raise StrataError(f"--{name.replace('_', '-')} must be at least 1")
+        one = len(given) == 1
+        raise UsageError(f"{', '.join(given)}: {'shapes' if one else 'shape'} the synthetic "
+                         f"files measured without -m; with -m FILE nothing reads "
+                         f"{'it' if one else 'them'} (drop {'it' if one else 'them'}, or -m)")
+
+
+def _run_cuda(args) -> int:
+    from strata.bench.engine_cuda import run_cuda
+    from strata.cli.flags import given_in_groups, ignored_note
+    from strata.engine.multi.request import gpu_request
+
+    given = given_in_groups(add_arguments, args, (CPU_BENCH,))
+    if given:
+        print(ignored_note(given, "--backend cpu", "the CUDA bench"), file=sys.stderr)
+    req = gpu_request(args, _visible_gpus())
+    _refuse_header_only(args.model)
+    if req.is_split:
+        from strata.engine.multi.bench import run_split_cli
+
+        return run_split_cli(args, req)
+    if req.devices[0] != 0:
+        raise UsageError(f"--gpus {args.gpus}: the one-GPU bench runs on GPU 0 (choose the "
+                         f"card with CUDA_VISIBLE_DEVICES={req.devices[0]})")
+    return run_cuda(args)
+
+
+def _cpu_files(args) -> list[tuple[str, int]]:
+    """(path, layers to scale decode to) of every file the CPU bench measures, each checked
+    (or written) before the first is measured."""
     if args.model:
         from strata.gguf import open_model
 
@@ -304,17 +309,58 @@ def run(args) -> int:
             mf = open_model(p)
             mf.check_weights()  # a header-only file (zero weights) is for `strata plan` alone
             files.append((p, mf.shape.n_layer))
-    else:
-        from strata.synth.mixes import check_mix
-        from strata.synth.writer import check_seed
+        return files
+    from strata.cli.flags import flag_checks
+    from strata.synth import preset
+    from strata.synth.errors import SynthError
+    from strata.synth.mixes import check_mix
+    from strata.synth.writer import check_seed
 
-        mixes = [m.strip() for m in args.mix.split(",") if m.strip()]
-        if not mixes:
-            raise StrataError(f"--mix {args.mix!r} names no quant mix (give e.g. Q4_K_M,Q8_0)")
+    mix = MIXES if args.mix is None else args.mix
+    mixes = [m.strip() for m in mix.split(",") if m.strip()]
+    if not mixes:
+        raise UsageError(f"--mix {args.mix!r} names no quant mix (give e.g. Q4_K_M,Q8_0)")
+    name, n_layer = args.preset or PRESET, LAYERS if args.layers is None else args.layers
+    with flag_checks(SynthError):  # the synth library's errors about these values: bad flags
+        cfg = preset(name)
         for m in mixes:  # every name before the first file is written
             check_mix(m)
         check_seed(args.seed, "--seed")  # the synthetic files store it
-        files = [_synthetic(args.preset, m, args.layers, args.seed) for m in mixes]
+    if not 1 <= n_layer <= cfg.n_layer:
+        raise UsageError(f"--layers must be in 1..{cfg.n_layer} for {name}, got {n_layer}")
+    return [_synthetic(name, m, n_layer, args.seed) for m in mixes]
+
+
+def run(args) -> int:
+    from strata.engine.multi.request import split_flags_given
+    from strata.plan.split.knobs import split_from_args
+
+    split_from_args(args)  # a bad split flag is refused on every backend
+    _refuse_synthetic_flags(args)
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.json_out:  # a path that cannot be written is said before the run, not after
+        from strata.cli.output import check_output
+
+        check_output(args.json_out, "--json-out")
+    if args.backend == "cuda":
+        return _run_cuda(args)
+    from strata.cli.flags import cuda_only_given, ignored_note
+    from strata.engine.multi.request import gpu_sizes
+    from strata.plan.knobs import options_from_args
+
+    gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend
+    options_from_args(args)  # and a bad VRAM knob, as the CUDA bench would refuse it
+    # --max-context too: the CPU bench sizes its context to --n-prompt + --n-decode
+    given = (cuda_only_given(add_arguments, args, read=()) + split_flags_given(args)
+             + (["--gpus"] if args.gpus else []))
+    if given:
+        print(ignored_note(given, "--backend cuda", "the CPU bench"), file=sys.stderr)
+    for name in ("n_prompt", "n_decode", "n_pool", "membw_mib"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, "
+                             f"got {getattr(args, name)}")
+    files = _cpu_files(args)
     res = {"load_average_before": [round(v, 2) for v in os.getloadavg()],
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": _commit(), "command": "strata " + " ".join(sys.argv[1:]),

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from strata.errors import StrataError
+from strata.errors import StrataError, UsageError
 
 DEFAULT_N_PREDICT = 128
 
@@ -91,7 +91,7 @@ def _engine(args, model) -> tuple[str, object]:
     """(backend name, engine): the CUDA engine planned with the VRAM knobs and --gpu-mem (a
     layer split's `SplitEngine` over several GPUs); the CPU engine takes only --max-context."""
     from strata.engine.backends import select_backend
-    from strata.cli.flags import cuda_only_given
+    from strata.cli.flags import cuda_only_given, ignored_note
     from strata.engine.multi.request import (gpu_request, gpu_sizes, split_flags_given,
                                              visible_gpus)
     from strata.plan.knobs import options_from_args
@@ -105,9 +105,7 @@ def _engine(args, model) -> tuple[str, object]:
         gpu_sizes(args.gpu_mem)  # a bad size is refused on every backend too
         given = cuda_only_given(add_arguments, args)
         if given:
-            print(f"note: {', '.join(given)}: {'apply' if len(given) > 1 else 'applies'} to "
-                  f"the CUDA engine; the {name} backend ignores "
-                  f"{'them' if len(given) > 1 else 'it'}", file=sys.stderr)
+            print(ignored_note(given, "the CUDA engine", f"the {name} backend"), file=sys.stderr)
         given = (["--gpus"] if args.gpus else []) + split_flags_given(args)
         if given:
             print(f"note: {', '.join(given)}: the layer split runs on the CUDA engine; the "
@@ -119,9 +117,9 @@ def _engine(args, model) -> tuple[str, object]:
 
     req = gpu_request(args, visible_gpus())
     if req.is_split and args.miss_path in ("cpu", "hybrid"):
-        raise StrataError(f"--miss-path {args.miss_path}: a layer split reads missed experts "
-                          "from mapped host memory on each stage's GPU (drop --miss-path, or use "
-                          "one GPU)")
+        raise UsageError(f"--miss-path {args.miss_path}: a layer split reads missed experts "
+                         "from mapped host memory on each stage's GPU (drop --miss-path, or use "
+                         "one GPU)")
     plan = options_from_args(args)
     if plan.max_context is None:  # generate's default on every backend: the CPU engine's
         from strata.engine.cpu.engine import default_max_context
@@ -134,8 +132,8 @@ def _engine(args, model) -> tuple[str, object]:
         extra["prompt_steps"] = args.prompt_steps
     if args.adaptive_cache:
         if req.is_split:
-            raise StrataError("--adaptive-cache: a layer split keeps its planned residency "
-                              "(drop --adaptive-cache, or use one GPU)")
+            raise UsageError("--adaptive-cache: a layer split keeps its planned residency "
+                             "(drop --adaptive-cache, or use one GPU)")
         extra["adaptive_cache"] = True
     options = CudaOptions(plan=plan, gpu_mem=req.gpu_mem[0], device=req.devices[0],
                           graph=not args.no_graph, profile_path=args.profile,
@@ -153,25 +151,27 @@ def _sampling(args):
     from strata.engine import SamplingParams
 
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise StrataError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                               presence_penalty=args.presence_penalty,
                               frequency_penalty=args.frequency_penalty,
                               repeat_last_n=args.repeat_last_n, seed=args.seed)
-    except ValueError as e:
-        raise StrataError(f"bad sampling option: {e}") from None
+    except ValueError as e:  # "top_p must be ...": said as the flag that set it
+        field, _, rest = str(e).partition(" ")
+        flag = f"--{field.replace('_', '-')}" if hasattr(args, field) else field
+        raise UsageError(f"{flag} {rest}") from None
 
 
 def _parse_ids(text: str) -> list[int]:
     parts = [s.strip() for s in text.split(",") if s.strip()]
     if not parts:
-        raise StrataError("--prompt-tokens is empty: give ids like 1,2,3")
+        raise UsageError("--prompt-tokens is empty: give ids like 1,2,3")
     try:
         return [int(s) for s in parts]
     except ValueError:
-        raise StrataError(f"--prompt-tokens must be comma-separated integers, got {text!r}") \
+        raise UsageError(f"--prompt-tokens must be comma-separated integers, got {text!r}") \
             from None
 
 
@@ -180,12 +180,12 @@ def _prompt_ids(args, model, tokenizer) -> list[int]:
         ids = _parse_ids(args.prompt_tokens)
         bad = [i for i in ids if not 0 <= i < model.shape.n_vocab]
         if bad:
-            raise StrataError(f"token id {bad[0]} is outside the vocabulary "
-                              f"(0..{model.shape.n_vocab - 1})")
+            raise UsageError(f"--prompt-tokens: token id {bad[0]} is outside the vocabulary "
+                             f"(0..{model.shape.n_vocab - 1})")
         return ids
-    text = args.prompt if args.prompt is not None else args.chat
+    flag, text = ("--prompt", args.prompt) if args.prompt is not None else ("--chat", args.chat)
     if not text:
-        raise StrataError("the prompt is empty: give some text")
+        raise UsageError(f"{flag} is empty: give some text")
     if args.chat is not None:
         from strata.tokenizer import ChatTemplate
 
@@ -205,23 +205,23 @@ def _model_path(args) -> str:
 
 def run(args) -> int:
     from strata.gguf import open_model
+    from strata.plan.options import check_max_context
     from strata.tokenizer import Tokenizer
 
     if args.n_predict < 1:
-        raise StrataError(f"-n must be at least 1, got {args.n_predict}")
-    if args.max_context is not None and args.max_context < 1:
-        raise StrataError(f"--max-context must be at least 1, got {args.max_context}")
+        raise UsageError(f"-n must be at least 1, got {args.n_predict}")
+    check_max_context(args.max_context)  # the CUDA engine's plan asks more (`_engine`)
     sampling = _sampling(args)
     if args.system is not None and (args.prompt is not None or args.prompt_tokens is not None):
-        raise StrataError("--system goes with --chat or --interactive (a chat template's "
-                          "system message), not a raw prompt")
+        raise UsageError("--system goes with --chat or --interactive (a chat template's "
+                         "system message), not a raw prompt")
     if args.interactive:
         given = [f for f, on in (("--json", args.json), ("--logits-out", args.logits_out),
                                  ("--json-object", args.json_object),
                                  ("--json-schema", args.json_schema is not None)) if on]
         if given:
-            raise StrataError(f"{', '.join(given)}: not with --interactive (each turn streams "
-                              f"its reply as text)")
+            raise UsageError(f"{', '.join(given)}: not with --interactive (each turn streams "
+                             f"its reply as text)")
     root = _json_root(args)
     if args.logits_out:  # a path that cannot be written is said before the run, not after
         from strata.cli.output import check_output, npy_path
@@ -264,14 +264,14 @@ def _json_root(args):
             raise StrataError(f"--json-schema: {args.json_schema!r} is neither inline JSON "
                               f"nor a readable file: {e}") from None
         except UnicodeDecodeError as e:
-            raise StrataError(f"--json-schema: {args.json_schema}: not UTF-8 text (byte "
-                              f"0x{e.object[e.start]:02x} at offset {e.start})") from None
+            raise UsageError(f"--json-schema: {args.json_schema}: not UTF-8 text (byte "
+                             f"0x{e.object[e.start]:02x} at offset {e.start})") from None
     try:
         return compile_request_schema(json.loads(text))
     except (json.JSONDecodeError, RecursionError) as e:
-        raise StrataError(f"--json-schema: not JSON: {e}") from None
+        raise UsageError(f"--json-schema: not JSON: {e}") from None
     except SchemaError as e:
-        raise StrataError(f"--json-schema: {e}") from None
+        raise UsageError(f"--json-schema: {e}") from None
 
 
 def _generate(args, model, tokenizer, prompt, loaded, sampling, root=False) -> int:

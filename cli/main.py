@@ -13,7 +13,7 @@ import sys
 
 from strata import __version__
 from strata.aot.numba_cache import configure as configure_numba_cache
-from strata.errors import StrataError
+from strata.errors import EXIT_FAILED, EXIT_USAGE, StrataError, UsageError
 
 # name -> one-line help. Each name is a module strata.cli.<name> with
 # `add_arguments(parser)` and `run(args) -> int`; its heavy imports live inside run().
@@ -60,7 +60,7 @@ def _run_module(argv: list[str]) -> int:
     if not name.startswith(FROZEN_MODULES):
         print(f"error: -m {name or '(no module)'}: the frozen strata runs only "
               f"{', '.join(m + '*' for m in FROZEN_MODULES)} this way", file=sys.stderr)
-        return 1
+        return 1  # `python -m` stands in here, and it exits 1 on a module it cannot run
     sys.argv = [name, *argv[2:]]
     try:
         runpy.run_module(name, run_name="__main__", alter_sys=True)
@@ -80,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     if chosen is None or not hasattr(args, "_run"):
         # no subcommand is a usage error: argparse's status for one, after the help
         parser.print_help(sys.stderr)
-        return 2 if chosen is None else 1
+        return EXIT_USAGE
     try:
         return int(args._run(args) or 0)
-    except StrataError as e:
+    except UsageError as e:  # a flag's value or combination: argparse's status for its own
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except StrataError as e:  # a run that failed: a file, the machine, the model
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -84,14 +84,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    lend_floor_slots=None, profile=None)
 
 
+def _check_readable(path: str) -> None:
+    """A --config file that cannot be read is a failed run (status 1), said here: past this,
+    what `build_config` refuses is a knob's value, a usage error."""
+    from strata.errors import StrataError
+
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise StrataError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from strata.serve.config import build_config
+    from strata.cli.flags import flag_checks
+    from strata.plan.options import check_max_context
+    from strata.serve.config import ServeConfigError, build_config
     from strata.serve.server import run_server
 
+    # the command line's, in every command's words; a config file's "max_context" is checked
+    # by ServeConfig against the same least
+    check_max_context(args.max_context)
+    if args.config is not None:
+        _check_readable(args.config)
     cli = {k: v for k, v in vars(args).items()
            if not k.startswith("_") and k not in ("config", "spec")}
     def default_model() -> str:
         from strata.synth import default_model_path
         return str(default_model_path())
 
-    return run_server(build_config(cli, args.config, default_model=default_model))
+    with flag_checks(ServeConfigError):  # a knob of the command line or the config file
+        config = build_config(cli, args.config, default_model=default_model)
+    return run_server(config)

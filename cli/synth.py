@@ -48,13 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args):
+    from strata.errors import UsageError
     from strata.synth.config import preset
-    from strata.synth.errors import SynthError
 
     cfg = preset(args.preset)
     if args.layers is not None:
         if not 1 <= args.layers <= cfg.n_layer:
-            raise SynthError(f"--layers must be between 1 and {cfg.n_layer} for preset "
+            raise UsageError(f"--layers must be between 1 and {cfg.n_layer} for preset "
                              f"{cfg.name!r}, got {args.layers}")
         cfg = cfg.with_layers(args.layers)
     return cfg
@@ -63,14 +63,17 @@ def _config(args):
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from strata.cli.flags import flag_checks
+    from strata.synth.errors import SynthError
     from strata.synth.mixes import check_mix
     from strata.synth.routing import check_skew
     from strata.synth.writer import check_seed, write_model
 
-    cfg = _config(args)
-    check_mix(args.quant)
-    check_skew(args.skew)
-    check_seed(args.seed, "--seed")
+    with flag_checks(SynthError):  # here about a flag's value; from the writer, a failure
+        cfg = _config(args)
+        check_mix(args.quant)
+        check_skew(args.skew)
+        check_seed(args.seed, "--seed")
     report = write_model(args.output, cfg, mix=args.quant, seed=args.seed, skew=args.skew,
                          progress=not args.quiet, header_only=args.header_only)
     what = "header only (sparse)" if report.header_only else f"{report.gb_per_s:.2f} GB/s"

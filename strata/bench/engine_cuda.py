@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.engine.sampler import SamplingParams
-from strata.errors import StrataError
+from strata.errors import StrataError, UsageError
 from strata.plan.knobs import knob_flags
 
 LLAMA_CPP_BAR = {  # REFERENCE.md, llama.cpp on the same H200 (tok/s)
@@ -220,8 +220,8 @@ def _profile(args, eng, options, sampling) -> dict | None:
     if not getattr(args, "profile_decode", False):
         return None
     if not options.graph or eng.step.pool is not None:
-        raise StrataError("--profile-decode times CUDA graphs of the mapped miss path: drop "
-                          "--no-graph and --miss-path cpu")
+        raise UsageError("--profile-decode times CUDA graphs of the mapped miss path: drop "
+                         "--no-graph and --miss-path cpu")
     reps = min(20, (eng.max_context - eng.n_past) // 2 - 2)
     if reps < 1:
         raise StrataError("--profile-decode needs room in the context: raise --max-context")
@@ -280,12 +280,12 @@ def run_cuda(args) -> int:
     from strata.plan.knobs import options_from_args
 
     if not args.model or len(args.model) != 1:
-        raise StrataError("--backend cuda measures one model: give -m FILE once")
+        raise UsageError("--backend cuda measures one model: give -m FILE once")
     if args.prompt_tokens < 1 or args.gen < 2:
-        raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
+        raise UsageError("--prompt-tokens must be >= 1 and --gen >= 2")
     t = getattr(args, "temperature", 0.0)
     if not (math.isfinite(t) and t >= 0):
-        raise StrataError(f"--temperature must be a finite number >= 0, got {t}")
+        raise UsageError(f"--temperature must be a finite number >= 0, got {t}")
     gpu_mem = parse_size(args.gpu_mem) if args.gpu_mem else None
     extra = {"miss_path": args.miss_path} if getattr(args, "miss_path", None) else {}
     if getattr(args, "miss_share", None) is not None:

@@ -12,6 +12,7 @@ skew the synthesizer built in), else uniform ranks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -86,34 +87,52 @@ def profile_source(metadata, profile_path: str | None) -> str:
     return "uniform ranks (no profile, no skew metadata)"
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """One prompt per non-empty line of a UTF-8 text file."""
+def read_prompt_lines(path: str | Path) -> list[tuple[int, str]]:
+    """(line number from 1, prompt) for each non-empty line of a UTF-8 text file: a prompt the
+    run refuses is named by its line."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ProfileError(f"--prompts {path}: cannot read it as UTF-8 text ({e})") from None
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    prompts = [(i, line.strip()) for i, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not prompts:
         raise ProfileError(f"--prompts {path}: no prompts (one per line)")
     return prompts
 
 
+def read_prompts(path: str | Path) -> list[str]:
+    """One prompt per non-empty line of a UTF-8 text file."""
+    return [p for _, p in read_prompt_lines(path)]
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What `record` ran: `tokens` counted (prompts and generated), and `cut_short`, how many
+    prompts reached the end of the context before their `n_predict` tokens."""
+
+    tokens: int
+    cut_short: int
+
+
 def record(engine, prompts: Iterable[Sequence[int]], counts: RoutingCounts, *,
-           n_predict: int = 0) -> int:
-    """Run each tokenized prompt (and `n_predict` greedy tokens after it) through `engine`, whose
-    callback feeds `counts`. Returns the tokens processed."""
-    n = 0
+           n_predict: int = 0) -> Recorded:
+    """Run each tokenized prompt, whole, and up to `n_predict` greedy tokens after it through
+    `engine`, whose callback feeds `counts`, as `strata generate` runs one: a prompt longer than
+    the context is refused by the engine (ContextFullError), the generated tokens stop where
+    the context ends."""
+    n = short = 0
     for ids in prompts:
-        ids = list(ids)[:max(1, engine.max_context - n_predict)]
+        ids = list(ids)
         engine.reset()
         logits = engine.prefill(ids)
         n += len(ids)
         for _ in range(n_predict):
             if engine.n_past >= engine.max_context:
+                short += 1
                 break
             logits = engine.decode_step(int(np.argmax(logits)))
             n += 1
-    return n
+    return Recorded(n, short)
 
 
 def coverage_table(counts: np.ndarray, fractions: Sequence[float] = (0.25, 0.5)) -> np.ndarray:

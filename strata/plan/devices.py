@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from strata.errors import StrataError
+from strata.errors import UsageError
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 DRIVER_MODELS = ("linux", "wddm", "tcc", "mcdm")
@@ -19,7 +19,7 @@ WDDM_RESERVE_MIN = 1 * GiB  # under WDDM/MCDM: max(1 GiB, 5% of the card) by def
 WDDM_RESERVE_SHARE = 0.05
 
 
-class SizeError(StrataError, ValueError):
+class SizeError(UsageError, ValueError):
     """A byte size the user wrote cannot be read."""
 
 

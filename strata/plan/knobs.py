@@ -45,7 +45,8 @@ def add_engine_knobs(p: argparse.ArgumentParser, draft: bool = False) -> None:
     plan`); else `--spec` is hidden and refuses any N but 0 (see NO_DRAFT)."""
     g = p.add_argument_group("VRAM knobs")
     g.add_argument("--max-context", type=int, metavar="TOKENS",
-                   help="longest sequence (default: the model's training context, at most 32768)")
+                   help="longest sequence (default: the model's training context, at most "
+                        "32768); at least 256 where a VRAM plan sizes it, else 2")
     g.add_argument("--kv", choices=KV_TYPES, default="f16", help="KV cache type (default f16)")
     g.add_argument("--kv-resident", type=int, metavar="TOKENS",
                    help="tokens of KV kept in VRAM; the rest is streamed from host memory")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strata.errors import StrataError
+from strata.errors import UsageError
 from strata.plan.layout import KV_TYPES
 
 CHUNK_GRID = 256  # prompt chunks are multiples of this many tokens
@@ -13,10 +13,33 @@ AUTO_CEILING_DEFAULT = 16384  # --prefill auto without :CEILING
 LEND_PCT_DEFAULT = 90  # the prompt path may borrow up to this share of the cache's slots...
 LEND_FLOOR_SLOTS = 128  # ...always leaving at least this many slots unlent
 RING_BYTES_DEFAULT = 1 << 30  # the prefill ring's byte budget: see policy.py
+# The least --max-context of every command: a prompt token and the token it generates. The CPU
+# engine could hold a single position, but `strata serve` counts a reply inside the context (a
+# request's max_tokens must leave it room), so one position serves no request; one minimum for
+# every command keeps a command line that one accepts good for the others.
+MIN_CONTEXT = 2
+# ...except where a VRAM plan sizes the context (`strata plan`, every `--backend cuda`): the plan
+# lays the prompt path out in whole CHUNK_GRID-token chunks and keeps the context on that grid
+# (its default, its chunk cap, the contexts a refusal suggests), so it holds at least one chunk.
+PLAN_MIN_CONTEXT = CHUNK_GRID
 
 
-class OptionError(StrataError, ValueError):
+class OptionError(UsageError, ValueError):
     """A knob has a value the planner cannot use."""
+
+
+def check_max_context(n: int | None, *, planned: bool = False) -> None:
+    """Refuse a `--max-context` below the least a command takes (None: the default, fine);
+    `planned`: sized by a VRAM plan. Every command says it in these words."""
+    if n is None:
+        return
+    if planned and n < PLAN_MIN_CONTEXT:
+        raise OptionError(f"--max-context must be at least {PLAN_MIN_CONTEXT} where a VRAM plan "
+                          f"sizes it (the CUDA engine runs prompts in {CHUNK_GRID}-token "
+                          f"chunks), got {n}")
+    if n < MIN_CONTEXT:
+        raise OptionError(f"--max-context must be at least {MIN_CONTEXT} (a prompt token and "
+                          f"the token it generates), got {n}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +113,7 @@ class PlanOptions:
         def bad(flag: str, why: str) -> OptionError:
             return OptionError(f"{flag}: {why}")
 
-        if self.max_context is not None and self.max_context < CHUNK_GRID:
-            raise bad("--max-context", f"must be at least {CHUNK_GRID}, got {self.max_context}")
+        check_max_context(self.max_context, planned=True)
         if self.kv_type not in KV_TYPES:
             raise bad("--kv", f"{self.kv_type!r} is not one of {', '.join(KV_TYPES)}")
         if self.kv_resident is not None and self.kv_resident < CHUNK_GRID:

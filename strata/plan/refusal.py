@@ -64,14 +64,20 @@ class Pricer:
             note = NOT_ENOUGH
         return Knob(flag, freed, "; ".join(n for n in (note, caveat) if n))
 
-    def on_grid(self, flag: str, field: str, current: int, caveat: str = "") -> Knob | None:
-        """The largest multiple of KNOB_GRID below `current` that fits, else a quarter of it."""
+    def on_grid(self, flag: str, field: str, current: int, caveat: str = "",
+                fits: Callable[[int], bool] | None = None) -> Knob | None:
+        """The largest multiple of KNOB_GRID below `current` that fits (bisected: `fits` is
+        monotone), else a quarter of it, not enough alone. `fits(value)`: by default this
+        device's price; a layer split passes one that checks every stage, since a context is
+        every stage's and a value only the short card fits would be refused on another."""
+        ok = fits or (lambda v: self.fits(**{field: v}))
         top = (current - 1) // KNOB_GRID
-        m = largest(1, top, lambda m: self.fits(**{field: m * KNOB_GRID}))
+        m = largest(1, top, lambda m: ok(m * KNOB_GRID))
         value = m * KNOB_GRID if m else max(KNOB_GRID, current // 4 // KNOB_GRID * KNOB_GRID)
         if value >= current:
             return None
-        return self.knob(f"{flag} {value}", caveat=caveat, **{field: value})
+        return self.knob(f"{flag} {value}", NOT_ENOUGH if m is None else "", caveat=caveat,
+                         **{field: value})
 
 
 def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,

@@ -17,6 +17,10 @@ naming where it is, never ignored).
 
 `thinking` `{"type": "enabled"}` or `{"type": "disabled"}` reaches the chat template as
 `enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced.
+
+Checked as Anthropic's API checks them, each a 400 naming the field: every message but a final
+assistant turn has content (not `""` or `[]`), no text block is empty, and `metadata` is an
+object whose `user_id` is a string of at most 256 characters or null (nothing here reads it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, a_or_an, join
 
 MAX_STOPS = 16
+MAX_USER_ID = 256  # characters: Anthropic's bound on metadata.user_id
 _NOT_TEXT = ("image", "document", "search_result", "container_upload")
 
 
@@ -84,7 +89,7 @@ def _user(m: Fields, out: list[dict]) -> None:
         b = Fields(raw, join(m.where("content"), j))
         kind = b.str("type", required=True)
         if kind == "text":
-            texts.append(b.str("text", required=True))
+            texts.append(b.str("text", required=True, non_empty=True))
         elif kind == "tool_result":
             if texts:
                 out.append({"role": "user", "content": "".join(texts)})
@@ -92,7 +97,7 @@ def _user(m: Fields, out: list[dict]) -> None:
             out.append(_tool_result(b))
         else:
             _refuse_block(kind, b.path)
-    if texts or not content:
+    if texts:  # (an empty content was refused: `_check_content`)
         out.append({"role": "user", "content": "".join(texts)})
 
 
@@ -109,7 +114,7 @@ def _assistant(m: Fields, out: list[dict]) -> None:
         b = Fields(raw, join(m.where("content"), j))
         kind = b.str("type", required=True)
         if kind == "text":
-            texts.append(b.str("text", required=True))
+            texts.append(b.str("text", required=True, non_empty=True))
         elif kind == "tool_use":
             args = b.obj_at("input", required=True)
             calls.append({"type": "function", "id": b.str("id", required=True),
@@ -128,6 +133,25 @@ def _assistant(m: Fields, out: list[dict]) -> None:
     if thinking:
         msg["reasoning_content"] = "".join(thinking)
     out.append(msg)
+
+
+def _check_content(m: Fields, *, final_assistant: bool) -> None:
+    """Anthropic's rule: every message has content but a final assistant turn (a prefill, which
+    may be empty: the answer then starts fresh). Empty text blocks are refused where read."""
+    content = m.raw("content")
+    if not final_assistant and (content == "" or content == []):
+        raise bad_request(f"{m.where('content')}: must not be empty (only a final assistant "
+                          f"turn may be)", m.where("content"))
+
+
+def _metadata(f: Fields) -> None:
+    """`metadata`: checked, not read ({"user_id": a string or null}; Anthropic uses it to
+    detect abuse). A wrong one is a 400 there, so it is here, rather than passed over."""
+    m = f.obj_at("metadata")
+    user = m.str("user_id") if m is not None else None
+    if user is not None and len(user) > MAX_USER_ID:
+        raise bad_request(f"metadata.user_id: at most {MAX_USER_ID} characters, got "
+                          f"{len(user)}", "metadata.user_id")
 
 
 def _prefill(messages: list[dict], path: str) -> str:
@@ -216,6 +240,7 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     """The request as a `ChatInput`; `counting` (count_tokens) makes max_tokens optional."""
     state.check_model(f.str("model", required=True))
     max_tokens = f.int("max_tokens", required=not counting, minimum=1)
+    _metadata(f)
     messages: list[dict] = []
     if f.has("system"):
         messages.append({"role": "system", "content": _text_blocks(f.raw("system"), "system")})
@@ -224,6 +249,7 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     for i, item in enumerate(raw):
         m = Fields(item, join("messages", i))
         role = m.str("role", required=True, choices=("user", "assistant"))
+        _check_content(m, final_assistant=role == "assistant" and i == len(raw) - 1)
         (_user if role == "user" else _assistant)(m, messages)
     prefill = _prefill(messages, join("messages", len(raw) - 1)) if role == "assistant" else ""
     thinking = f.obj_at("thinking")

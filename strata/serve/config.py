@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from strata.errors import StrataError
+from strata.plan.options import MIN_CONTEXT
 from strata.serve.response_store import DEFAULT_MIB
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
@@ -94,8 +95,9 @@ class ServeConfig:
             raise ServeConfigError(f"port: {self.port} is not a TCP port (0-65535; 0 picks one)")
         if self.batch < 1:
             raise ServeConfigError(f"batch: must be at least 1, got {self.batch}")
-        if self.max_context is not None and self.max_context < 2:
-            raise ServeConfigError(f"max_context: must be at least 2, got {self.max_context}")
+        if self.max_context is not None and self.max_context < MIN_CONTEXT:  # every command's
+            raise ServeConfigError(f"max_context: must be at least {MIN_CONTEXT} (a prompt token "
+                                   f"and the token it generates), got {self.max_context}")
         if self.max_queue < 1:
             raise ServeConfigError(f"max_queue: must be at least 1, got {self.max_queue}")
         if self.max_body_bytes < 1024:

@@ -21,9 +21,6 @@ from dataclasses import dataclass, field
 from strata.serve.errors import bad_request, not_found
 from strata.serve.response_store import listed
 
-MAX_METADATA = 16        # pairs, as the official API bounds them
-MAX_KEY_CHARS = 64
-MAX_VALUE_CHARS = 512
 MAX_ITEMS_A_CALL = 20    # items a create or an add takes at once, as the official API
 
 
@@ -38,25 +35,6 @@ class Conversation:
     def body(self) -> dict:
         return {"id": self.id, "object": "conversation", "created_at": self.created_at,
                 "metadata": self.metadata}
-
-
-def check_metadata(value, where: str = "metadata") -> dict:
-    """`metadata`: a JSON object of at most 16 string values (keys up to 64 characters, values
-    up to 512), or a 400 naming what is wrong; null is {}."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise bad_request(f"{where}: expected an object of strings", where)
-    if len(value) > MAX_METADATA:
-        raise bad_request(f"{where}: {len(value)} pairs, at most {MAX_METADATA}", where)
-    for key, v in value.items():
-        if len(key) > MAX_KEY_CHARS:
-            raise bad_request(f"{where}: key {key[:16]!r}... is longer than {MAX_KEY_CHARS} "
-                              f"characters", where)
-        if not isinstance(v, str) or len(v) > MAX_VALUE_CHARS:
-            raise bad_request(f"{where}.{key}: expected a string of at most {MAX_VALUE_CHARS} "
-                              f"characters", f"{where}.{key}")
-    return dict(value)
 
 
 class ConversationStore:

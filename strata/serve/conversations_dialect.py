@@ -21,9 +21,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from strata.serve.conversation_store import MAX_ITEMS_A_CALL, check_metadata
+from strata.serve.conversation_store import MAX_ITEMS_A_CALL
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields
+from strata.serve.fields import Fields, check_metadata
 from strata.serve.response_store import page
 from strata.serve.responses_request import check_items, with_includes
 from strata.serve.state import ServerState

@@ -217,6 +217,39 @@ class Fields:
                               self.where(key))
 
 
+# OpenAI's `metadata` (chat completions, responses, conversations): pairs, key and value sizes
+MAX_METADATA = 16
+MAX_KEY_CHARS = 64
+MAX_VALUE_CHARS = 512
+
+
+def check_metadata(value: Any, where: str = "metadata") -> dict:
+    """OpenAI's `metadata`: a JSON object of at most 16 string values (keys up to 64 characters,
+    values up to 512), or a 400 naming what is wrong, as the official API checks it (nothing
+    here reads it, but a wrong one is the client's mistake, not something to drop); null is
+    {}."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"{where}: expected an object of strings, got {type_name(value)}",
+                          where)
+    if len(value) > MAX_METADATA:
+        raise bad_request(f"{where}: {len(value)} pairs, at most {MAX_METADATA}", where)
+    for key, v in value.items():
+        if len(key) > MAX_KEY_CHARS:
+            raise bad_request(f"{where}: key {key[:16]!r}... is longer than {MAX_KEY_CHARS} "
+                              f"characters", where)
+        if not isinstance(v, str) or len(v) > MAX_VALUE_CHARS:
+            raise bad_request(f"{join(where, key)}: expected a string of at most "
+                              f"{MAX_VALUE_CHARS} characters, got {_sized(v)}", join(where, key))
+    return dict(value)
+
+
+def _sized(value: Any) -> str:
+    """What a metadata value is, as the error names it: its type, or a string's length."""
+    return f"{len(value)} characters" if isinstance(value, str) else type_name(value)
+
+
 def text_parts(value: Any, path: str, *, texts: tuple[str, ...],
                not_text: tuple[str, ...]) -> str:
     """A message's content: a string, or an array of parts joined. A part whose `type` is in

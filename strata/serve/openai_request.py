@@ -26,7 +26,7 @@ from strata.plan.pick import PICK_MAX_BIAS
 from strata.serve.chat import ChatInput, schema_node, template_vars, tool_arguments
 from strata.serve.choices import MAX_CHOICES
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join, text_parts, type_name
+from strata.serve.fields import Fields, check_metadata, join, text_parts, type_name
 from strata.serve.job import MAX_TOP_LOGPROBS, PENALTY_LAST_N, Sampling
 
 MAX_STOPS = 16
@@ -249,8 +249,19 @@ def _json_format(f: Fields) -> tuple[bool, Node | None]:
     return True, schema_node(schema.obj, schema.path)
 
 
+def _check_ignored(f: Fields) -> None:
+    """The fields that cannot change the output, checked as the official API checks them (a
+    wrong type is a 400 naming it, not silently taken) and then ignored."""
+    check_metadata(f.raw("metadata"))
+    f.str("user")
+    f.bool("store")
+    f.bool("parallel_tool_calls")
+    f.str("service_tier")
+
+
 def parse_chat(f: Fields, state) -> ChatRequest:
     state.check_model(f.str("model", required=True))
+    _check_ignored(f)
     raw_messages = f.list("messages", required=True, non_empty=True)
     messages = tuple(chat_message(m, join("messages", i)) for i, m in enumerate(raw_messages))
     n = _n_choices(f)

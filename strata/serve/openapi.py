@@ -27,6 +27,12 @@ _FUNCTION = {"type": "object", "required": ["name"], "properties": {
     "name": _STR, "description": _STR, "parameters": {"type": "object"},
     "strict": {"type": "boolean"}}}
 
+# OpenAI's metadata (`fields.check_metadata`); Anthropic's holds one optional user_id
+_METADATA = {"type": "object", "maxProperties": 16,
+             "additionalProperties": {"type": "string", "maxLength": 512}, "nullable": True}
+_USER_ID = {"type": "object", "nullable": True, "properties": {
+    "user_id": {"type": "string", "maxLength": 256, "nullable": True}}}
+
 _OUTPUT_FORMAT = {"type": "object", "required": ["type", "schema"], "properties": {
     "type": {"type": "string", "enum": ["json_schema"]}, "schema": {"type": "object"}}}
 
@@ -69,6 +75,8 @@ def _chat_body(models: list[str]) -> dict:
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
                                   {"type": "object"}]},
         "chat_template_kwargs": {"type": "object"},
+        "metadata": _METADATA, "user": _STR, "store": {"type": "boolean"},
+        "parallel_tool_calls": {"type": "boolean"}, "service_tier": _STR,
     }}
 
 
@@ -85,7 +93,8 @@ def _completion_body(models: list[str]) -> dict:
 def _messages_body(models: list[str], *, counting: bool) -> dict:
     block = {"type": "object", "required": ["type"], "properties": {
         "type": {"type": "string", "enum": ["text", "tool_use", "tool_result"]},
-        "text": _STR, "id": _STR, "name": _STR, "input": {"type": "object"},
+        "text": {"type": "string", "minLength": 1}, "id": _STR, "name": _STR,
+        "input": {"type": "object"},
         "tool_use_id": _STR, "content": {"oneOf": [_STR, {"type": "array", "items": _TEXT_PART}]},
         "is_error": {"type": "boolean"}}}
     message = {"type": "object", "required": ["role", "content"], "properties": {
@@ -106,7 +115,7 @@ def _messages_body(models: list[str], *, counting: bool) -> dict:
         "tool_choice": {"type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}, "name": _STR}},
         "output_config": {"type": "object", "properties": {"format": _OUTPUT_FORMAT}},
-        "output_format": _OUTPUT_FORMAT,
+        "output_format": _OUTPUT_FORMAT, "metadata": _USER_ID,
     }}
 
 
@@ -138,7 +147,7 @@ def _responses_body(models: list[str]) -> dict:
             "strict": {"type": "boolean"}}}},
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
                                   {"type": "object"}]},
-        "metadata": {"type": "object"}, "user": _STR,
+        "metadata": _METADATA, "user": _STR,
         "parallel_tool_calls": {"type": "boolean"},
         "include": {"type": "array", "items": {"type": "string",
                                                "enum": ["message.output_text.logprobs"]}},
@@ -227,7 +236,7 @@ def _page(summary: str, id_name: str, missing: str) -> dict:
 def _conversations() -> dict:
     """The Conversations API's paths (`conversations_dialect`)."""
     items = {"type": "array", "maxItems": 20, "items": {"type": "object"}}
-    meta = {"type": "object", "maxProperties": 16, "additionalProperties": _STR}
+    meta = _METADATA
     gone = {"404": {"description": "no conversation of that id"}}
 
     def op(summary: str, names: tuple, body: dict | None = None, **codes: str) -> dict:

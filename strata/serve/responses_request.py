@@ -41,7 +41,7 @@ from strata.engine.json_schema import Node, SchemaError
 from strata.engine.json_schema_request import compile_request_schema
 from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, join, text_parts
+from strata.serve.fields import Fields, check_metadata, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS
 from strata.serve.openai_request import parse_tool_choice
 
@@ -296,11 +296,11 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
                      logprobs=logprobs)
     tool_choice: Any = (choice if choice in ("auto", "none", "required")
                         else {"type": "function", "name": choice})
-    metadata = f.obj_at("metadata")
+    metadata = check_metadata(f.raw("metadata"))  # echoed, so held to the API's rules
     echo = {"instructions": f.str("instructions"), "max_output_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "tool_choice": tool_choice,
             "tools": tools_echo, "text": {"format": fmt},
-            "metadata": metadata.obj if metadata is not None else {},
+            "metadata": metadata,
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
             "top_logprobs": top or 0, "previous_response_id": previous, "store": store,
             "conversation": None if conv is None else {"id": conv}}

@@ -38,5 +38,5 @@ def test_bench_writes_a_table_and_json(tmp_models, tmp_path, capsys):
 
 
 def test_bench_refuses_bad_counts(capsys):
-    assert main(["bench", "--n-decode", "0"]) == 1
-    assert "--n-decode must be at least 1" in capsys.readouterr().err
+    assert main(["bench", "--n-decode", "0"]) == 2  # a bad flag
+    assert "--n-decode must be at least 1, got 0" in capsys.readouterr().err

@@ -119,24 +119,30 @@ def test_generation_stops_at_the_context_limit_with_a_message(capsys, model):
     assert "context of 9 tokens is full" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--prompt-tokens", "1,640"], "token id 640 is outside the vocabulary (0..639)"),
-    (["--prompt-tokens", "1,x"], "--prompt-tokens must be comma-separated integers"),
-    (["--prompt", ""], "the prompt is empty"),
-    (["--prompt-tokens", IDS, "-n", "0"], "-n must be at least 1"),
-    (["--prompt-tokens", IDS, "--max-context", "4"],
-     "the prompt has 7 tokens but the context holds 4"),
-    (["--prompt-tokens", IDS, "--top-p", "0"], "bad sampling option: top_p"),
-    (["--prompt", "Hi", "--system", "Be brief."], "--system goes with --chat or --interactive"),
-    (["-i", "--json"], "--json: not with --interactive"),
+@pytest.mark.parametrize("argv, message, status", [
+    # a bad flag: status 2, as argparse's own; each names the flag
+    (["--prompt-tokens", "1,640"],
+     "--prompt-tokens: token id 640 is outside the vocabulary (0..639)", 2),
+    (["--prompt-tokens", "1,x"], "--prompt-tokens must be comma-separated integers", 2),
+    (["--prompt", ""], "--prompt is empty: give some text", 2),
+    (["--chat", ""], "--chat is empty: give some text", 2),
+    (["--prompt-tokens", IDS, "-n", "0"], "-n must be at least 1", 2),
+    (["--prompt-tokens", IDS, "--top-p", "0"], "--top-p must be in (0, 1], got 0.0", 2),
+    (["--prompt-tokens", IDS, "--repeat-last-n", "-1"], "--repeat-last-n must be >= 0", 2),
+    (["--prompt", "Hi", "--system", "Be brief."], "--system goes with --chat or --interactive",
+     2),
+    (["-i", "--json"], "--json: not with --interactive", 2),
     (["-i", "--json-object", "--logits-out", "x.npy"],
-     "--logits-out, --json-object: not with --interactive"),
+     "--logits-out, --json-object: not with --interactive", 2),
+    # the engine refusing a prompt past the context: a failed run, 1
+    (["--prompt-tokens", IDS, "--max-context", "4"],
+     "the prompt has 7 tokens but the context holds 4", 1),
 ])
-def test_bad_input_is_a_clear_error(capsys, model, argv, message):
+def test_bad_input_is_a_clear_error(capsys, model, argv, message, status):
     code, out, err = _run(capsys, "-m", model, *argv)
-    assert code == 1 and out == ""
+    assert code == status and out == ""
     assert err.startswith("error: ") and message in err, err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and err.count("\n") == 1, err
 
 
 def test_interactive_chat_turns_reuse_the_conversation(capsys, model, monkeypatch):

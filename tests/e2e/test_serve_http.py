@@ -228,5 +228,5 @@ def test_a_backend_that_cannot_run_never_reports_ready(tmp_models):
 def test_a_bad_config_file_names_the_knob(tmp_models):
     proc = ServeProcess(tmp_models, config={"model": str(tiny_model(tmp_models)),
                                             "batchsize": 4}, args=[])
-    assert proc.wait_exit() == 1
+    assert proc.wait_exit() == 2  # a bad knob, as a bad flag: a usage error
     assert "unknown knob 'batchsize'" in "\n".join(proc.lines)

@@ -1,6 +1,7 @@
-"""The subcommands' bad input is one `error: ...` line and status 1, said before any work (an
-output path that cannot be written included), and never a traceback: generate, profile, bench,
-synth, the entry point's handling of a standard output that fails, and `strata` alone."""
+"""The subcommands' bad input is one `error: ...` line, said before any work (an output path
+that cannot be written included), and never a traceback: status 2 for a bad flag (as argparse's
+own), 1 for a run that cannot go on (a file, the machine); generate, profile, bench, synth,
+the entry point's handling of a standard output that fails, and `strata` alone."""
 
 from __future__ import annotations
 
@@ -42,9 +43,9 @@ def _run(capsys, *argv):
     return code, out, err
 
 
-def _refused(capsys, *argv, says: str):
+def _refused(capsys, *argv, says: str, status: int = 1):
     code, out, err = _run(capsys, *argv)
-    assert code == 1, err
+    assert code == status, err
     assert err.startswith("error: ") and says in err, err
     assert "Traceback" not in err and err.count("\n") == 1, err
     return out
@@ -65,7 +66,7 @@ def test_the_cpu_backend_names_every_cuda_flag_it_ignores(capsys, model, tmp_pat
     assert note == ("note: --no-graph, --miss-share, --kv, --profile: apply to the CUDA engine; "
                     "the cpu backend ignores them"), note
     _refused(capsys, "generate", "-m", model, "--backend", "cpu", "--prompt-tokens", IDS,
-             "--gpu-mem", "16XB", says="16XB")
+             "--gpu-mem", "16XB", says="16XB", status=2)
 
 
 def test_the_cpu_bench_names_the_cuda_flags_it_ignores(capsys, model):
@@ -76,7 +77,7 @@ def test_the_cpu_bench_names_the_cuda_flags_it_ignores(capsys, model):
     assert note == ("note: --temperature, --no-graph, --kv: apply to --backend cuda; the CPU "
                     "bench ignores them"), note
     _refused(capsys, "bench", "--backend", "cpu", "-m", model, "--gpu-mem", "16XB",
-             *BENCH_QUICK, says="16XB")
+             *BENCH_QUICK, says="16XB", status=2)
 
 
 def test_generate_refuses_a_kv_cache_larger_than_the_machine(capsys, model, monkeypatch):
@@ -92,7 +93,7 @@ def test_generate_refuses_a_kv_cache_larger_than_the_machine(capsys, model, monk
 def test_generate_says_the_temperature_must_be_finite(capsys, model):
     for bad in ("inf", "nan", "-1"):
         _refused(capsys, "generate", "-m", model, "--prompt-tokens", IDS, "--temperature", bad,
-                 says=f"--temperature must be a finite number >= 0, got {bad}")
+                 says=f"--temperature must be a finite number >= 0, got {bad}", status=2)
 
 
 @pytest.mark.parametrize("where, says", [
@@ -117,7 +118,7 @@ def test_generate_json_schema_file_not_utf8_is_named(capsys, model, tmp_path):
     bad = tmp_path / "schema.json"
     bad.write_bytes(b'{"type": "object", "description": "caf\xe9"}')
     _refused(capsys, "generate", "-m", model, "--prompt", "x", "--json-schema", str(bad),
-             says=f"--json-schema: {bad}: not UTF-8 text")
+             says=f"--json-schema: {bad}: not UTF-8 text", status=2)
 
 
 def test_generate_without_m_names_an_unusable_cache_folder(capsys, tmp_path, monkeypatch):
@@ -156,10 +157,11 @@ def prompts(tmp_path):
 
 
 def test_profile_validates_max_context(capsys, model, prompts, tmp_path):
-    for bad in ("0", "-3"):
+    for bad in ("1", "0", "-3"):
         _refused(capsys, "profile", "-m", model, "--prompts", prompts, "-o",
-                 str(tmp_path / "p.npy"), "--max-context", bad,
-                 says=f"--max-context must be at least 1, got {bad}")
+                 str(tmp_path / "p.npy"), "--max-context", bad, status=2,
+                 says=f"--max-context must be at least 2 (a prompt token and the token it "
+                      f"generates), got {bad}")
 
 
 @pytest.mark.parametrize("where, says", [
@@ -199,7 +201,7 @@ def test_profile_counts_in_the_singular(capsys, model, prompts, tmp_path):
 
 def test_bench_refuses_a_negative_seed(capsys, model):
     _refused(capsys, "bench", "--backend", "cpu", "-m", model, "--seed", "-1", *BENCH_QUICK,
-             says="--seed must be >= 0, got -1")
+             says="--seed must be >= 0, got -1", status=2)
 
 
 def test_bench_refuses_an_empty_mix_list(capsys, tmp_path, monkeypatch):
@@ -207,11 +209,11 @@ def test_bench_refuses_an_empty_mix_list(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
     for mix in (",", " , ,", ""):
         out = _refused(capsys, "bench", "--backend", "cpu", "--preset", "tiny", "--mix", mix,
-                       *BENCH_QUICK, says="names no quant mix")
+                       *BENCH_QUICK, says="names no quant mix", status=2)
         assert out == ""
     # a bad name among good ones is refused before the first file is written
     _refused(capsys, "bench", "--backend", "cpu", "--preset", "tiny", "--mix", "Q8_0,Q9",
-             *BENCH_QUICK, says="unknown quantization mix 'Q9'")
+             *BENCH_QUICK, says="unknown quantization mix 'Q9'", status=2)
     assert not list(tmp_path.rglob("*.gguf"))
 
 
@@ -219,7 +221,8 @@ def test_bench_synthetic_files_need_a_seed_they_can_store(capsys, tmp_path, monk
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(sys, "platform", "linux")
     _refused(capsys, "bench", "--backend", "cpu", "--preset", "tiny", "--mix", "Q8_0",
-             "--seed", str(2 ** 32), *BENCH_QUICK, says="--seed must be an integer in 0..")
+             "--seed", str(2 ** 32), *BENCH_QUICK, says="--seed must be an integer in 0..",
+             status=2)
 
 
 @pytest.mark.parametrize("where, says", [
@@ -269,7 +272,7 @@ def test_bench_refuses_a_header_only_file(capsys, header_only, model, monkeypatc
 @pytest.mark.parametrize("seed", ["-1", str(2 ** 32), "99999999999"])
 def test_synth_refuses_a_seed_the_file_cannot_store(capsys, tmp_path, seed):
     out = tmp_path / "x.gguf"
-    _refused(capsys, "synth", "tiny", "-o", str(out), "--seed", seed, "--quiet",
+    _refused(capsys, "synth", "tiny", "-o", str(out), "--seed", seed, "--quiet", status=2,
              says=f"--seed must be an integer in 0..4294967295 (the file stores a 32-bit "
                   f"seed), got {seed}")
     assert not out.exists()

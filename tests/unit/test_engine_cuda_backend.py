@@ -71,7 +71,7 @@ def test_bench_table_shows_each_number_against_its_bound():
 def test_bench_cuda_needs_one_model(capsys):
     from strata.cli.main import main
 
-    assert main(["bench", "--backend", "cuda"]) == 1
+    assert main(["bench", "--backend", "cuda"]) == 2  # a usage error
     assert "give -m FILE once" in capsys.readouterr().err
 
 

@@ -42,7 +42,7 @@ def test_recorded_counts_match_the_reference(tmp_models):
     s = mf.shape
     counts = RoutingCounts(s.n_layer, s.n_expert)
     engine = CpuEngine(mf, max_context=64, cb=counts.callback())
-    n = record(engine, [PROMPT], counts)
+    n = record(engine, [PROMPT], counts).tokens
     assert n == len(PROMPT)
     np.testing.assert_array_equal(counts.counts, _reference_counts(path, PROMPT))
     assert counts.counts.sum() == s.n_layer * len(PROMPT) * s.n_expert_used
@@ -52,9 +52,10 @@ def test_decoded_tokens_are_counted(tmp_models):
     mf = open_model(model_path(tmp_models, "Q8_0"))
     s = mf.shape
     counts = RoutingCounts(s.n_layer, s.n_expert)
-    n = record(CpuEngine(mf, max_context=64, cb=counts.callback()), [PROMPT, PROMPT[:3]],
-               counts, n_predict=2)
-    assert n == len(PROMPT) + 3 + 4
+    done = record(CpuEngine(mf, max_context=64, cb=counts.callback()), [PROMPT, PROMPT[:3]],
+                  counts, n_predict=2)
+    n = done.tokens
+    assert n == len(PROMPT) + 3 + 4 and done.cut_short == 0
     assert counts.counts.sum() == s.n_layer * n * s.n_expert_used
 
 

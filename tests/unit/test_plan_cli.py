@@ -1,5 +1,6 @@
-"""`strata plan`: the JSON contract, exit codes (0 accepted, 2 refused, 1 bad input), --gpu-mem
-parsing, NVML (faked) and its absence, profiles, a sparse 235B header, and no numba import."""
+"""`strata plan`: the JSON contract, exit codes (0 accepted, 3 refused, 2 a bad flag, 1 a failed
+run), --gpu-mem parsing, NVML (faked) and its absence, --device and --driver-model with the other
+way of finding GPUs, profiles, a sparse 235B header, and no numba import."""
 
 from __future__ import annotations
 
@@ -45,16 +46,16 @@ def test_json_contract_accepted(capsys, small):
     assert 0 <= d["predicted"]["expert_hit_rate"] <= 1
 
 
-def test_refused_exit_2_with_knobs(capsys, small):
+def test_refused_exit_3_with_knobs(capsys, small):
     rc, d = run_json(capsys, "-m", small, "--gpu-mem", "700MiB")
-    assert rc == 2 and d["accepted"] is False
+    assert rc == 3 and d["accepted"] is False
     r = d["refusal"]
     assert r["short_by_bytes"] == r["needed_bytes"] - r["free_bytes"] > 0
     assert r["free_bytes"] == 700 * MiB
     assert any(k.startswith("--vram-reserve-mib") for k in r["knobs"])
     rc = main(["plan", "-m", small, "--gpu-mem", "700MiB"])
     out = capsys.readouterr().out
-    assert rc == 2 and "refused:" in out and "short by" in out and "--vram-reserve-mib" in out
+    assert rc == 3 and "refused:" in out and "short by" in out and "--vram-reserve-mib" in out
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -66,19 +67,19 @@ def test_refused_exit_2_with_knobs(capsys, small):
     (["--gpu-mem", "16GiB,16GiB,16GiB"], "3 GPUs for 2 layers"),
     (["--gpu-mem", "8GiB", "--kv-resident", "10"], "--kv-resident"),
 ])
-def test_bad_input_exit_1(capsys, small, argv, match):
+def test_bad_flags_exit_2(capsys, small, argv, match):
     rc = main(["plan", "-m", small, *argv])
-    assert rc == 1
+    assert rc == 2
     assert match in capsys.readouterr().err
 
 
-def test_bad_flags_and_files_exit_1(capsys, small, tmp_path):
+def test_argparse_errors_exit_2_and_files_exit_1(capsys, small, tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["plan", "-m", small, "--max-context", "abc"])
-    assert e.value.code == 1 and "invalid int value: 'abc'" in capsys.readouterr().err
+    assert e.value.code == 2 and "invalid int value: 'abc'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["plan", "--gpu-mem", "8GiB"])  # no -m
-    assert e.value.code == 1
+    assert e.value.code == 2
     assert main(["plan", "-m", str(tmp_path / "none.gguf"), "--gpu-mem", "8GiB"]) == 1
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all")
@@ -137,8 +138,38 @@ def test_nvml_devices(capsys, small, monkeypatch):
     rc, d = run_json(capsys, "-m", small)
     assert d["devices"][0]["driver_model"] == "wddm"
     assert d["devices"][0]["regions"]["reserve"] == GiB
-    assert main(["plan", "-m", small, "--device", "5"]) == 1
+    assert main(["plan", "-m", small, "--device", "5"]) == 2
     assert "NVML sees GPUs 0, 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    # the budget comes from --gpu-mem: --device would pick nothing (was silently ignored)
+    (["--gpu-mem", "8GiB", "--device", "1"],
+     "--device 1: picks a GPU read through NVML, and --gpu-mem plans cards of its sizes instead "
+     "(pick among them with --gpus, from 0; or drop --gpu-mem to plan GPU 1 as it is)"),
+    # --device planned GPU 1 alone and dropped --gpus without a word
+    (["--device", "1", "--gpus", "0,1"],
+     "--device 1 and --gpus 0,1 both pick the GPUs to plan: give one (--gpus 1 plans GPU 1 "
+     "alone)"),
+    # NVML reads a present GPU's driver model: --driver-model changed nothing
+    (["--driver-model", "wddm"],
+     "--driver-model wddm: sets the driver of the --gpu-mem cards; a GPU read through NVML has "
+     "its own (add --gpu-mem SIZE)"),
+])
+@pytest.mark.parametrize("nvml", ["two GPUs", "none"])
+def test_device_flags_with_the_other_way_to_find_gpus_are_refused(capsys, small, monkeypatch,
+                                                                   argv, says, nvml):
+    """Refused by name before any GPU is read, whether NVML answers or not: never ignored."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail=nvml == "none"))
+    rc = main(["plan", "-m", small, *argv, "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err == f"error: {says}\n", err
+    # each one alone is good: --gpu-mem's plan, --device's GPU 1, --gpus 1
+    if nvml != "none":
+        for one in (["--gpu-mem", "8GiB"], ["--device", "1"], ["--gpus", "1"],
+                    ["--gpu-mem", "8GiB", "--driver-model", "wddm"]):
+            rc, d = run_json(capsys, "-m", small, *one)
+            assert rc == 0 and d["accepted"], one
 
 
 def test_no_gpu_suggests_gpu_mem(capsys, small, monkeypatch):
@@ -171,6 +202,7 @@ def test_profiles(capsys, small, tmp_path):
     rc, d = run_json(capsys, "-m", small, "--gpu-mem", "2GiB", "--profile", str(path))
     assert rc == 0 and "measured counts" in d["predicted"]["model"]
     np.save(path, np.ones((3, 4)))
+    # a profile of another shape is the file's fault, not a flag's: a failed run
     assert main(["plan", "-m", small, "--gpu-mem", "2GiB", "--profile", str(path)]) == 1
     assert "[2, 4]" in capsys.readouterr().err
 
@@ -202,7 +234,7 @@ def test_235b_synthesized_sparse_header(capsys, tmp_path):
     assert rc == 0 and dev["layers"] == [0, 94] and d["prefill"]["mode"] == "borrowed"
     assert dev["expert_slot_bytes"] > dev["expert_slot_bytes_min"]  # Q4_K_M: mixed slot sizes
     rc, d = run_json(capsys, "-m", str(path), "--gpu-mem", "16GiB")
-    assert rc == 2 and d["refusal"]["knobs"]
+    assert rc == 3 and d["refusal"]["knobs"]
 
 
 def test_cli_does_not_import_numba(small):

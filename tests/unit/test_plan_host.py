@@ -76,3 +76,21 @@ def test_the_cuda_engine_refuses_a_store_past_host_memory(tmp_models, monkeypatc
     with pytest.raises(CudaEngineError, match="the expert store needs"):
         cuda_model.CudaModel(mf, opts, backend=card)
     assert allocations == []  # refused before the arena
+
+
+def test_plan_notes_a_store_this_machine_cannot_hold(tmp_models, monkeypatch, capsys):
+    import json
+
+    from strata.cli.main import main
+    from strata.plan import host
+    path = str(model_path(tmp_models, "Q4_K_M"))
+    args = ["plan", "-m", path, "--dry-run", "--gpu-mem", "8GiB", "--max-context", "512",
+            "--json"]
+    assert main(args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["host_store_bytes"] > 0 and not any("expert store needs" in n for n in d["notes"])
+    monkeypatch.setattr(host, "probe_host_memory",
+                        lambda: HostMemory(d["host_store_bytes"], d["host_store_bytes"] // 2))
+    assert main(args) == 0  # still accepted: the plan may be for another machine
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("on this machine, the expert store needs") for n in notes)

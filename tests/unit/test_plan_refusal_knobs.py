@@ -19,7 +19,7 @@ from strata.plan import (
 from strata.plan.budget import minimum_bytes
 from strata.plan.devices import GiB, MiB, parse_size
 from strata.plan.options import OptionError
-from strata.plan.refusal import NOT_ENOUGH
+from strata.plan.refusal import KNOB_GRID, NOT_ENOUGH
 from strata.plan.split import SplitOptions, plan_split
 
 S30 = qwen3moe()  # Qwen3-30B-A3B, Q4_K_M
@@ -115,6 +115,34 @@ def test_split_knobs_without_pins_still_say_what_they_free():
                                     SplitOptions(cuts=(10,)))
 
 
+@pytest.mark.parametrize("ctx, cuts", [(131072, (24,)), (262144, None)])
+def test_the_split_context_knob_is_the_largest_that_fits(ctx, cuts):
+    """QA: a refused split halved --max-context: 131072 over 8GiB,8GiB at 24 (one card 24 MiB
+    short) got `--max-context 65536`, and 262144 (no placement fits; the even split shown) got
+    131072, which fits the short card but not the other. The knob is now the largest context on
+    the 1,024-token grid at which every stage of the refused placement is planned."""
+    devs, opts = parse_gpu_mem("8GiB,8GiB"), PlanOptions(max_context=ctx)
+    bad = plan_split(S30, devs, opts, SplitOptions(cuts=cuts))
+    assert not bad.accepted
+    knob = next(k for k in bad.refusal.knobs if k.flag.startswith("--max-context "))
+    n = int(knob.flag.split()[1])
+    assert knob.note == "" and n % KNOB_GRID == 0 and knob.frees_bytes > 0
+    at = SplitOptions(cuts=bad.placement.cuts)
+    assert plan_split(S30, devs, replace(opts, max_context=n), at).accepted
+    assert not plan_split(S30, devs, replace(opts, max_context=n + KNOB_GRID), at).accepted
+    # followed as given (the placement searched again where it was), the plan is accepted
+    assert plan_split(S30, devs, replace(opts, max_context=n), SplitOptions(cuts=cuts)).accepted
+
+
+def test_a_split_context_that_no_stage_plan_fits_says_so():
+    """Where no context on the grid lets every stage fit, the knob offers a quarter of it and
+    says it is not enough alone (as the one-GPU knob does)."""
+    bad = plan_split(S30, parse_gpu_mem("8GiB,2GiB"), PlanOptions(max_context=8192),
+                     SplitOptions(cuts=(10,)))
+    knob = next(k for k in bad.refusal.knobs if k.flag.startswith("--max-context "))
+    assert knob.flag == "--max-context 2048" and knob.note == NOT_ENOUGH
+
+
 def _short_by(short: int, options: PlanOptions = PlanOptions(max_context=4096)):
     big = DeviceInfo(0, "x", 64 * GiB, 64 * GiB)  # the need does not depend on the free bytes
     free = minimum_bytes(S30, big, options, RoutingProfile.uniform(48, 128)) - short
@@ -160,13 +188,13 @@ def tiny(tmp_path_factory):
 
 
 def test_tiny_reserve_hint_is_followed_to_an_accepted_plan(capsys, tiny):
-    assert main(["plan", "-m", tiny, "--dry-run", "--gpu-mem", "1GiB", "--json"]) == 2
+    assert main(["plan", "-m", tiny, "--dry-run", "--gpu-mem", "1GiB", "--json"]) == 3
     knobs = json.loads(capsys.readouterr().out)["refusal"]["knob_bytes"]
     flag = next(k["knob"] for k in knobs if k["knob"].startswith("--vram-reserve-mib "))
     mib = flag.split()[1]
     assert main(["plan", "-m", tiny, "--gpu-mem", "1GiB", "--vram-reserve-mib", mib]) == 0
     assert main(["plan", "-m", tiny, "--gpu-mem", "1GiB",
-                 "--vram-reserve-mib", str(int(mib) + 1)]) == 2
+                 "--vram-reserve-mib", str(int(mib) + 1)]) == 3
     capsys.readouterr()
 
 
@@ -182,7 +210,7 @@ def test_tiny_reserve_hint_is_followed_to_an_accepted_plan(capsys, tiny):
 ])
 def test_split_flags_with_one_gpu_are_refused(capsys, tiny, argv, flags):
     """README: 'Split flags with one GPU are refused' — all of them, as --layer-split was."""
-    assert main(["plan", "-m", tiny, "--gpu-mem", "8GiB", *argv]) == 1
+    assert main(["plan", "-m", tiny, "--gpu-mem", "8GiB", *argv]) == 2
     err = capsys.readouterr().err
     assert f"{flags}: a layer split's flag" in err and "one GPU runs every layer" in err
     # the same flags are fine over two GPUs (--stage-cache then needs a value per GPU)
@@ -221,7 +249,7 @@ def test_the_engines_refuse_the_same_split_flags():
 ])
 def test_bad_knobs_are_named_plainly(capsys, tiny, argv, match):
     assert main(["plan", "-m", tiny, *(["--gpu-mem", "8GiB"] if "--gpu-mem" not in argv
-                                       else []), *argv]) == 1
+                                       else []), *argv]) == 2
     assert match in capsys.readouterr().err
 
 

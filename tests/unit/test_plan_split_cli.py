@@ -81,8 +81,8 @@ def test_each_table_names_its_layers_and_the_handoff(capsys, model):
     (["--gpu-mem", "2GiB,2GiB", "--cover-b", "-1"], "--cover-b"),
     (["--gpu-mem", "2GiB,2GiB", "--gpu-bandwidth", "1,a"], "--gpu-bandwidth"),
 ])
-def test_bad_split_input_exits_1(capsys, model, argv, match):
-    assert main(["plan", "-m", model, *argv]) == 1
+def test_bad_split_input_exits_2(capsys, model, argv, match):
+    assert main(["plan", "-m", model, *argv]) == 2
     assert match in capsys.readouterr().err
 
 

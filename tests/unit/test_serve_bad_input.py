@@ -227,3 +227,111 @@ def test_a_boolean_is_not_a_token_id(h):
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "prompt[1]"
     assert "expected an integer token id" in err["message"] and "True" not in err["message"]
+
+
+# -- empty Anthropic content, and metadata ------------------------------------------------------
+
+ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
+HI = {"role": "user", "content": "hi"}
+
+
+def anthropic(messages: list, **extra) -> dict:
+    return {"model": "fake", "max_tokens": 4, "messages": messages, **extra}
+
+
+def anthropic_400(r, param: str) -> str:
+    """The error's message, after checking it is Anthropic's 400 shape naming `param` first."""
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith(f"{param}: "), body
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user", "content": ""}], "messages[0].content"),
+    ([{"role": "user", "content": []}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": ""}]}],
+     "messages[0].content[0].text"),
+    ([{"role": "user", "content": [{"type": "text", "text": ""}] * 2}],
+     "messages[0].content[0].text"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": ""}]}],
+     "messages[0].content[1].text"),
+    ([HI, {"role": "assistant", "content": ""}, HI], "messages[1].content"),
+    ([HI, {"role": "assistant", "content": []}, HI], "messages[1].content"),
+    ([HI, {"role": "assistant", "content": "ok"}, {"role": "user", "content": []}],
+     "messages[2].content"),
+    ([HI, {"role": "assistant", "content": [{"type": "text", "text": ""}]}],
+     "messages[1].content[0].text"),
+])
+def test_empty_anthropic_content_is_a_400_naming_it(h, messages, param):
+    """Anthropic's API refuses a message without content (but a final assistant turn) and an
+    empty text block; both routes read the body alike, and nothing reaches the engine."""
+    for path in ANTHROPIC_ROUTES:
+        message = anthropic_400(h.client.post(path, json=anthropic(messages)), param)
+        assert "must not be empty" in message
+    assert h.engine.prefills == []
+
+
+@pytest.mark.parametrize("last", ["", []])
+def test_an_empty_final_assistant_turn_is_taken(h, last):
+    """The one message Anthropic lets be empty: a final assistant turn (an empty prefill)."""
+    for path in ANTHROPIC_ROUTES:
+        r = h.client.post(path, json=anthropic([HI, {"role": "assistant", "content": last}]))
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("metadata, param", [
+    ("user-1", "metadata"), (["user-1"], "metadata"), (7, "metadata"), (True, "metadata"),
+    ({"user_id": 7}, "metadata.user_id"), ({"user_id": ["u"]}, "metadata.user_id"),
+    ({"user_id": {"id": "u"}}, "metadata.user_id"), ({"user_id": False}, "metadata.user_id"),
+    ({"user_id": "u" * 257}, "metadata.user_id"),
+])
+def test_anthropic_metadata_of_the_wrong_type_is_a_400(h, metadata, param):
+    for path in ANTHROPIC_ROUTES:
+        message = anthropic_400(h.client.post(path, json=anthropic([HI], metadata=metadata)),
+                                param)
+        assert "expected" in message or "at most 256 characters" in message
+    assert h.engine.prefills == []
+
+
+@pytest.mark.parametrize("metadata", [None, {}, {"user_id": None}, {"user_id": ""},
+                                      {"user_id": "8f14e45f-ceea-4e7a-9f1b-5c1d2f3a4b6c"},
+                                      {"user_id": "u" * 256}])
+def test_anthropic_metadata_as_the_api_takes_it(h, metadata):
+    for path in ANTHROPIC_ROUTES:
+        r = h.client.post(path, json=anthropic([HI], metadata=metadata))
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"metadata": "run-1"}, "metadata"), ({"metadata": ["run-1"]}, "metadata"),
+    ({"metadata": {"run": 1}}, "metadata.run"), ({"metadata": {"run": None}}, "metadata.run"),
+    ({"metadata": {"run": {"id": "1"}}}, "metadata.run"),
+    ({"metadata": {"k": "v" * 513}}, "metadata.k"),
+    ({"metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ({"user": 5}, "user"), ({"store": "yes"}, "store"),
+    ({"parallel_tool_calls": 1}, "parallel_tool_calls"), ({"service_tier": 1}, "service_tier"),
+])
+def test_openai_chat_checks_the_fields_it_ignores(h, extra, param):
+    """OpenAI's `metadata` is an object of at most 16 strings; it and the other fields that
+    cannot change the output are checked, as the official API checks them, then ignored."""
+    r = h.client.post("/v1/chat/completions", json=chat(**extra))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param
+    assert err["message"].startswith(f"{param}: ")
+    if "metadata" in extra:  # the Responses route holds its (echoed) metadata to the same rules
+        r = h.client.post("/v1/responses", json={"model": "fake", "input": "hi", **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert h.engine.prefills == []
+
+
+def test_openai_chat_takes_the_fields_it_ignores(h):
+    extra = {"metadata": {"run": "1", "k" * 64: "v" * 512}, "user": "u", "store": False,
+             "parallel_tool_calls": True, "service_tier": "auto"}
+    assert h.client.post("/v1/chat/completions", json=chat(**extra)).status_code == 200
+    assert h.client.post("/v1/chat/completions", json=chat(metadata=None)).status_code == 200
+    r = h.client.post("/v1/responses", json={"model": "fake", "input": "hi",
+                                             "metadata": extra["metadata"]})
+    assert r.status_code == 200 and r.json()["metadata"] == extra["metadata"], r.text

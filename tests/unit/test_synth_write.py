@@ -152,17 +152,19 @@ def test_windows_cache_location(tmp_path, monkeypatch):
     assert cache_dir() == tmp_path / "strata" / "cache"
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["synth", "tiny-ish", "-o", "{out}"], "unknown preset 'tiny-ish'"),
-    (["synth", "tiny", "-o", "{out}", "--quant", "Q5_K_M"], "unknown quantization mix"),
-    (["synth", "tiny", "-o", "{out}", "--layers", "0"], "--layers must be between 1 and 4"),
-    (["synth", "tiny", "-o", "{out}", "--layers", "5"], "--layers must be between 1 and 4"),
-    (["synth", "tiny", "-o", "{out}", "--skew", "0.3"], "--skew must be between 1"),
-    (["synth", "tiny", "-o", "{tmp}/missing/x.gguf"], "does not exist"),
+@pytest.mark.parametrize("argv, words, status", [
+    # a bad flag: status 2, as argparse's own
+    (["synth", "tiny-ish", "-o", "{out}"], "unknown preset 'tiny-ish'", 2),
+    (["synth", "tiny", "-o", "{out}", "--quant", "Q5_K_M"], "unknown quantization mix", 2),
+    (["synth", "tiny", "-o", "{out}", "--layers", "0"], "--layers must be between 1 and 4", 2),
+    (["synth", "tiny", "-o", "{out}", "--layers", "5"], "--layers must be between 1 and 4", 2),
+    (["synth", "tiny", "-o", "{out}", "--skew", "0.3"], "--skew must be between 1", 2),
+    # a file that cannot be written: a failed run, 1
+    (["synth", "tiny", "-o", "{tmp}/missing/x.gguf"], "does not exist", 1),
 ])
-def test_cli_errors(tmp_path, capsys, argv, words):
+def test_cli_errors(tmp_path, capsys, argv, words, status):
     argv = [a.format(out=tmp_path / "x.gguf", tmp=tmp_path) for a in argv]
-    assert main(argv) == 1
+    assert main(argv) == status
     assert words in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
 

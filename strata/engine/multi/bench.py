@@ -364,13 +364,13 @@ def run_split_cli(args, req) -> int:
     """`strata bench --backend cuda` over several GPUs (`req`: strata.engine.multi.request):
     one split run, its table line or JSON, and --json-out."""
     from strata.engine.cuda.options import CudaOptions
-    from strata.errors import StrataError
+    from strata.errors import UsageError
     from strata.plan.knobs import options_from_args
 
     if not args.model or len(args.model) != 1:
-        raise StrataError("--backend cuda measures one model: give -m FILE once")
+        raise UsageError("--backend cuda measures one model: give -m FILE once")
     if args.prompt_tokens < 1 or args.gen < 2:
-        raise StrataError("--prompt-tokens must be >= 1 and --gen >= 2")
+        raise UsageError("--prompt-tokens must be >= 1 and --gen >= 2")
     miss_path = getattr(args, "miss_path", None)
     for flag, on in ((f"--miss-path {miss_path}", miss_path in ("cpu", "hybrid")),
                      ("--adaptive-cache", getattr(args, "adaptive_cache", False)),
@@ -378,8 +378,8 @@ def run_split_cli(args, req) -> int:
                      ("--profile-prefill", getattr(args, "profile_prefill", False)),
                      ("--temperature", bool(getattr(args, "temperature", 0.0)))):
         if on:
-            raise StrataError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
-                              f"{','.join(map(str, req.devices))} does not take it")
+            raise UsageError(f"{flag} measures the one-GPU engine; a layer split over GPUs "
+                             f"{','.join(map(str, req.devices))} does not take it")
     mf = open_model(args.model[0])
     options = CudaOptions(plan=options_from_args(args), graph=not args.no_graph,
                           profile_path=args.profile, progress=not args.json)

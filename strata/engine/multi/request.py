@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from strata.errors import StrataError
 from strata.plan.options import OptionError
 from strata.plan.split.knobs import SPLIT_ONLY, split_flags_given, split_from_args  # noqa: F401 (re-exported)
 from strata.plan.split.options import SplitOptions, parse_gpus
@@ -49,9 +50,9 @@ def gpu_sizes(text: str | None) -> list[int] | None:
 
 
 def gpu_request(args: argparse.Namespace, n_visible: int, environ=None) -> GpuRequest:
-    """The run's GPUs (see the module doc); OptionError names what is wrong."""
-    if n_visible < 1:
-        raise OptionError("no CUDA GPU is visible")
+    """The run's GPUs (see the module doc); OptionError names a bad flag."""
+    if n_visible < 1:  # the machine, not a flag: a failed run (status 1), not a usage error
+        raise StrataError("no CUDA GPU is visible")
     sizes = gpu_sizes(args.gpu_mem)
     if args.gpus:
         ids = parse_gpus(args.gpus)

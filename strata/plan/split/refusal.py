@@ -3,7 +3,11 @@ computed by the same stage pricing the refusal's 'needed' comes from (`decide_st
 stage's pinned cache where caches are pinned), largest effect first. Besides the single-GPU knobs
 (lighter KV, a shorter context, a smaller reserve, no draft head, the carve back on), a split can
 move a layer off the short card (the `--layer-split` that gives one of its edge layers to its
-neighbour) and, where the caches are pinned, shrink them (the largest pinned caches that fit)."""
+neighbour) and, where the caches are pinned, shrink them (the largest pinned caches that fit).
+
+The context is every stage's, so its knob is bisected (`Pricer.on_grid`, as the one-GPU knob)
+against every stage of the refused placement, not the short card alone: the largest context on
+the grid at which the whole placement is planned."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from dataclasses import replace
 
 from strata.gguf.shape import ModelShape
 from strata.plan.devices import DeviceInfo
-from strata.plan.options import CHUNK_GRID, PlanOptions
+from strata.plan.options import PlanOptions
 from strata.plan.profile import RoutingProfile
 from strata.plan.refusal import NOT_ENOUGH, Pricer, kv_type_knobs, largest, reserve_knob
 from strata.plan.result import Knob
@@ -50,9 +54,10 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[De
              reserve_knob(p, reserve_bytes, wddm=dev.is_wddm),
              _cache_knob(p, shape, profile, devices, mine, edges, carve=carve, stage=stage,
                          pinned=pinned, flag=cache_flag)]
-    ctx = max_context // 2 // CHUNK_GRID * CHUNK_GRID
-    if ctx >= CHUNK_GRID:
-        found.append(p.knob(f"--max-context {ctx}", max_context=ctx))
+    found.append(p.on_grid("--max-context", "max_context", max_context,
+                           fits=lambda ctx: _every_stage_fits(
+                               shape, profile, devices, replace(options, max_context=ctx),
+                               edges, stage, carve=carve, pinned=pinned)))
     if options.spec and lo == 0:
         found.append(p.knob("--spec 0 (no draft head)", spec=0))
     if not carve:
@@ -68,6 +73,20 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[De
         found.append(knob(f"--layer-split {','.join(map(str, searched))} (the placement "
                           f"search's choice)", need(a=e[stage], b=e[stage + 1])))
     return tuple(sorted((k for k in found if k is not None), key=lambda k: -k.frees_bytes))
+
+
+def _every_stage_fits(shape: ModelShape, profile: RoutingProfile, devices: Sequence[DeviceInfo],
+                      options: PlanOptions, edges: tuple[int, ...], short: int, *, carve: bool,
+                      pinned: tuple[int, ...] | None) -> bool:
+    """Whether every stage of this placement is planned with `options` (each with its pinned
+    cache), as the split decides them; the short stage first, the one likeliest to fail."""
+    for g in (short, *(g for g in range(len(devices)) if g != short)):
+        opts = options if pinned is None else replace(options, expert_cache=pinned[g])
+        d = decide_stage(shape, profile, devices[g], opts, edges[g], edges[g + 1],
+                         first=g == 0, carve=carve)
+        if d.reason is not None:
+            return False
+    return True
 
 
 def _cache_knob(p: Pricer, shape: ModelShape, profile: RoutingProfile,
