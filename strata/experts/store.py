@@ -37,21 +37,24 @@ BLOB_ALIGN = STORE_ALIGN
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
-# Threads that fill a store (None: the machine's cores, at most 16). A store's pages are new
-# memory: the copy's cost is mostly the kernel faulting them in and zeroing them, not the bytes
-# (REFERENCE.md's 0.3 s for 8 GiB is registering pages already touched). numpy releases the GIL
-# for the copies, so the (layer, tensor) pieces fault in on several cores at once. Read at fill
-# time, so a benchmark can compare counts in one process.
+# Threads that fill a store (None: the machine's cores, at most MAX_FILL_THREADS). A store's
+# pages are new memory: the copy's cost is mostly the kernel faulting them in and zeroing them,
+# not the bytes (REFERENCE.md's 0.3 s for 8 GiB is registering pages already touched). numpy
+# releases the GIL for the copies, so the (layer, tensor) pieces fault in on several cores at
+# once. At most 8: each thread also reads its own stretch of the model file, and a file not yet
+# in the page cache on a spinning disk would seek between that many streams. Read at fill time,
+# so a benchmark can compare counts in one process.
 FILL_THREADS: int | None = None
+MAX_FILL_THREADS = 8
 
 
 def fill_threads() -> int:
-    """FILL_THREADS, or the machine's cores (at most 16) where it is None."""
+    """FILL_THREADS, or the machine's cores (at most MAX_FILL_THREADS) where it is None."""
     if FILL_THREADS is not None:
         if FILL_THREADS < 1:
             raise ValueError(f"FILL_THREADS must be at least 1, got {FILL_THREADS}")
         return FILL_THREADS
-    return max(1, min(16, os.cpu_count() or 1))
+    return max(1, min(MAX_FILL_THREADS, os.cpu_count() or 1))
 
 
 def _align(n: int, a: int = BLOB_ALIGN) -> int:
