@@ -69,7 +69,10 @@ BARRIER = "count"
 # block's down rows copied into shared memory by cp.async, at its barrier arrival or beside
 # gate/up's first loads, read there after the barrier (code in commit 09a4378): on an H100
 # 18.76 / 18.73 against 16.69, Q4_K/Q6_K 22.05 / 21.60 against 18.40
-# (`bench/results/2026-12-06_moe_down_staged_tried_h100.json`).
+# (`bench/results/2026-12-06_moe_down_staged_tried_h100.json`). Nor is h's staging after the
+# barrier bound by its bytes (every block reads 8 x 768 f32 from L2): staged from half of them
+# (wrong sums) it saved 0.08-0.15 us a layer on an H100, so an f16 h was not built
+# (`bench/results/2026-12-06_moe_half_h_tried_h100.json`).
 
 # Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap
 # (MIN_LANE_BLOCKS at two): read when a kernel is made and at launch, so a benchmark can time
