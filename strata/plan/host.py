@@ -8,8 +8,8 @@ everything else out. So its size is priced here, from the shape alone, and check
 memory the OS says is available (free plus reclaimable: the model file's own page cache counts,
 since the fill can evict it) before a byte is allocated.
 
-`store_bytes` is pure; `probe_host_memory` asks the OS (Linux /proc/meminfo, Windows
-GlobalMemoryStatusEx, else POSIX sysconf for the total alone).
+`store_bytes` is pure; `probe_host_memory` asks the OS (Linux /proc/meminfo and the process's
+memory cgroup, Windows GlobalMemoryStatusEx, else POSIX sysconf for the total alone).
 """
 
 from __future__ import annotations
@@ -71,7 +71,63 @@ def _linux() -> HostMemory:
     avail = fields.get("MemAvailable")  # kernels before 3.14 lack it
     if avail is None and "MemFree" in fields:
         avail = fields["MemFree"] + fields.get("Cached", 0)
+    room = cgroup_room()
+    if room is not None:  # a container's limit: /proc/meminfo shows the whole machine
+        avail = room if avail is None else min(avail, room)
     return HostMemory(total, avail)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read().strip()
+
+
+def _stat(path: str, key: str) -> int:
+    for line in _read(path).splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> int | None:
+    """Bytes this process's memory cgroup still lets it take (Docker's, Kubernetes', systemd's
+    limits), or None without a limit or where none can be read: the limit less the usage, plus
+    the inactive file pages the usage counts (the page cache, which the kernel reclaims within
+    the limit before it kills). cgroup v1 (memory.limit_in_bytes) or v2 (memory.max), at the
+    path /proc/self/cgroup names, or at the root where a container mounts its own there."""
+    try:
+        lines = _read(proc).splitlines()
+    except OSError:
+        return None
+    v1 = v2 = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            v2 = parts[2]
+        elif "memory" in parts[1].split(","):
+            v1 = parts[2]
+    places = []
+    if v1 is not None:  # a memory controller on v1 (hybrid hosts too) holds the limit
+        places += [(f"{root}/memory{v1}", True), (f"{root}/memory", True)]
+    if v2 is not None:
+        places += [(f"{root}{v2}", False), (root, False)]
+    for base, is_v1 in places:
+        limit_file, usage_file, inactive = (
+            ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if is_v1
+            else ("memory.max", "memory.current", "inactive_file"))
+        try:
+            limit = _read(f"{base}/{limit_file}")
+            if limit == "max":
+                return None
+            usage = int(_read(f"{base}/{usage_file}"))
+            reclaimable = _stat(f"{base}/memory.stat", inactive)
+        except (OSError, ValueError):
+            continue
+        return max(0, int(limit) - usage + reclaimable)
+    return None
 
 
 def _windows() -> HostMemory:

@@ -94,3 +94,47 @@ def test_plan_notes_a_store_this_machine_cannot_hold(tmp_models, monkeypatch, ca
     assert main(args) == 0  # still accepted: the plan may be for another machine
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert any(n.startswith("on this machine, the expert store needs") for n in notes)
+
+
+def _cgroup_fs(tmp_path, proc_lines, files):
+    for rel, text in files.items():
+        f = tmp_path / "cg" / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    proc = tmp_path / "proc_cgroup"
+    proc.write_text("\n".join(proc_lines) + "\n")
+    return str(tmp_path / "cg"), str(proc)
+
+
+def test_a_v2_cgroup_limit_counts_its_page_cache_as_room(tmp_path):
+    from strata.plan.host import cgroup_room
+    gib = 1 << 30
+    root, proc = _cgroup_fs(tmp_path, ["0::/app.slice"], {
+        "app.slice/memory.max": str(16 * gib), "app.slice/memory.current": str(10 * gib),
+        "app.slice/memory.stat": f"anon {7 * gib}\ninactive_file {3 * gib}\n"})
+    assert cgroup_room(root, proc) == 9 * gib
+    (tmp_path / "cg" / "app.slice" / "memory.max").write_text("max\n")
+    assert cgroup_room(root, proc) is None  # no limit: the machine's figure stands
+
+
+def test_a_v1_container_limit_is_read_at_its_own_root(tmp_path):
+    from strata.plan.host import cgroup_room
+    gib = 1 << 30
+    # a container sees the host's path in /proc/self/cgroup, its own cgroup at the root
+    root, proc = _cgroup_fs(tmp_path, ["4:memory:/docker/abc", "0::/"], {
+        "memory/memory.limit_in_bytes": str(8 * gib),
+        "memory/memory.usage_in_bytes": str(6 * gib),
+        "memory/memory.stat": f"inactive_file {gib}\ntotal_inactive_file {2 * gib}\n"})
+    assert cgroup_room(root, proc) == 4 * gib
+    assert cgroup_room(root, str(tmp_path / "missing")) is None
+
+
+def test_the_machine_figure_is_capped_by_the_cgroup(monkeypatch):
+    import sys
+
+    from strata.plan import host
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/meminfo")
+    monkeypatch.setattr(host, "cgroup_room", lambda: 12345)
+    mem = host.probe_host_memory()
+    assert mem.available_bytes == 12345 and mem.total_bytes > 12345
