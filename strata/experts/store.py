@@ -116,10 +116,15 @@ class HostStore:
     """Expert blobs (and optionally the token embedding) in one uint8 host buffer.
 
     `host_off[layer, expert]` is the byte offset of that blob in `buffer`; `embd_off` the offset
-    of token_embd's rows (or -1)."""
+    of token_embd's rows (or -1). Without `experts` (a run whose VRAM cache holds every expert
+    and never gives one back: `strata.plan.host.keeps_experts`) the buffer holds the embedding
+    alone: the layouts and `host_off` stay (the kernels take the table, never reading it for a
+    pair the cache holds), and `blob` refuses."""
 
-    def __init__(self, shape: ModelShape, *, with_embd: bool, embd_bytes: int = 0):
+    def __init__(self, shape: ModelShape, *, with_embd: bool, embd_bytes: int = 0,
+                 experts: bool = True):
         self.shape = shape
+        self.has_experts = experts
         self.layouts = tuple(blob_layout(shape, i) for i in range(shape.n_layer))
         strides = [_align(lay.n_bytes) for lay in self.layouts]
         off = np.zeros((shape.n_layer, shape.n_expert), np.int64)  # [n_layer, n_expert] int64
@@ -130,19 +135,26 @@ class HostStore:
         self.host_off = off
         self.layer_base = tuple(int(off[i, 0]) for i in range(shape.n_layer))
         self.strides = tuple(strides)
-        self.expert_bytes = pos  # the experts' part, blobs aligned
-        self.embd_off = pos if with_embd else -1
-        self.n_bytes = pos + (_align(embd_bytes) if with_embd else 0)
+        self.expert_bytes = pos if experts else 0  # the experts' part, blobs aligned
+        self.embd_off = self.expert_bytes if with_embd else -1
+        self.n_bytes = self.expert_bytes + (_align(embd_bytes) if with_embd else 0)
         self.buffer = np.empty(max(self.n_bytes, BLOB_ALIGN), np.uint8)  # [n_bytes] uint8
         self.fill_seconds = 0.0
 
+    def _check_experts(self) -> None:
+        if not self.has_experts:
+            raise RuntimeError("this host store keeps no experts (the VRAM cache holds them all "
+                               "and never gives one back); an expert was asked of it")
+
     def blob(self, layer: int, expert: int) -> np.ndarray:
         """The blob of (layer, expert): a uint8 view of `buffer`."""
+        self._check_experts()
         off = int(self.host_off[layer, expert])
         return self.buffer[off:off + self.layouts[layer].n_bytes]
 
     def layer_blobs(self, layer: int) -> np.ndarray:
         """[n_expert, stride] uint8 view: row e holds expert e's blob (and its alignment pad)."""
+        self._check_experts()
         base, stride = self.layer_base[layer], self.strides[layer]
         return self.buffer[base:base + stride * self.shape.n_expert].reshape(-1, stride)
 
@@ -160,7 +172,7 @@ class HostStore:
         calling thread, in bytes of whole pieces."""
         t0 = time.perf_counter()
         tasks: list[tuple[Callable[[], None], int]] = []  # (copy, bytes it writes)
-        for il in range(self.shape.n_layer):
+        for il in range(self.shape.n_layer if self.has_experts else 0):
             lay, rows = self.layouts[il], self.layer_blobs(il)
             n = self.shape.n_expert
             parts = ((0, lay.gate_bytes), (lay.up_off, lay.up_bytes),
@@ -201,10 +213,10 @@ def _copier(dst: np.ndarray, src: np.ndarray) -> Callable[[], None]:
     return copy
 
 
-def build_store(model: ModelFile, *, with_embd: bool,
-                progress: Progress | None = None) -> HostStore:
-    """A filled `HostStore` of `model`."""
+def build_store(model: ModelFile, *, with_embd: bool, progress: Progress | None = None,
+                experts: bool = True) -> HostStore:
+    """A filled `HostStore` of `model` (without the experts where `experts` is False)."""
     embd = model.tensors["token_embd.weight"].n_bytes if with_embd else 0
-    store = HostStore(model.shape, with_embd=with_embd, embd_bytes=embd)
+    store = HostStore(model.shape, with_embd=with_embd, embd_bytes=embd, experts=experts)
     store.fill_from(model, progress=progress)
     return store

@@ -96,8 +96,12 @@ def decisions(plan: Plan) -> list[str]:
 def host_line(plan) -> str:
     """The host memory a plan's run takes: the expert store (`strata.plan.host`)."""
     embd = ", token_embd's rows" if plan.token_embd == "host" else ""
-    return (f"host memory: expert store {fmt_bytes(plan.host_store_bytes)} (every expert{embd}; "
-            f"page-locked)")
+    if plan.keeps_experts:
+        return (f"host memory: expert store {fmt_bytes(plan.host_store_bytes)} (every "
+                f"expert{embd}; page-locked)")
+    rows = f" ({fmt_bytes(plan.host_store_bytes)} for token_embd's rows)" if embd else ""
+    return (f"host memory: no expert store{rows}: the cache holds every expert and the prompt "
+            f"path never borrows it, so it is filled from the file (--adaptive-cache keeps one)")
 
 
 def _split_detail(sp, st, name: str) -> str:

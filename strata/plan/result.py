@@ -10,7 +10,7 @@ from strata.errors import StrataError
 from strata.gguf.shape import ModelShape
 from strata.plan.cache import CacheLayout
 from strata.plan.devices import DeviceInfo, fmt_bytes
-from strata.plan.host import store_bytes
+from strata.plan.host import keeps_experts, store_bytes
 from strata.plan.layout import Layout
 from strata.plan.options import PlanOptions, PrefillRequest
 from strata.plan.policy import PromptPath
@@ -157,10 +157,23 @@ class Plan:
     profile: RoutingProfile | None = field(default=None, repr=False)
 
     @property
+    def keeps_experts(self) -> bool:
+        """Whether the engine's host store holds the experts (`strata.plan.host.keeps_experts`:
+        not where the cache holds every pair and the prompt path never borrows; a refused plan
+        is priced as if it did)."""
+        if self.shape is None or not self.accepted:
+            return True
+        p, s = self.prefill, self.shape
+        return keeps_experts(sum(d.cache.n_slots for d in self.devices), s.n_layer * s.n_expert,
+                             None if p is None else p.mode, 0 if p is None else p.lend_slots)
+
+    @property
     def host_store_bytes(self) -> int:
-        """Host memory the engine's expert store takes (every expert, and token_embd where it
-        is looked up in host memory; `strata.plan.host.store_bytes`); 0 without a shape."""
-        return 0 if self.shape is None else store_bytes(self.shape, self.token_embd == "host")
+        """Host memory the engine's expert store takes (the experts where it keeps them, and
+        token_embd where it is looked up in host memory; `strata.plan.host.store_bytes`); 0
+        without a shape."""
+        return 0 if self.shape is None else store_bytes(self.shape, self.token_embd == "host",
+                                                        self.keeps_experts)
 
     def device(self, index: int = 0) -> DevicePlan:
         for d in self.devices:

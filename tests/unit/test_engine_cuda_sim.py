@@ -81,3 +81,55 @@ def test_engine_in_the_simulator(tmp_models):
     toks = check_device_generate(eng, PROMPT)
     assert toks[0] == tok
     check_nan_refused(eng, PROMPT, eng.m.norms["output_norm"], toks)
+
+
+def test_a_cache_of_every_expert_is_filled_from_the_file(tmp_models, monkeypatch):
+    """Every expert cached, the prompt path owned: no host store of the experts (the cache is
+    filled from the file's map, in runs of slots through two pinned buffers), every slot the
+    file's blob, and the logits those of the CPU engine; with --adaptive-cache the store keeps
+    them (its swaps read host memory)."""
+    from strata.engine.cpu import CpuEngine
+    from strata.engine.cuda import file_slots
+    from strata.engine.cuda.engine import CudaEngine
+    from strata.engine.cuda.model import CudaModel
+    from strata.engine.cuda.options import CudaOptions
+    from strata.gguf import open_model
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+
+    path = tmp_models / "micro-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, MICRO, mix="Q8_0", seed=1, progress=False)
+    mf = open_model(path)
+    slot_bytes = mf.shape.expert_slot_bytes(0)
+    # a staging buffer of two blobs: the four slots go over in two runs, one per buffer
+    monkeypatch.setattr(file_slots, "STAGE_BYTES", 2 * slot_bytes + 1)
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    opts = CudaOptions(plan=PlanOptions(max_context=256, ring_mib=1), graph=False,
+                       progress=False)
+    m = CudaModel(mf, opts, backend=card)
+    assert m.plan.prefill.mode == "owned" and not m.plan.keeps_experts
+    assert not m.store.has_experts and m.report["store_experts"] is False
+    t = mf.tensors["token_embd.weight"]
+    assert m.store.n_bytes == m.plan.host_store_bytes == -(-t.n_bytes // 256) * 256  # its rows
+    with pytest.raises(RuntimeError, match="keeps no experts"):
+        m.store.blob(0, 0)
+    cache = m.cache_bytes.copy_to_host()
+    for e in range(MICRO.n_expert):
+        slot = m.cache.slot_of(0, e)
+        off = int(m.cache.layout.slot_offset[slot])
+        want = np.concatenate([mf.expert_raw(f"blk.0.{n}.weight", e).reshape(-1)
+                               for n in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")])
+        np.testing.assert_array_equal(cache[off:off + want.size], want)
+    assert m.cache.device.n_bytes == MICRO.n_expert * slot_bytes
+    eng, cpu = CudaEngine(m, use_graph=False), CpuEngine(mf, max_context=64)
+    rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+    got, want = eng.prefill(PROMPT), cpu.prefill(PROMPT)
+    assert rel(got, want) < 0.02
+    tok = int(np.argmax(want))
+    assert rel(eng.decode_step(tok), cpu.decode_step(tok)) < 0.02
+    np.testing.assert_array_equal(eng.hits().counts, [[MICRO.n_expert_used, 0]])  # all hits
+    m.close()
+    adaptive = CudaModel(mf, dataclasses.replace(opts, adaptive_cache=True), backend=card)
+    assert adaptive.store.has_experts and adaptive.store.n_bytes > m.store.n_bytes
+    adaptive.close()

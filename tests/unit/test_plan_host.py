@@ -11,7 +11,7 @@ import pytest
 from helpers.engine_models import MIXES, model_path
 from strata.experts import build_store
 from strata.gguf import open_model
-from strata.plan.devices import GiB
+from strata.plan.devices import GiB, fmt_bytes
 from strata.plan.host import HostMemory, probe_host_memory, store_bytes, store_shortfall
 
 
@@ -27,12 +27,30 @@ def test_the_plan_says_its_store(tmp_models):
     from strata.plan.devices import DeviceInfo
     from strata.plan.options import PlanOptions
     mf = open_model(model_path(tmp_models, "Q4_K_M"))
+    s = mf.shape
     dev = DeviceInfo(0, "test card", 8 * GiB, 8 * GiB)
     for embd_on_host in (True, False):
-        p = plan(mf.shape, [dev], PlanOptions(max_context=512, embd_on_host=embd_on_host))
+        # a cache of every expert and an owned prompt path: no expert in host memory
+        p = plan(s, [dev], PlanOptions(max_context=512, embd_on_host=embd_on_host))
         assert p.accepted and p.token_embd == ("host" if embd_on_host else "device")
+        assert p.devices[0].cache.n_slots == s.n_layer * s.n_expert
+        assert p.prefill.mode == "owned" and not p.keeps_experts
         assert p.to_dict()["host_store_bytes"] == p.host_store_bytes == store_bytes(
-            mf.shape, embd_on_host)
+            s, embd_on_host, experts=False) < store_bytes(s, embd_on_host)
+        # fewer slots than pairs: misses read the store, which holds every expert
+        p = plan(s, [dev], PlanOptions(max_context=512, embd_on_host=embd_on_host,
+                                       expert_cache=s.n_expert))
+        assert p.accepted and p.keeps_experts
+        assert p.to_dict()["host_store_bytes"] == store_bytes(s, embd_on_host)
+    assert store_bytes(s, False, experts=False) == 0
+
+
+@pytest.mark.parametrize("slots,mode,lend,adaptive,keeps", [
+    (20, "owned", 0, False, False), (19, "owned", 0, False, True), (20, "borrowed", 5, False, True),
+    (20, "owned", 0, True, True), (20, None, 0, False, False)])
+def test_the_store_keeps_experts_where_any_can_be_read(slots, mode, lend, adaptive, keeps):
+    from strata.plan.host import keeps_experts
+    assert keeps_experts(slots, 20, mode, lend, adaptive) is keeps
 
 
 def test_shortfall_names_both_sizes():
@@ -72,7 +90,9 @@ def test_the_cuda_engine_refuses_a_store_past_host_memory(tmp_models, monkeypatc
     card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
     allocations = []
     card.allocate = lambda n: allocations.append(n)
-    opts = CudaOptions(plan=PlanOptions(max_context=256), graph=False, progress=False)
+    # no cache slot: every expert is read from the store
+    opts = CudaOptions(plan=PlanOptions(max_context=256, expert_cache=0), graph=False,
+                       progress=False)
     with pytest.raises(CudaEngineError, match="the expert store needs"):
         cuda_model.CudaModel(mf, opts, backend=card)
     assert allocations == []  # refused before the arena
@@ -138,3 +158,29 @@ def test_the_machine_figure_is_capped_by_the_cgroup(monkeypatch):
     monkeypatch.setattr(host, "cgroup_room", lambda: 12345)
     mem = host.probe_host_memory()
     assert mem.available_bytes == 12345 and mem.total_bytes > 12345
+
+
+def test_an_adaptive_cache_prices_the_store_it_keeps(tmp_models, monkeypatch):
+    """The plan (every expert cached, owned prompt path) keeps no experts in host memory, but
+    --adaptive-cache swaps read them: the engine checks the whole store before it fills one."""
+    from strata.engine.cuda import model as cuda_model
+    from strata.engine.cuda.options import CudaEngineError, CudaOptions
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+    from strata.synth import PRESETS, write_model
+
+    micro = dataclasses.replace(
+        PRESETS["tiny"], name="micro-host", n_layer=1, n_embd=128, n_head=2, n_head_kv=1,
+        head_dim=64, n_expert=4, n_expert_used=2, n_ff_expert=64, n_vocab=512, n_ctx_train=512)
+    path = tmp_models / "micro-host-Q8_0.gguf"
+    if not path.is_file():
+        write_model(path, micro, mix="Q8_0", seed=1, progress=False)
+    mf = open_model(path)
+    small, whole = store_bytes(mf.shape, True, experts=False), store_bytes(mf.shape, True)
+    monkeypatch.setattr(cuda_model, "probe_host_memory", lambda: HostMemory(whole * 4, whole - 1))
+    card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
+    opts = CudaOptions(plan=PlanOptions(max_context=256), graph=False, progress=False,
+                       adaptive_cache=True)
+    assert small < whole - 1  # the plan's own store fits
+    with pytest.raises(CudaEngineError, match=f"needs {fmt_bytes(whole)} of host memory"):
+        cuda_model.CudaModel(mf, opts, backend=card)

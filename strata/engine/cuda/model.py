@@ -22,6 +22,7 @@ from strata.cuda_kernels.ring import CudaRingOps
 from strata.cuda_kernels.tables import install as install_tables
 from strata.cuda_kernels.tables import uninstall as uninstall_tables
 from strata.engine.cuda.mixed import MixedLayout, check_prefill_room
+from strata.engine.cuda.file_slots import FileSlots
 from strata.engine.cuda.hostmem import MappedHost, device_address, map_host, progress_bar, upload
 from strata.engine.cuda.options import CudaEngineError, CudaOptions
 from strata.experts import ExpertCache, build_store, profile_source
@@ -31,7 +32,7 @@ from strata.memory import open_arena
 from strata.memory.arena import Arena, live_device_info
 from strata.plan import plan as make_plan
 from strata.plan.devices import DeviceInfo, fmt_bytes
-from strata.plan.host import probe_host_memory, store_shortfall
+from strata.plan.host import keeps_experts, probe_host_memory, store_bytes, store_shortfall
 from strata.plan.knobs import load_profile
 from strata.quant.planar import planar_tensor, vram_type
 
@@ -266,25 +267,49 @@ class CudaModel:
 
     # -- experts -------------------------------------------------------------------------------
 
+    def _keeps_experts(self) -> bool:
+        """Whether any expert can ever be read from host memory on this run (the plan after
+        the arena opened: a post-touch shrink leaves misses), `strata.plan.host.keeps_experts`."""
+        p, lo_hi = self.plan, self.layers
+        pre = p.prefill
+        return keeps_experts(self.arena.device_plan.cache.n_slots,
+                             (lo_hi[1] - lo_hi[0]) * self.shape.n_expert,
+                             None if pre is None else pre.mode,
+                             0 if pre is None else pre.lend_slots, self.options.adaptive_cache)
+
     def _load_experts(self, model: ModelFile) -> None:
         s, p, o = self.shape, self.plan, self.options
         on_host = p.token_embd == "host"
+        experts = self._keeps_experts()
         if self._shared_store is not None:
             self.store, self.host = self._shared_store
             if on_host and self.store.embd_off < 0:
                 raise CudaEngineError("the shared host store has no token embedding; the plan "
                                       "looks it up in host memory")
+            if experts and not self.store.has_experts:
+                raise CudaEngineError("the shared host store keeps no experts; this plan reads "
+                                      "experts from host memory")
         else:
+            if experts and not p.keeps_experts:  # --adaptive-cache, or a post-touch shrink
+                why = store_shortfall(store_bytes(s, on_host), probe_host_memory())
+                if why is not None:
+                    raise CudaEngineError(why)
             with progress_bar("expert store", 1, o.progress) as update:
-                self.store = build_store(model, with_embd=on_host,
+                self.store = build_store(model, with_embd=on_host, experts=experts,
                                          progress=lambda d, t: update(d / max(t, 1)))
             self.host: MappedHost = map_host(self.store.buffer)
         self.report.update(store_bytes=self.store.n_bytes, store_fill_seconds=self.store.fill_seconds,
-                           store_register_seconds=self.host.seconds, store_memory=self.host.how)
-        self.log(f"expert store: {self.store.n_bytes / 1e9:.2f} GB of host memory, filled in "
-                 f"{self.store.fill_seconds:.2f} s, {self.host.how} in {self.host.seconds:.2f} s; "
-                 f"decode misses read it zero-copy (mapped), the prompt path copies through the "
-                 f"ring")
+                           store_register_seconds=self.host.seconds, store_memory=self.host.how,
+                           store_experts=self.store.has_experts)
+        if self.store.has_experts:
+            self.log(f"expert store: {self.store.n_bytes / 1e9:.2f} GB of host memory, filled in "
+                     f"{self.store.fill_seconds:.2f} s, {self.host.how} in "
+                     f"{self.host.seconds:.2f} s; decode misses read it zero-copy (mapped), the "
+                     f"prompt path copies through the ring")
+        else:
+            self.log(f"expert store: none (the VRAM cache holds every expert and the prompt path "
+                     f"never borrows it: the cache is filled from the file); "
+                     f"{self.store.n_bytes / 1e9:.2f} GB of host memory for token_embd's rows")
         embd = model.tensors["token_embd.weight"]
         if on_host:
             n = embd.n_rows * embd.row_bytes
@@ -307,8 +332,13 @@ class CudaModel:
         slot_off = np.zeros(s.n_layer * s.n_expert, np.int64)  # [n_layer * n_expert] int64
         slot_off[:cache_layout.n_slots] = cache_layout.slot_offset
         self.acts["slot_off"].copy_to_device(slot_off, stream=self.stream)
-        writer = SlotWriter(self.acts["slot_table"], self.cache_bytes, cache_layout.slot_offset,
-                            self.store, self.stream)
+        if self.store.has_experts:
+            writer = SlotWriter(self.acts["slot_table"], self.cache_bytes,
+                                cache_layout.slot_offset, self.store, self.stream)
+        else:
+            writer = FileSlots(model, self.store.layouts, self.acts["slot_table"],
+                               self.cache_bytes, cache_layout.slot_offset, self.stream,
+                               self.layers)
         self.cache = ExpertCache(cache_layout, s.n_layer, s.n_expert, writer)
         # --adaptive-cache: prompts' routing counts re-rank the cache after each prompt
         self.adaptive = AdaptiveRanks(s.n_layer, s.n_expert) if o.adaptive_cache else None
@@ -322,6 +352,8 @@ class CudaModel:
         t0 = time.perf_counter()
         n = self.cache.fill()
         self.stream.synchronize()
+        if isinstance(writer, FileSlots):
+            writer.release()
         secs = time.perf_counter() - t0
         n_bytes = int(cache_layout.slot_bytes.sum())
         self.report.update(cache_slots=cache_layout.n_slots, cache_fill_seconds=secs,

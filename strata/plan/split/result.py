@@ -83,6 +83,12 @@ class SplitPlan:
     profile: RoutingProfile | None = field(default=None, repr=False)
 
     @property
+    def keeps_experts(self) -> bool:
+        """A layer split's stages share one store of every expert (their helper tiers and
+        caches are filled from it)."""
+        return True
+
+    @property
     def host_store_bytes(self) -> int:
         """Host memory the engine's expert store takes (every expert, and token_embd where it
         is looked up in host memory; `strata.plan.host.store_bytes`); 0 without a shape."""
