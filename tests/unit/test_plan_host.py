@@ -70,20 +70,24 @@ def test_this_machine_reports_its_memory():
     assert mem.available_bytes is None or 0 <= mem.available_bytes <= mem.total_bytes
 
 
-def test_the_cuda_engine_refuses_a_store_past_host_memory(tmp_models, monkeypatch):
-    from strata.engine.cuda import model as cuda_model
-    from strata.engine.cuda.options import CudaEngineError, CudaOptions
-    from strata.memory.numba_backend import NumbaBackend
-    from strata.plan.options import PlanOptions
+def _micro(tmp_models):
+    """A one-layer model the CUDA kernels take (head_dim 64), written on first use."""
     from strata.synth import PRESETS, write_model
-
     micro = dataclasses.replace(
         PRESETS["tiny"], name="micro-host", n_layer=1, n_embd=128, n_head=2, n_head_kv=1,
         head_dim=64, n_expert=4, n_expert_used=2, n_ff_expert=64, n_vocab=512, n_ctx_train=512)
     path = tmp_models / "micro-host-Q8_0.gguf"
     if not path.is_file():
         write_model(path, micro, mix="Q8_0", seed=1, progress=False)
-    mf = open_model(path)
+    return open_model(path)
+
+
+def test_the_cuda_engine_refuses_a_store_past_host_memory(tmp_models, monkeypatch):
+    from strata.engine.cuda import model as cuda_model
+    from strata.engine.cuda.options import CudaEngineError, CudaOptions
+    from strata.memory.numba_backend import NumbaBackend
+    from strata.plan.options import PlanOptions
+    mf = _micro(tmp_models)
     need = store_bytes(mf.shape, True)
     monkeypatch.setattr(cuda_model, "probe_host_memory",
                         lambda: HostMemory(need * 4, need - 1))
@@ -167,15 +171,7 @@ def test_an_adaptive_cache_prices_the_store_it_keeps(tmp_models, monkeypatch):
     from strata.engine.cuda.options import CudaEngineError, CudaOptions
     from strata.memory.numba_backend import NumbaBackend
     from strata.plan.options import PlanOptions
-    from strata.synth import PRESETS, write_model
-
-    micro = dataclasses.replace(
-        PRESETS["tiny"], name="micro-host", n_layer=1, n_embd=128, n_head=2, n_head_kv=1,
-        head_dim=64, n_expert=4, n_expert_used=2, n_ff_expert=64, n_vocab=512, n_ctx_train=512)
-    path = tmp_models / "micro-host-Q8_0.gguf"
-    if not path.is_file():
-        write_model(path, micro, mix="Q8_0", seed=1, progress=False)
-    mf = open_model(path)
+    mf = _micro(tmp_models)
     small, whole = store_bytes(mf.shape, True, experts=False), store_bytes(mf.shape, True)
     monkeypatch.setattr(cuda_model, "probe_host_memory", lambda: HostMemory(whole * 4, whole - 1))
     card = NumbaBackend(0, memory_info=lambda: (1 << 30, 1 << 30))
