@@ -264,3 +264,19 @@ def test_prefill_parse():
     with pytest.raises(ValueError, match="must be positive"):
         parse_size("0")
     assert parse_size("16GiB") == 16 * GiB
+
+
+def test_a_layer_split_knob_that_leaves_another_card_short_says_so():
+    """QA: 131072 tokens over 8GiB,8GiB at --layer-split 24 offered `--layer-split 25` as enough
+    alone; followed, the other card was refused. A --layer-split knob is enough alone only where
+    every stage of the placement it makes is planned."""
+    devs, opts = parse_gpu_mem("8GiB,8GiB"), PlanOptions(max_context=131072)
+    bad = plan_split(S30, devs, opts, SplitOptions(cuts=(24,)))
+    assert not bad.accepted
+    splits = [k for k in bad.refusal.knobs if k.flag.startswith("--layer-split ")]
+    assert splits
+    for k in splits:
+        cuts = tuple(int(c) for c in k.flag.split()[1].split(","))
+        ok = plan_split(S30, devs, opts, SplitOptions(cuts=cuts)).accepted
+        assert (k.note == "") == ok, k
+    assert any(k.note == NOT_ENOUGH for k in splits)

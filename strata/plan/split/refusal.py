@@ -7,7 +7,8 @@ neighbour) and, where the caches are pinned, shrink them (the largest pinned cac
 
 The context is every stage's, so its knob is bisected (`Pricer.on_grid`, as the one-GPU knob)
 against every stage of the refused placement, not the short card alone: the largest context on
-the grid at which the whole placement is planned."""
+the grid at which the whole placement is planned. A `--layer-split` knob moves bytes to another
+card, so it is enough alone only where every stage of the placement it makes fits."""
 
 from __future__ import annotations
 
@@ -44,11 +45,15 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[De
 
     p = Pricer(mine, dev.free_bytes, needed, need)
 
-    def knob(flag: str, n: int) -> Knob | None:
+    def knob(flag: str, n: int, moved: tuple[int, ...] | None = None) -> Knob | None:
+        """`moved`: the edges a --layer-split knob makes; it is enough alone only where every
+        stage of them fits (a layer given to a neighbour can leave that card short instead)."""
         freed = needed - n
         if freed <= 0:
             return None
-        return Knob(flag, freed, NOT_ENOUGH if n > dev.free_bytes else "")
+        alone = n <= dev.free_bytes and (moved is None or _every_stage_fits(
+            shape, profile, devices, options, moved, stage, carve=carve, pinned=pinned))
+        return Knob(flag, freed, "" if alone else NOT_ENOUGH)
 
     found = [*kv_type_knobs(p, shape, mine),
              reserve_knob(p, reserve_bytes, wddm=dev.is_wddm),
@@ -67,11 +72,11 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[De
             moved = list(cuts)
             moved[min(stage, g)] += 1 if g < stage else -1
             found.append(knob(f"--layer-split {','.join(map(str, moved))} (one layer to GPU "
-                              f"stage {g})", need(a=a, b=b)))
+                              f"stage {g})", need(a=a, b=b), (0, *moved, shape.n_layer)))
     if searched is not None and searched != cuts:
         e = (0, *searched, shape.n_layer)
         found.append(knob(f"--layer-split {','.join(map(str, searched))} (the placement "
-                          f"search's choice)", need(a=e[stage], b=e[stage + 1])))
+                          f"search's choice)", need(a=e[stage], b=e[stage + 1]), e))
     return tuple(sorted((k for k in found if k is not None), key=lambda k: -k.frees_bytes))
 
 
