@@ -46,8 +46,13 @@ class Pricer:
     layer split by its stage's pricing, so both say what a knob really frees."""
 
     def __init__(self, options: PlanOptions, free: int, needed: int,
-                 price: Callable[[PlanOptions], int]):
+                 price: Callable[[PlanOptions], int],
+                 fits_all: Callable[..., bool] | None = None):
+        """fits_all(**change): where the short device is one of several (a layer split's
+        stages), whether every one fits with the change; a knob that fits the short device
+        alone but not another is 'not enough alone'."""
         self.options, self.free, self.needed, self.price = options, free, needed, price
+        self.fits_all = fits_all
 
     def need(self, **change) -> int:
         return self.price(replace(self.options, **change))
@@ -60,7 +65,8 @@ class Pricer:
         freed = self.needed - self.need(**change)
         if freed <= 0:
             return None
-        if not note and self.needed - freed > self.free:
+        if not note and (self.needed - freed > self.free or (
+                self.fits_all is not None and not self.fits_all(**change))):
             note = NOT_ENOUGH
         return Knob(flag, freed, "; ".join(n for n in (note, caveat) if n))
 

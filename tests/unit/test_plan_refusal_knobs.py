@@ -280,3 +280,28 @@ def test_a_layer_split_knob_that_leaves_another_card_short_says_so():
         ok = plan_split(S30, devs, opts, SplitOptions(cuts=cuts)).accepted
         assert (k.note == "") == ok, k
     assert any(k.note == NOT_ENOUGH for k in splits)
+
+
+@pytest.mark.parametrize("gpus, ctx", [("8GiB,8GiB", 262144), ("5GiB,5GiB", 131072),
+                                       ("4GiB,4GiB,4GiB", 262144)])
+def test_every_split_knob_said_enough_alone_is_accepted_when_followed(gpus, ctx):
+    """QA: a split's knobs other than the context and the layer split were priced on the short
+    card alone: at 262144 tokens over 8GiB,8GiB `--kv int8` (frees 5.91 GiB) was offered as
+    enough, and followed, the other card was refused. Each knob said to be enough alone must
+    now plan the whole placement, and each said not to must not."""
+    devs, opts = parse_gpu_mem(gpus), PlanOptions(max_context=ctx)
+    bad = plan_split(S30, devs, opts, SplitOptions())
+    assert not bad.accepted
+    at = SplitOptions(cuts=bad.placement.cuts)
+    follow = {"--kv": "kv_type", "--vram-reserve-mib": "vram_reserve_mib",
+              "--max-context": "max_context"}
+    checked = 0
+    for k in bad.refusal.knobs:
+        flag, _, value = k.flag.partition(" ")
+        if flag not in follow:
+            continue
+        v = value.split()[0]
+        changed = replace(opts, **{follow[flag]: v if flag == "--kv" else int(v)})
+        assert k.note.startswith(NOT_ENOUGH) != plan_split(S30, devs, changed, at).accepted, k
+        checked += 1
+    assert checked >= 2

@@ -43,7 +43,13 @@ def stage_knobs(shape: ModelShape, profile: RoutingProfile, devices: Sequence[De
     def need(opts: PlanOptions = mine, a: int = lo, b: int = hi, c: bool = carve) -> int:
         return decide_stage(shape, profile, dev, opts, a, b, first=a == 0, carve=c).needed_bytes
 
-    p = Pricer(mine, dev.free_bytes, needed, need)
+    def fits_all(**change) -> bool:
+        # a pinned cache knob prices its own stages (`_cache_knob`): its note stands
+        return "expert_cache" in change or _every_stage_fits(
+            shape, profile, devices, replace(options, **change), edges, stage, carve=carve,
+            pinned=pinned)
+
+    p = Pricer(mine, dev.free_bytes, needed, need, fits_all)
 
     def knob(flag: str, n: int, moved: tuple[int, ...] | None = None) -> Knob | None:
         """`moved`: the edges a --layer-split knob makes; it is enough alone only where every
