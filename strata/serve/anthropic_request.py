@@ -19,7 +19,7 @@ naming where it is, never ignored).
 `enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced.
 
 Checked as Anthropic's API checks them, each a 400 naming the field: every message but a final
-assistant turn has content (not `""` or `[]`), no text block is empty, and `metadata` is an
+assistant turn has content (not `""` or `[]`, nor whitespace alone), no text block is empty, and `metadata` is an
 object whose `user_id` is a string of at most 256 characters or null (nothing here reads it).
 """
 
@@ -136,12 +136,23 @@ def _assistant(m: Fields, out: list[dict]) -> None:
 
 
 def _check_content(m: Fields, *, final_assistant: bool) -> None:
-    """Anthropic's rule: every message has content but a final assistant turn (a prefill, which
-    may be empty: the answer then starts fresh). Empty text blocks are refused where read."""
+    """Anthropic's rules: every message has content but a final assistant turn (a prefill, which
+    may be empty: the answer then starts fresh), and its text is not whitespace alone ("text
+    content blocks must contain non-whitespace text"; a prefill's trailing whitespace is dropped
+    here instead). Empty text blocks are refused where read."""
     content = m.raw("content")
-    if not final_assistant and (content == "" or content == []):
+    if final_assistant:
+        return
+    if content == "" or content == []:
         raise bad_request(f"{m.where('content')}: must not be empty (only a final assistant "
                           f"turn may be)", m.where("content"))
+    blocks = [(m.where("content"), content)] if isinstance(content, str) else [
+        (join(join(m.where("content"), j), "text"), b.get("text"))
+        for j, b in enumerate(content) if isinstance(content, list) and isinstance(b, dict)
+        and b.get("type") == "text"]
+    for where, text in blocks:
+        if isinstance(text, str) and text and not text.strip():
+            raise bad_request(f"{where}: must contain non-whitespace text", where)
 
 
 def _metadata(f: Fields) -> None:

@@ -273,6 +273,26 @@ def test_empty_anthropic_content_is_a_400_naming_it(h, messages, param):
     assert h.engine.prefills == []
 
 
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user", "content": " \n\t"}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "  "}]}],
+     "messages[0].content[1].text"),
+    ([HI, {"role": "assistant", "content": [{"type": "text", "text": "\n"}]}, HI],
+     "messages[1].content[0].text"),
+])
+def test_whitespace_only_anthropic_text_is_a_400_naming_it(h, messages, param):
+    """Anthropic's API refuses text of whitespace alone ("text content blocks must contain
+    non-whitespace text") in every message but a final assistant turn (a prefill, whose
+    trailing whitespace is dropped)."""
+    for path in ANTHROPIC_ROUTES:
+        message = anthropic_400(h.client.post(path, json=anthropic(messages)), param)
+        assert "non-whitespace" in message
+    assert h.engine.prefills == []
+    for path in ANTHROPIC_ROUTES:  # a final assistant turn of whitespace: a prefill, taken
+        r = h.client.post(path, json=anthropic([HI, {"role": "assistant", "content": "  "}]))
+        assert r.status_code == 200, r.text
+
+
 @pytest.mark.parametrize("last", ["", []])
 def test_an_empty_final_assistant_turn_is_taken(h, last):
     """The one message Anthropic lets be empty: a final assistant turn (an empty prefill)."""
