@@ -167,6 +167,11 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raw = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ServeConfigError(f"config file {str(p)!r}: no such file") from None
+    except IsADirectoryError:
+        raise ServeConfigError(f"config file {str(p)!r} is a folder, not a file") from None
+    except OSError as e:  # unreadable: permissions, a device that fails
+        raise ServeConfigError(f"config file {str(p)!r} cannot be read: "
+                               f"{e.strerror or e}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ServeConfigError(f"config file {str(p)!r} is not valid JSON: {e}") from None
     if not isinstance(raw, dict):

@@ -149,3 +149,23 @@ def test_spec_is_refused_where_nothing_drafts(command, capsys):
     importlib.import_module("strata.cli.plan").add_arguments(plan)
     assert plan.parse_args(["-m", "/m.gguf", "--spec", "2"]).spec == 2
     assert "--spec" in plan.format_help()
+
+
+def test_a_config_file_that_cannot_be_read_is_named(tmp_path):
+    """The library call (not only the CLI's check before it): a folder, an unreadable file."""
+    import os
+
+    from strata.serve.config import ServeConfigError, read_config_file
+    with pytest.raises(ServeConfigError, match="is a folder, not a file"):
+        read_config_file(tmp_path)
+    f = tmp_path / "serve.json"
+    f.write_text("{}")
+    f.chmod(0)
+    try:
+        if os.access(f, os.R_OK):  # root reads any file: nothing to refuse
+            assert read_config_file(f) == {}
+        else:
+            with pytest.raises(ServeConfigError, match="cannot be read"):
+                read_config_file(f)
+    finally:
+        f.chmod(0o644)
