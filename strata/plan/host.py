@@ -47,7 +47,7 @@ def keeps_experts(n_slots: int, n_pairs: int, prompt_mode: str | None, lend_slot
     (layer, expert) pair, its prompt path owns its buffers (never borrowing slots, so nothing is
     evicted and refilled) and the cache never re-ranks (`--adaptive-cache`) — then no expert is
     ever read from host memory, and the cache is filled straight from the model file. A 30B
-    Q4_K_M on a 24 GB card then takes no 17.7 GB of page-locked memory."""
+    Q4_K_M with 22 GiB of VRAM free then takes no 17.7 GB of page-locked memory."""
     return n_slots < n_pairs or prompt_mode == "borrowed" or lend_slots > 0 or adaptive
 
 
