@@ -146,10 +146,13 @@ def _check_content(m: Fields, *, final_assistant: bool) -> None:
     if content == "" or content == []:
         raise bad_request(f"{m.where('content')}: must not be empty (only a final assistant "
                           f"turn may be)", m.where("content"))
-    blocks = [(m.where("content"), content)] if isinstance(content, str) else [
-        (join(join(m.where("content"), j), "text"), b.get("text"))
-        for j, b in enumerate(content) if isinstance(content, list) and isinstance(b, dict)
-        and b.get("type") == "text"]
+    blocks = []  # (where, text); another type of content is named where it is read
+    if isinstance(content, str):
+        blocks = [(m.where("content"), content)]
+    elif isinstance(content, list):
+        blocks = [(join(join(m.where("content"), j), "text"), b.get("text"))
+                  for j, b in enumerate(content)
+                  if isinstance(b, dict) and b.get("type") == "text"]
     for where, text in blocks:
         if isinstance(text, str) and text and not text.strip():
             raise bad_request(f"{where}: must contain non-whitespace text", where)

@@ -288,6 +288,9 @@ def test_whitespace_only_anthropic_text_is_a_400_naming_it(h, messages, param):
         message = anthropic_400(h.client.post(path, json=anthropic(messages)), param)
         assert "non-whitespace" in message
     assert h.engine.prefills == []
+    for path in ANTHROPIC_ROUTES:  # content of no type at all: named, not a 500 (the fuzzer's)
+        bad = anthropic([{"role": "user", "content": None}])
+        anthropic_400(h.client.post(path, json=bad), "messages[0].content")
     for path in ANTHROPIC_ROUTES:  # a final assistant turn of whitespace: a prefill, taken
         r = h.client.post(path, json=anthropic([HI, {"role": "assistant", "content": "  "}]))
         assert r.status_code == 200, r.text
