@@ -184,7 +184,7 @@ class HostStore:
             src = model.raw("token_embd.weight").reshape(-1)
             tasks.append((_copier(self.buffer[self.embd_off:self.embd_off + src.size], src),
                           src.size))
-        # progress counts the aligned strides, so it ends at n_bytes exactly
+        # progress: the bytes copied scaled to n_bytes (the alignment pads in), ending there
         total, done, scale = self.n_bytes, 0, self.n_bytes / max(1, sum(b for _, b in tasks))
         n_threads = fill_threads()
         if n_threads == 1:
