@@ -3,8 +3,6 @@ whole context so a long generation never reallocates (and never runs out half-wa
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from strata.errors import StrataError
@@ -15,12 +13,11 @@ class KVCacheError(StrataError):
 
 
 def host_memory_bytes() -> int | None:
-    """This machine's physical memory, where the OS says it simply (POSIX sysconf); else None."""
-    try:
-        n = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no sysconf, or no such name here
-        return None
-    return n if n > 0 else None
+    """This machine's physical memory, where the OS says (`strata.plan.host`); else None."""
+    from strata.plan.host import probe_host_memory
+
+    mem = probe_host_memory()
+    return mem.total_bytes if mem is not None and mem.total_bytes > 0 else None
 
 
 def _too_big(n_ctx: int, need: int, have: int | None) -> KVCacheError:

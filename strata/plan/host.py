@@ -72,9 +72,11 @@ def probe_host_memory() -> HostMemory | None:
         return None
 
 
-def _linux() -> HostMemory:
+def _linux(meminfo: str = "/proc/meminfo", cgroup: tuple[str, str] | None = None) -> HostMemory:
+    """/proc/meminfo's figures, the available one capped by the memory cgroup (`cgroup_room`;
+    `cgroup`: its (root, proc) paths, a test's stand-ins)."""
     fields = {}
-    with open("/proc/meminfo", encoding="ascii") as f:
+    with open(meminfo, encoding="ascii") as f:
         for line in f:
             name, _, rest = line.partition(":")
             parts = rest.split()
@@ -84,7 +86,7 @@ def _linux() -> HostMemory:
     avail = fields.get("MemAvailable")  # kernels before 3.14 lack it
     if avail is None and "MemFree" in fields:
         avail = fields["MemFree"] + fields.get("Cached", 0)
-    room = cgroup_room()
+    room = cgroup_room(*cgroup) if cgroup else cgroup_room()
     if room is not None:  # a container's limit: /proc/meminfo shows the whole machine
         avail = room if avail is None else min(avail, room)
     return HostMemory(total, avail)

@@ -32,7 +32,7 @@ from strata.memory import open_arena
 from strata.memory.arena import Arena, live_device_info
 from strata.plan import plan as make_plan
 from strata.plan.devices import DeviceInfo, fmt_bytes
-from strata.plan.host import keeps_experts, probe_host_memory, store_bytes, store_shortfall
+from strata.plan.host import probe_host_memory, store_bytes, store_shortfall
 from strata.plan.knobs import load_profile
 from strata.quant.planar import planar_tensor, vram_type
 
@@ -180,10 +180,9 @@ class CudaModel:
             planned = make_plan(s, [capped_device(backend, o.gpu_mem)], o.plan, profile=profile)
         if not planned.accepted:
             raise CudaEngineError(planned.refusal.message())
+        self._store_checked = 0  # bytes of host store checked against the machine's memory
         if self._shared_store is None:  # before any allocation: the store is the big one
-            why = store_shortfall(planned.host_store_bytes, probe_host_memory())
-            if why is not None:
-                raise CudaEngineError(why)
+            self._check_store(planned.host_store_bytes)
         if planned.kv.host_bytes > 0:
             raise CudaEngineError("--kv-resident below the context (KV streamed from host memory)"
                                   " is not supported by the CUDA engine yet: keep the whole KV "
@@ -267,20 +266,20 @@ class CudaModel:
 
     # -- experts -------------------------------------------------------------------------------
 
-    def _keeps_experts(self) -> bool:
-        """Whether any expert can ever be read from host memory on this run (the plan after
-        the arena opened: a post-touch shrink leaves misses), `strata.plan.host.keeps_experts`."""
-        p, lo_hi = self.plan, self.layers
-        pre = p.prefill
-        return keeps_experts(self.arena.device_plan.cache.n_slots,
-                             (lo_hi[1] - lo_hi[0]) * self.shape.n_expert,
-                             None if pre is None else pre.mode,
-                             0 if pre is None else pre.lend_slots, self.options.adaptive_cache)
+    def _check_store(self, n_bytes: int) -> None:
+        """Refuse a host store of n_bytes this machine cannot give (once per size)."""
+        if n_bytes > self._store_checked:
+            why = store_shortfall(n_bytes, probe_host_memory())
+            if why is not None:
+                raise CudaEngineError(why)
+            self._store_checked = n_bytes
 
     def _load_experts(self, model: ModelFile) -> None:
         s, p, o = self.shape, self.plan, self.options
         on_host = p.token_embd == "host"
-        experts = self._keeps_experts()
+        # the plan after the arena opened (a post-touch shrink leaves misses), and the cache's
+        # swaps (--adaptive-cache) read experts from host memory too
+        experts = p.keeps_experts or o.adaptive_cache
         if self._shared_store is not None:
             self.store, self.host = self._shared_store
             if on_host and self.store.embd_off < 0:
@@ -290,10 +289,7 @@ class CudaModel:
                 raise CudaEngineError("the shared host store keeps no experts; this plan reads "
                                       "experts from host memory")
         else:
-            if experts and not p.keeps_experts:  # --adaptive-cache, or a post-touch shrink
-                why = store_shortfall(store_bytes(s, on_host), probe_host_memory())
-                if why is not None:
-                    raise CudaEngineError(why)
+            self._check_store(store_bytes(s, on_host, experts))  # larger than planned?
             with progress_bar("expert store", 1, o.progress) as update:
                 self.store = build_store(model, with_embd=on_host, experts=experts,
                                          progress=lambda d, t: update(d / max(t, 1)))
