@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.serve.batch import PerSlotEngines
-from strata.serve.config import SPLIT_KNOBS, ServeConfig, ServeConfigError, plan_knobs_set
+from strata.serve.config import SPLIT_KNOBS, ServeConfig, plan_knobs_set
 
 log = logging.getLogger("strata.serve")
 
@@ -55,8 +55,10 @@ def gpu_choice(config: ServeConfig, n_visible: int):
     """The GPUs the server runs on (a `GpuRequest`). Unlike `generate`, several visible GPUs
     alone do not split: `strata serve` batches sequences on one GPU (GPU 0, or the one `gpus`
     names) unless `gpus` names several or `gpu_mem` gives several sizes. A split serves one
-    sequence at a time, so it refuses `batch` > 1."""
+    sequence at a time, so it refuses `batch` > 1. Every refusal is an `OptionError`: a knob's
+    value or combination, status 2 like the command line's other usage errors."""
     from strata.engine.multi.request import gpu_request, gpu_sizes, split_flags_given
+    from strata.plan.options import OptionError
     from strata.plan.split.options import parse_gpus
 
     ns = split_args(config)
@@ -65,12 +67,12 @@ def gpu_choice(config: ServeConfig, n_visible: int):
     if not several:
         given = split_flags_given(ns)
         if given:
-            raise ServeConfigError(f"{', '.join(given)}: a layer split's knobs, and the server "
+            raise OptionError(f"{', '.join(given)}: a layer split's knobs, and the server "
                                    f"runs on one GPU (name several with --gpus I,J,...)")
         ns.gpus = str(ids[0] if ids else 0)
     req = gpu_request(ns, n_visible)
     if req.is_split and config.batch > 1:
-        raise ServeConfigError(f"--batch {config.batch}: a layer split over GPUs "
+        raise OptionError(f"--batch {config.batch}: a layer split over GPUs "
                                f"{','.join(map(str, req.devices))} serves one sequence at a "
                                f"time (drop --batch, or serve from one GPU with --gpus I)")
     return req

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from strata.errors import UsageError
 from strata.plan.options import OptionError
 from strata.serve.batch import SplitSlot
 from strata.serve.config import ServeConfig, ServeConfigError, build_config
@@ -38,15 +39,16 @@ def test_the_server_splits_only_over_the_gpus_it_is_given(kw, devices, caps):
 
 
 @pytest.mark.parametrize("kw,err,match", [
-    ({"gpus": "0,1", "batch": 4}, ServeConfigError, "one sequence at a time"),
-    ({"layer_split": "10"}, ServeConfigError, "--layer-split: a layer split's knobs"),
-    ({"gpus": "1", "no_carve": True}, ServeConfigError, "--no-carve"),
+    ({"gpus": "0,1", "batch": 4}, OptionError, "one sequence at a time"),
+    ({"layer_split": "10"}, OptionError, "--layer-split: a layer split's knobs"),
+    ({"gpus": "1", "no_carve": True}, OptionError, "--no-carve"),
     ({"gpus": "0,5"}, OptionError, "no GPU 5"),
     ({"gpu_mem": "8GiB,8GiB,8GiB"}, OptionError, "3 sizes for 2 GPUs"),
 ])
 def test_bad_gpu_choices_are_refused_with_what_is_wrong(kw, err, match):
-    with pytest.raises(err, match=match):
+    with pytest.raises(err, match=match) as e:
         gpu_choice(_cfg(**kw), 2)
+    assert isinstance(e.value, UsageError)  # `strata serve` exits 2, as for any bad flag
 
 
 def test_split_knobs_from_a_config_file(tmp_path):
