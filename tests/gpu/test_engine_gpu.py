@@ -14,6 +14,9 @@
   tokens; IQ_MIX and LEGACY_MIX (gate and up in different
   formats) run;
 * a short prompt, and a turn's new tokens, run as decode steps give the prompt path's tokens;
+* a cache of every expert with an owned prompt path keeps no expert store: its slots are the
+  file's blobs and its tokens a store-keeping run's; `generate` picking on the device gives the
+  host's tokens, and NaN logits are refused;
 * a chat's second turn on the engine that ran the first (`rewind`: only the new tokens
   computed, on the prompt path and as decode steps) gives the tokens of its whole prompt
   computed afresh.
@@ -114,6 +117,36 @@ def test_owned_vs_borrowed_and_two_prompts_back_to_back(tmp_models):
     assert outs[0] == outs[2] == owned
     assert eng.traffic.n_streamed > 0  # the lent experts went through the ring
     m.close()
+
+
+def test_a_cache_of_every_expert_is_filled_from_the_file(tmp_models):
+    """Every expert cached, the prompt path owned: no expert store in host memory (the cache
+    filled from the file's map), every slot the file's blob, and the tokens those of a run that
+    keeps the store (--adaptive-cache, with no counts to re-rank by) — then `generate` picking
+    on the device gives the host's tokens, and NaN logits are refused (the device's flag)."""
+    from helpers.device_pick import check_device_generate, check_nan_refused
+    from strata.gguf.arch.qwen3moe import EXPERT_NAMES
+
+    path = model_path(tmp_models, "Q4_K_M")
+    m, eng = load(path, expert_cache=32, prefill_borrow=False)
+    assert not m.plan.keeps_experts and not m.store.has_experts
+    cache = m.cache_bytes.copy_to_host()
+    for layer in range(2):
+        for e in range(16):
+            off = int(m.cache.layout.slot_offset[m.cache.slot_of(layer, e)])
+            want = np.concatenate([m.file.expert_raw(f"blk.{layer}.{n}.weight", e).reshape(-1)
+                                   for n in EXPERT_NAMES])
+            np.testing.assert_array_equal(cache[off:off + want.size], want)
+    toks, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    ROWS.append(f"no expert store ({m.store.n_bytes} B of host memory): tokens {toks}")
+    picked = check_device_generate(eng, PROMPT)
+    check_nan_refused(eng, PROMPT, m.norms["output_norm"], picked)
+    m.close()
+    m, eng = load(path, expert_cache=32, prefill_borrow=False, adaptive_cache=True)
+    assert m.store.has_experts
+    kept, _ = _gpu_greedy(eng, PROMPT, N_GEN)
+    m.close()
+    assert toks == kept
 
 
 @pytest.mark.parametrize("mix", ("Q8_0", "Q4_K_M"))
