@@ -234,6 +234,8 @@ class CudaModel:
     def _load_weights(self, model: ModelFile) -> None:
         s = self.shape
         layout = self.arena.device_plan.arena.region("weights").sub
+        for r in layout.regions:  # the OS reads them ahead while the first are copied
+            model.prefetch(r.name)
         pieces = [(self.arena.view("weights", r.name), _stored(model, r.name))
                   for r in layout.regions]
         n, secs = upload(pieces, self.stream, progress=self.options.progress)
