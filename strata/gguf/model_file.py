@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +63,6 @@ def _check_supported(path: str, table: dict[str, TensorInfo]) -> None:
                       f"(supported: see `strata.quant.types.SUPPORTED_NAMES`)")
 
 
-_FD_LOCK = threading.Lock()
-
-
 class ModelFile:
     """A GGUF model: `shape` (what the planner prices), `metadata`, and raw tensor bytes."""
 
@@ -83,7 +79,6 @@ class ModelFile:
         self.file_bytes = header.file_bytes
         self._data = header.data()  # [file_bytes] uint8, read-only mapping
         self._map = header.map
-        self._fd: int | None = None  # opened by read_into, for positioned reads
         self.metadata = Metadata(header)
         self.tensors = _tensor_table(header)
         arch_name = self.metadata.str("general.architecture")
@@ -137,35 +132,6 @@ class ModelFile:
                 self._map.madvise(advice, start, t.offset + hi - start)
             except (OSError, ValueError):
                 pass
-
-    def read_into(self, name: str, lo: int, out: np.ndarray) -> None:
-        """out[:] = bytes [lo, lo + out.size) of tensor `name`, read with `os.preadv` where the
-        platform has it: a read of a file not in the page cache is one large request to the
-        disk, where copying from the map faults it in a readahead window at a time (the
-        store-less cache fill of a 30B file: 1.5 GB/s cold). Elsewhere (Windows) a copy from
-        the map. out: a writable C-contiguous uint8 array."""
-        t = self.tensors[name]
-        if not 0 <= lo <= lo + out.size <= t.n_bytes:
-            raise ValueError(f"bytes {lo}..{lo + out.size} are not within {name!r} "
-                             f"({t.n_bytes} bytes)")
-        if not hasattr(os, "preadv"):
-            out[:] = self._data[t.offset + lo:t.offset + lo + out.size]
-            return
-        with _FD_LOCK:  # the fill threads call this at once
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        view, at = memoryview(out).cast("B"), t.offset + lo
-        while len(view):
-            n = os.preadv(self._fd, [view], at)
-            if n <= 0:
-                raise ModelFileError(self.path, f"ended {len(view)} bytes early reading {name!r}"
-                                                " (was it changed while open?)")
-            view, at = view[n:], at + n
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
 
     def raw_rows(self, name: str) -> np.ndarray:
         """The tensor's bytes as rows: [n_rows, row_bytes] uint8 (stacked experts flattened)."""

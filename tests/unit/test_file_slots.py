@@ -102,33 +102,3 @@ def test_prefetch_checks_its_range(model):
         model.prefetch(t.name, 0, t.n_bytes + 1)
     with pytest.raises(ValueError, match="not within"):
         model.prefetch(t.name, 10, 5)
-
-
-@pytest.mark.parametrize("pread", [True, False])
-def test_read_into_gives_the_maps_bytes(model, monkeypatch, pread):
-    import os
-
-    if not pread:
-        monkeypatch.delattr(os, "preadv", raising=False)  # Windows: a copy from the map
-    elif not hasattr(os, "preadv"):
-        pytest.skip("os.preadv: not on this platform")
-    name = "blk.1.ffn_down_exps.weight"
-    raw = model.raw(name)
-    for lo, n in ((0, raw.size), (777, 4099), (raw.size - 5, 5), (3, 0)):
-        out = np.zeros(n, np.uint8)
-        model.read_into(name, lo, out)
-        np.testing.assert_array_equal(out, raw[lo:lo + n])
-    with pytest.raises(ValueError, match="not within"):
-        model.read_into(name, raw.size - 4, np.zeros(5, np.uint8))
-
-
-def test_a_file_that_ends_early_is_an_error(model, monkeypatch):
-    import os
-
-    from strata.gguf.errors import ModelFileError
-
-    if not hasattr(os, "preadv"):
-        pytest.skip("os.preadv: not on this platform")
-    monkeypatch.setattr(os, "preadv", lambda fd, bufs, at: 0)  # end of file
-    with pytest.raises(ModelFileError, match="early"):
-        model.read_into("blk.0.ffn_gate_exps.weight", 0, np.zeros(16, np.uint8))

@@ -118,16 +118,15 @@ class FileSlots:
         buf = self._stages[self._turn]
         pos = np.cumsum([0] + [self.layouts[layer].n_bytes for _, layer, _ in chunk])
         tasks = []  # tensor-major, so the threads walk each tensor's bytes in order
-        for k, name in enumerate(EXPERT_NAMES):
+        for k in range(3):
             for (_, layer, expert), at in zip(chunk, pos):
                 lay = self.layouts[layer]
-                size = self.src[layer][k].shape[1]
                 tasks.append((int(at) + (0, lay.up_off, lay.down_off)[k],
-                              f"blk.{layer}.{name}.weight", expert * size, size))
+                              self.src[layer][k][expert]))
 
-        def put(task: tuple[int, str, int, int]) -> None:
-            at, name, lo, size = task
-            self.model.read_into(name, lo, buf[at:at + size])
+        def put(task: tuple[int, np.ndarray]) -> None:
+            at, src = task
+            buf[at:at + src.size] = src
 
         list(pool.map(put, tasks))  # a failure is raised here
         first = 0
