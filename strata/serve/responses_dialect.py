@@ -54,8 +54,11 @@ def _id(prefix: str) -> str:
 
 
 def usage(finish: FinishEvent) -> dict:
+    # cache_write_tokens: a field the API's usage always has (the SDK's types require it);
+    # no write is billed apart here, so none is counted
     return {"input_tokens": finish.n_prompt,
-            "input_tokens_details": {"cached_tokens": finish.n_cached},
+            "input_tokens_details": {"cached_tokens": finish.n_cached,
+                                     "cache_write_tokens": 0},
             "output_tokens": finish.n_completion,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": finish.n_prompt + finish.n_completion}
@@ -116,8 +119,14 @@ def call_item(iid: str, call: ToolCall, status: str = "completed") -> dict:
 async def responses(request: Request, state: ServerState, body: dict) -> Response:
     req = parse_responses(Fields(body), state)
     # rendering and tokenizing a long prompt is CPU work: keep it off the event loop
-    prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
-                                       limit=state.max_tokens_limit)
+    try:
+        prepared = await run_in_threadpool(prepare_chat, state.model, req.chat,
+                                           limit=state.max_tokens_limit)
+    except ApiError as e:  # the chat route's name for the conversation is not this API's
+        if e.param != "messages":
+            raise
+        message = "input: " + e.message.removeprefix("messages: ")
+        raise ApiError(e.status, message, param="input", headers=e.headers) from e
     gen = Generation(state.worker, prepared, id_prefix="call_")
     shell = Shell(req, state.model.name)
     entries = _Entries(gen, state.model)
@@ -244,9 +253,9 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
                       content_index=0, text=part["text"])]
         else:
             out = [ev("response.output_text.done", item_id=item["id"], output_index=open_at,
-                      content_index=0, text=part["text"], logprobs=part["logprobs"]),
-                   ev("response.content_part.done", item_id=item["id"], output_index=open_at,
-                      content_index=0, part=part)]
+                      content_index=0, text=part["text"], logprobs=part["logprobs"])]
+        out.append(ev("response.content_part.done", item_id=item["id"], output_index=open_at,
+                      content_index=0, part=part))
         item["status"] = status
         _sealed(shell.req, item)
         out.append(ev("response.output_item.done", output_index=open_at, item=item))
@@ -277,6 +286,10 @@ async def _events(gen: Generation, shell: Shell, entries: _Entries,
                 iid = _id("rs")
                 yield ev("response.output_item.added", output_index=open_at,
                          item=reasoning_item(iid, "", "in_progress"))
+                # its text part opened and closed as a message's is (OpenAI's own server
+                # does; a client that replays events indexes the part its deltas fill)
+                yield ev("response.content_part.added", item_id=iid, output_index=open_at,
+                         content_index=0, part={"type": "reasoning_text", "text": ""})
                 output.append({**reasoning_item(iid, ""), "status": "in_progress"})
             else:
                 iid = _id("msg")

@@ -20,15 +20,17 @@ Conversations API, `strata.serve.conversation_store`): its items come before `in
 response's input and output items are added to it; the two cannot be given together.
 A `reasoning` item (a thinking model's, sent back) becomes the next assistant message's
 `reasoning_content`, which a thinking template shows where it wants it. Built-in tools (web
-search, file search, ...), image and file inputs, and `include` entries other than
-`message.output_text.logprobs` and `reasoning.encrypted_content` are a 400 naming the field.
+search, file search, ...), image and file inputs, stored prompt templates (`prompt`), and
+`include` entries other than `message.output_text.logprobs` and `reasoning.encrypted_content`
+are a 400 naming the field.
 With `reasoning.encrypted_content`, each reasoning item also carries its text sealed (`seal`),
 so a client that keeps no state here (`store: false`, as Codex sends) can send the item back
 without its `content` and the template still sees the reasoning; another provider's encrypted
 reasoning cannot be read here and is dropped. `reasoning` is checked and left to the chat
 template (the model thinks as its template lets it); `metadata`, `user`,
 `parallel_tool_calls`, `truncation` and `service_tier` cannot change the output and are checked
-and ignored.
+and ignored (the response repeats `reasoning`, `truncation` and `user` as sent, as OpenAI's
+does).
 """
 
 from __future__ import annotations
@@ -212,9 +214,11 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple, list[dict]]:
     for j, raw in enumerate(f.list("tools") or []):
         t = Fields(raw, join("tools", j))
         kind = t.str("type", required=True)
-        if kind != "function":
+        if kind != "function":  # (Codex sends web_search unless its config says not to)
+            hint = (' (Codex: set web_search = "disabled" in its config.toml)'
+                    if kind.startswith("web_search") else "")
             raise bad_request(f"tools[{j}].type: built-in tool {kind!r} is not available here; "
-                              f"only function tools are", f"tools[{j}].type")
+                              f"only function tools are{hint}", f"tools[{j}].type")
         name = t.str("name", required=True, non_empty=True)
         params = t.obj_at("parameters")
         schema = params.obj if params is not None else {"type": "object", "properties": {}}
@@ -253,22 +257,29 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
         "type": "json_schema", "name": name, "schema": schema.obj, "strict": strict}
 
 
-def _refuse_unsupported(f: Fields) -> None:
+def _refuse_unsupported(f: Fields) -> dict:
+    """The fields checked and not acted on, refused where acting on them was asked for; the
+    settings the response repeats (`reasoning`, `truncation`, `user`: as sent, as OpenAI's
+    response has them)."""
     check_includes(f.list("include") or [])
     if f.bool("background"):
         raise bad_request("background: responses run in the request here", "background")
+    if f.has("prompt"):  # a template kept on OpenAI's side: its text is not here to use
+        raise bad_request("prompt: stored prompt templates are not available here; send "
+                          "their text as instructions and input", "prompt")
     reasoning = f.obj_at("reasoning")
+    effort = summary = None
     if reasoning is not None:  # a hint: the model thinks as its template lets it
-        reasoning.str("effort")
-        reasoning.str("summary")
-    f.str("truncation", choices=("auto", "disabled"))  # checked: none changes the output
-    f.str("user")
+        effort, summary = reasoning.str("effort"), reasoning.str("summary")
+    truncation = f.str("truncation", choices=("auto", "disabled"))  # none changes the output
     f.str("service_tier")
+    return {"reasoning": {"effort": effort, "summary": summary},
+            "truncation": truncation or "disabled", "user": f.str("user")}
 
 
 def parse_responses(f: Fields, state) -> ResponsesRequest:
     state.check_model(f.str("model", required=True))
-    _refuse_unsupported(f)
+    settings = _refuse_unsupported(f)
     previous = f.str("previous_response_id", non_empty=True)
     conv = _conversation(f)
     store = f.bool("store", default=True)
@@ -303,6 +314,6 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "metadata": metadata,
             "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
             "top_logprobs": top or 0, "previous_response_id": previous, "store": store,
-            "conversation": None if conv is None else {"id": conv}}
+            "conversation": None if conv is None else {"id": conv}, **settings}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,
                             input_items=items, seal_reasoning=SEALED in include)

@@ -115,7 +115,15 @@ def test_responses_reasoning_items(h):
     events = [json.loads(d) for _, d in sse_events(s.text)]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     kinds = [e["type"] for e in events]
-    assert kinds.index("response.reasoning_text.done") < kinds.index("response.content_part.added")
+    # the reasoning item's part opens and closes around its text, then the message's opens
+    parts = [(e["type"], e["part"]["type"]) for e in events if "part" in e]
+    assert parts == [("response.content_part.added", "reasoning_text"),
+                     ("response.content_part.done", "reasoning_text"),
+                     ("response.content_part.added", "output_text"),
+                     ("response.content_part.done", "output_text")]
+    at = kinds.index("response.reasoning_text.done")
+    assert kinds[at + 1:at + 3] == ["response.content_part.done", "response.output_item.done"]
+    assert events[at + 1]["part"] == {"type": "reasoning_text", "text": "Let me see."}
     assert "".join(e["delta"] for e in events
                    if e["type"] == "response.reasoning_text.delta") == "Let me see."
     last = events[-1]["response"]

@@ -211,3 +211,56 @@ def test_logprobs_whole_and_streamed_are_the_chat_routes(h):
 def test_the_openapi_document_lists_the_route(h):
     doc = h.client.get("/openapi.json").json()
     assert "/v1/responses" in doc["paths"]
+
+
+def test_usage_has_the_fields_the_sdk_types_require(h):
+    """The SDK's `ResponseUsage` requires `input_tokens_details.cache_write_tokens` (and
+    `output_tokens_details.reasoning_tokens`): a client that validates the object (typed SDKs
+    in other languages) fails without them. Whole and streamed."""
+    types = pytest.importorskip("openai.types.responses")
+    r = _post(h)
+    assert r["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
+    types.Response.model_validate(r)  # the whole object as the SDK's types have it
+    s = h.client.post("/v1/responses", json=body(stream=True, input=ASK, tools=TOOLS))
+    last = json.loads(sse_events(s.text)[-1][1])
+    types.ResponseCompletedEvent.model_validate(last)
+
+
+def test_the_settings_it_does_not_act_on_are_repeated_as_sent(h):
+    """OpenAI's response repeats `reasoning`, `truncation` and `user` as the request sent them
+    (Codex sends `reasoning: {effort, summary}`); absent, the API's defaults."""
+    r = _post(h, reasoning={"effort": "high", "summary": "auto"}, truncation="auto", user="u1")
+    assert r["reasoning"] == {"effort": "high", "summary": "auto"}
+    assert r["truncation"] == "auto" and r["user"] == "u1"
+    r = _post(h)
+    assert r["reasoning"] == {"effort": None, "summary": None}
+    assert r["truncation"] == "disabled" and r["user"] is None
+
+
+def test_a_prompt_template_is_refused_not_ignored(h):
+    """`prompt` names a template stored on OpenAI's side (its instructions and messages);
+    answering without them would be a different request, so it is a 400 naming the field."""
+    r = h.client.post("/v1/responses", json=body(prompt={"id": "pmpt_1", "version": "2"}))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert "prompt" in r.json()["error"]["message"]
+
+
+def test_a_prompt_past_the_context_names_input_not_messages():
+    """The chat route's conversation is `messages`; this API's is `input`: a prompt the context
+    cannot hold names the field this API has."""
+    with Harness(max_context=32) as small:
+        for stream in (False, True):
+            r = small.client.post("/v1/responses", json=body(input="word " * 64, stream=stream))
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "input" and "context" in err["message"]
+            assert not err["message"].startswith("messages")
+
+
+def test_codex_default_web_search_tool_is_refused_with_the_way_out(h):
+    """Codex sends `{"type": "web_search", "external_web_access": false}` unless its config
+    turns search off; the 400 names the tool and says how (built-in tools stay refused)."""
+    r = h.client.post("/v1/responses", json=body(tools=[
+        *TOOLS, {"type": "web_search", "external_web_access": False}]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[1].type"
+    assert 'web_search = "disabled"' in r.json()["error"]["message"]
