@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from strata.serve.anthropic_request import parse_messages
 from strata.serve.chat import chat_text, prepare_chat
-from strata.serve.errors import ApiError, error_types
+from strata.serve.errors import ApiError, ContextExceeded, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent, PromptEvent
@@ -30,7 +30,11 @@ from strata.serve.tools import ToolCall
 
 
 def error_body(err: ApiError) -> dict:
-    return {"type": "error", "error": {"type": error_types(err.status)[1], "message": err.message}}
+    message = err.message
+    if isinstance(err, ContextExceeded):  # Anthropic's words, which its clients look for
+        message = (f"prompt is too long: {err.n_prompt} tokens > {err.max_context} maximum "
+                   f"({message})")
+    return {"type": "error", "error": {"type": error_types(err.status)[1], "message": message}}
 
 
 def model_object(name: str, state: ServerState) -> dict:

@@ -237,7 +237,11 @@ async def embeddings(request: Request, state: ServerState) -> Response:
 
 
 async def index(request: Request) -> Response:
-    return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+    """The monitor page for a browser (it asks for text/html); for a program, Ollama's answer
+    at its root, which Ollama clients and desktop tools probe to find a server."""
+    if "text/html" in request.headers.get("accept", ""):
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+    return PlainTextResponse("Ollama is running")
 
 
 async def health(request: Request, state: ServerState) -> Response:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 class ApiError(Exception):
     """A refusal: `status` (4xx or 5xx), a message naming what is wrong, and the field (`param`,
-    a dotted path such as ``messages[2].content[0]``) where the request holds one."""
+    a dotted path such as ``messages[2].content[0]``) where the request holds one; `code`: the
+    OpenAI error code a client acts on (`context_length_exceeded`: agents compact and retry)."""
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, code: str | None = None):
         super().__init__(message)
         if not 400 <= status <= 599:
             raise ValueError(f"an API error needs a 4xx or 5xx status, got {status}")
@@ -21,6 +22,25 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.headers = dict(headers or {})
+        self.code = code  # OpenAI's machine-readable `code` where it has one for this refusal
+
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the context
+
+
+class ContextExceeded(ApiError):
+    """400: a prompt that leaves no room in the context. Each dialect words it as its API does,
+    since clients recognise the overflow by those words and codes (agents then compact their
+    history and retry): OpenAI's code `context_length_exceeded` and "maximum context length",
+    Anthropic's "prompt is too long: N tokens > M maximum"."""
+
+    def __init__(self, n_prompt: int, max_context: int, param: str):
+        over = n_prompt - max_context + 1
+        super().__init__(400, f"this model's maximum context length is {max_context} tokens "
+                              f"here, but the prompt is {n_prompt} tokens: shorten it by at "
+                              f"least {over} token{'' if over == 1 else 's'}",
+                         param=param, code=CONTEXT_LENGTH_EXCEEDED)
+        self.n_prompt, self.max_context = n_prompt, max_context
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:

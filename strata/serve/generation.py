@@ -14,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import AsyncIterator, Protocol
 
-from strata.serve.errors import bad_request
+from strata.serve.errors import ContextExceeded
 from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob
 from strata.serve.reasoning import Thinking, ThinkSplitter
 from strata.serve.tools import ToolCall, ToolCallParser
@@ -60,9 +60,7 @@ def fit_max_tokens(n_prompt: int, requested: int | None, *, max_context: int,
     (and the server's own limit). A prompt that leaves no room at all is a 400."""
     room = max_context - n_prompt
     if room < 1:
-        over = n_prompt - max_context + 1
-        raise bad_request(f"the prompt is {n_prompt} tokens but the context holds {max_context}: "
-                          f"shorten it by at least {over} token{'' if over == 1 else 's'}", param)
+        raise ContextExceeded(n_prompt, max_context, param)
     want = room if requested is None else requested
     if limit is not None:
         want = min(want, limit)

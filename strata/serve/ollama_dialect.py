@@ -6,16 +6,22 @@ model store's other verbs are a 400 saying why.
 Streaming is on unless the body says `"stream": false`, as in Ollama: one JSON object per line
 (`application/x-ndjson`), each with `model`, `created_at` and `done`; chat lines carry a
 `message` (`content` pieces; a tool call as `tool_calls` with its arguments as an object),
-generate lines a `response` piece. The last line is `done: true` with `done_reason` (`stop`, or
-`length` where `num_predict` or the context ran out) and the counts and nanosecond durations
-Ollama reports (`prompt_eval_count` the prompt's tokens; `load_duration` 0: the model is
-loaded at start-up). A request without messages (or an empty generate prompt) is Ollama's
-load request: one `done_reason: "load"` object. A failure mid-stream is an `{"error": ...}`
-line; errors before it are `{"error": ...}` bodies with the HTTP status.
+generate lines a `response` piece. A tool call is Ollama's `{"id": "call_...", "function":
+{"index", "name", "arguments"}}` (a tool message answers it by `tool_call_id`). The last line is
+`done: true` with `done_reason` (`stop`, or `length` where `num_predict` or the context ran out)
+and the counts and nanosecond durations Ollama reports (`prompt_eval_count` the prompt's tokens;
+`load_duration` 0: the model is loaded at start-up); a templated generate's last line also has
+Ollama's `context` (the prompt's token ids and the answer's, to send back for a short memory).
+Where the request asked for `logprobs`, each line has its tokens' (`token`, `logprob`, `bytes`,
+`top_logprobs`). A request without messages (or an empty generate prompt) is Ollama's load
+request: one `done_reason: "load"` object (`"unload"` where `keep_alive` is 0, as Ollama answers
+it; the model stays loaded here, as it always does). A failure mid-stream is an
+`{"error": ...}` line; errors before it are `{"error": ...}` bodies with the HTTP status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import datetime, timezone
@@ -31,6 +37,7 @@ from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation, Prepared, fit_max_tokens
 from strata.serve.job import FinishEvent, PromptEvent, Sampling
+from strata.serve.logprobs import chat_content
 from strata.serve.ollama_request import OllamaRequest, check_model, parse_chat, parse_generate
 from strata.serve.reasoning import Thinking
 from strata.serve.sse import SSE_HEADERS, unless_disconnected
@@ -67,13 +74,15 @@ class _Clock:
                 "eval_count": finish.n_completion, "eval_duration": end - self.prompt}
 
 
-def _call(call: ToolCall) -> dict:
-    return {"function": {"name": call.name, "arguments": call.arguments}}
+def _call(call: ToolCall, index: int) -> dict:
+    """Ollama's tool call: its id, and its place among the answer's calls as `index`."""
+    return {"id": call.id, "function": {"index": index, "name": call.name,
+                                        "arguments": call.arguments}}
 
 
-def _piece(chat: bool, item: str | ToolCall | Thinking) -> dict:
-    """One line's payload: a chat message (text, reasoning or a tool call) or a generate
-    response (text or reasoning)."""
+def _piece(chat: bool, item: str | ToolCall | Thinking, index: int = 0) -> dict:
+    """One line's payload: a chat message (text, reasoning or a tool call, the answer's
+    `index`th) or a generate response (text or reasoning)."""
     if isinstance(item, Thinking):
         if not chat:
             return {"response": "", "thinking": item.text}
@@ -81,20 +90,33 @@ def _piece(chat: bool, item: str | ToolCall | Thinking) -> dict:
     if not chat:
         return {"response": item}
     if isinstance(item, ToolCall):
-        return {"message": {"role": "assistant", "content": "", "tool_calls": [_call(item)]}}
+        return {"message": {"role": "assistant", "content": "",
+                            "tool_calls": [_call(item, index)]}}
     return {"message": {"role": "assistant", "content": item}}
 
 
 def _loaded(req: OllamaRequest, chat: bool) -> JSONResponse:
-    body = {"model": req.model, "created_at": _now(), "done": True, "done_reason": "load"}
+    body = {"model": req.model, "created_at": _now(), "done": True,
+            "done_reason": "unload" if req.unload else "load"}
     body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     return JSONResponse(body)
 
 
 def _prepared(state: ServerState, req: OllamaRequest) -> Prepared:
-    """The chat through the template, or a raw prompt as given (tokenizing runs off the loop)."""
+    """The chat through the template, or a raw prompt as given (tokenizing runs off the loop);
+    a generate's `context` before the templated prompt (its BOS once, at the start)."""
     if req.chat is not None:
-        return prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+        prepared = prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
+        if not req.context:
+            return prepared
+        bos = getattr(getattr(state.model, "tokenizer", None), "bos_id", None)
+        rest = prepared.prompt[1:] if bos is not None and prepared.prompt[:1] == (bos,) \
+            else prepared.prompt
+        prompt = req.context + rest
+        n = fit_max_tokens(len(prompt), req.max_tokens, max_context=state.model.max_context,
+                           limit=state.max_tokens_limit, param="context")
+        return dataclasses.replace(prepared, prompt=prompt, sampling=dataclasses.replace(
+            prepared.sampling, max_tokens=n))
     prompt = state.model.encode_prompt(req.raw_prompt)
     n = fit_max_tokens(len(prompt), req.max_tokens, max_context=state.model.max_context,
                        limit=state.max_tokens_limit, param="prompt")
@@ -109,7 +131,19 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
     clock = _Clock()
 
     def line(**fields) -> dict:
+        if req.logprobs:  # the tokens since the last line's (none: the key left out)
+            taken = gen.take_logprobs()
+            if taken:
+                fields["logprobs"] = chat_content(state.model, taken)
         return {"model": req.model, "created_at": _now(), **fields}
+
+    async def context(answer: str) -> dict:
+        """A templated generate's `context`: the prompt's ids and the answer's (re-encoded,
+        as Ollama tokenizes prompt and answer); nothing elsewhere."""
+        if req.context is None:
+            return {}
+        ids = await run_in_threadpool(state.model.encode, answer)
+        return {"context": [*prepared.prompt, *ids]}
 
     async def items() -> AsyncIterator[str | ToolCall | Thinking]:
         async for item in gen.items(prompt=True):
@@ -121,12 +155,18 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
     if req.stream:
         async def lines() -> AsyncIterator[bytes]:
             try:
+                text, n_calls = [], 0
                 async for item in items():
-                    yield _ndjson(line(**_piece(chat, item), done=False))
+                    yield _ndjson(line(**_piece(chat, item, n_calls), done=False))
+                    if isinstance(item, ToolCall):
+                        n_calls += 1
+                    elif isinstance(item, str):
+                        text.append(item)
                 if gen.finish.reason == "error":
                     yield _ndjson({"error": f"generation failed: {gen.finish.error}"})
                     return
-                last = line(**_piece(chat, ""), done=True, **clock.stats(gen.finish))
+                last = line(**_piece(chat, ""), done=True, **clock.stats(gen.finish),
+                            **await context("".join(text)))
                 yield _ndjson(last)
             finally:
                 gen.cancel()
@@ -151,14 +191,14 @@ async def _run(request: Request, state: ServerState, req: OllamaRequest,
         if gen.reasoning is not None:
             message["thinking"] = gen.reasoning
         if calls:
-            message["tool_calls"] = [_call(c) for c in calls]
+            message["tool_calls"] = [_call(c, i) for i, c in enumerate(calls)]
         payload = {"message": message}
     else:
         payload = {"response": text}
         if gen.reasoning is not None:
             payload["thinking"] = gen.reasoning
-    return JSONResponse(line(**payload, done=True, **clock.stats(gen.finish)),
-                        headers=prepared.headers)
+    return JSONResponse(line(**payload, done=True, **clock.stats(gen.finish),
+                             **await context(text)), headers=prepared.headers)
 
 
 def _ndjson(body: dict) -> bytes:
@@ -202,7 +242,8 @@ async def ps(request: Request, state: ServerState) -> Response:
     """`GET /api/ps`: the loaded model (always: it stays loaded while the server runs)."""
     entry = {**_model_entry(state.model.name, state), "expires_at": "0001-01-01T00:00:00Z",
              "size_vram": sum(r.n_bytes for d in await run_in_threadpool(state.devices)
-                              if d.device.startswith("cuda") for r in d.regions)}
+                              if d.device.startswith("cuda") for r in d.regions),
+             "context_length": state.model.max_context}
     return JSONResponse({"models": [entry]})
 
 
@@ -211,7 +252,10 @@ async def show(request: Request, state: ServerState, body: dict) -> Response:
     check_model(Fields(body), state)
     arch = state.plan_summary.get("arch", "")
     template = getattr(getattr(state.model, "template", None), "source", "")
-    capabilities = ["completion"] + (["tools"] if state.model.tool_calls_parsed else [])
+    # "thinking" where the reasoning comes apart from the answer (Ollama's `thinking` field),
+    # which clients read to offer the `think` switch
+    capabilities = (["completion"] + (["tools"] if state.model.tool_calls_parsed else [])
+                    + (["thinking"] if getattr(state.model, "splits_thinking", False) else []))
     return JSONResponse({
         "modelfile": "", "parameters": "", "template": template, "details": _details(state),
         "model_info": {"general.architecture": arch,

@@ -39,8 +39,9 @@ FINGERPRINT = f"strata-{__version__}"
 def error_body(err: ApiError) -> dict:
     """The OpenAI error shape: {"error": {"message", "type", "param", "code"}}."""
     kind = error_types(err.status)[0]
-    code = {401: "invalid_api_key", 404: "model_not_found" if err.param == "model" else None,
-            413: "request_too_large"}.get(err.status)
+    code = err.code or {401: "invalid_api_key",
+                        404: "model_not_found" if err.param == "model" else None,
+                        413: "request_too_large"}.get(err.status)
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}
 
 

@@ -126,7 +126,8 @@ async def responses(request: Request, state: ServerState, body: dict) -> Respons
         if e.param != "messages":
             raise
         message = "input: " + e.message.removeprefix("messages: ")
-        raise ApiError(e.status, message, param="input", headers=e.headers) from e
+        raise ApiError(e.status, message, param="input", headers=e.headers,
+                       code=e.code) from e
     gen = Generation(state.worker, prepared, id_prefix="call_")
     shell = Shell(req, state.model.name)
     entries = _Entries(gen, state.model)

@@ -207,7 +207,7 @@ def test_max_tokens_is_clamped_to_the_room_left():
                           json=chat(messages=[{"role": "user", "content": "x" * 100}]))
         assert r.status_code == 400
         assert r.json()["error"]["param"] == "messages"
-        assert "context holds 60" in r.json()["error"]["message"]
+        assert "maximum context length is 60 tokens" in r.json()["error"]["message"]
 
 
 def test_tool_call_parsed_into_tool_calls(h):
@@ -436,7 +436,12 @@ def test_metrics_and_monitor(h):
     assert "# TYPE strata_decode_tokens_per_second gauge" in text
     mon = h.client.get("/monitor.json").json()
     assert mon["model"] == "fake" and mon["metrics"]["slots"] == 2
-    assert h.client.get("/").headers["content-type"].startswith("text/html")
+    page = h.client.get("/", headers={"accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+    assert page.headers["content-type"].startswith("text/html")
+    # a program's probe (no text/html asked for) gets Ollama's answer at its root
+    probe = h.client.get("/")
+    assert probe.status_code == 200 and probe.text == "Ollama is running"
+    assert h.client.head("/").status_code == 200
     schema = h.client.get("/openapi.json").json()
     assert "/v1/messages" in schema["paths"]
 

@@ -5,6 +5,7 @@ client's 4xx (or a 200 where the input is usable), with the field at fault named
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -197,6 +198,18 @@ def test_the_room_a_prompt_lacks_is_counted_in_the_singular():
         assert r.status_code == 400 and message.endswith("shorten it by at least 1 token")
         r = h.client.post("/v1/completions", json={"model": "fake", "prompt": "x" * 65})
         assert r.json()["error"]["message"].endswith("shorten it by at least 2 tokens")
+        # OpenAI's code for it, which agents act on (compact the history and retry)
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert "maximum context length is 64 tokens" in r.json()["error"]["message"]
+        r = h.client.post("/v1/responses", json={"model": "fake", "input": "x" * 65})
+        assert (r.status_code, r.json()["error"]["param"], r.json()["error"]["code"]) == (
+            400, "input", "context_length_exceeded")
+        # Anthropic's words for it, which its clients (Claude Code, LiteLLM) look for
+        r = h.client.post("/v1/messages", json={"model": "fake", "max_tokens": 4, "messages": [
+            {"role": "user", "content": "x" * 80}]})
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert re.match(r"prompt is too long: \d+ tokens > 64 maximum \(", message), message
 
 
 def test_block_and_part_types_take_their_article(h):

@@ -66,7 +66,8 @@ def test_tool_calls_and_their_results(h, stream):
         message = r.json()["message"]
         calls, text = message["tool_calls"], message["content"]
     assert text == "Checking."
-    assert calls == [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert [c["function"] for c in calls] == [
+        {"index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}]
     follow = ask + [{"role": "assistant", "content": "Checking.", "tool_calls": calls},
                     {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
     r = _post(h, "/api/chat", messages=follow, tools=TOOLS, stream=False).json()
@@ -158,7 +159,7 @@ def test_ollamas_sampling_defaults_and_options():
     ("/api/chat", {"messages": HELLO, "format": "yaml"}, "format"),
     ("/api/chat", {"messages": HELLO, "format": "json", "tools": TOOLS}, "format"),
     ("/api/generate", {"prompt": "x", "suffix": "y"}, "suffix"),
-    ("/api/generate", {"prompt": "x", "context": [1, 2]}, "context"),
+    ("/api/generate", {"prompt": "x", "raw": True, "context": [1, 2]}, "context"),
     ("/api/generate", {"prompt": "x", "raw": True, "format": "json"}, "format"),
     ("/api/show", {"model": "other"}, "other"),
 ])
@@ -188,3 +189,116 @@ def test_pull_of_the_served_model_succeeds_and_nothing_else_is_managed(h):
         assert needle in r.json()["error"] and "one model file" in r.json()["error"]
     assert h.client.head("/api/blobs/sha256:00").status_code == 400
     assert h.engine.prefills == []  # nothing ran
+
+
+# --- divergences from Ollama's own server (ollama/ollama server/routes.go, api/types.go) ---
+
+def test_a_tool_call_carries_ollamas_id_and_index_and_its_result_may_name_the_id(h):
+    """Ollama's ToolCall is {"id": "call_...", "function": {"index", "name", "arguments"}};
+    a tool message may answer it by `tool_call_id` (api.Message.ToolCallID)."""
+    ask = [{"role": "user", "content": "weather?"}]
+    for stream in (False, True):
+        r = _post(h, "/api/chat", messages=ask, tools=TOOLS, stream=stream)
+        calls = ([c for x in _lines(r) for c in x["message"].get("tool_calls", [])] if stream
+                 else r.json()["message"]["tool_calls"])
+        assert len(calls) == 1 and calls[0]["id"].startswith("call_")
+        assert calls[0]["function"] == {"index": 0, "name": "get_weather",
+                                        "arguments": {"city": "Paris"}}
+    follow = ask + [{"role": "assistant", "content": "", "tool_calls": calls},
+                    {"role": "tool", "content": "sunny", "tool_call_id": calls[0]["id"]}]
+    assert _post(h, "/api/chat", messages=follow, tools=TOOLS, stream=False).json()["done"]
+
+
+def test_roles_are_read_case_blind_as_ollama_lowercases_them(h):
+    r = _post(h, "/api/chat", messages=[{"role": "User", "content": "hello"}], stream=False)
+    assert r.json()["message"]["content"] == "Hi there!"
+    assert h.model.rendered[-1].startswith("<user>hello")
+
+
+def test_seed_minus_one_is_ollamas_random_seed():
+    """Ollama's default seed is -1, which its sampler takes as 'no seed' (sample/samplers.go)."""
+    c = parse_chat(Fields({"model": "fake", "messages": HELLO,
+                           "options": {"seed": -1}}), _State).chat
+    assert c.seed is None
+    c = parse_chat(Fields({"model": "fake", "messages": HELLO,
+                           "options": {"seed": 42}}), _State).chat
+    assert c.seed == 42
+
+
+@pytest.mark.parametrize("path, body", [("/api/chat", {"messages": []}),
+                                        ("/api/generate", {"prompt": ""})])
+@pytest.mark.parametrize("keep", [0, "0", "0s", "0m"])
+def test_keep_alive_zero_without_a_prompt_is_ollamas_unload_request(h, path, body, keep):
+    r = _post(h, path, keep_alive=keep, **body).json()
+    assert r["done"] is True and r["done_reason"] == "unload"
+    r = _post(h, path, keep_alive="5m", **body).json()
+    assert r["done_reason"] == "load"
+    assert h.engine.prefills == []
+
+
+@pytest.mark.parametrize("keep", ["5m", "1h30m", "300ms", "-1", "-1m", 300, -1, 2.5, "1.5h"])
+def test_keep_alive_durations_ollama_takes(h, keep):
+    assert _post(h, "/api/chat", messages=HELLO, stream=False, keep_alive=keep).json()["done"]
+
+
+def test_the_not_found_error_says_what_ollama_says(h):
+    r = h.client.post("/api/chat", json={"model": "llama3", "messages": HELLO})
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error.startswith("model 'llama3' not found") and "'fake'" in error
+
+
+def test_generate_returns_and_takes_ollamas_context(h):
+    """A templated generate's last object has `context` (the prompt's tokens and the
+    answer's); sent back, it comes before the next prompt (ollama server/routes.go)."""
+    r = _post(h, "/api/generate", prompt="hello", stream=False).json()
+    first = "<user>hello<assistant>Hi there!"
+    assert r["context"] == [ord(c) for c in first]
+    lines = _lines(_post(h, "/api/generate", prompt="again", context=r["context"]))
+    assert "context" not in lines[0] and lines[-1]["context"][:len(first)] == r["context"]
+    assert h.engine.prefills[-1] == first + "<user>again<assistant>"
+    raw = _post(h, "/api/generate", prompt="raw text", raw=True, stream=False).json()
+    assert "context" not in raw  # raw: none, as Ollama
+    assert _post(h, "/api/generate", prompt="x", context=[], stream=False).json()["done"]
+
+
+def test_logprobs_in_ollamas_shape(h):
+    r = _post(h, "/api/chat", messages=HELLO, stream=False, logprobs=True, top_logprobs=2).json()
+    lp = r["logprobs"]
+    assert "".join(e["token"] for e in lp) == "Hi there!"
+    assert set(lp[0]) == {"token", "logprob", "bytes", "top_logprobs"}
+    assert len(lp[0]["top_logprobs"]) == 2 and lp[0]["top_logprobs"][0]["token"] == "H"
+    lines = _lines(_post(h, "/api/generate", prompt="x", logprobs=True))
+    assert "".join(e["token"] for x in lines for e in x.get("logprobs", [])) == "Hi there!"
+    r = _post(h, "/api/chat", messages=HELLO, stream=False).json()
+    assert "logprobs" not in r
+
+
+def test_ps_and_show_carry_the_fields_ollama_clients_read(h):
+    entry = h.client.get("/api/ps").json()["models"][0]
+    assert entry["context_length"] == 4096
+    h.model.splits_thinking = True
+    assert "thinking" in _post(h, "/api/show").json()["capabilities"]
+
+
+def test_a_tool_without_its_type_is_a_function_as_in_ollama(h):
+    tools = [{"function": TOOLS[0]["function"]}]
+    r = _post(h, "/api/chat", messages=[{"role": "user", "content": "weather?"}], tools=tools,
+              stream=False).json()
+    assert r["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+@pytest.mark.parametrize("path, body, needle", [
+    ("/api/chat", {"messages": HELLO, "keep_alive": "5 minutes"}, "keep_alive"),
+    ("/api/chat", {"messages": HELLO, "keep_alive": True}, "keep_alive"),
+    ("/api/chat", {"messages": HELLO, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/api/chat", {"messages": HELLO, "logprobs": "yes"}, "logprobs"),
+    ("/api/generate", {"prompt": "x", "context": [1, "a"]}, "context[1]"),
+    ("/api/generate", {"prompt": "x", "context": [1, 999999]}, "context[1]"),
+    ("/api/generate", {"prompt": "x", "context": "1,2"}, "context"),
+    ("/api/generate", {"prompt": "x", "raw": True, "system": "be brief"}, "system"),
+])
+def test_more_refusals_name_the_field(h, path, body, needle):
+    r = h.client.post(path, json={"model": "fake", **body})
+    assert r.status_code == 400, r.text
+    assert list(r.json()) == ["error"] and needle in r.json()["error"]
