@@ -219,11 +219,20 @@ async def generate(request: Request, state: ServerState, body: dict) -> Response
     return await _run(request, state, req, chat=False)
 
 
+def parameter_size(n: int) -> str:
+    """A parameter count as Ollama writes it: "30.5B", "567.0M" ("" where unknown)."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n) if n else ""
+
+
 def _details(state: ServerState) -> dict:
-    return {"parent_model": "", "format": "gguf",
-            "family": state.plan_summary.get("arch", ""),
-            "families": [state.plan_summary.get("arch", "")],
-            "parameter_size": "", "quantization_level": ""}
+    s = state.plan_summary
+    return {"parent_model": "", "format": "gguf", "family": s.get("arch", ""),
+            "families": [s.get("arch", "")],
+            "parameter_size": parameter_size(s.get("n_params", 0)),
+            "quantization_level": s.get("quantization", "")}
 
 
 def _model_entry(name: str, state: ServerState) -> dict:

@@ -77,6 +77,29 @@ def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], 
     return lambda: [report]
 
 
+def model_facts(model_file: Any) -> dict:
+    """What clients show of a model: its parameter count (every tensor's values) and its
+    quantization (the file's `general.file_type` as llama.cpp names it, e.g. Q4_K_M; else the
+    format most of its bytes are in)."""
+    from collections import Counter
+
+    import gguf
+    import numpy as np
+
+    n_params = sum(int(np.prod(t.ne)) for t in model_file.tensors.values())
+    quant = ""
+    ftype = model_file.metadata.get("general.file_type")
+    if isinstance(ftype, int):
+        with contextlib.suppress(ValueError):
+            quant = gguf.LlamaFileType(ftype).name.removeprefix("MOSTLY_")
+    if not quant and model_file.tensors:
+        by_type = Counter()
+        for t in model_file.tensors.values():
+            by_type[t.qtype.name] += t.n_bytes
+        quant = by_type.most_common(1)[0][0]
+    return {"n_params": n_params, "quantization": quant}
+
+
 def load(config: ServeConfig) -> Loaded:
     """Open the model and build the engine, worker and state (no network yet)."""
     from strata.gguf import open_model
@@ -101,7 +124,7 @@ def load(config: ServeConfig) -> Loaded:
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
                "weights_bytes": weights_bytes, "arch": model_file.arch,
                "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache,
-               "splits_thinking": served.splits_thinking}
+               "splits_thinking": served.splits_thinking, **model_facts(model_file)}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
                         plan_summary=summary,

@@ -37,7 +37,8 @@ class Harness:
                                                        max_context=max_context)
         self.metrics = Metrics()
         self.worker = Worker(self.engine, self.model, self.metrics, max_queue=max_queue)
-        state = ServerState(model=self.model, worker=self.worker, metrics=self.metrics)
+        self.state = state = ServerState(model=self.model, worker=self.worker,
+                                         metrics=self.metrics)
         self.app = Server(state, api_key=api_key, max_body_bytes=max_body_bytes,
                           cors_origins=cors_origins).app()
 

@@ -302,3 +302,38 @@ def test_more_refusals_name_the_field(h, path, body, needle):
     r = h.client.post(path, json={"model": "fake", **body})
     assert r.status_code == 400, r.text
     assert list(r.json()) == ["error"] and needle in r.json()["error"]
+
+
+@pytest.mark.parametrize("mix, quant", [("Q4_K_M", "Q4_K_M"), ("IQ_MIX", None)])
+def test_tags_say_the_models_size_and_quantization(h, tmp_path, mix, quant):
+    """/api/tags' details as Ollama fills them (clients list models by them): the parameter
+    count from the file's tensors, the quantization from its `general.file_type` (llama.cpp's
+    name) or, where it has none, the format most of its bytes are in."""
+    import dataclasses
+
+    import numpy as np
+
+    from strata.gguf import open_model
+    from strata.serve.ollama_dialect import parameter_size
+    from strata.serve.server import model_facts
+    from strata.synth import PRESETS, write_model
+
+    path = tmp_path / f"m-{mix}.gguf"
+    write_model(path, dataclasses.replace(PRESETS["tiny"], n_layer=1), mix=mix, seed=1,
+                progress=False)
+    mf = open_model(path)
+    facts = model_facts(mf)
+    assert facts["n_params"] == sum(int(np.prod(t.ne)) for t in mf.tensors.values()) > 0
+    if quant is None:  # no file type: the format holding the most bytes
+        assert mf.metadata.get("general.file_type") is None
+        sizes = {}
+        for t in mf.tensors.values():
+            sizes[t.qtype.name] = sizes.get(t.qtype.name, 0) + t.n_bytes
+        quant = max(sizes, key=sizes.get)
+    assert facts["quantization"] == quant
+    h.state.plan_summary.update(facts)
+    details = h.client.get("/api/tags").json()["models"][0]["details"]
+    assert details["quantization_level"] == quant
+    assert details["parameter_size"] == parameter_size(facts["n_params"]) != ""
+    assert (parameter_size(30_532_122_624), parameter_size(567_000_000),
+            parameter_size(0)) == ("30.5B", "567.0M", "")
