@@ -5,10 +5,9 @@ Why: a run whose VRAM cache holds every expert and never gives one back (its pro
 buffers, its cache does not re-rank: `strata.plan.host.keeps_experts`) reads no expert from host
 memory, so a page-locked copy of all of them (17.7 GB for a 30B Q4_K_M) would only cost the
 machine its memory and the load its time. The cache is filled from the file instead: blobs are
-assembled (gate | up | down, as the store would hold them) into one of two
-pinned staging buffers, on `fill_threads()` threads, in the file's order (see `flush`), and
-each run of consecutive slots goes over in one copy on the compute stream while the other buffer
-fills.
+assembled (gate | up | down, as the store would hold them) into one of two pinned staging
+buffers, on `fill_threads()` threads, in the file's order (see `flush`), and each run of
+consecutive slots goes over in one copy on the compute stream while the other buffer fills.
 
 Loads are queued and land at the next `write_table`, which every change of the cache makes after
 its loads (fill, refill, swap), so no kernel sees a slot before its bytes.
