@@ -10,6 +10,7 @@ Messages follow the form chat templates read: ``{"role": "system"|"user"|"assist
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -139,7 +140,11 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
                            think=think)
               if use_tools and model.tool_calls_parsed else None)
-    return Prepared(prompt=tuple(prompt), sampling=chat.sampling(max_tokens, strict),
+    sampling = chat.sampling(max_tokens, strict)
+    ids = getattr(model, "think_ids", None) if split else None
+    if ids is not None:  # the reasoning's tokens counted, for usage
+        sampling = dataclasses.replace(sampling, reasoning_ids=ids, reasoning_open=opened)
+    return Prepared(prompt=tuple(prompt), sampling=sampling,
                     requested_max_tokens=chat.max_tokens,
                     parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix,
                     split_thinking=split, thinking_open=opened)

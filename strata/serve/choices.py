@@ -109,6 +109,8 @@ class Choices:
         for the first choice), every choice's completion tokens."""
         first = self.finishes[0]
         n_completion = sum(f.n_completion for f in self.finishes)
+        n_reasoning = sum(f.n_reasoning for f in self.finishes)
         return {"prompt_tokens": first.n_prompt, "completion_tokens": n_completion,
                 "total_tokens": first.n_prompt + n_completion,
-                "prompt_tokens_details": {"cached_tokens": first.n_cached}}
+                "prompt_tokens_details": {"cached_tokens": first.n_cached},
+                "completion_tokens_details": {"reasoning_tokens": n_reasoning}}

@@ -46,6 +46,11 @@ class Sampling:
     json_object: bool = False  # the text is one JSON object (response_format json_object)
     json_schema: Node | None = None  # with json_object: the schema it follows (None: any)
     strict_calls: StrictCalls | None = None  # strict tools hold the calls it makes
+    # a thinking model's reasoning, counted into `FinishEvent.n_reasoning`: its (open, close)
+    # tag token ids (None: not counted, e.g. tags of several tokens); `reasoning_open`: the
+    # prompt opened the block, so the first token is already inside it
+    reasoning_ids: tuple[int, int] | None = None
+    reasoning_open: bool = False
 
     @property
     def host_sampled(self) -> bool:
@@ -123,6 +128,7 @@ class FinishEvent:
     stop_sequence: str | None = None
     error: str | None = None
     n_cached: int = 0  # of n_prompt: tokens whose KV a finished request left (not computed)
+    n_reasoning: int = 0  # of n_completion: a thinking model's reasoning (`count_reasoning`)
 
     def __post_init__(self) -> None:
         if self.reason not in FINISH_REASONS:
@@ -130,6 +136,21 @@ class FinishEvent:
 
 
 Event = TextEvent | PromptEvent | FinishEvent
+
+
+def count_reasoning(tokens: Sequence[int], sampling: Sampling) -> int:
+    """How many of the generated `tokens` are reasoning (`Sampling.reasoning_ids`): those
+    through the closing tag, or all of them where the block never closed; none where no block
+    was open (neither the prompt nor the first token opened one)."""
+    if sampling.reasoning_ids is None or not tokens:
+        return 0
+    open_id, close_id = sampling.reasoning_ids
+    if not (sampling.reasoning_open or tokens[0] == open_id):
+        return 0
+    for i, t in enumerate(tokens):
+        if t == close_id:
+            return i + 1
+    return len(tokens)
 
 
 class Job:

@@ -18,7 +18,7 @@ from strata.engine.json_trigger import TriggeredJson
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
-from strata.serve.reasoning import thinks
+from strata.serve.reasoning import CLOSE, OPEN, thinks
 from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 
@@ -62,6 +62,10 @@ class ServedModel:
         # a thinking model's <think> block returned apart from the answer (`--reasoning none`:
         # left in the text)
         self.splits_thinking = split_thinking and thinks(template.source)
+        # the tags' token ids, where each is one token (Qwen3's are): the reasoning is counted
+        ids = [self.encode(tag) for tag in (OPEN, CLOSE)] if self.splits_thinking else []
+        self.think_ids = ((ids[0][0], ids[1][0]) if ids and all(len(i) == 1 for i in ids)
+                          else None)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None,
                     extra: dict | None = None) -> str:

@@ -60,7 +60,7 @@ def usage(finish: FinishEvent) -> dict:
             "input_tokens_details": {"cached_tokens": finish.n_cached,
                                      "cache_write_tokens": 0},
             "output_tokens": finish.n_completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": finish.n_reasoning},
             "total_tokens": finish.n_prompt + finish.n_completion}
 
 

@@ -31,7 +31,8 @@ import numpy as np
 from strata.engine.sampler import SamplingParams, token_logprobs
 from strata.serve.batch import BatchEngine
 from strata.serve.errors import ApiError
-from strata.serve.job import FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob
+from strata.serve.job import (FinishEvent, Job, PromptEvent, Sampling, TextEvent, TokenLogprob,
+                              count_reasoning)
 from strata.serve.metrics import Metrics
 from strata.serve.stops import StopMatcher
 
@@ -386,5 +387,6 @@ class Worker:
         self.metrics.record_finish(reason, seq.n_generated, cancelled_in=cancelled_in)
         seq.job.emit(FinishEvent(reason, len(seq.job.prompt), seq.n_generated,
                                  stop_sequence=stop_sequence, error=error,
-                                 n_cached=seq.n_cached))
+                                 n_cached=seq.n_cached,
+                                 n_reasoning=count_reasoning(seq.tokens, seq.job.sampling)))
         self._publish_load()

@@ -114,7 +114,8 @@ def test_chat_completion_shape_and_usage(h):
     n_prompt = len(render([{"role": "user", "content": "hello"}], None))
     assert body["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 10,
                              "total_tokens": n_prompt + 10,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
     assert r.headers["x-strata-max-tokens"] == "100"
     assert "x-strata-max-tokens-clamped-from" not in r.headers
 

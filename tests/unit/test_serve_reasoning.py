@@ -306,3 +306,59 @@ def test_seal_round_trips_and_refuses_what_it_did_not_make():
     assert unseal(tag + "!!not base64!!") is None
     assert unseal(tag + base64.b64encode(b"\xff\xfe").decode()) is None  # not UTF-8
     assert unseal("gAAAAABforeign==") is None and unseal("") is None
+
+
+def test_reasoning_tokens_are_counted_through_the_closing_tag():
+    """`count_reasoning`: the tokens through the close tag where the block was open (by the
+    prompt or the first token), all of them where it never closed, none where none opened."""
+    from strata.serve.job import Sampling, count_reasoning
+
+    def n(tokens, ids=(1, 2), opened=False):
+        return count_reasoning(tokens, Sampling(max_tokens=8, reasoning_ids=ids,
+                                                reasoning_open=opened))
+
+    assert n([1, 5, 5, 2, 7, 8]) == 4          # <think> . . </think> answer
+    assert n([5, 5, 2, 7], opened=True) == 3   # the prompt opened it
+    assert n([1, 5, 5]) == 3 and n([5, 5], opened=True) == 2  # never closed: all
+    assert n([7, 2, 8]) == 0                    # no block open: a stray close is not reasoning
+    assert n([]) == 0 and n([1, 2], ids=None) == 0
+
+
+def test_usage_counts_the_reasoning_tokens(h):
+    """Where the tags are one token each (`ServedModel.think_ids`; here the character
+    vocabulary's '<' and '>' stand in for them), usage says how many of the completion's tokens
+    the reasoning took: OpenAI's chat `completion_tokens_details`, the Responses API's
+    `output_tokens_details`; 0 where the model has none."""
+    h.model.think_ids = (ord("<"), ord(">"))  # "<think>": '<' opens, its '>' closes
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO}).json()
+    assert r["usage"]["completion_tokens_details"] == {"reasoning_tokens": len("<think>")}
+    r = h.client.post("/v1/responses", json={"model": "fake", "input": "hello"}).json()
+    assert r["usage"]["output_tokens_details"] == {"reasoning_tokens": len("<think>")}
+    h.model.think_ids = None
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO}).json()
+    assert r["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+@pytest.mark.parametrize("tags_are_tokens", [True, False])
+def test_a_models_think_tags_are_counted_where_each_is_one_token(tags_are_tokens):
+    """`ServedModel.think_ids`: the tags' ids where the vocabulary holds each as one token
+    (Qwen3's do), so the worker can count the reasoning; None where a tag takes several (its
+    tokens in generated text need not match its encoding alone) or the model does not think."""
+    from helpers.vocabmake import byte_level_meta
+    from strata.serve.model import ServedModel
+    from strata.tokenizer import ChatTemplate, Tokenizer
+
+    template = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                "{% if add_generation_prompt %}<think>\n{% endif %}{# </think> #}")
+    tags = ("<think>", "</think>") if tags_are_tokens else ()
+    meta = byte_level_meta([("a", "b")], chat_template=template, user_defined=tags)
+    tok = Tokenizer.from_metadata(meta)
+
+    def served(split=True):
+        return ServedModel(name="m", aliases=(), tokenizer=tok, max_context=64,
+                           template=ChatTemplate.from_metadata(meta, tok), split_thinking=split)
+
+    want = (meta["tokenizer.ggml.tokens"].index("<think>"),
+            meta["tokenizer.ggml.tokens"].index("</think>")) if tags_are_tokens else None
+    assert served().think_ids == want
+    assert served(split=False).think_ids is None  # --reasoning none: nothing split or counted
