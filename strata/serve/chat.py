@@ -9,8 +9,8 @@ Messages follow the form chat templates read: ``{"role": "system"|"user"|"assist
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
