@@ -30,7 +30,7 @@ from typing import Any
 
 from strata.engine.json_schema import Node
 from strata.serve.chat import ChatInput, schema_node
-from strata.serve.errors import ApiError, bad_request, not_found
+from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, join
 from strata.serve.openai_request import parse_stop, parse_tools
 
@@ -67,15 +67,7 @@ def check_model(f: Fields, state) -> str:
     served name is the served name."""
     key = "model" if f.has("model") or not f.has("name") else "name"
     name = f.str(key, required=True, non_empty=True)
-    try:
-        state.check_model(name[:-len(":latest")] if name.endswith(":latest") else name)
-    except ApiError as e:
-        if e.status != 404:
-            raise
-        # Ollama's words first ("model 'x' not found"): clients match on them
-        served = ", ".join(repr(n) for n in (state.model.name, *state.model.aliases))
-        raise not_found(f"model {name!r} not found; this server serves {served}",
-                        "model") from None
+    state.check_model(name[:-len(":latest")] if name.endswith(":latest") else name)
     return name
 
 

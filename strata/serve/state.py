@@ -32,8 +32,9 @@ class ServerState:
         default_factory=lambda: ConversationStore(DEFAULT_MIB << 20))
 
     def check_model(self, name: str) -> None:
-        """A 404 naming the served model(s) when a request asks for another."""
+        """A 404 naming the served model(s) when a request asks for another; its words start
+        as Ollama's do ("model 'x' not found"), which Ollama clients match on."""
         served = (self.model.name, *self.model.aliases)
         if name not in served:
-            raise not_found(f"model {name!r} is not served here; this server serves "
+            raise not_found(f"model {name!r} not found; this server serves "
                             f"{', '.join(repr(n) for n in served)}", "model")
