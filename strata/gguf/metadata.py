@@ -36,6 +36,12 @@ class Metadata:
     def keys(self) -> list[str]:
         return [k for k in self._fields if not k.startswith("GGUF.")]
 
+    def scalars(self) -> dict[str, Any]:
+        """Every key whose value is one number, bool or string (arrays, such as a tokenizer's
+        vocabulary, left out without being read)."""
+        return {k: self.value(k) for k in self.keys()
+                if self._fields[k].vtype != GGUFValueType.ARRAY}
+
     def _field(self, key: str):
         f = self._fields.get(key)
         if f is None:

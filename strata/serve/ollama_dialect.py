@@ -267,13 +267,22 @@ async def show(request: Request, state: ServerState, body: dict) -> Response:
                     + (["thinking"] if getattr(state.model, "splits_thinking", False) else []))
     return JSONResponse({
         "modelfile": "", "parameters": "", "template": template, "details": _details(state),
-        "model_info": {"general.architecture": arch,
+        # the file's keys, its context length the one this server runs (clients size their
+        # prompts by `<arch>.context_length`; GitHub Copilot names the model by
+        # `general.basename`)
+        "model_info": {**state.plan_summary.get("model_info", {}), "general.architecture": arch,
                        f"{arch}.context_length": state.model.max_context},
         "capabilities": capabilities, "modified_at": _rfc3339(state.created)})
 
 
+# The Ollama release whose API this one answers as (logprobs came in 0.12.11). Clients gate on
+# `/api/version` (GitHub Copilot's Ollama provider refuses a server below 0.6.4), so it says
+# this, not strata's own version, which goes beside it.
+OLLAMA_API_VERSION = "0.12.11"
+
+
 async def version(request: Request, state: ServerState) -> Response:
-    return JSONResponse({"version": __version__})
+    return JSONResponse({"version": OLLAMA_API_VERSION, "strata": __version__})
 
 
 def _one_file(state: ServerState, what: str) -> ApiError:

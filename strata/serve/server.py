@@ -78,9 +78,11 @@ def _devices_reader(engine: Any, weights_bytes: int, plan: Any) -> Callable[[], 
 
 
 def model_facts(model_file: Any) -> dict:
-    """What clients show of a model: its parameter count (every tensor's values) and its
+    """What clients show of a model: its parameter count (every tensor's values), its
     quantization (the file's `general.file_type` as llama.cpp names it, e.g. Q4_K_M; else the
-    format most of its bytes are in)."""
+    format most of its bytes are in) and `model_info`, the file's metadata as Ollama's
+    `/api/show` gives it: every one-value key (not the arrays, such as the vocabulary, nor the
+    chat template, which `/api/show` sends as `template`) and `general.parameter_count`."""
     from collections import Counter
 
     import gguf
@@ -97,7 +99,10 @@ def model_facts(model_file: Any) -> dict:
         for t in model_file.tensors.values():
             by_type[t.qtype.name] += t.n_bytes
         quant = by_type.most_common(1)[0][0]
-    return {"n_params": n_params, "quantization": quant}
+    info = {k: v for k, v in model_file.metadata.scalars().items()
+            if k != "tokenizer.chat_template"}
+    info["general.parameter_count"] = n_params
+    return {"n_params": n_params, "quantization": quant, "model_info": info}
 
 
 def load(config: ServeConfig) -> Loaded:

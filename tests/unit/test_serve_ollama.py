@@ -118,7 +118,11 @@ def test_the_model_routes(h):
     assert _post(h, "/api/show", model=None, name="fake-alias").status_code == 200
     assert h.client.get("/api/ps").json()["models"][0]["name"] == "fake"
     from starlette.testclient import TestClient
-    assert TestClient(h.app).get("/api/version").json()["version"]  # no key needed, as Ollama
+    version = TestClient(h.app).get("/api/version").json()  # no key needed, as Ollama
+    # an Ollama release's number, which clients gate on (GitHub Copilot wants 0.6.4 or later)
+    assert tuple(int(p) for p in version["version"].split(".")) >= (0, 12, 11)
+    from strata import __version__
+    assert version["strata"] == __version__
 
 
 class _State:
@@ -331,7 +335,22 @@ def test_tags_say_the_models_size_and_quantization(h, tmp_path, mix, quant):
             sizes[t.qtype.name] = sizes.get(t.qtype.name, 0) + t.n_bytes
         quant = max(sizes, key=sizes.get)
     assert facts["quantization"] == quant
-    h.state.plan_summary.update(facts)
+    # /api/show's model_info: the file's one-value keys, its parameter count, and the context
+    # this server runs (not the file's), as JSON
+    meta = mf.metadata
+    info = facts["model_info"]
+    assert info["general.parameter_count"] == facts["n_params"]
+    assert info["general.architecture"] == meta.get("general.architecture")
+    assert f"{mf.arch}.block_count" in info and "tokenizer.ggml.tokens" not in info
+    assert "tokenizer.chat_template" not in info
+    assert all(isinstance(v, (int, float, str, bool)) for v in info.values())
+    h.state.plan_summary.update(facts, arch=mf.arch)  # as `server.load` fills it
+    shown = _post(h, "/api/show", verbose=True).json()
+    assert shown["model_info"]["general.parameter_count"] == facts["n_params"]
+    assert shown["model_info"][f"{mf.arch}.block_count"] == meta.get(f"{mf.arch}.block_count")
+    assert shown["model_info"][f"{mf.arch}.context_length"] == h.state.model.max_context
+    assert shown["model_info"]["general.architecture"] == mf.arch
+    json.dumps(shown)
     details = h.client.get("/api/tags").json()["models"][0]["details"]
     assert details["quantization_level"] == quant
     assert details["parameter_size"] == parameter_size(facts["n_params"]) != ""
