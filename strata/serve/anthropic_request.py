@@ -13,7 +13,8 @@ Structured outputs as Anthropic's API has them: `output_config.format` (or the e
 `output_format`) `{"type": "json_schema", "schema": {...}}` holds the answer's text to one JSON
 document the schema allows, and a tool with `"strict": true` has its calls held to its
 `input_schema` (`strata.engine.json_schema`; a keyword the output could not be held to is a 400
-naming where it is, never ignored).
+naming where it is, never ignored). `tool_choice.disable_parallel_tool_use` ends the answer
+at its first complete `tool_use` (at most one).
 
 `thinking` `{"type": "enabled"}` or `{"type": "disabled"}` reaches the chat template as
 `enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced.
@@ -187,9 +188,10 @@ def _prefill(messages: list[dict], path: str) -> str:
     return last["content"].rstrip()
 
 
-def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
-    """The tools (as the chat template reads them), the tool choice, and (name, the input
-    schema compiled where the tool is `strict`, else None) per tool."""
+def _tools(f: Fields) -> tuple[list[dict], str, tuple, bool]:
+    """The tools (as the chat template reads them), the tool choice, (name, the input schema
+    compiled where the tool is `strict`, else None) per tool, and whether several calls may
+    come in one answer (False: `tool_choice.disable_parallel_tool_use`)."""
     tools, schemas = [], []
     for j, raw in enumerate(f.list("tools") or []):
         t = Fields(raw, join("tools", j))
@@ -208,8 +210,9 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
     schemas = tuple(schemas)
     c = f.obj_at("tool_choice")
     if c is None:
-        return tools, "auto", schemas
+        return tools, "auto", schemas, True
     kind = c.str("type", required=True, choices=("auto", "any", "tool", "none"))
+    parallel = not c.bool("disable_parallel_tool_use")
     if kind in ("any", "tool") and not tools:
         raise bad_request(f"tool_choice: {kind!r} needs at least one tool", "tool_choice")
     if kind == "tool":
@@ -217,8 +220,8 @@ def _tools(f: Fields) -> tuple[list[dict], str, tuple]:
         if name not in {t["function"]["name"] for t in tools}:
             raise bad_request(f"tool_choice.name: {name!r} is not among the tools",
                               "tool_choice.name")
-        return tools, name, schemas
-    return tools, {"any": "required"}.get(kind, kind), schemas
+        return tools, name, schemas, parallel
+    return tools, {"any": "required"}.get(kind, kind), schemas, parallel
 
 
 def _output_format(f: Fields) -> tuple[bool, Node | None]:
@@ -272,7 +275,7 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         kind = thinking.str("type", required=True, choices=("enabled", "disabled", "adaptive"))
         if kind != "adaptive":
             switch = (("enable_thinking", kind == "enabled"),)
-    tools, choice, tool_schemas = _tools(f)
+    tools, choice, tool_schemas, parallel = _tools(f)
     json_object, json_schema = _output_format(f)
     if json_object and tools and choice != "none":
         raise bad_request("output_config.format: a JSON format cannot be combined with tools "
@@ -294,5 +297,5 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
         top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
         top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f),
-        template_vars=switch, prefill=prefill)
+        template_vars=switch, prefill=prefill, parallel_tool_calls=parallel)
     return MessagesRequest(chat=chat, stream=f.bool("stream"))

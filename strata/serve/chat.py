@@ -75,6 +75,9 @@ class ChatInput:
     # the start of the answer, written for the model after the generation prompt (Anthropic's
     # final assistant turn): the model continues it, and the answer is only what follows
     prefill: str = ""
+    # False: at most one tool call (OpenAI's `parallel_tool_calls`, Anthropic's
+    # `disable_parallel_tool_use`; `Prepared.one_call`)
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -144,10 +147,11 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     ids = getattr(model, "think_ids", None) if split else None
     if ids is not None:  # the reasoning's tokens counted, for usage
         sampling = dataclasses.replace(sampling, reasoning_ids=ids, reasoning_open=opened)
+    parse = use_tools and model.tool_calls_parsed
     return Prepared(prompt=tuple(prompt), sampling=sampling,
-                    requested_max_tokens=chat.max_tokens,
-                    parse_tools=use_tools and model.tool_calls_parsed, forced_prefix=prefix,
-                    split_thinking=split, thinking_open=opened)
+                    requested_max_tokens=chat.max_tokens, parse_tools=parse,
+                    forced_prefix=prefix, split_thinking=split, thinking_open=opened,
+                    one_call=parse and not chat.parallel_tool_calls)
 
 
 RESERVED_VARS = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",

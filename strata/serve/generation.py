@@ -39,6 +39,10 @@ class Prepared:
     forced_prefix: str = ""  # text the prompt already ends with, fed to the tool parser first
     split_thinking: bool = False  # a thinking model's <think> block is returned apart
     thinking_open: bool = False  # the prompt itself opened the block: the answer starts in it
+    # at most one tool call (`parallel_tool_calls: false`, Anthropic's
+    # `disable_parallel_tool_use`): the job ends once its first call is complete, and nothing
+    # generated after that call is part of the answer
+    one_call: bool = False
 
     @property
     def clamped(self) -> bool:
@@ -84,6 +88,7 @@ class Generation:
         self.tool_calls: list[ToolCall] = []
         self.logprobs: list[TokenLogprob] = []  # every entry received, in token order
         self._n_taken = 0
+        self._ended = False  # a one-call answer's call is in: the rest is dropped
         if submit:  # else the caller submits `job` (with others: `Choices`)
             worker.submit(self.job)
 
@@ -103,15 +108,24 @@ class Generation:
         return out
 
     def _parsed(self, pieces: list) -> list[str | ToolCall]:
+        out = []
         for p in pieces:
+            if self._ended or (isinstance(p, str) and not p):
+                continue
             if isinstance(p, ToolCall):
                 self.tool_calls.append(p)
-        return [p for p in pieces if not (isinstance(p, str) and not p)]
+                if self.prepared.one_call:
+                    self._ended = True
+                    self.job.end()  # the worker stops it at its next step, as a stop
+            out.append(p)
+        return out
 
     def _split(self, pieces: list) -> list[str | ToolCall | Thinking]:
         """Reasoning apart (kept in `thinking`), the content through the tool-call parser."""
         out: list[str | ToolCall | Thinking] = []
         for p in pieces:
+            if self._ended:
+                break
             if isinstance(p, Thinking):
                 self.thinking.append(p.text)
                 out.append(p)

@@ -166,12 +166,20 @@ class Job:
         self.sampling = sampling
         self._sink = sink
         self._cancel = threading.Event()
+        self.end_reason = "cancelled"  # what the worker finishes a job it drops with (`end`)
         self.t_submit = time.monotonic()
         self.n_steps_after_cancel = 0  # decode steps run while the flag was set (bound: <= 1)
 
     def cancel(self) -> None:
         """Ask the worker to stop this job: a queued job never runs, a running one is dropped
         before the next decode step."""
+        self._cancel.set()
+
+    def end(self) -> None:
+        """Ask the worker to end this job as a stop ends it (finish reason "stop", not
+        "cancelled"): its reader has all it wants (a one-call answer's call is complete)."""
+        if not self._cancel.is_set():
+            self.end_reason = "stop"
         self._cancel.set()
 
     @property

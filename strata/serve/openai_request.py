@@ -1,10 +1,11 @@
 """Reading OpenAI-dialect request bodies into `ChatInput` / `CompletionRequest`.
 
 Every field the API defines is either honoured, checked and ignored because it cannot change
-the output (`user`, `metadata`, `store`, `parallel_tool_calls`, `service_tier`), or refused with
+the output (`user`, `metadata`, `store`, `service_tier`), or refused with
 a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword the output
 could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`):
-nothing is silently dropped. `n` choices are `n` sequences (`strata.serve.choices`).
+nothing is silently dropped. `parallel_tool_calls: false` ends the answer at its first
+complete tool call (at most one, as OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
 `logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the
 device too: the sampler's bias table holds MAX_LOGIT_BIAS entries); `logprobs` (chat:
 `logprobs` and `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own
@@ -255,7 +256,6 @@ def _check_ignored(f: Fields) -> None:
     check_metadata(f.raw("metadata"))
     f.str("user")
     f.bool("store")
-    f.bool("parallel_tool_calls")
     f.str("service_tier")
 
 
@@ -285,6 +285,7 @@ def parse_chat(f: Fields, state) -> ChatRequest:
                                                  "chat_template_kwargs"),
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
                      json_schema=json_schema,
+                     parallel_tool_calls=f.bool("parallel_tool_calls", default=True),
                      **sampling_args(f, state.model.n_vocab))
     return ChatRequest(chat=chat, stream=stream, include_usage=include_usage, n=n)
 

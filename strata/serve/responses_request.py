@@ -27,10 +27,10 @@ With `reasoning.encrypted_content`, each reasoning item also carries its text se
 so a client that keeps no state here (`store: false`, as Codex sends) can send the item back
 without its `content` and the template still sees the reasoning; another provider's encrypted
 reasoning cannot be read here and is dropped. `reasoning` is checked and left to the chat
-template (the model thinks as its template lets it); `metadata`, `user`,
-`parallel_tool_calls`, `truncation` and `service_tier` cannot change the output and are checked
-and ignored (the response repeats `reasoning`, `truncation` and `user` as sent, as OpenAI's
-does).
+template (the model thinks as its template lets it); `metadata`, `user`, `truncation` and
+`service_tier` cannot change the output and are checked and ignored (the response repeats
+`reasoning`, `truncation` and `user` as sent, as OpenAI's does). `parallel_tool_calls: false`
+ends the answer at its first complete function call.
 """
 
 from __future__ import annotations
@@ -301,10 +301,11 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
     top = f.int("top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
     include = f.list("include") or []  # each entry one of INCLUDES (`_refuse_unsupported`)
     logprobs = (top or 0) if LOGPROBS in include or top else None
+    parallel = f.bool("parallel_tool_calls", default=True)
     chat = ChatInput(messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
                      tool_schemas=schemas, max_tokens=max_tokens, temperature=temperature,
                      top_p=top_p, json_object=json_object, json_schema=json_schema,
-                     logprobs=logprobs)
+                     logprobs=logprobs, parallel_tool_calls=parallel)
     tool_choice: Any = (choice if choice in ("auto", "none", "required")
                         else {"type": "function", "name": choice})
     metadata = check_metadata(f.raw("metadata"))  # echoed, so held to the API's rules
@@ -312,7 +313,7 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
             "temperature": temperature, "top_p": top_p, "tool_choice": tool_choice,
             "tools": tools_echo, "text": {"format": fmt},
             "metadata": metadata,
-            "parallel_tool_calls": f.bool("parallel_tool_calls", default=True),
+            "parallel_tool_calls": parallel,
             "top_logprobs": top or 0, "previous_response_id": previous, "store": store,
             "conversation": None if conv is None else {"id": conv}, **settings}
     return ResponsesRequest(chat=chat, stream=f.bool("stream"), echo=echo,

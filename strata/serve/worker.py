@@ -42,6 +42,12 @@ log = logging.getLogger("strata.serve")
 RETRY_AFTER_S = 1
 
 
+def _dropped_in(reason: str, where: str) -> str | None:
+    """Where a job the worker dropped was cancelled (for the metrics), None where its reader
+    ended it (`Job.end`: a stop, not a cancel)."""
+    return where if reason == "cancelled" else None
+
+
 class TextStream(Protocol):
     """Token ids in, text out, never splitting a UTF-8 character."""
 
@@ -210,8 +216,9 @@ class Worker:
             if job is None:
                 return
             if job.cancelled:
-                self.metrics.record_finish("cancelled", 0, cancelled_in="queued")
-                job.emit(FinishEvent("cancelled", len(job.prompt), 0))
+                reason = job.end_reason
+                self.metrics.record_finish(reason, 0, cancelled_in=_dropped_in(reason, "queued"))
+                job.emit(FinishEvent(reason, len(job.prompt), 0))
                 continue
             slot = self._free.pop()
             seq = _Seq(job=job, slot=slot, sample=self.decoding.sampler(job.sampling),
@@ -253,7 +260,8 @@ class Worker:
     def _drop_cancelled(self) -> None:
         for seq in list(self._active):
             if seq.job.cancelled:
-                self._finish(seq, "cancelled", cancelled_in="running")
+                reason = seq.job.end_reason
+                self._finish(seq, reason, cancelled_in=_dropped_in(reason, "running"))
 
     def _decode_step(self) -> None:
         ahead, self._ahead = self._ahead, None

@@ -4,6 +4,7 @@ responses and streams in both dialects, tool calls, clamping, and every error pa
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -19,9 +20,15 @@ KEY = "sekrit"
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
+CALL2 = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+TWO_CALLS_TAIL = " Then I will summarise what the two tools said, at some length." * 4
+
+
 def script(prompt: str) -> str:
     if "RAISE" in prompt:
         return "unused"
+    if "twice" in prompt and "<tool>" not in prompt:
+        return "Checking." + CALL + "\n" + CALL2 + TWO_CALLS_TAIL
     if "weather" in prompt and "<tool>" not in prompt:
         return "Checking." + CALL
     if "STOPME" in prompt:
@@ -231,6 +238,77 @@ def test_tool_call_parsed_into_tool_calls(h):
     (tc,) = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
     assert tc["index"] == 0 and tc["function"]["name"] == "get_weather"
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+TWO_TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("get_weather", "get_time")]
+
+
+class SlowTailEngine(ScriptedEngine):
+    """Decode steps past the first call take 2 ms, as a GPU's would take a few: the reader
+    sees the call complete long before the answer could run to its end."""
+
+    def decode(self, slots, tokens):
+        first_call = len(encode("Checking." + CALL))
+        if any(self._pos[s] >= first_call for s in slots):
+            time.sleep(0.002)
+        return super().decode(slots, tokens)
+
+
+def test_one_tool_call_where_parallel_calls_are_off():
+    """`parallel_tool_calls: false` (OpenAI's chat and Responses routes) and Anthropic's
+    `disable_parallel_tool_use`: the answer holds the first call only, and the job ends there
+    (as a stop: not counted as cancelled), not after everything the model would write."""
+    with Harness(engine_class=SlowTailEngine) as h:
+        _one_tool_call(h)
+
+
+def _one_tool_call(h):
+    full = len(encode("Checking." + CALL + "\n" + CALL2 + TWO_CALLS_TAIL)) + 1  # + <eot>
+    body = chat(messages=[{"role": "user", "content": "twice"}], tools=TWO_TOOLS)
+    both = h.client.post("/v1/chat/completions", json=body).json()
+    assert [c["function"]["name"] for c in both["choices"][0]["message"]["tool_calls"]] == [
+        "get_weather", "get_time"]
+    assert both["usage"]["completion_tokens"] == full
+    cancelled = dict(h.metrics.cancelled)
+
+    one = h.client.post("/v1/chat/completions", json={**body, "parallel_tool_calls": False}).json()
+    choice = one["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking."
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    # the worker drops the job at the step after the reader saw the call: a few tokens past it
+    # (the reader runs beside the worker), far from the whole answer
+    assert len(encode("Checking." + CALL)) <= one["usage"]["completion_tokens"] < full // 2
+
+    chunks = [json.loads(d) for _, d in sse_events(h.client.post(
+        "/v1/chat/completions", json={**body, "parallel_tool_calls": False,
+                                      "stream": True}).text)[:-1]]
+    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert [tc["function"]["name"] for tc in calls] == ["get_weather"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "Checking." and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+    tools = [{"name": n, "input_schema": {"type": "object"}} for n in ("get_weather", "get_time")]
+    m = h.client.post("/v1/messages", json=msgs(
+        messages=[{"role": "user", "content": "twice"}], tools=tools,
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True})).json()
+    assert [b["type"] for b in m["content"]] == ["text", "tool_use"]
+    assert m["content"][1]["name"] == "get_weather" and m["stop_reason"] == "tool_use"
+    m = h.client.post("/v1/messages", json=msgs(
+        messages=[{"role": "user", "content": "twice"}], tools=tools,
+        tool_choice={"type": "auto"})).json()
+    assert [b["type"] for b in m["content"]] == ["text", "tool_use", "tool_use", "text"]
+
+    r = h.client.post("/v1/responses", json={
+        "model": "fake", "input": "twice", "parallel_tool_calls": False,
+        "tools": [{"type": "function", "name": n, "parameters": {"type": "object"}}
+                  for n in ("get_weather", "get_time")]}).json()
+    assert [o["type"] for o in r["output"]] == ["message", "function_call"]
+    assert r["output"][1]["name"] == "get_weather" and r["parallel_tool_calls"] is False
+    assert dict(h.metrics.cancelled) == cancelled  # ended as stops, not cancels
+    r = h.client.post("/v1/chat/completions", json={**body, "parallel_tool_calls": "no"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls"
 
 
 def test_tool_result_round_trip_and_forced_choice(h):
