@@ -7,7 +7,8 @@ lowercases it; `content` a string, an assistant's `tool_calls` as `{"id", "funct
 OpenAI function shape, as Ollama takes them (`type` may be left out, as there). `options` holds
 the sampling knobs, with Ollama's defaults where a request leaves them out (temperature 0.8,
 top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens), so an Ollama client gets
-what it would get there; `num_predict` is max_tokens (-1 or -2: as much as the context holds);
+what it would get there; `num_predict` is max_tokens (0 or below, e.g. -1 or -2: as much as the context holds, as
+Ollama's runner reads it);
 `seed` -1 is Ollama's default, no seed (its sampler draws one), not a fixed seed.
 Options that set up the runner (`num_ctx`, `num_gpu`, `num_thread`, `num_batch`, ...) are
 checked and ignored: the plan made at start-up decides those. `mirostat` and `typical_p` at
@@ -101,10 +102,11 @@ def _options(f: Fields) -> tuple[dict[str, Any], int | None]:
     last_n = o.int("repeat_last_n", default=DEFAULTS["repeat_last_n"], minimum=-1,
                    maximum=1 << 20)
     seed = o.int("seed", minimum=-(1 << 63), maximum=(1 << 64) - 1)
-    predict = o.int("num_predict", minimum=-2, maximum=1 << 30)
-    if predict == 0:
-        raise bad_request("options.num_predict: must be positive (-1: until the model stops)",
-                          "options.num_predict")
+    # Ollama's runner cuts a sequence only where num_predict > 0: 0, -1 (its documented "no
+    # limit") and -2 ("fill the context") all run until the model stops or the context is full
+    predict = o.int("num_predict", minimum=-(1 << 31), maximum=1 << 30)
+    if predict is not None and predict <= 0:
+        predict = None
     sampling = {
         "temperature": temperature, "top_p": top_p,
         "top_k": o.int("top_k", default=DEFAULTS["top_k"], minimum=0, maximum=1 << 20),

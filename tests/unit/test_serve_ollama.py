@@ -147,9 +147,10 @@ def test_ollamas_sampling_defaults_and_options():
     c = parse_chat(Fields({"model": "fake", "messages": HELLO, "options": opts}), _State).chat
     assert (c.temperature, c.top_k, c.seed, c.stop, c.max_tokens) == (0, 5, 7, ("x",), 9)
     assert c.repeat_last_n >= 1 << 20  # -1: all of it
-    c = parse_chat(Fields({"model": "fake", "messages": HELLO,
-                           "options": {"num_predict": -1}}), _State).chat
-    assert c.max_tokens is None
+    for unlimited in (-1, -2, 0):  # Ollama's runner cuts only where num_predict > 0
+        c = parse_chat(Fields({"model": "fake", "messages": HELLO,
+                               "options": {"num_predict": unlimited}}), _State).chat
+        assert c.max_tokens is None
 
 
 @pytest.mark.parametrize("path, body, needle", [
@@ -158,7 +159,7 @@ def test_ollamas_sampling_defaults_and_options():
      "messages[0].images"),
     ("/api/chat", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("/api/chat", {"messages": HELLO, "options": {"mirostat": 2}}, "options.mirostat"),
-    ("/api/chat", {"messages": HELLO, "options": {"num_predict": 0}}, "options.num_predict"),
+    ("/api/chat", {"messages": HELLO, "options": {"num_predict": 1.5}}, "options.num_predict"),
     ("/api/chat", {"messages": HELLO, "options": {"temperature": "hot"}}, "options.temperature"),
     ("/api/chat", {"messages": HELLO, "format": "yaml"}, "format"),
     ("/api/chat", {"messages": HELLO, "format": "json", "tools": TOOLS}, "format"),
