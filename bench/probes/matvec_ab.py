@@ -14,8 +14,11 @@ counters, e.g.
 
 --flag MODULE.NAME: a boolean read at launch (strata.cuda_kernels.MODULE.NAME), each shape
 timed off, on, off, on in this process, the outputs of both compared bit for bit.
+--flag MODULE.NAME=A/B: the same for any setting read at launch, A as "off" and B as "on"
+(Python literals, e.g. matvec.MIN_LANE_BLOCKS=256/128).
 """
 import argparse
+import ast
 import datetime
 import json
 import sys
@@ -51,9 +54,14 @@ def main() -> int:
     ap.add_argument("--flag", default="", help="MODULE.NAME: time it off and on")
     a = ap.parse_args()
     flag = None
+    arms = {False: False, True: True}  # the setting's value in each arm
     if a.flag:
-        mod, name = a.flag.rsplit(".", 1)
+        path, _, values = a.flag.partition("=")
+        mod, name = path.rsplit(".", 1)
         flag = (importlib.import_module(f"strata.cuda_kernels.{mod}"), name)
+        if values:
+            off, on = (ast.literal_eval(v) for v in values.split("/"))
+            arms = {False: off, True: on}
     ctx = Ctx(seed=1)
     shapes = {label: (r, c) for label, r, c in MATVEC_SHAPES
               if not a.shapes or label in a.shapes.split(",")}
@@ -86,12 +94,12 @@ def main() -> int:
             else:
                 times, outs = {False: [], True: []}, {}
                 for on in (False, True, False, True):
-                    setattr(*flag, on)
+                    setattr(*flag, arms[on])
                     times[on].append(ctx.time_graph(record, rounds * len(views)))
                     matvec(views[0], name, x, y, stream=ctx.stream)
                     ctx.stream.synchronize()
                     outs[on] = y.copy_to_host()
-                setattr(*flag, False)
+                setattr(*flag, arms[False])
                 us = min(times[False])
                 row = {"format": name, "shape": label, "us": round(us, 3), "bytes": w_bytes,
                        "us_on": round(min(times[True]), 3),
