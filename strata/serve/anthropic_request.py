@@ -17,7 +17,10 @@ naming where it is, never ignored). `tool_choice.disable_parallel_tool_use` ends
 at its first complete `tool_use` (at most one).
 
 `thinking` `{"type": "enabled"}` or `{"type": "disabled"}` reaches the chat template as
-`enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced.
+`enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced. A request without
+`thinking` runs with it off, as Anthropic's API does; `"adaptive"` leaves it to the template. A
+`system` message among the messages (Claude Code's reminders) is a system turn where it stands;
+a `redacted_thinking` block (reasoning Anthropic's models encrypted for themselves) is dropped.
 
 Checked as Anthropic's API checks them, each a 400 naming the field: every message but a final
 assistant turn has content (not `""` or `[]`, nor whitespace alone), no text block is empty, and `metadata` is an
@@ -124,8 +127,10 @@ def _assistant(m: Fields, out: list[dict]) -> None:
         elif kind == "thinking":
             thinking.append(b.str("thinking", required=True))
         elif kind == "redacted_thinking":
-            raise bad_request(f"{b.path}: a redacted_thinking block cannot be read by this model",
-                              b.path)
+            # reasoning Anthropic's models encrypted for themselves (a conversation carried
+            # over from them): no other model can read it, so it is dropped, as another
+            # provider's encrypted reasoning is on the Responses route
+            b.str("data", required=True)
         else:
             _refuse_block(kind, b.path)
     msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -265,16 +270,23 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     role = None
     for i, item in enumerate(raw):
         m = Fields(item, join("messages", i))
-        role = m.str("role", required=True, choices=("user", "assistant"))
+        role = m.str("role", required=True, choices=("user", "assistant", "system"))
         _check_content(m, final_assistant=role == "assistant" and i == len(raw) - 1)
+        if role == "system":  # a system message mid-conversation (Claude Code's reminders)
+            messages.append({"role": "system",
+                             "content": _text_blocks(m.raw("content"), m.where("content"))})
+            continue
         (_user if role == "user" else _assistant)(m, messages)
     prefill = _prefill(messages, join("messages", len(raw) - 1)) if role == "assistant" else ""
     thinking = f.obj_at("thinking")
-    switch: tuple = ()
-    if thinking is not None:  # on or off reaches a template that reads `enable_thinking`
+    # on or off reaches a template that reads `enable_thinking`; off where the request has no
+    # `thinking`, as Anthropic's API has it (a client that did not ask for thinking reads the
+    # first block as text), though Qwen3's template thinks unless told not to; "adaptive"
+    # leaves it to the template
+    switch: tuple = (("enable_thinking", False),)
+    if thinking is not None:
         kind = thinking.str("type", required=True, choices=("enabled", "disabled", "adaptive"))
-        if kind != "adaptive":
-            switch = (("enable_thinking", kind == "enabled"),)
+        switch = () if kind == "adaptive" else (("enable_thinking", kind == "enabled"),)
     tools, choice, tool_schemas, parallel = _tools(f)
     json_object, json_schema = _output_format(f)
     if json_object and tools and choice != "none":

@@ -74,16 +74,22 @@ def error_response(request: Request, err: ApiError) -> JSONResponse:
 
 
 def check_auth(request: Request, api_key: str | None) -> None:
-    """`Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant time."""
+    """`Authorization: Bearer KEY` or `x-api-key: KEY`, compared in constant time. Either one
+    holding the key will do: Claude Code sends both where its user set both of its variables
+    (ANTHROPIC_API_KEY and ANTHROPIC_AUTH_TOKEN), only one of them meant for this server."""
     if api_key is None:
         return
-    given = request.headers.get("x-api-key")
+    given = []
+    if "x-api-key" in request.headers:
+        given.append(request.headers["x-api-key"])
     auth = request.headers.get("authorization", "")
-    if given is None and auth[:7].lower() == "bearer ":
-        given = auth[7:].strip()
-    if given is None:
+    if auth[:7].lower() == "bearer ":
+        given.append(auth[7:].strip())
+    if not given:
         raise ApiError(401, "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'")
-    if not hmac.compare_digest(given.encode(), api_key.encode()):
+    # every one compared (no early exit): the time taken does not say which was close
+    ok = [hmac.compare_digest(g.encode(), api_key.encode()) for g in given]
+    if not any(ok):
         raise ApiError(401, "invalid API key")
 
 

@@ -469,6 +469,43 @@ def test_auth_required_by_header_or_bearer(h):
     assert bare.get("/v1/models", headers={"x-api-key": "nope"}).status_code == 401
     assert bare.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200
     assert bare.get("/health").status_code == 200  # liveness stays open
+    # both headers (Claude Code with both of its key variables set): either may hold the key
+    both = {"x-api-key": "for-anthropic", "authorization": f"Bearer {KEY}"}
+    assert bare.get("/v1/models", headers=both).status_code == 200
+    both = {"x-api-key": KEY, "authorization": "Bearer for-someone-else"}
+    assert bare.get("/v1/models", headers=both).status_code == 200
+    both = {"x-api-key": "nope", "authorization": "Bearer nope"}
+    assert bare.get("/v1/models", headers=both).status_code == 401
+
+
+def test_anthropic_system_turns_thinking_default_and_redacted_thinking(h):
+    """As Anthropic's API takes them: a `system` message among the messages (Claude Code's
+    reminders) is a system turn where it stands; a request without `thinking` runs with it
+    off (the template's `enable_thinking`), `adaptive` leaves it to the template; a
+    `redacted_thinking` block (Anthropic's own encrypted reasoning) is dropped."""
+    turns = [{"role": "user", "content": "hello"},
+             {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+             {"role": "assistant", "content": [
+                 {"type": "redacted_thinking", "data": "c2VjcmV0"},
+                 {"type": "text", "text": "Hi."}]},
+             {"role": "system", "content": "reminder"},
+             {"role": "user", "content": "and now?"}]
+    r = h.client.post("/v1/messages", json=msgs(messages=turns))
+    assert r.status_code == 200, r.text
+    assert h.model.rendered[-1] == ("<user>hello<system>be brief<assistant>Hi.<system>reminder"
+                                    "<user>and now?<assistant><enable_thinking=false>")
+    assert h.client.post("/v1/messages/count_tokens", json=msgs(messages=turns)).status_code == 200
+    h.client.post("/v1/messages", json=msgs(thinking={"type": "enabled", "budget_tokens": 1024}))
+    assert h.model.rendered[-1].endswith("<enable_thinking=true>")
+    h.client.post("/v1/messages", json=msgs(thinking={"type": "adaptive"}))
+    assert h.model.rendered[-1].endswith("<assistant>")
+    bad = [{"role": "user", "content": "x"}, {"role": "system", "content": ""}]
+    r = h.client.post("/v1/messages", json=msgs(messages=bad))
+    assert r.status_code == 400 and "messages[1].content" in r.json()["error"]["message"]
+    bad = [{"role": "user", "content": "x"},
+           {"role": "assistant", "content": [{"type": "redacted_thinking"}]}]
+    r = h.client.post("/v1/messages", json=msgs(messages=bad))
+    assert r.status_code == 400 and "data" in r.json()["error"]["message"]
 
 
 def test_oversize_body_is_a_413(h):
@@ -563,11 +600,14 @@ def test_a_next_turn_reports_its_cached_prompt_tokens_in_both_dialects():
         second = h.client.post("/v1/chat/completions", json=chat(messages=turns)).json()
         cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert 0 < cached <= n_kept and cached == h.engine.n_reused
-        third = h.client.post("/v1/messages", json=msgs(messages=turns)).json()
+        # (thinking left to the template, so the prompt is the chat route's)
+        third = h.client.post("/v1/messages", json=msgs(messages=turns,
+                                                        thinking={"type": "adaptive"})).json()
         n_prompt = second["usage"]["prompt_tokens"]
         assert third["usage"]["cache_read_input_tokens"] == h.engine.n_reused == n_prompt - 1
         assert third["usage"]["input_tokens"] == 1
-        stream = h.client.post("/v1/messages", json=msgs(messages=turns, stream=True))
+        stream = h.client.post("/v1/messages", json=msgs(messages=turns, stream=True,
+                                                         thinking={"type": "adaptive"}))
         events = sse_events(stream.text)
         # message_start is sent once the prompt has run: its usage splits the prompt already
         assert [e for e, _ in events[:2]] == ["message_start", "ping"]
