@@ -56,9 +56,11 @@ def not_found(message: str, param: str | None = None) -> ApiError:
 # status -> (OpenAI error type, Anthropic error type); both APIs name their errors by status.
 ERROR_TYPES: dict[int, tuple[str, str]] = {
     400: ("invalid_request_error", "invalid_request_error"),
-    401: ("authentication_error", "authentication_error"),
+    # OpenAI's API names a bad key and an unknown model invalid requests (with the codes
+    # invalid_api_key and model_not_found); Anthropic's has types of their own
+    401: ("invalid_request_error", "authentication_error"),
     403: ("permission_error", "permission_error"),
-    404: ("not_found_error", "not_found_error"),
+    404: ("invalid_request_error", "not_found_error"),
     405: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
     415: ("invalid_request_error", "invalid_request_error"),

@@ -1,10 +1,12 @@
 """Reading OpenAI-dialect request bodies into `ChatInput` / `CompletionRequest`.
 
 Every field the API defines is either honoured, checked and ignored because it cannot change
-the output (`user`, `metadata`, `store`, `service_tier`), or refused with
+the output (`user`, `metadata`, `store`, `service_tier`, `prediction`), or refused with
 a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword the output
-could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`):
-nothing is silently dropped. `parallel_tool_calls: false` ends the answer at its first
+could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`,
+audio output, `web_search_options`, the deprecated `functions` / `function_call`): nothing is
+silently dropped. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
+"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it. `parallel_tool_calls: false` ends the answer at its first
 complete tool call (at most one, as OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
 `logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the
 device too: the sampler's bias table holds MAX_LOGIT_BIAS entries); `logprobs` (chat:
@@ -14,7 +16,8 @@ json_schema constrains the answer (`strata.engine.json_constraint`). These two m
 sample that sequence (they read its logits). `presence_penalty` and `frequency_penalty`
 (-2..2) apply to the last 64 tokens of the sequence, prompt included (llama.cpp's window;
 `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes also take `top_k`,
-`min_p`, `repeat_penalty` and `repeat_last_n` (the penalties' window).
+`min_p`, `repeat_penalty` (also by vLLM's name, `repetition_penalty`) and `repeat_last_n` (the
+penalties' window); `top_k` -1 is off, as 0 is (vLLM's way to say it).
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ def sampling_args(f: Fields, n_vocab: int) -> dict[str, Any]:
     if top_p == 0.0:
         temperature, top_p = 0.0, 1.0
     return {"temperature": temperature, "top_p": top_p,
-            "top_k": f.int("top_k", default=0, minimum=0, maximum=1 << 20),
+            # -1: vLLM's "off", as 0 is here
+            "top_k": max(0, f.int("top_k", default=0, minimum=-1, maximum=1 << 20)),
             "seed": f.int("seed", minimum=-(1 << 63), maximum=(1 << 64) - 1),
             "stop": parse_stop(f, "stop"),
             "presence_penalty": f.number("presence_penalty", default=0.0, minimum=-2.0,
@@ -125,10 +129,16 @@ def sampling_args(f: Fields, n_vocab: int) -> dict[str, Any]:
 
 def _repeat_penalty(f: Fields) -> float:
     """llama.cpp's repeat penalty: a positive logit divided by it, a negative one multiplied
-    (1 = off; 0 would make every recent logit infinite, so it is refused)."""
-    v = f.number("repeat_penalty", default=1.0, minimum=0.0, maximum=10.0)
+    (1 = off; 0 would make every recent logit infinite, so it is refused). vLLM's name for it,
+    `repetition_penalty`, is taken too (not both)."""
+    key = "repetition_penalty" if f.raw("repetition_penalty") is not None else "repeat_penalty"
+    if key == "repetition_penalty" and f.raw("repeat_penalty") is not None:
+        raise bad_request("repetition_penalty: give the repeat penalty once (repeat_penalty is "
+                          "llama.cpp's name for it, repetition_penalty vLLM's)",
+                          "repetition_penalty")
+    v = f.number(key, default=1.0, minimum=0.0, maximum=10.0)
     if v == 0.0:
-        raise bad_request("repeat_penalty: must be above 0 (1 = off), got 0", "repeat_penalty")
+        raise bad_request(f"{key}: must be above 0 (1 = off), got 0", key)
     return v
 
 
@@ -252,11 +262,43 @@ def _json_format(f: Fields) -> tuple[bool, Node | None]:
 
 def _check_ignored(f: Fields) -> None:
     """The fields that cannot change the output, checked as the official API checks them (a
-    wrong type is a 400 naming it, not silently taken) and then ignored."""
+    wrong type is a 400 naming it, not silently taken) and then ignored; and those asking for
+    what this server has not, refused by name."""
     check_metadata(f.raw("metadata"))
     f.str("user")
     f.bool("store")
     f.str("service_tier")
+    p = f.obj_at("prediction")  # predicted output: only ever a speed-up, never other text
+    if p is not None:
+        p.str("type", required=True, choices=("content",))
+    for key in ("functions", "function_call"):  # the API's deprecated form of tools
+        if f.raw(key) is not None:
+            raise bad_request(f"{key}: the deprecated function-calling fields are not taken "
+                              f"here; send `tools` (each {{\"type\": \"function\", \"function\": "
+                              f"{{...}}}}) and `tool_choice`", key)
+    if f.raw("web_search_options") is not None:
+        raise bad_request("web_search_options: this server has no web search; leave it out",
+                          "web_search_options")
+    modalities = f.list("modalities") or []
+    if f.raw("audio") is not None or any(m != "text" for m in modalities):
+        key = "audio" if f.raw("audio") is not None else "modalities"
+        raise bad_request(f"{key}: the served model writes text only", key)
+
+
+# `reasoning_effort` where the template has Qwen3's thinking switch: these run without thinking,
+# the others with it (there is no budget between)
+EFFORT_OFF = ("none", "minimal")
+EFFORTS = EFFORT_OFF + ("low", "medium", "high", "xhigh")
+
+
+def _template_vars(f: Fields) -> tuple[tuple[str, Any], ...]:
+    """`chat_template_kwargs`, with `reasoning_effort` as `enable_thinking` where the kwargs do
+    not set it themselves."""
+    values = dict(template_vars(f.raw("chat_template_kwargs"), "chat_template_kwargs"))
+    effort = f.str("reasoning_effort", choices=EFFORTS)
+    if effort is not None and "enable_thinking" not in values:
+        values["enable_thinking"] = effort not in EFFORT_OFF
+    return tuple(sorted(values.items()))
 
 
 def parse_chat(f: Fields, state) -> ChatRequest:
@@ -280,9 +322,7 @@ def parse_chat(f: Fields, state) -> ChatRequest:
                           "tools", "response_format")
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
-                     tool_schemas=tool_schemas,
-                     template_vars=template_vars(f.raw("chat_template_kwargs"),
-                                                 "chat_template_kwargs"),
+                     tool_schemas=tool_schemas, template_vars=_template_vars(f),
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
                      json_schema=json_schema,
                      parallel_tool_calls=f.bool("parallel_tool_calls", default=True),

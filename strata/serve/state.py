@@ -35,6 +35,7 @@ class ServerState:
         """A 404 naming the served model(s) when a request asks for another; its words start
         as Ollama's do ("model 'x' not found"), which Ollama clients match on."""
         served = (self.model.name, *self.model.aliases)
-        if name not in served:
+        # `name:latest` is `name`, as in Ollama, whose clients send it to every route
+        if name not in served and name.removesuffix(":latest") not in served:
             raise not_found(f"model {name!r} not found; this server serves "
                             f"{', '.join(repr(n) for n in served)}", "model")

@@ -67,9 +67,10 @@ def test_bad_requests_get_a_4xx_json_body(http, path, body, status, needle):
 
 def test_missing_or_wrong_auth_is_401(server):
     with httpx.Client(base_url=server.url, timeout=30) as bare:
-        for path, body in (("/v1/chat/completions", chat()), ("/v1/messages", {})):
+        for path, body, kind in (("/v1/chat/completions", chat(), "invalid_request_error"),
+                                 ("/v1/messages", {}, "authentication_error")):
             r = bare.post(path, json=body)
-            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+            assert r.status_code == 401 and r.json()["error"]["type"] == kind
         assert bare.get("/metrics", headers={"x-api-key": "wrong"}).status_code == 401
         assert bare.get("/v1/models", headers={"x-api-key": API_KEY}).status_code == 200
         assert bare.get("/health").json()["status"] == "ok"

@@ -311,6 +311,40 @@ def _one_tool_call(h):
     assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls"
 
 
+def test_openai_fields_clients_send(h):
+    """Fields of OpenAI's API (and vLLM's names) that clients send: `reasoning_effort` switches
+    the template's thinking unless `chat_template_kwargs` does; `prediction` is checked and
+    ignored; what this server has not (the deprecated `functions`, web search, audio out) is a
+    400 naming it, not dropped; `repetition_penalty` and `top_k` -1 as vLLM takes them; a
+    model named `name:latest` (Ollama's clients) is the served one."""
+    h.client.post("/v1/chat/completions", json=chat(reasoning_effort="minimal"))
+    assert h.model.rendered[-1].endswith("<enable_thinking=false>")
+    h.client.post("/v1/chat/completions", json=chat(reasoning_effort="high"))
+    assert h.model.rendered[-1].endswith("<enable_thinking=true>")
+    h.client.post("/v1/chat/completions", json=chat(
+        reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))
+    assert h.model.rendered[-1].endswith("<enable_thinking=false>")
+    ok = h.client.post("/v1/chat/completions", json=chat(
+        prediction={"type": "content", "content": "Hi"}, top_k=-1, repetition_penalty=1.1,
+        model="fake:latest"))
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["choices"][0]["message"]["content"] == "Hi there!"
+    for extra, param in (
+            ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+            ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+            ({"function_call": "auto"}, "function_call"),
+            ({"web_search_options": {}}, "web_search_options"),
+            ({"modalities": ["text", "audio"]}, "modalities"),
+            ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+            ({"prediction": {"type": "text"}}, "prediction.type"),
+            ({"repetition_penalty": 1.1, "repeat_penalty": 1.2}, "repetition_penalty"),
+            ({"repetition_penalty": 0}, "repetition_penalty"),
+            ({"top_k": -2}, "top_k")):
+        r = h.client.post("/v1/chat/completions", json=chat(**extra))
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    assert h.client.post("/v1/chat/completions", json=chat(modalities=["text"])).status_code == 200
+
+
 def test_tool_result_round_trip_and_forced_choice(h):
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     history = [
@@ -451,7 +485,8 @@ def test_openai_errors_name_the_field(h, body, status, param):
     assert r.status_code == status
     err = r.json()["error"]
     assert err["param"] == param and err["message"]
-    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    assert err["type"] == "invalid_request_error"  # OpenAI's, for an unknown model too
+    assert err["code"] == ("model_not_found" if status == 404 else None)
 
 
 def test_anthropic_errors_use_its_shape(h):
@@ -464,7 +499,8 @@ def test_anthropic_errors_use_its_shape(h):
 def test_auth_required_by_header_or_bearer(h):
     bare = TestClient(h.app)
     assert bare.get("/v1/models").status_code == 401
-    assert bare.get("/v1/models").json()["error"]["type"] == "authentication_error"
+    err = bare.get("/v1/models").json()["error"]  # OpenAI's words for it
+    assert (err["type"], err["code"]) == ("invalid_request_error", "invalid_api_key")
     assert bare.post("/v1/messages", json=msgs()).json()["error"]["type"] == "authentication_error"
     assert bare.get("/v1/models", headers={"x-api-key": "nope"}).status_code == 401
     assert bare.get("/v1/models", headers={"x-api-key": KEY}).status_code == 200
