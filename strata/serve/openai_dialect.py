@@ -68,7 +68,10 @@ def _stream_error(failed: FinishEvent) -> bytes:
 
 
 def model_object(name: str, state: ServerState) -> dict:
-    return {"id": name, "object": "model", "created": state.created, "owned_by": "strata"}
+    # max_model_len: the context this server runs, as vLLM lists it (clients size their
+    # prompts by it rather than guess)
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "strata",
+            "max_model_len": state.model.max_context}
 
 
 def models_list(state: ServerState) -> dict:

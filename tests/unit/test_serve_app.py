@@ -89,6 +89,7 @@ def test_models_lists_name_and_aliases(h):
     r = h.client.get("/v1/models")
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == ["fake", "fake-alias"]
+    assert {m["max_model_len"] for m in r.json()["data"]} == {4096}  # the context it runs
     for name in ("fake", "fake-alias"):  # each by its id, as the SDK's models.retrieve reads it
         assert h.client.get(f"/v1/models/{name}").json() == next(
             m for m in r.json()["data"] if m["id"] == name)
