@@ -116,6 +116,11 @@ def chat_text(model: ChatModel, chat: ChatInput) -> tuple[str, str]:
     text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None,
                              dict(chat.template_vars))
     prefix = forced_prefix(chat.tool_choice) if use_tools and model.tool_calls_parsed else ""
+    if prefix and _inside_thinking(text + chat.prefill, chat.prefill):
+        # the template opened a <think> block (a thinking-only model's does): a forced call
+        # is the answer, so the block is closed empty first, as Qwen3's template writes it
+        # with thinking off, rather than the call written inside the reasoning
+        return text + chat.prefill + CLOSE + "\n\n", prefix
     return text + chat.prefill, prefix
 
 

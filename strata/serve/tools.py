@@ -45,9 +45,12 @@ def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
                  forced: bool, think: str | None = None) -> StrictCalls | None:
     """The constraint for tools `schemas` ((name, its parameters' node where `strict`, else
     None)) under `tool_choice` `choice`, `forced` where the prompt ends with the opening of the
-    forced call; None where no tool is strict (the calls stay free, as before)."""
-    if not any(node is not None for _, node in schemas):
-        return None
+    forced call; None where no tool is strict and no call is forced (the calls stay free)."""
+    if not forced and not any(node is not None for _, node in schemas):
+        return None  # calls the model may make or not, none strict: free text
+    # (a forced call is held to the call document even where no tool is strict, its
+    # arguments to any object: the prompt opened it, and text that is no call would be
+    # returned to a client that was promised one)
     root = any_of_node([call_node(name, node) for name, node in schemas])
     inside = None
     if forced and choice == "required":  # the prompt ends with the tag and a newline

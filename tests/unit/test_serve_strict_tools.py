@@ -80,3 +80,40 @@ def test_prose_without_a_call_is_untouched(h):
     choice = r.json()["choices"][0]
     assert choice["message"]["content"] == 'Plain words, even {"city": "Paris"} and </tool_call>.'
     assert choice["finish_reason"] == "stop"
+
+
+def test_a_forced_call_is_held_to_a_call_without_strict_tools(h):
+    """A forced call (a named tool, or "required") comes back as a call even where no tool is
+    strict: the call document is held, its arguments to any JSON object. Without that, text
+    that ran past the opened call was returned as its raw markup to a client promised a call."""
+    h.engine.script = lambda prompt: '{"city": "Paris"} and then words the model went on to'
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    _, args = _call(chat(messages=ASK, tools=_tools(False), tool_choice=forced), h)
+    assert args == {"city": "Paris"}
+    h.engine.script = lambda prompt: ('{"name": "get_weather", "arguments": {"city": "Rome"}}'
+                                      ' trailing')
+    _, args = _call(chat(messages=ASK, tools=_tools(False), tool_choice="required"), h)
+    assert args == {"city": "Rome"}
+    # a call the model may or may not make stays free text where no tool is strict
+    h.engine.script = lambda prompt: 'Plain words, {"city": "Paris"} and </tool_call>.'
+    r = h.client.post("/v1/chat/completions", json=chat(tools=_tools(False))).json()
+    assert r["choices"][0]["message"]["content"] == 'Plain words, {"city": "Paris"} and </tool_call>.'
+
+
+def test_a_forced_call_after_a_think_block_the_template_opened(h):
+    """A template that opens `<think>` in its generation prompt (a thinking-only model's): a
+    forced call is the answer, so the prompt closes the block empty before it, as Qwen3's
+    template does with thinking off, and no tag reaches the answer."""
+    render = h.model.render_chat
+    h.model.render_chat = lambda *a, **k: render(*a, **k) + "<think>\n"
+    h.model.splits_thinking = True
+    h.engine.script = lambda prompt: '{"city": "Oslo"}'
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    text, args = _call(chat(messages=ASK, tools=_tools(False), tool_choice=forced), h)
+    assert args == {"city": "Oslo"} and text in ("", None)
+    assert h.engine.prefills[-1].endswith(
+        '<think>\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": ')
+    h.engine.script = lambda prompt: "a</think>\n\nHi."  # not forced: the answer opens in it
+    r = h.client.post("/v1/chat/completions", json=chat(messages=ASK, tools=_tools(False)))
+    assert h.engine.prefills[-1].endswith("<assistant><think>\n")
+    assert r.json()["choices"][0]["message"]["reasoning_content"] == "a"
