@@ -1,6 +1,9 @@
 """Server-sent events: framing, and a streaming response that cancels its job when the client
 goes away (Starlette cancels the body's task on disconnect; `finally` turns that into
-`Generation.cancel()`, which the worker reads before its next decode step)."""
+`Generation.cancel()`, which the worker reads before its next decode step). A stream with
+nothing to send for KEEP_ALIVE_S (a prompt waiting in the queue or running, a tool call held
+until it is whole) sends an SSE comment, which every SSE reader skips, so clients that give up
+on a silent connection (Claude Code's stream watchdog, proxies) keep waiting."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from starlette.responses import StreamingResponse
 T = TypeVar("T")
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+KEEP_ALIVE_S = 10.0  # read at each wait, so a test can shorten it
+KEEP_ALIVE = b": keep-alive\n\n"
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
@@ -30,10 +35,25 @@ def event_stream(chunks: AsyncIterator[bytes], cancel: Callable[[], None],
     """A `text/event-stream` response over `chunks`; `cancel` runs however the stream ends."""
 
     async def guarded() -> AsyncIterator[bytes]:
+        it = chunks.__aiter__()
+        pending: asyncio.Future | None = None  # the next chunk, awaited across keep-alives
         try:
-            async for chunk in chunks:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(it.__anext__())
+                done, _ = await asyncio.wait({pending}, timeout=KEEP_ALIVE_S)
+                if not done:
+                    yield KEEP_ALIVE
+                    continue
+                step, pending = pending, None
+                try:
+                    chunk = step.result()
+                except StopAsyncIteration:
+                    return
                 yield chunk
         finally:
+            if pending is not None:
+                pending.cancel()
             cancel()
 
     return StreamingResponse(guarded(), media_type="text/event-stream",

@@ -697,3 +697,34 @@ def test_cors_origins_are_checked():
     for bad in ("a.example", "https://a.example/path", "ftp://a.example"):
         with pytest.raises(ServeConfigError, match="cors_origins"):
             ServeConfig(model="m", cors_origins=(bad,))
+
+
+class SlowPromptEngine(ScriptedEngine):
+    """A prompt that takes 0.3 s to run, as a long one does on a GPU."""
+
+    def prefill(self, slot, tokens):
+        time.sleep(0.3)
+        return super().prefill(slot, tokens)
+
+
+def test_a_silent_stream_sends_keep_alive_comments(monkeypatch):
+    """While a stream has nothing to send (its prompt queued or running), it sends an SSE
+    comment every KEEP_ALIVE_S, which SSE readers skip, so a client's idle watchdog does not
+    give up on it; the events are those of a stream without them."""
+    from strata.serve import sse as sse_mod
+    with Harness(engine_class=SlowPromptEngine) as h:
+        quick = h.client.post("/v1/messages", json=msgs(stream=True)).text
+        assert sse_mod.KEEP_ALIVE.decode() not in quick  # the default: every 10 s
+        monkeypatch.setattr(sse_mod, "KEEP_ALIVE_S", 0.05)
+        slow = h.client.post("/v1/messages", json=msgs(stream=True)).text
+        assert slow.startswith(sse_mod.KEEP_ALIVE.decode())
+        assert slow.count(": keep-alive") >= 3
+        events = [(e, d) for e, d in sse_events(slow) if (e, d) != (None, None)]
+        strip = [(e, d) for e, d in sse_events(quick)]
+
+        def same(a, b):  # ids and timings aside
+            return [e for e, _ in a] == [e for e, _ in b]
+        assert same(events, strip)
+        chat_stream = h.client.post("/v1/chat/completions", json=chat(stream=True)).text
+        # (the role chunk goes out at once, then the wait)
+        assert ": keep-alive" in chat_stream and chat_stream.rstrip().endswith("data: [DONE]")
