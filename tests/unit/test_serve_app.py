@@ -728,3 +728,22 @@ def test_a_silent_stream_sends_keep_alive_comments(monkeypatch):
         chat_stream = h.client.post("/v1/chat/completions", json=chat(stream=True)).text
         # (the role chunk goes out at once, then the wait)
         assert ": keep-alive" in chat_stream and chat_stream.rstrip().endswith("data: [DONE]")
+
+
+def test_the_sdks_read_through_keep_alive_comments(monkeypatch):
+    """The official openai and anthropic clients (over the in-process app) skip the comments:
+    their streams give the answer's text as without them."""
+    anthropic = pytest.importorskip("anthropic")
+    openai = pytest.importorskip("openai")
+    from strata.serve import sse as sse_mod
+    monkeypatch.setattr(sse_mod, "KEEP_ALIVE_S", 0.05)
+    with Harness(engine_class=SlowPromptEngine) as h:
+        a = anthropic.Anthropic(base_url="http://testserver", api_key=KEY, http_client=h.client)
+        with a.messages.stream(model="fake", max_tokens=64,
+                               messages=[{"role": "user", "content": "hello"}]) as s:
+            assert "".join(s.text_stream) == "Hi there!"
+        o = openai.OpenAI(base_url="http://testserver/v1", api_key=KEY, http_client=h.client)
+        stream = o.chat.completions.create(model="fake", stream=True,
+                                           messages=[{"role": "user", "content": "hello"}])
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+            "Hi there!"
