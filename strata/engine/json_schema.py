@@ -7,6 +7,9 @@ schema; absent is true, as JSON Schema says), `items`, `minItems`, `maxItems`, `
 that only annotate (`title`, `description`, `default`, `examples`, ...). Any other keyword
 (`format`, `pattern`, `minimum`, `oneOf`, ...) is a `SchemaError` naming it and where it is: a
 constraint the output would not keep is refused, never dropped. The root must be an object.
+`loose` (a schema the request asks to be followed without `strict`, which OpenAI's API does
+not hold output to at all): the keywords that narrow a value within its type (VALUE_CHECKS:
+`format`, `pattern`, `minimum`, `maxLength`, ...) are not held, the rest still is.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
 TAKEN = frozenset({"type", "properties", "required", "additionalProperties", "items",
                    "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "$defs",
                    "definitions"}) | ANNOTATIONS
+# keywords that narrow a value within its type: not held in a loose schema (`compile_schema`)
+VALUE_CHECKS = frozenset({"format", "pattern", "minimum", "maximum", "exclusiveMinimum",
+                          "exclusiveMaximum", "multipleOf", "minLength", "maxLength",
+                          "minProperties", "maxProperties", "uniqueItems", "contentEncoding",
+                          "contentMediaType"})
 MAX_NODES = 4096  # a schema larger than this is refused (each node is walked per token)
 
 
@@ -71,7 +79,8 @@ def value_text(value: Any) -> bytes:
 
 
 class _Compiler:
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, loose: bool = False):
+        self.taken = TAKEN | VALUE_CHECKS if loose else TAKEN
         self.n_nodes = 0
         defs = {}
         for where in ("$defs", "definitions"):
@@ -106,7 +115,7 @@ class _Compiler:
             return node
         if not isinstance(schema, dict):
             raise SchemaError(f"{path}: expected a schema object, got {type(schema).__name__}")
-        unknown = set(schema) - TAKEN
+        unknown = set(schema) - self.taken
         if unknown:
             raise SchemaError(f"{path}: {', '.join(sorted(unknown))} not supported (the output "
                               f"could not be held to it); supported: "
@@ -169,11 +178,12 @@ class _Compiler:
             raise SchemaError(f"{path}: maxItems is below minItems")
 
 
-def compile_schema(schema: Any) -> Node:
-    """The root node of `schema` (a parsed JSON Schema); `SchemaError` where it cannot be kept."""
+def compile_schema(schema: Any, loose: bool = False) -> Node:
+    """The root node of `schema` (a parsed JSON Schema); `SchemaError` where it cannot be kept
+    (`loose`: VALUE_CHECKS not held)."""
     if not isinstance(schema, dict):
         raise SchemaError("the schema must be a JSON object")
-    root = _Compiler(schema).node(schema, "schema")
+    root = _Compiler(schema, loose).node(schema, "schema")
     if root.any_of is not None or root.literals is not None or root.kinds != {"object"}:
         raise SchemaError("schema: the root must be {\"type\": \"object\", ...} (no anyOf, enum "
                           "or other type at the root)")

@@ -33,8 +33,9 @@ MAX_SCHEMA_DEPTH = 64
 CONTAINERS = ("$defs", "definitions")
 
 
-def compile_request_schema(schema: Any) -> Node:
-    """The root node of a request's schema; `SchemaError` where it cannot be kept."""
+def compile_request_schema(schema: Any, loose: bool = False) -> Node:
+    """The root node of a request's schema; `SchemaError` where it cannot be kept (`loose`:
+    see `compile_schema`)."""
     if not isinstance(schema, dict):
         return compile_schema(schema)  # its error: the schema must be a JSON object
     root = _narrowed(_unwrapped(schema), "schema", 1)
@@ -44,7 +45,7 @@ def compile_request_schema(schema: Any) -> Node:
         if isinstance(table, dict):  # anything else is the compiler's to refuse
             defs[where] = {name: _narrowed(sub, f"{where}.{name}", 1)
                            for name, sub in table.items()}
-    return compile_schema({**root, **defs})
+    return compile_schema({**root, **defs}, loose)
 
 
 def _unwrapped(root: dict) -> dict:

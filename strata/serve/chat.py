@@ -25,11 +25,13 @@ from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
 TOOL_CHOICES = ("auto", "none", "required")
 
 
-def schema_node(schema: dict, where: str) -> Node:
+def schema_node(schema: dict, where: str, loose: bool = False) -> Node:
     """A request's JSON schema (a response format's, a strict tool's) compiled for the
-    constraint; one outside the subset it holds output to is a 400 naming `where`."""
+    constraint; one outside the subset it holds output to is a 400 naming `where` (`loose`, a
+    format without `strict`: the keywords narrowing a value within its type not held, as
+    `compile_schema` says)."""
     try:
-        return compile_request_schema(schema)
+        return compile_request_schema(schema, loose)
     except SchemaError as e:
         raise bad_request(f"{where}: {e}", where) from e
 

@@ -243,8 +243,8 @@ def parse_tool_choice(f: Fields, tools: list[dict], *, nested: bool) -> str:
 def _json_format(f: Fields) -> tuple[bool, Node | None]:
     """`response_format`: {"type": "text"} (the default), {"type": "json_object"} (the answer is
     one JSON object) or {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}
-    (one object the schema allows; a schema keyword the output could not be held to is a 400
-    naming it, never ignored). Returns (constrained, the compiled schema or None)."""
+    (one object the schema allows; with `strict`, a schema keyword the output could not be held
+    to is a 400 naming it, never ignored). Returns (constrained, the compiled schema or None)."""
     fmt = f.obj_at("response_format")
     if fmt is None:
         return False, None
@@ -253,11 +253,14 @@ def _json_format(f: Fields) -> tuple[bool, Node | None]:
         return kind == "json_object", None
     spec = fmt.obj_at("json_schema", required=True)
     spec.str("name", required=True, non_empty=True)
-    spec.bool("strict")  # checked; every schema here is kept strictly
+    # without strict (OpenAI's default), OpenAI's API holds the answer to nothing: here its
+    # structure still is, but not the keywords narrowing a value within its type (`format`,
+    # `minimum`, ...), which are refused only where `strict` asks for every one to be kept
+    strict = spec.bool("strict")
     schema = spec.obj_at("schema")
     if schema is None:  # OpenAI: no schema is any object
         return True, None
-    return True, schema_node(schema.obj, schema.path)
+    return True, schema_node(schema.obj, schema.path, loose=not strict)
 
 
 def _check_ignored(f: Fields) -> None:

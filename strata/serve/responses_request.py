@@ -252,8 +252,8 @@ def _format(f: Fields) -> tuple[bool, Node | None, dict]:
         return kind == "json_object", None, {"type": kind}
     name = fmt.str("name", required=True, non_empty=True)
     schema = fmt.obj_at("schema", required=True)
-    strict = fmt.bool("strict")
-    return True, schema_node(schema.obj, schema.path), {
+    strict = fmt.bool("strict")  # without it, as on the chat route (`_json_format`)
+    return True, schema_node(schema.obj, schema.path, loose=not strict), {
         "type": "json_schema", "name": name, "schema": schema.obj, "strict": strict}
 
 

@@ -69,9 +69,13 @@ def test_a_json_sequence_is_sampled_on_the_host():
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                                 "schema": {
         "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}}},
      "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"d": {"type": "string"}}, "oneOf": [{}]}}}},
+     "response_format.json_schema.schema"),  # without strict too: more than a value's check
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
      "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
@@ -87,6 +91,32 @@ def test_formats_it_cannot_keep_are_400s(extra, param):
         r = client.post("/v1/chat/completions", json=chat(**extra))
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param
+
+
+def test_a_schema_without_strict_holds_its_structure_not_its_value_checks():
+    """OpenAI's API holds a json_schema without `strict` to nothing; here its structure still
+    is (types, keys), but not the keywords narrowing a value within its type (`format`,
+    `minimum`, `pattern`, ...: what Pydantic writes for a date or a bounded number), which
+    are a 400 only under `strict` (test above)."""
+    schema = {"type": "object", "properties": {
+        "when": {"type": "string", "format": "date"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "tag": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8}},
+        "required": ["when", "n", "tag"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    with _Client('{"when": "soon", "n": 42, "tag": "UPPER", "x": 1} trailing') as client:
+        r = client.post("/v1/chat/completions", json=chat(response_format=fmt))
+        assert r.status_code == 200, r.text
+        doc = json.loads(r.json()["choices"][0]["message"]["content"])
+        assert set(doc) == {"when", "n", "tag"} and isinstance(doc["n"], int)
+        r = client.post("/v1/responses", json={
+            "model": "fake", "input": "hi",
+            "text": {"format": {"type": "json_schema", "name": "t", "schema": schema}}})
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/responses", json={
+            "model": "fake", "input": "hi", "text": {"format": {
+                "type": "json_schema", "name": "t", "schema": schema, "strict": True}}})
+        assert r.status_code == 400 and "format" in r.json()["error"]["message"]
 
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}},
