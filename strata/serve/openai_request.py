@@ -182,7 +182,14 @@ def chat_message(raw: Any, path: str) -> dict:
                                "content": _content(m, "content", required=not calls) or ""}
         if calls:
             out["tool_calls"] = calls
-        reasoning = m.str("reasoning_content")  # a thinking model's, for its template
+        # a thinking model's, for its template; `reasoning` is vLLM's newer name for it (and
+        # OpenRouter's), which clients written against those send back
+        reasoning = m.str("reasoning_content")
+        if m.raw("reasoning") is not None:
+            if reasoning is not None:
+                raise bad_request(f"{path}.reasoning: give the reasoning once (reasoning_content "
+                                  f"or reasoning)", f"{path}.reasoning")
+            reasoning = m.str("reasoning")
         if reasoning:
             out["reasoning_content"] = reasoning
         return out

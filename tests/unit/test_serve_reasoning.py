@@ -260,6 +260,10 @@ def test_earlier_reasoning_sent_back_reaches_the_template(h):
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": "a", "reasoning_content": "plan"},
             {"role": "user", "content": "q2"}]}, "<user>q<assistant>[plan]a<user>q2"),
+        ("/v1/chat/completions", {"messages": [  # vLLM's / OpenRouter's name for it
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning": "plan"},
+            {"role": "user", "content": "q2"}]}, "<user>q<assistant>[plan]a<user>q2"),
         ("/api/chat", {"stream": False, "messages": [
             {"role": "user", "content": "q"},
             {"role": "assistant", "content": "a", "thinking": "plan"},
@@ -275,6 +279,11 @@ def test_earlier_reasoning_sent_back_reaches_the_template(h):
         r = h.client.post(path, json={"model": "fake", **body})
         assert r.status_code == 200, r.text
         assert want in h.model.rendered[-1], (path, h.model.rendered[-1])
+    both = [{"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a", "reasoning": "x", "reasoning_content": "y"},
+            {"role": "user", "content": "q2"}]
+    r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": both})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[1].reasoning"
 
 
 def test_a_strict_tool_is_not_called_inside_the_reasoning(h):
