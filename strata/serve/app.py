@@ -173,6 +173,13 @@ class Server:
               for path, method, handler, body in _CONVERSATION_ROUTES),
             *(Route(path, e(embeddings, body=False), methods=["POST"])
               for path in ("/v1/embeddings", "/api/embed", "/api/embeddings")),
+            # the OpenAI routes without their /v1, as llama.cpp's server also serves them
+            # (clients given a base URL without /v1 call these)
+            Route("/chat/completions", e(openai_dialect.chat_completions, body=True,
+                                         route="/v1/chat/completions"), methods=["POST"]),
+            Route("/completions", e(openai_dialect.completions, body=True,
+                                    route="/v1/completions"), methods=["POST"]),
+            Route("/models", e(list_models, body=False, route="/v1/models"), methods=["GET"]),
             Route("/v1/messages", e(anthropic_dialect.messages, body=True), methods=["POST"]),
             Route("/v1/messages/count_tokens", e(anthropic_dialect.count_tokens, body=True),
                   methods=["POST"]),

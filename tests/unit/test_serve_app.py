@@ -111,6 +111,18 @@ def test_models_in_the_anthropic_shape_where_an_anthropic_client_asks(h):
     assert other.json()["error"]["type"] == "not_found_error"
 
 
+def test_the_openai_routes_without_v1(h):
+    """`/chat/completions`, `/completions` and `/models`, as llama.cpp's server also serves
+    them: the same answers as under /v1 (a client given the base URL without /v1)."""
+    a = h.client.post("/chat/completions", json=chat()).json()
+    b = h.client.post("/v1/chat/completions", json=chat()).json()
+    assert a["choices"] == b["choices"] and a["object"] == "chat.completion"
+    r = h.client.post("/completions", json={"model": "fake", "prompt": "abc"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Hi there!"
+    assert h.client.get("/models").json() == h.client.get("/v1/models").json()
+    assert TestClient(h.app).get("/models").status_code == 401  # behind the key as well
+
+
 def test_chat_completion_shape_and_usage(h):
     r = h.client.post("/v1/chat/completions", json=chat(max_tokens=100))
     assert r.status_code == 200, r.text
