@@ -257,7 +257,7 @@ def test_openai_json_object_through_the_sdk(oai, tmp_models):
     assert jsonschema_rs.is_valid(schema, json.loads(held.choices[0].message.content))
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(**{**kw, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": {
                 "type": "object", "properties": {"d": {"type": "string", "pattern": "^a"}}}}}})
     assert e.value.body["param"] == "response_format.json_schema.schema"
     assert "pattern" in e.value.message

@@ -72,14 +72,15 @@ def test_the_answer_is_only_what_follows_the_prefill():
         r = h.client.post("/v1/messages", json=body(PREFILLED))
         assert r.status_code == 200, r.text
         assert r.json()["content"] == [{"type": "text", "text": ANSWER}]
-        assert h.engine.prefills[-1] == "<user>Give me JSON<assistant>{"
+        # (the fake template writes the variables: no `thinking` is thinking off)
+        assert h.engine.prefills[-1] == "<user>Give me JSON<assistant><enable_thinking=false>{"
         r = h.client.post("/v1/messages", json=body(PREFILLED, stream=True))
         deltas = [json.loads(d)["delta"] for e, d in sse_events(r.text)
                   if e == "content_block_delta"]
         assert "".join(d["text"] for d in deltas) == ANSWER
         # a whitespace-only final turn continues nothing: the usual generation prompt
         h.client.post("/v1/messages", json=body(ASK + [{"role": "assistant", "content": " "}]))
-        assert h.engine.prefills[-1] == "<user>Give me JSON<assistant>"
+        assert h.engine.prefills[-1] == "<user>Give me JSON<assistant><enable_thinking=false>"
 
 
 def test_thinking_templates_keep_their_generation_prompt():
