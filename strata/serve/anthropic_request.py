@@ -289,10 +289,6 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         switch = () if kind == "adaptive" else (("enable_thinking", kind == "enabled"),)
     tools, choice, tool_schemas, parallel = _tools(f)
     json_object, json_schema = _output_format(f)
-    if json_object and tools and choice != "none":
-        raise bad_request("output_config.format: a JSON format cannot be combined with tools "
-                          "(a tool call is not the JSON document); send tool_choice "
-                          "{\"type\": \"none\"} or no tools", "output_config.format")
     if prefill and json_object:
         where = "output_format" if f.has("output_format") else "output_config.format"
         raise bad_request(f"{where}: a JSON format cannot follow a prefilled answer (the "

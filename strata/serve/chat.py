@@ -148,7 +148,7 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
         split = False
     think = ("open" if opened else "start") if split else None  # no call inside <think>
     strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
-                           think=think)
+                           think=think, json_answer=chat.json_object)
               if use_tools and model.tool_calls_parsed else None)
     sampling = chat.sampling(max_tokens, strict)
     ids = getattr(model, "think_ids", None) if split else None

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from strata.engine.json_constraint import JsonConstraint, TokenBytes
+from strata.engine.json_either import CallsOrJson
 from strata.engine.json_trigger import TriggeredJson
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
@@ -26,17 +27,22 @@ SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..
 
 
 def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, frozenset[int]]]
-                    ) -> JsonConstraint | TriggeredJson | None:
-    """What holds a sequence's tokens: a JSON format, or strict tool calls, or nothing.
-    `vocab()`: the model's `TokenBytes` and end tokens, asked for only where a constraint
-    needs them (the table is built at the first such request)."""
+                    ) -> JsonConstraint | TriggeredJson | CallsOrJson | None:
+    """What holds a sequence's tokens: a JSON format, or strict tool calls, or either (tools
+    beside a JSON format: calls, or the document as the answer), or nothing; a forced call
+    is the answer whatever the format. `vocab()`: the model's `TokenBytes` and end tokens,
+    asked for only where a constraint needs them (the table is built at the first such
+    request)."""
     if not sampling.json_object and sampling.strict_calls is None:
         return None
     vocab, stop_ids = vocab()
     stops = sorted(stop_ids)
-    if sampling.json_object:
-        return JsonConstraint(vocab, stops, sampling.json_schema)
     calls = sampling.strict_calls
+    if sampling.json_object and calls is not None and calls.inside is None:
+        return CallsOrJson(vocab, stops, root=sampling.json_schema, call_root=calls.root,
+                           trigger=OPEN_TAG.encode(), suffix=CALL_SUFFIX)
+    if sampling.json_object and calls is None:
+        return JsonConstraint(vocab, stops, sampling.json_schema)
     return TriggeredJson(vocab, stops, trigger=OPEN_TAG.encode(), root=calls.root,
                          suffix=CALL_SUFFIX, inside=calls.inside, think=calls.think)
 

@@ -247,9 +247,6 @@ def parse_chat(f: Fields, state) -> OllamaRequest:
     logprobs = _logprobs(f, sampling)
     json_object, json_schema = _format(f)
     tools, schemas = _tools(f)
-    if json_object and tools:
-        raise bad_request("format: a JSON format cannot be combined with tools (a tool call is "
-                          "not the JSON document); leave one out", "format")
     chat = (ChatInput(messages=messages, tools=tuple(tools), tool_schemas=schemas,
                       max_tokens=max_tokens, json_object=json_object, json_schema=json_schema,
                       template_vars=switch, **sampling) if messages else None)

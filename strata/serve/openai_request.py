@@ -326,10 +326,6 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     if max_tokens is None:
         max_tokens = f.int("max_tokens", minimum=1)
     tools, choice, tool_schemas = parse_tools(f)
-    if json_object and tools and choice != "none":
-        raise bad_request("response_format: a JSON format cannot be combined with tools (a "
-                          "tool call is not the JSON object); send tool_choice 'none' or no "
-                          "tools", "response_format")
     stream, include_usage = _stream_flags(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
                      tool_schemas=tool_schemas, template_vars=_template_vars(f),

@@ -290,10 +290,6 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
                          "conversation" if conv is not None else "previous_response_id")
     tools, choice, schemas, tools_echo = _tools(f)
     json_object, json_schema, fmt = _format(f)
-    if json_object and tools and choice != "none":
-        raise bad_request("text.format: a JSON format cannot be combined with tools (a tool "
-                          "call is not the JSON document); send tool_choice 'none' or no tools",
-                          "text.format")
     max_tokens = f.int("max_output_tokens", minimum=1)
     temperature = f.number("temperature", default=1.0, minimum=0.0, maximum=2.0)
     top_p = f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0)

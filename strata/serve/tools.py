@@ -42,12 +42,16 @@ class StrictCalls:
 
 
 def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
-                 forced: bool, think: str | None = None) -> StrictCalls | None:
+                 forced: bool, think: str | None = None, *,
+                 json_answer: bool = False) -> StrictCalls | None:
     """The constraint for tools `schemas` ((name, its parameters' node where `strict`, else
     None)) under `tool_choice` `choice`, `forced` where the prompt ends with the opening of the
-    forced call; None where no tool is strict and no call is forced (the calls stay free)."""
-    if not forced and not any(node is not None for _, node in schemas):
+    forced call; None where no tool is strict, no call is forced and no JSON format stands
+    beside the tools (`json_answer`): the calls stay free."""
+    if not forced and not json_answer and not any(node is not None for _, node in schemas):
         return None  # calls the model may make or not, none strict: free text
+    # (json_answer: a JSON format beside the tools, whose answer is a call or the document:
+    # the calls' documents are held too, a non-strict tool's arguments to any object)
     # (a forced call is held to the call document even where no tool is strict, its
     # arguments to any object: the prompt opened it, and text that is no call would be
     # returned to a client that was promised one)

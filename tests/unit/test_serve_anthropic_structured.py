@@ -77,7 +77,6 @@ def test_a_strict_tools_input_is_held_to_its_schema(h):
     ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format.type"),
     ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
     ({"output_config": FORMAT, "output_format": FORMAT["format"]}, "output_format"),
-    ({"output_config": FORMAT, "tools": [dict(TOOLS[0], strict=False)]}, "output_config.format"),
     ({"tools": [{"name": "f", "strict": True, "input_schema": {
         "type": "object", "properties": {"d": {"type": "string", "format": "date"}}}}]},
      "tools[0].input_schema"),

@@ -83,8 +83,6 @@ def test_a_json_sequence_is_sampled_on_the_host():
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ({"response_format": {}}, "response_format.type"),
-    ({"response_format": JSON_FORMAT, "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object"}}}]}, "response_format"),
 ])
 def test_formats_it_cannot_keep_are_400s(extra, param):
     with _Client(OBJECT) as client:
@@ -136,6 +134,51 @@ def test_a_schema_answer_comes_out_whole_and_one_it_breaks_is_held_to_it():
         text = r.json()["choices"][0]["message"]["content"]
         assert text.startswith('{"a": [') and '"x"' not in text and '"z"' not in text
         assert feed(start(compile_schema(SCHEMA)), text.encode("utf-8")) is not None
+
+
+CALL = '<tool_call>\n{"name": "f", "arguments": {"q": 1}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("answer, call, content", [
+    (OBJECT + " and then prose", None, OBJECT),     # the document, and nothing after it
+    ("  " + CALL, {"q": 1}, None),                  # a call (blank space before it dropped)
+    (CALL + "\nDone.", {"q": 1}, "Done."),          # free text after a call, as with tools
+    ('<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>', {}, None),  # held: only f
+])
+def test_tools_beside_a_json_format_answer_a_call_or_the_document(answer, call, content):
+    """Tools and a JSON format together (OpenAI's Agents SDK sends both for an agent with
+    tools and an output type): the answer is tool calls or the document, each held
+    (`strata.engine.json_either`); the same on the Responses, Anthropic and Ollama routes."""
+    with _Client(answer) as client:
+        r = client.post("/v1/chat/completions", json=chat(response_format=JSON_FORMAT,
+                                                         tools=TOOLS))
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        if call is None:
+            assert json.loads(msg["content"]) == json.loads(OBJECT) and "tool_calls" not in msg
+        else:
+            (c,) = msg["tool_calls"]
+            assert c["function"]["name"] == "f" and json.loads(c["function"]["arguments"]) == call
+            assert (msg["content"] or "").strip() == (content or "")
+        r = client.post("/v1/responses", json={
+            "model": "fake", "input": "hi", "text": {"format": JSON_FORMAT},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]})
+        assert r.status_code == 200, r.text
+        kinds = [o["type"] for o in r.json()["output"]]
+        assert ("function_call" in kinds) == (call is not None)
+        r = client.post("/v1/messages", json={
+            "model": "fake", "max_tokens": 200, "messages": [{"role": "user", "content": "hi"}],
+            "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}},
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}]})
+        assert r.status_code == 200, r.text
+        kinds = [b["type"] for b in r.json()["content"]]
+        assert ("tool_use" in kinds) == (call is not None)
+        r = client.post("/api/chat", json={
+            "model": "fake", "stream": False, "format": "json", "tools": TOOLS,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert bool(r.json()["message"].get("tool_calls")) == (call is not None)
 
 
 def test_tools_left_out_by_choice_allow_the_json_format():

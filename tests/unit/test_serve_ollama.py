@@ -162,7 +162,6 @@ def test_ollamas_sampling_defaults_and_options():
     ("/api/chat", {"messages": HELLO, "options": {"num_predict": 1.5}}, "options.num_predict"),
     ("/api/chat", {"messages": HELLO, "options": {"temperature": "hot"}}, "options.temperature"),
     ("/api/chat", {"messages": HELLO, "format": "yaml"}, "format"),
-    ("/api/chat", {"messages": HELLO, "format": "json", "tools": TOOLS}, "format"),
     ("/api/generate", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("/api/generate", {"prompt": "x", "raw": True, "context": [1, 2]}, "context"),
     ("/api/generate", {"prompt": "x", "raw": True, "format": "json"}, "format"),

@@ -166,7 +166,6 @@ def test_a_schema_outside_the_subset_is_strict_only_when_asked(h):
     ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
-    ({"text": {"format": {"type": "json_object"}}, "tools": TOOLS}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"include": ["file_search_call.results"]}, "include[0]"),
     ({"top_logprobs": 21}, "top_logprobs"),
