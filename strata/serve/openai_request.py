@@ -6,13 +6,15 @@ a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword
 could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`,
 audio output, `web_search_options`, the deprecated `functions` / `function_call`): nothing is
 silently dropped. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
-"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it. `parallel_tool_calls: false` ends the answer at its first
-complete tool call (at most one, as OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
+"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it.
+`parallel_tool_calls: false` ends the answer at its first complete tool call (at most one, as
+OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
 `logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the
 device too: the sampler's bias table holds MAX_LOGIT_BIAS entries); `logprobs` (chat:
 `logprobs` and `top_logprobs` 0..20; completions: `logprobs` 0..20) are the model's own
 log-probabilities, before bias, penalties and temperature; `response_format` json_object /
-json_schema constrains the answer (`strata.engine.json_constraint`). These two make the host
+json_schema constrains the answer (`strata.engine.json_constraint`; beside tools, the answer
+is calls or the document: `strata.engine.json_either`). These two make the host
 sample that sequence (they read its logits). `presence_penalty` and `frequency_penalty`
 (-2..2) apply to the last 64 tokens of the sequence, prompt included (llama.cpp's window;
 `strata.engine.sampler`). As llama.cpp's server does, the OpenAI routes also take `top_k`,
