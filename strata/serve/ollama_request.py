@@ -8,7 +8,8 @@ OpenAI function shape, as Ollama takes them (`type` may be left out, as there). 
 the sampling knobs, with Ollama's defaults where a request leaves them out (temperature 0.8,
 top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens), so an Ollama client gets
 what it would get there; `num_predict` is max_tokens (0 or below, e.g. -1 or -2: as much as
-the context holds, as Ollama's runner reads it); `seed` -1 is Ollama's default, no seed (its sampler draws one), not a fixed seed.
+the context holds, as Ollama's runner reads it); `seed` -1 is Ollama's default, no seed (its
+sampler draws one), not a fixed seed.
 Options that set up the runner (`num_ctx`, `num_gpu`, `num_thread`, `num_batch`, ...) are
 checked and ignored: the plan made at start-up decides those. `mirostat` and `typical_p` at
 anything but off are a 400, as are images and a generate `suffix` or `template`.

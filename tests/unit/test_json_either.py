@@ -94,4 +94,5 @@ def test_random_generation_writes_a_document_or_calls(seed):
     else:
         assert body.startswith(b"<call>") and b"\n</call>" in body
         doc = body[len(b"<call>"):body.index(b"\n</call>")]
-        assert json.loads(doc) == {"name": "f", "arguments": {"n": json.loads(doc)["arguments"]["n"]}}
+        call = json.loads(doc)
+        assert call == {"name": "f", "arguments": {"n": call["arguments"]["n"]}}

@@ -97,7 +97,8 @@ def test_a_forced_call_is_held_to_a_call_without_strict_tools(h):
     # a call the model may or may not make stays free text where no tool is strict
     h.engine.script = lambda prompt: 'Plain words, {"city": "Paris"} and </tool_call>.'
     r = h.client.post("/v1/chat/completions", json=chat(tools=_tools(False))).json()
-    assert r["choices"][0]["message"]["content"] == 'Plain words, {"city": "Paris"} and </tool_call>.'
+    assert r["choices"][0]["message"]["content"] == \
+        'Plain words, {"city": "Paris"} and </tool_call>.'
 
 
 def test_a_forced_call_after_a_think_block_the_template_opened(h):
