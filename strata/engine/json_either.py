@@ -80,8 +80,3 @@ class CallsOrJson:
         if self.calls is not None:
             return np.arange(len(self.vocab.pieces), dtype=np.int64)
         return self.json.candidates()
-
-    @property
-    def complete(self) -> bool:
-        """Whether an end token may come now."""
-        return any(self.allows(t) for t in self.stop_ids)

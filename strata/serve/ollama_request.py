@@ -65,10 +65,10 @@ class OllamaRequest:
 
 def check_model(f: Fields, state) -> str:
     """The model the body names (`model`, or the older `name`); Ollama's `:latest` tag of the
-    served name is the served name."""
+    served name is the served name (`ServerState.check_model`, on every route)."""
     key = "model" if f.has("model") or not f.has("name") else "name"
     name = f.str(key, required=True, non_empty=True)
-    state.check_model(name[:-len(":latest")] if name.endswith(":latest") else name)
+    state.check_model(name)
     return name
 
 
