@@ -112,7 +112,7 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
     y = ctx.cuda.device_array(lay.n_embd, np.float32)
     miss = ctx.cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-    sync = ctx.upload(np.zeros(2, np.int32)) if fused else None  # [2] i32
+    sync = ctx.upload(np.zeros(8, np.int32)) if fused else None  # [8] i32: 4 counts
 
     def record(s):
         for layer in range(n_layer):
@@ -121,6 +121,9 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
                            host_off=host_off, h=h, out=y, miss_list=miss, counters=counters,
                            sync=sync, stream=s)
     record.out = y  # the last layer's output (a probe compares variants by it)
+    # each layer's first k experts' bytes: a read of as many (`time_same_size_read`)
+    span, layer_bytes = k * lay.expert_bytes, n_expert * lay.expert_bytes
+    record.reads = [cache[i * layer_bytes:i * layer_bytes + span] for i in range(n_layer)]
     return record
 
 

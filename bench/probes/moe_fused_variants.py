@@ -9,6 +9,8 @@ variant names the ones it changes from the defaults):
   SPLIT_ARRIVE         a block arrives at the barrier before it issues its first down loads
                        (both made defaults on 2026-12-04)
   BARRIER             "count" (default since 2026-12-06) or "generation" (`gridsync`)
+  GROUPED              h's rows in groups, down dotting a group once every block wrote it
+                       (default since 2026-12-06); False: one group, one barrier
 Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
 112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
 read whole beside the ids, each warp's first two down units' loads issued before the barrier.
@@ -33,15 +35,16 @@ import numpy as np
 sys.path.insert(0, ".")
 from decode_parts import moe_case  # noqa: E402  (this folder: the script's, first on the path)
 
-from strata.bench.kernels import Ctx  # noqa: E402
+from strata.bench.kernels import Ctx, time_same_size_read  # noqa: E402
 from strata.cuda_kernels import moe_fused  # noqa: E402
 
 VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
             "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
-            "generation barrier": {"BARRIER": "generation"}}
+            "generation barrier": {"BARRIER": "generation"},
+            "one group": {"GROUPED": False}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
-DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "BARRIER")}
+DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "BARRIER", "GROUPED")}
 
 
 def run(ctx, gu, dn, settings):
@@ -52,8 +55,9 @@ def run(ctx, gu, dn, settings):
     record = moe_case(ctx, gu, dn, 12, fused=True)
     us = ctx.time_graph(record, 12)
     out = record.out.copy_to_host()
+    read_us = time_same_size_read(ctx, record.reads, 1)
     del record
-    return us, out
+    return us, out, read_us
 
 
 def main() -> int:
@@ -69,15 +73,17 @@ def main() -> int:
     for gu, dn in pairs:
         base = None
         for name in names:
-            us, out = run(ctx, gu, dn, VARIANTS[name])
+            us, out, read_us = run(ctx, gu, dn, VARIANTS[name])
             if base is None:
                 base = out
             elif not np.array_equal(out, base):
                 raise RuntimeError(f"{gu}/{dn} {name}: output differs from the first variant's")
             total[name] += us
             rows.append({"pair": f"{gu}/{dn}", "variant": name, **DEFAULTS, **VARIANTS[name],
-                         "us": us})
-            print(f"{gu}/{dn:5s} {name:28s}: {us:7.2f} us a layer", flush=True)
+                         "us": us, "us reading the same bytes": round(read_us, 3),
+                         "of the read": round(read_us / us, 4)})
+            print(f"{gu}/{dn:5s} {name:28s}: {us:7.2f} us a layer, a read of its bytes "
+                  f"{read_us:5.2f} us = {100 * read_us / us:4.1f}%", flush=True)
     runs = {n: names.count(n) * len(pairs) for n in names}  # a name listed twice runs twice
     best = min(names, key=lambda n: total[n] / runs[n])
     if a.json:
