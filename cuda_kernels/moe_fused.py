@@ -7,6 +7,14 @@ resolved the experts' slots again (ids, slot table, slot offsets: three dependen
 it could issue a weight load. Here the slots are resolved once, and each warp issues its first
 down loads as soon as its gate/up items are done, so they are in flight across the barrier.
 
+The barrier in groups (GROUPED): h's rows come in groups of down's super-block columns (the
+30B's 768 rows: three of 256), each with its own count. Gate/up's items go row by row (item
+row * k + expert), so every block's first turn writes the first group's rows: a block arrives
+at a group's count once the turn that ends it is done, and a block done with its gate/up stages
+and dots down's units of each group (units are super-block major) as soon as every block has
+arrived there, the groups done by then in one go. Without groups, every block waited for the
+last block's last turn before its first down dot.
+
 The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
 the barrier between. The GPU runs 2. The simulator runs blocks one after another, so a barrier
 across blocks would never open there: it runs 0, then 1, the same code but for the barrier.

@@ -35,7 +35,7 @@ from typing import Any
 from strata.engine.json_schema import Node
 from strata.serve.chat import ChatInput, schema_node
 from strata.serve.errors import bad_request
-from strata.serve.fields import Fields, a_or_an, join
+from strata.serve.fields import PART_JOIN, Fields, a_or_an, join
 
 MAX_STOPS = 16
 MAX_USER_ID = 256  # characters: Anthropic's bound on metadata.user_id
@@ -57,7 +57,8 @@ def _refuse_block(kind: str, path: str) -> None:
 
 
 def _text_blocks(value: Any, path: str) -> str:
-    """A string, or an array of text blocks joined; any other block is refused by path."""
+    """A string, or an array of text blocks joined (`fields.PART_JOIN`); any other block is
+    refused by path."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -69,7 +70,7 @@ def _text_blocks(value: Any, path: str) -> str:
         if kind != "text":
             _refuse_block(kind, join(path, j))
         texts.append(b.str("text", required=True))
-    return "".join(texts)
+    return PART_JOIN.join(texts)
 
 
 def _tool_result(b: Fields) -> dict:
@@ -96,13 +97,13 @@ def _user(m: Fields, out: list[dict]) -> None:
             texts.append(b.str("text", required=True, non_empty=True))
         elif kind == "tool_result":
             if texts:
-                out.append({"role": "user", "content": "".join(texts)})
+                out.append({"role": "user", "content": PART_JOIN.join(texts)})
                 texts = []
             out.append(_tool_result(b))
         else:
             _refuse_block(kind, b.path)
     if texts:  # (an empty content was refused: `_check_content`)
-        out.append({"role": "user", "content": "".join(texts)})
+        out.append({"role": "user", "content": PART_JOIN.join(texts)})
 
 
 def _assistant(m: Fields, out: list[dict]) -> None:

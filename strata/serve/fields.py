@@ -250,9 +250,14 @@ def _sized(value: Any) -> str:
     return f"{len(value)} characters" if isinstance(value, str) else type_name(value)
 
 
+PART_JOIN = "\n"  # between the text parts of one message (every route)
+
+
 def text_parts(value: Any, path: str, *, texts: tuple[str, ...],
                not_text: tuple[str, ...]) -> str:
-    """A message's content: a string, or an array of parts joined. A part whose `type` is in
+    """A message's content: a string, or an array of parts joined by newlines (as vLLM joins
+    them for a template that takes a string; back to back, "</system-reminder>" ran into the
+    user's first word). A part whose `type` is in
     `texts` gives its `text`, a `refusal` part its `refusal`; one in `not_text` (an image,
     audio, a file) is a 400 naming the part, since the model takes text only; any other type
     a 400 naming its `type`."""
@@ -275,4 +280,4 @@ def text_parts(value: Any, path: str, *, texts: tuple[str, ...],
             expected = " or ".join(repr(t) for t in texts)
             raise bad_request(f"{part.where('type')}: unknown content part type {kind!r} "
                               f"(expected {expected})", part.where("type"))
-    return "".join(out)
+    return PART_JOIN.join(out)

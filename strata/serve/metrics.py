@@ -99,7 +99,7 @@ class Metrics:
         self.decode_seconds = 0.0
         self.decode_steps = 0
         self.device_picked = 0  # decode-step tokens the engine chose on the GPU
-        self.cancelled: Counter[str] = Counter()  # "queued" | "running" -> n
+        self.cancelled: Counter[str] = Counter()  # "queued" | "prefill" | "running" -> n
         self.finished: Counter[str] = Counter()  # finish reason -> n
         self.queue_depth = 0
         self.active = 0
@@ -201,7 +201,8 @@ class Metrics:
                       ({"picked": "host"}, self.decode_tokens - self.device_picked)])
             w.family("strata_requests_cancelled_total", "counter",
                      "Requests whose client went away, by where they were.",
-                     [({"where": k}, self.cancelled.get(k, 0)) for k in ("queued", "running")])
+                     [({"where": k}, self.cancelled.get(k, 0))
+                      for k in ("queued", "prefill", "running")])
             w.family("strata_requests_finished_total", "counter", "Generations ended, by reason.",
                      [({"reason": k}, n) for k, n in sorted(self.finished.items())])
             w.family("strata_queue_depth", "gauge", "Requests waiting for a slot.",

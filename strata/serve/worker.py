@@ -7,7 +7,8 @@ settings it draws as the host `Sampler` would (`picks`) gets its token from the 
 logits: nothing is sampled for it on the host, and one token crosses the bus; the others' logits
 come back for the host to sample.
 Cancelled jobs are dropped before each step, so a client that goes away frees its slot within
-one decode step, and a job cancelled while queued is never prefilled.
+one decode step, a job cancelled while queued is never prefilled, and one cancelled during its
+prompt stops at the prompt's next chunk (`strata.engine.interrupt`).
 
 Where every running sequence is picked on the device and none is at its budget's last token,
 the next step is enqueued before this one's tokens are read (`begin_picked` fed on the device),
@@ -28,6 +29,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from strata.engine.interrupt import PrefillInterrupted, interruptible
 from strata.engine.sampler import SamplingParams, token_logprobs
 from strata.serve.batch import BatchEngine
 from strata.serve.errors import ApiError
@@ -233,7 +235,12 @@ class Worker:
             self._publish_load()
             t0 = time.perf_counter()
             try:
-                logits = self.engine.prefill(slot, job.prompt, **self._prefill_kw)
+                with interruptible(lambda job=job: job.cancelled):
+                    logits = self.engine.prefill(slot, job.prompt, **self._prefill_kw)
+            except PrefillInterrupted:  # its client went away: the GPU is the next job's
+                self._finish(seq, job.end_reason,
+                             cancelled_in=_dropped_in(job.end_reason, "prefill"))
+                continue
             except Exception as e:  # an engine failure ends this job, never the server
                 log.exception("prefill failed for job %d", job.id)
                 self._finish(seq, "error", error=f"prefill failed: {e}")

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from strata.engine.interrupt import checkpoint
 from strata.engine.json_constraint import TokenBytes
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
@@ -115,6 +116,11 @@ class ScriptedEngine:
         self.released: list[int] = []
         self.gate: threading.Semaphore | None = None
         self.fail_prefill_on: str | None = None  # a prompt substring that makes prefill raise
+        # a prompt holding "LONG" is prefilled a character a chunk, with `checkpoint()` between
+        # (`strata.engine.interrupt`); after its first chunk it sets `in_prompt` and waits for
+        # `go_on` (a test cancels it there); `chunks_run` counts its chunks
+        self.in_prompt, self.go_on = threading.Event(), threading.Event()
+        self.chunks_run = 0
 
     def _logits(self, slot: int) -> np.ndarray:
         answer, pos = self._answer[slot], self._pos[slot]
@@ -126,6 +132,15 @@ class ScriptedEngine:
         text = "".join(chr(t) for t in tokens)
         if self.fail_prefill_on is not None and self.fail_prefill_on in text:
             raise RuntimeError("scripted prefill failure")
+        if "LONG" in text:
+            for i in range(len(text)):
+                if i:
+                    checkpoint()
+                self.chunks_run += 1
+                if i == 0:
+                    self.in_prompt.set()
+                    if not self.go_on.wait(10):
+                        raise TimeoutError("the test never let the prompt go on")
         self.prefills.append(text)
         self._answer[slot] = encode(self.script(text))
         self._pos[slot] = 0

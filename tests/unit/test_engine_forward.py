@@ -128,3 +128,29 @@ def test_max_context_defaults_to_the_model_capped_and_is_checked(models):
     assert CpuEngine(model).max_context == min(model.shape.n_ctx_train, 4096)
     with pytest.raises(ValueError, match="max_context must be at least 1"):
         CpuEngine(model, max_context=0)
+
+
+def test_a_prompt_stops_between_chunks_when_its_check_says_so(models):
+    """`strata.engine.interrupt`: inside `interruptible(check)`, the prompt stops at the
+    chunk boundary after check() turns true (a server's cancelled request); the engine is
+    then reset and runs the next prompt as if nothing had happened. Outside, or with a check
+    that stays false, nothing changes."""
+    from strata.engine.interrupt import PrefillInterrupted, interruptible
+    model, _ = models["Q8_0"]
+    seq = PROMPT * 3
+    full = CpuEngine(model, max_context=32).prefill(seq)
+    eng = CpuEngine(model, max_context=32, prefill_chunk=3)
+    calls = []
+
+    def check():
+        calls.append(eng.n_past)
+        return eng.n_past >= 6
+    with interruptible(check), pytest.raises(PrefillInterrupted):
+        eng.prefill(seq)
+    assert calls == [3, 6] and eng.n_past == 6  # two chunks run, stopped before the third
+    eng.reset()
+    with interruptible(lambda: False):
+        after = eng.prefill(seq)
+    np.testing.assert_array_equal(after, CpuEngine(model, max_context=32,
+                                                   prefill_chunk=3).prefill(seq))
+    assert _rel(after, full) < 1e-5

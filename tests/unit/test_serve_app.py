@@ -759,3 +759,31 @@ def test_the_sdks_read_through_keep_alive_comments(monkeypatch):
                                            messages=[{"role": "user", "content": "hello"}])
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
             "Hi there!"
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "<note>be kind</note>"}, {"type": "text", "text": "hello"}]}]}),
+    ("/v1/messages", {"model": "fake", "max_tokens": 20, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "<note>be kind</note>"}, {"type": "text", "text": "hello"}]}]}),
+    ("/v1/responses", {"model": "fake", "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "<note>be kind</note>"},
+        {"type": "input_text", "text": "hello"}]}]}),
+])
+def test_text_parts_of_a_message_reach_the_template_a_line_apart(h, route, body):
+    """Claude Code sends a reminder block before the user's words: back to back they ran
+    together ("</note>hello"); every route joins a message's parts with a newline, as vLLM."""
+    r = h.client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    assert "<user><note>be kind</note>\nhello" in h.model.rendered[-1]
+
+
+def test_anthropic_tool_result_blocks_are_joined_a_line_apart(h):
+    r = h.client.post("/v1/messages", json=msgs(messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "sunny"}, {"type": "text", "text": "20 C"}]}]}]))
+    assert r.status_code == 200, r.text
+    assert "<tool>sunny\n20 C" in h.model.rendered[-1]

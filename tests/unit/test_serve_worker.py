@@ -231,3 +231,40 @@ def test_job_that_cannot_fit_is_refused_before_queueing():
     engine.max_context = 10
     with pytest.raises(ValueError, match="clamp max_tokens"):
         worker.submit(job("abcdef", max_tokens=8)[0])
+
+
+def test_a_job_cancelled_during_its_prompt_stops_at_the_next_chunk():
+    """A client that leaves while its long prompt is computed (Claude Code's Esc): the prompt
+    stops at its next chunk (`strata.engine.interrupt`), the job ends "cancelled" with nothing
+    generated, its slot and KV are dropped, and the job queued behind it runs at once."""
+    engine, worker, metrics = make(lambda p: "ok")
+    long_job, long_sink = job("LONG prompt of many chunks")
+    next_job, next_sink = job("next")
+    worker.submit(long_job)
+    worker.submit(next_job)
+    worker.start()
+    try:
+        assert engine.in_prompt.wait(10)
+        long_job.cancel()
+        engine.go_on.set()
+        assert long_sink.finish.reason == "cancelled" and long_sink.finish.n_completion == 0
+        assert next_sink.text == "ok" and next_sink.finish.reason == "stop"
+    finally:
+        worker.stop()
+    assert engine.chunks_run == 1  # of 26: stopped at the first checkpoint
+    assert engine.prefills == ["next"] and engine.released.count(0) == 2
+    assert metrics.cancelled == {"prefill": 1}
+    assert not [e for e in long_sink.events if isinstance(e, (TextEvent, PromptEvent))]
+
+
+def test_a_prompt_not_cancelled_runs_every_chunk():
+    engine, worker, metrics = make(lambda p: "fine")
+    j, sink = job("LONG but wanted")
+    engine.go_on.set()
+    worker.submit(j)
+    worker.start()
+    try:
+        assert sink.text == "fine" and sink.finish.reason == "stop"
+    finally:
+        worker.stop()
+    assert engine.chunks_run == len("LONG but wanted") and not metrics.cancelled

@@ -8,6 +8,7 @@ import numpy as np
 
 from strata.engine.cpu.layers import CpuLayers, CpuModel
 from strata.engine.engine import Callback, Engine, kept_positions
+from strata.engine.interrupt import checkpoint
 from strata.engine.qwen3moe import forward
 from strata.gguf import ModelFile
 from strata.kv import HostKVCache
@@ -77,6 +78,8 @@ class CpuEngine(Engine):
         ids = self.check_tokens(tokens)
         logits = None
         for i in range(0, ids.size, self.prefill_chunk):
+            if i:
+                checkpoint()  # a cancelled request's prompt stops here (`interrupt`)
             logits = self._run(ids[i:i + self.prefill_chunk])
         return logits
 

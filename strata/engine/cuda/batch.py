@@ -48,6 +48,7 @@ from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import device_params, may_fall_back, picks
 from strata.engine.cuda.rows import RowTable
 from strata.engine.engine import ContextFullError, EngineInputError, PromptRecord
+from strata.engine.interrupt import checkpoint
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
@@ -234,6 +235,8 @@ class CudaBatchEngine:
             P, R = m.arena.prompt_views(use)
             run = PromptRun(self._row_view(row), P, R, use.chunk, self.traffic)
             for off in range(0, ids.size, use.chunk):
+                if off:
+                    checkpoint()  # a cancelled request's prompt stops here (`interrupt`)
                 part = ids[off:off + use.chunk]
                 run.chunk_step(part, int(self.rows.n_past[row]))
                 self.rows.n_past[row] += part.size

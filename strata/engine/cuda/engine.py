@@ -21,6 +21,7 @@ from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
                                           put_params, run_ahead, step_mode)
 from strata.engine.engine import ContextFullError, Engine, kept_positions
+from strata.engine.interrupt import checkpoint
 from strata.engine.sampler import SamplingParams
 from strata.experts import DecodeHits, PrefillTraffic
 from strata.plan import check_runtime_use, runtime_use
@@ -97,6 +98,8 @@ class CudaEngine(Engine):
             P, R = m.arena.prompt_views(use)
             run = PromptRun(m, P, R, use.chunk, self.traffic)
             for off in range(0, ids.size, use.chunk):
+                if off:
+                    checkpoint()  # a cancelled request's prompt stops here (`interrupt`)
                 part = ids[off:off + use.chunk]
                 run.chunk_step(part, self._n_past)
                 self._n_past += int(part.size)

@@ -23,6 +23,7 @@ from strata.engine.cuda.prefill import PromptRun
 from strata.engine.cuda.run_ahead import (TokenRing, clear_nan, device_params, nan_error, picks,
                                           put_params, run_ahead, step_mode)
 from strata.engine.engine import ContextFullError, Engine, kept_positions
+from strata.engine.interrupt import checkpoint
 from strata.engine.multi.model import SplitModel, _null, _sim
 from strata.engine.multi.tiers import TierDecodeStep
 from strata.engine.sampler import SamplingParams
@@ -115,6 +116,8 @@ class SplitEngine(Engine):
                 P, R = m.arena.prompt_views(uses[g])
                 runs.append(PromptRun(m, P, R, chunk, self.traffic))
             for off in range(0, ids.size, chunk):
+                if off:
+                    checkpoint()  # a cancelled request's prompt stops here (`interrupt`)
                 part = ids[off:off + chunk]
                 n = int(part.size)
                 for g, _ in self._each():
