@@ -28,6 +28,7 @@ from strata.serve import (anthropic_dialect, conversations_dialect, ollama_diale
 from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import parse_json
 from strata.serve.openapi import build_schema
+from strata.serve.request_ids import RequestIds
 from strata.serve.sse import ClientGone
 from strata.serve.state import ServerState
 
@@ -222,9 +223,10 @@ class Server:
         # before auth, as the API key travels only with the real request
         cors = Middleware(CORSMiddleware, allow_origins=list(self.cors_origins),
                           allow_origin_regex=LOCAL_ORIGINS, allow_methods=["GET", "POST", "DELETE"],
-                          allow_headers=["*"], max_age=600)
+                          allow_headers=["*"], expose_headers=["x-request-id", "request-id"],
+                          max_age=600)
         return Starlette(routes=self.routes(), exception_handlers={HTTPException: http_error},
-                         middleware=[cors])
+                         middleware=[Middleware(RequestIds), cors])
 
 
 async def list_models(request: Request, state: ServerState) -> Response:

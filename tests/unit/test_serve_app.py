@@ -4,6 +4,7 @@ responses and streams in both dialects, tool calls, clamping, and every error pa
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -787,3 +788,29 @@ def test_anthropic_tool_result_blocks_are_joined_a_line_apart(h):
             {"type": "text", "text": "sunny"}, {"type": "text", "text": "20 C"}]}]}]))
     assert r.status_code == 200, r.text
     assert "<tool>sunny\n20 C" in h.model.rendered[-1]
+
+
+def test_every_response_names_its_request(h):
+    """x-request-id (the OpenAI SDK's `_request_id`) and request-id (the Anthropic SDK's), one
+    id, fresh per request; a client's own plain x-request-id comes back, any other is
+    replaced; errors and streams carry it too."""
+    a = h.client.post("/v1/chat/completions", json=chat(max_tokens=3))
+    b = h.client.post("/v1/messages", json=msgs())
+    for r in (a, b):
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
+        assert rid == r.headers["request-id"] and re.fullmatch(r"req_[0-9a-f]{24}", rid)
+    assert a.headers["x-request-id"] != b.headers["x-request-id"]
+    own = h.client.post("/v1/chat/completions", json=chat(max_tokens=3),
+                        headers={"x-request-id": "trace-42.a_b"})
+    assert own.headers["x-request-id"] == own.headers["request-id"] == "trace-42.a_b"
+    odd = h.client.get("/v1/models", headers={"x-request-id": "a b\\u00e9"})
+    assert re.fullmatch(r"req_[0-9a-f]{24}", odd.headers["x-request-id"])
+    bad = h.client.post("/v1/chat/completions", json={"model": "fake"})
+    assert bad.status_code == 400 and bad.headers["request-id"].startswith("req_")
+    with h.client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as s:
+        assert s.headers["x-request-id"].startswith("req_")
+        assert "[DONE]" in "".join(s.iter_text())
+    cors = h.client.options("/v1/chat/completions", headers={
+        "origin": "http://localhost:3000", "access-control-request-method": "POST"})
+    assert cors.status_code == 200 and cors.headers["x-request-id"].startswith("req_")
