@@ -17,7 +17,9 @@ naming where it is, never ignored). `tool_choice.disable_parallel_tool_use` ends
 at its first complete `tool_use` (at most one).
 
 `thinking` `{"type": "enabled"}` or `{"type": "disabled"}` reaches the chat template as
-`enable_thinking` (Qwen3's switch); its `budget_tokens` is not enforced. A request without
+`enable_thinking` (Qwen3's switch); `budget_tokens` bounds the reasoning: where the block is
+still open at its last token, that token is the closing tag (`Sampling.reasoning_budget`, where
+the tags are one token each, as Qwen3's are), and the answer follows. A request without
 `thinking` runs with it off, as Anthropic's API does; `"adaptive"` leaves it to the template. A
 `system` message among the messages (Claude Code's reminders) is a system turn where it stands;
 a `redacted_thinking` block (reasoning Anthropic's models encrypted for themselves) is dropped.
@@ -285,9 +287,12 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
     # first block as text), though Qwen3's template thinks unless told not to; "adaptive"
     # leaves it to the template
     switch: tuple = (("enable_thinking", False),)
+    budget = None
     if thinking is not None:
         kind = thinking.str("type", required=True, choices=("enabled", "disabled", "adaptive"))
         switch = () if kind == "adaptive" else (("enable_thinking", kind == "enabled"),)
+        if kind == "enabled":  # Anthropic's API asks 1,024 or more; any positive count here
+            budget = thinking.int("budget_tokens", default=None, minimum=1, maximum=1 << 30)
     tools, choice, tool_schemas, parallel = _tools(f)
     json_object, json_schema = _output_format(f)
     if prefill and json_object:
@@ -306,5 +311,6 @@ def parse_messages(f: Fields, state, *, counting: bool = False) -> MessagesReque
         temperature=f.number("temperature", default=1.0, minimum=0.0, maximum=1.0),
         top_p=f.number("top_p", default=1.0, minimum=1e-9, maximum=1.0),
         top_k=f.int("top_k", default=0, minimum=0, maximum=1 << 20), stop=_stops(f),
-        template_vars=switch, prefill=prefill, parallel_tool_calls=parallel)
+        template_vars=switch, prefill=prefill, parallel_tool_calls=parallel,
+        reasoning_budget=budget)
     return MessagesRequest(chat=chat, stream=f.bool("stream"))

@@ -80,6 +80,7 @@ class ChatInput:
     # False: at most one tool call (OpenAI's `parallel_tool_calls`, Anthropic's
     # `disable_parallel_tool_use`; `Prepared.one_call`)
     parallel_tool_calls: bool = True
+    reasoning_budget: int | None = None  # the most reasoning tokens (`Sampling`)
 
     def __post_init__(self) -> None:
         if not self.messages:
@@ -152,8 +153,9 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
               if use_tools and model.tool_calls_parsed else None)
     sampling = chat.sampling(max_tokens, strict)
     ids = getattr(model, "think_ids", None) if split else None
-    if ids is not None:  # the reasoning's tokens counted, for usage
-        sampling = dataclasses.replace(sampling, reasoning_ids=ids, reasoning_open=opened)
+    if ids is not None:  # the reasoning's tokens counted, for usage, and held to a budget
+        sampling = dataclasses.replace(sampling, reasoning_ids=ids, reasoning_open=opened,
+                                       reasoning_budget=chat.reasoning_budget)
     parse = use_tools and model.tool_calls_parsed
     return Prepared(prompt=tuple(prompt), sampling=sampling,
                     requested_max_tokens=chat.max_tokens, parse_tools=parse,

@@ -51,6 +51,9 @@ class Sampling:
     # prompt opened the block, so the first token is already inside it
     reasoning_ids: tuple[int, int] | None = None
     reasoning_open: bool = False
+    # at most this many reasoning tokens (Anthropic's thinking.budget_tokens): where the block
+    # is still open at the last of them, the closing tag is that token (with reasoning_ids)
+    reasoning_budget: int | None = None
 
     @property
     def host_sampled(self) -> bool:
@@ -75,6 +78,8 @@ class Sampling:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not 0.0 < self.repeat_penalty <= 10.0:
             raise ValueError(f"repeat_penalty must be in (0, 10], got {self.repeat_penalty}")
+        if self.reasoning_budget is not None and self.reasoning_budget < 1:
+            raise ValueError(f"reasoning_budget must be at least 1, got {self.reasoning_budget}")
         if self.repeat_last_n < 0:
             raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:

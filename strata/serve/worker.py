@@ -84,6 +84,46 @@ class _Seq:
     tokens: list[int] = field(default_factory=list)  # generated, in order
     n_cached: int = 0  # prompt tokens the engine found in its KV
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent with text
+    # its reasoning block (`Sampling.reasoning_ids`): open now, and the tokens it holds so far
+    # (as `count_reasoning` counts them: the tags included); a closed block never reopens
+    thinking: bool = False
+    n_thought: int = 0
+
+
+def _count_thought(seq: _Seq, token: int) -> None:
+    """Follow `seq`'s reasoning block through its next token (`_Seq.thinking`)."""
+    ids = seq.job.sampling.reasoning_ids
+    if ids is None:
+        return
+    if seq.thinking:
+        seq.n_thought += 1
+        seq.thinking = token != ids[1]
+    elif seq.n_generated == 0 and seq.n_thought == 0 and token == ids[0]:
+        seq.thinking, seq.n_thought = True, 1  # the answer opened the block
+
+
+def _budget_close(seq: _Seq) -> int | None:
+    """The closing tag where `seq`'s next token is the last its reasoning budget allows and
+    the block is still open (the tag is that token: the answer follows), else None. Where a
+    constraint holds the tokens, only if it allows the tag there."""
+    p = seq.job.sampling
+    if p.reasoning_budget is None or p.reasoning_ids is None or not seq.thinking:
+        return None
+    if seq.n_thought + 1 < p.reasoning_budget:
+        return None
+    close = p.reasoning_ids[1]
+    constraint = getattr(seq.sample, "constraint", None)
+    return close if constraint is None or constraint.allows(close) else None
+
+
+def _budget_near(seq: _Seq) -> bool:
+    """Whether `seq`'s token after the next may be its budget's closing tag (or the next is):
+    the step after this one must then be fed by the host, not run ahead on the device's pick.
+    One token of margin for a block the next token may open."""
+    p = seq.job.sampling
+    return (p.reasoning_budget is not None and p.reasoning_ids is not None
+            and (seq.thinking or seq.n_generated == 0)
+            and seq.n_thought + 2 >= p.reasoning_budget)
 
 
 class Worker:
@@ -225,7 +265,8 @@ class Worker:
             slot = self._free.pop()
             seq = _Seq(job=job, slot=slot, sample=self.decoding.sampler(job.sampling),
                        text=self.decoding.text_stream(job.prompt[-1]),
-                       stops=StopMatcher(job.sampling.stop))
+                       stops=StopMatcher(job.sampling.stop),
+                       thinking=job.sampling.reasoning_open)
             if hasattr(seq.sample, "accept"):  # the penalties' window holds the prompt too,
                 seq.sample.accept(job.prompt)  # as the engine's token history does
             # logprobs and a JSON constraint read the logits: the host samples such a sequence
@@ -325,25 +366,37 @@ class Worker:
         return self.run_ahead and bool(batch) and all(
             s.device is not None and not s.done and not s.job.cancelled
             and not (falls_back is not None and falls_back(s.device))
-            and s.n_generated + 1 < s.job.sampling.max_tokens for s in batch)
+            and s.n_generated + 1 < s.job.sampling.max_tokens
+            and not _budget_near(s) for s in batch)
 
     def _accept(self, seq: _Seq, item, *, picked: bool = False) -> None:
         """Take the next token of `seq` (`item`: its logits to sample, or with `picked` the
         token the engine chose) and send what it decides. A failure here (sampling, decoding
         text) ends that sequence with an error; the others and the thread go on."""
         try:
+            close = _budget_close(seq)
+            n_top = seq.job.sampling.logprobs
             if picked:
                 token = int(item)
                 if token < 0:  # the engine's sign that the step's logits held a NaN
                     raise ValueError("logits contain NaN: the engine produced invalid values")
+                token = token if close is None else close  # fed to the next step by the host
                 if hasattr(seq.sample, "accept"):  # its repeat window, should the host go on
                     seq.sample.accept([token])
                 entry = None
-            else:
-                token = int(seq.sample(item))
-                n_top = seq.job.sampling.logprobs
+            elif close is not None:  # the sampler's window and constraint take it as drawn
+                token = close
+                if hasattr(seq.sample, "accept"):
+                    seq.sample.accept([token])
+                if getattr(seq.sample, "constraint", None) is not None:
+                    seq.sample.constraint.advance(token)
                 entry = (None if n_top is None
                          else TokenLogprob(token, *token_logprobs(item, token, n_top)))
+            else:
+                token = int(seq.sample(item))
+                entry = (None if n_top is None
+                         else TokenLogprob(token, *token_logprobs(item, token, n_top)))
+            _count_thought(seq, token)
             self._advance(seq, token, entry)
         except Exception as e:
             log.exception("sampling failed for job %d", seq.job.id)

@@ -371,3 +371,25 @@ def test_a_models_think_tags_are_counted_where_each_is_one_token(tags_are_tokens
             meta["tokenizer.ggml.tokens"].index("</think>")) if tags_are_tokens else None
     assert served().think_ids == want
     assert served(split=False).think_ids is None  # --reasoning none: nothing split or counted
+
+
+def test_anthropic_budget_tokens_bounds_the_reasoning(h):
+    """thinking.budget_tokens reaches the worker as `Sampling.reasoning_budget`: the block
+    ('<' opens and '>' closes here, the character vocabulary's stand-ins for Qwen3's one-token
+    tags) ends at the budget's last token, the closing tag, however long the model would go
+    on; without a budget it runs as the model says. A budget that is not a positive integer
+    is a 400 naming it."""
+    h.model.think_ids = (ord("<"), ord(">"))
+    body = {"model": "fake", "max_tokens": 60, "messages": HELLO}
+
+    def text(thinking):
+        r = h.client.post("/v1/messages", json={**body, "thinking": thinking})
+        assert r.status_code == 200, r.text
+        return "".join(b.get("text", "") + b.get("thinking", "") for b in r.json()["content"])
+    assert text({"type": "enabled", "budget_tokens": 3}).startswith("<t>")  # '<', 't', '>'
+    assert text({"type": "enabled", "budget_tokens": 1000}) == "Let me see.Hi there!"
+    assert text({"type": "enabled"}) == "Let me see.Hi there!"
+    for bad in (0, -5, "many", 2.5):
+        r = h.client.post("/v1/messages", json={**body, "thinking": {
+            "type": "enabled", "budget_tokens": bad}})
+        assert r.status_code == 400 and "thinking.budget_tokens" in r.text, r.text

@@ -215,3 +215,59 @@ def test_a_finished_requests_tokens_go_back_with_its_slot():
     (sink,) = run_jobs(engine, [("abxy?", greedy)], prefix_cache=False)
     assert engine.reuse[-1] is False and engine.kept[-1] == (0, None)
     assert sink.finish.n_cached == 0
+
+
+class FeedRecording(AheadEngine):
+    """AheadEngine recording each token the host fed (None: fed on the device)."""
+
+    def __init__(self, script, **kw):
+        super().__init__(script, **kw)
+        self.fed: list[int | None] = []
+
+    def begin_picked(self, slots, tokens, params):
+        self.fed.extend([None] * len(slots) if tokens is None else list(tokens))
+        self.beginning = True
+        try:
+            return super().begin_picked(slots, tokens, params)
+        finally:
+            self.beginning = False
+
+    def decode_picked(self, slots, tokens, params):
+        if not getattr(self, "beginning", False):
+            self.fed.extend(tokens)
+        return super().decode_picked(slots, tokens, params)
+
+    def decode(self, slots, tokens):
+        self.fed.extend(tokens)
+        return super().decode(slots, tokens)
+
+
+@pytest.mark.parametrize("top_k, run_ahead", [(0, True), (0, False), (7, True)])
+def test_a_reasoning_budget_closes_the_block_at_its_last_token(top_k, run_ahead):
+    """`Sampling.reasoning_budget` (Anthropic's thinking.budget_tokens): the block's tokens
+    ('<' opens, '>' closes: the character vocabulary's stand-ins for Qwen3's one-token tags)
+    stop at the budget, whose last is the closing tag whatever the model would have said
+    there, picked on the device (the host feeds the tag: no step runs ahead across it) or
+    sampled on the host alike; the answer follows, and the reasoning counted is the budget."""
+    engine = FeedRecording(lambda p: "<abcdefgh>answer", n_slots=1)
+    sampling = Sampling(max_tokens=50, temperature=0.0, top_k=top_k,
+                        reasoning_ids=(ord("<"), ord(">")), reasoning_budget=5)
+    (sink,) = run_jobs(engine, [("q", sampling)], run_ahead=run_ahead)
+    # the script goes on from where it was (the fake ignores what it is fed)
+    assert sink.text == "<abc>efgh>answer" and sink.finish.reason == "stop"
+    assert sink.finish.n_reasoning == 5
+    assert engine.fed[4] == ord(">")  # the tag, fed by the host to the step after it
+    unbounded = Sampling(max_tokens=50, temperature=0.0, top_k=top_k,
+                         reasoning_ids=(ord("<"), ord(">")))
+    (sink,) = run_jobs(FeedRecording(lambda p: "<abcdefgh>answer"), [("q", unbounded)],
+                       run_ahead=run_ahead)
+    assert sink.text == "<abcdefgh>answer" and sink.finish.n_reasoning == 10
+
+
+def test_a_budget_the_block_stays_within_changes_nothing_and_runs_ahead():
+    engine = FeedRecording(lambda p: "<ab>answer and more", n_slots=1)
+    sampling = Sampling(max_tokens=50, temperature=0.0, reasoning_ids=(ord("<"), ord(">")),
+                        reasoning_budget=12)
+    (sink,) = run_jobs(engine, [("q", sampling)])
+    assert sink.text == "<ab>answer and more" and sink.finish.n_reasoning == 4
+    assert engine.fed_on_device > 5  # held back only while the budget was near
