@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
-from .intrinsics import warp_sum
+from .intrinsics import small_divmod, warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .gridsync import count_add
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
@@ -209,19 +209,8 @@ def _gate_up_lanes_rows(lf: LaneFormat):
 
 
 
-@cuda.jit(device=True, inline="always")
-def _unit(u, n, inv_n):
-    """(u // n, u % n) for inv_n = 1 / n, by a float multiply, then corrected (u stays far below
-    2^24): down's unit u = sb * k + c gives (sb, c) (`down_units`)."""
-    q = int((np.float32(u) + np.float32(0.5)) * inv_n)
-    r = u - q * n
-    if r < 0:
-        q -= 1
-        r += n
-    if r >= n:
-        q += 1
-        r -= n
-    return q, r
+# (u // n, u % n): down's unit u = sb * k + c gives (sb, c) (`down_units`)
+_unit = small_divmod
 
 
 def down_units(lf: LaneFormat):

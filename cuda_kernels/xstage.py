@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, st_x4
+from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, small_divmod, st_x4
 
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
 # The staging loops are while loops: numba computes the trip count of a range whose step is the
@@ -136,15 +136,7 @@ def _rows_quad(qq, n_quads, n_q, inv_n_q, n_ff, r0):
     """The quad of x (its index in all of x) that quad qq of a row range holds (see
     `stage_padded_rows`), clamped to the range's last; and the bound `_put_quad` takes: past
     the quad where qq is in the range, else 0 (not stored)."""
-    qc = min(qq, n_quads - 1)
-    c = int((np.float32(qc) + np.float32(0.5)) * inv_n_q)  # qc // n_q, corrected below
-    i = qc - c * n_q
-    if i < 0:
-        c -= 1
-        i += n_q
-    if i >= n_q:
-        c += 1
-        i -= n_q
+    c, i = small_divmod(min(qq, n_quads - 1), n_q, inv_n_q)
     g = ((c * n_ff + r0) >> 2) + i
     return g, (g + 1 if qq < n_quads else 0)
 
