@@ -90,8 +90,12 @@ BARRIER = "count"
 # block has, so the blocks done first with gate/up dot down's first units while the last ones
 # still write the rest of h, instead of all waiting for the last (the stamps put ~3 us between
 # the median block's gate/up and the barrier's release). At most MAX_GROUPS groups (the barrier
-# state then holds a count each: `groups`); False: one group, the barrier as before.
-GROUPED = True
+# state then holds a count each: `groups`); False: one group, the barrier as before. Off until
+# timed: built and checked in the simulator on 2026-12-06 (bit for bit one group's outputs and
+# the two launches'), when no GPU came to time it or to run its barrier
+# (`bench/probes/moe_fused_variants.py --only "defaults,groups,defaults,groups"` and
+# tests/gpu/test_kernels_decode_gpu.py with it on are the A/B and the check).
+GROUPED = False
 MAX_GROUPS = 4
 
 # Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap

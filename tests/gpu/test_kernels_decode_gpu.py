@@ -185,7 +185,8 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]
 
 
-def test_moe_fused_graph_replays_bit_for_bit():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_moe_fused_graph_replays_bit_for_bit(grouped, monkeypatch):
     """The fused MoE launch (gate/up, a barrier across the grid, down) captured in a CUDA graph
     of 12 layers' launches sharing one barrier state, replayed 50 times: every replay's h and
     output bit for bit those of the two launches, and the barrier's state at launches so far
@@ -199,6 +200,7 @@ def test_moe_fused_graph_replays_bit_for_bit():
     from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.qformats import get_format
     cuda = _cuda()
+    monkeypatch.setattr(fused_mod, "GROUPED", grouped)  # h's rows in groups (moe_fused.groups)
     ctx = Ctx(seed=7)
     n_layer, n_expert, k = 12, 128, 8
     lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q6_K", n_layer=n_layer,
@@ -252,7 +254,8 @@ def test_moe_fused_graph_replays_bit_for_bit():
     for h1, out1 in runs[True]:
         np.testing.assert_array_equal(h1, h2)
         np.testing.assert_array_equal(out1, out2)
-    ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
+    ROWS.append((f"moe fused graph x50{' groups' if grouped else ''}", f"{n_layer} layers", 0.0,
+                 1e-12))
 
 
 def test_norm_rope_router_elementwise():

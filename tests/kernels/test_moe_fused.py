@@ -94,6 +94,7 @@ def test_groups_of_h_rows(monkeypatch):
 
     from strata.cuda_kernels.lanes import LANE_FORMATS
     q4, q6, q8 = (LANE_FORMATS[int(t)] for t in (T.Q4_K, T.Q6_K, T.Q8_0))
+    monkeypatch.setattr(moe_fused, "GROUPED", True)
     assert moe_fused.groups(q4, 8, 3, 4) == (3, 1) and moe_fused.groups(q6, 8, 3, 4) == (3, 1)
     assert moe_fused.groups(q4, 8, 6, 4) == (3, 2) and moe_fused.groups(q4, 8, 3, 2) == (2, 2)
     assert moe_fused.groups(q4, 8, 3, 1) == (1, 3)
@@ -131,6 +132,7 @@ def test_fused_in_groups_matches_one_group_and_two_launches(dn, cpu_misses, monk
     n_embd, n_ff, n_expert, layer, k = 256, 768, 10, 1, 8
     layout = ExpertLayout(n_embd, n_ff, "Q4_K", dn)
     gu_lf, dn_lf = _gate_up_lanes_for(layout), lane_format(get_format(dn).ggml_type)
+    monkeypatch.setattr(moe_fused, "GROUPED", True)
     assert moe_fused.groups(dn_lf, k, 3, 4) == (3, 1)
     store, mats = _store(layout, "Q4_K", dn, rng, n_expert=n_expert)
     ids = np.array([4, 7, 0, 9, 2, 5, 1, 8], np.int32)   # 4 and 0 cached, the rest on the host
