@@ -315,10 +315,14 @@ def groups(dn: LaneFormat, k: int, n_sb: int, n_counts: int) -> tuple[int, int]:
         return 1, n_sb
     unit = dn.sbs_per_step // math.gcd(k, dn.sbs_per_step)
     for n_groups in range(min(MAX_GROUPS, n_counts), 0, -1):
-        per = -(-(-(-n_sb // n_groups)) // unit) * unit  # ceil(n_sb / n_groups), rounded up
+        per = _ceil(_ceil(n_sb, n_groups), unit) * unit  # n_sb / n_groups, to a unit's multiple
         if per < n_sb:
-            return -(-n_sb // per), per
+            return _ceil(n_sb, per), per
     return 1, n_sb
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 TURN_BITS = 16  # a turn's field in `turn_table`
@@ -377,6 +381,7 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             log, n_row_blocks, out, device_table(dn), sync)
     n_groups, group_sbs = groups(dn, k, dn_n_sb, sync.shape[0] // 2)
     grid = max(n_gu_blocks, n_row_blocks)
+
     def grouping(grid):  # (groups, super-blocks a group, turns) of a launch of grid blocks
         turns = turn_table(n_items, grid * LANE_WARPS, k, n_ff, n_groups, group_sbs * dn_values)
         return (n_groups, group_sbs, turns) if turns >= 0 else (1, dn_n_sb, 0)

@@ -9,9 +9,9 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
+from .gridsync import count_add
 from .intrinsics import small_divmod, warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
-from .gridsync import count_add
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import MAX_K, resolve_compact, route_resolve
 from .lanes_x8 import stager
@@ -28,7 +28,7 @@ def gate_up_items(lf: LaneFormat):
       run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
           xs, sums_off, tab_s, h, n_ff)   the warp's items, each next one loaded before the
                                         current one is dotted; h entries written by lane 0
-      run_turns(it, row, kk, cur, ...as run..., bar, n_groups, group_rows, arrive)
+      run_turns(it, row, kk, cur, ...as run..., bar, n_groups, turns, arrive)
                                         `run` in turns the whole block takes together, with the
                                         block's arrivals at the counts of groups of h rows (the
                                         whole block calls it; see there)"""
