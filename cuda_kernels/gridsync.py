@@ -7,7 +7,7 @@ cannot hold at once) with no more blocks than `max_cooperative_grid_blocks` says
 
 The state is two int32 in device memory (8-byte aligned), zero before the first launch, in one
 of two forms, with no reset between launches (or replays of a graph holding them):
-* a count (`count_target`, `count_arrive`, `count_wait`; the MoE's): the two words one 64-bit
+* a count (`count_target`, `count_arrive`, `count_poll`; the MoE's): the two words one 64-bit
   count, to which a launch's arrivals add exactly 2^32 (1 a block, block 0 the rest), each a
   release add whose value nobody waits for. A block reads the count at its start and waits for
   the next multiple of 2^32: launches of any grid may share the state.
@@ -70,13 +70,7 @@ def grid_sync(bar):
 
 
 @cuda.jit(device=True, inline="always")
-def count_target(bar):
-    """`count_target_at` of the count at words 0, 1."""
-    return count_target_at(bar, 0)
-
-
-@cuda.jit(device=True, inline="always")
-def count_target_at(bar, i):
+def count_target(bar, i):
     """Thread 0: the count (the 64-bit word at int32 words i, i + 1, never reset) at which this
     launch's barrier opens. Every launch adds exactly 2^32 (`count_arrive`), so read before this
     block arrives, the count's high word is the launches before this one: the target is the next
@@ -89,13 +83,7 @@ def count_target_at(bar, i):
 
 
 @cuda.jit(device=True, inline="always")
-def count_arrive(bar):
-    """`count_arrive_at` of the count at words 0, 1."""
-    count_arrive_at(bar, 0)
-
-
-@cuda.jit(device=True, inline="always")
-def count_arrive_at(bar, i):
+def count_arrive(bar, i):
     """This block's arrival at the count at words i, i + 1 (the whole block calls this): a
     block barrier, then thread 0's `count_add`."""
     cuda.syncthreads()
@@ -117,22 +105,14 @@ def count_add(bar, i):
 
 @cuda.jit(device=True, inline="always")
 def count_reached(bar, i, target):
-    """Thread 0: whether the count at words i, i + 1 has reached `target` (one acquire read;
-    a signed difference, so the 64-bit count may wrap, after 2^32 launches)."""
+    """Thread 0: whether the count at words i, i + 1 has reached `target` (`count_target`; one
+    acquire read; a signed difference, so the 64-bit count may wrap, after 2^32 launches)."""
     return np.int64(ld_acquire64(bar, i) - target) >= 0
 
 
 @cuda.jit(device=True, inline="always")
 def count_poll(bar, i, target):
-    """Thread 0: wait until the count at words i, i + 1 reaches `target`."""
+    """Thread 0: wait until the count at words i, i + 1 reaches `target` (then a block barrier
+    lets the block read what the arrivals published)."""
     while not count_reached(bar, i, target):
         cuda.nanosleep(POLL_NS)
-
-
-@cuda.jit(device=True, inline="always")
-def count_wait(bar, target):
-    """Wait until the count at words 0, 1 reaches `target` (`count_target`, thread 0's). The
-    whole block calls this."""
-    if cuda.threadIdx.x == 0:
-        count_poll(bar, 0, target)
-    cuda.syncthreads()

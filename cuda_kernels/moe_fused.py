@@ -24,6 +24,7 @@ the results are bit for bit those of the two launches (the same dots in the same
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -31,7 +32,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from .gridsync import (count_arrive_at, count_poll, count_reached, count_target_at, grid_arrive,
+from .gridsync import (count_arrive, count_poll, count_reached, count_target, grid_arrive,
                        grid_sync, grid_wait)
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
@@ -188,7 +189,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         if count and phase == 2:  # compile time, then the launch's: read before any arrival
             g = 0
             while g < n_groups:
-                tgt = count_target_at(bar, 2 * g)
+                tgt = count_target(bar, 2 * g)
                 if t == 0:
                     s_bar[g] = tgt
                 g += 1
@@ -238,7 +239,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             gen = 0
             if split and phase == 2:
                 if count:  # compile time
-                    count_arrive_at(bar, 2 * (n_groups - 1))  # this block's h written
+                    count_arrive(bar, 2 * (n_groups - 1))  # this block's h written
                 else:
                     gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
@@ -311,9 +312,14 @@ def groups(dn: LaneFormat, k: int, n_sb: int, n_counts: int) -> tuple[int, int]:
     a group holds a multiple of step / gcd(k, step) super-blocks: the 30B's (k 8, Q4_K or Q6_K
     down of 3 super-blocks) three groups of one. One group where GROUPED is off or the barrier
     is not the count."""
-    if not GROUPED or BARRIER != "count" or n_counts < 2:
+    return _groups(dn.sbs_per_step, k, n_sb, n_counts, GROUPED, BARRIER)
+
+
+def _groups(per_step: int, k: int, n_sb: int, n_counts: int, grouped: bool,
+            barrier: str) -> tuple[int, int]:
+    if not grouped or barrier != "count" or n_counts < 2:
         return 1, n_sb
-    unit = dn.sbs_per_step // math.gcd(k, dn.sbs_per_step)
+    unit = per_step // math.gcd(k, per_step)
     for n_groups in range(min(MAX_GROUPS, n_counts), 0, -1):
         per = _ceil(_ceil(n_sb, n_groups), unit) * unit  # n_sb / n_groups, to a unit's multiple
         if per < n_sb:
@@ -341,6 +347,17 @@ def turn_table(n_items: int, n_warps: int, k: int, n_ff: int, n_groups: int,
     if max(fields) >= 1 << TURN_BITS or len(fields) * TURN_BITS > 63:
         return -1
     return sum(f << (TURN_BITS * i) for i, f in enumerate(fields))
+
+
+@functools.lru_cache(maxsize=256)
+def _grouping(per_step: int, sb_values: int, k: int, n_sb: int, n_counts: int, n_items: int,
+              n_warps: int, n_ff: int, grouped: bool, barrier: str) -> tuple[int, int, int]:
+    """(groups, super-blocks a group, turns) of a launch (`groups`, `turn_table`; one group
+    where the turns pass the table), worked out once per shape and grid: `launch` runs for
+    every layer of every step where no graph replays it."""
+    n_groups, per = _groups(per_step, k, n_sb, n_counts, grouped, barrier)
+    turns = turn_table(n_items, n_warps, k, n_ff, n_groups, per * sb_values)
+    return (n_groups, per, turns) if turns >= 0 else (1, n_sb, 0)
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
@@ -379,20 +396,18 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
             n_route, bool(norm_topk), layout.down_off, layout.down_row_bytes, dn_n_sb,
             np.float32(1.0 / k), n_embd, bool(accumulate), padded_len(k * n_ff, dn.pad),
             log, n_row_blocks, out, device_table(dn), sync)
-    n_groups, group_sbs = groups(dn, k, dn_n_sb, sync.shape[0] // 2)
     grid = max(n_gu_blocks, n_row_blocks)
 
     def grouping(grid):  # (groups, super-blocks a group, turns) of a launch of grid blocks
-        turns = turn_table(n_items, grid * LANE_WARPS, k, n_ff, n_groups, group_sbs * dn_values)
-        return (n_groups, group_sbs, turns) if turns >= 0 else (1, dn_n_sb, 0)
+        return _grouping(dn.sbs_per_step, dn.sb_values, k, dn_n_sb, sync.shape[0] // 2, n_items,
+                         grid * LANE_WARPS, n_ff, GROUPED, BARRIER)
 
-    dn_values = dn.sb_values
     if SIMULATED:
         grid = min(grid, SIM_RESIDENT)
         for phase in (0, 1):
             kern[grid, LANE_THREADS, stream, shmem](*args, *grouping(grid), phase)
         return True
-    resident, compiled = _resident(kern, args + (n_groups, group_sbs, 0, 2), shmem)
+    resident, compiled = _resident(kern, args + (1, 1, 0, 2), shmem)  # their types
     key = (id(compiled), shmem)
     if resident < 1 or key in _REFUSED:
         return False

@@ -98,7 +98,7 @@ def _count_thought(seq: _Seq, token: int) -> None:
     if seq.thinking:
         seq.n_thought += 1
         seq.thinking = token != ids[1]
-    elif seq.n_generated == 0 and seq.n_thought == 0 and token == ids[0]:
+    elif seq.n_generated == 0 and token == ids[0]:
         seq.thinking, seq.n_thought = True, 1  # the answer opened the block
 
 

@@ -224,11 +224,12 @@ def test_fused_pairs_and_their_checks():
     layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
     store, _ = _store(layout, "Q4_K", "Q6_K", np.random.default_rng(3))
     z = np.zeros
-    with pytest.raises(ValueError, match="sync"):
-        moe_decode(z(256, np.float32), z(3, np.int32), z(3, np.float32), layer=1, layout=layout,
-                   **store, h=z((3, 256), np.float32), out=z(256, np.float32),
-                   miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
-                   sync=z(2, np.int64))
+    for bad in (z(2, np.int64), z(3, np.int32), z(1, np.int32)):  # int32, two a count
+        with pytest.raises(ValueError, match="sync"):
+            moe_decode(z(256, np.float32), z(3, np.int32), z(3, np.float32), layer=1,
+                       layout=layout, **store, h=z((3, 256), np.float32),
+                       out=z(256, np.float32), miss_list=z(3, np.int32),
+                       counters=z((2, 2), np.int64), sync=bad)
 
 
 def test_a_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch):
