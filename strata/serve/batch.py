@@ -25,6 +25,10 @@ sequence's prompt and its logits are kept while its KV holds them, so a prompt e
 them (the second choice, a request sent again) computes nothing: its logits are the recorded
 ones, bit for bit what its own prefill gave. (`common_prefix` leaves the last token to compute
 otherwise: KV alone does not give its logits.)
+
+A prompt stopped between its chunks (`strata.engine.interrupt`: its client went away) keeps
+the chunks it ran: the worker releases it with its prompt, and a retry of the same request
+computes only past them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from strata.engine.engine import PromptRecord, reusable_prefix
+from strata.engine.interrupt import PrefillInterrupted
 
 
 @runtime_checkable
@@ -137,6 +142,9 @@ class PerSlotEngines:
             else:
                 logits = last_logits(engine.prefill(tokens[common:]))
             self.n_reused = common
+        except PrefillInterrupted:  # its request went away: the chunks run stay, and
+            self.n_reused = 0  # `release` keeps them for a prompt sent again (a retry)
+            raise
         except BaseException:
             engine.reset()  # a failed prefill leaves no state to reuse
             self.n_reused = 0

@@ -12,6 +12,8 @@
 * sequences join and leave between steps (a row freed below the last is refilled by a move of
   the last row's KV): the survivors' tokens do not change;
 * the serve worker over the engine: concurrent jobs complete with the tokens decoded alone;
+* a prompt stopped between its chunks (a cancelled request) leaves them for a retry, whose
+  logits are the uninterrupted prompt's;
 * a request's choices share their prompt (a row's K/V copied to another, the recorded logits
   returned), and decode the tokens each gets alone;
 * tokens picked on the device (`decode_picked`) equal the host's argmax, alone and in a step
@@ -217,6 +219,32 @@ def test_choices_share_their_prompt(setup):
     assert toks == [want[0][0], want[0][0], want[1][0]]
     for s in range(eng.n_slots):
         eng.release(s)
+
+
+def test_a_prompt_stopped_between_chunks_keeps_them_for_a_retry(setup):
+    """A cancelled request's prompt (`strata.engine.interrupt`) stops at a chunk boundary, the
+    chunks it ran stay its row's: released with the prompt, a retry computes only past them
+    and its logits are the uninterrupted prompt's (same chunk boundaries)."""
+    from strata.engine.cuda.batch import batch_options, load_batch
+    from strata.engine.interrupt import PrefillInterrupted, interruptible
+    from strata.gguf import open_model
+    from strata.plan.options import PlanOptions, PrefillRequest
+
+    opts = PlanOptions(max_context=1024, ring_mib=1, prefill=PrefillRequest(False, 256))
+    eng = load_batch(open_model(setup[0]), batch_options(open_model(setup[0]), 2, opts,
+                                                          progress=False))
+    prompt = [(29 * i + 7) % 600 + 1 for i in range(600)]  # chunks 256, 256, 88
+    whole = eng.prefill(0, prompt)
+    eng.release(0)
+    stop_after = lambda: int(eng.rows.n_past[eng.rows.row_of[1]]) >= 256  # noqa: E731
+    with interruptible(stop_after), pytest.raises(PrefillInterrupted):
+        eng.prefill(1, prompt)
+    eng.release(1, tokens=prompt)
+    retry = eng.prefill(0, prompt)
+    assert eng.n_reused == 256
+    assert np.linalg.norm(retry - whole) / np.linalg.norm(whole) < 1e-3
+    assert int(np.argmax(retry)) == int(np.argmax(whole))
+    eng.release(0)
 
 
 def _start(eng, prompts):

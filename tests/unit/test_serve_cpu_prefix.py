@@ -145,3 +145,50 @@ def test_serves_worker_reuses_a_turns_kv_on_the_cpu(model):
     assert [r["cached_tokens"] for r in rows] == [0, 26 + 4, 37 + 4]
     assert [r["cached_tokens"] for r in res["whole"]] == [0, 0, 0]
     assert all(r["answer_tokens_equal_before_first_difference"] == 5 for r in rows)
+
+
+def test_a_prompt_cancelled_between_chunks_leaves_them_for_a_retry(model):
+    """A client that leaves during its long prompt and sends it again (an editor's retry after
+    Esc): the worker stops the first at a chunk boundary, keeps the chunks it ran, and the
+    retry computes only past them; its answer is the uninterrupted prompt's, token for token.
+    A failure, unlike a cancel, still keeps nothing (`test_a_failed_prefill_keeps_nothing`)."""
+    from strata.bench.serve_batch import _Client, _Greedy
+    from strata.serve.job import Job, Sampling
+    from strata.serve.metrics import Metrics
+    from strata.serve.worker import Worker
+
+    prompt = PROMPT * 3  # 21 tokens: 7 chunks of 3
+    doomed: list[Job] = []
+
+    class CancelsAfterSix(CpuEngine):  # the client leaves once 6 positions are in
+        def _run(self, ids):
+            out = super()._run(ids)
+            if doomed and self.n_past >= 6:
+                doomed.pop().cancel()
+            return out
+
+    def answer(eng_factory, n_slots, cancel_first):
+        metrics = Metrics()
+        worker = Worker(PerSlotEngines(eng_factory, n_slots), _Greedy(True), metrics)
+        worker.start()
+        clients = []
+        try:
+            for i in range(2 if cancel_first else 1):
+                c = _Client(prompt)
+                j = Job(prompt, Sampling(max_tokens=4, temperature=0.0), c.sink)
+                if cancel_first and i == 0:
+                    doomed.append(j)
+                worker.submit(j)
+                assert c.done.wait(60)
+                clients.append(c)
+        finally:
+            worker.stop()
+        return clients, metrics
+
+    factory = lambda: CancelsAfterSix(model, max_context=64, prefill_chunk=3)  # noqa: E731
+    (first, retry), metrics = answer(factory, 2, True)
+    assert first.reason == "cancelled" and first.tokens == []
+    assert metrics.cancelled == {"prefill": 1}
+    assert retry.reason == "length" and retry.n_cached == 6
+    (whole,), _ = answer(lambda: CpuEngine(model, max_context=64, prefill_chunk=3), 1, False)
+    assert whole.n_cached == 0 and retry.tokens == whole.tokens and len(whole.tokens) == 4

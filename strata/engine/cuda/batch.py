@@ -48,7 +48,7 @@ from strata.engine.cuda.row_view import RowModel
 from strata.engine.cuda.run_ahead import device_params, may_fall_back, picks
 from strata.engine.cuda.rows import RowTable
 from strata.engine.engine import ContextFullError, EngineInputError, PromptRecord
-from strata.engine.interrupt import checkpoint
+from strata.engine.interrupt import PrefillInterrupted, checkpoint
 from strata.engine.sampler import SamplingParams
 from strata.experts import PrefillTraffic
 from strata.gguf import ModelFile
@@ -208,6 +208,8 @@ class CudaBatchEngine:
         else:
             try:
                 self._prompt(row, ids[common:])
+            except PrefillInterrupted:  # the chunks run stay the row's: `release` with
+                raise  # the prompt keeps them for a retry of the request
             except BaseException:
                 self.release(slot)
                 raise
