@@ -6,7 +6,8 @@ a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword
 could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`,
 audio output, `web_search_options`, the deprecated `functions` / `function_call`): nothing is
 silently dropped. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
-"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it.
+"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it;
+`thinking_token_budget` (vLLM's) bounds the reasoning's tokens (`thinking_budget`).
 `parallel_tool_calls: false` ends the answer at its first complete tool call (at most one, as
 OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
 `logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the
@@ -303,14 +304,24 @@ EFFORT_OFF = ("none", "minimal")
 EFFORTS = EFFORT_OFF + ("low", "medium", "high", "xhigh")
 
 
-def _template_vars(f: Fields) -> tuple[tuple[str, Any], ...]:
+def _template_vars(f: Fields, budget: int | None) -> tuple[tuple[str, Any], ...]:
     """`chat_template_kwargs`, with `reasoning_effort` as `enable_thinking` where the kwargs do
-    not set it themselves."""
+    not set it themselves; a thinking budget of 0 turns it off whatever the effort says."""
     values = dict(template_vars(f.raw("chat_template_kwargs"), "chat_template_kwargs"))
     effort = f.str("reasoning_effort", choices=EFFORTS)
-    if effort is not None and "enable_thinking" not in values:
-        values["enable_thinking"] = effort not in EFFORT_OFF
+    if "enable_thinking" not in values:
+        if budget == 0:
+            values["enable_thinking"] = False
+        elif effort is not None:
+            values["enable_thinking"] = effort not in EFFORT_OFF
     return tuple(sorted(values.items()))
+
+
+def thinking_budget(f: Fields) -> int | None:
+    """vLLM's `thinking_token_budget`: at most this many reasoning tokens, its tags counted
+    (as Anthropic's `budget_tokens` here: `Sampling.reasoning_budget`); 0 asks for none (the
+    template's thinking switch off; a block the model opens anyway closes at once)."""
+    return f.int("thinking_token_budget", minimum=0, maximum=1 << 30)
 
 
 def parse_chat(f: Fields, state) -> ChatRequest:
@@ -329,8 +340,10 @@ def parse_chat(f: Fields, state) -> ChatRequest:
         max_tokens = f.int("max_tokens", minimum=1)
     tools, choice, tool_schemas = parse_tools(f)
     stream, include_usage = _stream_flags(f)
+    budget = thinking_budget(f)
     chat = ChatInput(messages=messages, tools=tuple(tools), tool_choice=choice,
-                     tool_schemas=tool_schemas, template_vars=_template_vars(f),
+                     tool_schemas=tool_schemas, template_vars=_template_vars(f, budget),
+                     reasoning_budget=None if budget is None else max(budget, 1),
                      max_tokens=max_tokens, logprobs=logprobs, json_object=json_object,
                      json_schema=json_schema,
                      parallel_tool_calls=f.bool("parallel_tool_calls", default=True),

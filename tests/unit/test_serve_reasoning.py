@@ -393,3 +393,26 @@ def test_anthropic_budget_tokens_bounds_the_reasoning(h):
         r = h.client.post("/v1/messages", json={**body, "thinking": {
             "type": "enabled", "budget_tokens": bad}})
         assert r.status_code == 400 and "thinking.budget_tokens" in r.text, r.text
+
+
+def test_openai_thinking_token_budget_bounds_the_reasoning(h):
+    """vLLM's `thinking_token_budget` on the chat route holds the block as Anthropic's
+    budget does ('<' and '>' stand in for the one-token tags, as above); 0 turns the template's
+    switch off (even beside a high effort) and closes at once a block the model opens anyway;
+    without it the model runs on. Not a count of 0 or more: a 400 naming it."""
+    h.model.think_ids = (ord("<"), ord(">"))
+    body = {"model": "fake", "messages": HELLO}
+
+    def answer(**extra):
+        r = h.client.post("/v1/chat/completions", json={**body, **extra})
+        assert r.status_code == 200, r.text
+        m = r.json()["choices"][0]["message"]
+        return (m.get("reasoning_content") or "") + m["content"], h.model.rendered[-1]
+    assert answer(thinking_token_budget=3)[0].startswith("<t>")  # '<', 't', '>'
+    text, rendered = answer(thinking_token_budget=0, reasoning_effort="high")
+    assert text.startswith("<>") and rendered.endswith("<enable_thinking=false>")
+    assert answer(thinking_token_budget=1000)[0] == "Let me see.Hi there!"
+    assert answer()[0] == "Let me see.Hi there!"
+    for bad in (-1, "many", 2.5, True):
+        r = h.client.post("/v1/chat/completions", json={**body, "thinking_token_budget": bad})
+        assert r.status_code == 400 and "thinking_token_budget" in r.text, (bad, r.text)
