@@ -101,7 +101,7 @@ async def chat_completions(request: Request, state: ServerState, body: dict) -> 
         message: dict[str, Any] = {"role": "assistant",
                                    "content": text or (None if calls else ""), "refusal": None}
         if gen.reasoning is not None:  # a thinking model's <think> block, apart
-            message["reasoning_content"] = gen.reasoning
+            message.update(_reasoning(gen.reasoning))
         if calls:
             message["tool_calls"] = [_tool_call_json(c) for c in calls]
         out.append({"index": i, "message": message,
@@ -111,6 +111,12 @@ async def chat_completions(request: Request, state: ServerState, body: dict) -> 
         "id": rid, "object": "chat.completion", "created": created, "model": state.model.name,
         "system_fingerprint": FINGERPRINT, "choices": out, "usage": choices.usage(),
     }, headers=prepared.headers)
+
+
+def _reasoning(text: str) -> dict[str, str]:
+    """The reasoning under both names clients read: `reasoning_content` (llama.cpp's, DeepSeek's,
+    vLLM's first) and `reasoning` (vLLM's since it renamed the field)."""
+    return {"reasoning_content": text, "reasoning": text}
 
 
 async def _chat_chunks(choices: Choices, rid: str, created: int, served,
@@ -144,7 +150,7 @@ async def _chat_chunks(choices: Choices, rid: str, created: int, served,
             yield chunk(i, {"tool_calls": [_tool_call_json(item, n_calls[i])]}, None, entries)
             n_calls[i] += 1
         elif isinstance(item, Thinking):
-            yield chunk(i, {"reasoning_content": item.text}, None, entries)
+            yield chunk(i, _reasoning(item.text), None, entries)
         else:
             yield chunk(i, {"content": item}, None, entries)
     if include_usage:

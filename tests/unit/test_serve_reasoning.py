@@ -71,11 +71,13 @@ def test_openai_chat_reasoning_content(h):
     r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO})
     message = r.json()["choices"][0]["message"]
     assert message["content"] == "Hi there!" and message["reasoning_content"] == "Let me see."
+    assert message["reasoning"] == "Let me see."  # vLLM's newer name, beside it
     r = h.client.post("/v1/chat/completions", json={"model": "fake", "messages": HELLO,
                                                     "stream": True})
     deltas = [json.loads(d)["choices"][0]["delta"] for _, d in sse_events(r.text)[:-1]
               if json.loads(d)["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Let me see."
+    assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
     assert "".join(d.get("content", "") for d in deltas) == "Hi there!"
 
 
