@@ -309,12 +309,14 @@ def _template_vars(f: Fields, budget: int | None) -> tuple[tuple[str, Any], ...]
     not set it themselves; a thinking budget of 0 turns it off whatever the effort says."""
     values = dict(template_vars(f.raw("chat_template_kwargs"), "chat_template_kwargs"))
     effort = f.str("reasoning_effort", choices=EFFORTS)
-    if "enable_thinking" not in values:
-        if budget == 0:
-            values["enable_thinking"] = False
-        elif effort is not None:
-            values["enable_thinking"] = effort not in EFFORT_OFF
-    return tuple(sorted(values.items()))
+    if budget == 0:
+        effort = "none"
+    return tuple(sorted({**dict(thinking_vars(effort)), **values}.items()))
+
+
+def thinking_vars(effort: str | None) -> tuple[tuple[str, Any], ...]:
+    """An effort (`EFFORTS`, None: not given) as the template's `enable_thinking`."""
+    return () if effort is None else (("enable_thinking", effort not in EFFORT_OFF),)
 
 
 def thinking_budget(f: Fields) -> int | None:

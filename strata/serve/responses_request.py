@@ -26,8 +26,9 @@ are a 400 naming the field.
 With `reasoning.encrypted_content`, each reasoning item also carries its text sealed (`seal`),
 so a client that keeps no state here (`store: false`, as Codex sends) can send the item back
 without its `content` and the template still sees the reasoning; another provider's encrypted
-reasoning cannot be read here and is dropped. `reasoning` is checked and left to the chat
-template (the model thinks as its template lets it); `metadata`, `user`, `truncation` and
+reasoning cannot be read here and is dropped. `reasoning.effort` switches a thinking
+template's `enable_thinking` as the chat route's `reasoning_effort` does (off for "none" and
+"minimal"; without it the model thinks as its template lets it); `metadata`, `user`, `truncation` and
 `service_tier` cannot change the output and are checked and ignored (the response repeats
 `reasoning`, `truncation` and `user` as sent, as OpenAI's does). `parallel_tool_calls: false`
 ends the answer at its first complete function call.
@@ -45,7 +46,7 @@ from strata.serve.chat import ChatInput, schema_node, tool_arguments
 from strata.serve.errors import bad_request
 from strata.serve.fields import Fields, check_metadata, join, text_parts
 from strata.serve.job import MAX_TOP_LOGPROBS
-from strata.serve.openai_request import parse_tool_choice
+from strata.serve.openai_request import EFFORTS, parse_tool_choice, thinking_vars
 
 ROLES = ("user", "system", "developer", "assistant")
 LOGPROBS = "message.output_text.logprobs"
@@ -269,8 +270,9 @@ def _refuse_unsupported(f: Fields) -> dict:
                           "their text as instructions and input", "prompt")
     reasoning = f.obj_at("reasoning")
     effort = summary = None
-    if reasoning is not None:  # a hint: the model thinks as its template lets it
-        effort, summary = reasoning.str("effort"), reasoning.str("summary")
+    if reasoning is not None:  # the effort switches the template's thinking (`thinking_vars`)
+        effort = reasoning.str("effort", choices=EFFORTS)
+        summary = reasoning.str("summary")
     truncation = f.str("truncation", choices=("auto", "disabled"))  # none changes the output
     f.str("service_tier")
     return {"reasoning": {"effort": effort, "summary": summary},
@@ -298,8 +300,10 @@ def parse_responses(f: Fields, state) -> ResponsesRequest:
     include = f.list("include") or []  # each entry one of INCLUDES (`_refuse_unsupported`)
     logprobs = (top or 0) if LOGPROBS in include or top else None
     parallel = f.bool("parallel_tool_calls", default=True)
+    effort = settings["reasoning"]["effort"]
     chat = ChatInput(messages=tuple(messages), tools=tuple(tools), tool_choice=choice,
-                     tool_schemas=schemas, max_tokens=max_tokens, temperature=temperature,
+                     tool_schemas=schemas, template_vars=thinking_vars(effort),
+                     max_tokens=max_tokens, temperature=temperature,
                      top_p=top_p, json_object=json_object, json_schema=json_schema,
                      logprobs=logprobs, parallel_tool_calls=parallel)
     tool_choice: Any = (choice if choice in ("auto", "none", "required")

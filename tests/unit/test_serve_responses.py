@@ -236,6 +236,21 @@ def test_the_settings_it_does_not_act_on_are_repeated_as_sent(h):
     assert r["truncation"] == "disabled" and r["user"] is None
 
 
+def test_the_effort_switches_the_templates_thinking(h):
+    """`reasoning.effort` as the chat route's `reasoning_effort`: "none" and "minimal" turn the
+    template's `enable_thinking` off (Codex's lowest efforts), the others on; absent, the
+    template decides; an effort the API has not is a 400 naming it."""
+    _post(h, reasoning={"effort": "minimal", "summary": "auto"})
+    assert h.model.rendered[-1].endswith("<enable_thinking=false>")
+    _post(h, reasoning={"effort": "medium"})
+    assert h.model.rendered[-1].endswith("<enable_thinking=true>")
+    _post(h)
+    assert "enable_thinking" not in h.model.rendered[-1]
+    r = h.client.post("/v1/responses", json={"model": "fake", "input": "hi",
+                                             "reasoning": {"effort": "maximal"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning.effort", r.text
+
+
 def test_a_prompt_template_is_refused_not_ignored(h):
     """`prompt` names a template stored on OpenAI's side (its instructions and messages);
     answering without them would be a different request, so it is a 400 naming the field."""
