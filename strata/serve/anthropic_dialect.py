@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 
 from strata.serve.anthropic_request import parse_messages
 from strata.serve.chat import chat_text, prepare_chat
-from strata.serve.errors import ApiError, ContextExceeded, error_types
+from strata.serve.errors import ApiError, ContextExceeded, bad_request, error_types
 from strata.serve.fields import Fields
 from strata.serve.generation import Generation
 from strata.serve.job import FinishEvent, PromptEvent
@@ -45,9 +45,43 @@ def model_object(name: str, state: ServerState) -> dict:
             "max_input_tokens": ctx, "max_tokens": ctx}
 
 
-def models_list(state: ServerState) -> dict:
-    data = [model_object(n, state) for n in (state.model.name, *state.model.aliases)]
-    return {"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]}
+def models_list(state: ServerState, query: Mapping[str, str] | None = None) -> dict:
+    """The Models API's list: the served model and its aliases, paged by the query's `limit`
+    (1-1000, 20 by default), `after_id` or `before_id` (an id of the list; not both)."""
+    q = query or {}
+    names = [state.model.name, *state.model.aliases]
+    limit = _query_int(q, "limit", 20, 1, 1000)
+    after, before = q.get("after_id"), q.get("before_id")
+    if after is not None and before is not None:
+        raise bad_request("after_id and before_id cannot be given together", "before_id")
+    for key, value in (("after_id", after), ("before_id", before)):
+        if value is not None and value not in names:
+            raise bad_request(f"{key}: {value!r} is not a model of this list "
+                              f"({', '.join(map(repr, names))})", key)
+    if after is not None:
+        rest = names[names.index(after) + 1:]
+        page, more = rest[:limit], len(rest) > limit
+    elif before is not None:
+        rest = names[:names.index(before)]
+        page, more = rest[-limit:], len(rest) > limit
+    else:
+        page, more = names[:limit], len(names) > limit
+    data = [model_object(n, state) for n in page]
+    return {"data": data, "has_more": more, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None}
+
+
+def _query_int(q: Mapping[str, str], key: str, default: int, lo: int, hi: int) -> int:
+    raw = q.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{key}: expected an integer, got {raw!r}", key) from None
+    if not lo <= value <= hi:
+        raise bad_request(f"{key}: must be {lo} to {hi}, got {value}", key)
+    return value
 
 
 def stop_reason(finish: FinishEvent, calls: list[ToolCall]) -> str:

@@ -231,8 +231,9 @@ class Server:
 
 async def list_models(request: Request, state: ServerState) -> Response:
     """The served model and its aliases, in the shape of the SDK asking (`_dialect_of`)."""
-    dialect = anthropic_dialect if _dialect_of(request) == "anthropic" else openai_dialect
-    return JSONResponse(dialect.models_list(state))
+    if _dialect_of(request) == "anthropic":  # its list is paged
+        return JSONResponse(anthropic_dialect.models_list(state, request.query_params))
+    return JSONResponse(openai_dialect.models_list(state))
 
 
 async def retrieve_model(request: Request, state: ServerState) -> Response:

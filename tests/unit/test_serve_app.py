@@ -110,6 +110,21 @@ def test_models_in_the_anthropic_shape_where_an_anthropic_client_asks(h):
     other = h.client.get("/v1/models/other", headers=head)
     assert other.status_code == 404 and other.json()["type"] == "error"
     assert other.json()["error"]["type"] == "not_found_error"
+    # paged as the Models API pages: limit, after_id, before_id
+    page = lambda q: h.client.get(f"/v1/models?{q}", headers=head)  # noqa: E731
+    first = page("limit=1").json()
+    assert [m["id"] for m in first["data"]] == ["fake"] and first["has_more"] is True
+    after = page("limit=1&after_id=fake").json()
+    assert [m["id"] for m in after["data"]] == ["fake-alias"] and after["has_more"] is False
+    before = page("before_id=fake-alias").json()
+    assert [m["id"] for m in before["data"]] == ["fake"] and before["has_more"] is False
+    empty = page("after_id=fake-alias").json()
+    assert empty["data"] == [] and empty["first_id"] is None
+    for q, param in (("limit=0", "limit"), ("limit=x", "limit"), ("limit=1001", "limit"),
+                     ("after_id=nope", "after_id"), ("after_id=fake&before_id=fake", "before_id")):
+        r = page(q)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert param in r.json()["error"]["message"], (q, r.text)
 
 
 def test_the_openai_routes_without_v1(h):
