@@ -164,7 +164,16 @@ class ToolCallParser:
             return out
 
     def finish(self) -> list[str | ToolCall]:
-        """What is left when generation ends: an unterminated call comes back as its raw text."""
+        """What is left when generation ends: an unterminated call whose body is a whole call
+        (the model ended its turn where the closing tag belongs, or wrote part of the tag) is
+        that call; one cut inside its body comes back as its raw text."""
+        if self._in_call:
+            body = self._buf[:len(self._buf) - _partial_tag(self._buf, CLOSE_TAG)]
+            call = parse_call(body.strip(), self.id_prefix)
+            if call is not None:
+                self._buf, self._in_call = "", False
+                self.n_calls += 1
+                return [call]
         rest = (OPEN_TAG + self._buf) if self._in_call else self._buf
         self._buf, self._in_call = "", False
         if self.n_calls and not rest.strip():

@@ -96,6 +96,16 @@ def test_an_unterminated_call_comes_back_as_text():
     assert parse_all([raw]) == (raw, [])
 
 
+@pytest.mark.parametrize("end", ["", "\n", "\n</tool", "\n</tool_call"])
+def test_a_whole_call_without_its_closing_tag_is_a_call(end):
+    """The turn ended (or max_tokens cut) where the closing tag belongs: the body is a whole
+    call, so it is one, at any split of the text."""
+    raw = 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}' + end
+    for pieces in splits(raw):
+        text, calls = parse_all(pieces)
+        assert text == "Sure." and [(c.name, c.arguments) for c in calls] == [("f", {"a": 1})]
+
+
 def test_string_arguments_are_decoded_and_ids_take_the_prefix():
     call = parse_call(json.dumps({"name": "f", "arguments": json.dumps({"a": 1})}), "toolu_")
     assert call.arguments == {"a": 1} and call.id.startswith("toolu_")
