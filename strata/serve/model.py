@@ -3,7 +3,8 @@ template, end-of-turn tokens, and a sampler and text decoder per sequence.
 
 Chat prompts are rendered with the model's own template and encoded with its control tokens
 recognised and no extra BOS (the template writes it where the model wants one); plain
-completion prompts follow the file's `add_bos_token`.
+completion prompts follow the file's `add_bos_token`; a completion with a suffix is a
+fill-in-the-middle prompt (`strata.tokenizer.fim`) where the vocabulary has the tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from strata.serve.job import Sampling
 from strata.serve.reasoning import CLOSE, OPEN, thinks
 from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
+from strata.tokenizer.fim import fim_tokens
 
 SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..2**64-1
 
@@ -63,7 +65,11 @@ class ServedModel:
         self.template = template
         self.max_context = max_context
         self.n_vocab = tokenizer.n_vocab
-        self.stop_token_ids = tokenizer.eot_ids
+        # fill-in-the-middle where the vocabulary has its tokens (a code model's): a
+        # completion's `suffix`; the tokens that end a middle end any answer (llama.cpp's
+        # end-of-generation set holds them too)
+        self.fim = fim_tokens(tokenizer)
+        self.stop_token_ids = tokenizer.eot_ids | (self.fim.ends if self.fim else frozenset())
         self.tool_calls_parsed = template_uses_hermes_calls(template.source)
         # a thinking model's <think> block returned apart from the answer (`--reasoning none`:
         # left in the text)
@@ -90,6 +96,15 @@ class ServedModel:
     def encode_prompt(self, text: str, *, special: bool = True) -> list[int]:
         """A raw completion prompt's tokens (BOS as the file says; `special` False: none)."""
         return self.tokenizer.encode(text, add_bos=None if special else False)
+
+    def encode_fim(self, prefix: str, suffix: str, param: str = "suffix") -> list[int]:
+        """The prompt asking for the text between `prefix` and `suffix` (`FimTokens.prompt`);
+        a model without fill-in-the-middle tokens is the client's 400 naming `param`."""
+        if self.fim is None:
+            raise bad_request(f"{param}: {self.name!r} has no fill-in-the-middle tokens (a code "
+                              f"model's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>), so it "
+                              f"cannot insert text; leave {param} out", param)
+        return self.fim.prompt(self.tokenizer, prefix, suffix)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special=skip_special)

@@ -103,7 +103,8 @@ def _loaded(req: OllamaRequest, chat: bool) -> JSONResponse:
 
 
 def _prepared(state: ServerState, req: OllamaRequest) -> Prepared:
-    """The chat through the template, or a raw prompt as given (tokenizing runs off the loop);
+    """The chat through the template, or a raw prompt as given, or with a suffix the model's
+    fill-in-the-middle prompt (tokenizing runs off the loop);
     a generate's `context` before the templated prompt (its BOS once, at the start)."""
     if req.chat is not None:
         prepared = prepare_chat(state.model, req.chat, limit=state.max_tokens_limit)
@@ -117,7 +118,8 @@ def _prepared(state: ServerState, req: OllamaRequest) -> Prepared:
                            limit=state.max_tokens_limit, param="context")
         return dataclasses.replace(prepared, prompt=prompt, sampling=dataclasses.replace(
             prepared.sampling, max_tokens=n))
-    prompt = state.model.encode_prompt(req.raw_prompt)
+    prompt = (state.model.encode_prompt(req.raw_prompt) if req.suffix is None else
+              state.model.encode_fim(req.raw_prompt, req.suffix, "suffix"))
     n = fit_max_tokens(len(prompt), req.max_tokens, max_context=state.model.max_context,
                        limit=state.max_tokens_limit, param="prompt")
     return Prepared(prompt=tuple(prompt), sampling=Sampling(max_tokens=n, **req.sampling),
@@ -263,7 +265,9 @@ async def show(request: Request, state: ServerState, body: dict) -> Response:
     template = getattr(getattr(state.model, "template", None), "source", "")
     # "thinking" where the reasoning comes apart from the answer (Ollama's `thinking` field),
     # which clients read to offer the `think` switch
+    # "insert" where the vocabulary has fill-in-the-middle tokens (a generate's `suffix`)
     capabilities = (["completion"] + (["tools"] if state.model.tool_calls_parsed else [])
+                    + (["insert"] if state.model.fim else [])
                     + (["thinking"] if getattr(state.model, "splits_thinking", False) else []))
     return JSONResponse({
         "modelfile": "", "parameters": "", "template": template, "details": _details(state),

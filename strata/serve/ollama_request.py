@@ -12,7 +12,10 @@ the context holds, as Ollama's runner reads it); `seed` -1 is Ollama's default, 
 sampler draws one), not a fixed seed.
 Options that set up the runner (`num_ctx`, `num_gpu`, `num_thread`, `num_batch`, ...) are
 checked and ignored: the plan made at start-up decides those. `mirostat` and `typical_p` at
-anything but off are a 400, as are images and a generate `suffix` or `template`.
+anything but off are a 400, as are images and a generate's `template`. A generate's `suffix`
+asks for the text between the prompt and it (fill-in-the-middle, as Ollama's code-model
+templates put `.Suffix`: `ServedModel.encode_fim`), not with `raw`, `system`, `context` or a
+JSON `format`; a model without the tokens is a 400.
 `format` is "json" (one JSON object) or a JSON schema. `think` reaches the chat template as
 `enable_thinking` (Qwen3's switch; false: no reasoning); `keep_alive` is checked (a number of
 seconds or a Go duration string, as Ollama parses it) and otherwise ignored: the model stays
@@ -61,6 +64,7 @@ class OllamaRequest:
     # a templated generate's earlier `context` (put before its prompt); None: the final object
     # has no `context` (a chat, or a raw generate, as in Ollama)
     context: tuple[int, ...] | None = None
+    suffix: str | None = None  # with raw_prompt: the text after the insertion (fill-in-the-middle)
 
 
 def check_model(f: Fields, state) -> str:
@@ -262,10 +266,10 @@ def parse_generate(f: Fields, state) -> OllamaRequest:
     name = check_model(f, state)
     switch = _common(f)
     keep = _keep_alive(f)
-    for key in ("suffix", "template"):
-        if f.str(key):
-            raise bad_request(f"{key}: not supported here (the model file's chat template is "
-                              f"used; fill-in-the-middle is not)", key)
+    if f.str("template"):
+        raise bad_request("template: not supported here (the model file's chat template is "
+                          "used)", "template")
+    suffix = f.str("suffix") or None
     context = _context(f, state.model.n_vocab)
     prompt = f.str("prompt", default="")
     system = f.str("system")
@@ -274,9 +278,17 @@ def parse_generate(f: Fields, state) -> OllamaRequest:
     logprobs = _logprobs(f, sampling)
     json_object, json_schema = _format(f)
     stream = f.bool("stream", default=True)
-    if not prompt:
+    if not prompt and suffix is None:  # (an insertion at the start of a file is no load)
         return OllamaRequest(name, None, None, stream, sampling, max_tokens,
                              unload=keep == 0)
+    if suffix is not None:  # fill-in-the-middle: the prompt and suffix around the insertion
+        for key, given in (("raw", raw), ("system", system), ("context", context),
+                           ("format", json_object)):
+            if given:
+                raise bad_request(f"{key}: not with suffix (an insertion's prompt is the code "
+                                  f"around it, in the model's fill-in-the-middle tokens)", key)
+        return OllamaRequest(name, None, prompt, stream, sampling, max_tokens,
+                             logprobs=logprobs, suffix=suffix)
     if raw:
         for key, given in (("context", context), ("system", system)):
             if given:  # Ollama: "raw mode does not support template, system, or context"

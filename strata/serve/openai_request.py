@@ -5,7 +5,9 @@ the output (`user`, `metadata`, `store`, `service_tier`, `prediction`), or refus
 a 400 naming it (`n` above 16, a `best_of` other than `n`, a JSON schema keyword the output
 could not be held to, image/audio/file content parts, a completion's `echo` with `logprobs`,
 audio output, `web_search_options`, the deprecated `functions` / `function_call`): nothing is
-silently dropped. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
+silently dropped. A completion's `suffix` asks for the text between the prompt and it, where
+the model has fill-in-the-middle tokens (a code model: `strata.tokenizer.fim`); one without them
+refuses a non-empty suffix. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
 "none" and "minimal", on for the others) unless `chat_template_kwargs` sets it;
 `thinking_token_budget` (vLLM's) bounds the reasoning's tokens (`thinking_budget`).
 `parallel_tool_calls: false` ends the answer at its first complete tool call (at most one, as
@@ -381,9 +383,26 @@ def _prompt_tokens(f: Fields, model) -> tuple[int, ...]:
     return tuple(tokens)
 
 
+def _fim_tokens(f: Fields, model, suffix: str) -> tuple[int, ...]:
+    """A completion with a `suffix`: the text between the prompt and it, asked of the model
+    with its fill-in-the-middle tokens (`ServedModel.encode_fim`; a model without them is a
+    400). The prompt is text here: a prompt of token ids has no text to put before the
+    suffix's."""
+    prompt = f.raw("prompt", required=True)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one
+    if not isinstance(prompt, str):
+        raise bad_request("prompt: with suffix, the text before the insertion (a string)",
+                          "prompt")
+    return tuple(model.encode_fim(prompt, suffix, "suffix"))
+
+
 def parse_completion(f: Fields, state) -> CompletionRequest:
     state.check_model(f.str("model", required=True))
-    prompt = _prompt_tokens(f, state.model)
+    suffix = f.str("suffix")
+    prompt = (_fim_tokens(f, state.model, suffix)
+              if suffix is not None and (suffix or state.model.fim) else
+              _prompt_tokens(f, state.model))
     n = _n_choices(f)
     best_of = f.int("best_of", minimum=1, maximum=128)
     if best_of is not None and best_of != n:
@@ -394,8 +413,9 @@ def parse_completion(f: Fields, state) -> CompletionRequest:
     if logprobs is not None and echo:
         raise bad_request("logprobs: not with echo (the prompt's tokens get no log-probabilities "
                           "here); leave one of them out", "logprobs")
-    if f.str("suffix"):
-        raise bad_request("suffix: insertion (fill-in-the-middle) is not supported", "suffix")
+    if suffix is not None and echo:
+        raise bad_request("echo: not with suffix (the prompt of an insertion is the text "
+                          "around it, not text the answer follows)", "echo")
     stream, include_usage = _stream_flags(f)
     return CompletionRequest(prompt=prompt, max_tokens=f.int("max_tokens", default=16, minimum=1),
                              sampling_args={**sampling_args(f, state.model.n_vocab),

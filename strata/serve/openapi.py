@@ -4,6 +4,7 @@ bodies they accept, used by clients that read schemas and by the schema fuzz tes
 from __future__ import annotations
 
 from strata import __version__
+from strata.serve.openai_request import EFFORTS
 from strata.serve.responses_request import INCLUDES
 
 _STR = {"type": "string"}
@@ -75,6 +76,8 @@ def _chat_body(models: list[str]) -> dict:
         "tool_choice": {"oneOf": [{"type": "string", "enum": ["auto", "none", "required"]},
                                   {"type": "object"}]},
         "chat_template_kwargs": {"type": "object"},
+        "reasoning_effort": {"type": "string", "enum": list(EFFORTS)},
+        "thinking_token_budget": {"type": "integer", "minimum": 0},
         "metadata": _METADATA, "user": _STR, "store": {"type": "boolean"},
         "parallel_tool_calls": {"type": "boolean"}, "service_tier": _STR,
     }}
@@ -86,6 +89,7 @@ def _completion_body(models: list[str]) -> dict:
         "prompt": {"oneOf": [_STR, {"type": "array", "items": {"type": "integer", "minimum": 0}}]},
         **_sampling(2.0), **_EXTRA_SAMPLING, "seed": {"type": "integer"}, "stop": _STOP,
         "echo": {"type": "boolean"}, "logit_bias": _LOGIT_BIAS,
+        "suffix": {**_STR, "nullable": True},  # fill-in-the-middle, where the model has it
         "logprobs": {**_TOP_LOGPROBS, "nullable": True}, "n": _N,
     }}
 
@@ -193,7 +197,7 @@ def _ollama_body(models: list[str], *, chat: bool) -> dict:
         props.update(messages={"type": "array", "items": message},
                      tools={"type": "array", "items": {"type": "object"}})
     else:
-        props.update(prompt=_STR, system=_STR, raw={"type": "boolean"})
+        props.update(prompt=_STR, system=_STR, raw={"type": "boolean"}, suffix=_STR)
     return {"type": "object", "required": ["model"], "properties": props}
 
 

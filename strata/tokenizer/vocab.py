@@ -20,6 +20,13 @@ _ID_KEYS = {
     "eom_id": "tokenizer.ggml.eom_token_id",
     "pad_id": "tokenizer.ggml.padding_token_id",
     "unk_id": "tokenizer.ggml.unknown_token_id",
+    # fill-in-the-middle (`strata.tokenizer.fim`), as llama.cpp's converter names code models'
+    "fim_pre_id": "tokenizer.ggml.fim_pre_token_id",
+    "fim_suf_id": "tokenizer.ggml.fim_suf_token_id",
+    "fim_mid_id": "tokenizer.ggml.fim_mid_token_id",
+    "fim_pad_id": "tokenizer.ggml.fim_pad_token_id",
+    "fim_rep_id": "tokenizer.ggml.fim_rep_token_id",
+    "fim_sep_id": "tokenizer.ggml.fim_sep_token_id",
 }
 
 
@@ -52,6 +59,12 @@ class Vocab:
     eom_id: int | None = None
     pad_id: int | None = None
     unk_id: int | None = None
+    fim_pre_id: int | None = None
+    fim_suf_id: int | None = None
+    fim_mid_id: int | None = None
+    fim_pad_id: int | None = None
+    fim_rep_id: int | None = None
+    fim_sep_id: int | None = None
     add_bos: bool = False
     add_eos: bool = False
     add_space_prefix: bool = True

@@ -23,6 +23,7 @@ from strata.serve.job import Sampling
 
 EOT = 256
 N_VOCAB = 257
+FIM_MARKS = "\x01\x02\x03"  # the fake vocabulary's fill-in-the-middle prefix, suffix, middle
 TOKEN_BYTES = TokenBytes([chr(t).encode("utf-8") for t in range(EOT)] + [None])
 
 
@@ -64,6 +65,7 @@ class FakeModel:
         self.splits_thinking = False  # a test of the reasoning split sets it
         self.stop_token_ids = frozenset({EOT})
         self.rendered: list[str] = []
+        self.fim = True
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None,
                     extra: dict | None = None) -> str:
@@ -80,6 +82,14 @@ class FakeModel:
 
     def encode_prompt(self, text: str, *, special: bool = True) -> list[int]:
         return encode(text)  # the character vocabulary has no BOS
+
+    def encode_fim(self, prefix: str, suffix: str, param: str = "suffix") -> list[int]:
+        """Fill-in-the-middle over the characters: FIM_MARKS stand for the three tokens (a
+        test sets `fim` False for a model without them)."""
+        if not self.fim:
+            raise bad_request(f"{param}: no fill-in-the-middle tokens", param)
+        pre, suf, mid = map(ord, FIM_MARKS)
+        return [pre] + encode(prefix) + [suf] + encode(suffix) + [mid]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return "".join("<eot>" if i == EOT else chr(i) for i in ids

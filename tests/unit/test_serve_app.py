@@ -406,6 +406,34 @@ def test_text_completion_and_echo(h):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_completion_with_a_suffix_fills_in_the_middle(h):
+    """`suffix` on /v1/completions: the prompt and suffix around the model's fill-in-the-middle
+    tokens (the fake vocabulary's FIM_MARKS), usage counting that prompt; on a model without
+    the tokens a non-empty suffix is a 400 naming it and an empty one a plain completion; a
+    prompt of token ids, or echo, with a suffix is a 400."""
+    from helpers.serve_fakes import FIM_MARKS
+    pre, suf, mid = FIM_MARKS
+    h.engine.script = lambda p: "x + 1"
+    body = {"model": "fake", "prompt": "return ", "suffix": "\n", "max_tokens": 20}
+    r = h.client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == "x + 1"
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    assert h.engine.prefills[-1] == f"{pre}return {suf}\n{mid}"
+    assert r.json()["usage"]["prompt_tokens"] == len("return \n") + 3
+    r = h.client.post("/v1/completions", json={**body, "prompt": ["return "], "stream": True})
+    chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "x + 1"
+    for extra, param in (({"prompt": [1, 2]}, "prompt"), ({"echo": True}, "echo")):
+        r = h.client.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    h.model.fim = False
+    r = h.client.post("/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    r = h.client.post("/v1/completions", json={**body, "suffix": ""})
+    assert r.status_code == 200 and h.engine.prefills[-1] == "return "
+
+
 # -- Anthropic ---------------------------------------------------------------------------
 
 def msgs(**kw):

@@ -113,7 +113,10 @@ def test_the_model_routes(h):
     assert [m["name"] for m in tags] == ["fake", "fake-alias"]
     assert tags[0]["details"]["format"] == "gguf"
     shown = _post(h, "/api/show").json()
-    assert shown["capabilities"] == ["completion", "tools"]
+    assert shown["capabilities"] == ["completion", "tools", "insert"]  # insert: its FIM
+    h.model.fim = False
+    assert _post(h, "/api/show").json()["capabilities"] == ["completion", "tools"]
+    h.model.fim = True
     assert any(k.endswith(".context_length") and v == 4096 for k, v in shown["model_info"].items())
     assert _post(h, "/api/show", model=None, name="fake-alias").status_code == 200
     assert h.client.get("/api/ps").json()["models"][0]["name"] == "fake"
@@ -162,7 +165,8 @@ def test_ollamas_sampling_defaults_and_options():
     ("/api/chat", {"messages": HELLO, "options": {"num_predict": 1.5}}, "options.num_predict"),
     ("/api/chat", {"messages": HELLO, "options": {"temperature": "hot"}}, "options.temperature"),
     ("/api/chat", {"messages": HELLO, "format": "yaml"}, "format"),
-    ("/api/generate", {"prompt": "x", "suffix": "y"}, "suffix"),
+    ("/api/generate", {"prompt": "x", "template": "{{ .Prompt }}"}, "template"),
+    ("/api/generate", {"prompt": "x", "suffix": "y", "raw": True}, "raw"),
     ("/api/generate", {"prompt": "x", "raw": True, "context": [1, 2]}, "context"),
     ("/api/generate", {"prompt": "x", "raw": True, "format": "json"}, "format"),
     ("/api/show", {"model": "other"}, "other"),
@@ -356,3 +360,28 @@ def test_tags_say_the_models_size_and_quantization(h, tmp_path, mix, quant):
     assert details["parameter_size"] == parameter_size(facts["n_params"]) != ""
     assert (parameter_size(30_532_122_624), parameter_size(567_000_000),
             parameter_size(0)) == ("30.5B", "567.0M", "")
+
+
+def test_a_generate_with_a_suffix_fills_in_the_middle(h):
+    """An editor's completion (Continue, Twinny send `suffix` to Ollama): the prompt and suffix
+    around the model's fill-in-the-middle tokens (the fake vocabulary's FIM_MARKS), no template,
+    an empty prompt an insertion at the start of a file (not a load); a suffix with raw, system,
+    context or a JSON format, or on a model without the tokens, is a 400 naming the field."""
+    from helpers.serve_fakes import FIM_MARKS
+    pre, suf, mid = FIM_MARKS
+    h.engine.script = lambda p: "x + 1"
+    r = _post(h, "/api/generate", prompt="def f(x):\n    return ", suffix="\n\nprint(f(2))",
+              stream=False).json()
+    assert r["response"] == "x + 1" and r["done"] is True
+    assert h.engine.prefills[-1] == f"{pre}def f(x):\n    return {suf}\n\nprint(f(2)){mid}"
+    assert h.model.rendered == []  # no chat template
+    _post(h, "/api/generate", prompt="", suffix="tail", stream=False)
+    assert h.engine.prefills[-1] == f"{pre}{suf}tail{mid}"
+    for extra, param in (({"raw": True}, "raw"), ({"system": "s"}, "system"),
+                         ({"context": [1, 2]}, "context"), ({"format": "json"}, "format")):
+        r = h.client.post("/api/generate", json={"model": "fake", "prompt": "a", "suffix": "b",
+                                                 **extra})
+        assert r.status_code == 400 and param in r.json()["error"], (extra, r.text)
+    h.model.fim = False
+    r = h.client.post("/api/generate", json={"model": "fake", "prompt": "a", "suffix": "b"})
+    assert r.status_code == 400 and "suffix" in r.json()["error"]

@@ -1,0 +1,86 @@
+"""Fill-in-the-middle (`strata.tokenizer.fim`, `ServedModel.encode_fim`): the three tokens
+found by the GGUF keys or by their spellings, the prompt in prefix-suffix-middle order as Qwen's
+coder models document it (`<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>`), the
+code's own text kept text, and the tokens that end a middle among a served model's stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers.vocabmake import byte_level_meta
+from strata.serve.errors import ApiError
+from strata.serve.model import ServedModel
+from strata.tokenizer import ChatTemplate, Tokenizer
+from strata.tokenizer.errors import TokenizerError
+from strata.tokenizer.fim import fim_tokens
+
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+            "<|repo_name|>", "<|file_sep|>")
+MERGES = [("d", "e"), ("de", "f"), ("Ġ", "f")]
+
+
+def _tok(specials=(), **meta_kw) -> tuple[Tokenizer, dict]:
+    meta = byte_level_meta(MERGES, specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                                             *specials), **meta_kw)
+    return Tokenizer.from_metadata(meta), meta
+
+
+def _served(tok, meta) -> ServedModel:
+    meta = {**meta, "tokenizer.chat_template": "{% for m in messages %}{{ m.content }}"
+                                               "{% endfor %}"}
+    return ServedModel(name="coder", aliases=(), tokenizer=tok, max_context=256,
+                       template=ChatTemplate.from_metadata(meta, tok))
+
+
+def test_qwen_spellings_make_the_documented_prompt():
+    tok, meta = _tok(QWEN_FIM)
+    fim = fim_tokens(tok)
+    ids = {t: meta["tokenizer.ggml.tokens"].index(t) for t in QWEN_FIM}
+    assert (fim.prefix, fim.suffix, fim.middle) == (
+        ids["<|fim_prefix|>"], ids["<|fim_suffix|>"], ids["<|fim_middle|>"])
+    assert fim.ends == {ids["<|fim_pad|>"], ids["<|repo_name|>"], ids["<|file_sep|>"]}
+    prefix, suffix = "def f(x):\n    ", "\n    return y <|im_end|>\n"
+    prompt = fim.prompt(tok, prefix, suffix)
+    assert tok.decode(prompt, skip_special=False) == (
+        f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>")
+    # the code's own "<|im_end|>" stays text: the only control tokens are the three
+    assert [t for t in prompt if tok.is_special(t)] == [fim.prefix, fim.suffix, fim.middle]
+    assert prompt[0] == fim.prefix  # no BOS where the file adds none (Qwen's)
+
+
+def test_the_gguf_keys_come_first_and_bos_where_the_file_adds_it():
+    tok, meta = _tok(("<PRE>", "<SUF>", "<MID>", "<EOT>"), bos="<|endoftext|>", add_bos=True)
+    tokens = meta["tokenizer.ggml.tokens"]
+    meta = {**meta, **{f"tokenizer.ggml.fim_{k}_token_id": tokens.index(t) for k, t in
+                       (("pre", "<PRE>"), ("suf", "<SUF>"), ("mid", "<MID>"), ("pad", "<EOT>"))}}
+    tok = Tokenizer.from_metadata(meta)
+    fim = fim_tokens(tok)
+    assert (fim.prefix, fim.suffix, fim.middle) == tuple(tokens.index(t) for t in
+                                                         ("<PRE>", "<SUF>", "<MID>"))
+    assert fim.ends == {tokens.index("<EOT>")}
+    prompt = fim.prompt(tok, "a", "b")
+    assert prompt == [tok.bos_id, fim.prefix, *tok.encode("a", add_bos=False), fim.suffix,
+                      *tok.encode("b", add_bos=False), fim.middle]
+    bad = {**meta, "tokenizer.ggml.fim_mid_token_id": len(tokens) + 5}
+    with pytest.raises(TokenizerError, match="fim_mid_token_id"):
+        Tokenizer.from_metadata(bad)
+
+
+def test_a_vocabulary_without_all_three_has_none():
+    assert fim_tokens(_tok()[0]) is None
+    assert fim_tokens(_tok(("<|fim_prefix|>", "<|fim_suffix|>"))[0]) is None
+
+
+def test_a_served_code_model_inserts_and_stops_at_a_middles_end():
+    tok, meta = _tok(QWEN_FIM)
+    served = _served(tok, meta)
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert {tokens.index("<|fim_pad|>"), tokens.index("<|file_sep|>"),
+            tokens.index("<|im_end|>")} <= served.stop_token_ids
+    assert served.encode_fim("x = ", "\n") == served.fim.prompt(tok, "x = ", "\n")
+    plain = _served(*_tok())
+    assert plain.fim is None and plain.stop_token_ids == plain.tokenizer.eot_ids
+    with pytest.raises(ApiError) as e:
+        plain.encode_fim("x = ", "\n")
+    assert e.value.status == 400 and e.value.param == "suffix"
+    assert "fill-in-the-middle" in e.value.message
