@@ -21,6 +21,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from strata.cpus import load_average
 from strata.errors import UsageError
 
 MEMBW_BYTES = 1 << 29  # 512 MiB copied: far past every cache
@@ -212,7 +213,7 @@ def _device() -> dict:
             "threading_layer": numba.threading_layer(), "python": platform.python_version(),
             "numba": numba.__version__,
             # other processes' load during the run: the numbers are only as quiet as the machine
-            "load_average_1_5_15": [round(v, 2) for v in os.getloadavg()]}
+            "load_average_1_5_15": load_average()}
 
 
 def _commit() -> str | None:
@@ -361,7 +362,7 @@ def run(args) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, "
                              f"got {getattr(args, name)}")
     files = _cpu_files(args)
-    res = {"load_average_before": [round(v, 2) for v in os.getloadavg()],
+    res = {"load_average_before": load_average(),
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": _commit(), "command": "strata " + " ".join(sys.argv[1:]),
            "backend": "cpu", "results": []}

@@ -139,10 +139,22 @@ def _stdout_to_devnull(stream) -> None:
         os.close(devnull)
 
 
+def _utf8_streams() -> None:
+    """Standard output and error written as UTF-8 where Python chose another encoding: Windows
+    writes a redirected stream (`strata generate > out.txt`, a tool reading the pipe) in the
+    ANSI code page, where a generated CJK character or emoji raised UnicodeEncodeError in the
+    middle of the answer. What still cannot be written is replaced, never raised."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding != "utf8" and callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(encoding="utf-8", errors="replace")
+
+
 def _main_writing_stdout() -> int:
     """main(), with standard output's failures made an exit status: its reader gone (`| head`)
     ends quietly with status 1, as Python's own EPIPE exit; another write error (`> /dev/full`)
     is one line on stderr and status 1."""
+    _utf8_streams()
     out = sys.stdout
     sys.stdout = _MarkedStdout(out)
     try:

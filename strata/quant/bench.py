@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import numpy as np
 
+from strata.cpus import usable_cpus
 from strata.quant.blocks import block_decoder, decode_blocks
 from strata.quant.dequant import dequantize
 from strata.quant.random_blocks import random_blocks
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"not supported formats: {', '.join(sorted(unknown))}")
     n_bytes = int(args.mib * 2**20)
     rows = [measure(q.name, q.ggml_type, n_input_bytes=n_bytes, repeat=args.repeat) for q in types]
-    n_threads = len(os.sched_getaffinity(0))
+    n_threads = usable_cpus()
     print(_table(rows, n_threads))
     if args.json:
         with open(args.json, "w") as fh:

@@ -7,11 +7,11 @@ decoded in parallel by a thread pool (it releases the GIL). A float row's last v
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from strata.cpus import usable_cpus
 from strata.quant.blocks import (
     BLOCK_DECODERS, FLOAT_VALUE_DECODERS, block_decoder, decode_blocks,
 )
@@ -26,7 +26,7 @@ _POOL: ThreadPoolExecutor | None = None
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)),
+        _POOL = ThreadPoolExecutor(max_workers=usable_cpus(),
                                    thread_name_prefix="strata-dequant")
     return _POOL
 

@@ -379,6 +379,22 @@ def test_another_oserror_keeps_its_traceback(monkeypatch, capsys):
     assert "Traceback" in err and "not stdout's" in err and "standard output" not in err
 
 
+def test_a_stream_in_another_encoding_writes_utf8(monkeypatch):
+    """Windows writes a redirected stdout in its ANSI code page (cp1252): the answer's text is
+    written as UTF-8 instead of raising UnicodeEncodeError at the first CJK character."""
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="cp1252")
+
+    def speaks(argv=None):
+        print("answer: 你好 🙂")
+        return 0
+
+    monkeypatch.setattr(cli_main, "main", speaks)
+    assert _entry(monkeypatch, stdout, []) == 0
+    stdout.flush()
+    assert raw.getvalue().decode("utf-8") == "answer: 你好 🙂\n"
+
+
 # -- the output helper ------------------------------------------------------------------------
 
 def test_a_failed_write_leaves_the_old_file_and_no_partial(tmp_path):
