@@ -21,6 +21,7 @@ from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.reasoning import CLOSE, OPEN, opens_thinking
 from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
+from strata.serve.xml_calls import forced_xml_prefix, param_types
 
 TOOL_CHOICES = ("auto", "none", "required")
 
@@ -39,6 +40,7 @@ def schema_node(schema: dict, where: str, loose: bool = False) -> Node:
 class ChatModel(Protocol):
     max_context: int
     tool_calls_parsed: bool  # the template's tool-call format is one we parse back
+    xml_calls: bool  # ... and its calls' bodies are Qwen3-Coder's XML (`xml_calls`), not JSON
     splits_thinking: bool  # a <think> block in the answer is returned apart
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None,
@@ -118,7 +120,10 @@ def chat_text(model: ChatModel, chat: ChatInput) -> tuple[str, str]:
     use_tools = bool(chat.tools) and chat.tool_choice != "none"
     text = model.render_chat(list(chat.messages), list(chat.tools) if use_tools else None,
                              dict(chat.template_vars))
-    prefix = forced_prefix(chat.tool_choice) if use_tools and model.tool_calls_parsed else ""
+    prefix = ""
+    if use_tools and model.tool_calls_parsed:
+        prefix = (forced_xml_prefix(chat.tool_choice) if chat.tool_choice != "auto" else ""
+                  ) if model.xml_calls else forced_prefix(chat.tool_choice)
     if prefix and _inside_thinking(text + chat.prefill, chat.prefill):
         # the template opened a <think> block (a thinking-only model's does): a forced call
         # is the answer, so the block is closed empty first, as Qwen3's template writes it
@@ -148,9 +153,15 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     if chat.prefill and not opened:  # the answer's text has begun: no <think> starts it now
         split = False
     think = ("open" if opened else "start") if split else None  # no call inside <think>
+    if model.xml_calls and prefix and chat.json_object:
+        raise bad_request("tool_choice: this model writes a forced call in XML (its "
+                          "template's <function=...> form), which the request's JSON format "
+                          "cannot hold; send tool_choice \"auto\" or no format", "tool_choice")
+    # the JSON grammars hold JSON calls; an XML-call model's calls are parsed, not held (a JSON
+    # format beside its tools holds the answer to the document)
     strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
                            think=think, json_answer=chat.json_object)
-              if use_tools and model.tool_calls_parsed else None)
+              if use_tools and model.tool_calls_parsed and not model.xml_calls else None)
     sampling = chat.sampling(max_tokens, strict)
     ids = getattr(model, "think_ids", None) if split else None
     if ids is not None:  # the reasoning's tokens counted, for usage, and held to a budget
@@ -159,6 +170,7 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     parse = use_tools and model.tool_calls_parsed
     return Prepared(prompt=tuple(prompt), sampling=sampling,
                     requested_max_tokens=chat.max_tokens, parse_tools=parse,
+                    tool_types=param_types(chat.tools) if parse else None,
                     forced_prefix=prefix, split_thinking=split, thinking_open=opened,
                     one_call=parse and not chat.parallel_tool_calls)
 

@@ -37,6 +37,9 @@ class Prepared:
     requested_max_tokens: int | None  # what the client asked for (None: as much as fits)
     parse_tools: bool = False  # split <tool_call> blocks out of the text
     forced_prefix: str = ""  # text the prompt already ends with, fed to the tool parser first
+    # the request's tools' parameter types, which an XML call's values are read as
+    # (`xml_calls.param_types`)
+    tool_types: dict | None = None
     split_thinking: bool = False  # a thinking model's <think> block is returned apart
     thinking_open: bool = False  # the prompt itself opened the block: the answer starts in it
     # at most one tool call (`parallel_tool_calls: false`, Anthropic's
@@ -80,7 +83,8 @@ class Generation:
         self._loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
         self.job = Job(prepared.prompt, prepared.sampling, self._sink)
-        self._parser = ToolCallParser(id_prefix) if prepared.parse_tools else None
+        self._parser = (ToolCallParser(id_prefix, prepared.tool_types) if prepared.parse_tools
+                        else None)
         self._splitter = (ThinkSplitter(inside=prepared.thinking_open)
                           if prepared.split_thinking else None)
         self.thinking: list[str] = []  # the reasoning pieces received (`Thinking` items)

@@ -22,6 +22,7 @@ from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
 from strata.serve.reasoning import CLOSE, OPEN, thinks
 from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
+from strata.serve.xml_calls import template_uses_xml_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 from strata.tokenizer.fim import fim_tokens
 
@@ -71,6 +72,8 @@ class ServedModel:
         self.fim = fim_tokens(tokenizer)
         self.stop_token_ids = tokenizer.eot_ids | (self.fim.ends if self.fim else frozenset())
         self.tool_calls_parsed = template_uses_hermes_calls(template.source)
+        # Qwen3-Coder's calls: XML bodies in the same blocks (`xml_calls`)
+        self.xml_calls = self.tool_calls_parsed and template_uses_xml_calls(template.source)
         # a thinking model's <think> block returned apart from the answer (`--reasoning none`:
         # left in the text)
         self.splits_thinking = split_thinking and thinks(template.source)

@@ -128,7 +128,8 @@ def load(config: ServeConfig) -> Loaded:
     devices = _devices_reader(engine, weights_bytes, plan)
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
                "weights_bytes": weights_bytes, "arch": model_file.arch,
-               "tool_calls_parsed": served.tool_calls_parsed, "prefix_cache": worker.prefix_cache,
+               "tool_calls_parsed": served.tool_calls_parsed,
+               "xml_calls": served.xml_calls, "prefix_cache": worker.prefix_cache,
                "splits_thinking": served.splits_thinking, **model_facts(model_file)}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
@@ -142,8 +143,10 @@ def load(config: ServeConfig) -> Loaded:
 def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
                 devices: list[DeviceReport]) -> list[str]:
     s = model_file.shape
-    tools = ("<tool_call> blocks parsed into tool calls" if summary["tool_calls_parsed"]
-             else "returned as text (the template's call format is not one Strata parses)")
+    tools = ("returned as text (the template's call format is not one Strata parses)"
+             if not summary["tool_calls_parsed"] else
+             "<tool_call> blocks (XML: <function=...>) parsed into tool calls"
+             if summary.get("xml_calls") else "<tool_call> blocks parsed into tool calls")
     lines = [f"model    {config.model} ({s.arch}: {s.n_layer} layers, {s.n_expert} experts "
              f"top-{s.n_expert_used}, vocab {s.n_vocab:,})",
              f"backend  {summary['backend']}: {summary['slots']} slot(s) decoding together, "

@@ -6,7 +6,9 @@ Qwen3 (and the ChatML templates written in its style) have the model answer a to
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-`ToolCallParser` splits streamed text into plain text and completed `ToolCall`s. Text that might
+or, Qwen3-Coder's form, as `<function=...>` with a `<parameter=...>` each inside the block
+(`strata.serve.xml_calls`). `ToolCallParser` splits streamed text into plain text and completed
+`ToolCall`s. Text that might
 be the start of a tag is held back; whitespace just before a call is dropped (it only separates
 the call from the prose). A block whose JSON does not parse, or names no function, is returned
 as text: the client sees what the model wrote instead of a call it did not make.
@@ -21,6 +23,7 @@ from typing import Any
 
 from strata.engine.json_schema import Node, any_of_node, call_node, object_node
 from strata.serve.fields import valid_text
+from strata.serve.xml_calls import FUNCTION_OPEN, ParamTypes, parse_xml_body
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -88,21 +91,29 @@ def template_uses_hermes_calls(template_source: str) -> bool:
     return OPEN_TAG in template_source and CLOSE_TAG in template_source
 
 
-def parse_call(body: str, id_prefix: str) -> ToolCall | None:
-    """The call in one block's body, or None when it is not a well-formed call."""
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):  # a model's text may nest without end
-        return None
-    if not isinstance(value, dict):
-        return None
-    name = value.get("name")
-    args = value.get("arguments", value.get("parameters", {}))
-    if isinstance(args, str):  # some models emit the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except (json.JSONDecodeError, RecursionError):
+def parse_call(body: str, id_prefix: str, types: ParamTypes | None = None) -> ToolCall | None:
+    """The call in one block's body (JSON, or Qwen3-Coder's XML form: `xml_calls`, its
+    parameters typed by the request's tool schemas `types`), or None when it is not a
+    well-formed call."""
+    if body.startswith(FUNCTION_OPEN):
+        parsed = parse_xml_body(body, types)
+        if parsed is None:
             return None
+        name, args = parsed
+    else:
+        try:
+            value = json.loads(body)
+        except (json.JSONDecodeError, RecursionError):  # a model's text may nest without end
+            return None
+        if not isinstance(value, dict):
+            return None
+        name = value.get("name")
+        args = value.get("arguments", value.get("parameters", {}))
+        if isinstance(args, str):  # some models emit the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except (json.JSONDecodeError, RecursionError):
+                return None
     if not isinstance(name, str) or not name or not isinstance(args, dict):
         return None
     if "\\u" in body:  # an escaped lone surrogate could not be written into the response
@@ -124,8 +135,9 @@ def _partial_tag(text: str, tag: str) -> int:
 class ToolCallParser:
     """Feed generated text; get back a list of `str` pieces and `ToolCall`s in order."""
 
-    def __init__(self, id_prefix: str = "call_"):
+    def __init__(self, id_prefix: str = "call_", types: ParamTypes | None = None):
         self.id_prefix = id_prefix
+        self.types = types  # the request's tools' parameter types (`xml_calls.param_types`)
         self._buf = ""  # text not yet decided
         self._in_call = False
         self.n_calls = 0
@@ -140,7 +152,7 @@ class ToolCallParser:
                     return out
                 body, self._buf = self._buf[:end], self._buf[end + len(CLOSE_TAG):]
                 self._in_call = False
-                call = parse_call(body.strip(), self.id_prefix)
+                call = parse_call(body.strip(), self.id_prefix, self.types)
                 if call is None:
                     out.append(OPEN_TAG + body + CLOSE_TAG)
                 else:
@@ -169,7 +181,7 @@ class ToolCallParser:
         that call; one cut inside its body comes back as its raw text."""
         if self._in_call:
             body = self._buf[:len(self._buf) - _partial_tag(self._buf, CLOSE_TAG)]
-            call = parse_call(body.strip(), self.id_prefix)
+            call = parse_call(body.strip(), self.id_prefix, self.types)
             if call is not None:
                 self._buf, self._in_call = "", False
                 self.n_calls += 1

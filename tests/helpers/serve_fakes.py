@@ -62,6 +62,7 @@ class FakeModel:
         self.max_context = max_context
         self.n_vocab = N_VOCAB
         self.tool_calls_parsed = tool_calls
+        self.xml_calls = False  # a test of Qwen3-Coder's call form sets it
         self.splits_thinking = False  # a test of the reasoning split sets it
         self.stop_token_ids = frozenset({EOT})
         self.rendered: list[str] = []
