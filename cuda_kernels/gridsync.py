@@ -7,7 +7,7 @@ cannot hold at once) with no more blocks than `max_cooperative_grid_blocks` says
 
 The state is two int32 in device memory (8-byte aligned), zero before the first launch, in one
 of two forms, with no reset between launches (or replays of a graph holding them):
-* a count (`count_target`, `count_arrive`, `count_poll`; the MoE's): the two words one 64-bit
+* a count (`count_target`, `count_arrive`, `count_wait`; the MoE's): the two words one 64-bit
   count, to which a launch's arrivals add exactly 2^32 (1 a block, block 0 the rest), each a
   release add whose value nobody waits for. A block reads the count at its start and waits for
   the next multiple of 2^32: launches of any grid may share the state.
@@ -70,49 +70,34 @@ def grid_sync(bar):
 
 
 @cuda.jit(device=True, inline="always")
-def count_target(bar, i):
-    """Thread 0: the count (the 64-bit word at int32 words i, i + 1, never reset) at which this
-    launch's barrier opens. Every launch adds exactly 2^32 (`count_arrive`), so read before this
-    block arrives, the count's high word is the launches before this one: the target is the next
-    multiple of 2^32, whatever the grid of this launch or of earlier ones. Each count of a state
-    holding several (`moe_fused`'s groups) is read for its own target: a launch that used fewer
-    of them left the others behind. Other threads: 0."""
+def count_target(bar):
+    """Thread 0: the count (bar as one 64-bit word, never reset) at which this launch's barrier
+    opens. Every launch adds exactly 2^32 (`count_arrive`), so read before this block arrives,
+    the count's high word is the launches before this one: the target is the next multiple of
+    2^32, whatever the grid of this launch or of earlier ones. Other threads: 0."""
     if cuda.threadIdx.x != 0:
         return np.uint64(0)
-    return ((ld_acquire64(bar, i) >> np.uint64(32)) + np.uint64(1)) << np.uint64(32)
+    return ((ld_acquire64(bar, 0) >> np.uint64(32)) + np.uint64(1)) << np.uint64(32)
 
 
 @cuda.jit(device=True, inline="always")
-def count_arrive(bar, i):
-    """This block's arrival at the count at words i, i + 1 (the whole block calls this): a
-    block barrier, then thread 0's `count_add`."""
+def count_arrive(bar):
+    """This block's arrival: one release add, whose value nobody waits for, of 1, or for block
+    0 of 2^32 - (blocks - 1): a launch's arrivals add up to 2^32."""
     cuda.syncthreads()
-    count_add(bar, i)
-
-
-@cuda.jit(device=True, inline="always")
-def count_add(bar, i):
-    """Thread 0 (others do nothing; the block's writes to publish are ordered before by a block
-    barrier): one release add, whose value nobody waits for, of 1, or for block 0 of
-    2^32 - (blocks - 1): a launch's arrivals add up to 2^32."""
     if cuda.threadIdx.x == 0:
         add = np.uint64(1)
         if cuda.blockIdx.x == 0 and cuda.blockIdx.y == 0 and cuda.blockIdx.z == 0:
             n_blocks = np.uint64(cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z)
             add = (np.uint64(1) << np.uint64(32)) - (n_blocks - np.uint64(1))
-        red_release_add64(bar, i, add)
+        red_release_add64(bar, 0, add)
 
 
 @cuda.jit(device=True, inline="always")
-def count_reached(bar, i, target):
-    """Thread 0: whether the count at words i, i + 1 has reached `target` (`count_target`; one
-    acquire read; a signed difference, so the 64-bit count may wrap, after 2^32 launches)."""
-    return np.int64(ld_acquire64(bar, i) - target) >= 0
-
-
-@cuda.jit(device=True, inline="always")
-def count_poll(bar, i, target):
-    """Thread 0: wait until the count at words i, i + 1 reaches `target` (then a block barrier
-    lets the block read what the arrivals published)."""
-    while not count_reached(bar, i, target):
-        cuda.nanosleep(POLL_NS)
+def count_wait(bar, target):
+    """Wait until the count reaches `target` (`count_target`, thread 0's); compared as a signed
+    difference, so the 64-bit count may wrap (after 2^32 launches)."""
+    if cuda.threadIdx.x == 0:
+        while np.int64(ld_acquire64(bar, 0) - target) < 0:
+            cuda.nanosleep(POLL_NS)
+    cuda.syncthreads()

@@ -384,19 +384,3 @@ def byte_to_f32(w, b, bias):
     """Byte b (a compile-time 0..3) of word w, as float32, minus `bias` (float32, 2^23 + offset):
     one byte permute and one add, no integer-to-float conversion."""
     return u2f(prmt(w, MAGIC_2P23, 0x7440 | b)) - bias
-
-
-@cuda.jit(device=True, inline="always")
-def small_divmod(u, n, inv_n):
-    """(u // n, u % n) for 0 <= u far below 2^24 and inv_n = float32(1 / n): a float multiply,
-    then one correction either way, where `//` of numba's 64-bit integers is a division of
-    ~30 instructions."""
-    q = int((np.float32(u) + np.float32(0.5)) * inv_n)
-    r = u - q * n
-    if r < 0:
-        q -= 1
-        r += n
-    if r >= n:
-        q += 1
-        r -= n
-    return q, r

@@ -215,11 +215,9 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     x8: whether gate/up dots 8-bit x where its format can (None: GATE_UP_X8); the batched
     kernels dot float32 x, so a row of a batch run alone passes False to get the same bits.
 
-    sync: int32 [2 * n] in device memory, zero before its first use (then kept by the
-    kernels): the state of the barrier that lets gate/up and down run as one launch
-    (`moe_fused`, where the formats and shapes allow), n counts, one for each group of h's rows
-    (`moe_fused.groups`: up to MAX_GROUPS; the plan gives 4). Launches in flight at once need
-    their own."""
+    sync: int32 [2] in device memory, zero before its first use (then kept by the kernels): the
+    state of the barrier that lets gate/up and down run as one launch (`moe_fused`, where the
+    formats and shapes allow). Launches in flight at once need their own."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
@@ -304,9 +302,7 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         if (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
                 and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
                 and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff)):
-            check_array("sync", sync, np.int32, (None,))
-            if sync.shape[0] < 2 or sync.shape[0] % 2:
-                raise ValueError(f"sync: {sync.shape[0]} int32, expected 2 per count (2, 4, ...)")
+            check_array("sync", sync, np.int32, (2,))
             if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
                                 miss_list=miss_list, counters=counters, layout=layout,
                                 gu=gu_lanes, dn=dn_lanes, h1=h1, logits=logits,
@@ -366,7 +362,7 @@ def _down(h1, ids, weights, k, where, layout, dn_fmt, dn_lanes, accumulate, out,
             rows(n_blocks(layout.n_embd, 2 * (LANE_WARPS >> log))), LANE_THREADS, stream,
             padded_bytes(k * layout.n_ff, dn_lanes.pad, dn_lanes.sums)](
             h1, ids, weights, k, *where, layout.down_off, layout.down_row_bytes, n_sb,
-            np.float32(1.0 / k), layout.n_embd, bool(accumulate),
+            np.float32(1.0 / n_sb), layout.n_embd, bool(accumulate),
             padded_len(k * layout.n_ff, dn_lanes.pad), log, out, device_table(dn_lanes))
     else:
         _kernel("down", dn_fmt.ggml_type)[

@@ -7,14 +7,6 @@ resolved the experts' slots again (ids, slot table, slot offsets: three dependen
 it could issue a weight load. Here the slots are resolved once, and each warp issues its first
 down loads as soon as its gate/up items are done, so they are in flight across the barrier.
 
-The barrier in groups (GROUPED): h's rows come in groups of down's super-block columns (the
-30B's 768 rows: three of 256), each with its own count. Gate/up's items go row by row (item
-row * k + expert), so every block's first turn writes the first group's rows: a block arrives
-at a group's count once the turn that ends it is done, and a block done with its gate/up stages
-and dots down's units of each group (units are super-block major) as soon as every block has
-arrived there, the groups done by then in one go. Without groups, every block waited for the
-last block's last turn before its first down dot.
-
 The kernel runs in one of three phases (an argument): 0 gate/up only, 1 down only, 2 both with
 the barrier between. The GPU runs 2. The simulator runs blocks one after another, so a barrier
 across blocks would never open there: it runs 0, then 1, the same code but for the barrier.
@@ -24,16 +16,13 @@ the results are bit for bit those of the two launches (the same dots in the same
 
 from __future__ import annotations
 
-import functools
-import math
 import warnings
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import cuda, types
 
-from .gridsync import (count_arrive, count_poll, count_reached, count_target, grid_arrive,
-                       grid_sync, grid_wait)
+from .gridsync import count_arrive, count_target, count_wait, grid_arrive, grid_sync, grid_wait
 from .intrinsics import SIMULATED
 from .lanes import LANE_FORMATS, LaneFormat
 from .lanes_x8 import X8_FORMATS, stager
@@ -43,8 +32,7 @@ from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
 from .qformats import is_planar
-from .xstage import (padded_bytes, padded_len, stage_padded_rows, stage_padded_wide,
-                     stage_padded_wide6)
+from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
 
 F0 = np.float32(0.0)
 # Read at launch, so a benchmark can compare one launch with two in one process.
@@ -86,19 +74,6 @@ BARRIER = "count"
 # (wrong sums) it saved 0.08-0.15 us a layer on an H100, so an f16 h was not built
 # (`bench/results/2026-12-06_moe_half_h_tried_h100.json`).
 
-# h's rows in groups (with BARRIER "count"; read at launch): a block arrives at a group's count
-# once its gate/up items of those rows are written, and dots down's units of a group once every
-# block has, so the blocks done first with gate/up dot down's first units while the last ones
-# still write the rest of h, instead of all waiting for the last (the stamps put ~3 us between
-# the median block's gate/up and the barrier's release). At most MAX_GROUPS groups (the barrier
-# state then holds a count each: `groups`); False: one group, the barrier as before. Off until
-# timed: built and checked in the simulator on 2026-12-06 (bit for bit one group's outputs and
-# the two launches'), when no GPU came to time it or to run its barrier
-# (`bench/probes/moe_fused_variants.py --only "defaults,groups,defaults,groups"` and
-# tests/gpu/test_kernels_decode_gpu.py with it on are the A/B and the check).
-GROUPED = False
-MAX_GROUPS = 4
-
 # Blocks an SM the kernel is compiled for (launch bounds) and its gate/up grid's cap
 # (MIN_LANE_BLOCKS at two): read when a kernel is made and at launch, so a benchmark can time
 # both in one process. At two (127 registers, no spill) the 30B's 6,144 gate/up items give each
@@ -139,7 +114,7 @@ def _jit(blocks_an_sm: int) -> dict:
 
 
 def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
-    gu_first, gu_run, gu_turns = gate_up_items(gu)
+    gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
     stage_x, xs_type = stager(gu)[0], gu.xs_type
@@ -157,19 +132,13 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
                         host_off, cpu_misses, miss_list, counters, gu_row_bytes, gu_n_sb, n_ff,
                         up_off, gu_sums_off, h, tab_gu, logits, n_route, norm_topk, down_off,
-                        dn_row_bytes, dn_n_sb, inv_k, n_embd, accumulate, dn_sums_off, log,
-                        n_row_blocks, out, tab_dn, bar, n_groups, group_sbs, turns, phase):
+                        dn_row_bytes, dn_n_sb, inv_n_sb, n_embd, accumulate, dn_sums_off, log,
+                        n_row_blocks, out, tab_dn, bar, phase):
         # x: [n_embd] f32; ids, weights: [k] (outputs where n_route > 0: see
         # moe_gate_up_lanes); h: [k * n_ff] f32; out: [n_embd] f32 (= or += the experts' sum);
-        # bar: int32 [2 * n_groups], the barrier's state (a count a group with "count", else
-        # (arrivals, generation) and n_groups 1). Gate/up: items (h entry, expert) over every
-        # warp of the grid, in turns (`gate_up_items`); down: row blocks rb = blockIdx.x,
-        # + gridDim.x, ... < n_row_blocks, each a row pair per 1 << log warps, over units
-        # (super-block, expert not left to the CPU). h's rows come in n_groups groups of
-        # group_sbs of down's super-blocks: a block arrives at a group's count once its items
-        # of those rows are written (its turns: `turn_table`), and its first row block dots a
-        # group's units once every block has (with the groups after it that are done by then,
-        # in one staging).
+        # bar: int32 [2], the barrier's state. Gate/up: items (h entry, expert) over every warp
+        # of the grid; down: row blocks rb = blockIdx.x, + gridDim.x, ... < n_row_blocks, each
+        # a row pair per 1 << log warps, over units (expert not left to the CPU, super-block).
         # Dynamic shared: x as gate/up stages it, then padded h [dn_sums_off] f32 and its sums
         s_where = cuda.shared.array(MAX_K, np.int32)   # by top-k position
         s_base = cuda.shared.array(MAX_K, np.int64)
@@ -178,21 +147,17 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
         s_dkk = cuda.shared.array(MAX_K, np.int32)
         s_dwt = cuda.shared.array(MAX_K, np.float32)
         s_dn = cuda.shared.array(1, np.int32)
-        s_upto = cuda.shared.array(1, np.int32)        # the groups staged so far
         s_part = cuda.shared.array(PART_SLOTS, types.float32)
         tab_g = cuda.shared.array(n_tg, tg_type)
         tab_d = cuda.shared.array(n_td, td_type)
         xs = cuda.shared.array(0, xs_type)
         hs = cuda.shared.array(0, types.float32)       # the same bytes as xs
-        s_bar = cuda.shared.array(MAX_GROUPS, types.uint64)  # thread 0's: each group's target
+        s_bar = cuda.shared.array(1, types.uint64)     # thread 0's: the barrier's target count
         t = cuda.threadIdx.x
         if count and phase == 2:  # compile time, then the launch's: read before any arrival
-            g = 0
-            while g < n_groups:
-                tgt = count_target(bar, 2 * g)
-                if t == 0:
-                    s_bar[g] = tgt
-                g += 1
+            tgt = count_target(bar)
+            if t == 0:
+                s_bar[0] = tgt
         route_resolve(logits, n_route, k, norm_topk, ids, weights, slot_table, layer, slot_off,
                       host_off, cpu_misses, miss_list, counters, s_where, s_base, phase != 1)
         cuda.syncthreads()
@@ -212,7 +177,6 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                 if n == 0:  # no unit: the first down loads read one expert's bytes unused
                     s_dwhere[0] = 0 if cache.shape[0] >= down_off + n_embd * dn_row_bytes else 1
                     s_dbase[0] = down_off
-        group_rows = group_sbs * dn_values
         if phase != 1:
             it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host, gu_row_bytes,
                                         up_off, gu_n_sb)  # in flight while x is staged
@@ -220,18 +184,12 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                 stage_table(tab_gu, tab_g, n_tg)
             stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
             cuda.syncthreads()
-            if n_groups > 1:
-                gu_turns(it, row, kk, cur, k, n_items, s_where, s_base, cache, host,
-                         gu_row_bytes, up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, bar,
-                         n_groups, turns, count and phase == 2)
-            else:
-                gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
-                       up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
+            gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
+                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
         else:
             cuda.syncthreads()  # down's list
         if phase != 0:
-            n_dn = s_dn[0]
-            n_units = k * dn_n_sb if n_dn > 0 else 0
+            n_units = s_dn[0] * dn_n_sb
             sub, u_first, u_stride, part, grp = geometry(log)
             rb = cuda.blockIdx.x
             row0, off_a, off_b = dn_rows(min(rb, n_row_blocks - 1), log, n_embd, dn_row_bytes)
@@ -239,125 +197,44 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
             gen = 0
             if split and phase == 2:
                 if count:  # compile time
-                    count_arrive(bar, 2 * (n_groups - 1))  # this block's h written
+                    count_arrive(bar)  # this block's h written
                 else:
                     gen = grid_arrive(bar)  # this block's h written
             # the first units' loads, in flight across the barrier (they do not read h)
             c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase, u_first + grp,
-                                           last_u, k, inv_k, n_dn, off_a, off_b, part)
+                                           last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)
+            if phase == 2:
+                if count:  # compile time
+                    count_wait(bar, s_bar[0])
+                elif split:
+                    grid_wait(bar, gen)
+                else:
+                    grid_sync(bar)  # every block's h written (and block 0's weights, if routed)
+            else:
+                cuda.syncthreads()
             if has_td:
                 stage_table(tab_dn, tab_d, n_td)
-            acc_a = F0
-            acc_b = F0
-            u0 = u_first
-            g0 = 0
-            while g0 < n_groups:  # the first row block's groups, as they are written
-                if phase == 2:
-                    if count:  # compile time
-                        if t == 0:
-                            count_poll(bar, 2 * g0, s_bar[g0])
-                            g1 = g0 + 1  # with the groups after it done by now
-                            while g1 < n_groups and count_reached(bar, 2 * g1, s_bar[g1]):
-                                g1 += 1
-                            s_upto[0] = g1
-                    elif split:
-                        grid_wait(bar, gen)
-                    else:
-                        grid_sync(bar)  # every block's h written (and block 0's weights)
-                    cuda.syncthreads()
-                    g1 = s_upto[0] if count else n_groups
-                else:
-                    cuda.syncthreads()
-                    g1 = g0 + 1  # the simulator: a group at a time, as the GPU may take them
-                if g0 == 0 and g1 >= n_groups:
-                    stage_h(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
-                            dn_sums_off)
-                else:
-                    stage_padded_rows(h, k, n_ff, g0 * group_rows,
-                                      min(n_ff, g1 * group_rows), hs, pa_a, pa_pa, pa_b, pa_pb,
-                                      dn_sums, dn_sums_off)
-                if g0 == 0 and t < n_dn:  # weights: block 0's, where it routed, are seen now
-                    s_dwt[t] = weights[s_dkk[t]]
-                cuda.syncthreads()
-                if n_units > 0 and rb < n_row_blocks:  # a block past the row blocks: none
-                    u0, c, sb, cur_a, cur_b, acc_a, acc_b = dn_run(
-                        u0, min(g1 * group_sbs, dn_n_sb) * k, c, sb, cur_a, cur_b, acc_a,
-                        acc_b, n_units, u_stride, grp, cache, host, s_dwhere, s_dbase, s_dkk,
-                        s_dwt, k, inv_k, n_dn, dn_n_sb, off_a, off_b, part, hs, dn_sums_off,
-                        tab_d)
-                g0 = g1
+            stage_h(h, k * dn_n_sb * dn_values, hs, pa_a, pa_pa, pa_b, pa_pb, dn_sums,
+                    dn_sums_off)
+            if t < s_dn[0]:
+                s_dwt[t] = weights[s_dkk[t]]
+            cuda.syncthreads()
             while rb < n_row_blocks:  # the same in the whole block
+                acc_a = F0
+                acc_b = F0
+                if n_units > 0:
+                    acc_a, acc_b = dn_run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp,
+                                          cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, dn_n_sb,
+                                          inv_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
                 dn_finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)
                 rb += cuda.gridDim.x
                 if rb < n_row_blocks:  # a grid smaller than the row blocks: the next one
                     row0, off_a, off_b = dn_rows(rb, log, n_embd, dn_row_bytes)
                     c, sb, cur_a, cur_b = dn_first(cache, host, s_dwhere, s_dbase,
-                                                   u_first + grp, last_u, k, inv_k, n_dn,
+                                                   u_first + grp, last_u, dn_n_sb, inv_n_sb,
                                                    off_a, off_b, part)
-                    acc_a = F0
-                    acc_b = F0
-                    if n_units > 0:
-                        _, _, _, _, _, acc_a, acc_b = dn_run(
-                            u_first, n_units, c, sb, cur_a, cur_b, acc_a, acc_b, n_units,
-                            u_stride, grp, cache, host, s_dwhere, s_dbase, s_dkk, s_dwt, k,
-                            inv_k, n_dn, dn_n_sb, off_a, off_b, part, hs, dn_sums_off, tab_d)
                     cuda.syncthreads()  # s_part's readers are done before the next writes
     return moe_fused_lanes
-
-
-def groups(dn: LaneFormat, k: int, n_sb: int, n_counts: int) -> tuple[int, int]:
-    """(groups, super-blocks a group) of h's rows for down's n_sb super-blocks of k experts,
-    where the barrier state holds n_counts counts. A group's units (sb * k + c, `down_units`)
-    must start at a multiple of a warp's step (its units of one step are dotted together), so
-    a group holds a multiple of step / gcd(k, step) super-blocks: the 30B's (k 8, Q4_K or Q6_K
-    down of 3 super-blocks) three groups of one. One group where GROUPED is off or the barrier
-    is not the count."""
-    return _groups(dn.sbs_per_step, k, n_sb, n_counts, GROUPED, BARRIER)
-
-
-def _groups(per_step: int, k: int, n_sb: int, n_counts: int, grouped: bool,
-            barrier: str) -> tuple[int, int]:
-    if not grouped or barrier != "count" or n_counts < 2:
-        return 1, n_sb
-    unit = per_step // math.gcd(k, per_step)
-    for n_groups in range(min(MAX_GROUPS, n_counts), 0, -1):
-        per = _ceil(_ceil(n_sb, n_groups), unit) * unit  # n_sb / n_groups, to a unit's multiple
-        if per < n_sb:
-            return _ceil(n_sb, per), per
-    return 1, n_sb
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-TURN_BITS = 16  # a turn's field in `turn_table`
-
-
-def turn_table(n_items: int, n_warps: int, k: int, n_ff: int, n_groups: int,
-               group_rows: int) -> int:
-    """The gate/up turns of a launch of n_warps warps (`gate_up_items.run_turns`) as one int64:
-    the turns every warp takes (ceil(n_items / n_warps)) in the low TURN_BITS, then for each
-    group g but the last, the turn after which its items (it < k * min(n_ff, (g + 1) *
-    group_rows)) are all done, clamped to the last turn. Made here: the kernel would take a
-    64-bit division for each. -1 where a turn passes the field (then run one group)."""
-    n_turns = -(-n_items // n_warps)
-    fields = [n_turns] + [min(-(-k * min(n_ff, (g + 1) * group_rows) // n_warps) - 1,
-                              n_turns - 1) for g in range(n_groups - 1)]
-    if max(fields) >= 1 << TURN_BITS or len(fields) * TURN_BITS > 63:
-        return -1
-    return sum(f << (TURN_BITS * i) for i, f in enumerate(fields))
-
-
-@functools.lru_cache(maxsize=256)
-def _grouping(per_step: int, sb_values: int, k: int, n_sb: int, n_counts: int, n_items: int,
-              n_warps: int, n_ff: int, grouped: bool, barrier: str) -> tuple[int, int, int]:
-    """(groups, super-blocks a group, turns) of a launch (`groups`, `turn_table`; one group
-    where the turns pass the table), worked out once per shape and grid: `launch` runs for
-    every layer of every step where no graph replays it."""
-    n_groups, per = _groups(per_step, k, n_sb, n_counts, grouped, barrier)
-    turns = turn_table(n_items, n_warps, k, n_ff, n_groups, per * sb_values)
-    return (n_groups, per, turns) if turns >= 0 else (1, n_sb, 0)
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
@@ -394,28 +271,21 @@ def launch(x, ids, weights, *, k, n_items, where, miss_list, counters, layout, g
     args = (x, ids, weights, k, n_items, *where, miss_list, counters, layout.gate_row_bytes,
             gu_n_sb, n_ff, layout.up_off, gu.stage_len(n_embd), h1, device_table(gu), logits,
             n_route, bool(norm_topk), layout.down_off, layout.down_row_bytes, dn_n_sb,
-            np.float32(1.0 / k), n_embd, bool(accumulate), padded_len(k * n_ff, dn.pad),
+            np.float32(1.0 / dn_n_sb), n_embd, bool(accumulate), padded_len(k * n_ff, dn.pad),
             log, n_row_blocks, out, device_table(dn), sync)
     grid = max(n_gu_blocks, n_row_blocks)
-
-    def grouping(grid):  # (groups, super-blocks a group, turns) of a launch of grid blocks
-        return _grouping(dn.sbs_per_step, dn.sb_values, k, dn_n_sb, sync.shape[0] // 2, n_items,
-                         grid * LANE_WARPS, n_ff, GROUPED, BARRIER)
-
     if SIMULATED:
-        grid = min(grid, SIM_RESIDENT)
         for phase in (0, 1):
-            kern[grid, LANE_THREADS, stream, shmem](*args, *grouping(grid), phase)
+            kern[min(grid, SIM_RESIDENT), LANE_THREADS, stream, shmem](*args, phase)
         return True
-    resident, compiled = _resident(kern, args + (1, 1, 0, 2), shmem)  # their types
+    resident, compiled = _resident(kern, args + (2,), shmem)
     key = (id(compiled), shmem)
     if resident < 1 or key in _REFUSED:
         return False
     if isinstance(stream, int) and stream == 0:  # a launch past the dispatcher takes no 0
         stream = cuda.default_stream()
-    grid = min(grid, resident)
     try:
-        compiled.launch(args + (*grouping(grid), 2), (grid, 1, 1), (LANE_THREADS, 1, 1), stream,
+        compiled.launch(args + (2,), (min(grid, resident), 1, 1), (LANE_THREADS, 1, 1), stream,
                         shmem)
     except Exception as e:  # noqa: BLE001 - a driver without cooperative launches (some MPS
         # set-ups): a plain run comes before any graph capture, so the capture sees two launches
@@ -445,7 +315,7 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
     for g, d in pairs:
         sig = ((types.float32[::1], types.int32[::1], types.float32[::1]) + _GUL_SIG[2:]
                + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
-               + (_tab_type(d), types.int32[::1]) + (types.int64,) * 4)
+               + (_tab_type(d), types.int32[::1], types.int64))
         register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
                      lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM).py_func, sig),
                      options=_jit(BLOCKS_AN_SM))

@@ -9,8 +9,7 @@ import numpy as np
 from numba import cuda, types
 
 from .elementwise import silu
-from .gridsync import count_add
-from .intrinsics import small_divmod, warp_sum
+from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
 from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import MAX_K, resolve_compact, route_resolve
@@ -27,11 +26,7 @@ def gate_up_items(lf: LaneFormat):
           -> (it, row, kk, cur)        this warp's first item and its loads (issue them early)
       run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
           xs, sums_off, tab_s, h, n_ff)   the warp's items, each next one loaded before the
-                                        current one is dotted; h entries written by lane 0
-      run_turns(it, row, kk, cur, ...as run..., bar, n_groups, turns, arrive)
-                                        `run` in turns the whole block takes together, with the
-                                        block's arrivals at the counts of groups of h rows (the
-                                        whole block calls it; see there)"""
+                                        current one is dotted; h entries written by lane 0"""
     load_pair, dot_pair = pair_step(lf)
 
     @cuda.jit(device=True, inline="always")
@@ -50,80 +45,45 @@ def gate_up_items(lf: LaneFormat):
         return it, row, kk, load_pair(src, off_g, off_g + up_off, n_sb, 0)
 
     @cuda.jit(device=True, inline="always")
-    def item(it, row, kk, cur, step_row, step_kk, n_warps, k, n_items, s_where, s_base, cache,
-             host, row_bytes, up_off, n_sb, xs, sums_off, tab_s, h, n_ff):
-        """Item it (none past n_items) dotted and written, the warp's next one (it + n_warps)
-        loaded first; (row, kk) of the next by adding (step_row, step_kk) with one carry: a
-        64-bit division by k per item was a tenth of the kernel's instructions."""
-        nxt = cur
-        it1 = it + n_warps
-        row1 = row + step_row
-        kk1 = kk + step_kk
-        if kk1 >= k:
-            kk1 -= k
-            row1 += 1
-        if it1 < n_items:
-            where1 = s_where[kk1]
-            if where1 >= 0:  # never a read for an expert left to the CPU
-                off1 = s_base[kk1] + row1 * row_bytes
-                src1 = cache if where1 == 0 else host
-                nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
-        where = s_where[kk]
-        g = F0
-        u = F0
-        if where >= 0 and it < n_items:
-            g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
-        g = warp_sum(g)
-        u = warp_sum(u)
-        if (cuda.threadIdx.x & 31) == 0 and it < n_items:
-            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
-        return it1, row1, kk1, nxt
-
-    @cuda.jit(device=True, inline="always")
     def run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
             xs, sums_off, tab_s, h, n_ff):
         n_warps = cuda.gridDim.x * LANE_WARPS
+        # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) with one
+        # carry: a 64-bit division by k per item was a tenth of the kernel's instructions
         step_row = n_warps // k
         step_kk = n_warps - step_row * k
         while it < n_items:
-            it, row, kk, cur = item(it, row, kk, cur, step_row, step_kk, n_warps, k, n_items,
-                                    s_where, s_base, cache, host, row_bytes, up_off, n_sb, xs,
-                                    sums_off, tab_s, h, n_ff)
-
-    @cuda.jit(device=True, inline="always")
-    def run_turns(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off,
-                  n_sb, xs, sums_off, tab_s, h, n_ff, bar, n_groups, turns, arrive):
-        """`run`, every warp of the grid taking the same turns (its items past n_items idle),
-        so that the whole block knows when a turn is done. `turns` (`moe_fused.turn_table`):
-        the turns, then for each group g < n_groups - 1 of h's rows the turn after which its
-        items are all done; after it, a block barrier, then with `arrive` the block's arrival
-        at group g's count (`gridsync.count_add` at words 2g, 2g + 1), so down can start on
-        those rows before every block's gate/up is done. The last group's arrival is the
-        caller's."""
-        n_warps = cuda.gridDim.x * LANE_WARPS
-        step_row = n_warps // k
-        step_kk = n_warps - step_row * k
-        n_turns = turns & 0xFFFF
-        g = 0
-        g_turn = (turns >> 16) & 0xFFFF if n_groups > 1 else n_turns  # n_turns: never
-        j = 0
-        while j < n_turns:  # the same in the whole block
-            it, row, kk, cur = item(it, row, kk, cur, step_row, step_kk, n_warps, k, n_items,
-                                    s_where, s_base, cache, host, row_bytes, up_off, n_sb, xs,
-                                    sums_off, tab_s, h, n_ff)
-            if g_turn == j:
-                cuda.syncthreads()  # every warp's h entries of the turn written
-                while g < n_groups - 1 and g_turn == j:
-                    if arrive:
-                        count_add(bar, 2 * g)
-                    g += 1
-                    g_turn = (turns >> (16 * (g + 1))) & 0xFFFF if g < n_groups - 1 else n_turns
-            j += 1
-    return first, run, run_turns
+            nxt = cur
+            it1 = it + n_warps
+            row1 = row + step_row
+            kk1 = kk + step_kk
+            if kk1 >= k:
+                kk1 -= k
+                row1 += 1
+            if it1 < n_items:
+                where1 = s_where[kk1]
+                if where1 >= 0:  # never a read for an expert left to the CPU
+                    off1 = s_base[kk1] + row1 * row_bytes
+                    src1 = cache if where1 == 0 else host
+                    nxt = load_pair(src1, off1, off1 + up_off, n_sb, 0)
+            where = s_where[kk]
+            g = F0
+            u = F0
+            if where >= 0:
+                g, u = dot_pair(cur, n_sb, 0, xs, sums_off, tab_s)
+            g = warp_sum(g)
+            u = warp_sum(u)
+            if (cuda.threadIdx.x & 31) == 0:
+                h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+            cur = nxt
+            it = it1
+            row = row1
+            kk = kk1
+    return first, run
 
 
 def _gate_up_lanes(lf: LaneFormat):
-    first, run, _ = gate_up_items(lf)
+    first, run = gate_up_items(lf)
     n_values = lf.sb_values
     stage, xs_type = stager(lf)[0], lf.xs_type
     n_tab, tab_type, has_tab = lf.table.size, lf.table.dtype.type, lf.has_table
@@ -209,26 +169,31 @@ def _gate_up_lanes_rows(lf: LaneFormat):
 
 
 
-# (u // n, u % n): down's unit u = sb * k + c gives (sb, c) (`down_units`)
-_unit = small_divmod
+@cuda.jit(device=True, inline="always")
+def _unit(u, n_sb, inv_n_sb):
+    """(expert position c, super-block sb) of unit u = c * n_sb + sb (float division, then
+    corrected: u stays far below 2^24)."""
+    c = int((np.float32(u) + np.float32(0.5)) * inv_n_sb)
+    sb = u - c * n_sb
+    if sb < 0:
+        c -= 1
+        sb += n_sb
+    if sb >= n_sb:
+        c += 1
+        sb -= n_sb
+    return c, sb
 
 
 def down_units(lf: LaneFormat):
     """Device functions of the down kernel's unit loop (see moe_down_lanes), shared with the
-    fused kernel (`moe_fused`). Unit u = sb * k + c is super-block sb of the c-th expert down
-    reads (c < n_dn, the experts not left to the CPU; units of c >= n_dn are idle), so the
-    units of h's first super-blocks come first: the fused kernel dots them while other blocks
-    still write the rest of h. The units of one super-block column are k, not n_dn, so that a
-    group of columns starts at a multiple of a warp's step (see `moe_fused.groups`).
+    fused kernel (`moe_fused`):
       geometry(log) -> (sub, u_first, u_stride, part, grp)   this thread's place in its row pair
       rows(rb, log, n_embd, row_bytes) -> (row0, off_a, off_b)   row block rb's pair (clamped)
-      first(cache, host, s_where, s_base, u, last_u, k, inv_k, n_dn, off_a, off_b, part)
+      first(cache, host, s_where, s_base, u, last_u, n_sb, inv_n_sb, off_a, off_b, part)
           -> (c, sb, cur_a, cur_b)     unit min(u, last_u) and its loads (issue them early)
-      run(u0, u_end, c, sb, cur_a, cur_b, acc_a, acc_b, n_units, u_stride, grp, cache, host,
-          s_where, s_base, s_kk, s_wt, k, inv_k, n_dn, n_sb, off_a, off_b, part, xs, sums_off,
-          tab_s) -> (u0, c, sb, cur_a, cur_b, acc_a, acc_b)
-                                       this lane's weighted dots of its units from step u0 to
-                                       u_end, added to acc (the state to go on from)
+      run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache, host, s_where, s_base,
+          s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs, sums_off, tab_s) -> (acc_a, acc_b)
+                                       this lane's weighted dots of the pair's units
       finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)   the pair's sums
                                        over its lanes and warps, into out (= or +=); the whole
                                        block calls it (it synchronises)"""
@@ -248,38 +213,37 @@ def down_units(lf: LaneFormat):
         return row0, min(row0, n_embd - 1) * row_bytes, min(row0 + 1, n_embd - 1) * row_bytes
 
     @cuda.jit(device=True, inline="always")
-    def first(cache, host, s_where, s_base, u, last_u, k, inv_k, n_dn, off_a, off_b, part):
-        sb, c = _unit(min(u, last_u), k, inv_k)
-        cl = min(c, max(n_dn - 1, 0))  # an idle unit loads one that is read, unused
-        src = cache if s_where[cl] == 0 else host
-        off = s_base[cl] + sb * sb_bytes
+    def first(cache, host, s_where, s_base, u, last_u, n_sb, inv_n_sb, off_a, off_b, part):
+        c, sb = _unit(min(u, last_u), n_sb, inv_n_sb)
+        src = cache if s_where[c] == 0 else host
+        off = s_base[c] + sb * sb_bytes
         return c, sb, load(src, off + off_a, part), load(src, off + off_b, part)
 
     @cuda.jit(device=True, inline="always")
-    def run(u0, u_end, c, sb, cur_a, cur_b, acc_a, acc_b, n_units, u_stride, grp, cache, host,
-            s_where, s_base, s_kk, s_wt, k, inv_k, n_dn, n_sb, off_a, off_b, part, xs, sums_off,
-            tab_s):
+    def run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache, host, s_where, s_base,
+            s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b, part, xs, sums_off, tab_s):
+        acc_a = F0
+        acc_b = F0
         last_u = n_units - 1
-        while u0 < u_end:  # not a range: its trip count would divide by u_stride
-            sbn, cn = _unit(min(u0 + u_stride + grp, last_u), k, inv_k)
-            cl = min(cn, n_dn - 1)
-            src = cache if s_where[cl] == 0 else host
-            off = s_base[cl] + sbn * sb_bytes
+        u0 = u_first
+        while u0 < n_units:  # not a range: its trip count would divide by u_stride
+            cn, sbn = _unit(min(u0 + u_stride + grp, last_u), n_sb, inv_n_sb)
+            src = cache if s_where[cn] == 0 else host
+            off = s_base[cn] + sbn * sb_bytes
             nxt_a = load(src, off + off_a, part)
             nxt_b = load(src, off + off_b, part)
-            cc = min(c, n_dn - 1)
-            q = s_kk[cc] * n_sb + sb            # position of the unit's h slice
+            q = s_kk[c] * n_sb + sb             # position of the unit's h slice
             da = dot(cur_a, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
             db = dot(cur_b, part, xs, q * sb_padded, sums_off + q * sb_sums, tab_s)
-            if u0 + grp < n_units and c < n_dn:
-                acc_a += s_wt[cc] * da
-                acc_b += s_wt[cc] * db
+            if u0 + grp < n_units:
+                acc_a += s_wt[c] * da
+                acc_b += s_wt[c] * db
             cur_a = nxt_a
             cur_b = nxt_b
             c = cn
             sb = sbn
             u0 += u_stride
-        return u0, c, sb, cur_a, cur_b, acc_a, acc_b
+        return acc_a, acc_b
 
     @cuda.jit(device=True, inline="always")
     def finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out):
@@ -301,10 +265,10 @@ def _down_lanes(lf: LaneFormat):
 
     @cuda.jit(**lane_jit(lf))
     def moe_down_lanes(h, ids, weights, k, slot_table, layer, cache, slot_off, host, host_off,
-                       cpu_misses, down_off, row_bytes, n_sb, inv_k, n_embd, accumulate,
+                       cpu_misses, down_off, row_bytes, n_sb, inv_n_sb, n_embd, accumulate,
                        sums_off, log, out, tab):
         # h: [k * n_ff] f32; weights: [k] f32; out: [n_embd] f32 (= or += sum_k w_k down_k h_k);
-        # two output rows per 1 << log warps (interleaved steps); unit sb * k + c is
+        # two output rows per 1 << log warps (interleaved steps); unit c * n_sb + sb is
         # super-block sb of the c-th expert not left to the CPU; dynamic shared: padded h
         # [sums_off] f32, then (sums) its 16-value sums
         s_where = cuda.shared.array(MAX_K, np.int32)
@@ -327,18 +291,16 @@ def _down_lanes(lf: LaneFormat):
         stage_padded_wide(h, k * n_sb * sb_values, xs, pa_a, pa_pa, pa_b, pa_pb, sums, sums_off)
         resolve_compact(ids, weights, k, slot_table, layer, slot_off, host_off, cpu_misses,
                         down_off, s_w0, s_b0, s_where, s_base, s_kk, s_wt, s_n)
-        n_dn = s_n[0]
-        n_units = k * n_sb if n_dn > 0 else 0
+        n_units = s_n[0] * n_sb
         sub, u_first, u_stride, part, grp = geometry(log)
         row0, off_a, off_b = rows(cuda.blockIdx.x, log, n_embd, row_bytes)
         acc_a = F0
         acc_b = F0
         if n_units > 0:  # the same in the whole block
             c, sb, cur_a, cur_b = first(cache, host, s_where, s_base, u_first + grp,
-                                        n_units - 1, k, inv_k, n_dn, off_a, off_b, part)
-            _, _, _, _, _, acc_a, acc_b = run(
-                u_first, n_units, c, sb, cur_a, cur_b, acc_a, acc_b, n_units, u_stride, grp,
-                cache, host, s_where, s_base, s_kk, s_wt, k, inv_k, n_dn, n_sb, off_a, off_b,
-                part, xs, sums_off, tab_s)
+                                        n_units - 1, n_sb, inv_n_sb, off_a, off_b, part)
+            acc_a, acc_b = run(c, sb, cur_a, cur_b, n_units, u_first, u_stride, grp, cache,
+                               host, s_where, s_base, s_kk, s_wt, n_sb, inv_n_sb, off_a, off_b,
+                               part, xs, sums_off, tab_s)
         finish(acc_a, acc_b, s_part, log, sub, row0, n_embd, accumulate, out)
     return moe_down_lanes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, small_divmod, st_x4
+from .intrinsics import f2u, ld_x4, quad_max, quad_sum, rint_i32, st_x4
 
 XPAD = 36  # floats per staged 32-value group (16-byte aligned, bank-spreading)
 # The staging loops are while loops: numba computes the trip count of a range whose step is the
@@ -129,50 +129,6 @@ def _wide_stager(n_at_once: int):
                 _put_quad(xs, q + 5 * bd, n_quads, f0, f1, f2, f3, a, pa, b, pb, sums, sums_off)
             q += n_at_once * bd
     return stage_padded_wide
-
-
-@cuda.jit(device=True, inline="always")
-def _rows_quad(qq, n_quads, n_q, inv_n_q, n_ff, r0):
-    """The quad of x (its index in all of x) that quad qq of a row range holds (see
-    `stage_padded_rows`), clamped to the range's last; and the bound `_put_quad` takes: past
-    the quad where qq is in the range, else 0 (not stored)."""
-    c, i = small_divmod(min(qq, n_quads - 1), n_q, inv_n_q)
-    g = ((c * n_ff + r0) >> 2) + i
-    return g, (g + 1 if qq < n_quads else 0)
-
-
-@cuda.jit(device=True, inline="always")
-def stage_padded_rows(x, k, n_ff, r0, r1, xs, a, pa, b, pb, sums, sums_off):
-    """`stage_padded_wide6` of the entries c * n_ff + r of x, r0 <= r < r1, of each of its k
-    vectors of n_ff (n_ff, r0, r1 multiples of 16): each where, and with the sums it would have
-    in the staging of all of x (`moe_fused` stages h a group of rows at a time, as each group
-    is written). Six quads a thread at a time, loads before stores; the whole block calls
-    this."""
-    n_q = (r1 - r0) >> 2
-    n_quads = k * n_q
-    inv_n_q = np.float32(1.0) / np.float32(max(n_q, 1))
-    bd = cuda.blockDim.x
-    q = cuda.threadIdx.x
-    while q < n_quads + cuda.threadIdx.x:  # the same trip count in every thread
-        ga, la = _rows_quad(q, n_quads, n_q, inv_n_q, n_ff, r0)
-        gb, lb = _rows_quad(q + bd, n_quads, n_q, inv_n_q, n_ff, r0)
-        gc, lc = _rows_quad(q + 2 * bd, n_quads, n_q, inv_n_q, n_ff, r0)
-        gd, ld = _rows_quad(q + 3 * bd, n_quads, n_q, inv_n_q, n_ff, r0)
-        ge, le = _rows_quad(q + 4 * bd, n_quads, n_q, inv_n_q, n_ff, r0)
-        gf, lf = _rows_quad(q + 5 * bd, n_quads, n_q, inv_n_q, n_ff, r0)
-        a0, a1, a2, a3 = ld_x4(x, 4 * ga)
-        b0, b1, b2, b3 = ld_x4(x, 4 * gb)
-        c0, c1, c2, c3 = ld_x4(x, 4 * gc)
-        d0, d1, d2, d3 = ld_x4(x, 4 * gd)
-        e0, e1, e2, e3 = ld_x4(x, 4 * ge)
-        f0, f1, f2, f3 = ld_x4(x, 4 * gf)
-        _put_quad(xs, ga, la, a0, a1, a2, a3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, gb, lb, b0, b1, b2, b3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, gc, lc, c0, c1, c2, c3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, gd, ld, d0, d1, d2, d3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, ge, le, e0, e1, e2, e3, a, pa, b, pb, sums, sums_off)
-        _put_quad(xs, gf, lf, f0, f1, f2, f3, a, pa, b, pb, sums, sums_off)
-        q += 6 * bd
 
 
 stage_padded_wide = _wide_stager(4)

@@ -6,8 +6,7 @@ of the same bytes, and a barrier 0.45 µs cheaper did not move it (2026-12-04): 
 the barrier at different times, and the time is in what comes before it or after it. A copy of
 the kernel's factory is compiled with thread 0 of every block stamping %clock64 and
 %globaltimer (`phase_stamps.stamped`) after the experts are resolved, after its gate/up items,
-after the first down loads are issued, after the barrier (with `--grouped 1`, the last group's
-count), after h is staged, after its row blocks' units, and at the end; 12 layers in a CUDA graph, Q4_K/Q4_K and Q4_K/Q6_K. Per phase: the median, 90th
+after the first down loads are issued, after the barrier, after h is staged, after its row blocks' units, and at the end; 12 layers in a CUDA graph, Q4_K/Q4_K and Q4_K/Q6_K. Per phase: the median, 90th
 percentile and maximum over blocks of the time since the block's start, the launch's span, and
 the stamps of the block that ends last.
 
@@ -28,21 +27,19 @@ from strata.cuda_kernels import moe_fused  # noqa: E402
 
 MARKS = [("s_where, s_base, phase != 1)", "after", 8),
          ("pass  # gate/up done", "after", 12),
-         ("last_u, k, inv_k, n_dn, off_a, off_b, part)", "after", 12),
-         ("g1 = s_upto[0] if count else n_groups", "after", 20),
-         ("cuda.syncthreads()  # h staged", "after", 16),
+         ("last_u, dn_n_sb, inv_n_sb, off_a, off_b, part)", "after", 12),
+         ("if has_td:", "before", 12),
+         ("cuda.syncthreads()  # h staged", "after", 12),
          ("dn_finish(acc_a, acc_b, s_part", "after", 16)]
-# with groups (`moe_fused.GROUPED`) the barrier and staging stamps are the last group's (a
-# block passes a group's count, stages and dots its rows, then the next group's)
 NAMES = ["start", "experts resolved", "gate/up items done", "first down loads issued",
          "barrier passed", "h staged", "its row blocks' units done", "end"]
-# lines the kernel has no text of its own for, marked: the end of gate/up (either path: one
-# run of items, or turns with a group's arrival after each), the barrier after h's staging
+# lines the kernel has no text of its own for, marked: the end of gate/up, the barrier after
+# h's staging
 REPLACE = (("        else:\n            cuda.syncthreads()  # down's list",
             "            pass  # gate/up done\n        else:\n"
             "            cuda.syncthreads()  # down's list"),
-           ("s_dwt[t] = weights[s_dkk[t]]\n                cuda.syncthreads()",
-            "s_dwt[t] = weights[s_dkk[t]]\n                cuda.syncthreads()  # h staged"))
+           ("s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()",
+            "s_dwt[t] = weights[s_dkk[t]]\n            cuda.syncthreads()  # h staged"))
 MAX_BLOCKS = 1024  # stamp rows a launch (the fused grid: at most what the GPU holds at once)
 
 
@@ -127,14 +124,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--h-six", type=int, default=int(moe_fused.H_SIX))
     ap.add_argument("--split", type=int, default=int(moe_fused.SPLIT_ARRIVE))
-    ap.add_argument("--grouped", type=int, default=int(moe_fused.GROUPED))
     a = ap.parse_args()
     # the stamped copy is made from the factory's source in the module's namespace: it reads
     # these as the kernel does
     moe_fused.H_SIX, moe_fused.SPLIT_ARRIVE = bool(a.h_six), bool(a.split)
-    moe_fused.GROUPED = bool(a.grouped)
-    print(f"H_SIX={moe_fused.H_SIX} SPLIT_ARRIVE={moe_fused.SPLIT_ARRIVE} "
-          f"GROUPED={moe_fused.GROUPED}")
+    print(f"H_SIX={moe_fused.H_SIX} SPLIT_ARRIVE={moe_fused.SPLIT_ARRIVE}")
     ctx = Ctx()
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
         fused_stamps(ctx, gu, dn)

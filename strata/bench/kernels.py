@@ -337,7 +337,7 @@ def moe_group(ctx: Ctx) -> list[Result]:
         y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
         miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
         counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-        sync = ctx.upload(np.zeros(8, np.int32))  # [8] i32: the fused launch's barrier, 4 counts
+        sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused launch's barrier
 
         def record(s, lay=lay, cache=cache, slot_table=slot_table, slot_off=slot_off,
                    host_off=host_off, ids=ids, wts=wts, x=x, h=h, y=y, miss=miss,
@@ -401,7 +401,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     y = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
     miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-    sync = ctx.upload(np.zeros(8, np.int32))  # [8] i32: the fused MoE launch's barrier, 4 counts
+    sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     out, picks = [], {}
     for in_moe in (False, True):
         def record(s, in_moe=in_moe):

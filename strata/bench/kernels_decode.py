@@ -74,7 +74,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     h = cuda.device_array((K, lay.n_ff), f32)
     miss = cuda.device_array(K, np.int32)
     counters = cuda.to_device(np.zeros((N_LAYER, 2), np.int64))
-    sync = cuda.to_device(np.zeros(8, np.int32))  # [8] i32: the fused MoE launch's barrier, 4 counts
+    sync = cuda.to_device(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     pos = cuda.to_device(np.array([1234], np.int32))
     tokens = cuda.to_device(np.zeros(1 << 20, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))

@@ -24,8 +24,6 @@ FORMAT_TABLES_BYTES = 24 * 1024
 
 ALIGN = 256  # bytes: every region's offset (coalesced loads, 16-byte vector access, cp.async)
 ROUTE_TILE_ROWS = 64  # the grouped GEMMs' smallest row tile (cuda_kernels.matmul_tiles)
-# counts in a sequence's fused-MoE barrier state (cuda_kernels.moe_fused.MAX_GROUPS)
-MOE_SYNC_COUNTS = 4
 KV_TYPES = ("f16", "int8", "q4_0")
 Q4_0_BLOCK = 32  # values per q4_0 block: one f16 scale + 16 bytes of nibbles
 Q4_0_BLOCK_BYTES = 18
@@ -210,10 +208,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused router's count of finished blocks (strata.cuda_kernels.router_normed): zero at
     # load, and the kernel's last block sets it back to zero
     b.add("router_done", np.int32, (n_b,))  # [batch] int32
-    # the fused MoE launch's grid barrier, a 64-bit count of arrivals for each group of h's
-    # rows (or (arrivals, generation); strata.cuda_kernels.gridsync, moe_fused.groups): zero
-    # at load, kept by the kernel after
-    b.add("moe_sync", np.int32, (n_b, 2 * MOE_SYNC_COUNTS))  # [batch, 8] int32
+    # the fused MoE launch's grid barrier, one 64-bit count of arrivals (or (arrivals,
+    # generation); strata.cuda_kernels.gridsync): zero at load, kept by the kernel after
+    b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
     # the token choice's (best key, finished blocks, NaN seen) (strata.cuda_kernels.sampling):
     # zero at load, the first two set back to zero by the launch's last block, the flag by the
     # host that reads it; and each sampler block's candidates

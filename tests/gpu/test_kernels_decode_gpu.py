@@ -164,7 +164,7 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
                slot_off=cuda.to_device(slot_off), host=host, host_off=cuda.to_device(host_off),
                h=h, out=out, miss_list=miss, counters=counters, cpu_misses=cpu_misses,
                route_logits=cuda.to_device(logits) if routed else None,
-               sync=cuda.to_device(np.zeros(8, np.int32)) if fused else None)
+               sync=cuda.to_device(np.zeros(2, np.int32)) if fused else None)
     if routed:
         np.testing.assert_array_equal(ids_d.copy_to_host(), ids)
         np.testing.assert_allclose(wts_d.copy_to_host(), wts, rtol=1e-5)
@@ -185,22 +185,17 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]
 
 
-@pytest.mark.parametrize("grouped", [False, True])
-def test_moe_fused_graph_replays_bit_for_bit(grouped, monkeypatch):
+def test_moe_fused_graph_replays_bit_for_bit():
     """The fused MoE launch (gate/up, a barrier across the grid, down) captured in a CUDA graph
     of 12 layers' launches sharing one barrier state, replayed 50 times: every replay's h and
     output bit for bit those of the two launches, and the barrier's state at launches so far
-    (each group's count: 2^32 a launch; as (arrivals, generation): (0, launches)). Half the
-    experts miss (read through the miss path), as with a cache smaller than the model's
-    experts."""
+    (its count: 2^32 a launch; as (arrivals, generation): (0, launches)). Half the experts miss (read through the miss
+    path), as with a cache smaller than the model's experts."""
     import strata.cuda_kernels.moe_fused as fused_mod
     from strata.bench.kernels import Ctx, moe_setup
     from strata.cuda_kernels.graph import capture
-    from strata.cuda_kernels.lanes import lane_format
     from strata.cuda_kernels.moe import moe_decode
-    from strata.cuda_kernels.qformats import get_format
     cuda = _cuda()
-    monkeypatch.setattr(fused_mod, "GROUPED", grouped)  # h's rows in groups (moe_fused.groups)
     ctx = Ctx(seed=7)
     n_layer, n_expert, k = 12, 128, 8
     lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, "Q4_K", "Q6_K", n_layer=n_layer,
@@ -214,7 +209,7 @@ def test_moe_fused_graph_replays_bit_for_bit(grouped, monkeypatch):
     x = cuda.to_device(rng.standard_normal(lay.n_embd).astype(np.float32))
     miss = cuda.device_array(k, np.int32)
     counters = cuda.to_device(np.zeros((n_layer, 2), np.int64))
-    sync = cuda.to_device(np.zeros(8, np.int32))
+    sync = cuda.to_device(np.zeros(2, np.int32))
     runs = {}
     for fused in (True, False):
         ids = cuda.device_array((n_layer, k), np.int32)
@@ -241,21 +236,17 @@ def test_moe_fused_graph_replays_bit_for_bit(grouped, monkeypatch):
         if fused:
             n = len(got) + 1
             words = sync.copy_to_host()
-            if fused_mod.BARRIER == "count":  # a 64-bit count a group: 2^32 a launch
-                dn_lf = lane_format(get_format("Q6_K").ggml_type)
-                n_groups, _ = fused_mod.groups(dn_lf, k, lay.n_ff // dn_lf.sb_values, 4)
-                assert n_groups == (3 if fused_mod.GROUPED else 1)  # the 30B's 768 rows
-                counts = words.view(np.uint64).tolist()
-                assert counts == [n * n_layer << 32] * n_groups + [0] * (4 - n_groups), counts
+            if fused_mod.BARRIER == "count":  # one 64-bit count: 2^32 a launch
+                count = int(words.view(np.uint32)[0]) | int(words.view(np.uint32)[1]) << 32
+                assert count == n * n_layer << 32, (count, n * n_layer)
             else:
-                assert words.tolist() == [0, n * n_layer] + [0] * 6
+                assert words.tolist() == [0, n * n_layer]
     (h2, out2), = runs[False]
     assert np.isfinite(out2).all() and np.isfinite(h2).all()
     for h1, out1 in runs[True]:
         np.testing.assert_array_equal(h1, h2)
         np.testing.assert_array_equal(out1, out2)
-    ROWS.append((f"moe fused graph x50{' groups' if grouped else ''}", f"{n_layer} layers", 0.0,
-                 1e-12))
+    ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
 
 
 def test_norm_rope_router_elementwise():

@@ -10,53 +10,46 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from strata.cuda_kernels.gridsync import count_arrive, count_poll, count_target
+from strata.cuda_kernels.gridsync import count_arrive, count_target, count_wait
 from strata.cuda_kernels.ordered import ld_acquire64
 
 LAUNCH = 1 << 32  # what every launch adds to the count
 
 
-def _words(count: int, other: int = 0) -> np.ndarray:
-    """A state of two counts (`moe_fused`'s holds one a group): `count` at words 0, 1 and
-    `other` at words 2, 3."""
-    return np.array([count & 0xFFFFFFFF, count >> 32, other & 0xFFFFFFFF, other >> 32],
-                    np.uint32).view(np.int32)
+def _words(count: int) -> np.ndarray:
+    return np.array([count & 0xFFFFFFFF, count >> 32], np.uint32).view(np.int32)
 
 
-def _count(words: np.ndarray, i: int = 0) -> int:
+def _count(words: np.ndarray) -> int:
     w = words.view(np.uint32)
-    return int(w[i]) | int(w[i + 1]) << 32
+    return int(w[0]) | int(w[1]) << 32
 
 
 @cuda.jit
-def _one_block(bar, i, out):
-    tgt = count_target(bar, i)
+def _one_block(bar, out):
+    tgt = count_target(bar)
     if cuda.threadIdx.x == 0:
         out[0] = tgt
-    count_arrive(bar, i)
+    count_arrive(bar)
+    count_wait(bar, tgt)
     if cuda.threadIdx.x == 0:
-        count_poll(bar, i, tgt)
-    cuda.syncthreads()
-    if cuda.threadIdx.x == 0:
-        out[1] = ld_acquire64(bar, i)
+        out[1] = ld_acquire64(bar, 0)
 
 
 @cuda.jit
 def _arrivals(bar):
-    count_arrive(bar, 0)
+    count_arrive(bar)
 
 
 @pytest.mark.parametrize("launches", [0, 1, 5, (1 << 32) - 1])  # the last: the count wraps
-@pytest.mark.parametrize("i", [0, 2])
-def test_one_block_waits_for_its_own_arrival(launches, i):
-    """At either count of the state, the other untouched (and behind: its own target)."""
+def test_one_block_waits_for_its_own_arrival(launches):
     count = launches * LAUNCH % (1 << 64)
-    bar = _words(count, 3 * LAUNCH) if i == 0 else _words(3 * LAUNCH, count)
+    bar = _words(count)
     out = np.zeros(2, np.uint64)
-    _one_block[1, 32](bar, i, out)
+    _one_block[1, 32](bar, out)
     after = (count + LAUNCH) % (1 << 64)
     assert out.tolist() == [after, after]
-    assert _count(bar, i) == after and _count(bar, 2 - i) == 3 * LAUNCH
+    assert _count(bar) == after
 
 
 def test_a_launch_adds_two_to_the_32_whatever_its_grid():
@@ -68,5 +61,5 @@ def test_a_launch_adds_two_to_the_32_whatever_its_grid():
     _arrivals[7, 32](bar)
     assert _count(bar) == 6 * LAUNCH
     out = np.zeros(2, np.uint64)
-    _one_block[1, 32](bar, 0, out)
+    _one_block[1, 32](bar, out)
     assert out.tolist() == [7 * LAUNCH, 7 * LAUNCH]

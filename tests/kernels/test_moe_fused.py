@@ -86,91 +86,6 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
     np.testing.assert_array_equal(got[n_out:], out0[n_out:])
 
 
-def test_groups_of_h_rows(monkeypatch):
-    """The 30B (k 8, Q4_K or Q6_K down of 3 super-blocks): three groups of one super-block; a
-    group starts at a multiple of a warp's step of units (sb * k + c); one group where the
-    state holds one count or the grouping is off."""
-    from gguf import GGMLQuantizationType as T
-
-    from strata.cuda_kernels.lanes import LANE_FORMATS
-    q4, q6, q8 = (LANE_FORMATS[int(t)] for t in (T.Q4_K, T.Q6_K, T.Q8_0))
-    monkeypatch.setattr(moe_fused, "GROUPED", True)
-    assert moe_fused.groups(q4, 8, 3, 4) == (3, 1) and moe_fused.groups(q6, 8, 3, 4) == (3, 1)
-    assert moe_fused.groups(q4, 8, 6, 4) == (3, 2) and moe_fused.groups(q4, 8, 3, 2) == (2, 2)
-    assert moe_fused.groups(q4, 8, 3, 1) == (1, 3)
-    assert moe_fused.groups(q4, 3, 3, 4) == (1, 3)    # 8 units a step: 8 super-blocks a group
-    assert moe_fused.groups(q6, 2, 6, 4) == (3, 2)    # 4 a step: 2 super-blocks of 2 experts
-    assert moe_fused.groups(q8, 8, 24, 4) == (3, 8)   # 32 a step: 4 of 8 experts, 6 -> 8
-    for n_sb in range(1, 30):
-        for k in (1, 2, 3, 6, 8):
-            n, per = moe_fused.groups(q8, k, n_sb, 4)
-            assert 1 <= n <= 4 and (n - 1) * per < n_sb <= n * per
-            assert n == 1 or (per * k) % q8.sbs_per_step == 0
-    monkeypatch.setattr(moe_fused, "GROUPED", False)
-    assert moe_fused.groups(q4, 8, 3, 4) == (1, 3)
-
-
-def test_turn_table():
-    """The turns of gate/up and the turn that ends each group but the last, for the 30B on
-    the H200 (256 blocks: three turns, groups of 256 rows ending after turns 0 and 1) and on a
-    card of 66 SMs (132 blocks: 6 turns, a group's 2,048 items after turn 1, 4,096 after 3)."""
-    assert moe_fused.turn_table(6144, 2048, 8, 768, 3, 256) == 3 | 0 << 16 | 1 << 32
-    assert moe_fused.turn_table(6144, 1056, 8, 768, 3, 256) == 6 | 1 << 16 | 3 << 32
-    assert moe_fused.turn_table(6144, 2048, 8, 768, 1, 768) == 3
-    # the simulator's capped rows: every group ends by the last turn
-    assert moe_fused.turn_table(64, 8, 8, 768, 3, 256) == 8 | 7 << 16 | 7 << 32
-    assert moe_fused.turn_table(1 << 20, 8, 8, 1 << 17, 2, 1 << 16) == -1  # past 16 bits
-
-
-@pytest.mark.parametrize("dn,cpu_misses", [("Q6_K", False), ("Q4_K", True)])
-def test_fused_in_groups_matches_one_group_and_two_launches(dn, cpu_misses, monkeypatch):
-    """k 8 of 10 experts and 768 rows of h, as the 30B's: h's rows in three groups, down's
-    units dotted a group at a time (the simulator takes one group at a time; the GPU those done
-    by then), staged a group at a time: the bits of one group and of the two launches; with
-    CPU misses the idle units of the experts left out add nothing."""
-    rng = np.random.default_rng(17 + len(dn))
-    n_embd, n_ff, n_expert, layer, k = 256, 768, 10, 1, 8
-    layout = ExpertLayout(n_embd, n_ff, "Q4_K", dn)
-    gu_lf, dn_lf = _gate_up_lanes_for(layout), lane_format(get_format(dn).ggml_type)
-    monkeypatch.setattr(moe_fused, "GROUPED", True)
-    assert moe_fused.groups(dn_lf, k, 3, 4) == (3, 1)
-    store, mats = _store(layout, "Q4_K", dn, rng, n_expert=n_expert)
-    ids = np.array([4, 7, 0, 9, 2, 5, 1, 8], np.int32)   # 4 and 0 cached, the rest on the host
-    weights = rng.uniform(0.05, 0.3, k).astype(np.float32)
-    x = rng.standard_normal(n_embd).astype(np.float32)
-    h0 = rng.standard_normal((k, n_ff)).astype(np.float32)
-    out0 = rng.standard_normal(n_embd).astype(np.float32)
-
-    def run(sync, grouped):
-        monkeypatch.setattr(moe_fused, "GROUPED", grouped)
-        h, out = h0.copy(), out0.copy()
-        _moe_decode(x, ids.copy(), weights.copy(), layer=layer, layout=layout, **store, h=h,
-                    out=out, miss_list=np.full(k, -9, np.int32),
-                    counters=np.zeros((2, 2), np.int64), cpu_misses=cpu_misses,
-                    accumulate=True, stream=0, sync=sync, max_row_blocks=1)
-        return h, out
-
-    grouped = run(np.zeros(8, np.int32), True)
-    one = run(np.zeros(8, np.int32), False)
-    two = run(None, True)
-    for got in (one, two):
-        np.testing.assert_array_equal(grouped[0], got[0])
-        np.testing.assert_array_equal(grouped[1], got[1])
-    # against float64: the first row block's rows, over every expert's whole h (the rows
-    # gate/up did not reach are h0's, read as they are)
-    n_out = 2 * (LANE_WARPS >> lane_split(dn_lf, n_embd, k * 3))
-    h = grouped[0].astype(np.float64)
-    want = out0[:n_out].astype(np.float64)
-    for kk, e in enumerate(ids):
-        if cpu_misses and e not in (4, 0):
-            continue
-        d = mats[layer * n_expert + e][2]
-        want += weights[kk] * (d[:n_out] @ h[kk])
-    got = grouped[1][:n_out]
-    assert np.linalg.norm(got - want) / np.linalg.norm(want - out0[:n_out]) < 1e-5
-    np.testing.assert_array_equal(grouped[1][n_out:], out0[n_out:])
-
-
 def test_fused_grid_smaller_than_the_row_blocks(monkeypatch):
     """A GPU that holds fewer blocks than down has row blocks (a small card): each block takes
     its row blocks in turn, its gate/up items likewise; the same bits as the two launches,
@@ -224,12 +139,11 @@ def test_fused_pairs_and_their_checks():
     layout = ExpertLayout(256, 256, "Q4_K", "Q6_K")
     store, _ = _store(layout, "Q4_K", "Q6_K", np.random.default_rng(3))
     z = np.zeros
-    for bad in (z(2, np.int64), z(3, np.int32), z(1, np.int32)):  # int32, two a count
-        with pytest.raises(ValueError, match="sync"):
-            moe_decode(z(256, np.float32), z(3, np.int32), z(3, np.float32), layer=1,
-                       layout=layout, **store, h=z((3, 256), np.float32),
-                       out=z(256, np.float32), miss_list=z(3, np.int32),
-                       counters=z((2, 2), np.int64), sync=bad)
+    with pytest.raises(ValueError, match="sync"):
+        moe_decode(z(256, np.float32), z(3, np.int32), z(3, np.float32), layer=1, layout=layout,
+                   **store, h=z((3, 256), np.float32), out=z(256, np.float32),
+                   miss_list=z(3, np.int32), counters=z((2, 2), np.int64),
+                   sync=z(2, np.int64))
 
 
 def test_a_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch):

@@ -23,15 +23,14 @@ pytestmark = pytest.mark.slow  # minutes of NVVM: scheduled first (tests/conftes
 
 # The 64-bit divisions (static, in PTX) the D1 decode step's kernels held on 2026-12-02, after
 # the ones in their loops were removed: gate/up's two split its first item and its stride by k
-# (once a warp; the fused MoE kernel holds the same two, the stride's in each of its two item
-# loops, in turns or not: three); the head's rounds kernel counts its
+# (once a warp; the fused MoE kernel holds the same two); the head's rounds kernel counts its
 # units once. The head (Q6_K, 255 MB) dots 8-bit x since 2026-12-03 (`matvec.x8_pays`).
 # More means a new one: look where it runs before raising a budget.
 DIV64_BUDGET = {
     "moe_gate_up_lanes_x8_Q4_K": 2, "moe_down_lanes_Q4_K": 0, "moe_down_lanes_Q6_K": 0,
     "matvec_lanes_x8_Q4_K_f32": 0, "matvec_lanes_normed_x8_Q4_K": 0,
     "matvec_lanes_mixed_normed_x8_Q4_K_Q6_K": 0, "matvec_lanes_rounds_x8_Q6_K_f32": 1,
-    "router_normed_F32": 2, "rope_kv_f16": 0, "moe_fused_lanes_x8_Q4_K_Q6_K": 3,
+    "router_normed_F32": 2, "rope_kv_f16": 0, "moe_fused_lanes_x8_Q4_K_Q6_K": 2,
     "rope_kv_int8": 0,
 }
 
