@@ -6,7 +6,8 @@ one step where the batch has room). Their prompt is computed once: the engine gi
 choice a copy of the first one's K/V and its logits (`PerSlotEngines`, `RowTable.place`),
 unless `--no-prefix-cache`. A sampled request's choices draw from different streams: a
 request seed s gives choice i the seed s + i, so the whole response repeats with the seed. The
-prompt is counted once in the usage, as OpenAI counts it; the completions are summed.
+prompt is counted once in the usage, as OpenAI counts it; the completions are summed. A
+completion's batch of prompts is `n` choices of each, in one `Choices`.
 """
 
 from __future__ import annotations
@@ -39,18 +40,25 @@ class Choices:
     at all is the client's 400 (naming `n`): its choices could never be queued together, so a
     retry would never succeed."""
 
-    def __init__(self, worker: Submitter, prepared: Prepared, n: int, *,
+    def __init__(self, worker: Submitter, prepared: Prepared | list[Prepared], n: int, *,
                  id_prefix: str = "call_"):
+        """`prepared`: one request, or (a completion's batch of prompts) one a prompt, whose
+        choices come prompt after prompt: prompt i's choice j at index i * n + j."""
         if not 1 <= n <= MAX_CHOICES:
             raise ValueError(f"n must be in [1, {MAX_CHOICES}], got {n}")
-        if n > worker.max_queue:
+        prompts = prepared if isinstance(prepared, list) else [prepared]
+        total = n * len(prompts)
+        if total > worker.max_queue:
             room = worker.max_queue
-            raise bad_request(f"n: {n} choices wait in the request queue together, but it "
+            what = (f"{n} choices" if len(prompts) == 1 else
+                    f"{len(prompts)} prompts x {n} choices")
+            raise bad_request(f"n: {what} wait in the request queue together, but it "
                               f"holds {room} request{'' if room == 1 else 's'} "
                               f"(--max-queue): ask for at most {room}", "n")
-        self.prepared = prepared
-        self.gens = [Generation(worker, choice_prepared(prepared, i), id_prefix=id_prefix,
-                                submit=False) for i in range(n)]
+        self.prepared = prompts[0]
+        self.n = n
+        self.gens = [Generation(worker, choice_prepared(p, i), id_prefix=id_prefix,
+                                submit=False) for p in prompts for i in range(n)]
         worker.submit_all([g.job for g in self.gens])
 
     def __len__(self) -> int:
@@ -105,12 +113,13 @@ class Choices:
         return next((f for f in self.finishes if f is not None and f.reason == "error"), None)
 
     def usage(self) -> dict:
-        """OpenAI's usage: the prompt once (and the tokens of it a finished request's KV held,
-        for the first choice), every choice's completion tokens."""
-        first = self.finishes[0]
+        """OpenAI's usage: each prompt once (and the tokens of it a finished request's KV held,
+        for its first choice), every choice's completion tokens."""
+        firsts = self.finishes[::self.n]
+        n_prompt = sum(f.n_prompt for f in firsts)
         n_completion = sum(f.n_completion for f in self.finishes)
         n_reasoning = sum(f.n_reasoning for f in self.finishes)
-        return {"prompt_tokens": first.n_prompt, "completion_tokens": n_completion,
-                "total_tokens": first.n_prompt + n_completion,
-                "prompt_tokens_details": {"cached_tokens": first.n_cached},
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
+                "total_tokens": n_prompt + n_completion,
+                "prompt_tokens_details": {"cached_tokens": sum(f.n_cached for f in firsts)},
                 "completion_tokens_details": {"reasoning_tokens": n_reasoning}}

@@ -162,27 +162,34 @@ async def _chat_chunks(choices: Choices, rid: str, created: int, served,
 
 async def completions(request: Request, state: ServerState, body: dict) -> Response:
     req = await run_in_threadpool(parse_completion, Fields(body), state)  # tokenizes
-    max_tokens = fit_max_tokens(len(req.prompt), req.max_tokens,
-                                max_context=state.model.max_context,
-                                limit=state.max_tokens_limit, param="prompt")
-    prepared = Prepared(prompt=req.prompt, sampling=req.sampling(max_tokens),
-                        requested_max_tokens=req.max_tokens)
+    batch = len(req.prompts) > 1
+    prepared = []  # one a prompt; its choices follow each other (`Choices`)
+    for i, prompt in enumerate(req.prompts):
+        max_tokens = fit_max_tokens(len(prompt), req.max_tokens,
+                                    max_context=state.model.max_context,
+                                    limit=state.max_tokens_limit,
+                                    param=f"prompt[{i}]" if batch else "prompt")
+        prepared.append(Prepared(prompt=prompt, sampling=req.sampling(max_tokens),
+                                 requested_max_tokens=req.max_tokens))
     choices = Choices(state.worker, prepared, req.n)
     rid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
-    echo = state.model.decode(list(req.prompt)) if req.echo else ""
+    # each choice's echo: its prompt's text
+    echo = ([state.model.decode(list(p)) for p in req.prompts for _ in range(req.n)]
+            if req.echo else [""] * len(choices))
+    headers = prepared[0].headers
     if req.stream:
         chunks = _completion_chunks(choices, rid, created, state.model, req.include_usage, echo)
-        return event_stream(chunks, choices.cancel, prepared.headers)
+        return event_stream(chunks, choices.cancel, headers)
     results = await unless_disconnected(request, choices.collect(), choices.cancel)
     _raise_failed(choices)
-    out = [{"text": echo + text, "index": i,
+    out = [{"text": echo[i] + text, "index": i,
             "logprobs": _completion_logprobs(gen, CompletionLogprobs(state.model)),
             "finish_reason": finish_reason(gen.finish, [])}
            for i, ((text, _), gen) in enumerate(zip(results, choices.gens))]
     return JSONResponse({
         "id": rid, "object": "text_completion", "created": created, "model": state.model.name,
         "system_fingerprint": FINGERPRINT, "choices": out, "usage": choices.usage(),
-    }, headers=prepared.headers)
+    }, headers=headers)
 
 
 def _completion_logprobs(gen: Generation, out: CompletionLogprobs) -> dict | None:
@@ -191,7 +198,7 @@ def _completion_logprobs(gen: Generation, out: CompletionLogprobs) -> dict | Non
 
 
 async def _completion_chunks(choices: Choices, rid: str, created: int, served,
-                             include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+                             include_usage: bool, echo: list[str]) -> AsyncIterator[bytes]:
     offsets = [CompletionLogprobs(served) for _ in choices.gens]
 
     def chunk(i: int, text: str, finish: str | None = None, entries: list | None = None
@@ -205,9 +212,9 @@ async def _completion_chunks(choices: Choices, rid: str, created: int, served,
             body["usage"] = None
         return sse(body)
 
-    if echo:  # (never with logprobs)
-        for i in range(len(choices)):
-            yield chunk(i, echo)
+    for i, text in enumerate(echo):  # (never with logprobs)
+        if text:
+            yield chunk(i, text)
     async for i, item, entries in choices.items():
         gen = choices.gens[i]
         if item is None:

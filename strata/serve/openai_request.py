@@ -55,7 +55,7 @@ class ChatRequest:
 
 @dataclass(frozen=True, slots=True)
 class CompletionRequest:
-    prompt: tuple[int, ...]
+    prompts: tuple[tuple[int, ...], ...]  # one, or a batch (`n` choices of each)
     max_tokens: int | None
     sampling_args: dict
     stream: bool
@@ -355,54 +355,66 @@ def parse_chat(f: Fields, state) -> ChatRequest:
     return ChatRequest(chat=chat, stream=stream, include_usage=include_usage, n=n)
 
 
-def _prompt_tokens(f: Fields, model) -> tuple[int, ...]:
+MAX_PROMPTS = 64  # a completion's batch (each prompt's choices also wait in the queue together)
+
+
+def _prompts(f: Fields, model, suffix: str | None) -> tuple[tuple[int, ...], ...]:
+    """`prompt`: a string, an array of token ids, or a batch of either (an array of strings or
+    of id arrays), each a prompt of its own; with a `suffix` (`_fim_tokens`), text."""
     value = f.raw("prompt", required=True)
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]  # a batch of one
+    batch = (isinstance(value, list) and len(value) > 0
+             and all(isinstance(v, (str, list)) for v in value))
+    items = value if batch else [value]
+    if len(items) > MAX_PROMPTS:
+        raise bad_request(f"prompt: at most {MAX_PROMPTS} prompts a request, got {len(items)}",
+                          "prompt")
+    out = []
+    for i, item in enumerate(items):
+        where = f"prompt[{i}]" if batch else "prompt"
+        if suffix is not None:
+            if not isinstance(item, str):
+                raise bad_request(f"{where}: with suffix, the text before the insertion (a "
+                                  f"string)", where)
+            out.append(_fim_tokens(model, item, suffix))
+        else:
+            out.append(_prompt_tokens(item, model, where))
+    return tuple(out)
+
+
+def _prompt_tokens(value: Any, model, where: str) -> tuple[int, ...]:
     if isinstance(value, str):
         tokens = model.encode_prompt(value)
     elif isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool)
                                          for t in value):
         bad = [t for t in value if not 0 <= t < model.n_vocab]
         if bad:
-            raise bad_request(f"prompt: token id {bad[0]} is outside the vocabulary "
-                              f"(0..{model.n_vocab - 1})", "prompt")
+            raise bad_request(f"{where}: token id {bad[0]} is outside the vocabulary "
+                              f"(0..{model.n_vocab - 1})", where)
         tokens = list(value)
-    elif isinstance(value, list) and not any(isinstance(t, (str, list)) for t in value):
+    elif isinstance(value, list):
         j, t = next((j, t) for j, t in enumerate(value)  # an array of ids with one that is not
                     if isinstance(t, bool) or not isinstance(t, int))
-        raise bad_request(f"prompt[{j}]: expected an integer token id (0..{model.n_vocab - 1}), "
-                          f"got {type_name(t)}", f"prompt[{j}]")
-    elif isinstance(value, list):
-        raise bad_request("prompt: send one prompt per request (a string or one array of token "
-                          "ids); batches of several prompts are not supported", "prompt")
+        raise bad_request(f"{where}[{j}]: expected an integer token id (0..{model.n_vocab - 1}), "
+                          f"got {type_name(t)}", f"{where}[{j}]")
     else:
-        raise bad_request("prompt: expected a string or an array of token ids", "prompt")
+        raise bad_request(f"{where}: expected a string or an array of token ids", where)
     if not tokens:
-        raise bad_request("prompt: must not be empty", "prompt")
+        raise bad_request(f"{where}: must not be empty", where)
     return tuple(tokens)
 
 
-def _fim_tokens(f: Fields, model, suffix: str) -> tuple[int, ...]:
+def _fim_tokens(model, prompt: str, suffix: str) -> tuple[int, ...]:
     """A completion with a `suffix`: the text between the prompt and it, asked of the model
     with its fill-in-the-middle tokens (`ServedModel.encode_fim`; a model without them is a
-    400). The prompt is text here: a prompt of token ids has no text to put before the
-    suffix's."""
-    prompt = f.raw("prompt", required=True)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]  # a batch of one
-    if not isinstance(prompt, str):
-        raise bad_request("prompt: with suffix, the text before the insertion (a string)",
-                          "prompt")
+    400)."""
     return tuple(model.encode_fim(prompt, suffix, "suffix"))
 
 
 def parse_completion(f: Fields, state) -> CompletionRequest:
     state.check_model(f.str("model", required=True))
     suffix = f.str("suffix")
-    prompt = (_fim_tokens(f, state.model, suffix)
-              if suffix is not None and (suffix or state.model.fim) else
-              _prompt_tokens(f, state.model))
+    prompts = _prompts(f, state.model,
+                       suffix if suffix is not None and (suffix or state.model.fim) else None)
     n = _n_choices(f)
     best_of = f.int("best_of", minimum=1, maximum=128)
     if best_of is not None and best_of != n:
@@ -417,7 +429,8 @@ def parse_completion(f: Fields, state) -> CompletionRequest:
         raise bad_request("echo: not with suffix (the prompt of an insertion is the text "
                           "around it, not text the answer follows)", "echo")
     stream, include_usage = _stream_flags(f)
-    return CompletionRequest(prompt=prompt, max_tokens=f.int("max_tokens", default=16, minimum=1),
+    return CompletionRequest(prompts=prompts,
+                             max_tokens=f.int("max_tokens", default=16, minimum=1),
                              sampling_args={**sampling_args(f, state.model.n_vocab),
                                             "logprobs": logprobs},
                              stream=stream, include_usage=include_usage, echo=echo, n=n)

@@ -406,6 +406,34 @@ def test_text_completion_and_echo(h):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_a_batch_of_prompts_is_a_choice_each(h):
+    """`prompt` as an array of prompts (strings or id arrays), as OpenAI's and vLLM's
+    completions take it: prompt i's choice j at index i * n + j, each answering its own prompt,
+    streamed or not, echo giving each its own prompt; usage counts each prompt once; a bad
+    prompt in the batch is a 400 naming its index."""
+    h.engine.script = lambda p: f"<{p}>"
+    body = {"model": "fake", "prompt": ["ab", [99, 100], "e"], "max_tokens": 10}
+    r = h.client.post("/v1/completions", json=body).json()
+    assert [c["text"] for c in r["choices"]] == ["<ab>", "<cd>", "<e>"]
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    assert r["usage"]["prompt_tokens"] == 5  # the answers and their end tokens:
+    assert r["usage"]["completion_tokens"] == (4 + 1) + (4 + 1) + (3 + 1)
+    r = h.client.post("/v1/completions", json={**body, "n": 2, "echo": True}).json()
+    assert [c["text"] for c in r["choices"]] == ["ab<ab>", "ab<ab>", "cd<cd>", "cd<cd>",
+                                                  "e<e>", "e<e>"]
+    assert r["usage"]["prompt_tokens"] == 5
+    r = h.client.post("/v1/completions", json={**body, "stream": True})
+    texts: dict[int, str] = {}
+    for _, d in sse_events(r.text)[:-1]:
+        for c in json.loads(d)["choices"]:
+            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert texts == {0: "<ab>", 1: "<cd>", 2: "<e>"}
+    for prompt, param in ((["ok", ""], "prompt[1]"), (["ok", [1, "x"]], "prompt[1][1]"),
+                          (["ok", [999]], "prompt[1]"), (["x"] * 65, "prompt")):
+        r = h.client.post("/v1/completions", json={**body, "prompt": prompt})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (prompt, r.text)
+
+
 def test_a_completion_with_a_suffix_fills_in_the_middle(h):
     """`suffix` on /v1/completions: the prompt and suffix around the model's fill-in-the-middle
     tokens (the fake vocabulary's FIM_MARKS), usage counting that prompt; on a model without
