@@ -7,9 +7,10 @@ could not be held to, image/audio/file content parts, a completion's `echo` with
 audio output, `web_search_options`, the deprecated `functions` / `function_call`): nothing is
 silently dropped. A completion's `suffix` asks for the text between the prompt and it, where
 the model has fill-in-the-middle tokens (a code model: `strata.tokenizer.fim`); one without them
-refuses a non-empty suffix. `reasoning_effort` switches a thinking template's `enable_thinking` (off for
-"none" and "minimal", on for the others) unless `chat_template_kwargs` sets it;
-`thinking_token_budget` (vLLM's) bounds the reasoning's tokens (`thinking_budget`).
+refuses a non-empty suffix. A completion's `prompt` may be a batch (`n` choices of each).
+`reasoning_effort` switches a thinking template's `enable_thinking` (off for "none" and
+"minimal", on for the others) unless `chat_template_kwargs` sets it; `thinking_token_budget`
+(vLLM's) bounds the reasoning's tokens (`thinking_budget`).
 `parallel_tool_calls: false` ends the answer at its first complete tool call (at most one, as
 OpenAI's). `n` choices are `n` sequences (`strata.serve.choices`).
 `logit_bias` (token id -> -100..100) is added to the logits before the penalties (on the

@@ -8,10 +8,10 @@ Qwen3 (and the ChatML templates written in its style) have the model answer a to
 
 or, Qwen3-Coder's form, as `<function=...>` with a `<parameter=...>` each inside the block
 (`strata.serve.xml_calls`). `ToolCallParser` splits streamed text into plain text and completed
-`ToolCall`s. Text that might
-be the start of a tag is held back; whitespace just before a call is dropped (it only separates
-the call from the prose). A block whose JSON does not parse, or names no function, is returned
-as text: the client sees what the model wrote instead of a call it did not make.
+`ToolCall`s. Text that might be the start of a tag is held back; whitespace just before a call
+is dropped (it only separates the call from the prose). A block whose body does not parse, or
+names no function, is returned as text: the client sees what the model wrote instead of a call
+it did not make.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from strata.engine.json_schema import Node, any_of_node, call_node, object_node
 from strata.serve.fields import valid_text
-from strata.serve.xml_calls import FUNCTION_OPEN, ParamTypes, parse_xml_body
+from strata.serve.xml_calls import FUNCTION_CLOSE, FUNCTION_OPEN, ParamTypes, parse_xml_body
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -180,8 +180,11 @@ class ToolCallParser:
         (the model ended its turn where the closing tag belongs, or wrote part of the tag) is
         that call; one cut inside its body comes back as its raw text."""
         if self._in_call:
-            body = self._buf[:len(self._buf) - _partial_tag(self._buf, CLOSE_TAG)]
-            call = parse_call(body.strip(), self.id_prefix, self.types)
+            body = self._buf[:len(self._buf) - _partial_tag(self._buf, CLOSE_TAG)].strip()
+            # an XML body must have closed its function: its parser forgives a parameter's
+            # closing tag left out, which here would pass a value cut short for a whole one
+            whole = not body.startswith(FUNCTION_OPEN) or body.endswith(FUNCTION_CLOSE)
+            call = parse_call(body, self.id_prefix, self.types) if whole else None
             if call is not None:
                 self._buf, self._in_call = "", False
                 self.n_calls += 1

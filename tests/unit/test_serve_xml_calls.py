@@ -75,6 +75,16 @@ def test_a_malformed_xml_call_comes_back_as_text():
     assert parse_all([raw]) == (raw, [])
 
 
+def test_a_call_the_answer_ends_in_is_one_only_if_its_function_closed():
+    """max_tokens cutting a value (a file's content) must not pass it on as a whole call; the
+    turn ending after `</function>`, its block left open, is the call."""
+    cut = "<tool_call>\n<function=write_file>\n<parameter=content>\ndef f(x):\n    ret"
+    assert parse_all([cut]) == (cut, [])
+    p = ToolCallParser("call_", TYPES)
+    out = p.feed(XML_CALL[:-len("\n</tool_call>")]) + p.finish()
+    assert [(c.name, c.arguments) for c in out] == [("write_file", WANT)]
+
+
 class _Model:
     max_context, splits_thinking, tool_calls_parsed, xml_calls = 4096, False, True, True
 
