@@ -129,7 +129,8 @@ def load(config: ServeConfig) -> Loaded:
     summary = {"backend": backend, "slots": engine.n_slots, "max_context": engine.max_context,
                "weights_bytes": weights_bytes, "arch": model_file.arch,
                "tool_calls_parsed": served.tool_calls_parsed,
-               "xml_calls": served.xml_calls, "prefix_cache": worker.prefix_cache,
+               "xml_calls": served.xml_calls, "fim": served.fim is not None,
+               "prefix_cache": worker.prefix_cache,
                "splits_thinking": served.splits_thinking, **model_facts(model_file)}
     state = ServerState(model=served, worker=worker, metrics=metrics,
                         max_tokens_limit=config.max_tokens_limit, devices=devices,
@@ -155,6 +156,8 @@ def _plan_lines(config: ServeConfig, model_file: Any, summary: dict,
     if summary["splits_thinking"]:
         lines.append("thinking <think> blocks returned apart from the answer (--reasoning none: "
                      "kept in the text)")
+    if summary.get("fim"):
+        lines.append("insert   fill-in-the-middle: a completion's (or Ollama generate's) suffix")
     # whether the worker hands finished sequences' KV to the next prompts (the engine can and
     # --no-prefix-cache is not set)
     reuse = ("on (a finished request's KV, its slot's; a running one's prompt, copied)"

@@ -84,3 +84,22 @@ def test_a_served_code_model_inserts_and_stops_at_a_middles_end():
         plain.encode_fim("x = ", "\n")
     assert e.value.status == 400 and e.value.param == "suffix"
     assert "fill-in-the-middle" in e.value.message
+
+
+def test_the_start_up_lines_say_what_the_model_can_do():
+    """`strata serve`'s start-up lines name XML tool calls and fill-in-the-middle where the
+    model has them."""
+    from types import SimpleNamespace
+
+    from strata.serve.server import _plan_lines
+    shape = SimpleNamespace(arch="qwen3moe", n_layer=2, n_expert=8, n_expert_used=2, n_vocab=300)
+    config = SimpleNamespace(model="coder.gguf", batch_invariant=False)
+    summary = {"backend": "cpu", "slots": 1, "max_context": 256, "tool_calls_parsed": True,
+               "xml_calls": True, "fim": True, "splits_thinking": False, "prefix_cache": True}
+    lines = _plan_lines(config, SimpleNamespace(shape=shape), summary, [])
+    assert "tools    <tool_call> blocks (XML: <function=...>) parsed into tool calls" in lines
+    assert any(line.startswith("insert   fill-in-the-middle") for line in lines)
+    plain = _plan_lines(config, SimpleNamespace(shape=shape),
+                        {**summary, "xml_calls": False, "fim": False}, [])
+    assert "tools    <tool_call> blocks parsed into tool calls" in plain
+    assert not any(line.startswith("insert") for line in plain)
