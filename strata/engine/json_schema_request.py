@@ -109,7 +109,7 @@ def _narrowed(schema: Any, path: str, depth: int) -> Any:
     return {**schema, **changes} if changes else schema
 
 
-def _types_of(value: Any) -> set[str]:
+def types_of(value: Any) -> set[str]:
     """The JSON Schema types `value` is an instance of (5 is an integer and a number)."""
     if value is None:
         return {"null"}
@@ -136,14 +136,14 @@ def _typed_values(schema: dict, path: str) -> dict[str, Any]:
     allowed, shown = set(kinds), " or ".join(kinds)
     if "const" in schema:  # the compiler takes const over enum, so is it checked alone
         value = schema["const"]
-        if _types_of(value) & allowed:
+        if types_of(value) & allowed:
             return {}
         raise SchemaError(f"{path}.const: {_short(value)} is not of the schema's type "
                           f"({shown}): no value could be written")
     values = schema["enum"]
     if not isinstance(values, list) or not values:
         return {}
-    kept = [v for v in values if _types_of(v) & allowed]
+    kept = [v for v in values if types_of(v) & allowed]
     if not kept:
         raise SchemaError(f"{path}.enum: none of its values is of the schema's type ({shown}): "
                           f"no value could be written")

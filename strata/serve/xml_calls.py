@@ -26,6 +26,8 @@ import json
 import re
 from typing import Any, Mapping
 
+from strata.engine.json_schema_request import types_of
+
 FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAM_OPEN = "<parameter="
@@ -129,20 +131,5 @@ def _value(text: str, allowed: frozenset[str]) -> Any:
         value = json.loads(spelled)
     except (json.JSONDecodeError, RecursionError):
         return text
-    return value if _json_type(value) & allowed else text
+    return value if types_of(value) & allowed else text
 
-
-def _json_type(value: Any) -> set[str]:
-    if value is None:
-        return {"null"}
-    if isinstance(value, bool):
-        return {"boolean"}
-    if isinstance(value, int):
-        return {"integer", "number"}
-    if isinstance(value, float):
-        return {"number"} | ({"integer"} if value.is_integer() else set())
-    if isinstance(value, dict):
-        return {"object"}
-    if isinstance(value, list):
-        return {"array"}
-    return {"string"}
