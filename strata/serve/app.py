@@ -23,7 +23,7 @@ from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from strata.serve import (anthropic_dialect, conversations_dialect, ollama_dialect,
+from strata.serve import (anthropic_dialect, conversations_dialect, infill, ollama_dialect,
                           openai_dialect, responses_dialect, tokens_api)
 from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import parse_json
@@ -196,6 +196,7 @@ class Server:
                     methods={"/api/delete": ["DELETE"],
                              "/api/blobs/{digest}": ["HEAD", "POST"]}.get(path, ["POST"]))
               for path, what in ollama_dialect.STORE_VERBS.items()),
+            Route("/infill", e(infill.infill, body=True), methods=["POST"]),
             Route("/tokenize", e(tokens_api.tokenize, body=True), methods=["POST"]),
             Route("/detokenize", e(tokens_api.detokenize, body=True), methods=["POST"]),
             Route("/health", e(health, body=False, auth=False), methods=["GET"]),

@@ -109,6 +109,18 @@ class ServedModel:
                               f"cannot insert text; leave {param} out", param)
         return self.fim.prompt(self.tokenizer, prefix, suffix)
 
+    def encode_infill(self, prefix: str, suffix: str, files: Sequence[tuple[str, str]],
+                      middle: str, room: int) -> tuple[list[int], bool]:
+        """llama.cpp's infill prompt (`FimTokens.infill_within`: other files' (name, text),
+        the prefix and suffix around the insertion, then `middle`), cut to `room` tokens where
+        it can be, and whether it was; no fill-in-the-middle tokens: a 400 naming
+        input_suffix."""
+        if self.fim is None:
+            self.encode_fim(prefix, suffix, "input_suffix")  # raises
+        text = lambda t: self.tokenizer.encode(t, add_bos=False, parse_special=False)  # noqa: E731
+        return self.fim.infill_within(self.tokenizer, text(prefix), text(suffix),
+                                      [(text(n), text(t)) for n, t in files], text(middle), room)
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special=skip_special)
 

@@ -315,6 +315,17 @@ def build_schema(title: str, models: tuple[str, ...]) -> dict:
                 "type": "object", "properties": {"model": {"type": "string", "enum": names},
                                                  "stream": {"type": "boolean"},
                                                  "insecure": {"type": "boolean"}}}),
+            "/infill": _post("llama.cpp infill: code between a prefix and a suffix "
+                             "(fill-in-the-middle)", {
+                "type": "object", "properties": {
+                    "input_prefix": _STR, "input_suffix": _STR, "prompt": _STR,
+                    "input_extra": {"type": "array", "items": {
+                        "type": "object", "required": ["text"],
+                        "properties": {"filename": _STR, "text": _STR}}},
+                    "n_predict": {"type": "integer", "minimum": -2},
+                    "n_indent": {"type": "integer", "minimum": 0},
+                    "t_max_predict_ms": {"type": "integer", "minimum": -1},
+                    "stream": {"type": "boolean"}, "stop": _STOP}}),
             "/tokenize": _post("the served model's tokens of a prompt or a chat", {
                 "type": "object", "properties": {
                     "model": {"type": "string", "enum": names}, "prompt": _STR, "content": _STR,

@@ -22,6 +22,9 @@ SPELLINGS = (
     ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>",
      "<\uff5cfim\u2581end\uff5c>"),  # DeepSeek-Coder
 )
+# (repository name, file separator) spellings: Qwen2.5-Coder's, StarCoder2's
+REPO_SPELLINGS = (("<|repo_name|>", "<|file_sep|>"), ("<reponame>", "<file_sep>"))
+REPO_SPELLINGS_FLAT = frozenset(t for pair in REPO_SPELLINGS for t in pair)
 # tokens that end a middle besides the end-of-turn ones: a padding or a repository-format token
 # written after it (llama.cpp's end-of-generation set holds these too)
 END_SPELLINGS = frozenset({"<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<fim_pad>",
@@ -31,21 +34,73 @@ END_SPELLINGS = frozenset({"<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<fim
 @dataclass(frozen=True)
 class FimTokens:
     """A vocabulary's fill-in-the-middle ids; `ends`: the ids besides its end-of-turn ones that
-    end a middle."""
+    end a middle; `repo`, `file_sep`: the repository-level tokens (Qwen2.5-Coder's
+    `<|repo_name|>`, `<|file_sep|>`) where it has both, for other files' text before the
+    prefix (`infill`)."""
 
     prefix: int
     suffix: int
     middle: int
     ends: frozenset[int] = frozenset()
+    repo: int | None = None
+    file_sep: int | None = None
 
     def prompt(self, tok: Tokenizer, prefix: str, suffix: str) -> list[int]:
         """The prompt that asks for the text between `prefix` and `suffix`: each encoded as
         text (a special token's spelling in the code stays text), BOS first where the file
         adds one."""
-        bos = [tok.bos_id] if tok.vocab.add_bos and tok.bos_id is not None else []
-        return (bos + [self.prefix] + tok.encode(prefix, add_bos=False, parse_special=False)
-                + [self.suffix] + tok.encode(suffix, add_bos=False, parse_special=False)
-                + [self.middle])
+        return self.infill(tok, _text(tok, prefix), _text(tok, suffix))
+
+    def infill(self, tok: Tokenizer, prefix: list[int], suffix: list[int],
+               files: list[tuple[list[int], list[int]]] = (), middle: list[int] = ()
+               ) -> list[int]:
+        """The prompt from encoded pieces: other files' (name, text) first (in the repository
+        form where the vocabulary has it: <repo>project, then <file_sep>name, text each, and
+        <file_sep> before the file being edited; else their texts as they are), then
+        <prefix> prefix <suffix> suffix <middle> and `middle`, the text the answer continues."""
+        out = [tok.bos_id] if tok.vocab.add_bos and tok.bos_id is not None else []
+        if files and self.repo is not None and self.file_sep is not None:
+            out += [self.repo] + _text(tok, f"{REPO_NAME}\n")
+            for name, text in files:
+                out += [self.file_sep] + name + _text(tok, "\n") + text
+            out += [self.file_sep] + _text(tok, f"{CURRENT_FILE}\n")
+        else:
+            for _, text in files:
+                out += text
+        return out + [self.prefix, *prefix, self.suffix, *suffix, self.middle, *middle]
+
+    def infill_within(self, tok: Tokenizer, prefix: list[int], suffix: list[int],
+                      files: list[tuple[list[int], list[int]]], middle: list[int], room: int
+                      ) -> tuple[list[int], bool]:
+        """`infill`'s prompt cut to `room` tokens where it can be, and whether it was: other
+        files go first (the earliest first), then the prefix loses its start and the suffix its
+        end, three quarters of what is left kept for the prefix (the text nearest the insertion
+        stays). Where even the tags and `middle` exceed the room, the prompt as it is: the
+        caller's error."""
+        files, cut = list(files), False
+        ids = self.infill(tok, prefix, suffix, files, middle)
+        while len(ids) > room and files:
+            files.pop(0)
+            cut = True
+            ids = self.infill(tok, prefix, suffix, files, middle)
+        left = len(prefix) + len(suffix) - (len(ids) - room)  # the code's tokens that fit
+        if len(ids) > room and left >= 0:
+            keep_suffix = min(len(suffix), max(left // 4, left - len(prefix)))
+            keep_prefix = left - keep_suffix
+            ids = self.infill(tok, prefix[len(prefix) - keep_prefix:], suffix[:keep_suffix],
+                              files, middle)
+            cut = True
+        return ids, cut
+
+
+# the repository-level form's names where the request gives none (llama.cpp's /infill gives
+# neither the project's name nor the edited file's)
+REPO_NAME = "project"
+CURRENT_FILE = "current"
+
+
+def _text(tok: Tokenizer, text: str) -> list[int]:
+    return tok.encode(text, add_bos=False, parse_special=False)
 
 
 def fim_tokens(tok: Tokenizer) -> FimTokens | None:
@@ -60,4 +115,9 @@ def fim_tokens(tok: Tokenizer) -> FimTokens | None:
             return None
     ends = {i for i in (v.fim_pad_id, v.fim_rep_id, v.fim_sep_id) if i is not None}
     ends |= {i for i, t in enumerate(v.tokens) if t in END_SPELLINGS}
-    return FimTokens(*ids, ends=frozenset(ends))
+    repo, sep = v.fim_rep_id, v.fim_sep_id
+    if repo is None or sep is None:
+        index = {t: i for i, t in enumerate(v.tokens) if t in REPO_SPELLINGS_FLAT}
+        repo, sep = next(((index[r], index[s]) for r, s in REPO_SPELLINGS
+                          if r in index and s in index), (None, None))
+    return FimTokens(*ids, ends=frozenset(ends), repo=repo, file_sep=sep)

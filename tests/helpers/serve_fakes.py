@@ -92,6 +92,17 @@ class FakeModel:
         pre, suf, mid = map(ord, FIM_MARKS)
         return [pre] + encode(prefix) + [suf] + encode(suffix) + [mid]
 
+    def encode_infill(self, prefix: str, suffix: str, files, middle: str,
+                      room: int) -> tuple[list[int], bool]:
+        """The infill prompt over the characters: each other file as "#name\n" and its text,
+        then `encode_fim`'s, then `middle`; the prefix's start cut where it does not fit."""
+        head = [c for name, text in files for c in encode(f"#{name}\n{text}")]
+        ids = head + self.encode_fim(prefix, suffix, "input_suffix") + encode(middle)
+        over = len(ids) - room
+        if over <= 0:
+            return ids, False
+        return head + self.encode_fim(prefix[over:], suffix, "input_suffix") + encode(middle), True
+
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return "".join("<eot>" if i == EOT else chr(i) for i in ids
                        if i != EOT or not skip_special)

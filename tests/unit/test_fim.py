@@ -103,3 +103,39 @@ def test_the_start_up_lines_say_what_the_model_can_do():
                         {**summary, "xml_calls": False, "fim": False}, [])
     assert "tools    <tool_call> blocks parsed into tool calls" in plain
     assert not any(line.startswith("insert") for line in plain)
+
+
+def test_other_files_in_the_repository_form_and_the_cut_to_the_room():
+    """llama.cpp's /infill prompt over Qwen's tokens: other files as <|repo_name|>project,
+    then <|file_sep|>name and text each, and <|file_sep|> before the edited file; cut to the
+    room, the files go first, then the prefix's start and the suffix's end (the text nearest
+    the cursor stays)."""
+    tok, meta = _tok(QWEN_FIM)
+    served = _served(tok, meta)
+    files = [("a.py", "A = 1\n"), ("b.py", "B = 2\n")]
+    ids, cut = served.encode_infill("def f():\n    ", "\nf()\n", files, "return", 10_000)
+    assert not cut and tok.decode(ids, skip_special=False) == (
+        "<|repo_name|>project\n<|file_sep|>a.py\nA = 1\n<|file_sep|>b.py\nB = 2\n"
+        "<|file_sep|>current\n<|fim_prefix|>def f():\n    <|fim_suffix|>\nf()\n"
+        "<|fim_middle|>return")
+    prefix, suffix = "x" * 40 + "END", "START" + "y" * 40
+    whole, _ = served.encode_infill(prefix, suffix, [], "", 10_000)
+    for room in (len(whole) - 1, len(whole) - 20, 12):
+        ids, cut = served.encode_infill(prefix, suffix, files, "", room)
+        text = tok.decode(ids, skip_special=False)
+        assert cut and len(ids) <= room and "a.py" not in text
+        assert text.index("<|fim_suffix|>") > text.index("<|fim_prefix|>")
+        kept_prefix = text.split("<|fim_prefix|>")[1].split("<|fim_suffix|>")[0]
+        kept_suffix = text.split("<|fim_suffix|>")[1].split("<|fim_middle|>")[0]
+        assert prefix.endswith(kept_prefix) and suffix.startswith(kept_suffix)
+    # only the files cut where that is enough
+    bare, _ = served.encode_infill("p", "s", [], "", 10_000)
+    ids, cut = served.encode_infill("p", "s", files, "", len(bare))
+    assert cut and ids == bare
+    # no repository tokens: the files' texts as they are
+    plain_tok, plain_meta = _tok(QWEN_FIM[:4])
+    plain = _served(plain_tok, plain_meta)
+    assert plain.fim.repo is None
+    ids, _ = plain.encode_infill("p", "s", files, "", 10_000)
+    assert plain_tok.decode(ids, skip_special=False) == (
+        "A = 1\nB = 2\n<|fim_prefix|>p<|fim_suffix|>s<|fim_middle|>")
