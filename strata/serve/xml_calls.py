@@ -57,9 +57,10 @@ def param_types(tools: list[dict] | tuple[dict, ...]) -> dict[str, dict[str, fro
     types each parameter allows (`ParamTypes`)."""
     out: dict[str, dict[str, frozenset[str]]] = {}
     for tool in tools:
-        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
-        props = (fn.get("parameters") or {}).get("properties") or {}
-        if isinstance(fn.get("name"), str) and isinstance(props, dict):
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        props = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(props, dict):
             out[fn["name"]] = {k: _types(v) for k, v in props.items()}
     return out
 

@@ -48,6 +48,13 @@ def test_a_call_typed_by_its_schema():
                           "</function>", TYPES)[1] == {"limit": 2.5}
 
 
+def test_tools_of_any_shape_give_types_without_failing():
+    odd = [{"type": "function", "function": {"name": "a", "parameters": None}},
+           {"type": "function", "function": {"name": "b", "parameters": {"properties": []}}},
+           {"type": "function", "function": "c"}, "d"]
+    assert param_types(odd) == {}
+
+
 def test_left_out_closing_tags_and_what_is_no_call():
     # a parameter's closing tag left out before the next, and at the function's end
     assert parse_xml_body("<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</function>") == (
