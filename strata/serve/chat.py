@@ -122,8 +122,7 @@ def chat_text(model: ChatModel, chat: ChatInput) -> tuple[str, str]:
                              dict(chat.template_vars))
     prefix = ""
     if use_tools and model.tool_calls_parsed:
-        prefix = (forced_xml_prefix(chat.tool_choice) if chat.tool_choice != "auto" else ""
-                  ) if model.xml_calls else forced_prefix(chat.tool_choice)
+        prefix = (forced_xml_prefix if model.xml_calls else forced_prefix)(chat.tool_choice)
     if prefix and _inside_thinking(text + chat.prefill, chat.prefill):
         # the template opened a <think> block (a thinking-only model's does): a forced call
         # is the answer, so the block is closed empty first, as Qwen3's template writes it

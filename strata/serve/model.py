@@ -24,7 +24,7 @@ from strata.serve.reasoning import CLOSE, OPEN, thinks
 from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
 from strata.serve.xml_calls import template_uses_xml_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
-from strata.tokenizer.fim import fim_tokens
+from strata.tokenizer.fim import FimTokens, fim_tokens
 
 SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..2**64-1
 
@@ -103,11 +103,14 @@ class ServedModel:
     def encode_fim(self, prefix: str, suffix: str, param: str = "suffix") -> list[int]:
         """The prompt asking for the text between `prefix` and `suffix` (`FimTokens.prompt`);
         a model without fill-in-the-middle tokens is the client's 400 naming `param`."""
+        return self._fim(param).prompt(self.tokenizer, prefix, suffix)
+
+    def _fim(self, param: str) -> FimTokens:
         if self.fim is None:
             raise bad_request(f"{param}: {self.name!r} has no fill-in-the-middle tokens (a code "
                               f"model's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>), so it "
                               f"cannot insert text; leave {param} out", param)
-        return self.fim.prompt(self.tokenizer, prefix, suffix)
+        return self.fim
 
     def encode_infill(self, prefix: str, suffix: str, files: Sequence[tuple[str, str]],
                       middle: str, room: int) -> tuple[list[int], bool]:
@@ -115,10 +118,9 @@ class ServedModel:
         the prefix and suffix around the insertion, then `middle`), cut to `room` tokens where
         it can be, and whether it was; no fill-in-the-middle tokens: a 400 naming
         input_suffix."""
-        if self.fim is None:
-            self.encode_fim(prefix, suffix, "input_suffix")  # raises
+        fim = self._fim("input_suffix")
         text = lambda t: self.tokenizer.encode(t, add_bos=False, parse_special=False)  # noqa: E731
-        return self.fim.infill_within(self.tokenizer, text(prefix), text(suffix),
+        return fim.infill_within(self.tokenizer, text(prefix), text(suffix),
                                       [(text(n), text(t)) for n, t in files], text(middle), room)
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:

@@ -361,7 +361,7 @@ MAX_PROMPTS = 64  # a completion's batch (each prompt's choices also wait in the
 
 def _prompts(f: Fields, model, suffix: str | None) -> tuple[tuple[int, ...], ...]:
     """`prompt`: a string, an array of token ids, or a batch of either (an array of strings or
-    of id arrays), each a prompt of its own; with a `suffix` (`_fim_tokens`), text."""
+    of id arrays), each a prompt of its own; with a `suffix` (`ServedModel.encode_fim`), text."""
     value = f.raw("prompt", required=True)
     batch = (isinstance(value, list) and len(value) > 0
              and all(isinstance(v, (str, list)) for v in value))
@@ -376,7 +376,7 @@ def _prompts(f: Fields, model, suffix: str | None) -> tuple[tuple[int, ...], ...
             if not isinstance(item, str):
                 raise bad_request(f"{where}: with suffix, the text before the insertion (a "
                                   f"string)", where)
-            out.append(_fim_tokens(model, item, suffix))
+            out.append(tuple(model.encode_fim(item, suffix, "suffix")))
         else:
             out.append(_prompt_tokens(item, model, where))
     return tuple(out)
@@ -402,13 +402,6 @@ def _prompt_tokens(value: Any, model, where: str) -> tuple[int, ...]:
     if not tokens:
         raise bad_request(f"{where}: must not be empty", where)
     return tuple(tokens)
-
-
-def _fim_tokens(model, prompt: str, suffix: str) -> tuple[int, ...]:
-    """A completion with a `suffix`: the text between the prompt and it, asked of the model
-    with its fill-in-the-middle tokens (`ServedModel.encode_fim`; a model without them is a
-    400)."""
-    return tuple(model.encode_fim(prompt, suffix, "suffix"))
 
 
 def parse_completion(f: Fields, state) -> CompletionRequest:

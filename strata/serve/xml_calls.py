@@ -46,7 +46,9 @@ def template_uses_xml_calls(source: str) -> bool:
 
 def forced_xml_prefix(tool_choice: str) -> str:
     """The assistant text that makes an XML-call model call a tool: any ("required"), or the
-    named one, whose parameters it then writes."""
+    named one, whose parameters it then writes; "" where no call is forced."""
+    if tool_choice in ("auto", "none"):
+        return ""
     if tool_choice == "required":
         return "<tool_call>\n"
     return f"<tool_call>\n{FUNCTION_OPEN}{tool_choice}>\n"

@@ -24,11 +24,11 @@ SPELLINGS = (
 )
 # (repository name, file separator) spellings: Qwen2.5-Coder's, StarCoder2's
 REPO_SPELLINGS = (("<|repo_name|>", "<|file_sep|>"), ("<reponame>", "<file_sep>"))
-REPO_SPELLINGS_FLAT = frozenset(t for pair in REPO_SPELLINGS for t in pair)
 # tokens that end a middle besides the end-of-turn ones: a padding or a repository-format token
 # written after it (llama.cpp's end-of-generation set holds these too)
 END_SPELLINGS = frozenset({"<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<fim_pad>",
                            "<file_sep>", "<reponame>", "<filename>"})
+KNOWN_SPELLINGS = END_SPELLINGS.union(*SPELLINGS, *REPO_SPELLINGS)
 
 
 @dataclass(frozen=True)
@@ -104,20 +104,22 @@ def _text(tok: Tokenizer, text: str) -> list[int]:
 
 
 def fim_tokens(tok: Tokenizer) -> FimTokens | None:
-    """The vocabulary's fill-in-the-middle tokens, or None where it has not all three."""
+    """The vocabulary's fill-in-the-middle tokens, or None where it has not all three (one
+    pass over the vocabulary for every spelling, where the file's keys name no ids)."""
     v = tok.vocab
+    index = {t: i for i, t in enumerate(v.tokens) if t in KNOWN_SPELLINGS}
+
+    def spelled(groups: tuple[tuple[str, ...], ...]) -> tuple[int, ...] | None:
+        return next((tuple(index[t] for t in g) for g in groups if all(t in index for t in g)),
+                    None)
     ids = (v.fim_pre_id, v.fim_suf_id, v.fim_mid_id)
     if None in ids:
-        index = {t: i for i, t in enumerate(v.tokens) if t.startswith("<")}
-        ids = next((tuple(index[s] for s in spelled) for spelled in SPELLINGS
-                    if all(s in index for s in spelled)), (None, None, None))
-        if None in ids:
+        ids = spelled(SPELLINGS)
+        if ids is None:
             return None
     ends = {i for i in (v.fim_pad_id, v.fim_rep_id, v.fim_sep_id) if i is not None}
-    ends |= {i for i, t in enumerate(v.tokens) if t in END_SPELLINGS}
+    ends |= {index[t] for t in END_SPELLINGS if t in index}
     repo, sep = v.fim_rep_id, v.fim_sep_id
     if repo is None or sep is None:
-        index = {t: i for i, t in enumerate(v.tokens) if t in REPO_SPELLINGS_FLAT}
-        repo, sep = next(((index[r], index[s]) for r, s in REPO_SPELLINGS
-                          if r in index and s in index), (None, None))
+        repo, sep = spelled(REPO_SPELLINGS) or (None, None)
     return FimTokens(*ids, ends=frozenset(ends), repo=repo, file_sep=sep)
