@@ -42,7 +42,7 @@ UNFIX = np.float32(2.0 ** -32)
 _CACHE = {}
 
 
-def _splitk(gu, dn, blocks_an_sm, mode):
+def _splitk(gu, dn, blocks_an_sm, mode, ahead):
     load_pair, dot_pair = pair_step(gu)
     stage_x, xs_type = stager(gu)[0], gu.xs_type
     gu_values = gu.sb_values
@@ -58,6 +58,7 @@ def _splitk(gu, dn, blocks_an_sm, mode):
     if dn.ggml_type not in (int(T.Q4_K), int(T.Q6_K)):
         raise ValueError(f"splitk: no part layout for {dn.name}")
     fixed = mode == "fixed"
+    two = ahead == 2  # loads issued two items (rows) ahead, not one
     jit = {} if SIMULATED else {"launch_bounds": (LANE_THREADS, blocks_an_sm)}
 
     @cuda.jit(device=True, inline="always")
@@ -106,6 +107,10 @@ def _splitk(gu, dn, blocks_an_sm, mode):
         j = w
         off = base + (sb * sbv + part_value(p, j)) * gu_row_bytes
         cur = load_pair(src, off, off + up_off, gu_n_sb, 0)  # in flight while x is staged
+        nx1 = cur
+        if two and w + LANE_WARPS < n_pv:
+            off1 = base + (sb * sbv + part_value(p, w + LANE_WARPS)) * gu_row_bytes
+            nx1 = load_pair(src, off1, off1 + up_off, gu_n_sb, 0)
         if has_tg:
             stage_table(tab_gu, tab_g, n_tg)
         if has_td:
@@ -114,8 +119,8 @@ def _splitk(gu, dn, blocks_an_sm, mode):
         cuda.syncthreads()
         if where >= 0:
             while j < n_pv:
-                j1 = j + LANE_WARPS
-                nxt = cur
+                j1 = j + (2 * LANE_WARPS if two else LANE_WARPS)
+                nxt = nx1 if two else cur
                 if j1 < n_pv:
                     off1 = base + (sb * sbv + part_value(p, j1)) * gu_row_bytes
                     nxt = load_pair(src, off1, off1 + up_off, gu_n_sb, 0)
@@ -124,14 +129,21 @@ def _splitk(gu, dn, blocks_an_sm, mode):
                 uu = warp_sum(uu)
                 if lane == 0:
                     hs[pad(part_value(p, j))] = silu(g) * uu
-                cur = nxt
-                j = j1
+                if two:
+                    cur = nx1
+                    nx1 = nxt
+                else:
+                    cur = nxt
+                j += LANE_WARPS
         rows_per = (n_embd + n_split - 1) // n_split
         r0 = s * rows_per
         r1 = min(r0 + rows_per, n_embd)
         dbase = base + down_off + sb * sb_bytes
         r = r0 + t
         cur_d = dn_load(src, dbase + min(r, r1 - 1) * dn_row_bytes, p)  # across the barrier
+        nd1 = cur_d
+        if two and r + LANE_THREADS < r1:
+            nd1 = dn_load(src, dbase + (r + LANE_THREADS) * dn_row_bytes, p)
         cuda.syncthreads()
         if t < sbv // 16:  # the 16-value sums of h (zero outside the part)
             acc = np.float32(0.0)
@@ -142,8 +154,8 @@ def _splitk(gu, dn, blocks_an_sm, mode):
         if where >= 0:
             wt = weights[c]
             while r < r1:
-                r_n = r + LANE_THREADS
-                nxt_d = cur_d
+                r_n = r + (2 * LANE_THREADS if two else LANE_THREADS)
+                nxt_d = nd1 if two else cur_d
                 if r_n < r1:
                     nxt_d = dn_load(src, dbase + r_n * dn_row_bytes, p)
                 d = dn_dot(cur_d, p, hs, 0, pad_sb, tab_d) * wt
@@ -151,8 +163,12 @@ def _splitk(gu, dn, blocks_an_sm, mode):
                     cuda.atomic.add(acc64, r, np.int64(d * FIX))
                 else:
                     cuda.atomic.add(out, r, d)
-                cur_d = nxt_d
-                r = r_n
+                if two:
+                    cur_d = nd1
+                    nd1 = nxt_d
+                else:
+                    cur_d = nxt_d
+                r += LANE_THREADS
         if fixed:
             cuda.syncthreads()
             if t == 0:
@@ -174,13 +190,13 @@ def _splitk(gu, dn, blocks_an_sm, mode):
 class SplitK:
     """The probe kernel's launcher for one layout (its scratch made once, zero)."""
 
-    def __init__(self, lay, k, *, n_split=1, blocks_an_sm=2, mode="fixed", stream=0):
+    def __init__(self, lay, k, *, n_split=1, blocks_an_sm=2, mode="fixed", ahead=1, stream=0):
         from strata.cuda_kernels.qformats import get_format
         self.gu = lanes_for(lane_format(get_format(lay.gate_up_type).ggml_type), True)
         self.dn = lane_format(get_format(lay.down_type).ggml_type)
-        key = (self.gu.ggml_type, self.dn.ggml_type, blocks_an_sm, mode)
+        key = (self.gu.ggml_type, self.dn.ggml_type, blocks_an_sm, mode, ahead)
         if key not in _CACHE:
-            _CACHE[key] = _splitk(self.gu, self.dn, blocks_an_sm, mode)
+            _CACHE[key] = _splitk(self.gu, self.dn, blocks_an_sm, mode, ahead)
         self.kern, self.lay, self.k, self.n_split = _CACHE[key], lay, k, n_split
         self.acc64 = cuda.to_device(np.zeros(lay.n_embd, np.int64), stream=stream)
         self.ticket = cuda.to_device(np.zeros(1, np.int32), stream=stream)
@@ -238,23 +254,25 @@ def sim() -> int:
     for gu, dn in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
         ctx.rng = np.random.default_rng(3)
         lay, x, ids, wts, h, tables, _ = case(ctx, gu, dn, n_layer=1, n_expert=4, k=2,
-                                              n_embd=256, n_ff=256)
+                                              n_embd=512, n_ff=256)
         y_ref = cuda.device_array(lay.n_embd, np.float32)
         engine_record(lay, x, ids, wts, h, tables, y_ref, None)(0)
-        for n_split in (1, 2):
+        for n_split, ahead in ((1, 2), (2, 1)):
             y = cuda.device_array(lay.n_embd, np.float32)
-            kern = SplitK(lay, 2, n_split=n_split)
+            kern = SplitK(lay, 2, n_split=n_split, ahead=ahead)
             splitk_record(kern, x, ids, wts, tables, y)(0)
             e = rel_err(y.copy_to_host(), y_ref.copy_to_host())
             left = int(np.abs(kern.acc64.copy_to_host()).max()) + int(kern.ticket.copy_to_host()[0])
-            print(f"{gu}/{dn} n_split {n_split}: max error {e:.2e} of the largest output, "
+            print(f"{gu}/{dn} n_split {n_split}, ahead {ahead}: max error {e:.2e} of the largest "
+                  f"output, "
                   f"scratch left {left}")
             ok &= e < 1e-5 and left == 0
     return 0 if ok else 1
 
 
-VARIANTS = [("fixed", 1, 2), ("fixed", 2, 2), ("fixed", 3, 2), ("fixed", 2, 3), ("fixed", 3, 3),
-            ("fixed", 4, 3), ("f32", 2, 2)]
+# (mode, blocks a unit, blocks an SM, loads ahead)
+VARIANTS = [("fixed", 1, 2, 1), ("fixed", 2, 2, 1), ("fixed", 3, 2, 1), ("fixed", 1, 2, 2),
+            ("fixed", 2, 2, 2), ("fixed", 4, 2, 2), ("fixed", 3, 3, 1), ("f32", 2, 2, 2)]
 
 
 def main() -> int:
@@ -283,16 +301,18 @@ def main() -> int:
               f"{read_us:5.2f} us = {100 * read_us / us_ref:4.1f}%", flush=True)
         rows.append({"pair": pair, "kernel": "fused (engine)", "us": round(us_ref, 3),
                      "of the read": round(read_us / us_ref, 4), "read_us": round(read_us, 3)})
-        for mode, n_split, bps in VARIANTS:
+        for mode, n_split, bps, ahead in VARIANTS:
             y = cuda.device_array(lay.n_embd, np.float32)
-            kern = SplitK(lay, k, n_split=n_split, blocks_an_sm=bps, mode=mode, stream=ctx.stream)
+            kern = SplitK(lay, k, n_split=n_split, blocks_an_sm=bps, mode=mode, ahead=ahead,
+                          stream=ctx.stream)
             try:
                 us = ctx.time_graph(splitk_record(kern, x, ids, wts, tables, y), n_layer)
             except Exception as e:  # noqa: BLE001 - a probe: say which and go on
-                print(f"{pair} {mode} split {n_split} {bps}/SM: {type(e).__name__}: {e}")
+                print(f"{pair} {mode} split {n_split} {bps}/SM ahead {ahead}: "
+                      f"{type(e).__name__}: {e}")
                 continue
             err = rel_err(y.copy_to_host(), ref) if mode == "fixed" else float("nan")
-            name = f"splitk {mode}, {n_split} blocks a unit, {bps} an SM"
+            name = f"splitk {mode}, {n_split} a unit, {bps} an SM, {ahead} ahead"
             print(f"{pair} {name:38s}: {us:6.2f} us a layer = {100 * read_us / us:4.1f}% of the "
                   f"read; error vs fused {err:.1e}", flush=True)
             rows.append({"pair": pair, "kernel": name, "us": round(us, 3),
