@@ -50,7 +50,7 @@ from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, regis
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
 from .lanes_x8 import X8_FORMATS, lanes_for
-from . import moe_fused
+from . import moe_fused, moe_splitk
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format, is_planar
@@ -412,3 +412,4 @@ for _f in (f for f in FORMATS.values() if not is_planar(f.ggml_type)):
     register_ptx("moe", f"moe_down_{_f.name}",
                  lambda f=_f: (_down_factory(f).py_func, _DN_SIG + (_tab_type(f),)))
 moe_fused.register()
+moe_splitk.register()

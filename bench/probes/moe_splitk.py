@@ -188,12 +188,20 @@ def _splitk(gu, dn, blocks_an_sm, mode, ahead):
 
 
 class SplitK:
-    """The probe kernel's launcher for one layout (its scratch made once, zero)."""
+    """The probe kernel's launcher for one layout (its scratch made once, zero); mode "engine":
+    `cuda_kernels/moe_splitk.py` instead, its AHEAD as set."""
 
     def __init__(self, lay, k, *, n_split=1, blocks_an_sm=2, mode="fixed", ahead=1, stream=0):
         from strata.cuda_kernels.qformats import get_format
         self.gu = lanes_for(lane_format(get_format(lay.gate_up_type).ggml_type), True)
         self.dn = lane_format(get_format(lay.down_type).ggml_type)
+        self.engine = mode == "engine"
+        if self.engine:
+            from strata.cuda_kernels import moe_splitk
+            moe_splitk.AHEAD = ahead
+            self.lay, self.k, self.n_split = lay, k, n_split
+            self.scratch = cuda.to_device(np.zeros(lay.n_embd + 1, np.int64), stream=stream)
+            return
         key = (self.gu.ggml_type, self.dn.ggml_type, blocks_an_sm, mode, ahead)
         if key not in _CACHE:
             _CACHE[key] = _splitk(self.gu, self.dn, blocks_an_sm, mode, ahead)
@@ -204,6 +212,15 @@ class SplitK:
     def __call__(self, x, ids, weights, *, layer, slot_table, cache, slot_off, host, host_off,
                  miss_list, counters, out, accumulate=False, stream=0):
         lay, gu, dn = self.lay, self.gu, self.dn
+        if self.engine:
+            from strata.cuda_kernels import moe_splitk
+            where = (slot_table, layer, cache, slot_off, host, host_off, False)
+            moe_splitk.launch(x, ids, weights, k=self.k, where=where, miss_list=miss_list,
+                              counters=counters, layout=lay, gu=gu, dn=dn,
+                              logits=x.reshape(1, lay.n_embd), n_route=0, norm_topk=True,
+                              accumulate=accumulate, out=out, scratch=self.scratch,
+                              stream=stream, n_split=self.n_split)
+            return
         gu_n_sb, dn_n_sb = lay.n_embd // gu.sb_values, lay.n_ff // dn.sb_values
         grid = self.k * dn_n_sb * dn.lanes * self.n_split
         self.kern[grid, LANE_THREADS, stream, gu.stage_bytes(lay.n_embd)](
@@ -257,13 +274,13 @@ def sim() -> int:
                                               n_embd=512, n_ff=256)
         y_ref = cuda.device_array(lay.n_embd, np.float32)
         engine_record(lay, x, ids, wts, h, tables, y_ref, None)(0)
-        for n_split, ahead in ((1, 2), (2, 1)):
+        for mode, n_split, ahead in (("engine", 2, 2), ("engine", 1, 1)):
             y = cuda.device_array(lay.n_embd, np.float32)
-            kern = SplitK(lay, 2, n_split=n_split, ahead=ahead)
+            kern = SplitK(lay, 2, n_split=n_split, ahead=ahead, mode=mode)
             splitk_record(kern, x, ids, wts, tables, y)(0)
             e = rel_err(y.copy_to_host(), y_ref.copy_to_host())
-            left = int(np.abs(kern.acc64.copy_to_host()).max()) + int(kern.ticket.copy_to_host()[0])
-            print(f"{gu}/{dn} n_split {n_split}, ahead {ahead}: max error {e:.2e} of the largest "
+            left = int(np.abs(kern.scratch.copy_to_host()).max())
+            print(f"{gu}/{dn} {mode} n_split {n_split}, ahead {ahead}: max error {e:.2e} of the largest "
                   f"output, "
                   f"scratch left {left}")
             ok &= e < 1e-5 and left == 0
@@ -272,7 +289,8 @@ def sim() -> int:
 
 # (mode, blocks a unit, blocks an SM, loads ahead)
 VARIANTS = [("fixed", 1, 2, 1), ("fixed", 2, 2, 1), ("fixed", 3, 2, 1), ("fixed", 1, 2, 2),
-            ("fixed", 2, 2, 2), ("fixed", 4, 2, 2), ("fixed", 3, 3, 1), ("f32", 2, 2, 2)]
+            ("fixed", 2, 2, 2), ("fixed", 4, 2, 2), ("fixed", 3, 3, 1), ("f32", 2, 2, 2),
+            ("engine", 1, 2, 2), ("engine", 2, 2, 2), ("engine", 3, 2, 2)]
 
 
 def main() -> int:
@@ -311,7 +329,7 @@ def main() -> int:
                 print(f"{pair} {mode} split {n_split} {bps}/SM ahead {ahead}: "
                       f"{type(e).__name__}: {e}")
                 continue
-            err = rel_err(y.copy_to_host(), ref) if mode == "fixed" else float("nan")
+            err = rel_err(y.copy_to_host(), ref) if mode != "f32" else float("nan")
             name = f"splitk {mode}, {n_split} a unit, {bps} an SM, {ahead} ahead"
             print(f"{pair} {name:38s}: {us:6.2f} us a layer = {100 * read_us / us:4.1f}% of the "
                   f"read; error vs fused {err:.1e}", flush=True)
