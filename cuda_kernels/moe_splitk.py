@@ -271,15 +271,19 @@ CHECKED = (("Q4_K", True, "Q6_K"), ("Q4_K", True, "Q4_K"), ("Q8_0", False, "Q8_0
 
 def register(family: str = "moe", *, rest: bool = False) -> None:
     """The kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the compile
-    check), or with `rest` every other pair `supports` allows (`compile_bundle`)."""
+    check), or with `rest` every other pair the binary's kernel bundle holds (`compile_bundle`;
+    `moe_fused` bundles the pairs this kernel does not take)."""
     from .lanes import LANE_FORMATS
     from .lanes_x8 import X8_FORMATS
     from .moe import _tab_type
+    from .moe_fused import DOWN_WITH
 
     ups = [g for g in list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
            if not is_planar(g.ggml_type)]
+    # down in gate/up's own format or a K-quant the _M mixes put there (as moe_fused's pairs)
     pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
-             if supports(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest]
+             if supports(g, d) and d.ggml_type in (g.ggml_type,) + DOWN_WITH
+             and ((g.name, g.x8, d.name) in CHECKED) != rest]
     u8, i32, i64, f32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
     n = types.int64
     for g, d in pairs:

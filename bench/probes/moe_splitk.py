@@ -310,7 +310,7 @@ def main() -> int:
         lay, x, ids, wts, h, tables, reads = case(ctx, gu, dn, n_layer=n_layer, n_expert=128,
                                                   k=k, n_embd=2048, n_ff=768)
         y_ref = cuda.device_array(lay.n_embd, np.float32)
-        sync = ctx.upload(np.zeros(2, np.int32))
+        sync = ctx.upload(np.zeros(moe.sync_len(lay.n_embd), np.int64))
         rec = engine_record(lay, x, ids, wts, h, tables, y_ref, sync)
         us_ref = ctx.time_graph(rec, n_layer)
         ref = y_ref.copy_to_host()
