@@ -53,10 +53,17 @@ USE = True  # read at launch (`moe.moe_decode`): a benchmark can time the kernel
 _CACHE: dict[tuple, object] = {}
 
 
+# Down formats taken beside any gate/up format (else only gate/up's own): the K-quants the _M
+# mixes put in down, and Q8_0, where a mix falls back for rows K-quants cannot block. The
+# binary's kernel bundle holds every pair `supports` allows (`register`).
+DOWN_WITH = (int(T.Q4_K), int(T.Q6_K), int(T.Q8_0))
+
+
 def supports(gu: LaneFormat, dn: LaneFormat) -> bool:
     """Whether the pair (gate/up as launched, down) has this kernel (gate/up rows of one step of
     a warp are the caller's to check)."""
-    return dn.ggml_type in PART_KINDS and not dn.x8 and not is_planar(gu.ggml_type)
+    return (dn.ggml_type in PART_KINDS and dn.ggml_type in (gu.ggml_type,) + DOWN_WITH
+            and not dn.x8 and not is_planar(gu.ggml_type))
 
 
 def scratch_len(n_embd: int) -> int:
@@ -276,14 +283,11 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
     from .lanes import LANE_FORMATS
     from .lanes_x8 import X8_FORMATS
     from .moe import _tab_type
-    from .moe_fused import DOWN_WITH
 
     ups = [g for g in list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
            if not is_planar(g.ggml_type)]
-    # down in gate/up's own format or a K-quant the _M mixes put there (as moe_fused's pairs)
     pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
-             if supports(g, d) and d.ggml_type in (g.ggml_type,) + DOWN_WITH
-             and ((g.name, g.x8, d.name) in CHECKED) != rest]
+             if supports(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest]
     u8, i32, i64, f32 = types.uint8[::1], types.int32[::1], types.int64[::1], types.float32[::1]
     n = types.int64
     for g, d in pairs:

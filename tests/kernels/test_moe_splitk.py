@@ -39,7 +39,7 @@ def _run(layout, store, x, h0, out0, *, cpu_misses, routed, ids=IDS, weights=WEI
     ("Q4_K", "Q6_K", False, True, True),    # the 30B mix: routed, 8-bit x
     ("Q4_K", "Q4_K", True, False, False),   # the missed expert left to the CPU; float32 x
     ("Q8_0", "Q8_0", False, False, False),  # the tiny model's format: a part a 32-value block
-    ("Q6_K", "Q5_K", True, True, False),    # Q5_K's parts
+    ("Q5_K", "Q5_K", True, True, False),    # Q5_K's parts (down in gate/up's own format)
 ])
 def test_splitk_against_float64(gu, dn, cpu_misses, routed, x8, monkeypatch):
     """out += the routed experts' weighted down(silu(gate x) * up x), each row within 1e-5 of
@@ -101,6 +101,7 @@ def test_pairs_grid_and_state():
     q4, q6, q8, iq4 = (LANE_FORMATS[int(t)] for t in (T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS))
     assert moe_splitk.supports(X8_FORMATS[int(T.Q4_K)], q6) and moe_splitk.supports(q8, q8)
     assert moe_splitk.supports(iq4, q4) and not moe_splitk.supports(q4, iq4)
+    assert moe_splitk.supports(q4, q8) and not moe_splitk.supports(q4, LANE_FORMATS[int(T.Q5_K)])
     assert not moe_splitk.supports(q4, X8_FORMATS[int(T.Q4_K)])
     # the 30B: 8 experts x 3 super-blocks x 4 parts of Q4_K = 96 units; 132 SMs: 264 blocks
     # aimed at -> 3 blocks a unit; Q6_K's 192 units -> 1
