@@ -321,7 +321,8 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         if (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
                 and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
                 and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff)):
-            bar = sync[layout.n_embd + 1:].view(np.int32)  # the 64-bit count as two int32
+            # the 64-bit count after moe_splitk's state, as two int32
+            bar = sync[moe_splitk.scratch_len(layout.n_embd):].view(np.int32)
             if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
                                 miss_list=miss_list, counters=counters, layout=layout,
                                 gu=gu_lanes, dn=dn_lanes, h1=h1, logits=logits,

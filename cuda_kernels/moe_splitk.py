@@ -14,8 +14,9 @@ The accumulator is int64 fixed point (2^-32; |sum| < 2^31): integer adds commute
 not depend on which block adds first, and a token's output is the same bits every run. Each
 contribution is the float32 dot times its weight, truncated to the fixed point. The block that
 arrives last (a ticket after a fence) converts the sums into out (= or +=) and sets them and the
-ticket back to zero for the next launch. State: `scratch` int64 [n_embd + 1] (the sums, then
-the ticket), zero before the first launch.
+ticket back to zero for the next launch. State: `scratch` int64 [n_embd + 2] (the sums, the
+ticket, a flag set by a contribution the sums cannot hold: NaN, or 2^18 or more, which makes
+the launch's outputs NaN), zero before the first launch.
 
 Routing inside (n_route > 0): every block ranks the logits and takes the k weights itself
 (`router.rank_topk`, `topk_weights`); block 0 also writes ids and weights for the launches after.
@@ -40,6 +41,12 @@ from .router import rank_topk, topk_weights
 F0 = np.float32(0.0)
 FIX = np.float32(2.0 ** 32)
 UNFIX = np.float32(2.0 ** -32)
+NAN = np.float32(np.nan)
+# The largest contribution taken, fixed point: 2^18 in value. A row sums at most
+# MAX_K x 64 x 8 = 2^13 contributions (k experts, 64 super-blocks of n_ff, 8 parts), so its sum
+# stays below 2^31, what int64 holds at 2^-32. A larger one (or a NaN, which the integer
+# conversion would turn into a number) makes the launch's outputs NaN, as float sums would.
+LIMIT = np.float32(2.0 ** 50)
 # Down formats by how a lane part's values lie in its super-block (`lanes_k`'s doc):
 # 0 Q4_K: 64 in a row; 1 Q5_K: 16, then 16 more 32 further; 2 Q6_K: 16, then 16 more 64 further;
 # 3 Q8_0: the whole 32-value block (one lane a block).
@@ -67,8 +74,8 @@ def supports(gu: LaneFormat, dn: LaneFormat) -> bool:
 
 
 def scratch_len(n_embd: int) -> int:
-    """int64 words of the launch's state: the sums, then the ticket."""
-    return n_embd + 1
+    """int64 words of the launch's state: the sums, the ticket, the overflow flag."""
+    return n_embd + 2
 
 
 def n_split_for(n_units: int, n_embd: int, n_sm: int) -> int:
@@ -119,7 +126,7 @@ def _splitk(gu: LaneFormat, dn: LaneFormat, ahead: int):
                    tab_gu, logits, n_route, norm_topk, down_off, dn_row_bytes, dn_n_sb, n_embd,
                    accumulate, n_split, scratch, out, tab_dn):
         # x: [n_embd] f32; ids [k] i32, weights [k] f32 (outputs where n_route > 0); out:
-        # [n_embd] f32 (= or += the experts' sum); scratch: int64 [n_embd + 1] (module doc).
+        # [n_embd] f32 (= or += the experts' sum); scratch: int64 [n_embd + 2] (module doc).
         # Block b: unit u = b // n_split (expert position c, down super-block sb, part p, p
         # fastest: a super-block's parts in neighbouring blocks), its rows' share b % n_split.
         # Dynamic shared: x as gate/up stages it
@@ -136,7 +143,8 @@ def _splitk(gu: LaneFormat, dn: LaneFormat, ahead: int):
         tab_g = cuda.shared.array(n_tg, tg_type)
         tab_d = cuda.shared.array(n_td, td_type)
         hs = cuda.shared.array(hs_len, types.float32)
-        s_last = cuda.shared.array(1, types.int32)
+        s_last = cuda.shared.array(1, types.int32)   # whether this block is the last
+        s_flag = cuda.shared.array(1, types.int64)   # the overflow flag, read by the last block
         xs = cuda.shared.array(0, xs_type)
         t = cuda.threadIdx.x
         lane = t & 31
@@ -223,8 +231,11 @@ def _splitk(gu: LaneFormat, dn: LaneFormat, ahead: int):
                 nxt_d = nd1 if two else cur_d
                 if r_n < r1:
                     nxt_d = dn_load(src, dbase + r_n * dn_row_bytes, p)
-                d = dn_dot(cur_d, p, hs, 0, pad_sb, tab_d) * wt
-                cuda.atomic.add(scratch, r, np.int64(d * FIX))
+                dq = dn_dot(cur_d, p, hs, 0, pad_sb, tab_d) * wt * FIX
+                if not abs(dq) < LIMIT:  # NaN, or past what the sums hold: out becomes NaN
+                    scratch[n_embd + 1] = 1
+                    dq = F0
+                cuda.atomic.add(scratch, r, np.int64(dq))
                 if two:
                     cur_d = nd1
                     nd1 = nxt_d
@@ -238,8 +249,12 @@ def _splitk(gu: LaneFormat, dn: LaneFormat, ahead: int):
         cuda.syncthreads()
         if s_last[0] != 0:  # every other block's sums are in
             cuda.threadfence()
+            if t == 0:
+                s_flag[0] = cuda.atomic.exch(scratch, n_embd + 1, np.int64(0))
+            cuda.syncthreads()
+            scale = UNFIX if s_flag[0] == 0 else NAN
             for i in range(t, n_embd, LANE_THREADS):
-                f = np.float32(cuda.atomic.exch(scratch, i, np.int64(0))) * UNFIX
+                f = np.float32(cuda.atomic.exch(scratch, i, np.int64(0))) * scale
                 out[i] = out[i] + f if accumulate else f
             if t == 0:
                 scratch[n_embd] = 0

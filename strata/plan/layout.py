@@ -209,9 +209,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # load, and the kernel's last block sets it back to zero
     b.add("router_done", np.int32, (n_b,))  # [batch] int32
     # the one-launch MoE's state (strata.cuda_kernels.moe.sync_len): moe_splitk's fixed-point
-    # sums of the n_embd outputs and its ticket, then moe_fused's 64-bit barrier count: zero at
-    # load, set back to zero (the sums, the ticket) or kept (the count) by the kernels after
-    b.add("moe_sync", np.int64, (n_b, s.n_embd + 2))  # [batch, n_embd + 2] int64
+    # sums of the n_embd outputs, its ticket and overflow flag, then moe_fused's 64-bit barrier
+    # count: zero at load, set back to zero (moe_splitk's) or kept (the count) by the kernels
+    b.add("moe_sync", np.int64, (n_b, s.n_embd + 3))  # [batch, n_embd + 3] int64
     # the token choice's (best key, finished blocks, NaN seen) (strata.cuda_kernels.sampling):
     # zero at load, the first two set back to zero by the launch's last block, the flag by the
     # host that reads it; and each sampler block's candidates
