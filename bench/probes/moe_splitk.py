@@ -286,9 +286,8 @@ def sim() -> int:
 
 
 # (mode, blocks a unit, blocks an SM, loads ahead)
-VARIANTS = [("fixed", 1, 2, 1), ("fixed", 2, 2, 1), ("fixed", 3, 2, 1), ("fixed", 1, 2, 2),
-            ("fixed", 2, 2, 2), ("fixed", 4, 2, 2), ("fixed", 3, 3, 1), ("f32", 2, 2, 2),
-            ("engine", 1, 2, 2), ("engine", 2, 2, 2), ("engine", 3, 2, 2)]
+VARIANTS = [("fixed", 2, 2, 1), ("f32", 2, 2, 2), ("engine", 1, 2, 2), ("engine", 2, 2, 2),
+            ("engine", 3, 2, 2), ("engine", 4, 2, 2)]
 
 
 def main() -> int:
