@@ -22,6 +22,11 @@ WEIGHTS = np.array([0.5, 0.3, 0.2], np.float32)
 LOGITS = np.array([0.3, -1.0, 1.7, 0.3, 2.5, 0.3], np.float32)  # routes to 4, 2, 0
 
 
+@pytest.fixture(autouse=True)
+def _splitk_on(monkeypatch):
+    monkeypatch.setattr(moe_splitk, "USE", True)
+
+
 def _run(layout, store, x, h0, out0, *, cpu_misses, routed, ids=IDS, weights=WEIGHTS,
          sync=None):
     ids = np.full(len(ids), -5, np.int32) if routed else ids.copy()
