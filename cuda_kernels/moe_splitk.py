@@ -55,7 +55,10 @@ PART_KINDS = {int(T.Q4_K): 0, int(T.Q5_K): 1, int(T.Q6_K): 2, int(T.Q8_0): 3}
 # loads a warp keeps in flight ahead of its dots (read when a kernel is made).
 BLOCKS_AN_SM = 2
 AHEAD = 2
-USE = True  # read at launch (`moe.moe_decode`): a benchmark can time the kernel before it
+# Read at launch (`moe.moe_decode`; a benchmark times both kernels in one process). Off: the
+# kernel has run only in the simulator (no GPU came on 2026-12-07); `moe_fused` stays the
+# engine's one launch until a GPU times this one and runs its tests.
+USE = False
 
 _CACHE: dict[tuple, object] = {}
 

@@ -315,9 +315,9 @@ def moe_routing(ctx: Ctx, n_layer: int, n_expert: int, k: int):
 
 @bench("moe")
 def moe_group(ctx: Ctx) -> list[Result]:
-    """MoE decode, 30B shape, all hits: one launch (`moe_splitk`, no barrier, where the down format
-    has lane parts; `moe_fused`: gate/up, a grid barrier, down, timed beside it) and two
-    (`moe_fused.FUSE_DOWN` off), in one process; gate/up formats with an 8-bit decoding
+    """MoE decode, 30B shape, all hits: one launch (`moe_fused`: gate/up, a grid barrier, down;
+    where the pair has it, `moe_splitk`, no barrier, timed beside it, whichever `moe_splitk.USE`
+    leaves as the row's) and two (`moe_fused.FUSE_DOWN` off), in one process; gate/up formats with an 8-bit decoding
     (`lanes_x8`) also with float32 x (`moe.GATE_UP_X8` off)."""
     import strata.cuda_kernels.moe as moe_mod
     import strata.cuda_kernels.moe_fused as fused_mod
@@ -369,11 +369,12 @@ def moe_group(ctx: Ctx) -> list[Result]:
             extra = {"us reading the same bytes": same_read_us}
             if fused and x8 == x8s[0] and splitk_mod.supports(
                     moe_mod._gate_up_lanes_for(lay, x8), lane_format(get_format(dn).ggml_type)):
-                # the one launch before moe_splitk: a barrier across the grid (moe_fused)
+                # the other one-launch kernel: no barrier (moe_splitk) or a barrier (moe_fused)
                 saved = moe_mod.GATE_UP_X8, splitk_mod.USE
-                moe_mod.GATE_UP_X8, splitk_mod.USE = x8, False
+                moe_mod.GATE_UP_X8, splitk_mod.USE = x8, not saved[1]
                 try:
-                    extra["us, moe_fused's barrier"] = round(ctx.time_graph(record, n_layer), 2)
+                    extra[f"us, {'moe_fused' if saved[1] else 'moe_splitk'}"] = round(
+                        ctx.time_graph(record, n_layer), 2)
                 finally:
                     moe_mod.GATE_UP_X8, splitk_mod.USE = saved
             out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768", us,
