@@ -64,14 +64,23 @@ def _dialect_of(request: Request) -> str:
     return "openai"
 
 
+ANTHROPIC_OVERLOADED = 529
+
+
 def error_response(request: Request, err: ApiError) -> JSONResponse:
     """The error in the shape the route's clients parse."""
+    dialect = _dialect_of(request)
     render = {"anthropic": anthropic_dialect.error_body, "ollama": ollama_dialect.error_body,
-              "openai": openai_dialect.error_body}[_dialect_of(request)]
+              "openai": openai_dialect.error_body}[dialect]
     headers = dict(err.headers)
     if err.status == 401:
         headers.setdefault("www-authenticate", "Bearer")
-    return JSONResponse(render(err), status_code=err.status, headers=headers)
+    status = err.status
+    if dialect == "anthropic" and status == 503:
+        # Anthropic's API answers an overloaded server with 529 overloaded_error, which its
+        # clients (Claude Code, the SDKs) retry and name as such
+        status = ANTHROPIC_OVERLOADED
+    return JSONResponse(render(err), status_code=status, headers=headers)
 
 
 def check_auth(request: Request, api_key: str | None) -> None:

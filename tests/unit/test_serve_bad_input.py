@@ -186,6 +186,13 @@ def test_a_full_queue_is_a_503_with_retry_after():
     r = client.post("/v1/chat/completions", json=chat())
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert "queue is full" in r.json()["error"]["message"]
+    # Anthropic's clients: its API's status for an overloaded server, 529 overloaded_error
+    r = client.post("/v1/messages", json={"model": "fake", "max_tokens": 4,
+                                          "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 529 and r.headers["retry-after"] == "1"
+    assert r.json() == {"type": "error", "error": {"type": "overloaded_error",
+                                                   "message": r.json()["error"]["message"]}}
+    assert "queue is full" in r.json()["error"]["message"]
     assert not h.metrics.cancelled and not h.metrics.finished
 
 
