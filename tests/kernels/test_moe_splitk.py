@@ -15,11 +15,7 @@ from strata.cuda_kernels.lanes_x8 import X8_FORMATS
 from strata.cuda_kernels.moe import ExpertLayout, _gate_up_lanes_for, _moe_decode, sync_len
 from strata.cuda_kernels.qformats import get_format
 from test_moe import _store
-
-K = 3
-IDS = np.array([4, 2, 0], np.int32)                # expert 2 misses (not in a cache slot)
-WEIGHTS = np.array([0.5, 0.3, 0.2], np.float32)
-LOGITS = np.array([0.3, -1.0, 1.7, 0.3, 2.5, 0.3], np.float32)  # routes to 4, 2, 0
+from test_moe_fused import IDS, K, LOGITS, WEIGHTS  # expert 2 misses; the logits route to IDS
 
 
 @pytest.fixture(autouse=True)
