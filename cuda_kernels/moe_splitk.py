@@ -176,9 +176,10 @@ def _splitk(gu: LaneFormat, dn: LaneFormat, ahead: int):
         where = s_where[c]  # the same in the whole block
         src = cache if where == 0 else host
         base = s_base[c]
-        if where < 0:  # left to the CPU: dummy loads of a cache row, never used (`moe_lanes`)
+        if where < 0:  # left to the CPU: dummy loads of one expert's bytes, never used; from
+            # mapped host memory only if the cache cannot hold one expert (`moe_lanes`)
             base = 0
-            src = cache if cache.shape[0] >= up_off + gu_row_bytes else host
+            src = cache if cache.shape[0] >= down_off + n_embd * dn_row_bytes else host
         j = w
         off = base + (sb * sbv + part_value(p, j)) * gu_row_bytes
         cur = load_pair(src, off, off + up_off, gu_n_sb, 0)  # in flight while x is staged
