@@ -217,8 +217,8 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
 
     sync: int64 [sync_len(n_embd)] in device memory, zero before its first use (then kept by
     the kernels): the state that lets gate/up and down run as one launch where the formats and
-    shapes allow: `moe_splitk`'s sums and ticket, then `moe_fused`'s barrier count (down formats
-    without lane parts of their own). Launches in flight at once need their own. (`moe_splitk`
+    shapes allow: `moe_splitk`'s sums, ticket and flag (where `moe_splitk.USE` and its pairs),
+    then `moe_fused`'s barrier count. Launches in flight at once need their own. (`moe_splitk`
     keeps h in shared memory: it leaves h as it was.)"""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,

@@ -301,16 +301,16 @@ CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the
 
 def register(family: str = "moe", *, rest: bool = False) -> None:
     """The fused kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the
-    compile check), or with `rest` every other pair `fuses` allows that `moe_splitk` does not
-    take (`compile_bundle`: the binary's kernel bundle holds both)."""
+    compile check), or with `rest` every other pair `fuses` allows (`compile_bundle`: the
+    binary's kernel bundle holds both; it holds `moe_splitk`'s pairs too, whichever
+    `moe_splitk.USE` picks)."""
     from .moe import _GUL_SIG, _ROUTE_SIG, _tab_type  # the two launches' argument types
-    from .moe_splitk import supports as splitk_takes  # those pairs run moe_splitk instead
 
     ups = [g for g in list(LANE_FORMATS.values()) + list(X8_FORMATS.values())
            if not is_planar(g.ggml_type)]
     pairs = [(g, d) for g in ups for d in LANE_FORMATS.values()
              if fuses(g, d) and ((g.name, g.x8, d.name) in CHECKED) != rest
-             and not is_planar(d.ggml_type) and not (rest and splitk_takes(g, d))]
+             and not is_planar(d.ggml_type)]
     down_sig = (types.int64, types.int64, types.int64, types.float32, types.int64,
                 types.boolean, types.int64, types.int64, types.int64, types.float32[::1])
     for g, d in pairs:

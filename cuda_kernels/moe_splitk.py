@@ -297,8 +297,8 @@ CHECKED = (("Q4_K", True, "Q6_K"), ("Q4_K", True, "Q4_K"), ("Q8_0", False, "Q8_0
 
 def register(family: str = "moe", *, rest: bool = False) -> None:
     """The kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the compile
-    check), or with `rest` every other pair the binary's kernel bundle holds (`compile_bundle`;
-    `moe_fused` bundles the pairs this kernel does not take)."""
+    check), or with `rest` every other pair `supports` allows (`compile_bundle`: the binary's
+    kernel bundle holds both, and `moe_fused`'s pairs beside them, whichever USE picks)."""
     from .lanes import LANE_FORMATS
     from .lanes_x8 import X8_FORMATS
     from .moe import _tab_type
