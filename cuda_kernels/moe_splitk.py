@@ -42,9 +42,9 @@ F0 = np.float32(0.0)
 FIX = np.float32(2.0 ** 32)
 UNFIX = np.float32(2.0 ** -32)
 NAN = np.float32(np.nan)
-# The largest contribution taken, fixed point: 2^18 in value. A row sums at most
-# MAX_K x 64 x 8 = 2^13 contributions (k experts, 64 super-blocks of n_ff, 8 parts), so its sum
-# stays below 2^31, what int64 holds at 2^-32. A larger one (or a NaN, which the integer
+# The largest contribution taken, fixed point: 2^18 in value. A row sums at most 2^13
+# contributions up to n_ff = 16,384 (MAX_K experts x 512 parts of 32 values), so its sum stays
+# below 2^31, what int64 holds at 2^-32. A larger one (or a NaN, which the integer
 # conversion would turn into a number) makes the launch's outputs NaN, as float sums would.
 LIMIT = np.float32(2.0 ** 50)
 # Down formats by how a lane part's values lie in its super-block (`lanes_k`'s doc):
