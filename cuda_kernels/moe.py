@@ -287,8 +287,8 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
                   norm_topk=norm_topk, stream=stream)
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
-    dn_lanes = lane_format(dn_fmt.ggml_type)
-    dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
+    dn_lf = lane_format(dn_fmt.ggml_type)  # moe_splitk stages one super-block of h: no fit
+    dn_lanes = dn_lf if dn_lf is not None and lanes_fit(dn_lf, layout.n_ff) else None
     if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
@@ -308,11 +308,10 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
         if sync is not None:
             check_array("sync", sync, np.int64, (sync_len(layout.n_embd),))
-        dn_split = lane_format(dn_fmt.ggml_type)
         if (sync is not None and moe_fused.FUSE_DOWN and moe_splitk.USE and one_step
-                and dn_split is not None and moe_splitk.supports(gu_lanes, dn_split)):
+                and dn_lf is not None and moe_splitk.supports(gu_lanes, dn_lf)):
             moe_splitk.launch(x, ids, weights, k=k, where=where, miss_list=miss_list,
-                              counters=counters, layout=layout, gu=gu_lanes, dn=dn_split,
+                              counters=counters, layout=layout, gu=gu_lanes, dn=dn_lf,
                               logits=logits, n_route=n_route, norm_topk=norm_topk,
                               accumulate=accumulate, out=out,
                               scratch=sync[:moe_splitk.scratch_len(layout.n_embd)],

@@ -61,6 +61,7 @@ AHEAD = 2
 USE = False
 
 _CACHE: dict[tuple, object] = {}
+_SMS: dict[int, int] = {}  # device id -> SMs (a driver query, not one a launch)
 
 
 # Down formats taken beside any gate/up format (else only gate/up's own): the K-quants the _M
@@ -272,6 +273,13 @@ def _kernel(gu: LaneFormat, dn: LaneFormat):
     return _CACHE[key]
 
 
+def _sms() -> int:
+    dev = cuda.get_current_device()
+    if dev.id not in _SMS:
+        _SMS[dev.id] = dev.MULTIPROCESSOR_COUNT
+    return _SMS[dev.id]
+
+
 def launch(x, ids, weights, *, k, where, miss_list, counters, layout, gu, dn, logits, n_route,
            norm_topk, accumulate, out, scratch, stream, n_sm: int | None = None,
            n_split: int | None = None) -> None:
@@ -282,7 +290,7 @@ def launch(x, ids, weights, *, k, where, miss_list, counters, layout, gu, dn, lo
     gu_n_sb, dn_n_sb = n_embd // gu.sb_values, n_ff // dn.sb_values
     n_units = k * dn_n_sb * dn.lanes
     if n_sm is None:
-        n_sm = 1 if SIMULATED else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        n_sm = 1 if SIMULATED else _sms()
     if n_split is None:
         n_split = n_split_for(n_units, n_embd, n_sm)
     _kernel(gu, dn)[n_units * n_split, LANE_THREADS, stream, gu.stage_bytes(n_embd)](
