@@ -11,12 +11,17 @@ answer says `truncated`, as llama.cpp cuts it for an editor that sends whole fil
 `n_indent` ends the answer at a line (after its first) indented less than so many spaces or
 tabs, that line left out; `t_max_predict_ms` ends it once so many milliseconds of generation
 have passed and it holds a newline: both as llama.cpp's server does, `stop_type` "limit".
+`n_probs` (at most 20) adds llama.cpp's `completion_probabilities`: each generated token's
+log-probability under the model and the `n_probs` most likely tokens at its position (a streamed
+event carries those of the tokens generated since the one before); one entry a token counted in
+`tokens_predicted`, so a line `n_indent` leaves out keeps its tokens' entries. Probabilities
+after the sampler chain (`post_sampling_probs`) are a 400.
 `cache_prompt` (the prefix cache is always on unless the server says `--no-prefix-cache`),
 `id_slot`, `response_fields` (every field is returned), `t_max_prompt_ms` and the `samplers`
 order (a list of llama.cpp's sampler names; the order here is fixed) are checked and not acted
-on; `n_probs` above 0 is a 400. The answer is llama.cpp's: `content`, `stop`, `stop_type`,
-`tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `truncated`, `timings`; streamed as
-`data:` events, the last with `stop` true and the counts.
+on. The answer is llama.cpp's: `content`, `stop`, `stop_type`, `tokens_predicted`,
+`tokens_evaluated`, `tokens_cached`, `truncated`, `timings`; streamed as `data:` events, the
+last with `stop` true and the counts.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from starlette.responses import JSONResponse, Response
 from strata.serve.errors import ApiError, bad_request
 from strata.serve.fields import Fields, join
 from strata.serve.generation import Generation, Prepared, fit_max_tokens
-from strata.serve.job import PromptEvent, Sampling
+from strata.serve.job import MAX_TOP_LOGPROBS, PromptEvent, Sampling
+from strata.serve.logprobs import llama_probs
 from strata.serve.openai_request import parse_stop
 from strata.serve.sse import event_stream, sse, unless_disconnected
 from strata.serve.state import ServerState
@@ -69,9 +75,11 @@ def parse_infill(f: Fields) -> InfillRequest:
         if name not in SAMPLERS:
             raise bad_request(f"samplers[{i}]: {name!r} is not one of llama.cpp's samplers "
                               f"({', '.join(sorted(SAMPLERS))})", f"samplers[{i}]")
-    if f.int("n_probs", default=0, minimum=0):
-        raise bad_request("n_probs: token probabilities are not returned by this route; send "
-                          "0, or ask /v1/completions for logprobs", "n_probs")
+    n_probs = f.int("n_probs", default=0, minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if f.bool("post_sampling_probs"):
+        raise bad_request("post_sampling_probs: probabilities after the sampler chain are not "
+                          "returned; leave it false for the model's (`logprob`)",
+                          "post_sampling_probs")
     f.bool("cache_prompt", default=True)
     f.int("id_slot", minimum=-1)
     f.int("t_max_prompt_ms", minimum=-1)
@@ -94,7 +102,8 @@ def parse_infill(f: Fields) -> InfillRequest:
                                              maximum=10.0),
                   "repeat_last_n": f.int("repeat_last_n", default=64, minimum=0,
                                          maximum=1 << 20),
-                  "seed": None if seed == -1 else seed, "stop": parse_stop(f, "stop")},
+                  "seed": None if seed == -1 else seed, "stop": parse_stop(f, "stop"),
+                  "logprobs": n_probs or None},
         stream=f.bool("stream"), n_indent=f.int("n_indent", default=0, minimum=0),
         t_max_predict_ms=max(0, f.int("t_max_predict_ms", default=0, minimum=-1)))
 
@@ -195,15 +204,22 @@ async def infill(request: Request, state: ServerState, body: dict) -> Response:
                             "predicted_per_second":
                                 f.n_completion / max(predicted_ms, 1e-9) * 1e3}}
 
+    def with_probs(fields: dict[str, Any]) -> dict[str, Any]:
+        """The entries since the last event (all of them, unstreamed), where asked for."""
+        if prepared.sampling.logprobs is not None:
+            fields["completion_probabilities"] = llama_probs(model, gen.take_logprobs())
+        return fields
+
     if req.stream:
         async def chunks() -> AsyncIterator[bytes]:
             async for text in pieces():
-                yield sse({"index": 0, "content": text, "stop": False, "id_slot": 0})
+                yield sse(with_probs({"index": 0, "content": text, "stop": False,
+                                      "id_slot": 0}))
             if gen.finish.reason == "error":
                 yield sse({"error": {"code": 500, "type": "server_error",
                                      "message": f"generation failed: {gen.finish.error}"}})
                 return
-            yield sse(final(""))
+            yield sse(with_probs(final("")))
         return event_stream(chunks(), gen.cancel, prepared.headers)
 
     async def collect() -> str:
@@ -212,4 +228,4 @@ async def infill(request: Request, state: ServerState, body: dict) -> Response:
     content = await unless_disconnected(request, collect(), gen.cancel)
     if gen.finish.reason == "error":
         raise ApiError(500, f"generation failed: {gen.finish.error}")
-    return JSONResponse(final(content), headers=prepared.headers)
+    return JSONResponse(with_probs(final(content)), headers=prepared.headers)

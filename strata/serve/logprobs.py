@@ -1,5 +1,6 @@
 """Log-probabilities in the OpenAI shapes: a chat choice's `logprobs.content` entries, and the
-legacy completion's parallel lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+legacy completion's parallel lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`);
+and in llama.cpp's server's (`completion_probabilities`, each entry with its token id).
 
 The worker reports token ids and numbers (`TokenLogprob`); the text of each token is looked up
 here, on the HTTP side (`token_piece`: the token's bytes, shown as text with a replacement
@@ -27,6 +28,16 @@ def chat_content(model: PieceModel, entries: Sequence[TokenLogprob]) -> list[dic
     `top_logprobs` (an empty list where none were asked for)."""
     return [{**_one(model, e.token, e.logprob),
              "top_logprobs": [_one(model, t, lp) for t, lp in e.top]} for e in entries]
+
+
+def llama_probs(model: PieceModel, entries: Sequence[TokenLogprob]) -> list[dict]:
+    """llama.cpp's `completion_probabilities` (its `n_probs`): per token its `id`, `token`,
+    `bytes` and `logprob`, the most likely tokens at its position under `top_logprobs` in the
+    same shape."""
+    def one(token: int, logprob: float) -> dict:
+        return {"id": token, **_one(model, token, logprob)}
+    return [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+            for e in entries]
 
 
 def chat_logprobs(model: PieceModel, entries: Sequence[TokenLogprob] | None) -> dict | None:

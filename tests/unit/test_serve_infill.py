@@ -13,6 +13,7 @@ import pytest
 
 from helpers.serve_fakes import FIM_MARKS
 from test_serve_app import Harness, sse_events
+from test_serve_logprobs import HIT, MISS
 from strata.serve.infill import LineLimits
 
 PRE, SUF, MID = FIM_MARKS
@@ -91,9 +92,44 @@ def test_a_prompt_longer_than_the_context_is_cut():
         assert len(h.engine.prefills[-1]) <= 64 - 8
 
 
+def _check_probs(entries: list, text: str, n_top: int) -> None:
+    """One entry a token of `text` (the fake vocabulary: a character a token, its id the code
+    point), each against the one-hot logits' closed form (`test_serve_logprobs`)."""
+    assert [e["id"] for e in entries] == [ord(c) for c in text]
+    for e in entries:
+        assert set(e) == {"id", "token", "bytes", "logprob", "top_logprobs"}
+        assert e["token"] == chr(e["id"]) and e["bytes"] == list(e["token"].encode())
+        assert e["logprob"] == pytest.approx(HIT, abs=1e-6)
+        top = e["top_logprobs"]
+        assert len(top) == n_top and top[0]["id"] == e["id"]
+        assert [t["logprob"] for t in top] == pytest.approx([HIT] + [MISS] * (n_top - 1),
+                                                            abs=1e-6)
+
+
+def test_n_probs_gives_llama_cpp_completion_probabilities(h):
+    r = _infill(h, input_prefix="a", input_suffix="b", n_probs=3, temperature=0)
+    assert r["content"] == "x + 1"
+    _check_probs(r["completion_probabilities"], "x + 1", 3)
+    assert "completion_probabilities" not in _infill(h, input_prefix="a", input_suffix="b")
+    # streamed: each event those of its own text, the last event whatever is left (none here)
+    r = h.client.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_probs": 2,
+                                       "stream": True})
+    events = [json.loads(d) for _, d in sse_events(r.text)]
+    for e in events[:-1]:
+        _check_probs(e["completion_probabilities"], e["content"], 2)
+    assert events[-1]["stop"] is True and events[-1]["completion_probabilities"] == []
+    # a line n_indent leaves out keeps its tokens' entries: one a token predicted
+    h.engine.script = lambda p: "x = 1\ny = 2\n"
+    r = _infill(h, input_prefix="a", input_suffix="b", n_probs=1, n_indent=4)
+    assert r["content"] == "x = 1"
+    assert len(r["completion_probabilities"]) == r["tokens_predicted"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"samplers": ["top_k", "magic"]}, "samplers[1]"),
-    ({"n_probs": 3}, "n_probs"),
+    ({"n_probs": 21}, "n_probs"),
+    ({"n_probs": -1}, "n_probs"),
+    ({"n_probs": 2, "post_sampling_probs": True}, "post_sampling_probs"),
     ({"input_extra": [{"filename": "a.py"}]}, "input_extra[0].text"),
     ({"input_extra": "a.py"}, "input_extra"),
     ({"n_predict": "many"}, "n_predict"),
