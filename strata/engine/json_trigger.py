@@ -122,8 +122,7 @@ class TriggeredJson:
 
     def candidates(self) -> np.ndarray:
         """Every token (free text takes any); inside a call, those whose first byte fits."""
-        kind, aux = self.state
-        if kind in _FREE:
+        if self.state[0] in _FREE:
             return np.arange(len(self.vocab.pieces), dtype=np.int64)
         return self.vocab.with_first(
             lambda b: self._step(self.state, self._inside_suffix, b) is not None)

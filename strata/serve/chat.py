@@ -20,7 +20,8 @@ from strata.serve.errors import bad_request
 from strata.serve.generation import Prepared, fit_max_tokens
 from strata.serve.job import PENALTY_LAST_N, Sampling
 from strata.serve.reasoning import CLOSE, OPEN, opens_thinking
-from strata.serve.tools import OPEN_TAG, StrictCalls, strict_calls
+from strata.serve.tools import (OPEN_TAG, StrictCalls, StrictXmlCalls, strict_calls,
+                                strict_xml_calls)
 from strata.serve.xml_calls import forced_xml_prefix, param_types
 
 TOOL_CHOICES = ("auto", "none", "required")
@@ -92,7 +93,8 @@ class ChatInput:
             raise ValueError(f"tool_choice names {self.tool_choice!r}, which is not among the "
                              f"tools ({', '.join(sorted(names)) or 'none given'})")
 
-    def sampling(self, max_tokens: int, strict: StrictCalls | None = None) -> Sampling:
+    def sampling(self, max_tokens: int,
+                 strict: StrictCalls | StrictXmlCalls | None = None) -> Sampling:
         return Sampling(max_tokens=max_tokens, strict_calls=strict, temperature=self.temperature,
                         top_p=self.top_p, top_k=self.top_k, seed=self.seed, stop=self.stop,
                         presence_penalty=self.presence_penalty,
@@ -156,11 +158,15 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
         raise bad_request("tool_choice: this model writes a forced call in XML (its "
                           "template's <function=...> form), which the request's JSON format "
                           "cannot hold; send tool_choice \"auto\" or no format", "tool_choice")
-    # the JSON grammars hold JSON calls; an XML-call model's calls are parsed, not held (a JSON
-    # format beside its tools holds the answer to the document)
-    strict = (strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
-                           think=think, json_answer=chat.json_object)
-              if use_tools and model.tool_calls_parsed and not model.xml_calls else None)
+    # strict tools hold the calls the model makes, in its form: JSON, or Qwen3-Coder's XML (a
+    # JSON format beside an XML-call model's tools holds the answer to the document instead)
+    strict: StrictCalls | StrictXmlCalls | None = None
+    if use_tools and model.tool_calls_parsed and model.xml_calls and not chat.json_object:
+        strict = strict_xml_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
+                                  think=think)
+    elif use_tools and model.tool_calls_parsed and not model.xml_calls:
+        strict = strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
+                              think=think, json_answer=chat.json_object)
     sampling = chat.sampling(max_tokens, strict)
     ids = getattr(model, "think_ids", None) if split else None
     if ids is not None:  # the reasoning's tokens counted, for usage, and held to a budget

@@ -13,8 +13,8 @@ tabs, that line left out; `t_max_predict_ms` ends it once so many milliseconds o
 have passed and it holds a newline: both as llama.cpp's server does, `stop_type` "limit".
 `n_probs` (at most 20) adds llama.cpp's `completion_probabilities`: each generated token's
 log-probability under the model and the `n_probs` most likely tokens at its position (a streamed
-event carries those of the tokens generated since the one before); one entry a token counted in
-`tokens_predicted`, so a line `n_indent` leaves out keeps its tokens' entries. Probabilities
+event carries those of the tokens generated since the one before); a line `n_indent` leaves out
+keeps the entries of its tokens generated before the answer ended there. Probabilities
 after the sampler chain (`post_sampling_probs`) are a 400.
 `cache_prompt` (the prefix cache is always on unless the server says `--no-prefix-cache`),
 `id_slot`, `response_fields` (every field is returned), `t_max_prompt_ms` and the `samplers`

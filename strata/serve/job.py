@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from strata.engine.json_schema import Node
 from strata.engine.sampler import PENALTY_LAST_N
-from strata.serve.tools import StrictCalls
+from strata.serve.tools import StrictCalls, StrictXmlCalls
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's limit)
@@ -45,7 +45,7 @@ class Sampling:
     logprobs: int | None = None  # None: none; n: each token's log-probability and the n best
     json_object: bool = False  # the text is one JSON object (response_format json_object)
     json_schema: Node | None = None  # with json_object: the schema it follows (None: any)
-    strict_calls: StrictCalls | None = None  # strict tools hold the calls it makes
+    strict_calls: StrictCalls | StrictXmlCalls | None = None  # strict tools hold its calls
     # a thinking model's reasoning, counted into `FinishEvent.n_reasoning`: its (open, close)
     # tag token ids (None: not counted, e.g. tags of several tokens); `reasoning_open`: the
     # prompt opened the block, so the first token is already inside it

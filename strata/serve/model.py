@@ -17,11 +17,13 @@ import numpy as np
 from strata.engine.json_constraint import JsonConstraint, TokenBytes
 from strata.engine.json_either import CallsOrJson
 from strata.engine.json_trigger import TriggeredJson
+from strata.engine.xml_trigger import TriggeredXml
 from strata.engine.sampler import Sampler, SamplingParams
 from strata.serve.errors import bad_request
 from strata.serve.job import Sampling
 from strata.serve.reasoning import CLOSE, OPEN, thinks
-from strata.serve.tools import CALL_SUFFIX, OPEN_TAG, template_uses_hermes_calls
+from strata.serve.tools import (CALL_SUFFIX, OPEN_TAG, StrictXmlCalls,
+                               template_uses_hermes_calls)
 from strata.serve.xml_calls import template_uses_xml_calls
 from strata.tokenizer import ChatTemplate, ChatTemplateError, StreamDecoder, Tokenizer
 from strata.tokenizer.fim import FimTokens, fim_tokens
@@ -30,7 +32,7 @@ SEED_MODULUS = 1 << 64  # API seeds may be negative; numpy's generator wants 0..
 
 
 def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, frozenset[int]]]
-                    ) -> JsonConstraint | TriggeredJson | CallsOrJson | None:
+                    ) -> JsonConstraint | TriggeredJson | TriggeredXml | CallsOrJson | None:
     """What holds a sequence's tokens: a JSON format, or strict tool calls, or either (tools
     beside a JSON format: calls, or the document as the answer), or nothing; a forced call
     is the answer whatever the format. `vocab()`: the model's `TokenBytes` and end tokens,
@@ -41,6 +43,9 @@ def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, fr
     vocab, stop_ids = vocab()
     stops = sorted(stop_ids)
     calls = sampling.strict_calls
+    if isinstance(calls, StrictXmlCalls):  # (never beside a JSON format: `prepare_chat`)
+        return TriggeredXml(vocab, stops, trigger=OPEN_TAG.encode(), tools=calls.tools,
+                            forced=calls.forced, think=calls.think)
     if sampling.json_object and calls is not None and calls.inside is None:
         return CallsOrJson(vocab, stops, root=sampling.json_schema, call_root=calls.root,
                            trigger=OPEN_TAG.encode(), suffix=CALL_SUFFIX)

@@ -69,6 +69,30 @@ def strict_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
 
 
 @dataclass(frozen=True, slots=True)
+class StrictXmlCalls:
+    """How a request's strict tools hold an XML-call model's calls
+    (`strata.engine.xml_trigger`): `tools`, (name, its parameters' node: a strict tool's
+    schema, any keys with text values for the others) each; `forced` where the prompt opened
+    the call ("required", or the forced tool's name); `think` as `StrictCalls`'."""
+
+    tools: tuple[tuple[str, Node], ...]
+    forced: str | None = None
+    think: str | None = None
+
+
+def strict_xml_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
+                     forced: bool, think: str | None = None) -> StrictXmlCalls | None:
+    """`strict_calls` for a model whose calls are Qwen3-Coder's XML: None where no tool is
+    strict and no call is forced; a forced call is held whether or not its tool is strict
+    (the prompt opened it: what follows must be a call)."""
+    if not forced and not any(node is not None for _, node in schemas):
+        return None
+    tools = tuple((name, node if node is not None else object_node()) for name, node in schemas)
+    return StrictXmlCalls(tools=tools, forced=choice if forced else None,
+                          think=None if forced else think)
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCall:
     """One parsed call: the function's name and its arguments (a JSON object)."""
 

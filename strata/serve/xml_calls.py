@@ -63,21 +63,35 @@ def param_types(tools: list[dict] | tuple[dict, ...]) -> dict[str, dict[str, fro
         params = fn.get("parameters") if isinstance(fn, dict) else None
         props = params.get("properties") if isinstance(params, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(props, dict):
-            out[fn["name"]] = {k: _types(v) for k, v in props.items()}
+            out[fn["name"]] = {k: _types(v, params) for k, v in props.items()}
     return out
 
 
-def _types(schema: Any) -> frozenset[str]:
-    if not isinstance(schema, dict):
+def _types(schema: Any, root: dict, depth: int = 0) -> frozenset[str]:
+    """The JSON types a parameter's schema allows (empty: any, read as text): its `type`, an
+    `enum`'s or `const`'s values' types, the union over `anyOf` / `oneOf`, a `$ref` into the
+    parameters' `$defs` / `definitions` followed (as strict calls' grammar reads the schema,
+    `strata.engine.xml_trigger`, so a value held as JSON is read back as JSON)."""
+    if not isinstance(schema, dict) or depth > 32:
         return frozenset()
     kind = schema.get("type")
     if isinstance(kind, str):
         return frozenset({kind})
     if isinstance(kind, list):
         return frozenset(k for k in kind if isinstance(k, str))
+    if isinstance(schema.get("enum"), list):
+        return frozenset().union(*(types_of(v) for v in schema["enum"]))
+    if "const" in schema:
+        return frozenset(types_of(schema["const"]))
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list):
-            return frozenset().union(*(_types(s) for s in schema[key]))
+            return frozenset().union(*(_types(s, root, depth + 1) for s in schema[key]))
+    ref = schema.get("$ref")
+    for prefix in ("#/$defs/", "#/definitions/"):
+        if isinstance(ref, str) and ref.startswith(prefix):
+            defs = root.get(prefix[2:-1])
+            target = defs.get(ref[len(prefix):]) if isinstance(defs, dict) else None
+            return _types(target, root, depth + 1)
     return frozenset()
 
 

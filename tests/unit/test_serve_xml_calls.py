@@ -1,8 +1,9 @@
 """Qwen3-Coder's tool calls (`strata.serve.xml_calls`): `<function=NAME>` with a
 `<parameter=KEY>` block each inside the `<tool_call>` block, read into the same `ToolCall`s as
 the JSON form, each value typed by the request's tool schema, at every way the streamed text can
-be cut; the template told apart; a forced call begun in the XML form; a JSON grammar never laid
-over XML calls; and through the chat and Anthropic routes."""
+be cut; the template told apart; a forced call begun in the XML form; strict tools and forced
+calls held in the XML form (`strata.engine.xml_trigger`, alone in test_xml_trigger); and
+through the chat and Anthropic routes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_serve_app import Harness, chat, sse_events
 from test_serve_text import parse_all, splits
 from strata.serve.chat import ChatInput, chat_text, prepare_chat
 from strata.serve.errors import ApiError
-from strata.serve.tools import ToolCallParser
+from strata.serve.tools import StrictXmlCalls, ToolCallParser
 from strata.serve.xml_calls import param_types, parse_xml_body, template_uses_xml_calls
 
 TOOLS = [{"type": "function", "function": {"name": "write_file", "parameters": {
@@ -112,7 +113,9 @@ def test_the_template_and_a_forced_call():
         chat_in = ChatInput(messages=msgs, tools=tuple(TOOLS), tool_choice=choice)
         assert chat_text(_Model(), chat_in)[1] == want
         prepared = prepare_chat(_Model(), chat_in, limit=None)
-        assert prepared.sampling.strict_calls is None  # no JSON grammar over XML calls
+        strict = prepared.sampling.strict_calls  # a forced call is held, in the XML form
+        assert (strict is None if choice == "auto" else
+                isinstance(strict, StrictXmlCalls) and strict.forced == choice)
         assert prepared.tool_types == TYPES and prepared.forced_prefix == want
     with pytest.raises(ApiError) as e:
         prepare_chat(_Model(), ChatInput(messages=msgs, tools=tuple(TOOLS),
@@ -148,3 +151,51 @@ def test_the_routes_return_typed_calls():
         assert h.engine.prefills[-1].endswith("<tool_call>\n<function=write_file>\n")
         (call,) = r.json()["choices"][0]["message"]["tool_calls"]
         assert json.loads(call["function"]["arguments"]) == WANT
+
+
+STRICT = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Rome", "Oslo"]},
+                                     "days": {"type": "integer"}},
+    "required": ["city", "days"], "additionalProperties": False}}}]
+
+
+def _xml(city: str, days: str) -> str:
+    return (f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n"
+            f"<parameter=days>\n{days}\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_a_strict_tools_xml_call_is_held_to_its_schema():
+    """Over the scripted engine (one-hot logits: the constrained arg-max takes the scripted byte
+    wherever the schema allows it, else the lowest allowed): a call within the schema goes
+    through as written; a city outside the enum and days that are no integer are bent into
+    the schema, the prose before the call untouched."""
+    with Harness() as h:
+        h.model.xml_calls = True
+        h.engine.script = lambda p: "Checking." + _xml("Oslo", "3")
+        r = h.client.post("/v1/chat/completions", json=chat(tools=STRICT)).json()["choices"][0]
+        (c,) = r["message"]["tool_calls"]
+        assert json.loads(c["function"]["arguments"]) == {"city": "Oslo", "days": 3}
+        h.engine.script = lambda p: "Checking." + _xml("Paris", "two")
+        r = h.client.post("/v1/chat/completions", json=chat(tools=STRICT)).json()["choices"][0]
+        assert r["message"]["content"] == "Checking."
+        (c,) = r["message"]["tool_calls"]
+        args = json.loads(c["function"]["arguments"])
+        assert args["city"] in ("Rome", "Oslo") and isinstance(args["days"], int), args
+        # without strict the same text is the model's business: read as written
+        loose = [{"type": "function", "function": {**STRICT[0]["function"], "strict": False}}]
+        r = h.client.post("/v1/chat/completions", json=chat(tools=loose)).json()["choices"][0]
+        (c,) = r["message"]["tool_calls"]
+        assert json.loads(c["function"]["arguments"]) == {"city": "Paris", "days": "two"}
+
+
+def test_a_forced_xml_call_is_held_to_a_call():
+    """The prompt opened the call: text that runs on past it is not a call's, so the call is
+    closed where the model would have wandered off (held though no tool is strict)."""
+    with Harness() as h:
+        h.model.xml_calls = True
+        h.engine.script = lambda p: ("<parameter=path>\na.py\n</parameter>\nand then words the "
+                                     "model went on to")
+        r = h.client.post("/v1/chat/completions", json=chat(
+            tools=TOOLS, tool_choice={"type": "function", "function": {"name": "write_file"}}))
+        (c,) = r.json()["choices"][0]["message"]["tool_calls"]
+        assert json.loads(c["function"]["arguments"]) == {"path": "a.py"}
