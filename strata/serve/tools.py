@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.engine.json_schema import Node, any_of_node, call_node, object_node
+from strata.serve.errors import bad_request
 from strata.serve.fields import valid_text
 from strata.serve.xml_calls import FUNCTION_CLOSE, FUNCTION_OPEN, ParamTypes, parse_xml_body
 
@@ -87,6 +88,13 @@ def strict_xml_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
     (the prompt opened it: what follows must be a call)."""
     if not forced and not any(node is not None for _, node in schemas):
         return None
+    for i, (name, node) in enumerate(schemas):
+        for key in node.props if node is not None else ():
+            if any(ch in key for ch in b"<>\n") or key != key.strip():
+                raise bad_request(f"tools[{i}] ({name}): the parameter {key.decode()!r} cannot "
+                                  "be written in this model's XML calls (`<parameter=KEY>`): "
+                                  "a key without <, >, a newline or blank space at its ends",
+                                  f"tools[{i}]")
     tools = tuple((name, node if node is not None else object_node()) for name, node in schemas)
     return StrictXmlCalls(tools=tools, forced=choice if forced else None,
                           think=None if forced else think)

@@ -199,3 +199,14 @@ def test_a_forced_xml_call_is_held_to_a_call():
             tools=TOOLS, tool_choice={"type": "function", "function": {"name": "write_file"}}))
         (c,) = r.json()["choices"][0]["message"]["tool_calls"]
         assert json.loads(c["function"]["arguments"]) == {"path": "a.py"}
+
+
+def test_a_strict_key_the_xml_form_cannot_write_is_a_400():
+    with Harness() as h:
+        h.model.xml_calls = True
+        bad = [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"a>b": {"type": "string"}}, "required": ["a>b"],
+            "additionalProperties": False}}}]
+        r = h.client.post("/v1/chat/completions", json=chat(tools=bad))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]", r.text
+        assert "a>b" in r.json()["error"]["message"]
