@@ -111,7 +111,10 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--sim", action="store_true")
     ap.add_argument("--pairs", default="Q4_K/Q4_K,Q4_K/Q6_K")
+    ap.add_argument("--variants", default=",".join(f"{n}:{a}" for n, a in VARIANTS),
+                    help="blocks a unit:loads ahead, comma-separated")
     a = ap.parse_args()
+    variants = [tuple(int(v) for v in item.split(":")) for item in a.variants.split(",")]
     if a.sim:
         return sim()
     ctx = Ctx()
@@ -136,7 +139,7 @@ def main() -> int:
               f"{read_us:5.2f} us = {100 * read_us / us_ref:4.1f}%", flush=True)
         rows.append({"pair": pair, "kernel": "moe_fused (barrier)", "us": round(us_ref, 3),
                      "of the read": round(read_us / us_ref, 4), "read_us": round(read_us, 3)})
-        for n_split, ahead in VARIANTS:
+        for n_split, ahead in variants:
             y = cuda.device_array(lay.n_embd, np.float32)
             kern = SplitK(lay, k, n_split=n_split, ahead=ahead, stream=ctx.stream)
             us = ctx.time_graph(splitk_record(kern, x, ids, wts, tables, y), n_layer)
