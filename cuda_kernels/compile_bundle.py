@@ -20,7 +20,7 @@ from numba import types
 from strata.plan.layout import SPLIT_K_TOKENS
 
 from . import (batch_attention, batch_moe, batch_moe_lanes, batch_moe_tc, batch_tc, compile_prefill,
-               lanes_batch, matvec_generic, moe_fused, moe_splitk)
+               lanes_batch, matvec_generic, moe_fused)
 from .lanes import LANE_FORMATS
 from .launch import register_ptx
 from .matvec_f32 import float_format
@@ -32,7 +32,6 @@ FAMILY = "bundle"
 def register() -> None:
     compile_prefill.register(FAMILY, full=True)
     moe_fused.register(FAMILY, rest=True)
-    moe_splitk.register(FAMILY, rest=True)
     # planar layouts (dense weights only, `strata.quant.planar`): no expert kernels
     for lf in LANE_FORMATS.values():
         for tg in range(1, lanes_batch.MAX_TOKENS + 1):

@@ -50,7 +50,7 @@ from .launch import MAX_SHARED_BYTES, check_array, device_table, n_blocks, regis
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, lane_jit_options, lane_split,
                      lanes_fit, stage_table)
 from .lanes_x8 import X8_FORMATS, lanes_for
-from . import moe_fused, moe_splitk
+from . import moe_fused
 from .moe_lanes import _down_lanes, _gate_up_lanes, _gate_up_lanes_rows
 from .moe_slots import MAX_K, ROUTE_MAX_EXPERTS, resolve
 from .qformats import FORMATS, get_format, is_planar
@@ -215,21 +215,14 @@ def moe_decode(x, ids, weights, *, layer: int, layout: ExpertLayout, slot_table,
     x8: whether gate/up dots 8-bit x where its format can (None: GATE_UP_X8); the batched
     kernels dot float32 x, so a row of a batch run alone passes False to get the same bits.
 
-    sync: int64 [sync_len(n_embd)] in device memory, zero before its first use (then kept by
-    the kernels): the state that lets gate/up and down run as one launch where the formats and
-    shapes allow: `moe_splitk`'s sums, ticket and flag (where `moe_splitk.USE` and its pairs),
-    then `moe_fused`'s barrier count. Launches in flight at once need their own. (`moe_splitk`
-    keeps h in shared memory: it leaves h as it was.)"""
+    sync: int32 [2] in device memory, zero before its first use (then kept by the kernels): the
+    state of the barrier that lets gate/up and down run as one launch (`moe_fused`, where the
+    formats and shapes allow). Launches in flight at once need their own."""
     _moe_decode(x, ids, weights, layer=layer, layout=layout, slot_table=slot_table, cache=cache,
                 slot_off=slot_off, host=host, host_off=host_off, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=cpu_misses,
                 accumulate=accumulate, route_logits=route_logits, norm_topk=norm_topk,
                 x8=x8, sync=sync, stream=stream)
-
-
-def sync_len(n_embd: int) -> int:
-    """int64 words of moe_decode's `sync`: `moe_splitk`'s state, then `moe_fused`'s count."""
-    return moe_splitk.scratch_len(n_embd) + 1
 
 
 def _gate_up_lanes_for(layout: ExpertLayout, x8: bool | None = None):
@@ -287,8 +280,8 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
             route(route_logits.reshape(1, n_expert), ids.reshape(1, k), weights.reshape(1, k),
                   norm_topk=norm_topk, stream=stream)
     gu_fmt, dn_fmt = get_format(layout.gate_up_type), get_format(layout.down_type)
-    dn_lf = lane_format(dn_fmt.ggml_type)  # moe_splitk stages one super-block of h: no fit
-    dn_lanes = dn_lf if dn_lf is not None and lanes_fit(dn_lf, layout.n_ff) else None
+    dn_lanes = lane_format(dn_fmt.ggml_type)
+    dn_lanes = dn_lanes if dn_lanes is not None and lanes_fit(dn_lanes, layout.n_ff) else None
     if gu_lanes is None and staged_bytes(layout.n_embd // 32) > MAX_STAGED_BYTES:
         raise ValueError(f"moe: n_embd = {layout.n_embd} values of x exceed the "
                          f"{MAX_STAGED_BYTES} B of shared memory the gate_up kernel stages")
@@ -306,27 +299,15 @@ def _moe_decode(x, ids, weights, *, layer, layout, slot_table, cache, slot_off, 
         n_sb = layout.n_embd // gu_lanes.sb_values
         n_items = k * min(layout.n_ff, rows(n_blocks(layout.n_ff, LANE_WARPS)) * LANE_WARPS)
         one_step = n_sb <= gu_lanes.sbs_per_step  # a row in one step of a warp's lanes
-        if sync is not None:
-            check_array("sync", sync, np.int64, (sync_len(layout.n_embd),))
-        if (sync is not None and moe_fused.FUSE_DOWN and moe_splitk.USE and one_step
-                and dn_lf is not None and moe_splitk.supports(gu_lanes, dn_lf)):
-            moe_splitk.launch(x, ids, weights, k=k, where=where, miss_list=miss_list,
-                              counters=counters, layout=layout, gu=gu_lanes, dn=dn_lf,
-                              logits=logits, n_route=n_route, norm_topk=norm_topk,
-                              accumulate=accumulate, out=out,
-                              scratch=sync[:moe_splitk.scratch_len(layout.n_embd)],
-                              stream=stream)
-            return
         if (sync is not None and moe_fused.FUSE_DOWN and one_step and dn_lanes is not None
                 and n_group >= k and moe_fused.fuses(gu_lanes, dn_lanes)
                 and moe_fused.fits(gu_lanes, dn_lanes, layout.n_embd, k, layout.n_ff)):
-            # the 64-bit count after moe_splitk's state, as two int32
-            bar = sync[moe_splitk.scratch_len(layout.n_embd):].view(np.int32)
+            check_array("sync", sync, np.int32, (2,))
             if moe_fused.launch(x, ids, weights, k=k, n_items=n_items, where=where,
                                 miss_list=miss_list, counters=counters, layout=layout,
                                 gu=gu_lanes, dn=dn_lanes, h1=h1, logits=logits,
                                 n_route=n_route, norm_topk=norm_topk, accumulate=accumulate,
-                                out=out, sync=bar, stream=stream, rows=rows):
+                                out=out, sync=sync, stream=stream, rows=rows):
                 return
         _kernel("gate_up_lanes" if one_step else "gate_up_lanes_rows", gu_fmt.ggml_type,
                 gu_lanes.x8)[
@@ -431,4 +412,3 @@ for _f in (f for f in FORMATS.values() if not is_planar(f.ggml_type)):
     register_ptx("moe", f"moe_down_{_f.name}",
                  lambda f=_f: (_down_factory(f).py_func, _DN_SIG + (_tab_type(f),)))
 moe_fused.register()
-moe_splitk.register()

@@ -302,8 +302,7 @@ CHECKED = (("Q4_K", True, "Q6_K"), ("Q8_0", False, "Q8_0"))  # the 30B pair, the
 def register(family: str = "moe", *, rest: bool = False) -> None:
     """The fused kernels in the PTX registry: the CHECKED pairs (`moe` registers them, for the
     compile check), or with `rest` every other pair `fuses` allows (`compile_bundle`: the
-    binary's kernel bundle holds both; it holds `moe_splitk`'s pairs too, whichever
-    `moe_splitk.USE` picks)."""
+    binary's kernel bundle holds both)."""
     from .moe import _GUL_SIG, _ROUTE_SIG, _tab_type  # the two launches' argument types
 
     ups = [g for g in list(LANE_FORMATS.values()) + list(X8_FORMATS.values())

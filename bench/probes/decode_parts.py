@@ -112,7 +112,7 @@ def moe_case(ctx, gu, dn, n_layer=12, n_expert=128, k=8, fused=False):
     y = ctx.cuda.device_array(lay.n_embd, np.float32)
     miss = ctx.cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-    sync = ctx.upload(np.zeros(moe.sync_len(lay.n_embd), np.int64)) if fused else None
+    sync = ctx.upload(np.zeros(2, np.int32)) if fused else None  # [2] i32
 
     def record(s):
         for layer in range(n_layer):

@@ -26,7 +26,7 @@ import numpy as np
 
 from strata.bench.kernels import Ctx, moe_setup, random_weights
 from strata.cuda_kernels import matvec as mv
-from strata.cuda_kernels.moe import moe_decode, sync_len
+from strata.cuda_kernels.moe import moe_decode
 
 
 def main() -> int:
@@ -43,7 +43,7 @@ def main() -> int:
     out = cuda.device_array(lay.n_embd, np.float32)
     miss = cuda.device_array(k, np.int32)
     counters = ctx.upload(np.zeros((1, 2), np.int64))
-    sync = None if two else ctx.upload(np.zeros(sync_len(lay.n_embd), np.int64))
+    sync = None if two else ctx.upload(np.zeros(2, np.int32))  # [2] i32: the barrier's state
     n_out, n_in = 2048, 4096
     w = ctx.upload(random_weights(ctx, "Q4_K", n_out, n_in))                 # [n_out rows] u8
     xa = ctx.upload(ctx.rng.standard_normal(n_in).astype(np.float32))

@@ -315,16 +315,13 @@ def moe_routing(ctx: Ctx, n_layer: int, n_expert: int, k: int):
 
 @bench("moe")
 def moe_group(ctx: Ctx) -> list[Result]:
-    """MoE decode, 30B shape, all hits: one launch (`moe_fused`: gate/up, a grid barrier, down;
-    where the pair has it, `moe_splitk`, no barrier, timed beside it, whichever `moe_splitk.USE`
-    leaves as the row's) and two (`moe_fused.FUSE_DOWN` off), in one process; gate/up formats with an 8-bit decoding
+    """MoE decode, 30B shape, all hits: one launch (`moe_fused`: gate/up, a grid barrier, down)
+    and two (`moe_fused.FUSE_DOWN` off), in one process; gate/up formats with an 8-bit decoding
     (`lanes_x8`) also with float32 x (`moe.GATE_UP_X8` off)."""
     import strata.cuda_kernels.moe as moe_mod
     import strata.cuda_kernels.moe_fused as fused_mod
-    import strata.cuda_kernels.moe_splitk as splitk_mod
-    from strata.cuda_kernels.lanes import lane_format
     from strata.cuda_kernels.lanes_x8 import x8_format
-    from strata.cuda_kernels.moe import moe_decode, sync_len
+    from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.qformats import get_format
     out = []
     n_layer, n_expert, k = 12, 128, 8
@@ -340,7 +337,7 @@ def moe_group(ctx: Ctx) -> list[Result]:
         y = ctx.cuda.device_array(lay.n_embd, np.float32, stream=ctx.stream)
         miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
         counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-        sync = ctx.upload(np.zeros(sync_len(lay.n_embd), np.int64))  # the one launch's state
+        sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused launch's barrier
 
         def record(s, lay=lay, cache=cache, slot_table=slot_table, slot_off=slot_off,
                    host_off=host_off, ids=ids, wts=wts, x=x, h=h, y=y, miss=miss,
@@ -367,16 +364,13 @@ def moe_group(ctx: Ctx) -> list[Result]:
                 moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN = saved
             how = ((" x8" if x8 else " f32 x") if both else "") + ("" if fused else " 2 launches")
             extra = {"us reading the same bytes": same_read_us}
-            if fused and x8 == x8s[0] and splitk_mod.supports(
-                    moe_mod._gate_up_lanes_for(lay, x8), lane_format(get_format(dn).ggml_type)):
-                # the other one-launch kernel: no barrier (moe_splitk) or a barrier (moe_fused)
-                saved = moe_mod.GATE_UP_X8, splitk_mod.USE
-                moe_mod.GATE_UP_X8, splitk_mod.USE = x8, not saved[1]
+            if fused and x8 == x8s[0]:  # the one launch compiled for a third block an SM
+                saved = moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM
+                moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM = x8, 3
                 try:
-                    extra[f"us, {'moe_fused' if saved[1] else 'moe_splitk'}"] = round(
-                        ctx.time_graph(record, n_layer), 2)
+                    extra["us at 3 blocks an SM"] = round(ctx.time_graph(record, n_layer), 2)
                 finally:
-                    moe_mod.GATE_UP_X8, splitk_mod.USE = saved
+                    moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM = saved
             out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768", us,
                               span, ctx.read_gbps, 0.60, extra))
         del cache, reads
@@ -388,7 +382,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     """A layer's router and MoE (30B shape: F32 router 128 x 2048, top-8, Q4_K/Q6_K experts, all
     hits) two ways, in one graph each: the router's last block routing (route=True), and the
     router writing logits only with every gate/up block routing them (`route_logits`)."""
-    from strata.cuda_kernels.moe import moe_decode, sync_len
+    from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.router_normed import router_normed
     n_layer, n_expert, k, gu, dn = 12, 128, 8, "Q4_K", "Q6_K"
     lay, cache, slot_table, slot_off, host_off = moe_setup(ctx, gu, dn, n_layer=n_layer,
@@ -407,7 +401,7 @@ def route_moe_group(ctx: Ctx) -> list[Result]:
     y = ctx.cuda.device_array(n_embd, np.float32, stream=ctx.stream)
     miss = ctx.cuda.device_array(k, np.int32, stream=ctx.stream)
     counters = ctx.upload(np.zeros((n_layer, 2), np.int64))
-    sync = ctx.upload(np.zeros(sync_len(lay.n_embd), np.int64))  # the one-launch MoE's state
+    sync = ctx.upload(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     out, picks = [], {}
     for in_moe in (False, True):
         def record(s, in_moe=in_moe):

@@ -49,7 +49,7 @@ def _layer_weights(ctx: Ctx):
 def decode_step(ctx: Ctx) -> list[Result]:
     from strata.cuda_kernels.kvcache import KvLayout, allocate_kv_side
     from strata.cuda_kernels.matvec import matvec, matvec_pair
-    from strata.cuda_kernels.moe import moe_decode, sync_len
+    from strata.cuda_kernels.moe import moe_decode
     from strata.cuda_kernels.norm_rope import rms_norm
     from strata.cuda_kernels.rope_kv import rope_kv
     from strata.cuda_kernels.router import route
@@ -74,7 +74,7 @@ def decode_step(ctx: Ctx) -> list[Result]:
     h = cuda.device_array((K, lay.n_ff), f32)
     miss = cuda.device_array(K, np.int32)
     counters = cuda.to_device(np.zeros((N_LAYER, 2), np.int64))
-    sync = cuda.to_device(np.zeros(sync_len(lay.n_embd), np.int64))  # the one-launch MoE's
+    sync = cuda.to_device(np.zeros(2, np.int32))  # [2] i32: the fused MoE launch's barrier
     pos = cuda.to_device(np.array([1234], np.int32))
     tokens = cuda.to_device(np.zeros(1 << 20, np.int32))
     n_tok = cuda.to_device(np.zeros(1, np.int32))

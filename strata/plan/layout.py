@@ -208,10 +208,9 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the fused router's count of finished blocks (strata.cuda_kernels.router_normed): zero at
     # load, and the kernel's last block sets it back to zero
     b.add("router_done", np.int32, (n_b,))  # [batch] int32
-    # the one-launch MoE's state (strata.cuda_kernels.moe.sync_len): moe_splitk's fixed-point
-    # sums of the n_embd outputs, its ticket and overflow flag, then moe_fused's 64-bit barrier
-    # count: zero at load, set back to zero (moe_splitk's) or kept (the count) by the kernels
-    b.add("moe_sync", np.int64, (n_b, s.n_embd + 3))  # [batch, n_embd + 3] int64
+    # the fused MoE launch's grid barrier, one 64-bit count of arrivals (or (arrivals,
+    # generation); strata.cuda_kernels.gridsync): zero at load, kept by the kernel after
+    b.add("moe_sync", np.int32, (n_b, 2))  # [batch, 2] int32
     # the token choice's (best key, finished blocks, NaN seen) (strata.cuda_kernels.sampling):
     # zero at load, the first two set back to zero by the launch's last block, the flag by the
     # host that reads it; and each sampler block's candidates

@@ -111,20 +111,17 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
-@pytest.mark.parametrize("fused", ["splitk", "barrier", False])
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
                                                    (False, True, True), (False, False, False)])
 def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
     """routed: the gate/up launch routes the router's logits itself (ids/weights its outputs).
     x8: gate/up dots 8-bit x (`lanes_x8`), held to float64 of the x the CPU engine quantizes.
-    fused: one launch given its state, with no barrier (`moe_splitk`) or with a barrier across
-    the grid (`moe_fused`); False: gate/up and down as two launches."""
+    fused: one launch with a barrier across the grid (`moe_fused`), given its state."""
     import strata.cuda_kernels.moe as moe_mod
-    import strata.cuda_kernels.moe_splitk as splitk_mod
     from strata.cuda_kernels.moe import ExpertLayout, moe_decode
     from strata.engine.cpu.idot import x8_arrays
     monkeypatch.setattr(moe_mod, "GATE_UP_X8", x8)
-    monkeypatch.setattr(splitk_mod, "USE", fused == "splitk")
     cuda = _cuda()
     rng = np.random.default_rng()
     n_embd, n_ff, n_layer, n_expert, k, layer = 2048, 768, 2, 16, 8, 1
@@ -167,8 +164,7 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
                slot_off=cuda.to_device(slot_off), host=host, host_off=cuda.to_device(host_off),
                h=h, out=out, miss_list=miss, counters=counters, cpu_misses=cpu_misses,
                route_logits=cuda.to_device(logits) if routed else None,
-               sync=cuda.to_device(np.zeros(moe_mod.sync_len(n_embd), np.int64)) if fused
-               else None)
+               sync=cuda.to_device(np.zeros(2, np.int32)) if fused else None)
     if routed:
         np.testing.assert_array_equal(ids_d.copy_to_host(), ids)
         np.testing.assert_allclose(wts_d.copy_to_host(), wts, rtol=1e-5)
@@ -182,27 +178,23 @@ def test_moe_decode_30b_shape(cpu_misses, routed, x8, fused, monkeypatch):
         g, u, d = mats[e]
         gx, ux = g @ xr, u @ xr
         want += w * (d @ (gx / (1 + np.exp(-gx)) * ux))
-    _check(f"moe cpu_misses={cpu_misses} x8={x8}{' ' + fused if fused else ''}", (k, n_embd, n_ff),
+    _check(f"moe cpu_misses={cpu_misses} x8={x8}{' fused' if fused else ''}", (k, n_embd, n_ff),
            out.copy_to_host(), want)
     assert miss.copy_to_host().tolist() == [int(e) if (cpu_misses and not h_) else -1
                                             for e, h_ in zip(ids, hit)]
     assert counters.copy_to_host()[layer].tolist() == [int(hit.sum()), int(k - hit.sum())]
 
 
-@pytest.mark.parametrize("kernel", ["splitk", "fused"])
-def test_moe_one_launch_graph_replays(kernel, monkeypatch):
-    """The one-launch MoE captured in a CUDA graph of 12 layers' launches sharing one state,
-    replayed 50 times. `moe_splitk` (no barrier; int64 fixed-point sums): every replay's output
-    the same bits, within 1e-5 of the two launches', its state back to zero after each
-    launch. `moe_fused` (gate/up, a barrier across the grid, down): every replay's h and output
-    bit for bit those of the two launches, its barrier count at 2^32 a launch. Half the experts
-    miss (read through the miss path), as with a cache smaller than the model's experts."""
+def test_moe_fused_graph_replays_bit_for_bit():
+    """The fused MoE launch (gate/up, a barrier across the grid, down) captured in a CUDA graph
+    of 12 layers' launches sharing one barrier state, replayed 50 times: every replay's h and
+    output bit for bit those of the two launches, and the barrier's state at launches so far
+    (its count: 2^32 a launch; as (arrivals, generation): (0, launches)). Half the experts miss (read through the miss
+    path), as with a cache smaller than the model's experts."""
     import strata.cuda_kernels.moe_fused as fused_mod
-    import strata.cuda_kernels.moe_splitk as splitk_mod
     from strata.bench.kernels import Ctx, moe_setup
     from strata.cuda_kernels.graph import capture
-    from strata.cuda_kernels.moe import moe_decode, sync_len
-    monkeypatch.setattr(splitk_mod, "USE", kernel == "splitk")
+    from strata.cuda_kernels.moe import moe_decode
     cuda = _cuda()
     ctx = Ctx(seed=7)
     n_layer, n_expert, k = 12, 128, 8
@@ -217,7 +209,7 @@ def test_moe_one_launch_graph_replays(kernel, monkeypatch):
     x = cuda.to_device(rng.standard_normal(lay.n_embd).astype(np.float32))
     miss = cuda.device_array(k, np.int32)
     counters = cuda.to_device(np.zeros((n_layer, 2), np.int64))
-    sync = cuda.to_device(np.zeros(sync_len(lay.n_embd), np.int64))
+    sync = cuda.to_device(np.zeros(2, np.int32))
     runs = {}
     for fused in (True, False):
         ids = cuda.device_array((n_layer, k), np.int32)
@@ -239,26 +231,22 @@ def test_moe_one_launch_graph_replays(kernel, monkeypatch):
         for _ in range(50 if fused else 1):
             graph.replay(ctx.stream)
             ctx.stream.synchronize()
-            got.append((h.copy_to_host(), out.copy_to_host(), ids.copy_to_host()))
+            got.append((h.copy_to_host(), out.copy_to_host()))
         runs[fused] = got
         if fused:
             n = len(got) + 1
             words = sync.copy_to_host()
-            if kernel == "splitk":  # its state and moe_fused's count: zero
-                assert not words.any()
-            else:  # one 64-bit count after moe_splitk's state: 2^32 a launch
-                assert int(words[-1]) == n * n_layer << 32 and not words[:-1].any()
-    (h2, out2, ids2), = runs[False]
+            if fused_mod.BARRIER == "count":  # one 64-bit count: 2^32 a launch
+                count = int(words.view(np.uint32)[0]) | int(words.view(np.uint32)[1]) << 32
+                assert count == n * n_layer << 32, (count, n * n_layer)
+            else:
+                assert words.tolist() == [0, n * n_layer]
+    (h2, out2), = runs[False]
     assert np.isfinite(out2).all() and np.isfinite(h2).all()
-    for h1, out1, ids1 in runs[True]:
-        np.testing.assert_array_equal(ids1, ids2)
-        if kernel == "fused":
-            np.testing.assert_array_equal(h1, h2)
-            np.testing.assert_array_equal(out1, out2)
-        else:
-            np.testing.assert_array_equal(out1, runs[True][0][1])
-            assert np.abs(out1 - out2).max() <= 1e-5 * np.abs(out2).max()
-    ROWS.append((f"moe {kernel} graph x50", f"{n_layer} layers", 0.0, 1e-12))
+    for h1, out1 in runs[True]:
+        np.testing.assert_array_equal(h1, h2)
+        np.testing.assert_array_equal(out1, out2)
+    ROWS.append(("moe fused graph x50", f"{n_layer} layers", 0.0, 1e-12))
 
 
 def test_norm_rope_router_elementwise():

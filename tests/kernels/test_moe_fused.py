@@ -1,5 +1,4 @@
-"""The MoE decode launch with a barrier (`moe_fused`: gate/up, a barrier across the grid, down;
-the one launch of down formats without lane parts, `moe_splitk` that of the others) against
+"""The fused MoE decode launch (`moe_fused`: gate/up, a barrier across the grid, down) against
 float64 and bit for bit against the two launches it replaces. In the simulator the kernel runs
 as its two phases (blocks run one after another there, so a barrier across them would never
 open); tests/gpu/test_kernels_decode_gpu.py runs the barrier itself."""
@@ -10,10 +9,10 @@ import numpy as np
 import pytest
 
 from helpers.kernel_blocks import x_seen
-from strata.cuda_kernels import moe_fused, moe_splitk
+from strata.cuda_kernels import moe_fused
 from strata.cuda_kernels.lanes import lane_format
 from strata.cuda_kernels.matvec import LANE_WARPS, lane_split
-from strata.cuda_kernels.moe import ExpertLayout, _gate_up_lanes_for, _moe_decode, sync_len
+from strata.cuda_kernels.moe import ExpertLayout, _gate_up_lanes_for, _moe_decode
 from strata.cuda_kernels.qformats import get_format
 from test_moe import _store
 
@@ -21,16 +20,6 @@ K = 3
 IDS = np.array([4, 2, 0], np.int32)                # expert 2 misses (not in a cache slot)
 WEIGHTS = np.array([0.5, 0.3, 0.2], np.float32)
 LOGITS = np.array([0.3, -1.0, 1.7, 0.3, 2.5, 0.3], np.float32)  # routes to 4, 2, 0
-
-
-@pytest.fixture(autouse=True)
-def _barrier_kernel(monkeypatch):
-    """These pairs run `moe_splitk` by default; here, the barrier kernel it replaced there."""
-    monkeypatch.setattr(moe_splitk, "USE", False)
-
-
-def _sync(n_embd):
-    return np.zeros(sync_len(n_embd), np.int64)
 
 
 def _run(layout, store, x, h0, out0, *, sync, cpu_misses, routed, max_row_blocks):
@@ -68,13 +57,13 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
     x = rng.standard_normal(n_embd).astype(np.float32)
     h0 = rng.standard_normal((K, n_ff)).astype(np.float32)  # what gate/up leaves is read too
     out0 = rng.standard_normal(n_embd).astype(np.float32)
-    sync = _sync(n_embd)
+    sync = np.zeros(2, np.int32)
     run = dict(cpu_misses=cpu_misses, routed=routed, max_row_blocks=1)
     fused = _run(layout, store, x, h0, out0, sync=sync, **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
     for key in fused:
         np.testing.assert_array_equal(fused[key], two[key], err_msg=key)
-    assert not sync.any()  # the simulator's phases never reach the barrier
+    assert sync.tolist() == [0, 0]  # the simulator's phases never reach the barrier
     assert fused["counters"].tolist() == [[0, 0], [2, 1]]  # counted once, not per phase
     assert fused["miss_list"].tolist() == ([-1, 2, -1] if cpu_misses else [-1, -1, -1])
     np.testing.assert_array_equal(fused["ids"], IDS)
@@ -109,7 +98,7 @@ def test_fused_grid_smaller_than_the_row_blocks(monkeypatch):
     h0 = rng.standard_normal((K, 256)).astype(np.float32)
     out0 = rng.standard_normal(256).astype(np.float32)
     run = dict(cpu_misses=True, routed=False, max_row_blocks=2)
-    fused = _run(layout, store, x, h0, out0, sync=_sync(256), **run)
+    fused = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
     two = _run(layout, store, x, h0, out0, sync=None, **run)
     for key in fused:
         np.testing.assert_array_equal(fused[key], two[key], err_msg=key)
@@ -130,7 +119,7 @@ def test_fused_with_every_expert_left_to_the_cpu():
     _moe_decode(rng.standard_normal(256).astype(np.float32), np.array([3, 1], np.int32),
                 np.array([0.6, 0.4], np.float32), layer=1, layout=layout, **store, h=h, out=out,
                 miss_list=miss_list, counters=counters, cpu_misses=True, accumulate=True,
-                stream=0, sync=_sync(256), max_row_blocks=1)
+                stream=0, sync=np.zeros(2, np.int32), max_row_blocks=1)
     np.testing.assert_array_equal(out, out0)
     np.testing.assert_array_equal(h[:, :LANE_WARPS], 0.0)
     assert miss_list.tolist() == [3, 1] and counters.tolist() == [[0, 0], [0, 2]]
@@ -181,8 +170,8 @@ def test_a_refused_cooperative_launch_falls_back_to_two_launches(monkeypatch):
     out0 = rng.standard_normal(256).astype(np.float32)
     run = dict(cpu_misses=False, routed=True, max_row_blocks=1)
     with pytest.warns(RuntimeWarning, match="COOPERATIVE_LAUNCH_TOO_LARGE"):
-        refused = _run(layout, store, x, h0, out0, sync=_sync(256), **run)
-    again = _run(layout, store, x, h0, out0, sync=_sync(256), **run)  # no warning
+        refused = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
+    again = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)  # no warning
     two = _run(layout, store, x, h0, out0, sync=None, **run)
     assert Refusing.calls == 1 and len(moe_fused._REFUSED) == 1
     for key in two:

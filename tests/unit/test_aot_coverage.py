@@ -139,16 +139,6 @@ def test_every_kernel_the_engine_launches_is_bundled(tmp_models, shape):
         assert {"proj_mixed", "down_mixed"} <= {n.rsplit(".", 1)[-1] for n in names}, names
 
 
-@pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M"])
-def test_the_moe_without_a_barrier_is_bundled(tmp_models, shape, monkeypatch):
-    """`moe_splitk.USE` on (off by default until a GPU has timed it): its one launch, for the
-    pairs each model's layers have, is bundled as well as the barrier kernel's."""
-    from strata.cuda_kernels import moe_splitk
-    monkeypatch.setattr(moe_splitk, "USE", True)
-    names = _check(_model(tmp_models, shape), _run)
-    assert any(n.endswith("moe_splitk") for n in names), names
-
-
 @pytest.mark.parametrize("kv_type", ["int8", "q4_0"])
 @pytest.mark.parametrize("shape", ["tiny-Q8_0", "g8-Q4_K_M", "g16-Q4_K_M"])
 def test_every_kernel_a_quantized_kv_cache_launches_is_bundled(tmp_models, shape, kv_type):

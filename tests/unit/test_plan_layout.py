@@ -117,10 +117,8 @@ def test_session_layout_scales_with_batch_and_context():
     assert four.region("step_tokens").shape == (4,) and four.region("step_tokens").dtype == "int32"
     # the fused router's block counter: one per sequence, int32 (the kernel's atomic add)
     assert four.region("router_done").shape == (4,) and four.region("router_done").dtype == "int32"
-    # the one-launch MoE's state, per sequence: moe_splitk's 2048 sums, ticket and flag, then
-    # moe_fused's 64-bit barrier count (cuda_kernels.moe.sync_len; test_moe_splitk checks both)
-    assert four.region("moe_sync").shape == (4, 2048 + 3)
-    assert four.region("moe_sync").dtype == "int64"
+    # the one-launch MoE's grid barrier (arrivals, generation): one pair per sequence, int32
+    assert four.region("moe_sync").shape == (4, 2) and four.region("moe_sync").dtype == "int32"
     # the token choice: (best key, blocks done) u64 (64-bit atomics), and every sampler block's
     # 256 candidates: 38 blocks of 4,096 of the 30B's 151,936 logits
     assert four.region("pick_state").shape == (4, 3) and four.region("pick_state").dtype == "uint64"
