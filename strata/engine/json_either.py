@@ -27,15 +27,22 @@ from strata.engine.json_trigger import TriggeredJson
 
 class CallsOrJson:
     """`allows(token)` / `advance(token)` / `candidates()`, as `JsonConstraint`: a document of
-    `root` (None: any object) or calls, each `trigger` + a document of `call_root` + `suffix`."""
+    `root` (None: any object) or calls, each `trigger` + a document of `call_root` + `suffix`;
+    or, given `calls`, the calls that constraint holds (opened by the same `trigger`: the
+    XML form's, `strata.engine.xml_trigger.TriggeredXml`)."""
 
     def __init__(self, vocab: TokenBytes, stop_ids: Sequence[int], *, root: Node | None,
-                 call_root: Node, trigger: bytes, suffix: bytes):
+                 trigger: bytes, call_root: Node | None = None, suffix: bytes = b"",
+                 calls: TriggeredJson | None = None):
         self.vocab, self.trigger = vocab, trigger
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.json: JsonConstraint | None = JsonConstraint(vocab, stop_ids, root)
-        self.calls: TriggeredJson | None = TriggeredJson(vocab, stop_ids, trigger=trigger,
-                                                         root=call_root, suffix=suffix)
+        if calls is None:
+            if call_root is None:
+                raise ValueError("CallsOrJson needs call_root and suffix, or calls")
+            calls = TriggeredJson(vocab, stop_ids, trigger=trigger, root=call_root,
+                                  suffix=suffix)
+        self.calls: TriggeredJson | None = calls
         self.lead = b""  # the answer so far, until the trigger is whole
 
     def _calls_take(self, token: int) -> tuple[bool, bytes]:

@@ -154,17 +154,13 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     if chat.prefill and not opened:  # the answer's text has begun: no <think> starts it now
         split = False
     think = ("open" if opened else "start") if split else None  # no call inside <think>
-    if model.xml_calls and prefix and chat.json_object:
-        raise bad_request("tool_choice: this model writes a forced call in XML (its "
-                          "template's <function=...> form), which the request's JSON format "
-                          "cannot hold; send tool_choice \"auto\" or no format", "tool_choice")
-    # strict tools hold the calls the model makes, in its form: JSON, or Qwen3-Coder's XML (a
-    # JSON format beside an XML-call model's tools holds the answer to the document instead)
+    # strict tools (and forced calls, and calls beside a JSON format) hold the calls the model
+    # makes, in its form: JSON, or Qwen3-Coder's XML
     strict: StrictCalls | StrictXmlCalls | None = None
-    if use_tools and model.tool_calls_parsed and model.xml_calls and not chat.json_object:
+    if use_tools and model.tool_calls_parsed and model.xml_calls:
         strict = strict_xml_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
-                                  think=think)
-    elif use_tools and model.tool_calls_parsed and not model.xml_calls:
+                                  think=think, json_answer=chat.json_object)
+    elif use_tools and model.tool_calls_parsed:
         strict = strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
                               think=think, json_answer=chat.json_object)
     sampling = chat.sampling(max_tokens, strict)

@@ -43,9 +43,14 @@ def make_constraint(sampling: Sampling, vocab: Callable[[], tuple[TokenBytes, fr
     vocab, stop_ids = vocab()
     stops = sorted(stop_ids)
     calls = sampling.strict_calls
-    if isinstance(calls, StrictXmlCalls):  # (never beside a JSON format: `prepare_chat`)
-        return TriggeredXml(vocab, stops, trigger=OPEN_TAG.encode(), tools=calls.tools,
-                            forced=calls.forced, think=calls.think)
+    if isinstance(calls, StrictXmlCalls):
+        either = sampling.json_object and calls.forced is None  # a call, or the document
+        xml = TriggeredXml(vocab, stops, trigger=OPEN_TAG.encode(), tools=calls.tools,
+                           forced=calls.forced, think=None if either else calls.think)
+        if either:
+            return CallsOrJson(vocab, stops, root=sampling.json_schema,
+                               trigger=OPEN_TAG.encode(), calls=xml)
+        return xml
     if sampling.json_object and calls is not None and calls.inside is None:
         return CallsOrJson(vocab, stops, root=sampling.json_schema, call_root=calls.root,
                            trigger=OPEN_TAG.encode(), suffix=CALL_SUFFIX)

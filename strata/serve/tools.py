@@ -82,11 +82,14 @@ class StrictXmlCalls:
 
 
 def strict_xml_calls(schemas: tuple[tuple[str, Node | None], ...], choice: str,
-                     forced: bool, think: str | None = None) -> StrictXmlCalls | None:
+                     forced: bool, think: str | None = None, *,
+                     json_answer: bool = False) -> StrictXmlCalls | None:
     """`strict_calls` for a model whose calls are Qwen3-Coder's XML: None where no tool is
-    strict and no call is forced; a forced call is held whether or not its tool is strict
-    (the prompt opened it: what follows must be a call)."""
-    if not forced and not any(node is not None for _, node in schemas):
+    strict, no call is forced and no JSON format stands beside the tools (`json_answer`: the
+    answer is then a call or the document, and the calls are held too); a forced call is held
+    whether or not its tool is strict (the prompt opened it: what follows must be a call), and
+    is the answer whatever the format."""
+    if not forced and not json_answer and not any(node is not None for _, node in schemas):
         return None
     for i, (name, node) in enumerate(schemas):
         for key in node.props if node is not None else ():

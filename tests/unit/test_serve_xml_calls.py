@@ -14,7 +14,6 @@ import pytest
 from test_serve_app import Harness, chat, sse_events
 from test_serve_text import parse_all, splits
 from strata.serve.chat import ChatInput, chat_text, prepare_chat
-from strata.serve.errors import ApiError
 from strata.serve.tools import StrictXmlCalls, ToolCallParser
 from strata.serve.xml_calls import param_types, parse_xml_body, template_uses_xml_calls
 
@@ -117,10 +116,15 @@ def test_the_template_and_a_forced_call():
         assert (strict is None if choice == "auto" else
                 isinstance(strict, StrictXmlCalls) and strict.forced == choice)
         assert prepared.tool_types == TYPES and prepared.forced_prefix == want
-    with pytest.raises(ApiError) as e:
-        prepare_chat(_Model(), ChatInput(messages=msgs, tools=tuple(TOOLS),
-                                         tool_choice="write_file", json_object=True), limit=None)
-    assert e.value.param == "tool_choice"
+    # a JSON format beside the tools: a forced call is still the answer; else a call or the
+    # document (`CallsOrJson` over the XML calls), the calls held though no tool is strict
+    for choice in ("write_file", "auto"):
+        prepared = prepare_chat(_Model(), ChatInput(messages=msgs, tools=tuple(TOOLS),
+                                                    tool_choice=choice, json_object=True),
+                                limit=None)
+        strict = prepared.sampling.strict_calls
+        assert isinstance(strict, StrictXmlCalls) and prepared.sampling.json_object
+        assert strict.forced == (None if choice == "auto" else choice)
 
 
 def test_the_routes_return_typed_calls():
@@ -210,3 +214,33 @@ def test_a_strict_key_the_xml_form_cannot_write_is_a_400():
         r = h.client.post("/v1/chat/completions", json=chat(tools=bad))
         assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]", r.text
         assert "a>b" in r.json()["error"]["message"]
+
+
+def test_tools_beside_a_json_format_answer_a_call_or_the_document():
+    """The OpenAI Agents SDK sends an agent's tools beside its output type's JSON format: the
+    model calls a tool (in its XML form) or answers with the document, held either way."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "out", "strict": True, "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}}
+    with Harness() as h:
+        h.model.xml_calls = True
+        h.engine.script = lambda p: _xml("Rome", "2")
+        body = chat(tools=STRICT, response_format=fmt)
+        r = h.client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        (c,) = r["message"]["tool_calls"]
+        assert json.loads(c["function"]["arguments"]) == {"city": "Rome", "days": 2}
+        h.engine.script = lambda p: '{"ok": true}'
+        r = h.client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        assert json.loads(r["message"]["content"]) == {"ok": True} and not r["message"].get(
+            "tool_calls")
+        h.engine.script = lambda p: "Sure: it is fine."  # neither: bent into one of them
+        r = h.client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        content = r["message"]["content"]
+        assert r["message"].get("tool_calls") or json.loads(content)["ok"] in (True, False)
+        # a forced call beside the format is the answer (the format does not hold it)
+        h.engine.script = lambda p: '<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n' \
+                                    '1\n</parameter>\n</function>\n</tool_call>'
+        forced = {"type": "function", "function": {"name": "get_weather"}}
+        r = h.client.post("/v1/chat/completions", json={**body, "tool_choice": forced})
+        (c,) = r.json()["choices"][0]["message"]["tool_calls"]
+        assert json.loads(c["function"]["arguments"]) == {"city": "Oslo", "days": 1}

@@ -188,3 +188,21 @@ def test_the_bytes_are_refused_as_a_sampler_would_see_them():
     c.advance(257)
     assert not c.allows(259)
     assert isinstance(c.candidates(), np.ndarray)
+
+
+def test_a_call_or_a_document_beside_a_json_format():
+    """`CallsOrJson` over the XML calls (tools beside a JSON format): the answer opens a call
+    or the document, and each is held as it would be alone."""
+    from strata.engine.json_either import CallsOrJson
+    doc = compile_schema({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                          "required": ["ok"], "additionalProperties": False})
+
+    def either() -> CallsOrJson:
+        return CallsOrJson(VOCAB, [EOT], root=doc, trigger=b"<tool_call>", calls=held())
+    c = either()
+    assert feed(c, '{"ok": false}') is None and c.allows(EOT)
+    c = either()
+    assert feed(c, GOOD) is None and c.allows(EOT)
+    assert feed(either(), '{"ok": 1}') == 7  # the document held to its schema
+    assert feed(either(), call("write", [("path", "a")])) is not None  # mode is required
+    assert feed(either(), "Sure") == 0 and not either().allows(EOT)  # no prose, no empty answer
