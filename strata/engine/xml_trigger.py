@@ -30,9 +30,10 @@ from strata.engine.json_schema import Node
 from strata.engine.json_trigger import TriggeredJson
 
 FUNCTION_OPEN = b"<function="
+FUNCTION_CLOSE = b"</function>"
 PARAM_OPEN = b"<parameter="
 PARAM_CLOSE = b"</parameter>"
-CALL_END = b"</function>\n</tool_call>"  # as the template closes a call
+CALL_END = FUNCTION_CLOSE + b"\n</tool_call>"  # as the template closes a call
 BANNED_IN_TEXT = (PARAM_OPEN, b"</tool_call>")  # the reader would end the value there
 # after `<tool_call>`: the function, on the next line as the template writes it (or at once)
 OPENING = ("lits", ((b"\n" + FUNCTION_OPEN, "fname"), (FUNCTION_OPEN, "fname")))
@@ -121,7 +122,7 @@ class TriggeredXml(TriggeredJson):
             return ("text", b"")
         return ("json", feed(start(_wrapped(node)), b"["))
 
-    def _then(self, tool, given, then) -> tuple | None:
+    def _then(self, tool, given, then) -> tuple:
         """The state a fixed text's end leads to."""
         if then == "free":
             return ("free", b"")
@@ -179,8 +180,7 @@ class TriggeredXml(TriggeredJson):
                 return ("call", tool, given, ("lits", ((b"\n", "between"),))), None
             if any(tail.endswith(b) for b in BANNED_IN_TEXT):
                 return None
-            return ("call", tool, given, ("text", tail[1:] if len(tail) == len(PARAM_CLOSE)
-                                          else tail)), None
+            return ("call", tool, given, ("text", tail[1 - len(PARAM_CLOSE):])), None
         # json
         nxt = feed(sub[1], bytes([c]))
         if nxt is not None and not complete(nxt):  # (whole: the model closed our brackets)
@@ -190,7 +190,3 @@ class TriggeredXml(TriggeredJson):
             return None
         return self._step(("call", tool, given, ("lits", ((PARAM_CLOSE + b"\n", "between"),))),
                           None, c)
-
-    @property
-    def in_call(self) -> bool:
-        return self.state[0] == "call"

@@ -156,19 +156,15 @@ def prepare_chat(model: ChatModel, chat: ChatInput, *, limit: int | None) -> Pre
     think = ("open" if opened else "start") if split else None  # no call inside <think>
     # strict tools (and forced calls, and calls beside a JSON format) hold the calls the model
     # makes, in its form: JSON, or Qwen3-Coder's XML
-    strict: StrictCalls | StrictXmlCalls | None = None
-    if use_tools and model.tool_calls_parsed and model.xml_calls:
-        strict = strict_xml_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
-                                  think=think, json_answer=chat.json_object)
-    elif use_tools and model.tool_calls_parsed:
-        strict = strict_calls(chat.tool_schemas, chat.tool_choice, forced=bool(prefix),
-                              think=think, json_answer=chat.json_object)
+    parse = use_tools and model.tool_calls_parsed
+    hold = strict_xml_calls if model.xml_calls else strict_calls
+    strict = (hold(chat.tool_schemas, chat.tool_choice, forced=bool(prefix), think=think,
+                   json_answer=chat.json_object) if parse else None)
     sampling = chat.sampling(max_tokens, strict)
     ids = getattr(model, "think_ids", None) if split else None
     if ids is not None:  # the reasoning's tokens counted, for usage, and held to a budget
         sampling = dataclasses.replace(sampling, reasoning_ids=ids, reasoning_open=opened,
                                        reasoning_budget=chat.reasoning_budget)
-    parse = use_tools and model.tool_calls_parsed
     return Prepared(prompt=tuple(prompt), sampling=sampling,
                     requested_max_tokens=chat.max_tokens, parse_tools=parse,
                     tool_types=param_types(chat.tools) if parse else None,

@@ -26,12 +26,14 @@ import json
 import re
 from typing import Any, Mapping
 
+from strata.engine import xml_trigger
 from strata.engine.json_schema_request import types_of
 
-FUNCTION_OPEN = "<function="
-FUNCTION_CLOSE = "</function>"
-PARAM_OPEN = "<parameter="
-PARAM_CLOSE = "</parameter>"
+# the tags as text (the grammar that holds strict calls, `xml_trigger`, has them as bytes)
+FUNCTION_OPEN = xml_trigger.FUNCTION_OPEN.decode()
+FUNCTION_CLOSE = xml_trigger.FUNCTION_CLOSE.decode()
+PARAM_OPEN = xml_trigger.PARAM_OPEN.decode()
+PARAM_CLOSE = xml_trigger.PARAM_CLOSE.decode()
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>\s*)?\Z", re.DOTALL)
 
 # per tool, per parameter: the JSON types its schema allows (empty: any, read as a string)
