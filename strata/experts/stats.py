@@ -53,6 +53,7 @@ class PrefillTraffic:
     bytes_streamed: int = 0
     n_chunks: int = 0
     per_layer_streamed: dict[int, int] = field(default_factory=dict)
+    kv_staged_bytes: int = 0  # streamed KV: rows copied into the prompt path's layer copy
 
     def add_layer(self, layer: int, *, resident: int, streamed: int, n_bytes: int) -> None:
         self.n_resident += resident

@@ -8,17 +8,16 @@ from dataclasses import dataclass
 
 from strata.gguf.shape import ModelShape
 from strata.plan.cache import fill_cache
-from strata.plan.capability import DRAFT_UNRUN, KV_STREAM_UNRUN, kv_streams, prompt_may_borrow
+from strata.plan.capability import DRAFT_UNRUN, kv_streams, prompt_may_borrow
 from strata.plan.devices import DeviceInfo, default_reserve_bytes
 from strata.plan.layout import (
-    Layout, draft_layout, kv_layout, prompt_layout, ring_layout, ring_slot_bytes, session_layout,
-    weights_layout,
+    Layout, draft_layout, kv_layout, kv_map_unit, kv_mapped_layout, prompt_layout, ring_layout,
+    ring_slot_bytes, session_layout, weights_layout,
 )
-from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, PlanOptions
+from strata.plan.options import CHUNK_GRID, DEFAULT_MAX_CONTEXT, OptionError, PlanOptions
 from strata.plan.policy import RING_MIN_SLOTS, loan_limit
 from strata.plan.profile import RoutingProfile
 
-KV_STAGE_TOKENS = 8192  # streamed KV is staged this many tokens of one layer at a time
 ALLOC_GRANULE = 2 << 20  # the driver rounds an allocation up to 2 MiB: priced once, for the arena
 
 
@@ -45,15 +44,22 @@ def resolve(shape: ModelShape, device: DeviceInfo, options: PlanOptions
     resident = ctx
     if options.kv_resident is not None:
         if kv_streams(options, ctx):
-            resident = options.kv_resident
-            warnings.append(f"--kv-resident {options.kv_resident} streams the KV past it from "
-                            f"host memory, but {KV_STREAM_UNRUN}")
+            if options.batch > 1:
+                raise OptionError(f"--kv-resident {options.kv_resident} streams one sequence's "
+                                  f"KV from host memory; --batch {options.batch} keeps every "
+                                  f"sequence's whole context in VRAM (drop one of them)")
+            unit = kv_map_unit(shape, options.kv_type, device.map_granule_bytes)
+            resident = options.kv_resident // unit * unit
+            notes.append(f"--kv-resident {options.kv_resident}: the KV of the first {resident} "
+                         f"tokens in VRAM (a multiple of {unit}, the driver's mapping granule), "
+                         f"of the other {ctx - resident} in host memory; decode reads those "
+                         f"over PCIe, the prompt path copies a layer's in at a time")
         else:
             notes.append(f"--kv-resident {options.kv_resident} covers the whole context: "
                          f"all KV stays in VRAM")
     if options.spec:
         warnings.append(f"--spec {options.spec} sizes a draft region, but {DRAFT_UNRUN}")
-    stage = min(KV_STAGE_TOKENS, ctx - resident)
+    stage = ctx if resident < ctx else 0  # the prompt path's VRAM copy of one layer's context
     reserve = (options.vram_reserve_mib << 20 if options.vram_reserve_mib is not None
                else default_reserve_bytes(device))
     return Setting(ctx, resident, stage, reserve, device.context_bytes), notes, warnings
@@ -67,10 +73,14 @@ def fixed_layouts(shape: ModelShape, s: Setting, options: PlanOptions, *,
         "weights": weights_layout(shape, lo, hi, embd_on_host=options.embd_on_host),
         # one resident context per decoded sequence ([L, batch * T, H, row])
         "kv": kv_layout(shape, kv_type=options.kv_type,
-                        resident_tokens=s.resident_tokens * options.batch, lo=lo, hi=hi),
+                        resident_tokens=s.resident_tokens * options.batch, lo=lo, hi=hi,
+                        max_context=s.max_context * options.batch),
         "activations": session_layout(shape, batch=options.batch, max_context=s.max_context,
-                                      kv_type=options.kv_type, kv_stage_tokens=s.stage_tokens),
+                                      kv_type=options.kv_type),
     }
+    if s.resident_tokens < s.max_context:  # priced here, mapped outside the arena
+        out["kv_mapped"] = kv_mapped_layout(shape, kv_type=options.kv_type,
+                                            resident_tokens=s.resident_tokens, lo=lo, hi=hi)
     if options.spec:
         out["draft"] = draft_layout(shape, options.spec, kv_type=options.kv_type,
                                     resident_tokens=s.resident_tokens)

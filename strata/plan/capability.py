@@ -26,9 +26,9 @@ def kv_streams(options: PlanOptions, max_context: int) -> bool:
     return options.kv_resident is not None and options.kv_resident < max_context
 
 
-# What the engines cannot run yet, said where a plan or a refusal offers it: a plan is a pure
-# function of the options, so it prices these, and says so rather than let a user follow a
-# suggestion the engine then refuses.
-KV_STREAM_UNRUN = ("the CUDA engine does not stream KV yet: it keeps the whole KV cache in VRAM "
-                   "and refuses such a plan")
+# Said where a plan or a refusal offers a knob whose cost is not VRAM (streamed KV: time), or
+# what the engines cannot run yet (a plan is a pure function of the options, so it prices
+# these, and says so rather than let a user follow a suggestion the engine then refuses).
+KV_STREAM_NOTE = ("decode then reads the KV past that many tokens from host memory over PCIe "
+                  "(one GPU, one sequence)")
 DRAFT_UNRUN = "nothing decodes with a draft yet"

@@ -23,6 +23,9 @@ class SizeError(UsageError, ValueError):
     """A byte size the user wrote cannot be read."""
 
 
+MAP_GRANULE_BYTES = 2 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """One GPU as the planner sees it. `context_bytes` is the VRAM a CUDA context not yet created
@@ -34,6 +37,9 @@ class DeviceInfo:
     total_bytes: int
     driver_model: str = "linux"
     context_bytes: int = CUDA_CONTEXT_BYTES
+    # the granule of the driver's address mappings (cuMemGetAllocationGranularity: 2 MiB on
+    # every card so far): where KV streams, a layer side's VRAM rows end on one
+    map_granule_bytes: int = MAP_GRANULE_BYTES
 
     def __post_init__(self) -> None:
         if self.driver_model not in DRIVER_MODELS:
@@ -44,6 +50,8 @@ class DeviceInfo:
                              f"0..total {self.total_bytes} B")
         if self.context_bytes < 0:
             raise ValueError(f"GPU {self.index}: negative context allowance")
+        if self.map_granule_bytes < 1:
+            raise ValueError(f"GPU {self.index}: mapping granule must be positive")
 
     @property
     def is_wddm(self) -> bool:

@@ -8,6 +8,8 @@ its regions' aligned sizes.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -154,35 +156,63 @@ def kv_bytes_per_token(shape: ModelShape, kv_type: str) -> int:
 
 
 def kv_layout(shape: ModelShape, *, kv_type: str, resident_tokens: int,
-              lo: int = 0, hi: int | None = None) -> Layout:
-    """The VRAM part of the KV cache: `resident_tokens` tokens of layers [lo, hi).
+              lo: int = 0, hi: int | None = None, max_context: int | None = None) -> Layout:
+    """The arena's part of the KV cache for layers [lo, hi).
 
     K and V are uint8 [L, T, H, row] (one layer's side, flattened, is what the attention kernels
     read): f16 rows of head_dim values; int8 rows of head_dim values with one f16 scale per
     (token, kv head) in K/V_scale [L, T, H]; q4_0 rows of head_dim/32 blocks of 18 bytes.
+    T = resident_tokens. Where they are fewer than `max_context` the KV streams: K and V of
+    every token are mapped instead (`kv_mapped_layout`: the VRAM rows, then host rows, in one
+    address range per layer side), so the arena keeps only int8's scales, for the whole context
+    (8 bytes a token and layer: below what an address mapping can split).
     """
     hi = shape.n_layer if hi is None else hi
     n_l, t, h = hi - lo, resident_tokens, shape.n_head_kv
+    ctx = t if max_context is None else max_context
     row = kv_row_bytes(shape, kv_type)
     b = LayoutBuilder("kv")
     for side in ("k", "v"):
-        b.add(side, np.uint8, (n_l, t, h, row))  # [L, T, H, row_bytes] uint8
+        if t == ctx:
+            b.add(side, np.uint8, (n_l, t, h, row))  # [L, T, H, row_bytes] uint8
         if kv_type == "int8":
-            b.add(side + "_scale", np.float16, (n_l, t, h))  # [L, T, H] f16
+            b.add(side + "_scale", np.float16, (n_l, ctx, h))  # [L, ctx, H] f16
     return b.build()
 
 
+def kv_mapped_layout(shape: ModelShape, *, kv_type: str, resident_tokens: int,
+                     lo: int = 0, hi: int | None = None) -> Layout:
+    """The VRAM rows of streamed K and V ([L, T, H, row] uint8 each, T = resident_tokens): priced
+    with the fixed regions but not part of the arena, since each layer side's VRAM rows and its
+    host rows are mapped into one address range (`strata.memory.kv_map`)."""
+    hi = shape.n_layer if hi is None else hi
+    row = kv_row_bytes(shape, kv_type)
+    b = LayoutBuilder("kv_mapped")
+    for side in ("k", "v"):
+        b.add(side, np.uint8, (hi - lo, resident_tokens, shape.n_head_kv, row))
+    return b.build()
+
+
+def kv_map_unit(shape: ModelShape, kv_type: str, granule_bytes: int) -> int:
+    """Resident tokens come in multiples of this when the KV streams: a layer side's VRAM rows
+    must end on a granule of the driver's address mappings."""
+    side = shape.n_head_kv * kv_row_bytes(shape, kv_type)  # bytes a token adds to a layer side
+    return granule_bytes // math.gcd(granule_bytes, side)
+
+
 def _add_kv_stage(b: LayoutBuilder, shape: ModelShape, kv_type: str, stage_tokens: int) -> None:
-    # Streamed KV (tokens past --kv-resident live in host memory) is copied in one layer at a
-    # time through two staging buffers: one is read by attention while the next fills.
+    # Streamed KV: the prompt path's attention reads every key once per block of queries, so it
+    # runs on a VRAM copy of the layer's whole context (its K and V rows, [2, T, H * row]); decode
+    # reads each key once and takes the mapped rows directly (it has no copy).
     if stage_tokens > 0:
-        b.add("kv_stage", np.uint8, (2, stage_tokens, kv_token_layer_bytes(shape, kv_type)))
+        b.add("kv_stage", np.uint8, (2, stage_tokens,
+                                     shape.n_head_kv * kv_row_bytes(shape, kv_type)))
 
 
 # -- decode session ------------------------------------------------------------------------------
 
-def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: str = "f16",
-                   kv_stage_tokens: int = 0) -> Layout:
+def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: str = "f16"
+                   ) -> Layout:
     """Decode buffers for `batch` sequences and the per-device decode state (shapes are what the
     decode kernels take: split-K partials, MoE scratch, sampler history, expert tables)."""
     if batch < 1 or max_context < 1:
@@ -240,7 +270,6 @@ def session_layout(shape: ModelShape, *, batch: int, max_context: int, kv_type: 
     # the quant formats' lookup tables (IQ grids, non-linear codebooks) and the kernels' other
     # constants, installed once at load: so they come out of the arena, not a second allocation
     b.add("format_tables", np.uint8, (FORMAT_TABLES_BYTES,))
-    _add_kv_stage(b, shape, kv_type, kv_stage_tokens)
     return b.build()
 
 

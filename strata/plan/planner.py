@@ -21,7 +21,8 @@ from strata.plan.cache import CacheLayout, fill_cache
 from strata.plan.devices import DeviceInfo, default_reserve_bytes, fmt_bytes
 from strata.plan.elastic import decide
 from strata.plan.layout import (
-    Layout, LayoutBuilder, kv_bytes_per_token, prompt_layout, ring_layout, ring_slot_bytes,
+    Layout, LayoutBuilder, kv_bytes_per_token, kv_row_bytes, prompt_layout, ring_layout,
+    ring_slot_bytes,
 )
 from strata.plan.options import PlanOptions
 from strata.plan.policy import PromptPath, PromptPricing
@@ -62,7 +63,8 @@ def _plan_device(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     pricing = PromptPricing(shape, options.kv_type, s.stage_tokens, options.ring_bytes)
     outcome = decide(shape, profile, options, pricing, avail=avail, max_context=s.max_context,
                      notes=notes)
-    kv = _kv_plan(shape, s, options, fixed["kv"])
+    kv = _kv_plan(shape, s, options, fixed["kv"],
+                  fixed["kv_mapped"].total_bytes if "kv_mapped" in fixed else 0)
     embd = "device" if "token_embd.weight" in fixed["weights"] else "host"
     common = dict(request=options.prefill, kv=kv, options=options, token_embd=embd,
                   shape=shape, profile=profile)
@@ -103,17 +105,22 @@ def _device_plan(shape: ModelShape, dev: DeviceInfo, s: Setting, fixed: dict[str
     pad = -end % ALLOC_GRANULE
     if pad:
         b.add("pad", "uint8", (pad,))
+    mapped = fixed.get("kv_mapped")
     return DevicePlan(dev, (0, shape.n_layer), b.build(), cache, prompt, ring,
-                      s.reserve_bytes, s.context_bytes)
+                      s.reserve_bytes, s.context_bytes,
+                      mapped.total_bytes if mapped is not None else 0)
 
 
-def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout) -> KvPlan:
+def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout,
+             mapped_bytes: int = 0) -> KvPlan:
     per_token = kv_bytes_per_token(shape, options.kv_type)
     # every sequence of the batch has its own context: `kv` already holds n_seq of them
     n_seq = options.batch
     return KvPlan(options.kv_type, s.max_context, per_token, s.resident_tokens, s.stage_tokens,
-                  kv.total_bytes, (s.max_context - s.resident_tokens) * per_token * n_seq,
-                  n_seq)
+                  kv.total_bytes + mapped_bytes,
+                  # K and V rows past the resident ones (int8's scales stay in VRAM)
+                  (s.max_context - s.resident_tokens) * shape.n_layer * 2 * shape.n_head_kv
+                  * kv_row_bytes(shape, options.kv_type) * n_seq, n_seq)
 
 
 def _hit_model(profile: RoutingProfile) -> str:

@@ -14,7 +14,7 @@ from typing import Callable
 
 from strata.gguf.shape import ModelShape
 from strata.plan.budget import fixed_layouts, minimum_bytes, resolve
-from strata.plan.capability import KV_STREAM_UNRUN
+from strata.plan.capability import KV_STREAM_NOTE
 from strata.plan.devices import MiB, DeviceInfo
 from strata.plan.layout import KV_TYPES, Q4_0_BLOCK
 from strata.plan.options import PlanOptions
@@ -95,7 +95,9 @@ def suggest_knobs(shape: ModelShape, dev: DeviceInfo, options: PlanOptions,
     found = [
         p.on_grid("--max-context", "max_context", s.max_context),
         *kv_type_knobs(p, shape, options),
-        p.on_grid("--kv-resident", "kv_resident", s.resident_tokens, KV_STREAM_UNRUN),
+        # streamed KV serves one sequence on one GPU (`budget.resolve`)
+        p.on_grid("--kv-resident", "kv_resident", s.resident_tokens, KV_STREAM_NOTE)
+        if options.batch == 1 else None,
         reserve_knob(p, s.reserve_bytes, wddm=dev.is_wddm),
         p.knob("--spec 0 (no draft head)", spec=0) if options.spec else None,
         p.knob("--batch 1", batch=1) if options.batch > 1 else None,

@@ -74,7 +74,7 @@ class KvPlan:
     max_context: int
     bytes_per_token: int  # all layers, VRAM or host
     resident_tokens: int  # tokens whose KV is in VRAM
-    stage_tokens: int  # streaming staging window (0 when nothing streams)
+    stage_tokens: int  # streamed KV: the prompt path's VRAM copy of one layer (0: no stream)
     vram_bytes: int
     host_bytes: int  # the streamed part, in host memory
     n_seq: int = 1  # sequences (--batch): the KV holds n_seq regions of the sizes above
@@ -99,6 +99,8 @@ class DevicePlan:
     ring: Layout | None
     reserve_bytes: int
     context_bytes: int
+    # streamed KV's VRAM rows: mapped beside their host rows outside the arena (`kv_mapped`)
+    kv_mapped_bytes: int = 0
 
     @property
     def arena_bytes(self) -> int:
@@ -109,13 +111,14 @@ class DevicePlan:
     def regions(self) -> dict[str, int]:
         sizes = {name: 0 for name in ARENA_REGIONS}
         sizes.update(self.arena.sizes())
+        sizes["kv"] += self.kv_mapped_bytes
         sizes["context"] = self.context_bytes
         sizes["reserve"] = self.reserve_bytes
         return sizes
 
     @property
     def planned_bytes(self) -> int:
-        return self.arena_bytes + self.context_bytes + self.reserve_bytes
+        return self.arena_bytes + self.kv_mapped_bytes + self.context_bytes + self.reserve_bytes
 
     @property
     def headroom_bytes(self) -> int:
@@ -128,7 +131,8 @@ class DevicePlan:
             "index": d.index, "name": d.name, "driver_model": d.driver_model,
             "total_bytes": d.total_bytes, "budget_bytes": d.free_bytes,
             "planned_bytes": self.planned_bytes, "headroom_bytes": self.headroom_bytes,
-            "arena_bytes": self.arena_bytes, "layers": list(self.layers),
+            "arena_bytes": self.arena_bytes, "kv_mapped_bytes": self.kv_mapped_bytes,
+            "layers": list(self.layers),
             "regions": self.regions,
             "expert_cache_slots": self.cache.n_slots,
             "expert_slot_bytes": int(slot_sizes.max()) if len(slot_sizes) else 0,

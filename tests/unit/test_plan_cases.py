@@ -15,6 +15,7 @@ from strata.plan import (
 from strata.plan.budget import ALLOC_GRANULE, cache_floor_slots
 from strata.plan.devices import GiB, MiB
 from strata.plan.layout import ALIGN
+from strata.plan.options import OptionError
 from strata.plan.policy import loan_limit
 
 S30 = qwen3moe()
@@ -71,13 +72,17 @@ def test_512k_int8_streamed_kv_fixed_chunk():
                        prefill=PrefillRequest(False, 24576))
     p = plan(S30, gpu("16GiB"), opts)
     check_invariants(p)
-    assert (p.prefill.mode, p.prefill.chunk) == ("borrowed", 24576)  # exact, a smaller ring
-    assert p.kv.host_bytes == (524288 - 212992) * 2 * 48 * 4 * 130
-    assert p.kv.stage_tokens == 8192
+    # the prompt path's copy of a layer's 512K-token context (512 MiB) takes room: the chunk is
+    # reduced on the grid, still borrowed
+    assert p.prefill.mode == "borrowed" and p.prefill.chunk < 24576
+    assert any("reduced to" in n for n in p.notes)
+    assert p.kv.resident_tokens == 212992  # a multiple of 4096: int8's mapping unit
+    assert p.kv.host_bytes == (524288 - 212992) * 2 * 48 * 4 * 128  # rows; scales stay
+    assert p.kv.stage_tokens == 524288
     # without borrowing the same request is owned and reduced on the grid
     owned = plan(S30, gpu("16GiB"), replace(opts, prefill_borrow=False))
     check_invariants(owned)
-    assert owned.prefill.mode == "owned" and owned.prefill.chunk < 24576
+    assert owned.prefill.mode == "owned" and owned.prefill.chunk < p.prefill.chunk
     assert any("reduced to" in n for n in owned.notes)
     assert owned.device().cache.n_slots < p.device().cache.n_slots  # the cache gave way
 
@@ -104,23 +109,28 @@ def test_8gb_64k_refused_with_knobs_that_work():
     assert d["knobs"][0].startswith(r.knobs[0].flag) and "frees" in d["knobs"][0]
 
 
-def test_what_no_engine_runs_is_said_where_the_plan_offers_it():
-    """Streamed KV and a draft region are priced, but no engine runs them: an accepted plan
-    warns, and a refusal's --kv-resident knob says so in its note (alone or beside 'not
-    enough'); plans without them carry neither."""
-    from strata.plan.capability import DRAFT_UNRUN, KV_STREAM_UNRUN
+def test_what_a_knob_costs_besides_vram_is_said_where_the_plan_offers_it():
+    """A draft region is priced but no engine runs it: the plan warns. Streamed KV runs (one
+    GPU, one sequence): its plan says where the KV lives in a note, and a refusal's
+    --kv-resident knob says what it costs (time over PCIe); --batch with it is bad input."""
+    from strata.plan.capability import DRAFT_UNRUN, KV_STREAM_NOTE
     streamed = plan(S30, gpu("16GiB"), PlanOptions(max_context=65536, kv_resident=16384))
     check_invariants(streamed)
-    assert any(KV_STREAM_UNRUN in w and "--kv-resident 16384" in w for w in streamed.warnings)
+    assert not streamed.warnings
+    assert any("--kv-resident 16384: the KV of the first 16384 tokens in VRAM" in n
+               for n in streamed.notes)
     drafted = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096, spec=2))
     assert any(DRAFT_UNRUN in w and "--spec 2" in w for w in drafted.warnings)
     whole = plan(S30, gpu("16GiB"), PlanOptions(max_context=4096, kv_resident=4096))
-    assert not any(KV_STREAM_UNRUN in w or DRAFT_UNRUN in w for w in whole.warnings)
+    assert not any(DRAFT_UNRUN in w for w in whole.warnings) and whole.kv.host_bytes == 0
     refused = plan(S30, gpu("8GiB"), PlanOptions(max_context=65536))
     kv = [k for k in refused.refusal.knobs if k.flag.startswith("--kv-resident ")]
-    assert len(kv) == 1 and kv[0].note.endswith(KV_STREAM_UNRUN), kv
-    assert KV_STREAM_UNRUN in refused.refusal.message()
-    assert all(KV_STREAM_UNRUN not in k.note for k in refused.refusal.knobs if k is not kv[0])
+    assert len(kv) == 1 and kv[0].note.endswith(KV_STREAM_NOTE), kv
+    assert all(KV_STREAM_NOTE not in k.note for k in refused.refusal.knobs if k is not kv[0])
+    batched = plan(S30, gpu("8GiB"), PlanOptions(max_context=65536, batch=2))
+    assert not any(k.flag.startswith("--kv-resident") for k in batched.refusal.knobs)
+    with pytest.raises(OptionError, match="--batch 2 keeps every sequence's whole context"):
+        plan(S30, gpu("16GiB"), PlanOptions(max_context=65536, kv_resident=16384, batch=2))
 
 
 def _apply(opts, flag):
@@ -240,12 +250,14 @@ def test_random_configurations_keep_the_invariant(seed):
     rng = np.random.default_rng(seed)
     for _ in range(8):
         ctx = int(rng.choice([4096, 32768, 131072, 524288]))
+        resident = int(rng.choice([ctx, 8192, 65536])) if rng.random() < .4 else None
+        streams = resident is not None and resident < ctx  # one sequence only
         opts = PlanOptions(
             max_context=ctx, kv_type=str(rng.choice(["f16", "int8", "q4_0"])),
-            kv_resident=int(rng.choice([ctx, 8192, 65536])) if rng.random() < .4 else None,
+            kv_resident=resident,
             prefill=PrefillRequest.parse(str(rng.choice(["auto", "auto:4096", "2048", "20480"]))),
             expert_cache=int(rng.integers(0, 7000)) if rng.random() < .3 else None,
-            spec=int(rng.integers(0, 5)), batch=int(rng.integers(1, 5)),
+            spec=int(rng.integers(0, 5)), batch=1 if streams else int(rng.integers(1, 5)),
             prefill_borrow=bool(rng.random() < .8), lend_pct=int(rng.integers(10, 101)))
         size = f"{int(rng.integers(6, 48))}GiB"
         model = str(rng.choice(["linux", "wddm"]))
@@ -271,5 +283,5 @@ def test_batch_holds_one_kv_context_per_sequence():
     assert four.device().regions["kv"] == 4 * one.device().regions["kv"]
     assert four.kv.vram_bytes == 4 * one.kv.vram_bytes
     assert four.kv.to_dict()["sequences"] == 4 and one.kv.to_dict()["sequences"] == 1
-    streamed = plan(S30, gpu("80GiB"), PlanOptions(max_context=8192, kv_resident=4096, batch=2))
-    assert streamed.kv.host_bytes == 2 * 4096 * streamed.kv.bytes_per_token
+    with pytest.raises(OptionError, match="streams one sequence's KV"):
+        plan(S30, gpu("80GiB"), PlanOptions(max_context=8192, kv_resident=4096, batch=2))

@@ -14,7 +14,7 @@ from strata.plan import (
     PlanOptions, cache_layout, draft_layout, kv_layout, parse_gpu_mem, plan, prompt_layout,
     ring_layout, session_layout, weights_layout,
 )
-from strata.plan.layout import ALIGN, LayoutBuilder, kv_bytes_per_token
+from strata.plan.layout import ALIGN, LayoutBuilder, kv_bytes_per_token, kv_mapped_layout
 
 S30 = qwen3moe()  # Qwen3-30B-A3B dims, Q4_K_M mix
 
@@ -30,13 +30,15 @@ def _check_layout(layout):
 
 
 @pytest.mark.parametrize("layout", [
-    session_layout(S30, batch=3, max_context=40000, kv_stage_tokens=1000),
+    session_layout(S30, batch=3, max_context=40000),
     prompt_layout(S30, 1280, kv_type="int8", kv_stage_tokens=512),
     kv_layout(S30, kv_type="q4_0", resident_tokens=777),
+    kv_layout(S30, kv_type="int8", resident_tokens=4096, max_context=40960),
+    kv_mapped_layout(S30, kv_type="int8", resident_tokens=4096),
     ring_layout(S30, ring_bytes=100 << 20),
     weights_layout(S30, 0, 48, embd_on_host=False),
     draft_layout(S30, 4, kv_type="f16", resident_tokens=4096),
-], ids=["session", "prompt", "kv", "ring", "weights", "draft"])
+], ids=["session", "prompt", "kv", "kv_streamed", "kv_mapped", "ring", "weights", "draft"])
 def test_total_is_sum_of_aligned_regions(layout):
     _check_layout(layout)
 
@@ -90,7 +92,7 @@ def test_prompt_layout_buffers():
         assert (r.dtype, r.shape) == (dtype, shape), name
     assert "kv_stage" not in lay
     staged = prompt_layout(S30, c, kv_type="int8", kv_stage_tokens=100)
-    assert staged.region("kv_stage").shape == (2, 100, 2 * 4 * (128 + 2))
+    assert staged.region("kv_stage").shape == (2, 100, 4 * 128)  # K and V rows, no scales
     # the price grows with the chunk (what the bisection relies on)
     sizes = [prompt_layout(S30, x).total_bytes for x in range(256, 8193, 256)]
     assert sizes == sorted(sizes) and len(set(sizes)) == len(sizes)
@@ -214,20 +216,48 @@ def test_cache_layout_sized_slots_exact_offsets():
         cache_layout(S30, spl, order=[5, 5, 5, 6, 6, 6])
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "int8"])
+def test_streamed_kv_regions(kv_type):
+    """Streamed KV: the VRAM rows priced outside the arena (mapped beside their host rows), the
+    arena keeping int8's scales for the whole context, the prompt path a copy of one layer's
+    context, the resident tokens rounded down to the mapping granule."""
+    opts = PlanOptions(max_context=32768, kv_type=kv_type, kv_resident=17000)
+    p = plan(S30, parse_gpu_mem("24GiB"), opts)
+    assert p.accepted
+    d = p.device()
+    unit = {"f16": 2048, "int8": 4096}[kv_type]  # 2 MiB over 4 KV heads' rows of a token
+    assert p.kv.resident_tokens == 17000 // unit * unit and p.kv.stage_tokens == 32768
+    mapped = kv_mapped_layout(S30, kv_type=kv_type, resident_tokens=p.kv.resident_tokens)
+    assert d.kv_mapped_bytes == mapped.total_bytes == 2 * 48 * p.kv.resident_tokens * 4 * (
+        256 if kv_type == "f16" else 128)
+    arena_kv = kv_layout(S30, kv_type=kv_type, resident_tokens=p.kv.resident_tokens,
+                         max_context=32768)
+    assert ("k" in arena_kv) is False and ("k_scale" in arena_kv) is (kv_type == "int8")
+    assert d.regions["kv"] == arena_kv.total_bytes + d.kv_mapped_bytes == p.kv.vram_bytes
+    assert d.planned_bytes == d.arena_bytes + d.kv_mapped_bytes + d.context_bytes \
+        + d.reserve_bytes
+    assert p.kv.host_bytes == (32768 - p.kv.resident_tokens) * 48 * 2 * 4 * (
+        256 if kv_type == "f16" else 128)
+    assert p.prefill.prompt_bytes == prompt_layout(S30, p.prefill.chunk, kv_type=kv_type,
+                                                   kv_stage_tokens=32768).total_bytes
+    assert any(f"--kv-resident 17000: the KV of the first {p.kv.resident_tokens}" in n
+               for n in p.notes)
+    assert p.to_dict()["devices"][0]["kv_mapped_bytes"] == d.kv_mapped_bytes
+
+
 def test_plan_regions_are_the_layout_functions():
-    opts = PlanOptions(max_context=32768, kv_resident=16384, spec=2, batch=2)
+    opts = PlanOptions(max_context=32768, spec=2, batch=2)
     p = plan(S30, parse_gpu_mem("24GiB"), opts)
     assert p.accepted
     d = p.device()
     r = d.regions
     stage = p.kv.stage_tokens
-    assert stage == 8192
+    assert stage == 0 and d.kv_mapped_bytes == 0
     # one resident context per sequence of the batch
-    assert r["kv"] == kv_layout(S30, kv_type="f16", resident_tokens=2 * 16384).total_bytes
+    assert r["kv"] == kv_layout(S30, kv_type="f16", resident_tokens=2 * 32768).total_bytes
     assert r["weights"] == weights_layout(S30, 0, 48, embd_on_host=True).total_bytes
-    assert r["activations"] == session_layout(S30, batch=2, max_context=32768,
-                                              kv_stage_tokens=stage).total_bytes
-    assert r["draft"] == draft_layout(S30, 2, kv_type="f16", resident_tokens=16384).total_bytes
+    assert r["activations"] == session_layout(S30, batch=2, max_context=32768).total_bytes
+    assert r["draft"] == draft_layout(S30, 2, kv_type="f16", resident_tokens=32768).total_bytes
     assert r["expert_cache"] == d.cache.total_bytes
     pre = p.prefill
     assert pre.prompt_bytes == prompt_layout(S30, pre.chunk, kv_stage_tokens=stage).total_bytes

@@ -30,6 +30,7 @@ from strata.experts.adaptive import AdaptiveRanks
 from strata.gguf import ModelFile
 from strata.memory import open_arena
 from strata.memory.arena import Arena, live_device_info
+from strata.memory.kv_map import KvMap
 from strata.plan import plan as make_plan
 from strata.plan.devices import DeviceInfo, fmt_bytes
 from strata.plan.host import probe_host_memory, store_bytes, store_shortfall
@@ -183,10 +184,9 @@ class CudaModel:
         self._store_checked = 0  # bytes of host store checked against the machine's memory
         if self._shared_store is None:  # before any allocation: the store is the big one
             self._check_store(planned.host_store_bytes)
-        if planned.kv.host_bytes > 0:
-            raise CudaEngineError("--kv-resident below the context (KV streamed from host memory)"
-                                  " is not supported by the CUDA engine yet: keep the whole KV "
-                                  "cache in VRAM (lower --max-context, or --kv int8 / q4_0)")
+        if planned.kv.host_bytes > 0 and self._given_plan is not None:
+            raise CudaEngineError("KV streamed from host memory (--kv-resident below the "
+                                  "context) runs on one GPU, not on a stage of a layer split")
         t0 = time.perf_counter()
         # a stage's plan covers its layers only: a post-touch shortfall is refused, not re-planned
         shrinks = {} if self._given_plan is None else {"max_shrinks": 0}
@@ -214,20 +214,46 @@ class CudaModel:
     def _carve_kv(self) -> None:
         s, p = self.shape, self.plan
         kv = self.arena.views("kv")
-        # [L, n_seq * T, H, row]: a batch engine cuts it into n_seq regions of T tokens
-        lay = KvLayout(p.options.kv_type, p.kv.resident_tokens * p.kv.n_seq, s.n_head_kv,
-                       s.head_dim)
+        lo, hi = self.layers
+        streamed = p.kv.host_bytes > 0
+        # [L, n_seq * T, H, row]: a batch engine cuts it into n_seq regions of T tokens; streamed
+        # KV (one sequence): each layer side one mapped range of the whole context
+        n_ctx = p.kv.max_context if streamed else p.kv.resident_tokens * p.kv.n_seq
+        lay = KvLayout(p.options.kv_type, n_ctx, s.n_head_kv, s.head_dim)
         # f16 and q4_0 sides have no scales; the kernels take a float16 placeholder never read
         spare = self._raw(self.region_offset("activations", "hidden"), "float16", (1,))
         self.kv_layout = lay
-        lo, hi = self.layers
+        self.kv_map = None
+        if streamed:
+            side = n_ctx * s.n_head_kv * lay.row_bytes
+            self.kv_map = KvMap(2 * (hi - lo), side,
+                                p.kv.resident_tokens * s.n_head_kv * lay.row_bytes,
+                                device=self.options.device)
+            self._check_reserve_after_map()
+            self.log(f"KV: {p.kv.resident_tokens} of {n_ctx} tokens in VRAM, the rest in "
+                     f"{self.kv_map.host_bytes / 2**30:.2f} GiB of host memory "
+                     f"({self.kv_map.how})")
         self.kv_sides: list[Any] = [None] * s.n_layer  # a stage's KV holds layers [lo, hi)
         for il in range(lo, hi):
             sides = []
-            for side in ("k", "v"):
+            for j, side in enumerate(("k", "v")):
                 scale = kv[side + "_scale"][il - lo].reshape(-1) if lay.fmt == "int8" else spare
-                sides.append(KvSide(lay, kv[side][il - lo].reshape(-1), scale))
+                data = (self.kv_map.views[2 * (il - lo) + j] if streamed
+                        else kv[side][il - lo].reshape(-1))
+                sides.append(KvSide(lay, data, scale))
             self.kv_sides[il] = tuple(sides)
+
+    def _check_reserve_after_map(self) -> None:
+        """The mapped KV's VRAM rows are allocated after the arena was validated: the card must
+        still hold the plan's reserve (another process may have taken memory since)."""
+        free, _ = self.arena.backend.memory_info()
+        reserve = self.arena.device_plan.reserve_bytes
+        if free < reserve:
+            self.kv_map.close()
+            raise CudaEngineError(f"after mapping the streamed KV's VRAM rows the GPU has "
+                                  f"{free / 2**20:.0f} MiB free, under the plan's reserve of "
+                                  f"{reserve / 2**20:.0f} MiB: free VRAM, or lower "
+                                  f"--kv-resident")
 
     # -- dense weights -------------------------------------------------------------------------
 
@@ -400,8 +426,12 @@ class CudaModel:
         return self.store, self.host
 
     def close(self) -> None:
-        """Give the arena back (a shared host store stays registered)."""
+        """Give the arena and the streamed KV's mapping back (a shared host store stays
+        registered)."""
         acts = getattr(self, "acts", None)
         if acts is not None:  # tables live in the arena: forget them before it goes
             uninstall_tables(acts["format_tables"])
+        if getattr(self, "kv_map", None) is not None:
+            self.kv_sides = []
+            self.kv_map.close()
         self.arena.close()

@@ -39,7 +39,7 @@ from numba import cuda
 
 from strata.cuda_kernels.attention_prefill import prefill_attention
 from strata.cuda_kernels.elementwise import add, embed
-from strata.cuda_kernels.kvcache import advance_seq_len, kv_write
+from strata.cuda_kernels.kvcache import KvSide, advance_seq_len, kv_write
 from strata.cuda_kernels.matmul import QuantWeights, dense_matmul, moe_down, moe_gate_up
 from strata.cuda_kernels.matmul_tiles import SMALL_TC_TILE, TC_TILE, takes_small_tile
 from strata.cuda_kernels.matvec import matvec
@@ -172,7 +172,7 @@ class PromptRun:
             done = self.layer_done[(il - lo) % LAYERS_AHEAD]
             if il - lo >= LAYERS_AHEAD:
                 done.synchronize()  # layer il - LAYERS_AHEAD has run: the queue holds the rest
-            self._attention(il, n, x)
+            self._attention(il, n, x, start)
             self._moe(il, n, x)
             done.record(st)
         if hi == s.n_layer:
@@ -187,7 +187,7 @@ class PromptRun:
             self._settle()
         self.traffic.n_chunks += 1
 
-    def _attention(self, il: int, n: int, x) -> None:
+    def _attention(self, il: int, n: int, x, start: int) -> None:
         m, s, st = self.m, self.m.shape, self.m.stream
         a, b, eps = m.acts, f"blk.{il}.", s.rms_norm_eps
         rows = self._rows
@@ -202,6 +202,9 @@ class PromptRun:
                      theta=s.rope_freq_base, q_norm_w=m.norms[b + "attn_q_norm"],
                      k_norm_w=m.norms[b + "attn_k_norm"], eps=eps, stream=st)
         k_side, v_side = m.kv_sides[il]
+        staged = m.kv_map is not None and start + n > m.plan.kv.resident_tokens
+        if staged:  # keys in host memory: attend over a VRAM copy of the layer
+            k_side, v_side = self._stage_layer(il, start)
         heads = self._view(("heads", n), lambda: (
             k.reshape(n, s.n_head_kv, s.head_dim), v.reshape(n, s.n_head_kv, s.head_dim),
             q.reshape(n, s.n_head, s.head_dim)))
@@ -210,6 +213,8 @@ class PromptRun:
         att, att_heads = self._view(("att", n), lambda: self._attention_out(n))
         prefill_attention(heads[2], k_side, v_side, a["seq_len"], att_heads,
                           variant=m.options.prefill_attention, stream=st)
+        if staged:  # the chunk's new rows back to where the layer keeps them
+            self._unstage_layer(il, start, n)
         tmp = rows("expert_out", n)  # [n, n_embd] f32: free until the MoE's down projection
         dense_matmul(att, self.dense[b + "attn_output"], tmp, stream=st)
         add(x, tmp, x, stream=st)
@@ -217,6 +222,31 @@ class PromptRun:
         logits = rows("router_logits", n)
         dense_matmul(x16, self.dense[b + "ffn_gate_inp"], logits, stream=st)
         route(logits, rows("topk_ids", n), rows("topk_weights", n), norm_topk=True, stream=st)
+
+    def _stage_sides(self, il: int):
+        """The prompt path's VRAM copy of layer il's K and V (`kv_stage`, [2, ctx, H * row]
+        uint8), as cache sides with the layer's own int8 scales (those stay in VRAM)."""
+        return tuple(KvSide(side.layout, self.P["kv_stage"][j].reshape(-1), side.scale)
+                     for j, side in enumerate(self.m.kv_sides[il]))
+
+    def _stage_layer(self, il: int, start: int):
+        """Streamed KV: rows 0 .. start of layer il (VRAM rows, then host rows over PCIe) copied
+        into the stage, on the compute stream (the previous layer's attention is done with
+        it). Returns the stage's sides, where the chunk's rows are written next."""
+        st, stage = self.m.stream, self._stage_sides(il)
+        n_bytes = start * self.m.kv_layout.n_kv_head * self.m.kv_layout.row_bytes
+        if n_bytes:
+            for src, dst in zip(self.m.kv_sides[il], stage):
+                dst.data[:n_bytes].copy_to_device(src.data[:n_bytes], stream=st)
+        self.traffic.kv_staged_bytes += 2 * n_bytes
+        return stage
+
+    def _unstage_layer(self, il: int, start: int, n: int) -> None:
+        """The chunk's rows start .. start + n of layer il from the stage to the mapped sides."""
+        st, row = self.m.stream, self.m.kv_layout.n_kv_head * self.m.kv_layout.row_bytes
+        a, b = start * row, (start + n) * row
+        for dst, src in zip(self.m.kv_sides[il], self._stage_sides(il)):
+            dst.data[a:b].copy_to_device(src.data[a:b], stream=st)
 
     def _attention_out(self, n: int):
         """The attention's output twice: as the output projection reads it, and as the

@@ -73,6 +73,10 @@ def plan_split(shape: ModelShape, devices: Sequence[DeviceInfo],
     split.check_devices(len(devices), shape.n_layer)
     if options.batch != 1 and len(devices) > 1:
         raise OptionError(f"--batch {options.batch}: a layer split decodes one sequence")
+    s0, _, _ = resolve(shape, devices[0], options)
+    if s0.resident_tokens < s0.max_context:
+        raise OptionError(f"--kv-resident {options.kv_resident}: KV streamed from host memory "
+                          f"runs on one GPU; a layer split keeps each stage's KV in VRAM")
     b = split.cover_b if split.cover_b is not None else fit_cover_b(profile)
     pinned = _pinned(split, options, len(devices))
     t0 = time.perf_counter()
@@ -133,8 +137,7 @@ def stage_tables(shape: ModelShape, profile: RoutingProfile, devices: list[Devic
                            for n in range(1, n_l + 1)]
         const = {"activations": session_layout(shape, batch=options.batch,
                                                max_context=s.max_context,
-                                               kv_type=options.kv_type,
-                                               kv_stage_tokens=s.stage_tokens)}
+                                               kv_type=options.kv_type)}
         if options.spec and g == 0:
             const["draft"] = draft_layout(shape, options.spec, kv_type=options.kv_type,
                                           resident_tokens=s.resident_tokens)

@@ -63,7 +63,7 @@ def stage_fixed(shape: ModelShape, s: Setting, options: PlanOptions, lo: int, hi
         "kv": kv_layout(shape, kv_type=options.kv_type, resident_tokens=s.resident_tokens,
                         lo=lo, hi=hi),
         "activations": session_layout(shape, batch=options.batch, max_context=s.max_context,
-                                      kv_type=options.kv_type, kv_stage_tokens=s.stage_tokens),
+                                      kv_type=options.kv_type),
     }
     if options.spec and first:
         out["draft"] = draft_layout(shape, options.spec, kv_type=options.kv_type,
