@@ -1,7 +1,7 @@
 """Streamed KV's memory: per layer and side (K, V), one device address range over the layer's
 whole context, its first `resident` tokens' rows backed by VRAM and the others by host memory
-(CUDA virtual memory management: a reserved range, a device and a host physical allocation
-mapped into it piece by piece, readable and writable by the GPU).
+(CUDA virtual memory management: a reserved range, device and host physical allocations mapped
+into it piece by piece, readable and writable by the GPU).
 
 Why one range: the attention and KV-write kernels index a layer's rows from one pointer, so a
 layer whose rows live in two places needs no kernel of its own. Decode reads each key once and
@@ -94,20 +94,15 @@ class KvMap:
         host = -(-(self.side_bytes - self.resident_bytes) // g) * g  # padded to the granule
         span = self.resident_bytes + host
         self._size = span * self.n_ranges
-        self._ptr = int(_check(drv.cuMemAddressReserve(self._size, g, 0, 0)))
-        dev_h = (_check(drv.cuMemCreate(self.resident_bytes * self.n_ranges,
-                                        _prop(False, device), 0))
-                 if self.resident_bytes else None)
-        if dev_h is not None:
-            self._handles.append(dev_h)
-        host_h = _check(drv.cuMemCreate(host * self.n_ranges, _prop(True, device), 0))
-        self._handles.append(host_h)
-        self.host_bytes = host * self.n_ranges
+        self._ptr = int(_check(drv.cuMemAddressReserve(self._size, 0, 0, 0)))
+        # a physical allocation per piece: the driver maps an allocation whole (offset 0; an
+        # offset into a larger one was CUDA_ERROR_NOT_SUPPORTED on an H100, R580)
         for i in range(self.n_ranges):
             at = self._ptr + i * span
-            if dev_h is not None:
-                self._map_piece(at, self.resident_bytes, i * self.resident_bytes, dev_h)
-            self._map_piece(at + self.resident_bytes, host, i * host, host_h)
+            if self.resident_bytes:
+                self._map_piece(at, self.resident_bytes, False, device)
+            self._map_piece(at + self.resident_bytes, host, True, device)
+        self.host_bytes = host * self.n_ranges
         acc = drv.CUmemAccessDesc()
         acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         acc.location.id = device
@@ -119,9 +114,11 @@ class KvMap:
             self.views.append(devicearray.DeviceNDArray((self.side_bytes,), (1,), np.uint8,
                                                         gpu_data=mp))
 
-    def _map_piece(self, at: int, n: int, offset: int, handle) -> None:
+    def _map_piece(self, at: int, n: int, host: bool, device: int) -> None:
         from cuda.bindings import driver as drv
-        _check(drv.cuMemMap(at, n, offset, handle, 0))
+        handle = _check(drv.cuMemCreate(n, _prop(host, device), 0))
+        self._handles.append(handle)
+        _check(drv.cuMemMap(at, n, 0, handle, 0))
         self._mapped.append((at, n))
 
     def close(self) -> None:

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.gpu
 N_GEN = 16
 
 # kv type -> (max context, --kv-resident, prompt tokens, chunk): the test model's K side is
-# 2 heads of 64 values a token, so the 2 MiB mapping granule is 8,192 f16 tokens (16,384 int8)
-CASES = {"f16": (16384, 8192, 9900, 1536), "int8": (32768, 16384, 18000, 3072)}
+# 2 heads of 64 values a token, so the 2 MiB mapping granule is 8,192 f16 tokens (q4_0: 65,536;
+# int8 takes head_dim 128 on the GPU, not this model's 64)
+CASES = {"f16": (16384, 8192, 9900, 1536)}
 
 
 def _greedy(eng, prompt):
