@@ -285,3 +285,13 @@ def test_batch_holds_one_kv_context_per_sequence():
     assert four.kv.to_dict()["sequences"] == 4 and one.kv.to_dict()["sequences"] == 1
     with pytest.raises(OptionError, match="streams one sequence's KV"):
         plan(S30, gpu("80GiB"), PlanOptions(max_context=8192, kv_resident=4096, batch=2))
+
+
+def test_streamed_kv_on_a_layer_split_is_bad_input():
+    """Streamed KV runs on one GPU: a split asked to stream is refused by name (exit 1 in the
+    CLI), not planned with VRAM rows nothing would map."""
+    from strata.plan.split import plan_split
+    with pytest.raises(OptionError, match="--kv-resident 8192: KV streamed from host memory runs "
+                                          "on one GPU"):
+        plan_split(S30, gpu("16GiB") + gpu("16GiB"),
+                   PlanOptions(max_context=32768, kv_resident=8192))

@@ -204,7 +204,8 @@ class PromptRun:
         k_side, v_side = m.kv_sides[il]
         staged = m.kv_map is not None and start + n > m.plan.kv.resident_tokens
         if staged:  # keys in host memory: attend over a VRAM copy of the layer
-            k_side, v_side = self._stage_layer(il, start)
+            stage = self._stage_layer(il, start)
+            k_side, v_side = stage
         heads = self._view(("heads", n), lambda: (
             k.reshape(n, s.n_head_kv, s.head_dim), v.reshape(n, s.n_head_kv, s.head_dim),
             q.reshape(n, s.n_head, s.head_dim)))
@@ -214,7 +215,7 @@ class PromptRun:
         prefill_attention(heads[2], k_side, v_side, a["seq_len"], att_heads,
                           variant=m.options.prefill_attention, stream=st)
         if staged:  # the chunk's new rows back to where the layer keeps them
-            self._unstage_layer(il, start, n)
+            self._unstage_layer(il, stage, start, n)
         tmp = rows("expert_out", n)  # [n, n_embd] f32: free until the MoE's down projection
         dense_matmul(att, self.dense[b + "attn_output"], tmp, stream=st)
         add(x, tmp, x, stream=st)
@@ -241,11 +242,12 @@ class PromptRun:
         self.traffic.kv_staged_bytes += 2 * n_bytes
         return stage
 
-    def _unstage_layer(self, il: int, start: int, n: int) -> None:
-        """The chunk's rows start .. start + n of layer il from the stage to the mapped sides."""
+    def _unstage_layer(self, il: int, stage, start: int, n: int) -> None:
+        """The chunk's rows start .. start + n of layer il from its stage sides to the mapped
+        sides."""
         st, row = self.m.stream, self.m.kv_layout.n_kv_head * self.m.kv_layout.row_bytes
         a, b = start * row, (start + n) * row
-        for dst, src in zip(self.m.kv_sides[il], self._stage_sides(il)):
+        for dst, src in zip(self.m.kv_sides[il], stage):
             dst.data[a:b].copy_to_device(src.data[a:b], stream=st)
 
     def _attention_out(self, n: int):
