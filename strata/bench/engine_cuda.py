@@ -84,6 +84,24 @@ def _decode_bytes(m, hit_rate: float) -> tuple[float, float]:
     return dense + hit_rate * expert, (1 - hit_rate) * expert
 
 
+def kv_read_bytes(kv_layout, n_layer: int, positions: range, resident: int
+                  ) -> tuple[float, float]:
+    """(VRAM bytes, host bytes) of KV the attention reads per decoded token, averaged over the
+    steps at `positions` (a step at position p reads the rows of tokens 0 .. p, K and V, every
+    layer): the rows of the first `resident` tokens are in VRAM, later ones (streamed KV,
+    `--kv-resident`) in host memory and read over PCIe; int8's scales stay in VRAM."""
+    if not len(positions):
+        return 0.0, 0.0
+    row = kv_layout.n_kv_head * kv_layout.row_bytes  # one token's rows, one side, one layer
+    scale = kv_layout.bytes_per_token - row
+    n_rows = np.arange(positions.start, positions.stop, positions.step, dtype=np.float64) + 1
+    in_vram = np.minimum(n_rows, resident)
+    per_side = 2 * n_layer  # K and V of every layer
+    vram = per_side * (row * in_vram + scale * n_rows).mean()
+    host = per_side * row * (n_rows - in_vram).mean()
+    return float(vram), float(host)
+
+
 def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     """Load `args.model[0]` by `options`, prefill `args.prompt_tokens` random tokens, decode
     `args.gen`; every number against its bound. `host_store` / `bw`: a shared (HostStore,
@@ -145,6 +163,11 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     bw = bw or _bandwidths()
     hit = hits.hit_rate if hits.hit_rate is not None else 0.0
     vram_b, host_b = _decode_bytes(m, hit)
+    # the KV the timed steps read: positions n_prompt .. n_prompt + n_gen - 2 (the first of the
+    # n_gen tokens comes from the prompt's logits)
+    kv_vram_b, kv_host_b = kv_read_bytes(m.kv_layout, m.layers[1] - m.layers[0],
+                                         range(n_prompt, n_prompt + n_gen - 1),
+                                         m.plan.kv.resident_tokens)
     pool_b, pool_s = (pool.n_bytes - pool0[0], pool.seconds - pool0[1]) if pool else (0, 0.0)
     pool_gbps = pool_b / pool_s / 1e9 if pool is not None and pool_s else None
     split = pool.split if pool is not None else None
@@ -152,7 +175,10 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     # measured rate, or (hybrid) both at once
     miss_gbps = (bw["h2d_gb_per_s"] if pool is None else pool_gbps if split is None
                  else (pool_gbps or 0.0) + bw["h2d_gb_per_s"])
-    t_bound = vram_b / (bw["d2d_gb_per_s"] * 1e9) + host_b / (max(miss_gbps or 0, 1e-9) * 1e9)
+    # KV rows in host memory are read by the attention over PCIe whatever serves the misses
+    t_bound = ((vram_b + kv_vram_b) / (bw["d2d_gb_per_s"] * 1e9)
+               + host_b / (max(miss_gbps or 0, 1e-9) * 1e9)
+               + kv_host_b / (bw["h2d_gb_per_s"] * 1e9))
     decode_tps = (n_gen - 1) / decode_s
     prefill_tps = n_prompt / prefill_s
     stream_bound = n_prompt / (streamed / (bw["h2d_gb_per_s"] * 1e9)) if streamed else None
@@ -187,6 +213,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                    "hit_rate_per_layer": [None if np.isnan(x) else float(x)
                                           for x in hits.layer_rates()],
                    "vram_bytes_per_token": vram_b, "host_bytes_per_token": host_b,
+                   "kv_vram_bytes_per_token": kv_vram_b, "kv_host_bytes_per_token": kv_host_b,
                    "bound_tokens_per_s": 1 / t_bound,
                    "fraction_of_bound": decode_tps * t_bound, "first_tokens": toks[:16],
                    "n_distinct_tokens": len(set(toks)),
@@ -228,6 +255,17 @@ def _profile(args, eng, options, sampling) -> dict | None:
     return profile_step(eng.step, reps=reps, mode=eng.set_sampling(sampling))
 
 
+def _kv_note(d: dict, bw: dict) -> str:
+    """The KV part of the decode bound (absent in JSON written before 2026-12-08)."""
+    kv_v, kv_h = d.get("kv_vram_bytes_per_token"), d.get("kv_host_bytes_per_token")
+    if kv_v is None:
+        return ""
+    note = f"; KV {kv_v / 1e9:.3f} GB in VRAM"
+    if kv_h:
+        note += f" + {kv_h / 1e9:.3f} GB in host memory at {bw['h2d_gb_per_s']:.1f} GB/s"
+    return note
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
 
@@ -255,7 +293,8 @@ def table(r: dict) -> str:
         f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
         f"missed {d['host_bytes_per_token'] / 1e9:.3f} GB per token"
         + (f" at {d['miss_path_gb_per_s']:.1f} GB/s ({d.get('miss_path', 'mapped')})"
-           if d.get("miss_path_gb_per_s") else ""),
+           if d.get("miss_path_gb_per_s") else "")
+        + _kv_note(d, bw),
         f"  expert hit rate: measured {_pct(d['hit_rate_measured'])}, predicted "
         f"{_pct(d['hit_rate_predicted'])} ({r['plan']['predicted']['model']}); decoded "
         + (f"at temperature {d['temperature']:g}" if d.get("temperature") else "greedily")

@@ -13,15 +13,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from helpers.gpu_engine import load, model_path
+import dataclasses
+
+from helpers.gpu_engine import CONFIG, load, model_path
 
 pytestmark = pytest.mark.gpu
 N_GEN = 16
 
-# kv type -> (max context, --kv-resident, prompt tokens, chunk): the test model's K side is
-# 2 heads of 64 values a token, so the 2 MiB mapping granule is 8,192 f16 tokens (q4_0: 65,536;
-# int8 takes head_dim 128 on the GPU, not this model's 64)
-CASES = {"f16": (16384, 8192, 9900, 1536)}
+# int8 KV takes head_dim 128 on the GPU: the test model with its heads twice as wide
+HEAD128 = dataclasses.replace(CONFIG, name="gpu-engine-head128", head_dim=128)
+
+# kv type -> (model config, max context, --kv-resident, prompt tokens, chunk): a K side is 2
+# heads a token, 256 bytes in both (64 f16 values, 128 int8 ones), so the 2 MiB mapping
+# granule is 8,192 tokens (q4_0's 72- or 36-byte rows make it 65,536+, too long to test)
+CASES = {"f16": (CONFIG, 16384, 8192, 9900, 1536), "int8": (HEAD128, 16384, 8192, 9900, 1536)}
 
 
 def _greedy(eng, prompt):
@@ -34,8 +39,8 @@ def _greedy(eng, prompt):
 def test_streamed_kv_gives_the_tokens_of_kv_in_vram(tmp_models, kv):
     from strata.plan.options import PrefillRequest
 
-    ctx, resident, n_prompt, chunk = CASES[kv]
-    path = model_path(tmp_models, "Q8_0")
+    config, ctx, resident, n_prompt, chunk = CASES[kv]
+    path = model_path(tmp_models, "Q8_0", config=config)
     prompt = [int(t) for t in np.random.default_rng(3).integers(1, 640, n_prompt)]
     knobs = dict(max_context=ctx, kv_type=kv, prefill=PrefillRequest(False, chunk))
     m, eng = load(path, **knobs)

@@ -68,6 +68,26 @@ def test_bench_table_shows_each_number_against_its_bound():
     assert "(8 tokens, run as decode steps: --prompt-steps 22)" in table(steps)
 
 
+def test_bench_decode_bound_counts_the_kv_each_step_reads():
+    from strata.bench.engine_cuda import kv_read_bytes, table
+    from strata.cuda_kernels.kvcache import KvLayout
+
+    f16 = KvLayout("f16", 4096, 4, 128)  # one token: 4 heads x 256 bytes a side a layer
+    # steps at positions 10, 11: 11 and 12 rows, all in VRAM, K and V of 2 layers
+    assert kv_read_bytes(f16, 2, range(10, 12), 4096) == (2 * 2 * 1024 * 11.5, 0.0)
+    # 8 resident tokens: 3 and 4 rows in host memory
+    assert kv_read_bytes(f16, 2, range(10, 12), 8) == (2 * 2 * 1024 * 8, 2 * 2 * 1024 * 3.5)
+    int8 = KvLayout("int8", 4096, 4, 128)  # rows of 128 bytes, a 2-byte scale a head in VRAM
+    vram, host = kv_read_bytes(int8, 1, range(99, 100), 64)
+    assert (vram, host) == (2 * (512 * 64 + 8 * 100), 2 * 512 * 36)
+    assert kv_read_bytes(f16, 2, range(5, 5), 8) == (0.0, 0.0)  # no timed step
+    r = _result(0)
+    r["decode"].update(kv_vram_bytes_per_token=2e8, kv_host_bytes_per_token=5e8)
+    assert "KV 0.200 GB in VRAM + 0.500 GB in host memory at 50.0 GB/s" in table(r)
+    r["decode"].update(kv_host_bytes_per_token=0.0)
+    assert "KV 0.200 GB in VRAM" in table(r) and "in host memory" not in table(r)
+
+
 def test_bench_cuda_needs_one_model(capsys):
     from strata.cli.main import main
 
