@@ -17,6 +17,10 @@ cache; token i attends to keys 0 .. start + i), organised for less work per stag
   two mma;
 * two tile buffers: tile j + 1 is issued into the other buffer before the warps compute on tile
   j (cp.async: the copy runs under the compute), one barrier per tile;
+* copies and fragments are addressed, not indexed: each thread works out its chunks' shared and
+  cache offsets once (`_f16_stager`), each lane its ldmatrix rows once (`_tile_math`), and a
+  tile adds a key offset or a constant (`cp_async16_at`, `ldsm_x4_at`): indexing the arrays at
+  every copy and fragment took over half of the tile loop's instructions;
 * scores are kept in base 2 (log2 e folded into the Q scale; exp2 in the softmax), tiles wholly
   below the block's first position skip the causal mask, and the token blocks run last to first
   (the longest rows start first, the short ones fill the tail).
@@ -31,13 +35,13 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32, uint64
 
 from .attention import _check_pair, _row_bytes
 from .kvcache import KvSide, make_reader
 from .launch import MAX_SHARED_BYTES, as_u32, cached_view
-from .mma import (SIMULATED, cp_async16, cp_async_wait, ldsm_x4, ldsm_x4_trans, mma_16816,
-                  pack_half2, shfl_xor)
+from .mma import (SIMULATED, cp_async16_at, cp_async_wait, gaddr, ldsm_x4_at, ldsm_x4_trans_at,
+                  mma_16816, pack_half2, shfl_xor, smem_u32)
 
 WARPS = 8
 BKV = 32
@@ -146,21 +150,46 @@ def jit_options(hb: int, tw: int, min_blocks: int) -> dict:
     return {"launch_bounds": (32 * hb * tw, min_blocks)} if min_blocks else {}
 
 
-def _stager(fmt, head_dim, bkv, n_threads):
+def _f16_stager(head_dim, bkv, n_threads):
+    """(lane_chunks, stage) for f16 caches, whose rows are copied by cp.async straight into
+    shared memory. lane_chunks(tid, hk, keys, sh_off, g_off) fills the calling thread's part of
+    every tile once: the key (within a tile; -1: none), shared byte offset (within a buffer) and
+    byte offset within the key's cache rows of each of its 16-byte chunks. stage(sh, sh_at, src,
+    g0, kt0, length, kstride, keys, sh_off, g_off) then issues them for keys kt0 .. kt0 + bkv - 1
+    into the buffer at shared address sh_at (zeros past `length`): src is the cache as u32
+    [rows, row_words], g0 its address, kstride the bytes of one key's rows (all KV heads).
+    Addresses are sums of these (`cp_async16_at`), not array indexing: the tile loop took ~200
+    integer instructions a thread a tile to index the arrays at every copy."""
+    rw_b, cpr = (head_dim // 2 + 4) * 4, head_dim // 8  # shared row bytes; 16-byte chunks a row
+    n_chunks = bkv * cpr
+    per = -(-n_chunks // n_threads)
+
+    @cuda.jit(device=True, inline="always")
+    def lane_chunks(tid, hk, keys, sh_off, g_off):
+        for i in range(per):
+            c = tid + i * n_threads
+            key, ch = c // cpr, c % cpr
+            keys[i] = int32(key) if c < n_chunks else int32(-1)
+            sh_off[i] = uint32(key * rw_b + ch * 16)
+            g_off[i] = uint32(hk * (2 * head_dim) + ch * 16)
+
+    @cuda.jit(device=True, inline="always")
+    def stage(sh, sh_at, src, g0, kt0, length, kstride, keys, sh_off, g_off):
+        for i in range(per):
+            if keys[i] >= 0:
+                key = int32(kt0 + keys[i])
+                valid = key < length
+                key = min(key, int32(length - 1))  # never an address past the cache
+                cp_async16_at(sh, sh_at + sh_off[i], src,
+                              g0 + uint64(key) * uint64(kstride) + uint64(g_off[i]), valid)
+    return lane_chunks, stage
+
+
+def _reg_stager(fmt, head_dim, bkv, n_threads):
     """Device function stage(src, scale, sh, off, kt0, length, n_kv, hk, tid, va): keys kt0 ..
-    kt0 + bkv - 1 of KV head hk into sh[off:] as f16 rows of RW words (zeros past `length`).
-    f16: src is the cache as u32 [rows, row_words] and the copies are cp.async (complete after
-    cp_async_wait); else src is the cache's bytes, dequantized through va (8 f32)."""
+    kt0 + bkv - 1 of KV head hk into sh[off:] (a word index) as f16 rows of RW words (zeros
+    past `length`), dequantized from the cache's bytes `src` through va (8 f32): int8 / q4_0."""
     rw, cpr = head_dim // 2 + 4, head_dim // 8  # row words in shared; 8-value chunks per row
-    if fmt == "f16":
-        @cuda.jit(device=True, inline="always")
-        def stage(src, scale, sh, off, kt0, length, n_kv, hk, tid, va):
-            for c in range(tid, bkv * cpr, n_threads):
-                key, ch = c // cpr, c % cpr
-                ok = kt0 + key < length
-                row = (kt0 + key) * n_kv + hk if ok else 0
-                cp_async16(sh, off + key * rw + ch * 4, src, row, ch * 4, ok)
-        return stage
     read = make_reader(fmt, 8, _row_bytes(fmt, head_dim))
 
     @cuda.jit(device=True, inline="always")
@@ -176,6 +205,36 @@ def _stager(fmt, head_dim, bkv, n_threads):
                 for w in range(4):
                     sh[at + w] = uint32(0)
     return stage
+
+
+def _side_stager(fmt, head_dim, bkv, n_threads):
+    """One cache side's (stage, base), whichever the format: stage(src, scale, g0, sh, sh_base,
+    sh_at, kt0, length, n_kv, hk, tid, va, keys, sh_off, g_off) the f16 cp.async copies or the
+    dequantizing path into the buffer at shared address sh_at (word (sh_at - sh_base) / 4 of
+    sh, sh_base = smem_u32(sh)); base(src) the g0 it takes (the f16 cache's address)."""
+    if fmt == "f16":
+        _, f16 = _f16_stager(head_dim, bkv, n_threads)
+
+        @cuda.jit(device=True, inline="always")
+        def stage(src, scale, g0, sh, sh_base, sh_at, kt0, length, n_kv, hk, tid, va, keys,
+                  sh_off, g_off):
+            f16(sh, sh_at, src, g0, kt0, length, n_kv * (2 * head_dim), keys, sh_off, g_off)
+
+        @cuda.jit(device=True, inline="always")
+        def base(src):
+            return gaddr(src, 0, 0)
+        return stage, base
+    regs = _reg_stager(fmt, head_dim, bkv, n_threads)
+
+    @cuda.jit(device=True, inline="always")
+    def stage(src, scale, g0, sh, sh_base, sh_at, kt0, length, n_kv, hk, tid, va, keys, sh_off,
+              g_off):
+        regs(src, scale, sh, (sh_at - sh_base) // 4, kt0, length, n_kv, hk, tid, va)
+
+    @cuda.jit(device=True, inline="always")
+    def base(src):  # not read: the dequantizing path indexes the cache's bytes
+        return uint64(0)
+    return stage, base
 
 
 def _row_update(ns, no):
@@ -226,30 +285,39 @@ def mma_pair(af, fa, b0, b1, b2, b3, acc, a):
 
 
 def _tile_math(head_dim, bkv):
-    """(scores, accumulate): S = Q K^T of one tile into s (f32 C fragments of bkv // 8 key
-    tiles); O += P V with P as A fragments pf. sh / off: the tile's buffer."""
+    """(lane_rows, scores, accumulate): lane_rows(lane) the byte offsets of the calling lane's
+    ldmatrix rows in a K and a V buffer; S = Q K^T of one tile into s (f32 C fragments of
+    bkv // 8 key tiles) from the K buffer's lane row at shared address k_at; O += P V with P as
+    A fragments pf, from the V buffer's lane row at v_at. Every fragment's address is k_at or
+    v_at plus a constant (one ldmatrix instruction with an immediate offset)."""
     kk_n, ns, kc_n, no = head_dim // 16, bkv // 8, bkv // 16, head_dim // 8
-    rw = head_dim // 2 + 4
+    rw_b = (head_dim // 2 + 4) * 4  # bytes of a shared row (one key)
 
     @cuda.jit(device=True, inline="always")
-    def scores(qf, sK, off, lane, s):
+    def lane_rows(lane):
+        # K: two key tiles per ldmatrix (b0 b1 of keys +0..7, of +8..15), the lane's row key
+        # (lane & 7) + 8 (lane >> 4) at column 8 ((lane >> 3) & 1); V (.trans): two dim tiles,
+        # key (lane & 7) + 8 ((lane >> 3) & 1) at column 8 (lane >> 4)
+        k_row = uint32(((lane & 7) + ((lane >> 4) << 3)) * rw_b + ((lane >> 3) & 1) * 16)
+        v_row = uint32(((lane & 7) + ((lane >> 3) & 1) * 8) * rw_b + (lane >> 4) * 16)
+        return k_row, v_row
+
+    @cuda.jit(device=True, inline="always")
+    def scores(qf, sK, k_at, s):
         for i in range(ns * 4):
             s[i] = float32(0.0)
-        for p in range(ns // 2):  # two key tiles per ldmatrix: b0 b1 of keys +0..7, of +8..15
-            rb = off + (p * 16 + (lane & 7) + ((lane >> 4) << 3)) * rw + ((lane >> 3) & 1) * 4
+        for p in range(ns // 2):
             for kk in range(kk_n):
-                b0, b1, b2, b3 = ldsm_x4(sK, rb + kk * 8)
+                b0, b1, b2, b3 = ldsm_x4_at(sK, k_at + uint32(p * 16 * rw_b + kk * 32))
                 mma_pair(qf, kk * 4, b0, b1, b2, b3, s, 8 * p)
 
     @cuda.jit(device=True, inline="always")
-    def accumulate(pf, sV, off, lane, o):
-        for nd in range(no // 2):  # two dim tiles per ldmatrix.trans
+    def accumulate(pf, sV, v_at, o):
+        for nd in range(no // 2):
             for kc in range(kc_n):
-                rb = off + (kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * rw + nd * 8 \
-                    + (lane >> 4) * 4
-                b0, b1, b2, b3 = ldsm_x4_trans(sV, rb)
+                b0, b1, b2, b3 = ldsm_x4_trans_at(sV, v_at + uint32(kc * 16 * rw_b + nd * 32))
                 mma_pair(pf, kc * 4, b0, b1, b2, b3, o, 8 * nd)
-    return scores, accumulate
+    return lane_rows, scores, accumulate
 
 
 @functools.cache
@@ -265,10 +333,13 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
     tile = bkv * (head_dim // 2 + 4)  # words of one buffer of one side
     sh_words = 2 * tile
     n_qf, n_s, n_o, n_p = kk_n * 4, ns * 4, no * 4, kc_n * 4  # fragment registers of a lane
-    stage_k = _stager(k_fmt, head_dim, bkv, n_threads)
-    stage_v = _stager(v_fmt, head_dim, bkv, n_threads)
+    stage_k, base_k = _side_stager(k_fmt, head_dim, bkv, n_threads)
+    stage_v, base_v = _side_stager(v_fmt, head_dim, bkv, n_threads)
+    lane_chunks, _ = _f16_stager(head_dim, bkv, n_threads)
+    n_per = max(1, -(-bkv * (head_dim // 8) // n_threads))  # a thread's chunks of a tile
     row_update = _row_update(ns, no)
-    scores, accumulate = _tile_math(head_dim, bkv)
+    lane_rows, scores, accumulate = _tile_math(head_dim, bkv)
+    tile_b = 4 * tile  # bytes of one buffer of one side
 
     @cuda.jit(**({} if SIMULATED else jit_options(hb, tw, min_blocks)))
     def kernel(q, kd, ks, vd, vs, seq_len, n_ctx, n_kv, qk_scale, out):
@@ -291,6 +362,9 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
         o = cuda.local.array(n_o, float32)
         pf = cuda.local.array(n_p, uint32)
         va = cuda.local.array(8, float32)
+        keys = cuda.local.array(n_per, int32)
+        sh_off = cuda.local.array(n_per, uint32)
+        g_off = cuda.local.array(n_per, uint32)
         q_fragments(q, qf, h, r0, r1, t, n_q, qk_scale, kk_n)
         for i in range(n_o):
             o[i] = float32(0.0)
@@ -300,21 +374,28 @@ def gqa_kernel(k_fmt: str, v_fmt: str, head_dim: int, hb: int, tw: int, bkv: int
         first = start + tb * tb_len  # the block's first position: tiles below it see no mask
         kv_end = min(length, start + min(n_q, (tb + 1) * tb_len))
         n_tiles = (kv_end + bkv - 1) // bkv
-        stage_k(kd, ks, sK, 0, 0, length, n_kv, hk, tid, va)
-        stage_v(vd, vs, sV, 0, 0, length, n_kv, hk, tid, va)
+        sk0, sv0 = smem_u32(sK), smem_u32(sV)  # the buffers' shared addresses
+        gk0, gv0 = base_k(kd), base_v(vd)  # the f16 caches' addresses (u32 rows)
+        lane_chunks(tid, hk, keys, sh_off, g_off)
+        k_row, v_row = lane_rows(lane)
+        stage_k(kd, ks, gk0, sK, sk0, sk0, 0, length, n_kv, hk, tid, va, keys, sh_off, g_off)
+        stage_v(vd, vs, gv0, sV, sv0, sv0, 0, length, n_kv, hk, tid, va, keys, sh_off, g_off)
         for j in range(n_tiles):
-            kt0, off = j * bkv, (j & 1) * tile
+            kt0, buf = j * bkv, uint32((j & 1) * tile_b)
             cp_async_wait()
             cuda.syncthreads()  # tile j visible; every warp is done with tile j - 1's buffer
             if j + 1 < n_tiles:
-                stage_k(kd, ks, sK, tile - off, kt0 + bkv, length, n_kv, hk, tid, va)
-                stage_v(vd, vs, sV, tile - off, kt0 + bkv, length, n_kv, hk, tid, va)
-            scores(qf, sK, off, lane, s)
+                nxt = uint32(tile_b) - buf
+                stage_k(kd, ks, gk0, sK, sk0, sk0 + nxt, kt0 + bkv, length, n_kv, hk, tid, va,
+                        keys, sh_off, g_off)
+                stage_v(vd, vs, gv0, sV, sv0, sv0 + nxt, kt0 + bkv, length, n_kv, hk, tid, va,
+                        keys, sh_off, g_off)
+            scores(qf, sK, sk0 + buf + k_row, s)
             masked = kt0 + bkv - 1 > first
             m0, l0 = row_update(s, o, m0, l0, 0, kt0, pos0, length, t, masked)
             m1, l1 = row_update(s, o, m1, l1, 2, kt0, pos1, length, t, masked)
             p_fragments(s, pf, kc_n)
-            accumulate(pf, sV, off, lane, o)
+            accumulate(pf, sV, sv0 + buf + v_row, o)
         write(o, l0, l1, out, h, r0, r1, t, n_q, no)
 
     return kernel

@@ -15,13 +15,16 @@ from strata.cuda_kernels import attention_prefill, attention_prefill_gqa, kvcach
 
 # fmt, n_kv, group, start, n_q, head_dim, warps, bkv; the block shape (heads x 16-token groups)
 # block_shape gives: 2x1, 4x1, 1x4 (64 tokens: n_q 50 in one partial block), 3x1 (a group of 3
-# with 4 warps asked), 4x1 over a prefix of three 16-key tiles
+# with 4 warps asked), 4x1 over a prefix of three 16-key tiles, 2x2 at head_dim 96
 CASES = [
     ("f16", 1, 2, 7, 19, 32, 2, 16),
     ("int8", 2, 4, 21, 37, 32, 4, 32),
     ("q4_0", 1, 1, 40, 50, 64, 4, 16),
     ("f16", 1, 3, 5, 17, 32, 4, 16),
     ("f16", 1, 4, 35, 30, 64, 4, 16),
+    # head_dim 96: 192 16-byte chunks a tile over 128 threads (a thread's second chunk only for
+    # some threads), over two KV heads (the chunks' offsets within a key's rows)
+    ("f16", 2, 2, 11, 23, 96, 4, 16),
 ]
 
 
