@@ -306,17 +306,15 @@ def _tile_math(head_dim, bkv):
     def scores(qf, sK, k_at, s):
         for i in range(ns * 4):
             s[i] = float32(0.0)
-        # head_dim steps outer: the ns // 2 key pairs' mma chains interleave (each chain's
-        # order over head_dim, hence every sum, is the same either way)
-        for kk in range(kk_n):
-            for p in range(ns // 2):
+        for p in range(ns // 2):
+            for kk in range(kk_n):
                 b0, b1, b2, b3 = ldsm_x4_at(sK, k_at + uint32(p * 16 * rw_b + kk * 32))
                 mma_pair(qf, kk * 4, b0, b1, b2, b3, s, 8 * p)
 
     @cuda.jit(device=True, inline="always")
     def accumulate(pf, sV, v_at, o):
-        for kc in range(kc_n):  # key chunks outer: no mma waits on the one before it
-            for nd in range(no // 2):
+        for nd in range(no // 2):
+            for kc in range(kc_n):
                 b0, b1, b2, b3 = ldsm_x4_trans_at(sV, v_at + uint32(kc * 16 * rw_b + nd * 32))
                 mma_pair(pf, kc * 4, b0, b1, b2, b3, o, 8 * nd)
     return lane_rows, scores, accumulate
