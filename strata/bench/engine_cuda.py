@@ -256,7 +256,7 @@ def _profile(args, eng, options, sampling) -> dict | None:
 
 
 def _kv_note(d: dict, bw: dict) -> str:
-    """The KV part of the decode bound (absent in JSON written before 2026-12-08)."""
+    """The KV part of the decode bound (absent in JSON written before 2026-12-07)."""
     kv_v, kv_h = d.get("kv_vram_bytes_per_token"), d.get("kv_host_bytes_per_token")
     if kv_v is None:
         return ""

@@ -10,10 +10,10 @@ same bytes) and tokens as the whole KV in VRAM; the mapping is given back on clo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
-
-import dataclasses
 
 from helpers.gpu_engine import CONFIG, load, model_path
 
