@@ -102,6 +102,18 @@ def kv_read_bytes(kv_layout, n_layer: int, positions: range, resident: int
     return float(vram), float(host)
 
 
+def prompt_flops(s, n_prompt: int) -> float:
+    """The model's math in a prompt of `n_prompt` tokens from position 0 (a multiply-add counts
+    2): each layer's q/k/v/o projections, router and routed experts (gate, up, down) for every
+    token, causal attention over the prompt (QK^T and PV of the unmasked pairs), and the head
+    once (the last token's logits)."""
+    q_dim, kv_dim = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    per_token = 2 * s.n_embd * (2 * q_dim + 2 * kv_dim + s.n_expert
+                                + 3 * s.n_expert_used * s.n_ff_expert)
+    attention = 4 * (n_prompt * (n_prompt + 1) // 2) * s.n_head * s.head_dim
+    return float(s.n_layer * (n_prompt * per_token + attention) + 2 * s.n_embd * s.n_vocab)
+
+
 def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     """Load `args.model[0]` by `options`, prefill `args.prompt_tokens` random tokens, decode
     `args.gen`; every number against its bound. `host_store` / `bw`: a shared (HostStore,
@@ -182,6 +194,7 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
     decode_tps = (n_gen - 1) / decode_s
     prefill_tps = n_prompt / prefill_s
     stream_bound = n_prompt / (streamed / (bw["h2d_gb_per_s"] * 1e9)) if streamed else None
+    flops = prompt_flops(s, n_prompt)
     pred = m.plan.predicted_hit_rate
     use = eng.last_prompt_use  # None: the prompt ran as decode steps
     dev = cuda.get_current_device()
@@ -199,6 +212,9 @@ def measure(args, options, *, host_store=None, bw: dict | None = None) -> dict:
                     "ring_slots": use.ring_slots if use else 0,
                     "prompt_steps": eng.prompt_steps,
                     "bytes_streamed": streamed,
+                    # what the prompt's rate means in compute (a prompt that fits runs
+                    # compute-bound; against the card's tensor-core rate, not a bound)
+                    "model_tflop": flops / 1e12, "model_tflops_per_s": flops / prefill_s / 1e12,
                     "pcie_streaming_bound_tokens_per_s": stream_bound,
                     "fraction_of_streaming_bound": prefill_tps / stream_bound
                     if stream_bound else None},
@@ -266,6 +282,15 @@ def _kv_note(d: dict, bw: dict) -> str:
     return note
 
 
+def _math_line(p: dict) -> list[str]:
+    """The prompt's rate as TFLOP/s of the model's math (absent in JSON before 2026-12-07)."""
+    if p.get("model_tflops_per_s") is None:
+        return []
+    return [f"  {'':8s} {p['model_tflops_per_s']:10.1f} TFLOP/s of the model's math "
+            f"({p['model_tflop']:.2f} TFLOP: projections, router, routed experts, causal "
+            "attention)"]
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
 
@@ -289,6 +314,7 @@ def table(r: dict) -> str:
         + (f"run as decode steps: --prompt-steps {p.get('prompt_steps')})"
            if p["mode"] == "steps" else
            f"chunk {p['chunk']} {p['mode']}, ring {p['ring_slots']} slots)"),
+        *_math_line(p),
         f"  {'decode':8s} {d['tokens_per_s']:10.1f} {d['bound_tokens_per_s']:10.1f} "
         f"{_pct(d['fraction_of_bound']):>9s}  VRAM {d['vram_bytes_per_token'] / 1e9:.3f} GB + "
         f"missed {d['host_bytes_per_token'] / 1e9:.3f} GB per token"

@@ -88,6 +88,30 @@ def test_bench_decode_bound_counts_the_kv_each_step_reads():
     assert "KV 0.200 GB in VRAM" in table(r) and "in host memory" not in table(r)
 
 
+def test_bench_prompt_flops_count_the_models_math():
+    """Against a count made token by token and key by key (another way than the formula's)."""
+    from types import SimpleNamespace
+
+    from strata.bench.engine_cuda import prompt_flops, table
+
+    s = SimpleNamespace(n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8,
+                        n_expert_used=2, n_ff_expert=48, n_vocab=100)
+    n = 5
+    want = 0
+    for _ in range(s.n_layer):
+        for i in range(n):  # token i
+            want += 2 * 64 * 64 + 2 * 64 * 32 * 2 + 2 * 64 * 64  # q, k and v, o
+            want += 2 * 64 * 8 + 2 * (2 * 2 * 64 * 48 + 2 * 48 * 64)  # router, two experts
+            for _key in range(i + 1):  # QK^T and PV of each head over the keys it sees
+                want += 4 * 2 * 16 * 2
+    want += 2 * 64 * 100  # the last token's logits
+    assert prompt_flops(s, n) == want
+    r = _result(0)
+    r["prefill"].update(model_tflop=29.0, model_tflops_per_s=163.4)
+    assert "163.4 TFLOP/s of the model's math (29.00 TFLOP" in table(r)
+    assert "TFLOP/s" not in table(_result(0))  # JSON from before the field: no line
+
+
 def test_bench_cuda_needs_one_model(capsys):
     from strata.cli.main import main
 
