@@ -47,9 +47,15 @@ class KvLayout:
                 "q4_0": self.head_dim // 32 * 18}[self.fmt]
 
     @property
+    def token_rows_bytes(self) -> int:
+        """Bytes of one token's rows (every KV head) on this side, scales excluded: the unit
+        streamed KV maps, stages and reads over PCIe."""
+        return self.n_kv_head * self.row_bytes
+
+    @property
     def bytes_per_token(self) -> int:
         """Bytes one token adds to this side of the cache (scales included)."""
-        return self.n_kv_head * (self.row_bytes + (2 if self.fmt == "int8" else 0))
+        return self.token_rows_bytes + (2 * self.n_kv_head if self.fmt == "int8" else 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,7 @@ def kv_read_bytes(kv_layout, n_layer: int, positions: range, resident: int
     `--kv-resident`) in host memory and read over PCIe; int8's scales stay in VRAM."""
     if not len(positions):
         return 0.0, 0.0
-    row = kv_layout.n_kv_head * kv_layout.row_bytes  # one token's rows, one side, one layer
+    row = kv_layout.token_rows_bytes  # one token's rows, one side, one layer
     scale = kv_layout.bytes_per_token - row
     n_rows = np.arange(positions.start, positions.stop, positions.step, dtype=np.float64) + 1
     in_vram = np.minimum(n_rows, resident)

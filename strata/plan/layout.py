@@ -144,6 +144,12 @@ def kv_row_bytes(shape: ModelShape, kv_type: str) -> int:
     return {"f16": 2 * d, "int8": d, "q4_0": d // Q4_0_BLOCK * Q4_0_BLOCK_BYTES}[kv_type]
 
 
+def kv_side_token_bytes(shape: ModelShape, kv_type: str) -> int:
+    """Bytes one token's rows add to one layer's K (or V), every KV head, scales excluded: what
+    streamed KV maps, stages and leaves in host memory."""
+    return shape.n_head_kv * kv_row_bytes(shape, kv_type)
+
+
 def kv_token_layer_bytes(shape: ModelShape, kv_type: str) -> int:
     """K+V bytes of one token in one layer, exact (int8's f16 scales included)."""
     scale = 2 if kv_type == "int8" else 0
@@ -196,8 +202,7 @@ def kv_mapped_layout(shape: ModelShape, *, kv_type: str, resident_tokens: int,
 def kv_map_unit(shape: ModelShape, kv_type: str, granule_bytes: int) -> int:
     """Resident tokens come in multiples of this when the KV streams: a layer side's VRAM rows
     must end on a granule of the driver's address mappings."""
-    side = shape.n_head_kv * kv_row_bytes(shape, kv_type)  # bytes a token adds to a layer side
-    return granule_bytes // math.gcd(granule_bytes, side)
+    return granule_bytes // math.gcd(granule_bytes, kv_side_token_bytes(shape, kv_type))
 
 
 def _add_kv_stage(b: LayoutBuilder, shape: ModelShape, kv_type: str, stage_tokens: int) -> None:
@@ -205,8 +210,7 @@ def _add_kv_stage(b: LayoutBuilder, shape: ModelShape, kv_type: str, stage_token
     # runs on a VRAM copy of the layer's whole context (its K and V rows, [2, T, H * row]); decode
     # reads each key once and takes the mapped rows directly (it has no copy).
     if stage_tokens > 0:
-        b.add("kv_stage", np.uint8, (2, stage_tokens,
-                                     shape.n_head_kv * kv_row_bytes(shape, kv_type)))
+        b.add("kv_stage", np.uint8, (2, stage_tokens, kv_side_token_bytes(shape, kv_type)))
 
 
 # -- decode session ------------------------------------------------------------------------------

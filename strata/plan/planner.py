@@ -21,7 +21,7 @@ from strata.plan.cache import CacheLayout, fill_cache
 from strata.plan.devices import DeviceInfo, default_reserve_bytes, fmt_bytes
 from strata.plan.elastic import decide
 from strata.plan.layout import (
-    Layout, LayoutBuilder, kv_bytes_per_token, kv_row_bytes, prompt_layout, ring_layout,
+    Layout, LayoutBuilder, kv_bytes_per_token, kv_side_token_bytes, prompt_layout, ring_layout,
     ring_slot_bytes,
 )
 from strata.plan.options import PlanOptions
@@ -119,8 +119,8 @@ def _kv_plan(shape: ModelShape, s: Setting, options: PlanOptions, kv: Layout,
     return KvPlan(options.kv_type, s.max_context, per_token, s.resident_tokens, s.stage_tokens,
                   kv.total_bytes + mapped_bytes,
                   # K and V rows past the resident ones (int8's scales stay in VRAM)
-                  (s.max_context - s.resident_tokens) * shape.n_layer * 2 * shape.n_head_kv
-                  * kv_row_bytes(shape, options.kv_type) * n_seq, n_seq)
+                  (s.max_context - s.resident_tokens) * shape.n_layer * 2
+                  * kv_side_token_bytes(shape, options.kv_type) * n_seq, n_seq)
 
 
 def _hit_model(profile: RoutingProfile) -> str:

@@ -225,9 +225,8 @@ class CudaModel:
         self.kv_layout = lay
         self.kv_map = None
         if streamed:
-            side = n_ctx * s.n_head_kv * lay.row_bytes
-            self.kv_map = KvMap(2 * (hi - lo), side,
-                                p.kv.resident_tokens * s.n_head_kv * lay.row_bytes,
+            self.kv_map = KvMap(2 * (hi - lo), n_ctx * lay.token_rows_bytes,
+                                p.kv.resident_tokens * lay.token_rows_bytes,
                                 device=self.options.device)
             self._check_reserve_after_map()
             self.log(f"KV: {p.kv.resident_tokens} of {n_ctx} tokens in VRAM, the rest in "

@@ -227,7 +227,9 @@ class PromptRun:
     def _stage_sides(self, il: int):
         """The prompt path's VRAM copy of layer il's K and V (`kv_stage`, [2, ctx, H * row]
         uint8), as cache sides with the layer's own int8 scales (those stay in VRAM)."""
-        return tuple(KvSide(side.layout, self.P["kv_stage"][j].reshape(-1), side.scale)
+        data = self._view(("kv_stage",), lambda: [self.P["kv_stage"][j].reshape(-1)
+                                                  for j in range(2)])  # once a prompt
+        return tuple(KvSide(side.layout, data[j], side.scale)
                      for j, side in enumerate(self.m.kv_sides[il]))
 
     def _stage_layer(self, il: int, start: int):
@@ -235,7 +237,7 @@ class PromptRun:
         into the stage, on the compute stream (the previous layer's attention is done with
         it). Returns the stage's sides, where the chunk's rows are written next."""
         st, stage = self.m.stream, self._stage_sides(il)
-        n_bytes = start * self.m.kv_layout.n_kv_head * self.m.kv_layout.row_bytes
+        n_bytes = start * self.m.kv_layout.token_rows_bytes
         if n_bytes:
             for src, dst in zip(self.m.kv_sides[il], stage):
                 dst.data[:n_bytes].copy_to_device(src.data[:n_bytes], stream=st)
@@ -245,7 +247,7 @@ class PromptRun:
     def _unstage_layer(self, il: int, stage, start: int, n: int) -> None:
         """The chunk's rows start .. start + n of layer il from its stage sides to the mapped
         sides."""
-        st, row = self.m.stream, self.m.kv_layout.n_kv_head * self.m.kv_layout.row_bytes
+        st, row = self.m.stream, self.m.kv_layout.token_rows_bytes
         a, b = start * row, (start + n) * row
         for dst, src in zip(self.m.kv_sides[il], stage):
             dst.data[a:b].copy_to_device(src.data[a:b], stream=st)
