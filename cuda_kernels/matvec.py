@@ -28,6 +28,7 @@ from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_s
 from .lanes_x8 import (GRID_COPIES, X8_FORMATS, grid_copies, lanes_for, rounds_decoding,
                        stage_table_copies, stager)
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
+from .lanes_between import between_steps
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
                      n_blocks, register_ptx)
 from .matvec_f32 import float_format, matvec_float
@@ -110,6 +111,17 @@ def has_rounds(lf: LaneFormat) -> bool:
     return (lf.name, lf.x8) not in NO_ROUNDS
 
 
+# Plain one-pair 8-bit lane matvecs ask for x between their first step's two rows
+# (`lanes_between`), so x is staged and row a dotted while row b still streams. Read at launch.
+X_BETWEEN = False
+
+
+def x_between(lf: LaneFormat, rounds: bool, normed: bool) -> bool:
+    """Whether a launch of lf's kernel (rounds / normed) asks for x between the rows
+    (X_BETWEEN; plain one-pair 8-bit kernels only)."""
+    return X_BETWEEN and lf.x8 and not rounds and not normed
+
+
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
 # Q4_K 132-159, IQ3_S 128-167), which leaves one 256-thread block per SM: their kernels are
 # compiled for two blocks per SM (128 registers; no spills). The others take 56-121 and keep
@@ -154,10 +166,12 @@ def rounds_ahead(lf: LaneFormat, rounds: bool = True, min_blocks: int = 0) -> in
     return ROUNDS_AHEAD.get((lf.name, lf.x8), 1) if rounds and not min_blocks else 1
 
 
-def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0, ahead: int = 1) -> dict:
+def matvec_jit_options(lf: LaneFormat, min_blocks: int = 0, ahead: int = 1,
+                       between: bool = False) -> dict:
     """Compile options of a format's one-token lane matvec kernels (min_blocks: a wide rounds
-    kernel's blocks an SM; ahead: a rounds kernel's units of loads ahead)."""
-    if min_blocks or ahead > 1:
+    kernel's blocks an SM; ahead: a rounds kernel's units of loads ahead; between: x asked for
+    between the rows, whose held loads took Q6_K to 130 registers unbounded)."""
+    if min_blocks or ahead > 1 or between:
         return {"launch_bounds": (LANE_THREADS, min_blocks or 2)}
     return lane_jit_options(lf)
 
@@ -186,16 +200,20 @@ _CACHE: dict[tuple, object] = {}
 
 
 def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead: int = 1,
-              copies: int = 1):
+              copies: int = 1, x_between: bool = False):
     """The lane matvec of one block as a device function (`_lanes_single`'s kernel; the mixed
     kernel of `matvec_mixed` runs one per format; ahead: see ROUNDS_AHEAD):
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
     (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
-    sums, the staged x of lf's `xs_type`)."""
+    sums, the staged x of lf's `xs_type`). x_between: a plain one-pair 8-bit kernel asking for x
+    between a step's rows (`lanes_between`; X_BETWEEN)."""
     if copies > 1 and not rounds:
         raise ValueError("a table in copies is for the rounds kernels")
+    if x_between and (rounds or normed or not lf.x8):
+        raise ValueError("x between the rows is for plain one-pair 8-bit kernels")
+    between = between_steps(lf, LANE_THREADS) if x_between else None
     if rounds:
         lf = rounds_decoding(lf, copies)
     load_pair, dot_pair = pair_step(lf)
@@ -218,6 +236,14 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         m, row0, n_here = pair_at(2 * pair, n_rows, n_first, b3, n1, n3, normed)
         off_a = min(row0, n_here - 1) * row_bytes
         off_b = min(row0 + 1, n_here - 1) * row_bytes
+        if x_between:  # compile time: loads, table and x staged by `lanes_between`
+            acc_a, acc_b = between(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
+                                   x, xs, sums_off, tab, tab_s, s_first, s_stride)
+            acc_a, acc_b = combine_split(acc_a, acc_b, s_part, log)
+            if (cuda.threadIdx.x & 31) == 0 and sub == 0:
+                put_pair(y3 if m == 2 else (y2 if m == 1 else y), row0, n_here, acc_a, acc_b,
+                         accumulate)
+            return
         cur = load_pair(w3 if m == 2 else (w2 if m == 1 else w), off_a, off_b, n_sb,
                         s_first)  # in flight while x is staged
         if has_tab:
@@ -318,9 +344,9 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
 
 
 def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0, copies: int = 1):
+                  min_blocks: int = 0, copies: int = 1, between: bool = False):
     ahead = rounds_ahead(lf, rounds, min_blocks)
-    body = lane_body(lf, normed, rounds, ahead, copies)
+    body = lane_body(lf, normed, rounds, ahead, copies, between)
     xs_type = lf.xs_type
     n_tab, tab_type = lf.table.size * copies, lf.table.dtype.type
 
@@ -352,8 +378,11 @@ def _lanes_single(lf: LaneFormat, normed: bool = False, rounds: bool = False,
     if copies > 1:
         matvec_lanes.__name__ += f"_copies{copies}"
         matvec_lanes.__qualname__ += f"_copies{copies}"
-    return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks, ahead)))(
-        matvec_lanes)
+    if between:
+        matvec_lanes.__name__ += "_between"
+        matvec_lanes.__qualname__ += "_between"
+    return cuda.jit(**({} if SIMULATED else matvec_jit_options(lf, min_blocks, ahead,
+                                                               between)))(matvec_lanes)
 
 
 def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
@@ -363,12 +392,13 @@ def lanes_fit(lf: LaneFormat, n_vals: int) -> bool:
 
 
 def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
-                  min_blocks: int = 0, copies: int = 1):
+                  min_blocks: int = 0, copies: int = 1, between: bool = False):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
-        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else ())
+        ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else
+        (("between",) if between else ()))
     k = _CACHE.get(key)
     if k is None:
-        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies)
+        k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies, between)
     return k
 
 
@@ -408,7 +438,8 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     if rounds:  # the block's shared memory: x, the table (copies of it), the partial sums
         grid, min_blocks = rounds_launch(lf, grid)
         copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS)
-    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies)
+    kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies,
+                         x_between(lf, rounds, norm is not None))
     kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
@@ -480,11 +511,11 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
 
-def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1):
+def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1, between=False):
     def build():
         tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
         u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed, rounds, min_blocks, copies).py_func, (
+        return _lanes_single(lf, normed, rounds, min_blocks, copies, between).py_func, (
             (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
                                          types.boolean, tab))
     return build
@@ -498,6 +529,10 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=_r), options=_opts)
         register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, _r), options=_opts)
+    if _lf.x8:
+        register_ptx("matvec", f"matvec_lanes_between_x8_{_lf.name}_f32",
+                     _ptx_lanes(_lf, types.float32, between=True),
+                     options=matvec_jit_options(_lf, between=True))
     if _lf.x8 and _lf.ggml_type in GRID_COPIES:
         _c = GRID_COPIES[_lf.ggml_type]
         _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf))

@@ -246,6 +246,41 @@ def stage_x8(x, n_vals, xs, sums_off):
 
 
 @cuda.jit(device=True, inline="always")
+def x8_preload(x, n_vals):
+    """The calling thread's octets of `stage_x8`'s first two rounds (o = thread, thread + block;
+    clamped to the last octet), loaded into registers: issued before other loads, they are
+    staged by `stage_x8_preloaded` while those still stream (16 float32)."""
+    last = (n_vals >> 3) - 1
+    i = 8 * min(cuda.threadIdx.x, last)
+    j = 8 * min(cuda.threadIdx.x + cuda.blockDim.x, last)
+    a0, a1, a2, a3 = ld_x4(x, i)
+    b0, b1, b2, b3 = ld_x4(x, i + 4)
+    c0, c1, c2, c3 = ld_x4(x, j)
+    d0, d1, d2, d3 = ld_x4(x, j + 4)
+    return (a0, a1, a2, a3, b0, b1, b2, b3), (c0, c1, c2, c3, d0, d1, d2, d3)
+
+
+@cuda.jit(device=True, inline="always")
+def stage_x8_preloaded(pre, x, n_vals, xs, sums_off):
+    """`stage_x8` with its first two rounds' octets already loaded (`x8_preload`): the same
+    words in xs, every octet quantized by the same code."""
+    n_oct = n_vals >> 3
+    last = n_oct - 1
+    o = cuda.threadIdx.x
+    p, q = pre
+    _put_x8(o, n_oct, xs, sums_off, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
+    _put_x8(o + cuda.blockDim.x, n_oct, xs, sums_off, q[0], q[1], q[2], q[3], q[4], q[5], q[6],
+            q[7])
+    o0 = 2 * cuda.blockDim.x
+    while o0 < n_oct:
+        o = o0 + cuda.threadIdx.x
+        a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
+        b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
+        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
+        o0 += cuda.blockDim.x
+
+
+@cuda.jit(device=True, inline="always")
 def stage_x8_normed(x, nw, scale, n_vals, xs, sums_off, xn, write_xn):
     """`stage_x8` of v[i] = x[i] * scale * nw[i] (as `stage_padded_normed`; x, nw float32), and
     with `write_xn` xn[i] = v[i]."""

@@ -244,9 +244,9 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     launched = []  # (rounds, min_blocks, copies) of each lane launch
     kernel = mv._lanes_kernel
 
-    def recording(lf, normed=False, rounds=False, min_blocks=0, copies=1):
+    def recording(lf, normed=False, rounds=False, min_blocks=0, copies=1, between=False):
         launched.append((rounds, min_blocks, copies))
-        return kernel(lf, normed, rounds, min_blocks, copies)
+        return kernel(lf, normed, rounds, min_blocks, copies, between)
     monkeypatch.setattr(mv, "_lanes_kernel", recording)
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, name, x, y)
@@ -261,6 +261,62 @@ def test_lane_matvec_in_rounds_equals_one_round(name, n_rows, n_cols, cap, monke
     acc = base.copy()
     mv.matvec(rows, name, x, acc, accumulate=True)
     assert np.array_equal(acc, base + y_one)
+
+
+# (format, n_rows, n_cols, x dtype): one step a warp (Q4_K 2048), two warps a pair (Q4_K 4096:
+# 4 rows are 2 pairs, one block), a step's tail past the row (Q6_K 768: 3 super-blocks of a
+# step's 8), several steps a warp (IQ3_S 4608 in 3 warps' interleaved steps), x past the two
+# rounds each thread loads first (5120 values: 640 octets of 512), the tables (IQ3_S's grid,
+# IQ4_XS's levels), float16 x, an odd row count
+BETWEEN = [("Q4_K", 7, 2048, np.float32), ("Q4_K", 4, 4096, np.float32),
+           ("Q6_K", 5, 768, np.float32), ("IQ3_S", 3, 4608, np.float32),
+           ("Q4_K", 6, 5120, np.float16), ("IQ4_XS", 5, 5120, np.float32),
+           ("IQ3_S", 4, 512, np.float16)]
+
+
+@pytest.mark.parametrize("name,n_rows,n_cols,dtype", BETWEEN)
+def test_x_between_the_rows_equals_the_plain_kernel(name, n_rows, n_cols, dtype, monkeypatch):
+    """The one-pair 8-bit kernel asking for x between a step's rows (X_BETWEEN,
+    `lanes_between`) stages the same x and dots the same steps in the same order: bit for bit
+    the plain kernel's sums (y = and y +=), and equal to the reference."""
+    rng = np.random.default_rng(n_rows * n_cols + 5)
+    rows = random_rows(name, n_rows, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(dtype)
+    lf = mv.launch_decoding(BY_LANE_NAME[name], None, n_cols, ((rows, None, n_rows),))
+    assert lf.x8
+    base = rng.standard_normal(n_rows).astype(np.float32)
+    got = {}
+    for between in (False, True):
+        monkeypatch.setattr(mv, "X_BETWEEN", between)
+        monkeypatch.setattr(mv, "_CACHE", {})
+        y = np.full(n_rows, np.nan, np.float32)
+        mv.matvec(rows, name, x, y)
+        acc = base.copy()
+        mv.matvec(rows, name, x, acc, accumulate=True)
+        got[between] = y, acc
+        assert ((lf.ggml_type, 0, True, "between") in mv._CACHE) == between
+    assert np.array_equal(got[True][0], got[False][0])
+    assert np.array_equal(got[True][1], got[False][1])
+    assert _rel(got[True][0], reference(name, rows, n_cols) @ x_seen(x, True)) < 1e-5
+
+
+def test_x_between_the_rows_only_where_it_applies(monkeypatch):
+    """X_BETWEEN takes only plain one-pair 8-bit launches: not float32 x, rounds or the norm;
+    lane_body refuses the others."""
+    q4 = BY_LANE_NAME["Q4_K"]
+    q4x8 = mv.lanes_for(q4, True)
+    monkeypatch.setattr(mv, "X_BETWEEN", True)
+    assert mv.x_between(q4x8, False, False)
+    assert not mv.x_between(q4, False, False)
+    assert not mv.x_between(q4x8, True, False)
+    assert not mv.x_between(q4x8, False, True)
+    monkeypatch.setattr(mv, "X_BETWEEN", False)
+    assert not mv.x_between(q4x8, False, False)
+    for kw in ({"rounds": True}, {"normed": True}):
+        with pytest.raises(ValueError, match="plain one-pair 8-bit"):
+            mv.lane_body(q4x8, x_between=True, **kw)
+    with pytest.raises(ValueError, match="plain one-pair 8-bit"):
+        mv.lane_body(q4, x_between=True)
 
 
 AHEAD = [("Q6_K", 41, 1024, 1), ("Q6_K", 9, 3072, 2), ("Q4_K", 35, 2048, 2),
