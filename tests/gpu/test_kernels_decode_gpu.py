@@ -111,6 +111,36 @@ def test_matvec_in_rounds_full_size(name, monkeypatch):
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 1e-6
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K_P8", "IQ3_S", "IQ4_XS"])
+def test_matvec_x_between_the_rows_full_size(name, monkeypatch):
+    """The one-pair 8-bit kernel asking for x between a step's rows (`matvec.X_BETWEEN`) at the
+    30B's 4096 -> 2048 and 2048 -> 4096 (y = and y +=): equal to the reference and to the
+    kernel without (the same sums in the same order; the compiler may fuse a multiply-add
+    differently, so within 1e-6, as the rounds test allows)."""
+    from strata.cuda_kernels import matvec as mv
+    cuda = _cuda()
+    rng = np.random.default_rng()
+    for n_rows, n_cols in ((2048, 4096), (4096, 2048)):
+        rows = random_rows(name, n_rows, n_cols, rng)
+        assert dots_x8(name, rows.nbytes)
+        w = cuda.to_device(stored(name, rows))
+        x = rng.standard_normal(n_cols).astype(np.float32)
+        base = rng.standard_normal(n_rows).astype(np.float32)
+        got = {}
+        for between in (True, False):
+            monkeypatch.setattr(mv, "X_BETWEEN", between)
+            y = _poisoned(n_rows)
+            mv.matvec(w, name, cuda.to_device(x), y)
+            acc = cuda.to_device(base)
+            mv.matvec(w, name, cuda.to_device(x), acc, accumulate=True)
+            got[between] = y.copy_to_host().astype(np.float64), acc.copy_to_host()
+        _check(f"matvec x between {name}", (n_rows, n_cols), got[True][0],
+               reference(name, rows, n_cols) @ x_seen(x, True))
+        for k in (0, 1):
+            a, b = got[True][k].astype(np.float64), got[False][k].astype(np.float64)
+            assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-6
+
+
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
                                                    (False, True, True), (False, False, False)])
