@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LaneFormat
 from .xstage import stage_x8_preloaded, x8_preload
@@ -106,3 +107,92 @@ def between_steps(lf: LaneFormat, n_threads: int):
             s0 += s_stride
         return warp_sum(acc_a), warp_sum(acc_b)
     return run
+
+
+def between_first_item(lf: LaneFormat, n_threads: int, lane_warps: int):
+    """Device function for the MoE's one-step gate/up items (`moe_lanes.gate_up_items`), the
+    first item of each warp with x asked for between its gate and up rows:
+      first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
+            tab, tab_s, h, n_ff) -> (it, row, kk, cur)
+    The warp asks for its first item's gate row, then its octets of x (and the table's
+    entries), then the up row and its second item's rows; the whole block stages the table and
+    x and synchronises; the warp dots the first item (gate, then up, as `dot_pair`) and writes
+    its h entry, and returns its second item and that item's loads for `run`, which goes on
+    as from its first: the same items, dots and sums."""
+    if not lf.x8:
+        raise ValueError(f"{lf.name}: x between the rows is for the 8-bit decodings")
+    load, dot = lf.load, lf.dot
+    lanes = lf.lanes
+    sb_bytes, sb_padded, sb_sums, n_values = lf.sb_bytes, lf.padded_sb, lf.sb_sums, lf.sb_values
+    n_tab, has_tab = lf.table.size, lf.has_table
+    if has_tab and n_tab > 2 * n_threads:
+        raise ValueError(f"{lf.name}: a table of {n_tab} entries past two a thread")
+
+    @cuda.jit(device=True, inline="always")
+    def first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
+              tab, tab_s, h, n_ff):
+        lane = cuda.threadIdx.x & 31
+        part = lane & (lanes - 1)
+        grp = lane // lanes
+        sb = min(grp, n_sb - 1)
+        it = cuda.blockIdx.x * lane_warps + (cuda.threadIdx.x >> 5)
+        row = it // k
+        kk = it - row * k
+        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
+        off_g = s_base[kk] + row * row_bytes
+        src = cache if where == 0 else host
+        if where < 0:  # as gate_up_items' first: a dummy load of a cache row, never used
+            off_g = 0
+            src = cache if cache.shape[0] >= up_off + row_bytes else host
+        cur_g = load(src, off_g + sb * sb_bytes, part)
+        # each group behind a branch taken wherever the kernel runs (`between_steps`)
+        pre = ZERO_OCTETS
+        t0 = cuda.threadIdx.x
+        t1 = t0 + cuda.blockDim.x
+        e0 = tab[0]
+        e1 = e0
+        if n_sb > 0:
+            pre = x8_preload(x, n_sb * n_values)
+            if has_tab:  # compile time
+                e0 = tab[min(t0, n_tab - 1)]
+                e1 = tab[min(t1, n_tab - 1)]
+        # the second item: (row, kk) + the grid's warps, as `run` steps
+        n_warps = cuda.gridDim.x * lane_warps
+        it1 = it + n_warps
+        row1 = it1 // k
+        kk1 = it1 - row1 * k
+        cur_u = cur_g
+        nxt = (cur_g, cur_g)
+        if row_bytes > 0:
+            cur_u = load(src, off_g + up_off + sb * sb_bytes, part)
+            if it1 < n_items:
+                where1 = s_where[kk1]
+                if where1 >= 0:  # never a read for an expert left to the CPU
+                    off1 = s_base[kk1] + row1 * row_bytes
+                    src1 = cache if where1 == 0 else host
+                    nxt = (load(src1, off1 + sb * sb_bytes, part),
+                           load(src1, off1 + up_off + sb * sb_bytes, part))
+        if has_tab:
+            if t0 < n_tab:
+                tab_s[t0] = e0
+            if t1 < n_tab:
+                tab_s[t1] = e1
+        stage_x8_preloaded(pre, x, n_sb * n_values, xs, sums_off)
+        cuda.syncthreads()
+        xo = sb * sb_padded
+        so = sums_off + sb * sb_sums
+        g = F0
+        u = F0
+        if where >= 0:
+            g = dot(cur_g, part, xs, xo, so, tab_s)
+            if row_bytes > 0:  # a block of its own: ptxas would interleave the two dots
+                u = dot(cur_u, part, xs, xo, so, tab_s)
+            if grp >= n_sb:  # `dot_pair`: a group past the row adds nothing
+                g = F0
+                u = F0
+        g = warp_sum(g)
+        u = warp_sum(u)
+        if it < n_items and (cuda.threadIdx.x & 31) == 0:
+            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+        return it1, row1, kk1, nxt
+    return first

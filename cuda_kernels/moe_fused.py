@@ -29,6 +29,7 @@ from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
+from .lanes_between import between_first_item
 from .moe_lanes import down_units, gate_up_items
 from .moe_slots import MAX_K, route_resolve
 from .qformats import is_planar
@@ -82,6 +83,10 @@ BARRIER = "count"
 # are what they wait on; here a third was slower on the H200 for every pair (Q4_K/Q4_K 21.57
 # against 15.46 us; `bench/results/2026-12-05_kernels_moe_blocks_an_sm.json`).
 BLOCKS_AN_SM = 2
+# Gate/up on 8-bit x asks for each warp's first item's gate row, then x, then its up row and
+# second item (`lanes_between.between_first_item`), so x is staged and the gate row dotted while
+# the up rows stream. Read when a kernel is made.
+X_BETWEEN = False
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -113,7 +118,7 @@ def _jit(blocks_an_sm: int) -> dict:
     return {} if SIMULATED else {"launch_bounds": (LANE_THREADS, blocks_an_sm)}
 
 
-def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
+def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, x_between: bool = False):
     gu_first, gu_run = gate_up_items(gu)
     geometry, dn_rows, dn_first, dn_run, dn_finish = down_units(dn)
     gu_values, dn_values = gu.sb_values, dn.sb_values
@@ -127,6 +132,8 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
     if BARRIER not in ("generation", "count"):
         raise ValueError(f"moe_fused.BARRIER: {BARRIER!r}")
     count = split and BARRIER == "count"
+    between = x_between and gu.x8
+    gu_between = between_first_item(gu, LANE_THREADS, LANE_WARPS) if between else None
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,
@@ -178,12 +185,17 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
                     s_dwhere[0] = 0 if cache.shape[0] >= down_off + n_embd * dn_row_bytes else 1
                     s_dbase[0] = down_off
         if phase != 1:
-            it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host, gu_row_bytes,
-                                        up_off, gu_n_sb)  # in flight while x is staged
-            if has_tg:
-                stage_table(tab_gu, tab_g, n_tg)
-            stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
-            cuda.syncthreads()
+            if between:  # compile time: the first item dotted, x staged, in `gu_between`
+                it, row, kk, cur = gu_between(k, n_items, s_where, s_base, cache, host,
+                                              gu_row_bytes, up_off, gu_n_sb, x, xs, gu_sums_off,
+                                              tab_gu, tab_g, h, n_ff)
+            else:
+                it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host,
+                                            gu_row_bytes, up_off, gu_n_sb)  # in flight while
+                if has_tg:                                                   # x is staged
+                    stage_table(tab_gu, tab_g, n_tg)
+                stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
+                cuda.syncthreads()
             gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
                    up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
         else:
@@ -238,9 +250,10 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int):
 
 
 def _kernel(gu: LaneFormat, dn: LaneFormat):
-    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, BARRIER)
+    key = (gu.ggml_type, gu.x8, dn.ggml_type, BLOCKS_AN_SM, BARRIER) + (
+        ("between",) if X_BETWEEN and gu.x8 else ())
     if key not in _CACHE:
-        _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM)
+        _CACHE[key] = _fused(gu, dn, BLOCKS_AN_SM, X_BETWEEN)
     return _CACHE[key]
 
 
@@ -319,3 +332,7 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
         register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
                      lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM).py_func, sig),
                      options=_jit(BLOCKS_AN_SM))
+        if g.x8 and (g.name, d.name) in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
+            register_ptx(family, f"moe_fused_lanes_between_x8_{g.name}_{d.name}",
+                         lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM, True).py_func,
+                                                    sig), options=_jit(BLOCKS_AN_SM))

@@ -86,6 +86,34 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
     np.testing.assert_array_equal(got[n_out:], out0[n_out:])
 
 
+@pytest.mark.parametrize("cpu_misses,routed,resident", [(False, True, 1 << 30),
+                                                        (True, False, 1)])
+def test_gate_up_with_x_between_the_rows_is_bit_for_bit(cpu_misses, routed, resident,
+                                                        monkeypatch):
+    """Gate/up on 8-bit x asking for x between each warp's first gate and up rows
+    (`moe_fused.X_BETWEEN`, `lanes_between.between_first_item`): h, out and the bookkeeping bit
+    for bit the kernel's without, with a missed expert left to the CPU and with a grid of one
+    block (each warp through several items)."""
+    import strata.cuda_kernels.moe as moe_mod
+    monkeypatch.setattr(moe_mod, "GATE_UP_X8", True)
+    monkeypatch.setattr(moe_fused, "SIM_RESIDENT", resident)
+    rng = np.random.default_rng(11)
+    layout = ExpertLayout(256, 512, "Q4_K", "Q6_K")
+    store, _ = _store(layout, "Q4_K", "Q6_K", rng)
+    x = rng.standard_normal(256).astype(np.float32)
+    h0 = rng.standard_normal((K, 512)).astype(np.float32)
+    out0 = rng.standard_normal(256).astype(np.float32)
+    run = dict(cpu_misses=cpu_misses, routed=routed, max_row_blocks=1 if resident > 1 else 2)
+    got = {}
+    for between in (False, True):
+        monkeypatch.setattr(moe_fused, "X_BETWEEN", between)
+        got[between] = _run(layout, store, x, h0, out0, sync=np.zeros(2, np.int32), **run)
+        assert any(key[-1] == "between" for key in moe_fused._CACHE) or not between
+    for key in got[True]:
+        np.testing.assert_array_equal(got[True][key], got[False][key], err_msg=key)
+    assert not np.array_equal(got[True]["h"][:, :LANE_WARPS], h0[:, :LANE_WARPS])
+
+
 def test_fused_grid_smaller_than_the_row_blocks(monkeypatch):
     """A GPU that holds fewer blocks than down has row blocks (a small card): each block takes
     its row blocks in turn, its gate/up items likewise; the same bits as the two launches,
