@@ -113,7 +113,7 @@ def between_first_item(lf: LaneFormat, n_threads: int, lane_warps: int):
     """Device function for the MoE's one-step gate/up items (`moe_lanes.gate_up_items`), the
     first item of each warp with x asked for between its gate and up rows:
       first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
-            tab, tab_s, h, n_ff) -> (it, row, kk, cur)
+            tab, tab_s, h, n_ff, step_row, step_kk) -> (it, row, kk, cur)
     The warp asks for its first item's gate row, then its octets of x (and the table's
     entries), then the up row and its second item's rows; the whole block stages the table and
     x and synchronises; the warp dots the first item (gate, then up, as `dot_pair`) and writes
@@ -130,7 +130,7 @@ def between_first_item(lf: LaneFormat, n_threads: int, lane_warps: int):
 
     @cuda.jit(device=True, inline="always")
     def first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
-              tab, tab_s, h, n_ff):
+              tab, tab_s, h, n_ff, step_row, step_kk):
         lane = cuda.threadIdx.x & 31
         part = lane & (lanes - 1)
         grp = lane // lanes
@@ -156,11 +156,13 @@ def between_first_item(lf: LaneFormat, n_threads: int, lane_warps: int):
             if has_tab:  # compile time
                 e0 = tab[min(t0, n_tab - 1)]
                 e1 = tab[min(t1, n_tab - 1)]
-        # the second item: (row, kk) + the grid's warps, as `run` steps
-        n_warps = cuda.gridDim.x * lane_warps
-        it1 = it + n_warps
-        row1 = it1 // k
-        kk1 = it1 - row1 * k
+        # the second item: (row, kk) + the grid's warps by one carry, as `run` steps
+        it1 = it + cuda.gridDim.x * lane_warps
+        row1 = row + step_row
+        kk1 = kk + step_kk
+        if kk1 >= k:
+            kk1 -= k
+            row1 += 1
         cur_u = cur_g
         nxt = (cur_g, cur_g)
         if row_bytes > 0:

@@ -111,15 +111,24 @@ def has_rounds(lf: LaneFormat) -> bool:
     return (lf.name, lf.x8) not in NO_ROUNDS
 
 
-# Plain one-pair 8-bit lane matvecs ask for x between their first step's two rows
-# (`lanes_between`), so x is staged and row a dotted while row b still streams. Read at launch.
-X_BETWEEN = False
+# Plain one-pair 8-bit lane matvecs of these formats ask for x between their first step's two
+# rows (`lanes_between`), so x is staged and row a dotted while row b still streams, where a warp
+# takes at most this many steps. On an H100, off and on twice in one process, the same bits
+# (`2026-12-07_x_between_h100.json`), us (4096x4096 / 2048->4096 / 4096->2048): Q4_K 5.90 / 4.32
+# / 4.66 against 6.97 / 4.77 / 5.46 (93 / 87 / 80% of a read of the bytes against 78 / 78 /
+# 69%), Q6_K_P8 8.95 / 5.65 / 5.89 against 8.93 / 5.89 / 6.60, IQ4_XS 6.95 / 4.95 / 5.24
+# against 7.43 / 5.24 / 5.93; IQ3_S 5.71 / 6.02 against 5.80 / 6.54 where its warps take one
+# step, but 8.77 against 8.26 at 4096x4096 (two steps a warp). Q6_K in GGUF's layout was not
+# timed. Read at launch.
+X_BETWEEN: dict[str, int] = {"Q4_K": 1 << 30, "Q6_K_P8": 1 << 30, "IQ4_XS": 1 << 30,
+                             "IQ3_S": 1}
 
 
-def x_between(lf: LaneFormat, rounds: bool, normed: bool) -> bool:
-    """Whether a launch of lf's kernel (rounds / normed) asks for x between the rows
-    (X_BETWEEN; plain one-pair 8-bit kernels only)."""
-    return X_BETWEEN and lf.x8 and not rounds and not normed
+def x_between(lf: LaneFormat, rounds: bool, normed: bool, warp_steps: int) -> bool:
+    """Whether a launch of lf's kernel (rounds / normed; its warps taking warp_steps steps of a
+    row pair) asks for x between the rows (X_BETWEEN; plain one-pair 8-bit kernels only)."""
+    return (lf.x8 and not rounds and not normed
+            and warp_steps <= X_BETWEEN.get(lf.name, 0))
 
 
 # Formats whose lane kernels (matvec and MoE) take more than 128 registers unbounded (ptxas 13.0:
@@ -438,8 +447,10 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     if rounds:  # the block's shared memory: x, the table (copies of it), the partial sums
         grid, min_blocks = rounds_launch(lf, grid)
         copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS)
+    n_steps = -(-n_sb // lf.sbs_per_step)
+    warp_steps = (n_steps + (1 << log) - 1) >> log  # a row pair's steps a warp takes
     kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies,
-                         x_between(lf, rounds, norm is not None))
+                         x_between(lf, rounds, norm is not None, warp_steps))
     kern[grid, LANE_THREADS, stream, smem](
         flat(w), flat(w2), flat(w3), row_bytes, n_sb, n_first + n2, n_first, b3, n1, n3,
         lf.stage_len(n_cols), log, x, nw, np.float32(eps), xn, y, flat(y2), flat(y3),
@@ -552,6 +563,10 @@ for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].g
         register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
                      _ptx_lanes(_lf, types.float16, rounds=_r),
                      options=matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r)))
+    if _lf.x8:
+        register_ptx("matvec", "matvec_lanes_between_x8_Q4_K_f16",
+                     _ptx_lanes(_lf, types.float16, between=True),
+                     options=matvec_jit_options(_lf, between=True))
     if ("Q4_K", _lf.x8) in WIDE_ROUNDS:
         _n = WIDE_ROUNDS["Q4_K", _lf.x8]
         register_ptx("matvec", f"matvec_lanes_rounds_wide_{'x8_' if _lf.x8 else ''}Q4_K_f16",

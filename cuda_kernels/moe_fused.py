@@ -30,7 +30,7 @@ from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
 from .lanes_between import between_first_item
-from .moe_lanes import down_units, gate_up_items
+from .moe_lanes import down_units, gate_up_items, item_step
 from .moe_slots import MAX_K, route_resolve
 from .qformats import is_planar
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
@@ -85,8 +85,11 @@ BARRIER = "count"
 BLOCKS_AN_SM = 2
 # Gate/up on 8-bit x asks for each warp's first item's gate row, then x, then its up row and
 # second item (`lanes_between.between_first_item`), so x is staged and the gate row dotted while
-# the up rows stream. Read when a kernel is made.
-X_BETWEEN = False
+# the up rows stream. On an H100, the same bits, us a layer (two runs each way alternating,
+# `2026-12-07_x_between_h100.json`): Q4_K/Q4_K 15.32-15.38 against 15.98-16.03 (64% of a read
+# of its bytes against 61%), Q4_K/Q6_K 16.83-16.85 against 17.71-17.73. Read when a kernel is
+# made.
+X_BETWEEN = True
 
 # The simulator's stand-in for the blocks a GPU holds at once (a test sets a grid smaller than
 # down's row blocks, as a small card's).
@@ -185,10 +188,11 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, x_between: bool = 
                     s_dwhere[0] = 0 if cache.shape[0] >= down_off + n_embd * dn_row_bytes else 1
                     s_dbase[0] = down_off
         if phase != 1:
+            step_row, step_kk = item_step(k)
             if between:  # compile time: the first item dotted, x staged, in `gu_between`
                 it, row, kk, cur = gu_between(k, n_items, s_where, s_base, cache, host,
                                               gu_row_bytes, up_off, gu_n_sb, x, xs, gu_sums_off,
-                                              tab_gu, tab_g, h, n_ff)
+                                              tab_gu, tab_g, h, n_ff, step_row, step_kk)
             else:
                 it, row, kk, cur = gu_first(k, n_items, s_where, s_base, cache, host,
                                             gu_row_bytes, up_off, gu_n_sb)  # in flight while
@@ -197,7 +201,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, x_between: bool = 
                 stage_x(x, gu_n_sb * gu_values, xs, gu_sums_off)
                 cuda.syncthreads()
             gu_run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, gu_row_bytes,
-                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff)
+                   up_off, gu_n_sb, xs, gu_sums_off, tab_g, h, n_ff, step_row, step_kk)
         else:
             cuda.syncthreads()  # down's list
         if phase != 0:
@@ -329,10 +333,14 @@ def register(family: str = "moe", *, rest: bool = False) -> None:
         sig = ((types.float32[::1], types.int32[::1], types.float32[::1]) + _GUL_SIG[2:]
                + (_tab_type(g),) + _ROUTE_SIG[:3] + down_sig
                + (_tab_type(d), types.int32[::1], types.int64))
+        # the kernel the engine makes (`_kernel`: X_BETWEEN), and for the checked 8-bit pair
+        # the other form too, so both compile in CI
         register_ptx(family, f"moe_fused_lanes_{'x8_' if g.x8 else ''}{g.name}_{d.name}",
-                     lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM).py_func, sig),
-                     options=_jit(BLOCKS_AN_SM))
-        if g.x8 and (g.name, d.name) in (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K")):
-            register_ptx(family, f"moe_fused_lanes_between_x8_{g.name}_{d.name}",
-                         lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM, True).py_func,
-                                                    sig), options=_jit(BLOCKS_AN_SM))
+                     lambda g=g, d=d, sig=sig: (_fused(g, d, BLOCKS_AN_SM, X_BETWEEN).py_func,
+                                                sig), options=_jit(BLOCKS_AN_SM))
+        if g.x8 and not rest:
+            register_ptx(family, f"moe_fused_lanes_{'plain' if X_BETWEEN else 'between'}_x8_"
+                         f"{g.name}_{d.name}",
+                         lambda g=g, d=d, sig=sig: (
+                             _fused(g, d, BLOCKS_AN_SM, not X_BETWEEN).py_func, sig),
+                         options=_jit(BLOCKS_AN_SM))

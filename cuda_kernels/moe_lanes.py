@@ -25,8 +25,9 @@ def gate_up_items(lf: LaneFormat):
       first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb)
           -> (it, row, kk, cur)        this warp's first item and its loads (issue them early)
       run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-          xs, sums_off, tab_s, h, n_ff)   the warp's items, each next one loaded before the
-                                        current one is dotted; h entries written by lane 0"""
+          xs, sums_off, tab_s, h, n_ff, step_row, step_kk)   the warp's items, each next one
+                                        loaded before the current one is dotted; h entries
+                                        written by lane 0; (step_row, step_kk): `item_step`"""
     load_pair, dot_pair = pair_step(lf)
 
     @cuda.jit(device=True, inline="always")
@@ -46,12 +47,11 @@ def gate_up_items(lf: LaneFormat):
 
     @cuda.jit(device=True, inline="always")
     def run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-            xs, sums_off, tab_s, h, n_ff):
+            xs, sums_off, tab_s, h, n_ff, step_row, step_kk):
         n_warps = cuda.gridDim.x * LANE_WARPS
-        # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) with one
-        # carry: a 64-bit division by k per item was a tenth of the kernel's instructions
-        step_row = n_warps // k
-        step_kk = n_warps - step_row * k
+        # (row, kk) of the next item, it + n_warps, by adding (step_row, step_kk) (`item_step`)
+        # with one carry: a 64-bit division by k per item was a tenth of the kernel's
+        # instructions
         while it < n_items:
             nxt = cur
             it1 = it + n_warps
@@ -80,6 +80,15 @@ def gate_up_items(lf: LaneFormat):
             row = row1
             kk = kk1
     return first, run
+
+
+@cuda.jit(device=True, inline="always")
+def item_step(k):
+    """(rows, experts) from a gate/up item to the same warp's next, the grid's warps later: the
+    kernel's one division by k for them (`gate_up_items`' run and `lanes_between`)."""
+    n_warps = cuda.gridDim.x * LANE_WARPS
+    step_row = n_warps // k
+    return step_row, n_warps - step_row * k
 
 
 def _gate_up_lanes(lf: LaneFormat):
@@ -115,8 +124,9 @@ def _gate_up_lanes(lf: LaneFormat):
             stage_table(tab, tab_s, n_tab)
         stage(x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
+        step_row, step_kk = item_step(k)
         run(it, row, kk, cur, k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb,
-            xs, sums_off, tab_s, h, n_ff)
+            xs, sums_off, tab_s, h, n_ff, step_row, step_kk)
     return moe_gate_up_lanes
 
 

@@ -10,7 +10,7 @@ variant names the ones it changes from the defaults):
                        (both made defaults on 2026-12-04)
   BARRIER             "count" (default since 2026-12-06) or "generation" (`gridsync`)
   X_BETWEEN            gate/up on 8-bit x asks for x between each warp's first gate and up
-                       rows (`lanes_between`)
+                       rows (`lanes_between`; default since 2026-12-07)
 Tried and dropped (`bench/results/2026-12-04_kernels_moe_fused_variants_2.json`, code in
 112040a): the block's down rows L2-prefetched at its barrier arrival, the layer's slot-table row
 read whole beside the ids, each warp's first two down units' loads issued before the barrier.
@@ -42,7 +42,7 @@ VARIANTS = {"defaults": {}, "h in two rounds": {"H_SIX": False},
             "arrival after the first down loads": {"SPLIT_ARRIVE": False},
             "neither": {"H_SIX": False, "SPLIT_ARRIVE": False},
             "generation barrier": {"BARRIER": "generation"},
-            "x between": {"X_BETWEEN": True}}
+            "no x between": {"X_BETWEEN": False}}
 PAIRS = (("Q4_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q6_K", "Q6_K"))
 DEFAULTS = {n: getattr(moe_fused, n) for n in ("H_SIX", "SPLIT_ARRIVE", "BARRIER", "X_BETWEEN")}
 

@@ -128,7 +128,7 @@ def test_matvec_x_between_the_rows_full_size(name, monkeypatch):
         base = rng.standard_normal(n_rows).astype(np.float32)
         got = {}
         for between in (True, False):
-            monkeypatch.setattr(mv, "X_BETWEEN", between)
+            monkeypatch.setattr(mv, "X_BETWEEN", {name: 1 << 30} if between else {})
             y = _poisoned(n_rows)
             mv.matvec(w, name, cuda.to_device(x), y)
             acc = cuda.to_device(base)

@@ -156,7 +156,8 @@ def test_lane_matvec(name, n_rows, n_cols):
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
         assert _rel(y, reference(name, rows, n_cols) @ x_seen(x, dots_x8(name, rows.nbytes))) < 1e-5
-    assert (lf.ggml_type, 0, dots_x8(name, rows.nbytes)) in mv._CACHE  # the lane kernel ran
+    # the lane kernel ran (plain, or asking for x between the rows: X_BETWEEN)
+    assert any(k[:3] == (lf.ggml_type, 0, dots_x8(name, rows.nbytes)) for k in mv._CACHE)
 
 
 def test_x8_floor(monkeypatch):
@@ -287,7 +288,7 @@ def test_x_between_the_rows_equals_the_plain_kernel(name, n_rows, n_cols, dtype,
     base = rng.standard_normal(n_rows).astype(np.float32)
     got = {}
     for between in (False, True):
-        monkeypatch.setattr(mv, "X_BETWEEN", between)
+        monkeypatch.setattr(mv, "X_BETWEEN", {name: 1 << 30} if between else {})
         monkeypatch.setattr(mv, "_CACHE", {})
         y = np.full(n_rows, np.nan, np.float32)
         mv.matvec(rows, name, x, y)
@@ -301,22 +302,46 @@ def test_x_between_the_rows_equals_the_plain_kernel(name, n_rows, n_cols, dtype,
 
 
 def test_x_between_the_rows_only_where_it_applies(monkeypatch):
-    """X_BETWEEN takes only plain one-pair 8-bit launches: not float32 x, rounds or the norm;
-    lane_body refuses the others."""
+    """X_BETWEEN takes only plain one-pair 8-bit launches of its formats (not float32 x, rounds
+    or the norm), and only where a warp takes at most the format's steps of a row pair: IQ3_S
+    (slower at two steps a warp) at one, the others at any; lane_body refuses the others."""
+    assert mv.X_BETWEEN == {"Q4_K": 1 << 30, "Q6_K_P8": 1 << 30, "IQ4_XS": 1 << 30,
+                            "IQ3_S": 1}
     q4 = BY_LANE_NAME["Q4_K"]
-    q4x8 = mv.lanes_for(q4, True)
-    monkeypatch.setattr(mv, "X_BETWEEN", True)
-    assert mv.x_between(q4x8, False, False)
-    assert not mv.x_between(q4, False, False)
-    assert not mv.x_between(q4x8, True, False)
-    assert not mv.x_between(q4x8, False, True)
-    monkeypatch.setattr(mv, "X_BETWEEN", False)
-    assert not mv.x_between(q4x8, False, False)
+    q4x8, iq3x8, q6x8 = (mv.lanes_for(BY_LANE_NAME[n], True) for n in ("Q4_K", "IQ3_S", "Q6_K"))
+    assert mv.x_between(q4x8, False, False, 5)
+    assert mv.x_between(iq3x8, False, False, 1) and not mv.x_between(iq3x8, False, False, 2)
+    assert not mv.x_between(q6x8, False, False, 1)  # GGUF's Q6_K layout: not timed
+    assert not mv.x_between(q4, False, False, 1)
+    assert not mv.x_between(q4x8, True, False, 1)
+    assert not mv.x_between(q4x8, False, True, 1)
+    monkeypatch.setattr(mv, "X_BETWEEN", {})
+    assert not mv.x_between(q4x8, False, False, 1)
     for kw in ({"rounds": True}, {"normed": True}):
         with pytest.raises(ValueError, match="plain one-pair 8-bit"):
             mv.lane_body(q4x8, x_between=True, **kw)
     with pytest.raises(ValueError, match="plain one-pair 8-bit"):
         mv.lane_body(q4, x_between=True)
+
+
+@pytest.mark.parametrize("n_cols,min_blocks,between", [(4096, 256, True), (4096, 1, False),
+                                                       (2048, 1, True)])
+def test_x_between_by_the_steps_a_warp_takes(n_cols, min_blocks, between, monkeypatch):
+    """IQ3_S (X_BETWEEN 1): rows of 4096 split between two warps (a grid aiming at 256 blocks:
+    one step a warp) and rows of 2048 (one step) take the kernel asking for x between the
+    rows; rows of 4096 on one warp (a grid aiming at one block: two steps) keep the plain
+    one."""
+    n_rows = 4
+    monkeypatch.setattr(mv, "MIN_LANE_BLOCKS", min_blocks)
+    monkeypatch.setattr(mv, "_CACHE", {})
+    rng = np.random.default_rng(n_rows + n_cols)
+    rows = random_rows("IQ3_S", n_rows, n_cols, rng)
+    x = rng.standard_normal(n_cols).astype(np.float32)
+    y = np.full(n_rows, np.nan, np.float32)
+    mv.matvec(rows, "IQ3_S", x, y)
+    t = BY_LANE_NAME["IQ3_S"].ggml_type
+    assert list(mv._CACHE) == [(t, 0, True) + (("between",) if between else ())]
+    assert _rel(y, reference("IQ3_S", rows, n_cols) @ x_seen(x, True)) < 1e-5
 
 
 AHEAD = [("Q6_K", 41, 1024, 1), ("Q6_K", 9, 3072, 2), ("Q4_K", 35, 2048, 2),
