@@ -155,21 +155,33 @@ def row_pair_steps(lf: LaneFormat):
     the next 32 // lanes super-blocks (those past the row clamped and left out), and the loads
     of the next step are issued before the current one is computed. The sums are the warp's
     partial dots, in every lane."""
-    load, dot = lf.load, lf.dot
-    lanes = lf.lanes
-    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
     first, _ = pair_step(lf)  # the lane's slices of both rows at step s_first
+    steps = pair_steps_from(lf)
 
     @cuda.jit(device=True, inline="always")
     def run(w, off_a, off_b, n_sb, cur, xs, sums_off, tab, s_first, s_stride):
+        cur_a, cur_b = cur
+        acc_a, acc_b = steps(w, off_a, off_b, n_sb, cur_a, cur_b, F0, F0, xs, sums_off, tab,
+                             s_first, s_stride)
+        return warp_sum(acc_a), warp_sum(acc_b)
+    return first, run
+
+
+def pair_steps_from(lf: LaneFormat):
+    """Device function steps(w, off_a, off_b, n_sb, cur_a, cur_b, acc_a, acc_b, xs, sums_off,
+    tab, s0, s_stride) -> (acc_a, acc_b): `row_pair_steps`' loop from step s0 (cur_*: its
+    loads) on, added to the lane's acc_* (per lane; sum them over the warp)."""
+    load, dot = lf.load, lf.dot
+    lanes = lf.lanes
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
+
+    @cuda.jit(device=True, inline="always")
+    def steps(w, off_a, off_b, n_sb, cur_a, cur_b, acc_a, acc_b, xs, sums_off, tab, s0,
+              s_stride):
         lane = cuda.threadIdx.x & 31
         part = lane & (lanes - 1)
         grp = lane // lanes
         last_sb = n_sb - 1
-        cur_a, cur_b = cur
-        acc_a = F0
-        acc_b = F0
-        s0 = s_first
         while s0 < n_sb:  # not a range: its trip count would divide by s_stride
             sb_next = min(s0 + s_stride + grp, last_sb)
             nxt_a = load(w, off_a + sb_next * sb_bytes, part)
@@ -185,8 +197,8 @@ def row_pair_steps(lf: LaneFormat):
             cur_a = nxt_a
             cur_b = nxt_b
             s0 += s_stride
-        return warp_sum(acc_a), warp_sum(acc_b)
-    return first, run
+        return acc_a, acc_b
+    return steps
 
 
 def pair_step(lf: LaneFormat):

@@ -29,8 +29,7 @@ from .lanes_x8 import X8_FORMATS, stager
 from .launch import MAX_SHARED_BYTES, device_table, n_blocks, register_ptx
 from .matvec import (LANE_THREADS, LANE_WARPS, MIN_LANE_BLOCKS, PART_SLOTS, lane_split,
                      stage_table)
-from .lanes_between import between_first_item
-from .moe_lanes import down_units, gate_up_items, item_step
+from .moe_lanes import between_first_item, down_units, gate_up_items, item_step
 from .moe_slots import MAX_K, route_resolve
 from .qformats import is_planar
 from .xstage import padded_bytes, padded_len, stage_padded_wide, stage_padded_wide6
@@ -136,7 +135,7 @@ def _fused(gu: LaneFormat, dn: LaneFormat, blocks_an_sm: int, x_between: bool = 
         raise ValueError(f"moe_fused.BARRIER: {BARRIER!r}")
     count = split and BARRIER == "count"
     between = x_between and gu.x8
-    gu_between = between_first_item(gu, LANE_THREADS, LANE_WARPS) if between else None
+    gu_between = between_first_item(gu) if between else None
 
     @cuda.jit(**_jit(blocks_an_sm))
     def moe_fused_lanes(x, ids, weights, k, n_items, slot_table, layer, cache, slot_off, host,

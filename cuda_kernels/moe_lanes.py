@@ -11,12 +11,32 @@ from numba import cuda, types
 from .elementwise import silu
 from .intrinsics import warp_sum
 from .lanes import LaneFormat, combine_split, pair_step, row_pair_steps
-from .matvec import LANE_WARPS, PART_SLOTS, lane_jit, stage_table
+from .lanes_between import x_and_table
+from .matvec import LANE_THREADS, LANE_WARPS, PART_SLOTS, lane_jit, stage_table
 from .moe_slots import MAX_K, resolve_compact, route_resolve
 from .lanes_x8 import stager
 from .xstage import stage_padded_wide
 
 F0 = np.float32(0.0)
+
+
+@cuda.jit(device=True, inline="always")
+def first_item(k, n_items, s_where, s_base, cache, host, row_bytes, up_off):
+    """The calling warp's first gate/up item it = row * k + kk (the same in the whole warp):
+    (it, row, kk, where, src, off_g), its gate row at off_g of src (the cache, or mapped host
+    memory); where < 0 for nothing to read (an idle warp, an expert left to the CPU), and then
+    a dummy row of the cache to load, never used (of mapped host memory only if the cache cannot
+    hold one expert's gate and up rows: then every expert is a miss anyway)."""
+    it = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
+    row = it // k
+    kk = it - row * k
+    where = s_where[kk] if it < n_items else -1
+    off_g = s_base[kk] + row * row_bytes
+    src = cache if where == 0 else host
+    if where < 0:
+        off_g = 0
+        src = cache if cache.shape[0] >= up_off + row_bytes else host
+    return it, row, kk, where, src, off_g
 
 
 def gate_up_items(lf: LaneFormat):
@@ -32,17 +52,8 @@ def gate_up_items(lf: LaneFormat):
 
     @cuda.jit(device=True, inline="always")
     def first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb):
-        it = cuda.blockIdx.x * LANE_WARPS + (cuda.threadIdx.x >> 5)
-        row = it // k
-        kk = it - row * k
-        where = s_where[kk] if it < n_items else -1  # the same in the whole warp
-        off_g = s_base[kk] + row * row_bytes
-        src = cache if where == 0 else host
-        if where < 0:  # nothing to read (an idle warp, an expert left to the CPU): a dummy
-            # load of a cache row, never used; mapped host memory only if the cache cannot
-            # hold one expert's gate and up rows (then every expert is a miss anyway)
-            off_g = 0
-            src = cache if cache.shape[0] >= up_off + row_bytes else host
+        it, row, kk, where, src, off_g = first_item(k, n_items, s_where, s_base, cache, host,
+                                                    row_bytes, up_off)
         return it, row, kk, load_pair(src, off_g, off_g + up_off, n_sb, 0)
 
     @cuda.jit(device=True, inline="always")
@@ -89,6 +100,72 @@ def item_step(k):
     n_warps = cuda.gridDim.x * LANE_WARPS
     step_row = n_warps // k
     return step_row, n_warps - step_row * k
+
+def between_first_item(lf: LaneFormat):
+    """Device function for the one-step gate/up items (`gate_up_items`) on 8-bit x, each warp's
+    first item with x asked for between its gate and up rows (`lanes_between`):
+      first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
+            tab, tab_s, h, n_ff, step_row, step_kk) -> (it, row, kk, cur)
+    The warp asks for its first item's gate row, then its octets of x (and the table's
+    entries), then the up row and its second item's rows; the whole block stages the table and
+    x and synchronises; the warp dots the first item (gate, then up, as `dot_pair`) and writes
+    its h entry, and returns its second item and that item's loads for `gate_up_items`' run,
+    which goes on as from its first: the same items, dots and sums."""
+    if not lf.x8:
+        raise ValueError(f"{lf.name}: x between the rows is for the 8-bit decodings")
+    load, dot = lf.load, lf.dot
+    lanes = lf.lanes
+    sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
+    ask, put = x_and_table(lf, LANE_THREADS)
+
+    @cuda.jit(device=True, inline="always")
+    def first(k, n_items, s_where, s_base, cache, host, row_bytes, up_off, n_sb, x, xs, sums_off,
+              tab, tab_s, h, n_ff, step_row, step_kk):
+        lane = cuda.threadIdx.x & 31
+        part = lane & (lanes - 1)
+        grp = lane // lanes
+        sb = min(grp, n_sb - 1)
+        it, row, kk, where, src, off_g = first_item(k, n_items, s_where, s_base, cache, host,
+                                                    row_bytes, up_off)
+        cur_g = load(src, off_g + sb * sb_bytes, part)
+        pre = ask(x, n_sb, tab)
+        # the second item: (row, kk) + the grid's warps by one carry, as run steps
+        it1 = it + cuda.gridDim.x * LANE_WARPS
+        row1 = row + step_row
+        kk1 = kk + step_kk
+        if kk1 >= k:
+            kk1 -= k
+            row1 += 1
+        cur_u = cur_g
+        nxt = (cur_g, cur_g)
+        if row_bytes > 0:  # the third group, behind a branch of its own
+            cur_u = load(src, off_g + up_off + sb * sb_bytes, part)
+            if it1 < n_items:
+                where1 = s_where[kk1]
+                if where1 >= 0:  # never a read for an expert left to the CPU
+                    off1 = s_base[kk1] + row1 * row_bytes
+                    src1 = cache if where1 == 0 else host
+                    nxt = (load(src1, off1 + sb * sb_bytes, part),
+                           load(src1, off1 + up_off + sb * sb_bytes, part))
+        put(pre, x, n_sb, xs, sums_off, tab_s)
+        xo = sb * sb_padded
+        so = sums_off + sb * sb_sums
+        g = F0
+        u = F0
+        if where >= 0:
+            g = dot(cur_g, part, xs, xo, so, tab_s)
+            if row_bytes > 0:  # a block of its own: ptxas would interleave the two dots
+                u = dot(cur_u, part, xs, xo, so, tab_s)
+            if grp >= n_sb:  # `dot_pair`: a group past the row adds nothing
+                g = F0
+                u = F0
+        g = warp_sum(g)
+        u = warp_sum(u)
+        if it < n_items and (cuda.threadIdx.x & 31) == 0:
+            h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
+        return it1, row1, kk1, nxt
+    return first
+
 
 
 def _gate_up_lanes(lf: LaneFormat):

@@ -234,9 +234,14 @@ def stage_x8(x, n_vals, xs, sums_off):
     packed as the section above says. Each thread takes 8 consecutive values, so an aligned
     lane quad holds one 32-value group (its max and sum by 4-lane shuffles). The whole block
     calls this."""
+    _stage_x8_from(0, x, n_vals, xs, sums_off)
+
+
+@cuda.jit(device=True, inline="always")
+def _stage_x8_from(o0, x, n_vals, xs, sums_off):
+    """`stage_x8`'s rounds of octets from octet o0 (a multiple of the block size) on."""
     n_oct = n_vals >> 3
     last = n_oct - 1
-    o0 = 0
     while o0 < n_oct:
         o = o0 + cuda.threadIdx.x
         a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
@@ -265,19 +270,12 @@ def stage_x8_preloaded(pre, x, n_vals, xs, sums_off):
     """`stage_x8` with its first two rounds' octets already loaded (`x8_preload`): the same
     words in xs, every octet quantized by the same code."""
     n_oct = n_vals >> 3
-    last = n_oct - 1
     o = cuda.threadIdx.x
     p, q = pre
     _put_x8(o, n_oct, xs, sums_off, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
     _put_x8(o + cuda.blockDim.x, n_oct, xs, sums_off, q[0], q[1], q[2], q[3], q[4], q[5], q[6],
             q[7])
-    o0 = 2 * cuda.blockDim.x
-    while o0 < n_oct:
-        o = o0 + cuda.threadIdx.x
-        a0, a1, a2, a3 = ld_x4(x, 8 * min(o, last))
-        b0, b1, b2, b3 = ld_x4(x, 8 * min(o, last) + 4)
-        _put_x8(o, n_oct, xs, sums_off, a0, a1, a2, a3, b0, b1, b2, b3)
-        o0 += cuda.blockDim.x
+    _stage_x8_from(2 * cuda.blockDim.x, x, n_vals, xs, sums_off)
 
 
 @cuda.jit(device=True, inline="always")
