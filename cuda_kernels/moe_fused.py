@@ -83,7 +83,7 @@ BARRIER = "count"
 # against 15.46 us; `bench/results/2026-12-05_kernels_moe_blocks_an_sm.json`).
 BLOCKS_AN_SM = 2
 # Gate/up on 8-bit x asks for each warp's first item's gate row, then x, then its up row and
-# second item (`lanes_between.between_first_item`), so x is staged and the gate row dotted while
+# second item (`moe_lanes.between_first_item`), so x is staged and the gate row dotted while
 # the up rows stream. On an H100, the same bits, us a layer (two runs each way alternating,
 # `2026-12-07_x_between_h100.json`): Q4_K/Q4_K 15.32-15.38 against 15.98-16.03 (64% of a read
 # of its bytes against 61%), Q4_K/Q6_K 16.83-16.85 against 17.71-17.73. Read when a kernel is

@@ -96,10 +96,11 @@ def gate_up_items(lf: LaneFormat):
 @cuda.jit(device=True, inline="always")
 def item_step(k):
     """(rows, experts) from a gate/up item to the same warp's next, the grid's warps later: the
-    kernel's one division by k for them (`gate_up_items`' run and `lanes_between`)."""
+    kernel's one division by k for them (`gate_up_items`' run and `between_first_item`)."""
     n_warps = cuda.gridDim.x * LANE_WARPS
     step_row = n_warps // k
     return step_row, n_warps - step_row * k
+
 
 def between_first_item(lf: LaneFormat):
     """Device function for the one-step gate/up items (`gate_up_items`) on 8-bit x, each warp's
@@ -165,7 +166,6 @@ def between_first_item(lf: LaneFormat):
             h[kk * n_ff + row] = silu(g) * u if where >= 0 else F0
         return it1, row1, kk1, nxt
     return first
-
 
 
 def _gate_up_lanes(lf: LaneFormat):

@@ -91,7 +91,7 @@ def test_fused_matches_two_launches_and_float64(gu, dn, n_ff, cpu_misses, routed
 def test_gate_up_with_x_between_the_rows_is_bit_for_bit(cpu_misses, routed, resident,
                                                         monkeypatch):
     """Gate/up on 8-bit x asking for x between each warp's first gate and up rows
-    (`moe_fused.X_BETWEEN`, `lanes_between.between_first_item`): h, out and the bookkeeping bit
+    (`moe_fused.X_BETWEEN`, `moe_lanes.between_first_item`): h, out and the bookkeeping bit
     for bit the kernel's without, with a missed expert left to the CPU and with a grid of one
     block (each warp through several items)."""
     import strata.cuda_kernels.moe as moe_mod
