@@ -273,9 +273,10 @@ def stage_x8_preloaded(pre, x, n_vals, xs, sums_off):
     o = cuda.threadIdx.x
     p, q = pre
     _put_x8(o, n_oct, xs, sums_off, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7])
-    _put_x8(o + cuda.blockDim.x, n_oct, xs, sums_off, q[0], q[1], q[2], q[3], q[4], q[5], q[6],
-            q[7])
-    _stage_x8_from(2 * cuda.blockDim.x, x, n_vals, xs, sums_off)
+    if n_oct > cuda.blockDim.x:  # the whole block alike; one round (2,048 values) stores no more
+        _put_x8(o + cuda.blockDim.x, n_oct, xs, sums_off, q[0], q[1], q[2], q[3], q[4], q[5],
+                q[6], q[7])
+        _stage_x8_from(2 * cuda.blockDim.x, x, n_vals, xs, sums_off)
 
 
 @cuda.jit(device=True, inline="always")
