@@ -165,19 +165,16 @@ IQ3_HALF_GRID = True
 
 
 @cuda.jit(device=True, inline="always")
-def iq3_sign_masks(s):
-    """The byte masks (0xFF where a value is negated) of a sub-block's 8 grid entries, whose
-    sign bits are s's bits 4e .. 4e + 3 (entry e)."""
+def iq3_sign_masks(s, sel):
+    """The byte masks (0xFF where a value is negated) of 4 of a sub-block's 8 grid entries,
+    whose sign bits are s's bits 4e .. 4e + 3 (entry e): entries 0..3 for sel 0x5140, 4..7
+    for sel 0x7362."""
     t0, t1, t2, t3 = s << 7, s << 6, s << 5, s << 4   # value i of entry 2c at bit 8c + 7 of ti
     u0, u1, u2, u3 = s << 3, s << 2, s << 1, s        # and of entry 2c + 1 at bit 8c + 7 of ui
-    te01, te23 = prmt(t0, t1, 0x5140), prmt(t2, t3, 0x5140)  # bytes 0, 1: entries 0, 2
-    tf01, tf23 = prmt(t0, t1, 0x7362), prmt(t2, t3, 0x7362)  # bytes 2, 3: entries 4, 6
-    ue01, ue23 = prmt(u0, u1, 0x5140), prmt(u2, u3, 0x5140)  # entries 1, 3
-    uf01, uf23 = prmt(u0, u1, 0x7362), prmt(u2, u3, 0x7362)  # entries 5, 7
-    return (prmt(te01, te23, 0xDC98), prmt(ue01, ue23, 0xDC98),
-            prmt(te01, te23, 0xFEBA), prmt(ue01, ue23, 0xFEBA),
-            prmt(tf01, tf23, 0xDC98), prmt(uf01, uf23, 0xDC98),
-            prmt(tf01, tf23, 0xFEBA), prmt(uf01, uf23, 0xFEBA))
+    t01, t23 = prmt(t0, t1, sel), prmt(t2, t3, sel)   # bytes c, c + 1 of t0 and t1 (t2, t3)
+    u01, u23 = prmt(u0, u1, sel), prmt(u2, u3, sel)
+    return (prmt(t01, t23, 0xDC98), prmt(u01, u23, 0xDC98),
+            prmt(t01, t23, 0xFEBA), prmt(u01, u23, 0xFEBA))
 
 
 def _iq3_s_x8_dot(copies: int):
@@ -204,11 +201,12 @@ def _iq3_s_x8_dot(copies: int):
             b0, b1, b2, b3 = ld_w4(xs, p + 4)
             na = ninth_bits(qh)
             nb = ninth_bits(qh >> 4)
-            m0, m1, m2, m3, m4, m5, m6, m7 = iq3_sign_masks(signs)
+            m0, m1, m2, m3 = iq3_sign_masks(signs, 0x5140)
             s = dp4a(row(qa, na, ROW_SEL[0], tab, at) ^ m0, a0, 0)
             s = dp4a(row(qa, na, ROW_SEL[1], tab, at) ^ m1, a1, s)
             s = dp4a(row(qa, na, ROW_SEL[2], tab, at) ^ m2, a2, s)
             s = dp4a(row(qa, na, ROW_SEL[3], tab, at) ^ m3, a3, s)
+            m4, m5, m6, m7 = iq3_sign_masks(signs, 0x7362)
             s = dp4a(row(qb, nb, ROW_SEL[0], tab, at) ^ m4, b0, s)
             s = dp4a(row(qb, nb, ROW_SEL[1], tab, at) ^ m5, b1, s)
             s = dp4a(row(qb, nb, ROW_SEL[2], tab, at) ^ m6, b2, s)

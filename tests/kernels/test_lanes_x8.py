@@ -181,7 +181,7 @@ def test_iq3_half_grid_signs_bytes_exactly():
     rng = np.random.default_rng(5)
     words = [0, 0xFFFFFFFF, 0x80000001, 0x0F0F0F0F, 0xF0F0F0F0, 0x12345678]
     for s in words + [int(w) for w in rng.integers(0, 1 << 32, 40, dtype=np.uint64)]:
-        masks = iq3_sign_masks(s)
+        masks = iq3_sign_masks(s, 0x5140) + iq3_sign_masks(s, 0x7362)
         assert len(masks) == 8
         for e, m in enumerate(masks):
             bits = [(s >> (4 * e + i)) & 1 for i in range(4)]
