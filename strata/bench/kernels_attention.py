@@ -87,12 +87,39 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
     ms, how = time_graph_ms(step, reps=10 if quick else 50)
     ms /= n_layer
     n_bytes = 2 * length * lay.bytes_per_token
+    read_ms = same_bytes_read_ms(n_bytes, n_layer, rng, reps=10 if quick else 50)
     return {"name": f"decode_attn_{fmt}_{variant}_s{max_split}{tag}", "n_ctx": n_ctx,
             "length": length, "n_target": n_target, "min_split": min_split,
             "split_len": attn_split.split_len(length, n_target, max_split, min_split),
             "n_used": attn_split.n_used(length, n_target, max_split, min_split), "ms": ms,
             "timing": how, "kernel": resources(kern),
-            "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6)}
+            "kv_bytes": n_bytes, "gbps": n_bytes / (ms * 1e6), "read_ms": read_ms,
+            "of_read": read_ms / ms}
+
+
+def same_bytes_read_ms(n_bytes: int, n_layer: int, rng, *, reps: int) -> float:
+    """ms a layer of the kernel bench's read kernel (`strata.bench.kernels`) over n_layer
+    buffers of n_bytes random bytes in turn, one launch each, its grid sized to the data: the
+    yardstick the matvec rows are held to (a read of the same bytes, launch and ramp included),
+    beside the streaming read of the bench's ceilings."""
+    from .kernels import _read_kernel
+    cuda = cuda_module()
+    n16 = -(-n_bytes // 16)
+    bufs = []
+    for _ in range(n_layer):
+        b = cuda.device_array(16 * n16, np.uint8)
+        b.copy_to_device(rng.integers(0, 256, 16 * n16, dtype=np.uint8))
+        bufs.append(b)
+    out = cuda.device_array(1, np.uint32)
+    k = _read_kernel()
+    n_sm = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    grid = max(1, min(n_sm * 8, -(-n16 // 512)))
+
+    def step(s):
+        for b in bufs:
+            k[grid, 512, s](b, n16, out)
+    ms, _ = time_graph_ms(step, reps=reps)
+    return ms / n_layer
 
 
 def bench_prefill_attention(*, fmt="f16", n_q=4096, start=0, n_head=32, n_kv=4, hd=128,

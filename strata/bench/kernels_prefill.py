@@ -279,7 +279,8 @@ def _table(ceil: dict, rows: list[dict]) -> str:
     for r in rows:
         if "gbps" in r:
             lines.append(f"{r['name']:<26} {r['ms']:>9.4f} {r['gbps']:>10.0f} GB/s "
-                         f"{r['gbps'] / read:>10.0%}  >=60% read ({r['timing']})")
+                         f"{r['gbps'] / read:>10.0%}  >=60% read ({r['timing']}); "
+                         f"{r['of_read']:.0%} of a read of the same bytes")
         else:
             ms = r.get("ms", r.get("gate_up_ms", 0) + r.get("down_ms", 0))
             ref = ceil["f16_tflops"] or math.nan
