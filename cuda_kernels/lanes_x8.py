@@ -149,8 +149,9 @@ def dot_iq4_xs_x8_loaded(v, part, xs, xo, so, tab):
 
 # ---- IQ3_S ----
 
-# A negated grid byte is dotted as its complement and corrected by the mask's -1 (`_iq3_e`),
-# which holds only where the complement is the int8 -g - 1: every grid magnitude at most 127.
+# The full grid's decoder (IQ3_HALF_GRID off) dots a negated grid byte as its complement and
+# repays the mask's -1 (`entry`), which holds only where the complement is the int8 -g - 1:
+# every grid magnitude at most 127.
 _MAGS = GRID_IQ3_S.view(np.uint8)
 if _MAGS.max() > 127:
     raise ValueError("IQ3_S grid magnitudes past 127: the 8-bit sign trick needs them in int8")
