@@ -46,7 +46,7 @@ from .lanes_iq import ROW_SEL, ninth_bits
 from .lanes_k import _k4_scales, i8_f32, small_f32
 from .levels import IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3, iq4_levels_of, iq4_xs_scale
 from .planar import q6_k_fields, q6_k_p8_fields
-from .qtables import GRID_IQ3_S, HALF_GRID_IQ3_S, IQ4NL_WORDS_OFF
+from .qtables import GRID_IQ3_S, IQ4NL_WORDS_OFF
 from .spans import span2, span4
 from .xstage import stage_padded, stage_padded_normed, stage_x8, stage_x8_normed
 
@@ -149,33 +149,12 @@ def dot_iq4_xs_x8_loaded(v, part, xs, xo, so, tab):
 
 # ---- IQ3_S ----
 
-# The full grid's decoder (IQ3_HALF_GRID off) dots a negated grid byte as its complement and
-# repays the mask's -1 (`entry`), which holds only where the complement is the int8 -g - 1:
-# every grid magnitude at most 127.
+# A negated grid byte is dotted as its complement and corrected by the mask's -1 (`entry`),
+# which holds only where the complement is the int8 -g - 1: every grid magnitude at most 127.
 _MAGS = GRID_IQ3_S.view(np.uint8)
 if _MAGS.max() > 127:
     raise ValueError("IQ3_S grid magnitudes past 127: the 8-bit sign trick needs them in int8")
 SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
-# The half grid (`qtables.HALF_GRID_IQ3_S`): every magnitude is odd, g = 2k + 1 (k < 8), and a
-# negated one is 2 (k ^ 0xFF) + 1 in int8, so a sub-block's signed dot is 2 dp4a(k ^ mask, x)
-# summed + sum(x), the last staged with x (dx * sum(q), `xstage._put_x8`): one dp4a an entry
-# instead of two. Its sign masks come from eight shifted copies of the sign word (value i of
-# entry 2c at bit 8c + 7 of signs << (7 - i), of entry 2c + 1 of signs << (3 - i)) gathered by
-# two byte permutes, not a shift, a mask, a multiply and a permute each.
-IQ3_HALF_GRID = True
-
-
-@cuda.jit(device=True, inline="always")
-def iq3_sign_masks(s, sel):
-    """The byte masks (0xFF where a value is negated) of 4 of a sub-block's 8 grid entries,
-    whose sign bits are s's bits 4e .. 4e + 3 (entry e): entries 0..3 for sel 0x5140, 4..7
-    for sel 0x7362."""
-    t0, t1, t2, t3 = s << 7, s << 6, s << 5, s << 4   # value i of entry 2c at bit 8c + 7 of ti
-    u0, u1, u2, u3 = s << 3, s << 2, s << 1, s        # and of entry 2c + 1 at bit 8c + 7 of ui
-    t01, t23 = prmt(t0, t1, sel), prmt(t2, t3, sel)   # bytes c, c + 1 of t0 and t1 (t2, t3)
-    u01, u23 = prmt(u0, u1, sel), prmt(u2, u3, sel)
-    return (prmt(t01, t23, 0xDC98), prmt(u01, u23, 0xDC98),
-            prmt(t01, t23, 0xFEBA), prmt(u01, u23, 0xFEBA))
 
 
 def _iq3_s_x8_dot(copies: int):
@@ -185,62 +164,20 @@ def _iq3_s_x8_dot(copies: int):
     stride = 4 * copies  # bytes from one entry to the next in a lane's copy
 
     @cuda.jit(device=True, inline="always")
-    def row(q, nb, sel, tab, at):
-        """The grid word of the row prmt(q, nb, sel) (index byte and ninth bit); at: the lane's
-        copy's byte offset."""
-        if copies == 1:  # compile time
-            return ld_u32_at(tab, 4 * prmt(q, nb, sel))
-        return ld_u32_at(tab, stride * prmt(q, nb, sel) + at)
-
-    if IQ3_HALF_GRID:
-        @cuda.jit(device=True, inline="always")
-        def sub(qa, qb, qh, signs, tab, xs, p, at):
-            """sum of dp4a(k ^ mask, x) over one 32-value sub-block (its signed dot is twice
-            this plus sum(x)): grid indices in qa (entries 0..3) and qb (4..7), their ninth
-            bits in qh's bits 0..7."""
-            a0, a1, a2, a3 = ld_w4(xs, p)
-            b0, b1, b2, b3 = ld_w4(xs, p + 4)
-            na = ninth_bits(qh)
-            nb = ninth_bits(qh >> 4)
-            m0, m1, m2, m3 = iq3_sign_masks(signs, 0x5140)
-            s = dp4a(row(qa, na, ROW_SEL[0], tab, at) ^ m0, a0, 0)
-            s = dp4a(row(qa, na, ROW_SEL[1], tab, at) ^ m1, a1, s)
-            s = dp4a(row(qa, na, ROW_SEL[2], tab, at) ^ m2, a2, s)
-            s = dp4a(row(qa, na, ROW_SEL[3], tab, at) ^ m3, a3, s)
-            m4, m5, m6, m7 = iq3_sign_masks(signs, 0x7362)
-            s = dp4a(row(qb, nb, ROW_SEL[0], tab, at) ^ m4, b0, s)
-            s = dp4a(row(qb, nb, ROW_SEL[1], tab, at) ^ m5, b1, s)
-            s = dp4a(row(qb, nb, ROW_SEL[2], tab, at) ^ m6, b2, s)
-            s = dp4a(row(qb, nb, ROW_SEL[3], tab, at) ^ m7, b3, s)
-            return np.int32(s)  # numba widens int32 arithmetic to int64: this keeps it 32-bit
-
-        @cuda.jit(device=True, inline="always")
-        def dot(v, part, xs, xo, so, tab):
-            p = xo + 20 * part
-            qh = v[6]
-            sc = v[7]
-            at = 4 * (cuda.threadIdx.x & (copies - 1))
-            sa = sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
-            sb = sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
-            d_a, d_b, ds_a, ds_b = ld_w4(xs, so + 4 * part)  # dx, dx * sum(q) of the 2 groups
-            two = np.float32(2.0)
-            return h2f(v[8]) * (
-                small_f32(1 + 2 * (sc & 0xF)) * (np.float32(sa) * (two * u2f(d_a)) + u2f(ds_a))
-                + small_f32(1 + 2 * (sc >> 4)) * (np.float32(sb) * (two * u2f(d_b)) + u2f(ds_b)))
-        return dot
-
-    @cuda.jit(device=True, inline="always")
     def entry(q, nb, sel, nib, tab, xw, acc, neg, at):
-        """(acc, neg) + the grid entry of the row prmt(q, nb, sel), signed by the 4 bits of
-        nib, dotted with the x word xw: a negated byte is stored as its complement (-g - 1),
-        and neg gathers the -1 a negated value owes (dp4a of the 0x00/0xFF mask), so acc - neg
-        is the signed dot."""
-        grid = row(q, nb, sel, tab, at)
+        """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
+        signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as
+        its complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the
+        0x00/0xFF mask), so acc - neg is the signed dot. at: the lane's copy's byte offset."""
+        if copies == 1:  # compile time
+            grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
+        else:
+            grid = ld_u32_at(tab, stride * prmt(q, nb, sel) + at)
         mask = prmt(nib * SPREAD, 0, 0xBA98)                    # each byte's sign, replicated
         return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
 
     @cuda.jit(device=True, inline="always")
-    def sub_full(qa, qb, qh, signs, tab, xs, p, at):
+    def sub(qa, qb, qh, signs, tab, xs, p, at):
         """Integer dot of one 32-value sub-block: grid indices in qa (entries 0..3) and qb
         (4..7), their ninth bits in qh's bits 0..7."""
         a0, a1, a2, a3 = ld_w4(xs, p)
@@ -258,17 +195,17 @@ def _iq3_s_x8_dot(copies: int):
         return np.int32(s - n)  # numba widens int32 arithmetic to int64: this keeps it 32-bit
 
     @cuda.jit(device=True, inline="always")
-    def dot_full(v, part, xs, xo, so, tab):
+    def dot(v, part, xs, xo, so, tab):
         p = xo + 20 * part
         qh = v[6]
         sc = v[7]
         at = 4 * (cuda.threadIdx.x & (copies - 1))
-        sa = sub_full(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
-        sb = sub_full(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
+        sa = sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
+        sb = sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
         d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)
         return h2f(v[8]) * (small_f32(1 + 2 * (sc & 0xF)) * u2f(d_a) * np.float32(sa)
                             + small_f32(1 + 2 * (sc >> 4)) * u2f(d_b) * np.float32(sb))
-    return dot_full
+    return dot
 
 
 dot_iq3_s_x8 = _iq3_s_x8_dot(1)
@@ -343,12 +280,12 @@ def _x8(t: int, dot, **slice_) -> tuple[int, LaneFormat]:
     return int(t), replace(lane_format(t), dot=dot, x8=True, **slice_)
 
 
-# The formats with an 8-bit decoding: the float32 one's loads, slices and table unless given
-# here (`launch.device_table` keeps an 8-bit decoding's table apart from the float32 one's).
+# The formats with an 8-bit decoding: the float32 one's loads and slices unless given here.
+# Their tables stay the float32 format's: `launch.device_table` keeps one per format.
 X8_FORMATS: dict[int, LaneFormat] = dict([
     _x8(T.Q4_K, dot_q4_k_x8),
     _x8(T.IQ4_XS, dot_iq4_xs_x8, lanes=4, load=load_iq4_xs_x8),
-    _x8(T.IQ3_S, dot_iq3_s_x8, table=HALF_GRID_IQ3_S if IQ3_HALF_GRID else GRID_IQ3_S),
+    _x8(T.IQ3_S, dot_iq3_s_x8),
     _x8(T.Q6_K, dot_q6_k_x8, lanes=4, load=load_q6_k_x8),
     _x8(Q6_K_P8.ggml_type, dot_q6_k_x8, lanes=4, load=load_q6_k_x8_p8),  # `strata.quant.planar`
 ])

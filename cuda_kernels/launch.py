@@ -136,7 +136,6 @@ def cached_view(a: Any, what: str, make: Callable[[Any], Any]) -> Any:
 
 
 _TABLES: dict[tuple[int, int], Any] = {}  # (context handle, ggml type) -> device table
-X8_TABLE_KEY = 1 << 20  # added to the type of an 8-bit lane decoding's table (types < 2^10)
 
 
 def device_table(fmt) -> Any:
@@ -146,9 +145,7 @@ def device_table(fmt) -> Any:
     the link, or not at all where the GPUs have no peer access."""
     if SIMULATED:
         return fmt.table
-    # an 8-bit lane decoding may index a table of its own (IQ3_S's half grid, `lanes_x8`)
-    key = fmt.ggml_type | (X8_TABLE_KEY if getattr(fmt, "x8", False) else 0)
-    return context_table(key, lambda: fmt.table)
+    return context_table(fmt.ggml_type, lambda: fmt.table)
 
 
 def context_table(key: int, host: Callable[[], np.ndarray]) -> Any:

@@ -124,14 +124,6 @@ X_BETWEEN: dict[str, int] = {"Q4_K": 1 << 30, "Q6_K_P8": 1 << 30, "IQ4_XS": 1 <<
                              "IQ3_S": 1}
 
 
-# Formats whose x-between kernels take the rounds kernels' decoder (`lanes_x8.rounds_decoding`:
-# IQ4_XS's level words loaded, not immediates): 2008 -> 1904 SASS instructions in the kernel
-# (ptxas 13.0), 124 registers either way; not yet timed, so none by default (nor compiled in
-# CI). Read at launch: `bench/probes/matvec_ab.py --formats IQ4_XS --flag
-# 'matvec.BETWEEN_ROUNDS_DECODING=()/("IQ4_XS",)'` is its A/B.
-BETWEEN_ROUNDS_DECODING: frozenset[str] = frozenset()
-
-
 def x_between(lf: LaneFormat, rounds: bool, normed: bool, warp_steps: int) -> bool:
     """Whether a launch of lf's kernel (rounds / normed; its warps taking warp_steps steps of a
     row pair) asks for x between the rows (X_BETWEEN; plain one-pair 8-bit kernels only)."""
@@ -230,8 +222,6 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
         raise ValueError("a table in copies is for the rounds kernels")
     if x_between and (rounds or normed or not lf.x8):
         raise ValueError("x between the rows is for plain one-pair 8-bit kernels")
-    if x_between and lf.name in BETWEEN_ROUNDS_DECODING:
-        lf = rounds_decoding(lf)
     between = between_steps(lf, LANE_THREADS) if x_between else None
     if rounds:
         lf = rounds_decoding(lf, copies)
@@ -414,7 +404,7 @@ def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0, copies: int = 1, between: bool = False):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
         ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else
-        (("between", lf.name in BETWEEN_ROUNDS_DECODING) if between else ()))
+        (("between",) if between else ()))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies, between)

@@ -28,18 +28,6 @@ GRID_IQ2_S = _packed_grid(quants.IQ2_S)      # [1024, 2] u32
 GRID_IQ3_XXS = _packed_grid(quants.IQ3_XXS)[:, 0].copy()  # [256] u32: 4 magnitudes per row
 GRID_IQ3_S = _packed_grid(quants.IQ3_S)[:, 0].copy()      # [512] u32
 
-
-def _half_grid(grid: np.ndarray) -> np.ndarray:
-    """Each odd grid magnitude g as (g - 1) / 2, the same packing: g = 2k + 1, and a negated
-    one is 2 (k ^ 0xFF) + 1 in int8 (the 8-bit decoders' `lanes_x8`)."""
-    mags = grid.view(np.uint8)
-    if not (mags & 1).all():
-        raise ValueError("grid magnitudes are not all odd: no half grid")
-    return ((mags - 1) >> 1).astype(np.uint8).view(np.uint32).copy()
-
-
-HALF_GRID_IQ3_S = _half_grid(GRID_IQ3_S)                  # [512] u32: (g - 1) / 2 a byte
-
 # [128] u8: 7 stored sign bits -> 8 sign bits (the 8th makes the count of negatives even)
 KSIGNS = np.frombuffer(quants.IQ2_XXS.ksigns, dtype=np.uint8).copy()
 

@@ -295,29 +295,10 @@ def test_x_between_the_rows_equals_the_plain_kernel(name, n_rows, n_cols, dtype,
         acc = base.copy()
         mv.matvec(rows, name, x, acc, accumulate=True)
         got[between] = y, acc
-        assert ((lf.ggml_type, 0, True, "between", False) in mv._CACHE) == between
+        assert ((lf.ggml_type, 0, True, "between") in mv._CACHE) == between
     assert np.array_equal(got[True][0], got[False][0])
     assert np.array_equal(got[True][1], got[False][1])
     assert _rel(got[True][0], reference(name, rows, n_cols) @ x_seen(x, True)) < 1e-5
-
-
-def test_x_between_with_the_rounds_decoder_is_bit_for_bit(monkeypatch):
-    """BETWEEN_ROUNDS_DECODING: IQ4_XS's x-between kernel with its level words loaded (the
-    rounds kernels' decoder) gives the sums of the one with them as immediates."""
-    rng = np.random.default_rng(41)
-    rows = random_rows("IQ4_XS", 6, 4096, rng)
-    x = rng.standard_normal(4096).astype(np.float32)
-    t = BY_LANE_NAME["IQ4_XS"].ggml_type
-    got = {}
-    for loaded in (False, True):
-        monkeypatch.setattr(mv, "BETWEEN_ROUNDS_DECODING", frozenset({"IQ4_XS"} if loaded else ()))
-        monkeypatch.setattr(mv, "_CACHE", {})
-        y = np.full(6, np.nan, np.float32)
-        mv.matvec(rows, "IQ4_XS", x, y)
-        assert list(mv._CACHE) == [(t, 0, True, "between", loaded)]
-        got[loaded] = y
-    assert np.array_equal(got[True], got[False])
-    assert _rel(got[True], reference("IQ4_XS", rows, 4096) @ x_seen(x, True)) < 1e-5
 
 
 def test_x_between_the_rows_only_where_it_applies(monkeypatch):
@@ -359,7 +340,7 @@ def test_x_between_by_the_steps_a_warp_takes(n_cols, min_blocks, between, monkey
     y = np.full(n_rows, np.nan, np.float32)
     mv.matvec(rows, "IQ3_S", x, y)
     t = BY_LANE_NAME["IQ3_S"].ggml_type
-    assert list(mv._CACHE) == [(t, 0, True) + (("between", False) if between else ())]
+    assert list(mv._CACHE) == [(t, 0, True) + (("between",) if between else ())]
     assert _rel(y, reference("IQ3_S", rows, n_cols) @ x_seen(x, True)) < 1e-5
 
 

@@ -168,24 +168,3 @@ def test_rounds_decoding_swaps_only_iq4_xs_on_8_bit_x():
     for name in ("Q4_K", "Q6_K", "IQ3_S"):
         lf = x8_format(BY_NAME[name].ggml_type)
         assert rounds_decoding(lf) is lf
-
-
-def test_iq3_half_grid_signs_bytes_exactly():
-    """IQ3_S's 8-bit decoding: each grid entry's signed magnitudes are 2 (k ^ mask) + 1 in int8
-    with k the half grid's byte and mask the sign masks' byte (0xFF where bit 4e + i of the
-    sub-block's sign word is set), for every grid row under random sign words."""
-    from strata.cuda_kernels.lanes_x8 import iq3_sign_masks
-    from strata.cuda_kernels.qtables import GRID_IQ3_S, HALF_GRID_IQ3_S
-    g = GRID_IQ3_S.view(np.uint8).reshape(512, 4).astype(np.int32)
-    k = HALF_GRID_IQ3_S.view(np.uint8).reshape(512, 4)
-    rng = np.random.default_rng(5)
-    words = [0, 0xFFFFFFFF, 0x80000001, 0x0F0F0F0F, 0xF0F0F0F0, 0x12345678]
-    for s in words + [int(w) for w in rng.integers(0, 1 << 32, 40, dtype=np.uint64)]:
-        masks = iq3_sign_masks(s, 0x5140) + iq3_sign_masks(s, 0x7362)
-        assert len(masks) == 8
-        for e, m in enumerate(masks):
-            bits = [(s >> (4 * e + i)) & 1 for i in range(4)]
-            mb = np.array([int(m) >> (8 * i) & 0xFF for i in range(4)])
-            assert list(mb) == [0xFF * b for b in bits], (hex(s), e)
-            signed = (2 * (k ^ mb.astype(np.uint8)).view(np.int8).astype(np.int32) + 1)
-            assert np.array_equal(signed, g * np.array([-1 if b else 1 for b in bits])), (s, e)
