@@ -23,3 +23,16 @@ def test_wanted_keeps_the_given_formats_in_order():
     assert ctx.wanted(kernels.MATVEC_FORMATS) == list(kernels.MATVEC_FORMATS)
     ctx.formats = ("IQ3_S", "Q4_K")
     assert ctx.wanted(kernels.MATVEC_FORMATS) == ["Q4_K", "IQ3_S"]
+
+
+def test_prefill_bench_table_holds_decode_attention_to_both_reads():
+    """The prefill-side bench's table puts a decode attention row against the ceilings' read
+    and against a read of the same bytes (its row's of_read), the matvec rows' yardstick."""
+    from strata.bench import kernels_prefill
+    ceil = {"copy_gbps": 2700.0, "read_gbps": 2800.0, "f16_tflops": None}
+    row = {"name": "decode_attn_f16_auto_s512", "ms": 0.0305, "gbps": 2198.0,
+           "timing": "graph", "read_ms": 0.0236, "of_read": 0.0236 / 0.0305}
+    text = kernels_prefill._table(ceil, [row])
+    line = text.splitlines()[-1]
+    assert line.startswith("decode_attn_f16_auto_s512") and "78%  >=60% read (graph)" in line
+    assert line.endswith("77% of a read of the same bytes")
