@@ -173,20 +173,27 @@ def ceilings(ctx: Ctx) -> list[Result]:
                    ctx.copy_gbps)]
 
 
-def time_same_size_read(ctx: Ctx, views, rounds: int) -> float:
-    """Microseconds per launch of the ceiling's read kernel over each of `views` (uint8 device
-    arrays of one size, 16-byte aligned) in turn, with a grid sized to the data."""
+def same_size_reads(cuda, views, rounds: int = 1, stream=0):
+    """record(s): `rounds` launches of the ceiling's read kernel over each of `views` (uint8
+    device arrays of one size, 16-byte aligned) in turn on stream s, with a grid sized to the
+    data: a read of the same bytes, the yardstick of the matvec, MoE and attention rows."""
     k = _read_kernel()
-    out = ctx.cuda.device_array(1, np.uint32, stream=ctx.stream)
+    out = cuda.device_array(1, np.uint32, stream=stream)
     n16 = views[0].size // 16
-    n_sm = ctx.cuda.get_current_device().MULTIPROCESSOR_COUNT
+    n_sm = cuda.get_current_device().MULTIPROCESSOR_COUNT
     grid = max(1, min(n_sm * 8, -(-n16 // 512)))
 
     def record(s):
         for _ in range(rounds):
             for v in views:
                 k[grid, 512, s](v, n16, out)
-    return ctx.time_graph(record, rounds * len(views))
+    return record
+
+
+def time_same_size_read(ctx: Ctx, views, rounds: int) -> float:
+    """Microseconds per launch of `same_size_reads` over `views`."""
+    return ctx.time_graph(same_size_reads(ctx.cuda, views, rounds, ctx.stream),
+                          rounds * len(views))
 
 
 # ---- matvec ----------------------------------------------------------------------------------

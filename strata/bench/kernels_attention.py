@@ -98,27 +98,14 @@ def bench_decode_attention(*, fmt="f16", n_ctx=32768, length=None, n_head=32, n_
 
 
 def same_bytes_read_ms(n_bytes: int, n_layer: int, rng, *, reps: int) -> float:
-    """ms a layer of the kernel bench's read kernel (`strata.bench.kernels`) over n_layer
-    buffers of n_bytes random bytes in turn, one launch each, its grid sized to the data: the
-    yardstick the matvec rows are held to (a read of the same bytes, launch and ramp included),
-    beside the streaming read of the bench's ceilings."""
-    from .kernels import _read_kernel
+    """ms a layer of a read of the same bytes (`kernels.same_size_reads`: one launch a layer
+    over n_layer buffers of n_bytes random bytes in turn), beside the streaming read of the
+    bench's ceilings."""
+    from .kernels import same_size_reads
     cuda = cuda_module()
-    n16 = -(-n_bytes // 16)
-    bufs = []
-    for _ in range(n_layer):
-        b = cuda.device_array(16 * n16, np.uint8)
-        b.copy_to_device(rng.integers(0, 256, 16 * n16, dtype=np.uint8))
-        bufs.append(b)
-    out = cuda.device_array(1, np.uint32)
-    k = _read_kernel()
-    n_sm = cuda.get_current_device().MULTIPROCESSOR_COUNT
-    grid = max(1, min(n_sm * 8, -(-n16 // 512)))
-
-    def step(s):
-        for b in bufs:
-            k[grid, 512, s](b, n16, out)
-    ms, _ = time_graph_ms(step, reps=reps)
+    n_alloc = 16 * -(-n_bytes // 16)
+    bufs = [cuda.to_device(rng.integers(0, 256, n_alloc, dtype=np.uint8)) for _ in range(n_layer)]
+    ms, _ = time_graph_ms(same_size_reads(cuda, bufs), reps=reps)
     return ms / n_layer
 
 
