@@ -305,11 +305,16 @@ def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
     """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only);
     copies > 1: the one reading its table staged in that many copies (GRID_COPIES)."""
     if copies > 1:
-        if lf.ggml_type not in GRID_COPIES or not lf.x8:
-            raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
-        return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies))
+        return copies_decoding(lf, copies)
     dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
     return lf if dot is None else replace(lf, dot=dot)
+
+
+def copies_decoding(lf: LaneFormat, copies: int) -> LaneFormat:
+    """lf with the 8-bit decoder that reads its table staged in `copies` copies (GRID_COPIES)."""
+    if lf.ggml_type not in GRID_COPIES or not lf.x8:
+        raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
+    return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies))
 
 
 # IQ3_S's grid (512 words) in a rounds matvec's shared memory as 16 copies, entry e of copy c
@@ -327,15 +332,22 @@ def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
 GRID_COPIES = {int(T.IQ3_S): 16}
 _COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
 COPY_GRIDS = True
+# The one-pair kernels (a warp one or two steps of a row pair, plain or x between) stage the
+# copies too where this holds (read at launch). Why try: a step's lookups all come after its
+# weights are in, every warp of the SM at once, so their shared-memory wavefronts (3-4 a lookup
+# for one copy) are in series with the end of the stream, unlike the rounds' (overlapped).
+ONE_PAIR_COPIES = False
 # a lane finds its copy by a mask and the stager rotates by one: powers of two up to a warp
 if any(c & (c - 1) or not 1 < c <= 32 for c in GRID_COPIES.values()):
     raise ValueError(f"GRID_COPIES: copies must be powers of two from 2 to 32, got {GRID_COPIES}")
 
 
-def grid_copies(lf: LaneFormat, n_cols: int, room: int) -> int:
-    """Copies of lf's table its rounds matvec stages for rows of n_cols (1: the table once),
-    given `room` bytes of shared memory a block for x and the tables."""
-    copies = GRID_COPIES.get(lf.ggml_type, 1) if (COPY_GRIDS and lf.x8) else 1
+def grid_copies(lf: LaneFormat, n_cols: int, room: int, rounds: bool = True) -> int:
+    """Copies of lf's table its rounds (or, with ONE_PAIR_COPIES, one-pair) matvec stages for
+    rows of n_cols (1: the table once), given `room` bytes of shared memory a block for x and
+    the tables."""
+    on = COPY_GRIDS if rounds else ONE_PAIR_COPIES
+    copies = GRID_COPIES.get(lf.ggml_type, 1) if (on and lf.x8) else 1
     if copies > 1 and lf.stage_bytes(n_cols) + copies * lf.table.nbytes > room:
         return 1
     return copies
@@ -346,14 +358,20 @@ def stage_table_copies(tab, tab_s, n, copies):
     """The block stages tab[:n] in shared memory `copies` times, interleaved (entry e of copy
     c at tab_s[e * copies + c]). Each thread writes its entries' copies in an order rotated by
     its lane, so a warp's 32 stores fall in 32 banks (for 16 copies and consecutive entries)."""
-    lane = cuda.threadIdx.x & 31
-    rot = lane + (lane >> 4)
     e = cuda.threadIdx.x
     while e < n:
-        v = tab[e]
-        for j in range(copies):
-            tab_s[e * copies + ((j + rot) & (copies - 1))] = v
+        put_table_copies(tab_s, e, tab[e], copies)
         e += cuda.blockDim.x
+
+
+@cuda.jit(device=True, inline="always")
+def put_table_copies(tab_s, e, v, copies):
+    """The thread writes entry e (value v) of a table `copies` times into tab_s as
+    `stage_table_copies` lays it out, its stores rotated by its lane."""
+    lane = cuda.threadIdx.x & 31
+    rot = lane + (lane >> 4)
+    for j in range(copies):
+        tab_s[e * copies + ((j + rot) & (copies - 1))] = v
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

@@ -13,7 +13,8 @@ counters, e.g.
         [--flag matvec.X_ASYNC]
 
 --flag MODULE.NAME: a boolean read at launch (strata.cuda_kernels.MODULE.NAME), each shape
-timed off, on, off, on in this process, the outputs of both compared bit for bit.
+timed off, on, off, on in this process, the outputs of both compared bit for bit (with --ncu: the
+launches take the "on" value).
 --flag MODULE.NAME=A/B: the same for any setting read at launch, A as "off" and B as "on"
 (Python literals, e.g. matvec.MIN_LANE_BLOCKS=256/128).
 """
@@ -65,7 +66,9 @@ def main() -> int:
     ctx = Ctx(seed=1)
     shapes = {label: (r, c) for label, r, c in MATVEC_SHAPES
               if not a.shapes or label in a.shapes.split(",")}
-    if a.ncu:
+    if a.ncu:  # with --flag: the flag's "on" value
+        if flag is not None:
+            setattr(*flag, arms[True])
         name, label = a.ncu.split(":", 1)
         n_rows, n_cols = shapes[label]
         big = ctx.upload(random_weights(ctx, name, n_rows, n_cols))
