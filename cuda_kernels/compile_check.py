@@ -33,6 +33,7 @@ from . import ptxas
 MODULES = (
     "strata.cuda_kernels.dequant",
     "strata.cuda_kernels.matvec",
+    "strata.cuda_kernels.compile_matvec",  # the lane matvecs
     "strata.cuda_kernels.matvec_mixed",
     "strata.cuda_kernels.moe",
     "strata.cuda_kernels.batch_moe",

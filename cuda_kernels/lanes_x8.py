@@ -199,7 +199,9 @@ def _iq3_s_x8_dot(copies: int):
         p = xo + 20 * part
         qh = v[6]
         sc = v[7]
-        at = 4 * (cuda.threadIdx.x & (copies - 1))
+        # through a permute LLVM cannot see into: knowing at < 64 it would turn the address
+        # add into an or, which ptxas makes two instructions (shift, or), not one (LEA)
+        at = prmt(4 * (cuda.threadIdx.x & (copies - 1)), 0, 0x3210)
         sa = sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
         sb = sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
         d_a, d_b, _, _ = ld_w4(xs, so + 4 * part)

@@ -20,17 +20,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, from_dtype, types
+from numba import cuda, types
 
 from .intrinsics import SIMULATED, block_sum
-from .lanes import (LANE_FORMATS, LaneFormat, combine_split, lane_format, pair_step,
-                    row_pair_steps, split_log)
-from .lanes_x8 import (GRID_COPIES, X8_FORMATS, copies_decoding, grid_copies, lanes_for,
-                       rounds_decoding, stage_table_copies, stager)
+from .lanes import LaneFormat, combine_split, lane_format, pair_step, row_pair_steps, split_log
+from .lanes_x8 import (copies_decoding, grid_copies, lanes_for, rounds_decoding, stage_table_copies,
+                       stager)
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .lanes_between import between_steps
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
-                     n_blocks, register_ptx)
+                     n_blocks)
 from .matvec_f32 import float_format, matvec_float
 from .matvec_generic import (MAX_TOKENS, THREADS, WARPS, batch_tile_groups, kernel_for,
                              stage_table)
@@ -215,7 +214,7 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
-    (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
+    (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`), the partial
     sums, the staged x of lf's `xs_type`). x_between: a plain one-pair 8-bit kernel asking for x
     between a step's rows (`lanes_between`; X_BETWEEN)."""
     if x_between and (rounds or normed or not lf.x8):
@@ -522,59 +521,3 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
         check_rows(a, fmt.name, n, n_cols, row_bytes, name)
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
 
-
-def _ptx_lanes(lf, x_type, normed=False, rounds=False, min_blocks=0, copies=1, between=False):
-    def build():
-        tab = types.Array(from_dtype(lf.table.dtype), 1, "C")
-        u8, i64, f32 = types.uint8[::1], types.int64, types.float32[::1]
-        return _lanes_single(lf, normed, rounds, min_blocks, copies, between).py_func, (
-            (u8, u8, u8) + (i64,) * 9 + (x_type[::1], f32, types.float32, f32, f32, f32, f32,
-                                         types.boolean, tab))
-    return build
-
-
-for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
-    _x8 = "x8_" if _lf.x8 else ""
-    for _r, _tag in ((False, ""), (True, "_rounds"))[:2 if has_rounds(_lf) else 1]:
-        _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r))
-        register_ptx("matvec", f"matvec_lanes{_tag}_{_x8}{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, rounds=_r), options=_opts)
-        register_ptx("matvec", f"matvec_lanes{_tag}_normed_{_x8}{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, _r), options=_opts)
-    if _lf.x8:
-        register_ptx("matvec", f"matvec_lanes_between_x8_{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, between=True),
-                     options=matvec_jit_options(_lf, between=True))
-    if _lf.x8 and _lf.ggml_type in GRID_COPIES:
-        _c = GRID_COPIES[_lf.ggml_type]
-        _opts = matvec_jit_options(_lf, 0, rounds_ahead(_lf))
-        register_ptx("matvec", f"matvec_lanes_rounds_copies_x8_{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, rounds=True, copies=_c), options=_opts)
-        register_ptx("matvec", f"matvec_lanes_rounds_copies_normed_x8_{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, True, copies=_c), options=_opts)
-        for _b, _n, _tag in ((False, False, ""), (False, True, "_normed"),
-                             (True, False, "_between")):
-            register_ptx("matvec", f"matvec_lanes_copies{_tag}_x8_{_lf.name}_f32",
-                         _ptx_lanes(_lf, types.float32, _n, copies=_c, between=_b),
-                         options=matvec_jit_options(_lf, between=_b))
-    if (_lf.name, _lf.x8) in WIDE_ROUNDS:
-        _n = WIDE_ROUNDS[_lf.name, _lf.x8]
-        _opts = matvec_jit_options(_lf, _n)
-        register_ptx("matvec", f"matvec_lanes_rounds_wide_{_x8}{_lf.name}_f32",
-                     _ptx_lanes(_lf, types.float32, rounds=True, min_blocks=_n), options=_opts)
-        register_ptx("matvec", f"matvec_lanes_rounds_wide_normed_{_x8}{_lf.name}",
-                     _ptx_lanes(_lf, types.float32, True, True, _n), options=_opts)
-for _lf in (lane_format(BY_NAME["Q4_K"].ggml_type), X8_FORMATS[BY_NAME["Q4_K"].ggml_type]):
-    for _r, _tag in ((False, ""), (True, "_rounds")):
-        register_ptx("matvec", f"matvec_lanes{_tag}_{'x8_' if _lf.x8 else ''}Q4_K_f16",
-                     _ptx_lanes(_lf, types.float16, rounds=_r),
-                     options=matvec_jit_options(_lf, 0, rounds_ahead(_lf, _r)))
-    if _lf.x8:
-        register_ptx("matvec", "matvec_lanes_between_x8_Q4_K_f16",
-                     _ptx_lanes(_lf, types.float16, between=True),
-                     options=matvec_jit_options(_lf, between=True))
-    if ("Q4_K", _lf.x8) in WIDE_ROUNDS:
-        _n = WIDE_ROUNDS["Q4_K", _lf.x8]
-        register_ptx("matvec", f"matvec_lanes_rounds_wide_{'x8_' if _lf.x8 else ''}Q4_K_f16",
-                     _ptx_lanes(_lf, types.float16, rounds=True, min_blocks=_n),
-                     options=matvec_jit_options(_lf, _n))
