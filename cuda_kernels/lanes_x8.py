@@ -325,19 +325,23 @@ def copies_decoding(lf: LaneFormat, copies: int) -> LaneFormat:
 # takes 3-4 for 32 random entries. Tried because its rounds loops did not wait on their
 # instruction count (a signed 32 KiB table took 145 of 543 instructions out and was no faster,
 # 2026-12-05), so the lookups looked like the bound. 32 copies (none meet) would take 64 KiB,
-# past a block's 48 KiB. Rounds matvecs on 8-bit x only (the MoE and the one-pair kernels keep
-# the 2 KiB grid), where the copies and x fit (`grid_copies`). On an H100 the head's
-# shared-memory wavefronts fell 34% (9.64 M -> 6.38 M) and its time 2% (79.3 against 81.0 us;
-# 8192x8192 20.8 against 21.2; the rest equal; `2026-12-05_iq3s_grid_copies_h100.json`): the
-# lookups' conflicts are not what bounds it either. Read at launch, so a benchmark can compare
-# both.
+# past a block's 48 KiB. Rounds matvecs on 8-bit x (the MoE keeps the 2 KiB grid; the one-pair
+# kernels take the copies only with ONE_PAIR_COPIES, untimed), where the copies and x fit
+# (`grid_copies`). On an H100 the head's shared-memory wavefronts fell 34% (9.64 M -> 6.38 M)
+# and its time 2% (79.3 against 81.0 us; 8192x8192 20.8 against 21.2; the rest equal;
+# `2026-12-05_iq3s_grid_copies_h100.json`): the lookups' conflicts are not what bounds it
+# either. Read at launch, so a benchmark can compare both.
 GRID_COPIES = {int(T.IQ3_S): 16}
 _COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
 COPY_GRIDS = True
 # The one-pair kernels (a warp one or two steps of a row pair, plain or x between) stage the
 # copies too where this holds (read at launch). Why try: a step's lookups all come after its
 # weights are in, every warp of the SM at once, so their shared-memory wavefronts (3-4 a lookup
-# for one copy) are in series with the end of the stream, unlike the rounds' (overlapped).
+# for one copy) are in series with the end of the stream, unlike the rounds' (overlapped): per
+# SM at 4096 x 4096 about 4,100 wavefronts (2.2 us) of lookups and x, beside ~2,100 issue
+# cycles a scheduler, in the 3.7 us IQ3_S takes past a read of its bytes; 16 copies should
+# about halve the lookups'. Off until a GPU times it (`bench/probes/matvec_ab.py --flag
+# lanes_x8.ONE_PAIR_COPIES`; `tests/gpu/test_kernels_decode_gpu.py -k one_pair`).
 ONE_PAIR_COPIES = False
 # a lane finds its copy by a mask and the stager rotates by one: powers of two up to a warp
 if any(c & (c - 1) or not 1 < c <= 32 for c in GRID_COPIES.values()):
