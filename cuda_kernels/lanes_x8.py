@@ -155,25 +155,58 @@ _MAGS = GRID_IQ3_S.view(np.uint8)
 if _MAGS.max() > 127:
     raise ValueError("IQ3_S grid magnitudes past 127: the 8-bit sign trick needs them in int8")
 SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
+# The sign masks from eight shifted sign words (compile time; off: a multiply a mask). Entry 2c + h
+# of a sub-block has value j's sign on bit 8c + 4h + j, which signs << (7 - 4h - j) moves onto
+# byte c's top bit: a permute gathers byte c of two such words for two entries at once, and a
+# sign-replicating permute of two gathered words makes an entry's mask, 23 instructions a
+# sub-block (7 shifts, 16 permutes) where the nibble's extraction, multiply and permute take 30.
+# Untimed (session 61 had no device); the A/B is an installed copy with it on.
+SIGN_WORDS = False
+_PAIR_SEL = (0x5140, 0x7362)  # [a.c, b.c, a.c', b.c'] of prmt(a, b): (c, c') = (0, 1), (2, 3)
+_MASK_SEL = (0xDC98, 0xFEBA)  # sign-replicated [a.0, a.1, b.0, b.1] / [a.2, a.3, b.2, b.3]
 
 
-def _iq3_s_x8_dot(copies: int):
+@cuda.jit(device=True, inline="always")
+def sign_masks(signs):
+    """The 0x00/0xFF byte masks of a sub-block's 8 entries (entry e's 4 values: bits 4e..4e+3
+    of signs), by the shifted words (SIGN_WORDS)."""
+    w7, w6, w5, w4 = signs << 7, signs << 6, signs << 5, signs << 4
+    w3, w2, w1 = signs << 3, signs << 2, signs << 1
+    a01, a23 = prmt(w7, w6, _PAIR_SEL[0]), prmt(w7, w6, _PAIR_SEL[1])  # low nibbles' values 0, 1
+    b01, b23 = prmt(w5, w4, _PAIR_SEL[0]), prmt(w5, w4, _PAIR_SEL[1])  # and 2, 3
+    c01, c23 = prmt(w3, w2, _PAIR_SEL[0]), prmt(w3, w2, _PAIR_SEL[1])  # high nibbles' 0, 1
+    d01, d23 = prmt(w1, signs, _PAIR_SEL[0]), prmt(w1, signs, _PAIR_SEL[1])  # and 2, 3
+    return (prmt(a01, b01, _MASK_SEL[0]), prmt(c01, d01, _MASK_SEL[0]),
+            prmt(a01, b01, _MASK_SEL[1]), prmt(c01, d01, _MASK_SEL[1]),
+            prmt(a23, b23, _MASK_SEL[0]), prmt(c23, d23, _MASK_SEL[0]),
+            prmt(a23, b23, _MASK_SEL[1]), prmt(c23, d23, _MASK_SEL[1]))
+
+
+@cuda.jit(device=True, inline="always")
+def nibble_mask(nib):
+    """The 0x00/0xFF byte mask of the 4 sign bits of nib (each byte's sign, replicated)."""
+    return prmt(nib * SPREAD, 0, 0xBA98)
+
+
+def _iq3_s_x8_dot(copies: int, sign_words: bool | None = None):
     """IQ3_S's 8-bit dot for a staged grid of `copies` interleaved copies (1: the grid as it is;
     else entry e of copy c at e * copies + c, lane l reading copy l % copies: see
-    GRID_COPIES)."""
+    GRID_COPIES); sign_words: the masks by `sign_masks` (default SIGN_WORDS)."""
     stride = 4 * copies  # bytes from one entry to the next in a lane's copy
+    words = SIGN_WORDS if sign_words is None else sign_words
 
     @cuda.jit(device=True, inline="always")
-    def entry(q, nb, sel, nib, tab, xw, acc, neg, at):
+    def entry(q, nb, sel, sgn, tab, xw, acc, neg, at):
         """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
-        signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as
-        its complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the
-        0x00/0xFF mask), so acc - neg is the signed dot. at: the lane's copy's byte offset."""
+        signed by sgn (its mask with sign words, else the 4 sign bits), dotted with the x word
+        xw: a negated byte is stored as its complement (-g - 1), and neg gathers the -1 a
+        negated value owes (dp4a of the 0x00/0xFF mask), so acc - neg is the signed dot. at:
+        the lane's copy's byte offset."""
         if copies == 1:  # compile time
             grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
         else:
             grid = ld_u32_at(tab, stride * prmt(q, nb, sel) + at)
-        mask = prmt(nib * SPREAD, 0, 0xBA98)                    # each byte's sign, replicated
+        mask = sgn if words else nibble_mask(sgn)  # compile time
         return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
 
     @cuda.jit(device=True, inline="always")
@@ -184,14 +217,25 @@ def _iq3_s_x8_dot(copies: int):
         b0, b1, b2, b3 = ld_w4(xs, p + 4)
         na = ninth_bits(qh)
         nb = ninth_bits(qh >> 4)
-        s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
-        s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
-        s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
-        s, n = entry(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n, at)
-        s, n = entry(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n, at)
-        s, n = entry(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n, at)
-        s, n = entry(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n, at)
-        s, n = entry(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n, at)
+        if words:  # compile time
+            m0, m1, m2, m3, m4, m5, m6, m7 = sign_masks(signs)
+            s, n = entry(qa, na, ROW_SEL[0], m0, tab, a0, 0, 0, at)
+            s, n = entry(qa, na, ROW_SEL[1], m1, tab, a1, s, n, at)
+            s, n = entry(qa, na, ROW_SEL[2], m2, tab, a2, s, n, at)
+            s, n = entry(qa, na, ROW_SEL[3], m3, tab, a3, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[0], m4, tab, b0, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[1], m5, tab, b1, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[2], m6, tab, b2, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[3], m7, tab, b3, s, n, at)
+        else:  # each nibble as it is dotted (`entry` makes its mask)
+            s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
+            s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
+            s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
+            s, n = entry(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n, at)
+            s, n = entry(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n, at)
         return np.int32(s - n)  # numba widens int32 arithmetic to int64: this keeps it 32-bit
 
     @cuda.jit(device=True, inline="always")
