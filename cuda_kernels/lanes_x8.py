@@ -350,17 +350,18 @@ ROUNDS_DOTS = {int(T.IQ4_XS): dot_iq4_xs_x8_loaded}
 def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
     """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only);
     copies > 1: the one reading its table staged in that many copies (GRID_COPIES)."""
-    if copies > 1:
-        return copies_decoding(lf, copies)
+    if copies > 1:  # IQ3_S's masks by nibbles: sign words took its loop 900 -> 915 (SIGN_WORDS)
+        return copies_decoding(lf, copies, sign_words=False)
     dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
     return lf if dot is None else replace(lf, dot=dot)
 
 
-def copies_decoding(lf: LaneFormat, copies: int) -> LaneFormat:
-    """lf with the 8-bit decoder that reads its table staged in `copies` copies (GRID_COPIES)."""
+def copies_decoding(lf: LaneFormat, copies: int, sign_words: bool | None = None) -> LaneFormat:
+    """lf with the 8-bit decoder that reads its table staged in `copies` copies (GRID_COPIES;
+    sign_words: IQ3_S's masks, default SIGN_WORDS)."""
     if lf.ggml_type not in GRID_COPIES or not lf.x8:
         raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
-    return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies))
+    return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies, sign_words))
 
 
 # IQ3_S's grid (512 words) in a rounds matvec's shared memory as 16 copies, entry e of copy c

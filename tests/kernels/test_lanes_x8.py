@@ -203,8 +203,8 @@ def test_iq3_s_sign_words_give_the_nibbles_masks():
                                                (21, 4096, 1)])
 def test_iq3_s_sign_words_matvec_is_bit_for_bit_the_nibbles(n_rows, n_cols, cap, monkeypatch):
     """IQ3_S's lane matvec with the masks from sign words (`lanes_x8.SIGN_WORDS`): the one-pair
-    kernels (two steps a warp, one with x between the rows) and the rounds on the grid's
-    copies give the nibbles' sums bit for bit."""
+    kernels (two steps a warp, one with x between the rows) give the nibbles' sums bit for
+    bit, and the rounds on the grid's copies keep the nibbles (`rounds_decoding`)."""
     from dataclasses import replace
 
     from helpers.kernel_blocks import random_rows
