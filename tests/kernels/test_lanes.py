@@ -391,23 +391,9 @@ def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, no
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
     lf = mv.launch_decoding(BY_LANE_NAME["IQ3_S"], None, n_cols, ((rows, None, n_rows),))
     assert lf.x8  # conftest: every 8-bit decoder runs
-    got = {}
-    for on in (True, False):
-        monkeypatch.setattr(lanes_x8, "COPY_GRIDS", on)
-        y = np.full(n_rows, np.nan, np.float32)
-        if normed:
-            xn = np.full(n_cols, np.nan, np.float32)
-            mv.launch_lane_matvec(lf, x, ((rows, y, n_rows),), n_cols, rows.shape[1], 0,
-                                  norm=(nw, 1e-6, xn))
-        else:
-            mv.matvec(rows, "IQ3_S", x, y)
-        got[on] = y
-        assert (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
-                16 if on else 1) in mv._CACHE
-    assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
-    if not normed:
-        assert _rel(got[True], reference("IQ3_S", rows, n_cols)
-                    @ x_seen(x, dots_x8("IQ3_S", rows.nbytes))) < 1e-5
+    _iq3_s_on_and_off(monkeypatch, "COPY_GRIDS", lf, rows, x, nw, normed,
+                      lambda on: (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
+                                  16 if on else 1))
     # the fit: 32 KiB of copies beside x
     monkeypatch.setattr(lanes_x8, "COPY_GRIDS", True)
     assert lanes_x8.grid_copies(lf, 8192, 48 * 1024 - 64) == 16
@@ -440,9 +426,20 @@ def test_iq3_s_one_pair_on_grid_copies_equal_the_grid_once(n_rows, n_cols, norme
     warp_steps = (-(-n_sb // lf.sbs_per_step) + (1 << log) - 1) >> log
     between = mv.x_between(lf, False, normed, warp_steps)
     assert between == (n_cols == 2048)  # the cases cover both one-pair kernels
+    _iq3_s_on_and_off(monkeypatch, "ONE_PAIR_COPIES", lf, rows, x, nw, normed,
+                      lambda on: (lf.ggml_type, -1 if normed else 0, True)
+                      + (("between",) if between else ()) + ((16,) if on else ()))
+
+
+def _iq3_s_on_and_off(monkeypatch, setting, lf, rows, x, nw, normed, key_of):
+    """IQ3_S's lane matvec of rows (decoding lf) with lanes_x8.<setting> on and off, plain or
+    with the fused RMSNorm (weights nw): each launch's kernel key_of(on) made, the two outputs
+    finite and bit for bit the same, and (plain) the reference's dot of the quantized x."""
+    from strata.cuda_kernels import lanes_x8
+    n_rows, n_cols = rows.shape[0], x.shape[0]
     got = {}
     for on in (True, False):
-        monkeypatch.setattr(lanes_x8, "ONE_PAIR_COPIES", on)
+        monkeypatch.setattr(lanes_x8, setting, on)
         y = np.full(n_rows, np.nan, np.float32)
         if normed:
             xn = np.full(n_cols, np.nan, np.float32)
@@ -451,9 +448,7 @@ def test_iq3_s_one_pair_on_grid_copies_equal_the_grid_once(n_rows, n_cols, norme
         else:
             mv.matvec(rows, "IQ3_S", x, y)
         got[on] = y
-        key = (lf.ggml_type, -1 if normed else 0, True) + (("between",) if between else ()) \
-            + ((16,) if on else ())
-        assert key in mv._CACHE, key
+        assert key_of(on) in mv._CACHE, key_of(on)
     assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
     if not normed:
         assert _rel(got[True], reference("IQ3_S", rows, n_cols)
