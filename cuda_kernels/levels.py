@@ -17,6 +17,13 @@ from .qtables import KVALUES_IQ4NL
 
 # The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
 IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype("i1").view("u4"))
+# The pick selector's top-bit mask from an identity permute (compile time; off: an immediate).
+# (q >> 1) & 0x44444444 | 0x32103210 holds two immediates, which one LOP3 cannot take, so ptxas
+# spends two; with the mask in a register it is one (and the shift). SASS a step: IQ4_XS's x
+# between loop 426 -> 412, one-pair 435 -> 423, rounds 734 -> 720, at 128 / 80 / 128 registers
+# (124 / 80 / 126 with the immediate; no spill). Untimed (session 61 had no device): an
+# installed copy with it on is the A/B.
+PICK_MASK_IN_REGISTER = False
 
 
 @cuda.jit(device=True, inline="always")
@@ -38,7 +45,10 @@ def iq4_levels_of(q, l0, l1, l2, l3):
     """iq4_levels with the four level words given (IQ4_L0..3, or loaded from the format's
     table: see `qtables.TABLE_IQ4NL`)."""
     qm = q & 0x77777777
-    pick = 0x32103210 | ((q >> 1) & 0x44444444)
+    if PICK_MASK_IN_REGISTER:  # compile time
+        pick = 0x32103210 | ((q >> 1) & prmt(0x44444444, 0, 0x3210))
+    else:
+        pick = 0x32103210 | ((q >> 1) & 0x44444444)
     q2 = qm >> 16
     r0 = prmt(prmt(l0, l1, qm), prmt(l2, l3, qm), pick)
     r1 = prmt(prmt(l0, l1, q2), prmt(l2, l3, q2), pick >> 16)

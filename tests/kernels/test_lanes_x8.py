@@ -230,3 +230,29 @@ def test_iq3_s_sign_words_matvec_is_bit_for_bit_the_nibbles(n_rows, n_cols, cap,
                 (int(t), 0, True, "between") if n_cols == 2048 else (int(t), 0, True))
         assert list(mv._CACHE) == [want]  # the kernel the case is for
     assert np.isfinite(got[True]).all() and np.array_equal(got[True], got[False])
+
+
+@pytest.mark.parametrize("in_register", [False, True])
+def test_iq4_levels_are_the_nibbles_levels(in_register, monkeypatch):
+    """`levels.iq4_levels`: byte i of the first word the int8 level of byte i's low nibble, of
+    the second its high nibble's, on random words and every nibble value, with the pick's mask
+    an immediate or in a register (`levels.PICK_MASK_IN_REGISTER`)."""
+    from strata.cuda_kernels import levels
+    from strata.cuda_kernels.qtables import KVALUES_IQ4NL
+    monkeypatch.setattr(levels, "PICK_MASK_IN_REGISTER", in_register)
+
+    @cuda.jit
+    def k(words, lo, hi):
+        i = cuda.grid(1)
+        if i < words.shape[0]:
+            lo[i], hi[i] = levels.iq4_levels(words[i])
+    rng = np.random.default_rng(5)
+    words = np.concatenate([rng.integers(0, 1 << 32, 300, dtype=np.uint64).astype(np.uint32),
+                            (np.arange(16, dtype=np.uint32) * 0x11111111)])
+    lo = np.zeros_like(words)
+    hi = np.zeros_like(words)
+    k[(words.size + 63) // 64, 64](words, lo, hi)
+    b = words.view(np.uint8).reshape(-1, 4)
+    lv = KVALUES_IQ4NL.astype(np.int8)
+    assert np.array_equal(lo.view(np.int8).reshape(-1, 4), lv[b & 0xF])
+    assert np.array_equal(hi.view(np.int8).reshape(-1, 4), lv[b >> 4])
