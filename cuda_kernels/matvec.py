@@ -520,4 +520,3 @@ def matvec_pair(w, ggml_type, w2, ggml_type2, x, y, y2, *, stream=0) -> None:
     for name, a, n in (("w", w, n_rows), ("w2", w2, n2)):
         check_rows(a, fmt.name, n, n_cols, row_bytes, name)
     launch_lane_matvec(lf, x, ((w, y, n_rows), (w2, y2, n2)), n_cols, row_bytes, stream)
-
