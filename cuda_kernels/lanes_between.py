@@ -62,16 +62,10 @@ def x_and_table(lf: LaneFormat, n_threads: int, copies: int = 1):
         if has_tab:  # compile time
             t0 = cuda.threadIdx.x
             t1 = t0 + cuda.blockDim.x
-            if copies > 1:  # compile time
-                if t0 < n_tab:
-                    put_table_copies(tab_s, t0, e0, copies)
-                if t1 < n_tab:
-                    put_table_copies(tab_s, t1, e1, copies)
-            else:
-                if t0 < n_tab:
-                    tab_s[t0] = e0
-                if t1 < n_tab:
-                    tab_s[t1] = e1
+            if t0 < n_tab:  # one copy: tab_s[t0] = e0 (the rotation folds away)
+                put_table_copies(tab_s, t0, e0, copies)
+            if t1 < n_tab:
+                put_table_copies(tab_s, t1, e1, copies)
         stage_x8_preloaded(octets, x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
     return ask, put

@@ -227,7 +227,8 @@ def _iq3_s_x8_dot(copies: int, sign_words: bool | None = None):
             s, n = entry(qb, nb, ROW_SEL[1], m5, tab, b1, s, n, at)
             s, n = entry(qb, nb, ROW_SEL[2], m6, tab, b2, s, n, at)
             s, n = entry(qb, nb, ROW_SEL[3], m7, tab, b3, s, n, at)
-        else:  # each nibble as it is dotted (`entry` makes its mask)
+        else:  # each nibble as it is dotted (`entry` makes its mask): the nibbles taken up
+            # front, one entry block for both, took the rounds-on-copies loop 900 -> 907
             s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
             s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
             s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
