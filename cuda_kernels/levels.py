@@ -17,13 +17,13 @@ from .qtables import KVALUES_IQ4NL
 
 # The 16 levels as int8 bytes, four to a word (levels 0-3, 4-7, 8-11, 12-15)
 IQ4_L0, IQ4_L1, IQ4_L2, IQ4_L3 = (int(v) for v in KVALUES_IQ4NL.astype("i1").view("u4"))
-# The pick selector's top-bit mask from an identity permute (compile time; off: an immediate).
+# The pick selector's top-bit mask from an identity permute (compile time; False: an immediate).
 # (q >> 1) & 0x44444444 | 0x32103210 holds two immediates, which one LOP3 cannot take, so ptxas
 # spends two; with the mask in a register it is one (and the shift). SASS a step: IQ4_XS's x
 # between loop 426 -> 412, one-pair 435 -> 423, rounds 734 -> 720, at 128 / 80 / 128 registers
-# (124 / 80 / 126 with the immediate; no spill). Untimed (session 61 had no device): an
-# installed copy with it on is the A/B.
-PICK_MASK_IN_REGISTER = False
+# (124 / 80 / 126 with the immediate; no spill). On an H100, alternating twice, every IQ4_XS
+# shape 1-4% faster (bench/results/2026-12-07_iq4xs_pick_mask_h100.json).
+PICK_MASK_IN_REGISTER = True
 
 
 @cuda.jit(device=True, inline="always")
