@@ -45,11 +45,6 @@ for _lf in list(LANE_FORMATS.values()) + list(X8_FORMATS.values()):
                      _ptx_lanes(_lf, types.float32, rounds=True, copies=_c), options=_opts)
         register_ptx("matvec", f"matvec_lanes_rounds_copies_normed_x8_{_lf.name}",
                      _ptx_lanes(_lf, types.float32, True, True, copies=_c), options=_opts)
-        for _b, _n, _tag in ((False, False, ""), (False, True, "_normed"),
-                             (True, False, "_between")):
-            register_ptx("matvec", f"matvec_lanes_copies{_tag}_x8_{_lf.name}_f32",
-                         _ptx_lanes(_lf, types.float32, _n, copies=_c, between=_b),
-                         options=matvec_jit_options(_lf, between=_b))
     if (_lf.name, _lf.x8) in WIDE_ROUNDS:
         _n = WIDE_ROUNDS[_lf.name, _lf.x8]
         _opts = matvec_jit_options(_lf, _n)

@@ -23,22 +23,20 @@ from numba import cuda
 
 from .intrinsics import warp_sum
 from .lanes import LaneFormat, pair_steps_from
-from .lanes_x8 import put_table_copies
 from .xstage import stage_x8_preloaded, x8_preload
 
 F0 = np.float32(0.0)
 ZERO_OCTETS = ((F0,) * 8, (F0,) * 8)
 
 
-def x_and_table(lf: LaneFormat, n_threads: int, copies: int = 1):
+def x_and_table(lf: LaneFormat, n_threads: int):
     """Device functions (ask, put) for the block's x and lf's table, asked for between loads:
       ask(x, n_sb, tab) -> pre      the thread's first two rounds of x's octets and its two
                                     table entries, behind a branch taken wherever the kernel
                                     runs (n_sb > 0; see the module's doc)
       put(pre, x, n_sb, xs, sums_off, tab_s)   the table and x (`stage_x8`'s words) staged by
                                     the whole block, which then synchronises
-    The block has n_threads threads, which hold the table in two entries each at most; copies
-    > 1: staged in that many copies (`lanes_x8.stage_table_copies`' layout)."""
+    The block has n_threads threads, which hold the table in two entries each at most."""
     n_values = lf.sb_values
     n_tab, has_tab = lf.table.size, lf.has_table
     if has_tab and n_tab > 2 * n_threads:
@@ -62,27 +60,27 @@ def x_and_table(lf: LaneFormat, n_threads: int, copies: int = 1):
         if has_tab:  # compile time
             t0 = cuda.threadIdx.x
             t1 = t0 + cuda.blockDim.x
-            if t0 < n_tab:  # one copy: tab_s[t0] = e0 (the rotation folds away)
-                put_table_copies(tab_s, t0, e0, copies)
+            if t0 < n_tab:
+                tab_s[t0] = e0
             if t1 < n_tab:
-                put_table_copies(tab_s, t1, e1, copies)
+                tab_s[t1] = e1
         stage_x8_preloaded(octets, x, n_sb * n_values, xs, sums_off)
         cuda.syncthreads()
     return ask, put
 
 
-def between_steps(lf: LaneFormat, n_threads: int, copies: int = 1):
+def between_steps(lf: LaneFormat, n_threads: int):
     """Device function run(w, off_a, off_b, n_sb, x, xs, sums_off, tab, tab_s, s_first, s_stride)
     -> (dot_a, dot_b): the whole block stages lf's table (where it has one) and x (`stage_x8`'s
     words) and synchronises; each warp dots its steps of the rows at off_a and off_b of w as
     `lanes.row_pair_steps`' run does (the warp's sums, in every lane). For 8-bit decodings; the
-    block has n_threads threads; copies: of lf's table (lf's dot reads them)."""
+    block has n_threads threads."""
     if not lf.x8:
         raise ValueError(f"{lf.name}: x between the rows is for the 8-bit decodings")
     load, dot = lf.load, lf.dot
     lanes = lf.lanes
     sb_bytes, sb_padded, sb_sums = lf.sb_bytes, lf.padded_sb, lf.sb_sums
-    ask, put = x_and_table(lf, n_threads, copies)
+    ask, put = x_and_table(lf, n_threads)
     steps = pair_steps_from(lf)
 
     @cuda.jit(device=True, inline="always")

@@ -155,58 +155,29 @@ _MAGS = GRID_IQ3_S.view(np.uint8)
 if _MAGS.max() > 127:
     raise ValueError("IQ3_S grid magnitudes past 127: the 8-bit sign trick needs them in int8")
 SPREAD = 0x10204080  # sign bit j (of 4) times this lands on bit 8j + 7, nothing else there
-# The sign masks from eight shifted sign words (compile time; off: a multiply a mask). Entry 2c + h
-# of a sub-block has value j's sign on bit 8c + 4h + j, which signs << (7 - 4h - j) moves onto
-# byte c's top bit: a permute gathers byte c of two such words for two entries at once, and a
-# sign-replicating permute of two gathered words makes an entry's mask, 23 instructions a
-# sub-block (7 shifts, 16 permutes) where the nibble's extraction, multiply and permute take 30.
-# Untimed (session 61 had no device); the A/B is an installed copy with it on.
-SIGN_WORDS = False
-_PAIR_SEL = (0x5140, 0x7362)  # [a.c, b.c, a.c', b.c'] of prmt(a, b): (c, c') = (0, 1), (2, 3)
-_MASK_SEL = (0xDC98, 0xFEBA)  # sign-replicated [a.0, a.1, b.0, b.1] / [a.2, a.3, b.2, b.3]
 
 
-@cuda.jit(device=True, inline="always")
-def sign_masks(signs):
-    """The 0x00/0xFF byte masks of a sub-block's 8 entries (entry e's 4 values: bits 4e..4e+3
-    of signs), by the shifted words (SIGN_WORDS)."""
-    w7, w6, w5, w4 = signs << 7, signs << 6, signs << 5, signs << 4
-    w3, w2, w1 = signs << 3, signs << 2, signs << 1
-    a01, a23 = prmt(w7, w6, _PAIR_SEL[0]), prmt(w7, w6, _PAIR_SEL[1])  # low nibbles' values 0, 1
-    b01, b23 = prmt(w5, w4, _PAIR_SEL[0]), prmt(w5, w4, _PAIR_SEL[1])  # and 2, 3
-    c01, c23 = prmt(w3, w2, _PAIR_SEL[0]), prmt(w3, w2, _PAIR_SEL[1])  # high nibbles' 0, 1
-    d01, d23 = prmt(w1, signs, _PAIR_SEL[0]), prmt(w1, signs, _PAIR_SEL[1])  # and 2, 3
-    return (prmt(a01, b01, _MASK_SEL[0]), prmt(c01, d01, _MASK_SEL[0]),
-            prmt(a01, b01, _MASK_SEL[1]), prmt(c01, d01, _MASK_SEL[1]),
-            prmt(a23, b23, _MASK_SEL[0]), prmt(c23, d23, _MASK_SEL[0]),
-            prmt(a23, b23, _MASK_SEL[1]), prmt(c23, d23, _MASK_SEL[1]))
-
-
-@cuda.jit(device=True, inline="always")
-def nibble_mask(nib):
-    """The 0x00/0xFF byte mask of the 4 sign bits of nib (each byte's sign, replicated)."""
-    return prmt(nib * SPREAD, 0, 0xBA98)
-
-
-def _iq3_s_x8_dot(copies: int, sign_words: bool | None = None):
+def _iq3_s_x8_dot(copies: int):
     """IQ3_S's 8-bit dot for a staged grid of `copies` interleaved copies (1: the grid as it is;
     else entry e of copy c at e * copies + c, lane l reading copy l % copies: see
-    GRID_COPIES); sign_words: the masks by `sign_masks` (default SIGN_WORDS)."""
+    GRID_COPIES)."""
     stride = 4 * copies  # bytes from one entry to the next in a lane's copy
-    words = SIGN_WORDS if sign_words is None else sign_words
 
     @cuda.jit(device=True, inline="always")
-    def entry(q, nb, sel, sgn, tab, xw, acc, neg, at):
+    def entry(q, nb, sel, nib, tab, xw, acc, neg, at):
         """(acc, neg) + the grid entry of the row prmt(q, nb, sel) (index byte and ninth bit),
-        signed by sgn (its mask with sign words, else the 4 sign bits), dotted with the x word
-        xw: a negated byte is stored as its complement (-g - 1), and neg gathers the -1 a
-        negated value owes (dp4a of the 0x00/0xFF mask), so acc - neg is the signed dot. at:
-        the lane's copy's byte offset."""
+        signed by the 4 bits of nib, dotted with the x word xw: a negated byte is stored as
+        its complement (-g - 1), and neg gathers the -1 a negated value owes (dp4a of the
+        0x00/0xFF mask), so acc - neg is the signed dot. at: the lane's copy's byte offset."""
         if copies == 1:  # compile time
             grid = ld_u32_at(tab, 4 * prmt(q, nb, sel))
         else:
             grid = ld_u32_at(tab, stride * prmt(q, nb, sel) + at)
-        mask = sgn if words else nibble_mask(sgn)  # compile time
+        # each byte's sign, replicated. Masks from eight shifted sign words (a permute
+        # gathering byte c of two of them for two entries, 23 instructions a sub-block against
+        # 30) were 1-4% slower in the one-pair kernels and lengthened the rounds' loop
+        # (2026-12-07_iq3s_one_pair_copies_words_tried_h100.json; removed)
+        mask = prmt(nib * SPREAD, 0, 0xBA98)
         return dp4a(grid ^ mask, xw, acc), dp4a(mask, xw, neg)
 
     @cuda.jit(device=True, inline="always")
@@ -217,26 +188,14 @@ def _iq3_s_x8_dot(copies: int, sign_words: bool | None = None):
         b0, b1, b2, b3 = ld_w4(xs, p + 4)
         na = ninth_bits(qh)
         nb = ninth_bits(qh >> 4)
-        if words:  # compile time
-            m0, m1, m2, m3, m4, m5, m6, m7 = sign_masks(signs)
-            s, n = entry(qa, na, ROW_SEL[0], m0, tab, a0, 0, 0, at)
-            s, n = entry(qa, na, ROW_SEL[1], m1, tab, a1, s, n, at)
-            s, n = entry(qa, na, ROW_SEL[2], m2, tab, a2, s, n, at)
-            s, n = entry(qa, na, ROW_SEL[3], m3, tab, a3, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[0], m4, tab, b0, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[1], m5, tab, b1, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[2], m6, tab, b2, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[3], m7, tab, b3, s, n, at)
-        else:  # each nibble as it is dotted (`entry` makes its mask): the nibbles taken up
-            # front, one entry block for both, took the rounds-on-copies loop 900 -> 907
-            s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
-            s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
-            s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
-            s, n = entry(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n, at)
-            s, n = entry(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n, at)
+        s, n = entry(qa, na, ROW_SEL[0], signs & 0xF, tab, a0, 0, 0, at)
+        s, n = entry(qa, na, ROW_SEL[1], (signs >> 4) & 0xF, tab, a1, s, n, at)
+        s, n = entry(qa, na, ROW_SEL[2], (signs >> 8) & 0xF, tab, a2, s, n, at)
+        s, n = entry(qa, na, ROW_SEL[3], (signs >> 12) & 0xF, tab, a3, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[0], (signs >> 16) & 0xF, tab, b0, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[1], (signs >> 20) & 0xF, tab, b1, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[2], (signs >> 24) & 0xF, tab, b2, s, n, at)
+        s, n = entry(qb, nb, ROW_SEL[3], signs >> 28, tab, b3, s, n, at)
         return np.int32(s - n)  # numba widens int32 arithmetic to int64: this keeps it 32-bit
 
     @cuda.jit(device=True, inline="always")
@@ -245,7 +204,8 @@ def _iq3_s_x8_dot(copies: int, sign_words: bool | None = None):
         qh = v[6]
         sc = v[7]
         # through a permute LLVM cannot see into: knowing at < 64 it would turn the address
-        # add into an or, which ptxas makes two instructions (shift, or), not one (LEA)
+        # add into an or, which ptxas makes two instructions (shift, or), not one (LEA); 5-6%
+        # faster on an H100 (2026-12-07_iq3s_copies_address_h100.json)
         at = prmt(4 * (cuda.threadIdx.x & (copies - 1)), 0, 0x3210)
         sa = sub(v[0], v[1], qh & 0xFF, v[4], tab, xs, p, at)
         sb = sub(v[2], v[3], qh >> 8, v[5], tab, xs, p + 8, at)
@@ -351,18 +311,12 @@ ROUNDS_DOTS = {int(T.IQ4_XS): dot_iq4_xs_x8_loaded}
 def rounds_decoding(lf: LaneFormat, copies: int = 1) -> LaneFormat:
     """lf with the decoder its rounds matvec kernels take (ROUNDS_DOTS: 8-bit formats only);
     copies > 1: the one reading its table staged in that many copies (GRID_COPIES)."""
-    if copies > 1:  # IQ3_S's masks by nibbles: sign words took its loop 900 -> 915 (SIGN_WORDS)
-        return copies_decoding(lf, copies, sign_words=False)
+    if copies > 1:
+        if lf.ggml_type not in GRID_COPIES or not lf.x8:
+            raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
+        return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies))
     dot = ROUNDS_DOTS.get(lf.ggml_type) if lf.x8 else None
     return lf if dot is None else replace(lf, dot=dot)
-
-
-def copies_decoding(lf: LaneFormat, copies: int, sign_words: bool | None = None) -> LaneFormat:
-    """lf with the 8-bit decoder that reads its table staged in `copies` copies (GRID_COPIES;
-    sign_words: IQ3_S's masks, default SIGN_WORDS)."""
-    if lf.ggml_type not in GRID_COPIES or not lf.x8:
-        raise ValueError(f"{lf.name}: no decoder reads its table in {copies} copies")
-    return replace(lf, dot=_COPIES_DOTS[lf.ggml_type](copies, sign_words))
 
 
 # IQ3_S's grid (512 words) in a rounds matvec's shared memory as 16 copies, entry e of copy c
@@ -371,35 +325,27 @@ def copies_decoding(lf: LaneFormat, copies: int, sign_words: bool | None = None)
 # takes 3-4 for 32 random entries. Tried because its rounds loops did not wait on their
 # instruction count (a signed 32 KiB table took 145 of 543 instructions out and was no faster,
 # 2026-12-05), so the lookups looked like the bound. 32 copies (none meet) would take 64 KiB,
-# past a block's 48 KiB. Rounds matvecs on 8-bit x (the MoE keeps the 2 KiB grid; the one-pair
-# kernels take the copies only with ONE_PAIR_COPIES, untimed), where the copies and x fit
-# (`grid_copies`). On an H100 the head's shared-memory wavefronts fell 34% (9.64 M -> 6.38 M)
-# and its time 2% (79.3 against 81.0 us; 8192x8192 20.8 against 21.2; the rest equal;
-# `2026-12-05_iq3s_grid_copies_h100.json`): the lookups' conflicts are not what bounds it
-# either. Read at launch, so a benchmark can compare both.
+# past a block's 48 KiB. Rounds matvecs on 8-bit x only (the MoE and the one-pair kernels keep
+# the 2 KiB grid), where the copies and x fit (`grid_copies`). On an H100 the head's
+# shared-memory wavefronts fell 34% (9.64 M -> 6.38 M) and its time 2% (79.3 against 81.0 us;
+# 8192x8192 20.8 against 21.2; the rest equal; `2026-12-05_iq3s_grid_copies_h100.json`): the
+# lookups' conflicts are not what bounds it either. Read at launch, so a benchmark can compare
+# both.
+# The one-pair kernels on the copies (their lookups come after a step's weights, every warp
+# of the SM at once, so a shared-memory bound looked likelier there) were 1.5-3.5% slower at
+# every shape on an H100 (2026-12-07_iq3s_one_pair_copies_words_tried_h100.json; removed).
 GRID_COPIES = {int(T.IQ3_S): 16}
 _COPIES_DOTS = {int(T.IQ3_S): _iq3_s_x8_dot}
 COPY_GRIDS = True
-# The one-pair kernels (a warp one or two steps of a row pair, plain or x between) stage the
-# copies too where this holds (read at launch). Why try: a step's lookups all come after its
-# weights are in, every warp of the SM at once, so their shared-memory wavefronts (3-4 a lookup
-# for one copy) are in series with the end of the stream, unlike the rounds' (overlapped): per
-# SM at 4096 x 4096 about 4,100 wavefronts (2.2 us) of lookups and x, beside ~2,100 issue
-# cycles a scheduler, in the 3.7 us IQ3_S takes past a read of its bytes; 16 copies should
-# about halve the lookups'. Off until a GPU times it (`bench/probes/matvec_ab.py --flag
-# lanes_x8.ONE_PAIR_COPIES`; `tests/gpu/test_kernels_decode_gpu.py -k one_pair`).
-ONE_PAIR_COPIES = False
 # a lane finds its copy by a mask and the stager rotates by one: powers of two up to a warp
 if any(c & (c - 1) or not 1 < c <= 32 for c in GRID_COPIES.values()):
     raise ValueError(f"GRID_COPIES: copies must be powers of two from 2 to 32, got {GRID_COPIES}")
 
 
-def grid_copies(lf: LaneFormat, n_cols: int, room: int, rounds: bool = True) -> int:
-    """Copies of lf's table its rounds (or, with ONE_PAIR_COPIES, one-pair) matvec stages for
-    rows of n_cols (1: the table once), given `room` bytes of shared memory a block for x and
-    the tables."""
-    on = COPY_GRIDS if rounds else ONE_PAIR_COPIES
-    copies = GRID_COPIES.get(lf.ggml_type, 1) if (on and lf.x8) else 1
+def grid_copies(lf: LaneFormat, n_cols: int, room: int) -> int:
+    """Copies of lf's table its rounds matvec stages for rows of n_cols (1: the table once),
+    given `room` bytes of shared memory a block for x and the tables."""
+    copies = GRID_COPIES.get(lf.ggml_type, 1) if (COPY_GRIDS and lf.x8) else 1
     if copies > 1 and lf.stage_bytes(n_cols) + copies * lf.table.nbytes > room:
         return 1
     return copies
@@ -410,20 +356,14 @@ def stage_table_copies(tab, tab_s, n, copies):
     """The block stages tab[:n] in shared memory `copies` times, interleaved (entry e of copy
     c at tab_s[e * copies + c]). Each thread writes its entries' copies in an order rotated by
     its lane, so a warp's 32 stores fall in 32 banks (for 16 copies and consecutive entries)."""
-    e = cuda.threadIdx.x
-    while e < n:
-        put_table_copies(tab_s, e, tab[e], copies)
-        e += cuda.blockDim.x
-
-
-@cuda.jit(device=True, inline="always")
-def put_table_copies(tab_s, e, v, copies):
-    """The thread writes entry e (value v) of a table `copies` times into tab_s as
-    `stage_table_copies` lays it out, its stores rotated by its lane."""
     lane = cuda.threadIdx.x & 31
     rot = lane + (lane >> 4)
-    for j in range(copies):
-        tab_s[e * copies + ((j + rot) & (copies - 1))] = v
+    e = cuda.threadIdx.x
+    while e < n:
+        v = tab[e]
+        for j in range(copies):
+            tab_s[e * copies + ((j + rot) & (copies - 1))] = v
+        e += cuda.blockDim.x
 
 
 def x8_format(ggml_type: int) -> LaneFormat | None:

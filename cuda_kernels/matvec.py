@@ -24,8 +24,7 @@ from numba import cuda, types
 
 from .intrinsics import SIMULATED, block_sum
 from .lanes import LaneFormat, combine_split, lane_format, pair_step, row_pair_steps, split_log
-from .lanes_x8 import (copies_decoding, grid_copies, lanes_for, rounds_decoding, stage_table_copies,
-                       stager)
+from .lanes_x8 import grid_copies, lanes_for, rounds_decoding, stage_table_copies, stager
 from .lane_rows import finish_pair, next_unit, pair_at, put_pair
 from .lanes_between import between_steps
 from .launch import (MAX_SHARED_BYTES, check_array, check_rows, device_sms, device_table, flat,
@@ -214,16 +213,16 @@ def lane_body(lf: LaneFormat, normed: bool = False, rounds: bool = False, ahead:
       body(blk, n_blk, xn_blk, <the kernel's arguments>, tab_s, s_part, xs)
     blk of n_blk blocks taking this row space; xn_blk: the one of them that writes the normed
     vector to xn where xn is not empty (-1: none); tab_s, s_part, xs: the block's shared arrays
-    (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`), the partial
+    (the format's table, `copies` times over (`lanes_x8.GRID_COPIES`: rounds only), the partial
     sums, the staged x of lf's `xs_type`). x_between: a plain one-pair 8-bit kernel asking for x
     between a step's rows (`lanes_between`; X_BETWEEN)."""
+    if copies > 1 and not rounds:
+        raise ValueError("a table in copies is for the rounds kernels")
     if x_between and (rounds or normed or not lf.x8):
         raise ValueError("x between the rows is for plain one-pair 8-bit kernels")
+    between = between_steps(lf, LANE_THREADS) if x_between else None
     if rounds:
         lf = rounds_decoding(lf, copies)
-    elif copies > 1:
-        lf = copies_decoding(lf, copies)
-    between = between_steps(lf, LANE_THREADS, copies) if x_between else None
     load_pair, dot_pair = pair_step(lf)
     _, run = row_pair_steps(lf)
     n_values, per_step = lf.sb_values, lf.sbs_per_step
@@ -403,7 +402,7 @@ def _lanes_kernel(lf: LaneFormat, normed: bool = False, rounds: bool = False,
                   min_blocks: int = 0, copies: int = 1, between: bool = False):
     key = (lf.ggml_type, -1 if normed else 0, lf.x8) + (
         ("rounds", min_blocks, rounds_ahead(lf, rounds, min_blocks), copies) if rounds else
-        (("between",) if between else ()) + ((copies,) if copies > 1 else ()))
+        (("between",) if between else ()))
     k = _CACHE.get(key)
     if k is None:
         k = _CACHE[key] = _lanes_single(lf, normed, rounds, min_blocks, copies, between)
@@ -442,11 +441,10 @@ def launch_lane_matvec(lf, x, mats, n_cols: int, row_bytes: int, stream, *,
     smem = lf.stage_bytes(n_cols)
     grid = n_blocks(n_pairs, LANE_WARPS >> log)
     rounds = grid > lane_grid_blocks() and has_rounds(lf)
-    min_blocks = 0
-    if rounds:
+    min_blocks, copies = 0, 1
+    if rounds:  # the block's shared memory: x, the table (copies of it), the partial sums
         grid, min_blocks = rounds_launch(lf, grid)
-    # the block's shared memory: x, the table (copies of it), the partial sums
-    copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS, rounds)
+        copies = grid_copies(lf, n_cols, MAX_SHARED_BYTES - 4 * PART_SLOTS)
     n_steps = -(-n_sb // lf.sbs_per_step)
     warp_steps = (n_steps + (1 << log) - 1) >> log  # a row pair's steps a warp takes
     kern = _lanes_kernel(lf, norm is not None, rounds, min_blocks, copies,

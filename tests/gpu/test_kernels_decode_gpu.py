@@ -141,30 +141,6 @@ def test_matvec_x_between_the_rows_full_size(name, monkeypatch):
             assert np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-6
 
 
-def test_iq3_s_one_pair_grid_copies_full_size(monkeypatch):
-    """IQ3_S's one-pair matvecs with the grid in 16 copies (`lanes_x8.ONE_PAIR_COPIES`) at
-    4096 x 4096 (a warp two steps of a pair, the plain kernel) and the 30B's 4096 -> 2048 and
-    2048 -> 4096 (one step: x between the rows): equal to the reference and, within 1e-6, to
-    the grid staged once (the same sums; the simulator checks them bit for bit)."""
-    from strata.cuda_kernels import lanes_x8
-    from strata.cuda_kernels import matvec as mv
-    cuda = _cuda()
-    rng = np.random.default_rng()
-    for n_rows, n_cols in ((4096, 4096), (2048, 4096), (4096, 2048)):
-        rows = random_rows("IQ3_S", n_rows, n_cols, rng)
-        w = cuda.to_device(stored("IQ3_S", rows))
-        x = rng.standard_normal(n_cols).astype(np.float32)
-        got = {}
-        for on in (True, False):
-            monkeypatch.setattr(lanes_x8, "ONE_PAIR_COPIES", on)
-            y = _poisoned(n_rows)
-            mv.matvec(w, "IQ3_S", cuda.to_device(x), y)
-            got[on] = y.copy_to_host().astype(np.float64)
-        _check("matvec one-pair copies IQ3_S", (n_rows, n_cols), got[True],
-               reference("IQ3_S", rows, n_cols) @ x_seen(x, dots_x8("IQ3_S", rows.nbytes)))
-        assert np.linalg.norm(got[True] - got[False]) / np.linalg.norm(got[False]) < 1e-6
-
-
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("cpu_misses,routed,x8", [(False, False, True), (True, False, True),
                                                    (False, True, True), (False, False, False)])

@@ -399,36 +399,10 @@ def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, no
     assert lanes_x8.grid_copies(lf, 8192, 48 * 1024 - 64) == 16
     assert lanes_x8.grid_copies(lf, 16384, 48 * 1024 - 64) == 1
     assert lanes_x8.grid_copies(BY_LANE_NAME["IQ3_S"], 4096, 48 * 1024) == 1  # float32 x
+    with pytest.raises(ValueError, match="a table in copies is for the rounds kernels"):
+        mv.lane_body(lf, rounds=False, copies=16)
     with pytest.raises(ValueError, match="no decoder reads its table in 16 copies"):
-        mv.lane_body(x8_format(BY_LANE_NAME["Q4_K"].ggml_type), rounds=False, copies=16)
-
-
-@pytest.mark.parametrize("n_rows,n_cols,normed", [(21, 4096, False), (6, 2048, False),
-                                                  (41, 768, True)])
-def test_iq3_s_one_pair_on_grid_copies_equal_the_grid_once(n_rows, n_cols, normed,
-                                                           monkeypatch):
-    """IQ3_S's one-pair matvecs (no rounds) with the grid in 16 copies
-    (`lanes_x8.ONE_PAIR_COPIES`) give bit for bit the sums of the grid staged once: a warp two
-    steps of a pair (plain kernel), one step (x asked for between the rows, whose staging puts
-    the copies) and with the fused RMSNorm; the copies off by default."""
-    from strata.cuda_kernels import lanes_x8
-    assert lanes_x8.ONE_PAIR_COPIES is False
-    rng = np.random.default_rng(n_rows + 11 * n_cols)
-    rows = random_rows("IQ3_S", n_rows, n_cols, rng)
-    x = rng.standard_normal(n_cols).astype(np.float32)
-    nw = rng.standard_normal(n_cols).astype(np.float32)
-    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", 1 << 20)  # no rounds
-    monkeypatch.setattr(mv, "MIN_LANE_BLOCKS", 1)  # no split: a warp all of a pair's steps
-    lf = mv.launch_decoding(BY_LANE_NAME["IQ3_S"], None, n_cols, ((rows, None, n_rows),))
-    assert lf.x8
-    n_sb = n_cols // 256
-    log = mv.lane_split(lf, n_rows + (n_rows & 1), n_sb)
-    warp_steps = (-(-n_sb // lf.sbs_per_step) + (1 << log) - 1) >> log
-    between = mv.x_between(lf, False, normed, warp_steps)
-    assert between == (n_cols == 2048)  # the cases cover both one-pair kernels
-    _iq3_s_on_and_off(monkeypatch, "ONE_PAIR_COPIES", lf, rows, x, nw, normed,
-                      lambda on: (lf.ggml_type, -1 if normed else 0, True)
-                      + (("between",) if between else ()) + ((16,) if on else ()))
+        mv.lane_body(x8_format(BY_LANE_NAME["Q4_K"].ggml_type), rounds=True, copies=16)
 
 
 def _iq3_s_on_and_off(monkeypatch, setting, lf, rows, x, nw, normed, key_of):

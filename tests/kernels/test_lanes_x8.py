@@ -170,68 +170,6 @@ def test_rounds_decoding_swaps_only_iq4_xs_on_8_bit_x():
         assert rounds_decoding(lf) is lf
 
 
-def test_iq3_s_sign_words_give_the_nibbles_masks():
-    """`lanes_x8.sign_masks` (the shifted sign words) gives each entry's 0x00/0xFF byte mask
-    exactly as the nibble's multiply and permute do: byte j of entry e is 0xFF where bit
-    4e + j of the sign word is set, on random words and every single bit."""
-    from strata.cuda_kernels.lanes_x8 import nibble_mask, sign_masks
-
-    @cuda.jit
-    def k(words, got, ref):
-        i = cuda.grid(1)
-        if i < words.shape[0]:
-            s = words[i]
-            m = sign_masks(s)
-            for e in range(8):
-                got[i, e] = m[e]
-                ref[i, e] = nibble_mask((s >> (4 * e)) & 0xF)
-    rng = np.random.default_rng(3)
-    words = np.concatenate([rng.integers(0, 1 << 32, 200, dtype=np.uint64).astype(np.uint32),
-                            (np.uint32(1) << np.arange(32, dtype=np.uint32)),
-                            np.array([0, 0xFFFFFFFF, 0xAAAAAAAA, 0x0F0F0F0F], np.uint32)])
-    got = np.zeros((words.size, 8), np.uint32)
-    ref = np.zeros_like(got)
-    k[(words.size + 63) // 64, 64](words, got, ref)
-    bits = (words[:, None] >> np.arange(32, dtype=np.uint32)) & 1           # [n, 32]
-    want = (bits.reshape(-1, 8, 4) * 0xFF).astype(np.uint32)                 # [n, entry, byte]
-    want = (want << (8 * np.arange(4, dtype=np.uint32))).sum(-1).astype(np.uint32)
-    assert np.array_equal(ref, want)
-    assert np.array_equal(got, want)
-
-
-@pytest.mark.parametrize("n_rows,n_cols,cap", [(21, 4096, 1 << 20), (6, 2048, 1 << 20),
-                                               (21, 4096, 1)])
-def test_iq3_s_sign_words_matvec_is_bit_for_bit_the_nibbles(n_rows, n_cols, cap, monkeypatch):
-    """IQ3_S's lane matvec with the masks from sign words (`lanes_x8.SIGN_WORDS`): the one-pair
-    kernels (two steps a warp, one with x between the rows) give the nibbles' sums bit for
-    bit, and the rounds on the grid's copies keep the nibbles (`rounds_decoding`)."""
-    from dataclasses import replace
-
-    from helpers.kernel_blocks import random_rows
-    from strata.cuda_kernels import lanes_x8
-    from strata.cuda_kernels import matvec as mv
-    rng = np.random.default_rng(n_rows + n_cols + cap)
-    rows = random_rows("IQ3_S", n_rows, n_cols, rng)
-    x = rng.standard_normal(n_cols).astype(np.float32)
-    monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
-    monkeypatch.setattr(mv, "MIN_LANE_BLOCKS", 1)
-    t = BY_NAME["IQ3_S"].ggml_type
-    lf0 = x8_format(t)
-    got = {}
-    for words in (False, True):
-        monkeypatch.setattr(lanes_x8, "SIGN_WORDS", words)  # read where a decoder is made
-        monkeypatch.setattr(mv, "_CACHE", {})  # kernels built with this decoder
-        monkeypatch.setitem(lanes_x8.X8_FORMATS, int(t),
-                            replace(lf0, dot=lanes_x8._iq3_s_x8_dot(1)))
-        y = np.full(n_rows, np.nan, np.float32)
-        mv.matvec(rows, "IQ3_S", x, y)
-        got[words] = y
-        want = ((int(t), 0, True, "rounds", 0, 1, 16) if cap == 1 else
-                (int(t), 0, True, "between") if n_cols == 2048 else (int(t), 0, True))
-        assert list(mv._CACHE) == [want]  # the kernel the case is for
-    assert np.isfinite(got[True]).all() and np.array_equal(got[True], got[False])
-
-
 @pytest.mark.parametrize("in_register", [False, True])
 def test_iq4_levels_are_the_nibbles_levels(in_register, monkeypatch):
     """`levels.iq4_levels`: byte i of the first word the int8 level of byte i's low nibble, of
