@@ -3,12 +3,15 @@ same run (HBM read bandwidth and device-to-device copy), and what a CUDA graph s
 launches for a whole decode step.
 
     python -m strata.bench.kernels [--out DIR] [--only ceilings,matvec,moe,decode_step]
+                                   [--formats Q4_K,IQ3_S] [--no-ab]
 
 Every timing is a CUDA-graph replay (plain Python launches cost more than these kernels run),
 after a warm-up, median of several replays, on random (never zero) data, rotating through enough
 weight copies that the 50 MB L2 cannot hold them. Groups are registered with `@bench(name)`;
 `strata.bench.kernels_prefill` (when present) adds its own. Prints one table and writes JSON
-(date, commit, device, command, ceilings, results) to --out.
+(date, commit, device, command, ceilings, results) to --out; the matvec and MoE groups also
+print each row, and rewrite the JSON, as it is measured. `--no-ab` times only their default
+kernels (and the read of each row's bytes), not the variants timed beside them.
 """
 
 from __future__ import annotations
@@ -71,6 +74,21 @@ class Ctx:
         self.copy_gbps = 0.0
         self.notes: list[str] = []
         self.formats: tuple[str, ...] | None = None  # --formats: the weight formats to run
+        # --no-ab: each row's default only (and the read of its bytes), none of the variants
+        # the matvec and MoE groups time beside it: on a fresh machine each variant is a
+        # compile, and a whole matvec group's ran past a 220 s budget without a row out
+        self.ab = True
+        self.reported: list[Result] = []  # the running group's rows so far (`report`)
+        self.on_report: Callable[[], None] | None = None
+
+    def report(self, r: Result) -> Result:
+        """Keep r and print its row now, so a run cut short still shows (and, through
+        on_report, writes) what it measured."""
+        self.reported.append(r)
+        print(row_line(r), flush=True)
+        if self.on_report is not None:
+            self.on_report()
+        return r
 
     def wanted(self, formats) -> list[str]:
         """Those of `formats` this run takes (--formats), in their order."""
@@ -250,7 +268,7 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                         matvec(v, name, x, y, stream=s)
             us = ctx.time_graph(record, rounds * n_copies)
             extra = {}
-            if lane_format(get_format(name).ggml_type) is not None:
+            if ctx.ab and lane_format(get_format(name).ggml_type) is not None:
                 # the lane kernel's grid settings: the default cap against others (rounds of
                 # row pairs against a warp a pair)
                 default = mv.LANE_GRID_BLOCKS
@@ -262,7 +280,7 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                             ctx.time_graph(record, rounds * n_copies), 2)
                     finally:
                         mv.LANE_GRID_BLOCKS = default
-            if get_format(name).ggml_type in lanes_x8.GRID_COPIES:
+            if ctx.ab and get_format(name).ggml_type in lanes_x8.GRID_COPIES:
                 # the rounds' grid in copies, one a lane (the default), against the grid once
                 saved, lanes_x8.COPY_GRIDS = lanes_x8.COPY_GRIDS, False
                 try:
@@ -270,7 +288,7 @@ def matvec_group(ctx: Ctx) -> list[Result]:
                         ctx.time_graph(record, rounds * n_copies), 2)
                 finally:
                     lanes_x8.COPY_GRIDS = saved
-            if x8_format(get_format(name).ggml_type) is not None:
+            if ctx.ab and x8_format(get_format(name).ggml_type) is not None:
                 saved, mv.LANE_X8 = mv.LANE_X8, False  # the 8-bit decoding against float32 x
                 try:
                     extra["us with float32 x"] = round(ctx.time_graph(record, rounds * n_copies),
@@ -281,8 +299,9 @@ def matvec_group(ctx: Ctx) -> list[Result]:
             # (the target stays against the 4 GiB read's ceiling, as the issue states it)
             extra["us reading the same bytes"] = round(time_same_size_read(ctx, views, rounds),
                                                         2)
-            out.append(Result("matvec", f"matvec {name}", label, us,
-                              w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70, extra))
+            out.append(ctx.report(Result("matvec", f"matvec {name}", label, us,
+                                         w_bytes + 4 * (n_cols + n_rows), ctx.read_gbps, 0.70,
+                                         extra)))
             del dev, views
         del big
     return out
@@ -361,8 +380,8 @@ def moe_group(ctx: Ctx) -> list[Result]:
         reads = [cache[i * layer_bytes:i * layer_bytes + span] for i in range(n_layer)]
         same_read_us = round(time_same_size_read(ctx, reads, 1), 2)
         both = x8_format(get_format(gu).ggml_type) is not None
-        x8s = (True, False) if both else (moe_mod.GATE_UP_X8,)
-        for x8, fused in [(x8, True) for x8 in x8s] + [(x8s[0], False)]:
+        x8s = (True, False) if both and ctx.ab else (moe_mod.GATE_UP_X8,)
+        for x8, fused in [(x8, True) for x8 in x8s] + ([(x8s[0], False)] if ctx.ab else []):
             saved = moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN
             moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN = x8, fused
             try:
@@ -371,15 +390,15 @@ def moe_group(ctx: Ctx) -> list[Result]:
                 moe_mod.GATE_UP_X8, fused_mod.FUSE_DOWN = saved
             how = ((" x8" if x8 else " f32 x") if both else "") + ("" if fused else " 2 launches")
             extra = {"us reading the same bytes": same_read_us}
-            if fused and x8 == x8s[0]:  # the one launch compiled for a third block an SM
+            if ctx.ab and fused and x8 == x8s[0]:  # the one launch for a third block an SM
                 saved = moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM
                 moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM = x8, 3
                 try:
                     extra["us at 3 blocks an SM"] = round(ctx.time_graph(record, n_layer), 2)
                 finally:
                     moe_mod.GATE_UP_X8, fused_mod.BLOCKS_AN_SM = saved
-            out.append(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768", us,
-                              span, ctx.read_gbps, 0.60, extra))
+            out.append(ctx.report(Result("moe", f"moe {gu}/{dn} 8 of 128 hits{how}", "2048x768",
+                                         us, span, ctx.read_gbps, 0.60, extra)))
         del cache, reads
     return out
 
@@ -443,12 +462,16 @@ def print_table(results: list[Result]) -> None:
     print(f"\n{'group':<12} {'kernel':<36} {'shape':<14} {'us':>9} {'GB/s':>8} {'ceiling':>8} "
           f"{'achieved':>8} {'target':>7}")
     for r in results:
-        target = f"{r.target:.0%}" if r.target else "-"
-        mark = "" if not r.target else ("ok" if r.frac >= r.target else "MISS")
-        print(f"{r.group:<12} {r.name:<36} {r.shape:<14} {r.us:>9.2f} {r.gbps:>8.0f} "
-              f"{r.ceiling_gbps:>8.0f} {r.frac:>8.0%} {target:>7} {mark}")
-        for key, val in r.extra.items():
-            print(f"{'':<12}   {key}: {val}")
+        print(row_line(r))
+
+
+def row_line(r: Result) -> str:
+    """r's row of the table (its extras on the lines below)."""
+    target = f"{r.target:.0%}" if r.target else "-"
+    mark = "" if not r.target else ("ok" if r.frac >= r.target else "MISS")
+    return "\n".join([f"{r.group:<12} {r.name:<36} {r.shape:<14} {r.us:>9.2f} {r.gbps:>8.0f} "
+                      f"{r.ceiling_gbps:>8.0f} {r.frac:>8.0%} {target:>7} {mark}"]
+                     + [f"{'':<12}   {key}: {val}" for key, val in r.extra.items()])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", default="",
                    help="comma-separated weight formats the matvec and MoE groups run (MoE: "
                         "by gate/up format); default all of theirs")
+    p.add_argument("--no-ab", action="store_true",
+                   help="time each matvec and MoE row's default kernel only, not the variants "
+                        "beside it (fewer compiles on a fresh machine)")
     a = p.parse_args(argv)
     for m in EXTRA_MODULES:
         if importlib.util.find_spec(m) is not None:
@@ -475,15 +501,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ctx = Ctx()
     ctx.formats = formats or None
+    ctx.ab = not a.no_ab
     results = list(REGISTRY["ceilings"](ctx))
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "kernels_bench.json")
     command = "python -m strata.bench.kernels " + " ".join(argv or sys.argv[1:])
+    # after each reported row and each group: a run cut short keeps what it measured
+    ctx.on_report = lambda: _write(path, ctx, command, results + ctx.reported)
     for g in wanted:
         if g != "ceilings":
             print(f"[bench] {g} ...", flush=True)
             results += REGISTRY[g](ctx)
-            _write(path, ctx, command, results)  # after each group: a run cut short keeps them
+            ctx.reported.clear()
+            _write(path, ctx, command, results)
     print_table(results)
     _write(path, ctx, command, results)
     print(f"wrote {path}")

@@ -36,3 +36,27 @@ def test_prefill_bench_table_holds_decode_attention_to_both_reads():
     line = text.splitlines()[-1]
     assert line.startswith("decode_attn_f16_auto_s512") and "78%  >=60% read (graph)" in line
     assert line.endswith("77% of a read of the same bytes")
+
+
+def test_a_reported_row_is_printed_and_kept_at_once(capsys):
+    """`Ctx.report` prints a row as the table does and hands control to on_report (which main
+    points at the JSON writer), so a run cut short still has every row it measured."""
+    ctx = kernels.Ctx.__new__(kernels.Ctx)  # no stream: only the reporting
+    ctx.reported, seen = [], []
+    ctx.on_report = lambda: seen.append(list(ctx.reported))
+    r = kernels.Result("matvec", "matvec Q4_K", "4096x4096", 10.0, 2_000_000, 400.0, 0.7,
+                       {"us reading the same bytes": 8.0})
+    assert ctx.report(r) is r
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:4] == ["matvec", "matvec", "Q4_K", "4096x4096"]
+    assert "200" in out and "50%" in out and "MISS" in out  # 200 GB/s of 400, against 70%
+    assert "us reading the same bytes: 8.0" in out
+    assert seen == [[r]]
+    kernels.print_table([r])
+    assert kernels.row_line(r) in capsys.readouterr().out
+
+
+def test_no_ab_is_refused_with_a_bad_format_too(capsys):
+    """--no-ab is an option main knows: a bad format beside it is still the error named."""
+    assert kernels.main(["--only", "moe", "--no-ab", "--formats", "Q9_Z"]) == 2
+    assert "unknown formats ['Q9_Z']" in capsys.readouterr().err
