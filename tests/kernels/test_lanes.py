@@ -391,9 +391,23 @@ def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, no
     monkeypatch.setattr(mv, "LANE_GRID_BLOCKS", cap)
     lf = mv.launch_decoding(BY_LANE_NAME["IQ3_S"], None, n_cols, ((rows, None, n_rows),))
     assert lf.x8  # conftest: every 8-bit decoder runs
-    _iq3_s_on_and_off(monkeypatch, "COPY_GRIDS", lf, rows, x, nw, normed,
-                      lambda on: (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
-                                  16 if on else 1))
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(lanes_x8, "COPY_GRIDS", on)
+        y = np.full(n_rows, np.nan, np.float32)
+        if normed:
+            xn = np.full(n_cols, np.nan, np.float32)
+            mv.launch_lane_matvec(lf, x, ((rows, y, n_rows),), n_cols, rows.shape[1], 0,
+                                  norm=(nw, 1e-6, xn))
+        else:
+            mv.matvec(rows, "IQ3_S", x, y)
+        got[on] = y
+        assert (lf.ggml_type, -1 if normed else 0, True, "rounds", 0, 1,
+                16 if on else 1) in mv._CACHE
+    assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
+    if not normed:
+        assert _rel(got[True], reference("IQ3_S", rows, n_cols)
+                    @ x_seen(x, dots_x8("IQ3_S", rows.nbytes))) < 1e-5
     # the fit: 32 KiB of copies beside x
     monkeypatch.setattr(lanes_x8, "COPY_GRIDS", True)
     assert lanes_x8.grid_copies(lf, 8192, 48 * 1024 - 64) == 16
@@ -403,30 +417,6 @@ def test_iq3_s_rounds_on_grid_copies_equal_the_grid_once(n_rows, n_cols, cap, no
         mv.lane_body(lf, rounds=False, copies=16)
     with pytest.raises(ValueError, match="no decoder reads its table in 16 copies"):
         mv.lane_body(x8_format(BY_LANE_NAME["Q4_K"].ggml_type), rounds=True, copies=16)
-
-
-def _iq3_s_on_and_off(monkeypatch, setting, lf, rows, x, nw, normed, key_of):
-    """IQ3_S's lane matvec of rows (decoding lf) with lanes_x8.<setting> on and off, plain or
-    with the fused RMSNorm (weights nw): each launch's kernel key_of(on) made, the two outputs
-    finite and bit for bit the same, and (plain) the reference's dot of the quantized x."""
-    from strata.cuda_kernels import lanes_x8
-    n_rows, n_cols = rows.shape[0], x.shape[0]
-    got = {}
-    for on in (True, False):
-        monkeypatch.setattr(lanes_x8, setting, on)
-        y = np.full(n_rows, np.nan, np.float32)
-        if normed:
-            xn = np.full(n_cols, np.nan, np.float32)
-            mv.launch_lane_matvec(lf, x, ((rows, y, n_rows),), n_cols, rows.shape[1], 0,
-                                  norm=(nw, 1e-6, xn))
-        else:
-            mv.matvec(rows, "IQ3_S", x, y)
-        got[on] = y
-        assert key_of(on) in mv._CACHE, key_of(on)
-    assert np.array_equal(got[True], got[False]) and np.isfinite(got[True]).all()
-    if not normed:
-        assert _rel(got[True], reference("IQ3_S", rows, n_cols)
-                    @ x_seen(x, dots_x8("IQ3_S", rows.nbytes))) < 1e-5
 
 
 def test_table_copies_are_staged_interleaved():
