@@ -7,9 +7,19 @@ shuffles), so every live thread of the block must call them the same number of t
 
 from __future__ import annotations
 
+import struct
 import threading
 
 import numpy as np
+
+# Bit casts through struct: a fifth of numpy's one-element array round trip, and kernels under
+# the simulator call them millions of times (12% of the engine test's time went to u2f alone).
+# struct's float formats go through a C double, exact for every finite value but free to quiet
+# a signalling NaN: inf and NaN patterns take numpy's bit-exact path.
+_U32, _F32 = struct.Struct("<I"), struct.Struct("<f")
+_U16, _F16 = struct.Struct("<H"), struct.Struct("<e")
+_I8X4 = struct.Struct("<4b")
+_PRMT_PLANS: dict = {}  # prmt selector -> (the 4 source byte indices, whether any replicates)
 
 __all__ = [
     "ld_u8", "ld_u16", "ld_u32", "ld_u32_any", "ld_nc_u32x4", "ld_x4", "ld_i64x2", "prmt", "h2f",
@@ -38,12 +48,28 @@ def ld_u16(a, off):
     return int(a[off]) | (int(a[off + 1]) << 8)
 
 
+def _bytes1d(a):
+    """The 1-d uint8 ndarray behind `a` (an ndarray, or the simulator's in-kernel wrapper of
+    a device array), or None: a word is then one slice, not four element reads through the
+    wrapper."""
+    item = getattr(a, "_item", None)
+    ary = getattr(item, "_ary", None) if item is not None else a
+    if type(ary) is np.ndarray and ary.dtype == np.uint8 and ary.ndim == 1:
+        return ary
+    return None
+
+
 def ld_u32(a, off):
     """Little-endian u32 at byte `off` (4-aligned). An aligned word that starts inside the
     array may run past its end (the device reads it within the same page): those bytes
     read as 0 here; a word starting past the end is an error."""
     _aligned(off, 4)
     off = int(off)
+    ary = _bytes1d(a)
+    if ary is not None:
+        if not 0 <= off < ary.shape[0]:
+            raise IndexError(f"u32 load at byte offset {off} of a {ary.shape[0]}-byte array")
+        return int.from_bytes(ary[off:off + 4].tobytes(), "little")
     if off + 3 >= len(a) and off < len(a):
         return sum(int(a[off + i]) << (8 * i) for i in range(len(a) - off))
     return (int(a[off]) | (int(a[off + 1]) << 8) | (int(a[off + 2]) << 16)
@@ -65,6 +91,11 @@ def ld_u32_any(a, off):
 def ld_nc_u32x4(a, off):
     """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
     _aligned(off, 16)
+    ary = _bytes1d(a)
+    off = int(off)
+    if ary is not None and 0 <= off and off + 16 <= ary.shape[0]:  # one slice, not 16 reads
+        v = int.from_bytes(ary[off:off + 16].tobytes(), "little")
+        return v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF, (v >> 64) & 0xFFFFFFFF, v >> 96
     return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
 
 
@@ -80,15 +111,27 @@ def ld_i64x2(x, i):
     return np.int64(x[i]), np.int64(x[i + 1])
 
 
+def _prmt_plan(sel):
+    nibs = [(sel >> (4 * k)) & 0xF for k in range(4)]
+    plan = (tuple(n & 7 for n in nibs), any(n & 8 for n in nibs), tuple(nibs))
+    _PRMT_PLANS[sel] = plan
+    return plan
+
+
 def prmt(a, b, sel):
     """PTX prmt.b32 (default mode): byte k of the result is byte (sel >> 4k) & 7 of the
     8 bytes b:a (a the low word); where bit 3 of that selector is set, the byte's sign bit
     replicated instead (0x00 or 0xFF)."""
-    both = (int(a) & 0xFFFFFFFF) | ((int(b) & 0xFFFFFFFF) << 32)
+    sel = int(sel) & 0xFFFF
+    plan = _PRMT_PLANS.get(sel) or _prmt_plan(sel)
+    both = _U32.pack(int(a) & 0xFFFFFFFF) + _U32.pack(int(b) & 0xFFFFFFFF)
+    i0, i1, i2, i3 = plan[0]
+    if not plan[1]:
+        return both[i0] | (both[i1] << 8) | (both[i2] << 16) | (both[i3] << 24)
     out = 0
     for k in range(4):
-        nib = (int(sel) >> (4 * k)) & 0xF
-        byte = (both >> (8 * (nib & 7))) & 0xFF
+        nib = plan[2][k]
+        byte = both[nib & 7]
         if nib & 8:
             byte = 0xFF if byte & 0x80 else 0
         out |= byte << (8 * k)
@@ -97,24 +140,34 @@ def prmt(a, b, sel):
 
 def h2f(bits):
     """The IEEE half whose bit pattern is the low 16 bits of `bits`, as float32."""
-    return np.float32(np.array([int(bits) & 0xFFFF], dtype=np.uint16).view(np.float16)[0])
+    b = int(bits) & 0xFFFF
+    if (b & 0x7C00) == 0x7C00:
+        return np.float32(np.array([b], dtype=np.uint16).view(np.float16)[0])
+    return np.float32(_F16.unpack(_U16.pack(b))[0])
 
 
 def u2f(bits):
     """The float32 whose bit pattern is `bits`."""
-    return np.array([int(bits) & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+    b = int(bits) & 0xFFFFFFFF
+    if (b & 0x7F800000) == 0x7F800000:
+        return np.array([b], dtype=np.uint32).view(np.float32)[0]
+    return np.float32(_F32.unpack(_U32.pack(b))[0])
 
 
 def f2u(x):
     """The bit pattern of float32 `x` as an int."""
-    return int(np.array([x], dtype=np.float32).view(np.uint32)[0])
+    v = np.float32(x)
+    u = _U32.unpack(_F32.pack(v))[0]
+    if (u & 0x7F800000) == 0x7F800000:  # inf or NaN: numpy's bits (a NaN's payload as it is)
+        return int(np.array([v], dtype=np.float32).view(np.uint32)[0])
+    return u
 
 
 def dp4a(a, b, c):
     """c + the dot product of the four signed bytes of a and of b."""
-    va = np.array([int(a) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
-    vb = np.array([int(b) & 0xFFFFFFFF], dtype=np.uint32).view(np.int8).astype(np.int64)
-    return int(c) + int((va * vb).sum())
+    a0, a1, a2, a3 = _I8X4.unpack(_U32.pack(int(a) & 0xFFFFFFFF))
+    b0, b1, b2, b3 = _I8X4.unpack(_U32.pack(int(b) & 0xFFFFFFFF))
+    return int(c) + a0 * b0 + a1 * b1 + a2 * b2 + a3 * b3
 
 
 def _warp_gather(v):
@@ -180,7 +233,12 @@ def ld_nc_u32x2(a, off):
     8 bytes may run past the array's end (the device reads them within the same aligned
     chunk): those read as 0; a chunk starting past the end is an error."""
     _aligned(off, 8)
-    return (ld_u32(a, off), ld_u32(a, off + 4) if int(off) + 4 < len(a) else 0)
+    ary = _bytes1d(a)
+    off = int(off)
+    if ary is not None and 0 <= off and off + 8 <= ary.shape[0]:  # one slice, not 8 reads
+        v = int.from_bytes(ary[off:off + 8].tobytes(), "little")
+        return v & 0xFFFFFFFF, v >> 32
+    return (ld_u32(a, off), ld_u32(a, off + 4) if off + 4 < len(a) else 0)
 
 
 def funnel_r(lo, hi, sh):

@@ -97,14 +97,12 @@ def _mma_combine(slots):
     b[_B_ROW, _B_COL] = halves_b
     c[_C_ROW, _C_COL] = acc
     d = (a @ b + c).astype(np.float32)
-    return d[_C_ROW, _C_COL]  # [32, 4]
+    return list(map(tuple, d[_C_ROW, _C_COL]))  # each lane's 4 float32, split once a warp
 
 
 def _mma_16816_sim(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     ex, lane = _warp_exchange()
-    d = ex.run(lane, (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_combine)
-    return np.float32(d[lane, 0]), np.float32(d[lane, 1]), np.float32(d[lane, 2]), \
-        np.float32(d[lane, 3])
+    return ex.run(lane, (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_combine)[lane]
 
 
 def _shfl_xor_sim(value, lane_mask):
@@ -124,11 +122,12 @@ def _ldsm_combine(slots):
 
 def _ldsm_sim(combine):
     """The simulator's ldmatrix x4 whose fragments `combine` deals out."""
+    def lanes(slots):  # each lane's 4 words as np.uint32, split once a warp
+        return list(map(tuple, combine(slots)))
+
     def ldsm(arr, i):
         ex, lane = _warp_exchange()
-        w = ex.run(lane, (arr, int(i)), combine)
-        return np.uint32(w[lane, 0]), np.uint32(w[lane, 1]), np.uint32(w[lane, 2]), \
-            np.uint32(w[lane, 3])
+        return ex.run(lane, (arr, int(i)), lanes)[lane]
     return ldsm
 
 
