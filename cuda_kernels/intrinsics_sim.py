@@ -48,14 +48,15 @@ def ld_u16(a, off):
     return int(a[off]) | (int(a[off + 1]) << 8)
 
 
-def _bytes1d(a):
-    """The 1-d uint8 ndarray behind `a` (an ndarray, or the simulator's in-kernel wrapper of
-    a device array), or None: a word is then one slice, not four element reads through the
-    wrapper."""
+def _inside(a, off, n):
+    """The n bytes at `off` as a little-endian int, read as one slice of the 1-d uint8 ndarray
+    behind `a` (an ndarray, or the simulator's in-kernel wrapper of a device array) where they
+    lie wholly inside it; else None (the caller reads byte by byte: other arrays, ends)."""
     item = getattr(a, "_item", None)
     ary = getattr(item, "_ary", None) if item is not None else a
-    if type(ary) is np.ndarray and ary.dtype == np.uint8 and ary.ndim == 1:
-        return ary
+    if (type(ary) is np.ndarray and ary.dtype == np.uint8 and ary.ndim == 1
+            and 0 <= off and off + n <= ary.shape[0]):
+        return int.from_bytes(ary[off:off + n].tobytes(), "little")
     return None
 
 
@@ -65,11 +66,11 @@ def ld_u32(a, off):
     read as 0 here; a word starting past the end is an error."""
     _aligned(off, 4)
     off = int(off)
-    ary = _bytes1d(a)
-    if ary is not None:
-        if not 0 <= off < ary.shape[0]:
-            raise IndexError(f"u32 load at byte offset {off} of a {ary.shape[0]}-byte array")
-        return int.from_bytes(ary[off:off + 4].tobytes(), "little")
+    v = _inside(a, off, 4)  # one slice, not four reads through the wrapper
+    if v is not None:
+        return v
+    if off < 0:
+        raise IndexError(f"u32 load at byte offset {off}")
     if off + 3 >= len(a) and off < len(a):
         return sum(int(a[off + i]) << (8 * i) for i in range(len(a) - off))
     return (int(a[off]) | (int(a[off + 1]) << 8) | (int(a[off + 2]) << 16)
@@ -91,10 +92,9 @@ def ld_u32_any(a, off):
 def ld_nc_u32x4(a, off):
     """Four little-endian u32 at a 16-aligned byte offset of a read-only global buffer."""
     _aligned(off, 16)
-    ary = _bytes1d(a)
     off = int(off)
-    if ary is not None and 0 <= off and off + 16 <= ary.shape[0]:  # one slice, not 16 reads
-        v = int.from_bytes(ary[off:off + 16].tobytes(), "little")
+    v = _inside(a, off, 16)
+    if v is not None:
         return v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF, (v >> 64) & 0xFFFFFFFF, v >> 96
     return (ld_u32(a, off), ld_u32(a, off + 4), ld_u32(a, off + 8), ld_u32(a, off + 12))
 
@@ -233,10 +233,9 @@ def ld_nc_u32x2(a, off):
     8 bytes may run past the array's end (the device reads them within the same aligned
     chunk): those read as 0; a chunk starting past the end is an error."""
     _aligned(off, 8)
-    ary = _bytes1d(a)
     off = int(off)
-    if ary is not None and 0 <= off and off + 8 <= ary.shape[0]:  # one slice, not 8 reads
-        v = int.from_bytes(ary[off:off + 8].tobytes(), "little")
+    v = _inside(a, off, 8)
+    if v is not None:
         return v & 0xFFFFFFFF, v >> 32
     return (ld_u32(a, off), ld_u32(a, off + 4) if off + 4 < len(a) else 0)
 
